@@ -1,0 +1,54 @@
+//! Bindings: what the compiler knows of a checkpoint. Its configuration (a Hugging Face
+//! `config.json` or a GGUF's metadata, as JSON values), its tensor table (names, shapes,
+//! storage types) and which naming scheme its tensors use.
+//!
+//! The runtime's checkpoint readers build a `Bindings`; the compiler only reads it. This
+//! module does no I/O beyond `Bindings::from_config_json` reading one JSON file.
+
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// The tensor naming scheme of a checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Naming {
+    /// Hugging Face: `model.layers.{i}.self_attn.q_proj.weight`.
+    Hf,
+    /// GGUF: `blk.{i}.attn_q.weight`.
+    Gguf,
+}
+
+/// One tensor of the checkpoint as the compiler sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Outermost dimension first (`[out, in]` for a Linear weight), for both formats.
+    pub shape: Vec<usize>,
+    /// The storage type as the checkpoint names it (`BF16`, `Q4_K`, ...), for messages and sizing.
+    pub dtype: String,
+    /// Bytes of the tensor in the checkpoint.
+    pub bytes: u64,
+}
+
+/// What a checkpoint says about itself.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bindings {
+    /// The file or directory the bindings were read from (for messages).
+    pub source: PathBuf,
+    pub naming: Naming,
+    /// HF: the keys of `config.json`. GGUF: the metadata keys (`llama.embedding_length`),
+    /// without the tokenizer's large arrays.
+    pub config: Map<String, Value>,
+    /// The tensor table, when the checkpoint's tensors are known (absent for a bare config.json).
+    pub tensors: Option<BTreeMap<String, TensorInfo>>,
+}
+
+impl Bindings {
+    /// The architecture named by the checkpoint: HF `architectures[0]` (`LlamaForCausalLM`)
+    /// or GGUF `general.architecture` (`llama`).
+    pub fn architecture(&self) -> Option<&str> {
+        match self.naming {
+            Naming::Hf => self.config.get("architectures")?.as_array()?.first()?.as_str(),
+            Naming::Gguf => self.config.get("general.architecture")?.as_str(),
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! The program: a model's forward pass as typed ops over named row buffers, layers expanded,
+//! every symbol bound and every tensor name resolved for the checkpoint's naming scheme.
+//!
+//! This is the contract between the compiler and the runtime. The compiler builds a `Program`
+//! from a spec and a checkpoint's bindings; the runtime executes it op by op (on the CPU) or
+//! frame by frame (on a device). Nothing here knows about a particular model family: a new
+//! architecture is a new spec, not a new variant here, unless it needs a new *kind* of op.
+//!
+//! Model of execution: a forward pass runs over `n` rows (tokens) at once. Every `ValueId`
+//! names a buffer of `n x width` f32 activations (row-major). Ops read and write values; the
+//! residual stream is `Program::residual`. The runtime allocates each value once and reuses it
+//! across layers (layers run one after another, so a value is rewritten by each layer).
+//!
+//! Must not: hold weights, depend on any runtime type, or carry strings that the runtime has
+//! to parse beyond a tensor name (and the `{e}` expert placeholder of `ExpertTensor`).
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A row buffer of the program (`v3`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ValueId(pub u32);
+
+impl fmt::Display for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+/// A layer index (`l12`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct LayerId(pub u32);
+
+impl fmt::Display for LayerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "l{}", self.0)
+    }
+}
+
+/// One row buffer: its name in the spec (for printing) and its width in f32 per row.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ValueInfo {
+    pub name: String,
+    pub width: usize,
+}
+
+/// A weight tensor of the checkpoint, by its resolved name, with the shape the spec expects
+/// (outermost first, as both safetensors and the compiler print it: a Linear weight is
+/// `[out_features, in_features]`; GGUF's reversed dimension order is undone by the reader).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WeightRef {
+    pub name: String,
+    pub shape: Vec<usize>,
+}
+
+/// How the experts of one routed-experts op are stored in the checkpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ExpertTensor {
+    /// One tensor per expert; `pattern` contains `{e}` (HF: `model.layers.3.mlp.experts.{e}.up_proj.weight`).
+    /// `shape` is the shape of one expert's matrix.
+    PerExpert { pattern: String, shape: Vec<usize> },
+    /// One 3-D tensor `[experts, rows, cols]` (GGUF: `blk.3.ffn_up_exps.weight`).
+    Stacked { name: String, shape: Vec<usize> },
+}
+
+impl ExpertTensor {
+    /// The tensor name (and, for stacked tensors, the expert index) holding expert `e`.
+    pub fn name_of(&self, e: usize) -> (String, Option<usize>) {
+        match self {
+            ExpertTensor::PerExpert { pattern, .. } => (pattern.replace("{e}", &e.to_string()), None),
+            ExpertTensor::Stacked { name, .. } => (name.clone(), Some(e)),
+        }
+    }
+    /// `[rows, cols]` of one expert's matrix.
+    pub fn matrix_shape(&self) -> [usize; 2] {
+        match self {
+            ExpertTensor::PerExpert { shape, .. } => [shape[0], shape[1]],
+            ExpertTensor::Stacked { shape, .. } => [shape[1], shape[2]],
+        }
+    }
+}
+
+/// The three matrices of a gated FFN expert: `down(act(gate x) * up x)`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExpertWeights {
+    pub gate: ExpertTensor,
+    pub up: ExpertTensor,
+    pub down: ExpertTensor,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Activation {
+    Silu,
+    Gelu,
+    GeluTanh,
+    Relu,
+    Sigmoid,
+}
+
+/// The gated unit of an FFN: `act(gate) * up`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum GluKind {
+    /// `silu(gate) * up`.
+    SwiGlu,
+    /// gpt-oss: gate clamped to `(-inf, limit]`, up to `[-limit, limit]`,
+    /// `gate * sigmoid(alpha * gate) * (up + 1)`.
+    ClampedSwiGlu { limit: f32, alpha: f32 },
+    /// `gelu(gate) * up`.
+    GeGlu,
+}
+
+/// Which pairs RoPE rotates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RopeStyle {
+    /// NeoX / HF `rotate_half`: pairs `(i, i + rotary_dim/2)`.
+    RotateHalf,
+    /// GPT-J / GGUF `llama` original: pairs `(2i, 2i+1)`.
+    Interleaved,
+}
+
+/// Frequency scaling of RoPE, from the checkpoint's configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor`.
+    Linear { factor: f32 },
+    /// Llama 3's frequency-dependent scaling.
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position: u32 },
+    /// YaRN (DeepSeek-V3 and others); `attention_factor` multiplies cos and sin.
+    Yarn { factor: f32, original_max_position: u32, beta_fast: f32, beta_slow: f32, attention_factor: f32 },
+}
+
+/// How a router turns logits into scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RouterScoring {
+    Softmax,
+    Sigmoid,
+}
+
+/// The attention variant of an `Attention` op.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttentionSpec {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Width of one value head (MiMo differs from `head_dim`).
+    pub v_head_dim: usize,
+    /// Multiplies `q . k` before the softmax (usually `1/sqrt(head_dim)`).
+    pub scale: f32,
+    /// Sliding window in positions: a query at `p` sees keys `p - window + 1 ..= p`.
+    pub window: Option<usize>,
+    /// Per-head sink logits (`[heads]`) added to the softmax denominator.
+    pub sinks: Option<WeightRef>,
+}
+
+/// One op of the program. Reads and writes `ValueId`s; weights by `WeightRef`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Op {
+    /// Token ids -> rows of the embedding table (`[vocab, width]`), times `scale`.
+    Embed { out: ValueId, table: WeightRef, scale: f32 },
+    /// RMSNorm over groups of `group` columns (`group == width`: whole row; `head_dim`: per head).
+    /// `out = x / rms(x) * (weight + offset)`; `weight` has `group` entries.
+    RmsNorm { x: ValueId, out: ValueId, weight: WeightRef, eps: f32, group: usize, offset: f32 },
+    /// LayerNorm over the whole row.
+    LayerNorm { x: ValueId, out: ValueId, weight: WeightRef, bias: Option<WeightRef>, eps: f32 },
+    /// `out = x W^T (+ bias)`; `weight` is `[out, in]`.
+    Linear { x: ValueId, out: ValueId, weight: WeightRef, bias: Option<WeightRef> },
+    /// Rotates the first `rotary_dim` columns of each of `heads` heads of `head_dim`, in place.
+    Rope { x: ValueId, heads: usize, head_dim: usize, rotary_dim: usize, style: RopeStyle, theta: f32, scaling: RopeScaling },
+    /// Causal attention of `q` over this layer's KV cache after appending `k`, `v`.
+    Attention { q: ValueId, k: ValueId, v: ValueId, out: ValueId, layer: LayerId, spec: AttentionSpec },
+    /// Elementwise activation.
+    Act { x: ValueId, out: ValueId, act: Activation },
+    /// `out = glu(gate, up)`.
+    Glu { gate: ValueId, up: ValueId, out: ValueId, kind: GluKind },
+    /// `out = a + b`.
+    Add { a: ValueId, b: ValueId, out: ValueId },
+    /// `out = a * b`; `b` may have width 1 (a per-row scale) or the width of `a`.
+    Mul { a: ValueId, b: ValueId, out: ValueId },
+    /// Host step: top-k routing from router logits (`[n, experts]`). Writes `out` as
+    /// `top_k` (expert index as f32, weight) pairs per row: width `2 * top_k`, ranks in order.
+    Route {
+        logits: ValueId,
+        out: ValueId,
+        scoring: RouterScoring,
+        top_k: usize,
+        /// Divide the chosen weights by their sum.
+        renormalize: bool,
+        /// Added to the scores for the choice only (DeepSeek-V3's `e_score_correction_bias`).
+        correction_bias: Option<WeightRef>,
+        /// Group-limited top-k: `(n_group, topk_group)`.
+        groups: Option<(usize, usize)>,
+        /// Multiplies the final weights.
+        scale: f32,
+    },
+    /// Host step (through the expert tier): `out = sum_r weight_r * expert_r(x)` over the
+    /// routing in `routing`.
+    RoutedExperts { x: ValueId, routing: ValueId, out: ValueId, layer: LayerId, experts: usize, ffn: usize, weights: ExpertWeights, glu: GluKind },
+    /// Multi-head latent attention (DeepSeek-V3). Placed, sized and costed; runtime later.
+    Mla { x: ValueId, out: ValueId, layer: LayerId, spec: MlaSpec },
+    /// A linear-attention mixer with recurrent state (Gated DeltaNet, KDA). Placed, sized and
+    /// costed; runtime later.
+    LinearAttention { x: ValueId, out: ValueId, layer: LayerId, spec: LinearAttentionSpec },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MlaSpec {
+    pub heads: usize,
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    pub scale: f32,
+    /// Every weight the mixer reads, by role (`q_a`, `q_a_norm`, `q_b`, `kv_a`, `kv_a_norm`, `kv_b`, `o`).
+    pub weights: Vec<(String, WeightRef)>,
+    pub rope_theta: f32,
+    pub rope_scaling: RopeScaling,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LinearAttentionKind {
+    GatedDeltaNet,
+    Kda,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LinearAttentionSpec {
+    pub kind: LinearAttentionKind,
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_head_dim: usize,
+    pub value_head_dim: usize,
+    pub conv_kernel: usize,
+    /// Every weight the mixer reads, by role.
+    pub weights: Vec<(String, WeightRef)>,
+}
+
+impl LinearAttentionSpec {
+    /// f32 entries of the recurrent state of one sequence: the per-head `dk x dv` matrix
+    /// and the convolution ring.
+    pub fn state_floats(&self) -> usize {
+        let conv_channels = 2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim;
+        self.value_heads * self.key_head_dim * self.value_head_dim + conv_channels * self.conv_kernel.saturating_sub(1)
+    }
+}
+
+/// What the layer's mixer and FFN are, for placement and printing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MixerKind {
+    Attention,
+    SlidingAttention,
+    Mla,
+    LinearAttention,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FfnKind {
+    Dense,
+    Moe,
+}
+
+/// One layer of the expanded program.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Layer {
+    pub id: LayerId,
+    pub mixer: MixerKind,
+    pub ffn: FfnKind,
+    pub ops: Vec<Op>,
+}
+
+/// Model-wide dimensions the runtime needs outside the ops.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Dims {
+    pub hidden: usize,
+    pub vocab: usize,
+    pub layers: usize,
+    /// The checkpoint's maximum context (`max_position_embeddings`).
+    pub max_context: usize,
+}
+
+/// A whole forward pass: `prologue` (embedding), `layers`, `epilogue` (final norm and head,
+/// writing `logits`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Program {
+    /// The spec's family name (`llama`, `olmoe`, ...).
+    pub family: String,
+    pub dims: Dims,
+    pub values: Vec<ValueInfo>,
+    /// The residual stream, written by the prologue and read by the epilogue.
+    pub residual: ValueId,
+    /// `[n, vocab]` logits written by the epilogue.
+    pub logits: ValueId,
+    pub prologue: Vec<Op>,
+    pub layers: Vec<Layer>,
+    pub epilogue: Vec<Op>,
+}
+
+impl Program {
+    pub fn value(&self, v: ValueId) -> &ValueInfo {
+        &self.values[v.0 as usize]
+    }
+}

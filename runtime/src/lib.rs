@@ -1,0 +1,1 @@
+//! coli's runtime: checkpoints, the CPU op library, the executor of plans, text and generation.

@@ -1,0 +1,3 @@
+//! The `coli` command line.
+
+fn main() {}
