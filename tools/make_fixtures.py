@@ -518,7 +518,9 @@ def make_tiny(name):
 PYMOE_PROMPTS = [
     "def fibonacci(n):",
     "import os\n\ndef read_config(path):\n",
-    "class Stack:\n    def __init__(self):",
+    # The blank line is deliberate: without it a decode step has two router logits within
+    # 2.4e-5 of each other at the top-4 boundary, too close for an f32 engine to be judged on.
+    "class Stack:\n\n    def __init__(self):",
 ]
 
 
@@ -534,7 +536,10 @@ def make_pymoe():
     max_abs = 0.0
     for text in PYMOE_PROMPTS:
         ids = tok(text)["input_ids"]
-        logits, greedy, g_logits, _, p_router, d_router = run_prompt_and_greedy(model, ids, 16)
+        rec = Recorder(model)
+        logits, greedy, g_logits, _, p_router, d_router = run_prompt_and_greedy(model, ids, 16, rec)
+        rec.remove()
+        gap = router_min_gap(p_router + d_router, cfg.num_experts_per_tok)
         max_abs = max(max_abs, float(logits.abs().max()))
         prompts.append({
             "text": text,
@@ -543,9 +548,11 @@ def make_pymoe():
             "greedy": greedy,
             "greedy_text": tok.decode(greedy),
             "greedy_margins": [round(margin(r), 5) for r in g_logits],
+            "min_router_logit_gap": f32(gap),
             "max_abs_logit": f32(float(logits.abs().max())),
         })
-        print(f"[pymoe] {text!r}: {len(ids)} ids, greedy {tok.decode(greedy)!r}")
+        print(f"[pymoe] {text!r}: {len(ids)} ids, greedy {tok.decode(greedy)!r}, "
+              f"min greedy margin {min(prompts[-1]['greedy_margins'])}, min router gap {gap:.2e}")
     out_dir = FIXTURES / "pymoe_ref"
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "oracle.json", {
@@ -560,6 +567,7 @@ def make_pymoe():
         "tokenizer_note": "ids from AutoTokenizer(tokenizer.json in the checkpoint) with default add_special_tokens; greedy is 16 argmax steps with the KV cache, not stopped at EOS",
         "logits_note": "logits[t] over the full vocabulary for every prompt position, rounded to 6 significant digits",
         "tolerance_note": "compare logits with atol 1e-4 * max_abs_logit (plus the 6-digit rounding); greedy ids identical",
+        "margins_note": "greedy_margins[i]: top1 - top2 logit of the row greedy[i] was chosen from; min_router_logit_gap: smallest k-th minus (k+1)-th router logit over all layers, prompt positions and decode steps (a near tie there could let a correct f32 engine pick another expert)",
         "max_abs_logit": f32(max_abs),
         "prompts": prompts,
     })
