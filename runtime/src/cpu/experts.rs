@@ -1,0 +1,94 @@
+//! Routed experts on the CPU: rows grouped by expert, each expert's gated FFN run as one
+//! batched matmul over its rows, and every (row, rank) output summed into its row in rank
+//! order, so the sum does not depend on which expert ran where or when.
+
+use super::elementwise::glu;
+use crate::format::{matmul, Matrix};
+use coli_compiler::ir::GluKind;
+use rayon::prelude::*;
+
+/// The three matrices of one expert.
+pub struct ExpertMats<'a> {
+    pub gate: Matrix<'a>,
+    pub up: Matrix<'a>,
+    pub down: Matrix<'a>,
+}
+
+/// Runs one expert over `rows` (row indices into `x`, width `hidden`), writing its output
+/// (not yet weighted) for each row into `outs` (`rows.len() x hidden`).
+pub fn expert_ffn(m: &ExpertMats, kind: GluKind, x: &[f32], hidden: usize, rows: &[usize], outs: &mut [f32]) {
+    let n = rows.len();
+    let ffn = m.gate.rows;
+    let mut xs = vec![0.0f32; n * hidden];
+    for (i, &r) in rows.iter().enumerate() {
+        xs[i * hidden..(i + 1) * hidden].copy_from_slice(&x[r * hidden..(r + 1) * hidden]);
+    }
+    let mut g = vec![0.0f32; n * ffn];
+    let mut u = vec![0.0f32; n * ffn];
+    matmul(&m.gate, &xs, n, &mut g);
+    matmul(&m.up, &xs, n, &mut u);
+    let mut h = vec![0.0f32; n * ffn];
+    glu(kind, &g, &u, &mut h);
+    matmul(&m.down, &h, n, outs);
+}
+
+/// `out[r] = sum over ranks k of weight[r,k] * expert[r,k](x[r])`. `routing` holds per row
+/// `top_k` pairs `(expert, weight)`. `expert(e)` gives expert `e`'s matrices.
+pub fn routed_experts<'a>(
+    x: &[f32],
+    n: usize,
+    hidden: usize,
+    routing: &[f32],
+    top_k: usize,
+    kind: GluKind,
+    expert: &(dyn Fn(usize) -> ExpertMats<'a> + Sync),
+    out: &mut [f32],
+) {
+    // 1. Group (row, rank) pairs by expert.
+    let mut by_expert: std::collections::BTreeMap<usize, Vec<(usize, usize)>> = Default::default();
+    for r in 0..n {
+        for k in 0..top_k {
+            let e = routing[r * 2 * top_k + 2 * k] as usize;
+            by_expert.entry(e).or_default().push((r, k));
+        }
+    }
+    // 2. Run each expert over its rows; outputs land in a (row, rank) table.
+    let mut table = vec![0.0f32; n * top_k * hidden];
+    let groups: Vec<(usize, Vec<(usize, usize)>)> = by_expert.into_iter().collect();
+    let results: Vec<(Vec<(usize, usize)>, Vec<f32>)> = if n == 1 {
+        // Decode: the matmuls inside are parallel already.
+        groups.into_iter().map(|(e, pairs)| run_group(e, pairs, x, hidden, kind, expert)).collect()
+    } else {
+        groups.into_par_iter().map(|(e, pairs)| run_group(e, pairs, x, hidden, kind, expert)).collect()
+    };
+    for (pairs, outs) in results {
+        for (i, &(r, k)) in pairs.iter().enumerate() {
+            table[(r * top_k + k) * hidden..][..hidden].copy_from_slice(&outs[i * hidden..(i + 1) * hidden]);
+        }
+    }
+    // 3. Sum in rank order.
+    for r in 0..n {
+        let o = &mut out[r * hidden..(r + 1) * hidden];
+        o.iter_mut().for_each(|v| *v = 0.0);
+        for k in 0..top_k {
+            let w = routing[r * 2 * top_k + 2 * k + 1];
+            for (v, &t) in o.iter_mut().zip(&table[(r * top_k + k) * hidden..][..hidden]) {
+                *v += w * t;
+            }
+        }
+    }
+}
+
+fn run_group<'a>(
+    e: usize,
+    pairs: Vec<(usize, usize)>,
+    x: &[f32],
+    hidden: usize,
+    kind: GluKind,
+    expert: &(dyn Fn(usize) -> ExpertMats<'a> + Sync),
+) -> (Vec<(usize, usize)>, Vec<f32>) {
+    let rows: Vec<usize> = pairs.iter().map(|p| p.0).collect();
+    let mut outs = vec![0.0f32; rows.len() * hidden];
+    expert_ffn(&expert(e), kind, x, hidden, &rows, &mut outs);
+    (pairs, outs)
+}

@@ -1,0 +1,212 @@
+//! The CPU op library: every op of the program IR over f32 rows, weights in their checkpoint
+//! format (the format module multiplies in block form). Parallel with rayon where it pays.
+//! This library is the reference every device path is checked against: it favours plain,
+//! obviously-correct code over cleverness, except in the matmul kernels.
+
+pub mod attention;
+pub mod elementwise;
+pub mod experts;
+pub mod norm;
+pub mod rope;
+pub mod route;
+
+use crate::exec::kv::KvCache;
+use crate::exec::weights::WeightStore;
+use crate::format::{dequant_row, matmul, WeightFormat};
+use crate::oplib::{op_name, OpLib};
+use coli_compiler::ir::{Op, ValueId};
+
+/// The CPU backend.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuOps;
+
+impl OpLib for CpuOps {
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+
+    fn supports(&self, op: &Op, _format: Option<WeightFormat>) -> bool {
+        !matches!(op, Op::Mla { .. } | Op::LinearAttention { .. })
+    }
+}
+
+/// What an op runs against: `n` rows at positions `pos0..pos0+n`, the program's row buffers,
+/// the KV cache and the weights.
+pub struct Env<'a> {
+    pub n: usize,
+    pub pos0: usize,
+    pub tokens: &'a [u32],
+    pub values: &'a mut [Vec<f32>],
+    pub widths: &'a [usize],
+    pub kv: &'a mut KvCache,
+    pub weights: &'a WeightStore,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CpuError {
+    #[error("the CPU op library cannot run {0} yet")]
+    Unsupported(&'static str),
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange { id: u32, vocab: usize },
+}
+
+impl Env<'_> {
+    fn width(&self, v: ValueId) -> usize {
+        self.widths[v.0 as usize]
+    }
+
+    /// Takes `out` out of the buffer table, sized for `n` rows (its old contents are kept
+    /// when the size already matches, so in-place ops can read them).
+    fn take(&mut self, v: ValueId) -> Vec<f32> {
+        let len = self.n * self.width(v);
+        let mut b = std::mem::take(&mut self.values[v.0 as usize]);
+        b.resize(len, 0.0);
+        b
+    }
+
+    fn put(&mut self, v: ValueId, b: Vec<f32>) {
+        self.values[v.0 as usize] = b;
+    }
+
+    fn get(&self, v: ValueId) -> &[f32] {
+        &self.values[v.0 as usize][..self.n * self.width(v)]
+    }
+
+    /// The input `v` as an owned copy when it aliases `out`, else borrowed (via the closure).
+    fn with_input<R>(&mut self, v: ValueId, out: ValueId, f: impl FnOnce(&[f32], &mut Vec<f32>) -> R) -> R {
+        let mut o = self.take(out);
+        let r = if v == out {
+            let copy = o.clone();
+            f(&copy, &mut o)
+        } else {
+            f(self.get(v), &mut o)
+        };
+        self.put(out, o);
+        r
+    }
+}
+
+/// Runs one op on the CPU.
+pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
+    let n = env.n;
+    match op {
+        Op::Embed { out, table, scale } => {
+            let t = env.weights.matrix(&table.name);
+            let (vocab, width) = (t.rows, t.cols);
+            let mut o = env.take(*out);
+            for (i, &id) in env.tokens.iter().enumerate() {
+                if id as usize >= vocab {
+                    return Err(CpuError::TokenOutOfRange { id, vocab });
+                }
+                let row = &mut o[i * width..(i + 1) * width];
+                dequant_row(t.format, t.row(id as usize), row);
+                if *scale != 1.0 {
+                    row.iter_mut().for_each(|v| *v *= scale);
+                }
+            }
+            env.put(*out, o);
+        }
+        Op::RmsNorm { x, out, weight, eps, group, offset } => {
+            let w = env.weights.vector(&weight.name);
+            debug_assert_eq!(w.len(), *group);
+            env.with_input(*x, *out, |xs, o| norm::rms_norm(xs, o, w, *eps, *offset));
+        }
+        Op::LayerNorm { x, out, weight, bias, eps } => {
+            let w = env.weights.vector(&weight.name);
+            let b = bias.as_ref().map(|b| env.weights.vector(&b.name));
+            env.with_input(*x, *out, |xs, o| norm::layer_norm(xs, o, w, b, *eps));
+        }
+        Op::Linear { x, out, weight, bias } => {
+            let m = env.weights.matrix(&weight.name);
+            let b = bias.as_ref().map(|b| env.weights.vector(&b.name));
+            env.with_input(*x, *out, |xs, o| {
+                matmul(&m, xs, n, o);
+                if let Some(b) = b {
+                    for row in o.chunks_exact_mut(b.len()) {
+                        row.iter_mut().zip(b).for_each(|(v, bb)| *v += bb);
+                    }
+                }
+            });
+        }
+        Op::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling } => {
+            let (freq, mscale) = rope::inv_freq(*rotary_dim, *theta, *scaling);
+            let w = env.width(*x);
+            let pos0 = env.pos0;
+            let mut b = env.take(*x);
+            for (i, row) in b.chunks_exact_mut(w).enumerate() {
+                rope::apply_row(&mut row[..heads * head_dim], *head_dim, *style, &freq, mscale, pos0 + i);
+            }
+            env.put(*x, b);
+        }
+        Op::Attention { q, k, v, out, layer, spec } => {
+            let l = layer.0 as usize;
+            let kv = &mut env.kv.layers[l];
+            if kv.len() != env.pos0 {
+                // The cache must hold exactly the positions before this block.
+                kv.truncate(env.pos0);
+            }
+            let (kw, vw) = (env.widths[k.0 as usize], env.widths[v.0 as usize]);
+            kv.append(&env.values[k.0 as usize][..n * kw], &env.values[v.0 as usize][..n * vw]);
+            let shape = attention::AttnShape {
+                heads: spec.heads,
+                kv_heads: spec.kv_heads,
+                head_dim: spec.head_dim,
+                v_head_dim: spec.v_head_dim,
+                scale: spec.scale,
+                window: spec.window,
+            };
+            let sinks = spec.sinks.as_ref().map(|s| env.weights.vector(&s.name));
+            let mut o = std::mem::take(&mut env.values[out.0 as usize]);
+            o.resize(n * spec.heads * spec.v_head_dim, 0.0);
+            let kv = &env.kv.layers[l];
+            attention::attend(shape, &env.values[q.0 as usize][..n * spec.heads * spec.head_dim], &kv.k, &kv.v, env.pos0, sinks, &mut o);
+            env.values[out.0 as usize] = o;
+        }
+        Op::Act { x, out, act } => {
+            env.with_input(*x, *out, |xs, o| o.iter_mut().zip(xs).for_each(|(o, &v)| *o = elementwise::activate(*act, v)));
+        }
+        Op::Glu { gate, up, out, kind } => {
+            let (g, u) = (env.get(*gate).to_vec(), env.get(*up).to_vec());
+            let mut o = env.take(*out);
+            elementwise::glu(*kind, &g, &u, &mut o);
+            env.put(*out, o);
+        }
+        Op::Add { a, b, out } => {
+            let bv = env.get(*b).to_vec();
+            env.with_input(*a, *out, |av, o| o.iter_mut().zip(av).zip(&bv).for_each(|((o, x), y)| *o = x + y));
+        }
+        Op::Mul { a, b, out } => {
+            let (wa, wb) = (env.width(*a), env.width(*b));
+            let bv = env.get(*b).to_vec();
+            env.with_input(*a, *out, |av, o| {
+                for r in 0..n {
+                    for c in 0..wa {
+                        o[r * wa + c] = av[r * wa + c] * if wb == 1 { bv[r] } else { bv[r * wb + c] };
+                    }
+                }
+            });
+        }
+        Op::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale } => {
+            let bias = correction_bias.as_ref().map(|b| env.weights.vector(&b.name));
+            let spec = route::RouteSpec { scoring: *scoring, top_k: *top_k, renormalize: *renormalize, correction_bias: bias, groups: *groups, scale: *scale };
+            let lw = env.width(*logits);
+            env.with_input(*logits, *out, |lg, o| {
+                for r in 0..n {
+                    route::route_row(&spec, &lg[r * lw..(r + 1) * lw], &mut o[r * 2 * top_k..(r + 1) * 2 * top_k]);
+                }
+            });
+        }
+        Op::RoutedExperts { x, routing, out, weights, glu, .. } => {
+            let hidden = env.width(*x);
+            let top_k = env.width(*routing) / 2;
+            let ws = env.weights;
+            let expert = |e: usize| experts::ExpertMats { gate: ws.expert(&weights.gate, e), up: ws.expert(&weights.up, e), down: ws.expert(&weights.down, e) };
+            let (xs, rt) = (env.get(*x).to_vec(), env.get(*routing).to_vec());
+            let mut o = env.take(*out);
+            experts::routed_experts(&xs, n, hidden, &rt, top_k, *glu, &expert, &mut o);
+            env.put(*out, o);
+        }
+        Op::Mla { .. } | Op::LinearAttention { .. } => return Err(CpuError::Unsupported(op_name(op))),
+    }
+    Ok(())
+}

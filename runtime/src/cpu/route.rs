@@ -1,0 +1,116 @@
+//! Router: from a row's router logits to its top-k (expert, weight) pairs. Softmax or
+//! sigmoid scores, a correction bias that steers the choice only, group-limited top-k,
+//! renormalization and a routed scaling factor. Ties break toward the lower expert index.
+
+use coli_compiler::ir::RouterScoring;
+
+/// Options of one routing, as the program's `Route` op carries them.
+#[derive(Clone, Copy, Debug)]
+pub struct RouteSpec<'a> {
+    pub scoring: RouterScoring,
+    pub top_k: usize,
+    pub renormalize: bool,
+    pub correction_bias: Option<&'a [f32]>,
+    pub groups: Option<(usize, usize)>,
+    pub scale: f32,
+}
+
+/// Writes `top_k` pairs `(expert as f32, weight)` into `out` (`2 * top_k` floats), by rank.
+pub fn route_row(spec: &RouteSpec, logits: &[f32], out: &mut [f32]) {
+    let n = logits.len();
+    let scores: Vec<f32> = match spec.scoring {
+        RouterScoring::Softmax => {
+            let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let e: Vec<f32> = logits.iter().map(|&l| (l - m).exp()).collect();
+            let s: f32 = e.iter().sum();
+            e.iter().map(|v| v / s).collect()
+        }
+        RouterScoring::Sigmoid => logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect(),
+    };
+    let mut choice: Vec<f32> = match spec.correction_bias {
+        Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
+        None => scores.clone(),
+    };
+    if let Some((n_group, topk_group)) = spec.groups {
+        let per = n / n_group;
+        // A group's score is the sum of its two best choice scores.
+        let mut gs: Vec<(usize, f32)> = (0..n_group)
+            .map(|g| {
+                let mut v: Vec<f32> = choice[g * per..(g + 1) * per].to_vec();
+                v.sort_by(|a, b| b.total_cmp(a));
+                (g, v.iter().take(2).sum())
+            })
+            .collect();
+        gs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let keep: Vec<usize> = gs.iter().take(topk_group).map(|g| g.0).collect();
+        for (i, c) in choice.iter_mut().enumerate() {
+            if !keep.contains(&(i / per)) {
+                *c = f32::NEG_INFINITY;
+            }
+        }
+    }
+    let mut idx: Vec<usize> = (0..n).collect();
+    idx.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
+    let chosen = &idx[..spec.top_k];
+    let mut w: Vec<f32> = chosen.iter().map(|&e| scores[e]).collect();
+    if spec.renormalize {
+        let s: f32 = w.iter().sum::<f32>() + if spec.scoring == RouterScoring::Sigmoid { 1e-20 } else { 0.0 };
+        w.iter_mut().for_each(|x| *x /= s);
+    }
+    for (r, (&e, &wt)) in chosen.iter().zip(&w).enumerate() {
+        out[2 * r] = e as f32;
+        out[2 * r + 1] = wt * spec.scale;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(scoring: RouterScoring, top_k: usize, renormalize: bool) -> RouteSpec<'static> {
+        RouteSpec { scoring, top_k, renormalize, correction_bias: None, groups: None, scale: 1.0 }
+    }
+
+    #[test]
+    fn softmax_top2_without_renormalize_keeps_full_softmax_weights() {
+        let mut out = [0.0; 4];
+        route_row(&spec(RouterScoring::Softmax, 2, false), &[0.0, 2.0, 1.0, 0.0], &mut out);
+        let z = 2.0 + 2f32.exp() + 1f32.exp();
+        assert_eq!((out[0], out[2]), (1.0, 2.0));
+        assert!((out[1] - 2f32.exp() / z).abs() < 1e-6 && (out[3] - 1f32.exp() / z).abs() < 1e-6);
+    }
+
+    #[test]
+    fn renormalized_weights_sum_to_one() {
+        let mut out = [0.0; 4];
+        route_row(&spec(RouterScoring::Softmax, 2, true), &[0.3, 2.0, 1.0, -1.0], &mut out);
+        assert!((out[1] + out[3] - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn correction_bias_steers_choice_not_weight() {
+        let bias = [0.0, 0.0, 10.0, 0.0];
+        let s = RouteSpec { correction_bias: Some(&bias), ..spec(RouterScoring::Sigmoid, 1, false) };
+        let mut out = [0.0; 2];
+        route_row(&s, &[1.0, 2.0, 0.0, 0.0], &mut out);
+        assert_eq!(out[0], 2.0);
+        assert!((out[1] - 0.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn group_limit_excludes_weak_groups() {
+        // groups {0,1} and {2,3}; best single expert 0 sits in the weaker group.
+        let s = RouteSpec { groups: Some((2, 1)), ..spec(RouterScoring::Sigmoid, 2, false) };
+        let mut out = [0.0; 4];
+        route_row(&s, &[5.0, -5.0, 3.0, 3.0], &mut out);
+        assert_eq!((out[0], out[2]), (2.0, 3.0));
+    }
+
+    #[test]
+    fn scale_multiplies_weights() {
+        let s = RouteSpec { scale: 2.5, ..spec(RouterScoring::Softmax, 1, true) };
+        let mut out = [0.0; 2];
+        route_row(&s, &[1.0, 0.0], &mut out);
+        assert!((out[1] - 2.5).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,153 @@
+//! The executor: runs a compiled program's forward pass over a block of tokens, keeping the
+//! KV cache between calls. Today every op runs on the CPU op library; device frames plug in
+//! behind the same `Session::forward` (the plan says which spans run where).
+
+pub mod kv;
+pub mod weights;
+
+use crate::cpu::{run_op, CpuError, CpuOps, Env};
+use crate::model::Checkpoint;
+use crate::oplib::{op_name, OpLib};
+use coli_compiler::ir::{Op, Program};
+use kv::KvCache;
+use weights::{WeightError, WeightStore};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error(transparent)]
+    Weights(#[from] WeightError),
+    #[error(transparent)]
+    Cpu(#[from] CpuError),
+    #[error("{lib} cannot run op {op} of layer {layer}; this architecture's mixer is not supported by the runtime yet")]
+    Unsupported { lib: String, op: &'static str, layer: String },
+    #[error("context full: {need} positions needed, the context holds {max}")]
+    ContextFull { need: usize, max: usize },
+}
+
+/// A program with its weights resolved.
+pub struct Model {
+    pub program: Program,
+    pub weights: WeightStore,
+}
+
+impl Model {
+    /// Checks that the CPU library runs every op, then resolves every weight.
+    pub fn load(ckpt: &Checkpoint, program: Program, progress: &mut dyn FnMut(usize, usize)) -> Result<Model, ExecError> {
+        let cpu = CpuOps;
+        let check = |ops: &[Op], layer: String| -> Result<(), ExecError> {
+            for op in ops {
+                if !cpu.supports(op, None) {
+                    return Err(ExecError::Unsupported { lib: cpu.name(), op: op_name(op), layer: layer.clone() });
+                }
+            }
+            Ok(())
+        };
+        check(&program.prologue, "prologue".into())?;
+        for l in &program.layers {
+            check(&l.ops, l.id.to_string())?;
+        }
+        check(&program.epilogue, "epilogue".into())?;
+        let weights = WeightStore::load(ckpt, &program, progress)?;
+        Ok(Model { program, weights })
+    }
+}
+
+/// Which rows' logits a forward returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitRows {
+    Last,
+    All,
+}
+
+/// One sequence being generated: its KV cache and position.
+pub struct Session<'m> {
+    model: &'m Model,
+    kv: KvCache,
+    values: Vec<Vec<f32>>,
+    widths: Vec<usize>,
+    pos: usize,
+    max_context: usize,
+}
+
+impl<'m> Session<'m> {
+    /// A new sequence; `max_context` caps its positions (the plan's context length).
+    pub fn new(model: &'m Model, max_context: usize) -> Session<'m> {
+        let p = &model.program;
+        let mut widths = vec![(0, 0); p.layers.len()];
+        for l in &p.layers {
+            for op in &l.ops {
+                if let Op::Attention { spec, .. } = op {
+                    widths[l.id.0 as usize] = (spec.kv_heads * spec.head_dim, spec.kv_heads * spec.v_head_dim);
+                }
+            }
+        }
+        Session {
+            model,
+            kv: KvCache::new(&widths),
+            values: vec![Vec::new(); p.values.len()],
+            widths: p.values.iter().map(|v| v.width).collect(),
+            pos: 0,
+            max_context,
+        }
+    }
+
+    /// Positions consumed so far.
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    /// Forgets every position from `pos` on.
+    pub fn truncate(&mut self, pos: usize) {
+        self.pos = self.pos.min(pos);
+        self.kv.truncate(self.pos);
+    }
+
+    /// Runs `tokens` (positions `pos..pos+n`) through the model; returns the logits of the
+    /// last row (`vocab` floats) or of every row (`n x vocab`).
+    pub fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Vec<f32>, ExecError> {
+        let n = tokens.len();
+        if self.pos + n > self.max_context {
+            return Err(ExecError::ContextFull { need: self.pos + n, max: self.max_context });
+        }
+        let p = &self.model.program;
+        let mut env = Env {
+            n,
+            pos0: self.pos,
+            tokens,
+            values: &mut self.values,
+            widths: &self.widths,
+            kv: &mut self.kv,
+            weights: &self.model.weights,
+        };
+        for op in p.prologue.iter().chain(p.layers.iter().flat_map(|l| l.ops.iter())) {
+            run_op(op, &mut env)?;
+        }
+        // The head runs on the rows whose logits are wanted only.
+        if rows == LogitRows::Last && n > 1 {
+            let r = p.residual.0 as usize;
+            let w = self.widths[r];
+            let last = self.values[r][(n - 1) * w..n * w].to_vec();
+            self.values[r] = last;
+        }
+        let head_rows = if rows == LogitRows::Last { 1 } else { n };
+        let mut env = Env {
+            n: head_rows,
+            pos0: self.pos + n - head_rows,
+            tokens: &tokens[n - head_rows..],
+            values: &mut self.values,
+            widths: &self.widths,
+            kv: &mut self.kv,
+            weights: &self.model.weights,
+        };
+        for op in &p.epilogue {
+            run_op(op, &mut env)?;
+        }
+        self.pos += n;
+        let lw = self.widths[p.logits.0 as usize];
+        Ok(self.values[p.logits.0 as usize][..head_rows * lw].to_vec())
+    }
+}

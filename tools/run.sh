@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The main job: install what coli needs, fetch the default model, build coli and answer a
+# chat prompt with it. Usage: bash tools/run.sh ["prompt"] [more coli exec flags]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/setup.sh
+bash tools/fetch-model.sh >/dev/null
+prompt="${1:-What is the capital of France? Answer in one sentence.}"
+shift || true
+cargo build --release -q
+exec ./target/release/coli exec --chat --prompt "$prompt" "$@"
