@@ -334,7 +334,7 @@ TINY = {
         config=dict(
             vocab_size=256,
             hidden_size=64,
-            intermediate_size=64,
+            intermediate_size=56,  # != hidden, so w1/w3 [56, 64] and w2 [64, 56] cannot be confused
             num_hidden_layers=2,
             num_attention_heads=4,
             num_key_value_heads=2,
@@ -353,7 +353,7 @@ TINY = {
             pad_token_id=None,
         ),
         note=(
-            "Mixtral, 6 experts top-2 (softmax over all experts, top-2, renormalised), expert FFN 64, "
+            "Mixtral, 6 experts top-2 (softmax over all experts, top-2, renormalised), expert FFN 56, "
             "GQA 4/2, head_dim 16, rope_theta 1e6, no sliding window"
         ),
     ),
