@@ -1,0 +1,71 @@
+//! Expansion of one stored row to f32, for every `WeightFormat`. Used for small tensors (norm
+//! weights, biases, embedding rows) and as the reference the dot kernels are tested against.
+//!
+//! Must not: check lengths (`format::dequant_row` does), or allocate.
+
+use super::fp16::{bf16_to_f32, f16_to_f32, read_f16};
+use super::kquant;
+use super::WeightFormat;
+
+pub fn dequant_row(format: WeightFormat, row: &[u8], out: &mut [f32]) {
+    match format {
+        WeightFormat::F32 => {
+            for (o, b) in out.iter_mut().zip(row.chunks_exact(4)) {
+                *o = f32::from_le_bytes(b.try_into().unwrap());
+            }
+        }
+        WeightFormat::F16 => {
+            for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *o = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+            }
+        }
+        WeightFormat::BF16 => {
+            for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+            }
+        }
+        WeightFormat::Q8_0 => {
+            for (b, o) in row.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
+                let d = read_f16(b, 0);
+                for i in 0..32 {
+                    o[i] = d * b[2 + i] as i8 as f32;
+                }
+            }
+        }
+        WeightFormat::Q4_0 => {
+            for (b, o) in row.chunks_exact(18).zip(out.chunks_exact_mut(32)) {
+                let d = read_f16(b, 0);
+                for i in 0..16 {
+                    o[i] = d * ((b[2 + i] & 0x0f) as i32 - 8) as f32;
+                    o[i + 16] = d * ((b[2 + i] >> 4) as i32 - 8) as f32;
+                }
+            }
+        }
+        WeightFormat::Q4_1 => {
+            for (b, o) in row.chunks_exact(20).zip(out.chunks_exact_mut(32)) {
+                let (d, m) = (read_f16(b, 0), read_f16(b, 2));
+                for i in 0..16 {
+                    o[i] = d * (b[4 + i] & 0x0f) as f32 + m;
+                    o[i + 16] = d * (b[4 + i] >> 4) as f32 + m;
+                }
+            }
+        }
+        WeightFormat::Q4_K => kquant::dequant_q4k(row, out),
+        WeightFormat::Q6_K => kquant::dequant_q6k(row, out),
+        WeightFormat::I8Row => {
+            let scale = f32::from_le_bytes(row[0..4].try_into().unwrap());
+            for (o, &q) in out.iter_mut().zip(&row[4..]) {
+                *o = scale * q as i8 as f32;
+            }
+        }
+        WeightFormat::I4G64 => {
+            for (b, o) in row.chunks_exact(36).zip(out.chunks_exact_mut(64)) {
+                let (d, m) = (read_f16(b, 0), read_f16(b, 2));
+                for i in 0..32 {
+                    o[i] = d * (b[4 + i] & 0x0f) as f32 + m;
+                    o[i + 32] = d * (b[4 + i] >> 4) as f32 + m;
+                }
+            }
+        }
+    }
+}

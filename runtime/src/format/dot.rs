@@ -1,0 +1,149 @@
+//! Dot products of one stored row with f32 activations, block by block, for every
+//! `WeightFormat`: the row is never expanded to f32 as a whole; each block's sum is taken over
+//! its stored integers and scaled once. This is the float path of `matmul` (F32, F16, BF16) and
+//! the exact reference for the quantized-activation path.
+//!
+//! Must not: check lengths (`format::dot_row` does), or allocate.
+
+use super::fp16::{bf16_to_f32, f16_to_f32, read_f16};
+use super::kquant;
+use super::WeightFormat;
+
+/// Sum of `w[i] * x[i]` over a fixed-size block, with eight independent accumulators.
+#[inline(always)]
+fn fdot<const N: usize>(w: &[f32; N], x: &[f32]) -> f32 {
+    let x: &[f32; N] = x[..N].try_into().unwrap();
+    let mut acc = [0f32; 8];
+    for i in 0..N {
+        acc[i % 8] += w[i] * x[i];
+    }
+    acc.iter().sum()
+}
+
+#[inline(always)]
+fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut rows = row.chunks_exact(32);
+    let mut xs = x.chunks_exact(8);
+    for (b, xc) in (&mut rows).zip(&mut xs) {
+        for i in 0..8 {
+            acc[i] += f32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap()) * xc[i];
+        }
+    }
+    let mut tail = 0f32;
+    for (b, xv) in rows.remainder().chunks_exact(4).zip(xs.remainder()) {
+        tail += f32::from_le_bytes(b.try_into().unwrap()) * xv;
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[inline(always)]
+fn dot_half(row: &[u8], x: &[f32], conv: impl Fn(u16) -> f32) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut rows = row.chunks_exact(16);
+    let mut xs = x.chunks_exact(8);
+    for (b, xc) in (&mut rows).zip(&mut xs) {
+        for i in 0..8 {
+            acc[i] += conv(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])) * xc[i];
+        }
+    }
+    let mut tail = 0f32;
+    for (b, xv) in rows.remainder().chunks_exact(2).zip(xs.remainder()) {
+        tail += conv(u16::from_le_bytes([b[0], b[1]])) * xv;
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[inline(always)]
+fn dot_q8_0(row: &[u8], x: &[f32]) -> f32 {
+    let mut acc = 0f32;
+    for (b, xs) in row.chunks_exact(34).zip(x.chunks_exact(32)) {
+        let mut w = [0f32; 32];
+        for i in 0..32 {
+            w[i] = b[2 + i] as i8 as f32;
+        }
+        acc += read_f16(b, 0) * fdot(&w, xs);
+    }
+    acc
+}
+
+#[inline(always)]
+fn dot_q4_0(row: &[u8], x: &[f32]) -> f32 {
+    let mut acc = 0f32;
+    for (b, xs) in row.chunks_exact(18).zip(x.chunks_exact(32)) {
+        let mut w = [0f32; 32];
+        for i in 0..16 {
+            w[i] = ((b[2 + i] & 0x0f) as i32 - 8) as f32;
+            w[i + 16] = ((b[2 + i] >> 4) as i32 - 8) as f32;
+        }
+        acc += read_f16(b, 0) * fdot(&w, xs);
+    }
+    acc
+}
+
+#[inline(always)]
+fn dot_q4_1(row: &[u8], x: &[f32]) -> f32 {
+    let mut acc = 0f32;
+    for (b, xs) in row.chunks_exact(20).zip(x.chunks_exact(32)) {
+        let mut w = [0f32; 32];
+        for i in 0..16 {
+            w[i] = (b[4 + i] & 0x0f) as f32;
+            w[i + 16] = (b[4 + i] >> 4) as f32;
+        }
+        let sum_x: f32 = xs.iter().sum();
+        acc += read_f16(b, 0) * fdot(&w, xs) + read_f16(b, 2) * sum_x;
+    }
+    acc
+}
+
+#[inline(always)]
+fn dot_i8row(row: &[u8], x: &[f32]) -> f32 {
+    let scale = f32::from_le_bytes(row[0..4].try_into().unwrap());
+    let body = &row[4..];
+    let mut acc = 0f32;
+    let mut bs = body.chunks_exact(32);
+    let mut xs = x.chunks_exact(32);
+    for (b, xc) in (&mut bs).zip(&mut xs) {
+        let mut w = [0f32; 32];
+        for i in 0..32 {
+            w[i] = b[i] as i8 as f32;
+        }
+        acc += fdot(&w, xc);
+    }
+    for (&q, xv) in bs.remainder().iter().zip(xs.remainder()) {
+        acc += q as i8 as f32 * xv;
+    }
+    scale * acc
+}
+
+#[inline(always)]
+fn dot_i4g64(row: &[u8], x: &[f32]) -> f32 {
+    let mut acc = 0f32;
+    for (b, xs) in row.chunks_exact(36).zip(x.chunks_exact(64)) {
+        let mut w = [0f32; 64];
+        for i in 0..32 {
+            w[i] = (b[4 + i] & 0x0f) as f32;
+            w[i + 32] = (b[4 + i] >> 4) as f32;
+        }
+        let sum_x: f32 = xs.iter().sum();
+        acc += read_f16(b, 0) * fdot(&w, xs) + read_f16(b, 2) * sum_x;
+    }
+    acc
+}
+
+/// `row . x` for any format; lengths already checked.
+#[inline(always)]
+pub fn dot_row(format: WeightFormat, row: &[u8], x: &[f32]) -> f32 {
+    match format {
+        WeightFormat::F32 => dot_f32(row, x),
+        WeightFormat::F16 => dot_half(row, x, f16_to_f32),
+        WeightFormat::BF16 => dot_half(row, x, bf16_to_f32),
+        WeightFormat::Q8_0 => dot_q8_0(row, x),
+        WeightFormat::Q4_0 => dot_q4_0(row, x),
+        WeightFormat::Q4_1 => dot_q4_1(row, x),
+        WeightFormat::Q4_K => kquant::dot_q4k(row, x),
+        WeightFormat::Q6_K => kquant::dot_q6k(row, x),
+        WeightFormat::I8Row => dot_i8row(row, x),
+        WeightFormat::I4G64 => dot_i4g64(row, x),
+    }
+}

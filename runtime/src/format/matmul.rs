@@ -1,0 +1,242 @@
+//! `Matrix` (a checked view of stored rows) and `matmul`: `out[n x rows] = x[n x cols] * W^T`,
+//! parallel over chunks of weight rows with rayon. Each task takes a run of weight rows and
+//! dots every row with all `n` activation rows while it is hot in cache, so prefill decodes
+//! each weight block once per task, not once per token. Integer formats take the activations
+//! quantized once per call (`QuantizedActs`); callers that feed one input to several matrices
+//! (q/k/v, gate/up, experts) quantize once and call `matmul_q`.
+//!
+//! The inner loops are compiled twice: portable, and with AVX2+FMA+F16C (or AVX-512 with VNNI)
+//! enabled, chosen once at run time, so the same autovectorizable source gets wide registers.
+//!
+//! Must not: allocate per row, hold weights beyond the call, or panic on mismatched sizes
+//! (they are `FormatError`s).
+
+use super::q8::{self, QuantizedActs};
+use super::{dot, FormatError, WeightFormat};
+use rayon::prelude::*;
+use std::sync::OnceLock;
+
+/// A matrix of `rows` stored rows of `cols` elements each, in `format`, borrowed.
+#[derive(Clone, Copy)]
+pub struct Matrix<'a> {
+    pub format: WeightFormat,
+    pub rows: usize,
+    pub cols: usize,
+    bytes: &'a [u8],
+    row_bytes: usize,
+}
+
+impl<'a> Matrix<'a> {
+    /// Checks that `bytes` holds exactly `rows` rows of `cols` in `format`.
+    pub fn new(format: WeightFormat, rows: usize, cols: usize, bytes: &'a [u8]) -> Result<Matrix<'a>, FormatError> {
+        let row_bytes = format.row_bytes(cols)?;
+        let expected = rows * row_bytes;
+        if bytes.len() != expected {
+            return Err(FormatError::MatrixBytes { format, rows, cols, expected, found: bytes.len() });
+        }
+        Ok(Matrix { format, rows, cols, bytes, row_bytes })
+    }
+
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// The stored bytes of row `r`, or `None` past the end.
+    pub fn row(&self, r: usize) -> Option<&'a [u8]> {
+        self.bytes.get(r * self.row_bytes..(r + 1) * self.row_bytes)
+    }
+
+    /// Row `r` expanded to f32 (`out.len() == cols`).
+    pub fn dequant_row(&self, r: usize, out: &mut [f32]) -> Result<(), FormatError> {
+        let row = self.row(r).ok_or(FormatError::Length { what: "matrix row index", expected: self.rows, found: r })?;
+        super::dequant_row(self.format, row, out)
+    }
+
+    #[inline(always)]
+    fn row_unchecked(&self, r: usize) -> &'a [u8] {
+        &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+}
+
+impl std::fmt::Debug for Matrix<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Matrix({} {} x {}, {} bytes)", self.format, self.rows, self.cols, self.bytes.len())
+    }
+}
+
+/// `out[n x rows] = x[n x cols] * W^T`.
+pub fn matmul(w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) -> Result<(), FormatError> {
+    if x.len() != n * w.cols {
+        return Err(FormatError::Length { what: "matmul input (n x cols)", expected: n * w.cols, found: x.len() });
+    }
+    check_out(w, n, out)?;
+    if w.format.uses_q8_acts(w.cols) {
+        let acts = QuantizedActs::new(x, n, w.cols)?;
+        drive(w, n, out, |r0, tile| tile_q8(w, &acts, r0, tile));
+    } else {
+        drive(w, n, out, |r0, tile| tile_f32(w, x, n, r0, tile));
+    }
+    Ok(())
+}
+
+/// `matmul` with activations already quantized (reuse one `QuantizedActs` across the matrices
+/// that read the same input). Float formats dequantize the activations first.
+pub fn matmul_q(w: &Matrix, acts: &QuantizedActs, out: &mut [f32]) -> Result<(), FormatError> {
+    if acts.cols() != w.cols {
+        return Err(FormatError::Length { what: "quantized activation columns", expected: w.cols, found: acts.cols() });
+    }
+    let n = acts.n();
+    check_out(w, n, out)?;
+    if w.format.uses_q8_acts(w.cols) {
+        drive(w, n, out, |r0, tile| tile_q8(w, acts, r0, tile));
+    } else {
+        let x: Vec<f32> = (0..n)
+            .flat_map(|i| acts.row(i).iter().flat_map(|b| b.q.iter().map(move |&q| b.d * q as f32)))
+            .collect();
+        drive(w, n, out, |r0, tile| tile_f32(w, &x, n, r0, tile));
+    }
+    Ok(())
+}
+
+fn check_out(w: &Matrix, n: usize, out: &[f32]) -> Result<(), FormatError> {
+    if out.len() != n * w.rows {
+        return Err(FormatError::Length { what: "matmul output (n x rows)", expected: n * w.rows, found: out.len() });
+    }
+    Ok(())
+}
+
+/// Below this many weight bytes (times `n`) a matmul runs on the calling thread.
+const SERIAL_BYTES: usize = 48 * 1024;
+/// Tasks per worker thread, for balance when the other core is busy.
+const TASKS_PER_THREAD: usize = 4;
+
+/// Runs `tile(r0, out_t)` over chunks of weight rows; `out_t` holds the chunk's results
+/// row-major by weight row (`[rows_in_chunk x n]`), transposed into `out` afterwards when `n > 1`.
+fn drive(w: &Matrix, n: usize, out: &mut [f32], tile: impl Fn(usize, &mut [f32]) + Sync) {
+    if w.rows == 0 || n == 0 {
+        return;
+    }
+    let work = w.bytes.len().saturating_mul(n);
+    let threads = rayon::current_num_threads().max(1);
+    let chunk_rows = if work < SERIAL_BYTES || threads == 1 {
+        w.rows
+    } else {
+        w.rows.div_ceil(threads * TASKS_PER_THREAD).max(4)
+    };
+    let run = |buf: &mut [f32]| {
+        if chunk_rows >= w.rows {
+            tile(0, buf);
+        } else {
+            buf.par_chunks_mut(chunk_rows * n).enumerate().for_each(|(c, t)| tile(c * chunk_rows, t));
+        }
+    };
+    if n == 1 {
+        run(out);
+    } else {
+        let mut t = vec![0f32; w.rows * n];
+        run(&mut t);
+        for (r, vals) in t.chunks_exact(n).enumerate() {
+            for (i, &v) in vals.iter().enumerate() {
+                out[i * w.rows + r] = v;
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Level {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+fn level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let forced = std::env::var("COLI_CPU_LEVEL").ok();
+            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
+            let avx512 = avx2
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni");
+            match forced.as_deref() {
+                Some("portable") => return Level::Portable,
+                Some("avx2") if avx2 => return Level::Avx2,
+                _ => {}
+            }
+            if avx512 {
+                return Level::Avx512;
+            }
+            if avx2 {
+                return Level::Avx2;
+            }
+        }
+        Level::Portable
+    })
+}
+
+/// The kernel level `matmul` uses on this machine (for benchmarks and logs). The environment
+/// variable `COLI_CPU_LEVEL=portable|avx2` caps it (read once).
+pub fn kernel_level() -> &'static str {
+    match level() {
+        Level::Portable => "portable",
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => "avx2",
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx512 => "avx512vnni",
+    }
+}
+
+#[inline(always)]
+fn tile_q8_body(w: &Matrix, acts: &QuantizedActs, r0: usize, out: &mut [f32]) {
+    let n = acts.n();
+    for (k, o) in out.chunks_exact_mut(n).enumerate() {
+        let row = w.row_unchecked(r0 + k);
+        for (i, v) in o.iter_mut().enumerate() {
+            *v = q8::dot_row_q8(w.format, row, acts.row(i));
+        }
+    }
+}
+
+#[inline(always)]
+fn tile_f32_body(w: &Matrix, x: &[f32], n: usize, r0: usize, out: &mut [f32]) {
+    for (k, o) in out.chunks_exact_mut(n).enumerate() {
+        let row = w.row_unchecked(r0 + k);
+        for (i, v) in o.iter_mut().enumerate() {
+            *v = dot::dot_row(w.format, row, &x[i * w.cols..(i + 1) * w.cols]);
+        }
+    }
+}
+
+macro_rules! multiversion {
+    ($name:ident, $body:ident, ($($arg:ident: $ty:ty),*)) => {
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma,f16c")]
+                unsafe fn avx2($($arg: $ty),*) { $body($($arg),*) }
+                #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+                unsafe fn avx512($($arg: $ty),*) { $body($($arg),*) }
+                match level() {
+                    // SAFETY: `level()` returned these only after detecting every feature enabled.
+                    Level::Avx2 => return unsafe { avx2($($arg),*) },
+                    Level::Avx512 => return unsafe { avx512($($arg),*) },
+                    Level::Portable => {}
+                }
+            }
+            $body($($arg),*)
+        }
+    };
+}
+
+multiversion!(tile_q8, tile_q8_body, (w: &Matrix, acts: &QuantizedActs, r0: usize, out: &mut [f32]));
+multiversion!(tile_f32, tile_f32_body, (w: &Matrix, x: &[f32], n: usize, r0: usize, out: &mut [f32]));

@@ -1,0 +1,222 @@
+//! Weight formats and their CPU kernels: how a row of a weight matrix is stored (`WeightFormat`),
+//! how to expand it (`dequant_row`), how to take its dot product with f32 activations without
+//! expanding it (`dot_row`), the quantized-activation fast path (`QuantizedActs`), the
+//! parallel `matmul` every Linear and every expert goes through, and quantization of f32 rows
+//! into coli's own load-time formats (`I8Row`, `I4G64`).
+//!
+//! Byte layouts (all little-endian; one row is a whole number of blocks, blocks never span rows):
+//! - `F32` 4 bytes, `F16` 2, `BF16` 2 per element.
+//! - `Q8_0`: 32 elements in 34 bytes: f16 `d`, 32 x i8 `q`; `x = d * q`.
+//! - `Q4_0`: 32 in 18: f16 `d`, 16 bytes; element `i < 16` is the low nibble of byte `i`,
+//!   element `i + 16` its high nibble; `x = d * (q - 8)`.
+//! - `Q4_1`: 32 in 20: f16 `d`, f16 `m`, 16 bytes as in `Q4_0`; `x = d * q + m`.
+//! - `Q4_K`, `Q6_K`: GGUF's k-quant super-blocks of 256 (see `kquant.rs`).
+//! - `I8Row` (coli): per row one f32 `scale`, then `cols` x i8; `x = scale * q`, symmetric,
+//!   `scale = max|x| / 127`. Any `cols`.
+//! - `I4G64` (coli): groups of 64 elements in 36 bytes: f16 `scale`, f16 `min`, 32 bytes where
+//!   element `i < 32` is the low nibble of byte `i` and element `i + 32` its high nibble;
+//!   `x = scale * q + min` with `q` in `0..=15`.
+//!
+//! Must not: read files, know tensor names or checkpoints, or panic on a malformed row (the
+//! public entry points check lengths and return `FormatError`).
+
+mod dequant;
+mod dot;
+pub mod fp16;
+mod kquant;
+mod matmul;
+mod q8;
+mod quantize;
+#[cfg(test)]
+mod tests;
+
+pub use matmul::{kernel_level, matmul, matmul_q, Matrix};
+pub use q8::{BlockQ8, QuantizedActs};
+pub use quantize::quantize;
+
+use std::fmt;
+
+/// The storage format of a weight tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum WeightFormat {
+    F32,
+    F16,
+    BF16,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q6_K,
+    /// coli: per-row f32 scale then i8 values.
+    I8Row,
+    /// coli: groups of 64 with an f16 scale and an f16 min, 4-bit values.
+    I4G64,
+}
+
+/// A malformed argument to a format kernel.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum FormatError {
+    #[error("GGUF type id {0} is not a weight format coli reads")]
+    UnknownGgufType(u32),
+    #[error("{format}: a row of {cols} columns is not a whole number of {block}-element blocks")]
+    RaggedRow { format: WeightFormat, cols: usize, block: usize },
+    #[error("{format}: a row of {cols} columns takes {expected} bytes, got {found}")]
+    RowBytes { format: WeightFormat, cols: usize, expected: usize, found: usize },
+    #[error("{format}: matrix of {rows} x {cols} takes {expected} bytes, got {found}")]
+    MatrixBytes { format: WeightFormat, rows: usize, cols: usize, expected: usize, found: usize },
+    #[error("{what}: expected {expected} values, got {found}")]
+    Length { what: &'static str, expected: usize, found: usize },
+    #[error("{format} is not a format coli quantizes into (use I8Row or I4G64)")]
+    NotAQuantizeTarget { format: WeightFormat },
+    #[error("{format}: cannot encode non-finite value {value} at index {index}")]
+    NonFinite { format: WeightFormat, index: usize, value: f32 },
+}
+
+impl fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl WeightFormat {
+    pub const ALL: [WeightFormat; 10] = [
+        WeightFormat::F32,
+        WeightFormat::F16,
+        WeightFormat::BF16,
+        WeightFormat::Q8_0,
+        WeightFormat::Q4_0,
+        WeightFormat::Q4_1,
+        WeightFormat::Q4_K,
+        WeightFormat::Q6_K,
+        WeightFormat::I8Row,
+        WeightFormat::I4G64,
+    ];
+
+    /// The name GGUF and safetensors use (`Q4_K`, `BF16`), and coli's own for `I8Row`/`I4G64`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::F32 => "F32",
+            WeightFormat::F16 => "F16",
+            WeightFormat::BF16 => "BF16",
+            WeightFormat::Q8_0 => "Q8_0",
+            WeightFormat::Q4_0 => "Q4_0",
+            WeightFormat::Q4_1 => "Q4_1",
+            WeightFormat::Q4_K => "Q4_K",
+            WeightFormat::Q6_K => "Q6_K",
+            WeightFormat::I8Row => "I8Row",
+            WeightFormat::I4G64 => "I4G64",
+        }
+    }
+
+    /// Elements per block. `I8Row` has one scale per row and reports 1 (any column count);
+    /// its per-row header is accounted for by `row_bytes`.
+    pub fn block_size(self) -> usize {
+        match self {
+            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 | WeightFormat::I8Row => 1,
+            WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1 => 32,
+            WeightFormat::Q4_K | WeightFormat::Q6_K => 256,
+            WeightFormat::I4G64 => 64,
+        }
+    }
+
+    /// Bytes per block (for `I8Row`: per element, excluding the 4-byte row scale).
+    pub fn block_bytes(self) -> usize {
+        match self {
+            WeightFormat::F32 => 4,
+            WeightFormat::F16 | WeightFormat::BF16 => 2,
+            WeightFormat::Q8_0 => 34,
+            WeightFormat::Q4_0 => 18,
+            WeightFormat::Q4_1 => 20,
+            WeightFormat::Q4_K => kquant::Q4K_BYTES,
+            WeightFormat::Q6_K => kquant::Q6K_BYTES,
+            WeightFormat::I8Row => 1,
+            WeightFormat::I4G64 => 36,
+        }
+    }
+
+    /// Bytes of one row of `cols` elements; an error when `cols` is not a whole number of blocks.
+    pub fn row_bytes(self, cols: usize) -> Result<usize, FormatError> {
+        let block = self.block_size();
+        if cols % block != 0 {
+            return Err(FormatError::RaggedRow { format: self, cols, block });
+        }
+        let body = cols / block * self.block_bytes();
+        Ok(if self == WeightFormat::I8Row { body + 4 } else { body })
+    }
+
+    /// The GGUF `ggml_type` id of this format; `None` for coli's own formats.
+    pub fn gguf_type(self) -> Option<u32> {
+        Some(match self {
+            WeightFormat::F32 => 0,
+            WeightFormat::F16 => 1,
+            WeightFormat::Q4_0 => 2,
+            WeightFormat::Q4_1 => 3,
+            WeightFormat::Q8_0 => 8,
+            WeightFormat::Q4_K => 12,
+            WeightFormat::Q6_K => 14,
+            WeightFormat::BF16 => 30,
+            WeightFormat::I8Row | WeightFormat::I4G64 => return None,
+        })
+    }
+
+    /// The format of a GGUF `ggml_type` id; unknown or unsupported ids are an error.
+    pub fn from_gguf_type(id: u32) -> Result<WeightFormat, FormatError> {
+        Ok(match id {
+            0 => WeightFormat::F32,
+            1 => WeightFormat::F16,
+            2 => WeightFormat::Q4_0,
+            3 => WeightFormat::Q4_1,
+            8 => WeightFormat::Q8_0,
+            12 => WeightFormat::Q4_K,
+            14 => WeightFormat::Q6_K,
+            30 => WeightFormat::BF16,
+            _ => return Err(FormatError::UnknownGgufType(id)),
+        })
+    }
+
+    /// Whether `matmul` quantizes the activations to 8 bits per 32-block for this format
+    /// (the integer formats), given the row length.
+    pub fn uses_q8_acts(self, cols: usize) -> bool {
+        match self {
+            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 => false,
+            WeightFormat::I8Row => cols % 32 == 0,
+            _ => true,
+        }
+    }
+}
+
+fn check_row(format: WeightFormat, row: &[u8], cols: usize) -> Result<(), FormatError> {
+    let expected = format.row_bytes(cols)?;
+    if row.len() != expected {
+        return Err(FormatError::RowBytes { format, cols, expected, found: row.len() });
+    }
+    Ok(())
+}
+
+/// Expands one row into `out` (whose length is the row's column count).
+pub fn dequant_row(format: WeightFormat, row: &[u8], out: &mut [f32]) -> Result<(), FormatError> {
+    check_row(format, row, out.len())?;
+    dequant::dequant_row(format, row, out);
+    Ok(())
+}
+
+/// `row . x` computed block by block, with f32 activations (no expansion of the row).
+pub fn dot_row(format: WeightFormat, row: &[u8], x: &[f32]) -> Result<f32, FormatError> {
+    check_row(format, row, x.len())?;
+    Ok(dot::dot_row(format, row, x))
+}
+
+/// `row . x` with activations quantized to 8 bits per 32-block (the `matmul` fast path).
+/// `x` must be one row of a `QuantizedActs`; formats that do not use q8 activations
+/// (`uses_q8_acts`) are computed from the dequantized activations.
+pub fn dot_row_q8(format: WeightFormat, row: &[u8], x: &[BlockQ8]) -> Result<f32, FormatError> {
+    let cols = x.len() * 32;
+    check_row(format, row, cols)?;
+    if format.uses_q8_acts(cols) {
+        Ok(q8::dot_row_q8(format, row, x))
+    } else {
+        let xf: Vec<f32> = x.iter().flat_map(|b| b.q.iter().map(move |&q| b.d * q as f32)).collect();
+        Ok(dot::dot_row(format, row, &xf))
+    }
+}

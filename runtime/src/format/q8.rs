@@ -1,0 +1,189 @@
+//! The quantized-activation fast path: activations quantized once per matmul to 8 bits per
+//! block of 32 (`QuantizedActs`, symmetric, `x ~ d * q`), and the integer dot products of every
+//! integer weight format against them. Each block product is an i32 sum of 32 byte products,
+//! scaled once per block; the code is written over fixed-size arrays so the compiler vectorizes
+//! it (the callers in `matmul` compile it once per CPU feature level).
+//!
+//! Must not: check lengths (the public entry points in `format` do), or allocate per row.
+
+use super::fp16::read_f16;
+use super::kquant;
+use super::{FormatError, WeightFormat};
+
+/// 32 activations quantized to i8: `x[i] ~ d * q[i]`; `s = d * sum(q)` (for formats with a min).
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C)]
+pub struct BlockQ8 {
+    pub d: f32,
+    pub s: f32,
+    pub q: [i8; 32],
+}
+
+/// `n` rows of `cols` activations, each row as `cols / 32` blocks.
+#[derive(Clone, Debug, Default)]
+pub struct QuantizedActs {
+    n: usize,
+    cols: usize,
+    blocks: Vec<BlockQ8>,
+}
+
+impl QuantizedActs {
+    /// Quantizes `x` (`n` rows of `cols`, row-major); `cols` must be a multiple of 32.
+    pub fn new(x: &[f32], n: usize, cols: usize) -> Result<QuantizedActs, FormatError> {
+        let mut acts = QuantizedActs::default();
+        acts.requantize(x, n, cols)?;
+        Ok(acts)
+    }
+
+    /// Re-fills this buffer from `x`, reusing its allocation.
+    pub fn requantize(&mut self, x: &[f32], n: usize, cols: usize) -> Result<(), FormatError> {
+        if cols % 32 != 0 {
+            return Err(FormatError::RaggedRow { format: WeightFormat::Q8_0, cols, block: 32 });
+        }
+        if x.len() != n * cols {
+            return Err(FormatError::Length { what: "activations (n x cols)", expected: n * cols, found: x.len() });
+        }
+        self.n = n;
+        self.cols = cols;
+        self.blocks.clear();
+        self.blocks.reserve(n * cols / 32);
+        self.blocks.extend(x.chunks_exact(32).map(|c| quantize_block(c.try_into().unwrap())));
+        Ok(())
+    }
+
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The blocks of activation row `i` (`i < n`).
+    pub fn row(&self, i: usize) -> &[BlockQ8] {
+        let per = self.cols / 32;
+        &self.blocks[i * per..(i + 1) * per]
+    }
+}
+
+#[inline(always)]
+fn quantize_block(x: &[f32; 32]) -> BlockQ8 {
+    let mut amax = 0f32;
+    for v in x {
+        amax = amax.max(v.abs());
+    }
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let mut q = [0i8; 32];
+    let mut sum = 0i32;
+    for i in 0..32 {
+        q[i] = (x[i] * id).round_ties_even() as i8;
+        sum += q[i] as i32;
+    }
+    BlockQ8 { d, s: d * sum as f32, q }
+}
+
+/// Sum of `a[i] * b[i]` over signed bytes.
+#[inline(always)]
+pub fn idot_i8<const N: usize>(a: &[i8; N], b: &[i8; N]) -> i32 {
+    let mut s = 0i32;
+    for i in 0..N {
+        s += a[i] as i16 as i32 * b[i] as i16 as i32;
+    }
+    s
+}
+
+/// Sum of `a[i] * b[i]`, `a` unsigned (nibbles or 6-bit values), `b` signed.
+#[inline(always)]
+pub fn idot_u8<const N: usize>(a: &[u8; N], b: &[i8; N]) -> i32 {
+    let mut s = 0i32;
+    for i in 0..N {
+        s += a[i] as i16 as i32 * b[i] as i16 as i32;
+    }
+    s
+}
+
+/// The 32 nibbles of a 16-byte `Q4_0`/`Q4_1` body in element order.
+#[inline(always)]
+fn nibbles16(qs: &[u8]) -> [u8; 32] {
+    let qs: &[u8; 16] = qs[..16].try_into().unwrap();
+    let mut out = [0u8; 32];
+    for i in 0..16 {
+        out[i] = qs[i] & 0x0f;
+        out[i + 16] = qs[i] >> 4;
+    }
+    out
+}
+
+#[inline(always)]
+fn q8_0(row: &[u8], x: &[BlockQ8]) -> f32 {
+    let mut acc = 0f32;
+    for (b, xb) in row.chunks_exact(34).zip(x) {
+        let q: &[u8; 32] = b[2..34].try_into().unwrap();
+        let q: &[i8; 32] = &q.map(|v| v as i8);
+        acc += read_f16(b, 0) * xb.d * idot_i8(q, &xb.q) as f32;
+    }
+    acc
+}
+
+#[inline(always)]
+fn q4_0(row: &[u8], x: &[BlockQ8]) -> f32 {
+    let mut acc = 0f32;
+    for (b, xb) in row.chunks_exact(18).zip(x) {
+        let q = nibbles16(&b[2..18]).map(|v| v as i8 - 8);
+        acc += read_f16(b, 0) * xb.d * idot_i8(&q, &xb.q) as f32;
+    }
+    acc
+}
+
+#[inline(always)]
+fn q4_1(row: &[u8], x: &[BlockQ8]) -> f32 {
+    let mut acc = 0f32;
+    for (b, xb) in row.chunks_exact(20).zip(x) {
+        let q = nibbles16(&b[4..20]);
+        acc += read_f16(b, 0) * xb.d * idot_u8(&q, &xb.q) as f32 + read_f16(b, 2) * xb.s;
+    }
+    acc
+}
+
+#[inline(always)]
+fn i8row(row: &[u8], x: &[BlockQ8]) -> f32 {
+    let scale = f32::from_le_bytes(row[0..4].try_into().unwrap());
+    let mut acc = 0f32;
+    for (b, xb) in row[4..].chunks_exact(32).zip(x) {
+        let q: &[u8; 32] = b.try_into().unwrap();
+        acc += xb.d * idot_i8(&q.map(|v| v as i8), &xb.q) as f32;
+    }
+    scale * acc
+}
+
+#[inline(always)]
+fn i4g64(row: &[u8], x: &[BlockQ8]) -> f32 {
+    let mut acc = 0f32;
+    for (b, xs) in row.chunks_exact(36).zip(x.chunks_exact(2)) {
+        let qs: &[u8; 32] = b[4..36].try_into().unwrap();
+        let lo = qs.map(|v| v & 0x0f);
+        let hi = qs.map(|v| v >> 4);
+        let i = xs[0].d * idot_u8(&lo, &xs[0].q) as f32 + xs[1].d * idot_u8(&hi, &xs[1].q) as f32;
+        acc += read_f16(b, 0) * i + read_f16(b, 2) * (xs[0].s + xs[1].s);
+    }
+    acc
+}
+
+/// `row . x` for an integer format against one row of quantized activations.
+/// The caller has checked `format.uses_q8_acts(cols)` and the row length.
+#[inline(always)]
+pub fn dot_row_q8(format: WeightFormat, row: &[u8], x: &[BlockQ8]) -> f32 {
+    match format {
+        WeightFormat::Q8_0 => q8_0(row, x),
+        WeightFormat::Q4_0 => q4_0(row, x),
+        WeightFormat::Q4_1 => q4_1(row, x),
+        WeightFormat::Q4_K => kquant::dot_q4k_q8(row, x),
+        WeightFormat::Q6_K => kquant::dot_q6k_q8(row, x),
+        WeightFormat::I8Row => i8row(row, x),
+        WeightFormat::I4G64 => i4g64(row, x),
+        WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 => {
+            unreachable!("float formats do not take quantized activations")
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! Tests of the format kernels: every format's dot products against dequantize-then-f32-dot,
+//! the quantizers' round-trip error, matmul against per-row dots, the GGUF block decoders
+//! against gguf-py's (vectors from `tools/make_quant_vectors.py`), and the error paths.
+//!
+//! Must not: depend on files outside `runtime/tests/data`.
+
+use super::*;
+
+/// A small deterministic generator (xorshift64*), so tests need no extra crate.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.unit() * scale).collect()
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// Random stored rows in `format`: encoded from random values where coli can encode the
+/// format, random super-blocks with sane f16 scales for the k-quants.
+fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    match format {
+        WeightFormat::Q4_K | WeightFormat::Q6_K => {
+            let mut b = rng.bytes(rows * format.row_bytes(cols).unwrap());
+            let (size, at) = if format == WeightFormat::Q4_K { (144, [0usize, 2].as_slice()) } else { (210, [208usize].as_slice()) };
+            for block in b.chunks_exact_mut(size) {
+                for &a in at {
+                    let v = 0.001 + 0.02 * rng.unit().abs();
+                    block[a..a + 2].copy_from_slice(&fp16::f32_to_f16(v).to_le_bytes());
+                }
+            }
+            b
+        }
+        _ => quantize(format, &rng.vec(rows * cols, 0.5), cols).unwrap(),
+    }
+}
+
+fn dequant(format: WeightFormat, row: &[u8], cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; cols];
+    dequant_row(format, row, &mut out).unwrap();
+    out
+}
+
+fn ref_dot(w: &[f32], x: &[f32]) -> (f32, f32) {
+    let dot: f64 = w.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum();
+    let mag: f64 = w.iter().zip(x).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+    (dot as f32, mag as f32)
+}
+
+const COLS: [usize; 3] = [256, 512, 1536];
+
+#[test]
+fn dot_row_matches_dequantized_dot_for_every_format() {
+    // Tolerance: f32 rounding of block sums, 1e-5 of the sum of |w x| (plus an absolute 1e-6).
+    let mut rng = Rng(0x1234_5678);
+    for format in WeightFormat::ALL {
+        for cols in COLS {
+            let row = random_rows(format, 1, cols, &mut rng);
+            let x = rng.vec(cols, 1.0);
+            let (want, mag) = ref_dot(&dequant(format, &row, cols), &x);
+            let got = dot_row(format, &row, &x).unwrap();
+            assert!((got - want).abs() <= 1e-5 * mag + 1e-6, "{format} cols {cols}: {got} vs {want}");
+        }
+    }
+}
+
+#[test]
+fn i8row_dot_handles_columns_that_are_not_a_multiple_of_32() {
+    let mut rng = Rng(7);
+    for cols in [1usize, 31, 33, 100] {
+        let row = quantize(WeightFormat::I8Row, &rng.vec(cols, 1.0), cols).unwrap();
+        let x = rng.vec(cols, 1.0);
+        let (want, mag) = ref_dot(&dequant(WeightFormat::I8Row, &row, cols), &x);
+        let got = dot_row(WeightFormat::I8Row, &row, &x).unwrap();
+        assert!((got - want).abs() <= 1e-5 * mag + 1e-6, "cols {cols}");
+        assert!(!WeightFormat::I8Row.uses_q8_acts(cols) || cols % 32 == 0);
+    }
+}
+
+#[test]
+fn q8_dot_is_within_the_activation_quantization_bound() {
+    // Quantizing x to d * q per 32-block moves each x by at most d / 2, so the dot moves by at
+    // most sum |w_i| d_b / 2; add 1e-5 of sum |w x| for f32 rounding.
+    let mut rng = Rng(99);
+    for format in WeightFormat::ALL {
+        for cols in COLS {
+            let row = random_rows(format, 1, cols, &mut rng);
+            let x = rng.vec(cols, 2.0);
+            let acts = QuantizedActs::new(&x, 1, cols).unwrap();
+            let w = dequant(format, &row, cols);
+            let (want, mag) = ref_dot(&w, &x);
+            let bound: f32 = w.chunks(32).zip(acts.row(0)).map(|(ws, b)| ws.iter().map(|v| v.abs()).sum::<f32>() * b.d / 2.0).sum();
+            let got = dot_row_q8(format, &row, acts.row(0)).unwrap();
+            assert!((got - want).abs() <= bound + 1e-5 * mag + 1e-6, "{format} cols {cols}: {got} vs {want} (bound {bound})");
+        }
+    }
+}
+
+#[test]
+fn quantized_acts_reconstruct_within_half_a_step() {
+    let mut rng = Rng(5);
+    let x = rng.vec(3 * 64, 3.0);
+    let acts = QuantizedActs::new(&x, 3, 64).unwrap();
+    for i in 0..3 {
+        for (b, xs) in acts.row(i).iter().zip(x[i * 64..(i + 1) * 64].chunks(32)) {
+            let sum: i32 = b.q.iter().map(|&q| q as i32).sum();
+            assert!((b.s - b.d * sum as f32).abs() <= 1e-6);
+            for (&q, &v) in b.q.iter().zip(xs) {
+                assert!((b.d * q as f32 - v).abs() <= b.d * 0.5 + 1e-6);
+            }
+        }
+    }
+    let zeros = QuantizedActs::new(&[0.0; 32], 1, 32).unwrap();
+    assert_eq!(zeros.row(0)[0].q, [0i8; 32]);
+}
+
+#[test]
+fn quantize_round_trip_error_is_bounded() {
+    // I8Row: |x - x'| <= scale / 2 (scale = max|x| / 127). I4G64/Q4_1: <= step / 2 plus the f16
+    // rounding of min and step (relative 2^-11 of each, times up to 15 steps).
+    let mut rng = Rng(42);
+    let (rows, cols) = (5, 256);
+    let x = rng.vec(rows * cols, 0.8);
+    let i8 = quantize(WeightFormat::I8Row, &x, cols).unwrap();
+    assert_eq!(i8.len(), rows * (4 + cols));
+    for (r, xs) in x.chunks(cols).enumerate() {
+        let row = &i8[r * (4 + cols)..(r + 1) * (4 + cols)];
+        let scale = xs.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+        for (a, b) in dequant(WeightFormat::I8Row, row, cols).iter().zip(xs) {
+            assert!((a - b).abs() <= scale * 0.5 + 1e-7);
+        }
+    }
+    for format in [WeightFormat::I4G64, WeightFormat::Q4_1] {
+        let g = format.block_size();
+        let q = quantize(format, &x, cols).unwrap();
+        let rb = format.row_bytes(cols).unwrap();
+        for (r, xs) in x.chunks(cols).enumerate() {
+            let back = dequant(format, &q[r * rb..(r + 1) * rb], cols);
+            for (bg, xg) in back.chunks(g).zip(xs.chunks(g)) {
+                let lo = xg.iter().copied().fold(f32::INFINITY, f32::min);
+                let hi = xg.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let step = (hi - lo) / 15.0;
+                let tol = step * 0.5 + (lo.abs() + 15.0 * step) * 1e-3;
+                for (a, b) in bg.iter().zip(xg) {
+                    assert!((a - b).abs() <= tol, "{format}: {a} vs {b} (tol {tol})");
+                }
+            }
+        }
+    }
+    // A constant group stores step 0 and reproduces the constant.
+    let flat = quantize(WeightFormat::I4G64, &[0.25; 64], 64).unwrap();
+    assert!(dequant(WeightFormat::I4G64, &flat, 64).iter().all(|&v| v == 0.25));
+}
+
+#[test]
+fn quantize_rejects_what_it_cannot_encode() {
+    assert!(matches!(quantize(WeightFormat::I8Row, &[1.0, f32::NAN], 2), Err(FormatError::NonFinite { index: 1, .. })));
+    assert!(matches!(quantize(WeightFormat::I4G64, &[1e6; 64], 64), Err(FormatError::NonFinite { .. })));
+    assert!(matches!(quantize(WeightFormat::I4G64, &[0.0; 63], 63), Err(FormatError::RaggedRow { .. })));
+    assert!(matches!(quantize(WeightFormat::Q4_K, &[0.0; 256], 256), Err(FormatError::NotAQuantizeTarget { .. })));
+    assert!(matches!(quantize(WeightFormat::I8Row, &[0.0; 10], 4), Err(FormatError::Length { .. })));
+}
+
+#[test]
+fn matmul_matches_row_dots_for_every_format() {
+    let mut rng = Rng(2024);
+    for format in WeightFormat::ALL {
+        for &(rows, cols, n) in &[(37usize, 256usize, 1usize), (300, 512, 3), (64, 256, 8)] {
+            let bytes = random_rows(format, rows, cols, &mut rng);
+            let w = Matrix::new(format, rows, cols, &bytes).unwrap();
+            let x = rng.vec(n * cols, 1.0);
+            let mut out = vec![f32::NAN; n * rows];
+            matmul(&w, &x, n, &mut out).unwrap();
+            let acts = QuantizedActs::new(&x, n, cols).unwrap();
+            let mut out_q = vec![f32::NAN; n * rows];
+            matmul_q(&w, &acts, &mut out_q).unwrap();
+            for i in 0..n {
+                for r in 0..rows {
+                    let row = w.row(r).unwrap();
+                    let want = if format.uses_q8_acts(cols) {
+                        dot_row_q8(format, row, acts.row(i)).unwrap()
+                    } else {
+                        dot_row(format, row, &x[i * cols..(i + 1) * cols]).unwrap()
+                    };
+                    let got = out[i * rows + r];
+                    assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "{format} {rows}x{cols} n={n} [{i},{r}]: {got} vs {want}");
+                    let want_q = dot_row_q8(format, row, acts.row(i)).unwrap();
+                    assert!((out_q[i * rows + r] - want_q).abs() <= 1e-4 * want_q.abs().max(1.0), "{format} matmul_q");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_checks_its_sizes() {
+    let bytes = vec![0u8; 2 * 34];
+    let w = Matrix::new(WeightFormat::Q8_0, 2, 32, &bytes).unwrap();
+    let mut out = vec![0f32; 2];
+    assert!(matches!(matmul(&w, &[0.0; 31], 1, &mut out), Err(FormatError::Length { .. })));
+    assert!(matches!(matmul(&w, &[0.0; 32], 1, &mut out[..1]), Err(FormatError::Length { .. })));
+    assert!(matmul(&w, &[0.0; 32], 1, &mut out).is_ok());
+    assert!(matches!(Matrix::new(WeightFormat::Q8_0, 3, 32, &bytes), Err(FormatError::MatrixBytes { .. })));
+    assert!(matches!(Matrix::new(WeightFormat::Q4_K, 1, 100, &bytes), Err(FormatError::RaggedRow { .. })));
+    let acts = QuantizedActs::new(&[0.0; 64], 1, 64).unwrap();
+    assert!(matches!(matmul_q(&w, &acts, &mut out), Err(FormatError::Length { .. })));
+    assert!(matches!(QuantizedActs::new(&[0.0; 48], 1, 48), Err(FormatError::RaggedRow { .. })));
+}
+
+#[test]
+fn kernels_reject_rows_of_the_wrong_length() {
+    let mut out = vec![0f32; 32];
+    assert!(matches!(dequant_row(WeightFormat::Q4_1, &[0u8; 19], &mut out), Err(FormatError::RowBytes { expected: 20, found: 19, .. })));
+    assert!(matches!(dot_row(WeightFormat::Q6_K, &[0u8; 210], &out), Err(FormatError::RaggedRow { .. })));
+    assert!(matches!(dot_row(WeightFormat::F16, &[0u8; 3], &[0.0; 2]), Err(FormatError::RowBytes { .. })));
+}
+
+#[test]
+fn gguf_type_ids_round_trip_and_unknown_ids_are_errors() {
+    for format in WeightFormat::ALL {
+        if let Some(id) = format.gguf_type() {
+            assert_eq!(WeightFormat::from_gguf_type(id), Ok(format));
+        }
+    }
+    assert_eq!(WeightFormat::from_gguf_type(13), Err(FormatError::UnknownGgufType(13)));
+    assert_eq!(WeightFormat::Q4_K.row_bytes(512), Ok(288));
+    assert_eq!(WeightFormat::Q6_K.row_bytes(256), Ok(210));
+    assert_eq!(WeightFormat::I8Row.row_bytes(10), Ok(14));
+    assert_eq!(WeightFormat::I4G64.row_bytes(128), Ok(72));
+}
+
+#[derive(serde::Deserialize)]
+struct Vectors {
+    rows: Vec<VectorRow>,
+}
+
+#[derive(serde::Deserialize)]
+struct VectorRow {
+    format: String,
+    cols: usize,
+    hex: String,
+    values: Vec<f32>,
+}
+
+#[test]
+fn block_decoders_match_gguf_py() {
+    // Exact: both sides compute d * scale * q (- dmin * m) in f32 from the same f16 values;
+    // allow 1 ulp-ish (1e-6 relative) for a different association of the products.
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/quant_vectors.json");
+    let v: Vectors = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut seen = Vec::new();
+    for r in &v.rows {
+        let format = WeightFormat::ALL.into_iter().find(|f| f.name() == r.format).unwrap();
+        let bytes: Vec<u8> = (0..r.hex.len()).step_by(2).map(|i| u8::from_str_radix(&r.hex[i..i + 2], 16).unwrap()).collect();
+        let got = dequant(format, &bytes, r.cols);
+        for (i, (a, b)) in got.iter().zip(&r.values).enumerate() {
+            assert!((a - b).abs() <= 1e-6 * b.abs().max(1e-3), "{format}[{i}]: {a} vs gguf-py {b}");
+        }
+        seen.push(format);
+    }
+    for f in [WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::Q8_0, WeightFormat::Q4_K, WeightFormat::Q6_K] {
+        assert!(seen.contains(&f), "no vector for {f}");
+    }
+}

@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Writes runtime/tests/data/quant_vectors.json: reference rows for coli's GGUF block decoders.
+
+For Q4_0, Q4_1 and Q8_0 it quantizes seeded random values with gguf-py; for Q4_K and Q6_K (which
+gguf-py only decodes) it makes seeded random super-blocks with sane f16 scales. Each entry holds
+the stored bytes (hex) and gguf-py's dequantization, which the Rust test compares against.
+
+Run with the oracle environment: ~/.venvs/oracle/bin/python tools/make_quant_vectors.py
+"""
+import json
+import pathlib
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize, quantize
+
+OUT = pathlib.Path(__file__).resolve().parent.parent / "runtime" / "tests" / "data" / "quant_vectors.json"
+rng = np.random.default_rng(20240611)
+
+
+def f16_bytes(values):
+    return np.asarray(values, dtype=np.float16).view(np.uint8)
+
+
+def random_q4k(n_blocks):
+    blocks = rng.integers(0, 256, size=(n_blocks, 144), dtype=np.uint8)
+    blocks[:, 0:2] = f16_bytes(rng.uniform(0.001, 0.05, n_blocks)).reshape(n_blocks, 2)
+    blocks[:, 2:4] = f16_bytes(rng.uniform(0.001, 0.05, n_blocks)).reshape(n_blocks, 2)
+    return blocks.reshape(-1)
+
+
+def random_q6k(n_blocks):
+    blocks = rng.integers(0, 256, size=(n_blocks, 210), dtype=np.uint8)
+    blocks[:, 208:210] = f16_bytes(rng.uniform(0.0005, 0.01, n_blocks)).reshape(n_blocks, 2)
+    return blocks.reshape(-1)
+
+
+def entry(name, qtype, raw, cols):
+    data = raw.reshape(1, -1)
+    values = dequantize(data, qtype).reshape(-1).astype(np.float32)
+    assert values.size == cols, (name, values.size, cols)
+    return {"format": name, "cols": cols, "hex": bytes(raw).hex(), "values": [float(v) for v in values]}
+
+
+def main():
+    out = []
+    for name, qtype in (("Q4_0", T.Q4_0), ("Q4_1", T.Q4_1), ("Q8_0", T.Q8_0)):
+        x = (rng.standard_normal((1, 128)) * 0.1).astype(np.float32)
+        raw = quantize(x, qtype).reshape(-1)
+        out.append(entry(name, qtype, raw, 128))
+    out.append(entry("Q4_K", T.Q4_K, random_q4k(2), 512))
+    out.append(entry("Q6_K", T.Q6_K, random_q6k(2), 512))
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps({"generator": "tools/make_quant_vectors.py (gguf-py)", "rows": out}, indent=0) + "\n")
+    print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
+
+
+if __name__ == "__main__":
+    main()
