@@ -45,15 +45,25 @@ impl<'a> Matrix<'a> {
         self.row_bytes
     }
 
+    /// The stored bytes of row `r`. Panics if `r >= rows` (see `get_row`).
+    #[track_caller]
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        match self.get_row(r) {
+            Some(row) => row,
+            None => panic!("row {r} of a matrix of {} rows", self.rows),
+        }
+    }
+
     /// The stored bytes of row `r`, or `None` past the end.
-    pub fn row(&self, r: usize) -> Option<&'a [u8]> {
+    pub fn get_row(&self, r: usize) -> Option<&'a [u8]> {
         self.bytes.get(r * self.row_bytes..(r + 1) * self.row_bytes)
     }
 
-    /// Row `r` expanded to f32 (`out.len() == cols`).
-    pub fn dequant_row(&self, r: usize, out: &mut [f32]) -> Result<(), FormatError> {
-        let row = self.row(r).ok_or(FormatError::Length { what: "matrix row index", expected: self.rows, found: r })?;
-        super::dequant_row(self.format, row, out)
+    /// Rows `r0..r1` as a matrix of their own (a tile of a larger one). Panics past the end.
+    #[track_caller]
+    pub fn rows_range(&self, r0: usize, r1: usize) -> Matrix<'a> {
+        assert!(r0 <= r1 && r1 <= self.rows, "rows {r0}..{r1} of a matrix of {} rows", self.rows);
+        Matrix { rows: r1 - r0, bytes: &self.bytes[r0 * self.row_bytes..r1 * self.row_bytes], ..*self }
     }
 
     #[inline(always)]
@@ -68,8 +78,25 @@ impl std::fmt::Debug for Matrix<'_> {
     }
 }
 
-/// `out[n x rows] = x[n x cols] * W^T`.
-pub fn matmul(w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) -> Result<(), FormatError> {
+/// `out[n x rows] = x[n x cols] * W^T`. Panics if `x` or `out` has the wrong length (the
+/// caller's invariant); `try_matmul` reports it instead.
+#[track_caller]
+pub fn matmul(w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
+    if let Err(e) = try_matmul(w, x, n, out) {
+        panic!("matmul with {w:?}: {e}");
+    }
+}
+
+/// `matmul_q` that panics on mismatched sizes.
+#[track_caller]
+pub fn matmul_q(w: &Matrix, acts: &QuantizedActs, out: &mut [f32]) {
+    if let Err(e) = try_matmul_q(w, acts, out) {
+        panic!("matmul with {w:?}: {e}");
+    }
+}
+
+/// `matmul` that reports mismatched sizes as an error.
+pub fn try_matmul(w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) -> Result<(), FormatError> {
     if x.len() != n * w.cols {
         return Err(FormatError::Length { what: "matmul input (n x cols)", expected: n * w.cols, found: x.len() });
     }
@@ -85,7 +112,7 @@ pub fn matmul(w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) -> Result<(), Fo
 
 /// `matmul` with activations already quantized (reuse one `QuantizedActs` across the matrices
 /// that read the same input). Float formats dequantize the activations first.
-pub fn matmul_q(w: &Matrix, acts: &QuantizedActs, out: &mut [f32]) -> Result<(), FormatError> {
+pub fn try_matmul_q(w: &Matrix, acts: &QuantizedActs, out: &mut [f32]) -> Result<(), FormatError> {
     if acts.cols() != w.cols {
         return Err(FormatError::Length { what: "quantized activation columns", expected: w.cols, found: acts.cols() });
     }

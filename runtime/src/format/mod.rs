@@ -17,8 +17,12 @@
 //!   element `i < 32` is the low nibble of byte `i` and element `i + 32` its high nibble;
 //!   `x = scale * q + min` with `q` in `0..=15`.
 //!
-//! Must not: read files, know tensor names or checkpoints, or panic on a malformed row (the
-//! public entry points check lengths and return `FormatError`).
+//! Errors: everything built from outside data is checked once and reported as a `FormatError`
+//! (`row_bytes`, `Matrix::new`, `quantize`, `QuantizedActs::new`, the `try_*` kernels). The hot
+//! entry points (`dequant_row`, `dot_row`, `matmul`) take sizes their caller already checked
+//! and panic, naming the mismatch, if that invariant is broken.
+//!
+//! Must not: read files, or know tensor names or checkpoints.
 
 mod dequant;
 mod dot;
@@ -30,7 +34,7 @@ mod quantize;
 #[cfg(test)]
 mod tests;
 
-pub use matmul::{kernel_level, matmul, matmul_q, Matrix};
+pub use matmul::{kernel_level, matmul, matmul_q, try_matmul, try_matmul_q, Matrix};
 pub use q8::{BlockQ8, QuantizedActs};
 pub use quantize::quantize;
 
@@ -194,29 +198,56 @@ fn check_row(format: WeightFormat, row: &[u8], cols: usize) -> Result<(), Format
     Ok(())
 }
 
+/// Panics with the `FormatError` text: kernels are called on sizes the caller already checked
+/// (`Matrix::new`, a loaded `Tensor`), so a mismatch here is a bug in the caller.
+#[track_caller]
+fn expect_row(format: WeightFormat, row: &[u8], cols: usize) {
+    if let Err(e) = check_row(format, row, cols) {
+        panic!("format kernel called with a malformed row: {e}");
+    }
+}
+
 /// Expands one row into `out` (whose length is the row's column count).
-pub fn dequant_row(format: WeightFormat, row: &[u8], out: &mut [f32]) -> Result<(), FormatError> {
+/// Panics if `row` is not exactly one row of `out.len()` columns; see `try_dequant_row`.
+#[track_caller]
+pub fn dequant_row(format: WeightFormat, row: &[u8], out: &mut [f32]) {
+    expect_row(format, row, out.len());
+    dequant::dequant_row(format, row, out);
+}
+
+/// `dequant_row` that reports a malformed row as an error.
+pub fn try_dequant_row(format: WeightFormat, row: &[u8], out: &mut [f32]) -> Result<(), FormatError> {
     check_row(format, row, out.len())?;
     dequant::dequant_row(format, row, out);
     Ok(())
 }
 
 /// `row . x` computed block by block, with f32 activations (no expansion of the row).
-pub fn dot_row(format: WeightFormat, row: &[u8], x: &[f32]) -> Result<f32, FormatError> {
+/// Panics if `row` is not exactly one row of `x.len()` columns; see `try_dot_row`.
+#[track_caller]
+pub fn dot_row(format: WeightFormat, row: &[u8], x: &[f32]) -> f32 {
+    expect_row(format, row, x.len());
+    dot::dot_row(format, row, x)
+}
+
+/// `dot_row` that reports a malformed row as an error.
+pub fn try_dot_row(format: WeightFormat, row: &[u8], x: &[f32]) -> Result<f32, FormatError> {
     check_row(format, row, x.len())?;
     Ok(dot::dot_row(format, row, x))
 }
 
 /// `row . x` with activations quantized to 8 bits per 32-block (the `matmul` fast path).
-/// `x` must be one row of a `QuantizedActs`; formats that do not use q8 activations
+/// `x` is one row of a `QuantizedActs`; formats that do not use q8 activations
 /// (`uses_q8_acts`) are computed from the dequantized activations.
-pub fn dot_row_q8(format: WeightFormat, row: &[u8], x: &[BlockQ8]) -> Result<f32, FormatError> {
+/// Panics if `row` is not exactly one row of `32 * x.len()` columns.
+#[track_caller]
+pub fn dot_row_q8(format: WeightFormat, row: &[u8], x: &[BlockQ8]) -> f32 {
     let cols = x.len() * 32;
-    check_row(format, row, cols)?;
+    expect_row(format, row, cols);
     if format.uses_q8_acts(cols) {
-        Ok(q8::dot_row_q8(format, row, x))
+        q8::dot_row_q8(format, row, x)
     } else {
         let xf: Vec<f32> = x.iter().flat_map(|b| b.q.iter().map(move |&q| b.d * q as f32)).collect();
-        Ok(dot::dot_row(format, row, &xf))
+        dot::dot_row(format, row, &xf)
     }
 }

@@ -49,7 +49,7 @@ fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng) ->
 
 fn dequant(format: WeightFormat, row: &[u8], cols: usize) -> Vec<f32> {
     let mut out = vec![0f32; cols];
-    dequant_row(format, row, &mut out).unwrap();
+    dequant_row(format, row, &mut out);
     out
 }
 
@@ -70,7 +70,7 @@ fn dot_row_matches_dequantized_dot_for_every_format() {
             let row = random_rows(format, 1, cols, &mut rng);
             let x = rng.vec(cols, 1.0);
             let (want, mag) = ref_dot(&dequant(format, &row, cols), &x);
-            let got = dot_row(format, &row, &x).unwrap();
+            let got = dot_row(format, &row, &x);
             assert!((got - want).abs() <= 1e-5 * mag + 1e-6, "{format} cols {cols}: {got} vs {want}");
         }
     }
@@ -83,7 +83,7 @@ fn i8row_dot_handles_columns_that_are_not_a_multiple_of_32() {
         let row = quantize(WeightFormat::I8Row, &rng.vec(cols, 1.0), cols).unwrap();
         let x = rng.vec(cols, 1.0);
         let (want, mag) = ref_dot(&dequant(WeightFormat::I8Row, &row, cols), &x);
-        let got = dot_row(WeightFormat::I8Row, &row, &x).unwrap();
+        let got = dot_row(WeightFormat::I8Row, &row, &x);
         assert!((got - want).abs() <= 1e-5 * mag + 1e-6, "cols {cols}");
         assert!(!WeightFormat::I8Row.uses_q8_acts(cols) || cols % 32 == 0);
     }
@@ -102,7 +102,7 @@ fn q8_dot_is_within_the_activation_quantization_bound() {
             let w = dequant(format, &row, cols);
             let (want, mag) = ref_dot(&w, &x);
             let bound: f32 = w.chunks(32).zip(acts.row(0)).map(|(ws, b)| ws.iter().map(|v| v.abs()).sum::<f32>() * b.d / 2.0).sum();
-            let got = dot_row_q8(format, &row, acts.row(0)).unwrap();
+            let got = dot_row_q8(format, &row, acts.row(0));
             assert!((got - want).abs() <= bound + 1e-5 * mag + 1e-6, "{format} cols {cols}: {got} vs {want} (bound {bound})");
         }
     }
@@ -182,21 +182,21 @@ fn matmul_matches_row_dots_for_every_format() {
             let w = Matrix::new(format, rows, cols, &bytes).unwrap();
             let x = rng.vec(n * cols, 1.0);
             let mut out = vec![f32::NAN; n * rows];
-            matmul(&w, &x, n, &mut out).unwrap();
+            matmul(&w, &x, n, &mut out);
             let acts = QuantizedActs::new(&x, n, cols).unwrap();
             let mut out_q = vec![f32::NAN; n * rows];
-            matmul_q(&w, &acts, &mut out_q).unwrap();
+            matmul_q(&w, &acts, &mut out_q);
             for i in 0..n {
                 for r in 0..rows {
-                    let row = w.row(r).unwrap();
+                    let row = w.row(r);
                     let want = if format.uses_q8_acts(cols) {
-                        dot_row_q8(format, row, acts.row(i)).unwrap()
+                        dot_row_q8(format, row, acts.row(i))
                     } else {
-                        dot_row(format, row, &x[i * cols..(i + 1) * cols]).unwrap()
+                        dot_row(format, row, &x[i * cols..(i + 1) * cols])
                     };
                     let got = out[i * rows + r];
                     assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "{format} {rows}x{cols} n={n} [{i},{r}]: {got} vs {want}");
-                    let want_q = dot_row_q8(format, row, acts.row(i)).unwrap();
+                    let want_q = dot_row_q8(format, row, acts.row(i));
                     assert!((out_q[i * rows + r] - want_q).abs() <= 1e-4 * want_q.abs().max(1.0), "{format} matmul_q");
                 }
             }
@@ -209,22 +209,26 @@ fn matmul_checks_its_sizes() {
     let bytes = vec![0u8; 2 * 34];
     let w = Matrix::new(WeightFormat::Q8_0, 2, 32, &bytes).unwrap();
     let mut out = vec![0f32; 2];
-    assert!(matches!(matmul(&w, &[0.0; 31], 1, &mut out), Err(FormatError::Length { .. })));
-    assert!(matches!(matmul(&w, &[0.0; 32], 1, &mut out[..1]), Err(FormatError::Length { .. })));
-    assert!(matmul(&w, &[0.0; 32], 1, &mut out).is_ok());
+    assert!(matches!(try_matmul(&w, &[0.0; 31], 1, &mut out), Err(FormatError::Length { .. })));
+    assert!(matches!(try_matmul(&w, &[0.0; 32], 1, &mut out[..1]), Err(FormatError::Length { .. })));
+    assert!(try_matmul(&w, &[0.0; 32], 1, &mut out).is_ok());
+    assert!(w.get_row(2).is_none());
+    assert_eq!(w.rows_range(1, 2).rows, 1);
     assert!(matches!(Matrix::new(WeightFormat::Q8_0, 3, 32, &bytes), Err(FormatError::MatrixBytes { .. })));
     assert!(matches!(Matrix::new(WeightFormat::Q4_K, 1, 100, &bytes), Err(FormatError::RaggedRow { .. })));
     let acts = QuantizedActs::new(&[0.0; 64], 1, 64).unwrap();
-    assert!(matches!(matmul_q(&w, &acts, &mut out), Err(FormatError::Length { .. })));
+    assert!(matches!(try_matmul_q(&w, &acts, &mut out), Err(FormatError::Length { .. })));
     assert!(matches!(QuantizedActs::new(&[0.0; 48], 1, 48), Err(FormatError::RaggedRow { .. })));
 }
 
 #[test]
 fn kernels_reject_rows_of_the_wrong_length() {
     let mut out = vec![0f32; 32];
-    assert!(matches!(dequant_row(WeightFormat::Q4_1, &[0u8; 19], &mut out), Err(FormatError::RowBytes { expected: 20, found: 19, .. })));
-    assert!(matches!(dot_row(WeightFormat::Q6_K, &[0u8; 210], &out), Err(FormatError::RaggedRow { .. })));
-    assert!(matches!(dot_row(WeightFormat::F16, &[0u8; 3], &[0.0; 2]), Err(FormatError::RowBytes { .. })));
+    assert!(matches!(try_dequant_row(WeightFormat::Q4_1, &[0u8; 19], &mut out), Err(FormatError::RowBytes { expected: 20, found: 19, .. })));
+    assert!(matches!(try_dot_row(WeightFormat::Q6_K, &[0u8; 210], &out), Err(FormatError::RaggedRow { .. })));
+    assert!(matches!(try_dot_row(WeightFormat::F16, &[0u8; 3], &[0.0; 2]), Err(FormatError::RowBytes { .. })));
+    let caught = std::panic::catch_unwind(|| dot_row(WeightFormat::Q8_0, &[0u8; 33], &[0.0; 32]));
+    assert!(caught.is_err(), "the unchecked kernel asserts its invariant");
 }
 
 #[test]
