@@ -42,7 +42,31 @@ pub struct Bindings {
     pub tensors: Option<BTreeMap<String, TensorInfo>>,
 }
 
+/// Why a configuration file could not become bindings.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("{path}: cannot read: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: not valid JSON: {source}")]
+    Json { path: PathBuf, source: serde_json::Error },
+    #[error("{path}: expected a JSON object at the top")]
+    NotAnObject { path: PathBuf },
+}
+
 impl Bindings {
+    /// Bindings from a bare Hugging Face `config.json`: HF naming, no tensor table.
+    pub fn from_config_json(path: &std::path::Path) -> Result<Bindings, BindError> {
+        let text = std::fs::read_to_string(path).map_err(|source| BindError::Read { path: path.to_path_buf(), source })?;
+        Bindings::from_config_text(&text, path)
+    }
+
+    /// Bindings from the text of a `config.json` (`path` for messages).
+    pub fn from_config_text(text: &str, path: &std::path::Path) -> Result<Bindings, BindError> {
+        let value: Value = serde_json::from_str(text).map_err(|source| BindError::Json { path: path.to_path_buf(), source })?;
+        let Value::Object(config) = value else { return Err(BindError::NotAnObject { path: path.to_path_buf() }) };
+        Ok(Bindings { source: path.to_path_buf(), naming: Naming::Hf, config, tensors: None })
+    }
+
     /// The architecture named by the checkpoint: HF `architectures[0]` (`LlamaForCausalLM`)
     /// or GGUF `general.architecture` (`llama`).
     pub fn architecture(&self) -> Option<&str> {

@@ -1,0 +1,148 @@
+//! Sizes: the bytes of a matrix in a weight format, of a layer's weights, of one expert, of KV
+//! rows and recurrent state. Placement decides with these numbers and plans print them.
+//!
+//! This module must not decide anything; it only counts.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A storage format of weights (the checkpoint's or the one they go up to a device in).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Format {
+    F32,
+    F16,
+    Bf16,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q2K,
+    Q3K,
+    Q4K,
+    Q5K,
+    Q6K,
+    Q8K,
+    Iq4Nl,
+    Iq4Xs,
+    Mxfp4,
+}
+
+impl Format {
+    /// `(elements per block, bytes per block)`.
+    pub fn block(self) -> (u64, u64) {
+        use Format::*;
+        match self {
+            F32 => (1, 4),
+            F16 | Bf16 => (1, 2),
+            Q8_0 => (32, 34),
+            Q4_0 => (32, 18),
+            Q4_1 => (32, 20),
+            Q5_0 => (32, 22),
+            Q5_1 => (32, 24),
+            Q2K => (256, 84),
+            Q3K => (256, 110),
+            Q4K => (256, 144),
+            Q5K => (256, 176),
+            Q6K => (256, 210),
+            Q8K => (256, 292),
+            Iq4Nl => (32, 18),
+            Iq4Xs => (256, 136),
+            Mxfp4 => (32, 17),
+        }
+    }
+
+    /// Bytes of `elements` values, rows of `cols` each (blocks do not span rows).
+    pub fn bytes(self, rows: u64, cols: u64) -> u64 {
+        let (n, b) = self.block();
+        rows * cols.div_ceil(n) * b
+    }
+
+    /// The format a checkpoint's storage type names (`BF16`, `Q4_K`, `F32`, ...).
+    pub fn from_dtype(dtype: &str) -> Option<Format> {
+        use Format::*;
+        Some(match dtype.to_ascii_uppercase().as_str() {
+            "F32" | "FLOAT32" => F32,
+            "F16" | "FLOAT16" => F16,
+            "BF16" | "BFLOAT16" => Bf16,
+            "Q8_0" => Q8_0,
+            "Q4_0" => Q4_0,
+            "Q4_1" => Q4_1,
+            "Q5_0" => Q5_0,
+            "Q5_1" => Q5_1,
+            "Q2_K" => Q2K,
+            "Q3_K" => Q3K,
+            "Q4_K" => Q4K,
+            "Q5_K" => Q5K,
+            "Q6_K" => Q6K,
+            "Q8_K" => Q8K,
+            "IQ4_NL" => Iq4Nl,
+            "IQ4_XS" => Iq4Xs,
+            "MXFP4" => Mxfp4,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use Format::*;
+        f.write_str(match self {
+            F32 => "f32",
+            F16 => "f16",
+            Bf16 => "bf16",
+            Q8_0 => "q8_0",
+            Q4_0 => "q4_0",
+            Q4_1 => "q4_1",
+            Q5_0 => "q5_0",
+            Q5_1 => "q5_1",
+            Q2K => "q2_k",
+            Q3K => "q3_k",
+            Q4K => "q4_k",
+            Q5K => "q5_k",
+            Q6K => "q6_k",
+            Q8K => "q8_k",
+            Iq4Nl => "iq4_nl",
+            Iq4Xs => "iq4_xs",
+            Mxfp4 => "mxfp4",
+        })
+    }
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+    /// Reads the printed name (`bf16`, `q4_k`) or the checkpoint spelling (`BF16`, `Q4_K`).
+    fn from_str(s: &str) -> Result<Format, String> {
+        Format::from_dtype(s).ok_or_else(|| format!("unknown weight format `{s}` (known: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k q8_k iq4_nl iq4_xs mxfp4)"))
+    }
+}
+
+/// `12.3 MiB`-style size for plans.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_formats_round_up_per_row() {
+        assert_eq!(Format::Bf16.bytes(576, 576), 576 * 576 * 2);
+        assert_eq!(Format::Q4_1.bytes(1, 576), 18 * 20);
+        assert_eq!(Format::Q4K.bytes(2, 300), 2 * 2 * 144);
+        assert_eq!(Format::from_dtype("q4_k"), Some(Format::Q4K));
+        assert_eq!(human(1536), "1.5 KiB");
+    }
+}

@@ -1,0 +1,8 @@
+//! Lowering: a checked spec and a checkpoint's bindings to the `ir::Program` (this module's
+//! `program`), with symbol binding in `symbols`. Placement and frames are `place` and
+//! `frames`' business; this module must not know about devices.
+
+pub mod program;
+pub mod symbols;
+
+pub use program::build_program;

@@ -1,0 +1,227 @@
+//! Binds a spec's symbols to a checkpoint: each symbol's value from the first configuration key
+//! present for the checkpoint's naming scheme, else a tensor's dimension, else its default
+//! expression (which may read other symbols). Also RoPE scaling parameters from the
+//! configuration, which every family reads the same way.
+//!
+//! Errors (a symbol with no value, a key of the wrong JSON type) are diagnostics at the
+//! symbol's place in the spec. This module must not know any model family.
+
+use crate::bind::{Bindings, Naming};
+use crate::diag::{Diagnostic, Diagnostics};
+use crate::expr::{Type, Value};
+use crate::ir::RopeScaling;
+use crate::spec::Spec;
+use serde_json::Value as Json;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+/// The symbols of one spec bound to one checkpoint; resolved on first use.
+pub struct Symbols<'a> {
+    spec: &'a Spec,
+    bindings: &'a Bindings,
+    memo: RefCell<BTreeMap<String, Option<Value>>>,
+    active: RefCell<Vec<String>>,
+    diags: RefCell<Diagnostics>,
+}
+
+impl<'a> Symbols<'a> {
+    pub fn new(spec: &'a Spec, bindings: &'a Bindings) -> Symbols<'a> {
+        Symbols { spec, bindings, memo: RefCell::default(), active: RefCell::default(), diags: RefCell::default() }
+    }
+
+    /// The errors found while resolving.
+    pub fn take_diagnostics(&self) -> Diagnostics {
+        std::mem::take(&mut self.diags.borrow_mut())
+    }
+
+    /// The value of a symbol or built-in (`gguf`, `hf`); `None` when it has none (reported).
+    pub fn get(&self, name: &str) -> Option<Value> {
+        match name {
+            "gguf" => return Some(Value::Bool(self.bindings.naming == Naming::Gguf)),
+            "hf" => return Some(Value::Bool(self.bindings.naming == Naming::Hf)),
+            _ => {}
+        }
+        if let Some(v) = self.memo.borrow().get(name) {
+            return v.clone();
+        }
+        if self.active.borrow().iter().any(|a| a == name) {
+            return None; // a cycle; the static check reports it
+        }
+        self.active.borrow_mut().push(name.to_string());
+        let v = self.resolve(name);
+        self.active.borrow_mut().pop();
+        self.memo.borrow_mut().insert(name.to_string(), v.clone());
+        v
+    }
+
+    fn report(&self, d: Diagnostic) {
+        self.diags.borrow_mut().push(d);
+    }
+
+    fn resolve(&self, name: &str) -> Option<Value> {
+        let (key, def) = self.spec.file.symbols.0.iter().find(|(k, _)| k.value == name)?;
+        let ty = def.ty();
+        // 1. Configuration keys of the naming scheme, in order.
+        let keys = match self.bindings.naming {
+            Naming::Hf => &def.hf,
+            Naming::Gguf => &def.gguf,
+        };
+        for k in keys {
+            if let Some(j) = config_value(self.bindings, &k.value) {
+                return match from_json(j, ty) {
+                    Some(v) => Some(v),
+                    None => {
+                        self.report(self.spec.diag(k.span, format!("configuration key `{}` is `{j}`, the spec expects {}", k.value, article(ty))));
+                        None
+                    }
+                };
+            }
+        }
+        // 2. A dimension of a checkpoint tensor.
+        if let (Some((w, dim)), Some(tensors)) = (&def.tensor, &self.bindings.tensors) {
+            if let Some(pattern) = self.spec.weight(&w.value).and_then(|wd| match self.bindings.naming {
+                Naming::Hf => wd.hf.as_ref(),
+                Naming::Gguf => wd.gguf.as_ref(),
+            }) {
+                let tname = self.tensor_name(&pattern.value, 0);
+                if let Some(d) = tensors.get(&tname).and_then(|t| t.shape.get(*dim)) {
+                    return Some(Value::Int(*d as i64));
+                }
+            }
+        }
+        // 3. The default expression.
+        if let Some(dflt) = &def.default {
+            let e = match self.spec.expr(dflt) {
+                Ok(e) => e,
+                Err(d) => {
+                    self.report(d);
+                    return None;
+                }
+            };
+            return match e.eval(&|n| self.get(n)) {
+                Ok(v) => Some(coerce(v, ty)),
+                Err(x) => {
+                    self.report(self.spec.diag(x.span, format!("symbol `{name}`: {}", x.message)));
+                    None
+                }
+            };
+        }
+        let tried: Vec<String> = keys.iter().map(|k| format!("`{}`", self.arch_key(&k.value))).collect();
+        let scheme = match self.bindings.naming {
+            Naming::Hf => "HF",
+            Naming::Gguf => "GGUF",
+        };
+        let what = if tried.is_empty() { format!("the spec names no {scheme} configuration key") } else { format!("the configuration has none of {}", tried.join(", ")) };
+        self.report(self.spec.diag(key.span, format!("symbol `{name}` has no value: {what}, and it has no default")));
+        None
+    }
+
+    /// `{arch}` replaced by the GGUF architecture.
+    pub fn arch_key(&self, key: &str) -> String {
+        key.replace("{arch}", self.bindings.architecture().unwrap_or("{arch}"))
+    }
+
+    /// A tensor name pattern with `{i}` and `{arch}` substituted (`{e}` kept).
+    pub fn tensor_name(&self, pattern: &str, layer: usize) -> String {
+        self.arch_key(pattern).replace("{i}", &layer.to_string())
+    }
+
+    /// RoPE scaling as the configuration states it; `None` when it states none.
+    pub fn rope_scaling(&self) -> Result<RopeScaling, String> {
+        rope_scaling(self.bindings)
+    }
+}
+
+fn article(t: Type) -> &'static str {
+    match t {
+        Type::Int => "an Int",
+        Type::Float => "a Float",
+        Type::Bool => "a Bool",
+        Type::IntList => "an IntList",
+    }
+}
+
+/// A configuration value: HF keys may be dotted paths (`rope_parameters.rope_theta`); GGUF
+/// keys are literal (`llama.rope.freq_base`) after `{arch}` is substituted. `null` is absent.
+pub fn config_value<'b>(b: &'b Bindings, key: &str) -> Option<&'b Json> {
+    let key = key.replace("{arch}", b.architecture().unwrap_or("{arch}"));
+    let v = match b.config.get(&key) {
+        Some(v) => Some(v),
+        None if b.naming == Naming::Hf && key.contains('.') => {
+            let mut parts = key.split('.');
+            let mut cur = b.config.get(parts.next()?)?;
+            for p in parts {
+                cur = cur.as_object()?.get(p)?;
+            }
+            Some(cur)
+        }
+        None => None,
+    };
+    v.filter(|v| !v.is_null())
+}
+
+fn from_json(j: &Json, ty: Type) -> Option<Value> {
+    match ty {
+        Type::Int => j.as_i64().or_else(|| j.as_f64().filter(|f| f.fract() == 0.0).map(|f| f as i64)).map(Value::Int),
+        Type::Float => j.as_f64().map(Value::Float),
+        Type::Bool => j.as_bool().map(Value::Bool),
+        Type::IntList => j.as_array()?.iter().map(|x| x.as_i64()).collect::<Option<Vec<_>>>().map(Value::IntList),
+    }
+}
+
+/// An Int where a Float is declared becomes a Float.
+fn coerce(v: Value, ty: Type) -> Value {
+    match (v, ty) {
+        (Value::Int(i), Type::Float) => Value::Float(i as f64),
+        (v, _) => v,
+    }
+}
+
+fn f(b: &Bindings, keys: &[&str]) -> Option<f64> {
+    keys.iter().find_map(|k| config_value(b, k)?.as_f64())
+}
+
+/// RoPE scaling from HF `rope_scaling` / `rope_parameters` or GGUF `{arch}.rope.scaling.*`.
+pub fn rope_scaling(b: &Bindings) -> Result<RopeScaling, String> {
+    let (kind, prefix) = match b.naming {
+        Naming::Hf => {
+            let obj = ["rope_scaling", "rope_parameters"].into_iter().find_map(|k| config_value(b, k).filter(|v| v.is_object()).map(|v| (k, v)));
+            let Some((k, obj)) = obj else { return Ok(RopeScaling::None) };
+            let t = obj.get("rope_type").or_else(|| obj.get("type")).and_then(Json::as_str).unwrap_or("default");
+            (t.to_string(), format!("{k}."))
+        }
+        Naming::Gguf => {
+            let t = config_value(b, "{arch}.rope.scaling.type").and_then(Json::as_str).unwrap_or("none");
+            (t.to_string(), "{arch}.rope.scaling.".to_string())
+        }
+    };
+    let key = |s: &str| format!("{prefix}{s}");
+    let factor = f(b, &[&key("factor")]).unwrap_or(1.0);
+    let original = f(b, &[&key("original_max_position_embeddings"), &key("original_context_length")]);
+    match kind.as_str() {
+        "default" | "none" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear { factor: factor as f32 }),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor: factor as f32,
+            low_freq_factor: f(b, &[&key("low_freq_factor")]).unwrap_or(1.0) as f32,
+            high_freq_factor: f(b, &[&key("high_freq_factor")]).unwrap_or(4.0) as f32,
+            original_max_position: original.unwrap_or(8192.0) as u32,
+        }),
+        "yarn" => {
+            let mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
+            let attention_factor = match (f(b, &[&key("attention_factor")]), f(b, &[&key("mscale")]), f(b, &[&key("mscale_all_dim")])) {
+                (Some(a), _, _) => a,
+                (None, Some(m), Some(all)) => mscale(factor, m) / mscale(factor, all),
+                _ => mscale(factor, 1.0),
+            };
+            Ok(RopeScaling::Yarn {
+                factor: factor as f32,
+                original_max_position: original.unwrap_or(4096.0) as u32,
+                beta_fast: f(b, &[&key("beta_fast")]).unwrap_or(32.0) as f32,
+                beta_slow: f(b, &[&key("beta_slow")]).unwrap_or(1.0) as f32,
+                attention_factor: attention_factor as f32,
+            })
+        }
+        other => Err(format!("RoPE scaling `{other}` is not supported (supported: linear, llama3, yarn)")),
+    }
+}

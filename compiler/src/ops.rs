@@ -1,0 +1,104 @@
+//! The op kinds of the program and their metadata, in one table: the name printed in plans and
+//! profiles, whether the op is a host step (it cuts a device frame), and whether the runtime
+//! executes it yet.
+//!
+//! `OpKind` is what a device profile lists as runnable and what placement asks about. This
+//! module must not hold per-model knowledge.
+
+use crate::ir::Op;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum OpKind {
+    Embed,
+    RmsNorm,
+    LayerNorm,
+    Linear,
+    Rope,
+    Attention,
+    Act,
+    Glu,
+    Add,
+    Mul,
+    Route,
+    RoutedExperts,
+    Mla,
+    LinearAttention,
+}
+
+/// What placement and printing need to know of an op kind.
+#[derive(Clone, Copy, Debug)]
+pub struct OpInfo {
+    pub kind: OpKind,
+    pub name: &'static str,
+    /// Runs on the host, always: a device frame ends before it.
+    pub host_step: bool,
+}
+
+/// The table: one row per kind.
+pub const OPS: &[OpInfo] = &[
+    OpInfo { kind: OpKind::Embed, name: "embed", host_step: false },
+    OpInfo { kind: OpKind::RmsNorm, name: "rms_norm", host_step: false },
+    OpInfo { kind: OpKind::LayerNorm, name: "layer_norm", host_step: false },
+    OpInfo { kind: OpKind::Linear, name: "linear", host_step: false },
+    OpInfo { kind: OpKind::Rope, name: "rope", host_step: false },
+    OpInfo { kind: OpKind::Attention, name: "attention", host_step: false },
+    OpInfo { kind: OpKind::Act, name: "act", host_step: false },
+    OpInfo { kind: OpKind::Glu, name: "glu", host_step: false },
+    OpInfo { kind: OpKind::Add, name: "add", host_step: false },
+    OpInfo { kind: OpKind::Mul, name: "mul", host_step: false },
+    OpInfo { kind: OpKind::Route, name: "route", host_step: true },
+    OpInfo { kind: OpKind::RoutedExperts, name: "routed_experts", host_step: true },
+    OpInfo { kind: OpKind::Mla, name: "mla", host_step: false },
+    OpInfo { kind: OpKind::LinearAttention, name: "linear_attention", host_step: false },
+];
+
+impl OpKind {
+    pub fn info(self) -> &'static OpInfo {
+        // The table is indexed by declaration order; a test checks that it stays so.
+        &OPS[self as usize]
+    }
+    pub fn all() -> impl Iterator<Item = OpKind> {
+        OPS.iter().map(|i| i.kind)
+    }
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.info().name)
+    }
+}
+
+impl Op {
+    pub fn kind(&self) -> OpKind {
+        match self {
+            Op::Embed { .. } => OpKind::Embed,
+            Op::RmsNorm { .. } => OpKind::RmsNorm,
+            Op::LayerNorm { .. } => OpKind::LayerNorm,
+            Op::Linear { .. } => OpKind::Linear,
+            Op::Rope { .. } => OpKind::Rope,
+            Op::Attention { .. } => OpKind::Attention,
+            Op::Act { .. } => OpKind::Act,
+            Op::Glu { .. } => OpKind::Glu,
+            Op::Add { .. } => OpKind::Add,
+            Op::Mul { .. } => OpKind::Mul,
+            Op::Route { .. } => OpKind::Route,
+            Op::RoutedExperts { .. } => OpKind::RoutedExperts,
+            Op::Mla { .. } => OpKind::Mla,
+            Op::LinearAttention { .. } => OpKind::LinearAttention,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_in_declaration_order() {
+        for (i, row) in OPS.iter().enumerate() {
+            assert_eq!(row.kind as usize, i, "{}", row.name);
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! The text format of a program: one line per op, `v3 = linear v2 blk.{i}.attn_q.weight[..]`.
+//! Consecutive layers whose ops differ only in the layer index are printed once, as a group
+//! (`l1..l15`), with `{i}` in their tensor names. Plans embed this text; snapshots are made
+//! of it.
+//!
+//! This module must not change a program; it only prints one.
+
+use crate::ir::*;
+use std::fmt::{self, Write};
+
+fn w(r: &WeightRef) -> String {
+    format!("{}{:?}", r.name, r.shape)
+}
+
+fn ex(t: &ExpertTensor) -> String {
+    match t {
+        ExpertTensor::PerExpert { pattern, shape } => format!("{pattern}{shape:?}"),
+        ExpertTensor::Stacked { name, shape } => format!("{name}{shape:?}"),
+    }
+}
+
+fn g(x: f32) -> String {
+    // Shortest text that reads back as the same f32.
+    format!("{x:?}")
+}
+
+/// One op as text.
+pub fn op_text(op: &Op) -> String {
+    match op {
+        Op::Embed { out, table, scale } => format!("{out} = embed {}{}", w(table), if *scale != 1.0 { format!(" scale {}", g(*scale)) } else { String::new() }),
+        Op::RmsNorm { x, out, weight, eps, group, offset } => {
+            let mut s = format!("{out} = rms_norm {x} {} eps {}", w(weight), g(*eps));
+            let _ = write!(s, " group {group}");
+            if *offset != 0.0 {
+                let _ = write!(s, " offset {}", g(*offset));
+            }
+            s
+        }
+        Op::LayerNorm { x, out, weight, bias, eps } => {
+            format!("{out} = layer_norm {x} {}{} eps {}", w(weight), bias.as_ref().map(|b| format!(" + {}", w(b))).unwrap_or_default(), g(*eps))
+        }
+        Op::Linear { x, out, weight, bias } => format!("{out} = linear {x} {}{}", w(weight), bias.as_ref().map(|b| format!(" + {}", w(b))).unwrap_or_default()),
+        Op::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling } => {
+            format!("{x} = rope {x} heads {heads}x{head_dim} rotary {rotary_dim} {style:?} theta {} scaling {scaling:?}", g(*theta))
+        }
+        Op::Attention { q, k, v, out, layer, spec } => {
+            let mut s = format!(
+                "{out} = attention {q} {k} {v} kv {layer} heads {} kv_heads {} head_dim {} v_head_dim {} scale {}",
+                spec.heads,
+                spec.kv_heads,
+                spec.head_dim,
+                spec.v_head_dim,
+                g(spec.scale)
+            );
+            if let Some(win) = spec.window {
+                let _ = write!(s, " window {win}");
+            }
+            if let Some(sk) = &spec.sinks {
+                let _ = write!(s, " sinks {}", w(sk));
+            }
+            s
+        }
+        Op::Act { x, out, act } => format!("{out} = act {act:?} {x}"),
+        Op::Glu { gate, up, out, kind } => format!("{out} = glu {kind:?} {gate} {up}"),
+        Op::Add { a, b, out } => format!("{out} = add {a} {b}"),
+        Op::Mul { a, b, out } => format!("{out} = mul {a} {b}"),
+        Op::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale } => {
+            let mut s = format!("{out} = route {logits} {scoring:?} top {top_k}");
+            if *renormalize {
+                s.push_str(" renormalize");
+            }
+            if let Some(b) = correction_bias {
+                let _ = write!(s, " bias {}", w(b));
+            }
+            if let Some((n, t)) = groups {
+                let _ = write!(s, " groups {n} top_groups {t}");
+            }
+            if *scale != 1.0 {
+                let _ = write!(s, " scale {}", g(*scale));
+            }
+            s
+        }
+        Op::RoutedExperts { x, routing, out, layer, experts, ffn, weights, glu } => format!(
+            "{out} = routed_experts {x} {routing} {layer} experts {experts} ffn {ffn} {glu:?} gate {} up {} down {}",
+            ex(&weights.gate),
+            ex(&weights.up),
+            ex(&weights.down)
+        ),
+        Op::Mla { x, out, layer, spec } => {
+            let ws: Vec<String> = spec.weights.iter().map(|(r, x)| format!("{r} {}", w(x))).collect();
+            format!(
+                "{out} = mla {x} kv {layer} heads {} q_lora {:?} kv_lora {} nope {} rope {} v {} scale {} theta {} scaling {:?} [{}]",
+                spec.heads,
+                spec.q_lora_rank,
+                spec.kv_lora_rank,
+                spec.qk_nope_head_dim,
+                spec.qk_rope_head_dim,
+                spec.v_head_dim,
+                g(spec.scale),
+                g(spec.rope_theta),
+                spec.rope_scaling,
+                ws.join(", ")
+            )
+        }
+        Op::LinearAttention { x, out, layer, spec } => {
+            let ws: Vec<String> = spec.weights.iter().map(|(r, x)| format!("{r} {}", w(x))).collect();
+            format!(
+                "{out} = linear_attention {:?} {x} state {layer} key_heads {}x{} value_heads {}x{} conv {} [{}]",
+                spec.kind,
+                spec.key_heads,
+                spec.key_head_dim,
+                spec.value_heads,
+                spec.value_head_dim,
+                spec.conv_kernel,
+                ws.join(", ")
+            )
+        }
+    }
+}
+
+/// A layer's ops as text with the layer index written `{i}` in tensor names and ids.
+fn layer_lines(layer: &Layer) -> Vec<String> {
+    let i = layer.id.0;
+    layer
+        .ops
+        .iter()
+        .map(|op| op_text(op).replace(&format!(".{i}."), ".{i}.").replace(&format!(" l{i} "), " l{i} ").replace(&format!(" l{i}"), " l{i}"))
+        .collect()
+}
+
+impl fmt::Display for Program {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = &self.dims;
+        writeln!(f, "program {}: hidden {}, vocab {}, layers {}, max_context {}", self.family, d.hidden, d.vocab, d.layers, d.max_context)?;
+        write!(f, "values:")?;
+        for (i, v) in self.values.iter().enumerate() {
+            write!(f, " v{i} {}[{}]", v.name, v.width)?;
+        }
+        writeln!(f)?;
+        writeln!(f, "residual {}, logits {}", self.residual, self.logits)?;
+        writeln!(f, "prologue:")?;
+        for op in &self.prologue {
+            writeln!(f, "  {}", op_text(op))?;
+        }
+        let mut i = 0;
+        while i < self.layers.len() {
+            let first = &self.layers[i];
+            let lines = layer_lines(first);
+            let mut j = i + 1;
+            while j < self.layers.len()
+                && self.layers[j].mixer == first.mixer
+                && self.layers[j].ffn == first.ffn
+                && layer_lines(&self.layers[j]) == lines
+            {
+                j += 1;
+            }
+            let ids = if j - i == 1 { format!("{}", first.id) } else { format!("{}..{}", first.id, self.layers[j - 1].id) };
+            writeln!(f, "{ids} ({:?}, {:?}):", first.mixer, first.ffn)?;
+            for l in lines {
+                writeln!(f, "  {l}")?;
+            }
+            i = j;
+        }
+        writeln!(f, "epilogue:")?;
+        for op in &self.epilogue {
+            writeln!(f, "  {}", op_text(op))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,154 @@
+//! Device profiles and compile options: the two structs that say where a plan may put work
+//! and how. A profile lists devices (kind, memory budget and reserve, what they can run); the
+//! host CPU is always there and runs everything, so an empty list is a CPU-only profile.
+//! `coli probe` prints this machine's profile in the same RON; `graphs/profiles/*.ron` hold
+//! saved ones.
+//!
+//! This module reads profile files (through the spec reader, for positioned errors) and
+//! must not probe hardware or read environment variables.
+
+use crate::cost::Format;
+use crate::diag::{Diagnostic, Diagnostics};
+use crate::ops::OpKind;
+use crate::spec::{de, syntax};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeviceKind {
+    /// A GPU with its own memory: everything it runs must be uploaded.
+    Discrete,
+    /// A GPU sharing the host's memory.
+    Integrated,
+    /// A CPU device (a software Vulkan device such as Lavapipe).
+    Cpu,
+}
+
+/// What a device can run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Features {
+    /// Op kinds it runs; absent: every non-host op kind.
+    #[serde(default)]
+    pub ops: Option<Vec<OpKind>>,
+    /// Weight formats its matrix kernels read; absent: every format.
+    #[serde(default)]
+    pub formats: Option<Vec<Format>>,
+    #[serde(default = "default_subgroup")]
+    pub subgroup_size: u32,
+    /// Cooperative-matrix (tensor core) support.
+    #[serde(default)]
+    pub coopmat: bool,
+}
+
+fn default_subgroup() -> u32 {
+    32
+}
+
+impl Default for Features {
+    fn default() -> Features {
+        Features { ops: None, formats: None, subgroup_size: 32, coopmat: false }
+    }
+}
+
+impl Features {
+    pub fn runs(&self, op: OpKind) -> bool {
+        !op.info().host_step && self.ops.as_ref().is_none_or(|ops| ops.contains(&op))
+    }
+    pub fn reads(&self, f: Format) -> bool {
+        self.formats.as_ref().is_none_or(|fs| fs.contains(&f))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Device {
+    pub name: String,
+    pub kind: DeviceKind,
+    /// Bytes of device memory the plan may use.
+    pub memory_budget: u64,
+    /// Bytes of the budget kept free (driver, fragmentation, other programs).
+    #[serde(default)]
+    pub reserve: u64,
+    #[serde(default)]
+    pub features: Features,
+}
+
+impl Device {
+    /// Bytes available to the plan: the budget minus the reserve.
+    pub fn usable(&self) -> u64 {
+        self.memory_budget.saturating_sub(self.reserve)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename = "Profile")]
+pub struct DeviceProfile {
+    pub name: String,
+    /// Devices in order of preference: the first is the primary.
+    #[serde(default)]
+    pub devices: Vec<Device>,
+}
+
+impl DeviceProfile {
+    /// No device: the whole program runs on the host CPU.
+    pub fn cpu_only() -> DeviceProfile {
+        DeviceProfile { name: "cpu-only".into(), devices: Vec::new() }
+    }
+
+    pub fn load(path: &Path) -> Result<DeviceProfile, Diagnostics> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Diagnostics::one(Diagnostic::whole(path, format!("cannot read the profile: {e}"))))?;
+        DeviceProfile::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<DeviceProfile, Diagnostics> {
+        let node = syntax::parse(text).map_err(|e| Diagnostics::one(Diagnostic::at(path, text, e.span, e.message)))?;
+        let p: DeviceProfile = de::from_node(&node).map_err(|errors| {
+            let mut d = Diagnostics::new();
+            for (span, m) in errors {
+                d.push(Diagnostic::at(path, text, span, m));
+            }
+            d.sorted()
+        })?;
+        let mut d = Diagnostics::new();
+        for dev in &p.devices {
+            if dev.reserve > dev.memory_budget {
+                d.push(Diagnostic::whole(path, format!("device `{}`: reserve {} exceeds the budget {}", dev.name, dev.reserve, dev.memory_budget)));
+            }
+        }
+        d.into_result(p)
+    }
+}
+
+/// Choices of the user, passed explicitly to `compile`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Options {
+    /// Put the dense part (attention, norms, dense FFNs, router, shared experts) on the device.
+    pub dense_on_device: bool,
+    /// Serve routed experts through the expert tier (a device cache); off: on the host CPU.
+    pub expert_tier: bool,
+    /// Force the number of layers on the primary device (clamped to what exists), instead of
+    /// the most that fit.
+    pub device_layers: Option<usize>,
+    /// Context length the KV cache is sized for.
+    pub context: usize,
+    /// Rows of one prompt chunk (scratch is sized for it).
+    pub chunk_rows: usize,
+    /// The format of tensors when the checkpoint's table is unknown (a bare config.json).
+    pub assumed_format: Format,
+    /// The format matrices go up to the device in; absent: as stored in the checkpoint.
+    pub upload_format: Option<Format>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            dense_on_device: true,
+            expert_tier: true,
+            device_layers: None,
+            context: 4096,
+            chunk_rows: 512,
+            assumed_format: Format::Bf16,
+            upload_format: None,
+        }
+    }
+}

@@ -1,0 +1,307 @@
+//! The architecture spec language: what a `graphs/*.ron` file may say, read with positions.
+//!
+//! A spec names its symbols (bound from a checkpoint's configuration, with fallbacks and
+//! typed expressions), its weights (a tensor-name pattern per naming scheme and a shape), its
+//! row buffers (a width each), and its ops: a prologue, one layer body (expanded once per
+//! layer, with `If` on the layer index and named `blocks`), and an epilogue. The op set is
+//! closed (`OpItem`); an unknown op or field is an error with a line and column.
+//!
+//! `Spec::load` reads and checks a spec (syntax, structure, names, expression types) and
+//! returns every error it finds. This module must not bind a configuration or build IR:
+//! that is `lower`'s job.
+
+pub mod check;
+pub mod de;
+pub mod syntax;
+
+use crate::diag::{Diagnostic, Diagnostics, Span};
+use crate::expr::{self, Expr, Type};
+use crate::ir::{Activation, LinearAttentionKind, RopeStyle, RouterScoring};
+use de::{Entries, Items, Spanned};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// A string of the spec with its span (a name or an expression).
+pub type Text = Spanned<String>;
+
+/// The contents of a spec file.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename = "Spec")]
+pub struct SpecFile {
+    /// The family name printed in plans (`olmoe`).
+    pub family: Text,
+    /// The architectures this spec serves.
+    pub serves: Serves,
+    /// A configuration to compile with when none is given (relative to the spec file).
+    #[serde(default)]
+    pub default_config: Option<Text>,
+    pub symbols: Entries<Text, SymbolDef>,
+    pub weights: Entries<Text, WeightDef>,
+    /// Row buffers: name -> width (an Int expression).
+    pub values: Entries<Text, Text>,
+    /// The residual stream's value.
+    pub residual: Text,
+    /// The value the epilogue writes the logits to.
+    pub logits: Text,
+    pub prologue: Items<Spanned<OpItem>>,
+    /// The body of one layer; `i` is the layer index.
+    pub layer: Items<Spanned<OpItem>>,
+    /// Named op sequences, used by `Block("name")`.
+    #[serde(default)]
+    pub blocks: Entries<Text, Items<Spanned<OpItem>>>,
+    pub epilogue: Items<Spanned<OpItem>>,
+}
+
+/// HF `architectures[0]` class names and GGUF `general.architecture` names.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct Serves {
+    #[serde(default)]
+    pub hf: Vec<String>,
+    #[serde(default)]
+    pub gguf: Vec<String>,
+}
+
+/// Where a symbol's value comes from, in order: a configuration key of the checkpoint's
+/// naming scheme (the first present; HF keys may be dotted paths into nested objects, GGUF keys
+/// may contain `{arch}`), a dimension of a tensor, the `default` expression.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct SymbolDef {
+    #[serde(rename = "type", default)]
+    pub ty: Option<Type>,
+    #[serde(default)]
+    pub hf: Vec<Text>,
+    #[serde(default)]
+    pub gguf: Vec<Text>,
+    /// `(weight, dim)`: the size of dimension `dim` of that weight in the checkpoint.
+    #[serde(default)]
+    pub tensor: Option<(Text, usize)>,
+    #[serde(default)]
+    pub default: Option<Text>,
+}
+
+impl SymbolDef {
+    pub fn ty(&self) -> Type {
+        self.ty.unwrap_or(Type::Int)
+    }
+}
+
+/// A weight: its tensor name per naming scheme (`{i}` the layer, `{e}` the expert, `{arch}`)
+/// and its shape, outermost first (for experts: one expert's matrix).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct WeightDef {
+    #[serde(default)]
+    pub hf: Option<Text>,
+    #[serde(default)]
+    pub gguf: Option<Text>,
+    pub shape: Vec<Text>,
+    /// Use another weight when `when` holds or when this one is absent from the checkpoint
+    /// (a tied output head).
+    #[serde(default)]
+    pub tied: Option<Tied>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct Tied {
+    pub to: Text,
+    pub when: Text,
+}
+
+/// RoPE pairing, possibly depending on the naming scheme (llama.cpp permutes the q and k rows
+/// of `llama` GGUFs so that they use interleaved pairs).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub enum StyleSpec {
+    RotateHalf,
+    Interleaved,
+    ByNaming { hf: RopeStyle, gguf: RopeStyle },
+}
+
+/// RoPE frequency scaling: none, or whatever the configuration says (`rope_scaling` /
+/// `rope_parameters` for HF, `{arch}.rope.scaling.*` for GGUF).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub enum ScalingSpec {
+    #[default]
+    None,
+    FromConfig,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub enum GluSpec {
+    SwiGlu,
+    GeGlu,
+    ClampedSwiGlu { limit: Text, alpha: Text },
+}
+
+/// One item of an op list: an op of the closed set, or `Block`/`If` structure.
+/// Field names are value names (`x`, `out`, ...), weight names (`weight`, `table`, ...) or
+/// expressions (everything else).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub enum OpItem {
+    Embed { out: Text, table: Text, #[serde(default)] scale: Option<Text> },
+    RmsNorm { x: Text, out: Text, weight: Text, eps: Text, #[serde(default)] group: Option<Text>, #[serde(default)] offset: Option<Text> },
+    LayerNorm { x: Text, out: Text, weight: Text, #[serde(default)] bias: Option<Text>, eps: Text },
+    Linear { x: Text, out: Text, weight: Text, #[serde(default)] bias: Option<Text> },
+    Rope {
+        x: Text,
+        heads: Text,
+        head_dim: Text,
+        #[serde(default)]
+        rotary_dim: Option<Text>,
+        style: StyleSpec,
+        theta: Text,
+        #[serde(default)]
+        scaling: ScalingSpec,
+    },
+    Attention {
+        q: Text,
+        k: Text,
+        v: Text,
+        out: Text,
+        heads: Text,
+        kv_heads: Text,
+        head_dim: Text,
+        #[serde(default)]
+        v_head_dim: Option<Text>,
+        scale: Text,
+        /// Sliding window in positions; a value of 0 means full attention.
+        #[serde(default)]
+        window: Option<Text>,
+        #[serde(default)]
+        sinks: Option<Text>,
+    },
+    Act { x: Text, out: Text, act: Activation },
+    Glu { gate: Text, up: Text, out: Text, kind: GluSpec },
+    Add { a: Text, b: Text, out: Text },
+    Mul { a: Text, b: Text, out: Text },
+    Route {
+        logits: Text,
+        out: Text,
+        scoring: RouterScoring,
+        top_k: Text,
+        renormalize: Text,
+        #[serde(default)]
+        correction_bias: Option<Text>,
+        #[serde(default)]
+        groups: Option<(Text, Text)>,
+        #[serde(default)]
+        scale: Option<Text>,
+    },
+    RoutedExperts { x: Text, routing: Text, out: Text, experts: Text, ffn: Text, gate: Text, up: Text, down: Text, glu: GluSpec },
+    Mla {
+        x: Text,
+        out: Text,
+        heads: Text,
+        #[serde(default)]
+        q_lora_rank: Option<Text>,
+        kv_lora_rank: Text,
+        qk_nope_head_dim: Text,
+        qk_rope_head_dim: Text,
+        v_head_dim: Text,
+        scale: Text,
+        /// Role -> weight name.
+        weights: Entries<Text, Text>,
+        theta: Text,
+        #[serde(default)]
+        scaling: ScalingSpec,
+    },
+    LinearAttention {
+        x: Text,
+        out: Text,
+        kind: LinearAttentionKind,
+        key_heads: Text,
+        value_heads: Text,
+        key_head_dim: Text,
+        value_head_dim: Text,
+        conv_kernel: Text,
+        /// Role -> weight name.
+        weights: Entries<Text, Text>,
+    },
+    /// The ops of a named block.
+    Block(Text),
+    /// `then` when `cond` holds for this layer, else `else`.
+    If {
+        cond: Text,
+        then: Items<Spanned<OpItem>>,
+        #[serde(default, rename = "else")]
+        otherwise: Items<Spanned<OpItem>>,
+    },
+}
+
+/// A loaded, checked spec.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Spec {
+    pub path: PathBuf,
+    pub source: String,
+    pub file: SpecFile,
+}
+
+/// Symbols every spec must define: they become `ir::Dims`.
+pub const REQUIRED_SYMBOLS: &[&str] = &["hidden", "vocab", "layers", "max_context"];
+
+impl Spec {
+    /// Reads and checks the spec at `path`.
+    pub fn load(path: &Path) -> Result<Spec, Diagnostics> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Diagnostics::one(Diagnostic::whole(path, format!("cannot read the spec: {e}"))))?;
+        Spec::parse(&text, path)
+    }
+
+    /// Parses and checks spec `text`, which came from `path` (for messages).
+    pub fn parse(text: &str, path: &Path) -> Result<Spec, Diagnostics> {
+        let node = syntax::parse(text).map_err(|e| Diagnostics::one(Diagnostic::at(path, text, e.span, e.message)))?;
+        let file: SpecFile = de::from_node(&node).map_err(|errors| {
+            let mut d = Diagnostics::new();
+            for (span, message) in errors {
+                d.push(Diagnostic::at(path, text, span, message));
+            }
+            d.sorted()
+        })?;
+        let spec = Spec { path: path.to_path_buf(), source: text.to_string(), file };
+        let diags = check::check(&spec);
+        diags.into_result(spec)
+    }
+
+    /// A diagnostic at `span` of this spec.
+    pub fn diag(&self, span: Span, message: impl Into<String>) -> Diagnostic {
+        Diagnostic::at(&self.path, &self.source, span, message)
+    }
+
+    /// Parses an expression of the spec (the text's quotes excluded from spans).
+    pub fn expr(&self, t: &Text) -> Result<Expr, Diagnostic> {
+        expr::parse(&t.value, t.span.start + 1).map_err(|e| self.diag(e.span, e.message))
+    }
+
+    pub fn symbol(&self, name: &str) -> Option<&SymbolDef> {
+        self.file.symbols.0.iter().find(|(k, _)| k.value == name).map(|(_, v)| v)
+    }
+
+    pub fn weight(&self, name: &str) -> Option<&WeightDef> {
+        self.file.weights.0.iter().find(|(k, _)| k.value == name).map(|(_, v)| v)
+    }
+
+    pub fn block(&self, name: &str) -> Option<&Items<Spanned<OpItem>>> {
+        self.file.blocks.0.iter().find(|(k, _)| k.value == name).map(|(_, v)| v)
+    }
+
+    /// Whether this spec serves architecture `arch` (an HF class or a GGUF architecture name).
+    pub fn serves(&self, arch: &str) -> bool {
+        self.file.serves.hf.iter().chain(&self.file.serves.gguf).any(|a| a == arch)
+    }
+
+    /// The default configuration's path, resolved against the spec's directory.
+    pub fn default_config(&self) -> Option<PathBuf> {
+        let rel = &self.file.default_config.as_ref()?.value;
+        Some(self.path.parent().unwrap_or(Path::new(".")).join(rel))
+    }
+}
+
+/// The spec under `graphs_dir` that serves architecture `arch`, if any. Specs that do not
+/// load are skipped (compiling with one reports its errors).
+pub fn spec_for_architecture(graphs_dir: &Path, arch: &str) -> Option<PathBuf> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(graphs_dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "ron"))
+        .collect();
+    paths.sort();
+    paths.into_iter().find(|p| Spec::load(p).is_ok_and(|s| s.serves(arch)))
+}

@@ -1,0 +1,157 @@
+//! Lowering of the shipped specs to programs: each spec with its reference configuration, and
+//! checks of the op order against the transformers modeling code of each family.
+
+use coli_compiler::bind::{Bindings, Naming, TensorInfo};
+use coli_compiler::ir::*;
+use coli_compiler::spec::{spec_for_architecture, Spec};
+use coli_compiler::{compile, DeviceProfile, Options};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+fn graphs() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../graphs")
+}
+
+fn program(spec: &str, config: Option<&str>) -> Program {
+    let spec = Spec::load(&graphs().join(spec)).unwrap_or_else(|d| panic!("{d}"));
+    let config = config.map(|c| graphs().join("configs").join(c)).unwrap_or_else(|| spec.default_config().unwrap());
+    let b = Bindings::from_config_json(&config).unwrap();
+    compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).unwrap_or_else(|d| panic!("{d}")).program
+}
+
+#[test]
+fn every_spec_compiles_with_its_default_config() {
+    for s in ["llama.ron", "olmoe.ron", "qwen3_moe.ron", "mixtral.ron"] {
+        let p = program(s, None);
+        println!("{p}");
+    }
+}
+
+#[test]
+fn specs_are_found_by_architecture() {
+    let g = graphs();
+    assert_eq!(spec_for_architecture(&g, "LlamaForCausalLM").unwrap().file_name().unwrap(), "llama.ron");
+    assert_eq!(spec_for_architecture(&g, "llama").unwrap().file_name().unwrap(), "llama.ron");
+    assert_eq!(spec_for_architecture(&g, "OlmoeForCausalLM").unwrap().file_name().unwrap(), "olmoe.ron");
+    assert_eq!(spec_for_architecture(&g, "qwen3moe").unwrap().file_name().unwrap(), "qwen3_moe.ron");
+    assert_eq!(spec_for_architecture(&g, "MixtralForCausalLM").unwrap().file_name().unwrap(), "mixtral.ron");
+    assert!(spec_for_architecture(&g, "NoSuchForCausalLM").is_none());
+}
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+}
+
+/// pymoe-22m's config.json and its safetensors tensor table (names, shapes, dtypes).
+fn pymoe_bindings() -> Bindings {
+    let mut b = Bindings::from_config_json(&data("pymoe-22m.config.json")).unwrap();
+    let table: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(data("pymoe-22m.tensors.json")).unwrap()).unwrap();
+    let tensors = table
+        .into_iter()
+        .map(|(k, v)| {
+            let shape = v["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+            (k, TensorInfo { shape, dtype: v["dtype"].as_str().unwrap().into(), bytes: v["bytes"].as_u64().unwrap() })
+        })
+        .collect();
+    b.tensors = Some(tensors);
+    b
+}
+
+#[test]
+fn pymoe_binds_against_its_tensor_table() {
+    let spec = Spec::load(&graphs().join("olmoe.ron")).unwrap();
+    let b = pymoe_bindings();
+    let p = compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).unwrap_or_else(|d| panic!("{d}")).program;
+    assert_eq!((p.dims.hidden, p.dims.vocab, p.dims.layers), (256, 4096, 6));
+    let l = &p.layers[2];
+    assert_eq!(l.ffn, FfnKind::Moe);
+    // rope_parameters.rope_theta (transformers 5 layout) is read.
+    assert!(l.ops.iter().any(|op| matches!(op, Op::Rope { theta, .. } if *theta == 10000.0)));
+    // norm_topk_prob false: no renormalization; top-4 of 32.
+    assert!(l.ops.iter().any(|op| matches!(op, Op::Route { top_k: 4, renormalize: false, .. })));
+    // OLMoE's q/k norms are over the whole projection.
+    let groups: Vec<usize> = l.ops.iter().filter_map(|op| if let Op::RmsNorm { group, .. } = op { Some(*group) } else { None }).collect();
+    assert_eq!(groups, [256, 256, 256, 256]);
+    assert!(matches!(&p.epilogue[1], Op::Linear { weight, .. } if weight.name == "lm_head.weight"));
+
+    // A missing tensor and a wrong shape are located diagnostics.
+    let mut bad = pymoe_bindings();
+    let t = bad.tensors.as_mut().unwrap();
+    t.remove("model.layers.3.self_attn.q_norm.weight");
+    t.get_mut("model.layers.1.mlp.experts.5.up_proj.weight").unwrap().shape = vec![64, 256];
+    let d = compile(&spec, &bad, &DeviceProfile::cpu_only(), &Options::default()).unwrap_err();
+    let text = d.to_string();
+    assert!(text.contains("tensor `model.layers.3.self_attn.q_norm.weight` is not in the checkpoint"), "{text}");
+    assert!(text.contains("first: `model.layers.1.mlp.experts.5.up_proj.weight`"), "{text}");
+    assert!(text.contains("olmoe.ron:"), "{text}");
+}
+
+/// SmolLM2-135M as its GGUF describes itself (metadata keys, tensors outermost-first), tied.
+fn smollm2_gguf_bindings(with_output: bool) -> Bindings {
+    let mut config = serde_json::Map::new();
+    for (k, v) in [
+        ("general.architecture", serde_json::json!("llama")),
+        ("llama.embedding_length", serde_json::json!(576)),
+        ("llama.block_count", serde_json::json!(30)),
+        ("llama.feed_forward_length", serde_json::json!(1536)),
+        ("llama.attention.head_count", serde_json::json!(9)),
+        ("llama.attention.head_count_kv", serde_json::json!(3)),
+        ("llama.rope.freq_base", serde_json::json!(100000.0)),
+        ("llama.context_length", serde_json::json!(8192)),
+        ("llama.attention.layer_norm_rms_epsilon", serde_json::json!(1e-5)),
+    ] {
+        config.insert(k.into(), v);
+    }
+    let mut t = BTreeMap::new();
+    let mut add = |name: String, shape: Vec<usize>| {
+        t.insert(name, TensorInfo { shape, dtype: "Q4_1".into(), bytes: 0 });
+    };
+    add("token_embd.weight".into(), vec![49152, 576]);
+    add("output_norm.weight".into(), vec![576]);
+    if with_output {
+        add("output.weight".into(), vec![49152, 576]);
+    }
+    for i in 0..30 {
+        add(format!("blk.{i}.attn_norm.weight"), vec![576]);
+        add(format!("blk.{i}.attn_q.weight"), vec![576, 576]);
+        add(format!("blk.{i}.attn_k.weight"), vec![192, 576]);
+        add(format!("blk.{i}.attn_v.weight"), vec![192, 576]);
+        add(format!("blk.{i}.attn_output.weight"), vec![576, 576]);
+        add(format!("blk.{i}.ffn_norm.weight"), vec![576]);
+        add(format!("blk.{i}.ffn_gate.weight"), vec![1536, 576]);
+        add(format!("blk.{i}.ffn_up.weight"), vec![1536, 576]);
+        add(format!("blk.{i}.ffn_down.weight"), vec![576, 1536]);
+    }
+    Bindings { source: "SmolLM2-135M-Instruct.Q4_1.gguf".into(), naming: Naming::Gguf, config, tensors: Some(t) }
+}
+
+#[test]
+fn smollm2_gguf_uses_interleaved_rope_and_a_tied_head() {
+    let spec = Spec::load(&graphs().join("llama.ron")).unwrap();
+    let p = compile(&spec, &smollm2_gguf_bindings(false), &DeviceProfile::cpu_only(), &Options::default())
+        .unwrap_or_else(|d| panic!("{d}"))
+        .program;
+    assert_eq!((p.dims.hidden, p.dims.vocab, p.dims.layers, p.dims.max_context), (576, 49152, 30, 8192));
+    let l = &p.layers[7];
+    assert!(matches!(&l.ops[1], Op::Linear { weight, .. } if weight.name == "blk.7.attn_q.weight"));
+    assert!(l.ops.iter().any(|op| matches!(op, Op::Rope { style: RopeStyle::Interleaved, heads: 9, head_dim: 64, theta, .. } if *theta == 100000.0)));
+    assert!(l.ops.iter().any(|op| matches!(op, Op::Attention { spec, .. } if spec.kv_heads == 3 && spec.scale == 0.125)));
+    assert!(matches!(&p.epilogue[1], Op::Linear { weight, .. } if weight.name == "token_embd.weight"));
+    // With `output.weight` present, the head is untied.
+    let p = compile(&spec, &smollm2_gguf_bindings(true), &DeviceProfile::cpu_only(), &Options::default()).unwrap().program;
+    assert!(matches!(&p.epilogue[1], Op::Linear { weight, .. } if weight.name == "output.weight"));
+}
+
+#[test]
+fn qwen3_moe_dense_layers_follow_sparse_step_and_mlp_only_layers() {
+    let spec = Spec::load(&graphs().join("qwen3_moe.ron")).unwrap();
+    let mut b = Bindings::from_config_json(&graphs().join("configs/qwen3-30b-a3b.json")).unwrap();
+    b.config.insert("decoder_sparse_step".into(), serde_json::json!(2));
+    b.config.insert("mlp_only_layers".into(), serde_json::json!([3]));
+    let p = compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).unwrap().program;
+    let kinds: Vec<FfnKind> = p.layers.iter().take(6).map(|l| l.ffn).collect();
+    use FfnKind::*;
+    assert_eq!(kinds, [Dense, Moe, Dense, Dense, Dense, Moe]);
+    assert!(p.layers[0].ops.iter().any(|op| matches!(op, Op::Linear { weight, .. } if weight.shape == [6144, 2048])));
+}

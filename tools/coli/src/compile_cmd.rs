@@ -1,0 +1,142 @@
+//! `coli compile`: compiles an architecture spec for a checkpoint and a device profile, and
+//! prints the plan (text, or Graphviz with `--format dot`).
+//!
+//! `coli compile graphs/olmoe.ron --config <config.json | model dir | model.gguf>
+//! [--profile p.ron] [--format text|dot] [options]`; `coli compile graphs/olmoe.ron` alone uses
+//! the spec's default configuration; `coli compile --config <checkpoint>` alone finds the spec
+//! that serves the checkpoint's architecture under `--graphs` (default `graphs`).
+//! This file only parses arguments, reads inputs and prints; it must not hold compiler logic.
+
+use coli_compiler::bind::Bindings;
+use coli_compiler::cost::Format;
+use coli_compiler::spec::{spec_for_architecture, Spec};
+use coli_compiler::{compile, DeviceProfile, Options};
+use std::path::{Path, PathBuf};
+
+/// Arguments of `coli compile`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CompileArgs {
+    /// The architecture spec (`graphs/olmoe.ron`). Absent: the spec under `--graphs` that
+    /// serves the checkpoint's architecture.
+    pub spec: Option<PathBuf>,
+    /// The checkpoint: a `config.json`, a model directory or a `.gguf` file. Absent: the
+    /// spec's `default_config`.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// A device profile (`graphs/profiles/*.ron`, or what `coli probe` prints). Absent: CPU only.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub format: OutputFormat,
+    /// Where to look for specs when none is given.
+    #[arg(long, default_value = "graphs")]
+    pub graphs: PathBuf,
+    /// Keep the dense part on the CPU.
+    #[arg(long)]
+    pub dense_on_cpu: bool,
+    /// Run routed experts on the CPU instead of through the device expert tier.
+    #[arg(long)]
+    pub no_expert_tier: bool,
+    /// Force the number of layers on the primary device instead of the most that fit.
+    #[arg(long)]
+    pub device_layers: Option<usize>,
+    /// Context length the KV cache is sized for.
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Rows of one prompt chunk.
+    #[arg(long)]
+    pub chunk_rows: Option<usize>,
+    /// Weight format assumed when only a config.json is given (`bf16`, `q4_k`, ...).
+    #[arg(long)]
+    pub assume_format: Option<Format>,
+    /// Format matrices are uploaded to devices in (default: as stored).
+    #[arg(long)]
+    pub upload_format: Option<Format>,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    Text,
+    Dot,
+}
+
+/// Runs `coli compile`; the plan goes to stdout. Errors are printable messages.
+pub fn run(args: CompileArgs) -> Result<(), String> {
+    let text = compile_to_string(&args)?;
+    print!("{text}");
+    Ok(())
+}
+
+/// Does what `run` does and returns the output instead of printing it.
+pub fn compile_to_string(args: &CompileArgs) -> Result<String, String> {
+    // 1. The checkpoint's bindings and the spec.
+    let (spec, bindings) = match (&args.spec, &args.config) {
+        (Some(spec_path), config) => {
+            let spec = Spec::load(spec_path).map_err(|d| d.to_string())?;
+            let config = match config {
+                Some(c) => c.clone(),
+                None => spec.default_config().ok_or_else(|| {
+                    format!("{}: the spec names no default configuration; give --config", spec_path.display())
+                })?,
+            };
+            (spec, read_bindings(&config)?)
+        }
+        (None, Some(config)) => {
+            let bindings = read_bindings(config)?;
+            let arch = bindings
+                .architecture()
+                .ok_or_else(|| format!("{}: the checkpoint names no architecture", config.display()))?
+                .to_string();
+            let path = spec_for_architecture(&args.graphs, &arch)
+                .ok_or_else(|| format!("no spec under {} serves architecture `{arch}`", args.graphs.display()))?;
+            (Spec::load(&path).map_err(|d| d.to_string())?, bindings)
+        }
+        (None, None) => return Err("give a spec, a --config, or both".into()),
+    };
+    // 2. The profile and options.
+    let profile = match &args.profile {
+        Some(p) => DeviceProfile::load(p).map_err(|d| d.to_string())?,
+        None => DeviceProfile::cpu_only(),
+    };
+    let options = options(args);
+    // 3. Compile and print.
+    let plan = compile(&spec, &bindings, &profile, &options).map_err(|d| d.to_string())?;
+    Ok(match args.format {
+        OutputFormat::Text => plan.to_string(),
+        OutputFormat::Dot => plan.to_dot(),
+    })
+}
+
+fn options(args: &CompileArgs) -> Options {
+    let d = Options::default();
+    Options {
+        dense_on_device: !args.dense_on_cpu,
+        expert_tier: !args.no_expert_tier,
+        device_layers: args.device_layers,
+        context: args.context.unwrap_or(d.context),
+        chunk_rows: args.chunk_rows.unwrap_or(d.chunk_rows),
+        assumed_format: args.assume_format.unwrap_or(d.assumed_format),
+        upload_format: args.upload_format.or(d.upload_format),
+    }
+}
+
+/// Bindings of a `config.json` (read here), or of a model directory or GGUF file (read by the
+/// runtime's checkpoint reader).
+fn read_bindings(path: &Path) -> Result<Bindings, String> {
+    let is_json = path.extension().is_some_and(|e| e == "json");
+    if is_json {
+        return Bindings::from_config_json(path).map_err(|e| e.to_string());
+    }
+    checkpoint_bindings(path)
+}
+
+/// HOOK for the runtime's checkpoint reader: a model directory (config.json + safetensors) or
+/// a `.gguf` file becomes `Bindings` with its tensor table. To be wired to
+/// `coli_runtime::model::Checkpoint::open(path)?.bindings()`.
+fn checkpoint_bindings(path: &Path) -> Result<Bindings, String> {
+    Err(format!(
+        "{}: GGUF/model dirs need the runtime reader (not wired yet); pass the model's config.json instead",
+        path.display()
+    ))
+}
