@@ -1,0 +1,335 @@
+//! Checkpoint readers: a Hugging Face safetensors directory (single file or sharded) or a GGUF
+//! file, opened by memory-mapping, its tensor table checked against the files, and exposed as
+//! `Tensor` views (no copies) plus the `Bindings` the compiler reads. Optionally quantizes
+//! float matrices to `I8Row`/`I4G64` at load (`LoadOptions::quantize`), the only case where
+//! tensor bytes are copied.
+//!
+//! Every malformed file is a `LoadError` naming the file (and the tensor, where there is one);
+//! nothing here panics on file contents. Must not: interpret tensor names beyond the
+//! quantize-at-load eligibility rule, or know model architectures.
+//!
+//! Safety note: tensors borrow from `memmap2` maps; as with any memory-mapped reader, a file
+//! truncated or rewritten by another process while open is undefined behaviour.
+
+pub mod gguf;
+mod safetensors;
+mod tensor;
+#[cfg(test)]
+mod tests;
+
+pub use gguf::{GgufArray, GgufMetadata, GgufValue};
+pub use tensor::{tensor_bytes, Tensor};
+
+use crate::format::{quantize, FormatError, WeightFormat};
+use coli_compiler::bind::{Bindings, Naming, TensorInfo};
+use memmap2::Mmap;
+use rayon::prelude::*;
+use serde_json::{Map, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A reason a checkpoint could not be opened or a tensor not read.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{}: not a checkpoint: expected a .gguf file, or a directory with model.safetensors or model.safetensors.index.json", path.display())]
+    NotACheckpoint { path: PathBuf },
+    #[error("{}: bad magic {found:?}, expected {expected:?} (is this a GGUF file?)", path.display())]
+    BadMagic { path: PathBuf, found: [u8; 4], expected: [u8; 4] },
+    #[error("{}: GGUF version {version} is not supported (2 and 3 are, little-endian)", path.display())]
+    UnsupportedVersion { path: PathBuf, version: u32 },
+    #[error("{}: header truncated at byte {offset} while reading {what}", path.display())]
+    TruncatedHeader { path: PathBuf, offset: u64, what: String },
+    #[error("{}: malformed header: {msg}", path.display())]
+    BadHeader { path: PathBuf, msg: String },
+    #[error("{}: invalid JSON in the {what}: {source}", path.display())]
+    InvalidJson { path: PathBuf, what: &'static str, source: serde_json::Error },
+    #[error("{}: tensor {name} ends at byte {end}, past the end of the file ({file_len} bytes)", path.display())]
+    TensorPastEnd { path: PathBuf, name: String, end: u64, file_len: u64 },
+    #[error("{}: tensor {name}: shape {shape:?} of {dtype} takes {expected} bytes, but the file gives it {found}", path.display())]
+    TensorSize { path: PathBuf, name: String, shape: Vec<usize>, dtype: String, expected: u64, found: u64 },
+    #[error("{}: tensor {name}: shape {shape:?} is not a whole number of {dtype} blocks per row (or overflows)", path.display())]
+    RaggedTensor { path: PathBuf, name: String, shape: Vec<usize>, dtype: String },
+    #[error("{}: tensor {name} has type {dtype}, which coli does not compute with", path.display())]
+    UnsupportedType { path: PathBuf, name: String, dtype: String },
+    #[error("{}: tensor {name} has unknown GGUF type id {id}", path.display())]
+    UnknownGgufType { path: PathBuf, name: String, id: u32 },
+    #[error("{}: tensor {name} is in shard {shard}, which is missing", path.display())]
+    MissingShard { path: PathBuf, name: String, shard: String },
+    #[error("{}: tensor {name} appears twice", path.display())]
+    DuplicateTensor { path: PathBuf, name: String },
+    #[error("{}: no tensor named {name}", path.display())]
+    NoSuchTensor { path: PathBuf, name: String },
+    #[error("{}: tensor {name} of shape {shape:?} {what}", path.display())]
+    Shape { path: PathBuf, name: String, shape: Vec<usize>, what: &'static str },
+    #[error("{}: tensor {name}: {source}", path.display())]
+    Format { path: PathBuf, name: String, source: FormatError },
+    #[error("cannot quantize at load to {format}: only I8Row and I4G64 are load-time formats")]
+    BadQuantizeTarget { format: WeightFormat },
+}
+
+/// `progress(done, total)` in bytes of work.
+pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
+/// How to open a checkpoint.
+#[derive(Clone, Default)]
+pub struct LoadOptions {
+    /// Quantize eligible float matrices at load to this format (`I8Row` or `I4G64`). Eligible:
+    /// 2-D, stored as F32/F16/BF16, columns a multiple of 64, and not an embedding, norm or
+    /// router (`quantizable_name`).
+    pub quantize: Option<WeightFormat>,
+    /// Called with `(bytes done, bytes total)` while quantizing (opening itself is instant).
+    pub progress: Option<Progress>,
+}
+
+impl fmt::Debug for LoadOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadOptions").field("quantize", &self.quantize).field("progress", &self.progress.is_some()).finish()
+    }
+}
+
+/// Whether quantize-at-load may touch a tensor of this name: not token embeddings (`embed`,
+/// `token_embd`), norms (`norm`), or MoE routers (HF `.gate.weight`/`router`, GGUF `ffn_gate_inp`).
+pub fn quantizable_name(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    !["embed", "token_embd", "norm", ".gate.weight", "router", "ffn_gate_inp"].iter().any(|p| n.contains(p))
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    shape: Vec<usize>,
+    dtype: String,
+    format: Option<WeightFormat>,
+    file: usize,
+    start: u64,
+    len: u64,
+}
+
+enum Kind {
+    Gguf(GgufMetadata),
+    Safetensors { dir: PathBuf, config: Map<String, Value> },
+}
+
+/// An open checkpoint: its files mapped, its tensor table checked.
+pub struct Checkpoint {
+    path: PathBuf,
+    kind: Kind,
+    files: Vec<(Arc<PathBuf>, Arc<Mmap>)>,
+    entries: BTreeMap<String, Entry>,
+    quantized: HashMap<String, Tensor>,
+}
+
+impl fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Checkpoint({}, {} tensors, {} quantized at load)", self.path.display(), self.entries.len(), self.quantized.len())
+    }
+}
+
+fn map_file(path: &Path) -> Result<Mmap, LoadError> {
+    let io = |source| LoadError::Io { path: path.to_path_buf(), source };
+    let file = std::fs::File::open(path).map_err(io)?;
+    // SAFETY: the map is read-only; see the module's safety note on concurrent modification.
+    unsafe { Mmap::map(&file) }.map_err(io)
+}
+
+impl Checkpoint {
+    /// Opens a `.gguf` file, or a directory holding safetensors (`model.safetensors` or a
+    /// sharded set with `model.safetensors.index.json`) and `config.json`. A directory holding
+    /// no safetensors but exactly one `.gguf` file opens that file.
+    pub fn open(path: &Path, opts: &LoadOptions) -> Result<Checkpoint, LoadError> {
+        let mut ck = if path.is_dir() { Self::open_dir(path)? } else { Self::open_gguf(path)? };
+        if let Some(format) = opts.quantize {
+            ck.quantize_at_load(format, opts.progress.as_ref())?;
+        }
+        Ok(ck)
+    }
+
+    fn open_gguf(path: &Path) -> Result<Checkpoint, LoadError> {
+        if !path.exists() {
+            return Err(LoadError::Io { path: path.to_path_buf(), source: std::io::ErrorKind::NotFound.into() });
+        }
+        let map = map_file(path)?;
+        let (meta, tensors) = gguf::parse(path, &map)?;
+        let mut entries = BTreeMap::new();
+        for t in tensors {
+            let e = Entry { shape: t.shape, dtype: t.dtype.to_string(), format: t.format, file: 0, start: t.start, len: t.len };
+            if entries.insert(t.name.clone(), e).is_some() {
+                return Err(LoadError::DuplicateTensor { path: path.to_path_buf(), name: t.name });
+            }
+        }
+        let files = vec![(Arc::new(path.to_path_buf()), Arc::new(map))];
+        Ok(Checkpoint { path: path.to_path_buf(), kind: Kind::Gguf(meta), files, entries, quantized: HashMap::new() })
+    }
+
+    fn open_dir(dir: &Path) -> Result<Checkpoint, LoadError> {
+        let Some(shards) = safetensors::shard_files(dir)? else {
+            let ggufs: Vec<PathBuf> = std::fs::read_dir(dir)
+                .map_err(|source| LoadError::Io { path: dir.to_path_buf(), source })?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+                .collect();
+            return match ggufs.as_slice() {
+                [one] => Self::open_gguf(one),
+                _ => Err(LoadError::NotACheckpoint { path: dir.to_path_buf() }),
+            };
+        };
+        let config_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&config_path).map_err(|source| LoadError::Io { path: config_path.clone(), source })?;
+        let config = match serde_json::from_str(&text) {
+            Ok(Value::Object(m)) => m,
+            Ok(_) => return Err(LoadError::BadHeader { path: config_path, msg: "config.json is not a JSON object".into() }),
+            Err(source) => return Err(LoadError::InvalidJson { path: config_path, what: "model configuration", source }),
+        };
+        let mut files = Vec::new();
+        let mut entries = BTreeMap::new();
+        for (file, (shard, expected)) in shards.into_iter().enumerate() {
+            let map = map_file(&shard)?;
+            let tensors = safetensors::parse(&shard, &map)?;
+            let names: std::collections::HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+            if let Some(name) = expected.iter().find(|n| !names.contains(n.as_str())) {
+                let msg = format!("the shard index puts tensor {name} in this file, which lacks it");
+                return Err(LoadError::BadHeader { path: shard, msg });
+            }
+            for t in tensors {
+                let e = Entry { shape: t.shape, dtype: t.dtype, format: t.format, file, start: t.start, len: t.len };
+                if entries.insert(t.name.clone(), e).is_some() {
+                    return Err(LoadError::DuplicateTensor { path: shard, name: t.name });
+                }
+            }
+            files.push((Arc::new(shard), Arc::new(map)));
+        }
+        let kind = Kind::Safetensors { dir: dir.to_path_buf(), config };
+        Ok(Checkpoint { path: dir.to_path_buf(), kind, files, entries, quantized: HashMap::new() })
+    }
+
+    /// The file or directory this checkpoint was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The directory holding `config.json`, `tokenizer.json` and the like (safetensors only).
+    pub fn dir(&self) -> Option<&Path> {
+        match &self.kind {
+            Kind::Safetensors { dir, .. } => Some(dir),
+            Kind::Gguf(_) => None,
+        }
+    }
+
+    pub fn naming(&self) -> Naming {
+        match self.kind {
+            Kind::Gguf(_) => Naming::Gguf,
+            Kind::Safetensors { .. } => Naming::Hf,
+        }
+    }
+
+    /// The GGUF metadata (tokenizer arrays included), for GGUF checkpoints.
+    pub fn gguf_metadata(&self) -> Option<&GgufMetadata> {
+        match &self.kind {
+            Kind::Gguf(m) => Some(m),
+            Kind::Safetensors { .. } => None,
+        }
+    }
+
+    /// Whether the checkpoint has a tensor of this name.
+    pub fn has(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    /// Every tensor name, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
+    /// The tensor `name`: a view of the mapped file, or the tensor quantized at load.
+    pub fn tensor(&self, name: &str) -> Result<Tensor, LoadError> {
+        if let Some(t) = self.quantized.get(name) {
+            return Ok(t.clone());
+        }
+        let Some(e) = self.entries.get(name) else {
+            return Err(LoadError::NoSuchTensor { path: self.path.clone(), name: name.to_string() });
+        };
+        let (path, map) = &self.files[e.file];
+        let Some(format) = e.format else {
+            return Err(LoadError::UnsupportedType { path: path.to_path_buf(), name: name.to_string(), dtype: e.dtype.clone() });
+        };
+        Ok(Tensor::mapped(name.to_string(), format, e.shape.clone(), map.clone(), e.start as usize, e.len as usize, path.clone()))
+    }
+
+    /// What the compiler needs to know: configuration, naming, and the tensor table (after
+    /// quantize-at-load, the quantized tensors' dtype and bytes).
+    pub fn bindings(&self) -> Bindings {
+        let config = match &self.kind {
+            Kind::Gguf(m) => m.to_config_json(),
+            Kind::Safetensors { config, .. } => config.clone(),
+        };
+        let tensors = self
+            .entries
+            .iter()
+            .map(|(name, e)| {
+                let info = match self.quantized.get(name) {
+                    Some(t) => TensorInfo { shape: t.shape.clone(), dtype: t.format.name().to_string(), bytes: t.bytes().len() as u64 },
+                    None => TensorInfo { shape: e.shape.clone(), dtype: e.dtype.clone(), bytes: e.len },
+                };
+                (name.clone(), info)
+            })
+            .collect();
+        Bindings { source: self.path.clone(), naming: self.naming(), config, tensors: Some(tensors) }
+    }
+
+    fn quantize_at_load(&mut self, target: WeightFormat, progress: Option<&Progress>) -> Result<(), LoadError> {
+        if !matches!(target, WeightFormat::I8Row | WeightFormat::I4G64) {
+            return Err(LoadError::BadQuantizeTarget { format: target });
+        }
+        let todo: Vec<String> = self
+            .entries
+            .iter()
+            .filter(|(name, e)| {
+                e.shape.len() == 2
+                    && e.shape[1] > 0
+                    && e.shape[1] % 64 == 0
+                    && matches!(e.format, Some(WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16))
+                    && quantizable_name(name)
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        let total: u64 = todo.iter().map(|n| self.entries[n].len).sum();
+        let mut done = 0u64;
+        for name in todo {
+            let t = self.tensor(&name)?;
+            let q = quantize_tensor(&t, target)?;
+            done += self.entries[&name].len;
+            self.quantized.insert(name, q);
+            if let Some(p) = progress {
+                p(done, total);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Quantizes a 2-D float tensor to `target`, a block of rows at a time (bounded f32 scratch).
+fn quantize_tensor(t: &Tensor, target: WeightFormat) -> Result<Tensor, LoadError> {
+    let m = t.as_matrix();
+    let err = |source| LoadError::Format { path: t.source().to_path_buf(), name: t.name.clone(), source };
+    let out_row = target.row_bytes(m.cols).map_err(err)?;
+    const ROWS: usize = 256;
+    let chunks: Vec<Result<Vec<u8>, FormatError>> = (0..m.rows.div_ceil(ROWS))
+        .into_par_iter()
+        .map(|c| {
+            let (r0, r1) = (c * ROWS, ((c + 1) * ROWS).min(m.rows));
+            let mut f = vec![0f32; (r1 - r0) * m.cols];
+            for (r, o) in (r0..r1).zip(f.chunks_exact_mut(m.cols)) {
+                crate::format::dequant_row(m.format, m.row(r), o);
+            }
+            quantize(target, &f, m.cols)
+        })
+        .collect();
+    let mut bytes = Vec::with_capacity(m.rows * out_row);
+    for c in chunks {
+        bytes.extend_from_slice(&c.map_err(err)?);
+    }
+    Ok(Tensor::owned(t.name.clone(), target, t.shape.clone(), bytes, Arc::new(t.source().to_path_buf())))
+}
