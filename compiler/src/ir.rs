@@ -50,7 +50,51 @@ pub struct ValueInfo {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WeightRef {
     pub name: String,
+    /// The shape the op sees (with `rows`, the selected rows only).
     pub shape: Vec<usize>,
+    /// Some rows of the tensor only (Qwen3-Next's fused query-and-gate projection); `None`:
+    /// the whole tensor. The checkpoint's tensor has shape `tensor_shape()`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<RowSelect>,
+}
+
+/// Rows `g * stride + offset .. g * stride + offset + take` of a `[groups * stride, cols]`
+/// tensor, for each group `g` in order: `[groups * take, cols]` rows in all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowSelect {
+    pub groups: usize,
+    pub stride: usize,
+    pub offset: usize,
+    pub take: usize,
+}
+
+impl WeightRef {
+    /// A whole tensor.
+    pub fn whole(name: impl Into<String>, shape: Vec<usize>) -> WeightRef {
+        WeightRef { name: name.into(), shape, rows: None }
+    }
+
+    /// The shape of the checkpoint tensor this weight reads from.
+    pub fn tensor_shape(&self) -> Vec<usize> {
+        match self.rows {
+            None => self.shape.clone(),
+            Some(r) => {
+                let mut s = self.shape.clone();
+                if let Some(first) = s.first_mut() {
+                    *first = r.groups * r.stride;
+                }
+                s
+            }
+        }
+    }
+
+    /// The tensor rows the op's row `i` reads.
+    pub fn tensor_row(&self, i: usize) -> usize {
+        match self.rows {
+            None => i,
+            Some(r) => (i / r.take) * r.stride + r.offset + i % r.take,
+        }
+    }
 }
 
 /// How the experts of one routed-experts op are stored in the checkpoint.

@@ -9,7 +9,10 @@ use crate::ir::*;
 use std::fmt::{self, Write};
 
 fn w(r: &WeightRef) -> String {
-    format!("{}{:?}", r.name, r.shape)
+    match r.rows {
+        None => format!("{}{:?}", r.name, r.shape),
+        Some(s) => format!("{}{:?}(rows {}x{}+{} of {})", r.name, r.shape, s.groups, s.take, s.offset, s.stride),
+    }
 }
 
 fn ex(t: &ExpertTensor) -> String {
@@ -128,6 +131,21 @@ fn layer_lines(layer: &Layer) -> Vec<String> {
         .collect()
 }
 
+/// `l0..l2, l4, l6..l9`: sorted layer indices as ranges.
+pub fn layer_ranges(ids: &[u32]) -> String {
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < ids.len() {
+        let mut j = i;
+        while j + 1 < ids.len() && ids[j + 1] == ids[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j { format!("l{}", ids[i]) } else { format!("l{}..l{}", ids[i], ids[j]) });
+        i = j + 1;
+    }
+    parts.join(", ")
+}
+
 impl fmt::Display for Program {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let d = &self.dims;
@@ -142,24 +160,20 @@ impl fmt::Display for Program {
         for op in &self.prologue {
             writeln!(f, "  {}", op_text(op))?;
         }
-        let mut i = 0;
-        while i < self.layers.len() {
-            let first = &self.layers[i];
-            let lines = layer_lines(first);
-            let mut j = i + 1;
-            while j < self.layers.len()
-                && self.layers[j].mixer == first.mixer
-                && self.layers[j].ffn == first.ffn
-                && layer_lines(&self.layers[j]) == lines
-            {
-                j += 1;
+        // Layers with the same ops (up to the layer index) print once, with the list of them.
+        let mut groups: Vec<(Vec<String>, Vec<u32>, &Layer)> = Vec::new();
+        for l in &self.layers {
+            let lines = layer_lines(l);
+            match groups.iter_mut().find(|(g, _, first)| *g == lines && first.mixer == l.mixer && first.ffn == l.ffn) {
+                Some((_, ids, _)) => ids.push(l.id.0),
+                None => groups.push((lines, vec![l.id.0], l)),
             }
-            let ids = if j - i == 1 { format!("{}", first.id) } else { format!("{}..{}", first.id, self.layers[j - 1].id) };
-            writeln!(f, "{ids} ({:?}, {:?}):", first.mixer, first.ffn)?;
+        }
+        for (lines, ids, first) in groups {
+            writeln!(f, "{} ({:?}, {:?}):", layer_ranges(&ids), first.mixer, first.ffn)?;
             for l in lines {
                 writeln!(f, "  {l}")?;
             }
-            i = j;
         }
         writeln!(f, "epilogue:")?;
         for op in &self.epilogue {

@@ -21,7 +21,7 @@ fn program(spec: &str, config: Option<&str>) -> Program {
 
 #[test]
 fn every_spec_compiles_with_its_default_config() {
-    for s in ["llama.ron", "olmoe.ron", "qwen3_moe.ron", "mixtral.ron"] {
+    for s in ["llama.ron", "olmoe.ron", "qwen3_moe.ron", "mixtral.ron", "deepseek_v3.ron", "qwen3_next.ron"] {
         let p = program(s, None);
         println!("{p}");
     }

@@ -230,17 +230,18 @@ impl<'a> Lowerer<'a> {
 
     /// Resolves weight `t` (following `tied`), checking it against the checkpoint.
     fn weight(&mut self, t: &Text) -> Option<WeightRef> {
-        let (name, shape, pattern) = self.weight_def(&t.value, t.span, 0)?;
+        let (name, shape, pattern, rows) = self.weight_def(&t.value, t.span, 0)?;
         if has_e(&name) {
             self.err(t.span, format!("weight `{}` is per expert (`{{e}}` in its name); only `RoutedExperts` can read it", t.value));
             return None;
         }
-        self.check_tensor(&name, &shape, pattern.span);
-        Some(WeightRef { name, shape })
+        let w = WeightRef { name, shape, rows };
+        self.check_tensor(&w.name, &w.tensor_shape(), pattern.span);
+        Some(w)
     }
 
-    /// `(tensor name, spec shape, pattern)` of a weight, following `tied`.
-    fn weight_def(&mut self, name: &str, span: Span, depth: usize) -> Option<(String, Vec<usize>, &'a Text)> {
+    /// `(tensor name, spec shape, pattern, row selection)` of a weight, following `tied`.
+    fn weight_def(&mut self, name: &str, span: Span, depth: usize) -> Option<(String, Vec<usize>, &'a Text, Option<RowSelect>)> {
         let def = self.spec.weight(name)?;
         if depth > 4 {
             self.err(span, format!("weight `{name}` is tied in a cycle"));
@@ -266,7 +267,18 @@ impl<'a> Lowerer<'a> {
             self.err(key, format!("weight `{name}` has no {scheme} tensor name, and this checkpoint uses {scheme} names"));
             return None;
         };
-        Some((self.syms.tensor_name(&p.value, layer), shape, p))
+        let rows = match &def.rows {
+            None => None,
+            Some(r) => {
+                let sel = RowSelect { groups: self.int(&r.groups)?, stride: self.int(&r.stride)?, offset: self.int(&r.offset)?, take: self.int(&r.take)? };
+                if shape.first() != Some(&(sel.groups * sel.take)) || sel.offset + sel.take > sel.stride {
+                    self.err(r.groups.span, format!("rows {sel:?} do not fit: the shape's first dimension must be groups x take and offset + take at most stride"));
+                    return None;
+                }
+                Some(sel)
+            }
+        };
+        Some((self.syms.tensor_name(&p.value, layer), shape, p, rows))
     }
 
     fn check_tensor(&mut self, name: &str, want: &[usize], span: Span) {
@@ -286,7 +298,11 @@ impl<'a> Lowerer<'a> {
 
     /// An expert matrix: per-expert (`{e}` in the name) or stacked `[experts, rows, cols]`.
     fn expert(&mut self, t: &Text, experts: usize, rows: usize, cols: usize) -> Option<ExpertTensor> {
-        let (name, shape, pattern) = self.weight_def(&t.value, t.span, 0)?;
+        let (name, shape, pattern, sel) = self.weight_def(&t.value, t.span, 0)?;
+        if sel.is_some() {
+            self.err(t.span, "expert weights cannot select rows");
+            return None;
+        }
         if shape != [rows, cols] {
             self.err(t.span, format!("expert weight `{}` has shape {shape:?}, the experts need [{rows}, {cols}]", t.value));
         }
@@ -546,8 +562,9 @@ impl<'a> Lowerer<'a> {
             }
             OpItem::Mla { x, out, heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, scale, weights, theta, scaling } => {
                 let (xv, ov) = (self.val(x)?, self.val(out)?);
+                // A q LoRA rank of 0 means none (configurations say `q_lora_rank: null`).
                 let q_lora_rank = match q_lora_rank {
-                    Some(t) => Some(self.int(t)?),
+                    Some(t) => Some(self.int(t)?).filter(|&r| r > 0),
                     None => None,
                 };
                 let spec = MlaSpec {

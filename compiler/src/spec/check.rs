@@ -172,6 +172,11 @@ pub fn check(spec: &Spec) -> Diagnostics {
         for s in &w.shape {
             expr(s, Type::Int, true, &mut d);
         }
+        if let Some(r) = &w.rows {
+            for e in [&r.groups, &r.stride, &r.offset, &r.take] {
+                expr(e, Type::Int, true, &mut d);
+            }
+        }
         if let Some(t) = &w.tied {
             if spec.weight(&t.to.value).is_none() {
                 d.push(spec.diag(t.to.span, format!("unknown weight `{}`", t.to.value)));

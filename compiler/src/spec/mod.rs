@@ -98,6 +98,18 @@ pub struct WeightDef {
     /// (a tied output head).
     #[serde(default)]
     pub tied: Option<Tied>,
+    /// Only some rows of the tensor (see `ir::RowSelect`); `shape` is then the selected shape.
+    #[serde(default)]
+    pub rows: Option<RowsDef>,
+}
+
+/// Rows `g * stride + offset ..+ take` for each of `groups` groups (Int expressions).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct RowsDef {
+    pub groups: Text,
+    pub stride: Text,
+    pub offset: Text,
+    pub take: Text,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
