@@ -224,18 +224,28 @@ pub fn kernel_level() -> &'static str {
 }
 
 #[inline(always)]
-fn tile_q8_body(w: &Matrix, acts: &QuantizedActs, r0: usize, out: &mut [f32]) {
+fn tile_q8_body<const LEVEL: u8>(w: &Matrix, acts: &QuantizedActs, r0: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if LEVEL > 0 {
+        // SAFETY: LEVEL > 0 runs only inside the `#[target_feature]` wrappers below, after
+        // `level()` detected AVX2+FMA+F16C (and AVX-512 VNNI+VL for 2); `acts.cols == w.cols`
+        // and `out` covers whole rows of `w` from `r0` (checked by `try_matmul*` and `drive`).
+        let done = unsafe { if LEVEL == 2 { super::simd::tile_q8::<true>(w, acts, r0, out) } else { super::simd::tile_q8::<false>(w, acts, r0, out) } };
+        if done {
+            return;
+        }
+    }
     let n = acts.n();
     for (k, o) in out.chunks_exact_mut(n).enumerate() {
         let row = w.row_unchecked(r0 + k);
         for (i, v) in o.iter_mut().enumerate() {
-            *v = q8::dot_row_q8(w.format, row, acts.row(i));
+            *v = q8::dot_row_q8_at::<LEVEL>(w.format, row, acts.row(i));
         }
     }
 }
 
 #[inline(always)]
-fn tile_f32_body(w: &Matrix, x: &[f32], n: usize, r0: usize, out: &mut [f32]) {
+fn tile_f32_body<const LEVEL: u8>(w: &Matrix, x: &[f32], n: usize, r0: usize, out: &mut [f32]) {
     for (k, o) in out.chunks_exact_mut(n).enumerate() {
         let row = w.row_unchecked(r0 + k);
         for (i, v) in o.iter_mut().enumerate() {
@@ -250,9 +260,9 @@ macro_rules! multiversion {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2,fma,f16c")]
-                unsafe fn avx2($($arg: $ty),*) { $body($($arg),*) }
+                unsafe fn avx2($($arg: $ty),*) { $body::<1>($($arg),*) }
                 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-                unsafe fn avx512($($arg: $ty),*) { $body($($arg),*) }
+                unsafe fn avx512($($arg: $ty),*) { $body::<2>($($arg),*) }
                 match level() {
                     // SAFETY: `level()` returned these only after detecting every feature enabled.
                     Level::Avx2 => return unsafe { avx2($($arg),*) },
@@ -260,7 +270,7 @@ macro_rules! multiversion {
                     Level::Portable => {}
                 }
             }
-            $body($($arg),*)
+            $body::<0>($($arg),*)
         }
     };
 }

@@ -31,6 +31,7 @@ mod kquant;
 mod matmul;
 mod q8;
 mod quantize;
+mod simd;
 #[cfg(test)]
 mod tests;
 

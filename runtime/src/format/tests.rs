@@ -177,7 +177,7 @@ fn quantize_rejects_what_it_cannot_encode() {
 fn matmul_matches_row_dots_for_every_format() {
     let mut rng = Rng(2024);
     for format in WeightFormat::ALL {
-        for &(rows, cols, n) in &[(37usize, 256usize, 1usize), (300, 512, 3), (64, 256, 8)] {
+        for &(rows, cols, n) in &[(37usize, 256usize, 1usize), (300, 512, 3), (64, 256, 8), (45, 512, 5)] {
             let bytes = random_rows(format, rows, cols, &mut rng);
             let w = Matrix::new(format, rows, cols, &bytes).unwrap();
             let x = rng.vec(n * cols, 1.0);

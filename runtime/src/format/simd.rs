@@ -1,0 +1,275 @@
+//! x86-64 kernels for the decode hot path: the q8-activation dot products of the 32-block
+//! integer formats (`Q4_0`, `Q4_1`, `Q8_0`, `I8Row`, `I4G64`) with AVX2 byte products
+//! (`maddubs`), or with AVX-512 VNNI's `dpbusd` when `VNNI` is true. One block is one 256-bit
+//! register of weights against one of activations; the i32 sums become f32 once per block and
+//! accumulate with one FMA per block.
+//!
+//! Signed-by-signed byte products go through the usual identity
+//! `a * b = |a| * (sign(a) b)`, so every product is unsigned-by-signed.
+//!
+//! Must not: be called except from code compiled with AVX2+FMA enabled (and AVX-512 VNNI+VL
+//! when `VNNI`): every function is `#[inline(always)]` and relies on being inlined into the
+//! `#[target_feature]` wrappers in `matmul.rs`, which only run after detection. Lengths are the
+//! caller's (checked) invariant.
+
+#![cfg(target_arch = "x86_64")]
+
+use super::fp16::read_f16;
+use super::matmul::Matrix;
+use super::q8::{BlockQ8, QuantizedActs};
+use super::WeightFormat;
+use std::arch::x86_64::*;
+
+/// Eight i32 sums of four `u8 * i8` products each, as f32.
+#[inline(always)]
+unsafe fn dot_u8i8<const VNNI: bool>(a: __m256i, b: __m256i) -> __m256 {
+    let s = if VNNI {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b)
+    } else {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1))
+    };
+    _mm256_cvtepi32_ps(s)
+}
+
+/// `dot_u8i8` for two signed operands.
+#[inline(always)]
+unsafe fn dot_i8i8<const VNNI: bool>(a: __m256i, b: __m256i) -> __m256 {
+    dot_u8i8::<VNNI>(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a))
+}
+
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+}
+
+/// 16 packed bytes to 32 nibbles: low nibbles first, then high nibbles.
+#[inline(always)]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    let qs = _mm_loadu_si128(p.cast());
+    _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), _mm256_set1_epi8(0x0f))
+}
+
+#[inline(always)]
+unsafe fn load(q: &[i8; 32]) -> __m256i {
+    _mm256_loadu_si256(q.as_ptr().cast())
+}
+
+#[inline(always)]
+pub unsafe fn q8_0<const VNNI: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (b, xb) in row.chunks_exact(34).zip(x) {
+        let w = _mm256_loadu_si256(b.as_ptr().add(2).cast());
+        let s = dot_i8i8::<VNNI>(w, load(&xb.q));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(read_f16(b, 0) * xb.d), s, acc);
+    }
+    hsum(acc)
+}
+
+#[inline(always)]
+pub unsafe fn q4_0<const VNNI: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (b, xb) in row.chunks_exact(18).zip(x) {
+        let w = _mm256_sub_epi8(nibbles(b.as_ptr().add(2)), _mm256_set1_epi8(8));
+        let s = dot_i8i8::<VNNI>(w, load(&xb.q));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(read_f16(b, 0) * xb.d), s, acc);
+    }
+    hsum(acc)
+}
+
+#[inline(always)]
+pub unsafe fn q4_1<const VNNI: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0f32;
+    for (b, xb) in row.chunks_exact(20).zip(x) {
+        let s = dot_u8i8::<VNNI>(nibbles(b.as_ptr().add(4)), load(&xb.q));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(read_f16(b, 0) * xb.d), s, acc);
+        mins += read_f16(b, 2) * xb.s;
+    }
+    hsum(acc) + mins
+}
+
+#[inline(always)]
+pub unsafe fn i8row<const VNNI: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
+    let scale = f32::from_le_bytes([row[0], row[1], row[2], row[3]]);
+    let mut acc = _mm256_setzero_ps();
+    for (b, xb) in row[4..].chunks_exact(32).zip(x) {
+        let s = dot_i8i8::<VNNI>(_mm256_loadu_si256(b.as_ptr().cast()), load(&xb.q));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(xb.d), s, acc);
+    }
+    scale * hsum(acc)
+}
+
+#[inline(always)]
+pub unsafe fn i4g64<const VNNI: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
+    let mask = _mm256_set1_epi8(0x0f);
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0f32;
+    for (b, xs) in row.chunks_exact(36).zip(x.chunks_exact(2)) {
+        let qs = _mm256_loadu_si256(b.as_ptr().add(4).cast());
+        let lo = _mm256_and_si256(qs, mask);
+        let hi = _mm256_and_si256(_mm256_srli_epi16(qs, 4), mask);
+        let scale = read_f16(b, 0);
+        let s0 = dot_u8i8::<VNNI>(lo, load(&xs[0].q));
+        let s1 = dot_u8i8::<VNNI>(hi, load(&xs[1].q));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(scale * xs[0].d), s0, acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(scale * xs[1].d), s1, acc);
+        mins += read_f16(b, 2) * (xs[0].s + xs[1].s);
+    }
+    hsum(acc) + mins
+}
+
+// ---- Register-tiled matmul kernels -------------------------------------------------------
+//
+// Every 32-element unit of a supported format becomes `(wu, a, b)`: 32 unsigned bytes and two
+// f32 such that the unit's dot with a q8 block `(d, s, q)` is `a * d * sum(wu * q) + b * s`
+// (`s = d * sum(q)`). With VNNI, signed weights get their sign bit flipped (`w + 128`) and
+// `b = -128 a` undoes the offset (AVX2 keeps them signed, see `signed`); 4-bit formats use
+// their nibbles directly. A kernel computes an
+// `R x C` tile (R weight rows by C activation rows) per pass over the units, so each weight unit
+// is decoded once for C activation rows and each activation block loaded once for R rows.
+
+const F_Q8_0: u8 = 0;
+const F_Q4_0: u8 = 1;
+const F_Q4_1: u8 = 2;
+const F_I8ROW: u8 = 3;
+const F_I4G64: u8 = 4;
+
+#[inline(always)]
+unsafe fn f16x2(p: *const u8) -> (f32, f32) {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps(v, v, 1)))
+}
+
+/// Whether the format stores signed bytes: AVX2's `maddubs` would saturate on `w + 128`, so
+/// without VNNI these keep their signed bytes (`b = 0`) and take the sign-transfer product.
+const fn signed(f: u8) -> bool {
+    f == F_Q8_0 || f == F_I8ROW
+}
+
+#[inline(always)]
+unsafe fn unit<const F: u8, const VNNI: bool>(row: *const u8, k: usize) -> (__m256i, f32, f32) {
+    // With VNNI, signed bytes are offset by 128 (sign bit flipped) and corrected through `b`.
+    let flip = if VNNI { _mm256_set1_epi8(-128) } else { _mm256_setzero_si256() };
+    let off = if VNNI { -128.0 } else { 0.0 };
+    match F {
+        F_Q8_0 => {
+            let b = row.add(34 * k);
+            let (d, _) = f16x2(b);
+            (_mm256_xor_si256(_mm256_loadu_si256(b.add(2).cast()), flip), d, off * d)
+        }
+        F_Q4_0 => {
+            let b = row.add(18 * k);
+            let (d, _) = f16x2(b);
+            (nibbles(b.add(2)), d, -8.0 * d)
+        }
+        F_Q4_1 => {
+            let b = row.add(20 * k);
+            let (d, m) = f16x2(b);
+            (nibbles(b.add(4)), d, m)
+        }
+        F_I8ROW => (_mm256_xor_si256(_mm256_loadu_si256(row.add(4 + 32 * k).cast()), flip), 1.0, off),
+        _ => {
+            let b = row.add(36 * (k / 2));
+            let (d, m) = f16x2(b);
+            let qs = _mm256_loadu_si256(b.add(4).cast());
+            let q = if k % 2 == 0 { qs } else { _mm256_srli_epi16(qs, 4) };
+            (_mm256_and_si256(q, _mm256_set1_epi8(0x0f)), d, m)
+        }
+    }
+}
+
+/// `out[r][c] = row_r . x_c` for `R` weight rows and `C` activation rows.
+#[inline(always)]
+unsafe fn kernel<const F: u8, const R: usize, const C: usize, const VNNI: bool>(rows: [*const u8; R], xs: [*const BlockQ8; C], units: usize) -> [[f32; C]; R] {
+    let mut acc = [[_mm256_setzero_ps(); C]; R];
+    let mut accb = [[0f32; C]; R];
+    for k in 0..units {
+        let mut xq = [_mm256_setzero_si256(); C];
+        let mut xd = [_mm256_setzero_ps(); C];
+        let mut xsum = [0f32; C];
+        for c in 0..C {
+            let b = &*xs[c].add(k);
+            xq[c] = load(&b.q);
+            xd[c] = _mm256_set1_ps(b.d);
+            xsum[c] = b.s;
+        }
+        for r in 0..R {
+            let (wu, a, b) = unit::<F, VNNI>(rows[r], k);
+            let av = _mm256_set1_ps(a);
+            for c in 0..C {
+                let s = if signed(F) && !VNNI { dot_i8i8::<false>(wu, xq[c]) } else { dot_u8i8::<VNNI>(wu, xq[c]) };
+                acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(av, xd[c]), s, acc[r][c]);
+                accb[r][c] += b * xsum[c];
+            }
+        }
+    }
+    let mut out = [[0f32; C]; R];
+    for r in 0..R {
+        let scale = if F == F_I8ROW { f32::from_le_bytes(rows[r].cast::<[u8; 4]>().read_unaligned()) } else { 1.0 };
+        for c in 0..C {
+            out[r][c] = scale * (hsum(acc[r][c]) + accb[r][c]);
+        }
+    }
+    out
+}
+
+/// Rows `r0..r0 + out.len() / n` of `w` against all of `acts`, into `out` (`[rows x n]`).
+#[inline(always)]
+unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs, r0: usize, out: &mut [f32]) {
+    let n = acts.n();
+    let units = w.cols / 32;
+    let rows = out.len() / n;
+    let rp = |r: usize| w.bytes().as_ptr().add((r0 + r) * w.row_bytes());
+    let xp = |i: usize| acts.row(i).as_ptr();
+    let mut r = 0;
+    if n == 1 {
+        while r + 4 <= rows {
+            let t = kernel::<F, 4, 1, VNNI>([rp(r), rp(r + 1), rp(r + 2), rp(r + 3)], [xp(0)], units);
+            for j in 0..4 {
+                out[r + j] = t[j][0];
+            }
+            r += 4;
+        }
+    } else {
+        while r + 2 <= rows {
+            let mut i = 0;
+            while i + 4 <= n {
+                let t = kernel::<F, 2, 4, VNNI>([rp(r), rp(r + 1)], [xp(i), xp(i + 1), xp(i + 2), xp(i + 3)], units);
+                for j in 0..2 {
+                    out[(r + j) * n + i..(r + j) * n + i + 4].copy_from_slice(&t[j]);
+                }
+                i += 4;
+            }
+            while i < n {
+                let t = kernel::<F, 2, 1, VNNI>([rp(r), rp(r + 1)], [xp(i)], units);
+                out[r * n + i] = t[0][0];
+                out[(r + 1) * n + i] = t[1][0];
+                i += 1;
+            }
+            r += 2;
+        }
+    }
+    while r < rows {
+        for i in 0..n {
+            out[r * n + i] = kernel::<F, 1, 1, VNNI>([rp(r)], [xp(i)], units)[0][0];
+        }
+        r += 1;
+    }
+}
+
+/// The register-tiled q8 matmul tile for `w.format`; `false` when the format has no kernel
+/// here (the caller falls back to the row-at-a-time path).
+#[inline(always)]
+pub unsafe fn tile_q8<const VNNI: bool>(w: &Matrix, acts: &QuantizedActs, r0: usize, out: &mut [f32]) -> bool {
+    match w.format {
+        WeightFormat::Q8_0 => tile_f::<F_Q8_0, VNNI>(w, acts, r0, out),
+        WeightFormat::Q4_0 => tile_f::<F_Q4_0, VNNI>(w, acts, r0, out),
+        WeightFormat::Q4_1 => tile_f::<F_Q4_1, VNNI>(w, acts, r0, out),
+        WeightFormat::I8Row => tile_f::<F_I8ROW, VNNI>(w, acts, r0, out),
+        WeightFormat::I4G64 => tile_f::<F_I4G64, VNNI>(w, acts, r0, out),
+        _ => return false,
+    }
+    true
+}
