@@ -26,7 +26,7 @@ pub fn quantize(format: WeightFormat, rows: &[f32], cols: usize) -> Result<Vec<u
     } else {
         F16_MAX
     };
-    if let Some((index, &value)) = rows.iter().enumerate().find(|(_, v)| !(v.abs() <= limit)) {
+    if let Some((index, &value)) = rows.iter().enumerate().find(|(_, v)| !v.is_finite() || v.abs() > limit) {
         return Err(FormatError::NonFinite { format, index, value });
     }
     let mut out = vec![0u8; rows.len() / cols * row_bytes];

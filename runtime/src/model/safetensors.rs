@@ -108,9 +108,11 @@ pub fn parse(path: &Path, buf: &[u8]) -> Result<Vec<StTensor>, LoadError> {
     Ok(tensors)
 }
 
-/// The files of a safetensors checkpoint directory: `(shard path, tensor names the index
-/// assigns to it)`; for a single file, the names are not known ahead and the list is empty.
-pub fn shard_files(dir: &Path) -> Result<Option<Vec<(PathBuf, Vec<String>)>>, LoadError> {
+/// A shard file and the tensor names the index assigns to it (empty for a single file).
+pub type Shard = (PathBuf, Vec<String>);
+
+/// The files of a safetensors checkpoint directory, or `None` when it has none.
+pub fn shard_files(dir: &Path) -> Result<Option<Vec<Shard>>, LoadError> {
     let index = dir.join("model.safetensors.index.json");
     if index.is_file() {
         let text = std::fs::read_to_string(&index).map_err(|source| LoadError::Io { path: index.clone(), source })?;
