@@ -137,7 +137,9 @@ fn check_out(w: &Matrix, n: usize, out: &[f32]) -> Result<(), FormatError> {
 }
 
 /// Below this many weight bytes (times `n`) a matmul runs on the calling thread.
-const SERIAL_BYTES: usize = 48 * 1024;
+const SERIAL_BYTES: usize = 64 * 1024;
+/// The least work (weight bytes times `n`) worth a rayon task.
+const TASK_BYTES: usize = 32 * 1024;
 /// Tasks per worker thread, for balance when the other core is busy.
 const TASKS_PER_THREAD: usize = 4;
 
@@ -152,7 +154,9 @@ fn drive(w: &Matrix, n: usize, out: &mut [f32], tile: impl Fn(usize, &mut [f32])
     let chunk_rows = if work < SERIAL_BYTES || threads == 1 {
         w.rows
     } else {
-        w.rows.div_ceil(threads * TASKS_PER_THREAD).max(4)
+        let min_rows = TASK_BYTES.div_ceil(w.row_bytes.max(1).saturating_mul(n));
+        // Multiples of 4 rows keep the register-tiled kernels off their one-row tail path.
+        w.rows.div_ceil(threads * TASKS_PER_THREAD).max(min_rows).next_multiple_of(4)
     };
     let run = |buf: &mut [f32]| {
         if chunk_rows >= w.rows {
