@@ -1,5 +1,5 @@
-//! x86-64 kernels for the decode hot path: the q8-activation dot products of the 32-block
-//! integer formats (`Q4_0`, `Q4_1`, `Q8_0`, `I8Row`, `I4G64`) with AVX2 byte products
+//! x86-64 kernels for the decode hot path: the q8-activation dot products of the integer
+//! formats (`Q4_0`, `Q4_1`, `Q8_0`, `I8Row`, `I4G64`, and `Q4_K`/`Q6_K` in `matmul`) with AVX2 byte products
 //! (`maddubs`), or with AVX-512 VNNI's `dpbusd` when `VNNI` is true. One block is one 256-bit
 //! register of weights against one of activations; the i32 sums become f32 once per block and
 //! accumulate with one FMA per block.
@@ -135,6 +135,8 @@ const F_Q4_0: u8 = 1;
 const F_Q4_1: u8 = 2;
 const F_I8ROW: u8 = 3;
 const F_I4G64: u8 = 4;
+const F_Q4K: u8 = 5;
+const F_Q6K: u8 = 6;
 
 #[inline(always)]
 unsafe fn f16x2(p: *const u8) -> (f32, f32) {
@@ -148,8 +150,25 @@ const fn signed(f: u8) -> bool {
     f == F_Q8_0 || f == F_I8ROW
 }
 
+/// Formats whose units always hold signed bytes (`Q6_K`: its scale changes every 16 elements,
+/// so its offset of 32 cannot be folded into `b`), on every level.
+const fn always_signed(f: u8) -> bool {
+    f == F_Q6K
+}
+
+/// The unit's weights, its per-lane multiplier `a` (lanes 0-3 cover elements 0-15 of the
+/// unit's i32 sums, lanes 4-7 elements 16-31) and its `b`.
 #[inline(always)]
-unsafe fn unit<const F: u8, const VNNI: bool>(row: *const u8, k: usize) -> (__m256i, f32, f32) {
+unsafe fn unit<const F: u8, const VNNI: bool>(row: *const u8, k: usize) -> (__m256i, __m256, f32) {
+    let (w, a, b) = unit_scalar::<F, VNNI>(row, k);
+    if F == F_Q6K {
+        return (w, a_q6k(row, k), b);
+    }
+    (w, _mm256_set1_ps(a), b)
+}
+
+#[inline(always)]
+unsafe fn unit_scalar<const F: u8, const VNNI: bool>(row: *const u8, k: usize) -> (__m256i, f32, f32) {
     // With VNNI, signed bytes are offset by 128 (sign bit flipped) and corrected through `b`.
     let flip = if VNNI { _mm256_set1_epi8(-128) } else { _mm256_setzero_si256() };
     let off = if VNNI { -128.0 } else { 0.0 };
@@ -170,6 +189,36 @@ unsafe fn unit<const F: u8, const VNNI: bool>(row: *const u8, k: usize) -> (__m2
             (nibbles(b.add(4)), d, m)
         }
         F_I8ROW => (_mm256_xor_si256(_mm256_loadu_si256(row.add(4 + 32 * k).cast()), flip), 1.0, off),
+        F_Q4K => {
+            let b = row.add(144 * (k / 8));
+            let j = k % 8;
+            let (d, dmin) = f16x2(b);
+            let s = b.add(4);
+            let (sc, m) = if j < 4 {
+                (*s.add(j) & 63, *s.add(j + 4) & 63)
+            } else {
+                ((*s.add(j + 4) & 0x0f) | ((*s.add(j - 4) >> 6) << 4), (*s.add(j + 4) >> 4) | ((*s.add(j) >> 6) << 4))
+            };
+            let qs = _mm256_loadu_si256(b.add(16 + 32 * (j / 2)).cast());
+            let q = if j % 2 == 0 { qs } else { _mm256_srli_epi16(qs, 4) };
+            (_mm256_and_si256(q, _mm256_set1_epi8(0x0f)), d * sc as f32, -dmin * m as f32)
+        }
+        F_Q6K => {
+            let b = row.add(210 * (k / 8));
+            let j = k % 8;
+            let (h, g) = (j / 4, j % 4);
+            let ql = _mm256_loadu_si256(b.add(64 * h + 32 * (g % 2)).cast());
+            let qh = _mm256_loadu_si256(b.add(128 + 32 * h).cast());
+            let lo = if g < 2 { ql } else { _mm256_srli_epi16(ql, 4) };
+            let hi = match g {
+                0 => qh,
+                1 => _mm256_srli_epi16(qh, 2),
+                2 => _mm256_srli_epi16(qh, 4),
+                _ => _mm256_srli_epi16(qh, 6),
+            };
+            let q = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi8(0x0f)), _mm256_slli_epi16(_mm256_and_si256(hi, _mm256_set1_epi8(3)), 4));
+            (_mm256_sub_epi8(q, _mm256_set1_epi8(32)), 0.0, 0.0)
+        }
         _ => {
             let b = row.add(36 * (k / 2));
             let (d, m) = f16x2(b);
@@ -178,6 +227,18 @@ unsafe fn unit<const F: u8, const VNNI: bool>(row: *const u8, k: usize) -> (__m2
             (_mm256_and_si256(q, _mm256_set1_epi8(0x0f)), d, m)
         }
     }
+}
+
+/// `Q6_K`'s per-lane multipliers for unit `k`: `d * scale[2j]` for the first 16 elements and
+/// `d * scale[2j + 1]` for the last 16.
+#[inline(always)]
+unsafe fn a_q6k(row: *const u8, k: usize) -> __m256 {
+    let b = row.add(210 * (k / 8));
+    let j = k % 8;
+    let (_, d) = f16x2(b.add(206));
+    let s0 = *b.add(192 + 2 * j) as i8 as f32 * d;
+    let s1 = *b.add(192 + 2 * j + 1) as i8 as f32 * d;
+    _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1)
 }
 
 /// `out[r][c] = row_r . x_c` for `R` weight rows and `C` activation rows.
@@ -197,10 +258,9 @@ unsafe fn kernel<const F: u8, const R: usize, const C: usize, const VNNI: bool>(
         }
         for r in 0..R {
             let (wu, a, b) = unit::<F, VNNI>(rows[r], k);
-            let av = _mm256_set1_ps(a);
             for c in 0..C {
-                let s = if signed(F) && !VNNI { dot_i8i8::<false>(wu, xq[c]) } else { dot_u8i8::<VNNI>(wu, xq[c]) };
-                acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(av, xd[c]), s, acc[r][c]);
+                let s = if always_signed(F) || (signed(F) && !VNNI) { dot_i8i8::<VNNI>(wu, xq[c]) } else { dot_u8i8::<VNNI>(wu, xq[c]) };
+                acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(a, xd[c]), s, acc[r][c]);
                 accb[r][c] += b * xsum[c];
             }
         }
@@ -269,6 +329,8 @@ pub unsafe fn tile_q8<const VNNI: bool>(w: &Matrix, acts: &QuantizedActs, r0: us
         WeightFormat::Q4_1 => tile_f::<F_Q4_1, VNNI>(w, acts, r0, out),
         WeightFormat::I8Row => tile_f::<F_I8ROW, VNNI>(w, acts, r0, out),
         WeightFormat::I4G64 => tile_f::<F_I4G64, VNNI>(w, acts, r0, out),
+        WeightFormat::Q4_K => tile_f::<F_Q4K, VNNI>(w, acts, r0, out),
+        WeightFormat::Q6_K => tile_f::<F_Q6K, VNNI>(w, acts, r0, out),
         _ => return false,
     }
     true
