@@ -20,6 +20,27 @@ fn fdot<const N: usize>(w: &[f32; N], x: &[f32]) -> f32 {
     acc.iter().sum()
 }
 
+/// `w . x_c` for `C` activation rows at once, each with eight accumulators (all slices the
+/// same length).
+#[inline(always)]
+pub fn fdot_rows<const C: usize>(w: &[f32], xs: [&[f32]; C]) -> [f32; C] {
+    let mut acc = [[0f32; 8]; C];
+    let n8 = w.len() / 8 * 8;
+    for (j, wc) in w[..n8].chunks_exact(8).enumerate() {
+        for c in 0..C {
+            let xc = &xs[c][8 * j..8 * j + 8];
+            for l in 0..8 {
+                acc[c][l] += wc[l] * xc[l];
+            }
+        }
+    }
+    let mut out = [0f32; C];
+    for c in 0..C {
+        out[c] = acc[c].iter().sum::<f32>() + w[n8..].iter().zip(&xs[c][n8..]).map(|(a, b)| a * b).sum::<f32>();
+    }
+    out
+}
+
 #[inline(always)]
 fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
     let mut acc = [0f32; 8];

@@ -250,10 +250,29 @@ fn tile_q8_body<const LEVEL: u8>(w: &Matrix, acts: &QuantizedActs, r0: usize, ou
 
 #[inline(always)]
 fn tile_f32_body<const LEVEL: u8>(w: &Matrix, x: &[f32], n: usize, r0: usize, out: &mut [f32]) {
+    let cols = w.cols;
+    if n < 4 {
+        for (k, o) in out.chunks_exact_mut(n).enumerate() {
+            let row = w.row_unchecked(r0 + k);
+            for (i, v) in o.iter_mut().enumerate() {
+                *v = dot::dot_row(w.format, row, &x[i * cols..(i + 1) * cols]);
+            }
+        }
+        return;
+    }
+    // Prefill: expand each weight row to f32 once, then dot it with four activation rows at a
+    // time (the expansion is amortized over all `n`, each weight load over four rows).
+    let mut wf = vec![0f32; cols];
     for (k, o) in out.chunks_exact_mut(n).enumerate() {
-        let row = w.row_unchecked(r0 + k);
-        for (i, v) in o.iter_mut().enumerate() {
-            *v = dot::dot_row(w.format, row, &x[i * w.cols..(i + 1) * w.cols]);
+        super::dequant::dequant_row(w.format, w.row_unchecked(r0 + k), &mut wf);
+        let mut i = 0;
+        while i + 4 <= n {
+            let xs: [&[f32]; 4] = std::array::from_fn(|c| &x[(i + c) * cols..(i + c + 1) * cols]);
+            o[i..i + 4].copy_from_slice(&dot::fdot_rows(&wf, xs));
+            i += 4;
+        }
+        for (j, v) in o.iter_mut().enumerate().skip(i) {
+            *v = dot::fdot_rows(&wf, [&x[j * cols..(j + 1) * cols]])[0];
         }
     }
 }
