@@ -26,6 +26,10 @@ pub enum Format {
     Iq4Nl,
     Iq4Xs,
     Mxfp4,
+    /// coli's: per row an f32 scale, then one i8 per element.
+    I8Row,
+    /// coli's: groups of 64 elements in 36 bytes (f16 scale, f16 min, 4-bit values).
+    I4G64,
 }
 
 impl Format {
@@ -49,13 +53,16 @@ impl Format {
             Iq4Nl => (32, 18),
             Iq4Xs => (256, 136),
             Mxfp4 => (32, 17),
+            I8Row => (1, 1),
+            I4G64 => (64, 36),
         }
     }
 
     /// Bytes of `elements` values, rows of `cols` each (blocks do not span rows).
     pub fn bytes(self, rows: u64, cols: u64) -> u64 {
         let (n, b) = self.block();
-        rows * cols.div_ceil(n) * b
+        let header = if self == Format::I8Row { 4 } else { 0 };
+        rows * (cols.div_ceil(n) * b + header)
     }
 
     /// The format a checkpoint's storage type names (`BF16`, `Q4_K`, `F32`, ...).
@@ -79,6 +86,8 @@ impl Format {
             "IQ4_NL" => Iq4Nl,
             "IQ4_XS" => Iq4Xs,
             "MXFP4" => Mxfp4,
+            "I8ROW" => I8Row,
+            "I4G64" => I4G64,
             _ => return None,
         })
     }
@@ -105,6 +114,8 @@ impl fmt::Display for Format {
             Iq4Nl => "iq4_nl",
             Iq4Xs => "iq4_xs",
             Mxfp4 => "mxfp4",
+            I8Row => "i8row",
+            I4G64 => "i4g64",
         })
     }
 }
@@ -113,7 +124,7 @@ impl std::str::FromStr for Format {
     type Err = String;
     /// Reads the printed name (`bf16`, `q4_k`) or the checkpoint spelling (`BF16`, `Q4_K`).
     fn from_str(s: &str) -> Result<Format, String> {
-        Format::from_dtype(s).ok_or_else(|| format!("unknown weight format `{s}` (known: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k q8_k iq4_nl iq4_xs mxfp4)"))
+        Format::from_dtype(s).ok_or_else(|| format!("unknown weight format `{s}` (known: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k q8_k iq4_nl iq4_xs mxfp4 i8row i4g64)"))
     }
 }
 
@@ -143,6 +154,8 @@ mod tests {
         assert_eq!(Format::Q4_1.bytes(1, 576), 18 * 20);
         assert_eq!(Format::Q4K.bytes(2, 300), 2 * 2 * 144);
         assert_eq!(Format::from_dtype("q4_k"), Some(Format::Q4K));
+        assert_eq!(Format::I8Row.bytes(3, 10), 3 * 14);
+        assert_eq!(Format::I4G64.bytes(1, 128), 72);
         assert_eq!(human(1536), "1.5 KiB");
     }
 }

@@ -102,14 +102,12 @@ impl DeviceProfile {
 
     pub fn parse(text: &str, path: &Path) -> Result<DeviceProfile, Diagnostics> {
         let node = syntax::parse(text).map_err(|e| Diagnostics::one(Diagnostic::at(path, text, e.span, e.message)))?;
-        let p: DeviceProfile = de::from_node(&node).map_err(|errors| {
-            let mut d = Diagnostics::new();
-            for (span, m) in errors {
-                d.push(Diagnostic::at(path, text, span, m));
-            }
-            d.sorted()
-        })?;
+        let (p, errors) = de::from_node::<DeviceProfile>(&node);
         let mut d = Diagnostics::new();
+        for (span, m) in errors {
+            d.push(Diagnostic::at(path, text, span, m));
+        }
+        let Some(p) = p else { return Err(d.sorted()) };
         for dev in &p.devices {
             if dev.reserve > dev.memory_budget {
                 d.push(Diagnostic::whole(path, format!("device `{}`: reserve {} exceeds the budget {}", dev.name, dev.reserve, dev.memory_budget)));

@@ -26,8 +26,10 @@ pub fn build_program(spec: &Spec, bindings: &Bindings) -> Result<Program, Diagno
         ids: BTreeMap::new(),
         diags: Diagnostics::new(),
         layer: None,
+        layer_errors: BTreeMap::new(),
     };
     let program = l.program();
+    l.flush_layer_errors();
     let mut d = l.syms.take_diagnostics();
     d.extend(l.diags);
     match program {
@@ -46,6 +48,8 @@ struct Lowerer<'a> {
     diags: Diagnostics,
     /// The layer being expanded (`i`), if any.
     layer: Option<usize>,
+    /// Errors met while expanding layers, with the layers they were met in.
+    layer_errors: BTreeMap<(Span, String), Vec<u32>>,
 }
 
 fn has_e(s: &str) -> bool {
@@ -53,13 +57,27 @@ fn has_e(s: &str) -> bool {
 }
 
 impl<'a> Lowerer<'a> {
+    /// Reports an error at `span`; the same error in several layers is reported once, with
+    /// the list of layers.
     fn err(&mut self, span: Span, msg: impl Into<String>) {
         let m = msg.into();
-        let m = match self.layer {
-            Some(i) => format!("{m} (layer {i})"),
-            None => m,
-        };
-        self.diags.push(self.spec.diag(span, m));
+        match self.layer {
+            Some(i) => {
+                let layers = self.layer_errors.entry((span, m)).or_default();
+                if !layers.contains(&(i as u32)) {
+                    layers.push(i as u32);
+                }
+            }
+            None => self.diags.push(self.spec.diag(span, m)),
+        }
+    }
+
+    /// The per-layer errors, as diagnostics.
+    fn flush_layer_errors(&mut self) {
+        for ((span, m), layers) in std::mem::take(&mut self.layer_errors) {
+            let which = if layers.len() == 1 { format!("layer {}", layers[0]) } else { format!("layers {}", crate::print::layer_ranges(&layers)) };
+            self.diags.push(self.spec.diag(span, format!("{m} ({which})")));
+        }
     }
 
     fn program(&mut self) -> Option<Program> {
@@ -420,8 +438,8 @@ impl<'a> Lowerer<'a> {
                 self.expect_width(out, ov, xw, "the normed input's width");
                 Op::LayerNorm { x: xv, out: ov, weight, bias, eps }
             }
-            OpItem::Linear { x, out, weight, bias } => {
-                let (xv, ov, w) = (self.val(x), self.val(out), self.weight(weight));
+            OpItem::Linear { x, out, weight: wname, bias } => {
+                let (xv, ov, w) = (self.val(x), self.val(out), self.weight(wname));
                 let bias = match bias {
                     Some(b) => Some(self.weight(b)?),
                     None => None,
@@ -431,8 +449,9 @@ impl<'a> Lowerer<'a> {
                     self.err(span, format!("a Linear weight is [out, in]; `{}` has shape {:?}", weight.name, weight.shape));
                     return None;
                 }
-                self.expect_width(x, xv, weight.shape[1], &format!("`{}` ({:?})", weight.name, weight.shape));
-                self.expect_width(out, ov, weight.shape[0], &format!("`{}` ({:?})", weight.name, weight.shape));
+                let why = format!("weight `{}` {:?}", wname.value, weight.shape);
+                self.expect_width(x, xv, weight.shape[1], &why);
+                self.expect_width(out, ov, weight.shape[0], &why);
                 if let Some(b) = &bias {
                     if b.shape != [weight.shape[0]] {
                         self.err(span, format!("the bias has shape {:?}, the Linear needs [{}]", b.shape, weight.shape[0]));

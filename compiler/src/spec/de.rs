@@ -50,19 +50,20 @@ impl de::Error for DeError {
     }
 }
 
-/// Reads `T` from `node`; all errors found, each with a span.
-pub fn from_node<'de, T: de::Deserialize<'de>>(node: &'de Node) -> Result<T, Vec<(Span, String)>> {
+/// Reads `T` from `node`; all errors found, each with a span. Alongside the errors, the value
+/// read past them when there is one (bad list elements and map entries left out, unknown
+/// fields ignored), so that later checks can still report on the rest.
+pub fn from_node<'de, T: de::Deserialize<'de>>(node: &'de Node) -> (Option<T>, Vec<(Span, String)>) {
     let sink = RefCell::new(Vec::new());
     let r = T::deserialize(NodeDe { node, sink: &sink });
     let mut errors: Vec<(Span, String)> = sink.into_inner();
     match r {
-        Ok(v) if errors.is_empty() => Ok(v),
-        Ok(_) => Err(errors),
+        Ok(v) => (Some(v), errors),
         Err(e) => {
             if !e.suppressed {
                 errors.push((e.span.unwrap_or(node.span), e.message));
             }
-            Err(errors)
+            (None, errors)
         }
     }
 }

@@ -260,16 +260,17 @@ impl Spec {
     /// Parses and checks spec `text`, which came from `path` (for messages).
     pub fn parse(text: &str, path: &Path) -> Result<Spec, Diagnostics> {
         let node = syntax::parse(text).map_err(|e| Diagnostics::one(Diagnostic::at(path, text, e.span, e.message)))?;
-        let file: SpecFile = de::from_node(&node).map_err(|errors| {
-            let mut d = Diagnostics::new();
-            for (span, message) in errors {
-                d.push(Diagnostic::at(path, text, span, message));
-            }
-            d.sorted()
-        })?;
+        let (file, errors) = de::from_node::<SpecFile>(&node);
+        let mut d = Diagnostics::new();
+        for (span, message) in errors {
+            d.push(Diagnostic::at(path, text, span, message));
+        }
+        let Some(file) = file else { return Err(d.sorted()) };
         let spec = Spec { path: path.to_path_buf(), source: text.to_string(), file };
-        let diags = check::check(&spec);
-        diags.into_result(spec)
+        // The static checks run on what was read, bad items left out, so that one pass
+        // reports the file's errors of both kinds.
+        d.extend(check::check(&spec));
+        d.into_result(spec)
     }
 
     /// A diagnostic at `span` of this spec.

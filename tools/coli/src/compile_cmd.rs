@@ -4,7 +4,8 @@
 //! `coli compile graphs/olmoe.ron --config <config.json | model dir | model.gguf>
 //! [--profile p.ron] [--format text|dot] [options]`; `coli compile graphs/olmoe.ron` alone uses
 //! the spec's default configuration; `coli compile --config <checkpoint>` alone finds the spec
-//! that serves the checkpoint's architecture under `--graphs` (default `graphs`).
+//! that serves the checkpoint's architecture under `--graphs` (default `graphs`), else among
+//! the specs built into the binary.
 //! This file only parses arguments, reads inputs and prints; it must not hold compiler logic.
 
 use coli_compiler::bind::Bindings;
@@ -88,9 +89,15 @@ pub fn compile_to_string(args: &CompileArgs) -> Result<String, String> {
                 .architecture()
                 .ok_or_else(|| format!("{}: the checkpoint names no architecture", config.display()))?
                 .to_string();
-            let path = spec_for_architecture(&args.graphs, &arch)
-                .ok_or_else(|| format!("no spec under {} serves architecture `{arch}`", args.graphs.display()))?;
-            (Spec::load(&path).map_err(|d| d.to_string())?, bindings)
+            let spec = match spec_for_architecture(&args.graphs, &arch) {
+                Some(path) => Spec::load(&path).map_err(|d| d.to_string())?,
+                // No spec file there serves it: the specs built into the binary.
+                None => crate::specs::for_architecture(&arch).ok_or_else(|| {
+                    let served = crate::specs::served().join(", ");
+                    format!("no spec under {} or built in serves architecture `{arch}` (served: {served})", args.graphs.display())
+                })?,
+            };
+            (spec, bindings)
         }
         (None, None) => return Err("give a spec, a --config, or both".into()),
     };
@@ -131,12 +138,9 @@ fn read_bindings(path: &Path) -> Result<Bindings, String> {
     checkpoint_bindings(path)
 }
 
-/// HOOK for the runtime's checkpoint reader: a model directory (config.json + safetensors) or
-/// a `.gguf` file becomes `Bindings` with its tensor table. To be wired to
-/// `coli_runtime::model::Checkpoint::open(path)?.bindings()`.
+/// A model directory (config.json + safetensors) or a `.gguf` file, read by the runtime's
+/// checkpoint reader: its configuration and its tensor table.
 fn checkpoint_bindings(path: &Path) -> Result<Bindings, String> {
-    Err(format!(
-        "{}: GGUF/model dirs need the runtime reader (not wired yet); pass the model's config.json instead",
-        path.display()
-    ))
+    let ckpt = coli_runtime::model::Checkpoint::open(path, &Default::default()).map_err(|e| e.to_string())?;
+    Ok(ckpt.bindings())
 }
