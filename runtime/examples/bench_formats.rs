@@ -3,7 +3,7 @@
 //! (n = 1) and prefill shapes, and, when the SmolLM2-135M Q4_1 GGUF is present, the time of all
 //! of one decode token's matmuls (30 layers x 7 Linear + the tied output) on its real tensors.
 //!
-//! Run: `cargo run --release -p coli-runtime --example bench_formats [-- path/to/model.gguf]`
+//! Run: `cargo run --release -p coli-runtime --example bench_formats [-- [--model-only] [model.gguf]]`
 //! Must not: be used by tests; it only prints.
 
 use coli_runtime::format::{dot_row, dot_row_q8, kernel_level, matmul, matmul_q, quantize, Matrix, QuantizedActs, WeightFormat};
@@ -65,12 +65,41 @@ fn main() {
         WeightFormat::F32,
     ];
     let short = Duration::from_millis(60);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let model_only = args.iter().any(|a| a == "--model-only");
+    let path_arg = args.iter().find(|a| !a.starts_with("--")).map(PathBuf::from);
+    if !model_only {
+        synthetic(&formats, short);
+    }
+    if args.iter().any(|a| a == "--dram") {
+        dram();
+    }
+    model_budget(path_arg);
+}
+
+/// Matrices larger than the last-level cache: decode matmul from DRAM.
+fn dram() {
+    println!("\n## decode from DRAM: one matrix of 64 MB and more, n = 1 (GB/s of weight bytes)");
+    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    for (f, cols) in [(WeightFormat::Q4_1, 576usize), (WeightFormat::Q8_0, 576), (WeightFormat::Q4_1, 2048), (WeightFormat::I8Row, 576)] {
+        let rows = (64usize << 20) / f.row_bytes(cols).unwrap();
+        let bytes = rows_of(f, rows, cols);
+        let m = Matrix::new(f, rows, cols, &bytes).unwrap();
+        let x = values(cols, 1);
+        let mut out = vec![0f32; rows];
+        let t1 = one.install(|| time(Duration::from_millis(300), || matmul(&m, black_box(&x), 1, &mut out)));
+        let t2 = time(Duration::from_millis(300), || matmul(&m, black_box(&x), 1, &mut out));
+        println!("{:<6} {rows}x{cols}: 1 thread {:.1} GB/s, all threads {:.1} GB/s", f.name(), gbs(bytes.len(), t1), gbs(bytes.len(), t2));
+    }
+}
+
+fn synthetic(formats: &[WeightFormat], short: Duration) {
 
     println!("\n## single thread, one 576 x 1536 matrix (GB/s of weight bytes, ns per row)");
     println!("{:<6} {:>16} {:>16} {:>16}", "format", "dot_row f32", "dot_row_q8", "matmul 1 thread");
     let (rows, cols) = (576, 1536);
     let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-    for f in formats {
+    for &f in formats {
         let bytes = rows_of(f, rows, cols);
         let m = Matrix::new(f, rows, cols, &bytes).unwrap();
         let x = values(cols, 3);
@@ -111,7 +140,10 @@ fn main() {
         }
     }
 
-    let path = std::env::args().nth(1).map(PathBuf::from).or_else(|| {
+}
+
+fn model_budget(path_arg: Option<PathBuf>) {
+    let path = path_arg.or_else(|| {
         std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/coli/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"))
     });
     let Some(ck) = path.filter(|p| p.is_file()).and_then(|p| Checkpoint::open(&p, &LoadOptions::default()).ok()) else {

@@ -284,8 +284,22 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
     let rp = |r: usize| w.bytes().as_ptr().add((r0 + r) * w.row_bytes());
     let xp = |i: usize| acts.row(i).as_ptr();
     let mut r = 0;
+    // Decode streams weights from DRAM: prefetch about 8 KiB of rows ahead, so the loads are in
+    // flight while this group computes (interleaved row streams defeat the hardware prefetcher).
+    let ahead = (8192 / w.row_bytes().max(1)).clamp(4, 64) / 2 * 2;
+    let prefetch = |r: usize, count: usize| {
+        if r0 + r + count <= w.rows {
+            let start = rp(r);
+            let mut off = 0;
+            while off < count * w.row_bytes() {
+                _mm_prefetch::<_MM_HINT_T0>(start.add(off).cast());
+                off += 64;
+            }
+        }
+    };
     if n == 1 {
         while r + 4 <= rows {
+            prefetch(r + ahead, 4);
             let t = kernel::<F, 4, 1, VNNI>([rp(r), rp(r + 1), rp(r + 2), rp(r + 3)], [xp(0)], units);
             for j in 0..4 {
                 out[r + j] = t[j][0];
@@ -294,6 +308,7 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
         }
     } else {
         while r + 2 <= rows {
+            prefetch(r + ahead, 2);
             let mut i = 0;
             while i + 4 <= n {
                 let t = kernel::<F, 2, 4, VNNI>([rp(r), rp(r + 1)], [xp(i), xp(i + 1), xp(i + 2), xp(i + 3)], units);
