@@ -2,3 +2,5 @@
 
 pub mod format;
 pub mod model;
+pub mod sample;
+pub mod text;
