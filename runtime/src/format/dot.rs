@@ -11,7 +11,7 @@ use super::WeightFormat;
 
 /// Sum of `w[i] * x[i]` over a fixed-size block, with eight independent accumulators.
 #[inline(always)]
-fn fdot<const N: usize>(w: &[f32; N], x: &[f32]) -> f32 {
+pub fn fdot<const N: usize>(w: &[f32; N], x: &[f32]) -> f32 {
     let x: &[f32; N] = x[..N].try_into().unwrap();
     let mut acc = [0f32; 8];
     for i in 0..N {

@@ -17,6 +17,7 @@
 //!
 //! Must not: check lengths (the callers in `format` do), or allocate.
 
+use super::dot::fdot;
 use super::fp16::read_f16;
 use super::q8::{idot_i8, idot_u8, BlockQ8};
 
@@ -102,16 +103,6 @@ pub fn dequant_q6k(row: &[u8], out: &mut [f32]) {
             o[p] = d * sc[p / 16] as f32 * q[p] as f32;
         }
     }
-}
-
-#[inline(always)]
-fn fdot<const N: usize>(q: &[f32; N], x: &[f32]) -> f32 {
-    let x: &[f32; N] = x[..N].try_into().unwrap();
-    let mut acc = [0f32; 8];
-    for i in 0..N {
-        acc[i % 8] += q[i] * x[i];
-    }
-    acc.iter().sum()
 }
 
 #[inline(always)]

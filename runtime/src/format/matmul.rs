@@ -243,7 +243,7 @@ fn tile_q8_body<const LEVEL: u8>(w: &Matrix, acts: &QuantizedActs, r0: usize, ou
     for (k, o) in out.chunks_exact_mut(n).enumerate() {
         let row = w.row_unchecked(r0 + k);
         for (i, v) in o.iter_mut().enumerate() {
-            *v = q8::dot_row_q8_at::<LEVEL>(w.format, row, acts.row(i));
+            *v = q8::dot_row_q8(w.format, row, acts.row(i));
         }
     }
 }

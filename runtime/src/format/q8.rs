@@ -8,8 +8,6 @@
 
 use super::fp16::read_f16;
 use super::kquant;
-#[cfg(target_arch = "x86_64")]
-use super::simd;
 use super::{FormatError, WeightFormat};
 
 /// 32 activations quantized to i8: `x[i] ~ d * q[i]`; `s = d * sum(q)` (for formats with a min).
@@ -188,29 +186,4 @@ pub fn dot_row_q8(format: WeightFormat, row: &[u8], x: &[BlockQ8]) -> f32 {
             unreachable!("float formats do not take quantized activations")
         }
     }
-}
-
-/// `dot_row_q8` at a kernel level: 0 portable, 1 AVX2+FMA, 2 AVX-512 VNNI. Levels above 0 are
-/// only instantiated inside `matmul.rs`'s `#[target_feature]` wrappers, after detection.
-#[inline(always)]
-pub fn dot_row_q8_at<const LEVEL: u8>(format: WeightFormat, row: &[u8], x: &[BlockQ8]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if LEVEL > 0 {
-        macro_rules! go {
-            ($f:ident) => {
-                // SAFETY: the enclosing wrapper enables AVX2+FMA (and AVX-512 VNNI+VL at level 2),
-                // checked at run time; lengths were checked by the caller.
-                return unsafe { if LEVEL == 2 { simd::$f::<true>(row, x) } else { simd::$f::<false>(row, x) } }
-            };
-        }
-        match format {
-            WeightFormat::Q8_0 => go!(q8_0),
-            WeightFormat::Q4_0 => go!(q4_0),
-            WeightFormat::Q4_1 => go!(q4_1),
-            WeightFormat::I8Row => go!(i8row),
-            WeightFormat::I4G64 => go!(i4g64),
-            _ => {}
-        }
-    }
-    dot_row_q8(format, row, x)
 }

@@ -1,5 +1,5 @@
-//! x86-64 kernels for the decode hot path: the q8-activation dot products of the integer
-//! formats (`Q4_0`, `Q4_1`, `Q8_0`, `I8Row`, `I4G64`, and `Q4_K`/`Q6_K` in `matmul`) with AVX2 byte products
+//! x86-64 kernels for `matmul`'s hot path: the q8-activation dot products of the integer
+//! formats (`Q4_0`, `Q4_1`, `Q8_0`, `I8Row`, `I4G64`, `Q4_K`, `Q6_K`) with AVX2 byte products
 //! (`maddubs`), or with AVX-512 VNNI's `dpbusd` when `VNNI` is true. One block is one 256-bit
 //! register of weights against one of activations; the i32 sums become f32 once per block and
 //! accumulate with one FMA per block.
@@ -14,7 +14,6 @@
 
 #![cfg(target_arch = "x86_64")]
 
-use super::fp16::read_f16;
 use super::matmul::Matrix;
 use super::q8::{BlockQ8, QuantizedActs};
 use super::WeightFormat;
@@ -54,70 +53,6 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
 #[inline(always)]
 unsafe fn load(q: &[i8; 32]) -> __m256i {
     _mm256_loadu_si256(q.as_ptr().cast())
-}
-
-#[inline(always)]
-pub unsafe fn q8_0<const VNNI: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (b, xb) in row.chunks_exact(34).zip(x) {
-        let w = _mm256_loadu_si256(b.as_ptr().add(2).cast());
-        let s = dot_i8i8::<VNNI>(w, load(&xb.q));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(read_f16(b, 0) * xb.d), s, acc);
-    }
-    hsum(acc)
-}
-
-#[inline(always)]
-pub unsafe fn q4_0<const VNNI: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (b, xb) in row.chunks_exact(18).zip(x) {
-        let w = _mm256_sub_epi8(nibbles(b.as_ptr().add(2)), _mm256_set1_epi8(8));
-        let s = dot_i8i8::<VNNI>(w, load(&xb.q));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(read_f16(b, 0) * xb.d), s, acc);
-    }
-    hsum(acc)
-}
-
-#[inline(always)]
-pub unsafe fn q4_1<const VNNI: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut mins = 0f32;
-    for (b, xb) in row.chunks_exact(20).zip(x) {
-        let s = dot_u8i8::<VNNI>(nibbles(b.as_ptr().add(4)), load(&xb.q));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(read_f16(b, 0) * xb.d), s, acc);
-        mins += read_f16(b, 2) * xb.s;
-    }
-    hsum(acc) + mins
-}
-
-#[inline(always)]
-pub unsafe fn i8row<const VNNI: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
-    let scale = f32::from_le_bytes([row[0], row[1], row[2], row[3]]);
-    let mut acc = _mm256_setzero_ps();
-    for (b, xb) in row[4..].chunks_exact(32).zip(x) {
-        let s = dot_i8i8::<VNNI>(_mm256_loadu_si256(b.as_ptr().cast()), load(&xb.q));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(xb.d), s, acc);
-    }
-    scale * hsum(acc)
-}
-
-#[inline(always)]
-pub unsafe fn i4g64<const VNNI: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
-    let mask = _mm256_set1_epi8(0x0f);
-    let mut acc = _mm256_setzero_ps();
-    let mut mins = 0f32;
-    for (b, xs) in row.chunks_exact(36).zip(x.chunks_exact(2)) {
-        let qs = _mm256_loadu_si256(b.as_ptr().add(4).cast());
-        let lo = _mm256_and_si256(qs, mask);
-        let hi = _mm256_and_si256(_mm256_srli_epi16(qs, 4), mask);
-        let scale = read_f16(b, 0);
-        let s0 = dot_u8i8::<VNNI>(lo, load(&xs[0].q));
-        let s1 = dot_u8i8::<VNNI>(hi, load(&xs[1].q));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(scale * xs[0].d), s0, acc);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(scale * xs[1].d), s1, acc);
-        mins += read_f16(b, 2) * (xs[0].s + xs[1].s);
-    }
-    hsum(acc) + mins
 }
 
 // ---- Register-tiled matmul kernels -------------------------------------------------------
