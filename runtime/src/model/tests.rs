@@ -202,6 +202,8 @@ fn gguf_round_trip_metadata_tensors_and_bindings() {
     }
     assert!(matches!(ck.tensor("nope"), Err(LoadError::NoSuchTensor { .. })));
     assert!(ck.has("norm.weight") && !ck.has("nope"));
+    // A directory holding one GGUF (and no safetensors) opens that file.
+    assert_eq!(open(d.path()).unwrap().path(), p);
 }
 
 #[test]
