@@ -1,6 +1,15 @@
 //! coli's runtime: checkpoints, the CPU op library, the executor of plans, text and generation.
+//!
+//! Data flows one way: a checkpoint (`model`) and a compiled program (from `coli-compiler`)
+//! make an `exec::Model`; a `exec::Session` runs forwards over it with the op libraries
+//! (`cpu`, later `vk`); `generate` drives sessions with a tokenizer (`text`) and a sampler.
 
+pub mod cpu;
+pub mod exec;
 pub mod format;
+pub mod generate;
 pub mod model;
+pub mod oplib;
 pub mod sample;
 pub mod text;
+mod vocab_bridge;

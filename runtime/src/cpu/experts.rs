@@ -3,7 +3,8 @@
 //! order, so the sum does not depend on which expert ran where or when.
 
 use super::elementwise::glu;
-use crate::format::{matmul, Matrix};
+use super::linear::{linear, Precision};
+use crate::format::Matrix;
 use coli_compiler::ir::GluKind;
 use rayon::prelude::*;
 
@@ -16,7 +17,7 @@ pub struct ExpertMats<'a> {
 
 /// Runs one expert over `rows` (row indices into `x`, width `hidden`), writing its output
 /// (not yet weighted) for each row into `outs` (`rows.len() x hidden`).
-pub fn expert_ffn(m: &ExpertMats, kind: GluKind, x: &[f32], hidden: usize, rows: &[usize], outs: &mut [f32]) {
+pub fn expert_ffn(m: &ExpertMats, kind: GluKind, precision: Precision, x: &[f32], hidden: usize, rows: &[usize], outs: &mut [f32]) {
     let n = rows.len();
     let ffn = m.gate.rows;
     let mut xs = vec![0.0f32; n * hidden];
@@ -25,11 +26,11 @@ pub fn expert_ffn(m: &ExpertMats, kind: GluKind, x: &[f32], hidden: usize, rows:
     }
     let mut g = vec![0.0f32; n * ffn];
     let mut u = vec![0.0f32; n * ffn];
-    matmul(&m.gate, &xs, n, &mut g);
-    matmul(&m.up, &xs, n, &mut u);
+    linear(&m.gate, &xs, n, &mut g, precision);
+    linear(&m.up, &xs, n, &mut u, precision);
     let mut h = vec![0.0f32; n * ffn];
     glu(kind, &g, &u, &mut h);
-    matmul(&m.down, &h, n, outs);
+    linear(&m.down, &h, n, outs, precision);
 }
 
 /// `out[r] = sum over ranks k of weight[r,k] * expert[r,k](x[r])`. `routing` holds per row
@@ -41,6 +42,7 @@ pub fn routed_experts<'a>(
     routing: &[f32],
     top_k: usize,
     kind: GluKind,
+    precision: Precision,
     expert: &(dyn Fn(usize) -> ExpertMats<'a> + Sync),
     out: &mut [f32],
 ) {
@@ -57,9 +59,9 @@ pub fn routed_experts<'a>(
     let groups: Vec<(usize, Vec<(usize, usize)>)> = by_expert.into_iter().collect();
     let results: Vec<(Vec<(usize, usize)>, Vec<f32>)> = if n == 1 {
         // Decode: the matmuls inside are parallel already.
-        groups.into_iter().map(|(e, pairs)| run_group(e, pairs, x, hidden, kind, expert)).collect()
+        groups.into_iter().map(|(e, pairs)| run_group(e, pairs, x, hidden, kind, precision, expert)).collect()
     } else {
-        groups.into_par_iter().map(|(e, pairs)| run_group(e, pairs, x, hidden, kind, expert)).collect()
+        groups.into_par_iter().map(|(e, pairs)| run_group(e, pairs, x, hidden, kind, precision, expert)).collect()
     };
     for (pairs, outs) in results {
         for (i, &(r, k)) in pairs.iter().enumerate() {
@@ -85,10 +87,11 @@ fn run_group<'a>(
     x: &[f32],
     hidden: usize,
     kind: GluKind,
+    precision: Precision,
     expert: &(dyn Fn(usize) -> ExpertMats<'a> + Sync),
 ) -> (Vec<(usize, usize)>, Vec<f32>) {
     let rows: Vec<usize> = pairs.iter().map(|p| p.0).collect();
     let mut outs = vec![0.0f32; rows.len() * hidden];
-    expert_ffn(&expert(e), kind, x, hidden, &rows, &mut outs);
+    expert_ffn(&expert(e), kind, precision, x, hidden, &rows, &mut outs);
     (pairs, outs)
 }

@@ -6,13 +6,15 @@
 pub mod attention;
 pub mod elementwise;
 pub mod experts;
+pub mod linear;
 pub mod norm;
 pub mod rope;
 pub mod route;
 
 use crate::exec::kv::KvCache;
 use crate::exec::weights::WeightStore;
-use crate::format::{dequant_row, matmul, WeightFormat};
+use crate::format::{dequant_row, WeightFormat};
+pub use linear::Precision;
 use crate::oplib::{op_name, OpLib};
 use coli_compiler::ir::{Op, ValueId};
 
@@ -40,6 +42,7 @@ pub struct Env<'a> {
     pub widths: &'a [usize],
     pub kv: &'a mut KvCache,
     pub weights: &'a WeightStore,
+    pub precision: Precision,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -117,10 +120,11 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             env.with_input(*x, *out, |xs, o| norm::layer_norm(xs, o, w, b, *eps));
         }
         Op::Linear { x, out, weight, bias } => {
+            let precision = env.precision;
             let m = env.weights.matrix(&weight.name);
             let b = bias.as_ref().map(|b| env.weights.vector(&b.name));
             env.with_input(*x, *out, |xs, o| {
-                matmul(&m, xs, n, o);
+                linear::linear(&m, xs, n, o, precision);
                 if let Some(b) = b {
                     for row in o.chunks_exact_mut(b.len()) {
                         row.iter_mut().zip(b).for_each(|(v, bb)| *v += bb);
@@ -203,7 +207,7 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             let expert = |e: usize| experts::ExpertMats { gate: ws.expert(&weights.gate, e), up: ws.expert(&weights.up, e), down: ws.expert(&weights.down, e) };
             let (xs, rt) = (env.get(*x).to_vec(), env.get(*routing).to_vec());
             let mut o = env.take(*out);
-            experts::routed_experts(&xs, n, hidden, &rt, top_k, *glu, &expert, &mut o);
+            experts::routed_experts(&xs, n, hidden, &rt, top_k, *glu, env.precision, &expert, &mut o);
             env.put(*out, o);
         }
         Op::Mla { .. } | Op::LinearAttention { .. } => return Err(CpuError::Unsupported(op_name(op))),

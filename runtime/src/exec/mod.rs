@@ -5,7 +5,7 @@
 pub mod kv;
 pub mod weights;
 
-use crate::cpu::{run_op, CpuError, CpuOps, Env};
+use crate::cpu::{run_op, CpuError, CpuOps, Env, Precision};
 use crate::model::Checkpoint;
 use crate::oplib::{op_name, OpLib};
 use coli_compiler::ir::{Op, Program};
@@ -67,6 +67,7 @@ pub struct Session<'m> {
     widths: Vec<usize>,
     pos: usize,
     max_context: usize,
+    precision: Precision,
 }
 
 impl<'m> Session<'m> {
@@ -88,7 +89,13 @@ impl<'m> Session<'m> {
             widths: p.values.iter().map(|v| v.width).collect(),
             pos: 0,
             max_context,
+            precision: Precision::Fast,
         }
+    }
+
+    /// How CPU matmuls meet quantized weights (`Fast` by default).
+    pub fn set_precision(&mut self, precision: Precision) {
+        self.precision = precision;
     }
 
     /// Positions consumed so far.
@@ -122,6 +129,7 @@ impl<'m> Session<'m> {
             widths: &self.widths,
             kv: &mut self.kv,
             weights: &self.model.weights,
+            precision: self.precision,
         };
         for op in p.prologue.iter().chain(p.layers.iter().flat_map(|l| l.ops.iter())) {
             run_op(op, &mut env)?;
@@ -142,6 +150,7 @@ impl<'m> Session<'m> {
             widths: &self.widths,
             kv: &mut self.kv,
             weights: &self.model.weights,
+            precision: self.precision,
         };
         for op in &p.epilogue {
             run_op(op, &mut env)?;

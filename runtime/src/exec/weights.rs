@@ -27,15 +27,21 @@ impl WeightStore {
     pub fn load(ckpt: &Checkpoint, program: &Program, progress: &mut dyn FnMut(usize, usize)) -> Result<WeightStore, WeightError> {
         let mut wanted: Vec<(String, Vec<usize>, bool)> = Vec::new();
         let ops = program.prologue.iter().chain(program.layers.iter().flat_map(|l| l.ops.iter())).chain(program.epilogue.iter());
+        let mut expert_tensors: Vec<(ExpertTensor, usize)> = Vec::new();
         for op in ops {
-            visit_weights(op, &mut |w: &WeightRef, is_vector| wanted.push((w.name.clone(), w.shape.clone(), is_vector)), &mut |e: &ExpertTensor, experts| match e {
+            visit_weights(op, &mut |w: &WeightRef, is_vector| wanted.push((w.name.clone(), w.shape.clone(), is_vector)), &mut |e: &ExpertTensor, n| {
+                expert_tensors.push((e.clone(), n))
+            });
+        }
+        for (e, experts) in expert_tensors {
+            match e {
                 ExpertTensor::PerExpert { pattern, shape } => {
                     for i in 0..experts {
                         wanted.push((pattern.replace("{e}", &i.to_string()), shape.clone(), false));
                     }
                 }
-                ExpertTensor::Stacked { name, shape } => wanted.push((name.clone(), shape.clone(), false)),
-            });
+                ExpertTensor::Stacked { name, shape } => wanted.push((name, shape, false)),
+            }
         }
         let total = wanted.len();
         let mut store = WeightStore { tensors: HashMap::new(), vectors: HashMap::new() };

@@ -1,3 +1,31 @@
-//! The `coli` command line.
+//! The `coli` command line: `compile` prints a plan, `exec` runs a model.
 
-fn main() {}
+use clap::{Parser, Subcommand};
+use coli::{compile_cmd, exec_cmd};
+
+#[derive(Parser)]
+#[command(name = "coli", version, about = "Runs Mixture-of-Experts language models on Vulkan GPUs and on the CPU")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compile an architecture spec for a checkpoint and a device profile; print the plan.
+    Compile(compile_cmd::CompileArgs),
+    /// Run a model on a prompt and stream the generated text.
+    Exec(exec_cmd::ExecArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Compile(a) => compile_cmd::run(a),
+        Command::Exec(a) => exec_cmd::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("coli: error: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,155 @@
+//! The generation loop: the prompt in chunks of rows, then one token at a time, sampled,
+//! streamed as text (UTF-8 safe, stop strings held back), until EOS, a stop string, the token
+//! budget or the context's end. Times prompt and decode separately for the tokens/s line.
+//!
+//! Must not: know about model families, devices or files. It drives a `Session`.
+
+use crate::exec::{ExecError, LogitRows, Session};
+use crate::sample::{SampleError, Sampler};
+use crate::text::{StopMatcher, Tokenizer};
+use std::time::Instant;
+
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    /// Rows of the prompt run per forward (at least 1).
+    pub chunk_rows: usize,
+    pub stop_strings: Vec<String>,
+    /// Keep the logits of every prompt position and every generated step.
+    pub record_logits: bool,
+    /// How many recent tokens the repetition penalty looks at.
+    pub penalty_window: usize,
+    /// Stop at the tokenizer's EOS ids.
+    pub stop_at_eos: bool,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions { max_new_tokens: 128, chunk_rows: 64, stop_strings: Vec::new(), record_logits: false, penalty_window: 64, stop_at_eos: true }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    Eos,
+    StopString,
+    MaxTokens,
+    ContextFull,
+}
+
+/// What a generation produced, with its timings.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub prompt_ids: Vec<u32>,
+    pub generated: Vec<u32>,
+    /// With `record_logits`: row `i` is the model's output at position `i` of
+    /// `prompt_ids ++ generated` (so row `prompt_len - 1 + j` chose `generated[j]`).
+    pub logits: Vec<Vec<f32>>,
+    pub prompt_secs: f64,
+    pub decode_secs: f64,
+    pub stop: StopReason,
+}
+
+impl Generation {
+    pub fn prompt_tokens_per_sec(&self) -> f64 {
+        self.prompt_ids.len() as f64 / self.prompt_secs.max(1e-9)
+    }
+    /// Decode speed over the tokens after the first (the first comes from the prompt's logits).
+    pub fn decode_tokens_per_sec(&self) -> f64 {
+        self.generated.len().saturating_sub(1) as f64 / self.decode_secs.max(1e-9)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    #[error(transparent)]
+    Sample(#[from] SampleError),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the prompt has {prompt} tokens; the context holds {context}")]
+    PromptTooLong { prompt: usize, context: usize },
+}
+
+/// Generates from `prompt` after what `session` already holds. `on_text` receives the text
+/// as it becomes safe to show (nothing when `tokenizer` is `None`).
+pub fn generate(
+    session: &mut Session,
+    tokenizer: Option<&Tokenizer>,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<Generation, GenerateError> {
+    if prompt.is_empty() {
+        return Err(GenerateError::EmptyPrompt);
+    }
+    let context = session.max_context();
+    if session.pos() + prompt.len() > context {
+        return Err(GenerateError::PromptTooLong { prompt: session.pos() + prompt.len(), context });
+    }
+    let mut out = Generation { prompt_ids: prompt.to_vec(), generated: Vec::new(), logits: Vec::new(), prompt_secs: 0.0, decode_secs: 0.0, stop: StopReason::MaxTokens };
+    let rows = if opts.record_logits { LogitRows::All } else { LogitRows::Last };
+
+    // 1. The prompt, in chunks.
+    let t0 = Instant::now();
+    let mut last = Vec::new();
+    for chunk in prompt.chunks(opts.chunk_rows.max(1)) {
+        let l = session.forward(chunk, rows)?;
+        let vocab = l.len() / if rows == LogitRows::All { chunk.len() } else { 1 };
+        if opts.record_logits {
+            out.logits.extend(l.chunks_exact(vocab).map(|r| r.to_vec()));
+        }
+        last = l[l.len() - vocab..].to_vec();
+    }
+    out.prompt_secs = t0.elapsed().as_secs_f64();
+
+    // 2. Decode.
+    let t1 = Instant::now();
+    let mut stream = tokenizer.map(|t| t.stream_decoder(true));
+    let mut stops = StopMatcher::new(opts.stop_strings.iter().cloned());
+    let mut history: Vec<u32> = prompt.to_vec();
+    while out.generated.len() < opts.max_new_tokens {
+        let recent = &history[history.len().saturating_sub(opts.penalty_window)..];
+        let id = sampler.sample(&last, recent)?;
+        history.push(id);
+        if opts.stop_at_eos && tokenizer.is_some_and(|t| t.is_eos(id)) {
+            out.generated.push(id);
+            out.stop = StopReason::Eos;
+            break;
+        }
+        out.generated.push(id);
+        if let Some(s) = stream.as_mut() {
+            let step = stops.push(&s.push(id));
+            if !step.text.is_empty() {
+                on_text(&step.text);
+            }
+            if step.stopped {
+                out.stop = StopReason::StopString;
+                break;
+            }
+        }
+        let need_forward = out.generated.len() < opts.max_new_tokens || opts.record_logits;
+        if !need_forward {
+            break;
+        }
+        if session.pos() + 1 > context {
+            out.stop = StopReason::ContextFull;
+            break;
+        }
+        last = session.forward(&[id], LogitRows::Last)?;
+        if opts.record_logits {
+            out.logits.push(last.clone());
+        }
+    }
+    if let Some(s) = stream.as_mut() {
+        if out.stop != StopReason::StopString {
+            let tail = stops.push(&s.finish());
+            on_text(&tail.text);
+            on_text(&stops.finish());
+        }
+    }
+    out.decode_secs = t1.elapsed().as_secs_f64();
+    Ok(out)
+}

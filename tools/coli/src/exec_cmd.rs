@@ -1,0 +1,221 @@
+//! `coli exec`: load a model, run a prompt, stream the generated text to stdout, and report
+//! prompt and decode tokens/s on stderr. Only the generated text goes to stdout.
+
+use crate::default_model;
+use crate::load::{load, LoadRequest};
+use clap::{Args, ValueEnum};
+use coli_compiler::Options;
+use coli_runtime::exec::Session;
+use coli_runtime::format::WeightFormat;
+use coli_runtime::generate::{generate, GenerateOptions, StopReason};
+use coli_runtime::model::LoadOptions;
+use coli_runtime::sample::{Sampler, SamplerConfig};
+use coli_runtime::text::ChatMessage;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DeviceChoice {
+    Cpu,
+    Vulkan,
+    Auto,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum QuantChoice {
+    /// int8 rows, one scale per row
+    I8,
+    /// int4 in groups of 64
+    I4,
+}
+
+#[derive(Args, Debug)]
+pub struct ExecArgs {
+    /// A model directory (safetensors + config.json) or a .gguf file; default: SmolLM2-135M-Instruct.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// The architecture spec; default: the built-in spec serving the checkpoint's architecture.
+    #[arg(long)]
+    pub spec: Option<PathBuf>,
+    /// The prompt text.
+    #[arg(long, conflicts_with = "prompt_ids")]
+    pub prompt: Option<String>,
+    /// The prompt as token ids, comma separated (no tokenizer involved).
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Wrap the prompt in the checkpoint's chat template as a user message.
+    #[arg(long)]
+    pub chat: bool,
+    /// A system message for --chat.
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    /// Where to run: the CPU, a Vulkan GPU, or a GPU when there is one.
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
+    pub device: DeviceChoice,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Stop when this text appears (repeatable); it is not printed.
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Write the logits of every prompt position and generated step as JSON.
+    #[arg(long)]
+    pub logits_out: Option<PathBuf>,
+    /// Context length (default: the checkpoint's, at most 8192).
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    /// Prompt rows per forward.
+    #[arg(long, default_value_t = 64)]
+    pub chunk: usize,
+    /// Quantize f32/f16/bf16 matrices at load.
+    #[arg(long, value_enum)]
+    pub quantize: Option<QuantChoice>,
+    /// Keep generating past the end-of-sequence token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+}
+
+pub fn run(a: ExecArgs) -> Result<(), String> {
+    let model_path = match &a.model {
+        Some(p) => p.clone(),
+        None => default_model::ensure()?,
+    };
+    if a.prompt.is_none() && a.prompt_ids.is_none() {
+        return Err("give a prompt: --prompt \"...\" or --prompt-ids 1,2,3".into());
+    }
+    if a.device == DeviceChoice::Vulkan {
+        return Err("--device vulkan: this build runs models on the CPU only so far; use --device cpu or auto".into());
+    }
+    if a.device == DeviceChoice::Auto {
+        eprintln!("coli: running on the CPU (device frames are not executed by this build yet)");
+    }
+
+    // 1. Load, with a progress bar on a terminal.
+    let t0 = Instant::now();
+    let tty = std::io::stderr().is_terminal();
+    let mut progress = |done: usize, total: usize| {
+        if tty && total > 0 {
+            let w = 30;
+            let f = done * w / total;
+            eprint!("\rloading [{}{}] {done}/{total} tensors", "#".repeat(f), " ".repeat(w - f));
+            if done == total {
+                eprintln!();
+            }
+        }
+    };
+    let load_opts = LoadOptions {
+        quantize: a.quantize.map(|q| match q {
+            QuantChoice::I8 => WeightFormat::I8Row,
+            QuantChoice::I4 => WeightFormat::I4G64,
+        }),
+        ..Default::default()
+    };
+    let loaded = load(LoadRequest {
+        model: &model_path,
+        spec: a.spec.as_deref(),
+        load: load_opts,
+        compile: Options::default(),
+        profile: None,
+        progress: Some(&mut progress),
+    })?;
+    let p = &loaded.plan.program;
+    eprintln!(
+        "coli: {} ({}, {} layers, hidden {}, vocab {}) loaded in {:.2}s",
+        model_path.display(),
+        p.family,
+        p.dims.layers,
+        p.dims.hidden,
+        p.dims.vocab,
+        t0.elapsed().as_secs_f64()
+    );
+
+    // 2. The prompt's ids.
+    let tok = loaded.tokenizer.as_ref();
+    let ids: Vec<u32> = if let Some(ids) = &a.prompt_ids {
+        ids.clone()
+    } else {
+        let text = a.prompt.clone().unwrap_or_default();
+        let t = tok.ok_or_else(|| format!("--prompt needs a tokenizer: {}; use --prompt-ids", loaded.tokenizer_note.clone().unwrap_or_default()))?;
+        let text = if a.chat {
+            let tmpl = t.chat_template().map_err(|e| format!("--chat: {e}"))?;
+            let mut msgs = Vec::new();
+            if let Some(s) = &a.system {
+                msgs.push(ChatMessage::system(s.clone()));
+            }
+            msgs.push(ChatMessage::user(text));
+            tmpl.render(&msgs, true).map_err(|e| format!("--chat: {e}"))?
+        } else {
+            text
+        };
+        // A chat template writes its own BOS; plain prompts get one when the tokenizer adds it.
+        t.encode(&text, !a.chat).map_err(|e| e.to_string())?
+    };
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= p.dims.vocab) {
+        return Err(format!("token id {bad} is outside the vocabulary of {}", p.dims.vocab));
+    }
+
+    // 3. Generate.
+    let ctx = a.ctx.unwrap_or_else(|| p.dims.max_context.min(8192)).max(1);
+    let mut session = Session::new(&loaded.model, ctx);
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repetition_penalty: a.repeat_penalty,
+        seed: a.seed,
+    })
+    .map_err(|e| e.to_string())?;
+    let opts = GenerateOptions {
+        max_new_tokens: a.max_tokens,
+        chunk_rows: a.chunk.max(1),
+        stop_strings: a.stop.clone(),
+        record_logits: a.logits_out.is_some(),
+        stop_at_eos: !a.ignore_eos,
+        ..Default::default()
+    };
+    let stdout = std::io::stdout();
+    let mut on_text = |s: &str| {
+        let mut o = stdout.lock();
+        let _ = o.write_all(s.as_bytes());
+        let _ = o.flush();
+    };
+    let g = generate(&mut session, tok, &mut sampler, &ids, &opts, &mut on_text).map_err(|e| e.to_string())?;
+    if tok.is_some() {
+        println!();
+    }
+    if tok.is_none() {
+        println!("{}", g.generated.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+    }
+    if g.stop == StopReason::ContextFull {
+        eprintln!("coli: stopped: the context of {ctx} positions is full (raise it with --ctx)");
+    }
+    eprintln!(
+        "coli: prompt {} tokens, {:.1} tok/s; decode {} tokens, {:.1} tok/s",
+        g.prompt_ids.len(),
+        g.prompt_tokens_per_sec(),
+        g.generated.len(),
+        g.decode_tokens_per_sec()
+    );
+
+    // 4. Logits for other tools.
+    if let Some(path) = &a.logits_out {
+        let json = serde_json::json!({ "prompt_ids": g.prompt_ids, "logits": g.logits, "generated": g.generated });
+        std::fs::write(path, serde_json::to_vec(&json).map_err(|e| e.to_string())?).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,9 @@
+//! The `coli` product's library half: the glue between the command line and the crates
+//! (built-in specs, the default model, loading), shared by the binary and the end-to-end tests.
+//! Must not hold engine logic: that lives in `coli-compiler` and `coli-runtime`.
+
+pub mod compile_cmd;
+pub mod default_model;
+pub mod exec_cmd;
+pub mod load;
+pub mod specs;

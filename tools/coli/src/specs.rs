@@ -1,0 +1,37 @@
+//! The architecture specs built into the binary (the files under `graphs/`, embedded at build
+//! time), so `coli` runs from any directory. A spec given on the command line wins.
+
+use coli_compiler::{Diagnostics, Spec};
+use std::path::{Path, PathBuf};
+
+/// `(file name, text)` of every spec under `graphs/`.
+pub const BUILTIN: &[(&str, &str)] = &[
+    ("llama.ron", include_str!("../../../graphs/llama.ron")),
+    ("olmoe.ron", include_str!("../../../graphs/olmoe.ron")),
+    ("qwen3_moe.ron", include_str!("../../../graphs/qwen3_moe.ron")),
+    ("mixtral.ron", include_str!("../../../graphs/mixtral.ron")),
+];
+
+/// Parses a built-in spec (its path reads `graphs/<name>` in messages).
+pub fn builtin(name: &str, text: &str) -> Result<Spec, Diagnostics> {
+    Spec::parse(text, &PathBuf::from("graphs").join(name))
+}
+
+/// The built-in spec serving architecture `arch` (an HF class or a GGUF architecture).
+pub fn for_architecture(arch: &str) -> Option<Spec> {
+    BUILTIN.iter().filter_map(|(n, t)| builtin(n, t).ok()).find(|s| s.serves(arch))
+}
+
+/// The names of the architectures the built-in specs serve, for messages.
+pub fn served() -> Vec<String> {
+    BUILTIN
+        .iter()
+        .filter_map(|(n, t)| builtin(n, t).ok())
+        .flat_map(|s| s.file.serves.hf.iter().chain(&s.file.serves.gguf).cloned().collect::<Vec<_>>())
+        .collect()
+}
+
+/// Loads the spec at `path`.
+pub fn load(path: &Path) -> Result<Spec, Diagnostics> {
+    Spec::load(path)
+}
