@@ -3,7 +3,12 @@
 
 Run with the oracle environment (gguf, tokenizers, transformers, jinja2):
 
-    ~/.venvs/oracle/bin/python tools/make_tokenizer_fixtures.py
+    ~/.venvs/oracle/bin/python tools/make_tokenizer_fixtures.py [smollm2] [pymoe] [templates]
+
+and, for the SentencePiece fixture, with any Python that has `sentencepiece`:
+
+    python -m venv /tmp/sp && /tmp/sp/bin/pip install sentencepiece
+    /tmp/sp/bin/python tools/make_tokenizer_fixtures.py spm
 
 Outputs (committed):
   runtime/tests/data/smollm2_tokenizer.json  - token ids for tricky strings, from the
@@ -11,6 +16,9 @@ Outputs (committed):
   runtime/tests/data/pymoe22m_tokenizer.json - token ids from pymoe-22m's tokenizer.json.
   runtime/tests/data/chat_templates.json     - Jinja templates rendered the way transformers
       renders them (its sandboxed environment, trim_blocks, lstrip_blocks, its tojson).
+  runtime/tests/data/spm_tokenizer.json      - a small SentencePiece BPE model trained here
+      (Llama's settings: byte fallback, dummy prefix, identity normalization) written out as
+      GGUF "llama" vocabulary fields, with sentencepiece's own ids for the test strings.
 
 Reference ids for SmolLM2 ("ids") come from a `tokenizers` tokenizer assembled from the GGUF
 vocab and merges with the pre-tokenizer of SmolLM2's published tokenizer.json: split every
@@ -22,8 +30,7 @@ import json
 import os
 import sys
 
-import gguf
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+import io
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "runtime", "tests", "data")
@@ -146,6 +153,9 @@ SYNTH_TEMPLATES = {
 
 
 def smollm2():
+    import gguf
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
     path = os.path.join(GGUF_DIR, GGUF_NAME)
     r = gguf.GGUFReader(path)
     f = r.fields
@@ -208,6 +218,8 @@ def smollm2():
 
 
 def pymoe():
+    from tokenizers import Tokenizer
+
     tok = Tokenizer.from_file(os.path.join(PYMOE, "tokenizer.json"))
     cases = []
     for text in TEXTS:
@@ -233,6 +245,72 @@ def templates():
     return {"generator": "tools/make_tokenizer_fixtures.py", "renderings": out}
 
 
+SPM_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello world! Hello there, hello again; the world says hello.",
+    "Tokenizers split text into pieces: words, sub-words and single characters.",
+    "def main():\n    print('hello, world')\n    return 0\n",
+    "Numbers like 1234 and 3.14159 are split into digits.",
+    "Café, naïve, résumé: accented letters appear now and then.",
+    "She said: don't stop, we'll keep going until it's done.",
+    "  Leading spaces and    runs of spaces are kept as they are.",
+]
+
+
+def spm():
+    import sentencepiece as sp
+
+    corpus = [line for _ in range(30) for line in SPM_CORPUS]
+    model = io.BytesIO()
+    sp.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus),
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=420,
+        byte_fallback=True,
+        character_coverage=0.99,
+        normalization_rule_name="identity",
+        add_dummy_prefix=True,
+        remove_extra_whitespaces=False,
+        split_digits=True,
+        allow_whitespace_only_pieces=True,
+        num_threads=1,
+        minloglevel=2,
+    )
+    proc = sp.SentencePieceProcessor(model_proto=model.getvalue())
+    tokens, scores, types = [], [], []
+    for i in range(proc.get_piece_size()):
+        tokens.append(proc.id_to_piece(i))
+        scores.append(proc.get_score(i))
+        if proc.is_unknown(i):
+            types.append(2)
+        elif proc.is_control(i):
+            types.append(3)
+        elif proc.is_byte(i):
+            types.append(6)
+        elif proc.is_unused(i):
+            types.append(5)
+        else:
+            types.append(1)
+    cases = []
+    for text in TEXTS:
+        if "<" in text:
+            continue  # sentencepiece itself does not match special tokens in text
+        ids = proc.encode(text)
+        cases.append({"text": text, "ids": ids, "decoded": proc.decode(ids)})
+    return {
+        "generator": "tools/make_tokenizer_fixtures.py",
+        "sentencepiece": sp.__version__,
+        "tokens": tokens,
+        "scores": scores,
+        "token_types": types,
+        "bos": proc.bos_id(),
+        "eos": proc.eos_id(),
+        "unk": proc.unk_id(),
+        "cases": cases,
+    }
+
+
 def write(name, obj):
     os.makedirs(DATA, exist_ok=True)
     with open(os.path.join(DATA, name), "w", encoding="utf-8") as fh:
@@ -242,6 +320,12 @@ def write(name, obj):
 
 
 if __name__ == "__main__":
-    write("smollm2_tokenizer.json", smollm2())
-    write("pymoe22m_tokenizer.json", pymoe())
-    write("chat_templates.json", templates())
+    jobs = {
+        "smollm2": ("smollm2_tokenizer.json", smollm2),
+        "pymoe": ("pymoe22m_tokenizer.json", pymoe),
+        "templates": ("chat_templates.json", templates),
+        "spm": ("spm_tokenizer.json", spm),
+    }
+    for job in sys.argv[1:] or ["smollm2", "pymoe", "templates"]:
+        name, make = jobs[job]
+        write(name, make())

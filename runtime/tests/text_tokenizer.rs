@@ -1,5 +1,5 @@
 //! Tokenizer, chat-template and streaming tests against references written by
-//! `tools/make_tokenizer_fixtures.py` (Python `tokenizers`, transformers, Jinja2).
+//! `tools/make_tokenizer_fixtures.py` (Python `tokenizers`, transformers, Jinja2, sentencepiece).
 //!
 //! The SmolLM2 GGUF and the pymoe-22m directory are read when present; a test whose input is
 //! absent prints a note and passes. The GGUF's metadata is read by the small test-only parser
@@ -263,6 +263,42 @@ fn pymoe_ids_match_reference() {
         assert_eq!(stream(&tok, &want, false), case["decoded"].as_str().unwrap());
     }
     assert!(matches!(tok.chat_template(), Err(TextError::NoChatTemplate)));
+}
+
+// ---- a SentencePiece BPE model (trained by the fixture script) as a GGUF "llama" vocab ----
+
+#[test]
+fn sentencepiece_ids_match_reference() {
+    let fx = data("spm_tokenizer.json");
+    let id = |k: &str| fx[k].as_u64().map(|v| v as u32);
+    let v = GgufVocab {
+        model: "llama".into(),
+        tokens: serde_json::from_value(fx["tokens"].clone()).unwrap(),
+        scores: serde_json::from_value(fx["scores"].clone()).unwrap(),
+        token_types: serde_json::from_value(fx["token_types"].clone()).unwrap(),
+        bos: id("bos"),
+        eos: id("eos"),
+        unk: id("unk"),
+        ..Default::default()
+    };
+    let tok = Tokenizer::from_gguf_vocab(&v).unwrap();
+    assert!(tok.adds_bos(), "llama vocabularies add BOS unless the GGUF says otherwise");
+    let mut failures = Vec::new();
+    for case in fx["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let want = ids(&case["ids"]);
+        let got = tok.encode(text, false).unwrap();
+        if got != want {
+            failures.push(format!("{text:?}\n  want {want:?}\n  got  {got:?}"));
+        }
+        let decoded = case["decoded"].as_str().unwrap();
+        assert_eq!(tok.decode(&want), decoded, "{text:?}");
+        assert_eq!(stream(&tok, &want, false), decoded, "{text:?}");
+        let mut with_bos = vec![id("bos").unwrap()];
+        with_bos.extend(&want);
+        assert_eq!(tok.encode(text, true).unwrap(), with_bos);
+    }
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
 }
 
 // ---- chat templates, without any checkpoint ----
