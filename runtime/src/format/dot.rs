@@ -24,19 +24,25 @@ pub fn fdot<const N: usize>(w: &[f32; N], x: &[f32]) -> f32 {
 /// same length).
 #[inline(always)]
 pub fn fdot_rows<const C: usize>(w: &[f32], xs: [&[f32]; C]) -> [f32; C] {
-    let mut acc = [[0f32; 8]; C];
-    let n8 = w.len() / 8 * 8;
-    for (j, wc) in w[..n8].chunks_exact(8).enumerate() {
+    let n16 = w.len() / 16 * 16;
+    let x16: [&[f32]; C] = std::array::from_fn(|c| &xs[c][..n16]);
+    // Two accumulators of eight lanes per row (static indices, so they stay in registers).
+    let mut lo = [[0f32; 8]; C];
+    let mut hi = [[0f32; 8]; C];
+    for (j, wc) in w[..n16].chunks_exact(16).enumerate() {
+        let wc: &[f32; 16] = wc.try_into().unwrap();
         for c in 0..C {
-            let xc = &xs[c][8 * j..8 * j + 8];
+            let xc: &[f32; 16] = x16[c][16 * j..16 * j + 16].try_into().unwrap();
             for l in 0..8 {
-                acc[c][l] += wc[l] * xc[l];
+                lo[c][l] += wc[l] * xc[l];
+                hi[c][l] += wc[l + 8] * xc[l + 8];
             }
         }
     }
     let mut out = [0f32; C];
     for c in 0..C {
-        out[c] = acc[c].iter().sum::<f32>() + w[n8..].iter().zip(&xs[c][n8..]).map(|(a, b)| a * b).sum::<f32>();
+        let tail: f32 = w[n16..].iter().zip(&xs[c][n16..]).map(|(a, b)| a * b).sum();
+        out[c] = (0..8).map(|l| lo[c][l] + hi[c][l]).sum::<f32>() + tail;
     }
     out
 }
