@@ -1,0 +1,139 @@
+//! Compiles the GLSL compute shaders under `shaders/` to SPIR-V with shaderc at build time and
+//! writes `$OUT_DIR/shaders.rs`: the `Kernel` enum (one variant per shader source), the table of
+//! weight-format variants (one source, one `#define` per format), and `spirv(kernel, variant)`
+//! returning the embedded words (`include_bytes!`), so the engine needs neither shaderc nor glslc
+//! at run time.
+//!
+//! Linking shaderc on Debian 12: the crate's default dynamic link leaves glslang symbols
+//! undefined (`rust-lld: undefined reference: glslang::TProgram::getInfoLog()`); we use
+//! `prefer-static-linking` with `SHADERC_LIB_DIR` from `.cargo/config.toml`, and the glslang
+//! libraries Debian's `libshaderc_combined.a` lacks come from the `shaderc-link` crate (a build
+//! script cannot add libraries to its own link line).
+//!
+//! Must not: read anything outside `shaders/`, or decide at build time anything the device
+//! decides at run time (workgroup and subgroup sizes are specialization constants).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+// Linked for its build script's side effect: the glslang static libraries.
+use shaderc_link as _;
+
+/// Shader sources: (Rust variant, file under shaders/, compiled once per weight-format variant).
+const KERNELS: &[(&str, &str, bool)] = &[
+    ("Matvec", "matvec.comp", true),
+    ("Matmul", "matmul.comp", true),
+    ("Embed", "embed.comp", true),
+    ("QuantizeQ8", "quantize_q8.comp", false),
+    ("RmsNorm", "rms_norm.comp", false),
+    ("Rope", "rope.comp", false),
+    ("Glu", "glu.comp", false),
+    ("Binary", "binary.comp", false),
+    ("Route", "route.comp", false),
+    ("AttnSplit", "attn_split.comp", false),
+    ("AttnJoin", "attn_join.comp", false),
+    ("AttnBlock", "attn_block.comp", false),
+];
+
+/// Weight-format variants: (Rust variant of `FormatVariant`, the define the sources test).
+/// `I8RowF` is `I8Row` with f32 activations (rows whose length is not a multiple of 32, which
+/// the CPU also multiplies in f32).
+const FORMATS: &[(&str, &str)] = &[
+    ("F32", "FMT_F32"),
+    ("F16", "FMT_F16"),
+    ("BF16", "FMT_BF16"),
+    ("Q8_0", "FMT_Q8_0"),
+    ("Q4_0", "FMT_Q4_0"),
+    ("Q4_1", "FMT_Q4_1"),
+    ("Q4_K", "FMT_Q4_K"),
+    ("Q6_K", "FMT_Q6_K"),
+    ("I8Row", "FMT_I8ROW"),
+    ("I8RowF", "FMT_I8ROW_F"),
+    ("I4G64", "FMT_I4G64"),
+];
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shaders");
+    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    println!("cargo:rerun-if-changed={}", root.display());
+    for entry in std::fs::read_dir(&root).expect("shaders/ is readable") {
+        println!("cargo:rerun-if-changed={}", entry.unwrap().path().display());
+    }
+    let compiler = shaderc::Compiler::new().expect("shaderc initializes");
+    let mut failures = Vec::new();
+    let mut arms = String::new();
+    for &(kernel, file, per_format) in KERNELS {
+        let path = root.join(file);
+        let source = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let variants: Vec<(Option<&str>, Option<&str>)> = if per_format {
+            FORMATS.iter().map(|&(v, d)| (Some(v), Some(d))).collect()
+        } else {
+            vec![(None, None)]
+        };
+        for (variant, define) in variants {
+            let name = match variant {
+                Some(v) => format!("{}_{}", file.trim_end_matches(".comp"), v.to_lowercase()),
+                None => file.trim_end_matches(".comp").to_string(),
+            };
+            match compile(&compiler, &root, file, &source, define) {
+                Ok(words) => {
+                    let spv = out.join(format!("{name}.spv"));
+                    std::fs::write(&spv, words).unwrap();
+                    let pat = match variant {
+                        Some(v) => format!("(Kernel::{kernel}, Some(FormatVariant::{v}))"),
+                        None => format!("(Kernel::{kernel}, None)"),
+                    };
+                    writeln!(arms, "        {pat} => Some(include_bytes!({:?})),", spv.display().to_string()).unwrap();
+                }
+                Err(e) => failures.push(format!("{name}: {e}")),
+            }
+        }
+    }
+    if !failures.is_empty() {
+        panic!("shader compilation failed:\n{}", failures.join("\n"));
+    }
+    let mut gen = String::new();
+    gen.push_str("/// A compute shader source under `shaders/` (generated from the table in `build.rs`).\n");
+    gen.push_str("#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]\npub enum Kernel {\n");
+    for &(k, file, _) in KERNELS {
+        writeln!(gen, "    /// `shaders/{file}`").unwrap();
+        writeln!(gen, "    {k},").unwrap();
+    }
+    gen.push_str("}\n\nimpl Kernel {\n    /// Whether the shader is compiled once per `FormatVariant`.\n");
+    gen.push_str("    pub fn per_format(self) -> bool {\n        match self {\n");
+    for &(k, _, pf) in KERNELS {
+        writeln!(gen, "            Kernel::{k} => {pf},").unwrap();
+    }
+    gen.push_str("        }\n    }\n}\n\n");
+    gen.push_str("/// The weight-format variants a per-format shader is compiled for.\n");
+    gen.push_str("#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]\n#[allow(non_camel_case_types)]\npub enum FormatVariant {\n");
+    for &(v, d) in FORMATS {
+        writeln!(gen, "    /// compiled with `#define {d}`").unwrap();
+        writeln!(gen, "    {v},").unwrap();
+    }
+    gen.push_str("}\n\n/// The SPIR-V of a kernel (and its variant), as bytes.\n");
+    gen.push_str("pub fn spirv(kernel: Kernel, variant: Option<FormatVariant>) -> Option<&'static [u8]> {\n    match (kernel, variant) {\n");
+    gen.push_str(&arms);
+    gen.push_str("        _ => None,\n    }\n}\n");
+    std::fs::write(out.join("shaders.rs"), gen).unwrap();
+}
+
+fn compile(compiler: &shaderc::Compiler, root: &Path, file: &str, source: &str, define: Option<&str>) -> Result<Vec<u8>, String> {
+    let mut opts = shaderc::CompileOptions::new().map_err(|e| e.to_string())?;
+    opts.set_target_env(shaderc::TargetEnv::Vulkan, shaderc::EnvVersion::Vulkan1_2 as u32);
+    opts.set_target_spirv(shaderc::SpirvVersion::V1_5);
+    opts.set_optimization_level(shaderc::OptimizationLevel::Performance);
+    if let Some(d) = define {
+        opts.add_macro_definition(d, Some("1"));
+    }
+    let root = root.to_path_buf();
+    opts.set_include_callback(move |name, _ty, _from, _depth| {
+        let path = root.join(name);
+        let content = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(shaderc::ResolvedInclude { resolved_name: path.display().to_string(), content })
+    });
+    let art = compiler
+        .compile_into_spirv(source, shaderc::ShaderKind::Compute, file, "main", Some(&opts))
+        .map_err(|e| e.to_string())?;
+    Ok(art.as_binary_u8().to_vec())
+}

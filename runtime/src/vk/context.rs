@@ -1,0 +1,404 @@
+//! The Vulkan context: instance, chosen device, memory arenas, pipelines and the queue, shared
+//! (`Arc`) by every buffer and frame made from it, so nothing outlives the device. Buffers
+//! (`DeviceBuffer`, viewed as `View`s of f32/u32 elements) are sub-allocations that free
+//! themselves on drop; `write`/`read` go through a mapping where the memory is mapped and
+//! through staging copies where it is not. Submission counts submits (fault injection) and
+//! turns a lost device into a sticky `VkError::DeviceLost`.
+//!
+//! Must not: know about ops or tensors beyond bytes (ops.rs and layout.rs do).
+
+use super::arena::{Allocation, Allocator, MemoryStats};
+use super::command::Commands;
+use super::device::{self, Device, DeviceCaps};
+use super::error::{Result, VkError, VkResultExt};
+use super::frame::Frame;
+use super::instance::Instance;
+use super::memory::{place, MemoryProps, MemoryUse, Placement};
+use super::options::{FaultInjection, VkOptions};
+use super::pipeline::{Pipe, PipelineCache};
+use super::shaders::{FormatVariant, Kernel};
+use ash::vk;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// How long a submission may take before we call the device lost.
+const WAIT_NS: u64 = 120_000_000_000;
+
+pub(crate) struct Shared {
+    pub dev: Device,
+    pub caps: DeviceCaps,
+    pub pd: vk::PhysicalDevice,
+    pub mem: Mutex<Allocator>,
+    pub pipes: Mutex<PipelineCache>,
+    queue: Mutex<()>,
+    faults: FaultInjection,
+    submits: AtomicU64,
+    pub dispatches: AtomicU64,
+    lost: AtomicBool,
+    // Dropped last: everything above is made from it.
+    pub inst: Instance,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    pub fn mem(&self) -> MutexGuard<'_, Allocator> {
+        lock(&self.mem)
+    }
+
+    pub fn check_alive(&self) -> Result<()> {
+        if self.lost.load(Ordering::Acquire) {
+            return Err(VkError::DeviceLost { injected: false });
+        }
+        Ok(())
+    }
+
+    pub fn pipe(&self, kernel: Kernel, variant: Option<FormatVariant>) -> Result<Pipe> {
+        // SAFETY: the cache belongs to this device.
+        unsafe { lock(&self.pipes).get(&self.dev.raw, &self.caps, kernel, variant) }
+    }
+
+    /// Ends `cmds`, submits it and waits for its fence. A failure marks the device lost when
+    /// the driver says so (or the fault injection does).
+    ///
+    /// # Safety
+    /// `cmds` must be recording, on this device, and reference only live objects.
+    pub unsafe fn submit_and_wait(&self, cmds: &Commands) -> Result<()> {
+        self.check_alive()?;
+        let dev = &self.dev.raw;
+        cmds.barrier(dev, true);
+        dev.end_command_buffer(cmds.cmd).ctx("vkEndCommandBuffer")?;
+        let n = self.submits.fetch_add(1, Ordering::AcqRel) + 1;
+        if self.faults.fail_submit == Some(n) {
+            self.lost.store(true, Ordering::Release);
+            return Err(VkError::DeviceLost { injected: true });
+        }
+        let bufs = [cmds.cmd];
+        let si = [vk::SubmitInfo::default().command_buffers(&bufs)];
+        let r = {
+            let _q = lock(&self.queue);
+            dev.queue_submit(self.dev.queue, &si, cmds.fence)
+        };
+        r.map_err(|e| self.note("vkQueueSubmit", e))?;
+        match dev.wait_for_fences(&[cmds.fence], true, WAIT_NS) {
+            Ok(()) => Ok(()),
+            Err(vk::Result::TIMEOUT) => Err(self.note("vkWaitForFences", vk::Result::ERROR_DEVICE_LOST)),
+            Err(e) => Err(self.note("vkWaitForFences", e)),
+        }
+    }
+
+    fn note(&self, call: &'static str, r: vk::Result) -> VkError {
+        if r == vk::Result::ERROR_DEVICE_LOST {
+            self.lost.store(true, Ordering::Release);
+        }
+        VkError::from_vk(call, r)
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // SAFETY: every buffer and frame holds an Arc to us, so none is alive; the device is
+        // idled before its children are destroyed.
+        unsafe {
+            let _ = self.dev.raw.device_wait_idle();
+            lock(&self.pipes).destroy(&self.dev.raw);
+            lock(&self.mem).destroy_all(&self.dev.raw);
+            self.dev.destroy();
+        }
+    }
+}
+
+/// A Vulkan device ready to run coli's kernels. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl Context {
+    /// Opens the loader, chooses a device (`VkOptions::device_name`, else the best kind),
+    /// and sets up memory placement. Fails with `NoLoader` / `NoDevice` on a machine without
+    /// Vulkan, which the caller reports in one line.
+    pub fn new(opts: &VkOptions) -> Result<Context> {
+        let inst = Instance::new(opts.validation)?;
+        // SAFETY: the instance is live for these calls; the device made here is stored in
+        // `Shared`, which destroys it before the instance.
+        unsafe {
+            let devices = device::enumerate(&inst)?;
+            let cands: Vec<_> = devices.iter().map(|d| d.1.clone()).collect();
+            let idx = device::choose_device(&cands, opts.device_name.as_deref())?;
+            let (pd, cand) = &devices[idx];
+            let caps = device::query_caps(&inst, *pd, cand)?;
+            let props = MemoryProps::from_vk(&inst.raw.get_physical_device_memory_properties(*pd));
+            let placement = place(&props, opts.upload)?;
+            let dev = Device::new(&inst, *pd, &caps)?;
+            let align = caps.min_storage_offset_alignment.max(caps.non_coherent_atom_size);
+            let max_range = caps.max_storage_buffer_range.min(caps.max_allocation_size.max(1 << 20));
+            let fault = opts.fault.unwrap_or_default();
+            let mem = Allocator::new(placement, props, opts.memory_cap, align, max_range, fault.fail_alloc);
+            Ok(Context {
+                shared: Arc::new(Shared {
+                    dev,
+                    caps,
+                    pd: *pd,
+                    mem: Mutex::new(mem),
+                    pipes: Mutex::new(PipelineCache::default()),
+                    queue: Mutex::new(()),
+                    faults: fault,
+                    submits: AtomicU64::new(0),
+                    dispatches: AtomicU64::new(0),
+                    lost: AtomicBool::new(false),
+                    inst,
+                }),
+            })
+        }
+    }
+
+    pub fn caps(&self) -> &DeviceCaps {
+        &self.shared.caps
+    }
+
+    pub fn placement(&self) -> Placement {
+        self.shared.mem().placement()
+    }
+
+    /// One line for logs: device, kind, subgroup size, upload path, memory limit.
+    pub fn describe(&self) -> String {
+        let c = &self.shared.caps;
+        let m = self.shared.mem();
+        format!(
+            "{} ({:?}, Vulkan {}.{}, subgroup {}, {} uploads, {} MiB usable{}{})",
+            c.name,
+            c.kind,
+            vk::api_version_major(c.api_version),
+            vk::api_version_minor(c.api_version),
+            c.subgroup_size,
+            if m.placement().staged { "staged" } else { "mapped" },
+            m.limit() >> 20,
+            if c.cooperative_matrix { ", cooperative matrix" } else { "" },
+            if c.integer_dot_product { ", integer dot product" } else { "" },
+        )
+    }
+
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.shared.mem().stats()
+    }
+
+    /// Budget and usage per heap (`VK_EXT_memory_budget`), where the device reports them.
+    pub fn memory_budget(&self) -> Option<Vec<(u64, u64)>> {
+        if !self.shared.caps.memory_budget {
+            return None;
+        }
+        let mut b = vk::PhysicalDeviceMemoryBudgetPropertiesEXT::default();
+        let mut p = vk::PhysicalDeviceMemoryProperties2::default().push_next(&mut b);
+        // SAFETY: the physical device belongs to the live instance.
+        unsafe { self.shared.inst.raw.get_physical_device_memory_properties2(self.shared.pd, &mut p) };
+        let n = p.memory_properties.memory_heap_count as usize;
+        Some((0..n).map(|i| (b.heap_budget[i], b.heap_usage[i])).collect())
+    }
+
+    /// Releases empty blocks the arenas keep for reuse.
+    pub fn trim(&self) {
+        // SAFETY: empty blocks hold no allocation, so no pending work uses them.
+        unsafe { self.shared.mem().trim(&self.shared.dev.raw) }
+    }
+
+    /// Dispatches recorded so far (a test that work ran on the device reads this).
+    pub fn dispatches(&self) -> u64 {
+        self.shared.dispatches.load(Ordering::Relaxed)
+    }
+
+    pub fn submits(&self) -> u64 {
+        self.shared.submits.load(Ordering::Relaxed)
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.shared.lost.load(Ordering::Acquire)
+    }
+
+    /// A buffer of `bytes` for `usage` (contents undefined).
+    pub fn buffer(&self, usage: MemoryUse, bytes: usize) -> Result<DeviceBuffer> {
+        self.shared.check_alive()?;
+        // SAFETY: the allocator belongs to this device.
+        let alloc = unsafe { self.shared.mem().alloc(&self.shared.dev.raw, usage, bytes as u64)? };
+        Ok(DeviceBuffer { shared: self.shared.clone(), alloc, len: bytes })
+    }
+
+    /// A device buffer of `len` f32 (or u32) elements.
+    pub fn f32_buffer(&self, len: usize) -> Result<DeviceBuffer> {
+        self.buffer(MemoryUse::Device, len * 4)
+    }
+
+    pub fn upload_f32(&self, data: &[f32]) -> Result<DeviceBuffer> {
+        let b = self.f32_buffer(data.len())?;
+        self.write(&b, 0, as_bytes(data))?;
+        Ok(b)
+    }
+
+    pub fn upload_u32(&self, data: &[u32]) -> Result<DeviceBuffer> {
+        let b = self.f32_buffer(data.len())?;
+        self.write(&b, 0, as_bytes(data))?;
+        Ok(b)
+    }
+
+    pub fn download_f32(&self, view: View) -> Result<Vec<f32>> {
+        let mut bytes = vec![0u8; view.len * 4];
+        self.read(view.buf, view.offset * 4, &mut bytes)?;
+        Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+    }
+
+    fn check_range(buf: &DeviceBuffer, offset: usize, len: usize) -> Result<()> {
+        if offset + len > buf.len {
+            return Err(VkError::BadArgument { op: "buffer access", msg: format!("bytes {offset}..{} of a {}-byte buffer", offset + len, buf.len) });
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at byte `offset` of `buf`: straight through the mapping where there is
+    /// one, else through a staging buffer and a copy.
+    pub fn write(&self, buf: &DeviceBuffer, offset: usize, data: &[u8]) -> Result<()> {
+        Self::check_range(buf, offset, data.len())?;
+        self.shared.check_alive()?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        if let Some((ptr, coherent, _)) = self.shared.mem().mapping(&buf.alloc).filter(|m| m.1) {
+            debug_assert!(coherent);
+            // SAFETY: the range is inside this buffer's mapped allocation, which we own.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr.add(offset), data.len()) };
+            return Ok(());
+        }
+        let staging = self.buffer(MemoryUse::Upload, data.len())?;
+        let (ptr, _, _) = self.shared.mem().mapping(&staging.alloc).ok_or(VkError::NoMemoryType("mapped staging"))?;
+        // SAFETY: the staging allocation is ours, mapped and coherent (upload types are).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, data.len()) };
+        let mut f = self.frame()?;
+        f.copy_bytes(&staging, 0, buf, offset, data.len())?;
+        f.run()
+    }
+
+    /// Reads `out.len()` bytes at byte `offset` of `buf`: from the mapping where there is one,
+    /// else through a read-back buffer.
+    pub fn read(&self, buf: &DeviceBuffer, offset: usize, out: &mut [u8]) -> Result<()> {
+        Self::check_range(buf, offset, out.len())?;
+        self.shared.check_alive()?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let direct = self.shared.mem().mapping(&buf.alloc);
+        let (src, holder) = match direct {
+            Some(m) => (m, None),
+            None => {
+                let rb = self.buffer(MemoryUse::Readback, out.len())?;
+                let mut f = self.frame()?;
+                f.copy_bytes(buf, offset, &rb, 0, out.len())?;
+                f.run()?;
+                let m = self.shared.mem().mapping(&rb.alloc).ok_or(VkError::NoMemoryType("mapped read-back"))?;
+                (m, Some(rb))
+            }
+        };
+        let (ptr, coherent, memory) = src;
+        let at = if holder.is_some() { 0 } else { offset };
+        // SAFETY: the range lies in a mapped allocation we hold; non-coherent memory is
+        // invalidated (whole mapping: always a valid range) before the copy.
+        unsafe {
+            if !coherent {
+                let r = [vk::MappedMemoryRange::default().memory(memory).offset(0).size(vk::WHOLE_SIZE)];
+                self.shared.dev.raw.invalidate_mapped_memory_ranges(&r).ctx("vkInvalidateMappedMemoryRanges")?;
+            }
+            std::ptr::copy_nonoverlapping(ptr.add(at), out.as_mut_ptr(), out.len());
+        }
+        Ok(())
+    }
+
+    /// A frame: commands recorded into one command buffer, submitted by `Frame::run`.
+    pub fn frame(&self) -> Result<Frame<'_>> {
+        Frame::new(self)
+    }
+}
+
+pub(crate) fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: f32/u32 slices have no padding; any byte pattern is a valid u8.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+/// A sub-allocated device buffer; returns its range to the arena on drop.
+pub struct DeviceBuffer {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) alloc: Allocation,
+    len: usize,
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceBuffer({:?}, {} bytes)", self.alloc.usage, self.len)
+    }
+}
+
+impl DeviceBuffer {
+    /// Size in bytes.
+    pub fn len_bytes(&self) -> usize {
+        self.len
+    }
+
+    /// Size in 4-byte elements.
+    pub fn len(&self) -> usize {
+        self.len / 4
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Elements `offset..offset + len` (4-byte elements); checked when an op uses it.
+    pub fn view(&self, offset: usize, len: usize) -> View<'_> {
+        View { buf: self, offset, len }
+    }
+
+    /// The whole buffer as a view.
+    pub fn all(&self) -> View<'_> {
+        View { buf: self, offset: 0, len: self.len() }
+    }
+
+    /// (buffer, byte offset, byte range) for a descriptor covering the whole allocation.
+    pub(crate) fn binding(&self) -> (vk::Buffer, u64, u64) {
+        let b = self.shared.mem().buffer(&self.alloc);
+        (b, self.alloc.offset, self.alloc.size)
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: frames borrow the buffers they use and wait for their work before they end,
+        // so no pending work references this allocation.
+        unsafe { self.shared.mem().free(&self.shared.dev.raw, self.alloc) };
+    }
+}
+
+/// A range of 4-byte elements of a buffer, as ops take their operands.
+#[derive(Clone, Copy, Debug)]
+pub struct View<'a> {
+    pub buf: &'a DeviceBuffer,
+    pub offset: usize,
+    pub len: usize,
+}
+
+impl View<'_> {
+    /// Checks that the view lies inside its buffer and holds at least `needed` elements.
+    pub(crate) fn check(&self, op: &'static str, what: &'static str, needed: usize) -> Result<()> {
+        if self.offset + self.len > self.buf.len() {
+            return Err(VkError::BadArgument { op, msg: format!("{what}: view {}..{} past a buffer of {}", self.offset, self.offset + self.len, self.buf.len()) });
+        }
+        if self.len < needed {
+            return Err(VkError::ViewTooSmall { op, what, needed, have: self.len });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,168 @@
+//! Weight matrices on the device: the host repacks a checkpoint's rows (layouts in
+//! `format/mod.rs`) into the device layout of `shaders/wformat.glsl`: the quantized values of
+//! each row in whole 16-byte units (zero-padded), and the scales apart, so the shaders load
+//! 16 bytes at a time from aligned addresses. Values are copied bit for bit (Q6_K's f16 `d`
+//! widens to f32, exactly); nothing is re-quantized.
+//!
+//! Must not: change a value, or depend on the device (pure repacking, then one upload).
+
+use super::context::{Context, DeviceBuffer};
+use super::error::Result;
+use super::memory::MemoryUse;
+use super::shaders::FormatVariant;
+use crate::format::{fp16, FormatError, Matrix, WeightFormat};
+
+/// A matrix in device layout, on the host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Packed {
+    pub variant: FormatVariant,
+    /// uvec4s of quantized values per row.
+    pub qs: usize,
+    /// uints of scales per row.
+    pub ss: usize,
+    pub q: Vec<u8>,
+    pub s: Vec<u8>,
+}
+
+fn pad_to(v: &mut Vec<u8>, multiple: usize) {
+    let n = v.len().div_ceil(multiple) * multiple;
+    v.resize(n, 0);
+}
+
+/// Repacks `rows` rows of `cols` elements in `format` (`bytes` as the checkpoint stores them).
+pub fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Result<Packed, FormatError> {
+    let m = Matrix::new(format, rows, cols, bytes)?;
+    let variant = FormatVariant::of(format, cols);
+    let bs = format.block_size();
+    let nb = cols / bs;
+    // Per format: q bytes and s bytes of one row.
+    let (qs, ss) = match format {
+        WeightFormat::F32 => (cols.div_ceil(4), 0),
+        WeightFormat::F16 | WeightFormat::BF16 => (cols.div_ceil(8), 0),
+        WeightFormat::I8Row => (cols.div_ceil(16), 1),
+        WeightFormat::Q8_0 => (2 * nb, nb.div_ceil(2)),
+        WeightFormat::Q4_0 => (nb, nb.div_ceil(2)),
+        WeightFormat::Q4_1 => (nb, nb),
+        WeightFormat::I4G64 => (2 * nb, nb),
+        WeightFormat::Q4_K => (8 * nb, 4 * nb),
+        WeightFormat::Q6_K => (12 * nb, 5 * nb),
+    };
+    let mut q = Vec::with_capacity(rows * qs * 16);
+    let mut s = Vec::with_capacity(rows * ss * 4);
+    for r in 0..rows {
+        let row = m.row(r);
+        let (q0, s0) = (q.len(), s.len());
+        match format {
+            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 => q.extend_from_slice(row),
+            WeightFormat::I8Row => {
+                s.extend_from_slice(&row[..4]);
+                q.extend_from_slice(&row[4..]);
+            }
+            _ => {
+                let bb = format.block_bytes();
+                for b in row.chunks_exact(bb) {
+                    match format {
+                        WeightFormat::Q8_0 => {
+                            q.extend_from_slice(&b[2..34]);
+                            s.extend_from_slice(&b[0..2]);
+                        }
+                        WeightFormat::Q4_0 => {
+                            q.extend_from_slice(&b[2..18]);
+                            s.extend_from_slice(&b[0..2]);
+                        }
+                        WeightFormat::Q4_1 => {
+                            q.extend_from_slice(&b[4..20]);
+                            s.extend_from_slice(&b[0..4]);
+                        }
+                        WeightFormat::I4G64 => {
+                            q.extend_from_slice(&b[4..36]);
+                            s.extend_from_slice(&b[0..4]);
+                        }
+                        WeightFormat::Q4_K => {
+                            q.extend_from_slice(&b[16..144]);
+                            s.extend_from_slice(&b[0..16]);
+                        }
+                        WeightFormat::Q6_K => {
+                            q.extend_from_slice(&b[0..192]);
+                            s.extend_from_slice(&b[192..208]);
+                            let d = fp16::f16_to_f32(u16::from_le_bytes([b[208], b[209]]));
+                            s.extend_from_slice(&d.to_le_bytes());
+                        }
+                        _ => unreachable!("float formats and I8Row are handled above"),
+                    }
+                }
+            }
+        }
+        q.resize(q0 + qs * 16, 0);
+        s.resize(s0 + ss * 4, 0);
+    }
+    pad_to(&mut q, 16);
+    Ok(Packed { variant, qs, ss, q, s })
+}
+
+/// A weight matrix resident on the device.
+#[derive(Debug)]
+pub struct DeviceMatrix {
+    pub format: WeightFormat,
+    pub variant: FormatVariant,
+    pub rows: usize,
+    pub cols: usize,
+    pub(crate) qs: usize,
+    pub(crate) ss: usize,
+    pub(crate) q: DeviceBuffer,
+    pub(crate) s: DeviceBuffer,
+}
+
+impl DeviceMatrix {
+    /// Device bytes the matrix takes.
+    pub fn device_bytes(&self) -> usize {
+        self.q.len_bytes() + self.s.len_bytes()
+    }
+}
+
+impl Context {
+    /// Repacks and uploads a weight matrix (`bytes`: its rows as the checkpoint stores them).
+    pub fn upload_matrix(&self, format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Result<DeviceMatrix> {
+        let p = pack(format, rows, cols, bytes)?;
+        let q = self.buffer(MemoryUse::Device, p.q.len())?;
+        self.write(&q, 0, &p.q)?;
+        let s = self.buffer(MemoryUse::Device, p.s.len().max(16))?;
+        self.write(&s, 0, &p.s)?;
+        Ok(DeviceMatrix { format, variant: p.variant, rows, cols, qs: p.qs, ss: p.ss, q, s })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_are_padded_to_whole_units_with_zeros() {
+        let bytes: Vec<u8> = (0..3 * 5 * 4).map(|i| i as u8).collect();
+        let p = pack(WeightFormat::F32, 3, 5, &bytes).unwrap();
+        assert_eq!((p.qs, p.ss), (2, 0));
+        assert_eq!(p.q.len(), 3 * 32);
+        assert_eq!(&p.q[32..52], &bytes[20..40]);
+        assert!(p.q[52..64].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn q8_0_splits_values_from_scales() {
+        let mut row = Vec::new();
+        for b in 0..3u8 {
+            row.extend_from_slice(&[b, 0x3c]);
+            row.extend((0..32).map(|i| i as u8 + b));
+        }
+        let p = pack(WeightFormat::Q8_0, 1, 96, &row).unwrap();
+        assert_eq!((p.qs, p.ss), (6, 2));
+        assert_eq!(&p.q[32..64], &row[36..68]);
+        assert_eq!(&p.s, &[0, 0x3c, 1, 0x3c, 2, 0x3c, 0, 0]);
+    }
+
+    #[test]
+    fn i8row_short_rows_take_the_float_variant() {
+        assert_eq!(FormatVariant::of(WeightFormat::I8Row, 64), FormatVariant::I8Row);
+        assert_eq!(FormatVariant::of(WeightFormat::I8Row, 40), FormatVariant::I8RowF);
+        assert!(!FormatVariant::I8RowF.q8_acts() && FormatVariant::Q4_K.q8_acts());
+    }
+}

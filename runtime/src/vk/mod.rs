@@ -1,0 +1,51 @@
+//! The Vulkan op library: a thin, unsafe Vulkan layer split by concern (`instance`, `device`,
+//! `memory`/`arena`, `pipeline`, `command`, `context`, `frame`) under a safe op layer (`ops`,
+//! `layout`) whose every op agrees with the CPU reference within a stated tolerance.
+//! Shaders are GLSL under `shaders/`, compiled at build time (`runtime/build.rs`).
+//!
+//! Typical use:
+//! ```no_run
+//! # use coli_runtime::vk::*;
+//! # fn main() -> Result<(), VkError> {
+//! let ctx = Context::new(&VkOptions::default())?;
+//! let w = ctx.upload_matrix(coli_runtime::format::WeightFormat::F32, 2, 4, &[0u8; 32])?;
+//! let x = ctx.upload_f32(&[1.0, 2.0, 3.0, 4.0])?;
+//! let y = ctx.f32_buffer(2)?;
+//! let mut f = ctx.frame()?;
+//! f.matmul(&w, x.all(), 1, y.all())?;
+//! f.run()?;
+//! let out = ctx.download_f32(y.all())?;
+//! # Ok(()) }
+//! ```
+//!
+//! Must not: be required: a machine without Vulkan gets `VkError::NoLoader` from
+//! `Context::new` and the caller runs on the CPU.
+
+mod arena;
+mod command;
+mod context;
+mod device;
+mod error;
+mod frame;
+mod instance;
+mod layout;
+mod memory;
+pub mod ops;
+mod options;
+mod oplib;
+mod pipeline;
+mod shaders;
+
+pub use arena::MemoryStats;
+pub use context::{Context, DeviceBuffer, View};
+pub use device::{choose_device, Candidate, DeviceCaps, DeviceKind};
+pub use error::VkError;
+pub use frame::Frame;
+pub use layout::{pack, DeviceMatrix, Packed};
+pub use memory::{place, BlockAllocator, MemoryProps, MemoryUse, MemType, Placement};
+pub use ops::elementwise::Broadcast;
+pub use ops::norm::RopeShape;
+pub use ops::{AttnPath, AttnShape, MatmulPath, RouteParams};
+pub use oplib::VkOps;
+pub use options::{FaultInjection, UploadPath, VkOptions};
+pub use shaders::{FormatVariant, Kernel};

@@ -1,0 +1,39 @@
+//! `VkOps`: the Vulkan op library's answers to the executor (`OpLib`): its name and which
+//! ops and weight formats it runs. The answers follow the kernels' limits (attention heads of
+//! at most 256 columns, routers of at most 1024 experts and 64 ranks).
+//!
+//! Must not: run anything (frames do), or claim an op without a tested kernel.
+
+use super::context::Context;
+use crate::format::WeightFormat;
+use crate::oplib::OpLib;
+use coli_compiler::ir::Op;
+
+/// The Vulkan backend as the executor sees it.
+#[derive(Clone, Debug)]
+pub struct VkOps {
+    pub ctx: Context,
+}
+
+impl VkOps {
+    pub fn new(ctx: Context) -> VkOps {
+        VkOps { ctx }
+    }
+}
+
+impl OpLib for VkOps {
+    fn name(&self) -> String {
+        format!("vulkan: {}", self.ctx.caps().name)
+    }
+
+    fn supports(&self, op: &Op, _format: Option<WeightFormat>) -> bool {
+        // Every weight format has a GEMV, GEMM and gather variant (shaders/wformat.glsl).
+        match op {
+            Op::Embed { .. } | Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } => true,
+            Op::Act { .. } | Op::Glu { .. } | Op::Add { .. } | Op::Mul { .. } => true,
+            Op::Attention { spec, .. } => spec.head_dim <= 256 && spec.v_head_dim <= 256 && spec.kv_heads > 0 && spec.heads % spec.kv_heads == 0,
+            Op::Route { top_k, groups, .. } => *top_k <= 64 && groups.is_none_or(|(g, _)| g <= 64),
+            Op::LayerNorm { .. } | Op::RoutedExperts { .. } | Op::Mla { .. } | Op::LinearAttention { .. } => false,
+        }
+    }
+}

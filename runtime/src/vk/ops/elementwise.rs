@@ -1,0 +1,95 @@
+//! Elementwise ops: gated units (SwiGLU, GeGLU, clamped SwiGLU), plain activations, residual
+//! add and products with broadcasting. Reference: `cpu::elementwise` and the CPU's `Add`/`Mul`.
+//!
+//! Must not: allocate (every op writes a view the caller owns).
+
+use super::{groups_for, u32_arg};
+use crate::vk::context::View;
+use crate::vk::error::{Result, VkError};
+use crate::vk::frame::{Bind, Frame, Push};
+use crate::vk::shaders::Kernel;
+use coli_compiler::ir::{Activation, GluKind};
+
+/// How the second operand of `add`/`mul` spreads over the first (`n` rows of `width`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Broadcast {
+    /// Same shape.
+    None,
+    /// One value per row (`b` has `n` elements).
+    PerRow,
+    /// One row for all rows (`b` has `width` elements: a bias).
+    Row,
+}
+
+impl<'a> Frame<'a> {
+    /// `out[i] = glu(gate[i], up[i])` over `count` elements.
+    pub fn glu(&mut self, kind: GluKind, gate: View<'a>, up: View<'a>, out: View<'a>, count: usize) -> Result<()> {
+        let (k, limit, alpha) = match kind {
+            GluKind::SwiGlu => (0, 0.0, 0.0),
+            GluKind::GeGlu => (1, 0.0, 0.0),
+            GluKind::ClampedSwiGlu { limit, alpha } => (2, limit, alpha),
+        };
+        up.check("glu", "up", count)?;
+        self.elementwise("glu", k, limit, alpha, gate, Some(up), out, count)
+    }
+
+    /// `out[i] = act(x[i])` over `count` elements.
+    pub fn act(&mut self, act: Activation, x: View<'a>, out: View<'a>, count: usize) -> Result<()> {
+        let k = match act {
+            Activation::Silu => 10,
+            Activation::Sigmoid => 11,
+            Activation::Relu => 12,
+            Activation::Gelu => 13,
+            Activation::GeluTanh => 14,
+        };
+        self.elementwise("act", k, 0.0, 0.0, x, None, out, count)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn elementwise(&mut self, op: &'static str, kind: u32, limit: f32, alpha: f32, g: View<'a>, u: Option<View<'a>>, out: View<'a>, count: usize) -> Result<()> {
+        g.check(op, "input", count)?;
+        out.check(op, "out", count)?;
+        let mut push: Push = [0; 16];
+        push[..7].copy_from_slice(&[
+            u32_arg(op, "count", count)?,
+            kind,
+            limit.to_bits(),
+            alpha.to_bits(),
+            g.offset as u32,
+            u.map_or(0, |u| u.offset as u32),
+            out.offset as u32,
+        ]);
+        let binds = [Bind::buf(g.buf), u.map_or(Bind::UNUSED, |u| Bind::buf(u.buf)), Bind::buf(out.buf)];
+        self.dispatch(Kernel::Glu, None, &binds, &push, [groups_for(count, 64), 1, 1])
+    }
+
+    /// `out = a + b` over `n` rows of `width` (`b` broadcast as `bmode` says).
+    pub fn add(&mut self, a: View<'a>, b: View<'a>, out: View<'a>, n: usize, width: usize, bmode: Broadcast) -> Result<()> {
+        self.binary("add", 0, a, b, out, n, width, bmode)
+    }
+
+    /// `out = a * b` over `n` rows of `width` (`b` broadcast as `bmode` says).
+    pub fn mul(&mut self, a: View<'a>, b: View<'a>, out: View<'a>, n: usize, width: usize, bmode: Broadcast) -> Result<()> {
+        self.binary("mul", 1, a, b, out, n, width, bmode)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn binary(&mut self, op: &'static str, code: u32, a: View<'a>, b: View<'a>, out: View<'a>, n: usize, width: usize, bmode: Broadcast) -> Result<()> {
+        let count = n * width;
+        if width == 0 {
+            return Err(VkError::BadArgument { op, msg: "zero width".into() });
+        }
+        a.check(op, "a", count)?;
+        out.check(op, "out", count)?;
+        let (blen, mode) = match bmode {
+            Broadcast::None => (count, 0),
+            Broadcast::PerRow => (n, 1),
+            Broadcast::Row => (width, 2),
+        };
+        b.check(op, "b", blen)?;
+        let mut push: Push = [0; 16];
+        push[..7].copy_from_slice(&[u32_arg(op, "count", count)?, width as u32, code, mode, a.offset as u32, b.offset as u32, out.offset as u32]);
+        let binds = [Bind::buf(a.buf), Bind::buf(b.buf), Bind::buf(out.buf)];
+        self.dispatch(Kernel::Binary, None, &binds, &push, [groups_for(count, 64), 1, 1])
+    }
+}

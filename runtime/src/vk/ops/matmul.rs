@@ -1,0 +1,132 @@
+//! Matrix products and the embedding gather. `matmul` computes `out[n x rows] = x[n x cols] *
+//! W^T` as `format::matmul` does: integer formats take the activations quantized to 8 bits per
+//! block of 32 exactly as the CPU quantizes them (`quantize_q8.comp`), the float formats take
+//! them in f32. One row (decode) runs the GEMV (`matvec.comp`); from two rows the tiled GEMM
+//! (`matmul.comp`). `embed` gathers table rows (any format) as `dequant_row` decodes them.
+//!
+//! Must not: accept operands that do not fit (typed errors instead).
+
+use super::{groups_for, u32_arg};
+use crate::vk::context::{Context, DeviceBuffer, View};
+use crate::vk::error::{Result, VkError};
+use crate::vk::frame::{Bind, Frame, Push};
+use crate::vk::layout::DeviceMatrix;
+use crate::vk::memory::MemoryUse;
+use crate::vk::shaders::Kernel;
+
+/// Which kernel a matrix product takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MatmulPath {
+    /// The GEMV for one row, the tiled GEMM from two.
+    #[default]
+    Auto,
+    /// The GEMV for every row (one activation row per workgroup row).
+    Gemv,
+    /// The tiled GEMM whatever the row count.
+    Gemm,
+}
+
+const GEMM_BO: usize = 64;
+const GEMM_BR: usize = 32;
+const MAX_GROUPS: usize = 65535;
+
+impl<'a> Frame<'a> {
+    /// `out[n x rows] = x[n x cols] * W^T`; reference `format::matmul`.
+    pub fn matmul(&mut self, w: &'a DeviceMatrix, x: View<'a>, n: usize, out: View<'a>) -> Result<()> {
+        self.matmul_with(w, x, n, out, MatmulPath::Auto)
+    }
+
+    /// `matmul` with the kernel chosen by the caller.
+    pub fn matmul_with(&mut self, w: &'a DeviceMatrix, x: View<'a>, n: usize, out: View<'a>, path: MatmulPath) -> Result<()> {
+        const OP: &str = "matmul";
+        x.check(OP, "x (n x cols)", n * w.cols)?;
+        out.check(OP, "out (n x rows)", n * w.rows)?;
+        if n == 0 || w.rows == 0 {
+            return Ok(());
+        }
+        let gemm = match path {
+            MatmulPath::Auto => n >= 2,
+            MatmulPath::Gemv => false,
+            MatmulPath::Gemm => true,
+        };
+        let (rows, cols) = (u32_arg(OP, "rows", w.rows)?, u32_arg(OP, "cols", w.cols)?);
+        // Integer formats: quantize the activations once (blocks of 32) into scratch.
+        let (xq, xd) = if w.variant.q8_acts() {
+            let blocks = n * w.cols / 32;
+            let (xq, xd) = (self.scratch(blocks * 8)?, self.scratch(blocks * 2)?);
+            let (xq, xd) = (self.scratch_bind(xq), self.scratch_bind(xd));
+            let mut push: Push = [0; 16];
+            push[..3].copy_from_slice(&[u32_arg(OP, "blocks", blocks)?, cols, u32_arg(OP, "x offset", x.offset)?]);
+            self.dispatch(Kernel::QuantizeQ8, None, &[Bind::buf(x.buf), xq, xd], &push, [groups_for(blocks, 64), 1, 1])?;
+            (xq, xd)
+        } else {
+            (Bind::UNUSED, Bind::UNUSED)
+        };
+        let mut push: Push = [0; 16];
+        push[..8].copy_from_slice(&[
+            rows,
+            cols,
+            u32_arg(OP, "row units", w.qs)?,
+            u32_arg(OP, "row scales", w.ss)?,
+            u32_arg(OP, "x offset", x.offset)?,
+            u32_arg(OP, "out offset", out.offset)?,
+            rows,
+            u32_arg(OP, "n", n)?,
+        ]);
+        let binds = [Bind::buf(&w.q), Bind::buf(&w.s), Bind::buf(x.buf), xq, xd, Bind::buf(out.buf)];
+        let variant = Some(w.variant);
+        if gemm {
+            let gy = n.div_ceil(GEMM_BR);
+            if gy > MAX_GROUPS {
+                return Err(VkError::BadArgument { op: OP, msg: format!("{n} rows exceed one dispatch") });
+            }
+            self.dispatch(Kernel::Matmul, variant, &binds, &push, [groups_for(w.rows, GEMM_BO).min(MAX_GROUPS as u32), gy as u32, 1])
+        } else {
+            if n > MAX_GROUPS {
+                return Err(VkError::BadArgument { op: OP, msg: format!("{n} rows exceed one dispatch") });
+            }
+            let wg = self.device_workgroup(Kernel::Matvec, variant)? as usize;
+            let per = (wg / self.ctx.caps().min_subgroup_size.max(1) as usize).max(1);
+            self.dispatch(Kernel::Matvec, variant, &binds, &push, [groups_for(w.rows, per).min(MAX_GROUPS as u32), n as u32, 1])
+        }
+    }
+
+    /// `out[i] = scale * table[tokens[i]]` for `n` tokens; reference: the CPU's `Embed`
+    /// (`dequant_row`, then the scale when it is not 1). Token ids past the table give zeros;
+    /// `Context::upload_tokens` checks them on the host.
+    pub fn embed(&mut self, table: &'a DeviceMatrix, tokens: View<'a>, n: usize, scale: f32, out: View<'a>) -> Result<()> {
+        const OP: &str = "embed";
+        tokens.check(OP, "tokens", n)?;
+        out.check(OP, "out (n x cols)", n * table.cols)?;
+        if n > MAX_GROUPS {
+            return Err(VkError::BadArgument { op: OP, msg: format!("{n} tokens exceed one dispatch") });
+        }
+        let mut push: Push = [0; 16];
+        push[..6].copy_from_slice(&[
+            u32_arg(OP, "rows", table.rows)?,
+            u32_arg(OP, "cols", table.cols)?,
+            table.qs as u32,
+            table.ss as u32,
+            u32_arg(OP, "out offset", out.offset)?,
+            scale.to_bits(),
+        ]);
+        // The tokens are read from element `tokens.offset`: bind through a shifted push.
+        if tokens.offset != 0 {
+            return Err(VkError::BadArgument { op: OP, msg: "token views must start at element 0".into() });
+        }
+        let binds = [Bind::buf(&table.q), Bind::buf(&table.s), Bind::buf(tokens.buf), Bind::buf(out.buf)];
+        self.dispatch(Kernel::Embed, Some(table.variant), &binds, &push, [n as u32, 1, 1])
+    }
+}
+
+impl Context {
+    /// Token ids checked against the vocabulary and uploaded for `Frame::embed`.
+    pub fn upload_tokens(&self, tokens: &[u32], vocab: usize) -> Result<DeviceBuffer> {
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(VkError::BadArgument { op: "embed", msg: format!("token id {id} is outside the vocabulary of {vocab}") });
+        }
+        let b = self.buffer(MemoryUse::Device, tokens.len().max(1) * 4)?;
+        self.write(&b, 0, crate::vk::context::as_bytes(tokens))?;
+        Ok(b)
+    }
+}

@@ -1,0 +1,27 @@
+//! The op layer: safe functions that check their operands and record kernels into a `Frame`.
+//! Each op states its CPU reference (the function in `runtime/src/cpu/` or `format::matmul`
+//! it must agree with) and the arithmetic it shares with it.
+//!
+//! Must not: call Vulkan directly (only through `Frame::dispatch`), or submit.
+
+pub mod attention;
+pub mod elementwise;
+pub mod matmul;
+pub mod norm;
+pub mod route;
+
+pub use attention::{AttnPath, AttnShape};
+pub use matmul::MatmulPath;
+pub use route::RouteParams;
+
+use super::error::{Result, VkError};
+
+/// Workgroups of `size` covering `count` invocations.
+pub(crate) fn groups_for(count: usize, size: usize) -> u32 {
+    count.div_ceil(size) as u32
+}
+
+/// Values pushed as u32 must fit.
+pub(crate) fn u32_arg(op: &'static str, what: &str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| VkError::BadArgument { op, msg: format!("{what} = {v} does not fit 32 bits") })
+}

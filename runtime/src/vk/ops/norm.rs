@@ -1,0 +1,85 @@
+//! RMSNorm (whole row or per group) and RoPE. References: `cpu::norm::rms_norm` and
+//! `cpu::rope::apply_row` (the inverse-frequency table comes from `cpu::rope::inv_freq`, so the
+//! scaling rules live in one place).
+//!
+//! Must not: compute frequencies on the device.
+
+use super::{groups_for, u32_arg};
+use crate::vk::context::View;
+use crate::vk::error::{Result, VkError};
+use crate::vk::frame::{Bind, Frame, Push};
+use crate::vk::shaders::Kernel;
+use coli_compiler::ir::RopeStyle;
+
+/// Geometry of a RoPE call.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeShape {
+    /// Rows of `x` (positions `pos0..pos0 + n`).
+    pub n: usize,
+    /// Elements per row of `x`.
+    pub width: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub style: RopeStyle,
+    pub pos0: usize,
+    /// cos/sin multiplier (YaRN's attention factor; 1 otherwise).
+    pub mscale: f32,
+}
+
+impl<'a> Frame<'a> {
+    /// `out = x / rms(x) * (weight + offset)` over groups of `weight.len` columns of `n` rows
+    /// of `width`; `x` and `out` may be the same view.
+    pub fn rms_norm(&mut self, x: View<'a>, weight: View<'a>, out: View<'a>, n: usize, width: usize, eps: f32, offset: f32) -> Result<()> {
+        const OP: &str = "rms_norm";
+        let group = weight.len;
+        if group == 0 || width % group != 0 {
+            return Err(VkError::BadArgument { op: OP, msg: format!("row width {width} is not a multiple of the group {group}") });
+        }
+        x.check(OP, "x", n * width)?;
+        out.check(OP, "out", n * width)?;
+        weight.check(OP, "weight", group)?;
+        if weight.offset != 0 {
+            return Err(VkError::BadArgument { op: OP, msg: "weight views must start at element 0".into() });
+        }
+        let mut push: Push = [0; 16];
+        push[..6].copy_from_slice(&[
+            u32_arg(OP, "width", width)?,
+            group as u32,
+            eps.to_bits(),
+            offset.to_bits(),
+            u32_arg(OP, "x offset", x.offset)?,
+            u32_arg(OP, "out offset", out.offset)?,
+        ]);
+        let binds = [Bind::buf(x.buf), Bind::buf(weight.buf), Bind::buf(out.buf)];
+        self.dispatch(Kernel::RmsNorm, None, &binds, &push, [(width / group) as u32, u32_arg(OP, "n", n)?, 1])
+    }
+
+    /// Rotates the first `2 * freq.len` columns of each head in place (`freq`: the inverse
+    /// frequencies, `cpu::rope::inv_freq`).
+    pub fn rope(&mut self, x: View<'a>, freq: View<'a>, s: RopeShape) -> Result<()> {
+        const OP: &str = "rope";
+        let half = freq.len;
+        if 2 * half > s.head_dim || s.heads * s.head_dim > s.width {
+            return Err(VkError::BadArgument { op: OP, msg: format!("rotary dim {} / head_dim {} / heads {} / width {}", 2 * half, s.head_dim, s.heads, s.width) });
+        }
+        x.check(OP, "x", s.n * s.width)?;
+        freq.check(OP, "frequencies", half)?;
+        if freq.offset != 0 {
+            return Err(VkError::BadArgument { op: OP, msg: "frequency views must start at element 0".into() });
+        }
+        let mut push: Push = [0; 16];
+        push[..9].copy_from_slice(&[
+            u32_arg(OP, "n", s.n)?,
+            u32_arg(OP, "width", s.width)?,
+            s.heads as u32,
+            s.head_dim as u32,
+            half as u32,
+            (s.style == RopeStyle::Interleaved) as u32,
+            u32_arg(OP, "pos0", s.pos0)?,
+            s.mscale.to_bits(),
+            u32_arg(OP, "x offset", x.offset)?,
+        ]);
+        let count = s.n * s.heads * half;
+        self.dispatch(Kernel::Rope, None, &[Bind::buf(x.buf), Bind::buf(freq.buf)], &push, [groups_for(count, 64), 1, 1])
+    }
+}

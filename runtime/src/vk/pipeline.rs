@@ -1,0 +1,114 @@
+//! Compute pipelines: one per (kernel, format variant), made on first use from the embedded
+//! SPIR-V and kept for the context's life. Every kernel's layout is one descriptor set of
+//! storage buffers (`Kernel::bindings`) and 64 bytes of push constants.
+//!
+//! Must not: record or submit commands.
+
+use super::device::DeviceCaps;
+use super::error::{Result, VkError, VkResultExt};
+use super::shaders::{spirv, FormatVariant, Kernel};
+use ash::vk;
+use std::collections::HashMap;
+
+pub const PUSH_BYTES: u32 = 64;
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pipe {
+    pub pipeline: vk::Pipeline,
+    pub layout: vk::PipelineLayout,
+    pub set_layout: vk::DescriptorSetLayout,
+    pub bindings: u32,
+    /// The workgroup size the pipeline was specialized with (for sized kernels).
+    pub workgroup: u32,
+}
+
+#[derive(Default)]
+pub(crate) struct PipelineCache {
+    pipes: HashMap<(Kernel, Option<FormatVariant>), Pipe>,
+}
+
+/// The workgroup size of device-sized kernels: four subgroups, at least 64, at most 256.
+pub fn device_workgroup(caps: &DeviceCaps) -> u32 {
+    (caps.subgroup_size * 4).clamp(64, 256).min(caps.max_workgroup_invocations)
+}
+
+impl PipelineCache {
+    /// The pipeline of `kernel` (and `variant`), created on first use.
+    ///
+    /// # Safety
+    /// `dev` must be the device the cache belongs to, `caps` its capabilities.
+    pub unsafe fn get(&mut self, dev: &ash::Device, caps: &DeviceCaps, kernel: Kernel, variant: Option<FormatVariant>) -> Result<Pipe> {
+        if let Some(p) = self.pipes.get(&(kernel, variant)) {
+            return Ok(*p);
+        }
+        let p = create(dev, caps, kernel, variant)?;
+        self.pipes.insert((kernel, variant), p);
+        Ok(p)
+    }
+
+    /// # Safety
+    /// No command buffer using these pipelines may be pending.
+    pub unsafe fn destroy(&mut self, dev: &ash::Device) {
+        for (_, p) in self.pipes.drain() {
+            dev.destroy_pipeline(p.pipeline, None);
+            dev.destroy_pipeline_layout(p.layout, None);
+            dev.destroy_descriptor_set_layout(p.set_layout, None);
+        }
+    }
+}
+
+unsafe fn create(dev: &ash::Device, caps: &DeviceCaps, kernel: Kernel, variant: Option<FormatVariant>) -> Result<Pipe> {
+    let bytes = spirv(kernel, variant).ok_or(VkError::MissingShader { kernel })?;
+    let words = ash::util::read_spv(&mut std::io::Cursor::new(bytes)).map_err(|_| VkError::MissingShader { kernel })?;
+    let module = dev.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None).ctx("vkCreateShaderModule")?;
+    let n = kernel.bindings();
+    let binds: Vec<vk::DescriptorSetLayoutBinding> = (0..n)
+        .map(|b| {
+            vk::DescriptorSetLayoutBinding::default()
+                .binding(b)
+                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                .descriptor_count(1)
+                .stage_flags(vk::ShaderStageFlags::COMPUTE)
+        })
+        .collect();
+    let set_layout = dev.create_descriptor_set_layout(&vk::DescriptorSetLayoutCreateInfo::default().bindings(&binds), None);
+    let set_layout = match set_layout {
+        Ok(s) => s,
+        Err(r) => {
+            dev.destroy_shader_module(module, None);
+            return Err(VkError::from_vk("vkCreateDescriptorSetLayout", r));
+        }
+    };
+    let ranges = [vk::PushConstantRange::default().stage_flags(vk::ShaderStageFlags::COMPUTE).offset(0).size(PUSH_BYTES)];
+    let sets = [set_layout];
+    let layout = match dev.create_pipeline_layout(&vk::PipelineLayoutCreateInfo::default().set_layouts(&sets).push_constant_ranges(&ranges), None) {
+        Ok(l) => l,
+        Err(r) => {
+            dev.destroy_descriptor_set_layout(set_layout, None);
+            dev.destroy_shader_module(module, None);
+            return Err(VkError::from_vk("vkCreatePipelineLayout", r));
+        }
+    };
+    let workgroup = device_workgroup(caps);
+    let spec_data = workgroup.to_ne_bytes();
+    let entries = [vk::SpecializationMapEntry::default().constant_id(0).offset(0).size(4)];
+    let spec = vk::SpecializationInfo::default().map_entries(&entries).data(&spec_data);
+    let mut stage = vk::PipelineShaderStageCreateInfo::default().stage(vk::ShaderStageFlags::COMPUTE).module(module).name(c"main");
+    if kernel.sized_by_device() {
+        stage = stage.specialization_info(&spec);
+        if caps.subgroup_size_control {
+            stage = stage.flags(vk::PipelineShaderStageCreateFlags::REQUIRE_FULL_SUBGROUPS);
+        }
+    }
+    let ci = vk::ComputePipelineCreateInfo::default().stage(stage).layout(layout);
+    let res = dev.create_compute_pipelines(vk::PipelineCache::null(), &[ci], None);
+    dev.destroy_shader_module(module, None);
+    match res {
+        Ok(p) => Ok(Pipe { pipeline: p[0], layout, set_layout, bindings: n, workgroup }),
+        Err((_, r)) => {
+            dev.destroy_pipeline_layout(layout, None);
+            dev.destroy_descriptor_set_layout(set_layout, None);
+            Err(VkError::from_vk("vkCreateComputePipelines", r))
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! Shared by the Vulkan tests: the context (a missing device fails loudly unless
+//! `COLI_VK_TESTS=skip` opts out), a seeded generator, random weights in every format, and
+//! the closeness check with its stated tolerance.
+//!
+//! Must not: compare a device path with itself (references are the CPU's).
+
+#![allow(dead_code)]
+
+use coli_runtime::format::{fp16, quantize, WeightFormat};
+use coli_runtime::vk::{Context, VkOptions};
+use std::sync::OnceLock;
+
+/// The shared context, or `None` when the run opted out of Vulkan tests. CI installs Lavapipe,
+/// so a missing device is a setup bug: it fails the test with the reason.
+pub fn ctx() -> Option<&'static Context> {
+    static CTX: OnceLock<Option<Context>> = OnceLock::new();
+    CTX.get_or_init(|| open(&VkOptions::default())).as_ref()
+}
+
+/// A context of its own (fault injection, caps), same opt-out rule.
+pub fn open(opts: &VkOptions) -> Option<Context> {
+    match Context::new(opts) {
+        Ok(c) => Some(c),
+        // The one environment variable of the suite: an explicit opt-out on machines without
+        // any Vulkan driver (never set in CI).
+        Err(e) if std::env::var("COLI_VK_TESTS").as_deref() == Ok("skip") => {
+            eprintln!("skipping Vulkan test: {e}");
+            None
+        }
+        Err(e) => panic!("no Vulkan device for the tests ({e}); install Lavapipe (tools/setup.sh) or set COLI_VK_TESTS=skip"),
+    }
+}
+
+/// xorshift64*, seeded per test.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [-1, 1), never exactly zero in practice.
+    pub fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.unit() * scale).collect()
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Random stored rows: encoded from random values where coli encodes the format; random
+/// k-quant super-blocks with sane f16 scales otherwise.
+pub fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    match format {
+        WeightFormat::Q4_K | WeightFormat::Q6_K => {
+            let n = rows * format.row_bytes(cols).unwrap();
+            let mut b: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+            let (size, at): (usize, &[usize]) = if format == WeightFormat::Q4_K { (144, &[0, 2]) } else { (210, &[208]) };
+            for block in b.chunks_exact_mut(size) {
+                for &a in at {
+                    let v = 0.001 + 0.02 * rng.unit().abs();
+                    block[a..a + 2].copy_from_slice(&fp16::f32_to_f16(v).to_le_bytes());
+                }
+            }
+            b
+        }
+        _ => quantize(format, &rng.vec(rows * cols, 0.5), cols).unwrap(),
+    }
+}
+
+/// `max |got - want| <= tol * scale` where `scale` is the largest |want| (at least 1e-3).
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let scale = want.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+    let (mut worst, mut at) = (0f32, 0);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let d = (g - w).abs();
+        if !(d <= worst) {
+            worst = d;
+            at = i;
+        }
+    }
+    assert!(worst <= tol * scale, "{what}: |{} - {}| at {at} = {worst:e} > {tol:e} * {scale}", got[at], want[at]);
+}

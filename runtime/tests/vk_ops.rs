@@ -1,0 +1,303 @@
+//! Every Vulkan op against the CPU reference, on whatever device the machine has (Lavapipe in
+//! CI): random inputs from a seeded generator (never zeros), odd and tail sizes, one test body
+//! per op, the tolerance stated beside each. Tolerances are relative to the largest |reference|
+//! of the output.
+//!
+//! Must not: compare a device path with itself, or grow past a few seconds on Lavapipe.
+
+mod vk_common;
+
+// The CPU op library is the reference.
+use coli_runtime::cpu::{attention as cpu_attention, elementwise as cpu_elementwise, norm as cpu_norm, rope as cpu_rope, route as cpu_route};
+use coli_compiler::ir::{Activation, GluKind, RopeScaling, RopeStyle, RouterScoring};
+use coli_runtime::format::{dequant_row, matmul, Matrix, WeightFormat};
+use coli_runtime::vk::{AttnPath, AttnShape, Broadcast, MatmulPath, RopeShape, RouteParams};
+use vk_common::{assert_close, ctx, random_rows, Rng};
+
+/// Columns per format: tails for the formats that take any length, two or more blocks else.
+fn cols_for(format: WeightFormat) -> &'static [usize] {
+    match format {
+        WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 => &[45, 160],
+        WeightFormat::I8Row => &[45, 160],
+        WeightFormat::Q4_K | WeightFormat::Q6_K => &[512],
+        WeightFormat::I4G64 => &[192],
+        _ => &[96, 160],
+    }
+}
+
+/// Matrix products, GEMV and tiled GEMM, every format, against `format::matmul` (which takes
+/// integer formats with q8 activations; the device quantizes them the same way).
+/// Tolerance: 1e-5 (f32 accumulation in another order).
+#[test]
+fn matmul_matches_cpu_for_every_format() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0001);
+    for format in WeightFormat::ALL {
+        for &cols in cols_for(format) {
+            let rows = 70;
+            let bytes = random_rows(format, rows, cols, &mut rng);
+            let m = Matrix::new(format, rows, cols, &bytes).unwrap();
+            let w = ctx.upload_matrix(format, rows, cols, &bytes).unwrap();
+            for (n, path) in [(1, MatmulPath::Auto), (3, MatmulPath::Gemv), (2, MatmulPath::Auto), (37, MatmulPath::Gemm)] {
+                let x = rng.vec(n * cols, 1.0);
+                let mut want = vec![0f32; n * rows];
+                matmul(&m, &x, n, &mut want);
+                // Offsets inside larger buffers, to exercise the views.
+                let xb = ctx.upload_f32(&[vec![9.0; 3], x.clone()].concat()).unwrap();
+                let ob = ctx.f32_buffer(n * rows + 5).unwrap();
+                let mut f = ctx.frame().unwrap();
+                f.matmul_with(&w, xb.view(3, n * cols), n, ob.view(5, n * rows), path).unwrap();
+                f.run().unwrap();
+                let got = ctx.download_f32(ob.view(5, n * rows)).unwrap();
+                assert_close(&format!("{format} {rows}x{cols} n={n} {path:?}"), &got, &want, 1e-5);
+            }
+        }
+    }
+}
+
+/// Embedding gather, every format, against `dequant_row` times the scale. Exact but for the
+/// scale's rounding: tolerance 1e-6.
+#[test]
+fn embed_matches_cpu_for_every_format() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0002);
+    for format in WeightFormat::ALL {
+        let cols = *cols_for(format).last().unwrap();
+        let vocab = 23;
+        let bytes = random_rows(format, vocab, cols, &mut rng);
+        let m = Matrix::new(format, vocab, cols, &bytes).unwrap();
+        let table = ctx.upload_matrix(format, vocab, cols, &bytes).unwrap();
+        let tokens: Vec<u32> = (0..7).map(|_| rng.below(vocab) as u32).collect();
+        for scale in [1.0f32, 0.37] {
+            let mut want = vec![0f32; tokens.len() * cols];
+            for (i, &t) in tokens.iter().enumerate() {
+                let row = &mut want[i * cols..(i + 1) * cols];
+                dequant_row(format, m.row(t as usize), row);
+                if scale != 1.0 {
+                    row.iter_mut().for_each(|v| *v *= scale);
+                }
+            }
+            let tb = ctx.upload_tokens(&tokens, vocab).unwrap();
+            let out = ctx.f32_buffer(want.len()).unwrap();
+            let mut f = ctx.frame().unwrap();
+            f.embed(&table, tb.all(), tokens.len(), scale, out.all()).unwrap();
+            f.run().unwrap();
+            assert_close(&format!("embed {format}"), &ctx.download_f32(out.all()).unwrap(), &want, 1e-6);
+        }
+        assert!(ctx.upload_tokens(&[vocab as u32], vocab).is_err(), "out-of-vocabulary ids are refused");
+    }
+}
+
+/// RMSNorm over whole rows and per group (per head), with and without a weight offset.
+/// Tolerance 1e-5 (a sum of squares in another order; sqrt).
+#[test]
+fn rms_norm_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0003);
+    let (n, width) = (3, 200);
+    for (group, offset) in [(200, 0.0), (40, 0.0), (200, 1.0), (8, 1.0)] {
+        let x = rng.vec(n * width, 2.0);
+        let w = rng.vec(group, 1.0);
+        let mut want = vec![0f32; n * width];
+        cpu_norm::rms_norm(&x, &mut want, &w, 1e-6, offset);
+        let (xb, wb, ob) = (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&w).unwrap(), ctx.f32_buffer(n * width).unwrap());
+        let mut f = ctx.frame().unwrap();
+        f.rms_norm(xb.all(), wb.all(), ob.all(), n, width, 1e-6, offset).unwrap();
+        // In place as well.
+        f.rms_norm(xb.all(), wb.all(), xb.all(), n, width, 1e-6, offset).unwrap();
+        f.run().unwrap();
+        assert_close(&format!("rms_norm group {group}"), &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
+        assert_close(&format!("rms_norm in place {group}"), &ctx.download_f32(xb.all()).unwrap(), &want, 1e-5);
+    }
+}
+
+/// RoPE, both pair layouts, full and partial rotary dims, with scaling, at positions into the
+/// thousands. Tolerance 1e-5 (the device's sin/cos after an explicit range reduction).
+#[test]
+fn rope_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0004);
+    let (n, heads, head_dim) = (5, 3, 32);
+    let width = heads * head_dim + 8; // a row wider than its heads: the tail is left alone
+    let scalings = [
+        RopeScaling::None,
+        RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 },
+        RopeScaling::Yarn { factor: 4.0, original_max_position: 64, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.2 },
+    ];
+    for style in [RopeStyle::RotateHalf, RopeStyle::Interleaved] {
+        for (rotary, scaling) in [(32, scalings[0]), (16, scalings[1]), (32, scalings[2])] {
+            let (freq, mscale) = cpu_rope::inv_freq(rotary, 10000.0, scaling);
+            let pos0 = 3000;
+            let x = rng.vec(n * width, 1.0);
+            let mut want = x.clone();
+            for (i, row) in want.chunks_exact_mut(width).enumerate() {
+                cpu_rope::apply_row(&mut row[..heads * head_dim], head_dim, style, &freq, mscale, pos0 + i);
+            }
+            let (xb, fb) = (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&freq).unwrap());
+            let mut f = ctx.frame().unwrap();
+            f.rope(xb.all(), fb.all(), RopeShape { n, width, heads, head_dim, style, pos0, mscale }).unwrap();
+            f.run().unwrap();
+            assert_close(&format!("rope {style:?} rotary {rotary}"), &ctx.download_f32(xb.all()).unwrap(), &want, 1e-5);
+        }
+    }
+}
+
+/// Gated units and activations. Tolerance 1e-5 (the device's exp/tanh).
+#[test]
+fn glu_and_activations_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0005);
+    let count = 333;
+    let (g, u) = (rng.vec(count, 6.0), rng.vec(count, 6.0));
+    let (gb, ub, ob) = (ctx.upload_f32(&g).unwrap(), ctx.upload_f32(&u).unwrap(), ctx.f32_buffer(count).unwrap());
+    for kind in [GluKind::SwiGlu, GluKind::GeGlu, GluKind::ClampedSwiGlu { limit: 3.0, alpha: 1.702 }] {
+        let mut want = vec![0f32; count];
+        cpu_elementwise::glu(kind, &g, &u, &mut want);
+        let mut f = ctx.frame().unwrap();
+        f.glu(kind, gb.all(), ub.all(), ob.all(), count).unwrap();
+        f.run().unwrap();
+        assert_close(&format!("{kind:?}"), &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
+    }
+    for act in [Activation::Silu, Activation::Sigmoid, Activation::Relu, Activation::Gelu, Activation::GeluTanh] {
+        let want: Vec<f32> = g.iter().map(|&v| cpu_elementwise::activate(act, v)).collect();
+        let mut f = ctx.frame().unwrap();
+        f.act(act, gb.all(), ob.all(), count).unwrap();
+        f.run().unwrap();
+        assert_close(&format!("{act:?}"), &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
+    }
+}
+
+/// Residual add and products, with each broadcast. Exact (one rounding, as on the CPU).
+#[test]
+fn add_and_mul_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0006);
+    let (n, width) = (4, 77);
+    let a = rng.vec(n * width, 3.0);
+    let ab = ctx.upload_f32(&a).unwrap();
+    let ob = ctx.f32_buffer(n * width).unwrap();
+    for bmode in [Broadcast::None, Broadcast::PerRow, Broadcast::Row] {
+        let blen = match bmode {
+            Broadcast::None => n * width,
+            Broadcast::PerRow => n,
+            Broadcast::Row => width,
+        };
+        let b = rng.vec(blen, 3.0);
+        let bb = ctx.upload_f32(&b).unwrap();
+        let bat = |i: usize| match bmode {
+            Broadcast::None => b[i],
+            Broadcast::PerRow => b[i / width],
+            Broadcast::Row => b[i % width],
+        };
+        for mul in [false, true] {
+            let want: Vec<f32> = (0..n * width).map(|i| if mul { a[i] * bat(i) } else { a[i] + bat(i) }).collect();
+            let mut f = ctx.frame().unwrap();
+            if mul {
+                f.mul(ab.all(), bb.all(), ob.all(), n, width, bmode).unwrap();
+            } else {
+                f.add(ab.all(), bb.all(), ob.all(), n, width, bmode).unwrap();
+            }
+            f.run().unwrap();
+            assert_close(&format!("{} {bmode:?}", if mul { "mul" } else { "add" }), &ctx.download_f32(ob.all()).unwrap(), &want, 0.0);
+        }
+    }
+}
+
+/// Routing: softmax and sigmoid scores, correction bias, group limit, renormalization, scale.
+/// The experts chosen must be the CPU's, in rank order; weights within 1e-5.
+#[test]
+fn route_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0007);
+    let (n, experts) = (6, 64);
+    let cases = [
+        (RouterScoring::Softmax, 8, false, None, false, 1.0),
+        (RouterScoring::Softmax, 2, true, None, false, 1.0),
+        (RouterScoring::Sigmoid, 8, true, Some((8, 3)), true, 2.5),
+        (RouterScoring::Sigmoid, 6, false, None, true, 1.0),
+    ];
+    for (scoring, top_k, renormalize, groups, with_bias, scale) in cases {
+        let logits = rng.vec(n * experts, 4.0);
+        let bias = rng.vec(experts, 0.1);
+        let spec = cpu_route::RouteSpec { scoring, top_k, renormalize, correction_bias: with_bias.then_some(&bias[..]), groups, scale };
+        let mut want = vec![0f32; n * 2 * top_k];
+        for r in 0..n {
+            cpu_route::route_row(&spec, &logits[r * experts..(r + 1) * experts], &mut want[r * 2 * top_k..(r + 1) * 2 * top_k]);
+        }
+        let (lb, bb, ob) = (ctx.upload_f32(&logits).unwrap(), ctx.upload_f32(&bias).unwrap(), ctx.f32_buffer(want.len()).unwrap());
+        let p = RouteParams { scoring, top_k, renormalize, groups, scale };
+        let mut f = ctx.frame().unwrap();
+        f.route(lb.all(), with_bias.then(|| bb.all()), ob.all(), n, experts, p).unwrap();
+        f.run().unwrap();
+        let got = ctx.download_f32(ob.all()).unwrap();
+        let ids = |v: &[f32]| v.iter().step_by(2).copied().collect::<Vec<f32>>();
+        let wts = |v: &[f32]| v.iter().skip(1).step_by(2).copied().collect::<Vec<f32>>();
+        assert_eq!(ids(&got), ids(&want), "{scoring:?} top {top_k} groups {groups:?}: experts");
+        assert_close(&format!("{scoring:?} top {top_k} weights"), &wts(&got), &wts(&want), 1e-5);
+    }
+}
+
+/// GQA attention, decode (positions split across workgroups, then joined) and prompt chunks
+/// (blocked, online softmax), each path on both shapes, with a sliding window and sinks.
+/// Tolerance 1e-5 (softmax sums in another order).
+#[test]
+fn attention_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0008);
+    let shapes = [
+        (4, 2, 64, 64, None, false),
+        (4, 1, 32, 48, Some(37), true),
+        (2, 2, 80, 80, Some(5), false),
+    ];
+    for (heads, kv_heads, head_dim, v_head_dim, window, with_sinks) in shapes {
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let cs = cpu_attention::AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window };
+        let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window };
+        for (n, pos0) in [(1, 150), (19, 5), (1, 0), (3, 70)] {
+            let len = pos0 + n;
+            let q = rng.vec(n * heads * head_dim, 1.0);
+            let k = rng.vec(len * kv_heads * head_dim, 1.0);
+            let v = rng.vec(len * kv_heads * v_head_dim, 1.0);
+            let sinks = rng.vec(heads, 1.0);
+            let mut want = vec![0f32; n * heads * v_head_dim];
+            cpu_attention::attend(cs, &q, &k, &v, pos0, with_sinks.then_some(&sinks[..]), &mut want);
+            let (qb, kb, vb, sb) = (ctx.upload_f32(&q).unwrap(), ctx.upload_f32(&k).unwrap(), ctx.upload_f32(&v).unwrap(), ctx.upload_f32(&sinks).unwrap());
+            for path in [AttnPath::Split, AttnPath::Block] {
+                let ob = ctx.f32_buffer(want.len()).unwrap();
+                let mut f = ctx.frame().unwrap();
+                f.attention(vs, qb.all(), kb.all(), vb.all(), with_sinks.then(|| sb.all()), ob.all(), n, pos0, path).unwrap();
+                f.run().unwrap();
+                let what = format!("attention {heads}/{kv_heads}x{head_dim}/{v_head_dim} window {window:?} sinks {with_sinks} n {n} pos0 {pos0} {path:?}");
+                assert_close(&what, &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
+            }
+        }
+    }
+}
+
+/// Work ran on the device: the dispatch counter moves (a silent CPU fallback cannot pass).
+#[test]
+fn dispatches_are_counted() {
+    let Some(ctx) = ctx() else { return };
+    let x = ctx.upload_f32(&[1.0, 2.0, 3.0]).unwrap();
+    let before = ctx.dispatches();
+    let mut f = ctx.frame().unwrap();
+    f.add(x.all(), x.all(), x.all(), 1, 3, Broadcast::None).unwrap();
+    assert_eq!(f.dispatch_count(), 1);
+    f.run().unwrap();
+    assert!(ctx.dispatches() > before);
+    assert_eq!(ctx.download_f32(x.all()).unwrap(), vec![2.0, 4.0, 6.0]);
+}
+
+/// Bad operands are typed errors, never panics.
+#[test]
+fn bad_operands_are_errors() {
+    let Some(ctx) = ctx() else { return };
+    let w = ctx.upload_matrix(WeightFormat::F32, 4, 8, &[0u8; 4 * 8 * 4]).unwrap();
+    let x = ctx.f32_buffer(7).unwrap();
+    let y = ctx.f32_buffer(4).unwrap();
+    let mut f = ctx.frame().unwrap();
+    let e = f.matmul(&w, x.all(), 1, y.all()).unwrap_err();
+    assert!(e.to_string().contains("needs 8 elements"), "{e}");
+    assert!(!e.is_device_failure());
+    assert!(ctx.upload_matrix(WeightFormat::Q8_0, 1, 40, &[0u8; 40]).is_err());
+}

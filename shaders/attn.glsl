@@ -1,0 +1,23 @@
+// attn.glsl: the interface the attention shaders share: buffers (queries, the layer's cached
+// keys and values, output, per-head sinks) and the push constants of one call. Row i of the
+// block is at position pos0 + i and sees positions lo(i)..=pos0 + i, lo = max(0, p + 1 - window)
+// with a window (window = 0: none). GQA: head h reads kv head h / (heads / kv_heads).
+// Must not: define main or workgroup sizes.
+
+layout(std430, binding = 0) readonly buffer Q { float qv[]; };
+layout(std430, binding = 1) readonly buffer K { float kv[]; };
+layout(std430, binding = 2) readonly buffer V { float vv[]; };
+layout(std430, binding = 3) readonly buffer SINK { float sinks[]; };
+
+layout(push_constant) uniform PC {
+    uint n; uint heads; uint kv_heads; uint head_dim;
+    uint v_head_dim; uint pos0; uint window; uint has_sinks;
+    float scale; uint q_off; uint k_off; uint v_off;
+    uint o_off; uint splits; uint chunk; uint pad;
+} pc;
+
+uint row_lo(uint p) { return (pc.window != 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u; }
+uint kv_head(uint h) { return h / (pc.heads / pc.kv_heads); }
+uint q_at(uint row, uint h) { return pc.q_off + row * pc.heads * pc.head_dim + h * pc.head_dim; }
+uint k_at(uint j, uint kh) { return pc.k_off + j * pc.kv_heads * pc.head_dim + kh * pc.head_dim; }
+uint v_at(uint j, uint kh) { return pc.v_off + j * pc.kv_heads * pc.v_head_dim + kh * pc.v_head_dim; }

@@ -1,0 +1,63 @@
+// common.glsl: helpers every coli compute shader shares: exactly rounded division (GPUs divide
+// to 2.5 ulp; the CPU reference divides exactly, and the q8 activations must match its bits),
+// packed byte dot products, half/bfloat unpacking, and a sine/cosine with explicit range
+// reduction (the driver's may be accurate only to 2^-11).
+// Must not: declare bindings or push constants (each shader owns its interface).
+
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+
+#define NEG_INF uintBitsToFloat(0xff800000u)
+
+// a / b, rounded to nearest (one Newton step on the reciprocal, then a residual correction).
+float div_rn(float a, float b) {
+    precise float y = 1.0 / b;
+    precise float e = fma(-b, y, 1.0);
+    y = fma(e, y, y);
+    precise float q = a * y;
+    precise float r = fma(-q, b, a);
+    return fma(r, y, q);
+}
+
+int sbyte(uint w, uint i) { return bitfieldExtract(int(w), int(8 * i), 8); }
+
+// Sum over 4 bytes of a (unsigned, 0..255) times b (signed).
+int dot4_us(uint a, uint b) {
+    return int(a & 0xffu) * sbyte(b, 0) + int((a >> 8) & 0xffu) * sbyte(b, 1)
+         + int((a >> 16) & 0xffu) * sbyte(b, 2) + int(a >> 24) * sbyte(b, 3);
+}
+
+// Sum over 4 bytes of a times b, both signed.
+int dot4_ss(uint a, uint b) {
+    return sbyte(a, 0) * sbyte(b, 0) + sbyte(a, 1) * sbyte(b, 1)
+         + sbyte(a, 2) * sbyte(b, 2) + sbyte(a, 3) * sbyte(b, 3);
+}
+
+// Sum of the 4 signed bytes of b.
+int sum4_s(uint b) { return sbyte(b, 0) + sbyte(b, 1) + sbyte(b, 2) + sbyte(b, 3); }
+
+int dot16_us(uvec4 a, uvec4 b) { return dot4_us(a.x, b.x) + dot4_us(a.y, b.y) + dot4_us(a.z, b.z) + dot4_us(a.w, b.w); }
+int dot16_ss(uvec4 a, uvec4 b) { return dot4_ss(a.x, b.x) + dot4_ss(a.y, b.y) + dot4_ss(a.z, b.z) + dot4_ss(a.w, b.w); }
+int sum16_s(uvec4 b) { return sum4_s(b.x) + sum4_s(b.y) + sum4_s(b.z) + sum4_s(b.w); }
+
+vec2 unpack_bf16x2(uint w) { return vec2(uintBitsToFloat(w << 16), uintBitsToFloat(w & 0xffff0000u)); }
+
+// sin and cos of an f32 angle: Cody-Waite reduction by pi/2 with the first three parts of
+// 8 significant bits each, so k * part is exact (k < 2^16: angles up to ~1e5) and each
+// subtraction exact or rounded at the scale of the result; no fma needed (Lavapipe does not
+// fuse GLSL's fma). Then Taylor polynomials on [-pi/4, pi/4]; absolute error about 2e-7.
+void sincos_rr(float a, out float s, out float c) {
+    float k = roundEven(a * 0.636619772367581343);
+    precise float r = a - k * 1.5703125;
+    r = r - k * 4.84466552734375e-4;
+    r = r - k * -6.407499313354492e-7;
+    r = r - k * 9.92093629470503e-10;
+    float r2 = r * r;
+    float sr = r + r * r2 * (-1.0 / 6.0 + r2 * (1.0 / 120.0 + r2 * (-1.0 / 5040.0 + r2 * (1.0 / 362880.0))));
+    float cr = 1.0 + r2 * (-0.5 + r2 * (1.0 / 24.0 + r2 * (-1.0 / 720.0 + r2 * (1.0 / 40320.0 + r2 * (-1.0 / 3628800.0)))));
+    int q = int(k) & 3;
+    if (q == 0) { s = sr; c = cr; }
+    else if (q == 1) { s = cr; c = -sr; }
+    else if (q == 2) { s = -sr; c = -cr; }
+    else { s = -cr; c = sr; }
+}

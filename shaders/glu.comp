@@ -1,0 +1,53 @@
+#version 450
+// glu.comp: elementwise activations. Gated (out = f(gate) * up): SwiGLU, GeGLU, clamped
+// SwiGLU (gate clamped above at `limit`, up to [-limit, limit], out = g * sigmoid(alpha g) *
+// (u + 1)); plain (out = f(gate)): SiLU, sigmoid, ReLU, GELU (erf), GELU (tanh).
+// Formulas are the CPU's (runtime/src/cpu/elementwise.rs). One invocation per element.
+// Must not: read `up` for the plain kinds.
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+
+layout(local_size_x = 64) in;
+layout(std430, binding = 0) readonly buffer G { float gv[]; };
+layout(std430, binding = 1) readonly buffer U { float uv[]; };
+layout(std430, binding = 2) writeonly buffer OUT { float outv[]; };
+layout(push_constant) uniform PC {
+    uint count; uint kind; float limit; float alpha;
+    uint g_off; uint u_off; uint o_off; uint pad;
+} pc;
+
+// kinds: 0 SwiGLU, 1 GeGLU, 2 clamped SwiGLU, 10 SiLU, 11 sigmoid, 12 ReLU, 13 GELU, 14 GELU tanh
+float sigmoid(float x) { return 1.0 / (1.0 + exp(-x)); }
+float silu(float x) { return x / (1.0 + exp(-x)); }
+float erf_cf(float xf) {
+    float x = abs(xf);
+    float t = 1.0 / (1.0 + 0.5 * x);
+    float y = 1.0 - t * exp(-x * x - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418
+        + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))));
+    return xf >= 0.0 ? y : -y;
+}
+float gelu(float x) { return 0.5 * x * (1.0 + erf_cf(x / 1.41421356237309515)); }
+float gelu_tanh(float x) {
+    float c = 0.797884560802865406;
+    return 0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x * x * x)));
+}
+
+void main() {
+    uint i = gl_GlobalInvocationID.x;
+    if (i >= pc.count) return;
+    float g = gv[pc.g_off + i];
+    float r;
+    if (pc.kind == 0u) r = silu(g) * uv[pc.u_off + i];
+    else if (pc.kind == 1u) r = gelu(g) * uv[pc.u_off + i];
+    else if (pc.kind == 2u) {
+        float gg = min(g, pc.limit);
+        float u = clamp(uv[pc.u_off + i], -pc.limit, pc.limit);
+        r = gg * sigmoid(pc.alpha * gg) * (u + 1.0);
+    }
+    else if (pc.kind == 10u) r = silu(g);
+    else if (pc.kind == 11u) r = sigmoid(g);
+    else if (pc.kind == 12u) r = max(g, 0.0);
+    else if (pc.kind == 13u) r = gelu(g);
+    else r = gelu_tanh(g);
+    outv[pc.o_off + i] = r;
+}

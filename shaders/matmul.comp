@@ -1,0 +1,86 @@
+#version 450
+// matmul.comp: tiled GEMM for prompt chunks (n >= 2 activation rows),
+// out[r][o] = sum_k W[o][k] * x[r][k]. A workgroup owns a BO-output x BR-row tile; for each
+// BK-wide step it decodes its weight rows into shared memory once (dequant), stages the
+// activation rows beside them (the q8 values the CPU multiplies, for integer formats) and
+// runs a TO x TR block per invocation. Each step sums into a fresh partial that is then added
+// to the accumulator (blocked summation keeps the error at the GEMV's level).
+// Must not: read weights or activations outside the matrix (edges are masked to zero).
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+
+#define BO 64
+#define BR 32
+#define BK 32
+#define TO 4
+#define TR 2
+layout(local_size_x = 256) in;
+
+layout(std430, binding = 0) readonly buffer WQ { uvec4 wq[]; };
+layout(std430, binding = 1) readonly buffer WS { uint ws[]; };
+layout(std430, binding = 2) readonly buffer XF { float xf[]; };
+layout(std430, binding = 3) readonly buffer XQ { uvec4 xq[]; };
+layout(std430, binding = 4) readonly buffer XD { vec2 xd[]; };
+layout(std430, binding = 5) writeonly buffer OUT { float outv[]; };
+
+layout(push_constant) uniform PC {
+    uint rows; uint cols; uint qs; uint ss;
+    uint x_off; uint out_off; uint out_stride; uint n;
+} pc;
+
+#define QS pc.qs
+#define SS pc.ss
+#define COLS pc.cols
+#define XF_OFF(xr) (pc.x_off + (xr) * pc.cols)
+#define XQ_BLK(xr) ((xr) * (pc.cols >> 5))
+#include "wformat.glsl"
+
+float xval(uint xr, uint k) {
+#ifdef FLOAT_ACTS
+    return xat(xr, k);
+#else
+    uint blk = XQ_BLK(xr) + (k >> 5);
+    uint w = xq[2u * blk + ((k >> 4) & 1u)][(k >> 2) & 3u];
+    return xd[blk].x * float(sbyte(w, k & 3u));
+#endif
+}
+
+shared float ws_t[BK][BO + 1];
+shared float xs_t[BK][BR + 1];
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint o0 = gl_WorkGroupID.x * BO, r0 = gl_WorkGroupID.y * BR;
+    uint to = tid % (BO / TO), tr = tid / (BO / TO);
+    float acc[TO][TR];
+    for (uint i = 0u; i < TO; i++) for (uint j = 0u; j < TR; j++) acc[i][j] = 0.0;
+    for (uint k0 = 0u; k0 < pc.cols; k0 += BK) {
+        for (uint e = tid; e < BO * BK; e += 256u) {
+            uint o = e / BK, k = e % BK;
+            ws_t[k][o] = (o0 + o < pc.rows && k0 + k < pc.cols) ? dequant(o0 + o, k0 + k) : 0.0;
+        }
+        for (uint e = tid; e < BR * BK; e += 256u) {
+            uint r = e / BK, k = e % BK;
+            xs_t[k][r] = (r0 + r < pc.n && k0 + k < pc.cols) ? xval(r0 + r, k0 + k) : 0.0;
+        }
+        barrier();
+        float part[TO][TR];
+        for (uint i = 0u; i < TO; i++) for (uint j = 0u; j < TR; j++) part[i][j] = 0.0;
+        for (uint k = 0u; k < BK; k++) {
+            float w[TO], x[TR];
+            for (uint i = 0u; i < TO; i++) w[i] = ws_t[k][to * TO + i];
+            for (uint j = 0u; j < TR; j++) x[j] = xs_t[k][tr * TR + j];
+            for (uint i = 0u; i < TO; i++) for (uint j = 0u; j < TR; j++) part[i][j] += w[i] * x[j];
+        }
+        for (uint i = 0u; i < TO; i++) for (uint j = 0u; j < TR; j++) acc[i][j] += part[i][j];
+        barrier();
+    }
+    for (uint i = 0u; i < TO; i++) {
+        uint o = o0 + to * TO + i;
+        if (o >= pc.rows) continue;
+        for (uint j = 0u; j < TR; j++) {
+            uint r = r0 + tr * TR + j;
+            if (r < pc.n) outv[pc.out_off + r * pc.out_stride + o] = acc[i][j];
+        }
+    }
+}

@@ -1,0 +1,43 @@
+#version 450
+// matvec.comp: decode GEMV, out[xr][row] = sum_k W[row][k] * x[xr][k] for one (or a few)
+// activation rows; one subgroup per weight row, each lane taking the row's units (16-byte
+// loads) in turn, joined by a subgroup sum. Workgroups stride over rows, so any subgroup size
+// the driver picks is correct. Activation row xr = gl_WorkGroupID.y.
+// Must not: assume a subgroup size, or read activations past the row (tails are masked).
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+
+layout(local_size_x_id = 0) in;
+
+layout(std430, binding = 0) readonly buffer WQ { uvec4 wq[]; };
+layout(std430, binding = 1) readonly buffer WS { uint ws[]; };
+layout(std430, binding = 2) readonly buffer XF { float xf[]; };
+layout(std430, binding = 3) readonly buffer XQ { uvec4 xq[]; };
+layout(std430, binding = 4) readonly buffer XD { vec2 xd[]; };
+layout(std430, binding = 5) writeonly buffer OUT { float outv[]; };
+
+layout(push_constant) uniform PC {
+    uint rows; uint cols; uint qs; uint ss;
+    uint x_off; uint out_off; uint out_stride; uint pad;
+} pc;
+
+#define QS pc.qs
+#define SS pc.ss
+#define COLS pc.cols
+#define XF_OFF(xr) (pc.x_off + (xr) * pc.cols)
+#define XQ_BLK(xr) ((xr) * (pc.cols >> 5))
+#include "wformat.glsl"
+
+void main() {
+    uint xr = gl_WorkGroupID.y;
+    uint units = units_per_row();
+    uint step = gl_NumWorkGroups.x * gl_NumSubgroups;
+    for (uint row = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID; row < pc.rows; row += step) {
+        float acc = 0.0;
+        for (uint u = gl_SubgroupInvocationID; u < units; u += gl_SubgroupSize) {
+            acc += unit_dot(row, u, xr);
+        }
+        acc = subgroupAdd(acc);
+        if (subgroupElect()) outv[pc.out_off + xr * pc.out_stride + row] = row_finish(row, acc);
+    }
+}

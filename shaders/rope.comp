@@ -1,0 +1,36 @@
+#version 450
+// rope.comp: rotary position embedding, in place, on the first `rotary_dim` columns of each
+// head of each row; row i is at position pos0 + i. Pairs are (i, i + half) (rotate-half) or
+// (2i, 2i + 1) (interleaved). The inverse frequencies come from the host (the CPU's table,
+// scaling included); angles are pos * freq in f32 as on the CPU, sin/cos from sincos_rr.
+// One invocation per (pair, head, row).
+// Must not: touch columns past rotary_dim of a head, or past heads * head_dim of a row.
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+
+layout(local_size_x = 64) in;
+layout(std430, binding = 0) buffer X { float xv[]; };
+layout(std430, binding = 1) readonly buffer F { float freq[]; };
+layout(push_constant) uniform PC {
+    uint n; uint width; uint heads; uint head_dim;
+    uint half_; uint interleaved; uint pos0; float mscale;
+    uint x_off; uint pad0; uint pad1; uint pad2;
+} pc;
+
+void main() {
+    uint id = gl_GlobalInvocationID.x;
+    uint total = pc.n * pc.heads * pc.half_;
+    if (id >= total) return;
+    uint i = id % pc.half_, h = (id / pc.half_) % pc.heads, r = id / (pc.half_ * pc.heads);
+    float angle = float(pc.pos0 + r) * freq[i];
+    float s, c;
+    sincos_rr(angle, s, c);
+    c *= pc.mscale;
+    s *= pc.mscale;
+    uint base = pc.x_off + r * pc.width + h * pc.head_dim;
+    uint a = pc.interleaved != 0u ? base + 2u * i : base + i;
+    uint b = pc.interleaved != 0u ? a + 1u : a + pc.half_;
+    float x0 = xv[a], x1 = xv[b];
+    xv[a] = x0 * c - x1 * s;
+    xv[b] = x1 * c + x0 * s;
+}

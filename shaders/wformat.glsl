@@ -1,0 +1,232 @@
+// wformat.glsl: the device layouts of every weight format and how to read them. One source,
+// compiled once per format (FMT_* define, see runtime/build.rs). The host repacks a matrix at
+// upload (runtime/src/vk/layout.rs) into two regions:
+//   wq: per row QS uvec4s of quantized values (16-byte loads; rows padded with zeros),
+//   ws: per row SS uints of scales (f16 pairs, f32 bits, or raw scale bytes).
+// A row is a sequence of units (UNITS per row); unit_dot(row, u, xr) is the dot product of
+// unit u with activation row xr, in the same arithmetic as the CPU kernel of the format
+// (integer formats against 8-bit activations quantized as the CPU quantizes them:
+// quantize_q8.comp). dequant(row, k) is element k, as the CPU's dequant_row computes it.
+// The including shader declares wq, ws (and xf / xq, xd for activations) and defines QS, SS,
+// COLS, XF_OFF (float activations: index of the row's first element) and XQ_BLK (q8
+// activations: index of the row's first 32-block).
+// Must not: declare bindings, or depend on the workgroup shape.
+
+#if defined(FMT_F32) || defined(FMT_F16) || defined(FMT_BF16) || defined(FMT_I8ROW_F)
+#define FLOAT_ACTS 1
+#endif
+
+float f16_at(uint base, uint i) {
+    vec2 h = unpackHalf2x16(ws[base + (i >> 1)]);
+    return (i & 1u) == 0u ? h.x : h.y;
+}
+
+uint wbyte(uint qbase, uint b) { return (wq[qbase + (b >> 4)][(b >> 2) & 3u] >> (8u * (b & 3u))) & 0xffu; }
+
+#ifdef FLOAT_ACTS
+float xat(uint xr, uint k) { return k < COLS ? xf[XF_OFF(xr) + k] : 0.0; }
+#else
+uvec4 xq16(uint blk, uint half_) { return xq[2u * blk + half_]; }
+#endif
+
+// ---------------------------------------------------------------------------------------
+#if defined(FMT_F32)
+uint units_per_row() { return QS; }
+float unit_dot(uint row, uint u, uint xr) {
+    vec4 w = uintBitsToFloat(wq[row * QS + u]);
+    uint k = 4u * u;
+    return w.x * xat(xr, k) + w.y * xat(xr, k + 1u) + w.z * xat(xr, k + 2u) + w.w * xat(xr, k + 3u);
+}
+float row_finish(uint row, float acc) { return acc; }
+float dequant(uint row, uint k) { return uintBitsToFloat(wq[row * QS + (k >> 2)][k & 3u]); }
+
+// ---------------------------------------------------------------------------------------
+#elif defined(FMT_F16) || defined(FMT_BF16)
+vec2 unpack2(uint w) {
+#ifdef FMT_F16
+    return unpackHalf2x16(w);
+#else
+    return unpack_bf16x2(w);
+#endif
+}
+uint units_per_row() { return QS; }
+float unit_dot(uint row, uint u, uint xr) {
+    uvec4 w = wq[row * QS + u];
+    uint k = 8u * u;
+    float s = 0.0;
+    for (uint i = 0u; i < 4u; i++) {
+        vec2 p = unpack2(w[i]);
+        s += p.x * xat(xr, k + 2u * i) + p.y * xat(xr, k + 2u * i + 1u);
+    }
+    return s;
+}
+float row_finish(uint row, float acc) { return acc; }
+float dequant(uint row, uint k) {
+    vec2 p = unpack2(wq[row * QS + (k >> 3)][(k >> 1) & 3u]);
+    return (k & 1u) == 0u ? p.x : p.y;
+}
+
+// ---------------------------------------------------------------------------------------
+#elif defined(FMT_I8ROW_F)
+// ws: one uint per row, the f32 scale. Units of 16 values.
+uint units_per_row() { return QS; }
+float unit_dot(uint row, uint u, uint xr) {
+    uvec4 w = wq[row * QS + u];
+    uint k = 16u * u;
+    float s = 0.0;
+    for (uint i = 0u; i < 16u; i++) s += float(sbyte(w[i >> 2], i & 3u)) * xat(xr, k + i);
+    return s;
+}
+float row_finish(uint row, float acc) { return uintBitsToFloat(ws[row * SS]) * acc; }
+float dequant(uint row, uint k) { return uintBitsToFloat(ws[row * SS]) * float(int(wbyte(row * QS, k) << 24) >> 24); }
+
+// ---------------------------------------------------------------------------------------
+#elif defined(FMT_I8ROW)
+// As I8ROW_F, with units of one 32-block (two uvec4) against q8 activations.
+uint units_per_row() { return QS >> 1; }
+float unit_dot(uint row, uint u, uint xr) {
+    uint blk = XQ_BLK(xr) + u;
+    int i = dot16_ss(wq[row * QS + 2u * u], xq16(blk, 0u)) + dot16_ss(wq[row * QS + 2u * u + 1u], xq16(blk, 1u));
+    return xd[blk].x * float(i);
+}
+float row_finish(uint row, float acc) { return uintBitsToFloat(ws[row * SS]) * acc; }
+float dequant(uint row, uint k) { return uintBitsToFloat(ws[row * SS]) * float(int(wbyte(row * QS, k) << 24) >> 24); }
+
+// ---------------------------------------------------------------------------------------
+#elif defined(FMT_Q8_0)
+// wq: 2 uvec4 a block; ws: the blocks' f16 d, two to a uint.
+uint units_per_row() { return QS >> 1; }
+float unit_dot(uint row, uint u, uint xr) {
+    uint blk = XQ_BLK(xr) + u;
+    int i = dot16_ss(wq[row * QS + 2u * u], xq16(blk, 0u)) + dot16_ss(wq[row * QS + 2u * u + 1u], xq16(blk, 1u));
+    return f16_at(row * SS, u) * xd[blk].x * float(i);
+}
+float row_finish(uint row, float acc) { return acc; }
+float dequant(uint row, uint k) { return f16_at(row * SS, k >> 5) * float(int(wbyte(row * QS, k) << 24) >> 24); }
+
+// ---------------------------------------------------------------------------------------
+#elif defined(FMT_Q4_0) || defined(FMT_Q4_1)
+// wq: 1 uvec4 a block (element i < 16: low nibble of byte i; i + 16: its high nibble).
+// ws: Q4_0: f16 d, two to a uint; Q4_1: one uint a block, f16 d (low) and f16 m (high).
+uint units_per_row() { return QS; }
+float unit_dot(uint row, uint u, uint xr) {
+    uint blk = XQ_BLK(xr) + u;
+    uvec4 w = wq[row * QS + u];
+    uvec4 x0 = xq16(blk, 0u), x1 = xq16(blk, 1u);
+    int i = dot16_us(w & 0x0f0f0f0fu, x0) + dot16_us((w >> 4) & 0x0f0f0f0fu, x1);
+#ifdef FMT_Q4_0
+    i -= 8 * (sum16_s(x0) + sum16_s(x1));
+    return f16_at(row * SS, u) * xd[blk].x * float(i);
+#else
+    vec2 dm = unpackHalf2x16(ws[row * SS + u]);
+    return dm.x * xd[blk].x * float(i) + dm.y * xd[blk].y;
+#endif
+}
+float row_finish(uint row, float acc) { return acc; }
+float dequant(uint row, uint k) {
+    uint b = k >> 5, i = k & 31u;
+    uint q = (wbyte(row * QS + b, i & 15u) >> (4u * (i >> 4))) & 15u;
+#ifdef FMT_Q4_0
+    return f16_at(row * SS, b) * float(int(q) - 8);
+#else
+    vec2 dm = unpackHalf2x16(ws[row * SS + b]);
+    return dm.x * float(q) + dm.y;
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+#elif defined(FMT_I4G64)
+// wq: 2 uvec4 a group of 64 (element i < 32: low nibble of byte i; i + 32: its high nibble).
+// ws: one uint a group, f16 scale (low) and f16 min (high). A unit is a group.
+uint units_per_row() { return QS >> 1; }
+float unit_dot(uint row, uint u, uint xr) {
+    uint ba = XQ_BLK(xr) + 2u * u, bb = ba + 1u;
+    uvec4 w0 = wq[row * QS + 2u * u], w1 = wq[row * QS + 2u * u + 1u];
+    int ia = dot16_us(w0 & 0x0f0f0f0fu, xq16(ba, 0u)) + dot16_us(w1 & 0x0f0f0f0fu, xq16(ba, 1u));
+    int ib = dot16_us((w0 >> 4) & 0x0f0f0f0fu, xq16(bb, 0u)) + dot16_us((w1 >> 4) & 0x0f0f0f0fu, xq16(bb, 1u));
+    vec2 sm = unpackHalf2x16(ws[row * SS + u]);
+    float i = xd[ba].x * float(ia) + xd[bb].x * float(ib);
+    return sm.x * i + sm.y * (xd[ba].y + xd[bb].y);
+}
+float row_finish(uint row, float acc) { return acc; }
+float dequant(uint row, uint k) {
+    uint g = k >> 6, i = k & 63u;
+    uint q = (wbyte(row * QS + 2u * g, i & 31u) >> (4u * (i >> 5))) & 15u;
+    vec2 sm = unpackHalf2x16(ws[row * SS + g]);
+    return sm.x * float(q) + sm.y;
+}
+
+// ---------------------------------------------------------------------------------------
+#elif defined(FMT_Q4_K)
+// wq: 8 uvec4 a super-block of 256 (GGUF's nibble order). ws: 4 uints a super-block:
+// f16 d (low) and f16 dmin (high), then the 12 packed 6-bit scale/min bytes.
+// A unit is one 32-byte chunk c: sub-block 2c in its low nibbles, 2c + 1 in its high ones.
+uint k4_byte(uint sbase, uint i) { return (ws[sbase + 1u + (i >> 2)] >> (8u * (i & 3u))) & 0xffu; }
+void k4_scale(uint sbase, uint j, out uint sc, out uint m) {
+    if (j < 4u) {
+        sc = k4_byte(sbase, j) & 63u;
+        m = k4_byte(sbase, j + 4u) & 63u;
+    } else {
+        sc = (k4_byte(sbase, j + 4u) & 15u) | ((k4_byte(sbase, j - 4u) >> 6) << 4);
+        m = (k4_byte(sbase, j + 4u) >> 4) | ((k4_byte(sbase, j) >> 6) << 4);
+    }
+}
+uint units_per_row() { return QS >> 1; }
+float unit_dot(uint row, uint u, uint xr) {
+    uint s = u >> 2, c = u & 3u;
+    uint sbase = row * SS + 4u * s;
+    uvec4 w0 = wq[row * QS + 8u * s + 2u * c], w1 = wq[row * QS + 8u * s + 2u * c + 1u];
+    uint ba = XQ_BLK(xr) + 8u * s + 2u * c, bb = ba + 1u;
+    int ia = dot16_us(w0 & 0x0f0f0f0fu, xq16(ba, 0u)) + dot16_us(w1 & 0x0f0f0f0fu, xq16(ba, 1u));
+    int ib = dot16_us((w0 >> 4) & 0x0f0f0f0fu, xq16(bb, 0u)) + dot16_us((w1 >> 4) & 0x0f0f0f0fu, xq16(bb, 1u));
+    uint sca, ma, scb, mb;
+    k4_scale(sbase, 2u * c, sca, ma);
+    k4_scale(sbase, 2u * c + 1u, scb, mb);
+    vec2 dd = unpackHalf2x16(ws[sbase]);
+    float a = xd[ba].x * float(int(sca) * ia) + xd[bb].x * float(int(scb) * ib);
+    float mm = float(ma) * xd[ba].y + float(mb) * xd[bb].y;
+    return dd.x * a - dd.y * mm;
+}
+float row_finish(uint row, float acc) { return acc; }
+float dequant(uint row, uint k) {
+    uint s = k >> 8, e = k & 255u, c = e >> 6, w = e & 63u, j = 2u * c + (w >> 5), l = w & 31u;
+    uint sbase = row * SS + 4u * s;
+    uint q = (wbyte(row * QS + 8u * s + 2u * c, l) >> (4u * (w >> 5))) & 15u;
+    uint sc, m;
+    k4_scale(sbase, j, sc, m);
+    vec2 dd = unpackHalf2x16(ws[sbase]);
+    return (dd.x * float(sc)) * float(q) - dd.y * float(m);
+}
+
+// ---------------------------------------------------------------------------------------
+#elif defined(FMT_Q6_K)
+// wq: 12 uvec4 a super-block: ql (8), then qh (4), GGUF's order. ws: 5 uints a super-block:
+// the 16 signed scale bytes, then d as f32 bits. A unit is one 32-element block j of 8.
+int k6_scale(uint sbase, uint i) { return sbyte(ws[sbase + (i >> 2)], i & 3u); }
+uint units_per_row() { return (QS / 12u) * 8u; }
+float unit_dot(uint row, uint u, uint xr) {
+    uint s = u >> 3, j = u & 7u, h = j >> 2, t = j & 3u;
+    uint qb = row * QS + 12u * s;
+    uint lsh = 4u * (t >> 1), hsh = 2u * t;
+    uint li = qb + 4u * h + 2u * (t & 1u), hi = qb + 8u + 2u * h;
+    uvec4 q0 = ((wq[li] >> lsh) & 0x0f0f0f0fu) | (((wq[hi] >> hsh) & 0x03030303u) << 4);
+    uvec4 q1 = ((wq[li + 1u] >> lsh) & 0x0f0f0f0fu) | (((wq[hi + 1u] >> hsh) & 0x03030303u) << 4);
+    uint blk = XQ_BLK(xr) + u;
+    uvec4 x0 = xq16(blk, 0u), x1 = xq16(blk, 1u);
+    uint sbase = row * SS + 5u * s;
+    int i = k6_scale(sbase, 2u * j) * (dot16_us(q0, x0) - 32 * sum16_s(x0))
+          + k6_scale(sbase, 2u * j + 1u) * (dot16_us(q1, x1) - 32 * sum16_s(x1));
+    return uintBitsToFloat(ws[sbase + 4u]) * (xd[blk].x * float(i));
+}
+float row_finish(uint row, float acc) { return acc; }
+float dequant(uint row, uint k) {
+    uint s = k >> 8, p = k & 255u, h = p >> 7, e = p & 127u, l = e & 31u, t = e >> 5;
+    uint qb = row * QS + 12u * s;
+    uint ql = (wbyte(qb + 4u * h, (t & 1u) * 32u + l) >> (4u * (t >> 1))) & 15u;
+    uint qh = (wbyte(qb + 8u + 2u * h, l) >> (2u * t)) & 3u;
+    uint sbase = row * SS + 5u * s;
+    return uintBitsToFloat(ws[sbase + 4u]) * float(k6_scale(sbase, p >> 4)) * float(int(ql | (qh << 4)) - 32);
+}
+#else
+#error "no weight format defined"
+#endif
