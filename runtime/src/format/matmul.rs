@@ -59,6 +59,13 @@ impl<'a> Matrix<'a> {
         self.bytes.get(r * self.row_bytes..(r + 1) * self.row_bytes)
     }
 
+    /// Row `r` expanded to f32 (`out.len() == cols`); an error past the end or for a wrong
+    /// `out` length.
+    pub fn dequant_row(&self, r: usize, out: &mut [f32]) -> Result<(), FormatError> {
+        let row = self.get_row(r).ok_or(FormatError::Length { what: "matrix row index below", expected: self.rows, found: r })?;
+        super::try_dequant_row(self.format, row, out)
+    }
+
     /// Rows `r0..r1` as a matrix of their own (a tile of a larger one). Panics past the end.
     #[track_caller]
     pub fn rows_range(&self, r0: usize, r1: usize) -> Matrix<'a> {

@@ -217,6 +217,8 @@ fn matmul_checks_its_sizes() {
     assert!(matches!(try_matmul(&w, &[0.0; 32], 1, &mut out[..1]), Err(FormatError::Length { .. })));
     assert!(try_matmul(&w, &[0.0; 32], 1, &mut out).is_ok());
     assert!(w.get_row(2).is_none());
+    assert!(matches!(w.dequant_row(2, &mut [0f32; 32]), Err(FormatError::Length { .. })));
+    assert!(w.dequant_row(1, &mut [0f32; 32]).is_ok());
     assert_eq!(w.rows_range(1, 2).rows, 1);
     assert!(matches!(Matrix::new(WeightFormat::Q8_0, 3, 32, &bytes), Err(FormatError::MatrixBytes { .. })));
     assert!(matches!(Matrix::new(WeightFormat::Q4_K, 1, 100, &bytes), Err(FormatError::RaggedRow { .. })));
