@@ -35,21 +35,29 @@ const KERNELS: &[(&str, &str, bool)] = &[
     ("AttnBlock", "attn_block.comp", false),
 ];
 
-/// Weight-format variants: (Rust variant of `FormatVariant`, the define the sources test).
+/// Weight-format variants: (Rust variant of `FormatVariant`, the defines the sources test).
 /// `I8RowF` is `I8Row` with f32 activations (rows whose length is not a multiple of 32, which
-/// the CPU also multiplies in f32).
-const FORMATS: &[(&str, &str)] = &[
-    ("F32", "FMT_F32"),
-    ("F16", "FMT_F16"),
-    ("BF16", "FMT_BF16"),
-    ("Q8_0", "FMT_Q8_0"),
-    ("Q4_0", "FMT_Q4_0"),
-    ("Q4_1", "FMT_Q4_1"),
-    ("Q4_K", "FMT_Q4_K"),
-    ("Q6_K", "FMT_Q6_K"),
-    ("I8Row", "FMT_I8ROW"),
-    ("I8RowF", "FMT_I8ROW_F"),
-    ("I4G64", "FMT_I4G64"),
+/// the CPU also multiplies in f32). The `*Exact` variants keep f32 activations for an integer
+/// format (the CPU's `Precision::Exact`).
+const FORMATS: &[(&str, &[&str])] = &[
+    ("F32", &["FMT_F32"]),
+    ("F16", &["FMT_F16"]),
+    ("BF16", &["FMT_BF16"]),
+    ("Q8_0", &["FMT_Q8_0"]),
+    ("Q4_0", &["FMT_Q4_0"]),
+    ("Q4_1", &["FMT_Q4_1"]),
+    ("Q4_K", &["FMT_Q4_K"]),
+    ("Q6_K", &["FMT_Q6_K"]),
+    ("I8Row", &["FMT_I8ROW"]),
+    ("I8RowF", &["FMT_I8ROW_F"]),
+    ("I4G64", &["FMT_I4G64"]),
+    ("Q8_0Exact", &["FMT_Q8_0", "ACTS_F32"]),
+    ("Q4_0Exact", &["FMT_Q4_0", "ACTS_F32"]),
+    ("Q4_1Exact", &["FMT_Q4_1", "ACTS_F32"]),
+    ("Q4_KExact", &["FMT_Q4_K", "ACTS_F32"]),
+    ("Q6_KExact", &["FMT_Q6_K", "ACTS_F32"]),
+    ("I8RowExact", &["FMT_I8ROW", "ACTS_F32"]),
+    ("I4G64Exact", &["FMT_I4G64", "ACTS_F32"]),
 ];
 
 fn main() {
@@ -65,17 +73,17 @@ fn main() {
     for &(kernel, file, per_format) in KERNELS {
         let path = root.join(file);
         let source = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let variants: Vec<(Option<&str>, Option<&str>)> = if per_format {
-            FORMATS.iter().map(|&(v, d)| (Some(v), Some(d))).collect()
+        let variants: Vec<(Option<&str>, &[&str])> = if per_format {
+            FORMATS.iter().map(|&(v, d)| (Some(v), d)).collect()
         } else {
-            vec![(None, None)]
+            vec![(None, &[])]
         };
-        for (variant, define) in variants {
+        for (variant, defines) in variants {
             let name = match variant {
                 Some(v) => format!("{}_{}", file.trim_end_matches(".comp"), v.to_lowercase()),
                 None => file.trim_end_matches(".comp").to_string(),
             };
-            match compile(&compiler, &root, file, &source, define) {
+            match compile(&compiler, &root, file, &source, defines) {
                 Ok(words) => {
                     let spv = out.join(format!("{name}.spv"));
                     std::fs::write(&spv, words).unwrap();
@@ -108,7 +116,7 @@ fn main() {
     gen.push_str("/// The weight-format variants a per-format shader is compiled for.\n");
     gen.push_str("#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]\n#[allow(non_camel_case_types)]\npub enum FormatVariant {\n");
     for &(v, d) in FORMATS {
-        writeln!(gen, "    /// compiled with `#define {d}`").unwrap();
+        writeln!(gen, "    /// compiled with `{}`", d.join(", ")).unwrap();
         writeln!(gen, "    {v},").unwrap();
     }
     gen.push_str("}\n\n/// The SPIR-V of a kernel (and its variant), as bytes.\n");
@@ -118,12 +126,12 @@ fn main() {
     std::fs::write(out.join("shaders.rs"), gen).unwrap();
 }
 
-fn compile(compiler: &shaderc::Compiler, root: &Path, file: &str, source: &str, define: Option<&str>) -> Result<Vec<u8>, String> {
+fn compile(compiler: &shaderc::Compiler, root: &Path, file: &str, source: &str, defines: &[&str]) -> Result<Vec<u8>, String> {
     let mut opts = shaderc::CompileOptions::new().map_err(|e| e.to_string())?;
     opts.set_target_env(shaderc::TargetEnv::Vulkan, shaderc::EnvVersion::Vulkan1_2 as u32);
     opts.set_target_spirv(shaderc::SpirvVersion::V1_5);
     opts.set_optimization_level(shaderc::OptimizationLevel::Performance);
-    if let Some(d) = define {
+    for d in defines {
         opts.add_macro_definition(d, Some("1"));
     }
     let root = root.to_path_buf();

@@ -14,6 +14,12 @@
 
 #if defined(FMT_F32) || defined(FMT_F16) || defined(FMT_BF16) || defined(FMT_I8ROW_F)
 #define FLOAT_ACTS 1
+#define FLOAT_FORMAT 1
+#endif
+// ACTS_F32 (with an integer format): activations stay f32, each weight decoded (dequant) and
+// multiplied in f32, as the CPU's Precision::Exact. Units of 32 elements, see the end.
+#ifdef ACTS_F32
+#define FLOAT_ACTS 1
 #endif
 
 float f16_at(uint base, uint i) {
@@ -83,6 +89,7 @@ float dequant(uint row, uint k) { return uintBitsToFloat(ws[row * SS]) * float(i
 // ---------------------------------------------------------------------------------------
 #elif defined(FMT_I8ROW)
 // As I8ROW_F, with units of one 32-block (two uvec4) against q8 activations.
+#ifndef ACTS_F32
 uint units_per_row() { return QS >> 1; }
 float unit_dot(uint row, uint u, uint xr) {
     uint blk = XQ_BLK(xr) + u;
@@ -90,11 +97,13 @@ float unit_dot(uint row, uint u, uint xr) {
     return xd[blk].x * float(i);
 }
 float row_finish(uint row, float acc) { return uintBitsToFloat(ws[row * SS]) * acc; }
+#endif
 float dequant(uint row, uint k) { return uintBitsToFloat(ws[row * SS]) * float(int(wbyte(row * QS, k) << 24) >> 24); }
 
 // ---------------------------------------------------------------------------------------
 #elif defined(FMT_Q8_0)
 // wq: 2 uvec4 a block; ws: the blocks' f16 d, two to a uint.
+#ifndef ACTS_F32
 uint units_per_row() { return QS >> 1; }
 float unit_dot(uint row, uint u, uint xr) {
     uint blk = XQ_BLK(xr) + u;
@@ -102,12 +111,14 @@ float unit_dot(uint row, uint u, uint xr) {
     return f16_at(row * SS, u) * xd[blk].x * float(i);
 }
 float row_finish(uint row, float acc) { return acc; }
+#endif
 float dequant(uint row, uint k) { return f16_at(row * SS, k >> 5) * float(int(wbyte(row * QS, k) << 24) >> 24); }
 
 // ---------------------------------------------------------------------------------------
 #elif defined(FMT_Q4_0) || defined(FMT_Q4_1)
 // wq: 1 uvec4 a block (element i < 16: low nibble of byte i; i + 16: its high nibble).
 // ws: Q4_0: f16 d, two to a uint; Q4_1: one uint a block, f16 d (low) and f16 m (high).
+#ifndef ACTS_F32
 uint units_per_row() { return QS; }
 float unit_dot(uint row, uint u, uint xr) {
     uint blk = XQ_BLK(xr) + u;
@@ -123,6 +134,7 @@ float unit_dot(uint row, uint u, uint xr) {
 #endif
 }
 float row_finish(uint row, float acc) { return acc; }
+#endif
 float dequant(uint row, uint k) {
     uint b = k >> 5, i = k & 31u;
     uint q = (wbyte(row * QS + b, i & 15u) >> (4u * (i >> 4))) & 15u;
@@ -138,6 +150,7 @@ float dequant(uint row, uint k) {
 #elif defined(FMT_I4G64)
 // wq: 2 uvec4 a group of 64 (element i < 32: low nibble of byte i; i + 32: its high nibble).
 // ws: one uint a group, f16 scale (low) and f16 min (high). A unit is a group.
+#ifndef ACTS_F32
 uint units_per_row() { return QS >> 1; }
 float unit_dot(uint row, uint u, uint xr) {
     uint ba = XQ_BLK(xr) + 2u * u, bb = ba + 1u;
@@ -149,6 +162,7 @@ float unit_dot(uint row, uint u, uint xr) {
     return sm.x * i + sm.y * (xd[ba].y + xd[bb].y);
 }
 float row_finish(uint row, float acc) { return acc; }
+#endif
 float dequant(uint row, uint k) {
     uint g = k >> 6, i = k & 63u;
     uint q = (wbyte(row * QS + 2u * g, i & 31u) >> (4u * (i >> 5))) & 15u;
@@ -171,6 +185,7 @@ void k4_scale(uint sbase, uint j, out uint sc, out uint m) {
         m = (k4_byte(sbase, j + 4u) >> 4) | ((k4_byte(sbase, j) >> 6) << 4);
     }
 }
+#ifndef ACTS_F32
 uint units_per_row() { return QS >> 1; }
 float unit_dot(uint row, uint u, uint xr) {
     uint s = u >> 2, c = u & 3u;
@@ -188,6 +203,7 @@ float unit_dot(uint row, uint u, uint xr) {
     return dd.x * a - dd.y * mm;
 }
 float row_finish(uint row, float acc) { return acc; }
+#endif
 float dequant(uint row, uint k) {
     uint s = k >> 8, e = k & 255u, c = e >> 6, w = e & 63u, j = 2u * c + (w >> 5), l = w & 31u;
     uint sbase = row * SS + 4u * s;
@@ -203,6 +219,7 @@ float dequant(uint row, uint k) {
 // wq: 12 uvec4 a super-block: ql (8), then qh (4), GGUF's order. ws: 5 uints a super-block:
 // the 16 signed scale bytes, then d as f32 bits. A unit is one 32-element block j of 8.
 int k6_scale(uint sbase, uint i) { return sbyte(ws[sbase + (i >> 2)], i & 3u); }
+#ifndef ACTS_F32
 uint units_per_row() { return (QS / 12u) * 8u; }
 float unit_dot(uint row, uint u, uint xr) {
     uint s = u >> 3, j = u & 7u, h = j >> 2, t = j & 3u;
@@ -219,6 +236,7 @@ float unit_dot(uint row, uint u, uint xr) {
     return uintBitsToFloat(ws[sbase + 4u]) * (xd[blk].x * float(i));
 }
 float row_finish(uint row, float acc) { return acc; }
+#endif
 float dequant(uint row, uint k) {
     uint s = k >> 8, p = k & 255u, h = p >> 7, e = p & 127u, l = e & 31u, t = e >> 5;
     uint qb = row * QS + 12u * s;
@@ -229,4 +247,14 @@ float dequant(uint row, uint k) {
 }
 #else
 #error "no weight format defined"
+#endif
+
+#if defined(ACTS_F32) && !defined(FLOAT_FORMAT)
+uint units_per_row() { return COLS >> 5; }
+float unit_dot(uint row, uint u, uint xr) {
+    float s = 0.0;
+    for (uint i = 0u; i < 32u; i++) s += dequant(row, 32u * u + i) * xat(xr, 32u * u + i);
+    return s;
+}
+float row_finish(uint row, float acc) { return acc; }
 #endif

@@ -10,7 +10,9 @@ mod vk_common;
 // The CPU op library is the reference.
 use coli_runtime::cpu::{attention as cpu_attention, elementwise as cpu_elementwise, norm as cpu_norm, rope as cpu_rope, route as cpu_route};
 use coli_compiler::ir::{Activation, GluKind, RopeScaling, RopeStyle, RouterScoring};
-use coli_runtime::format::{dequant_row, matmul, Matrix, WeightFormat};
+use coli_runtime::cpu::linear::linear;
+use coli_runtime::cpu::Precision;
+use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
 use coli_runtime::vk::{AttnPath, AttnShape, Broadcast, MatmulPath, RopeShape, RouteParams};
 use vk_common::{assert_close, ctx, random_rows, Rng};
 
@@ -25,9 +27,9 @@ fn cols_for(format: WeightFormat) -> &'static [usize] {
     }
 }
 
-/// Matrix products, GEMV and tiled GEMM, every format, against `format::matmul` (which takes
-/// integer formats with q8 activations; the device quantizes them the same way).
-/// Tolerance: 1e-5 (f32 accumulation in another order).
+/// Matrix products, GEMV and tiled GEMM, every format, both precisions, against
+/// `cpu::linear` (Fast: integer formats with q8 activations, which the device quantizes the
+/// same way; Exact: f32 activations). Tolerance: 1e-5 (f32 accumulation in another order).
 #[test]
 fn matmul_matches_cpu_for_every_format() {
     let Some(ctx) = ctx() else { return };
@@ -38,18 +40,26 @@ fn matmul_matches_cpu_for_every_format() {
             let bytes = random_rows(format, rows, cols, &mut rng);
             let m = Matrix::new(format, rows, cols, &bytes).unwrap();
             let w = ctx.upload_matrix(format, rows, cols, &bytes).unwrap();
-            for (n, path) in [(1, MatmulPath::Auto), (3, MatmulPath::Gemv), (2, MatmulPath::Auto), (37, MatmulPath::Gemm)] {
+            let cases = [
+                (1, MatmulPath::Auto, Precision::Fast),
+                (3, MatmulPath::Gemv, Precision::Fast),
+                (2, MatmulPath::Auto, Precision::Fast),
+                (37, MatmulPath::Gemm, Precision::Fast),
+                (1, MatmulPath::Auto, Precision::Exact),
+                (5, MatmulPath::Gemm, Precision::Exact),
+            ];
+            for (n, path, precision) in cases {
                 let x = rng.vec(n * cols, 1.0);
                 let mut want = vec![0f32; n * rows];
-                matmul(&m, &x, n, &mut want);
+                linear(&m, &x, n, &mut want, precision);
                 // Offsets inside larger buffers, to exercise the views.
                 let xb = ctx.upload_f32(&[vec![9.0; 3], x.clone()].concat()).unwrap();
                 let ob = ctx.f32_buffer(n * rows + 5).unwrap();
                 let mut f = ctx.frame().unwrap();
-                f.matmul_with(&w, xb.view(3, n * cols), n, ob.view(5, n * rows), path).unwrap();
+                f.matmul_with(&w, xb.view(3, n * cols), n, ob.view(5, n * rows), path, precision).unwrap();
                 f.run().unwrap();
                 let got = ctx.download_f32(ob.view(5, n * rows)).unwrap();
-                assert_close(&format!("{format} {rows}x{cols} n={n} {path:?}"), &got, &want, 1e-5);
+                assert_close(&format!("{format} {rows}x{cols} n={n} {path:?} {precision:?}"), &got, &want, 1e-5);
             }
         }
     }

@@ -46,8 +46,32 @@ impl FormatVariant {
         }
     }
 
+    /// The variant that keeps f32 activations (the CPU's `Precision::Exact`); itself for the
+    /// formats that always do.
+    pub fn exact(self) -> FormatVariant {
+        match self {
+            FormatVariant::Q8_0 => FormatVariant::Q8_0Exact,
+            FormatVariant::Q4_0 => FormatVariant::Q4_0Exact,
+            FormatVariant::Q4_1 => FormatVariant::Q4_1Exact,
+            FormatVariant::Q4_K => FormatVariant::Q4_KExact,
+            FormatVariant::Q6_K => FormatVariant::Q6_KExact,
+            FormatVariant::I8Row => FormatVariant::I8RowExact,
+            FormatVariant::I4G64 => FormatVariant::I4G64Exact,
+            v => v,
+        }
+    }
+
     /// Whether the shaders take the activations as 8-bit blocks (`quantize_q8.comp`).
     pub fn q8_acts(self) -> bool {
-        !matches!(self, FormatVariant::F32 | FormatVariant::F16 | FormatVariant::BF16 | FormatVariant::I8RowF)
+        matches!(
+            self,
+            FormatVariant::Q8_0
+                | FormatVariant::Q4_0
+                | FormatVariant::Q4_1
+                | FormatVariant::Q4_K
+                | FormatVariant::Q6_K
+                | FormatVariant::I8Row
+                | FormatVariant::I4G64
+        )
     }
 }

@@ -1,7 +1,8 @@
 //! Matrix products and the embedding gather. `matmul` computes `out[n x rows] = x[n x cols] *
-//! W^T` as `format::matmul` does: integer formats take the activations quantized to 8 bits per
-//! block of 32 exactly as the CPU quantizes them (`quantize_q8.comp`), the float formats take
-//! them in f32. One row (decode) runs the GEMV (`matvec.comp`); from two rows the tiled GEMM
+//! W^T` as the CPU's `cpu::linear` does: with `Precision::Fast` (`format::matmul`) integer
+//! formats take the activations quantized to 8 bits per block of 32 exactly as the CPU
+//! quantizes them (`quantize_q8.comp`); with `Precision::Exact`, and for the float formats,
+//! activations stay f32 and each weight is decoded and multiplied in f32. One row (decode) runs the GEMV (`matvec.comp`); from two rows the tiled GEMM
 //! (`matmul.comp`). `embed` gathers table rows (any format) as `dequant_row` decodes them.
 //!
 //! Must not: accept operands that do not fit (typed errors instead).
@@ -12,6 +13,7 @@ use crate::vk::error::{Result, VkError};
 use crate::vk::frame::{Bind, Frame, Push};
 use crate::vk::layout::DeviceMatrix;
 use crate::vk::memory::MemoryUse;
+use crate::cpu::Precision;
 use crate::vk::shaders::Kernel;
 
 /// Which kernel a matrix product takes.
@@ -31,13 +33,14 @@ const GEMM_BR: usize = 32;
 const MAX_GROUPS: usize = 65535;
 
 impl<'a> Frame<'a> {
-    /// `out[n x rows] = x[n x cols] * W^T`; reference `format::matmul`.
+    /// `out[n x rows] = x[n x cols] * W^T`; reference `format::matmul` (`Precision::Fast`).
     pub fn matmul(&mut self, w: &'a DeviceMatrix, x: View<'a>, n: usize, out: View<'a>) -> Result<()> {
-        self.matmul_with(w, x, n, out, MatmulPath::Auto)
+        self.matmul_with(w, x, n, out, MatmulPath::Auto, Precision::Fast)
     }
 
-    /// `matmul` with the kernel chosen by the caller.
-    pub fn matmul_with(&mut self, w: &'a DeviceMatrix, x: View<'a>, n: usize, out: View<'a>, path: MatmulPath) -> Result<()> {
+    /// `matmul` with the kernel and the precision chosen by the caller; reference
+    /// `cpu::linear::linear(.., precision)`.
+    pub fn matmul_with(&mut self, w: &'a DeviceMatrix, x: View<'a>, n: usize, out: View<'a>, path: MatmulPath, precision: Precision) -> Result<()> {
         const OP: &str = "matmul";
         x.check(OP, "x (n x cols)", n * w.cols)?;
         out.check(OP, "out (n x rows)", n * w.rows)?;
@@ -51,7 +54,8 @@ impl<'a> Frame<'a> {
         };
         let (rows, cols) = (u32_arg(OP, "rows", w.rows)?, u32_arg(OP, "cols", w.cols)?);
         // Integer formats: quantize the activations once (blocks of 32) into scratch.
-        let (xq, xd) = if w.variant.q8_acts() {
+        let variant = if precision == Precision::Exact { w.variant.exact() } else { w.variant };
+        let (xq, xd) = if variant.q8_acts() {
             let blocks = n * w.cols / 32;
             let (xq, xd) = (self.scratch(blocks * 8)?, self.scratch(blocks * 2)?);
             let (xq, xd) = (self.scratch_bind(xq), self.scratch_bind(xd));
@@ -74,7 +78,7 @@ impl<'a> Frame<'a> {
             u32_arg(OP, "n", n)?,
         ]);
         let binds = [Bind::buf(&w.q), Bind::buf(&w.s), Bind::buf(x.buf), xq, xd, Bind::buf(out.buf)];
-        let variant = Some(w.variant);
+        let variant = Some(variant);
         if gemm {
             let gy = n.div_ceil(GEMM_BR);
             if gy > MAX_GROUPS {
