@@ -273,7 +273,9 @@ mod tests {
         let mut b = BlockAllocator::new(1000);
         assert_eq!(b.alloc(600, 16), Some(0));
         assert_eq!(b.alloc(500, 16), None);
-        assert_eq!(b.alloc(400, 16), Some(608));
+        assert_eq!(b.alloc(400, 16), None, "aligned to 608, 400 bytes overrun the block");
+        assert_eq!(b.alloc(392, 16), Some(608));
+        assert_eq!(b.alloc(8, 1), Some(600), "the alignment gap stays usable");
         assert_eq!(b.alloc(1, 1), None);
     }
 
