@@ -77,6 +77,22 @@ TEXTS = [
     "The quick brown fox jumps over the lazy dog. " * 3,
 ]
 
+
+def random_texts(n, seed=1234):
+    """Deterministic jumbles of the pieces pre-tokenizers disagree about."""
+    import random
+
+    rng = random.Random(seed)
+    alphabet = [
+        "a", "b", "Z", "hello", " world", " ", "  ", "   ", "\n", "\n\n", "\t", "\r\n", " \n", "0", "7", "42",
+        "2024", ".", ",", "!", "?", "'s", "'S", "'ll", "'", '"', "(", ")", "{", "}", "_", "-", "#", "é", "ß", "Ω",
+        "語", "😀", "👍🏽", "\u200b", "\u0301", "½", "²", "٣", "\u00a0", "\u3000",
+    ]
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 16))) for _ in range(n)]
+
+
+TEXTS = TEXTS + random_texts(120)
+
 CONVERSATIONS = [
     [{"role": "user", "content": "What is 2+2?"}],
     [
