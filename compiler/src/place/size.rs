@@ -1,0 +1,186 @@
+//! Sizes of a program's parts on a device: each layer's bytes (its matrices in the format
+//! they go up in, its vectors as f32, its KV mirror at the context length, its recurrent
+//! state), the fixed bytes every device of a chain needs (the scratch of one prompt chunk),
+//! the tail (the head with its output rows), and one routed expert.
+//!
+//! This module must not decide placement; it counts for `place`.
+
+use crate::cost::Format;
+use crate::ir::{ExpertTensor, Layer, Op, Program, WeightRef};
+use crate::profile::Options;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+/// Bytes of f32 per KV-cache element and per activation.
+pub const F32: u64 = 4;
+
+/// The bytes of one layer on a device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LayerCost {
+    pub matrices: u64,
+    pub vectors: u64,
+    /// The KV mirror at the context length (f32), or MLA's latent cache.
+    pub kv: u64,
+    /// Recurrent state of one sequence (linear attention).
+    pub state: u64,
+}
+
+impl LayerCost {
+    pub fn total(&self) -> u64 {
+        self.matrices + self.vectors + self.kv + self.state
+    }
+}
+
+impl fmt::Display for LayerCost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use crate::cost::human;
+        write!(f, "{} (matrices {}, vectors {}, kv {}, state {})", human(self.total()), human(self.matrices), human(self.vectors), human(self.kv), human(self.state))
+    }
+}
+
+/// The dense weights an op reads (not routed experts).
+pub fn op_weights(op: &Op) -> Vec<&WeightRef> {
+    match op {
+        Op::Embed { table, .. } => vec![table],
+        Op::RmsNorm { weight, .. } => vec![weight],
+        Op::LayerNorm { weight, bias, .. } | Op::Linear { weight, bias, .. } => std::iter::once(weight).chain(bias.iter()).collect(),
+        Op::Attention { spec, .. } => spec.sinks.iter().collect(),
+        Op::Route { correction_bias, .. } => correction_bias.iter().collect(),
+        Op::Mla { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
+        Op::LinearAttention { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
+        Op::RoutedExperts { .. } | Op::Rope { .. } | Op::Act { .. } | Op::Glu { .. } | Op::Add { .. } | Op::Mul { .. } => vec![],
+    }
+}
+
+/// Whether a weight is a matrix (two or more dimensions); vectors go up as f32.
+pub fn is_matrix(w: &WeightRef) -> bool {
+    w.shape.len() >= 2
+}
+
+/// Counts bytes for one checkpoint and one set of options.
+pub struct Sizer {
+    /// Scratch of one chunk over every value the layers use.
+    fixed: u64,
+    /// The epilogue's weights and output rows.
+    tail: u64,
+    tail_rows: u64,
+    /// Stored format of each tensor the checkpoint lists; others are `assumed`.
+    stored: BTreeMap<String, Format>,
+    assumed: Format,
+    upload: Option<Format>,
+    context: u64,
+    chunk_rows: u64,
+}
+
+impl Sizer {
+    pub fn new(program: &Program, stored: BTreeMap<String, Format>, options: &Options) -> Sizer {
+        let mut s = Sizer {
+            fixed: 0,
+            tail: 0,
+            tail_rows: 0,
+            stored,
+            assumed: options.assumed_format,
+            upload: options.upload_format,
+            context: options.context.min(program.dims.max_context.max(1)) as u64,
+            chunk_rows: options.chunk_rows as u64,
+        };
+        let mut used = BTreeSet::new();
+        for l in &program.layers {
+            for op in &l.ops {
+                let (r, w) = crate::dot::op_io(op);
+                used.extend(r);
+                used.extend(w);
+            }
+        }
+        let widths: u64 = used.iter().map(|v| program.value(*v).width as u64).sum();
+        s.fixed = s.chunk_rows * widths * F32;
+        s.tail_rows = s.chunk_rows * program.value(program.logits).width as u64 * F32;
+        s.tail = s.ops_cost(&program.epilogue).total() + s.tail_rows;
+        s
+    }
+
+    /// The format a matrix is stored in.
+    pub fn stored_format(&self, name: &str) -> Format {
+        self.stored.get(name).copied().unwrap_or(self.assumed)
+    }
+
+    /// The format a matrix goes up to a device in.
+    pub fn upload_format(&self, w: &WeightRef) -> Format {
+        self.upload.unwrap_or_else(|| self.stored_format(&w.name))
+    }
+
+    /// Bytes of one weight on a device.
+    pub fn weight_bytes(&self, w: &WeightRef) -> u64 {
+        let n: u64 = w.shape.iter().map(|&d| d as u64).product();
+        if !is_matrix(w) {
+            return n * F32;
+        }
+        let cols = *w.shape.last().unwrap_or(&1) as u64;
+        let rows = if cols == 0 { 0 } else { n / cols };
+        self.upload_format(w).bytes(rows, cols)
+    }
+
+    /// Bytes of a list of ops' dense weights (each tensor once) and their per-layer caches.
+    pub fn ops_cost<'o>(&self, ops: impl IntoIterator<Item = &'o Op>) -> LayerCost {
+        let mut seen = BTreeSet::new();
+        let mut c = LayerCost::default();
+        for op in ops {
+            for w in op_weights(op) {
+                // Two row selections of one tensor count as their rows, once each.
+                if seen.insert((w.name.clone(), w.rows.map(|r| r.offset))) {
+                    if is_matrix(w) {
+                        c.matrices += self.weight_bytes(w);
+                    } else {
+                        c.vectors += self.weight_bytes(w);
+                    }
+                }
+            }
+            match op {
+                Op::Attention { spec, .. } => {
+                    let positions = spec.window.map_or(self.context, |w| (w as u64).min(self.context));
+                    c.kv += positions * (spec.kv_heads * (spec.head_dim + spec.v_head_dim)) as u64 * F32;
+                }
+                Op::Mla { spec, .. } => c.kv += self.context * (spec.kv_lora_rank + spec.qk_rope_head_dim) as u64 * F32,
+                Op::LinearAttention { spec, .. } => c.state += spec.state_floats() as u64 * F32,
+                _ => {}
+            }
+        }
+        c
+    }
+
+    /// Bytes of a layer's dense part on a device.
+    pub fn layer(&self, layer: &Layer) -> LayerCost {
+        self.ops_cost(&layer.ops)
+    }
+
+    /// Scratch every device of a chain holds: one prompt chunk of every value the layers use.
+    pub fn fixed(&self) -> u64 {
+        self.fixed
+    }
+
+    /// The tail: the epilogue's weights, and its output rows for one chunk.
+    pub fn tail(&self) -> u64 {
+        self.tail
+    }
+
+    /// The head's output rows for one chunk.
+    pub fn tail_rows(&self) -> u64 {
+        self.tail_rows
+    }
+
+    /// Bytes of one routed expert of `op` (its three matrices as they would go up), if it is
+    /// a routed-experts op.
+    pub fn expert(&self, op: &Op) -> Option<u64> {
+        let Op::RoutedExperts { weights, .. } = op else { return None };
+        let one = |t: &ExpertTensor| {
+            let [r, c] = t.matrix_shape();
+            let name = match t {
+                ExpertTensor::PerExpert { pattern, .. } => pattern.replace("{e}", "0"),
+                ExpertTensor::Stacked { name, .. } => name.clone(),
+            };
+            let f = self.upload.unwrap_or_else(|| self.stored_format(&name));
+            f.bytes(r as u64, c as u64)
+        };
+        Some(one(&weights.gate) + one(&weights.up) + one(&weights.down))
+    }
+}

@@ -1,0 +1,153 @@
+//! The verifier: invariants of a plan, checked after lowering, before a plan is handed out.
+//! A failure is a compiler bug, reported as such.
+//!
+//! Invariants:
+//! 1. Frames are numbered `f0, f1, ...` in order and cover every op of the program exactly
+//!    once, in program order.
+//! 2. A frame runs in one place; host steps (`Route`, `RoutedExperts`) only on the host; an op
+//!    in a device frame is one that device runs, in formats it reads.
+//! 3. Every value a frame reads is there when it runs: written earlier in the frame, uploaded
+//!    before it (device frames), or already held there; a value is uploaded only when the
+//!    host holds its newest copy; the host reads only what it wrote or a device downloaded.
+//!    The logits end up on the host.
+//! 4. A frame not waited for directly follows the host frame it runs beside, reads nothing
+//!    that frame writes, and writes nothing it reads or writes.
+//! 5. Device layers form consecutive chains in device order, then the host's layers; the head
+//!    is on a device only with every layer on devices, on the device of the last layer.
+//! 6. Bytes placed on a device never exceed its usable bytes; its layer count matches the
+//!    placement.
+//!
+//! This module must not change a plan.
+
+use crate::dot::op_io;
+use crate::frames::op_of;
+use crate::ids::{OpId, Part, Place};
+use crate::ir::ValueId;
+use crate::place::runs_on;
+use crate::place::size::Sizer;
+use crate::plan::Plan;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Every broken invariant of `plan`, as messages naming the frame, layer or device.
+pub fn verify(plan: &Plan, sizer: &Sizer) -> Vec<String> {
+    let mut errs = Vec::new();
+    let p = &plan.program;
+    // 1. Coverage and order.
+    let mut expected: Vec<OpId> = (0..p.prologue.len()).map(|i| OpId { part: Part::Prologue, index: i as u32 }).collect();
+    for l in &p.layers {
+        expected.extend((0..l.ops.len()).map(|i| OpId { part: Part::Layer(l.id), index: i as u32 }));
+    }
+    expected.extend((0..p.epilogue.len()).map(|i| OpId { part: Part::Epilogue, index: i as u32 }));
+    let got: Vec<OpId> = plan.frames.iter().flat_map(|f| f.ops.iter().copied()).collect();
+    if got != expected {
+        errs.push(format!("the frames hold {} ops, the program {}, or not in program order", got.len(), expected.len()));
+    }
+    for (i, f) in plan.frames.iter().enumerate() {
+        if f.id.0 as usize != i {
+            errs.push(format!("frame {} is numbered {}", i, f.id));
+        }
+        if f.ops.is_empty() {
+            errs.push(format!("{} is empty", f.id));
+        }
+    }
+    // 2. Places of ops.
+    for f in &plan.frames {
+        for id in &f.ops {
+            let op = op_of(p, *id);
+            match f.place {
+                Place::Host => {}
+                Place::Device(d) => match plan.profile.devices.get(d.0 as usize) {
+                    None => errs.push(format!("{} runs on {d}, which the profile lacks", f.id)),
+                    Some(dev) if !runs_on(dev, op, sizer) => errs.push(format!("{} runs {id} ({}) on {d}, which cannot run it", f.id, op.kind())),
+                    Some(_) => {}
+                },
+            }
+            if op.kind().info().host_step && f.place != Place::Host {
+                errs.push(format!("{}: host step {id} ({}) on {}", f.id, op.kind(), f.place));
+            }
+        }
+    }
+    // 3. Data availability.
+    let mut holders: BTreeMap<ValueId, BTreeSet<Place>> = BTreeMap::new();
+    for f in &plan.frames {
+        for v in &f.uploads {
+            if f.place == Place::Host {
+                errs.push(format!("host frame {} has uploads", f.id));
+            }
+            let h = holders.entry(*v).or_insert_with(|| BTreeSet::from([Place::Host]));
+            if !h.contains(&Place::Host) {
+                errs.push(format!("{} uploads {v}, whose newest copy the host does not hold", f.id));
+            }
+            h.insert(f.place);
+        }
+        for id in &f.ops {
+            let (reads, writes) = op_io(op_of(p, *id));
+            for v in reads {
+                let h = holders.entry(v).or_insert_with(|| BTreeSet::from([Place::Host]));
+                if !h.contains(&f.place) {
+                    errs.push(format!("{}: {id} reads {v} ({}), which {} does not hold", f.id, p.value(v).name, f.place));
+                }
+            }
+            for v in writes {
+                holders.insert(v, BTreeSet::from([f.place]));
+            }
+        }
+        for v in &f.downloads {
+            holders.entry(*v).or_default().insert(Place::Host);
+        }
+    }
+    if !holders.get(&p.logits).is_some_and(|h| h.contains(&Place::Host)) {
+        errs.push("the logits do not reach the host".into());
+    }
+    // 4. Frames not waited for.
+    for (i, f) in plan.frames.iter().enumerate() {
+        let Some(b) = f.beside else { continue };
+        if i == 0 || plan.frames[i - 1].id != b || plan.frames[i - 1].place != Place::Host || f.place == Place::Host {
+            errs.push(format!("{} runs beside {b}, which is not the host frame just before it", f.id));
+            continue;
+        }
+        let host = &plan.frames[i - 1];
+        let (mut hr, mut hw) = (BTreeSet::new(), BTreeSet::new());
+        for id in &host.ops {
+            let (r, w) = op_io(op_of(p, *id));
+            hr.extend(r);
+            hw.extend(w);
+        }
+        for id in &f.ops {
+            let (r, w) = op_io(op_of(p, *id));
+            if let Some(v) = r.iter().find(|v| hw.contains(*v)) {
+                errs.push(format!("{} (beside {b}) reads {v}, which {b} writes", f.id));
+            }
+            if let Some(v) = w.iter().find(|v| hr.contains(*v) || hw.contains(*v)) {
+                errs.push(format!("{} (beside {b}) writes {v}, which {b} uses", f.id));
+            }
+        }
+    }
+    // 5. Chains.
+    let pl = &plan.placement;
+    let rank = |pl: Place| match pl {
+        Place::Device(d) => d.0 as u64,
+        Place::Host => u64::MAX,
+    };
+    for w in pl.layers.windows(2) {
+        if rank(w[0]) > rank(w[1]) {
+            errs.push(format!("layers are not in device order: {} before {}", w[0], w[1]));
+        }
+    }
+    if let Place::Device(d) = pl.head {
+        if pl.layers.last().is_some_and(|l| *l != Place::Device(d)) {
+            errs.push(format!("the head is on {d} but the last layer is not"));
+        }
+    }
+    // 6. Budgets.
+    for f in &pl.fits {
+        if f.bytes > f.usable {
+            errs.push(format!("{}: {} bytes placed, {} usable", f.device, f.bytes, f.usable));
+        }
+        let n = pl.layers.iter().filter(|l| **l == Place::Device(f.device)).count();
+        if n != f.layers {
+            errs.push(format!("{}: the fit took {} layers, the placement gives it {n}", f.device, f.layers));
+        }
+    }
+    errs
+}
