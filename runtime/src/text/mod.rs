@@ -49,7 +49,7 @@ pub enum TextError {
     #[error("unsupported GGUF tokenizer model {0:?} (supported: \"gpt2\", \"llama\")")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer whose split rules are not known here.
-    #[error("unsupported GGUF pre-tokenizer {0:?}")]
+    #[error("unsupported GGUF pre-tokenizer {0:?} (known: default, gpt2, gpt-2, phi-2, olmo, smollm, starcoder, refact, command-r, llama3, llama-v3, llama-bpe, dbrx, smaug-bpe, qwen2, deepseek-r1-qwen)")]
     UnsupportedPreTokenizer(String),
     /// The vocabulary is inconsistent (missing key, lengths that disagree, a malformed merge...).
     #[error("bad vocabulary: {0}")]
