@@ -1,6 +1,5 @@
 //! Graphviz export of a plan: one node per op, an edge from the op that last wrote a value to
-//! each op that reads it, ops clustered by frame when the plan has frames, host steps drawn
-//! as boxes. Built on a petgraph graph so that the edges are computed once, here.
+//! each op that reads it, ops clustered by frame, host steps drawn as grey boxes. Built on a petgraph graph so that the edges are computed once, here.
 //!
 //! This module must not be read back: DOT is for looking at, the text format is the record.
 
@@ -26,20 +25,28 @@ pub fn op_io(op: &Op) -> (Vec<ValueId>, Vec<ValueId>) {
     }
 }
 
-/// The op graph: nodes carry (cluster label, op text, host step).
+/// The op graph: nodes carry (frame label, op text, host step), in execution order; an edge
+/// goes from the op that last wrote a value to each op reading it.
 pub fn op_graph(plan: &Plan) -> DiGraph<(String, String, bool), ValueId> {
     let mut g = DiGraph::new();
     let mut last_writer: BTreeMap<ValueId, NodeIndex> = BTreeMap::new();
-    for (cluster, op) in plan.ops_in_order() {
-        let (reads, writes) = op_io(op);
-        let n = g.add_node((cluster, op_text(op), op.kind().info().host_step));
-        for r in reads {
-            if let Some(&w) = last_writer.get(&r) {
-                g.add_edge(w, n, r);
+    for f in &plan.frames {
+        let label = match f.beside {
+            Some(b) => format!("{} {} (beside {b})", f.id, f.place),
+            None => format!("{} {}", f.id, f.place),
+        };
+        for id in &f.ops {
+            let op = crate::frames::op_of(&plan.program, *id);
+            let (reads, writes) = op_io(op);
+            let n = g.add_node((label.clone(), format!("{id}: {}", op_text(op)), op.kind().info().host_step));
+            for r in reads {
+                if let Some(&w) = last_writer.get(&r) {
+                    g.add_edge(w, n, r);
+                }
             }
-        }
-        for w in writes {
-            last_writer.insert(w, n);
+            for w in writes {
+                last_writer.insert(w, n);
+            }
         }
     }
     g

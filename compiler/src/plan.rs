@@ -123,7 +123,7 @@ impl fmt::Display for Plan {
             let ids: Vec<u32> = pl.expert_bytes.iter().map(|(l, _, _)| l.0).collect();
             let first = ExpertId { layer, index: 0 };
             let tier: u64 = pl.fits.iter().map(|x| x.tier).sum();
-            let held = if bytes > 0 { tier / bytes } else { 0 };
+            let held = tier.checked_div(bytes).unwrap_or(0);
             let total = experts as u64 * ids.len() as u64;
             writeln!(
                 f,

@@ -415,7 +415,7 @@ impl<'a> Lowerer<'a> {
                     Some(g) => self.int(g)?,
                     None => xw,
                 };
-                if group == 0 || xw % group != 0 {
+                if group == 0 || !xw.is_multiple_of(group) {
                     self.err(span, format!("RmsNorm groups of {group} do not divide the width {xw} of `{}`", x.value));
                 }
                 if weight.shape != [group] {
@@ -560,7 +560,7 @@ impl<'a> Lowerer<'a> {
                     }
                 }
                 if let Some((g, t)) = groups {
-                    if g == 0 || experts % g != 0 || t == 0 || t > g {
+                    if g == 0 || !experts.is_multiple_of(g) || t == 0 || t > g {
                         self.err(span, format!("groups ({g}, {t}): {g} groups must divide {experts} experts and 1 <= {t} <= {g}"));
                     }
                 }
@@ -573,7 +573,7 @@ impl<'a> Lowerer<'a> {
                 let gate = self.expert(gate, experts, ffn, xw);
                 let upw = self.expert(up, experts, ffn, xw);
                 let downw = self.expert(down, experts, ow, ffn);
-                if self.width(rv) % 2 != 0 || self.width(rv) == 0 {
+                if !self.width(rv).is_multiple_of(2) || self.width(rv) == 0 {
                     self.err(routing.span, format!("routing `{}` must hold (index, weight) pairs; its width is {}", routing.value, self.width(rv)));
                 }
                 let layer = LayerId(self.layer.unwrap_or(0) as u32);
@@ -612,7 +612,7 @@ impl<'a> Lowerer<'a> {
                     conv_kernel: self.int(conv_kernel)?,
                     weights: self.roles(weights)?,
                 };
-                if spec.key_heads == 0 || spec.value_heads % spec.key_heads != 0 {
+                if spec.key_heads == 0 || !spec.value_heads.is_multiple_of(spec.key_heads) {
                     self.err(span, format!("{} value heads cannot share {} key heads evenly", spec.value_heads, spec.key_heads));
                 }
                 self.expect_width(out, ov, self.width(xv), "the mixer's input width");

@@ -116,7 +116,7 @@ impl Sizer {
             return n * F32;
         }
         let cols = *w.shape.last().unwrap_or(&1) as u64;
-        let rows = if cols == 0 { 0 } else { n / cols };
+        let rows = n.checked_div(cols).unwrap_or(0);
         self.upload_format(w).bytes(rows, cols)
     }
 
