@@ -2,6 +2,7 @@
 //! (built-in specs, the default model, loading), shared by the binary and the end-to-end tests.
 //! Must not hold engine logic: that lives in `coli-compiler` and `coli-runtime`.
 
+pub mod bench_cmd;
 pub mod compile_cmd;
 pub mod default_model;
 pub mod exec_cmd;

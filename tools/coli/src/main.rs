@@ -1,7 +1,7 @@
 //! The `coli` command line: `compile` prints a plan, `exec` runs a model.
 
 use clap::{Parser, Subcommand};
-use coli::{compile_cmd, exec_cmd};
+use coli::{bench_cmd, compile_cmd, exec_cmd};
 
 #[derive(Parser)]
 #[command(name = "coli", version, about = "Runs Mixture-of-Experts language models on Vulkan GPUs and on the CPU")]
@@ -16,6 +16,8 @@ enum Command {
     Compile(compile_cmd::CompileArgs),
     /// Run a model on a prompt and stream the generated text.
     Exec(exec_cmd::ExecArgs),
+    /// Measure prompt and decode tokens/s of a model.
+    Bench(bench_cmd::BenchArgs),
 }
 
 fn main() {
@@ -23,6 +25,7 @@ fn main() {
     let result = match cli.command {
         Command::Compile(a) => compile_cmd::run(a),
         Command::Exec(a) => exec_cmd::run(a),
+        Command::Bench(a) => bench_cmd::run(a),
     };
     if let Err(e) = result {
         eprintln!("coli: error: {e}");

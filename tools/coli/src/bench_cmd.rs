@@ -1,0 +1,81 @@
+//! `coli bench`: prompt and decode tokens/s of a model on synthetic token ids, repeated, with
+//! the median reported (llama-bench style: `-p` prompt tokens, `-n` decode tokens). Prints one
+//! line per test and the kernel level, so a number in docs/BENCHMARKS.md says what ran.
+
+use crate::default_model;
+use crate::load::{load, LoadRequest};
+use clap::Args;
+use coli_runtime::exec::{LogitRows, Session};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// A model directory or .gguf file; default: SmolLM2-135M-Instruct.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    #[arg(long)]
+    pub spec: Option<PathBuf>,
+    /// Prompt tokens per prompt test.
+    #[arg(short = 'p', long, default_value_t = 128)]
+    pub prompt: usize,
+    /// Decode tokens per decode test.
+    #[arg(short = 'n', long, default_value_t = 64)]
+    pub decode: usize,
+    /// Repetitions (the median is reported).
+    #[arg(short = 'r', long, default_value_t = 3)]
+    pub reps: usize,
+    /// Prompt rows per forward.
+    #[arg(long, default_value_t = 128)]
+    pub chunk: usize,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+pub fn run(a: BenchArgs) -> Result<(), String> {
+    let path = match &a.model {
+        Some(p) => p.clone(),
+        None => default_model::ensure()?,
+    };
+    let mut req = LoadRequest::new(&path);
+    req.spec = a.spec.as_deref();
+    let loaded = load(req)?;
+    let vocab = loaded.plan.program.dims.vocab as u32;
+    // Deterministic ids spread over the vocabulary (avoiding the first few specials).
+    let ids: Vec<u32> = (0..a.prompt.max(1) as u32).map(|i| 10 + (i * 7919) % (vocab - 10)).collect();
+    let ctx = a.prompt + a.decode + 1;
+    let reps = a.reps.max(1);
+    let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        let mut s = Session::new(&loaded.model, ctx);
+        let t = Instant::now();
+        for c in ids.chunks(a.chunk.max(1)) {
+            s.forward(c, LogitRows::Last).map_err(|e| e.to_string())?;
+        }
+        pp.push(ids.len() as f64 / t.elapsed().as_secs_f64());
+        let mut s = Session::new(&loaded.model, ctx);
+        s.forward(&ids[..1], LogitRows::Last).map_err(|e| e.to_string())?;
+        let t = Instant::now();
+        for i in 0..a.decode {
+            s.forward(&[ids[(i + 1) % ids.len()]], LogitRows::Last).map_err(|e| e.to_string())?;
+        }
+        tg.push(a.decode as f64 / t.elapsed().as_secs_f64());
+    }
+    let p = &loaded.plan.program;
+    println!(
+        "model {} ({}, {} layers, hidden {}, vocab {}), device cpu ({} threads, kernels {})",
+        path.display(),
+        p.family,
+        p.dims.layers,
+        p.dims.hidden,
+        p.dims.vocab,
+        rayon::current_num_threads(),
+        coli_runtime::format::kernel_level()
+    );
+    println!("pp{}: {:.1} tok/s (median of {reps})", a.prompt, median(pp));
+    println!("tg{}: {:.1} tok/s (median of {reps})", a.decode, median(tg));
+    Ok(())
+}
