@@ -67,7 +67,7 @@ impl fmt::Display for Plan {
         let upload = o.upload_format.map(|u| format!("matrices up as {u}")).unwrap_or_else(|| "matrices up as stored".into());
         writeln!(
             f,
-            "options: context {}, chunk {} rows, dense part {}, expert tier {}, {upload}, unknown tensors {}{}",
+            "options: context {}, chunk {} rows, dense part {}, expert tier {}, {upload}, unknown formats as {}{}",
             o.context,
             o.chunk_rows,
             if o.dense_on_device { "on devices" } else { "on the host" },

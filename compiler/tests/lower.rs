@@ -155,3 +155,85 @@ fn qwen3_moe_dense_layers_follow_sparse_step_and_mlp_only_layers() {
     assert_eq!(kinds, [Dense, Moe, Dense, Dense, Dense, Moe]);
     assert!(p.layers[0].ops.iter().any(|op| matches!(op, Op::Linear { weight, .. } if weight.shape == [6144, 2048])));
 }
+
+/// The tensor table of a safetensors file (its JSON header), as the runtime's reader gives it.
+fn safetensors_table(path: &Path) -> BTreeMap<String, TensorInfo> {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header
+        .into_iter()
+        .filter(|(k, _)| k != "__metadata__")
+        .map(|(k, v)| {
+            let shape = v["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+            let off = v["data_offsets"].as_array().unwrap();
+            let bytes = off[1].as_u64().unwrap() - off[0].as_u64().unwrap();
+            (k, TensorInfo { shape, dtype: v["dtype"].as_str().unwrap().into(), bytes })
+        })
+        .collect()
+}
+
+/// The repository's transformers-made fixtures: each binds to its spec, every tensor the
+/// program reads is in the checkpoint with its shape, and every checkpoint tensor is read.
+#[test]
+fn transformers_fixtures_bind_to_their_specs() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+    for (dir, spec) in [("llama", "llama"), ("llama_tied", "llama"), ("mixtral", "mixtral"), ("olmoe", "olmoe"), ("qwen3_moe", "qwen3_moe")] {
+        let d = fixtures.join(dir);
+        if !d.join("model.safetensors").exists() {
+            continue;
+        }
+        let mut b = Bindings::from_config_json(&d.join("config.json")).unwrap();
+        let table = safetensors_table(&d.join("model.safetensors"));
+        b.tensors = Some(table.clone());
+        let spec = Spec::load(&graphs().join(format!("{spec}.ron"))).unwrap();
+        let plan = compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).unwrap_or_else(|e| panic!("{dir}: {e}"));
+        let p = &plan.program;
+        let mut read = std::collections::BTreeSet::new();
+        for op in p.prologue.iter().chain(p.layers.iter().flat_map(|l| &l.ops)).chain(&p.epilogue) {
+            for w in coli_compiler::place::size::op_weights(op) {
+                read.insert(w.name.clone());
+            }
+            if let Op::RoutedExperts { weights, experts, .. } = op {
+                for t in [&weights.gate, &weights.up, &weights.down] {
+                    for e in 0..*experts {
+                        read.insert(t.name_of(e).0);
+                    }
+                }
+            }
+        }
+        let unread: Vec<&String> = table.keys().filter(|k| !read.contains(*k)).collect();
+        assert!(unread.is_empty(), "{dir}: tensors the program does not read: {unread:?}");
+    }
+}
+
+/// SmolLM2-135M-Instruct.Q4_1.gguf as its header describes it (metadata without the
+/// tokenizer, tensor table outermost-first), extracted once into tests/data.
+pub fn smollm2_real_gguf() -> Bindings {
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(data("smollm2-135m-q4_1.gguf.json")).unwrap()).unwrap();
+    let config = v["config"].as_object().unwrap().clone();
+    let tensors = v["tensors"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, t)| {
+            let shape = t["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+            (k.clone(), TensorInfo { shape, dtype: t["dtype"].as_str().unwrap().into(), bytes: t["bytes"].as_u64().unwrap() })
+        })
+        .collect();
+    Bindings { source: "SmolLM2-135M-Instruct.Q4_1.gguf".into(), naming: Naming::Gguf, config, tensors: Some(tensors) }
+}
+
+#[test]
+fn the_real_smollm2_gguf_binds_and_is_sized_in_its_formats() {
+    let spec = Spec::load(&graphs().join("llama.ron")).unwrap();
+    let profile = DeviceProfile::load(&graphs().join("profiles/lavapipe.ron")).unwrap();
+    let plan = compile(&spec, &smollm2_real_gguf(), &profile, &Options::default()).unwrap_or_else(|d| panic!("{d}"));
+    let p = &plan.program;
+    assert_eq!((p.dims.hidden, p.dims.vocab, p.dims.layers, p.dims.max_context), (576, 49152, 30, 8192));
+    assert!(matches!(&p.epilogue[1], Op::Linear { weight, .. } if weight.name == "token_embd.weight"));
+    assert!(p.layers[0].ops.iter().any(|op| matches!(op, Op::Rope { style: RopeStyle::Interleaved, .. })));
+    // q_proj is Q4_1: 576 rows of 18 blocks of 20 bytes.
+    assert_eq!(plan.placement.costs[0].matrices, (576 * 2 + 192 * 2) * 18 * 20 + 3 * 1536 * 18 * 20);
+    insta::assert_snapshot!("llama@smollm2-q4_1-gguf-lavapipe", plan.to_string());
+}
