@@ -62,7 +62,7 @@ impl Format {
     pub fn bytes(self, rows: u64, cols: u64) -> u64 {
         let (n, b) = self.block();
         let header = if self == Format::I8Row { 4 } else { 0 };
-        rows * (cols.div_ceil(n) * b + header)
+        rows.saturating_mul(cols.div_ceil(n).saturating_mul(b).saturating_add(header))
     }
 
     /// The format a checkpoint's storage type names (`BF16`, `Q4_K`, `F32`, ...).

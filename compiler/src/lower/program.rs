@@ -161,9 +161,15 @@ impl<'a> Lowerer<'a> {
         }
     }
 
+    /// A non-negative Int expression, at most 2^32 (a size past that is a mistake, and
+    /// products of two sizes then cannot overflow).
     fn int(&mut self, t: &Text) -> Option<usize> {
         match self.eval(t)? {
-            Value::Int(i) if i >= 0 => Some(i as usize),
+            Value::Int(i) if (0..=1 << 32).contains(&i) => Some(i as usize),
+            Value::Int(i) if i > 0 => {
+                self.err(t.span, format!("`{}` is {i}, too large for a size (at most 2^32)", t.value));
+                None
+            }
             v => {
                 self.err(t.span, format!("expected a non-negative Int, `{}` is {v}", t.value));
                 None

@@ -85,7 +85,7 @@ pub fn place(program: &Program, profile: &DeviceProfile, options: &Options, size
             fit::ChainFit { layers: 0, tail: false, bytes: 0 }
         } else if let (0, Some(n)) = (k, options.device_layers) {
             fit::forced_chain(fixed, &totals, tail, dev.usable(), n).ok_or_else(|| {
-                let need = fixed + totals[..n.min(totals.len())].iter().sum::<u64>();
+                let need = totals[..n.min(totals.len())].iter().fold(fixed, |a, b| a.saturating_add(*b));
                 format!("--device-layers {n}: the layers need {} on {id} ({}), which holds {}", human(need), dev.name, human(dev.usable()))
             })?
         } else {

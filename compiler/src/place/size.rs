@@ -27,7 +27,7 @@ pub struct LayerCost {
 
 impl LayerCost {
     pub fn total(&self) -> u64 {
-        self.matrices + self.vectors + self.kv + self.state
+        self.matrices.saturating_add(self.vectors).saturating_add(self.kv).saturating_add(self.state)
     }
 }
 
@@ -50,6 +50,14 @@ pub fn op_weights(op: &Op) -> Vec<&WeightRef> {
         Op::LinearAttention { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
         Op::RoutedExperts { .. } | Op::Rope { .. } | Op::Act { .. } | Op::Glu { .. } | Op::Add { .. } | Op::Mul { .. } => vec![],
     }
+}
+
+/// f32 entries of a linear-attention mixer's state (as `LinearAttentionSpec::state_floats`,
+/// without overflow on absurd sizes).
+fn state_floats(s: &crate::ir::LinearAttentionSpec) -> u64 {
+    let (kh, kd, vh, vd, k) = (s.key_heads as u64, s.key_head_dim as u64, s.value_heads as u64, s.value_head_dim as u64, s.conv_kernel as u64);
+    let conv_channels = (2 * kh).saturating_mul(kd).saturating_add(vh.saturating_mul(vd));
+    vh.saturating_mul(kd).saturating_mul(vd).saturating_add(conv_channels.saturating_mul(k.saturating_sub(1)))
 }
 
 /// Whether a weight is a matrix (two or more dimensions); vectors go up as f32.
@@ -92,9 +100,9 @@ impl Sizer {
                 used.extend(w);
             }
         }
-        let widths: u64 = used.iter().map(|v| program.value(*v).width as u64).sum();
-        s.fixed = s.chunk_rows * widths * F32;
-        s.tail_rows = s.chunk_rows * program.value(program.logits).width as u64 * F32;
+        let widths: u64 = used.iter().fold(0u64, |a, v| a.saturating_add(program.value(*v).width as u64));
+        s.fixed = s.chunk_rows.saturating_mul(widths).saturating_mul(F32);
+        s.tail_rows = s.chunk_rows.saturating_mul(program.value(program.logits).width as u64).saturating_mul(F32);
         s.tail = s.ops_cost(&program.epilogue).total() + s.tail_rows;
         s
     }
@@ -111,9 +119,9 @@ impl Sizer {
 
     /// Bytes of one weight on a device.
     pub fn weight_bytes(&self, w: &WeightRef) -> u64 {
-        let n: u64 = w.shape.iter().map(|&d| d as u64).product();
+        let n: u64 = w.shape.iter().fold(1u64, |a, &d| a.saturating_mul(d as u64));
         if !is_matrix(w) {
-            return n * F32;
+            return n.saturating_mul(F32);
         }
         let cols = *w.shape.last().unwrap_or(&1) as u64;
         let rows = n.checked_div(cols).unwrap_or(0);
@@ -129,19 +137,23 @@ impl Sizer {
                 // Two row selections of one tensor count as their rows, once each.
                 if seen.insert((w.name.clone(), w.rows.map(|r| r.offset))) {
                     if is_matrix(w) {
-                        c.matrices += self.weight_bytes(w);
+                        c.matrices = c.matrices.saturating_add(self.weight_bytes(w));
                     } else {
-                        c.vectors += self.weight_bytes(w);
+                        c.vectors = c.vectors.saturating_add(self.weight_bytes(w));
                     }
                 }
             }
             match op {
                 Op::Attention { spec, .. } => {
                     let positions = spec.window.map_or(self.context, |w| (w as u64).min(self.context));
-                    c.kv += positions * (spec.kv_heads * (spec.head_dim + spec.v_head_dim)) as u64 * F32;
+                    let per_position = (spec.kv_heads as u64).saturating_mul((spec.head_dim + spec.v_head_dim) as u64);
+                    c.kv = c.kv.saturating_add(positions.saturating_mul(per_position).saturating_mul(F32));
                 }
-                Op::Mla { spec, .. } => c.kv += self.context * (spec.kv_lora_rank + spec.qk_rope_head_dim) as u64 * F32,
-                Op::LinearAttention { spec, .. } => c.state += spec.state_floats() as u64 * F32,
+                Op::Mla { spec, .. } => {
+                    let per_position = (spec.kv_lora_rank + spec.qk_rope_head_dim) as u64;
+                    c.kv = c.kv.saturating_add(self.context.saturating_mul(per_position).saturating_mul(F32));
+                }
+                Op::LinearAttention { spec, .. } => c.state = c.state.saturating_add(state_floats(spec).saturating_mul(F32)),
                 _ => {}
             }
         }
