@@ -12,4 +12,5 @@ pub mod model;
 pub mod oplib;
 pub mod sample;
 pub mod text;
+pub mod vk;
 mod vocab_bridge;

@@ -2,13 +2,16 @@
 //! KV cache between calls. Today every op runs on the CPU op library; device frames plug in
 //! behind the same `Session::forward` (the plan says which spans run where).
 
+pub mod device;
 pub mod kv;
+pub mod probe;
 pub mod weights;
 
 use crate::cpu::{run_op, CpuError, CpuOps, Env, Precision};
 use crate::model::Checkpoint;
 use crate::oplib::{op_name, OpLib};
 use coli_compiler::ir::{Op, Program};
+use device::{DeviceModel, DeviceState};
 use kv::KvCache;
 use weights::{WeightError, WeightStore};
 
@@ -20,6 +23,8 @@ pub enum ExecError {
     Cpu(#[from] CpuError),
     #[error("{lib} cannot run op {op} of layer {layer}; this architecture's mixer is not supported by the runtime yet")]
     Unsupported { lib: String, op: &'static str, layer: String },
+    #[error("device: {0}")]
+    Device(crate::vk::VkError),
     #[error("context full: {need} positions needed, the context holds {max}")]
     ContextFull { need: usize, max: usize },
 }
@@ -68,6 +73,8 @@ pub struct Session<'m> {
     pos: usize,
     max_context: usize,
     precision: Precision,
+    device: Option<(&'m DeviceModel, DeviceState)>,
+    notice: Option<String>,
 }
 
 impl<'m> Session<'m> {
@@ -90,7 +97,27 @@ impl<'m> Session<'m> {
             pos: 0,
             max_context,
             precision: Precision::Fast,
+            device: None,
+            notice: None,
         }
+    }
+
+    /// A new sequence whose plan's device frames run on `device`.
+    pub fn on_device(model: &'m Model, device: &'m DeviceModel, max_context: usize) -> Result<Session<'m>, crate::vk::VkError> {
+        let state = device.new_state(model, max_context)?;
+        let mut s = Session::new(model, max_context);
+        s.device = Some((device, state));
+        Ok(s)
+    }
+
+    /// Whether forwards run the plan's device frames (false after a device failure).
+    pub fn on_a_device(&self) -> bool {
+        self.device.is_some()
+    }
+
+    /// A one-line notice for the user (a device failure the run survived), once.
+    pub fn take_notice(&mut self) -> Option<String> {
+        self.notice.take()
     }
 
     /// How CPU matmuls meet quantized weights (`Fast` by default).
@@ -114,12 +141,48 @@ impl<'m> Session<'m> {
     }
 
     /// Runs `tokens` (positions `pos..pos+n`) through the model; returns the logits of the
-    /// last row (`vocab` floats) or of every row (`n x vocab`).
+    /// last row (`vocab` floats) or of every row (`n x vocab`). A device failure re-runs the
+    /// forward on the CPU from the host's cache, and the session stays on the CPU.
     pub fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Vec<f32>, ExecError> {
         let n = tokens.len();
         if self.pos + n > self.max_context {
             return Err(ExecError::ContextFull { need: self.pos + n, max: self.max_context });
         }
+        if self.device.is_some() {
+            let start = self.pos;
+            match self.forward_device(tokens, rows) {
+                Ok(l) => return Ok(l),
+                Err(ExecError::Device(e)) => {
+                    self.notice = Some(format!("the device failed ({e}); this forward and the rest of the run continue on the CPU"));
+                    self.device = None;
+                    self.truncate(start);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.forward_cpu(tokens, rows)
+    }
+
+    fn forward_device(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Vec<f32>, ExecError> {
+        let (dev, state) = self.device.as_mut().expect("on a device");
+        let p = &self.model.program;
+        let lv = p.logits.0 as usize;
+        let vocab = self.widths[lv];
+        let mut out = Vec::new();
+        for chunk in tokens.chunks(dev.cap_rows) {
+            dev.forward(self.model, state, &mut self.values, &self.widths, &mut self.kv, chunk, self.pos, self.precision, rows == LogitRows::Last)?;
+            self.pos += chunk.len();
+            let l = &self.values[lv][..chunk.len() * vocab];
+            match rows {
+                LogitRows::All => out.extend_from_slice(l),
+                LogitRows::Last => out = l[l.len() - vocab..].to_vec(),
+            }
+        }
+        Ok(out)
+    }
+
+    fn forward_cpu(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Vec<f32>, ExecError> {
+        let n = tokens.len();
         let p = &self.model.program;
         let mut env = Env {
             n,

@@ -2,7 +2,9 @@
 //! prompt and decode tokens/s on stderr. Only the generated text goes to stdout.
 
 use crate::default_model;
-use crate::load::{load, LoadRequest};
+use crate::load::{load, DeviceRequest, LoadRequest};
+use coli_runtime::cpu::Precision;
+use coli_runtime::vk::{FaultInjection, VkOptions};
 use clap::{Args, ValueEnum};
 use coli_compiler::Options;
 use coli_runtime::exec::Session;
@@ -84,6 +86,21 @@ pub struct ExecArgs {
     /// Quantize f32/f16/bf16 matrices at load.
     #[arg(long, value_enum)]
     pub quantize: Option<QuantChoice>,
+    /// Use at most this many MiB of device memory (a big device behaves like a small one).
+    #[arg(long)]
+    pub device_mem_mib: Option<u64>,
+    /// Pick the Vulkan device whose name contains this.
+    #[arg(long)]
+    pub device_name: Option<String>,
+    /// Keep this many layers on the device (instead of the most that fit).
+    #[arg(long)]
+    pub device_layers: Option<usize>,
+    /// Fault injection for tests: the device fails at its n-th submit.
+    #[arg(long, hide = true)]
+    pub fail_submit: Option<u64>,
+    /// Multiply quantized weights with f32 activations (slower; matches dequantized references).
+    #[arg(long)]
+    pub exact: bool,
     /// Keep generating past the end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -96,12 +113,6 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
     };
     if a.prompt.is_none() && a.prompt_ids.is_none() {
         return Err("give a prompt: --prompt \"...\" or --prompt-ids 1,2,3".into());
-    }
-    if a.device == DeviceChoice::Vulkan {
-        return Err("--device vulkan: this build runs models on the CPU only so far; use --device cpu or auto".into());
-    }
-    if a.device == DeviceChoice::Auto {
-        eprintln!("coli: running on the CPU (device frames are not executed by this build yet)");
     }
 
     // 1. Load, with a progress bar on a terminal.
@@ -124,14 +135,29 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         }),
         ..Default::default()
     };
+    let vk = VkOptions {
+        device_name: a.device_name.clone(),
+        memory_cap: a.device_mem_mib.map(|m| m << 20),
+        fault: a.fail_submit.map(|n| FaultInjection { fail_submit: Some(n), fail_alloc: None }),
+        ..Default::default()
+    };
+    let device = match a.device {
+        DeviceChoice::Cpu => DeviceRequest::Cpu,
+        DeviceChoice::Vulkan => DeviceRequest::Vulkan(vk),
+        DeviceChoice::Auto => DeviceRequest::Auto(vk),
+    };
+    let ctx_len = a.ctx.unwrap_or(8192);
+    let compile = Options { context: ctx_len, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, ..Options::default() };
     let loaded = load(LoadRequest {
         model: &model_path,
         spec: a.spec.as_deref(),
         load: load_opts,
-        compile: Options::default(),
+        compile,
         profile: None,
+        device,
         progress: Some(&mut progress),
     })?;
+    eprintln!("coli: {}", loaded.device_note);
     let p = &loaded.plan.program;
     eprintln!(
         "coli: {} ({}, {} layers, hidden {}, vocab {}) loaded in {:.2}s",
@@ -169,8 +195,14 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
     }
 
     // 3. Generate.
-    let ctx = a.ctx.unwrap_or_else(|| p.dims.max_context.min(8192)).max(1);
-    let mut session = Session::new(&loaded.model, ctx);
+    let ctx = a.ctx.unwrap_or_else(|| p.dims.max_context.min(ctx_len)).max(1);
+    let mut session = match &loaded.device {
+        Some(d) => Session::on_device(&loaded.model, d, ctx).map_err(|e| format!("device: {e}"))?,
+        None => Session::new(&loaded.model, ctx),
+    };
+    if a.exact {
+        session.set_precision(Precision::Exact);
+    }
     let mut sampler = Sampler::new(SamplerConfig {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -195,6 +227,9 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         let _ = o.flush();
     };
     let g = generate(&mut session, tok, &mut sampler, &ids, &opts, &mut on_text).map_err(|e| e.to_string())?;
+    if let Some(n) = session.take_notice() {
+        eprintln!("coli: {n}");
+    }
     if tok.is_some() {
         println!();
     }

@@ -4,7 +4,10 @@
 
 use crate::specs;
 use coli_compiler::{compile, DeviceProfile, Options, Plan, Spec};
+use coli_runtime::exec::device::DeviceModel;
+use coli_runtime::exec::probe::profile_of;
 use coli_runtime::exec::Model;
+use coli_runtime::vk::{Context, VkOptions};
 use coli_runtime::model::{Checkpoint, LoadOptions};
 use coli_runtime::text::{GgufVocab, Tokenizer};
 use std::path::Path;
@@ -19,6 +22,22 @@ pub struct Loaded {
     pub tokenizer: Option<Tokenizer>,
     /// Why there is no tokenizer, when there is none.
     pub tokenizer_note: Option<String>,
+    /// The device the plan's device frames run on, when there is one.
+    pub device: Option<DeviceModel>,
+    /// One line saying where the model runs and why.
+    pub device_note: String,
+}
+
+/// Where to run.
+#[derive(Clone, Debug, Default)]
+pub enum DeviceRequest {
+    /// The CPU only.
+    #[default]
+    Cpu,
+    /// A Vulkan device, or an error.
+    Vulkan(VkOptions),
+    /// A Vulkan device when there is one, else the CPU.
+    Auto(VkOptions),
 }
 
 /// How to load.
@@ -28,6 +47,7 @@ pub struct LoadRequest<'a> {
     pub load: LoadOptions,
     pub compile: Options,
     pub profile: Option<DeviceProfile>,
+    pub device: DeviceRequest,
     /// Called with (done, total) while weights resolve.
     pub progress: Option<&'a mut dyn FnMut(usize, usize)>,
 }
@@ -35,7 +55,7 @@ pub struct LoadRequest<'a> {
 impl<'a> LoadRequest<'a> {
     /// The defaults for the checkpoint at `model`: its architecture's built-in spec, CPU only.
     pub fn new(model: &'a Path) -> LoadRequest<'a> {
-        LoadRequest { model, spec: None, load: LoadOptions::default(), compile: Options::default(), profile: None, progress: None }
+        LoadRequest { model, spec: None, load: LoadOptions::default(), compile: Options::default(), profile: None, device: DeviceRequest::Cpu, progress: None }
     }
 }
 
@@ -52,16 +72,84 @@ pub fn load(req: LoadRequest) -> Result<Loaded, String> {
             })?
         }
     };
-    let profile = req.profile.unwrap_or_else(DeviceProfile::cpu_only);
-    let plan = compile(&spec, &bindings, &profile, &req.compile).map_err(|d| d.to_string())?;
+    // 1. The device, and the profile the plan is compiled for.
+    let (ctx, vk_opts, required) = match &req.device {
+        DeviceRequest::Cpu => (None, None, false),
+        DeviceRequest::Vulkan(o) | DeviceRequest::Auto(o) => {
+            let required = matches!(req.device, DeviceRequest::Vulkan(_));
+            match Context::new(o) {
+                // A CPU Vulkan device (Lavapipe) is slower than the CPU op library: `auto`
+                // takes GPUs only.
+                Ok(c) if !required && c.caps().kind == coli_runtime::vk::DeviceKind::Cpu => {
+                    let note = format!("the only Vulkan device is a CPU device ({}); running on the CPU", c.caps().name);
+                    return finish(req.model, checkpoint, spec, req.profile.unwrap_or_else(DeviceProfile::cpu_only), &req.compile, req.progress, None, note);
+                }
+                Ok(c) => (Some(c), Some(o.clone()), required),
+                Err(e) if required => return Err(format!("--device vulkan: {e}")),
+                Err(e) => {
+                    let note = format!("no Vulkan device ({e}); running on the CPU");
+                    return finish(req.model, checkpoint, spec, req.profile.unwrap_or_else(DeviceProfile::cpu_only), &req.compile, req.progress, None, note);
+                }
+            }
+        }
+    };
+    let profile = match (&ctx, req.profile) {
+        (_, Some(p)) => p,
+        (Some(c), None) => profile_of(c, vk_opts.as_ref().and_then(|o| o.memory_cap)),
+        (None, None) => DeviceProfile::cpu_only(),
+    };
+    let note = match &ctx {
+        Some(c) => format!("running on {}", c.describe()),
+        None => "running on the CPU".to_string(),
+    };
+    let mut loaded = finish(req.model, checkpoint, spec, profile, &req.compile, req.progress, ctx, note)?;
+    if required && loaded.device.is_none() {
+        return Err(format!("--device vulkan: {}", loaded.device_note));
+    }
+    if loaded.device.is_none() && vk_opts.is_some() {
+        loaded.device_note = format!("{}; running on the CPU", loaded.device_note);
+    }
+    Ok(loaded)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    model_path: &Path,
+    checkpoint: Checkpoint,
+    spec: Spec,
+    profile: DeviceProfile,
+    options: &Options,
+    progress: Option<&mut dyn FnMut(usize, usize)>,
+    ctx: Option<Context>,
+    mut device_note: String,
+) -> Result<Loaded, String> {
+    let bindings = checkpoint.bindings();
+    let plan = compile(&spec, &bindings, &profile, options).map_err(|d| d.to_string())?;
     let mut noop = |_: usize, _: usize| {};
-    let progress = req.progress.unwrap_or(&mut noop);
-    let model = Model::load(&checkpoint, plan.program.clone(), progress).map_err(|e| e.to_string())?;
+    let progress = progress.unwrap_or(&mut noop);
+    let model = Model::load(&checkpoint, plan.program.clone(), progress).map_err(|e| format!("{}: {e}", model_path.display()))?;
+    let device = match ctx {
+        None => None,
+        Some(ctx) => {
+            let name = ctx.caps().name.clone();
+            match DeviceModel::load(ctx, &plan, &model, &mut |_, _| {}) {
+                Ok(d) if d.has_device_frames() => Some(d),
+                Ok(_) => {
+                    device_note = format!("{name} holds none of the layers (the plan keeps everything on the CPU)");
+                    None
+                }
+                Err(e) => {
+                    device_note = format!("{name} cannot take this model ({e})");
+                    None
+                }
+            }
+        }
+    };
     let (tokenizer, tokenizer_note) = match tokenizer_for(&checkpoint) {
         Ok(t) => (Some(t), None),
         Err(e) => (None, Some(e)),
     };
-    Ok(Loaded { checkpoint, spec, plan, model, tokenizer, tokenizer_note })
+    Ok(Loaded { checkpoint, spec, plan, model, tokenizer, tokenizer_note, device, device_note })
 }
 
 /// The checkpoint's own tokenizer: `tokenizer.json` beside safetensors, or the GGUF's vocabulary.

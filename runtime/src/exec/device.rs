@@ -1,0 +1,324 @@
+//! Executes a plan's frames: device frames recorded into one Vulkan command buffer each and
+//! submitted once, host frames run by the CPU op library in between (the router's top-k, the
+//! routed experts, layers past the device's share). What crosses is what the plan says: a
+//! frame's uploads before it, its downloads after it.
+//!
+//! The KV cache: the host's copy stays canonical. Each device layer keeps a mirror of its K/V
+//! rows on the device; a frame appends the block's rows to the mirror and copies them to a
+//! read-back buffer, and the host appends them to its cache after the frame. So when the
+//! device fails, the CPU re-runs the forward from the host's cache with the same tokens.
+//!
+//! Must not: decide placement (the plan did), or run an op the device library does not claim
+//! (`DeviceModel::load` refuses such a plan with a typed error).
+
+use super::weights::visit_weights;
+use super::{ExecError, Model};
+use crate::cpu::rope::inv_freq;
+use crate::cpu::{run_op, Env, Precision};
+use crate::exec::kv::KvCache;
+use crate::oplib::{op_name, OpLib};
+use crate::vk::{AttnPath, AttnShape, Broadcast, Context, DeviceBuffer, DeviceMatrix, MatmulPath, MemoryUse, RopeShape, VkError, VkOps};
+use coli_compiler::frames::{op_of, Frame};
+use coli_compiler::ids::{Part, Place};
+use coli_compiler::ir::{Op, RopeScaling, ValueId};
+use coli_compiler::Plan;
+use std::collections::HashMap;
+
+/// The device side of a model: its weights uploaded, buffers for the row values and the KV
+/// mirrors, and the plan's frames.
+pub struct DeviceModel {
+    pub ctx: Context,
+    frames: Vec<Frame>,
+    mats: HashMap<String, DeviceMatrix>,
+    vecs: HashMap<String, DeviceBuffer>,
+    /// Inverse RoPE frequencies per distinct (rotary dim, theta, scaling), with their mscale.
+    freqs: Vec<(usize, f32, RopeScaling, DeviceBuffer, f32)>,
+    /// The most rows one device forward takes.
+    pub cap_rows: usize,
+    max_context: usize,
+    /// Bytes of weights uploaded.
+    pub weight_bytes: u64,
+}
+
+/// Per-session device state: value buffers, KV mirrors and their read-back staging.
+pub struct DeviceState {
+    values: Vec<DeviceBuffer>,
+    mirrors: Vec<Option<(DeviceBuffer, DeviceBuffer, DeviceBuffer, DeviceBuffer)>>,
+    /// Rows of each layer's mirror that equal the host's cache.
+    watermark: Vec<usize>,
+}
+
+/// Why a plan cannot run on the device.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error(transparent)]
+    Vk(#[from] VkError),
+    #[error("the device library cannot run op {op} ({place}); recompile the plan with a profile that keeps it on the host")]
+    Unsupported { op: &'static str, place: String },
+}
+
+impl DeviceModel {
+    /// Uploads what the plan's device frames read. `progress(done, total)` per tensor.
+    pub fn load(ctx: Context, plan: &Plan, model: &Model, progress: &mut dyn FnMut(usize, usize)) -> Result<DeviceModel, DeviceError> {
+        let program = &plan.program;
+        let lib = VkOps::new(ctx.clone());
+        let mut names: Vec<(String, bool)> = Vec::new();
+        let mut freqs = Vec::new();
+        for f in plan.frames.iter().filter(|f| f.place != Place::Host) {
+            for &id in &f.ops {
+                let op = op_of(program, id);
+                if !lib.supports(op, None) {
+                    return Err(DeviceError::Unsupported { op: op_name(op), place: id.to_string() });
+                }
+                visit_weights(op, &mut |w, is_vec| names.push((w.name.clone(), is_vec)), &mut |_, _| {});
+                if let Op::Rope { rotary_dim, theta, scaling, .. } = op {
+                    freqs.push((*rotary_dim, *theta, *scaling));
+                }
+            }
+        }
+        names.sort();
+        names.dedup();
+        let mut mats = HashMap::new();
+        let mut vecs = HashMap::new();
+        let mut weight_bytes = 0u64;
+        let total = names.len();
+        for (i, (name, is_vec)) in names.into_iter().enumerate() {
+            progress(i, total);
+            if is_vec {
+                let b = ctx.upload_f32(model.weights.vector(&name))?;
+                weight_bytes += b.len_bytes() as u64;
+                vecs.insert(name, b);
+            } else {
+                let m = model.weights.matrix(&name);
+                let dm = ctx.upload_matrix(m.format, m.rows, m.cols, m.bytes())?;
+                weight_bytes += m.bytes().len() as u64;
+                mats.insert(name, dm);
+            }
+        }
+        progress(total, total);
+        let mut fbufs = Vec::new();
+        for (rd, theta, scaling) in freqs {
+            if fbufs.iter().any(|(r, t, s, _, _): &(usize, f32, RopeScaling, DeviceBuffer, f32)| *r == rd && *t == theta && *s == scaling) {
+                continue;
+            }
+            let (f, mscale) = inv_freq(rd, theta, scaling);
+            fbufs.push((rd, theta, scaling, ctx.upload_f32(&f)?, mscale));
+        }
+        Ok(DeviceModel {
+            ctx,
+            frames: plan.frames.clone(),
+            mats,
+            vecs,
+            freqs: fbufs,
+            cap_rows: plan.options.chunk_rows.max(1),
+            max_context: plan.options.context.max(1),
+            weight_bytes,
+        })
+    }
+
+    /// Whether any frame runs on a device.
+    pub fn has_device_frames(&self) -> bool {
+        self.frames.iter().any(|f| f.place != Place::Host)
+    }
+
+    /// Buffers for one sequence of at most `context` positions.
+    pub fn new_state(&self, model: &Model, context: usize) -> Result<DeviceState, VkError> {
+        let p = &model.program;
+        let ctx = &self.ctx;
+        let values = p.values.iter().map(|v| ctx.f32_buffer((v.width * self.cap_rows).max(1))).collect::<Result<Vec<_>, _>>()?;
+        let context = context.min(self.max_context.max(context));
+        let mut mirrors: Vec<Option<_>> = (0..p.layers.len()).map(|_| None).collect();
+        for f in self.frames.iter().filter(|f| f.place != Place::Host) {
+            for &id in &f.ops {
+                if let Op::Attention { layer, spec, .. } = op_of(p, id) {
+                    let (kw, vw) = (spec.kv_heads * spec.head_dim, spec.kv_heads * spec.v_head_dim);
+                    let l = layer.0 as usize;
+                    if mirrors[l].is_none() {
+                        mirrors[l] = Some((
+                            ctx.f32_buffer(context * kw)?,
+                            ctx.f32_buffer(context * vw)?,
+                            ctx.buffer(MemoryUse::Readback, self.cap_rows * kw * 4)?,
+                            ctx.buffer(MemoryUse::Readback, self.cap_rows * vw * 4)?,
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(DeviceState { values, watermark: vec![0; mirrors.len()], mirrors })
+    }
+
+    fn freq(&self, rd: usize, theta: f32, scaling: RopeScaling) -> (&DeviceBuffer, f32) {
+        let (_, _, _, b, m) = self.freqs.iter().find(|(r, t, s, _, _)| *r == rd && *t == theta && *s == scaling).expect("frequencies uploaded at load");
+        (b, *m)
+    }
+
+    /// Runs the plan's frames over `tokens` at positions `pos0..`, `tokens.len() <= cap_rows`.
+    /// Host values and the host KV cache are updated as the CPU path would leave them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        model: &Model,
+        st: &mut DeviceState,
+        host_values: &mut [Vec<f32>],
+        widths: &[usize],
+        kv: &mut KvCache,
+        tokens: &[u32],
+        pos0: usize,
+        precision: Precision,
+        last_only: bool,
+    ) -> Result<(), ExecError> {
+        let n = tokens.len();
+        let p = &model.program;
+        for (l, mark) in st.watermark.iter_mut().enumerate() {
+            // A host write below the mirror's rows (a truncation) lowers the watermark.
+            *mark = (*mark).min(kv.layers.get(l).map_or(0, |c| c.len())).min(pos0);
+        }
+        for frame in &self.frames {
+            match frame.place {
+                Place::Host => {
+                    let mut env = Env { n, pos0, tokens, values: host_values, widths, kv, weights: &model.weights, precision };
+                    for &id in &frame.ops {
+                        run_op(op_of(p, id), &mut env)?;
+                    }
+                }
+                Place::Device(_) => self.run_device_frame(model, st, frame, host_values, widths, kv, tokens, pos0, precision, last_only).map_err(ExecError::Device)?,
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_device_frame(
+        &self,
+        model: &Model,
+        st: &mut DeviceState,
+        frame: &Frame,
+        host_values: &mut [Vec<f32>],
+        widths: &[usize],
+        kv: &mut KvCache,
+        tokens: &[u32],
+        pos0: usize,
+        precision: Precision,
+        last_only: bool,
+    ) -> Result<(), VkError> {
+        let n = tokens.len();
+        let p = &model.program;
+        let ctx = &self.ctx;
+        let w = |v: ValueId| widths[v.0 as usize];
+        // 1. Uploads, and what the frame needs that must outlive it.
+        for &v in &frame.uploads {
+            let data = &host_values[v.0 as usize][..n * w(v)];
+            ctx.write(&st.values[v.0 as usize], 0, as_bytes(data))?;
+        }
+        // Mirror rows the device lacks (a host write lowered the watermark) go up first.
+        let mut attn_layers = Vec::new();
+        for &id in &frame.ops {
+            if let Op::Attention { layer, .. } = op_of(p, id) {
+                let l = layer.0 as usize;
+                attn_layers.push(l);
+                let (mk, mv, _, _) = st.mirrors[l].as_ref().expect("mirror allocated");
+                let c = &kv.layers[l];
+                let mark = st.watermark[l];
+                if mark < pos0 {
+                    ctx.write(mk, mark * c.k_width * 4, as_bytes(&c.k[mark * c.k_width..pos0 * c.k_width]))?;
+                    ctx.write(mv, mark * c.v_width * 4, as_bytes(&c.v[mark * c.v_width..pos0 * c.v_width]))?;
+                    st.watermark[l] = pos0;
+                }
+            }
+        }
+        let token_buf = if frame.ops.iter().any(|&id| matches!(op_of(p, id), Op::Embed { .. })) { Some(ctx.upload_tokens(tokens, p.dims.vocab)?) } else { None };
+        // 2. Record.
+        let vals = &st.values;
+        let view = |v: ValueId| vals[v.0 as usize].view(0, n * w(v));
+        // The head of a forward whose last row only is wanted runs on that row.
+        let last = |v: ValueId| vals[v.0 as usize].view((n - 1) * w(v), w(v));
+        let mut f = ctx.frame()?;
+        for &id in &frame.ops {
+            let op = op_of(p, id);
+            if last_only && n > 1 && id.part == Part::Epilogue {
+                match op {
+                    Op::RmsNorm { x, out, weight, eps, offset, .. } => {
+                        f.rms_norm(last(*x), self.vecs[&weight.name].all(), last(*out), 1, w(*x), *eps, *offset)?;
+                        continue;
+                    }
+                    Op::Linear { x, out, weight, bias } => {
+                        f.matmul_with(&self.mats[&weight.name], last(*x), 1, last(*out), MatmulPath::Auto, precision)?;
+                        if let Some(b) = bias {
+                            f.add(last(*out), self.vecs[&b.name].all(), last(*out), 1, w(*out), Broadcast::Row)?;
+                        }
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
+            match op {
+                Op::Embed { out, table, scale } => {
+                    f.embed(&self.mats[&table.name], token_buf.as_ref().expect("tokens uploaded").all(), n, *scale, view(*out))?;
+                }
+                Op::RmsNorm { x, out, weight, eps, offset, .. } => {
+                    f.rms_norm(view(*x), self.vecs[&weight.name].all(), view(*out), n, w(*x), *eps, *offset)?;
+                }
+                Op::Linear { x, out, weight, bias } => {
+                    f.matmul_with(&self.mats[&weight.name], view(*x), n, view(*out), MatmulPath::Auto, precision)?;
+                    if let Some(b) = bias {
+                        f.add(view(*out), self.vecs[&b.name].all(), view(*out), n, w(*out), Broadcast::Row)?;
+                    }
+                }
+                Op::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling } => {
+                    let (fb, mscale) = self.freq(*rotary_dim, *theta, *scaling);
+                    f.rope(view(*x), fb.all(), RopeShape { n, width: w(*x), heads: *heads, head_dim: *head_dim, style: *style, pos0, mscale })?;
+                }
+                Op::Attention { q, k, v, out, layer, spec } => {
+                    let l = layer.0 as usize;
+                    let (mk, mv, sk, sv) = st.mirrors[l].as_ref().expect("mirror allocated");
+                    let (kw, vw) = (w(*k), w(*v));
+                    f.copy(view(*k), mk.view(pos0 * kw, n * kw))?;
+                    f.copy(view(*v), mv.view(pos0 * vw, n * vw))?;
+                    f.copy(view(*k), sk.view(0, n * kw))?;
+                    f.copy(view(*v), sv.view(0, n * vw))?;
+                    let shape = AttnShape { heads: spec.heads, kv_heads: spec.kv_heads, head_dim: spec.head_dim, v_head_dim: spec.v_head_dim, scale: spec.scale, window: spec.window };
+                    let sinks = spec.sinks.as_ref().map(|s| self.vecs[&s.name].all());
+                    f.attention(shape, view(*q), mk.view(0, (pos0 + n) * kw), mv.view(0, (pos0 + n) * vw), sinks, view(*out), n, pos0, AttnPath::Auto)?;
+                }
+                Op::Act { x, out, act } => f.act(*act, view(*x), view(*out), n * w(*x))?,
+                Op::Glu { gate, up, out, kind } => f.glu(*kind, view(*gate), view(*up), view(*out), n * w(*out))?,
+                Op::Add { a, b, out } => f.add(view(*a), view(*b), view(*out), n, w(*a), Broadcast::None)?,
+                Op::Mul { a, b, out } => {
+                    let mode = if w(*b) == 1 && w(*a) != 1 { Broadcast::PerRow } else { Broadcast::None };
+                    f.mul(view(*a), view(*b), view(*out), n, w(*a), mode)?
+                }
+                op => return Err(VkError::BadArgument { op: op_name(op), msg: "not a device op; the plan placed it on a device".into() }),
+            }
+        }
+        f.run()?;
+        // 3. Downloads, and the block's K/V rows into the host's canonical cache.
+        for &v in &frame.downloads {
+            let len = n * w(v);
+            let hv = &mut host_values[v.0 as usize];
+            hv.resize(len, 0.0);
+            ctx.read(&st.values[v.0 as usize], 0, as_bytes_mut(&mut hv[..len]))?;
+        }
+        for l in attn_layers {
+            let (_, _, sk, sv) = st.mirrors[l].as_ref().expect("mirror allocated");
+            let c = &mut kv.layers[l];
+            c.truncate(pos0);
+            let (kw, vw) = (c.k_width, c.v_width);
+            let (mut k, mut v) = (vec![0f32; n * kw], vec![0f32; n * vw]);
+            ctx.read(sk, 0, as_bytes_mut(&mut k))?;
+            ctx.read(sv, 0, as_bytes_mut(&mut v))?;
+            c.append(&k, &v);
+            st.watermark[l] = pos0 + n;
+        }
+        Ok(())
+    }
+}
+
+fn as_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and every byte pattern is a valid u8.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+fn as_bytes_mut(v: &mut [f32]) -> &mut [u8] {
+    // SAFETY: as above; every byte pattern is a valid f32.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
+}
