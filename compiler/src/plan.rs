@@ -125,12 +125,8 @@ impl fmt::Display for Plan {
             let tier: u64 = pl.fits.iter().map(|x| x.tier).sum();
             let held = tier.checked_div(bytes).unwrap_or(0);
             let total = experts as u64 * ids.len() as u64;
-            writeln!(
-                f,
-                "experts: {} x {experts}, {} each ({first}); the tier holds {held} of {total}",
-                layer_ranges(&ids),
-                human(bytes)
-            )?;
+            let tier = if tier > 0 { format!("; the tier holds {held} of {total}") } else { String::new() };
+            writeln!(f, "experts: {} x {experts}, {} each ({first}){tier}", layer_ranges(&ids), human(bytes))?;
         }
         // Frames.
         writeln!(f, "frames ({}):", self.frames.len())?;

@@ -64,9 +64,13 @@ pub enum OutputFormat {
 
 /// Runs `coli compile`; the plan goes to stdout. Errors are printable messages.
 pub fn run(args: CompileArgs) -> Result<(), String> {
+    use std::io::Write;
     let text = compile_to_string(&args)?;
-    print!("{text}");
-    Ok(())
+    match std::io::stdout().write_all(text.as_bytes()) {
+        // A reader that stopped early (`| head`) is not an error.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("cannot write the plan: {e}")),
+        _ => Ok(()),
+    }
 }
 
 /// Does what `run` does and returns the output instead of printing it.
@@ -143,4 +147,56 @@ fn read_bindings(path: &Path) -> Result<Bindings, String> {
 fn checkpoint_bindings(path: &Path) -> Result<Bindings, String> {
     let ckpt = coli_runtime::model::Checkpoint::open(path, &Default::default()).map_err(|e| e.to_string())?;
     Ok(ckpt.bindings())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(spec: Option<&str>, config: Option<&str>) -> CompileArgs {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        CompileArgs {
+            spec: spec.map(|s| root.join(s)),
+            config: config.map(|c| root.join(c)),
+            profile: None,
+            format: OutputFormat::Text,
+            graphs: root.join("graphs"),
+            dense_on_cpu: false,
+            no_expert_tier: false,
+            device_layers: None,
+            context: None,
+            chunk_rows: None,
+            assume_format: None,
+            upload_format: None,
+        }
+    }
+
+    #[test]
+    fn a_spec_alone_uses_its_default_config() {
+        let out = compile_to_string(&args(Some("graphs/olmoe.ron"), None)).unwrap();
+        assert!(out.starts_with("plan olmoe for profile cpu-only\n"), "{out}");
+        assert!(out.contains("program olmoe: hidden 2048, vocab 50304, layers 16"));
+    }
+
+    #[test]
+    fn a_config_alone_finds_its_spec_and_options_reach_the_plan() {
+        let mut a = args(None, Some("graphs/configs/qwen3-30b-a3b.json"));
+        a.profile = Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/profiles/h200.ron"));
+        a.device_layers = Some(5);
+        a.format = OutputFormat::Dot;
+        let out = compile_to_string(&a).unwrap();
+        assert!(out.starts_with("digraph plan {"), "{}", &out[..200]);
+        a.format = OutputFormat::Text;
+        let out = compile_to_string(&a).unwrap();
+        assert!(out.contains("placement: prologue host, l0..l4 d0, l5..l47 host, head host"), "{out}");
+    }
+
+    #[test]
+    fn errors_are_messages() {
+        let e = compile_to_string(&args(None, None)).unwrap_err();
+        assert!(e.contains("give a spec"));
+        // DeepSeek-V3's configuration names its experts `n_routed_experts`: OLMoE's spec says where.
+        let e = compile_to_string(&args(Some("graphs/olmoe.ron"), Some("graphs/configs/deepseek-v3.json"))).unwrap_err();
+        assert!(e.contains("olmoe.ron:") && e.contains("symbol `experts` has no value"), "{e}");
+    }
 }
