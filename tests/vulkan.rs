@@ -1,0 +1,102 @@
+//! The Vulkan path against the CPU path, end to end, on whatever Vulkan device the machine has
+//! (Lavapipe in CI): every fixture's logits and greedy tokens, prompts in chunks, partial
+//! chains (the first N layers on the device, the rest on the CPU) for every N, and a device
+//! lost mid-decode that the CPU finishes with the same tokens.
+//!
+//! Tolerance: logits within 1e-4 of the largest |logit| (f32 weights: the device and the CPU
+//! differ only in the order of float operations); greedy tokens identical.
+
+mod common;
+
+use coli::load::{load, DeviceRequest, LoadRequest, Loaded};
+use coli_compiler::Options;
+use coli_runtime::exec::{LogitRows, Session};
+use coli_runtime::vk::{FaultInjection, VkOptions};
+use common::*;
+use std::path::Path;
+
+const FIXTURES: &[&str] = &["llama", "llama_tied", "olmoe", "qwen3_moe", "mixtral"];
+
+fn load_on_device(dir: &Path, device_layers: Option<usize>, fault: Option<FaultInjection>) -> Loaded {
+    let mut req = LoadRequest::new(dir);
+    req.device = DeviceRequest::Vulkan(VkOptions { fault, ..Default::default() });
+    req.compile = Options { context: 256, chunk_rows: 8, device_layers, ..Options::default() };
+    load(req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+}
+
+/// Logits of every prompt row (in chunks of `chunk`) and `steps` greedy tokens.
+fn run(l: &Loaded, prompt: &[u32], chunk: usize, steps: usize) -> (Vec<Vec<f32>>, Vec<u32>, Option<String>) {
+    let mut s = match &l.device {
+        Some(d) => Session::on_device(&l.model, d, 256).unwrap(),
+        None => Session::new(&l.model, 256),
+    };
+    let vocab = l.plan.program.dims.vocab;
+    let mut rows = Vec::new();
+    for c in prompt.chunks(chunk) {
+        rows.extend(s.forward(c, LogitRows::All).unwrap().chunks_exact(vocab).map(|r| r.to_vec()));
+    }
+    let mut last = rows.last().unwrap().clone();
+    let mut toks = Vec::new();
+    for _ in 0..steps {
+        let id = argmax(&last);
+        toks.push(id);
+        last = s.forward(&[id], LogitRows::Last).unwrap();
+    }
+    (rows, toks, s.take_notice())
+}
+
+#[test]
+fn every_fixture_on_the_device_matches_the_cpu() {
+    for name in FIXTURES {
+        let dir = fixture_dir(name);
+        let oracle = read_json(&dir.join("oracle.json"));
+        let prompt = ids(&oracle["prompt_ids"]);
+        let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
+        let cpu = load_model(&dir);
+        let (want, want_toks, _) = run(&cpu, &prompt, prompt.len(), 12);
+        let dev = load_on_device(&dir, None, None);
+        assert!(dev.device.is_some(), "{name}: {}", dev.device_note);
+        for chunk in [prompt.len(), 1, 3] {
+            let (got, toks, notice) = run(&dev, &prompt, chunk, 12);
+            assert!(notice.is_none(), "{name}: {notice:?}");
+            let err = max_abs_diff(&got, &want);
+            assert!(err <= 1e-4 * max, "{name} chunk {chunk}: max |device - cpu| = {err}");
+            assert_eq!(toks, want_toks, "{name} chunk {chunk}: greedy tokens differ");
+        }
+    }
+}
+
+#[test]
+fn partial_chains_of_every_length_match_the_cpu() {
+    for name in ["llama", "olmoe"] {
+        let dir = fixture_dir(name);
+        let oracle = read_json(&dir.join("oracle.json"));
+        let prompt = ids(&oracle["prompt_ids"]);
+        let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
+        let (want, want_toks, _) = run(&load_model(&dir), &prompt, 5, 8);
+        let layers = oracle["hidden_after_layer"].as_array().map_or(2, |a| a.len());
+        for n in 1..=layers {
+            let dev = load_on_device(&dir, Some(n), None);
+            assert!(dev.device.is_some(), "{name} N={n}: {}", dev.device_note);
+            let text = dev.plan.to_string();
+            assert!(text.contains(&format!("({n} layer")), "{name}: the plan should place {n} layers:\n{text}");
+            let (got, toks, _) = run(&dev, &prompt, 5, 8);
+            let err = max_abs_diff(&got, &want);
+            assert!(err <= 1e-4 * max, "{name} N={n}: max |device - cpu| = {err}");
+            assert_eq!(toks, want_toks, "{name} N={n}: greedy tokens differ");
+        }
+    }
+}
+
+#[test]
+fn a_device_lost_mid_decode_is_finished_by_the_cpu() {
+    let dir = fixture_dir("olmoe");
+    let oracle = read_json(&dir.join("oracle.json"));
+    let prompt = ids(&oracle["prompt_ids"]);
+    let (_, want_toks, _) = run(&load_model(&dir), &prompt, prompt.len(), 12);
+    // Frames per forward: the prompt's (about five) come first; submit 12 falls in the decode.
+    let dev = load_on_device(&dir, None, Some(FaultInjection { fail_submit: Some(12), fail_alloc: None }));
+    let (_, toks, notice) = run(&dev, &prompt, prompt.len(), 12);
+    assert!(notice.is_some_and(|n| n.contains("continue on the CPU")), "the fallback says so");
+    assert_eq!(toks, want_toks, "the CPU finishes the run with the same tokens");
+}
