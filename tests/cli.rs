@@ -148,3 +148,20 @@ fn truncated_checkpoint_is_a_clear_error() {
     let _ = std::fs::remove_dir_all(&dir);
     assert_clean_error(&o, "model.safetensors");
 }
+
+#[test]
+fn every_spec_under_graphs_is_built_in() {
+    let mut on_disk: Vec<String> = std::fs::read_dir(root().join("graphs"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".ron"))
+        .collect();
+    on_disk.sort();
+    let mut built: Vec<String> = coli::specs::BUILTIN.iter().map(|(n, _)| n.to_string()).collect();
+    built.sort();
+    assert_eq!(built, on_disk, "add new specs to tools/coli/src/specs.rs");
+    for (n, t) in coli::specs::BUILTIN {
+        coli::specs::builtin(n, t).unwrap_or_else(|d| panic!("{n}: {d}"));
+    }
+}

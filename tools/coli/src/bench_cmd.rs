@@ -3,7 +3,9 @@
 //! line per test and the kernel level, so a number in docs/BENCHMARKS.md says what ran.
 
 use crate::default_model;
-use crate::load::{load, LoadRequest};
+use crate::load::{load, DeviceRequest, LoadRequest};
+use coli_compiler::Options;
+use coli_runtime::vk::VkOptions;
 use clap::Args;
 use coli_runtime::exec::{LogitRows, Session};
 use std::path::PathBuf;
@@ -26,8 +28,24 @@ pub struct BenchArgs {
     #[arg(short = 'r', long, default_value_t = 3)]
     pub reps: usize,
     /// Prompt rows per forward.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 512)]
     pub chunk: usize,
+    /// cpu, vulkan (fails without a device) or auto.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Use at most this many MiB of device memory.
+    #[arg(long)]
+    pub device_mem_mib: Option<u64>,
+    /// Keep this many layers on the device.
+    #[arg(long)]
+    pub device_layers: Option<usize>,
+}
+
+fn session(l: &crate::load::Loaded, ctx: usize) -> Result<Session<'_>, String> {
+    match &l.device {
+        Some(d) => Session::on_device(&l.model, d, ctx).map_err(|e| e.to_string()),
+        None => Ok(Session::new(&l.model, ctx)),
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -42,6 +60,14 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     };
     let mut req = LoadRequest::new(&path);
     req.spec = a.spec.as_deref();
+    let vk = VkOptions { memory_cap: a.device_mem_mib.map(|m| m << 20), ..Default::default() };
+    req.device = match a.device.as_str() {
+        "cpu" => DeviceRequest::Cpu,
+        "vulkan" => DeviceRequest::Vulkan(vk),
+        "auto" => DeviceRequest::Auto(vk),
+        d => return Err(format!("--device {d}: expected cpu, vulkan or auto")),
+    };
+    req.compile = Options { context: a.prompt + a.decode + 8, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, ..Options::default() };
     let loaded = load(req)?;
     let vocab = loaded.plan.program.dims.vocab as u32;
     // Deterministic ids spread over the vocabulary (avoiding the first few specials).
@@ -50,13 +76,13 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     let reps = a.reps.max(1);
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     for _ in 0..reps {
-        let mut s = Session::new(&loaded.model, ctx);
+        let mut s = session(&loaded, ctx)?;
         let t = Instant::now();
         for c in ids.chunks(a.chunk.max(1)) {
             s.forward(c, LogitRows::Last).map_err(|e| e.to_string())?;
         }
         pp.push(ids.len() as f64 / t.elapsed().as_secs_f64());
-        let mut s = Session::new(&loaded.model, ctx);
+        let mut s = session(&loaded, ctx)?;
         s.forward(&ids[..1], LogitRows::Last).map_err(|e| e.to_string())?;
         let t = Instant::now();
         for i in 0..a.decode {
@@ -65,8 +91,9 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         tg.push(a.decode as f64 / t.elapsed().as_secs_f64());
     }
     let p = &loaded.plan.program;
+    println!("{}", loaded.device_note);
     println!(
-        "model {} ({}, {} layers, hidden {}, vocab {}), device cpu ({} threads, kernels {})",
+        "model {} ({}, {} layers, hidden {}, vocab {}), host cpu ({} threads, kernels {})",
         path.display(),
         p.family,
         p.dims.layers,

@@ -10,6 +10,8 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("olmoe.ron", include_str!("../../../graphs/olmoe.ron")),
     ("qwen3_moe.ron", include_str!("../../../graphs/qwen3_moe.ron")),
     ("mixtral.ron", include_str!("../../../graphs/mixtral.ron")),
+    ("deepseek_v3.ron", include_str!("../../../graphs/deepseek_v3.ron")),
+    ("qwen3_next.ron", include_str!("../../../graphs/qwen3_next.ron")),
 ];
 
 /// Parses a built-in spec (its path reads `graphs/<name>` in messages).
