@@ -298,6 +298,35 @@ fn dispatches_are_counted() {
     assert_eq!(ctx.download_f32(x.all()).unwrap(), vec![2.0, 4.0, 6.0]);
 }
 
+/// Barriers go only between dependent commands: independent ones share a stage, and a read
+/// after a write, a write after a write and a write after a read each wait. The results
+/// show the order held.
+#[test]
+fn barriers_follow_dependencies() {
+    let Some(ctx) = ctx() else { return };
+    let a = ctx.upload_f32(&[1.0; 8]).unwrap();
+    let b = ctx.upload_f32(&[2.0; 8]).unwrap();
+    let c = ctx.upload_f32(&[3.0; 8]).unwrap();
+    let mut f = ctx.frame().unwrap();
+    // a = a + a and c = c + c are independent: no barrier.
+    f.add(a.all(), a.all(), a.all(), 1, 8, Broadcast::None).unwrap();
+    f.add(c.all(), c.all(), c.all(), 1, 8, Broadcast::None).unwrap();
+    assert_eq!(f.barrier_count(), 0);
+    // b = a * b reads a (written): one barrier.
+    f.mul(a.all(), b.all(), b.all(), 1, 8, Broadcast::None).unwrap();
+    assert_eq!(f.barrier_count(), 1);
+    // a = c + c writes a, which the mul read: another.
+    f.add(c.all(), c.all(), a.all(), 1, 8, Broadcast::None).unwrap();
+    assert_eq!(f.barrier_count(), 2);
+    // Two halves of one buffer written side by side need none.
+    f.add(b.view(0, 4), b.view(0, 4), c.view(0, 4), 1, 4, Broadcast::None).unwrap();
+    assert_eq!(f.barrier_count(), 3, "c was read by the last add");
+    f.run().unwrap();
+    assert_eq!(ctx.download_f32(a.all()).unwrap(), vec![12.0; 8]);
+    assert_eq!(ctx.download_f32(b.all()).unwrap(), vec![4.0; 8]);
+    assert_eq!(ctx.download_f32(c.all()).unwrap(), [vec![8.0; 4], vec![6.0; 4]].concat());
+}
+
 /// Bad operands are typed errors, never panics.
 #[test]
 fn bad_operands_are_errors() {

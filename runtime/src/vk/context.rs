@@ -24,6 +24,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// How long a submission may take before we call the device lost.
 const WAIT_NS: u64 = 120_000_000_000;
 
+/// Serializes creating and destroying contexts in one process. Workaround: NVIDIA's driver
+/// (580, H200) hung in about one run in three when six threads each created and destroyed
+/// their own instance and device at once (the parallel `vk_memory` tests); never on Lavapipe.
+static LIFECYCLE: Mutex<()> = Mutex::new(());
+
 pub(crate) struct Shared {
     pub dev: Device,
     pub caps: DeviceCaps,
@@ -35,8 +40,8 @@ pub(crate) struct Shared {
     submits: AtomicU64,
     pub dispatches: AtomicU64,
     lost: AtomicBool,
-    // Dropped last: everything above is made from it.
-    pub inst: Instance,
+    // Destroyed last (in `drop`, under the lifecycle lock): everything above is made from it.
+    pub inst: std::mem::ManuallyDrop<Instance>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -99,6 +104,7 @@ impl Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        let _serial = lock(&LIFECYCLE);
         // SAFETY: every buffer and frame holds an Arc to us, so none is alive; the device is
         // idled before its children are destroyed.
         unsafe {
@@ -106,6 +112,7 @@ impl Drop for Shared {
             lock(&self.pipes).destroy(&self.dev.raw);
             lock(&self.mem).destroy_all(&self.dev.raw);
             self.dev.destroy();
+            std::mem::ManuallyDrop::drop(&mut self.inst);
         }
     }
 }
@@ -127,6 +134,7 @@ impl Context {
     /// and sets up memory placement. Fails with `NoLoader` / `NoDevice` on a machine without
     /// Vulkan, which the caller reports in one line.
     pub fn new(opts: &VkOptions) -> Result<Context> {
+        let _serial = lock(&LIFECYCLE);
         let inst = Instance::new(opts.validation)?;
         // SAFETY: the instance is live for these calls; the device made here is stored in
         // `Shared`, which destroys it before the instance.
@@ -155,7 +163,7 @@ impl Context {
                     submits: AtomicU64::new(0),
                     dispatches: AtomicU64::new(0),
                     lost: AtomicBool::new(false),
-                    inst,
+                    inst: std::mem::ManuallyDrop::new(inst),
                 }),
             })
         }

@@ -1,6 +1,10 @@
 //! A frame: a run of kernels recorded into one command buffer and submitted once. Ops
 //! (ops/*.rs) record dispatches here; each dispatch takes a descriptor set of whole-buffer
-//! bindings and 64 bytes of push constants, followed by a memory barrier. Scratch buffers an
+//! bindings and 64 bytes of push constants. A memory barrier goes in only before a command
+//! that touches a range an earlier command since the last barrier wrote (read after write,
+//! write after write) or that it writes a range read since then (write after read), so
+//! independent kernels (q, k and v projections; a quantization beside an unrelated GEMV) run
+//! without one between them. Scratch buffers an
 //! op needs (quantized activations, attention partials) live until the frame ends. A frame
 //! borrows every buffer it records (`'a`), so none can be freed while its work is pending.
 //!
@@ -31,9 +35,34 @@ impl Bind {
     }
 }
 
+/// Byte ranges touched since the last barrier: (buffer, start, end).
+#[derive(Default)]
+struct Hazards {
+    written: Vec<(vk::Buffer, u64, u64)>,
+    read: Vec<(vk::Buffer, u64, u64)>,
+}
+
+fn overlaps(set: &[(vk::Buffer, u64, u64)], r: (vk::Buffer, u64, u64)) -> bool {
+    set.iter().any(|&(b, s, e)| b == r.0 && s < r.2 && r.1 < e)
+}
+
+impl Hazards {
+    /// Whether a command reading `reads` and writing `writes` must wait for earlier ones.
+    fn conflicts(&self, reads: &[(vk::Buffer, u64, u64)], writes: &[(vk::Buffer, u64, u64)]) -> bool {
+        reads.iter().any(|&r| overlaps(&self.written, r)) || writes.iter().any(|&w| overlaps(&self.written, w) || overlaps(&self.read, w))
+    }
+
+    fn note(&mut self, reads: &[(vk::Buffer, u64, u64)], writes: &[(vk::Buffer, u64, u64)]) {
+        self.read.extend_from_slice(reads);
+        self.written.extend_from_slice(writes);
+    }
+}
+
 pub struct Frame<'a> {
     pub(crate) ctx: &'a Context,
     cmds: Commands,
+    hazards: Hazards,
+    barriers: u64,
     scratch: Vec<DeviceBuffer>,
     dummy: Option<DeviceBuffer>,
     dispatches: u64,
@@ -44,12 +73,29 @@ impl<'a> Frame<'a> {
         ctx.shared.check_alive()?;
         // SAFETY: the device is live (the context holds it).
         let cmds = unsafe { Commands::new(&ctx.shared.dev.raw, ctx.shared.caps.compute_family)? };
-        Ok(Frame { ctx, cmds, scratch: Vec::new(), dummy: None, dispatches: 0 })
+        Ok(Frame { ctx, cmds, hazards: Hazards::default(), barriers: 0, scratch: Vec::new(), dummy: None, dispatches: 0 })
     }
 
     /// Dispatches recorded in this frame.
     pub fn dispatch_count(&self) -> u64 {
         self.dispatches
+    }
+
+    /// Barriers recorded in this frame (fewer than dispatches when kernels are independent).
+    pub fn barrier_count(&self) -> u64 {
+        self.barriers
+    }
+
+    /// Puts a barrier before a command that reads `reads` and writes `writes` when it
+    /// depends on an earlier one, then notes its ranges.
+    fn order(&mut self, reads: &[(vk::Buffer, u64, u64)], writes: &[(vk::Buffer, u64, u64)]) {
+        if self.hazards.conflicts(reads, writes) {
+            // SAFETY: the command buffer is recording.
+            unsafe { self.cmds.barrier(&self.ctx.shared.dev.raw, false) };
+            self.hazards = Hazards::default();
+            self.barriers += 1;
+        }
+        self.hazards.note(reads, writes);
     }
 
     /// A device buffer of `len` elements that lives until the frame ends; returns its index
@@ -75,6 +121,15 @@ impl<'a> Frame<'a> {
             self.dummy = Some(self.ctx.buffer(MemoryUse::Device, 16)?);
         }
         let dummy = self.dummy.as_ref().unwrap().binding();
+        let written = kernel.written_bindings();
+        let (mut reads, mut writes) = (Vec::new(), Vec::new());
+        for (i, b) in binds.iter().enumerate() {
+            if let Some((buf, off, len)) = b.0 {
+                let range = (buf, off, off + len);
+                if written.contains(&(i as u32)) { writes.push(range) } else { reads.push(range) }
+            }
+        }
+        self.order(&reads, &writes);
         let infos: Vec<vk::DescriptorBufferInfo> = (0..pipe.bindings as usize)
             .map(|i| {
                 let (buffer, offset, range) = binds.get(i).and_then(|b| b.0).unwrap_or(dummy);
@@ -103,7 +158,6 @@ impl<'a> Frame<'a> {
             let bytes: Vec<u8> = push.iter().flat_map(|w| w.to_ne_bytes()).collect();
             dev.cmd_push_constants(self.cmds.cmd, pipe.layout, vk::ShaderStageFlags::COMPUTE, 0, &bytes);
             dev.cmd_dispatch(self.cmds.cmd, groups[0], groups[1], groups[2]);
-            self.cmds.barrier(dev, false);
         }
         self.dispatches += 1;
         Ok(())
@@ -121,13 +175,11 @@ impl<'a> Frame<'a> {
         }
         let (sb, so, _) = src.binding();
         let (db, doff, _) = dst.binding();
-        let region = [vk::BufferCopy::default().src_offset(so + src_off as u64).dst_offset(doff + dst_off as u64).size(len as u64)];
-        let dev = &self.ctx.shared.dev.raw;
+        let (s0, d0) = (so + src_off as u64, doff + dst_off as u64);
+        self.order(&[(sb, s0, s0 + len as u64)], &[(db, d0, d0 + len as u64)]);
+        let region = [vk::BufferCopy::default().src_offset(s0).dst_offset(d0).size(len as u64)];
         // SAFETY: both buffers are live for the frame; the ranges were checked.
-        unsafe {
-            dev.cmd_copy_buffer(self.cmds.cmd, sb, db, &region);
-            self.cmds.barrier(dev, false);
-        }
+        unsafe { self.ctx.shared.dev.raw.cmd_copy_buffer(self.cmds.cmd, sb, db, &region) };
         Ok(())
     }
 

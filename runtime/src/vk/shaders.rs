@@ -21,6 +21,20 @@ impl Kernel {
         }
     }
 
+    /// The bindings the shader writes (the others it only reads); the frame orders
+    /// dispatches by them.
+    pub fn written_bindings(self) -> &'static [u32] {
+        match self {
+            Kernel::Matvec | Kernel::Matmul => &[5],
+            Kernel::Embed => &[3],
+            Kernel::QuantizeQ8 => &[1, 2],
+            Kernel::RmsNorm | Kernel::Glu | Kernel::Binary | Kernel::Route => &[2],
+            Kernel::Rope => &[0],
+            Kernel::AttnSplit => &[4, 5],
+            Kernel::AttnJoin | Kernel::AttnBlock => &[6],
+        }
+    }
+
     /// Whether the workgroup size is specialization constant 0 (chosen per device).
     pub fn sized_by_device(self) -> bool {
         matches!(self, Kernel::Matvec | Kernel::RmsNorm)
