@@ -65,6 +65,40 @@ fn matmul_matches_cpu_for_every_format() {
     }
 }
 
+/// Activations quantized once and shared by three matrices (q, k, v of one input), every
+/// integer format, against `format::matmul_q` over one `QuantizedActs`; a float format
+/// against `format::matmul` (it reads the f32 input, as `matmul` does). Tolerance 1e-5.
+#[test]
+fn shared_quantized_activations_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0009);
+    let (cols, n) = (256, 3);
+    let x = rng.vec(n * cols, 1.0);
+    let acts = coli_runtime::format::QuantizedActs::new(&x, n, cols).unwrap();
+    let xb = ctx.upload_f32(&x).unwrap();
+    for format in [WeightFormat::Q8_0, WeightFormat::Q4_K, WeightFormat::I4G64, WeightFormat::F16] {
+        let mats: Vec<(usize, Vec<u8>)> = [40usize, 24, 24].iter().map(|&r| (r, random_rows(format, r, cols, &mut rng))).collect();
+        let dev: Vec<_> = mats.iter().map(|(r, b)| ctx.upload_matrix(format, *r, cols, b).unwrap()).collect();
+        let outs: Vec<_> = mats.iter().map(|(r, _)| ctx.f32_buffer(n * r).unwrap()).collect();
+        let mut f = ctx.frame().unwrap();
+        let q = f.quantize_acts(xb.all(), n, cols).unwrap();
+        for (w, o) in dev.iter().zip(&outs) {
+            f.matmul_q(w, xb.all(), &q, o.all(), MatmulPath::Auto).unwrap();
+        }
+        f.run().unwrap();
+        for ((r, b), o) in mats.iter().zip(&outs) {
+            let mut want = vec![0f32; n * r];
+            let m = Matrix::new(format, *r, cols, b).unwrap();
+            if format.uses_q8_acts(cols) {
+                coli_runtime::format::matmul_q(&m, &acts, &mut want);
+            } else {
+                coli_runtime::format::matmul(&m, &x, n, &mut want);
+            }
+            assert_close(&format!("{format} shared activations"), &ctx.download_f32(o.all()).unwrap(), &want, 1e-5);
+        }
+    }
+}
+
 /// Embedding gather, every format, against `dequant_row` times the scale. Exact but for the
 /// scale's rounding: tolerance 1e-6.
 #[test]

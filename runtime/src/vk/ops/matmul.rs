@@ -28,6 +28,15 @@ pub enum MatmulPath {
     Gemm,
 }
 
+/// Activations quantized on the device (`Frame::quantize_acts`), valid for the frame.
+#[derive(Clone, Copy)]
+pub struct QuantizedActs {
+    xq: Bind,
+    xd: Bind,
+    n: usize,
+    cols: usize,
+}
+
 const GEMM_BO: usize = 64;
 const GEMM_BR: usize = 32;
 const MAX_GROUPS: usize = 65535;
@@ -41,6 +50,38 @@ impl<'a> Frame<'a> {
     /// `matmul` with the kernel and the precision chosen by the caller; reference
     /// `cpu::linear::linear(.., precision)`.
     pub fn matmul_with(&mut self, w: &'a DeviceMatrix, x: View<'a>, n: usize, out: View<'a>, path: MatmulPath, precision: Precision) -> Result<()> {
+        self.matmul_inner(w, x, None, n, out, path, precision)
+    }
+
+    /// Quantizes `n` rows of `cols` activations to 8 bits per block of 32 once, for several
+    /// `matmul_q` calls that share the input (q/k/v, gate/up, experts), as `format::matmul_q`.
+    pub fn quantize_acts(&mut self, x: View<'a>, n: usize, cols: usize) -> Result<QuantizedActs> {
+        const OP: &str = "quantize";
+        if cols % 32 != 0 {
+            return Err(VkError::BadArgument { op: OP, msg: format!("{cols} columns are not a whole number of 32-blocks") });
+        }
+        x.check(OP, "x (n x cols)", n * cols)?;
+        let blocks = n * cols / 32;
+        let (xq, xd) = (self.scratch(blocks * 8)?, self.scratch(blocks * 2)?);
+        let (xq, xd) = (self.scratch_bind(xq), self.scratch_bind(xd));
+        let mut push: Push = [0; 16];
+        push[..3].copy_from_slice(&[u32_arg(OP, "blocks", blocks)?, u32_arg(OP, "cols", cols)?, u32_arg(OP, "x offset", x.offset)?]);
+        self.dispatch(Kernel::QuantizeQ8, None, &[Bind::buf(x.buf), xq, xd], &push, [groups_for(blocks, 64), 1, 1])?;
+        Ok(QuantizedActs { xq, xd, n, cols })
+    }
+
+    /// `matmul` (`Precision::Fast`) with the activations quantized already (`quantize_acts`
+    /// of the same `x`): integer formats agree with `format::matmul_q`; float formats read
+    /// `x` in f32, as `format::matmul` does (the CPU's `matmul_q` would take the q8 values).
+    pub fn matmul_q(&mut self, w: &'a DeviceMatrix, x: View<'a>, q: &QuantizedActs, out: View<'a>, path: MatmulPath) -> Result<()> {
+        if q.cols != w.cols {
+            return Err(VkError::BadArgument { op: "matmul", msg: format!("activations of {} columns for a matrix of {}", q.cols, w.cols) });
+        }
+        self.matmul_inner(w, x, Some(q), q.n, out, path, Precision::Fast)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_inner(&mut self, w: &'a DeviceMatrix, x: View<'a>, pre: Option<&QuantizedActs>, n: usize, out: View<'a>, path: MatmulPath, precision: Precision) -> Result<()> {
         const OP: &str = "matmul";
         x.check(OP, "x (n x cols)", n * w.cols)?;
         out.check(OP, "out (n x rows)", n * w.rows)?;
@@ -56,13 +97,11 @@ impl<'a> Frame<'a> {
         // Integer formats: quantize the activations once (blocks of 32) into scratch.
         let variant = if precision == Precision::Exact { w.variant.exact() } else { w.variant };
         let (xq, xd) = if variant.q8_acts() {
-            let blocks = n * w.cols / 32;
-            let (xq, xd) = (self.scratch(blocks * 8)?, self.scratch(blocks * 2)?);
-            let (xq, xd) = (self.scratch_bind(xq), self.scratch_bind(xd));
-            let mut push: Push = [0; 16];
-            push[..3].copy_from_slice(&[u32_arg(OP, "blocks", blocks)?, cols, u32_arg(OP, "x offset", x.offset)?]);
-            self.dispatch(Kernel::QuantizeQ8, None, &[Bind::buf(x.buf), xq, xd], &push, [groups_for(blocks, 64), 1, 1])?;
-            (xq, xd)
+            let q = match pre {
+                Some(q) => *q,
+                None => self.quantize_acts(x, n, w.cols)?,
+            };
+            (q.xq, q.xd)
         } else {
             (Bind::UNUSED, Bind::UNUSED)
         };

@@ -11,7 +11,7 @@ pub mod norm;
 pub mod route;
 
 pub use attention::{AttnPath, AttnShape};
-pub use matmul::MatmulPath;
+pub use matmul::{MatmulPath, QuantizedActs};
 pub use route::RouteParams;
 
 use super::error::{Result, VkError};
