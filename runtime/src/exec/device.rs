@@ -43,6 +43,9 @@ pub struct DeviceModel {
 /// Per-session device state: value buffers, KV mirrors and their read-back staging.
 pub struct DeviceState {
     values: Vec<DeviceBuffer>,
+    /// Host-cached read-back twins of the values frames download (a device-local buffer may
+    /// be mapped write-combined, where reading it from the CPU is very slow).
+    twins: Vec<Option<DeviceBuffer>>,
     mirrors: Vec<Option<(DeviceBuffer, DeviceBuffer, DeviceBuffer, DeviceBuffer)>>,
     /// Rows of each layer's mirror that equal the host's cache.
     watermark: Vec<usize>,
@@ -144,7 +147,15 @@ impl DeviceModel {
                 }
             }
         }
-        Ok(DeviceState { values, watermark: vec![0; mirrors.len()], mirrors })
+        let mut twins: Vec<Option<DeviceBuffer>> = (0..p.values.len()).map(|_| None).collect();
+        for f in self.frames.iter().filter(|f| f.place != Place::Host) {
+            for &v in &f.downloads {
+                if twins[v.0 as usize].is_none() {
+                    twins[v.0 as usize] = Some(ctx.buffer(MemoryUse::Readback, (p.values[v.0 as usize].width * self.cap_rows).max(1) * 4)?);
+                }
+            }
+        }
+        Ok(DeviceState { values, twins, watermark: vec![0; mirrors.len()], mirrors })
     }
 
     fn freq(&self, rd: usize, theta: f32, scaling: RopeScaling) -> (&DeviceBuffer, f32) {
@@ -290,13 +301,22 @@ impl DeviceModel {
                 op => return Err(VkError::BadArgument { op: op_name(op), msg: "not a device op; the plan placed it on a device".into() }),
             }
         }
+        // What the host reads goes to the read-back twins in the same submission. The logits of
+        // a forward whose last row only is wanted come down as that row.
+        let rows_of = |v: ValueId| if last_only && v == p.logits { (n - 1, 1) } else { (0, n) };
+        for &v in &frame.downloads {
+            let (r0, rn) = rows_of(v);
+            let twin = st.twins[v.0 as usize].as_ref().expect("twin allocated");
+            f.copy(vals[v.0 as usize].view(r0 * w(v), rn * w(v)), twin.view(r0 * w(v), rn * w(v)))?;
+        }
         f.run()?;
         // 3. Downloads, and the block's K/V rows into the host's canonical cache.
         for &v in &frame.downloads {
-            let len = n * w(v);
+            let (r0, rn) = rows_of(v);
             let hv = &mut host_values[v.0 as usize];
-            hv.resize(len, 0.0);
-            ctx.read(&st.values[v.0 as usize], 0, as_bytes_mut(&mut hv[..len]))?;
+            hv.resize(n * w(v), 0.0);
+            let twin = st.twins[v.0 as usize].as_ref().expect("twin allocated");
+            ctx.read(twin, r0 * w(v) * 4, as_bytes_mut(&mut hv[r0 * w(v)..(r0 + rn) * w(v)]))?;
         }
         for l in attn_layers {
             let (_, _, sk, sv) = st.mirrors[l].as_ref().expect("mirror allocated");
