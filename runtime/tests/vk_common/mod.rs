@@ -87,3 +87,29 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     }
     assert!(worst <= tol * scale, "{what}: |{} - {}| at {at} = {worst:e} > {tol:e} * {scale}", got[at], want[at]);
 }
+
+/// Per element `|got - want| <= tol * mag[i] + 1e-6`, where `mag[i]` is the sum of the
+/// magnitudes of the terms that make up element i (for a dot product, sum |w x|): the bound of
+/// f32 summation in another order, which stays meaningful when terms cancel.
+pub fn assert_close_terms(what: &str, got: &[f32], want: &[f32], mag: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, ((g, w), m)) in got.iter().zip(want).zip(mag).enumerate() {
+        let d = (g - w).abs();
+        assert!(d <= tol * m + 1e-6, "{what}: |{g} - {w}| at {i} = {d:e} > {tol:e} * {m}");
+    }
+}
+
+/// `sum_k |W[r][k] x[i][k]|` for every (activation row i, weight row r), from the dequantized
+/// weights.
+pub fn term_magnitudes(format: coli_runtime::format::WeightFormat, bytes: &[u8], rows: usize, cols: usize, x: &[f32], n: usize) -> Vec<f32> {
+    let m = coli_runtime::format::Matrix::new(format, rows, cols, bytes).unwrap();
+    let mut w = vec![0f32; cols];
+    let mut mag = vec![0f32; n * rows];
+    for r in 0..rows {
+        coli_runtime::format::dequant_row(format, m.row(r), &mut w);
+        for i in 0..n {
+            mag[i * rows + r] = w.iter().zip(&x[i * cols..(i + 1) * cols]).map(|(a, b)| (a * b).abs()).sum();
+        }
+    }
+    mag
+}
