@@ -15,7 +15,7 @@ Usage (from the repository root; needs torch, transformers 5.17, safetensors, gg
 
 Outputs:
 
-* tests/fixtures/{llama,llama_tied,olmoe,qwen3_moe,mixtral}/ : a tiny random-weight
+* tests/fixtures/{llama,llama_tied,olmoe,qwen3_moe,mixtral,gpt_oss}/ : a tiny random-weight
   checkpoint (config.json, generation_config.json, model.safetensors, f32) written by
   ``save_pretrained`` and its ``oracle.json`` (prompt ids, logits of every prompt
   position, 20 greedy ids, the logits each greedy id was chosen from, per-layer
@@ -136,6 +136,8 @@ class Recorder:
             block = getattr(layer, attr, None)
             if block is not None and hasattr(block, "gate") and hasattr(block, "experts"):
                 return block.gate
+            if block is not None and hasattr(block, "router") and hasattr(block, "experts"):
+                return block.router  # gpt-oss
         return None
 
     def _layer_hook(self, i):
@@ -357,7 +359,67 @@ TINY = {
             "GQA 4/2, head_dim 16, rope_theta 1e6, no sliding window"
         ),
     ),
+    # gpt-oss: alternating sliding (window 4) and full attention, sinks, attention biases,
+    # router with a bias, fused input-major experts with biases and the clamped SwiGLU,
+    # YaRN RoPE (the configuration's default: factor 32, truncate false).
+    "gpt_oss": dict(
+        cls="GptOssForCausalLM",
+        seed=6000,
+        fused=True,
+        config=dict(
+            vocab_size=288,
+            hidden_size=64,
+            intermediate_size=40,  # != hidden: gate_up_proj [6, 64, 80], down_proj [6, 40, 64]
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-5,
+            num_local_experts=6,
+            num_experts_per_tok=2,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            attention_bias=True,
+            tie_word_embeddings=False,
+            output_router_logits=False,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+        ),
+        note=(
+            "gpt-oss, 3 layers (sliding window 4, full, sliding window 4), sinks per head, q/k/v/o biases, "
+            "GQA 4/2, head_dim 16, YaRN RoPE (factor 32, original 4096, truncate false, theta 150000), "
+            "6 experts top-2 (router with bias, softmax over the top-2), fused input-major experts "
+            "gate_up_proj [6, 64, 80] (gate/up interleaved) and down_proj [6, 40, 64] with biases, "
+            "clamped SwiGLU (limit 7, alpha 1.702; gate_up gain 3 so that some values clamp)"
+        ),
+    ),
 }
+
+@torch.no_grad()
+def gpt_oss_probe(model, ids):
+    """How often the clamped SwiGLU clamps, over the routed (token, expert) pairs of a forward."""
+    counts = {"gate_above_limit": 0, "up_outside_limit": 0, "values": 0}
+
+    def hook(mod, inp, _out):
+        x, idx = inp[0], inp[1]
+        for t in range(x.shape[0]):
+            for e in idx[t].tolist():
+                gu = x[t] @ mod.gate_up_proj[e] + mod.gate_up_proj_bias[e]
+                gate, up = gu[::2], gu[1::2]
+                counts["gate_above_limit"] += int((gate > mod.limit).sum())
+                counts["up_outside_limit"] += int((up.abs() > mod.limit).sum())
+                counts["values"] += gate.numel()
+
+    hs = [layer.mlp.experts.register_forward_hook(hook) for layer in model.model.layers]
+    model(input_ids=torch.tensor([ids]))
+    for h in hs:
+        h.remove()
+    return {"clamp_note": "routed gate values above the limit / up values outside [-limit, limit] / all routed gate values, over a no-cache forward of prompt + greedy[:-1]", "clamp_counts": counts}
+
+
+TINY["gpt_oss"]["probe"] = gpt_oss_probe
 
 # Per-tensor gains for the re-initialisation: std = gain / sqrt(fan_in), fan_in = last dim.
 GAINS = [
@@ -372,6 +434,16 @@ GAINS = [
 def reinit(model, tied):
     """Scale weights so activations stay O(1) and logits are O(1-10); norms random around 1."""
     for name, p in model.named_parameters():
+        if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+            # gpt-oss: input-major [E, in, out]; gate_up large enough that the clamp acts.
+            p.normal_(0.0, (3.0 if "gate_up" in name else 1.0) / math.sqrt(p.shape[-2]))
+            continue
+        if name.endswith("_proj_bias") or name.endswith(".bias"):
+            p.normal_(0.0, 0.1)
+            continue
+        if name.endswith("self_attn.sinks"):
+            p.normal_(0.0, 1.0)
+            continue
         if p.ndim == 1:
             assert "norm" in name, name
             p.uniform_(0.7, 1.3)
@@ -404,6 +476,12 @@ def expected_names(name, cfg, n_layers):
             for e in range(cfg["num_experts"]):
                 for w in ("gate_proj", "up_proj", "down_proj"):
                     out.append(f"model.layers.{i}.mlp.experts.{e}.{w}.weight")
+    if name == "gpt_oss":
+        for i in range(n_layers):
+            out.append(f"model.layers.{i}.self_attn.sinks")
+            out.append(f"model.layers.{i}.mlp.router.bias")
+            for w in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"):
+                out.append(f"model.layers.{i}.mlp.experts.{w}")
     if name == "mixtral":
         for i in range(n_layers):
             out.append(f"model.layers.{i}.block_sparse_moe.gate.weight")
@@ -476,6 +554,8 @@ def make_tiny(name):
     assert dtypes == {"F32"}, dtypes
     missing = [n for n in expected_names(name, cfg_kwargs, cfg_kwargs["num_hidden_layers"]) if n not in names]
     fused = [n for n in names if "gate_up_proj" in n or (".experts." in n and not n.split(".experts.")[1][0].isdigit())]
+    if spec.get("fused"):
+        fused = []  # this family is stored fused on disk (gpt-oss)
     assert not missing and not fused, (missing[:5], fused[:5])
     assert ("lm_head.weight" in names) == (not tied), "lm_head presence vs tie_word_embeddings"
 
@@ -490,6 +570,8 @@ def make_tiny(name):
             probs = torch.softmax(lg, dim=-1)
             v, idx = torch.topk(probs, top_k, dim=-1)
             router["layers"].append({"layer": i, "ids": idx.tolist(), "probs": f32(v)})
+
+    extra = spec["probe"](model, prompt + greedy[:-1]) if "probe" in spec else {}
 
     oracle = {
         "model": spec["cls"],
@@ -512,6 +594,7 @@ def make_tiny(name):
         "router_note": "router.layers[l].ids[t] are the top_k expert ids (descending probability) at prompt position t; probs are the softmax probabilities over all experts before any renormalisation" if top_k else None,
         "router": router,
         "tensor_names": sorted(names),
+        **extra,
     }
     oracle = {k: v for k, v in oracle.items() if v is not None}
     write_json(out_dir / "oracle.json", oracle)

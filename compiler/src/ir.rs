@@ -105,6 +105,12 @@ pub enum ExpertTensor {
     PerExpert { pattern: String, shape: Vec<usize> },
     /// One 3-D tensor `[experts, rows, cols]` (GGUF: `blk.3.ffn_up_exps.weight`).
     Stacked { name: String, shape: Vec<usize> },
+    /// One 3-D tensor stored input-major, `[experts, cols, out]` (transformers' fused gpt-oss
+    /// experts: `y = x W`), of which the op's rows are the `out` columns `select` picks
+    /// (gpt-oss interleaves gate and up: `groups: ffn, stride: 2, offset: 0 or 1, take: 1`),
+    /// or all of them. `shape` is `[experts, rows, cols]` as the op sees it; the checkpoint's
+    /// tensor has shape `tensor_shape()`.
+    StackedInputMajor { name: String, shape: Vec<usize>, select: Option<RowSelect> },
 }
 
 impl ExpertTensor {
@@ -112,15 +118,49 @@ impl ExpertTensor {
     pub fn name_of(&self, e: usize) -> (String, Option<usize>) {
         match self {
             ExpertTensor::PerExpert { pattern, .. } => (pattern.replace("{e}", &e.to_string()), None),
-            ExpertTensor::Stacked { name, .. } => (name.clone(), Some(e)),
+            ExpertTensor::Stacked { name, .. } | ExpertTensor::StackedInputMajor { name, .. } => (name.clone(), Some(e)),
         }
     }
     /// `[rows, cols]` of one expert's matrix.
     pub fn matrix_shape(&self) -> [usize; 2] {
         match self {
             ExpertTensor::PerExpert { shape, .. } => [shape[0], shape[1]],
-            ExpertTensor::Stacked { shape, .. } => [shape[1], shape[2]],
+            ExpertTensor::Stacked { shape, .. } | ExpertTensor::StackedInputMajor { shape, .. } => [shape[1], shape[2]],
         }
+    }
+    /// The shape of the checkpoint tensor (of one expert, for `PerExpert`).
+    pub fn tensor_shape(&self) -> Vec<usize> {
+        match self {
+            ExpertTensor::PerExpert { shape, .. } | ExpertTensor::Stacked { shape, .. } => shape.clone(),
+            ExpertTensor::StackedInputMajor { shape, select, .. } => {
+                let out = select.map_or(shape[1], |r| r.groups * r.stride);
+                vec![shape[0], shape[2], out]
+            }
+        }
+    }
+}
+
+/// A per-expert bias, from one stacked `[experts, width]` tensor, of which the op reads the
+/// entries `select` picks (the rows of the matrix the bias follows), or all of them. `shape`
+/// is `[experts, width]` as the op sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExpertBias {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub select: Option<RowSelect>,
+}
+
+impl ExpertBias {
+    /// The shape of the checkpoint tensor.
+    pub fn tensor_shape(&self) -> Vec<usize> {
+        vec![self.shape[0], self.select.map_or(self.shape[1], |r| r.groups * r.stride)]
+    }
+}
+
+impl RowSelect {
+    /// The index in the whole dimension of the selection's entry `i`.
+    pub fn index(&self, i: usize) -> usize {
+        (i / self.take) * self.stride + self.offset + i % self.take
     }
 }
 
@@ -130,6 +170,13 @@ pub struct ExpertWeights {
     pub gate: ExpertTensor,
     pub up: ExpertTensor,
     pub down: ExpertTensor,
+    /// Biases added after each matrix (gpt-oss); none for most families.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate_bias: Option<ExpertBias>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up_bias: Option<ExpertBias>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub down_bias: Option<ExpertBias>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -170,8 +217,22 @@ pub enum RopeScaling {
     Linear { factor: f32 },
     /// Llama 3's frequency-dependent scaling.
     Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position: u32 },
-    /// YaRN (DeepSeek-V3 and others); `attention_factor` multiplies cos and sin.
-    Yarn { factor: f32, original_max_position: u32, beta_fast: f32, beta_slow: f32, attention_factor: f32 },
+    /// YaRN (DeepSeek-V3 and others); `attention_factor` multiplies cos and sin. `truncate`:
+    /// the correction range's bounds are rounded to whole dimensions (transformers' default;
+    /// gpt-oss says `truncate: false`).
+    Yarn {
+        factor: f32,
+        original_max_position: u32,
+        beta_fast: f32,
+        beta_slow: f32,
+        attention_factor: f32,
+        #[serde(default = "yes")]
+        truncate: bool,
+    },
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// How a router turns logits into scores.

@@ -19,6 +19,20 @@ fn ex(t: &ExpertTensor) -> String {
     match t {
         ExpertTensor::PerExpert { pattern, shape } => format!("{pattern}{shape:?}"),
         ExpertTensor::Stacked { name, shape } => format!("{name}{shape:?}"),
+        ExpertTensor::StackedInputMajor { name, shape, select } => match select {
+            None => format!("{name}{shape:?}(input-major)"),
+            Some(s) => format!("{name}{shape:?}(input-major, rows {}x{}+{} of {})", s.groups, s.take, s.offset, s.stride),
+        },
+    }
+}
+
+fn exb(b: &Option<ExpertBias>) -> String {
+    match b {
+        None => String::new(),
+        Some(b) => match b.select {
+            None => format!(" + {}{:?}", b.name, b.shape),
+            Some(s) => format!(" + {}{:?}(rows {}x{}+{} of {})", b.name, b.shape, s.groups, s.take, s.offset, s.stride),
+        },
     }
 }
 
@@ -84,10 +98,13 @@ pub fn op_text(op: &Op) -> String {
             s
         }
         Op::RoutedExperts { x, routing, out, layer, experts, ffn, weights, glu } => format!(
-            "{out} = routed_experts {x} {routing} {layer} experts {experts} ffn {ffn} {glu:?} gate {} up {} down {}",
+            "{out} = routed_experts {x} {routing} {layer} experts {experts} ffn {ffn} {glu:?} gate {}{} up {}{} down {}{}",
             ex(&weights.gate),
+            exb(&weights.gate_bias),
             ex(&weights.up),
-            ex(&weights.down)
+            exb(&weights.up_bias),
+            ex(&weights.down),
+            exb(&weights.down_bias)
         ),
         Op::Mla { x, out, layer, spec } => {
             let ws: Vec<String> = spec.weights.iter().map(|(r, x)| format!("{r} {}", w(x))).collect();

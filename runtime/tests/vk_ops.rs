@@ -169,7 +169,7 @@ fn rope_matches_cpu() {
     let scalings = [
         RopeScaling::None,
         RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 },
-        RopeScaling::Yarn { factor: 4.0, original_max_position: 64, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.2 },
+        RopeScaling::Yarn { factor: 4.0, original_max_position: 64, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.2, truncate: true },
     ];
     for style in [RopeStyle::RotateHalf, RopeStyle::Interleaved] {
         for (rotary, scaling) in [(32, scalings[0]), (16, scalings[1]), (32, scalings[2])] {

@@ -259,9 +259,29 @@ impl<'a> Lowerer<'a> {
             self.err(t.span, format!("weight `{}` is per expert (`{{e}}` in its name); only `RoutedExperts` can read it", t.value));
             return None;
         }
+        if self.spec.weight(&t.value).is_some_and(|d| d.input_major) {
+            self.err(t.span, format!("weight `{}` is input-major; only `RoutedExperts` can read it", t.value));
+            return None;
+        }
         let w = WeightRef { name, shape, rows };
         self.check_tensor(&w.name, &w.tensor_shape(), pattern.span);
         Some(w)
+    }
+
+    /// A per-expert bias: one stacked `[experts, width]` tensor, possibly selecting entries.
+    fn expert_bias(&mut self, t: &Text, experts: usize, width: usize) -> Option<ExpertBias> {
+        let (name, shape, pattern, select) = self.weight_def(&t.value, t.span, 0)?;
+        if has_e(&name) {
+            self.err(t.span, format!("expert bias `{}` must be one stacked [experts, width] tensor (no `{{e}}` in its name)", t.value));
+            return None;
+        }
+        if shape != [width] {
+            self.err(t.span, format!("expert bias `{}` has shape {shape:?}, the experts need [{width}]", t.value));
+            return None;
+        }
+        let b = ExpertBias { name, shape: vec![experts, width], select };
+        self.check_tensor(&b.name, &b.tensor_shape(), pattern.span);
+        Some(b)
     }
 
     /// `(tensor name, spec shape, pattern, row selection)` of a weight, following `tied`.
@@ -323,12 +343,23 @@ impl<'a> Lowerer<'a> {
     /// An expert matrix: per-expert (`{e}` in the name) or stacked `[experts, rows, cols]`.
     fn expert(&mut self, t: &Text, experts: usize, rows: usize, cols: usize) -> Option<ExpertTensor> {
         let (name, shape, pattern, sel) = self.weight_def(&t.value, t.span, 0)?;
-        if sel.is_some() {
-            self.err(t.span, "expert weights cannot select rows");
-            return None;
-        }
         if shape != [rows, cols] {
             self.err(t.span, format!("expert weight `{}` has shape {shape:?}, the experts need [{rows}, {cols}]", t.value));
+        }
+        if self.spec.weight(&t.value).is_some_and(|d| d.input_major) {
+            if has_e(&name) {
+                self.err(t.span, format!("input-major expert weight `{}` must be one stacked tensor (no `{{e}}` in its name)", t.value));
+                return None;
+            }
+            let e = ExpertTensor::StackedInputMajor { name, shape: vec![experts, rows, cols], select: sel };
+            if let ExpertTensor::StackedInputMajor { name, .. } = &e {
+                self.check_tensor(name, &e.tensor_shape(), pattern.span);
+            }
+            return Some(e);
+        }
+        if sel.is_some() {
+            self.err(t.span, "expert weights select rows only when input-major");
+            return None;
         }
         if has_e(&name) {
             if let Some(tensors) = &self.b.tensors {
@@ -572,7 +603,7 @@ impl<'a> Lowerer<'a> {
                 }
                 Op::Route { logits: lv, out: ov, scoring: *scoring, top_k, renormalize, correction_bias, groups, scale }
             }
-            OpItem::RoutedExperts { x, routing, out, experts, ffn, gate, up, down, glu } => {
+            OpItem::RoutedExperts { x, routing, out, experts, ffn, gate, up, down, glu, gate_bias, up_bias, down_bias } => {
                 let (xv, rv, ov, e, f, g) = (self.val(x), self.val(routing), self.val(out), self.int(experts), self.int(ffn), self.glu(glu));
                 let (xv, rv, ov, experts, ffn, glu) = (xv?, rv?, ov?, e?, f?, g?);
                 let (xw, ow) = (self.width(xv), self.width(ov));
@@ -582,8 +613,16 @@ impl<'a> Lowerer<'a> {
                 if !self.width(rv).is_multiple_of(2) || self.width(rv) == 0 {
                     self.err(routing.span, format!("routing `{}` must hold (index, weight) pairs; its width is {}", routing.value, self.width(rv)));
                 }
+                let mut bias = |b: &Option<Text>, width: usize| -> Option<Option<ExpertBias>> {
+                    match b {
+                        Some(b) => self.expert_bias(b, experts, width).map(Some),
+                        None => Some(None),
+                    }
+                };
+                let (gb, ub, db) = (bias(gate_bias, ffn), bias(up_bias, ffn), bias(down_bias, ow));
                 let layer = LayerId(self.layer.unwrap_or(0) as u32);
-                Op::RoutedExperts { x: xv, routing: rv, out: ov, layer, experts, ffn, weights: ExpertWeights { gate: gate?, up: upw?, down: downw? }, glu }
+                let weights = ExpertWeights { gate: gate?, up: upw?, down: downw?, gate_bias: gb?, up_bias: ub?, down_bias: db? };
+                Op::RoutedExperts { x: xv, routing: rv, out: ov, layer, experts, ffn, weights, glu }
             }
             OpItem::Mla { x, out, heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, scale, weights, theta, scaling } => {
                 let (xv, ov) = (self.val(x)?, self.val(out)?);

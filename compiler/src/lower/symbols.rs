@@ -68,10 +68,18 @@ impl<'a> Symbols<'a> {
         };
         for k in keys {
             if let Some(j) = config_value(self.bindings, &k.value) {
-                return match from_json(j, ty) {
+                let v = match &def.indices_of {
+                    Some(w) => indices_of(j, &w.value),
+                    None => from_json(j, ty),
+                };
+                return match v {
                     Some(v) => Some(v),
                     None => {
-                        self.report(self.spec.diag(k.span, format!("configuration key `{}` is `{j}`, the spec expects {}", k.value, article(ty))));
+                        let want = match &def.indices_of {
+                            Some(_) => "a list of strings".to_string(),
+                            None => article(ty).to_string(),
+                        };
+                        self.report(self.spec.diag(k.span, format!("configuration key `{}` is `{j}`, the spec expects {want}", k.value)));
                         None
                     }
                 };
@@ -160,6 +168,13 @@ pub fn config_value<'b>(b: &'b Bindings, key: &str) -> Option<&'b Json> {
     v.filter(|v| !v.is_null())
 }
 
+/// An `IntList` symbol with `indices_of`: the indices of the entries of a list of strings
+/// equal to `wanted` (gpt-oss's `layer_types`).
+pub fn indices_of(j: &Json, wanted: &str) -> Option<Value> {
+    let items = j.as_array()?.iter().map(Json::as_str).collect::<Option<Vec<_>>>()?;
+    Some(Value::IntList(items.iter().enumerate().filter(|(_, s)| **s == wanted).map(|(i, _)| i as i64).collect()))
+}
+
 fn from_json(j: &Json, ty: Type) -> Option<Value> {
     match ty {
         Type::Int => j.as_i64().or_else(|| j.as_f64().filter(|f| f.fract() == 0.0).map(|f| f as i64)).map(Value::Int),
@@ -220,6 +235,7 @@ pub fn rope_scaling(b: &Bindings) -> Result<RopeScaling, String> {
                 beta_fast: f(b, &[&key("beta_fast")]).unwrap_or(32.0) as f32,
                 beta_slow: f(b, &[&key("beta_slow")]).unwrap_or(1.0) as f32,
                 attention_factor: attention_factor as f32,
+                truncate: config_value(b, &key("truncate")).and_then(Json::as_bool).unwrap_or(true),
             })
         }
         other => Err(format!("RoPE scaling `{other}` is not supported (supported: linear, llama3, yarn)")),

@@ -188,7 +188,7 @@ impl Sizer {
             let [r, c] = t.matrix_shape();
             let name = match t {
                 ExpertTensor::PerExpert { pattern, .. } => pattern.replace("{e}", "0"),
-                ExpertTensor::Stacked { name, .. } => name.clone(),
+                ExpertTensor::Stacked { name, .. } | ExpertTensor::StackedInputMajor { name, .. } => name.clone(),
             };
             let f = self.upload.unwrap_or_else(|| self.stored_format(&name));
             f.bytes(r as u64, c as u64)

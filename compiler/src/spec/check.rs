@@ -72,9 +72,10 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
             }
             f.extend(scale.iter().map(|s| (s, float)));
         }
-        OpItem::RoutedExperts { x, routing, out, experts, ffn, gate, up, down, glu: g } => {
+        OpItem::RoutedExperts { x, routing, out, experts, ffn, gate, up, down, glu: g, gate_bias, up_bias, down_bias } => {
             f.extend([(x, Value), (routing, Value), (out, Value), (experts, int), (ffn, int), (gate, Weight), (up, Weight), (down, Weight)]);
             glu(g, &mut f);
+            f.extend(gate_bias.iter().chain(up_bias).chain(down_bias).map(|s| (s, Weight)));
         }
         OpItem::Mla { x, out, heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, scale, weights, theta, .. } => {
             f.extend([
@@ -153,6 +154,11 @@ pub fn check(spec: &Spec) -> Diagnostics {
         }
         if let Some(def) = &s.default {
             expr(def, s.ty(), false, &mut d);
+        }
+        if let Some(w) = &s.indices_of {
+            if s.ty() != Type::IntList {
+                d.push(spec.diag(w.span, format!("`indices_of` makes an IntList; symbol `{}` is declared {}", name.value, s.ty())));
+            }
         }
         if s.hf.is_empty() && s.gguf.is_empty() && s.tensor.is_none() && s.default.is_none() {
             d.push(spec.diag(name.span, format!("symbol `{}` has no source: give `hf`, `gguf`, `tensor` or `default`", name.value)));

@@ -77,6 +77,10 @@ pub struct SymbolDef {
     pub tensor: Option<(Text, usize)>,
     #[serde(default)]
     pub default: Option<Text>,
+    /// For an `IntList` read from a configuration list of strings: the indices of the entries
+    /// equal to this string (`layer_types` and `"sliding_attention"`).
+    #[serde(default)]
+    pub indices_of: Option<Text>,
 }
 
 impl SymbolDef {
@@ -101,6 +105,11 @@ pub struct WeightDef {
     /// Only some rows of the tensor (see `ir::RowSelect`); `shape` is then the selected shape.
     #[serde(default)]
     pub rows: Option<RowsDef>,
+    /// A stacked expert tensor stored input-major, `[experts, in, out]` (`y = x W`: transformers'
+    /// fused gpt-oss experts); `shape` is still the op's `[rows, cols]` and `rows` selects among
+    /// the `out` columns. An expert bias `[experts, out]` selects its entries with `rows` too.
+    #[serde(default)]
+    pub input_major: bool,
 }
 
 /// Rows `g * stride + offset ..+ take` for each of `groups` groups (Int expressions).
@@ -197,7 +206,24 @@ pub enum OpItem {
         #[serde(default)]
         scale: Option<Text>,
     },
-    RoutedExperts { x: Text, routing: Text, out: Text, experts: Text, ffn: Text, gate: Text, up: Text, down: Text, glu: GluSpec },
+    RoutedExperts {
+        x: Text,
+        routing: Text,
+        out: Text,
+        experts: Text,
+        ffn: Text,
+        gate: Text,
+        up: Text,
+        down: Text,
+        glu: GluSpec,
+        /// Per-expert biases (stacked `[experts, width]` weights), added after each matrix.
+        #[serde(default)]
+        gate_bias: Option<Text>,
+        #[serde(default)]
+        up_bias: Option<Text>,
+        #[serde(default)]
+        down_bias: Option<Text>,
+    },
     Mla {
         x: Text,
         out: Text,

@@ -13,6 +13,19 @@ pub struct ExpertMats<'a> {
     pub gate: Matrix<'a>,
     pub up: Matrix<'a>,
     pub down: Matrix<'a>,
+    /// Biases added after each matrix (gpt-oss); none for most families.
+    pub gate_bias: Option<&'a [f32]>,
+    pub up_bias: Option<&'a [f32]>,
+    pub down_bias: Option<&'a [f32]>,
+}
+
+/// Adds `bias` to every row of `rows` (its length a multiple of the bias's).
+fn add_bias(rows: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        for row in rows.chunks_exact_mut(b.len()) {
+            row.iter_mut().zip(b).for_each(|(v, bb)| *v += bb);
+        }
+    }
 }
 
 /// Runs one expert over `rows` (row indices into `x`, width `hidden`), writing its output
@@ -28,9 +41,12 @@ pub fn expert_ffn(m: &ExpertMats, kind: GluKind, precision: Precision, x: &[f32]
     let mut u = vec![0.0f32; n * ffn];
     linear(&m.gate, &xs, n, &mut g, precision);
     linear(&m.up, &xs, n, &mut u, precision);
+    add_bias(&mut g, m.gate_bias);
+    add_bias(&mut u, m.up_bias);
     let mut h = vec![0.0f32; n * ffn];
     glu(kind, &g, &u, &mut h);
     linear(&m.down, &h, n, outs, precision);
+    add_bias(outs, m.down_bias);
 }
 
 /// `out[r] = sum over ranks k of weight[r,k] * expert[r,k](x[r])`. `routing` holds per row

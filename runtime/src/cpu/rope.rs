@@ -32,13 +32,15 @@ pub fn inv_freq(rotary_dim: usize, theta: f32, scaling: RopeScaling) -> (Vec<f32
                 .collect();
             (out, 1.0)
         }
-        RopeScaling::Yarn { factor, original_max_position, beta_fast, beta_slow, attention_factor } => {
+        RopeScaling::Yarn { factor, original_max_position, beta_fast, beta_slow, attention_factor, truncate } => {
             let dim = rotary_dim as f32;
             let correction = |rot: f32| {
                 dim * (original_max_position as f32 / (rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * theta.ln())
             };
-            let low = correction(beta_fast).floor().max(0.0);
-            let mut high = correction(beta_slow).ceil().min(dim - 1.0);
+            let (low, high) = (correction(beta_fast), correction(beta_slow));
+            let (low, high) = if truncate { (low.floor(), high.ceil()) } else { (low, high) };
+            let low = low.max(0.0);
+            let mut high = high.min(dim - 1.0);
             if low == high {
                 high += 0.001;
             }

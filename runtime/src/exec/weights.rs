@@ -3,10 +3,11 @@
 //! small vectors (norms, biases, sinks) converted to f32 once, matrices kept in their
 //! checkpoint format as views.
 
-use crate::format::Matrix;
+use crate::format::{Matrix, WeightFormat};
 use crate::model::{Checkpoint, LoadError, Tensor};
-use coli_compiler::ir::{ExpertTensor, Op, Program, WeightRef};
+use coli_compiler::ir::{ExpertBias, ExpertTensor, Op, Program, RowSelect, WeightRef};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Every tensor of a program, by name.
 pub struct WeightStore {
@@ -20,6 +21,8 @@ pub enum WeightError {
     Load(#[from] LoadError),
     #[error("{source_path}: tensor {name} has shape {got:?}, the program expects {want:?}")]
     Shape { source_path: String, name: String, got: Vec<usize>, want: Vec<usize> },
+    #[error("{source_path}: tensor {name} is stored input-major in {format}; coli re-lays only F32, F16 and BF16 tensors at load")]
+    Relayout { source_path: String, name: String, format: WeightFormat },
 }
 
 impl WeightStore {
@@ -28,6 +31,13 @@ impl WeightStore {
         let mut wanted: Vec<(String, Vec<usize>, bool)> = Vec::new();
         let ops = program.prologue.iter().chain(program.layers.iter().flat_map(|l| l.ops.iter())).chain(program.epilogue.iter());
         let mut expert_tensors: Vec<(ExpertTensor, usize)> = Vec::new();
+        let mut derived: Vec<ExpertTensor> = Vec::new();
+        let mut biases: Vec<ExpertBias> = Vec::new();
+        for op in program.layers.iter().flat_map(|l| l.ops.iter()) {
+            if let Op::RoutedExperts { weights: w, .. } = op {
+                biases.extend([&w.gate_bias, &w.up_bias, &w.down_bias].into_iter().flatten().cloned());
+            }
+        }
         for op in ops {
             visit_weights(op, &mut |w: &WeightRef, is_vector| wanted.push((w.name.clone(), w.shape.clone(), is_vector)), &mut |e: &ExpertTensor, n| {
                 expert_tensors.push((e.clone(), n))
@@ -41,6 +51,7 @@ impl WeightStore {
                     }
                 }
                 ExpertTensor::Stacked { name, shape } => wanted.push((name, shape, false)),
+                ExpertTensor::StackedInputMajor { .. } => derived.push(e),
             }
         }
         let total = wanted.len();
@@ -59,8 +70,76 @@ impl WeightStore {
             }
             store.tensors.insert(name, t);
         }
+        for e in derived {
+            store.relayout_expert(ckpt, &e)?;
+        }
+        for b in biases {
+            store.expert_bias_load(ckpt, &b)?;
+        }
         progress(total, total);
         Ok(store)
+    }
+
+    /// Re-lays an input-major stacked expert tensor (`[experts, cols, out]`) as the usual
+    /// `[experts, rows, cols]`, its selected output columns only, in the tensor's own float
+    /// format (an owned copy).
+    fn relayout_expert(&mut self, ckpt: &Checkpoint, e: &ExpertTensor) -> Result<(), WeightError> {
+        let ExpertTensor::StackedInputMajor { name, shape, select } = e else { return Ok(()) };
+        let key = derived_key(name, *select);
+        if self.tensors.contains_key(&key) {
+            return Ok(());
+        }
+        let src_path = ckpt.path().display().to_string();
+        let t = ckpt.tensor(name)?;
+        let want = e.tensor_shape();
+        if t.shape != want {
+            return Err(WeightError::Shape { source_path: src_path, name: name.clone(), got: t.shape.clone(), want });
+        }
+        let size = match t.format {
+            WeightFormat::F32 => 4,
+            WeightFormat::F16 | WeightFormat::BF16 => 2,
+            format => return Err(WeightError::Relayout { source_path: src_path, name: name.clone(), format }),
+        };
+        let (experts, rows, cols, out) = (shape[0], shape[1], shape[2], want[2]);
+        let src = t.bytes();
+        let mut bytes = vec![0u8; experts * rows * cols * size];
+        for ex in 0..experts {
+            for r in 0..rows {
+                let oc = select.map_or(r, |s| s.index(r));
+                for c in 0..cols {
+                    let from = ((ex * cols + c) * out + oc) * size;
+                    let to = ((ex * rows + r) * cols + c) * size;
+                    bytes[to..to + size].copy_from_slice(&src[from..from + size]);
+                }
+            }
+        }
+        let owned = Tensor::owned(key.clone(), t.format, shape.clone(), bytes, Arc::new(t.source().to_path_buf()));
+        self.tensors.insert(key, owned);
+        Ok(())
+    }
+
+    /// Reads a stacked expert bias (`[experts, width]`, its selected entries) as f32.
+    fn expert_bias_load(&mut self, ckpt: &Checkpoint, b: &ExpertBias) -> Result<(), WeightError> {
+        let key = derived_key(&b.name, b.select);
+        if self.vectors.contains_key(&key) {
+            return Ok(());
+        }
+        let t = ckpt.tensor(&b.name)?;
+        let want = b.tensor_shape();
+        if t.shape != want {
+            return Err(WeightError::Shape { source_path: ckpt.path().display().to_string(), name: b.name.clone(), got: t.shape.clone(), want });
+        }
+        let all = t.to_f32_vec()?;
+        let (experts, width, total) = (b.shape[0], b.shape[1], want[1]);
+        let v: Vec<f32> = (0..experts * width).map(|i| all[(i / width) * total + b.select.map_or(i % width, |s| s.index(i % width))]).collect();
+        self.vectors.insert(key, v);
+        Ok(())
+    }
+
+    /// Expert `e`'s entries of a per-expert bias.
+    pub fn expert_bias(&self, b: &ExpertBias, e: usize) -> &[f32] {
+        let width = b.shape[1];
+        &self.vectors[&derived_key(&b.name, b.select)][e * width..(e + 1) * width]
     }
 
     pub fn tensor(&self, name: &str) -> &Tensor {
@@ -80,12 +159,21 @@ impl WeightStore {
         match t {
             ExpertTensor::PerExpert { pattern, .. } => self.tensors[&pattern.replace("{e}", &e.to_string())].as_matrix(),
             ExpertTensor::Stacked { name, .. } => self.tensors[name].expert(e),
+            ExpertTensor::StackedInputMajor { name, select, .. } => self.tensors[&derived_key(name, *select)].expert(e),
         }
     }
 
     /// Bytes of every tensor held.
     pub fn bytes(&self) -> usize {
         self.tensors.values().map(|t| t.bytes().len()).sum()
+    }
+}
+
+/// The store's key of a tensor re-laid or selected at load (never a checkpoint name: `#`).
+fn derived_key(name: &str, select: Option<RowSelect>) -> String {
+    match select {
+        None => format!("{name}#all"),
+        Some(s) => format!("{name}#{}x{}+{}/{}", s.groups, s.take, s.offset, s.stride),
     }
 }
 
