@@ -100,3 +100,46 @@ fn a_device_lost_mid_decode_is_finished_by_the_cpu() {
     assert!(notice.is_some_and(|n| n.contains("continue on the CPU")), "the fallback says so");
     assert_eq!(toks, want_toks, "the CPU finishes the run with the same tokens");
 }
+
+#[test]
+fn work_runs_on_the_device() {
+    let dev = load_on_device(&fixture_dir("llama"), None, None);
+    let d = dev.device.as_ref().expect("a device");
+    let before = d.ctx.dispatches();
+    let (_, _, notice) = run(&dev, &[1, 2, 3], 3, 2);
+    assert!(notice.is_none());
+    assert!(d.ctx.dispatches() > before, "no dispatch ran: a silent CPU fallback");
+}
+
+#[test]
+fn smollm2_on_the_device_matches_the_cpu() {
+    let Some(path) = default_model_path() else { return };
+    let oracle = read_json(&fixture_dir("smollm2_ref").join("oracle.json"));
+    let p = &oracle["prompts"][0];
+    let prompt = ids(&p["prompt_ids"]);
+    let greedy = ids(&p["greedy"]);
+    let mut req = LoadRequest::new(&path);
+    req.device = DeviceRequest::Vulkan(VkOptions::default());
+    req.compile = Options { context: 64, chunk_rows: 16, ..Options::default() };
+    let dev = load(req).unwrap();
+    assert!(dev.device.is_some(), "{}", dev.device_note);
+    let cpu = load_model(&path);
+    // Both sides multiply the Q4_1/Q8_0 blocks with f32 activations here (Exact), so they
+    // differ only in the order of float operations.
+    let mut c = Session::new(&cpu.model, 64);
+    c.set_precision(coli_runtime::cpu::Precision::Exact);
+    let mut g = Session::on_device(&dev.model, dev.device.as_ref().unwrap(), 64).unwrap();
+    g.set_precision(coli_runtime::cpu::Precision::Exact);
+    let want = c.forward(&prompt, LogitRows::Last).unwrap();
+    let mut got = g.forward(&prompt, LogitRows::Last).unwrap();
+    let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let err = want.iter().zip(&got).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(err <= 1e-4 * max, "max |device - cpu| = {err} (max |logit| {max})");
+    let mut toks = Vec::new();
+    for _ in 0..8 {
+        let id = argmax(&got);
+        toks.push(id);
+        got = g.forward(&[id], LogitRows::Last).unwrap();
+    }
+    assert_eq!(toks, greedy[..8].to_vec(), "greedy tokens on the device");
+}
