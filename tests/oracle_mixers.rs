@@ -84,3 +84,13 @@ fn gpt_oss_matches_transformers() {
 fn gpt_oss_runs_in_coli_exec() {
     check_exec("gpt_oss");
 }
+
+#[test]
+fn deepseek_v3_matches_transformers() {
+    check_fixture("deepseek_v3");
+}
+
+#[test]
+fn deepseek_v3_runs_in_coli_exec() {
+    check_exec("deepseek_v3");
+}

@@ -15,7 +15,7 @@ Usage (from the repository root; needs torch, transformers 5.17, safetensors, gg
 
 Outputs:
 
-* tests/fixtures/{llama,llama_tied,olmoe,qwen3_moe,mixtral,gpt_oss}/ : a tiny random-weight
+* tests/fixtures/{llama,llama_tied,olmoe,qwen3_moe,mixtral,gpt_oss,deepseek_v3}/ : a tiny random-weight
   checkpoint (config.json, generation_config.json, model.safetensors, f32) written by
   ``save_pretrained`` and its ``oracle.json`` (prompt ids, logits of every prompt
   position, 20 greedy ids, the logits each greedy id was chosen from, per-layer
@@ -395,7 +395,56 @@ TINY = {
             "clamped SwiGLU (limit 7, alpha 1.702; gate_up gain 3 so that some values clamp)"
         ),
     ),
+    # DeepSeek-V3: MLA with a query LoRA, YaRN (mscale != mscale_all_dim, so both the
+    # attention factor and the softmax scale move), interleaved rope pairs; first layer dense;
+    # sigmoid router with a (random) correction bias, 4 groups of 2 experts, top-2 groups,
+    # top-2 experts, renormalised and scaled by 2.5; one shared expert.
+    "deepseek_v3": dict(
+        cls="DeepseekV3ForCausalLM",
+        seed=7000,
+        config=dict(
+            vocab_size=320,
+            hidden_size=64,
+            intermediate_size=96,
+            moe_intermediate_size=24,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=48,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=12,
+            n_routed_experts=8,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            first_k_dense_replace=1,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "mscale": 1.0, "mscale_all_dim": 0.707},
+            rope_interleave=True,
+            attention_bias=False,
+            tie_word_embeddings=False,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+        ),
+        note=(
+            "DeepSeek-V3, 3 layers (first dense, FFN 96), hidden 64, MLA with 4 heads, q_lora_rank 48, "
+            "kv_lora_rank 32, qk_nope 16, qk_rope 8 (interleaved pairs), v_head_dim 12, YaRN factor 4 "
+            "(original 64, mscale 1, mscale_all_dim 0.707), 8 routed experts (FFN 24) in 4 groups, top-2 groups, "
+            "top-2 experts, sigmoid scores with a random e_score_correction_bias, renormalised, x2.5, "
+            "1 shared expert"
+        ),
+    ),
 }
+
 
 @torch.no_grad()
 def gpt_oss_probe(model, ids):
@@ -420,6 +469,39 @@ def gpt_oss_probe(model, ids):
 
 
 TINY["gpt_oss"]["probe"] = gpt_oss_probe
+
+
+@torch.no_grad()
+def deepseek_post_init(model):
+    """A correction bias that changes choices (transformers initialises it to zeros)."""
+    for layer in model.model.layers:
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None and hasattr(gate, "e_score_correction_bias"):
+            gate.e_score_correction_bias.normal_(0.0, 0.1)
+
+
+def deepseek_router_gap(model, entries, top_k):
+    """The smallest margin of a routing decision as DeepSeek-V3 makes it: the topk_group-th
+    minus the next group score, and the k-th minus the (k+1)-th choice score in the kept groups."""
+    gap = math.inf
+    cfg = model.config
+    for layer, logits in entries:
+        bias = model.model.layers[layer].mlp.gate.e_score_correction_bias.float()
+        choice = logits.sigmoid() + bias
+        groups = choice.view(-1, cfg.n_group, cfg.n_routed_experts // cfg.n_group).topk(2, dim=-1)[0].sum(-1)
+        if cfg.topk_group < cfg.n_group:
+            g = groups.topk(cfg.topk_group + 1, dim=-1).values
+            gap = min(gap, float((g[:, -2] - g[:, -1]).min()))
+        keep = groups.topk(cfg.topk_group, dim=-1).indices
+        mask = torch.zeros_like(groups).scatter_(1, keep, 1).bool()
+        mask = mask.unsqueeze(-1).expand(-1, cfg.n_group, cfg.n_routed_experts // cfg.n_group).reshape(choice.shape)
+        v = choice.masked_fill(~mask, float("-inf")).topk(top_k + 1, dim=-1).values
+        gap = min(gap, float((v[:, top_k - 1] - v[:, top_k]).min()))
+    return gap
+
+
+TINY["deepseek_v3"]["post_init"] = deepseek_post_init
+TINY["deepseek_v3"]["router_gap"] = deepseek_router_gap
 
 # Per-tensor gains for the re-initialisation: std = gain / sqrt(fan_in), fan_in = last dim.
 GAINS = [
@@ -476,6 +558,13 @@ def expected_names(name, cfg, n_layers):
             for e in range(cfg["num_experts"]):
                 for w in ("gate_proj", "up_proj", "down_proj"):
                     out.append(f"model.layers.{i}.mlp.experts.{e}.{w}.weight")
+    if name == "deepseek_v3":
+        for i in range(cfg["first_k_dense_replace"], n_layers):
+            out.append(f"model.layers.{i}.mlp.gate.e_score_correction_bias")
+            out.append(f"model.layers.{i}.mlp.shared_experts.gate_proj.weight")
+            for e in range(cfg["n_routed_experts"]):
+                for w in ("gate_proj", "up_proj", "down_proj"):
+                    out.append(f"model.layers.{i}.mlp.experts.{e}.{w}.weight")
     if name == "gpt_oss":
         for i in range(n_layers):
             out.append(f"model.layers.{i}.self_attn.sinks")
@@ -511,6 +600,8 @@ def make_tiny(name):
         config._experts_implementation = "eager" if top_k else None
         model = cls(config).float().eval()
         reinit(model, tied)
+        if "post_init" in spec:
+            spec["post_init"](model)
         if tied:
             assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
@@ -529,7 +620,8 @@ def make_tiny(name):
 
         max_abs = float(logits.abs().max())
         g_margin = min(margin(r) for r in g_logits)
-        r_gap = router_min_gap(p_router + d_router, top_k) if top_k else math.inf
+        gap_fn = spec.get("router_gap", lambda _m, entries, k: router_min_gap(entries, k))
+        r_gap = gap_fn(model, p_router + d_router, top_k) if top_k else math.inf
         distinct = len(set(greedy))
         repeat = max(greedy.count(t) for t in greedy)
         ok = (1.0 <= max_abs <= 20.0 and g_margin >= MIN_GREEDY_MARGIN and r_gap >= MIN_ROUTER_GAP

@@ -321,6 +321,17 @@ pub struct MlaSpec {
     pub weights: Vec<(String, WeightRef)>,
     pub rope_theta: f32,
     pub rope_scaling: RopeScaling,
+    /// The epsilon of the two latent RMSNorms (transformers: 1e-6, not `rms_norm_eps`).
+    #[serde(default = "mla_norm_eps")]
+    pub norm_eps: f32,
+    /// RoPE on adjacent pairs of the rope part (transformers' `rope_interleave`, DeepSeek's
+    /// layout), else on halves.
+    #[serde(default = "yes")]
+    pub rope_interleave: bool,
+}
+
+fn mla_norm_eps() -> f32 {
+    1e-6
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

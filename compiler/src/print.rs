@@ -109,7 +109,7 @@ pub fn op_text(op: &Op) -> String {
         Op::Mla { x, out, layer, spec } => {
             let ws: Vec<String> = spec.weights.iter().map(|(r, x)| format!("{r} {}", w(x))).collect();
             format!(
-                "{out} = mla {x} kv {layer} heads {} q_lora {:?} kv_lora {} nope {} rope {} v {} scale {} theta {} scaling {:?} [{}]",
+                "{out} = mla {x} kv {layer} heads {} q_lora {:?} kv_lora {} nope {} rope {} v {} scale {} theta {} scaling {:?} {} norm eps {} [{}]",
                 spec.heads,
                 spec.q_lora_rank,
                 spec.kv_lora_rank,
@@ -119,6 +119,8 @@ pub fn op_text(op: &Op) -> String {
                 g(spec.scale),
                 g(spec.rope_theta),
                 spec.rope_scaling,
+                if spec.rope_interleave { "Interleaved" } else { "RotateHalf" },
+                g(spec.norm_eps),
                 ws.join(", ")
             )
         }

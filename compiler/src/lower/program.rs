@@ -624,7 +624,7 @@ impl<'a> Lowerer<'a> {
                 let weights = ExpertWeights { gate: gate?, up: upw?, down: downw?, gate_bias: gb?, up_bias: ub?, down_bias: db? };
                 Op::RoutedExperts { x: xv, routing: rv, out: ov, layer, experts, ffn, weights, glu }
             }
-            OpItem::Mla { x, out, heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, scale, weights, theta, scaling } => {
+            OpItem::Mla { x, out, heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, scale, weights, theta, scaling, norm_eps, rope_interleave } => {
                 let (xv, ov) = (self.val(x)?, self.val(out)?);
                 // A q LoRA rank of 0 means none (configurations say `q_lora_rank: null`).
                 let q_lora_rank = match q_lora_rank {
@@ -642,7 +642,13 @@ impl<'a> Lowerer<'a> {
                     weights: self.roles(weights)?,
                     rope_theta: self.float(theta)?,
                     rope_scaling: self.scaling(scaling, span)?,
+                    norm_eps: self.float_or(norm_eps, 1e-6)?,
+                    rope_interleave: match rope_interleave {
+                        Some(t) => self.boolean(t)?,
+                        None => true,
+                    },
                 };
+                self.mla_roles(&spec, self.width(xv), span);
                 self.expect_width(out, ov, self.width(xv), "MLA's input width");
                 Op::Mla { x: xv, out: ov, layer: LayerId(self.layer.unwrap_or(0) as u32), spec }
             }
@@ -665,6 +671,46 @@ impl<'a> Lowerer<'a> {
             }
             OpItem::Block(_) | OpItem::If { .. } => return None,
         })
+    }
+
+    /// Reports unless an MLA op's weights are the roles it knows, in the shapes its geometry
+    /// needs (so the runtime can rely on them): `q` or `q_a`, `q_a_norm`, `q_b` (as
+    /// `q_lora_rank` says); `kv_a`, `kv_a_norm`, `kv_b`, `o`; optional biases `q_a_bias`,
+    /// `kv_a_bias`, `o_bias`.
+    fn mla_roles(&mut self, s: &MlaSpec, hidden: usize, span: Span) {
+        let (h, dn, dr, dv, c) = (s.heads, s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim, s.kv_lora_rank);
+        let mut want: Vec<(&str, Vec<usize>, bool)> = vec![
+            ("kv_a", vec![c + dr, hidden], true),
+            ("kv_a_norm", vec![c], true),
+            ("kv_b", vec![h * (dn + dv), c], true),
+            ("o", vec![hidden, h * dv], true),
+            ("kv_a_bias", vec![c + dr], false),
+            ("o_bias", vec![hidden], false),
+        ];
+        match s.q_lora_rank {
+            Some(r) => want.extend([
+                ("q_a", vec![r, hidden], true),
+                ("q_a_norm", vec![r], true),
+                ("q_b", vec![h * (dn + dr), r], true),
+                ("q_a_bias", vec![r], false),
+            ]),
+            None => want.push(("q", vec![h * (dn + dr), hidden], true)),
+        }
+        for (role, w) in &s.weights {
+            match want.iter().find(|(r, _, _)| r == role) {
+                None => self.err(span, format!("MLA has no weight role `{role}` here (roles: {})", want.iter().map(|w| w.0).collect::<Vec<_>>().join(", "))),
+                Some((_, shape, _)) if &w.shape != shape => self.err(span, format!("MLA weight `{role}` has shape {:?}, the geometry needs {shape:?}", w.shape)),
+                Some(_) => {}
+            }
+        }
+        for (role, _, required) in &want {
+            if *required && !s.weights.iter().any(|(r, _)| r == role) {
+                self.err(span, format!("MLA needs weight role `{role}`"));
+            }
+        }
+        if dr % 2 != 0 || h == 0 || c == 0 {
+            self.err(span, format!("MLA needs heads and a latent rank above 0 and an even rope head dim (heads {h}, kv_lora_rank {c}, qk_rope_head_dim {dr})"));
+        }
     }
 
     fn roles(&mut self, weights: &crate::spec::de::Entries<Text, Text>) -> Option<Vec<(String, WeightRef)>> {

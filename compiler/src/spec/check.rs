@@ -77,7 +77,9 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
             glu(g, &mut f);
             f.extend(gate_bias.iter().chain(up_bias).chain(down_bias).map(|s| (s, Weight)));
         }
-        OpItem::Mla { x, out, heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, scale, weights, theta, .. } => {
+        OpItem::Mla { x, out, heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, scale, weights, theta, norm_eps, rope_interleave, .. } => {
+            f.extend(norm_eps.iter().map(|s| (s, float)));
+            f.extend(rope_interleave.iter().map(|s| (s, Expr(Type::Bool))));
             f.extend([
                 (x, Value),
                 (out, Value),

@@ -240,6 +240,12 @@ pub enum OpItem {
         theta: Text,
         #[serde(default)]
         scaling: ScalingSpec,
+        /// The latent norms' epsilon (default 1e-6).
+        #[serde(default)]
+        norm_eps: Option<Text>,
+        /// A Bool: RoPE on adjacent pairs (default true), else on halves.
+        #[serde(default)]
+        rope_interleave: Option<Text>,
     },
     LinearAttention {
         x: Text,

@@ -7,6 +7,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod experts;
 pub mod linear;
+pub mod mla;
 pub mod norm;
 pub mod rope;
 pub mod route;
@@ -28,7 +29,7 @@ impl OpLib for CpuOps {
     }
 
     fn supports(&self, op: &Op, _format: Option<WeightFormat>) -> bool {
-        !matches!(op, Op::Mla { .. } | Op::LinearAttention { .. })
+        !matches!(op, Op::LinearAttention { .. })
     }
 }
 
@@ -51,6 +52,8 @@ pub enum CpuError {
     Unsupported(&'static str),
     #[error("token id {id} is outside the vocabulary of {vocab}")]
     TokenOutOfRange { id: u32, vocab: usize },
+    #[error("op {op} lacks its weight role `{role}`")]
+    MissingRole { op: &'static str, role: String },
 }
 
 impl Env<'_> {
@@ -218,7 +221,15 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             experts::routed_experts(&xs, n, hidden, &rt, top_k, *glu, env.precision, &expert, &mut o);
             env.put(*out, o);
         }
-        Op::Mla { .. } | Op::LinearAttention { .. } => return Err(CpuError::Unsupported(op_name(op))),
+        Op::Mla { x, out, layer, spec } => {
+            let w = mla::MlaWeights::resolve(spec, env.weights).map_err(|m| CpuError::MissingRole { op: op_name(op), role: m.0 })?;
+            let xs = env.get(*x).to_vec();
+            let mut o = env.take(*out);
+            let (pos0, precision) = (env.pos0, env.precision);
+            mla::mla(spec, &w, &xs, n, pos0, &mut env.kv.layers[layer.0 as usize], precision, mla::MlaForm::for_rows(n), &mut o);
+            env.put(*out, o);
+        }
+        Op::LinearAttention { .. } => return Err(CpuError::Unsupported(op_name(op))),
     }
     Ok(())
 }

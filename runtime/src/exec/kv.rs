@@ -1,5 +1,7 @@
 //! The host KV cache: per attention layer, the K and V rows of every position so far. The
-//! host's copy is canonical; a device mirror (later) follows it behind a watermark.
+//! host's copy is canonical; a device mirror (later) follows it behind a watermark. An MLA
+//! layer (DeepSeek) keeps its normalized latent in the `k` rows and its rotated shared rope
+//! key in the `v` rows (`cpu::mla`).
 
 /// K and V rows of one layer, position-major (`len x width`).
 #[derive(Clone, Debug, Default)]

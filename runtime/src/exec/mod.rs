@@ -87,6 +87,10 @@ impl<'m> Session<'m> {
                 if let Op::Attention { spec, .. } = op {
                     widths[l.id.0 as usize] = (spec.kv_heads * spec.head_dim, spec.kv_heads * spec.v_head_dim);
                 }
+                // MLA caches the normed latent as `k` and the rotated shared rope key as `v`.
+                if let Op::Mla { spec, .. } = op {
+                    widths[l.id.0 as usize] = (spec.kv_lora_rank, spec.qk_rope_head_dim);
+                }
             }
         }
         Session {
