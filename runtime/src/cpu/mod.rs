@@ -14,7 +14,8 @@ pub mod route;
 
 use crate::exec::kv::KvCache;
 use crate::exec::weights::WeightStore;
-use crate::format::{dequant_row, WeightFormat};
+use crate::format::{dequant_row, matmul_q_multi, Matrix, QuantizedActs, WeightFormat};
+use std::cell::RefCell;
 pub use linear::Precision;
 use crate::oplib::{op_name, OpLib};
 use coli_compiler::ir::{Op, ValueId};
@@ -92,6 +93,91 @@ impl Env<'_> {
     }
 }
 
+/// Buffers reused across ops on one thread: the quantized activations of the last matmul
+/// input and the RoPE angle table (both fully rewritten before use; the table is keyed by
+/// everything it depends on).
+#[derive(Default)]
+struct Scratch {
+    acts: QuantizedActs,
+    angles: rope::AngleCache,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Runs a sequence of ops on the CPU, as `run_op` on each in turn, except that consecutive
+/// `Linear`s reading the same input (q/k/v, gate/up) share one quantization of that input and
+/// one parallel pass over their matrices.
+pub fn run_ops(ops: &[Op], env: &mut Env) -> Result<(), CpuError> {
+    let mut i = 0;
+    while i < ops.len() {
+        let g = linear_group(&ops[i..], env);
+        if g > 0 {
+            run_linears(&ops[i..i + g], env);
+            i += g;
+        } else {
+            run_op(&ops[i], env)?;
+            i += 1;
+        }
+    }
+    Ok(())
+}
+
+/// How many ops from the start of `ops` are `Linear`s that `run_linears` can run together:
+/// same input, distinct outputs that are not the input, quantized activations (`Fast`
+/// precision and integer formats). 0 when the first op is not such a `Linear`.
+fn linear_group(ops: &[Op], env: &Env) -> usize {
+    if env.precision != Precision::Fast || env.n == 0 {
+        return 0;
+    }
+    let mut outs: Vec<ValueId> = Vec::new();
+    let mut x0 = None;
+    for op in ops {
+        let Op::Linear { x, out, weight, .. } = op else { break };
+        let m = env.weights.matrix(&weight.name);
+        if *out == *x || outs.contains(out) || x0.is_some_and(|x0| x0 != *x) || !m.format.uses_q8_acts(m.cols) {
+            break;
+        }
+        x0 = Some(*x);
+        outs.push(*out);
+    }
+    outs.len()
+}
+
+/// Runs a `linear_group`: one quantization of the shared input, one pass over all matrices.
+fn run_linears(ops: &[Op], env: &mut Env) {
+    let n = env.n;
+    let mut mats: Vec<(Matrix, Vec<f32>, Option<&[f32]>)> = Vec::with_capacity(ops.len());
+    let mut x = None;
+    for op in ops {
+        let Op::Linear { x: xv, out, weight, bias } = op else { unreachable!("linear_group takes Linears only") };
+        x = Some(*xv);
+        let m = env.weights.matrix(&weight.name);
+        let b = bias.as_ref().map(|b| env.weights.vector(&b.name));
+        mats.push((m, env.take(*out), b));
+    }
+    let x = x.expect("a group has at least one Linear");
+    let cols = env.width(x);
+    SCRATCH.with(|sc| {
+        let acts = &mut sc.borrow_mut().acts;
+        if let Err(e) = acts.requantize(env.get(x), n, cols) {
+            panic!("linear input: {e}");
+        }
+        let mut outs: Vec<(Matrix, &mut [f32])> = mats.iter_mut().map(|(m, o, _)| (*m, o.as_mut_slice())).collect();
+        matmul_q_multi(&mut outs, acts);
+    });
+    for (op, (_, mut o, b)) in ops.iter().zip(mats) {
+        if let Some(b) = b {
+            for row in o.chunks_exact_mut(b.len()) {
+                row.iter_mut().zip(b).for_each(|(v, bb)| *v += bb);
+            }
+        }
+        let Op::Linear { out, .. } = op else { unreachable!() };
+        env.put(*out, o);
+    }
+}
+
 /// Runs one op on the CPU.
 pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
     let n = env.n;
@@ -136,13 +222,17 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             });
         }
         Op::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling } => {
-            let (freq, mscale) = rope::inv_freq(*rotary_dim, *theta, *scaling);
             let w = env.width(*x);
             let pos0 = env.pos0;
             let mut b = env.take(*x);
-            for (i, row) in b.chunks_exact_mut(w).enumerate() {
-                rope::apply_row(&mut row[..heads * head_dim], *head_dim, *style, &freq, mscale, pos0 + i);
-            }
+            SCRATCH.with(|sc| {
+                let mut sc = sc.borrow_mut();
+                let table = sc.angles.get(*rotary_dim, *theta, *scaling, pos0, n);
+                let cw = 2 * (rotary_dim / 2);
+                for (row, cs) in b.chunks_exact_mut(w).zip(table.chunks_exact(cw.max(1))) {
+                    rope::rotate(&mut row[..heads * head_dim], *head_dim, *style, cs);
+                }
+            });
             env.put(*x, b);
         }
         Op::Attention { q, k, v, out, layer, spec } => {
@@ -173,14 +263,29 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             env.with_input(*x, *out, |xs, o| o.iter_mut().zip(xs).for_each(|(o, &v)| *o = elementwise::activate(*act, v)));
         }
         Op::Glu { gate, up, out, kind } => {
-            let (g, u) = (env.get(*gate).to_vec(), env.get(*up).to_vec());
-            let mut o = env.take(*out);
-            elementwise::glu(*kind, &g, &u, &mut o);
-            env.put(*out, o);
+            if out != gate && out != up {
+                let mut o = env.take(*out);
+                elementwise::glu(*kind, env.get(*gate), env.get(*up), &mut o);
+                env.put(*out, o);
+            } else {
+                let (g, u) = (env.get(*gate).to_vec(), env.get(*up).to_vec());
+                let mut o = env.take(*out);
+                elementwise::glu(*kind, &g, &u, &mut o);
+                env.put(*out, o);
+            }
         }
         Op::Add { a, b, out } => {
-            let bv = env.get(*b).to_vec();
-            env.with_input(*a, *out, |av, o| o.iter_mut().zip(av).zip(&bv).for_each(|((o, x), y)| *o = x + y));
+            // The residual adds run in place (`out == a`): no copy of either input.
+            let (a, b) = if out == b && out != a { (b, a) } else { (a, b) };
+            let mut o = env.take(*out);
+            if a == out && b == out {
+                o.iter_mut().for_each(|v| *v += *v);
+            } else if a == out {
+                o.iter_mut().zip(env.get(*b)).for_each(|(v, y)| *v += y);
+            } else {
+                o.iter_mut().zip(env.get(*a)).zip(env.get(*b)).for_each(|((v, x), y)| *v = x + y);
+            }
+            env.put(*out, o);
         }
         Op::Mul { a, b, out } => {
             let (wa, wb) = (env.width(*a), env.width(*b));

@@ -1,5 +1,6 @@
-//! Rotary position embeddings: the inverse frequencies (with the checkpoint's scaling) and
-//! their application to rows of heads, in both pair layouts. Pure functions.
+//! Rotary position embeddings: the inverse frequencies (with the checkpoint's scaling), their
+//! angles per position (`angles`, cached across the ops of a forward by `AngleCache`), and
+//! their application to rows of heads, in both pair layouts.
 
 use coli_compiler::ir::{RopeScaling, RopeStyle};
 
@@ -61,24 +62,68 @@ pub fn inv_freq(rotary_dim: usize, theta: f32, scaling: RopeScaling) -> (Vec<f32
 
 /// Rotates the first `rotary_dim` columns of each head of one row, at position `pos`.
 pub fn apply_row(row: &mut [f32], head_dim: usize, style: RopeStyle, inv_freq: &[f32], mscale: f32, pos: usize) {
+    let mut cs = vec![0f32; 2 * inv_freq.len()];
+    angles(inv_freq, mscale, pos, &mut cs);
+    rotate(row, head_dim, style, &cs);
+}
+
+/// `cos * mscale` then `sin * mscale` of each pair's angle at `pos` (`out`: `2 * half`).
+pub fn angles(inv_freq: &[f32], mscale: f32, pos: usize, out: &mut [f32]) {
     let half = inv_freq.len();
-    let (cos, sin): (Vec<f32>, Vec<f32>) = inv_freq
-        .iter()
-        .map(|&f| {
-            let a = pos as f32 * f;
-            (a.cos() * mscale, a.sin() * mscale)
-        })
-        .unzip();
+    for (i, &f) in inv_freq.iter().enumerate() {
+        let a = pos as f32 * f;
+        out[i] = a.cos() * mscale;
+        out[half + i] = a.sin() * mscale;
+    }
+}
+
+/// Rotates each head of `row` by the angles of `cs` (as `angles` writes them).
+pub fn rotate(row: &mut [f32], head_dim: usize, style: RopeStyle, cs: &[f32]) {
+    let half = cs.len() / 2;
+    let (cos, sin) = cs.split_at(half);
     for head in row.chunks_exact_mut(head_dim) {
-        for i in 0..half {
-            let (a, b) = match style {
-                RopeStyle::RotateHalf => (i, i + half),
-                RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-            };
-            let (x0, x1) = (head[a], head[b]);
-            head[a] = x0 * cos[i] - x1 * sin[i];
-            head[b] = x1 * cos[i] + x0 * sin[i];
+        match style {
+            RopeStyle::RotateHalf => {
+                let (x0s, rest) = head.split_at_mut(half);
+                for (i, (x0, x1)) in x0s.iter_mut().zip(&mut rest[..half]).enumerate() {
+                    let (a, b) = (*x0, *x1);
+                    *x0 = a * cos[i] - b * sin[i];
+                    *x1 = b * cos[i] + a * sin[i];
+                }
+            }
+            RopeStyle::Interleaved => {
+                for (i, pair) in head[..2 * half].chunks_exact_mut(2).enumerate() {
+                    let (a, b) = (pair[0], pair[1]);
+                    pair[0] = a * cos[i] - b * sin[i];
+                    pair[1] = b * cos[i] + a * sin[i];
+                }
+            }
         }
+    }
+}
+
+/// The angles of positions `pos0..pos0 + n` for one rotary configuration, computed once and
+/// reused by every RoPE op of a forward that asks for the same ones (q and k, every layer).
+#[derive(Default)]
+pub struct AngleCache {
+    key: Option<(usize, u32, RopeScaling, usize, usize)>,
+    table: Vec<f32>,
+}
+
+impl AngleCache {
+    /// Rows of `2 * rotary_dim / 2` angles (`angles`' layout) for positions `pos0..pos0 + n`.
+    pub fn get(&mut self, rotary_dim: usize, theta: f32, scaling: RopeScaling, pos0: usize, n: usize) -> &[f32] {
+        let key = (rotary_dim, theta.to_bits(), scaling, pos0, n);
+        if self.key != Some(key) {
+            let (freq, mscale) = inv_freq(rotary_dim, theta, scaling);
+            let w = 2 * freq.len();
+            self.table.resize(n * w, 0.0);
+            for (i, row) in self.table.chunks_exact_mut(w.max(1)).enumerate() {
+                angles(&freq, mscale, pos0 + i, row);
+            }
+            self.key = Some(key);
+        }
+        &self.table
     }
 }
 
@@ -112,6 +157,24 @@ mod tests {
         let mut row = [1.0, 0.0, 5.0, 6.0];
         apply_row(&mut row, 4, RopeStyle::RotateHalf, &f, m, 3);
         assert_eq!(&row[2..], &[5.0, 6.0]);
+    }
+
+    #[test]
+    fn cached_angles_match_per_row_application() {
+        let s = RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 };
+        let (f, m) = inv_freq(16, 10000.0, s);
+        let mut cache = AngleCache::default();
+        for style in [RopeStyle::RotateHalf, RopeStyle::Interleaved] {
+            let rows: Vec<f32> = (0..3 * 40).map(|i| (i as f32 * 0.37).sin()).collect();
+            let table = cache.get(16, 10000.0, s, 7, 3).to_vec();
+            for r in 0..3 {
+                let mut a = rows[r * 40..(r + 1) * 40].to_vec();
+                let mut b = a.clone();
+                apply_row(&mut a[..40], 20, style, &f, m, 7 + r);
+                rotate(&mut b[..40], 20, style, &table[r * 16..(r + 1) * 16]);
+                assert_eq!(a, b);
+            }
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ pub mod kv;
 pub mod probe;
 pub mod weights;
 
-use crate::cpu::{run_op, CpuError, CpuOps, Env, Precision};
+use crate::cpu::{run_ops, CpuError, CpuOps, Env, Precision};
 use crate::model::Checkpoint;
 use crate::oplib::{op_name, OpLib};
 use coli_compiler::ir::{Op, Program};
@@ -198,8 +198,9 @@ impl<'m> Session<'m> {
             weights: &self.model.weights,
             precision: self.precision,
         };
-        for op in p.prologue.iter().chain(p.layers.iter().flat_map(|l| l.ops.iter())) {
-            run_op(op, &mut env)?;
+        run_ops(&p.prologue, &mut env)?;
+        for l in &p.layers {
+            run_ops(&l.ops, &mut env)?;
         }
         // The head runs on the rows whose logits are wanted only.
         if rows == LogitRows::Last && n > 1 {
@@ -219,9 +220,7 @@ impl<'m> Session<'m> {
             weights: &self.model.weights,
             precision: self.precision,
         };
-        for op in &p.epilogue {
-            run_op(op, &mut env)?;
-        }
+        run_ops(&p.epilogue, &mut env)?;
         self.pos += n;
         let lw = self.widths[p.logits.0 as usize];
         Ok(self.values[p.logits.0 as usize][..head_rows * lw].to_vec())

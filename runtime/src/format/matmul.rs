@@ -11,9 +11,9 @@
 //! Must not: allocate per row, hold weights beyond the call, or panic on mismatched sizes
 //! (they are `FormatError`s).
 
+use super::pool::{self, SendPtr};
 use super::q8::{self, QuantizedActs};
 use super::{dot, FormatError, WeightFormat};
-use rayon::prelude::*;
 use std::sync::OnceLock;
 
 /// A matrix of `rows` stored rows of `cols` elements each, in `format`, borrowed.
@@ -110,9 +110,9 @@ pub fn try_matmul(w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) -> Result<()
     check_out(w, n, out)?;
     if w.format.uses_q8_acts(w.cols) {
         let acts = QuantizedActs::new(x, n, w.cols)?;
-        drive(w, n, out, |r0, tile| tile_q8(w, &acts, r0, tile));
+        drive(&[Seg { w: *w, out: SendPtr(out.as_mut_ptr()) }], n, &|w, r0, r1, o| tile_q8(w, &acts, r0, r1, o));
     } else {
-        drive(w, n, out, |r0, tile| tile_f32(w, x, n, r0, tile));
+        drive(&[Seg { w: *w, out: SendPtr(out.as_mut_ptr()) }], n, &|w, r0, r1, o| tile_f32(w, x, n, r0, r1, o));
     }
     Ok(())
 }
@@ -120,20 +120,42 @@ pub fn try_matmul(w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) -> Result<()
 /// `matmul` with activations already quantized (reuse one `QuantizedActs` across the matrices
 /// that read the same input). Float formats dequantize the activations first.
 pub fn try_matmul_q(w: &Matrix, acts: &QuantizedActs, out: &mut [f32]) -> Result<(), FormatError> {
-    if acts.cols() != w.cols {
-        return Err(FormatError::Length { what: "quantized activation columns", expected: w.cols, found: acts.cols() });
-    }
+    try_matmul_q_multi(&mut [(*w, out)], acts)
+}
+
+/// Several matmuls of one input (q/k/v, gate/up) in one parallel pass: `out_j = x * W_j^T`
+/// for each `(W_j, out_j)`, `x` given quantized. One dispatch to the thread team instead of
+/// one per matrix.
+pub fn try_matmul_q_multi(mats: &mut [(Matrix, &mut [f32])], acts: &QuantizedActs) -> Result<(), FormatError> {
     let n = acts.n();
-    check_out(w, n, out)?;
-    if w.format.uses_q8_acts(w.cols) {
-        drive(w, n, out, |r0, tile| tile_q8(w, acts, r0, tile));
+    for (w, out) in mats.iter() {
+        if acts.cols() != w.cols {
+            return Err(FormatError::Length { what: "quantized activation columns", expected: w.cols, found: acts.cols() });
+        }
+        check_out(w, n, out)?;
+    }
+    let segs: Vec<Seg> = mats.iter_mut().map(|(w, out)| Seg { w: *w, out: SendPtr(out.as_mut_ptr()) }).collect();
+    if segs.iter().all(|s| s.w.format.uses_q8_acts(s.w.cols)) {
+        drive(&segs, n, &|w, r0, r1, o| tile_q8(w, acts, r0, r1, o));
     } else {
-        let x: Vec<f32> = (0..n)
-            .flat_map(|i| acts.row(i).iter().flat_map(|b| b.q.iter().map(move |&q| b.d * q as f32)))
-            .collect();
-        drive(w, n, out, |r0, tile| tile_f32(w, &x, n, r0, tile));
+        let x = acts.dequantize();
+        drive(&segs, n, &|w, r0, r1, o| {
+            if w.format.uses_q8_acts(w.cols) {
+                tile_q8(w, acts, r0, r1, o)
+            } else {
+                tile_f32(w, &x, n, r0, r1, o)
+            }
+        });
     }
     Ok(())
+}
+
+/// `try_matmul_q_multi` that panics on mismatched sizes.
+#[track_caller]
+pub fn matmul_q_multi(mats: &mut [(Matrix, &mut [f32])], acts: &QuantizedActs) {
+    if let Err(e) = try_matmul_q_multi(mats, acts) {
+        panic!("matmul of {} matrices: {e}", mats.len());
+    }
 }
 
 fn check_out(w: &Matrix, n: usize, out: &[f32]) -> Result<(), FormatError> {
@@ -144,45 +166,54 @@ fn check_out(w: &Matrix, n: usize, out: &[f32]) -> Result<(), FormatError> {
 }
 
 /// Below this many weight bytes (times `n`) a matmul runs on the calling thread.
-const SERIAL_BYTES: usize = 64 * 1024;
-/// The least work (weight bytes times `n`) worth a rayon task.
-const TASK_BYTES: usize = 32 * 1024;
-/// Tasks per worker thread, for balance when the other core is busy.
+const SERIAL_BYTES: usize = 48 * 1024;
+/// The least work (weight bytes times `n`) worth a task.
+const TASK_BYTES: usize = 16 * 1024;
+/// Tasks per thread, for balance when another process takes part of a core.
 const TASKS_PER_THREAD: usize = 4;
 
-/// Runs `tile(r0, out_t)` over chunks of weight rows; `out_t` holds the chunk's results
-/// row-major by weight row (`[rows_in_chunk x n]`), transposed into `out` afterwards when `n > 1`.
-fn drive(w: &Matrix, n: usize, out: &mut [f32], tile: impl Fn(usize, &mut [f32]) + Sync) {
-    if w.rows == 0 || n == 0 {
-        return;
-    }
-    let work = w.bytes.len().saturating_mul(n);
-    let threads = rayon::current_num_threads().max(1);
-    let chunk_rows = if work < SERIAL_BYTES || threads == 1 {
-        w.rows
-    } else {
-        let min_rows = TASK_BYTES.div_ceil(w.row_bytes.max(1).saturating_mul(n));
-        // Multiples of 4 rows keep the register-tiled kernels off their one-row tail path.
-        w.rows.div_ceil(threads * TASKS_PER_THREAD).max(min_rows).next_multiple_of(4)
-    };
-    let run = |buf: &mut [f32]| {
-        if chunk_rows >= w.rows {
-            tile(0, buf);
-        } else {
-            buf.par_chunks_mut(chunk_rows * n).enumerate().for_each(|(c, t)| tile(c * chunk_rows, t));
-        }
-    };
-    if n == 1 {
-        run(out);
-    } else {
-        let mut t = vec![0f32; w.rows * n];
-        run(&mut t);
-        for (r, vals) in t.chunks_exact(n).enumerate() {
-            for (i, &v) in vals.iter().enumerate() {
-                out[i * w.rows + r] = v;
+/// One matrix of a parallel pass and where its `[n x rows]` output starts.
+struct Seg<'a> {
+    w: Matrix<'a>,
+    out: SendPtr<f32>,
+}
+
+/// A tile computes rows `r0..r1` of `w` against all `n` activation rows, writing element
+/// `(i, r)` at `out + i * w.rows + r`.
+type Tile<'t> = dyn Fn(&Matrix, usize, usize, *mut f32) + Sync + 't;
+
+/// Runs `tile` over chunks of weight rows of every segment, spread over the thread team.
+fn drive(segs: &[Seg], n: usize, tile: &Tile) {
+    let threads = pool::threads();
+    let work: usize = segs.iter().map(|s| s.w.bytes.len().saturating_mul(n)).sum();
+    if work < SERIAL_BYTES || threads == 1 {
+        for s in segs {
+            if s.w.rows > 0 && n > 0 {
+                tile(&s.w, 0, s.w.rows, s.out.0);
             }
         }
+        return;
     }
+    // Every segment gets chunks of about the same work; chunk counts add up across segments.
+    let target = (work / (threads * TASKS_PER_THREAD)).max(TASK_BYTES);
+    let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
+    for (j, s) in segs.iter().enumerate() {
+        if s.w.rows == 0 || n == 0 {
+            continue;
+        }
+        let per_row = s.w.row_bytes.max(1).saturating_mul(n);
+        // Multiples of 4 rows keep the register-tiled kernels off their one-row tail path.
+        let chunk = target.div_ceil(per_row).next_multiple_of(4).min(s.w.rows);
+        let mut r = 0;
+        while r < s.w.rows {
+            tasks.push((j, r, (r + chunk).min(s.w.rows)));
+            r += chunk;
+        }
+    }
+    pool::run(tasks.len(), &|t| {
+        let (j, r0, r1) = tasks[t];
+        tile(&segs[j].w, r0, r1, segs[j].out.0);
+    });
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -234,35 +265,43 @@ pub fn kernel_level() -> &'static str {
     }
 }
 
+/// Whether this CPU runs the wide (AVX2+FMA or better) kernels; other modules use it to pick
+/// their own `#[target_feature]` paths, honouring `COLI_CPU_LEVEL` as `matmul` does.
+pub fn wide_simd() -> bool {
+    level() != Level::Portable
+}
+
 #[inline(always)]
-fn tile_q8_body<const LEVEL: u8>(w: &Matrix, acts: &QuantizedActs, r0: usize, out: &mut [f32]) {
+fn tile_q8_body<const LEVEL: u8>(w: &Matrix, acts: &QuantizedActs, r0: usize, r1: usize, out: *mut f32) {
     #[cfg(target_arch = "x86_64")]
     if LEVEL > 0 {
         // SAFETY: LEVEL > 0 runs only inside the `#[target_feature]` wrappers below, after
-        // `level()` detected AVX2+FMA+F16C (and AVX-512 VNNI+VL for 2); `acts.cols == w.cols`
-        // and `out` covers whole rows of `w` from `r0` (checked by `try_matmul*` and `drive`).
-        let done = unsafe { if LEVEL == 2 { super::simd::tile_q8::<true>(w, acts, r0, out) } else { super::simd::tile_q8::<false>(w, acts, r0, out) } };
+        // `level()` detected AVX2+FMA+F16C (and AVX-512 VNNI+VL for 2); `acts.cols == w.cols`,
+        // `r0 <= r1 <= w.rows` and `out` holds `n x w.rows` (checked by `try_matmul*`, `drive`).
+        let done = unsafe { if LEVEL == 2 { super::simd::tile_q8::<true>(w, acts, r0, r1, out) } else { super::simd::tile_q8::<false>(w, acts, r0, r1, out) } };
         if done {
             return;
         }
     }
-    let n = acts.n();
-    for (k, o) in out.chunks_exact_mut(n).enumerate() {
-        let row = w.row_unchecked(r0 + k);
-        for (i, v) in o.iter_mut().enumerate() {
-            *v = q8::dot_row_q8(w.format, row, acts.row(i));
+    for r in r0..r1 {
+        let row = w.row_unchecked(r);
+        for i in 0..acts.n() {
+            // SAFETY: `(i, r)` is inside the `n x rows` output (the caller's invariant).
+            unsafe { *out.add(i * w.rows + r) = q8::dot_row_q8(w.format, row, acts.row(i)) };
         }
     }
 }
 
 #[inline(always)]
-fn tile_f32_body<const LEVEL: u8>(w: &Matrix, x: &[f32], n: usize, r0: usize, out: &mut [f32]) {
+fn tile_f32_body<const LEVEL: u8>(w: &Matrix, x: &[f32], n: usize, r0: usize, r1: usize, out: *mut f32) {
     let cols = w.cols;
+    // SAFETY (every write below): `(i, r)` with `i < n`, `r0 <= r < r1 <= w.rows` is inside the
+    // `n x rows` output (the caller's invariant).
     if n < 4 {
-        for (k, o) in out.chunks_exact_mut(n).enumerate() {
-            let row = w.row_unchecked(r0 + k);
-            for (i, v) in o.iter_mut().enumerate() {
-                *v = dot::dot_row(w.format, row, &x[i * cols..(i + 1) * cols]);
+        for r in r0..r1 {
+            let row = w.row_unchecked(r);
+            for i in 0..n {
+                unsafe { *out.add(i * w.rows + r) = dot::dot_row(w.format, row, &x[i * cols..(i + 1) * cols]) };
             }
         }
         return;
@@ -270,17 +309,31 @@ fn tile_f32_body<const LEVEL: u8>(w: &Matrix, x: &[f32], n: usize, r0: usize, ou
     // Prefill: expand each weight row to f32 once, then dot it with four activation rows at a
     // time (the expansion is amortized over all `n`, each weight load over four rows).
     let mut wf = vec![0f32; cols];
-    for (k, o) in out.chunks_exact_mut(n).enumerate() {
-        super::dequant::dequant_row(w.format, w.row_unchecked(r0 + k), &mut wf);
+    for r in r0..r1 {
+        super::dequant::dequant_row(w.format, w.row_unchecked(r), &mut wf);
         let mut i = 0;
         while i + 4 <= n {
             let xs: [&[f32]; 4] = std::array::from_fn(|c| &x[(i + c) * cols..(i + c + 1) * cols]);
-            o[i..i + 4].copy_from_slice(&dot::fdot_rows(&wf, xs));
+            for (c, v) in dot::fdot_rows(&wf, xs).into_iter().enumerate() {
+                unsafe { *out.add((i + c) * w.rows + r) = v };
+            }
             i += 4;
         }
-        for (j, v) in o.iter_mut().enumerate().skip(i) {
-            *v = dot::fdot_rows(&wf, [&x[j * cols..(j + 1) * cols]])[0];
+        for j in i..n {
+            unsafe { *out.add(j * w.rows + r) = dot::fdot_rows(&wf, [&x[j * cols..(j + 1) * cols]])[0] };
         }
+    }
+}
+
+#[inline(always)]
+fn quantize_blocks_body<const LEVEL: u8>(x: &[f32], out: &mut [q8::BlockQ8]) {
+    #[cfg(target_arch = "x86_64")]
+    if LEVEL > 0 {
+        // SAFETY: inside the `#[target_feature]` wrappers, after detection (see `tile_q8_body`).
+        return unsafe { super::simd::quantize_blocks(x, out) };
+    }
+    for (o, c) in out.iter_mut().zip(x.chunks_exact(32)) {
+        *o = q8::quantize_block(c.try_into().unwrap());
     }
 }
 
@@ -305,5 +358,12 @@ macro_rules! multiversion {
     };
 }
 
-multiversion!(tile_q8, tile_q8_body, (w: &Matrix, acts: &QuantizedActs, r0: usize, out: &mut [f32]));
-multiversion!(tile_f32, tile_f32_body, (w: &Matrix, x: &[f32], n: usize, r0: usize, out: &mut [f32]));
+multiversion!(tile_q8, tile_q8_body, (w: &Matrix, acts: &QuantizedActs, r0: usize, r1: usize, out: *mut f32));
+multiversion!(tile_f32, tile_f32_body, (w: &Matrix, x: &[f32], n: usize, r0: usize, r1: usize, out: *mut f32));
+multiversion!(quantize_blocks_inner, quantize_blocks_body, (x: &[f32], out: &mut [q8::BlockQ8]));
+
+/// Quantizes `x` (`32 * out.len()` values) into `out`, block by block, with the widest
+/// instructions this CPU has (the same rounding on every level: ties to even).
+pub(super) fn quantize_blocks(x: &[f32], out: &mut [q8::BlockQ8]) {
+    quantize_blocks_inner(x, out)
+}

@@ -29,13 +29,14 @@ mod dot;
 pub mod fp16;
 mod kquant;
 mod matmul;
+pub mod pool;
 mod q8;
 mod quantize;
 mod simd;
 #[cfg(test)]
 mod tests;
 
-pub use matmul::{kernel_level, matmul, matmul_q, try_matmul, try_matmul_q, Matrix};
+pub use matmul::{kernel_level, wide_simd, matmul, matmul_q, matmul_q_multi, try_matmul, try_matmul_q, try_matmul_q_multi, Matrix};
 pub use q8::{BlockQ8, QuantizedActs};
 pub use quantize::quantize;
 

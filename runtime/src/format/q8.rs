@@ -45,9 +45,20 @@ impl QuantizedActs {
         }
         self.n = n;
         self.cols = cols;
+        let total = n * cols / 32;
         self.blocks.clear();
-        self.blocks.reserve(n * cols / 32);
-        self.blocks.extend(x.chunks_exact(32).map(|c| quantize_block(c.try_into().unwrap())));
+        self.blocks.resize(total, BlockQ8 { d: 0.0, s: 0.0, q: [0; 32] });
+        // Large batches (prefill) quantize in parallel, a few rows per task.
+        const BLOCKS_PER_TASK: usize = 512;
+        let out = super::pool::SendPtr(self.blocks.as_mut_ptr());
+        let tasks = total.div_ceil(BLOCKS_PER_TASK);
+        super::pool::run(tasks, &|t| {
+            let b0 = t * BLOCKS_PER_TASK;
+            let b1 = (b0 + BLOCKS_PER_TASK).min(total);
+            // SAFETY: tasks cover disjoint block ranges of `blocks`, which holds `total`.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(b0), b1 - b0) };
+            super::matmul::quantize_blocks(&x[32 * b0..32 * b1], dst);
+        });
         Ok(())
     }
 
@@ -59,6 +70,11 @@ impl QuantizedActs {
         self.cols
     }
 
+    /// The activations as f32 again (`d * q`), `n x cols` row-major.
+    pub fn dequantize(&self) -> Vec<f32> {
+        self.blocks.iter().flat_map(|b| b.q.iter().map(move |&q| b.d * q as f32)).collect()
+    }
+
     /// The blocks of activation row `i` (`i < n`).
     pub fn row(&self, i: usize) -> &[BlockQ8] {
         let per = self.cols / 32;
@@ -67,7 +83,7 @@ impl QuantizedActs {
 }
 
 #[inline(always)]
-fn quantize_block(x: &[f32; 32]) -> BlockQ8 {
+pub(super) fn quantize_block(x: &[f32; 32]) -> BlockQ8 {
     let mut amax = 0f32;
     for v in x {
         amax = amax.max(v.abs());

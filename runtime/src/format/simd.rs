@@ -210,20 +210,21 @@ unsafe fn kernel<const F: u8, const R: usize, const C: usize, const VNNI: bool>(
     out
 }
 
-/// Rows `r0..r0 + out.len() / n` of `w` against all of `acts`, into `out` (`[rows x n]`).
+/// Rows `r0..r1` of `w` against all of `acts`; element `(i, r)` goes to `out + i * w.rows + r`.
 #[inline(always)]
-unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs, r0: usize, out: &mut [f32]) {
+unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs, r0: usize, r1: usize, out: *mut f32) {
     let n = acts.n();
+    let ld = w.rows;
     let units = w.cols / 32;
-    let rows = out.len() / n;
-    let rp = |r: usize| w.bytes().as_ptr().add((r0 + r) * w.row_bytes());
+    let rp = |r: usize| w.bytes().as_ptr().add(r * w.row_bytes());
     let xp = |i: usize| acts.row(i).as_ptr();
-    let mut r = 0;
+    let put = |i: usize, r: usize, v: f32| *out.add(i * ld + r) = v;
+    let mut r = r0;
     // Decode streams weights from DRAM: prefetch about 8 KiB of rows ahead, so the loads are in
     // flight while this group computes (interleaved row streams defeat the hardware prefetcher).
     let ahead = (8192 / w.row_bytes().max(1)).clamp(4, 64) / 2 * 2;
     let prefetch = |r: usize, count: usize| {
-        if r0 + r + count <= w.rows {
+        if r + count <= w.rows {
             let start = rp(r);
             let mut off = 0;
             while off < count * w.row_bytes() {
@@ -233,55 +234,89 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
         }
     };
     if n == 1 {
-        while r + 4 <= rows {
+        while r + 4 <= r1 {
             prefetch(r + ahead, 4);
             let t = kernel::<F, 4, 1, VNNI>([rp(r), rp(r + 1), rp(r + 2), rp(r + 3)], [xp(0)], units);
             for j in 0..4 {
-                out[r + j] = t[j][0];
+                put(0, r + j, t[j][0]);
             }
             r += 4;
         }
     } else {
-        while r + 2 <= rows {
+        while r + 2 <= r1 {
             prefetch(r + ahead, 2);
             let mut i = 0;
             while i + 4 <= n {
                 let t = kernel::<F, 2, 4, VNNI>([rp(r), rp(r + 1)], [xp(i), xp(i + 1), xp(i + 2), xp(i + 3)], units);
                 for j in 0..2 {
-                    out[(r + j) * n + i..(r + j) * n + i + 4].copy_from_slice(&t[j]);
+                    for c in 0..4 {
+                        put(i + c, r + j, t[j][c]);
+                    }
                 }
                 i += 4;
             }
             while i < n {
                 let t = kernel::<F, 2, 1, VNNI>([rp(r), rp(r + 1)], [xp(i)], units);
-                out[r * n + i] = t[0][0];
-                out[(r + 1) * n + i] = t[1][0];
+                put(i, r, t[0][0]);
+                put(i, r + 1, t[1][0]);
                 i += 1;
             }
             r += 2;
         }
     }
-    while r < rows {
+    while r < r1 {
         for i in 0..n {
-            out[r * n + i] = kernel::<F, 1, 1, VNNI>([rp(r)], [xp(i)], units)[0][0];
+            put(i, r, kernel::<F, 1, 1, VNNI>([rp(r)], [xp(i)], units)[0][0]);
         }
         r += 1;
     }
 }
 
-/// The register-tiled q8 matmul tile for `w.format`; `false` when the format has no kernel
-/// here (the caller falls back to the row-at-a-time path).
+/// The register-tiled q8 matmul tile for `w.format` (rows `r0..r1`, output layout as in
+/// `tile_f`); `false` when the format has no kernel here (the caller falls back to the
+/// row-at-a-time path).
 #[inline(always)]
-pub unsafe fn tile_q8<const VNNI: bool>(w: &Matrix, acts: &QuantizedActs, r0: usize, out: &mut [f32]) -> bool {
+pub unsafe fn tile_q8<const VNNI: bool>(w: &Matrix, acts: &QuantizedActs, r0: usize, r1: usize, out: *mut f32) -> bool {
     match w.format {
-        WeightFormat::Q8_0 => tile_f::<F_Q8_0, VNNI>(w, acts, r0, out),
-        WeightFormat::Q4_0 => tile_f::<F_Q4_0, VNNI>(w, acts, r0, out),
-        WeightFormat::Q4_1 => tile_f::<F_Q4_1, VNNI>(w, acts, r0, out),
-        WeightFormat::I8Row => tile_f::<F_I8ROW, VNNI>(w, acts, r0, out),
-        WeightFormat::I4G64 => tile_f::<F_I4G64, VNNI>(w, acts, r0, out),
-        WeightFormat::Q4_K => tile_f::<F_Q4K, VNNI>(w, acts, r0, out),
-        WeightFormat::Q6_K => tile_f::<F_Q6K, VNNI>(w, acts, r0, out),
+        WeightFormat::Q8_0 => tile_f::<F_Q8_0, VNNI>(w, acts, r0, r1, out),
+        WeightFormat::Q4_0 => tile_f::<F_Q4_0, VNNI>(w, acts, r0, r1, out),
+        WeightFormat::Q4_1 => tile_f::<F_Q4_1, VNNI>(w, acts, r0, r1, out),
+        WeightFormat::I8Row => tile_f::<F_I8ROW, VNNI>(w, acts, r0, r1, out),
+        WeightFormat::I4G64 => tile_f::<F_I4G64, VNNI>(w, acts, r0, r1, out),
+        WeightFormat::Q4_K => tile_f::<F_Q4K, VNNI>(w, acts, r0, r1, out),
+        WeightFormat::Q6_K => tile_f::<F_Q6K, VNNI>(w, acts, r0, r1, out),
         _ => return false,
     }
     true
+}
+
+/// `q8::quantize_block` for `out.len()` blocks of `x`, eight lanes at a time; the same
+/// arithmetic (`amax / 127`, `x * (1 / d)` rounded to nearest even) so the blocks are
+/// bit-identical to the portable ones.
+#[inline(always)]
+pub unsafe fn quantize_blocks(x: &[f32], out: &mut [BlockQ8]) {
+    let sign = _mm256_set1_ps(-0.0);
+    for (o, c) in out.iter_mut().zip(x.chunks_exact(32)) {
+        let p = c.as_ptr();
+        let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
+        let a = v.map(|v| _mm256_andnot_ps(sign, v));
+        let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        let i = v.map(|v| _mm256_cvtps_epi32(_mm256_mul_ps(v, id)));
+        let sum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+        let s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        let s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0b01_00_11_10));
+        let total = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0b10_11_00_01)));
+        // packs interleave 128-bit lanes; the permute restores element order.
+        let q16a = _mm256_packs_epi32(i[0], i[1]);
+        let q16b = _mm256_packs_epi32(i[2], i[3]);
+        let q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16a, q16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        o.d = d;
+        o.s = d * total as f32;
+        _mm256_storeu_si256(o.q.as_mut_ptr().cast(), q8);
+    }
 }

@@ -284,3 +284,25 @@ fn block_decoders_match_gguf_py() {
         assert!(seen.contains(&f), "no vector for {f}");
     }
 }
+
+#[test]
+fn quantized_acts_match_the_portable_block_quantizer_bit_for_bit() {
+    // Large enough to be quantized in parallel, on the SIMD path where the CPU has one.
+    let (n, cols) = (40, 1536);
+    let mut rng = Rng(77);
+    let mut x = rng.vec(n * cols, 3.0);
+    x[..32].iter_mut().for_each(|v| *v = 0.0);
+    // Exact ties: amax 127 gives d = 1, so k + 0.5 must round to even.
+    for (i, v) in x[32..64].iter_mut().enumerate() {
+        *v = if i == 0 { 127.0 } else { i as f32 - 15.5 };
+    }
+    let acts = QuantizedActs::new(&x, n, cols).unwrap();
+    for i in 0..n {
+        for (b, got) in acts.row(i).iter().enumerate() {
+            let at = i * cols + 32 * b;
+            let want = q8::quantize_block(x[at..at + 32].try_into().unwrap());
+            assert_eq!(*got, want, "row {i} block {b}");
+        }
+    }
+    assert_eq!(acts.row(0)[1].q[1], -14 - (-14i8 & 1), "ties to even");
+}
