@@ -119,6 +119,11 @@ impl DeviceModel {
         })
     }
 
+    /// The most positions a session on this device holds (the plan's context).
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
     /// Whether any frame runs on a device.
     pub fn has_device_frames(&self) -> bool {
         self.frames.iter().any(|f| f.place != Place::Host)
@@ -129,7 +134,7 @@ impl DeviceModel {
         let p = &model.program;
         let ctx = &self.ctx;
         let values = p.values.iter().map(|v| ctx.f32_buffer((v.width * self.cap_rows).max(1))).collect::<Result<Vec<_>, _>>()?;
-        let context = context.min(self.max_context.max(context));
+        let context = context.min(self.max_context);
         let mut mirrors: Vec<Option<_>> = (0..p.layers.len()).map(|_| None).collect();
         for f in self.frames.iter().filter(|f| f.place != Place::Host) {
             for &id in &f.ops {

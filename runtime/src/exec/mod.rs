@@ -108,6 +108,8 @@ impl<'m> Session<'m> {
 
     /// A new sequence whose plan's device frames run on `device`.
     pub fn on_device(model: &'m Model, device: &'m DeviceModel, max_context: usize) -> Result<Session<'m>, crate::vk::VkError> {
+        // The device's KV mirrors hold the plan's context: the session holds no more.
+        let max_context = max_context.min(device.max_context());
         let state = device.new_state(model, max_context)?;
         let mut s = Session::new(model, max_context);
         s.device = Some((device, state));

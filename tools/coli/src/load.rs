@@ -4,10 +4,10 @@
 
 use crate::specs;
 use coli_compiler::{compile, DeviceProfile, Options, Plan, Spec};
-use coli_runtime::exec::device::DeviceModel;
+use coli_runtime::exec::device::{DeviceError, DeviceModel};
 use coli_runtime::exec::probe::profile_of;
 use coli_runtime::exec::Model;
-use coli_runtime::vk::{Context, VkOptions};
+use coli_runtime::vk::{Context, VkError, VkOptions};
 use coli_runtime::model::{Checkpoint, LoadOptions};
 use coli_runtime::text::{GgufVocab, Tokenizer};
 use std::path::Path;
@@ -124,23 +124,41 @@ fn finish(
     mut device_note: String,
 ) -> Result<Loaded, String> {
     let bindings = checkpoint.bindings();
-    let plan = compile(&spec, &bindings, &profile, options).map_err(|d| d.to_string())?;
+    let mut plan = compile(&spec, &bindings, &profile, options).map_err(|d| d.to_string())?;
     let mut noop = |_: usize, _: usize| {};
     let progress = progress.unwrap_or(&mut noop);
     let model = Model::load(&checkpoint, plan.program.clone(), progress).map_err(|e| format!("{}: {e}", model_path.display()))?;
+    let layers = plan.program.dims.layers;
     let device = match ctx {
         None => None,
         Some(ctx) => {
             let name = ctx.caps().name.clone();
-            match DeviceModel::load(ctx, &plan, &model, &mut |_, _| {}) {
-                Ok(d) if d.has_device_frames() => Some(d),
-                Ok(_) => {
-                    device_note = format!("{name} holds none of the layers (the plan keeps everything on the CPU)");
-                    None
-                }
-                Err(e) => {
-                    device_note = format!("{name} cannot take this model ({e})");
-                    None
+            // A layer that does not fully reach the device at setup (a refused allocation) is
+            // freed whole, and the plan is compiled again with N = that layer.
+            loop {
+                let n = plan.placement.fits.first().map_or(0, |f| f.layers);
+                let attempt = DeviceModel::load(ctx.clone(), &plan, &model, &mut |_, _| {}).and_then(|d| {
+                    d.new_state(&model, options.context)?;
+                    Ok(d)
+                });
+                match attempt {
+                    Ok(d) if d.has_device_frames() => {
+                        device_note = format!("{device_note}; {n} of {layers} layers on the device");
+                        break Some(d);
+                    }
+                    Ok(_) => {
+                        device_note = format!("{name} holds none of the layers (the plan keeps everything on the CPU)");
+                        break None;
+                    }
+                    Err(DeviceError::Vk(e)) if matches!(e, VkError::OutOfMemory { .. }) && n > 0 => {
+                        eprintln!("coli: layer {} did not fit on {name} at setup ({e}); placing {} layers", n - 1, n - 1);
+                        let fewer = Options { device_layers: Some(n - 1), ..options.clone() };
+                        plan = compile(&spec, &bindings, &profile, &fewer).map_err(|d| d.to_string())?;
+                    }
+                    Err(e) => {
+                        device_note = format!("{name} cannot take this model ({e})");
+                        break None;
+                    }
                 }
             }
         }
