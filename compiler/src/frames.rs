@@ -2,8 +2,9 @@
 //! each moves between the host and its device.
 //!
 //! 1. Ops in program order are cut wherever their place changes: a device span is one frame
-//!    (one submission), a host span is a host frame (`Route` and `RoutedExperts` are always
-//!    host steps, and so is any op its layer's device cannot run).
+//!    (one submission), a host span is a host frame (`Route` and `RoutedExperts` are host
+//!    steps unless placement made their layer's experts resident on the device, and so is any
+//!    op its layer's device cannot run).
 //! 2. A device span right after a host frame is split at its first op that reads what that
 //!    host frame writes (or writes what it reads or writes): the part before runs beside the
 //!    host frame, not waited for (the shared expert while the host runs the routed experts).

@@ -127,6 +127,18 @@ impl fmt::Display for Plan {
             let total = experts as u64 * ids.len() as u64;
             let tier = if tier > 0 { format!("; the tier holds {held} of {total}") } else { String::new() };
             writeln!(f, "experts: {} x {experts}, {} each ({first}){tier}", layer_ranges(&ids), human(bytes))?;
+            // Resident layers: every expert on a device, routing and experts in its frame.
+            let res = &pl.resident;
+            for (k, fit) in pl.fits.iter().enumerate() {
+                let on: Vec<u32> = ids.iter().copied().filter(|l| res.layers.get(*l as usize).copied().flatten() == Some(fit.device)).collect();
+                if let (false, Some((b, s))) = (on.is_empty(), res.bytes.get(k)) {
+                    writeln!(f, "experts {} resident on {} (in-frame routing): {} experts, {}, scratch {}", layer_ranges(&on), fit.device, on.len() * experts, human(*b), human(*s))?;
+                }
+            }
+            let host: Vec<u32> = ids.iter().copied().filter(|l| res.layers.get(*l as usize).copied().flatten().is_none()).collect();
+            if res.layers.iter().any(Option::is_some) && !host.is_empty() {
+                writeln!(f, "experts {} through host steps", layer_ranges(&host))?;
+            }
         }
         // Frames.
         writeln!(f, "frames ({}):", self.frames.len())?;

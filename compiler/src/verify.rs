@@ -4,8 +4,9 @@
 //! Invariants:
 //! 1. Frames are numbered `f0, f1, ...` in order and cover every op of the program exactly
 //!    once, in program order.
-//! 2. A frame runs in one place; host steps (`Route`, `RoutedExperts`) only on the host; an op
-//!    in a device frame is one that device runs, in formats it reads.
+//! 2. A frame runs in one place; host steps (`Route`, `RoutedExperts`) only on the host, or on
+//!    the device that holds every routed expert of their layer; an op in a device frame is one
+//!    that device runs, in formats it reads.
 //! 3. Every value a frame reads is there when it runs: written earlier in the frame, uploaded
 //!    before it (device frames), or already held there; a value is uploaded only when the
 //!    host holds its newest copy; the host reads only what it wrote or a device downloaded.
@@ -15,7 +16,7 @@
 //! 5. Device layers form consecutive chains in device order, then the host's layers; the head
 //!    is on a device only with every layer on devices, on the device of the last layer.
 //! 6. Bytes placed on a device never exceed its usable bytes; its layer count matches the
-//!    placement.
+//!    placement; its resident experts and their scratch fit its tier budget.
 //!
 //! This module must not change a plan.
 
@@ -23,6 +24,7 @@ use crate::dot::op_io;
 use crate::frames::op_of;
 use crate::ids::{OpId, Part, Place};
 use crate::ir::ValueId;
+use crate::place::resident::runs_resident;
 use crate::place::runs_on;
 use crate::place::size::Sizer;
 use crate::plan::Plan;
@@ -54,15 +56,20 @@ pub fn verify(plan: &Plan, sizer: &Sizer) -> Vec<String> {
     for f in &plan.frames {
         for id in &f.ops {
             let op = op_of(p, *id);
+            let resident = match id.part {
+                Part::Layer(l) => plan.placement.resident.layers.get(l.0 as usize).copied().flatten().map(Place::Device) == Some(f.place),
+                _ => false,
+            };
             match f.place {
                 Place::Host => {}
                 Place::Device(d) => match plan.profile.devices.get(d.0 as usize) {
                     None => errs.push(format!("{} runs on {d}, which the profile lacks", f.id)),
+                    Some(dev) if resident && runs_resident(dev, op, sizer) => {}
                     Some(dev) if !runs_on(dev, op, sizer) => errs.push(format!("{} runs {id} ({}) on {d}, which cannot run it", f.id, op.kind())),
                     Some(_) => {}
                 },
             }
-            if op.kind().info().host_step && f.place != Place::Host {
+            if op.kind().info().host_step && f.place != Place::Host && !resident {
                 errs.push(format!("{}: host step {id} ({}) on {}", f.id, op.kind(), f.place));
             }
         }
@@ -140,9 +147,13 @@ pub fn verify(plan: &Plan, sizer: &Sizer) -> Vec<String> {
         }
     }
     // 6. Budgets.
-    for f in &pl.fits {
+    for (k, f) in pl.fits.iter().enumerate() {
         if f.bytes > f.usable {
             errs.push(format!("{}: {} bytes placed, {} usable", f.device, f.bytes, f.usable));
+        }
+        let (experts, scratch) = pl.resident.bytes.get(k).copied().unwrap_or((0, 0));
+        if experts.saturating_add(scratch) > f.tier {
+            errs.push(format!("{}: resident experts need {} bytes, the tier holds {}", f.device, experts.saturating_add(scratch), f.tier));
         }
         let n = pl.layers.iter().filter(|l| **l == Place::Device(f.device)).count();
         if n != f.layers {

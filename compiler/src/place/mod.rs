@@ -6,12 +6,15 @@
 //! 3. Each further device takes, from where the previous one stopped, the layers it holds.
 //! 4. The layers no device took, and the head unless the device holding the last layer has
 //!    room for it too, run on the host CPU. The embedding always runs on the host.
-//! 5. With the expert tier on, what each device has left is its expert cache.
+//! 5. With the expert tier on, what each device has left is its expert cache; where that
+//!    holds every routed expert of a layer (whole layers from the device's first, `resident`),
+//!    the layer's routing and experts run in the device's frame.
 //!
 //! Post: placed bytes never exceed a device's usable bytes; device layers form consecutive
 //! chains in device order, followed by the host's. This module must not cut frames.
 
 pub mod fit;
+pub mod resident;
 pub mod size;
 
 use crate::cost::human;
@@ -52,6 +55,8 @@ pub struct Placement {
     pub fits: Vec<DeviceFit>,
     /// Bytes of one routed expert, per MoE layer.
     pub expert_bytes: Vec<(LayerId, u64, usize)>,
+    /// The layers whose routed experts are all resident on a device (in-frame routing).
+    pub resident: resident::Residency,
 }
 
 /// Whether `device` runs `op`: not a host step, an op kind it runs, matrices in formats it reads.
@@ -121,7 +126,8 @@ pub fn place(program: &Program, profile: &DeviceProfile, options: &Options, size
             f.tier = f.usable.saturating_sub(f.bytes);
         }
     }
-    Ok(Placement { layers, head, costs, fixed, tail: sizer.tail(), fits, expert_bytes })
+    let resident = resident::resident_layers(program, profile, options, &layers, &fits, sizer);
+    Ok(Placement { layers, head, costs, fixed, tail: sizer.tail(), fits, expert_bytes, resident })
 }
 
 /// Where each op runs, in program order.
@@ -134,9 +140,14 @@ pub fn op_places(program: &Program, profile: &DeviceProfile, placement: &Placeme
     for (i, op) in program.prologue.iter().enumerate() {
         out.push((OpId { part: Part::Prologue, index: i as u32 }, on(Place::Host, op)));
     }
-    for (layer, place) in program.layers.iter().zip(&placement.layers) {
+    for (l, (layer, place)) in program.layers.iter().zip(&placement.layers).enumerate() {
+        let resident = placement.resident.layers.get(l).copied().flatten();
         for (i, op) in layer.ops.iter().enumerate() {
-            out.push((OpId { part: Part::Layer(layer.id), index: i as u32 }, on(*place, op)));
+            let at = match resident {
+                Some(d) if matches!(op, Op::Route { .. } | Op::RoutedExperts { .. }) => Place::Device(d),
+                _ => on(*place, op),
+            };
+            out.push((OpId { part: Part::Layer(layer.id), index: i as u32 }, at));
         }
     }
     for (i, op) in program.epilogue.iter().enumerate() {
