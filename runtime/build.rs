@@ -33,6 +33,10 @@ const KERNELS: &[(&str, &str, bool)] = &[
     ("AttnSplit", "attn_split.comp", false),
     ("AttnJoin", "attn_join.comp", false),
     ("AttnBlock", "attn_block.comp", false),
+    ("MoeMatvec", "moe_matvec.comp", true),
+    ("MoeMatmul", "moe_matmul.comp", true),
+    ("MoeGroup", "moe_group.comp", false),
+    ("MoeSum", "moe_sum.comp", false),
 ];
 
 /// Weight-format variants: (Rust variant of `FormatVariant`, the defines the sources test).

@@ -45,7 +45,7 @@ pub use layout::{pack, DeviceMatrix, Packed};
 pub use memory::{place, BlockAllocator, MemoryProps, MemoryUse, MemType, Placement};
 pub use ops::elementwise::Broadcast;
 pub use ops::norm::RopeShape;
-pub use ops::{AttnPath, AttnShape, MatmulPath, QuantizedActs, RouteParams};
+pub use ops::{AttnPath, AttnShape, DeviceExperts, MatmulPath, MoePath, MoeScratch, QuantizedActs, RouteParams};
 pub use oplib::VkOps;
 pub use options::{FaultInjection, UploadPath, VkOptions};
 pub use shaders::{FormatVariant, Kernel};

@@ -1,6 +1,7 @@
 //! `VkOps`: the Vulkan op library's answers to the executor (`OpLib`): its name and which
 //! ops and weight formats it runs. The answers follow the kernels' limits (attention heads of
-//! at most 256 columns, routers of at most 1024 experts and 64 ranks).
+//! at most 256 columns, routers of at most 1024 experts and 64 ranks, routed experts of at most
+//! 1024 experts a layer).
 //!
 //! Must not: run anything (frames do), or claim an op without a tested kernel.
 
@@ -33,7 +34,9 @@ impl OpLib for VkOps {
             Op::Act { .. } | Op::Glu { .. } | Op::Add { .. } | Op::Mul { .. } => true,
             Op::Attention { spec, .. } => spec.head_dim <= 256 && spec.v_head_dim <= 256 && spec.kv_heads > 0 && spec.heads % spec.kv_heads == 0,
             Op::Route { top_k, groups, .. } => *top_k <= 64 && groups.is_none_or(|(g, _)| g <= 64),
-            Op::LayerNorm { .. } | Op::RoutedExperts { .. } | Op::Mla { .. } | Op::LinearAttention { .. } => false,
+            // Routed experts in a frame (`ops/moe.rs`): the layer's experts stacked on the device.
+            Op::RoutedExperts { experts, .. } => *experts <= super::ops::moe::MAX_EXPERTS,
+            Op::LayerNorm { .. } | Op::Mla { .. } | Op::LinearAttention { .. } => false,
         }
     }
 }

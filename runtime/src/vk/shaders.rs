@@ -18,6 +18,9 @@ impl Kernel {
             Kernel::Rope => 2,
             Kernel::AttnSplit => 6,
             Kernel::AttnJoin | Kernel::AttnBlock => 7,
+            Kernel::MoeMatvec | Kernel::MoeMatmul => 8,
+            Kernel::MoeGroup => 2,
+            Kernel::MoeSum => 3,
         }
     }
 
@@ -32,12 +35,15 @@ impl Kernel {
             Kernel::Rope => &[0],
             Kernel::AttnSplit => &[4, 5],
             Kernel::AttnJoin | Kernel::AttnBlock => &[6],
+            Kernel::MoeMatvec | Kernel::MoeMatmul => &[5],
+            Kernel::MoeGroup => &[1],
+            Kernel::MoeSum => &[2],
         }
     }
 
     /// Whether the workgroup size is specialization constant 0 (chosen per device).
     pub fn sized_by_device(self) -> bool {
-        matches!(self, Kernel::Matvec | Kernel::RmsNorm)
+        matches!(self, Kernel::Matvec | Kernel::RmsNorm | Kernel::MoeMatvec)
     }
 }
 

@@ -7,11 +7,13 @@
 pub mod attention;
 pub mod elementwise;
 pub mod matmul;
+pub mod moe;
 pub mod norm;
 pub mod route;
 
 pub use attention::{AttnPath, AttnShape};
 pub use matmul::{MatmulPath, QuantizedActs};
+pub use moe::{DeviceExperts, MoePath, MoeScratch};
 pub use route::RouteParams;
 
 use super::error::{Result, VkError};

@@ -1,0 +1,307 @@
+//! Routed experts inside a frame: `out[r] = sum over ranks k of w[r,k] * down_e(glu(gate_e x[r],
+//! up_e x[r]))`, where `e` and `w` come from the routing buffer `Route` wrote on the device, so
+//! nothing goes back to the host. Reference: `cpu::experts::routed_experts` (same matrices,
+//! same activation quantization per precision, each pair's output added to its row in rank
+//! order from zero).
+//!
+//! A layer's experts go up once (`Context::upload_experts`), stacked per role: gate and up of
+//! every expert in one matrix (expert e's gate rows, then its up rows), down in another, in
+//! the device layout of `layout.rs` (every format the GEMV reads). Two paths:
+//! - few rows (decode): per pair a GEMV of its expert (`moe_matvec.comp`): gate, up and the
+//!   gated unit in one dispatch over (output rows, pairs), then down and the rank-ordered sum in
+//!   one over (output rows, rows). With q8 activations: a quantization before each.
+//! - a prompt chunk: pairs grouped by expert on the device (`moe_group.comp`), a tiled GEMM
+//!   per expert over its pairs (`moe_matmul.comp`) for gate/up and for down, then the sum
+//!   (`moe_sum.comp`).
+//!
+//! Scratch (`MoeScratch`) is the caller's, sized once for the largest chunk and reused by
+//! every layer (the frame's hazard tracking orders the reuse).
+//!
+//! Must not: read an expert id on the host, or accept operands that do not fit (typed errors).
+
+use super::{groups_for, u32_arg};
+use crate::cpu::experts::ExpertMats;
+use crate::cpu::Precision;
+use crate::vk::context::{Context, DeviceBuffer, View};
+use crate::vk::error::{Result, VkError};
+use crate::vk::frame::{Bind, Frame, Push};
+use crate::vk::layout::{pack, DeviceMatrix};
+use crate::vk::memory::MemoryUse;
+use crate::vk::shaders::{FormatVariant, Kernel};
+use coli_compiler::ir::GluKind;
+
+/// Which kernels `Frame::moe` records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MoePath {
+    /// Per-pair GEMVs up to `GEMV_ROWS` rows, grouped GEMMs from there.
+    #[default]
+    Auto,
+    /// Per-pair GEMVs whatever the row count.
+    Gemv,
+    /// Grouped GEMMs whatever the row count.
+    Grouped,
+}
+
+/// Rows up to which `MoePath::Auto` takes the per-pair GEMVs.
+pub const GEMV_ROWS: usize = 4;
+/// The most experts a layer may have (the grouping kernel's shared arrays).
+pub const MAX_EXPERTS: usize = 1024;
+/// The most ranks a row may have.
+pub const MAX_TOP_K: usize = 64;
+const NONE: u32 = u32::MAX;
+const GEMM_BO: usize = 64;
+const GEMM_BR: usize = 32;
+const MAX_GROUPS: usize = 65535;
+
+/// One layer's routed experts on the device.
+#[derive(Debug)]
+pub struct DeviceExperts {
+    pub experts: usize,
+    pub ffn: usize,
+    pub hidden: usize,
+    /// `experts * 2 * ffn` rows of `hidden`: expert e's gate rows, then its up rows.
+    gate_up: DeviceMatrix,
+    /// `experts * hidden` rows of `ffn`.
+    down: DeviceMatrix,
+    /// f32 biases (gpt-oss): `experts * 2 * ffn` for gate/up as their rows, then
+    /// `experts * hidden` for down.
+    bias: Option<DeviceBuffer>,
+}
+
+impl DeviceExperts {
+    /// Device bytes the experts take.
+    pub fn device_bytes(&self) -> usize {
+        self.gate_up.device_bytes() + self.down.device_bytes() + self.bias.as_ref().map_or(0, |b| b.len_bytes())
+    }
+}
+
+/// Buffers `Frame::moe` works in, for chunks of up to `rows` rows.
+#[derive(Debug)]
+pub struct MoeScratch {
+    rows: usize,
+    top_k: usize,
+    hidden: usize,
+    ffn: usize,
+    experts: usize,
+    xq: DeviceBuffer,
+    xd: DeviceBuffer,
+    h: DeviceBuffer,
+    hq: DeviceBuffer,
+    hd: DeviceBuffer,
+    y: DeviceBuffer,
+    groups: DeviceBuffer,
+}
+
+impl MoeScratch {
+    /// Device bytes the scratch takes.
+    pub fn device_bytes(&self) -> usize {
+        [&self.xq, &self.xd, &self.h, &self.hq, &self.hd, &self.y, &self.groups].iter().map(|b| b.len_bytes()).sum()
+    }
+}
+
+/// Bytes of q8 activations (values, then (d, sum) per block) for `elems` elements.
+fn q8_bytes(elems: usize) -> (usize, usize) {
+    let blocks = elems.div_ceil(32).max(1);
+    (blocks * 32, blocks * 8)
+}
+
+impl Context {
+    /// Uploads a layer's `experts` experts (`expert(e)`: its matrices, as the CPU reads them),
+    /// stacked per role. Every expert's gate and up must share a format and shape, and so must
+    /// every expert's down.
+    pub fn upload_experts<'m>(&self, experts: usize, expert: &dyn Fn(usize) -> ExpertMats<'m>) -> Result<DeviceExperts> {
+        const OP: &str = "upload_experts";
+        let bad = |msg: String| VkError::BadArgument { op: OP, msg };
+        if experts == 0 || experts > MAX_EXPERTS {
+            return Err(bad(format!("{experts} experts (at most {MAX_EXPERTS})")));
+        }
+        let (ffn, hidden, fgu, fd, has_bias) = {
+            let m = expert(0);
+            (m.gate.rows, m.gate.cols, m.gate.format, m.down.format, m.gate_bias.is_some() || m.up_bias.is_some() || m.down_bias.is_some())
+        };
+        let mut gu: Option<(DeviceBuffer, DeviceBuffer, usize, usize, FormatVariant)> = None;
+        let mut dn: Option<(DeviceBuffer, DeviceBuffer, usize, usize, FormatVariant)> = None;
+        let mut bias = if has_bias { vec![0f32; experts * (2 * ffn + hidden)] } else { Vec::new() };
+        for e in 0..experts {
+            let m = expert(e);
+            let shapes = [(m.gate.format, m.gate.rows, m.gate.cols), (m.up.format, m.up.rows, m.up.cols), (m.down.format, m.down.rows, m.down.cols)];
+            if shapes != [(fgu, ffn, hidden), (fgu, ffn, hidden), (fd, hidden, ffn)] {
+                return Err(bad(format!("expert {e}: gate, up, down are {shapes:?}; expected {fgu} {ffn}x{hidden} (gate, up) and {fd} {hidden}x{ffn} (down) like expert 0")));
+            }
+            for (i, (mat, slot)) in [(&m.gate, 2 * e), (&m.up, 2 * e + 1), (&m.down, e)].into_iter().enumerate() {
+                let p = pack(mat.format, mat.rows, mat.cols, mat.bytes())?;
+                let target = if i < 2 { &mut gu } else { &mut dn };
+                if target.is_none() {
+                    let parts = if i < 2 { 2 * experts } else { experts };
+                    let q = self.buffer(MemoryUse::Device, p.q.len() * parts)?;
+                    let s = self.buffer(MemoryUse::Device, (p.s.len() * parts).max(16))?;
+                    *target = Some((q, s, p.qs, p.ss, p.variant));
+                }
+                let (q, s, _, _, _) = target.as_ref().expect("allocated above");
+                self.write(q, slot * p.q.len(), &p.q)?;
+                self.write(s, slot * p.s.len(), &p.s)?;
+            }
+            if has_bias {
+                let parts: [(Option<&[f32]>, usize, usize); 3] = [(m.gate_bias, e * 2 * ffn, ffn), (m.up_bias, e * 2 * ffn + ffn, ffn), (m.down_bias, experts * 2 * ffn + e * hidden, hidden)];
+                for (b, at, len) in parts {
+                    if let Some(b) = b {
+                        if b.len() != len {
+                            return Err(bad(format!("expert {e}: a bias of {} entries for {len} rows", b.len())));
+                        }
+                        bias[at..at + len].copy_from_slice(b);
+                    }
+                }
+            }
+        }
+        let ((gq, gs, gqs, gss, gv), (dq, ds, dqs, dss, dv)) = (gu.expect("experts > 0"), dn.expect("experts > 0"));
+        let gate_up = DeviceMatrix { format: fgu, variant: gv, rows: experts * 2 * ffn, cols: hidden, qs: gqs, ss: gss, q: gq, s: gs };
+        let down = DeviceMatrix { format: fd, variant: dv, rows: experts * hidden, cols: ffn, qs: dqs, ss: dss, q: dq, s: ds };
+        let bias = if has_bias { Some(self.upload_f32(&bias)?) } else { None };
+        Ok(DeviceExperts { experts, ffn, hidden, gate_up, down, bias })
+    }
+
+    /// Scratch for `Frame::moe` over chunks of up to `rows` rows, for layers of at most
+    /// `experts` experts of `hidden` x `ffn`, `top_k` ranks.
+    pub fn moe_scratch(&self, rows: usize, top_k: usize, hidden: usize, ffn: usize, experts: usize) -> Result<MoeScratch> {
+        let pairs = rows.max(1) * top_k.max(1);
+        let (xq, xd) = q8_bytes(rows.max(1) * hidden);
+        let (hq, hd) = q8_bytes(pairs * ffn);
+        Ok(MoeScratch {
+            rows,
+            top_k,
+            hidden,
+            ffn,
+            experts,
+            xq: self.buffer(MemoryUse::Device, xq)?,
+            xd: self.buffer(MemoryUse::Device, xd)?,
+            h: self.f32_buffer((pairs * ffn).max(1))?,
+            hq: self.buffer(MemoryUse::Device, hq)?,
+            hd: self.buffer(MemoryUse::Device, hd)?,
+            y: self.f32_buffer((pairs * hidden).max(1))?,
+            groups: self.f32_buffer(experts + 1 + pairs)?,
+        })
+    }
+}
+
+/// The gated unit's kind and parameters as the shaders take them.
+fn glu_args(kind: GluKind) -> (u32, f32, f32) {
+    match kind {
+        GluKind::SwiGlu => (0, 0.0, 0.0),
+        GluKind::GeGlu => (1, 0.0, 0.0),
+        GluKind::ClampedSwiGlu { limit, alpha } => (2, limit, alpha),
+    }
+}
+
+impl<'a> Frame<'a> {
+    /// Quantizes `n` rows of `cols` (from element `off` of `x`) into `q`/`d` (`quantize_q8.comp`).
+    fn moe_quantize(&mut self, x: &'a DeviceBuffer, off: usize, n: usize, cols: usize, q: &'a DeviceBuffer, d: &'a DeviceBuffer) -> Result<()> {
+        const OP: &str = "moe";
+        let blocks = n * cols / 32;
+        let mut push: Push = [0; 16];
+        push[..3].copy_from_slice(&[u32_arg(OP, "blocks", blocks)?, u32_arg(OP, "cols", cols)?, u32_arg(OP, "x offset", off)?]);
+        self.dispatch(Kernel::QuantizeQ8, None, &[Bind::buf(x), Bind::buf(q), Bind::buf(d)], &push, [groups_for(blocks, 64), 1, 1])
+    }
+
+    /// `out[n x hidden] = sum_k w[r,k] * expert_{e[r,k]}(x[r])` over the routing `routing`
+    /// (`n x 2 * top_k`: expert as f32, weight) that a `route` in this frame (or an upload)
+    /// wrote; reference `cpu::experts::routed_experts(.., precision, ..)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe(
+        &mut self,
+        ex: &'a DeviceExperts,
+        x: View<'a>,
+        routing: View<'a>,
+        out: View<'a>,
+        n: usize,
+        top_k: usize,
+        glu: GluKind,
+        precision: Precision,
+        path: MoePath,
+        s: &'a MoeScratch,
+    ) -> Result<()> {
+        const OP: &str = "moe";
+        let (hid, ffn, e) = (ex.hidden, ex.ffn, ex.experts);
+        if top_k == 0 || top_k > MAX_TOP_K || top_k > e {
+            return Err(VkError::BadArgument { op: OP, msg: format!("top {top_k} of {e} experts (at most {MAX_TOP_K})") });
+        }
+        if n > s.rows || top_k > s.top_k || hid > s.hidden || ffn > s.ffn || e > s.experts {
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: format!("{n} rows, top {top_k}, {hid}x{ffn}, {e} experts exceed the scratch ({} rows, top {}, {}x{}, {})", s.rows, s.top_k, s.hidden, s.ffn, s.experts),
+            });
+        }
+        x.check(OP, "x (n x hidden)", n * hid)?;
+        routing.check(OP, "routing (n x 2 top_k)", n * 2 * top_k)?;
+        out.check(OP, "out (n x hidden)", n * hid)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let exact = |v: FormatVariant| if precision == Precision::Exact { v.exact() } else { v };
+        let (gv, dv) = (exact(ex.gate_up.variant), exact(ex.down.variant));
+        let gemv = match path {
+            MoePath::Auto => n <= GEMV_ROWS,
+            MoePath::Gemv => true,
+            MoePath::Grouped => false,
+        };
+        let pairs = n * top_k;
+        if (gemv && pairs > MAX_GROUPS) || (!gemv && n.div_ceil(GEMM_BR) > MAX_GROUPS) {
+            return Err(VkError::BadArgument { op: OP, msg: format!("{n} rows exceed one dispatch") });
+        }
+        let (glu_kind, limit, alpha) = glu_args(glu);
+        let bias = ex.bias.as_ref().map_or(Bind::UNUSED, Bind::buf);
+        let (gb, db) = if ex.bias.is_some() { (0u32, u32_arg(OP, "bias offset", e * 2 * ffn)?) } else { (NONE, NONE) };
+        let (r_off, x_off, o_off) = (u32_arg(OP, "routing offset", routing.offset)?, u32_arg(OP, "x offset", x.offset)?, u32_arg(OP, "out offset", out.offset)?);
+        let (k32, e32) = (top_k as u32, e as u32);
+        // 1. Gate and up, the gated unit into h (pairs x ffn).
+        let (xq, xd) = if gv.q8_acts() {
+            self.moe_quantize(x.buf, x.offset, n, hid, &s.xq, &s.xd)?;
+            (Bind::buf(&s.xq), Bind::buf(&s.xd))
+        } else {
+            (Bind::UNUSED, Bind::UNUSED)
+        };
+        let gu = &ex.gate_up;
+        let (gqs, gss) = (u32_arg(OP, "row units", gu.qs)?, u32_arg(OP, "row scales", gu.ss)?);
+        let (f32_, h32) = (ffn as u32, hid as u32);
+        if gemv {
+            let per = self.rows_per_group(gv)?;
+            let push: Push = [f32_, h32, gqs, gss, x_off, 0, r_off, k32, e32, 0, glu_kind, limit.to_bits(), alpha.to_bits(), gb, 0, 0];
+            let binds = [Bind::buf(&gu.q), Bind::buf(&gu.s), Bind::buf(x.buf), xq, xd, Bind::buf(&s.h), Bind::buf(routing.buf), bias];
+            self.dispatch(Kernel::MoeMatvec, Some(gv), &binds, &push, [groups_for(ffn, per).min(MAX_GROUPS as u32), pairs as u32, 1])?;
+        } else {
+            let mut push: Push = [0; 16];
+            push[..4].copy_from_slice(&[n as u32, k32, e32, r_off]);
+            self.dispatch(Kernel::MoeGroup, None, &[Bind::buf(routing.buf), Bind::buf(&s.groups)], &push, [1, 1, 1])?;
+            let push: Push = [f32_, h32, gqs, gss, x_off, 0, k32, e32, 0, glu_kind, limit.to_bits(), alpha.to_bits(), gb, 0, 0, 0];
+            let binds = [Bind::buf(&gu.q), Bind::buf(&gu.s), Bind::buf(x.buf), xq, xd, Bind::buf(&s.h), Bind::buf(&s.groups), bias];
+            self.dispatch(Kernel::MoeMatmul, Some(gv), &binds, &push, [groups_for(ffn, GEMM_BO).min(MAX_GROUPS as u32), n.div_ceil(GEMM_BR) as u32, e32])?;
+        }
+        // 2. Down, and the rank-ordered sum into out.
+        let (hq, hd) = if dv.q8_acts() {
+            self.moe_quantize(&s.h, 0, pairs, ffn, &s.hq, &s.hd)?;
+            (Bind::buf(&s.hq), Bind::buf(&s.hd))
+        } else {
+            (Bind::UNUSED, Bind::UNUSED)
+        };
+        let dm = &ex.down;
+        let (dqs, dss) = (u32_arg(OP, "row units", dm.qs)?, u32_arg(OP, "row scales", dm.ss)?);
+        if gemv {
+            let per = self.rows_per_group(dv)?;
+            let push: Push = [h32, f32_, dqs, dss, 0, o_off, r_off, k32, e32, 1, 0, 0, 0, db, 0, 0];
+            let binds = [Bind::buf(&dm.q), Bind::buf(&dm.s), Bind::buf(&s.h), hq, hd, Bind::buf(out.buf), Bind::buf(routing.buf), bias];
+            self.dispatch(Kernel::MoeMatvec, Some(dv), &binds, &push, [groups_for(hid, per).min(MAX_GROUPS as u32), n as u32, 1])
+        } else {
+            let push: Push = [h32, f32_, dqs, dss, 0, 0, k32, e32, 1, 0, 0, 0, db, 0, 0, 0];
+            let binds = [Bind::buf(&dm.q), Bind::buf(&dm.s), Bind::buf(&s.h), hq, hd, Bind::buf(&s.y), Bind::buf(&s.groups), bias];
+            self.dispatch(Kernel::MoeMatmul, Some(dv), &binds, &push, [groups_for(hid, GEMM_BO).min(MAX_GROUPS as u32), n.div_ceil(GEMM_BR) as u32, e32])?;
+            let mut push: Push = [0; 16];
+            push[..6].copy_from_slice(&[n as u32, h32, k32, e32, r_off, o_off]);
+            self.dispatch(Kernel::MoeSum, None, &[Bind::buf(&s.y), Bind::buf(routing.buf), Bind::buf(out.buf)], &push, [groups_for(n * hid, 64), 1, 1])
+        }
+    }
+
+    /// Output rows one workgroup of the per-pair GEMV takes (a subgroup each).
+    fn rows_per_group(&self, v: FormatVariant) -> Result<usize> {
+        let wg = self.device_workgroup(Kernel::MoeMatvec, Some(v))? as usize;
+        Ok((wg / self.ctx.caps().min_subgroup_size.max(1) as usize).max(1))
+    }
+}

@@ -1,0 +1,199 @@
+//! Routed experts on the device (`Frame::moe`) against `cpu::experts::routed_experts`, on
+//! whatever device the machine has (Lavapipe in CI): several weight formats, top-k 1 to 8, one
+//! row and many, both kernel paths (per-pair GEMVs, grouped GEMMs), both precisions, the
+//! three gated units, biases; and the routing computed by `route` in the same frame, so the
+//! experts are chosen on the device with no host round trip.
+//!
+//! Tolerance: relative to the largest |reference| of the output, 1e-5 where activations stay
+//! f32 (float formats, `Precision::Exact`; measured on Lavapipe: at most 8e-7); 1e-4 with q8
+//! activations, where a last-bit difference in a gated hidden value (f32 sums in another
+//! order) can move its 8-bit quantization by one step before the down matrix (measured: at
+//! most 5e-7, no such step in these cases).
+
+mod vk_common;
+
+use coli_compiler::ir::{GluKind, RouterScoring};
+use coli_runtime::cpu::experts::{routed_experts, ExpertMats};
+use coli_runtime::cpu::route::{route_row, RouteSpec};
+use coli_runtime::cpu::Precision;
+use coli_runtime::format::{Matrix, WeightFormat};
+use coli_runtime::vk::{MoePath, RouteParams};
+use vk_common::{assert_close, ctx, random_rows, Rng};
+
+/// One layer's experts in a format: their stored bytes per role, and biases when wanted.
+struct Layer {
+    format: WeightFormat,
+    experts: usize,
+    hidden: usize,
+    ffn: usize,
+    gate: Vec<Vec<u8>>,
+    up: Vec<Vec<u8>>,
+    down: Vec<Vec<u8>>,
+    bias: Option<(Vec<f32>, Vec<f32>, Vec<f32>)>,
+}
+
+impl Layer {
+    fn new(format: WeightFormat, experts: usize, hidden: usize, ffn: usize, bias: bool, rng: &mut Rng) -> Layer {
+        let mut mk = |rows, cols| (0..experts).map(|_| random_rows(format, rows, cols, rng)).collect::<Vec<_>>();
+        let (gate, up, down) = (mk(ffn, hidden), mk(ffn, hidden), mk(hidden, ffn));
+        let bias = bias.then(|| (rng.vec(experts * ffn, 0.5), rng.vec(experts * ffn, 0.5), rng.vec(experts * hidden, 0.5)));
+        Layer { format, experts, hidden, ffn, gate, up, down, bias }
+    }
+
+    fn mats(&self, e: usize) -> ExpertMats<'_> {
+        let (f, h, format) = (self.ffn, self.hidden, self.format);
+        fn m(format: WeightFormat, b: &[u8], rows: usize, cols: usize) -> Matrix<'_> {
+            Matrix::new(format, rows, cols, b).unwrap()
+        }
+        ExpertMats {
+            gate: m(format, &self.gate[e], f, h),
+            up: m(format, &self.up[e], f, h),
+            down: m(format, &self.down[e], h, f),
+            gate_bias: self.bias.as_ref().map(|b| &b.0[e * f..(e + 1) * f]),
+            up_bias: self.bias.as_ref().map(|b| &b.1[e * f..(e + 1) * f]),
+            down_bias: self.bias.as_ref().map(|b| &b.2[e * h..(e + 1) * h]),
+        }
+    }
+}
+
+/// A routing of `n` rows: `top_k` distinct experts each, positive weights, by rank.
+fn routing(n: usize, top_k: usize, experts: usize, rng: &mut Rng) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n * 2 * top_k);
+    for _ in 0..n {
+        let mut chosen: Vec<usize> = Vec::new();
+        while chosen.len() < top_k {
+            let e = rng.below(experts);
+            if !chosen.contains(&e) {
+                chosen.push(e);
+            }
+        }
+        for e in chosen {
+            out.extend([e as f32, 0.1 + rng.unit().abs()]);
+        }
+    }
+    out
+}
+
+/// The CPU reference and the device for one case; returns the device's output.
+#[allow(clippy::too_many_arguments)]
+fn check(layer: &Layer, n: usize, top_k: usize, glu: GluKind, precision: Precision, path: MoePath, rng: &mut Rng) {
+    let ctx = ctx().unwrap();
+    let h = layer.hidden;
+    let x = rng.vec(n * h, 1.0);
+    let rt = routing(n, top_k, layer.experts, rng);
+    let mut want = vec![0f32; n * h];
+    routed_experts(&x, n, h, &rt, top_k, glu, precision, &|e| layer.mats(e), &mut want);
+    let dev = ctx.upload_experts(layer.experts, &|e| layer.mats(e)).unwrap();
+    let scratch = ctx.moe_scratch(n, top_k, h, layer.ffn, layer.experts).unwrap();
+    // Views at offsets inside larger buffers.
+    let xb = ctx.upload_f32(&[vec![7.0; 5], x].concat()).unwrap();
+    let rb = ctx.upload_f32(&[vec![3.0; 2], rt].concat()).unwrap();
+    let ob = ctx.f32_buffer(n * h + 3).unwrap();
+    let mut f = ctx.frame().unwrap();
+    f.moe(&dev, xb.view(5, n * h), rb.view(2, n * 2 * top_k), ob.view(3, n * h), n, top_k, glu, precision, path, &scratch).unwrap();
+    f.run().unwrap();
+    let got = ctx.download_f32(ob.view(3, n * h)).unwrap();
+    let float_acts = precision == Precision::Exact || !layer.format.uses_q8_acts(layer.ffn) && !layer.format.uses_q8_acts(h);
+    let tol = if float_acts { 1e-5 } else { 1e-4 };
+    assert_close(&format!("{} E={} {}x{} n={n} top {top_k} {glu:?} {precision:?} {path:?}", layer.format, layer.experts, h, layer.ffn), &got, &want, tol);
+}
+
+/// (format, hidden, ffn): tails for the formats that take any length, whole blocks else.
+const SHAPES: &[(WeightFormat, usize, usize)] = &[
+    (WeightFormat::F32, 45, 40),
+    (WeightFormat::F16, 64, 48),
+    (WeightFormat::BF16, 72, 40),
+    (WeightFormat::Q8_0, 96, 64),
+    (WeightFormat::Q4_0, 64, 96),
+    (WeightFormat::Q4_K, 256, 256),
+    (WeightFormat::Q6_K, 256, 256),
+    (WeightFormat::I8Row, 96, 64),
+    (WeightFormat::I8Row, 45, 40),
+    (WeightFormat::I4G64, 128, 64),
+];
+
+#[test]
+fn decode_and_chunks_match_cpu_for_every_format() {
+    let Some(_) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0e01);
+    for &(format, hidden, ffn) in SHAPES {
+        let layer = Layer::new(format, 10, hidden, ffn, false, &mut rng);
+        for (n, top_k, path) in [(1, 1, MoePath::Auto), (1, 8, MoePath::Auto), (3, 2, MoePath::Auto), (37, 4, MoePath::Auto), (2, 8, MoePath::Grouped), (6, 3, MoePath::Gemv)] {
+            check(&layer, n, top_k, GluKind::SwiGlu, Precision::Fast, path, &mut rng);
+        }
+        for (n, path) in [(1, MoePath::Auto), (9, MoePath::Auto)] {
+            check(&layer, n, 5, GluKind::SwiGlu, Precision::Exact, path, &mut rng);
+        }
+    }
+}
+
+#[test]
+fn every_top_k_and_gated_unit_with_biases() {
+    let Some(_) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0e02);
+    let layer = Layer::new(WeightFormat::BF16, 9, 64, 96, true, &mut rng);
+    for top_k in 1..=8 {
+        for path in [MoePath::Gemv, MoePath::Grouped] {
+            check(&layer, 5, top_k, GluKind::SwiGlu, Precision::Fast, path, &mut rng);
+        }
+    }
+    for glu in [GluKind::GeGlu, GluKind::ClampedSwiGlu { limit: 0.7, alpha: 1.702 }] {
+        for (n, path) in [(1, MoePath::Auto), (40, MoePath::Auto)] {
+            check(&layer, n, 4, glu, Precision::Fast, path, &mut rng);
+        }
+    }
+    let q = Layer::new(WeightFormat::Q8_0, 12, 64, 32, true, &mut rng);
+    check(&q, 1, 6, GluKind::SwiGlu, Precision::Fast, MoePath::Auto, &mut rng);
+    check(&q, 33, 6, GluKind::SwiGlu, Precision::Fast, MoePath::Auto, &mut rng);
+}
+
+/// The router on the device feeds the experts in the same frame: the expert ids never leave
+/// the device. Against the CPU's route then routed experts.
+#[test]
+fn routing_on_the_device_feeds_the_experts() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0e03);
+    let layer = Layer::new(WeightFormat::Q8_0, 16, 64, 64, false, &mut rng);
+    for (n, top_k) in [(1, 4), (21, 2)] {
+        let (h, e) = (layer.hidden, layer.experts);
+        let x = rng.vec(n * h, 1.0);
+        let logits = rng.vec(n * e, 2.0);
+        let spec = RouteSpec { scoring: RouterScoring::Softmax, top_k, renormalize: true, correction_bias: None, groups: None, scale: 1.0 };
+        let mut rt = vec![0f32; n * 2 * top_k];
+        for r in 0..n {
+            route_row(&spec, &logits[r * e..(r + 1) * e], &mut rt[r * 2 * top_k..(r + 1) * 2 * top_k]);
+        }
+        let mut want = vec![0f32; n * h];
+        routed_experts(&x, n, h, &rt, top_k, GluKind::SwiGlu, Precision::Fast, &|i| layer.mats(i), &mut want);
+        let dev = ctx.upload_experts(e, &|i| layer.mats(i)).unwrap();
+        let scratch = ctx.moe_scratch(n, top_k, h, layer.ffn, e).unwrap();
+        let (xb, lb) = (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&logits).unwrap());
+        let (rb, ob) = (ctx.f32_buffer(n * 2 * top_k).unwrap(), ctx.f32_buffer(n * h).unwrap());
+        let mut f = ctx.frame().unwrap();
+        let params = RouteParams { scoring: RouterScoring::Softmax, top_k, renormalize: true, groups: None, scale: 1.0 };
+        f.route(lb.all(), None, rb.all(), n, e, params).unwrap();
+        f.moe(&dev, xb.all(), rb.all(), ob.all(), n, top_k, GluKind::SwiGlu, Precision::Fast, MoePath::Auto, &scratch).unwrap();
+        f.run().unwrap();
+        let ids: Vec<f32> = ctx.download_f32(rb.all()).unwrap().iter().step_by(2).copied().collect();
+        assert_eq!(ids, rt.iter().step_by(2).copied().collect::<Vec<_>>(), "the device chose the CPU's experts");
+        assert_close(&format!("route + moe n={n} top {top_k}"), &ctx.download_f32(ob.all()).unwrap(), &want, 1e-4);
+    }
+}
+
+#[test]
+fn bad_operands_are_errors() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0e04);
+    let layer = Layer::new(WeightFormat::F32, 4, 32, 32, false, &mut rng);
+    let dev = ctx.upload_experts(4, &|e| layer.mats(e)).unwrap();
+    let scratch = ctx.moe_scratch(2, 2, 32, 32, 4).unwrap();
+    let b = ctx.f32_buffer(1024).unwrap();
+    let mut f = ctx.frame().unwrap();
+    // More rows than the scratch holds; more ranks than experts.
+    assert!(f.moe(&dev, b.all(), b.all(), b.all(), 3, 2, GluKind::SwiGlu, Precision::Fast, MoePath::Auto, &scratch).is_err());
+    assert!(f.moe(&dev, b.all(), b.all(), b.all(), 1, 5, GluKind::SwiGlu, Precision::Fast, MoePath::Auto, &scratch).is_err());
+    // Experts of different shapes do not stack.
+    let other = Layer::new(WeightFormat::F32, 4, 32, 64, false, &mut rng);
+    let mixed = |e: usize| if e == 2 { other.mats(e) } else { layer.mats(e) };
+    assert!(ctx.upload_experts(4, &mixed).is_err());
+}

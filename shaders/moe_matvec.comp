@@ -1,0 +1,86 @@
+#version 450
+// moe_matvec.comp: routed experts for a few rows (decode), each (row, rank) pair a GEMV of the
+// expert the routing buffer names (read here: no host round trip). The experts of a layer are
+// stacked in one matrix per role: gate and up as rows e*2F + j and e*2F + F + j (F = ffn),
+// down as rows e*H + i (H = hidden).
+// Mode 0 (gate and up): workgroup y = pair p = r*K + k; h[p][j] = glu(gate_e[j] . x[r] + bg,
+//   up_e[j] . x[r] + bu), the activation rows those of x.
+// Mode 1 (down and sum): workgroup y = row r; out[r][i] = sum over ranks k, in rank order
+//   from 0, of w[r,k] * (down_e[i] . h[r*K + k] + bd): the CPU's order (cpu/experts.rs).
+// One subgroup per output row, lanes over the row's units, joined by a subgroup sum, as
+// matvec.comp. Biases (gpt-oss): bias[bias_off + e*2F + j] for gate/up rows, bias[bias_off +
+// e*H + i] for down, when bias_off != NONE.
+// Must not: assume a subgroup size, or read an expert the routing does not name validly.
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+
+layout(local_size_x_id = 0) in;
+
+layout(std430, binding = 0) readonly buffer WQ { uvec4 wq[]; };
+layout(std430, binding = 1) readonly buffer WS { uint ws[]; };
+layout(std430, binding = 2) readonly buffer XF { float xf[]; };
+layout(std430, binding = 3) readonly buffer XQ { uvec4 xq[]; };
+layout(std430, binding = 4) readonly buffer XD { vec2 xd[]; };
+layout(std430, binding = 5) writeonly buffer OUT { float outv[]; };
+layout(std430, binding = 6) readonly buffer RT { float routing[]; };
+layout(std430, binding = 7) readonly buffer BS { float bias[]; };
+
+layout(push_constant) uniform PC {
+    uint rows; uint cols; uint qs; uint ss;
+    uint x_off; uint out_off; uint r_off; uint top_k;
+    uint experts; uint mode; uint glu; float limit;
+    float alpha; uint bias_off; uint pad0; uint pad1;
+} pc;
+
+#define NONE 0xffffffffu
+#define QS pc.qs
+#define SS pc.ss
+#define COLS pc.cols
+#define XF_OFF(xr) (pc.x_off + (xr) * pc.cols)
+#define XQ_BLK(xr) ((xr) * (pc.cols >> 5))
+#define R_OFF pc.r_off
+#define TOP_K pc.top_k
+#include "wformat.glsl"
+#include "moe.glsl"
+
+float row_dot(uint row, uint xr) {
+    uint units = units_per_row();
+    float acc = 0.0;
+    for (uint u = gl_SubgroupInvocationID; u < units; u += gl_SubgroupSize) acc += unit_dot(row, u, xr);
+    return row_finish(row, subgroupAdd(acc));
+}
+
+void main() {
+    uint step = gl_NumWorkGroups.x * gl_NumSubgroups;
+    uint first = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID;
+    if (pc.mode == 0u) {
+        uint p = gl_WorkGroupID.y, r = p / pc.top_k, k = p % pc.top_k;
+        uint e = moe_expert(r, k, pc.experts);
+        if (e >= pc.experts) return;
+        uint f = pc.rows;
+        for (uint j = first; j < f; j += step) {
+            uint rg = e * 2u * f + j, ru = rg + f;
+            float g = row_dot(rg, r), u = row_dot(ru, r);
+            if (pc.bias_off != NONE) {
+                g += bias[pc.bias_off + rg];
+                u += bias[pc.bias_off + ru];
+            }
+            if (subgroupElect()) outv[pc.out_off + p * f + j] = moe_glu(pc.glu, g, u, pc.limit, pc.alpha);
+        }
+    } else {
+        uint r = gl_WorkGroupID.y, hdim = pc.rows;
+        for (uint i = first; i < hdim; i += step) {
+            precise float o = 0.0;
+            for (uint k = 0u; k < pc.top_k; k++) {
+                uint e = moe_expert(r, k, pc.experts);
+                if (e >= pc.experts) continue;
+                uint row = e * hdim + i;
+                float t = row_dot(row, r * pc.top_k + k);
+                if (pc.bias_off != NONE) t += bias[pc.bias_off + row];
+                precise float wt = moe_weight(r, k) * t;
+                o = o + wt;
+            }
+            if (subgroupElect()) outv[pc.out_off + r * hdim + i] = o;
+        }
+    }
+}
