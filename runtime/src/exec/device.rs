@@ -3,6 +3,11 @@
 //! routed experts, layers past the device's share). What crosses is what the plan says: a
 //! frame's uploads before it, its downloads after it.
 //!
+//! Resident experts (the plan's `placement.resident`): a layer whose routing and experts the
+//! plan puts in a device frame has all its experts uploaded at load, stacked per role
+//! (`Context::upload_experts`), and runs `route` and `moe` in the frame; one scratch serves
+//! every such layer. `tier_line` says what the tier holds.
+//!
 //! The KV cache: the host's copy stays canonical. Each device layer keeps a mirror of its K/V
 //! rows on the device; a frame appends the block's rows to the mirror and copies them to a
 //! read-back buffer, and the host appends them to its cache after the frame. So when the
@@ -13,14 +18,16 @@
 
 use super::weights::visit_weights;
 use super::{ExecError, Model};
+use crate::cpu::experts::ExpertMats;
 use crate::cpu::rope::inv_freq;
 use crate::cpu::{run_op, Env, Precision};
 use crate::exec::kv::KvCache;
 use crate::oplib::{op_name, OpLib};
-use crate::vk::{AttnPath, AttnShape, Broadcast, Context, DeviceBuffer, DeviceMatrix, MatmulPath, MemoryUse, RopeShape, VkError, VkOps};
+use crate::vk::{AttnPath, AttnShape, Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoePath, MoeScratch, RopeShape, RouteParams, VkError, VkOps};
+use coli_compiler::cost::human;
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::{Part, Place};
-use coli_compiler::ir::{Op, RopeScaling, ValueId};
+use coli_compiler::ir::{ExpertBias, Op, RopeScaling, ValueId};
 use coli_compiler::Plan;
 use std::collections::HashMap;
 
@@ -38,6 +45,11 @@ pub struct DeviceModel {
     max_context: usize,
     /// Bytes of weights uploaded.
     pub weight_bytes: u64,
+    /// Resident routed experts, by layer index.
+    experts: HashMap<u32, DeviceExperts>,
+    /// The largest (top_k, hidden, ffn, experts) of the resident layers.
+    moe_dims: Option<(usize, usize, usize, usize)>,
+    tier_line: Option<String>,
 }
 
 /// Per-session device state: value buffers, KV mirrors and their read-back staging.
@@ -49,6 +61,8 @@ pub struct DeviceState {
     mirrors: Vec<Option<(DeviceBuffer, DeviceBuffer, DeviceBuffer, DeviceBuffer)>>,
     /// Rows of each layer's mirror that equal the host's cache.
     watermark: Vec<usize>,
+    /// What the resident experts' kernels work in.
+    moe: Option<MoeScratch>,
 }
 
 /// Why a plan cannot run on the device.
@@ -67,6 +81,7 @@ impl DeviceModel {
         let lib = VkOps::new(ctx.clone());
         let mut names: Vec<(String, bool)> = Vec::new();
         let mut freqs = Vec::new();
+        let mut moe_ops = Vec::new();
         for f in plan.frames.iter().filter(|f| f.place != Place::Host) {
             for &id in &f.ops {
                 let op = op_of(program, id);
@@ -76,6 +91,9 @@ impl DeviceModel {
                 visit_weights(op, &mut |w, is_vec| names.push((w.name.clone(), is_vec)), &mut |_, _| {});
                 if let Op::Rope { rotary_dim, theta, scaling, .. } = op {
                     freqs.push((*rotary_dim, *theta, *scaling));
+                }
+                if let Op::RoutedExperts { .. } = op {
+                    moe_ops.push(op);
                 }
             }
         }
@@ -98,6 +116,29 @@ impl DeviceModel {
                 mats.insert(name, dm);
             }
         }
+        // Resident experts, a layer at a time.
+        let mut experts = HashMap::new();
+        let mut moe_dims: Option<(usize, usize, usize, usize)> = None;
+        for op in &moe_ops {
+            let Op::RoutedExperts { x, routing, layer, experts: n, weights, .. } = op else { continue };
+            let ws = &model.weights;
+            let bias = |b: &Option<ExpertBias>, e: usize| b.as_ref().map(|b| ws.expert_bias(b, e));
+            let mats = |e: usize| ExpertMats {
+                gate: ws.expert(&weights.gate, e),
+                up: ws.expert(&weights.up, e),
+                down: ws.expert(&weights.down, e),
+                gate_bias: bias(&weights.gate_bias, e),
+                up_bias: bias(&weights.up_bias, e),
+                down_bias: bias(&weights.down_bias, e),
+            };
+            let d = ctx.upload_experts(*n, &mats)?;
+            weight_bytes += d.device_bytes() as u64;
+            let top_k = program.value(*routing).width / 2;
+            let dims = (top_k, program.value(*x).width, d.ffn, d.experts);
+            moe_dims = Some(moe_dims.map_or(dims, |m| (m.0.max(dims.0), m.1.max(dims.1), m.2.max(dims.2), m.3.max(dims.3))));
+            experts.insert(layer.0, d);
+        }
+        let tier_line = tier_line(plan, &ctx, &experts);
         progress(total, total);
         let mut fbufs = Vec::new();
         for (rd, theta, scaling) in freqs {
@@ -116,7 +157,16 @@ impl DeviceModel {
             cap_rows: plan.options.chunk_rows.max(1),
             max_context: plan.options.context.max(1),
             weight_bytes,
+            experts,
+            moe_dims,
+            tier_line,
         })
+    }
+
+    /// One line for the user: the expert tier's budget, how many experts of which size are
+    /// resident, and the rule that put them there; `None` for a model without routed experts.
+    pub fn tier_line(&self) -> Option<&str> {
+        self.tier_line.as_deref()
     }
 
     /// The most positions a session on this device holds (the plan's context).
@@ -160,7 +210,11 @@ impl DeviceModel {
                 }
             }
         }
-        Ok(DeviceState { values, twins, watermark: vec![0; mirrors.len()], mirrors })
+        let moe = match self.moe_dims {
+            Some((top_k, hidden, ffn, experts)) => Some(ctx.moe_scratch(self.cap_rows, top_k, hidden, ffn, experts)?),
+            None => None,
+        };
+        Ok(DeviceState { values, twins, watermark: vec![0; mirrors.len()], mirrors, moe })
     }
 
     fn freq(&self, rd: usize, theta: f32, scaling: RopeScaling) -> (&DeviceBuffer, f32) {
@@ -296,6 +350,16 @@ impl DeviceModel {
                     let sinks = spec.sinks.as_ref().map(|s| self.vecs[&s.name].all());
                     f.attention(shape, view(*q), mk.view(0, (pos0 + n) * kw), mv.view(0, (pos0 + n) * vw), sinks, view(*out), n, pos0, AttnPath::Auto)?;
                 }
+                Op::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale } => {
+                    let bias = correction_bias.as_ref().map(|b| self.vecs[&b.name].all());
+                    let params = RouteParams { scoring: *scoring, top_k: *top_k, renormalize: *renormalize, groups: *groups, scale: *scale };
+                    f.route(view(*logits), bias, view(*out), n, w(*logits), params)?;
+                }
+                Op::RoutedExperts { x, routing, out, layer, glu, .. } => {
+                    let ex = self.experts.get(&layer.0).ok_or_else(|| VkError::BadArgument { op: "routed_experts", msg: format!("{layer}: experts not uploaded") })?;
+                    let scratch = st.moe.as_ref().expect("scratch allocated with the experts");
+                    f.moe(ex, view(*x), view(*routing), view(*out), n, w(*routing) / 2, *glu, precision, MoePath::Auto, scratch)?;
+                }
                 Op::Act { x, out, act } => f.act(*act, view(*x), view(*out), n * w(*x))?,
                 Op::Glu { gate, up, out, kind } => f.glu(*kind, view(*gate), view(*up), view(*out), n * w(*out))?,
                 Op::Add { a, b, out } => f.add(view(*a), view(*b), view(*out), n, w(*a), Broadcast::None)?,
@@ -346,4 +410,26 @@ fn as_bytes(v: &[f32]) -> &[u8] {
 fn as_bytes_mut(v: &mut [f32]) -> &mut [u8] {
     // SAFETY: as above; every byte pattern is a valid f32.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
+}
+
+/// The tier's startup line: its budget on the device (what the dense fit left), the resident
+/// experts (count, bytes each, layers) and the rule that chose them.
+fn tier_line(plan: &Plan, ctx: &Context, experts: &HashMap<u32, DeviceExperts>) -> Option<String> {
+    let pl = &plan.placement;
+    let (_, _, per_layer) = *pl.expert_bytes.first()?;
+    let budget: u64 = pl.fits.iter().map(|f| f.tier).sum();
+    let name = &ctx.caps().name;
+    if !plan.options.expert_tier || plan.profile.devices.is_empty() {
+        return Some(format!("expert tier off: every routed expert on the CPU ({per_layer} experts a layer)"));
+    }
+    let mut layers: Vec<u32> = experts.keys().copied().collect();
+    layers.sort();
+    let count: usize = experts.values().map(|d| d.experts).sum();
+    let bytes: usize = experts.values().map(DeviceExperts::device_bytes).sum();
+    let each = bytes.checked_div(count).unwrap_or(0);
+    let host: Vec<u32> = pl.expert_bytes.iter().map(|(l, _, _)| l.0).filter(|l| !experts.contains_key(l)).collect();
+    let rule = "whole layers from l0 while the budget holds every expert of the layer, routed in the frame";
+    let rest = if host.is_empty() { String::new() } else { format!("; experts of {} on the CPU (host steps)", coli_compiler::print::layer_ranges(&host)) };
+    let held = if layers.is_empty() { "no layer's experts resident".to_string() } else { format!("{count} experts of {} resident ({}, {} in all)", human(each as u64), coli_compiler::print::layer_ranges(&layers), human(bytes as u64)) };
+    Some(format!("expert tier on {name}: budget {}; {held}; rule: {rule}{rest}", human(budget)))
 }

@@ -1,6 +1,7 @@
 //! The device profile of an opened Vulkan device, in the compiler's terms: its kind, the memory
 //! a plan may use (the memory-budget extension's free bytes of the largest heap, or the cap the
-//! user set), and the op kinds the Vulkan op library runs. `coli probe` prints it; `coli exec`
+//! user set), and the op kinds the Vulkan op library runs (routing and routed experts too: in
+//! a frame where the plan makes a layer's experts resident). `coli probe` prints it; `coli exec`
 //! compiles its plan with it, so the fit printed by `coli compile --profile` is the fit run.
 
 use crate::vk::{Context, DeviceKind as VkKind};
@@ -26,7 +27,20 @@ pub fn profile_of(ctx: &Context, memory_cap: Option<u64>) -> DeviceProfile {
         .unwrap_or(caps.max_allocation_size.max(1 << 30));
     let budget = memory_cap.map_or(free, |c| c.min(free));
     let reserve = if memory_cap.is_some() { 0 } else { reserve_for(budget) };
-    let ops = vec![OpKind::Embed, OpKind::RmsNorm, OpKind::Linear, OpKind::Rope, OpKind::Attention, OpKind::Act, OpKind::Glu, OpKind::Add, OpKind::Mul];
+    // Route and RoutedExperts run in a frame where the plan makes a layer's experts resident.
+    let ops = vec![
+        OpKind::Embed,
+        OpKind::RmsNorm,
+        OpKind::Linear,
+        OpKind::Rope,
+        OpKind::Attention,
+        OpKind::Act,
+        OpKind::Glu,
+        OpKind::Add,
+        OpKind::Mul,
+        OpKind::Route,
+        OpKind::RoutedExperts,
+    ];
     DeviceProfile {
         name: format!("probed {}", caps.name),
         devices: vec![Device {

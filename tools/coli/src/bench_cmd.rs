@@ -39,6 +39,9 @@ pub struct BenchArgs {
     /// Keep this many layers on the device.
     #[arg(long)]
     pub device_layers: Option<usize>,
+    /// Routed experts on the CPU (no expert tier), for comparison.
+    #[arg(long)]
+    pub no_expert_tier: bool,
 }
 
 fn session(l: &crate::load::Loaded, ctx: usize) -> Result<Session<'_>, String> {
@@ -67,7 +70,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         "auto" => DeviceRequest::Auto(vk),
         d => return Err(format!("--device {d}: expected cpu, vulkan or auto")),
     };
-    req.compile = Options { context: a.prompt + a.decode + 8, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, ..Options::default() };
+    req.compile = Options { context: a.prompt + a.decode + 8, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, expert_tier: !a.no_expert_tier, ..Options::default() };
     let loaded = load(req)?;
     let vocab = loaded.plan.program.dims.vocab as u32;
     // Deterministic ids spread over the vocabulary (avoiding the first few specials).
@@ -92,6 +95,9 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     }
     let p = &loaded.plan.program;
     println!("{}", loaded.device_note);
+    if let Some(t) = loaded.device.as_ref().and_then(|d| d.tier_line()) {
+        println!("{t}");
+    }
     println!(
         "model {} ({}, {} layers, hidden {}, vocab {}), host cpu ({} threads, kernels {})",
         path.display(),

@@ -158,6 +158,9 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         progress: Some(&mut progress),
     })?;
     eprintln!("coli: {}", loaded.device_note);
+    if let Some(t) = loaded.device.as_ref().and_then(|d| d.tier_line()) {
+        eprintln!("coli: {t}");
+    }
     let p = &loaded.plan.program;
     eprintln!(
         "coli: {} ({}, {} layers, hidden {}, vocab {}) loaded in {:.2}s",
