@@ -1,6 +1,7 @@
 //! The expert tier's first slice end to end: where the device's budget holds every routed
 //! expert of a layer, the layer's routing and experts run inside the device frame. Every MoE
-//! fixture (and pymoe-22m when `../shared/models/pymoe-22m` is there) on whatever Vulkan device
+//! fixture (gpt-oss: expert biases and the clamped SwiGLU), and pymoe-22m when
+//! `../shared/models/pymoe-22m` is there, on whatever Vulkan device
 //! the machine has (Lavapipe in CI), against the CPU path: prompts in chunks of 1, 3 and whole
 //! (the per-pair GEMVs and the grouped GEMMs), then greedy decoding; and a device memory cap
 //! that holds only some layers' experts, so the plan has layers of both kinds.
@@ -24,7 +25,7 @@ const CONTEXT: usize = 256;
 /// The MoE models: (name, directory, prompt, largest |logit| when an oracle says it).
 fn models() -> Vec<(String, PathBuf, Vec<u32>, Option<f32>)> {
     let mut out = Vec::new();
-    for name in ["olmoe", "qwen3_moe", "mixtral"] {
+    for name in ["olmoe", "qwen3_moe", "mixtral", "gpt_oss"] {
         let dir = fixture_dir(name);
         let oracle = read_json(&dir.join("oracle.json"));
         let max = oracle["max_abs_logit"].as_f64().map(|m| m as f32);
