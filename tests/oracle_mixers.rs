@@ -11,7 +11,8 @@
 
 mod common;
 
-use coli_runtime::exec::{LogitRows, Session};
+use coli_runtime::cpu::CpuError;
+use coli_runtime::exec::{ExecError, LogitRows, Session};
 use common::*;
 use std::process::Command;
 
@@ -93,4 +94,43 @@ fn deepseek_v3_matches_transformers() {
 #[test]
 fn deepseek_v3_runs_in_coli_exec() {
     check_exec("deepseek_v3");
+}
+
+#[test]
+fn qwen3_next_matches_transformers() {
+    check_fixture("qwen3_next");
+}
+
+#[test]
+fn qwen3_next_runs_in_coli_exec() {
+    check_exec("qwen3_next");
+}
+
+/// Qwen3-Next's recurrent state goes back only to the start: `try_truncate` to a middle
+/// position is a typed error that changes nothing; `truncate(0)` resets it (the same logits
+/// again); after a plain `truncate` to the middle the next forward is a typed error, never
+/// logits from a wrong state.
+#[test]
+fn qwen3_next_recurrent_state_goes_back_only_to_the_start() {
+    let dir = fixture_dir("qwen3_next");
+    let oracle = read_json(&dir.join("oracle.json"));
+    let loaded = load_model(&dir);
+    let prompt = ids(&oracle["prompt_ids"]);
+    let greedy = ids(&oracle["greedy"]);
+    let want = matrix(&oracle["greedy_logits"]);
+    let tol = 1e-4 * oracle["max_abs_logit"].as_f64().unwrap() as f32;
+    let mut s = Session::new(&loaded.model, 256);
+    let first = s.forward(&prompt, LogitRows::Last).unwrap();
+    assert!(matches!(s.try_truncate(5), Err(ExecError::CannotRewind { .. })));
+    assert_eq!(s.pos(), prompt.len());
+    let next = s.forward(&[greedy[0]], LogitRows::Last).unwrap();
+    assert!(max_abs_diff(&[next], &want[1..2]) <= tol, "the session still decodes after a refused truncate");
+    s.truncate(0);
+    let again = s.forward(&prompt, LogitRows::Last).unwrap();
+    assert!(max_abs_diff(&[again], &[first]) <= tol, "a truncate to 0 starts a fresh state");
+    s.truncate(5);
+    match s.forward(&prompt[5..6], LogitRows::Last) {
+        Err(ExecError::Cpu(CpuError::RecurrentState { .. })) => {}
+        other => panic!("expected a recurrent-state error, got {:?}", other.map(|l| l.len())),
+    }
 }

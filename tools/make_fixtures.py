@@ -15,8 +15,8 @@ Usage (from the repository root; needs torch, transformers 5.17, safetensors, gg
 
 Outputs:
 
-* tests/fixtures/{llama,llama_tied,olmoe,qwen3_moe,mixtral,gpt_oss,deepseek_v3}/ : a tiny random-weight
-  checkpoint (config.json, generation_config.json, model.safetensors, f32) written by
+* tests/fixtures/{llama,llama_tied,olmoe,qwen3_moe,mixtral,gpt_oss,deepseek_v3,qwen3_next}/ :
+  a tiny random-weight checkpoint (config.json, generation_config.json, model.safetensors, f32) written by
   ``save_pretrained`` and its ``oracle.json`` (prompt ids, logits of every prompt
   position, 20 greedy ids, the logits each greedy id was chosen from, per-layer
   residual stream and router choices for debugging). The oracle is computed from the
@@ -443,6 +443,52 @@ TINY = {
             "1 shared expert"
         ),
     ),
+    # Qwen3-Next: Gated DeltaNet layers (2 key heads, 4 value heads, conv 4) and gated full
+    # attention (partial RoPE 0.25 of head_dim 32, per-head q/k norm) by layer_types; one dense
+    # layer (mlp_only_layers); MoE with a sigmoid-gated shared expert.
+    "qwen3_next": dict(
+        cls="Qwen3NextForCausalLM",
+        seed=8000,
+        config=dict(
+            vocab_size=352,
+            hidden_size=64,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            num_hidden_layers=4,
+            layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            partial_rotary_factor=0.25,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=12,
+            linear_conv_kernel_dim=4,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+            tie_word_embeddings=False,
+            attention_bias=False,
+            output_router_logits=False,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+        ),
+        note=(
+            "Qwen3-Next, 4 layers (Gated DeltaNet, DeltaNet with a dense FFN 96, gated attention, DeltaNet), "
+            "hidden 64; DeltaNet 2 key heads x 16, 4 value heads x 12, conv kernel 4, A in [0.05, 1]; "
+            "attention 4 q / 2 kv heads, head_dim 32, partial RoPE 8 of 32 (theta 1e4), q/k RMSNorm per head, "
+            "sigmoid output gate; 8 experts (FFN 32) top-2 renormalised plus a shared expert (FFN 48) with a "
+            "sigmoid gate; zero-centred RMSNorms (1 + w, w drawn in [-0.3, 0.3])"
+        ),
+    ),
 }
 
 
@@ -501,6 +547,17 @@ def deepseek_router_gap(model, entries, top_k):
 
 
 TINY["deepseek_v3"]["post_init"] = deepseek_post_init
+
+
+@torch.no_grad()
+def qwen3_next_post_init(model):
+    """Zero-centred norms (x / rms * (1 + w)): draw w around 0, not around 1."""
+    for name, p in model.named_parameters():
+        if name.endswith("layernorm.weight") or name.endswith("_norm.weight") or name == "model.norm.weight":
+            p.uniform_(-0.3, 0.3)
+
+
+TINY["qwen3_next"]["post_init"] = qwen3_next_post_init
 TINY["deepseek_v3"]["router_gap"] = deepseek_router_gap
 
 # Per-tensor gains for the re-initialisation: std = gain / sqrt(fan_in), fan_in = last dim.
@@ -525,6 +582,13 @@ def reinit(model, tied):
             continue
         if name.endswith("self_attn.sinks"):
             p.normal_(0.0, 1.0)
+            continue
+        if name.endswith("linear_attn.A_log"):
+            # Qwen3-Next: decay rates exp(A_log) in [0.05, 1], so the state remembers a while.
+            p.copy_(torch.empty_like(p).uniform_(0.05, 1.0).log())
+            continue
+        if name.endswith("linear_attn.dt_bias"):
+            p.normal_(0.0, 0.5)
             continue
         if p.ndim == 1:
             assert "norm" in name, name
@@ -565,6 +629,16 @@ def expected_names(name, cfg, n_layers):
             for e in range(cfg["n_routed_experts"]):
                 for w in ("gate_proj", "up_proj", "down_proj"):
                     out.append(f"model.layers.{i}.mlp.experts.{e}.{w}.weight")
+    if name == "qwen3_next":
+        for i, t in enumerate(cfg["layer_types"]):
+            if t == "linear_attention":
+                for w in ("in_proj_qkvz.weight", "in_proj_ba.weight", "conv1d.weight", "dt_bias", "A_log", "norm.weight", "out_proj.weight"):
+                    out.append(f"model.layers.{i}.linear_attn.{w}")
+            if i not in cfg["mlp_only_layers"]:
+                out.append(f"model.layers.{i}.mlp.shared_expert_gate.weight")
+                for e in range(cfg["num_experts"]):
+                    for w in ("gate_proj", "up_proj", "down_proj"):
+                        out.append(f"model.layers.{i}.mlp.experts.{e}.{w}.weight")
     if name == "gpt_oss":
         for i in range(n_layers):
             out.append(f"model.layers.{i}.self_attn.sinks")

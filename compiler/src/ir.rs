@@ -350,6 +350,9 @@ pub struct LinearAttentionSpec {
     pub conv_kernel: usize,
     /// Every weight the mixer reads, by role.
     pub weights: Vec<(String, WeightRef)>,
+    /// The epsilon of the gated RMSNorm on the output heads.
+    #[serde(default = "mla_norm_eps")]
+    pub norm_eps: f32,
 }
 
 impl LinearAttentionSpec {

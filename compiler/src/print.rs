@@ -127,13 +127,14 @@ pub fn op_text(op: &Op) -> String {
         Op::LinearAttention { x, out, layer, spec } => {
             let ws: Vec<String> = spec.weights.iter().map(|(r, x)| format!("{r} {}", w(x))).collect();
             format!(
-                "{out} = linear_attention {:?} {x} state {layer} key_heads {}x{} value_heads {}x{} conv {} [{}]",
+                "{out} = linear_attention {:?} {x} state {layer} key_heads {}x{} value_heads {}x{} conv {} norm eps {} [{}]",
                 spec.kind,
                 spec.key_heads,
                 spec.key_head_dim,
                 spec.value_heads,
                 spec.value_head_dim,
                 spec.conv_kernel,
+                g(spec.norm_eps),
                 ws.join(", ")
             )
         }

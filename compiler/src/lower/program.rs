@@ -652,7 +652,7 @@ impl<'a> Lowerer<'a> {
                 self.expect_width(out, ov, self.width(xv), "MLA's input width");
                 Op::Mla { x: xv, out: ov, layer: LayerId(self.layer.unwrap_or(0) as u32), spec }
             }
-            OpItem::LinearAttention { x, out, kind, key_heads, value_heads, key_head_dim, value_head_dim, conv_kernel, weights } => {
+            OpItem::LinearAttention { x, out, kind, key_heads, value_heads, key_head_dim, value_head_dim, conv_kernel, weights, norm_eps } => {
                 let (xv, ov) = (self.val(x)?, self.val(out)?);
                 let spec = LinearAttentionSpec {
                     kind: *kind,
@@ -662,9 +662,12 @@ impl<'a> Lowerer<'a> {
                     value_head_dim: self.int(value_head_dim)?,
                     conv_kernel: self.int(conv_kernel)?,
                     weights: self.roles(weights)?,
+                    norm_eps: self.float_or(norm_eps, 1e-6)?,
                 };
                 if spec.key_heads == 0 || !spec.value_heads.is_multiple_of(spec.key_heads) {
                     self.err(span, format!("{} value heads cannot share {} key heads evenly", spec.value_heads, spec.key_heads));
+                } else if spec.kind == LinearAttentionKind::GatedDeltaNet {
+                    self.deltanet_roles(&spec, self.width(xv), span);
                 }
                 self.expect_width(out, ov, self.width(xv), "the mixer's input width");
                 Op::LinearAttention { x: xv, out: ov, layer: LayerId(self.layer.unwrap_or(0) as u32), spec }
@@ -710,6 +713,38 @@ impl<'a> Lowerer<'a> {
         }
         if dr % 2 != 0 || h == 0 || c == 0 {
             self.err(span, format!("MLA needs heads and a latent rank above 0 and an even rope head dim (heads {h}, kv_lora_rank {c}, qk_rope_head_dim {dr})"));
+        }
+    }
+
+    /// Reports unless a Gated DeltaNet's weights are the roles it knows in the shapes its
+    /// geometry needs: `in_proj_qkvz`, `in_proj_ba`, `conv1d` ([channels, 1, kernel]),
+    /// `dt_bias`, `a_log`, `norm` ([value_head_dim]), `out_proj`.
+    fn deltanet_roles(&mut self, s: &LinearAttentionSpec, hidden: usize, span: Span) {
+        let (nk, nv, dk, dv, k) = (s.key_heads, s.value_heads, s.key_head_dim, s.value_head_dim, s.conv_kernel);
+        let channels = 2 * nk * dk + nv * dv;
+        let want: [(&str, Vec<usize>); 7] = [
+            ("in_proj_qkvz", vec![2 * nk * dk + 2 * nv * dv, hidden]),
+            ("in_proj_ba", vec![2 * nv, hidden]),
+            ("conv1d", vec![channels, 1, k]),
+            ("dt_bias", vec![nv]),
+            ("a_log", vec![nv]),
+            ("norm", vec![dv]),
+            ("out_proj", vec![hidden, nv * dv]),
+        ];
+        for (role, w) in &s.weights {
+            match want.iter().find(|(r, _)| r == role) {
+                None => self.err(span, format!("Gated DeltaNet has no weight role `{role}` (roles: {})", want.iter().map(|w| w.0).collect::<Vec<_>>().join(", "))),
+                Some((_, shape)) if &w.shape != shape => self.err(span, format!("Gated DeltaNet weight `{role}` has shape {:?}, the geometry needs {shape:?}", w.shape)),
+                Some(_) => {}
+            }
+        }
+        for (role, _) in &want {
+            if !s.weights.iter().any(|(r, _)| r == role) {
+                self.err(span, format!("Gated DeltaNet needs weight role `{role}`"));
+            }
+        }
+        if k == 0 {
+            self.err(span, "the convolution kernel must be at least 1 wide");
         }
     }
 

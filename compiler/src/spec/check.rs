@@ -94,7 +94,8 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
             f.extend(q_lora_rank.iter().map(|s| (s, int)));
             f.extend(weights.0.iter().map(|(_, w)| (w, Weight)));
         }
-        OpItem::LinearAttention { x, out, key_heads, value_heads, key_head_dim, value_head_dim, conv_kernel, weights, .. } => {
+        OpItem::LinearAttention { x, out, key_heads, value_heads, key_head_dim, value_head_dim, conv_kernel, weights, norm_eps, .. } => {
+            f.extend(norm_eps.iter().map(|s| (s, float)));
             f.extend([(x, Value), (out, Value), (key_heads, int), (value_heads, int), (key_head_dim, int), (value_head_dim, int), (conv_kernel, int)]);
             f.extend(weights.0.iter().map(|(_, w)| (w, Weight)));
         }

@@ -258,6 +258,9 @@ pub enum OpItem {
         conv_kernel: Text,
         /// Role -> weight name.
         weights: Entries<Text, Text>,
+        /// The gated output norm's epsilon (default 1e-6).
+        #[serde(default)]
+        norm_eps: Option<Text>,
     },
     /// The ops of a named block.
     Block(Text),

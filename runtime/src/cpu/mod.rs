@@ -4,6 +4,7 @@
 //! obviously-correct code over cleverness, except in the matmul kernels.
 
 pub mod attention;
+pub mod deltanet;
 pub mod elementwise;
 pub mod experts;
 pub mod linear;
@@ -30,7 +31,7 @@ impl OpLib for CpuOps {
     }
 
     fn supports(&self, op: &Op, _format: Option<WeightFormat>) -> bool {
-        !matches!(op, Op::LinearAttention { .. })
+        !matches!(op, Op::LinearAttention { spec, .. } if spec.kind != coli_compiler::ir::LinearAttentionKind::GatedDeltaNet)
     }
 }
 
@@ -55,6 +56,8 @@ pub enum CpuError {
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("op {op} lacks its weight role `{role}`")]
     MissingRole { op: &'static str, role: String },
+    #[error("layer {layer}'s recurrent state is at {at}, the block starts at position {want}; a recurrent state goes back only to position 0")]
+    RecurrentState { layer: usize, at: String, want: usize },
 }
 
 impl Env<'_> {
@@ -334,7 +337,27 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             mla::mla(spec, &w, &xs, n, pos0, &mut env.kv.layers[layer.0 as usize], precision, mla::MlaForm::for_rows(n), &mut o);
             env.put(*out, o);
         }
-        Op::LinearAttention { .. } => return Err(CpuError::Unsupported(op_name(op))),
+        Op::LinearAttention { x, out, layer, spec } => {
+            if spec.kind != coli_compiler::ir::LinearAttentionKind::GatedDeltaNet {
+                return Err(CpuError::Unsupported(op_name(op)));
+            }
+            let w = deltanet::DeltaNetWeights::resolve(spec, env.weights).map_err(|m| CpuError::MissingRole { op: op_name(op), role: m.0 })?;
+            let (l, pos0) = (layer.0 as usize, env.pos0);
+            let xs = env.get(*x).to_vec();
+            let mut o = env.take(*out);
+            let lk = &mut env.kv.layers[l];
+            // A sequence starting at 0 starts from a zero state; else the state must be at pos0.
+            if pos0 == 0 {
+                lk.reset_state(spec.state_floats());
+            } else if lk.state_len != Some(pos0) {
+                let at = lk.state_len.map_or("unknown (truncated)".to_string(), |s| format!("position {s}"));
+                env.put(*out, o);
+                return Err(CpuError::RecurrentState { layer: l, at, want: pos0 });
+            }
+            deltanet::gated_deltanet(spec, &w, &xs, n, &mut lk.state, spec.norm_eps, env.precision, &mut o);
+            lk.state_len = Some(pos0 + n);
+            env.put(*out, o);
+        }
     }
     Ok(())
 }

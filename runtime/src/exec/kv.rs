@@ -2,6 +2,12 @@
 //! host's copy is canonical; a device mirror (later) follows it behind a watermark. An MLA
 //! layer (DeepSeek) keeps its normalized latent in the `k` rows and its rotated shared rope
 //! key in the `v` rows (`cpu::mla`).
+//!
+//! A recurrent layer (Gated DeltaNet) keeps a state instead of rows: every position it has
+//! absorbed is folded into it, so it can go back only to position 0 (a reset). Truncating to
+//! an earlier position marks the state unknown; the next forward then fails with a typed error
+//! unless it starts at position 0 (`Session::try_truncate` reports it up front). No snapshots
+//! are kept.
 
 /// K and V rows of one layer, position-major (`len x width`).
 #[derive(Clone, Debug, Default)]
@@ -10,6 +16,11 @@ pub struct LayerKv {
     pub v: Vec<f32>,
     pub k_width: usize,
     pub v_width: usize,
+    /// A recurrent layer's state (`LinearAttentionSpec::state_floats`), empty until its first
+    /// forward and for attention layers.
+    pub state: Vec<f32>,
+    /// Positions the state has absorbed; `None` when unknown (truncated past it).
+    pub state_len: Option<usize>,
 }
 
 impl LayerKv {
@@ -31,10 +42,31 @@ impl LayerKv {
         self.v.extend_from_slice(v);
     }
 
-    /// Forgets every position from `len` on.
+    /// Forgets every position from `len` on (a recurrent state that held more becomes unknown,
+    /// or is reset when `len` is 0).
     pub fn truncate(&mut self, len: usize) {
         self.k.truncate(len * self.k_width);
         self.v.truncate(len * self.v_width);
+        if !self.state.is_empty() && self.state_len.is_none_or(|s| s > len) {
+            if len == 0 {
+                self.reset_state(self.state.len());
+            } else {
+                self.state_len = None;
+            }
+        }
+    }
+
+    /// Whether truncating to `len` keeps the layer usable (a recurrent state cannot go back
+    /// except to 0).
+    pub fn can_truncate(&self, len: usize) -> bool {
+        self.state.is_empty() || len == 0 || self.state_len.is_some_and(|s| s <= len)
+    }
+
+    /// A zero recurrent state of `floats` entries, at position 0.
+    pub fn reset_state(&mut self, floats: usize) {
+        self.state.clear();
+        self.state.resize(floats, 0.0);
+        self.state_len = Some(0);
     }
 }
 
@@ -53,9 +85,9 @@ impl KvCache {
         self.layers.iter_mut().for_each(|l| l.truncate(len));
     }
 
-    /// Bytes held by the cache.
+    /// Bytes held by the cache (recurrent states included).
     pub fn bytes(&self) -> usize {
-        self.layers.iter().map(|l| (l.k.len() + l.v.len()) * 4).sum()
+        self.layers.iter().map(|l| (l.k.len() + l.v.len() + l.state.len()) * 4).sum()
     }
 }
 
@@ -71,5 +103,20 @@ mod tests {
         c.truncate(1);
         assert_eq!(c.layers[0].k, vec![1.0, 2.0]);
         assert_eq!(c.layers[0].v.len(), 3);
+    }
+
+    #[test]
+    fn a_recurrent_state_goes_back_only_to_the_start() {
+        let mut c = KvCache::new(&[(0, 0)]);
+        c.layers[0].reset_state(4);
+        c.layers[0].state = vec![1.0; 4];
+        c.layers[0].state_len = Some(5);
+        assert!(c.layers[0].can_truncate(5) && c.layers[0].can_truncate(9) && !c.layers[0].can_truncate(3));
+        c.truncate(7);
+        assert_eq!(c.layers[0].state_len, Some(5));
+        c.truncate(3);
+        assert_eq!(c.layers[0].state_len, None);
+        c.truncate(0);
+        assert_eq!((c.layers[0].state_len, c.layers[0].state.clone()), (Some(0), vec![0.0; 4]));
     }
 }

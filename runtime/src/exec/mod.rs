@@ -27,6 +27,8 @@ pub enum ExecError {
     Device(crate::vk::VkError),
     #[error("context full: {need} positions needed, the context holds {max}")]
     ContextFull { need: usize, max: usize },
+    #[error("cannot go back from position {from} to {to}: layer {layer} keeps a recurrent state, which goes back only to position 0")]
+    CannotRewind { layer: usize, from: usize, to: usize },
 }
 
 /// A program with its weights resolved.
@@ -37,7 +39,7 @@ pub struct Model {
 
 impl Model {
     /// Checks that the CPU library runs every op, then resolves every weight.
-    pub fn load(ckpt: &Checkpoint, program: Program, progress: &mut dyn FnMut(usize, usize)) -> Result<Model, ExecError> {
+    pub fn load(ckpt: &Checkpoint, mut program: Program, progress: &mut dyn FnMut(usize, usize)) -> Result<Model, ExecError> {
         let cpu = CpuOps;
         let check = |ops: &[Op], layer: String| -> Result<(), ExecError> {
             for op in ops {
@@ -53,6 +55,7 @@ impl Model {
         }
         check(&program.epilogue, "epilogue".into())?;
         let weights = WeightStore::load(ckpt, &program, progress)?;
+        weights::name_row_selections(&mut program);
         Ok(Model { program, weights })
     }
 }
@@ -140,10 +143,23 @@ impl<'m> Session<'m> {
         self.max_context
     }
 
-    /// Forgets every position from `pos` on.
+    /// Forgets every position from `pos` on. A recurrent layer's state (Gated DeltaNet) cannot
+    /// go back except to 0: it becomes unknown, and the next forward fails with a typed error
+    /// unless it starts at 0 (`try_truncate` refuses up front instead).
     pub fn truncate(&mut self, pos: usize) {
         self.pos = self.pos.min(pos);
         self.kv.truncate(self.pos);
+    }
+
+    /// `truncate`, or `ExecError::CannotRewind` (nothing changed) when a recurrent layer's
+    /// state would have to go back to a position other than 0.
+    pub fn try_truncate(&mut self, pos: usize) -> Result<(), ExecError> {
+        let to = self.pos.min(pos);
+        if let Some(layer) = self.kv.layers.iter().position(|l| !l.can_truncate(to)) {
+            return Err(ExecError::CannotRewind { layer, from: self.pos, to });
+        }
+        self.truncate(pos);
+        Ok(())
     }
 
     /// Runs `tokens` (positions `pos..pos+n`) through the model; returns the logits of the

@@ -1,7 +1,9 @@
 //! The weights a program reads, resolved once against a checkpoint: every `WeightRef` checked
 //! for presence and shape when the model loads (so a forward never meets a missing tensor),
 //! small vectors (norms, biases, sinks) converted to f32 once, matrices kept in their
-//! checkpoint format as views.
+//! checkpoint format as views. A weight that selects rows of a fused tensor (`WeightRef::rows`)
+//! is copied once into a tensor of its rows, stored under a derived name (`#` in it) that
+//! `name_row_selections` writes into the program, so ops look it up by name like any other.
 
 use crate::format::{Matrix, WeightFormat};
 use crate::model::{Checkpoint, LoadError, Tensor};
@@ -29,6 +31,7 @@ impl WeightStore {
     /// Resolves every weight `program` reads. `progress(done, total)` is called per tensor.
     pub fn load(ckpt: &Checkpoint, program: &Program, progress: &mut dyn FnMut(usize, usize)) -> Result<WeightStore, WeightError> {
         let mut wanted: Vec<(String, Vec<usize>, bool)> = Vec::new();
+        let mut selections: Vec<(WeightRef, bool)> = Vec::new();
         let ops = program.prologue.iter().chain(program.layers.iter().flat_map(|l| l.ops.iter())).chain(program.epilogue.iter());
         let mut expert_tensors: Vec<(ExpertTensor, usize)> = Vec::new();
         let mut derived: Vec<ExpertTensor> = Vec::new();
@@ -39,7 +42,11 @@ impl WeightStore {
             }
         }
         for op in ops {
-            visit_weights(op, &mut |w: &WeightRef, is_vector| wanted.push((w.name.clone(), w.shape.clone(), is_vector)), &mut |e: &ExpertTensor, n| {
+            let mut weight = |w: &WeightRef, is_vector: bool| match w.rows {
+                None => wanted.push((w.name.clone(), w.shape.clone(), is_vector)),
+                Some(_) => selections.push((w.clone(), is_vector)),
+            };
+            visit_weights(op, &mut weight, &mut |e: &ExpertTensor, n| {
                 expert_tensors.push((e.clone(), n))
             });
         }
@@ -72,6 +79,9 @@ impl WeightStore {
         }
         for e in derived {
             store.relayout_expert(ckpt, &e)?;
+        }
+        for (w, is_vector) in selections {
+            store.select_rows(ckpt, &w, is_vector)?;
         }
         for b in biases {
             store.expert_bias_load(ckpt, &b)?;
@@ -114,6 +124,39 @@ impl WeightStore {
             }
         }
         let owned = Tensor::owned(key.clone(), t.format, shape.clone(), bytes, Arc::new(t.source().to_path_buf()));
+        self.tensors.insert(key, owned);
+        Ok(())
+    }
+
+    /// Copies the rows a weight selects into a tensor of its own (and, for a vector, its f32
+    /// entries), under `derived_key`.
+    fn select_rows(&mut self, ckpt: &Checkpoint, w: &WeightRef, is_vector: bool) -> Result<(), WeightError> {
+        let key = derived_key(&w.name, w.rows);
+        if self.tensors.contains_key(&key) {
+            return Ok(());
+        }
+        let t = ckpt.tensor(&w.name)?;
+        let want = w.tensor_shape();
+        if t.shape != want {
+            return Err(WeightError::Shape { source_path: ckpt.path().display().to_string(), name: w.name.clone(), got: t.shape.clone(), want });
+        }
+        let m = t.as_matrix();
+        let rows = w.shape.first().copied().unwrap_or(1);
+        let mut bytes = Vec::with_capacity(rows * m.bytes().len() / m.rows.max(1));
+        if is_vector {
+            // A vector's "rows" are its entries.
+            let all = t.to_f32_vec()?;
+            let v: Vec<f32> = (0..rows).map(|i| all[w.tensor_row(i)]).collect();
+            bytes.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+            self.vectors.insert(key.clone(), v);
+            let owned = Tensor::owned(key.clone(), WeightFormat::F32, w.shape.clone(), bytes, Arc::new(t.source().to_path_buf()));
+            self.tensors.insert(key, owned);
+            return Ok(());
+        }
+        for i in 0..rows {
+            bytes.extend_from_slice(m.row(w.tensor_row(i)));
+        }
+        let owned = Tensor::owned(key.clone(), t.format, w.shape.clone(), bytes, Arc::new(t.source().to_path_buf()));
         self.tensors.insert(key, owned);
         Ok(())
     }
@@ -169,6 +212,32 @@ impl WeightStore {
     }
 }
 
+/// Points every row-selecting weight of `program` at the tensor of its rows the store built
+/// (its `derived_key`, `rows: None`), so that lookups by name see exactly the selected rows.
+pub fn name_row_selections(program: &mut Program) {
+    let mut rename = |w: &mut WeightRef| {
+        if w.rows.is_some() {
+            w.name = derived_key(&w.name, w.rows);
+            w.rows = None;
+        }
+    };
+    let ops = program.prologue.iter_mut().chain(program.layers.iter_mut().flat_map(|l| l.ops.iter_mut())).chain(program.epilogue.iter_mut());
+    for op in ops {
+        match op {
+            Op::Embed { table: w, .. } | Op::RmsNorm { weight: w, .. } => rename(w),
+            Op::LayerNorm { weight, bias, .. } | Op::Linear { weight, bias, .. } => {
+                rename(weight);
+                bias.iter_mut().for_each(&mut rename);
+            }
+            Op::Attention { spec, .. } => spec.sinks.iter_mut().for_each(&mut rename),
+            Op::Route { correction_bias, .. } => correction_bias.iter_mut().for_each(&mut rename),
+            Op::Mla { spec, .. } => spec.weights.iter_mut().for_each(|(_, w)| rename(w)),
+            Op::LinearAttention { spec, .. } => spec.weights.iter_mut().for_each(|(_, w)| rename(w)),
+            Op::RoutedExperts { .. } | Op::Rope { .. } | Op::Act { .. } | Op::Glu { .. } | Op::Add { .. } | Op::Mul { .. } => {}
+        }
+    }
+}
+
 /// The store's key of a tensor re-laid or selected at load (never a checkpoint name: `#`).
 fn derived_key(name: &str, select: Option<RowSelect>) -> String {
     match select {
@@ -211,7 +280,8 @@ pub fn visit_weights(op: &Op, weight: &mut dyn FnMut(&WeightRef, bool), experts:
             experts(&weights.down, *n);
         }
         Op::Mla { spec, .. } => spec.weights.iter().for_each(|(_, w)| weight(w, w.shape.len() == 1)),
-        Op::LinearAttention { spec, .. } => spec.weights.iter().for_each(|(_, w)| weight(w, w.shape.len() == 1)),
+        // The convolution's taps (`[channels, 1, kernel]`) are read as f32 too.
+        Op::LinearAttention { spec, .. } => spec.weights.iter().for_each(|(role, w)| weight(w, w.shape.len() == 1 || role == "conv1d")),
         Op::Rope { .. } | Op::Act { .. } | Op::Glu { .. } | Op::Add { .. } | Op::Mul { .. } => {}
     }
 }

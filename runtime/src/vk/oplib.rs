@@ -30,7 +30,10 @@ impl OpLib for VkOps {
     fn supports(&self, op: &Op, _format: Option<WeightFormat>) -> bool {
         // Every weight format has a GEMV, GEMM and gather variant (shaders/wformat.glsl).
         match op {
-            Op::Embed { .. } | Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } => true,
+            // A weight selecting rows of a fused tensor (Qwen3-Next's query and gate) does not
+            // go up as a selection yet: such a Linear stays on the host.
+            Op::Linear { weight, .. } => weight.rows.is_none(),
+            Op::Embed { .. } | Op::RmsNorm { .. } | Op::Rope { .. } => true,
             Op::Act { .. } | Op::Glu { .. } | Op::Add { .. } | Op::Mul { .. } => true,
             Op::Attention { spec, .. } => spec.head_dim <= 256 && spec.v_head_dim <= 256 && spec.kv_heads > 0 && spec.heads % spec.kv_heads == 0,
             Op::Route { top_k, groups, .. } => *top_k <= 64 && groups.is_none_or(|(g, _)| g <= 64),

@@ -1,0 +1,260 @@
+//! Gated DeltaNet (Qwen3-Next, Qwen3.5) on the CPU: a linear-attention mixer with a recurrent
+//! state, for a block of rows that continues the sequence the state has absorbed.
+//!
+//! Per row: `in_proj_qkvz` and `in_proj_ba` (grouped per key head: q, k, then the group's
+//! values and output gates z; b then a); a causal depthwise convolution over q, k and v
+//! (kernel `conv_kernel`, its last `conv_kernel - 1` inputs kept in a ring) followed by SiLU;
+//! per value head `h` (sharing key head `h / (value_heads / key_heads)`): q and k L2-normed
+//! (q also scaled by `1/sqrt(key_head_dim)`), `beta = sigmoid(b)`, the decay
+//! `g = -exp(A_log) * softplus(a + dt_bias)`, and the gated delta rule on the head's
+//! `key_head_dim x value_head_dim` state `S`: `S *= exp(g)`, `S += k (beta (v - S^T k))^T`,
+//! `o = S^T q`; then the gated RMSNorm `rms_norm(o) * w * silu(z)` and `out_proj`.
+//! A block's rows run in order (the recurrence is sequential); heads run in parallel.
+//!
+//! The state (`LinearAttentionSpec::state_floats`) is the caller's: every head's `S`, then
+//! the convolution ring (`conv_kernel - 1` rows of the q/k/v channels, oldest first). Must
+//! not: keep state of its own, or decide when the state may be reset (the executor does).
+
+use super::linear::{linear, Precision};
+use crate::exec::weights::WeightStore;
+use crate::format::Matrix;
+use coli_compiler::ir::LinearAttentionSpec;
+use rayon::prelude::*;
+
+/// The weights of one Gated DeltaNet op, by role.
+pub struct DeltaNetWeights<'a> {
+    pub qkvz: Matrix<'a>,
+    pub ba: Matrix<'a>,
+    /// `[channels, 1, kernel]`, flattened.
+    pub conv: &'a [f32],
+    pub dt_bias: &'a [f32],
+    pub a_log: &'a [f32],
+    pub norm: &'a [f32],
+    pub out: Matrix<'a>,
+}
+
+/// A role the op lacks (the compiler checks them; reported as the op library's error).
+#[derive(Debug)]
+pub struct MissingRole(pub String);
+
+impl<'a> DeltaNetWeights<'a> {
+    /// The op's weights from the store, by role.
+    pub fn resolve(spec: &LinearAttentionSpec, ws: &'a WeightStore) -> Result<DeltaNetWeights<'a>, MissingRole> {
+        let find = |r: &str| spec.weights.iter().find(|(role, _)| role == r).map(|(_, w)| w.name.as_str()).ok_or_else(|| MissingRole(r.to_string()));
+        Ok(DeltaNetWeights {
+            qkvz: ws.matrix(find("in_proj_qkvz")?),
+            ba: ws.matrix(find("in_proj_ba")?),
+            conv: ws.vector(find("conv1d")?),
+            dt_bias: ws.vector(find("dt_bias")?),
+            a_log: ws.vector(find("a_log")?),
+            norm: ws.vector(find("norm")?),
+            out: ws.matrix(find("out_proj")?),
+        })
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn silu(x: f32) -> f32 {
+    x * sigmoid(x)
+}
+
+/// torch's softplus (linear above 20).
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// `x / sqrt(sum x^2 + 1e-6)` in place.
+fn l2norm(x: &mut [f32]) {
+    let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// Runs the mixer over `x` (`n x hidden`), advancing `state` by `n` positions, and writes `out`
+/// (`n x hidden`). `eps`: the gated norm's epsilon.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_deltanet(s: &LinearAttentionSpec, w: &DeltaNetWeights, x: &[f32], n: usize, state: &mut [f32], eps: f32, precision: Precision, out: &mut [f32]) {
+    let (nk, nv, dk, dv, kk) = (s.key_heads, s.value_heads, s.key_head_dim, s.value_head_dim, s.conv_kernel);
+    let r = nv / nk;
+    let key_dim = nk * dk;
+    let channels = 2 * key_dim + nv * dv;
+    // 1. Projections, reordered: mixed = [q (nk*dk) | k (nk*dk) | v (nv*dv)], z (nv*dv), b and a (nv).
+    let pw = 2 * key_dim + 2 * nv * dv;
+    let mut p = vec![0f32; n * pw];
+    linear(&w.qkvz, x, n, &mut p, precision);
+    let mut ba = vec![0f32; n * 2 * nv];
+    linear(&w.ba, x, n, &mut ba, precision);
+    let mut mixed = vec![0f32; n * channels];
+    let mut z = vec![0f32; n * nv * dv];
+    let (mut beta, mut decay) = (vec![0f32; n * nv], vec![0f32; n * nv]);
+    let group = 2 * dk + 2 * r * dv;
+    for t in 0..n {
+        let (pr, mr) = (&p[t * pw..(t + 1) * pw], &mut mixed[t * channels..(t + 1) * channels]);
+        for g in 0..nk {
+            let src = &pr[g * group..(g + 1) * group];
+            mr[g * dk..(g + 1) * dk].copy_from_slice(&src[..dk]);
+            mr[key_dim + g * dk..key_dim + (g + 1) * dk].copy_from_slice(&src[dk..2 * dk]);
+            mr[2 * key_dim + g * r * dv..2 * key_dim + (g + 1) * r * dv].copy_from_slice(&src[2 * dk..2 * dk + r * dv]);
+            z[t * nv * dv + g * r * dv..][..r * dv].copy_from_slice(&src[2 * dk + r * dv..]);
+            for j in 0..r {
+                let h = g * r + j;
+                let (b, a) = (ba[t * 2 * nv + g * 2 * r + j], ba[t * 2 * nv + g * 2 * r + r + j]);
+                beta[t * nv + h] = sigmoid(b);
+                decay[t * nv + h] = (-w.a_log[h].exp() * softplus(a + w.dt_bias[h])).exp();
+            }
+        }
+    }
+    // 2. Causal depthwise convolution with the ring of the previous `kk - 1` inputs, then SiLU.
+    let (heads_state, ring) = state.split_at_mut(nv * dk * dv);
+    let hist = kk.saturating_sub(1);
+    let mut conv = vec![0f32; n * channels];
+    for c in 0..channels {
+        let wc = &w.conv[c * kk..(c + 1) * kk];
+        // The input at time index `i` of the sequence ring ++ block.
+        let at = |i: usize| if i < hist { ring[i * channels + c] } else { mixed[(i - hist) * channels + c] };
+        for t in 0..n {
+            let acc: f32 = (0..kk).map(|k| wc[k] * at(t + k)).sum();
+            conv[t * channels + c] = silu(acc);
+        }
+    }
+    // The ring keeps the last `hist` inputs.
+    let total = hist + n;
+    let mut new_ring = vec![0f32; hist * channels];
+    for i in 0..hist {
+        let src = total - hist + i;
+        let row = if src < hist { &ring[src * channels..(src + 1) * channels] } else { &mixed[(src - hist) * channels..(src - hist + 1) * channels] };
+        new_ring[i * channels..(i + 1) * channels].copy_from_slice(row);
+    }
+    ring.copy_from_slice(&new_ring);
+    // 3. The gated delta rule, per value head, rows in order; then the gated RMSNorm.
+    let mut o = vec![0f32; n * nv * dv];
+    let mut per_head: Vec<Vec<f32>> = vec![Vec::new(); nv];
+    heads_state.par_chunks_mut(dk * dv).zip(per_head.par_iter_mut()).enumerate().for_each(|(h, (st, oh))| {
+        let kh = h / r;
+        let (mut q, mut k) = (vec![0f32; dk], vec![0f32; dk]);
+        let mut delta = vec![0f32; dv];
+        oh.resize(n * dv, 0.0);
+        let qscale = 1.0 / (dk as f32).sqrt();
+        for t in 0..n {
+            let row = &conv[t * channels..(t + 1) * channels];
+            q.copy_from_slice(&row[kh * dk..(kh + 1) * dk]);
+            k.copy_from_slice(&row[key_dim + kh * dk..key_dim + (kh + 1) * dk]);
+            let v = &row[2 * key_dim + h * dv..2 * key_dim + (h + 1) * dv];
+            l2norm(&mut q);
+            l2norm(&mut k);
+            q.iter_mut().for_each(|x| *x *= qscale);
+            let (gd, bt) = (decay[t * nv + h], beta[t * nv + h]);
+            st.iter_mut().for_each(|x| *x *= gd);
+            // delta = beta (v - S^T k)
+            delta.copy_from_slice(v);
+            for (d, &kd) in k.iter().enumerate() {
+                delta.iter_mut().zip(&st[d * dv..(d + 1) * dv]).for_each(|(a, &sv)| *a -= kd * sv);
+            }
+            delta.iter_mut().for_each(|a| *a *= bt);
+            // S += k delta^T; o = S^T q
+            let ot = &mut oh[t * dv..(t + 1) * dv];
+            ot.iter_mut().for_each(|a| *a = 0.0);
+            for (d, (&kd, &qd)) in k.iter().zip(&q).enumerate() {
+                let sr = &mut st[d * dv..(d + 1) * dv];
+                sr.iter_mut().zip(&delta).for_each(|(sv, &de)| *sv += kd * de);
+                ot.iter_mut().zip(sr.iter()).for_each(|(a, &sv)| *a += qd * sv);
+            }
+        }
+    });
+    for (h, oh) in per_head.iter().enumerate() {
+        for t in 0..n {
+            let src = &oh[t * dv..(t + 1) * dv];
+            let zt = &z[t * nv * dv + h * dv..][..dv];
+            let ms = src.iter().map(|v| v * v).sum::<f32>() / dv as f32;
+            let inv = 1.0 / (ms + eps).sqrt();
+            let dst = &mut o[t * nv * dv + h * dv..][..dv];
+            for e in 0..dv {
+                dst[e] = src[e] * inv * w.norm[e] * silu(zt[e]);
+            }
+        }
+    }
+    // 4. Output projection.
+    linear(&w.out, &o, n, out, precision);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coli_compiler::ir::LinearAttentionKind;
+    use crate::format::WeightFormat;
+
+    fn rnd(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 2000) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// A block of rows gives what the same rows give one at a time (the state carries exactly
+    /// what the block's rows pass along), in any chunking.
+    #[test]
+    fn chunked_blocks_equal_one_block() {
+        let spec = LinearAttentionSpec {
+            kind: LinearAttentionKind::GatedDeltaNet,
+            key_heads: 2,
+            value_heads: 4,
+            key_head_dim: 6,
+            value_head_dim: 5,
+            conv_kernel: 4,
+            weights: vec![],
+            norm_eps: 1e-6,
+        };
+        let hidden = 16;
+        let (nk, nv, dk, dv) = (2, 4, 6, 5);
+        let channels = 2 * nk * dk + nv * dv;
+        let qkvz = bytes(&rnd((2 * nk * dk + 2 * nv * dv) * hidden, 1));
+        let ba = bytes(&rnd(2 * nv * hidden, 2));
+        let out = bytes(&rnd(hidden * nv * dv, 3));
+        let conv = rnd(channels * 4, 4);
+        let (dt, al, nw) = (rnd(nv, 5), rnd(nv, 6), rnd(dv, 7));
+        let w = DeltaNetWeights {
+            qkvz: Matrix::new(WeightFormat::F32, 2 * nk * dk + 2 * nv * dv, hidden, &qkvz).unwrap(),
+            ba: Matrix::new(WeightFormat::F32, 2 * nv, hidden, &ba).unwrap(),
+            conv: &conv,
+            dt_bias: &dt,
+            a_log: &al,
+            norm: &nw,
+            out: Matrix::new(WeightFormat::F32, hidden, nv * dv, &out).unwrap(),
+        };
+        let n = 9;
+        let x = rnd(n * hidden, 8);
+        let run = |chunk: usize| {
+            let mut state = vec![0f32; spec.state_floats()];
+            let mut all = Vec::new();
+            for start in (0..n).step_by(chunk) {
+                let m = chunk.min(n - start);
+                let mut o = vec![0f32; m * hidden];
+                gated_deltanet(&spec, &w, &x[start * hidden..(start + m) * hidden], m, &mut state, 1e-6, Precision::Exact, &mut o);
+                all.extend(o);
+            }
+            (all, state)
+        };
+        let (want, want_state) = run(n);
+        for chunk in [1, 2, 4] {
+            let (got, st) = run(chunk);
+            let err = got.iter().zip(&want).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+            let serr = st.iter().zip(&want_state).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+            assert!(err < 1e-5 && serr < 1e-5, "chunk {chunk}: out {err}, state {serr}");
+        }
+    }
+}
