@@ -1,0 +1,240 @@
+"""The tiny fixtures of the mixers beyond plain attention (gpt-oss: sliding window with sinks;
+DeepSeek-V3: multi-head latent attention; Qwen3-Next: Gated DeltaNet), for make_fixtures.py:
+their configurations, the hooks that make their random weights well conditioned, and the tensor
+names save_pretrained must write. Imported by make_fixtures.py; not a script of its own.
+"""
+
+import math
+
+import torch
+
+MIXERS = {
+    # gpt-oss: alternating sliding (window 4) and full attention, sinks, attention biases,
+    # router with a bias, fused input-major experts with biases and the clamped SwiGLU,
+    # YaRN RoPE (the configuration's default: factor 32, truncate false).
+    "gpt_oss": dict(
+        cls="GptOssForCausalLM",
+        seed=6000,
+        fused=True,
+        config=dict(
+            vocab_size=288,
+            hidden_size=64,
+            intermediate_size=40,  # != hidden: gate_up_proj [6, 64, 80], down_proj [6, 40, 64]
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-5,
+            num_local_experts=6,
+            num_experts_per_tok=2,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            attention_bias=True,
+            tie_word_embeddings=False,
+            output_router_logits=False,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+        ),
+        note=(
+            "gpt-oss, 3 layers (sliding window 4, full, sliding window 4), sinks per head, q/k/v/o biases, "
+            "GQA 4/2, head_dim 16, YaRN RoPE (factor 32, original 4096, truncate false, theta 150000), "
+            "6 experts top-2 (router with bias, softmax over the top-2), fused input-major experts "
+            "gate_up_proj [6, 64, 80] (gate/up interleaved) and down_proj [6, 40, 64] with biases, "
+            "clamped SwiGLU (limit 7, alpha 1.702; gate_up gain 3 so that some values clamp)"
+        ),
+    ),
+    # DeepSeek-V3: MLA with a query LoRA, YaRN (mscale != mscale_all_dim, so both the
+    # attention factor and the softmax scale move), interleaved rope pairs; first layer dense;
+    # sigmoid router with a (random) correction bias, 4 groups of 2 experts, top-2 groups,
+    # top-2 experts, renormalised and scaled by 2.5; one shared expert.
+    "deepseek_v3": dict(
+        cls="DeepseekV3ForCausalLM",
+        seed=7000,
+        config=dict(
+            vocab_size=320,
+            hidden_size=64,
+            intermediate_size=96,
+            moe_intermediate_size=24,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=48,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=12,
+            n_routed_experts=8,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            first_k_dense_replace=1,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "mscale": 1.0, "mscale_all_dim": 0.707},
+            rope_interleave=True,
+            attention_bias=False,
+            tie_word_embeddings=False,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+        ),
+        note=(
+            "DeepSeek-V3, 3 layers (first dense, FFN 96), hidden 64, MLA with 4 heads, q_lora_rank 48, "
+            "kv_lora_rank 32, qk_nope 16, qk_rope 8 (interleaved pairs), v_head_dim 12, YaRN factor 4 "
+            "(original 64, mscale 1, mscale_all_dim 0.707), 8 routed experts (FFN 24) in 4 groups, top-2 groups, "
+            "top-2 experts, sigmoid scores with a random e_score_correction_bias, renormalised, x2.5, "
+            "1 shared expert"
+        ),
+    ),
+    # Qwen3-Next: Gated DeltaNet layers (2 key heads, 4 value heads, conv 4) and gated full
+    # attention (partial RoPE 0.25 of head_dim 32, per-head q/k norm) by layer_types; one dense
+    # layer (mlp_only_layers); MoE with a sigmoid-gated shared expert.
+    "qwen3_next": dict(
+        cls="Qwen3NextForCausalLM",
+        seed=8000,
+        config=dict(
+            vocab_size=352,
+            hidden_size=64,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            num_hidden_layers=4,
+            layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            partial_rotary_factor=0.25,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=12,
+            linear_conv_kernel_dim=4,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+            tie_word_embeddings=False,
+            attention_bias=False,
+            output_router_logits=False,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+        ),
+        note=(
+            "Qwen3-Next, 4 layers (Gated DeltaNet, DeltaNet with a dense FFN 96, gated attention, DeltaNet), "
+            "hidden 64; DeltaNet 2 key heads x 16, 4 value heads x 12, conv kernel 4, A in [0.05, 1]; "
+            "attention 4 q / 2 kv heads, head_dim 32, partial RoPE 8 of 32 (theta 1e4), q/k RMSNorm per head, "
+            "sigmoid output gate; 8 experts (FFN 32) top-2 renormalised plus a shared expert (FFN 48) with a "
+            "sigmoid gate; zero-centred RMSNorms (1 + w, w drawn in [-0.3, 0.3])"
+        ),
+    ),
+}
+
+
+@torch.no_grad()
+def gpt_oss_probe(model, ids):
+    """How often the clamped SwiGLU clamps, over the routed (token, expert) pairs of a forward."""
+    counts = {"gate_above_limit": 0, "up_outside_limit": 0, "values": 0}
+
+    def hook(mod, inp, _out):
+        x, idx = inp[0], inp[1]
+        for t in range(x.shape[0]):
+            for e in idx[t].tolist():
+                gu = x[t] @ mod.gate_up_proj[e] + mod.gate_up_proj_bias[e]
+                gate, up = gu[::2], gu[1::2]
+                counts["gate_above_limit"] += int((gate > mod.limit).sum())
+                counts["up_outside_limit"] += int((up.abs() > mod.limit).sum())
+                counts["values"] += gate.numel()
+
+    hs = [layer.mlp.experts.register_forward_hook(hook) for layer in model.model.layers]
+    model(input_ids=torch.tensor([ids]))
+    for h in hs:
+        h.remove()
+    return {"clamp_note": "routed gate values above the limit / up values outside [-limit, limit] / all routed gate values, over a no-cache forward of prompt + greedy[:-1]", "clamp_counts": counts}
+
+
+MIXERS["gpt_oss"]["probe"] = gpt_oss_probe
+
+
+@torch.no_grad()
+def deepseek_post_init(model):
+    """A correction bias that changes choices (transformers initialises it to zeros)."""
+    for layer in model.model.layers:
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None and hasattr(gate, "e_score_correction_bias"):
+            gate.e_score_correction_bias.normal_(0.0, 0.1)
+
+
+def deepseek_router_gap(model, entries, top_k):
+    """The smallest margin of a routing decision as DeepSeek-V3 makes it: the topk_group-th
+    minus the next group score, and the k-th minus the (k+1)-th choice score in the kept groups."""
+    gap = math.inf
+    cfg = model.config
+    for layer, logits in entries:
+        bias = model.model.layers[layer].mlp.gate.e_score_correction_bias.float()
+        choice = logits.sigmoid() + bias
+        groups = choice.view(-1, cfg.n_group, cfg.n_routed_experts // cfg.n_group).topk(2, dim=-1)[0].sum(-1)
+        if cfg.topk_group < cfg.n_group:
+            g = groups.topk(cfg.topk_group + 1, dim=-1).values
+            gap = min(gap, float((g[:, -2] - g[:, -1]).min()))
+        keep = groups.topk(cfg.topk_group, dim=-1).indices
+        mask = torch.zeros_like(groups).scatter_(1, keep, 1).bool()
+        mask = mask.unsqueeze(-1).expand(-1, cfg.n_group, cfg.n_routed_experts // cfg.n_group).reshape(choice.shape)
+        v = choice.masked_fill(~mask, float("-inf")).topk(top_k + 1, dim=-1).values
+        gap = min(gap, float((v[:, top_k - 1] - v[:, top_k]).min()))
+    return gap
+
+
+MIXERS["deepseek_v3"]["post_init"] = deepseek_post_init
+
+
+@torch.no_grad()
+def qwen3_next_post_init(model):
+    """Zero-centred norms (x / rms * (1 + w)): draw w around 0, not around 1."""
+    for name, p in model.named_parameters():
+        if name.endswith("layernorm.weight") or name.endswith("_norm.weight") or name == "model.norm.weight":
+            p.uniform_(-0.3, 0.3)
+
+
+MIXERS["qwen3_next"]["post_init"] = qwen3_next_post_init
+MIXERS["deepseek_v3"]["router_gap"] = deepseek_router_gap
+
+
+def mixer_names(name, cfg, n_layers):
+    """The HF names save_pretrained must produce for these families."""
+    out = []
+    if name == "deepseek_v3":
+        for i in range(cfg["first_k_dense_replace"], n_layers):
+            out.append(f"model.layers.{i}.mlp.gate.e_score_correction_bias")
+            out.append(f"model.layers.{i}.mlp.shared_experts.gate_proj.weight")
+            for e in range(cfg["n_routed_experts"]):
+                for w in ("gate_proj", "up_proj", "down_proj"):
+                    out.append(f"model.layers.{i}.mlp.experts.{e}.{w}.weight")
+    if name == "qwen3_next":
+        for i, t in enumerate(cfg["layer_types"]):
+            if t == "linear_attention":
+                for w in ("in_proj_qkvz.weight", "in_proj_ba.weight", "conv1d.weight", "dt_bias", "A_log", "norm.weight", "out_proj.weight"):
+                    out.append(f"model.layers.{i}.linear_attn.{w}")
+            if i not in cfg["mlp_only_layers"]:
+                out.append(f"model.layers.{i}.mlp.shared_expert_gate.weight")
+                for e in range(cfg["num_experts"]):
+                    for w in ("gate_proj", "up_proj", "down_proj"):
+                        out.append(f"model.layers.{i}.mlp.experts.{e}.{w}.weight")
+    if name == "gpt_oss":
+        for i in range(n_layers):
+            out.append(f"model.layers.{i}.self_attn.sinks")
+            out.append(f"model.layers.{i}.mlp.router.bias")
+            for w in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"):
+                out.append(f"model.layers.{i}.mlp.experts.{w}")
+    return out
