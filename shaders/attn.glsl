@@ -2,19 +2,41 @@
 // keys and values, output, per-head sinks) and the push constants of one call. Row i of the
 // block is at position pos0 + i and sees positions lo(i)..=pos0 + i, lo = max(0, p + 1 - window)
 // with a window (window = 0: none). GQA: head h reads kv head h / (heads / kv_heads).
+// With `dyn` set, pos0 is params[0] (a recording replayed at every position) and the split
+// count and chunk follow from it as the host computes them (ops/attention.rs): attn_setup().
 // Must not: define main or workgroup sizes.
 
 layout(std430, binding = 0) readonly buffer Q { float qv[]; };
 layout(std430, binding = 1) readonly buffer K { float kv[]; };
 layout(std430, binding = 2) readonly buffer V { float vv[]; };
 layout(std430, binding = 3) readonly buffer SINK { float sinks[]; };
+layout(std430, binding = 7) readonly buffer PRM { uint params[]; };
 
 layout(push_constant) uniform PC {
     uint n; uint heads; uint kv_heads; uint head_dim;
     uint v_head_dim; uint pos0; uint window; uint has_sinks;
     float scale; uint q_off; uint k_off; uint v_off;
-    uint o_off; uint splits; uint chunk; uint pad;
+    uint o_off; uint splits; uint chunk; uint dyn;
 } pc;
+
+// As ops/attention.rs: positions per split at least MIN_CHUNK, at most MAX_SPLITS splits.
+#define MIN_CHUNK 64u
+#define MAX_SPLITS 32u
+uint g_pos0, g_splits, g_chunk;
+
+void attn_setup() {
+    if (pc.dyn == 0u) {
+        g_pos0 = pc.pos0;
+        g_splits = pc.splits;
+        g_chunk = pc.chunk;
+        return;
+    }
+    g_pos0 = params[0];
+    uint len = g_pos0 + pc.n;
+    uint span = pc.window != 0u ? min(pc.window, len) : len;
+    g_splits = clamp((span + MIN_CHUNK - 1u) / MIN_CHUNK, 1u, MAX_SPLITS);
+    g_chunk = (span + g_splits - 1u) / g_splits;
+}
 
 uint row_lo(uint p) { return (pc.window != 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u; }
 uint kv_head(uint h) { return h / (pc.heads / pc.kv_heads); }

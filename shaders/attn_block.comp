@@ -20,12 +20,13 @@ shared float alpha_s[BQ];
 
 void main() {
     uint h = gl_WorkGroupID.x, q0 = gl_WorkGroupID.y * BQ, tid = gl_LocalInvocationID.x;
+    attn_setup();
     uint qi = tid / BK, kj = tid % BK;
     uint kh = kv_head(h);
     uint last = min(q0 + BQ, pc.n) - 1u;
-    uint j_lo = row_lo(pc.pos0 + q0), j_hi = pc.pos0 + last;
+    uint j_lo = row_lo(g_pos0 + q0), j_hi = g_pos0 + last;
     bool row_ok = q0 + qi < pc.n;
-    uint p = pc.pos0 + q0 + qi, lo = row_lo(p);
+    uint p = g_pos0 + q0 + qi, lo = row_lo(p);
     float m = NEG_INF, l = 0.0;
     float o[MAX_D / BK];
     for (uint i = 0u; i < MAX_D / BK; i++) o[i] = 0.0;

@@ -14,13 +14,14 @@ layout(std430, binding = 6) writeonly buffer OUT { float outv[]; };
 
 void main() {
     uint h = gl_WorkGroupID.x, row = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
-    uint base = (row * pc.heads + h) * pc.splits;
+    attn_setup();
+    uint base = (row * pc.heads + h) * g_splits;
     float m = NEG_INF;
-    for (uint s = 0u; s < pc.splits; s++) m = max(m, part_ml[base + s].x);
+    for (uint s = 0u; s < g_splits; s++) m = max(m, part_ml[base + s].x);
     float sink = pc.has_sinks != 0u ? sinks[h] : NEG_INF;
     m = max(m, sink);
     float l = 0.0;
-    for (uint s = 0u; s < pc.splits; s++) {
+    for (uint s = 0u; s < g_splits; s++) {
         vec2 ml = part_ml[base + s];
         if (ml.y > 0.0) l += ml.y * exp(ml.x - m);
     }
@@ -28,7 +29,7 @@ void main() {
     float inv = 1.0 / l;
     for (uint d = tid; d < pc.v_head_dim; d += 64u) {
         float acc = 0.0;
-        for (uint s = 0u; s < pc.splits; s++) {
+        for (uint s = 0u; s < g_splits; s++) {
             vec2 ml = part_ml[base + s];
             if (ml.y > 0.0) acc += part_o[(base + s) * pc.v_head_dim + d] * exp(ml.x - m);
         }

@@ -21,9 +21,11 @@ shared float red[64];
 
 void main() {
     uint h = gl_WorkGroupID.x, row = gl_WorkGroupID.y, sp = gl_WorkGroupID.z, tid = gl_LocalInvocationID.x;
-    uint p = pc.pos0 + row, lo = row_lo(p);
-    uint j_begin = lo + sp * pc.chunk;
-    uint j_end = min(j_begin + pc.chunk, p + 1u);
+    attn_setup();
+    if (sp >= g_splits) return;
+    uint p = g_pos0 + row, lo = row_lo(p);
+    uint j_begin = lo + sp * g_chunk;
+    uint j_end = min(j_begin + g_chunk, p + 1u);
     uint kh = kv_head(h);
     for (uint d = tid; d < pc.head_dim; d += 64u) q_s[d] = qv[q_at(row, h) + d];
     barrier();
@@ -60,7 +62,7 @@ void main() {
         m = m_new;
         barrier();
     }
-    uint slot = (row * pc.heads + h) * pc.splits + sp;
+    uint slot = (row * pc.heads + h) * g_splits + sp;
     if (tid == 0u) part_ml[slot] = vec2(m, l);
     for (uint i = 0u; i * 64u + tid < pc.v_head_dim; i++) part_o[slot * pc.v_head_dim + i * 64u + tid] = o[i];
 }

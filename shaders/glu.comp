@@ -6,6 +6,7 @@
 // Must not: read `up` for the plain kinds.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
+#include "act.glsl"
 
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer G { float gv[]; };
@@ -17,21 +18,6 @@ layout(push_constant) uniform PC {
 } pc;
 
 // kinds: 0 SwiGLU, 1 GeGLU, 2 clamped SwiGLU, 10 SiLU, 11 sigmoid, 12 ReLU, 13 GELU, 14 GELU tanh
-float sigmoid(float x) { return 1.0 / (1.0 + exp(-x)); }
-float silu(float x) { return x / (1.0 + exp(-x)); }
-float erf_cf(float xf) {
-    float x = abs(xf);
-    float t = 1.0 / (1.0 + 0.5 * x);
-    float y = 1.0 - t * exp(-x * x - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418
-        + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))));
-    return xf >= 0.0 ? y : -y;
-}
-float gelu(float x) { return 0.5 * x * (1.0 + erf_cf(x / 1.41421356237309515)); }
-float gelu_tanh(float x) {
-    float c = 0.797884560802865406;
-    return 0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x * x * x)));
-}
-
 void main() {
     uint i = gl_GlobalInvocationID.x;
     if (i >= pc.count) return;

@@ -4,7 +4,9 @@
 // BK-wide step it decodes its weight rows into shared memory once (dequant), stages the
 // activation rows beside them (the q8 values the CPU multiplies, for integer formats) and
 // runs a TO x TR block per invocation. Each step sums into a fresh partial that is then added
-// to the accumulator (blocked summation keeps the error at the GEMV's level).
+// to the accumulator (blocked summation keeps the error at the GEMV's level). Fused
+// (fuse_in.glsl): an RMSNorm or gated unit on float activations as they are staged (each
+// workgroup computes its rows' norms first), and a residual added to the output.
 // Must not: read weights or activations outside the matrix (edges are masked to zero).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -26,6 +28,8 @@ layout(std430, binding = 5) writeonly buffer OUT { float outv[]; };
 layout(push_constant) uniform PC {
     uint rows; uint cols; uint qs; uint ss;
     uint x_off; uint out_off; uint out_stride; uint n;
+    uint in_mode; uint aux_off; float p0; float p1;
+    uint res_on; uint res_off; uint pad0; uint pad1;
 } pc;
 
 #define QS pc.qs
@@ -33,6 +37,9 @@ layout(push_constant) uniform PC {
 #define COLS pc.cols
 #define XF_OFF(xr) (pc.x_off + (xr) * pc.cols)
 #define XQ_BLK(xr) ((xr) * (pc.cols >> 5))
+shared float inv_s[BR];
+#define ROW_INV(xr) inv_s[(xr) - gl_WorkGroupID.y * BR]
+#include "fuse_in.glsl"
 #include "wformat.glsl"
 
 float xval(uint xr, uint k) {
@@ -47,11 +54,33 @@ float xval(uint xr, uint k) {
 
 shared float ws_t[BK][BO + 1];
 shared float xs_t[BK][BR + 1];
+shared float ss_s[256];
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint o0 = gl_WorkGroupID.x * BO, r0 = gl_WorkGroupID.y * BR;
     uint to = tid % (BO / TO), tr = tid / (BO / TO);
+#ifdef FLOAT_ACTS
+    if (pc.in_mode == 1u) {
+        // 8 invocations a row: partial sums of squares, then one joins them.
+        uint r = tid / 8u, j = tid % 8u;
+        float ss = 0.0;
+        if (r0 + r < pc.n) {
+            for (uint k = j; k < pc.cols; k += 8u) {
+                float v = xf[XF_OFF(r0 + r) + k];
+                ss += v * v;
+            }
+        }
+        ss_s[tid] = ss;
+        barrier();
+        if (j == 0u) {
+            float t = 0.0;
+            for (uint i = 0u; i < 8u; i++) t += ss_s[tid + i];
+            inv_s[r] = 1.0 / sqrt(t / float(pc.cols) + pc.p0);
+        }
+        barrier();
+    }
+#endif
     float acc[TO][TR];
     for (uint i = 0u; i < TO; i++) for (uint j = 0u; j < TR; j++) acc[i][j] = 0.0;
     for (uint k0 = 0u; k0 < pc.cols; k0 += BK) {
@@ -80,7 +109,7 @@ void main() {
         if (o >= pc.rows) continue;
         for (uint j = 0u; j < TR; j++) {
             uint r = r0 + tr * TR + j;
-            if (r < pc.n) outv[pc.out_off + r * pc.out_stride + o] = acc[i][j];
+            if (r < pc.n) outv[pc.out_off + r * pc.out_stride + o] = with_residual(r, o, acc[i][j]);
         }
     }
 }

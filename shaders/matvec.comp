@@ -2,7 +2,9 @@
 // matvec.comp: decode GEMV, out[xr][row] = sum_k W[row][k] * x[xr][k] for one (or a few)
 // activation rows; one subgroup per weight row, each lane taking the row's units (16-byte
 // loads) in turn, joined by a subgroup sum. Workgroups stride over rows, so any subgroup size
-// the driver picks is correct. Activation row xr = gl_WorkGroupID.y.
+// the driver picks is correct. Activation row xr = gl_WorkGroupID.y. Fused (fuse_in.glsl): an
+// RMSNorm or gated unit on the float input (each subgroup computes the row's norm itself, no
+// workgroup barrier), and a residual added to the output.
 // Must not: assume a subgroup size, or read activations past the row (tails are masked).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -18,7 +20,9 @@ layout(std430, binding = 5) writeonly buffer OUT { float outv[]; };
 
 layout(push_constant) uniform PC {
     uint rows; uint cols; uint qs; uint ss;
-    uint x_off; uint out_off; uint out_stride; uint pad;
+    uint x_off; uint out_off; uint out_stride; uint n;
+    uint in_mode; uint aux_off; float p0; float p1;
+    uint res_on; uint res_off; uint pad0; uint pad1;
 } pc;
 
 #define QS pc.qs
@@ -26,18 +30,24 @@ layout(push_constant) uniform PC {
 #define COLS pc.cols
 #define XF_OFF(xr) (pc.x_off + (xr) * pc.cols)
 #define XQ_BLK(xr) ((xr) * (pc.cols >> 5))
+float g_inv = 1.0;
+#define ROW_INV(xr) g_inv
+#include "fuse_in.glsl"
 #include "wformat.glsl"
 
 void main() {
     uint xr = gl_WorkGroupID.y;
     uint units = units_per_row();
     uint step = gl_NumWorkGroups.x * gl_NumSubgroups;
+#ifdef FLOAT_ACTS
+    if (pc.in_mode == 1u) g_inv = 1.0 / sqrt(row_ss_subgroup(xr) / float(pc.cols) + pc.p0);
+#endif
     for (uint row = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID; row < pc.rows; row += step) {
         float acc = 0.0;
         for (uint u = gl_SubgroupInvocationID; u < units; u += gl_SubgroupSize) {
             acc += unit_dot(row, u, xr);
         }
         acc = subgroupAdd(acc);
-        if (subgroupElect()) outv[pc.out_off + xr * pc.out_stride + row] = row_finish(row, acc);
+        if (subgroupElect()) outv[pc.out_off + xr * pc.out_stride + row] = with_residual(xr, row, row_finish(row, acc));
     }
 }

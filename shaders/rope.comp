@@ -3,7 +3,8 @@
 // head of each row; row i is at position pos0 + i. Pairs are (i, i + half) (rotate-half) or
 // (2i, 2i + 1) (interleaved). The inverse frequencies come from the host (the CPU's table,
 // scaling included); angles are pos * freq in f32 as on the CPU, sin/cos from sincos_rr.
-// One invocation per (pair, head, row).
+// One invocation per (pair, head, row). pos0 comes from the push constants, or from params[0]
+// when `dyn` is set (a recording replayed at every position).
 // Must not: touch columns past rotary_dim of a head, or past heads * head_dim of a row.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -11,10 +12,11 @@
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) buffer X { float xv[]; };
 layout(std430, binding = 1) readonly buffer F { float freq[]; };
+layout(std430, binding = 2) readonly buffer PRM { uint params[]; };
 layout(push_constant) uniform PC {
     uint n; uint width; uint heads; uint head_dim;
     uint half_; uint interleaved; uint pos0; float mscale;
-    uint x_off; uint pad0; uint pad1; uint pad2;
+    uint x_off; uint dyn; uint pad1; uint pad2;
 } pc;
 
 void main() {
@@ -22,7 +24,8 @@ void main() {
     uint total = pc.n * pc.heads * pc.half_;
     if (id >= total) return;
     uint i = id % pc.half_, h = (id / pc.half_) % pc.heads, r = id / (pc.half_ * pc.heads);
-    float angle = float(pc.pos0 + r) * freq[i];
+    uint pos0 = pc.dyn != 0u ? params[0] : pc.pos0;
+    float angle = float(pos0 + r) * freq[i];
     float s, c;
     sincos_rr(angle, s, c);
     c *= pc.mscale;

@@ -9,7 +9,7 @@
 // quantize_q8.comp). dequant(row, k) is element k, as the CPU's dequant_row computes it.
 // The including shader declares wq, ws (and xf / xq, xd for activations) and defines QS, SS,
 // COLS, XF_OFF (float activations: index of the row's first element) and XQ_BLK (q8
-// activations: index of the row's first 32-block).
+// activations: index of the row's first 32-block), and optionally XLOAD (see xat).
 // Must not: declare bindings, or depend on the workgroup shape.
 
 #if defined(FMT_F32) || defined(FMT_F16) || defined(FMT_BF16) || defined(FMT_I8ROW_F)
@@ -30,7 +30,12 @@ float f16_at(uint base, uint i) {
 uint wbyte(uint qbase, uint b) { return (wq[qbase + (b >> 4)][(b >> 2) & 3u] >> (8u * (b & 3u))) & 0xffu; }
 
 #ifdef FLOAT_ACTS
-float xat(uint xr, uint k) { return k < COLS ? xf[XF_OFF(xr) + k] : 0.0; }
+// XLOAD(xr, k): the including shader may transform activations as they are read (a fused
+// RMSNorm or gated unit); by default element k of activation row xr.
+#ifndef XLOAD
+#define XLOAD(xr, k) xf[XF_OFF(xr) + (k)]
+#endif
+float xat(uint xr, uint k) { return k < COLS ? XLOAD(xr, k) : 0.0; }
 #else
 uvec4 xq16(uint blk, uint half_) { return xq[2u * blk + half_]; }
 #endif

@@ -3,7 +3,9 @@
 //! (`DeviceBuffer`, viewed as `View`s of f32/u32 elements) are sub-allocations that free
 //! themselves on drop; `write`/`read` go through a mapping where the memory is mapped and
 //! through staging copies where it is not. Submission counts submits (fault injection) and
-//! turns a lost device into a sticky `VkError::DeviceLost`.
+//! turns a lost device into a sticky `VkError::DeviceLost`. The context keeps frames' spare
+//! recording resources (`trim` releases them), the host time spent recording and waiting, and,
+//! when profiling, the device time of every kernel.
 //!
 //! Must not: know about ops or tensors beyond bytes (ops.rs and layout.rs do).
 
@@ -11,7 +13,7 @@ use super::arena::{Allocation, Allocator, MemoryStats};
 use super::command::Commands;
 use super::device::{self, Device, DeviceCaps};
 use super::error::{Result, VkError, VkResultExt};
-use super::frame::Frame;
+use super::frame::{Frame, FrameRes};
 use super::instance::Instance;
 use super::memory::{place, MemoryProps, MemoryUse, Placement};
 use super::options::{FaultInjection, VkOptions};
@@ -19,7 +21,9 @@ use super::pipeline::{Pipe, PipelineCache};
 use super::shaders::{FormatVariant, Kernel};
 use ash::vk;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 /// How long a submission may take before we call the device lost.
 const WAIT_NS: u64 = 120_000_000_000;
@@ -39,7 +43,15 @@ pub(crate) struct Shared {
     faults: FaultInjection,
     submits: AtomicU64,
     pub dispatches: AtomicU64,
+    /// Host nanoseconds spent recording frames (from the frame's start to its end).
+    pub record_ns: AtomicU64,
+    /// Host nanoseconds from submitting a frame to its fence.
+    pub wait_ns: AtomicU64,
     lost: AtomicBool,
+    /// Recording resources of ended frames, for the next ones.
+    spares: Mutex<Vec<FrameRes>>,
+    /// Per label (kernel and variant, or `copy`): commands timed and device nanoseconds.
+    profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
     // Destroyed last (in `drop`, under the lifecycle lock): everything above is made from it.
     pub inst: std::mem::ManuallyDrop<Instance>,
 }
@@ -65,16 +77,85 @@ impl Shared {
         unsafe { lock(&self.pipes).get(&self.dev.raw, &self.caps, kernel, variant) }
     }
 
-    /// Ends `cmds`, submits it and waits for its fence. A failure marks the device lost when
-    /// the driver says so (or the fault injection does).
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    pub fn profiling(&self) -> bool {
+        self.profile.is_some()
+    }
+
+    pub fn take_spare(&self) -> Option<FrameRes> {
+        lock(&self.spares).pop()
+    }
+
+    /// Keeps `res` for a later frame (at most `max` are kept; the rest are destroyed).
     ///
     /// # Safety
-    /// `cmds` must be recording, on this device, and reference only live objects.
+    /// Nothing recorded with `res` may be pending.
+    pub unsafe fn put_spare(&self, res: FrameRes, max: usize) {
+        let mut s = lock(&self.spares);
+        if s.len() < max {
+            s.push(res);
+        } else {
+            drop(s);
+            res.destroy(self);
+        }
+    }
+
+    /// Destroys the spare recording resources (their scratch memory goes back to the arenas).
+    pub fn drop_spares(&self) {
+        let spares = std::mem::take(&mut *lock(&self.spares));
+        for r in spares {
+            // SAFETY: spares are idle by construction (`put_spare`).
+            unsafe { r.destroy(self) };
+        }
+    }
+
+    /// Adds the device time between consecutive timestamps of a finished submission of `cmds`
+    /// to the profile, timestamp `i + 1` closing `labels[i]`.
+    pub fn note_stamps(&self, cmds: &Commands, labels: &[String]) {
+        let Some(profile) = &self.profile else { return };
+        let n = (labels.len() + 1).min(cmds.query_cap as usize);
+        if n < 2 {
+            return;
+        }
+        let mut t = vec![0u64; n];
+        // SAFETY: the queries were written by a submission that has finished (the caller waited).
+        let r = unsafe { self.dev.raw.get_query_pool_results(cmds.queries, 0, &mut t, vk::QueryResultFlags::TYPE_64) };
+        if r.is_err() {
+            return;
+        }
+        let period = self.caps.timestamp_period_ns as f64;
+        let mut p = lock(profile);
+        for i in 1..n {
+            let e = p.entry(labels[i - 1].clone()).or_insert((0, 0.0));
+            e.0 += 1;
+            e.1 += t[i].saturating_sub(t[i - 1]) as f64 * period;
+        }
+    }
+
+    /// Ends the recording of `cmds` with a barrier toward host reads.
+    ///
+    /// # Safety
+    /// `cmds` must be recording on this device.
+    pub unsafe fn end_commands(&self, cmds: &Commands) -> Result<()> {
+        let dev = &self.dev.raw;
+        cmds.barrier(dev, true);
+        dev.end_command_buffer(cmds.cmd).ctx("vkEndCommandBuffer")
+    }
+
+    /// Submits `cmds` and waits for its fence. A failure marks the device lost when the
+    /// driver says so (or the fault injection does).
+    ///
+    /// # Safety
+    /// `cmds` must be executable (ended), not pending, on this device, and reference only
+    /// live objects.
     pub unsafe fn submit_and_wait(&self, cmds: &Commands) -> Result<()> {
         self.check_alive()?;
         let dev = &self.dev.raw;
-        cmds.barrier(dev, true);
-        dev.end_command_buffer(cmds.cmd).ctx("vkEndCommandBuffer")?;
+        let t = Instant::now();
+        dev.reset_fences(&[cmds.fence]).ctx("vkResetFences")?;
         let n = self.submits.fetch_add(1, Ordering::AcqRel) + 1;
         if self.faults.fail_submit == Some(n) {
             self.lost.store(true, Ordering::Release);
@@ -87,11 +168,13 @@ impl Shared {
             dev.queue_submit(self.dev.queue, &si, cmds.fence)
         };
         r.map_err(|e| self.note("vkQueueSubmit", e))?;
-        match dev.wait_for_fences(&[cmds.fence], true, WAIT_NS) {
+        let r = match dev.wait_for_fences(&[cmds.fence], true, WAIT_NS) {
             Ok(()) => Ok(()),
             Err(vk::Result::TIMEOUT) => Err(self.note("vkWaitForFences", vk::Result::ERROR_DEVICE_LOST)),
             Err(e) => Err(self.note("vkWaitForFences", e)),
-        }
+        };
+        self.wait_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        r
     }
 
     fn note(&self, call: &'static str, r: vk::Result) -> VkError {
@@ -109,6 +192,7 @@ impl Drop for Shared {
         // idled before its children are destroyed.
         unsafe {
             let _ = self.dev.raw.device_wait_idle();
+            self.drop_spares();
             lock(&self.pipes).destroy(&self.dev.raw);
             lock(&self.mem).destroy_all(&self.dev.raw);
             self.dev.destroy();
@@ -162,7 +246,11 @@ impl Context {
                     faults: fault,
                     submits: AtomicU64::new(0),
                     dispatches: AtomicU64::new(0),
+                    record_ns: AtomicU64::new(0),
+                    wait_ns: AtomicU64::new(0),
                     lost: AtomicBool::new(false),
+                    spares: Mutex::new(Vec::new()),
+                    profile: opts.profile.then(|| Mutex::new(HashMap::new())),
                     inst: std::mem::ManuallyDrop::new(inst),
                 }),
             })
@@ -212,10 +300,28 @@ impl Context {
         Some((0..n).map(|i| (b.heap_budget[i], b.heap_usage[i])).collect())
     }
 
-    /// Releases empty blocks the arenas keep for reuse.
+    /// Releases the spare recording resources frames keep for reuse, then the empty blocks
+    /// the arenas keep.
     pub fn trim(&self) {
+        self.shared.drop_spares();
         // SAFETY: empty blocks hold no allocation, so no pending work uses them.
         unsafe { self.shared.mem().trim(&self.shared.dev.raw) }
+    }
+
+    /// Host seconds spent recording frames and waiting for submissions, since the start.
+    pub fn host_times(&self) -> (f64, f64) {
+        let s = &self.shared;
+        (s.record_ns.load(Ordering::Relaxed) as f64 * 1e-9, s.wait_ns.load(Ordering::Relaxed) as f64 * 1e-9)
+    }
+
+    /// With `VkOptions::profile`: per kernel (and variant; `copy` for copies), commands timed
+    /// and device seconds, largest first; and the profile starts over. Empty otherwise, or
+    /// where the queue has no timestamps.
+    pub fn take_profile(&self) -> Vec<(String, u64, f64)> {
+        let Some(p) = &self.shared.profile else { return Vec::new() };
+        let mut v: Vec<_> = std::mem::take(&mut *lock(p)).into_iter().map(|(k, (n, ns))| (k, n, ns * 1e-9)).collect();
+        v.sort_by(|a, b| b.2.total_cmp(&a.2));
+        v
     }
 
     /// Dispatches recorded so far (a test that work ran on the device reads this).
@@ -228,15 +334,18 @@ impl Context {
     }
 
     pub fn is_lost(&self) -> bool {
-        self.shared.lost.load(Ordering::Acquire)
+        self.shared.is_lost()
     }
 
     /// A buffer of `bytes` for `usage` (contents undefined).
     pub fn buffer(&self, usage: MemoryUse, bytes: usize) -> Result<DeviceBuffer> {
         self.shared.check_alive()?;
         // SAFETY: the allocator belongs to this device.
-        let alloc = unsafe { self.shared.mem().alloc(&self.shared.dev.raw, usage, bytes as u64)? };
-        Ok(DeviceBuffer { shared: self.shared.clone(), alloc, len: bytes })
+        let mut mem = self.shared.mem();
+        let alloc = unsafe { mem.alloc(&self.shared.dev.raw, usage, bytes as u64)? };
+        let handle = mem.buffer(&alloc);
+        drop(mem);
+        Ok(DeviceBuffer { inner: Arc::new(BufInner { shared: self.shared.clone(), alloc, handle, len: bytes }) })
     }
 
     /// A device buffer of `len` f32 (or u32) elements.
@@ -263,8 +372,8 @@ impl Context {
     }
 
     fn check_range(buf: &DeviceBuffer, offset: usize, len: usize) -> Result<()> {
-        if offset + len > buf.len {
-            return Err(VkError::BadArgument { op: "buffer access", msg: format!("bytes {offset}..{} of a {}-byte buffer", offset + len, buf.len) });
+        if offset + len > buf.len_bytes() {
+            return Err(VkError::BadArgument { op: "buffer access", msg: format!("bytes {offset}..{} of a {}-byte buffer", offset + len, buf.len_bytes()) });
         }
         Ok(())
     }
@@ -277,14 +386,14 @@ impl Context {
         if data.is_empty() {
             return Ok(());
         }
-        if let Some((ptr, coherent, _)) = self.shared.mem().mapping(&buf.alloc).filter(|m| m.1) {
+        if let Some((ptr, coherent, _)) = self.shared.mem().mapping(&buf.inner.alloc).filter(|m| m.1) {
             debug_assert!(coherent);
             // SAFETY: the range is inside this buffer's mapped allocation, which we own.
             unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr.add(offset), data.len()) };
             return Ok(());
         }
         let staging = self.buffer(MemoryUse::Upload, data.len())?;
-        let (ptr, _, _) = self.shared.mem().mapping(&staging.alloc).ok_or(VkError::NoMemoryType("mapped staging"))?;
+        let (ptr, _, _) = self.shared.mem().mapping(&staging.inner.alloc).ok_or(VkError::NoMemoryType("mapped staging"))?;
         // SAFETY: the staging allocation is ours, mapped and coherent (upload types are).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, data.len()) };
         let mut f = self.frame()?;
@@ -300,7 +409,7 @@ impl Context {
         if out.is_empty() {
             return Ok(());
         }
-        let direct = self.shared.mem().mapping(&buf.alloc);
+        let direct = self.shared.mem().mapping(&buf.inner.alloc);
         let (src, holder) = match direct {
             Some(m) => (m, None),
             None => {
@@ -308,7 +417,7 @@ impl Context {
                 let mut f = self.frame()?;
                 f.copy_bytes(buf, offset, &rb, 0, out.len())?;
                 f.run()?;
-                let m = self.shared.mem().mapping(&rb.alloc).ok_or(VkError::NoMemoryType("mapped read-back"))?;
+                let m = self.shared.mem().mapping(&rb.inner.alloc).ok_or(VkError::NoMemoryType("mapped read-back"))?;
                 (m, Some(rb))
             }
         };
@@ -328,7 +437,12 @@ impl Context {
 
     /// A frame: commands recorded into one command buffer, submitted by `Frame::run`.
     pub fn frame(&self) -> Result<Frame<'_>> {
-        Frame::new(self)
+        Frame::new(self, true)
+    }
+
+    /// A frame to record once and submit many times: `Frame::finish` gives the `Recorded`.
+    pub fn recording(&self) -> Result<Frame<'_>> {
+        Frame::new(self, false)
     }
 }
 
@@ -337,32 +451,39 @@ pub(crate) fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
-/// A sub-allocated device buffer; returns its range to the arena on drop.
+/// A sub-allocated device buffer; returns its range to the arena when it and every
+/// recording that binds it are gone.
 pub struct DeviceBuffer {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) inner: Arc<BufInner>,
+}
+
+/// The allocation behind a `DeviceBuffer` (shared with the recordings that bind it).
+pub(crate) struct BufInner {
+    shared: Arc<Shared>,
     pub(crate) alloc: Allocation,
+    handle: vk::Buffer,
     len: usize,
 }
 
 impl std::fmt::Debug for DeviceBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceBuffer({:?}, {} bytes)", self.alloc.usage, self.len)
+        write!(f, "DeviceBuffer({:?}, {} bytes)", self.inner.alloc.usage, self.inner.len)
     }
 }
 
 impl DeviceBuffer {
     /// Size in bytes.
     pub fn len_bytes(&self) -> usize {
-        self.len
+        self.inner.len
     }
 
     /// Size in 4-byte elements.
     pub fn len(&self) -> usize {
-        self.len / 4
+        self.inner.len / 4
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.inner.len == 0
     }
 
     /// Elements `offset..offset + len` (4-byte elements); checked when an op uses it.
@@ -377,15 +498,15 @@ impl DeviceBuffer {
 
     /// (buffer, byte offset, byte range) for a descriptor covering the whole allocation.
     pub(crate) fn binding(&self) -> (vk::Buffer, u64, u64) {
-        let b = self.shared.mem().buffer(&self.alloc);
-        (b, self.alloc.offset, self.alloc.size)
+        (self.inner.handle, self.inner.alloc.offset, self.inner.alloc.size)
     }
 }
 
-impl Drop for DeviceBuffer {
+impl Drop for BufInner {
     fn drop(&mut self) {
         // SAFETY: frames borrow the buffers they use and wait for their work before they end,
-        // so no pending work references this allocation.
+        // and recordings hold this allocation until they are dropped (after their last run
+        // finished), so no pending work references it.
         unsafe { self.shared.mem().free(&self.shared.dev.raw, self.alloc) };
     }
 }

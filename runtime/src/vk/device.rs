@@ -1,8 +1,8 @@
 //! Physical-device choice and capabilities, and the logical device with its queues.
 //! Choice: the device the user names, else discrete > integrated > virtual > CPU (Lavapipe).
 //! Capabilities queried: subgroup size (and size control), 16-bit storage, integer dot
-//! product, cooperative matrices, VK_EXT_memory_budget, buffer device address, a transfer-only
-//! queue family and a second compute queue. The op layer reads `DeviceCaps`; it never queries
+//! product, cooperative matrices, VK_EXT_memory_budget, push descriptors, timestamps, buffer
+//! device address, a transfer-only queue family and a second compute queue. The op layer reads `DeviceCaps`; it never queries
 //! Vulkan itself.
 //!
 //! Must not: allocate memory or create pipelines.
@@ -74,6 +74,11 @@ pub struct DeviceCaps {
     pub integer_dot_product: bool,
     pub cooperative_matrix: bool,
     pub memory_budget: bool,
+    /// `VK_KHR_push_descriptor`: frames push each dispatch's bindings into the command buffer
+    /// instead of allocating and writing a descriptor set.
+    pub push_descriptor: bool,
+    /// The compute queue writes timestamps (profiling).
+    pub timestamps: bool,
     pub buffer_device_address: bool,
     pub max_shared_memory: u32,
     pub max_workgroup_invocations: u32,
@@ -164,6 +169,8 @@ pub(crate) unsafe fn query_caps(inst: &Instance, pd: vk::PhysicalDevice, cand: &
             || has_ext(&exts, c"VK_KHR_shader_integer_dot_product"),
         cooperative_matrix: has_ext(&exts, c"VK_KHR_cooperative_matrix"),
         memory_budget: has_ext(&exts, c"VK_EXT_memory_budget"),
+        push_descriptor: has_ext(&exts, c"VK_KHR_push_descriptor"),
+        timestamps: families[compute_family as usize].timestamp_valid_bits > 0 && p.limits.timestamp_period > 0.0,
         buffer_device_address: f12.buffer_device_address != 0,
         max_shared_memory: p.limits.max_compute_shared_memory_size,
         max_workgroup_invocations: p.limits.max_compute_work_group_invocations,
@@ -182,11 +189,14 @@ pub(crate) unsafe fn query_caps(inst: &Instance, pd: vk::PhysicalDevice, cand: &
 pub(crate) struct Device {
     pub raw: ash::Device,
     pub queue: vk::Queue,
+    /// `VK_KHR_push_descriptor`'s entry points, where the device has it.
+    pub push: Option<ash::khr::push_descriptor::Device>,
 }
 
 impl Device {
     /// Creates the logical device with one compute queue, enabling the features the shaders
-    /// may use where the device has them (subgroup size control, memory budget).
+    /// may use where the device has them (subgroup size control, memory budget, push
+    /// descriptors).
     ///
     /// # Safety
     /// `pd` must come from `inst`; the returned device must be destroyed (`destroy`) before
@@ -198,6 +208,9 @@ impl Device {
         if caps.memory_budget {
             exts.push(c"VK_EXT_memory_budget".as_ptr());
         }
+        if caps.push_descriptor {
+            exts.push(c"VK_KHR_push_descriptor".as_ptr());
+        }
         let mut f13 = vk::PhysicalDeviceVulkan13Features::default();
         if caps.subgroup_size_control {
             f13 = f13.subgroup_size_control(true).compute_full_subgroups(true);
@@ -208,7 +221,8 @@ impl Device {
         }
         let raw = inst.raw.create_device(pd, &ci, None).ctx("vkCreateDevice")?;
         let queue = raw.get_device_queue(caps.compute_family, 0);
-        Ok(Device { raw, queue })
+        let push = caps.push_descriptor.then(|| ash::khr::push_descriptor::Device::new(&inst.raw, &raw));
+        Ok(Device { raw, queue, push })
     }
 
     /// # Safety

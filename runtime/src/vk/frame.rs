@@ -1,79 +1,236 @@
-//! A frame: a run of kernels recorded into one command buffer and submitted once. Ops
-//! (ops/*.rs) record dispatches here; each dispatch takes a descriptor set of whole-buffer
-//! bindings and 64 bytes of push constants. A memory barrier goes in only before a command
-//! that touches a range an earlier command since the last barrier wrote (read after write,
-//! write after write) or that it writes a range read since then (write after read), so
-//! independent kernels (q, k and v projections; a quantization beside an unrelated GEMV) run
-//! without one between them. Scratch buffers an
-//! op needs (quantized activations, attention partials) live until the frame ends. A frame
-//! borrows every buffer it records (`'a`), so none can be freed while its work is pending.
+//! A frame: a run of kernels recorded into one command buffer and submitted once (`run`), or
+//! recorded once and submitted as often as wanted (`Context::recording`, `finish`, then
+//! `Recorded::run`). Ops (ops/*.rs) record dispatches here; each dispatch binds whole-buffer
+//! ranges (pushed into the command buffer where the device has `VK_KHR_push_descriptor`, else
+//! a descriptor set from the frame's pools) and 64 bytes of push constants. A memory barrier
+//! goes in only before a command that touches a range an earlier command since the last
+//! barrier wrote (read after write, write after write) or that it writes a range read since
+//! then (write after read), so independent kernels (q, k and v projections; a quantization
+//! beside an unrelated GEMV) run without one between them.
+//!
+//! Recording resources (command pool, fence, descriptor pools, a scratch arena for the
+//! quantized activations and attention partials ops need) come from the context's spares and
+//! go back to them when the frame ends, so a warm forward creates no Vulkan objects and
+//! allocates no device memory. A frame borrows every buffer it records (`'a`), so none can be
+//! freed while its work is pending; a recording also keeps them alive while it exists.
 //!
 //! Must not: validate op arguments (the op layer does before it records).
 
+use super::arena::Allocation;
 use super::command::Commands;
-use super::context::{Context, DeviceBuffer, View};
+use super::context::{BufInner, Context, DeviceBuffer, Shared, View};
 use super::error::{Result, VkError};
 use super::memory::MemoryUse;
 use super::shaders::{FormatVariant, Kernel};
 use ash::vk;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
 
 /// Push constants: 16 words; floats go in as their bits.
 pub(crate) type Push = [u32; 16];
 
-/// What a binding slot of a dispatch reads: a whole buffer's range (ops pass element
-/// offsets in push constants), or nothing (a dummy the shader never reads). Resolved when the
-/// op builds it, so scratch buffers of the frame can be bound while the frame records.
+/// The most storage-buffer bindings a kernel declares.
+const MAX_BINDINGS: usize = 12;
+/// Scratch ranges are aligned to this many bytes (at least any device's storage-offset rule).
+const SCRATCH_ALIGN: u64 = 256;
+/// Smallest scratch arena.
+const MIN_ARENA: u64 = 64 << 10;
+/// Spare recording resources a context keeps.
+const MAX_SPARES: usize = 8;
+
+type Range = (vk::Buffer, u64, u64);
+
+/// What a binding slot of a dispatch reads: a buffer's whole range (ops pass element offsets
+/// in push constants), a frame scratch range, or nothing (a dummy the shader never reads).
 #[derive(Clone, Copy)]
-pub(crate) struct Bind(Option<(vk::Buffer, u64, u64)>);
+pub(crate) struct Bind<'b> {
+    range: Option<Range>,
+    owner: Option<&'b DeviceBuffer>,
+}
 
-impl Bind {
-    pub const UNUSED: Bind = Bind(None);
+impl<'b> Bind<'b> {
+    pub const UNUSED: Bind<'static> = Bind { range: None, owner: None };
 
-    pub fn buf(b: &DeviceBuffer) -> Bind {
-        Bind(Some(b.binding()))
+    pub fn buf(b: &'b DeviceBuffer) -> Bind<'b> {
+        Bind { range: Some(b.binding()), owner: Some(b) }
+    }
+
+    /// A range the frame owns (scratch).
+    pub(crate) fn raw(r: Range) -> Bind<'b> {
+        Bind { range: Some(r), owner: None }
     }
 }
 
 /// Byte ranges touched since the last barrier: (buffer, start, end).
 #[derive(Default)]
 struct Hazards {
-    written: Vec<(vk::Buffer, u64, u64)>,
-    read: Vec<(vk::Buffer, u64, u64)>,
+    written: Vec<Range>,
+    read: Vec<Range>,
 }
 
-fn overlaps(set: &[(vk::Buffer, u64, u64)], r: (vk::Buffer, u64, u64)) -> bool {
+fn overlaps(set: &[Range], r: Range) -> bool {
     set.iter().any(|&(b, s, e)| b == r.0 && s < r.2 && r.1 < e)
 }
 
 impl Hazards {
     /// Whether a command reading `reads` and writing `writes` must wait for earlier ones.
-    fn conflicts(&self, reads: &[(vk::Buffer, u64, u64)], writes: &[(vk::Buffer, u64, u64)]) -> bool {
+    fn conflicts(&self, reads: &[Range], writes: &[Range]) -> bool {
         reads.iter().any(|&r| overlaps(&self.written, r)) || writes.iter().any(|&w| overlaps(&self.written, w) || overlaps(&self.read, w))
     }
 
-    fn note(&mut self, reads: &[(vk::Buffer, u64, u64)], writes: &[(vk::Buffer, u64, u64)]) {
+    fn note(&mut self, reads: &[Range], writes: &[Range]) {
         self.read.extend_from_slice(reads);
         self.written.extend_from_slice(writes);
     }
+
+    fn clear(&mut self) {
+        self.read.clear();
+        self.written.clear();
+    }
+}
+
+/// A device allocation a frame owns directly (scratch), outside `DeviceBuffer`.
+pub(crate) struct Raw {
+    alloc: Allocation,
+    handle: vk::Buffer,
+}
+
+/// The reusable resources of a frame: commands, and the scratch arena with the overflow
+/// allocations made when a recording outgrew it (folded into one arena at the next reuse).
+pub(crate) struct FrameRes {
+    cmds: Commands,
+    arena: Option<Raw>,
+    extra: Vec<Raw>,
+    /// Scratch bytes the last recording wanted.
+    want: u64,
+    /// Timestamp queries the last recording wanted.
+    want_queries: u32,
+}
+
+impl FrameRes {
+    /// # Safety
+    /// Nothing recorded with these resources may be pending.
+    pub(crate) unsafe fn destroy(mut self, shared: &Shared) {
+        let dev = &shared.dev.raw;
+        self.cmds.destroy(dev);
+        let mut mem = shared.mem();
+        for r in self.arena.take().into_iter().chain(self.extra.drain(..)) {
+            mem.free(dev, r.alloc);
+        }
+    }
+}
+
+/// Where a recording stands, for what its resources may do when it ends.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pending {
+    /// Not submitted, or its last submission waited for: reusable.
+    Idle,
+    /// Submitted and not known to be finished.
+    Maybe,
+}
+
+/// Profiling of one recording: what each timestamp after the first closes.
+#[derive(Default)]
+struct Stamps {
+    labels: Vec<String>,
 }
 
 pub struct Frame<'a> {
     pub(crate) ctx: &'a Context,
-    cmds: Commands,
+    res: Option<FrameRes>,
     hazards: Hazards,
     barriers: u64,
-    scratch: Vec<DeviceBuffer>,
-    dummy: Option<DeviceBuffer>,
     dispatches: u64,
+    /// Next free byte of the scratch arena.
+    bump: u64,
+    /// Scratch bytes asked for (arena and overflow).
+    asked: u64,
+    scratch: Vec<Range>,
+    dummy: Option<Range>,
+    /// Keep every recorded buffer alive (a recording that outlives the borrow).
+    retain: bool,
+    keep: Vec<Arc<BufInner>>,
+    stamps: Option<Stamps>,
+    pending: Pending,
+    started: Instant,
+    last_pipeline: vk::Pipeline,
 }
 
 impl<'a> Frame<'a> {
-    pub(crate) fn new(ctx: &'a Context) -> Result<Frame<'a>> {
-        ctx.shared.check_alive()?;
-        // SAFETY: the device is live (the context holds it).
-        let cmds = unsafe { Commands::new(&ctx.shared.dev.raw, ctx.shared.caps.compute_family)? };
-        Ok(Frame { ctx, cmds, hazards: Hazards::default(), barriers: 0, scratch: Vec::new(), dummy: None, dispatches: 0 })
+    pub(crate) fn new(ctx: &'a Context, once: bool) -> Result<Frame<'a>> {
+        let shared = &ctx.shared;
+        shared.check_alive()?;
+        let started = Instant::now();
+        let dev = &shared.dev.raw;
+        let mut res = match shared.take_spare() {
+            Some(r) => r,
+            // SAFETY: the device is live (the context holds it); destroyed through FrameRes.
+            None => FrameRes { cmds: unsafe { Commands::new(dev, shared.caps.compute_family)? }, arena: None, extra: Vec::new(), want: 0, want_queries: 0 },
+        };
+        let prepared = (|| {
+            // Fold the last recording's overflow into one arena big enough for it.
+            let need = res.want.max(MIN_ARENA).next_power_of_two();
+            let small = res.arena.as_ref().is_none_or(|a| a.alloc.size < need);
+            if !res.extra.is_empty() || small {
+                let mut mem = shared.mem();
+                for r in res.extra.drain(..) {
+                    // SAFETY: the resources were idle when they went back to the spares.
+                    unsafe { mem.free(dev, r.alloc) };
+                }
+                if small {
+                    if let Some(a) = res.arena.take() {
+                        // SAFETY: as above.
+                        unsafe { mem.free(dev, a.alloc) };
+                    }
+                    // SAFETY: the allocator belongs to this device.
+                    let alloc = unsafe { mem.alloc(dev, MemoryUse::Device, need)? };
+                    res.arena = Some(Raw { handle: mem.buffer(&alloc), alloc });
+                }
+            }
+            let profile = shared.profiling() && shared.caps.timestamps;
+            // SAFETY: the resources are idle; the command buffer is not recording.
+            unsafe {
+                if profile {
+                    res.cmds.ensure_queries(dev, res.want_queries.max(1024))?;
+                }
+                res.cmds.begin(dev, once)?;
+                if profile {
+                    dev.cmd_reset_query_pool(res.cmds.cmd, res.cmds.queries, 0, res.cmds.query_cap);
+                    dev.cmd_write_timestamp(res.cmds.cmd, vk::PipelineStageFlags::TOP_OF_PIPE, res.cmds.queries, 0);
+                }
+            }
+            Ok::<bool, VkError>(profile)
+        })();
+        let profile = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                // SAFETY: nothing was submitted with these resources.
+                unsafe { res.destroy(shared) };
+                return Err(e);
+            }
+        };
+        Ok(Frame {
+            ctx,
+            res: Some(res),
+            hazards: Hazards::default(),
+            barriers: 0,
+            dispatches: 0,
+            bump: 0,
+            asked: 0,
+            scratch: Vec::new(),
+            dummy: None,
+            retain: !once,
+            keep: Vec::new(),
+            stamps: profile.then(Stamps::default),
+            pending: Pending::Idle,
+            started,
+            last_pipeline: vk::Pipeline::null(),
+        })
+    }
+
+    fn res(&mut self) -> &mut FrameRes {
+        self.res.as_mut().expect("a frame holds its resources until it ends")
     }
 
     /// Dispatches recorded in this frame.
@@ -88,78 +245,147 @@ impl<'a> Frame<'a> {
 
     /// Puts a barrier before a command that reads `reads` and writes `writes` when it
     /// depends on an earlier one, then notes its ranges.
-    fn order(&mut self, reads: &[(vk::Buffer, u64, u64)], writes: &[(vk::Buffer, u64, u64)]) {
+    fn order(&mut self, reads: &[Range], writes: &[Range]) {
         if self.hazards.conflicts(reads, writes) {
+            let dev = &self.ctx.shared.dev.raw;
             // SAFETY: the command buffer is recording.
-            unsafe { self.cmds.barrier(&self.ctx.shared.dev.raw, false) };
-            self.hazards = Hazards::default();
+            unsafe { self.res.as_ref().expect("recording").cmds.barrier(dev, false) };
+            self.hazards.clear();
             self.barriers += 1;
         }
         self.hazards.note(reads, writes);
     }
 
+    /// A device range of `bytes` that lives as long as the recording.
+    fn scratch_range(&mut self, bytes: u64) -> Result<Range> {
+        let bytes = bytes.max(4).div_ceil(SCRATCH_ALIGN) * SCRATCH_ALIGN;
+        self.asked += bytes;
+        let bump = self.bump;
+        let res = self.res();
+        if let Some(a) = res.arena.as_ref().filter(|a| bump + bytes <= a.alloc.size) {
+            let r = (a.handle, a.alloc.offset + bump, bytes);
+            self.bump += bytes;
+            return Ok(r);
+        }
+        let shared = &self.ctx.shared;
+        let mut mem = shared.mem();
+        // SAFETY: the allocator belongs to this device.
+        let alloc = unsafe { mem.alloc(&shared.dev.raw, MemoryUse::Device, bytes)? };
+        let handle = mem.buffer(&alloc);
+        drop(mem);
+        self.res().extra.push(Raw { alloc, handle });
+        Ok((handle, alloc.offset, alloc.size))
+    }
+
     /// A device buffer of `len` elements that lives until the frame ends; returns its index
     /// in the frame's scratch list.
     pub(crate) fn scratch(&mut self, len: usize) -> Result<usize> {
-        let b = self.ctx.buffer(MemoryUse::Device, len.max(1) * 4)?;
-        self.scratch.push(b);
+        let r = self.scratch_range(len.max(1) as u64 * 4)?;
+        self.scratch.push(r);
         Ok(self.scratch.len() - 1)
     }
 
     /// The binding of scratch buffer `i`.
-    pub(crate) fn scratch_bind(&self, i: usize) -> Bind {
-        Bind::buf(&self.scratch[i])
+    pub(crate) fn scratch_bind(&self, i: usize) -> Bind<'static> {
+        Bind::raw(self.scratch[i])
+    }
+
+    fn stamp(&mut self, label: impl FnOnce() -> String) {
+        let Some(st) = self.stamps.as_mut() else { return };
+        let res = self.res.as_ref().expect("recording");
+        let i = st.labels.len() as u32 + 1;
+        if i < res.cmds.query_cap {
+            // SAFETY: the command buffer is recording and the query was reset at its start.
+            unsafe { self.ctx.shared.dev.raw.cmd_write_timestamp(res.cmds.cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, res.cmds.queries, i) };
+        }
+        st.labels.push(label());
     }
 
     /// Records `kernel` over `groups` workgroups with `binds` in binding order.
-    pub(crate) fn dispatch(&mut self, kernel: Kernel, variant: Option<FormatVariant>, binds: &[Bind], push: &Push, groups: [u32; 3]) -> Result<()> {
+    pub(crate) fn dispatch(&mut self, kernel: Kernel, variant: Option<FormatVariant>, binds: &[Bind<'a>], push: &Push, groups: [u32; 3]) -> Result<()> {
         if groups.iter().any(|&g| g == 0) {
             return Ok(());
         }
         let pipe = self.ctx.shared.pipe(kernel, variant)?;
-        if self.dummy.is_none() {
-            self.dummy = Some(self.ctx.buffer(MemoryUse::Device, 16)?);
+        let n = pipe.bindings as usize;
+        if n > MAX_BINDINGS || binds.len() > n {
+            return Err(VkError::BadArgument { op: "dispatch", msg: format!("{kernel:?}: {} bindings for {n} slots", binds.len()) });
         }
-        let dummy = self.dummy.as_ref().unwrap().binding();
-        let written = kernel.written_bindings();
-        let (mut reads, mut writes) = (Vec::new(), Vec::new());
-        for (i, b) in binds.iter().enumerate() {
-            if let Some((buf, off, len)) = b.0 {
-                let range = (buf, off, off + len);
-                if written.contains(&(i as u32)) { writes.push(range) } else { reads.push(range) }
+        let dummy = match self.dummy {
+            Some(d) => d,
+            None => {
+                let d = self.scratch_range(16)?;
+                self.dummy = Some(d);
+                d
             }
+        };
+        let written = kernel.written_bindings();
+        let none = (vk::Buffer::null(), 0, 0);
+        let (mut reads, mut writes) = ([none; MAX_BINDINGS], [none; MAX_BINDINGS]);
+        let (mut nr, mut nw) = (0, 0);
+        let mut infos = [vk::DescriptorBufferInfo::default(); MAX_BINDINGS];
+        for (i, info) in infos.iter_mut().enumerate().take(n) {
+            let b = binds.get(i).copied().unwrap_or(Bind::UNUSED);
+            let r = match b.range {
+                Some(r) => {
+                    if written.contains(&(i as u32)) {
+                        writes[nw] = (r.0, r.1, r.1 + r.2);
+                        nw += 1;
+                    } else {
+                        reads[nr] = (r.0, r.1, r.1 + r.2);
+                        nr += 1;
+                    }
+                    if self.retain {
+                        if let Some(o) = b.owner {
+                            self.keep.push(o.inner.clone());
+                        }
+                    }
+                    r
+                }
+                None => dummy,
+            };
+            *info = vk::DescriptorBufferInfo::default().buffer(r.0).offset(r.1).range(r.2);
         }
-        self.order(&reads, &writes);
-        let infos: Vec<vk::DescriptorBufferInfo> = (0..pipe.bindings as usize)
-            .map(|i| {
-                let (buffer, offset, range) = binds.get(i).and_then(|b| b.0).unwrap_or(dummy);
-                vk::DescriptorBufferInfo::default().buffer(buffer).offset(offset).range(range)
-            })
-            .collect();
-        let dev = &self.ctx.shared.dev.raw;
+        self.order(&reads[..nr], &writes[..nw]);
+        let shared = &self.ctx.shared;
+        let dev = &shared.dev.raw;
+        let res = self.res.as_mut().expect("recording");
+        let cmd = res.cmds.cmd;
         // SAFETY: the set layout, pipeline and buffers are live (the buffers are borrowed for
         // 'a or owned by the frame); the command buffer is recording.
         unsafe {
-            let set = self.cmds.descriptor_set(dev, pipe.set_layout)?;
-            let writes: Vec<vk::WriteDescriptorSet> = infos
-                .iter()
-                .enumerate()
-                .map(|(i, info)| {
-                    vk::WriteDescriptorSet::default()
-                        .dst_set(set)
-                        .dst_binding(i as u32)
-                        .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                        .buffer_info(std::slice::from_ref(info))
-                })
-                .collect();
-            dev.update_descriptor_sets(&writes, &[]);
-            dev.cmd_bind_pipeline(self.cmds.cmd, vk::PipelineBindPoint::COMPUTE, pipe.pipeline);
-            dev.cmd_bind_descriptor_sets(self.cmds.cmd, vk::PipelineBindPoint::COMPUTE, pipe.layout, 0, &[set], &[]);
-            let bytes: Vec<u8> = push.iter().flat_map(|w| w.to_ne_bytes()).collect();
-            dev.cmd_push_constants(self.cmds.cmd, pipe.layout, vk::ShaderStageFlags::COMPUTE, 0, &bytes);
-            dev.cmd_dispatch(self.cmds.cmd, groups[0], groups[1], groups[2]);
+            if pipe.pipeline != self.last_pipeline {
+                dev.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipe.pipeline);
+                self.last_pipeline = pipe.pipeline;
+            }
+            let set = match &shared.dev.push {
+                Some(_) => vk::DescriptorSet::null(),
+                None => res.cmds.descriptor_set(dev, pipe.set_layout)?,
+            };
+            let mut ws = [vk::WriteDescriptorSet::default(); MAX_BINDINGS];
+            for (i, w) in ws.iter_mut().enumerate().take(n) {
+                *w = vk::WriteDescriptorSet::default()
+                    .dst_set(set)
+                    .dst_binding(i as u32)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .buffer_info(std::slice::from_ref(&infos[i]));
+            }
+            match &shared.dev.push {
+                Some(pd) => pd.cmd_push_descriptor_set(cmd, vk::PipelineBindPoint::COMPUTE, pipe.layout, 0, &ws[..n]),
+                None => {
+                    dev.update_descriptor_sets(&ws[..n], &[]);
+                    dev.cmd_bind_descriptor_sets(cmd, vk::PipelineBindPoint::COMPUTE, pipe.layout, 0, &[set], &[]);
+                }
+            }
+            let bytes = std::slice::from_raw_parts(push.as_ptr() as *const u8, std::mem::size_of::<Push>());
+            dev.cmd_push_constants(cmd, pipe.layout, vk::ShaderStageFlags::COMPUTE, 0, bytes);
+            dev.cmd_dispatch(cmd, groups[0], groups[1], groups[2]);
         }
         self.dispatches += 1;
+        self.stamp(|| match variant {
+            Some(v) => format!("{kernel:?} {v:?}"),
+            None => format!("{kernel:?}"),
+        });
         Ok(())
     }
 
@@ -169,7 +395,7 @@ impl<'a> Frame<'a> {
     }
 
     /// Copies `len` bytes between buffers.
-    pub fn copy_bytes(&mut self, src: &DeviceBuffer, src_off: usize, dst: &DeviceBuffer, dst_off: usize, len: usize) -> Result<()> {
+    pub fn copy_bytes(&mut self, src: &'a DeviceBuffer, src_off: usize, dst: &'a DeviceBuffer, dst_off: usize, len: usize) -> Result<()> {
         if src_off + len > src.len_bytes() || dst_off + len > dst.len_bytes() {
             return Err(VkError::BadArgument { op: "copy", msg: format!("{len} bytes from {src_off} of {} to {dst_off} of {}", src.len_bytes(), dst.len_bytes()) });
         }
@@ -177,9 +403,15 @@ impl<'a> Frame<'a> {
         let (db, doff, _) = dst.binding();
         let (s0, d0) = (so + src_off as u64, doff + dst_off as u64);
         self.order(&[(sb, s0, s0 + len as u64)], &[(db, d0, d0 + len as u64)]);
+        if self.retain {
+            self.keep.push(src.inner.clone());
+            self.keep.push(dst.inner.clone());
+        }
         let region = [vk::BufferCopy::default().src_offset(s0).dst_offset(d0).size(len as u64)];
+        let cmd = self.res().cmds.cmd;
         // SAFETY: both buffers are live for the frame; the ranges were checked.
-        unsafe { self.ctx.shared.dev.raw.cmd_copy_buffer(self.cmds.cmd, sb, db, &region) };
+        unsafe { self.ctx.shared.dev.raw.cmd_copy_buffer(cmd, sb, db, &region) };
+        self.stamp(|| "copy".to_string());
         Ok(())
     }
 
@@ -190,28 +422,136 @@ impl<'a> Frame<'a> {
         self.copy_bytes(src.buf, src.offset * 4, dst.buf, dst.offset * 4, src.len * 4)
     }
 
-    /// Submits the frame and waits for it; scratch buffers are released after.
-    pub fn run(self) -> Result<()> {
-        // SAFETY: the command buffer is recording and references live objects only.
-        let r = unsafe { self.ctx.shared.submit_and_wait(&self.cmds) };
-        if r.is_ok() {
-            self.ctx.shared.dispatches.fetch_add(self.dispatches, Ordering::Relaxed);
+    /// Ends recording (a barrier toward host reads, then the end of the command buffer).
+    fn end(&mut self) -> Result<()> {
+        let asked = self.asked;
+        let queries = self.stamps.as_ref().map_or(0, |s| s.labels.len() as u32 + 1);
+        let shared = &self.ctx.shared;
+        let res = self.res.as_mut().expect("recording");
+        res.want = asked;
+        res.want_queries = queries;
+        // SAFETY: the command buffer is recording.
+        unsafe { shared.end_commands(&res.cmds) }?;
+        shared.record_ns.fetch_add(self.started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Submits the frame and waits for it; scratch goes back to the context after.
+    pub fn run(mut self) -> Result<()> {
+        self.end()?;
+        self.pending = Pending::Maybe;
+        let res = self.res.as_ref().expect("recording");
+        // SAFETY: the command buffer is executable and references live objects only.
+        unsafe { self.ctx.shared.submit_and_wait(&res.cmds) }?;
+        self.pending = Pending::Idle;
+        self.ctx.shared.dispatches.fetch_add(self.dispatches, Ordering::Relaxed);
+        if let Some(st) = &self.stamps {
+            self.ctx.shared.note_stamps(&res.cmds, &st.labels);
         }
-        r
+        Ok(())
+    }
+
+    /// Ends a recording made with `Context::recording` for submitting as often as wanted.
+    pub fn finish(mut self) -> Result<Recorded> {
+        if !self.retain {
+            return Err(VkError::BadArgument { op: "finish", msg: "a frame from Context::frame runs once; record with Context::recording".into() });
+        }
+        self.end()?;
+        Ok(Recorded {
+            ctx: self.ctx.clone(),
+            res: self.res.take(),
+            keep: std::mem::take(&mut self.keep),
+            dispatches: self.dispatches,
+            barriers: self.barriers,
+            labels: self.stamps.take().map(|s| s.labels),
+            pending: std::cell::Cell::new(Pending::Idle),
+        })
+    }
+}
+
+/// Returns a frame's resources to the context's spares, or destroys them when the device is
+/// lost; waits for the device first when a submission may still be pending.
+fn release(shared: &Shared, res: FrameRes, pending: Pending) {
+    let dev = &shared.dev.raw;
+    // SAFETY: after the wait below nothing recorded with `res` is pending (or the device is
+    // lost, where destroying is allowed).
+    unsafe {
+        if pending == Pending::Maybe && dev.get_fence_status(res.cmds.fence) != Ok(true) && !shared.is_lost() {
+            let _ = dev.device_wait_idle();
+        }
+        if shared.is_lost() {
+            res.destroy(shared);
+            shared.drop_spares();
+        } else {
+            shared.put_spare(res, MAX_SPARES);
+        }
     }
 }
 
 impl Drop for Frame<'_> {
     fn drop(&mut self) {
-        // SAFETY: `run` waited for the fence (or the submission never happened, or the device
-        // is lost, where destroying is allowed); idle the device when the wait failed.
-        unsafe {
-            let dev = &self.ctx.shared.dev.raw;
-            if dev.get_fence_status(self.cmds.fence) == Ok(false) && !self.ctx.is_lost() {
-                let _ = dev.device_wait_idle();
-            }
-            self.cmds.destroy(dev);
+        if let Some(res) = self.res.take() {
+            release(&self.ctx.shared, res, self.pending);
         }
-        self.scratch.clear();
+    }
+}
+
+/// A recorded frame, submitted with `run` as often as wanted (one submission at a time). It
+/// keeps every buffer it binds alive, so what it references cannot be freed under it; what it
+/// reads at run time is whatever those buffers hold then (per-run inputs are written into
+/// them before `run`).
+pub struct Recorded {
+    ctx: Context,
+    res: Option<FrameRes>,
+    keep: Vec<Arc<BufInner>>,
+    dispatches: u64,
+    barriers: u64,
+    labels: Option<Vec<String>>,
+    pending: std::cell::Cell<Pending>,
+}
+
+impl Recorded {
+    /// Submits the recording and waits for it.
+    pub fn run(&self) -> Result<()> {
+        let res = self.res.as_ref().expect("a recording holds its resources");
+        self.pending.set(Pending::Maybe);
+        // SAFETY: the command buffer is executable, was not recorded for one submission, is
+        // not pending (the last run waited), and every buffer it uses is kept alive by `keep`.
+        unsafe { self.ctx.shared.submit_and_wait(&res.cmds) }?;
+        self.pending.set(Pending::Idle);
+        self.ctx.shared.dispatches.fetch_add(self.dispatches, Ordering::Relaxed);
+        if let Some(l) = &self.labels {
+            self.ctx.shared.note_stamps(&res.cmds, l);
+        }
+        Ok(())
+    }
+
+    /// Dispatches one run records.
+    pub fn dispatch_count(&self) -> u64 {
+        self.dispatches
+    }
+
+    /// Barriers one run records.
+    pub fn barrier_count(&self) -> u64 {
+        self.barriers
+    }
+
+    /// Buffers the recording keeps alive.
+    pub fn kept_buffers(&self) -> usize {
+        self.keep.len()
+    }
+}
+
+impl std::fmt::Debug for Recorded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Recorded({} dispatches, {} barriers)", self.dispatches, self.barriers)
+    }
+}
+
+impl Drop for Recorded {
+    fn drop(&mut self) {
+        if let Some(res) = self.res.take() {
+            release(&self.ctx.shared, res, self.pending.get());
+        }
     }
 }

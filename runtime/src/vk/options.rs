@@ -42,4 +42,7 @@ pub struct VkOptions {
     pub upload: UploadPath,
     /// Enable the Khronos validation layer when it is installed (development).
     pub validation: bool,
+    /// Time every command on the device (timestamp queries) and sum the times per kernel
+    /// (`Context::profile`); costs a little on each command.
+    pub profile: bool,
 }

@@ -1,6 +1,7 @@
 //! Compute pipelines: one per (kernel, format variant), made on first use from the embedded
 //! SPIR-V and kept for the context's life. Every kernel's layout is one descriptor set of
-//! storage buffers (`Kernel::bindings`) and 64 bytes of push constants.
+//! storage buffers (`Kernel::bindings`; a push-descriptor set where the device has
+//! `VK_KHR_push_descriptor`) and 64 bytes of push constants.
 //!
 //! Must not: record or submit commands.
 
@@ -71,7 +72,8 @@ unsafe fn create(dev: &ash::Device, caps: &DeviceCaps, kernel: Kernel, variant: 
                 .stage_flags(vk::ShaderStageFlags::COMPUTE)
         })
         .collect();
-    let set_layout = dev.create_descriptor_set_layout(&vk::DescriptorSetLayoutCreateInfo::default().bindings(&binds), None);
+    let flags = if caps.push_descriptor { vk::DescriptorSetLayoutCreateFlags::PUSH_DESCRIPTOR_KHR } else { vk::DescriptorSetLayoutCreateFlags::empty() };
+    let set_layout = dev.create_descriptor_set_layout(&vk::DescriptorSetLayoutCreateInfo::default().flags(flags).bindings(&binds), None);
     let set_layout = match set_layout {
         Ok(s) => s,
         Err(r) => {

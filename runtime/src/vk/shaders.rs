@@ -12,12 +12,11 @@ impl Kernel {
     /// Storage-buffer bindings the shader declares (`0..n`; unused slots get a dummy buffer).
     pub fn bindings(self) -> u32 {
         match self {
-            Kernel::Matvec | Kernel::Matmul => 6,
-            Kernel::Embed => 4,
-            Kernel::QuantizeQ8 | Kernel::RmsNorm | Kernel::Glu | Kernel::Binary | Kernel::Route => 3,
-            Kernel::Rope => 2,
-            Kernel::AttnSplit => 6,
-            Kernel::AttnJoin | Kernel::AttnBlock => 7,
+            Kernel::Matvec | Kernel::Matmul => 8,
+            Kernel::Embed | Kernel::QuantizeRows => 4,
+            Kernel::QuantizeQ8 | Kernel::RmsNorm | Kernel::Glu | Kernel::Binary | Kernel::Route | Kernel::Rope => 3,
+            Kernel::RopeKv => 9,
+            Kernel::AttnSplit | Kernel::AttnJoin | Kernel::AttnBlock => 8,
             Kernel::MoeMatvec | Kernel::MoeMatmul => 8,
             Kernel::MoeGroup => 2,
             Kernel::MoeSum => 3,
@@ -30,9 +29,10 @@ impl Kernel {
         match self {
             Kernel::Matvec | Kernel::Matmul => &[5],
             Kernel::Embed => &[3],
-            Kernel::QuantizeQ8 => &[1, 2],
+            Kernel::QuantizeQ8 | Kernel::QuantizeRows => &[1, 2],
             Kernel::RmsNorm | Kernel::Glu | Kernel::Binary | Kernel::Route => &[2],
             Kernel::Rope => &[0],
+            Kernel::RopeKv => &[0, 1, 4, 5, 6, 7],
             Kernel::AttnSplit => &[4, 5],
             Kernel::AttnJoin | Kernel::AttnBlock => &[6],
             Kernel::MoeMatvec | Kernel::MoeMatmul => &[5],

@@ -2,15 +2,67 @@
 //! values, with a sliding window and per-head sinks. Reference: `cpu::attention::attend`.
 //! Decode (one row) splits the positions across workgroups and joins the partial softmaxes
 //! (`attn_split.comp`, `attn_join.comp`); prompt chunks run the flash-style blocked kernel
-//! (`attn_block.comp`).
+//! (`attn_block.comp`). `rope_kv` rotates the block's q and k rows and appends its k and v
+//! rows to the layer's KV mirror and to the host's read-back rows, in one dispatch.
 //!
-//! Must not: write the KV cache (the executor appends rows before calling).
+//! Positions (`Pos`): fixed when the frame is recorded, or read from a device buffer when the
+//! kernel runs, so that one recording serves every decode step (the split count then follows
+//! from the position on the device, by the same rule as here).
+//!
+//! Must not: write the KV cache in `attention` (`rope_kv`, or the executor, appends rows first).
 
 use super::u32_arg;
 use crate::vk::context::View;
 use crate::vk::error::{Result, VkError};
 use crate::vk::frame::{Bind, Frame, Push};
 use crate::vk::shaders::Kernel;
+use coli_compiler::ir::RopeStyle;
+
+/// Where a kernel takes the position of the block's first row from.
+#[derive(Clone, Copy, Debug)]
+pub enum Pos<'a> {
+    /// Fixed when recorded.
+    Fixed(usize),
+    /// Element 0 (u32) of this view, read when the kernel runs. Views over the KV mirror must
+    /// then cover every position a run will see.
+    Dynamic(View<'a>),
+}
+
+/// The geometry of one `rope_kv` call.
+#[derive(Clone, Copy, Debug)]
+pub struct KvShape {
+    /// Rows of the block.
+    pub n: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub v_head_dim: usize,
+}
+
+/// The rotation `rope_kv` applies: the inverse frequencies (`cpu::rope::inv_freq`: rotary
+/// dim / 2 of them), the pairing, and the cos/sin multiplier.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeArgs<'a> {
+    pub freq: View<'a>,
+    pub style: RopeStyle,
+    pub mscale: f32,
+}
+
+impl<'a> Pos<'a> {
+    /// (fixed position, dynamic flag, the params binding).
+    pub(crate) fn parts(&self, op: &'static str) -> Result<(u32, u32, Bind<'a>)> {
+        match *self {
+            Pos::Fixed(p) => Ok((u32_arg(op, "pos0", p)?, 0, Bind::UNUSED)),
+            Pos::Dynamic(v) => {
+                v.check(op, "position", 1)?;
+                if v.offset != 0 {
+                    return Err(VkError::BadArgument { op, msg: "position views must start at element 0".into() });
+                }
+                Ok((0, 1, Bind::buf(v.buf)))
+            }
+        }
+    }
+}
 
 /// Geometry and options of one attention call (as `cpu::attention::AttnShape`).
 #[derive(Clone, Copy, Debug)]
@@ -44,7 +96,15 @@ impl<'a> Frame<'a> {
     /// v_head_dim`); `sinks`: one logit per head.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(&mut self, s: AttnShape, q: View<'a>, k: View<'a>, v: View<'a>, sinks: Option<View<'a>>, out: View<'a>, n: usize, pos0: usize, path: AttnPath) -> Result<()> {
+        self.attention_at(s, q, k, v, sinks, out, n, Pos::Fixed(pos0), path)
+    }
+
+    /// `attention` with the block's position fixed or read on the device (`Pos`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_at(&mut self, s: AttnShape, q: View<'a>, k: View<'a>, v: View<'a>, sinks: Option<View<'a>>, out: View<'a>, n: usize, pos: Pos<'a>, path: AttnPath) -> Result<()> {
         const OP: &str = "attention";
+        let (pos0, dyn_, params) = pos.parts(OP)?;
+        let pos0 = pos0 as usize;
         if s.kv_heads == 0 || s.heads % s.kv_heads != 0 || s.head_dim > MAX_D || s.v_head_dim > MAX_D || s.head_dim == 0 {
             return Err(VkError::BadArgument {
                 op: OP,
@@ -54,6 +114,7 @@ impl<'a> Frame<'a> {
         if s.window == Some(0) {
             return Err(VkError::BadArgument { op: OP, msg: "a window of 0 positions".into() });
         }
+        // A dynamic position is unknown here: the views need hold the block at least.
         let len = pos0 + n;
         q.check(OP, "q", n * s.heads * s.head_dim)?;
         k.check(OP, "keys", len * s.kv_heads * s.head_dim)?;
@@ -69,8 +130,12 @@ impl<'a> Frame<'a> {
             return Ok(());
         }
         let span = s.window.map_or(len, |w| w.min(len));
-        let splits = span.div_ceil(MIN_CHUNK).clamp(1, MAX_SPLITS);
-        let chunk = span.div_ceil(splits);
+        let (splits, chunk) = if dyn_ != 0 {
+            (MAX_SPLITS, 0)
+        } else {
+            let splits = span.div_ceil(MIN_CHUNK).clamp(1, MAX_SPLITS);
+            (splits, span.div_ceil(splits))
+        };
         let mut push: Push = [
             n as u32,
             s.heads as u32,
@@ -87,7 +152,7 @@ impl<'a> Frame<'a> {
             u32_arg(OP, "out offset", out.offset)?,
             splits as u32,
             chunk as u32,
-            0,
+            dyn_,
         ];
         let sink = sinks.map_or(Bind::UNUSED, |b| Bind::buf(b.buf));
         let base = [Bind::buf(q.buf), Bind::buf(k.buf), Bind::buf(v.buf), sink];
@@ -101,15 +166,84 @@ impl<'a> Frame<'a> {
             let slots = n * s.heads * splits;
             let (ml, o) = (self.scratch(slots * 2)?, self.scratch(slots * s.v_head_dim)?);
             let (ml, o) = (self.scratch_bind(ml), self.scratch_bind(o));
-            let binds = [base[0], base[1], base[2], base[3], ml, o];
+            let binds = [base[0], base[1], base[2], base[3], ml, o, Bind::UNUSED, params];
             let rows = u32_arg(OP, "n", n)?;
             self.dispatch(Kernel::AttnSplit, None, &binds, &push, [heads, rows, splits as u32])?;
-            let binds = [base[0], base[1], base[2], base[3], ml, o, Bind::buf(out.buf)];
+            let binds = [base[0], base[1], base[2], base[3], ml, o, Bind::buf(out.buf), params];
             self.dispatch(Kernel::AttnJoin, None, &binds, &push, [heads, rows, 1])
         } else {
             push[13] = 1;
-            let binds = [base[0], base[1], base[2], base[3], Bind::UNUSED, Bind::UNUSED, Bind::buf(out.buf)];
+            let binds = [base[0], base[1], base[2], base[3], Bind::UNUSED, Bind::UNUSED, Bind::buf(out.buf), params];
             self.dispatch(Kernel::AttnBlock, None, &binds, &push, [heads, u32_arg(OP, "blocks", n.div_ceil(BQ))?, 1])
         }
+    }
+}
+
+impl<'a> Frame<'a> {
+    /// RoPE of the block's `q` and `k` rows in place (as `rope`; `rope: None` rotates
+    /// nothing), then its `k` and `v` rows appended: written to rows `pos..pos + n` of the
+    /// mirrors `mk`, `mv` (`len x kv_heads * head_dim`, `len x kv_heads * v_head_dim`, from
+    /// element 0) and to rows `0..n` of the read-back rows `sk`, `sv`. One dispatch
+    /// (`rope_kv.comp`); references `cpu::rope::apply_row` and the CPU's cache append.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_kv(&mut self, rope: Option<RopeArgs<'a>>, q: View<'a>, k: View<'a>, v: View<'a>, s: KvShape, mk: View<'a>, mv: View<'a>, sk: View<'a>, sv: View<'a>, pos: Pos<'a>) -> Result<()> {
+        const OP: &str = "rope_kv";
+        let (pos0, dyn_, params) = pos.parts(OP)?;
+        let half = rope.map_or(0, |r| r.freq.len);
+        if s.kv_heads == 0 || 2 * half > s.head_dim {
+            return Err(VkError::BadArgument { op: OP, msg: format!("rotary dim {} over head_dim {} ({} kv heads)", 2 * half, s.head_dim, s.kv_heads) });
+        }
+        let (kw, vw) = (s.kv_heads * s.head_dim, s.kv_heads * s.v_head_dim);
+        q.check(OP, "q", s.n * s.heads * s.head_dim)?;
+        k.check(OP, "k", s.n * kw)?;
+        v.check(OP, "v", s.n * vw)?;
+        sk.check(OP, "k read-back", s.n * kw)?;
+        sv.check(OP, "v read-back", s.n * vw)?;
+        let rows = if dyn_ != 0 { s.n } else { pos0 as usize + s.n };
+        mk.check(OP, "k mirror", rows * kw)?;
+        mv.check(OP, "v mirror", rows * vw)?;
+        for (view, what) in [(mk, "k mirror"), (mv, "v mirror"), (sk, "k read-back"), (sv, "v read-back")] {
+            if view.offset != 0 {
+                return Err(VkError::BadArgument { op: OP, msg: format!("{what} views must start at element 0") });
+            }
+        }
+        if let Some(r) = rope {
+            r.freq.check(OP, "frequencies", half)?;
+            if r.freq.offset != 0 {
+                return Err(VkError::BadArgument { op: OP, msg: "frequency views must start at element 0".into() });
+            }
+        }
+        let per_row = s.heads * half + s.kv_heads * half + s.kv_heads * (s.head_dim - 2 * half) + vw;
+        let push: Push = [
+            u32_arg(OP, "n", s.n)?,
+            s.heads as u32,
+            s.kv_heads as u32,
+            s.head_dim as u32,
+            s.v_head_dim as u32,
+            half as u32,
+            rope.is_some_and(|r| r.style == RopeStyle::Interleaved) as u32,
+            pos0,
+            rope.map_or(1.0f32, |r| r.mscale).to_bits(),
+            u32_arg(OP, "q offset", q.offset)?,
+            u32_arg(OP, "k offset", k.offset)?,
+            u32_arg(OP, "v offset", v.offset)?,
+            dyn_,
+            1,
+            0,
+            0,
+        ];
+        let binds = [
+            Bind::buf(q.buf),
+            Bind::buf(k.buf),
+            Bind::buf(v.buf),
+            rope.map_or(Bind::UNUSED, |r| Bind::buf(r.freq.buf)),
+            Bind::buf(mk.buf),
+            Bind::buf(mv.buf),
+            Bind::buf(sk.buf),
+            Bind::buf(sv.buf),
+            params,
+        ];
+        let count = u32_arg(OP, "items", s.n * per_row)?;
+        self.dispatch(Kernel::RopeKv, None, &binds, &push, [count.div_ceil(64), 1, 1])
     }
 }

@@ -5,6 +5,12 @@
 //! activations stay f32 and each weight is decoded and multiplied in f32. One row (decode) runs the GEMV (`matvec.comp`); from two rows the tiled GEMM
 //! (`matmul.comp`). `embed` gathers table rows (any format) as `dequant_row` decodes them.
 //!
+//! Fused forms (`matmul_fused`): the input may be the RMSNorm of a row or a gated unit of two
+//! rows (`MatIn`), computed as the kernel reads it (float activations) or as it quantizes it
+//! (q8 activations, `quantize_rows.comp`), in the CPU's arithmetic; and a residual may be
+//! added to the product as it is stored (`out = residual + x W^T`, the CPU's Linear then Add).
+//! So an RMSNorm, a gated unit and a residual add take no dispatch of their own.
+//!
 //! Must not: accept operands that do not fit (typed errors instead).
 
 use super::{groups_for, u32_arg};
@@ -15,6 +21,7 @@ use crate::vk::layout::DeviceMatrix;
 use crate::vk::memory::MemoryUse;
 use crate::cpu::Precision;
 use crate::vk::shaders::Kernel;
+use coli_compiler::ir::GluKind;
 
 /// Which kernel a matrix product takes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -28,13 +35,86 @@ pub enum MatmulPath {
     Gemm,
 }
 
+/// What a matrix product reads: stored activations, or a transform of them the kernel
+/// computes as it reads them (no dispatch and no buffer of its own).
+#[derive(Clone, Copy, Debug)]
+pub enum MatIn<'a> {
+    /// `x` as stored.
+    Plain(View<'a>),
+    /// `x / rms(x) * (weight + offset)` over whole rows (`weight`: one per column);
+    /// reference `cpu::norm::rms_norm`.
+    Norm { x: View<'a>, weight: View<'a>, eps: f32, offset: f32 },
+    /// `glu(gate, up)`; reference `cpu::elementwise::glu`.
+    Glu { gate: View<'a>, up: View<'a>, kind: GluKind },
+}
+
+impl<'a> MatIn<'a> {
+    /// The view the kernel reads rows from (x, or the gate).
+    fn base(&self) -> View<'a> {
+        match *self {
+            MatIn::Plain(x) | MatIn::Norm { x, .. } => x,
+            MatIn::Glu { gate, .. } => gate,
+        }
+    }
+
+    /// (mode, auxiliary view, p0, p1) as fuse_in.glsl takes them.
+    fn mode(&self) -> (u32, Option<View<'a>>, f32, f32) {
+        match *self {
+            MatIn::Plain(_) => (0, None, 0.0, 0.0),
+            MatIn::Norm { weight, eps, offset, .. } => (1, Some(weight), eps, offset),
+            MatIn::Glu { up, kind, .. } => match kind {
+                GluKind::SwiGlu => (2, Some(up), 0.0, 0.0),
+                GluKind::GeGlu => (3, Some(up), 0.0, 0.0),
+                GluKind::ClampedSwiGlu { limit, alpha } => (4, Some(up), limit, alpha),
+            },
+        }
+    }
+
+    /// Checks the operands for `n` rows of `cols`.
+    fn check(&self, op: &'static str, n: usize, cols: usize) -> Result<()> {
+        self.base().check(op, "x (n x cols)", n * cols)?;
+        match self {
+            MatIn::Plain(_) => Ok(()),
+            MatIn::Norm { weight, .. } => {
+                weight.check(op, "norm weight", cols)?;
+                if weight.len != cols {
+                    return Err(VkError::BadArgument { op, msg: format!("a fused norm is over whole rows: {} weights for rows of {cols}", weight.len) });
+                }
+                Ok(())
+            }
+            MatIn::Glu { up, .. } => up.check(op, "up (n x cols)", n * cols),
+        }
+    }
+
+    /// The views the kernel reads.
+    fn reads(&self) -> [Option<View<'a>>; 2] {
+        [Some(self.base()), self.mode().1]
+    }
+}
+
+fn same_range(a: &View, b: &View) -> bool {
+    std::ptr::eq(a.buf, b.buf) && a.offset < b.offset + b.len && b.offset < a.offset + a.len
+}
+
 /// Activations quantized on the device (`Frame::quantize_acts`), valid for the frame.
 #[derive(Clone, Copy)]
 pub struct QuantizedActs {
-    xq: Bind,
-    xd: Bind,
+    xq: Bind<'static>,
+    xd: Bind<'static>,
     n: usize,
     cols: usize,
+}
+
+impl QuantizedActs {
+    /// Activation rows.
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    /// Columns per row.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
 }
 
 const GEMM_BO: usize = 64;
@@ -56,18 +136,56 @@ impl<'a> Frame<'a> {
     /// Quantizes `n` rows of `cols` activations to 8 bits per block of 32 once, for several
     /// `matmul_q` calls that share the input (q/k/v, gate/up, experts), as `format::matmul_q`.
     pub fn quantize_acts(&mut self, x: View<'a>, n: usize, cols: usize) -> Result<QuantizedActs> {
+        self.quantize_input(MatIn::Plain(x), n, cols)
+    }
+
+    /// `quantize_acts` of a fused input (`MatIn`): the q8 blocks of the normed row or of the
+    /// gated unit, computed in one dispatch (`quantize_rows.comp`).
+    pub fn quantize_input(&mut self, input: MatIn<'a>, n: usize, cols: usize) -> Result<QuantizedActs> {
         const OP: &str = "quantize";
         if cols % 32 != 0 {
             return Err(VkError::BadArgument { op: OP, msg: format!("{cols} columns are not a whole number of 32-blocks") });
         }
-        x.check(OP, "x (n x cols)", n * cols)?;
+        input.check(OP, n, cols)?;
         let blocks = n * cols / 32;
         let (xq, xd) = (self.scratch(blocks * 8)?, self.scratch(blocks * 2)?);
         let (xq, xd) = (self.scratch_bind(xq), self.scratch_bind(xd));
+        let (mode, aux, p0, p1) = input.mode();
+        let x = input.base();
         let mut push: Push = [0; 16];
-        push[..3].copy_from_slice(&[u32_arg(OP, "blocks", blocks)?, u32_arg(OP, "cols", cols)?, u32_arg(OP, "x offset", x.offset)?]);
-        self.dispatch(Kernel::QuantizeQ8, None, &[Bind::buf(x.buf), xq, xd], &push, [groups_for(blocks, 64), 1, 1])?;
+        push[..7].copy_from_slice(&[
+            u32_arg(OP, "rows", n)?,
+            u32_arg(OP, "cols", cols)?,
+            u32_arg(OP, "x offset", x.offset)?,
+            mode,
+            u32_arg(OP, "aux offset", aux.map_or(0, |a| a.offset))?,
+            p0.to_bits(),
+            p1.to_bits(),
+        ]);
+        let binds = [Bind::buf(x.buf), xq, xd, aux.map_or(Bind::UNUSED, |a| Bind::buf(a.buf))];
+        if n > MAX_GROUPS {
+            return Err(VkError::BadArgument { op: OP, msg: format!("{n} rows exceed one dispatch") });
+        }
+        self.dispatch(Kernel::QuantizeRows, None, &binds, &push, [n as u32, 1, 1])?;
         Ok(QuantizedActs { xq, xd, n, cols })
+    }
+
+    /// `out = residual + input W^T` (`residual` absent: `input W^T`), the input transform and
+    /// the residual add fused into the product's kernels; reference: the CPU's ops one after
+    /// another (`rms_norm` or `glu`, `linear(.., precision)`, the `Add`). `residual` may be
+    /// `out` itself (an in-place residual stream); `out` must not overlap the inputs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_fused(&mut self, w: &'a DeviceMatrix, input: MatIn<'a>, n: usize, out: View<'a>, residual: Option<View<'a>>, path: MatmulPath, precision: Precision) -> Result<()> {
+        self.matmul_full(w, input, None, n, out, residual, path, precision)
+    }
+
+    /// `matmul_q` with a fused input (the one `q` was quantized from, for the float formats
+    /// that read it directly) and residual.
+    pub fn matmul_q_fused(&mut self, w: &'a DeviceMatrix, input: MatIn<'a>, q: &QuantizedActs, out: View<'a>, residual: Option<View<'a>>, path: MatmulPath) -> Result<()> {
+        if q.cols != w.cols {
+            return Err(VkError::BadArgument { op: "matmul", msg: format!("activations of {} columns for a matrix of {}", q.cols, w.cols) });
+        }
+        self.matmul_full(w, input, Some(q), q.n, out, residual, path, Precision::Fast)
     }
 
     /// `matmul` (`Precision::Fast`) with the activations quantized already (`quantize_acts`
@@ -77,17 +195,40 @@ impl<'a> Frame<'a> {
         if q.cols != w.cols {
             return Err(VkError::BadArgument { op: "matmul", msg: format!("activations of {} columns for a matrix of {}", q.cols, w.cols) });
         }
-        self.matmul_inner(w, x, Some(q), q.n, out, path, Precision::Fast)
+        self.matmul_full(w, MatIn::Plain(x), Some(q), q.n, out, None, path, Precision::Fast)
     }
 
     #[allow(clippy::too_many_arguments)]
     fn matmul_inner(&mut self, w: &'a DeviceMatrix, x: View<'a>, pre: Option<&QuantizedActs>, n: usize, out: View<'a>, path: MatmulPath, precision: Precision) -> Result<()> {
+        self.matmul_full(w, MatIn::Plain(x), pre, n, out, None, path, precision)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_full(
+        &mut self,
+        w: &'a DeviceMatrix,
+        input: MatIn<'a>,
+        pre: Option<&QuantizedActs>,
+        n: usize,
+        out: View<'a>,
+        residual: Option<View<'a>>,
+        path: MatmulPath,
+        precision: Precision,
+    ) -> Result<()> {
         const OP: &str = "matmul";
-        x.check(OP, "x (n x cols)", n * w.cols)?;
+        input.check(OP, n, w.cols)?;
         out.check(OP, "out (n x rows)", n * w.rows)?;
+        if let Some(r) = residual {
+            r.check(OP, "residual (n x rows)", n * w.rows)?;
+        }
+        let fused = !matches!(input, MatIn::Plain(_)) || residual.is_some();
+        if fused && input.reads().iter().flatten().any(|v| same_range(v, &out)) {
+            return Err(VkError::BadArgument { op: OP, msg: "a fused product's output overlaps its input".into() });
+        }
         if n == 0 || w.rows == 0 {
             return Ok(());
         }
+        let x = input.base();
         let gemm = match path {
             MatmulPath::Auto => n >= 2,
             MatmulPath::Gemv => false,
@@ -99,13 +240,23 @@ impl<'a> Frame<'a> {
         let (xq, xd) = if variant.q8_acts() {
             let q = match pre {
                 Some(q) => *q,
-                None => self.quantize_acts(x, n, w.cols)?,
+                None => self.quantize_input(input, n, w.cols)?,
             };
             (q.xq, q.xd)
         } else {
             (Bind::UNUSED, Bind::UNUSED)
         };
+        // q8 activations carry the input transform already.
+        let (mode, aux, p0, p1) = if variant.q8_acts() { (0, None, 0.0, 0.0) } else { input.mode() };
         let mut push: Push = [0; 16];
+        push[8..14].copy_from_slice(&[
+            mode,
+            u32_arg(OP, "aux offset", aux.map_or(0, |a| a.offset))?,
+            p0.to_bits(),
+            p1.to_bits(),
+            residual.is_some() as u32,
+            u32_arg(OP, "residual offset", residual.map_or(0, |r| r.offset))?,
+        ]);
         push[..8].copy_from_slice(&[
             rows,
             cols,
@@ -116,7 +267,16 @@ impl<'a> Frame<'a> {
             rows,
             u32_arg(OP, "n", n)?,
         ]);
-        let binds = [Bind::buf(&w.q), Bind::buf(&w.s), Bind::buf(x.buf), xq, xd, Bind::buf(out.buf)];
+        let binds = [
+            Bind::buf(&w.q),
+            Bind::buf(&w.s),
+            Bind::buf(x.buf),
+            xq,
+            xd,
+            Bind::buf(out.buf),
+            aux.map_or(Bind::UNUSED, |a| Bind::buf(a.buf)),
+            residual.map_or(Bind::UNUSED, |r| Bind::buf(r.buf)),
+        ];
         let variant = Some(variant);
         if gemm {
             let gy = n.div_ceil(GEMM_BR);

@@ -11,8 +11,8 @@ pub mod moe;
 pub mod norm;
 pub mod route;
 
-pub use attention::{AttnPath, AttnShape};
-pub use matmul::{MatmulPath, QuantizedActs};
+pub use attention::{AttnPath, AttnShape, KvShape, Pos, RopeArgs};
+pub use matmul::{MatIn, MatmulPath, QuantizedActs};
 pub use moe::{DeviceExperts, MoePath, MoeScratch};
 pub use route::RouteParams;
 

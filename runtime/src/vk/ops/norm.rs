@@ -8,6 +8,7 @@ use super::{groups_for, u32_arg};
 use crate::vk::context::View;
 use crate::vk::error::{Result, VkError};
 use crate::vk::frame::{Bind, Frame, Push};
+use super::attention::Pos;
 use crate::vk::shaders::Kernel;
 use coli_compiler::ir::RopeStyle;
 
@@ -57,7 +58,13 @@ impl<'a> Frame<'a> {
     /// Rotates the first `2 * freq.len` columns of each head in place (`freq`: the inverse
     /// frequencies, `cpu::rope::inv_freq`).
     pub fn rope(&mut self, x: View<'a>, freq: View<'a>, s: RopeShape) -> Result<()> {
+        self.rope_at(x, freq, s, Pos::Fixed(s.pos0))
+    }
+
+    /// `rope` at a position fixed or read on the device (`Pos`; `s.pos0` is not used).
+    pub fn rope_at(&mut self, x: View<'a>, freq: View<'a>, s: RopeShape, pos: Pos<'a>) -> Result<()> {
         const OP: &str = "rope";
+        let (pos0, dyn_, params) = pos.parts(OP)?;
         let half = freq.len;
         if 2 * half > s.head_dim || s.heads * s.head_dim > s.width {
             return Err(VkError::BadArgument { op: OP, msg: format!("rotary dim {} / head_dim {} / heads {} / width {}", 2 * half, s.head_dim, s.heads, s.width) });
@@ -68,18 +75,19 @@ impl<'a> Frame<'a> {
             return Err(VkError::BadArgument { op: OP, msg: "frequency views must start at element 0".into() });
         }
         let mut push: Push = [0; 16];
-        push[..9].copy_from_slice(&[
+        push[..10].copy_from_slice(&[
             u32_arg(OP, "n", s.n)?,
             u32_arg(OP, "width", s.width)?,
             s.heads as u32,
             s.head_dim as u32,
             half as u32,
             (s.style == RopeStyle::Interleaved) as u32,
-            u32_arg(OP, "pos0", s.pos0)?,
+            pos0,
             s.mscale.to_bits(),
             u32_arg(OP, "x offset", x.offset)?,
+            dyn_,
         ]);
         let count = s.n * s.heads * half;
-        self.dispatch(Kernel::Rope, None, &[Bind::buf(x.buf), Bind::buf(freq.buf)], &push, [groups_for(count, 64), 1, 1])
+        self.dispatch(Kernel::Rope, None, &[Bind::buf(x.buf), Bind::buf(freq.buf), params], &push, [groups_for(count, 64), 1, 1])
     }
 }

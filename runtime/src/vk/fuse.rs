@@ -1,0 +1,210 @@
+//! Which ops of a plan's device frames the executor records as one kernel. Computed once per
+//! plan (`fusions`), per op of each device frame:
+//! - an `RmsNorm` over whole rows whose every reader is a `Linear` of the same frame is
+//!   `Absorbed`: each of those products normalizes its input as it reads it (`MatIn::Norm`);
+//! - a `Glu` read only by `Linear`s of its frame likewise (`MatIn::Glu`);
+//! - an `Add` right after a bias-free `Linear` that consumes the product (the residual add) is
+//!   `Absorbed` into the product's store (`matmul_fused`'s residual);
+//! - an `Attention` takes `rope_kv`: the `Rope`s of its q and k right before it are `Absorbed`
+//!   into it when they agree, and the KV append (mirror and read-back rows) is always its.
+//!
+//! "Read" counts every later reader of the value before its next writer, in this frame, in
+//! later frames (host ones too) and by the frame's downloads; the logits are read at the end.
+//! A transform's sources must not change before its last reader, and a fused product's
+//! output must not be one of its inputs.
+//!
+//! `replayable` says whether a frame's recording depends on nothing but the row count and
+//! the positions (which kernels read from a device buffer), so one recording of a decode
+//! step serves every step.
+//!
+//! Must not: change what a frame computes, only how many kernels compute it.
+
+use coli_compiler::dot::op_io;
+use coli_compiler::frames::{op_of, Frame};
+use coli_compiler::ids::Place;
+use coli_compiler::ir::{Op, Program, ValueId};
+
+/// How the executor records one op of a device frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fused {
+    /// As its own kernel(s).
+    Alone,
+    /// Inside another op's kernel.
+    Absorbed,
+    /// A `Linear` whose input is the output of op `input` of the frame (an `RmsNorm` or a
+    /// `Glu`, absorbed) and, with `residual`, whose store adds the other operand of the `Add`
+    /// at that index and goes to that `Add`'s output.
+    Linear { input: Option<usize>, residual: Option<usize> },
+    /// An `Attention` recorded after `rope_kv`; `rope`: the indices of the absorbed `Rope`s
+    /// of its q and of its k.
+    Attention { rope: Option<(usize, usize)> },
+}
+
+/// Where each value is read and written, over the whole forward in execution order.
+struct Flow {
+    /// Per op of every frame, in order: (frame index, op index, reads, writes).
+    steps: Vec<(usize, usize, Vec<ValueId>, Vec<ValueId>)>,
+    /// Per frame: the index in `steps` of its first op, and its end.
+    spans: Vec<(usize, usize)>,
+}
+
+impl Flow {
+    fn new(program: &Program, frames: &[Frame]) -> Flow {
+        let mut steps = Vec::new();
+        let mut spans = Vec::new();
+        for (fi, f) in frames.iter().enumerate() {
+            let start = steps.len();
+            for (oi, &id) in f.ops.iter().enumerate() {
+                let (r, w) = op_io(op_of(program, id));
+                steps.push((fi, oi, r, w));
+            }
+            spans.push((start, steps.len()));
+        }
+        Flow { steps, spans }
+    }
+
+    /// The readers of the value `v` written at step `s`, up to its next writer: step indices,
+    /// or `None` when something other than an op of the forward reads it (a download, the
+    /// host after the last frame).
+    fn readers(&self, frames: &[Frame], program: &Program, s: usize, v: ValueId) -> Option<Vec<usize>> {
+        let mut out = Vec::new();
+        let mut frame = self.steps[s].0;
+        for (t, (fi, _, r, w)) in self.steps.iter().enumerate().skip(s + 1) {
+            if *fi != frame {
+                // Leaving frame `frame`: its downloads read its last write of v.
+                if frames[frame].downloads.contains(&v) {
+                    return None;
+                }
+                frame = *fi;
+            }
+            if r.contains(&v) {
+                out.push(t);
+            }
+            if w.contains(&v) {
+                return Some(out);
+            }
+        }
+        if frames[frame].downloads.contains(&v) || v == program.logits {
+            return None;
+        }
+        Some(out)
+    }
+
+    /// Whether any step in `from..to` writes one of `vs`.
+    fn written_between(&self, from: usize, to: usize, vs: &[ValueId]) -> bool {
+        self.steps[from..to].iter().any(|(_, _, _, w)| w.iter().any(|v| vs.contains(v)))
+    }
+}
+
+/// The recording plan of every frame (empty for host frames): `fusions(..)[f][i]` says how
+/// op `i` of frame `f` is recorded.
+pub fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
+    let flow = Flow::new(program, frames);
+    let width = |v: ValueId| program.value(v).width;
+    let mut plan: Vec<Vec<Fused>> = frames.iter().map(|f| vec![Fused::Alone; if f.place == Place::Host { 0 } else { f.ops.len() }]).collect();
+    for (fi, f) in frames.iter().enumerate() {
+        if f.place == Place::Host {
+            continue;
+        }
+        let base = flow.spans[fi].0;
+        let op = |i: usize| op_of(program, f.ops[i]);
+        let is_linear_reading = |t: usize, v: ValueId| {
+            let (tf, ti, _, _) = flow.steps[t];
+            tf == fi && matches!(op(ti), Op::Linear { x, .. } if *x == v)
+        };
+        // Residual adds first (they look at the Linear's output only).
+        for i in 0..f.ops.len().saturating_sub(1) {
+            let (Op::Linear { x, out: o, bias: None, .. }, Op::Add { a, b, out }) = (op(i), op(i + 1)) else { continue };
+            let r = if a == o && b != o { *b } else if b == o && a != o { *a } else { continue };
+            if width(r) != width(*o) || out == x {
+                continue;
+            }
+            let dead = flow.readers(frames, program, base + i, *o).is_some_and(|rs| rs == [base + i + 1]);
+            if dead && plan[fi][i + 1] == Fused::Alone {
+                plan[fi][i] = Fused::Linear { input: None, residual: Some(i + 1) };
+                plan[fi][i + 1] = Fused::Absorbed;
+            }
+        }
+        // Input transforms.
+        for i in 0..f.ops.len() {
+            let (out, sources) = match op(i) {
+                Op::RmsNorm { x, out, group, .. } if *group == width(*x) && out != x => (*out, vec![*x]),
+                Op::Glu { gate, up, out, .. } => (*out, vec![*gate, *up]),
+                _ => continue,
+            };
+            let Some(rs) = flow.readers(frames, program, base + i, out) else { continue };
+            if rs.is_empty() || !rs.iter().all(|&t| is_linear_reading(t, out)) {
+                continue;
+            }
+            let last = *rs.last().expect("not empty");
+            if flow.written_between(base + i + 1, last, &sources) {
+                continue;
+            }
+            // A product's store must not land on a source it reads.
+            let clash = rs.iter().any(|&t| {
+                let ti = flow.steps[t].1;
+                let dest = match plan[fi][ti] {
+                    Fused::Linear { residual: Some(j), .. } => match op(j) {
+                        Op::Add { out, .. } => *out,
+                        _ => unreachable!("residuals are Adds"),
+                    },
+                    _ => match op(ti) {
+                        Op::Linear { out, .. } => *out,
+                        _ => unreachable!("readers are Linears"),
+                    },
+                };
+                sources.contains(&dest)
+            });
+            if clash {
+                continue;
+            }
+            plan[fi][i] = Fused::Absorbed;
+            for &t in &rs {
+                let ti = flow.steps[t].1;
+                plan[fi][ti] = match plan[fi][ti] {
+                    Fused::Linear { residual, .. } => Fused::Linear { input: Some(i), residual },
+                    _ => Fused::Linear { input: Some(i), residual: None },
+                };
+            }
+        }
+        // RoPE and the KV append with attention.
+        for j in 0..f.ops.len() {
+            let Op::Attention { q, k, spec, .. } = op(j) else { continue };
+            let mut rope = None;
+            if j >= 2 {
+                let pair = |a: usize, b: usize| match (op(a), op(b)) {
+                    (
+                        Op::Rope { x: xa, heads: ha, head_dim: da, rotary_dim: ra, style: sa, theta: ta, scaling: ca },
+                        Op::Rope { x: xb, heads: hb, head_dim: db, rotary_dim: rb, style: sb, theta: tb, scaling: cb },
+                    ) if xa == q && xb == k && ha == &spec.heads && hb == &spec.kv_heads && da == &spec.head_dim && db == da && ra == rb && sa == sb && ta == tb && ca == cb => {
+                        Some((a, b))
+                    }
+                    _ => None,
+                };
+                rope = pair(j - 2, j - 1).or_else(|| pair(j - 1, j - 2));
+                if rope.is_some_and(|(a, b)| plan[fi][a] != Fused::Alone || plan[fi][b] != Fused::Alone) {
+                    rope = None;
+                }
+            }
+            if let Some((a, b)) = rope {
+                plan[fi][a] = Fused::Absorbed;
+                plan[fi][b] = Fused::Absorbed;
+            }
+            plan[fi][j] = Fused::Attention { rope };
+        }
+    }
+    plan
+}
+
+/// Whether a device frame's recording depends on nothing but the row count and the positions
+/// (so one recording can be replayed at every decode step): every op is one the executor
+/// records with fixed shapes.
+pub fn replayable(program: &Program, frame: &Frame) -> bool {
+    frame.place != Place::Host
+        && frame.ops.iter().all(|&id| {
+            matches!(
+                op_of(program, id),
+                Op::Embed { .. } | Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Attention { .. } | Op::Act { .. } | Op::Glu { .. } | Op::Add { .. } | Op::Mul { .. }
+            )
+        })
+}

@@ -1,0 +1,286 @@
+//! The fused Vulkan kernels and recordings against the CPU reference, on whatever device the
+//! machine has (Lavapipe in CI): matrix products with a fused RMSNorm or gated-unit input and
+//! a fused residual add (every format, GEMV and GEMM, both precisions), RoPE with the KV
+//! append in one kernel, positions read on the device, and one recording replayed at many
+//! positions. Tolerances are stated beside each test.
+//!
+//! Must not: compare a device path with itself, or grow past a few seconds on Lavapipe.
+
+mod vk_common;
+
+use coli_compiler::ir::{GluKind, RopeScaling, RopeStyle};
+use coli_runtime::cpu::linear::linear;
+use coli_runtime::cpu::{attention as cpu_attention, elementwise as cpu_elementwise, norm as cpu_norm, rope as cpu_rope, Precision};
+use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
+use coli_runtime::vk::{AttnPath, AttnShape, KvShape, MatIn, MatmulPath, Pos, RopeArgs, VkOptions};
+use vk_common::{assert_close, ctx, open, random_rows, Rng};
+
+/// The CPU's input of a fused product: the rows as the unfused ops would leave them.
+enum Input {
+    Plain,
+    Norm { eps: f32, offset: f32 },
+    Glu(GluKind),
+}
+
+/// `|got - want| <= 1e-5 * sum |w x| + slack + 1e-6` per output, `slack` covering q8
+/// activations of a fused input: the device's row norm may differ from the CPU's in the last
+/// bit, which can move one 8-bit value of a block by one step; two such steps per output are
+/// allowed (`2 * max_b(amax_b / 127) * max |w|`). Float activations need no slack.
+fn check(what: &str, got: &[f32], want: &[f32], mag: &[f32], slack: &[f32]) {
+    for (i, (((g, w), m), s)) in got.iter().zip(want).zip(mag).zip(slack).enumerate() {
+        let d = (g - w).abs();
+        assert!(d <= 1e-5 * m + s + 1e-6, "{what}: |{g} - {w}| at {i} = {d:e} > 1e-5 * {m} + {s}");
+    }
+}
+
+/// Fused products: out = residual + f(x) W^T for f an RMSNorm (offset 0 and 1) or a gated
+/// unit, every format, one row (GEMV) and several (GEMM), both precisions; against the CPU's
+/// ops in sequence (`rms_norm` / `glu`, `linear`, the add). Tolerance: `check`.
+#[test]
+fn fused_products_match_the_cpu_ops() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_f001);
+    let formats = [
+        WeightFormat::F32,
+        WeightFormat::F16,
+        WeightFormat::BF16,
+        WeightFormat::Q8_0,
+        WeightFormat::Q4_0,
+        WeightFormat::Q4_1,
+        WeightFormat::Q4_K,
+        WeightFormat::Q6_K,
+        WeightFormat::I8Row,
+        WeightFormat::I4G64,
+    ];
+    let inputs = [
+        Input::Norm { eps: 1e-5, offset: 0.0 },
+        Input::Norm { eps: 1e-6, offset: 1.0 },
+        Input::Glu(GluKind::SwiGlu),
+        Input::Glu(GluKind::GeGlu),
+        Input::Glu(GluKind::ClampedSwiGlu { limit: 2.0, alpha: 1.702 }),
+        Input::Plain,
+    ];
+    for (fi, format) in formats.into_iter().enumerate() {
+        let cols = if matches!(format, WeightFormat::Q4_K | WeightFormat::Q6_K) { 512 } else { 256 };
+        let rows = 37;
+        let bytes = random_rows(format, rows, cols, &mut rng);
+        let w = ctx.upload_matrix(format, rows, cols, &bytes).unwrap();
+        let m = Matrix::new(format, rows, cols, &bytes).unwrap();
+        let mut wrow = vec![0f32; cols];
+        let wmax: Vec<f32> = (0..rows)
+            .map(|r| {
+                dequant_row(format, m.row(r), &mut wrow);
+                wrow.iter().fold(0f32, |a, v| a.max(v.abs()))
+            })
+            .collect();
+        for (ii, input) in inputs.iter().enumerate() {
+            // Each format takes two of the inputs, so every input meets several formats.
+            if ii % 3 != fi % 3 && ii != 5 - fi % 2 {
+                continue;
+            }
+            for (n, path) in [(1, MatmulPath::Auto), (3, MatmulPath::Gemv), (5, MatmulPath::Auto)] {
+                let x = rng.vec(n * cols, 2.0);
+                let aux = match input {
+                    Input::Norm { .. } => rng.vec(cols, 1.0),
+                    _ => rng.vec(n * cols, 2.0),
+                };
+                let res = rng.vec(n * rows, 1.0);
+                let mut xin = vec![0f32; n * cols];
+                match *input {
+                    Input::Plain => xin.copy_from_slice(&x),
+                    Input::Norm { eps, offset } => cpu_norm::rms_norm(&x, &mut xin, &aux, eps, offset),
+                    Input::Glu(kind) => cpu_elementwise::glu(kind, &x, &aux, &mut xin),
+                }
+                let (xb, ab, rb) = (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&aux).unwrap(), ctx.upload_f32(&res).unwrap());
+                for precision in [Precision::Fast, Precision::Exact] {
+                    let mut want = vec![0f32; n * rows];
+                    linear(&m, &xin, n, &mut want, precision);
+                    for (wv, r) in want.iter_mut().zip(&res) {
+                        *wv += r;
+                    }
+                    let mut mag = vec![0f32; n * rows];
+                    let mut slack = vec![0f32; n * rows];
+                    let q8 = precision == Precision::Fast && !matches!(format, WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16) && !matches!(input, Input::Plain);
+                    for i in 0..n {
+                        let xr = &xin[i * cols..(i + 1) * cols];
+                        let step = xr.chunks(32).map(|b| b.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0).fold(0f32, f32::max);
+                        for r in 0..rows {
+                            dequant_row(format, m.row(r), &mut wrow);
+                            mag[i * rows + r] = wrow.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum::<f32>() + res[i * rows + r].abs();
+                            if q8 {
+                                slack[i * rows + r] = 2.0 * step * wmax[r];
+                            }
+                        }
+                    }
+                    let fused = match *input {
+                        Input::Plain => MatIn::Plain(xb.all()),
+                        Input::Norm { eps, offset } => MatIn::Norm { x: xb.all(), weight: ab.all(), eps, offset },
+                        Input::Glu(kind) => MatIn::Glu { gate: xb.all(), up: ab.all(), kind },
+                    };
+                    // The residual in place: out is the residual stream.
+                    let ob = ctx.upload_f32(&res).unwrap();
+                    let mut f = ctx.frame().unwrap();
+                    f.matmul_fused(&w, fused, n, ob.all(), Some(ob.all()), path, precision).unwrap();
+                    f.run().unwrap();
+                    let what = format!("{format} {} n {n} {path:?} {precision:?}", ["norm", "norm+1", "swiglu", "geglu", "clamped", "plain"][ii]);
+                    check(&format!("{what} (in place)"), &ctx.download_f32(ob.all()).unwrap(), &want, &mag, &slack);
+                    // Into another buffer, and through shared quantized activations.
+                    if precision == Precision::Fast {
+                        let ob = ctx.f32_buffer(n * rows).unwrap();
+                        let mut f = ctx.frame().unwrap();
+                        let q = f.quantize_input(fused, n, cols).unwrap();
+                        f.matmul_q_fused(&w, fused, &q, ob.all(), Some(rb.all()), path).unwrap();
+                        f.run().unwrap();
+                        check(&format!("{what} (shared q8)"), &ctx.download_f32(ob.all()).unwrap(), &want, &mag, &slack);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A fused product whose output overlaps its input, or a norm over part of a row, is refused.
+#[test]
+fn fused_products_refuse_bad_operands() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_f002);
+    let w = ctx.upload_matrix(WeightFormat::F32, 64, 64, &random_rows(WeightFormat::F32, 64, 64, &mut rng)).unwrap();
+    let x = ctx.upload_f32(&rng.vec(128, 1.0)).unwrap();
+    let nw = ctx.upload_f32(&rng.vec(32, 1.0)).unwrap();
+    let mut f = ctx.frame().unwrap();
+    let norm = MatIn::Norm { x: x.view(0, 64), weight: nw.all(), eps: 1e-5, offset: 0.0 };
+    assert!(f.matmul_fused(&w, norm, 1, x.view(64, 64), None, MatmulPath::Auto, Precision::Fast).is_err(), "a norm over half a row");
+    let glu = MatIn::Glu { gate: x.view(0, 64), up: x.view(64, 64), kind: GluKind::SwiGlu };
+    assert!(f.matmul_fused(&w, glu, 1, x.view(64, 64), None, MatmulPath::Auto, Precision::Fast).is_err(), "output over the up rows");
+}
+
+/// RoPE of q and k with the KV append in one kernel: q and k rotated in place as
+/// `cpu::rope::apply_row`, k and v rows at positions pos0.. of the mirrors and at rows 0.. of
+/// the read-back rows; both pairings, a rotary dim below the head dim, none at all; fixed and
+/// device-read positions. Tolerance 1e-5 (rotations, as rope); copies exact.
+#[test]
+fn rope_kv_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_f003);
+    let (heads, kv_heads, head_dim, v_head_dim) = (6, 2, 32, 24);
+    let (kw, vw) = (kv_heads * head_dim, kv_heads * v_head_dim);
+    let cap = 64;
+    let scaling = RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 };
+    for (style, rotary, dynamic) in [(RopeStyle::RotateHalf, 32, false), (RopeStyle::Interleaved, 16, true), (RopeStyle::RotateHalf, 0, false), (RopeStyle::RotateHalf, 24, true)] {
+        for (n, pos0) in [(1, 40), (5, 7)] {
+            let (freq, mscale) = if rotary > 0 { cpu_rope::inv_freq(rotary, 10000.0, scaling) } else { (Vec::new(), 1.0) };
+            let (q, k, v) = (rng.vec(n * heads * head_dim, 1.0), rng.vec(n * kw, 1.0), rng.vec(n * vw, 1.0));
+            let (mut wq, mut wk) = (q.clone(), k.clone());
+            if rotary > 0 {
+                for (i, row) in wq.chunks_exact_mut(heads * head_dim).enumerate() {
+                    cpu_rope::apply_row(row, head_dim, style, &freq, mscale, pos0 + i);
+                }
+                for (i, row) in wk.chunks_exact_mut(kw).enumerate() {
+                    cpu_rope::apply_row(row, head_dim, style, &freq, mscale, pos0 + i);
+                }
+            }
+            let old_k = rng.vec(cap * kw, 1.0);
+            let old_v = rng.vec(cap * vw, 1.0);
+            let (qb, kb, vb) = (ctx.upload_f32(&q).unwrap(), ctx.upload_f32(&k).unwrap(), ctx.upload_f32(&v).unwrap());
+            let (mk, mv) = (ctx.upload_f32(&old_k).unwrap(), ctx.upload_f32(&old_v).unwrap());
+            let (sk, sv) = (ctx.f32_buffer(n * kw).unwrap(), ctx.f32_buffer(n * vw).unwrap());
+            let fb = ctx.upload_f32(&freq.iter().copied().chain([0.0]).collect::<Vec<_>>()).unwrap();
+            let pb = ctx.upload_u32(&[pos0 as u32]).unwrap();
+            let rope = (rotary > 0).then(|| RopeArgs { freq: fb.view(0, freq.len()), style, mscale });
+            let pos = if dynamic { Pos::Dynamic(pb.all()) } else { Pos::Fixed(pos0) };
+            let shape = KvShape { n, heads, kv_heads, head_dim, v_head_dim };
+            let mut f = ctx.frame().unwrap();
+            f.rope_kv(rope, qb.all(), kb.all(), vb.all(), shape, mk.all(), mv.all(), sk.all(), sv.all(), pos).unwrap();
+            f.run().unwrap();
+            let what = format!("rope_kv {style:?} rotary {rotary} dynamic {dynamic} n {n}");
+            assert_close(&format!("{what}: q"), &ctx.download_f32(qb.all()).unwrap(), &wq, 1e-5);
+            assert_close(&format!("{what}: k"), &ctx.download_f32(kb.all()).unwrap(), &wk, 1e-5);
+            assert_close(&format!("{what}: k read-back"), &ctx.download_f32(sk.all()).unwrap(), &wk, 1e-5);
+            assert_eq!(ctx.download_f32(sv.all()).unwrap(), v, "{what}: v read-back");
+            let mut want_k = old_k.clone();
+            want_k[pos0 * kw..(pos0 + n) * kw].copy_from_slice(&wk);
+            let mut want_v = old_v.clone();
+            want_v[pos0 * vw..(pos0 + n) * vw].copy_from_slice(&v);
+            assert_close(&format!("{what}: k mirror"), &ctx.download_f32(mk.all()).unwrap(), &want_k, 1e-5);
+            assert_eq!(ctx.download_f32(mv.all()).unwrap(), want_v, "{what}: v mirror (other rows untouched)");
+        }
+    }
+}
+
+/// One recording of a decode step (RoPE and KV append, then attention over the mirror, both
+/// with the position read on the device) replayed at every position of a sequence, the
+/// position written before each run: each step's output equals the CPU's attention over the
+/// rows so far (tolerance 1e-5 of the largest |reference|, as attention).
+#[test]
+fn a_recording_replays_at_every_position() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_f004);
+    let (heads, kv_heads, head_dim) = (4, 2, 16);
+    let (kw, qw) = (kv_heads * head_dim, heads * head_dim);
+    let cap = 150;
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let (freq, mscale) = cpu_rope::inv_freq(head_dim, 10000.0, RopeScaling::None);
+    let fb = ctx.upload_f32(&freq).unwrap();
+    let (qb, kb, vb) = (ctx.f32_buffer(qw).unwrap(), ctx.f32_buffer(kw).unwrap(), ctx.f32_buffer(kw).unwrap());
+    let (mk, mv) = (ctx.f32_buffer(cap * kw).unwrap(), ctx.f32_buffer(cap * kw).unwrap());
+    let (sk, sv) = (ctx.f32_buffer(kw).unwrap(), ctx.f32_buffer(kw).unwrap());
+    let ob = ctx.f32_buffer(qw).unwrap();
+    let pb = ctx.upload_u32(&[0]).unwrap();
+    for window in [None, Some(70)] {
+        let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim: head_dim, scale, window };
+        let cs = cpu_attention::AttnShape { heads, kv_heads, head_dim, v_head_dim: head_dim, scale, window };
+        let mut f = ctx.recording().unwrap();
+        let shape = KvShape { n: 1, heads, kv_heads, head_dim, v_head_dim: head_dim };
+        let pos = Pos::Dynamic(pb.all());
+        f.rope_kv(Some(RopeArgs { freq: fb.all(), style: RopeStyle::RotateHalf, mscale }), qb.all(), kb.all(), vb.all(), shape, mk.all(), mv.all(), sk.all(), sv.all(), pos).unwrap();
+        f.attention_at(vs, qb.all(), mk.all(), mv.all(), None, ob.all(), 1, pos, AttnPath::Auto).unwrap();
+        let rec = f.finish().unwrap();
+        assert!(rec.dispatch_count() == 3 && rec.barrier_count() >= 2, "{rec:?}");
+        let (mut keys, mut vals) = (Vec::new(), Vec::new());
+        for p in 0..cap {
+            let (mut q, mut k, v) = (rng.vec(qw, 1.0), rng.vec(kw, 1.0), rng.vec(kw, 1.0));
+            ctx.write(&qb, 0, bytes(&q)).unwrap();
+            ctx.write(&kb, 0, bytes(&k)).unwrap();
+            ctx.write(&vb, 0, bytes(&v)).unwrap();
+            ctx.write(&pb, 0, &(p as u32).to_le_bytes()).unwrap();
+            rec.run().unwrap();
+            cpu_rope::apply_row(&mut q, head_dim, RopeStyle::RotateHalf, &freq, mscale, p);
+            cpu_rope::apply_row(&mut k, head_dim, RopeStyle::RotateHalf, &freq, mscale, p);
+            keys.extend_from_slice(&k);
+            vals.extend_from_slice(&v);
+            if p % 7 == 0 || p + 1 == cap {
+                let mut want = vec![0f32; qw];
+                cpu_attention::attend(cs, &q, &keys, &vals, p, None, &mut want);
+                assert_close(&format!("window {window:?} position {p}"), &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
+            }
+        }
+    }
+}
+
+/// A recording keeps the buffers it binds alive after their owners drop them, and gives their
+/// memory back when it goes.
+#[test]
+fn a_recording_keeps_its_buffers() {
+    // A context of its own: the memory counts must not see other tests' buffers.
+    let Some(ctx) = open(&VkOptions::default()) else { return };
+    let a = ctx.upload_f32(&[1.0, 2.0]).unwrap();
+    let b = ctx.upload_f32(&[10.0, 20.0]).unwrap();
+    let o = ctx.f32_buffer(2).unwrap();
+    let mut f = ctx.recording().unwrap();
+    f.add(a.all(), b.all(), o.all(), 1, 2, coli_runtime::vk::Broadcast::None).unwrap();
+    let rec = f.finish().unwrap();
+    assert!(rec.kept_buffers() >= 3);
+    let used = ctx.memory_stats().used_bytes;
+    drop((a, b));
+    assert_eq!(ctx.memory_stats().used_bytes, used, "the recording holds a and b");
+    rec.run().unwrap();
+    rec.run().unwrap();
+    assert_eq!(ctx.download_f32(o.all()).unwrap(), vec![11.0, 22.0]);
+    drop(rec);
+    assert!(ctx.memory_stats().used_bytes < used, "dropping the recording frees a and b");
+}
+
+fn bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding; any byte pattern is a valid u8.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
