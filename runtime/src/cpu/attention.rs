@@ -52,7 +52,7 @@ pub fn attend(s: AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, sinks:
                     continue;
                 }
                 let _ = wide;
-                head_row(&s, q, k, v, pos0, i, h, sink, sc, o);
+                head_row::<Plain>(&s, q, k, v, pos0, i, h, sink, sc, o);
             }
         });
     });
@@ -66,14 +66,111 @@ thread_local! {
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn head_row_avx2(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, i: usize, h: usize, sink: Option<f32>, scores: &mut Vec<f32>, o: &mut [f32]) {
-    head_row(s, q, k, v, pos0, i, h, sink, scores, o)
+    head_row::<avx2::Avx2>(s, q, k, v, pos0, i, h, sink, scores, o)
+}
+
+/// The two inner loops of a head row over one 64-lane chunk of the head dimension:
+/// `scores[j] += q . k_j` and `out += sum_j w_j v_j` (rows `j` at `stride` floats apart).
+trait Chunk64 {
+    /// # Safety
+    /// `k` holds `scores.len()` rows of at least `CHUNK` floats, `stride` apart; callers of
+    /// an implementation with CPU features have checked them.
+    unsafe fn scores(q: &[f32; CHUNK], k: *const f32, stride: usize, scores: &mut [f32]);
+    /// # Safety
+    /// As `scores`, for `v` and `w.len()` rows.
+    unsafe fn weighted(w: &[f32], v: *const f32, stride: usize, out: &mut [f32; CHUNK]);
+}
+
+struct Plain;
+
+impl Chunk64 for Plain {
+    unsafe fn scores(q: &[f32; CHUNK], k: *const f32, stride: usize, scores: &mut [f32]) {
+        for (j, sc) in scores.iter_mut().enumerate() {
+            let kr = std::slice::from_raw_parts(k.add(j * stride), CHUNK);
+            let mut acc = [0f32; 8];
+            for (qq, kk) in q.chunks_exact(8).zip(kr.chunks_exact(8)) {
+                for l in 0..8 {
+                    acc[l] += qq[l] * kk[l];
+                }
+            }
+            *sc += acc.iter().sum::<f32>();
+        }
+    }
+
+    unsafe fn weighted(w: &[f32], v: *const f32, stride: usize, out: &mut [f32; CHUNK]) {
+        for (j, &wj) in w.iter().enumerate() {
+            let vr = std::slice::from_raw_parts(v.add(j * stride), CHUNK);
+            for d in 0..CHUNK {
+                out[d] += wj * vr[d];
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Chunk64, CHUNK};
+    use std::arch::x86_64::*;
+
+    pub struct Avx2;
+
+    #[inline(always)]
+    unsafe fn dot8x8(q: &[__m256; 8], k: *const f32) -> __m256 {
+        let mut a = _mm256_mul_ps(q[0], _mm256_loadu_ps(k));
+        let mut b = _mm256_mul_ps(q[1], _mm256_loadu_ps(k.add(8)));
+        for c in (2..8).step_by(2) {
+            a = _mm256_fmadd_ps(q[c], _mm256_loadu_ps(k.add(8 * c)), a);
+            b = _mm256_fmadd_ps(q[c + 1], _mm256_loadu_ps(k.add(8 * c + 8)), b);
+        }
+        _mm256_add_ps(a, b)
+    }
+
+    impl Chunk64 for Avx2 {
+        #[inline(always)]
+        unsafe fn scores(q: &[f32; CHUNK], k: *const f32, stride: usize, scores: &mut [f32]) {
+            let qv: [__m256; 8] = std::array::from_fn(|c| _mm256_loadu_ps(q.as_ptr().add(8 * c)));
+            let len = scores.len();
+            let mut j = 0;
+            // Four keys at a time: their eight-lane sums reduce together through `hadd`.
+            while j + 4 <= len {
+                let s: [__m256; 4] = std::array::from_fn(|t| dot8x8(&qv, k.add((j + t) * stride)));
+                let h = _mm256_hadd_ps(_mm256_hadd_ps(s[0], s[1]), _mm256_hadd_ps(s[2], s[3]));
+                let r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+                let at = scores.as_mut_ptr().add(j);
+                _mm_storeu_ps(at, _mm_add_ps(_mm_loadu_ps(at), r));
+                j += 4;
+            }
+            while j < len {
+                let v = dot8x8(&qv, k.add(j * stride));
+                let r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+                scores[j] += _mm_cvtss_f32(_mm_add_ss(r, _mm_shuffle_ps(r, r, 1)));
+                j += 1;
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn weighted(w: &[f32], v: *const f32, stride: usize, out: &mut [f32; CHUNK]) {
+            let mut acc: [__m256; 8] = std::array::from_fn(|c| _mm256_loadu_ps(out.as_ptr().add(8 * c)));
+            for (j, &wj) in w.iter().enumerate() {
+                let wv = _mm256_set1_ps(wj);
+                let vr = v.add(j * stride);
+                for c in 0..8 {
+                    acc[c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vr.add(8 * c)), acc[c]);
+                }
+            }
+            for c in 0..8 {
+                _mm256_storeu_ps(out.as_mut_ptr().add(8 * c), acc[c]);
+            }
+        }
+    }
 }
 
 /// One query row `i` of head `h`: scores against its keys, softmax (with the sink), and the
 /// weighted sum of values into `o`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn head_row(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, i: usize, h: usize, sink: Option<f32>, scores: &mut Vec<f32>, o: &mut [f32]) {
+fn head_row<K: Chunk64>(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, i: usize, h: usize, sink: Option<f32>, scores: &mut Vec<f32>, o: &mut [f32]) {
     let (hd, vhd) = (s.head_dim, s.v_head_dim);
     let kvh = h / (s.heads / s.kv_heads);
     let (kw, vw) = (s.kv_heads * hd, s.kv_heads * vhd);
@@ -89,14 +186,11 @@ fn head_row(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, i: usiz
         let c = CHUNK.min(hd - c0);
         if c == CHUNK {
             let qc: &[f32; CHUNK] = qh[c0..c0 + CHUNK].try_into().unwrap();
-            for (j, sc) in scores.iter_mut().enumerate() {
-                let kr: &[f32; CHUNK] = k[(lo + j) * kw + kvh * hd + c0..][..CHUNK].try_into().unwrap();
-                let mut acc = [0f32; 8];
-                for d in 0..CHUNK {
-                    acc[d % 8] += qc[d] * kr[d];
-                }
-                *sc += acc.iter().sum::<f32>();
-            }
+            let rows = &k[lo * kw + kvh * hd + c0..];
+            assert!(len == 0 || rows.len() >= (len - 1) * kw + CHUNK, "key rows past the cache");
+            // SAFETY: the assert bounds every row read; `K`'s CPU features were checked by the
+            // caller that chose it.
+            unsafe { K::scores(qc, rows.as_ptr(), kw, scores) };
         } else {
             let qc = &qh[c0..c0 + c];
             for (j, sc) in scores.iter_mut().enumerate() {
@@ -114,9 +208,10 @@ fn head_row(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, i: usiz
     if let Some(sv) = sink {
         m = m.max(sv);
     }
+    scores.iter_mut().for_each(|sc| *sc -= m);
+    super::elementwise::exp_in_place(scores);
     let mut l = 0.0f32;
-    for sc in scores.iter_mut() {
-        *sc = (*sc - m).exp();
+    for sc in scores.iter() {
         l += *sc;
     }
     if let Some(sv) = sink {
@@ -129,12 +224,10 @@ fn head_row(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, i: usiz
         let c = CHUNK.min(vhd - c0);
         if c == CHUNK {
             let mut acc = [0f32; CHUNK];
-            for (j, &w) in scores.iter().enumerate() {
-                let vr: &[f32; CHUNK] = v[(lo + j) * vw + kvh * vhd + c0..][..CHUNK].try_into().unwrap();
-                for d in 0..CHUNK {
-                    acc[d] += w * vr[d];
-                }
-            }
+            let rows = &v[lo * vw + kvh * vhd + c0..];
+            assert!(len == 0 || rows.len() >= (len - 1) * vw + CHUNK, "value rows past the cache");
+            // SAFETY: as for the scores.
+            unsafe { K::weighted(scores, rows.as_ptr(), vw, &mut acc) };
             for (x, a) in o[c0..c0 + CHUNK].iter_mut().zip(acc) {
                 *x = a * inv;
             }
@@ -269,5 +362,29 @@ mod tests {
         let mut out = [0.0; 2];
         attend(s, &q, &k, &v, 0, None, &mut out);
         assert_eq!(out, [1.0, 2.0]);
+    }
+}
+
+/// Prefill attention throughput on SmolLM2-135M's shape (not a test: run with `--ignored
+/// --nocapture`); prints the best of many repetitions.
+#[cfg(test)]
+#[test]
+#[ignore]
+fn attention_throughput() {
+    let s = AttnShape { heads: 9, kv_heads: 3, head_dim: 64, v_head_dim: 64, scale: 0.125, window: None };
+    for (pos0, n) in [(0usize, 128usize), (127, 1), (1000, 1)] {
+        let len = pos0 + n;
+        let q: Vec<f32> = (0..n * 576).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0).collect();
+        let k: Vec<f32> = (0..len * 192).map(|i| ((i * 104729 % 1000) as f32 - 500.0) / 500.0).collect();
+        let v = k.clone();
+        let mut out = vec![0f32; n * 576];
+        let mut best = f64::MAX;
+        for _ in 0..200 {
+            let t = std::time::Instant::now();
+            attend(s, &q, &k, &v, pos0, None, &mut out);
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let pairs: usize = (0..n).map(|i| pos0 + i + 1).sum::<usize>() * 9;
+        println!("attention n={n} pos0={pos0}: {:.1} us, {:.2} ns per (row, head, key)", best * 1e6, best * 1e9 / pairs as f64);
     }
 }

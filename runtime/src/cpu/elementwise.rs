@@ -1,5 +1,8 @@
 //! Elementwise ops over rows: activations, gated units (SwiGLU and its clamped form),
-//! residual add and products. Pure functions over slices.
+//! residual add and products. Pure functions over slices; SwiGLU, the one on every dense
+//! layer's hot path, runs eight lanes at a time with a polynomial `exp` (within 2 ulp of
+//! libm's), compiled with AVX2+FMA where the CPU has them, and large batches split over the
+//! format module's thread team.
 
 use coli_compiler::ir::{Activation, GluKind};
 
@@ -39,13 +42,119 @@ pub fn activate(act: Activation, x: f32) -> f32 {
     }
 }
 
+/// `e^x` for eight lanes: Cody-Waite reduction by `ln 2` and a degree-7 polynomial (Cephes'
+/// `expf` coefficients), within 2 ulp of the true value over the whole f32 range; 0 where
+/// the result would be subnormal, infinity past the largest f32, NaN for NaN.
+#[inline(always)]
+pub fn exp8(x: [f32; 8]) -> [f32; 8] {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const C1: f32 = 0.693_359_4;
+    const C2: f32 = -2.121_944_4e-4;
+    // Beyond these e^x is below the least normal f32, or above the greatest.
+    const LO: f32 = -87.336_55;
+    const HI: f32 = 88.722_84;
+    const P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5];
+    // Adding 1.5 * 2^23 rounds to an integer (ties to even) held in the low mantissa bits.
+    const SHIFT: f32 = 12_582_912.0;
+    let mut out = [0f32; 8];
+    for l in 0..8 {
+        let v = x[l].max(LO).min(HI);
+        let t = v * LOG2E + SHIFT;
+        let n = t - SHIFT;
+        let ni = (t.to_bits() as i32).wrapping_sub(SHIFT.to_bits() as i32);
+        let r = v - n * C1 - n * C2;
+        let mut p = P[0];
+        for &c in &P[1..] {
+            p = p * r + c;
+        }
+        let y = p * r * r + r + 1.0;
+        // 2^n in two factors, so n = 128 (just below the overflow) stays finite.
+        let (n1, n2) = (ni >> 1, ni - (ni >> 1));
+        let e = y * f32::from_bits(((n1 + 127) << 23) as u32) * f32::from_bits(((n2 + 127) << 23) as u32);
+        let e = if x[l] < LO { 0.0 } else { e };
+        let e = if x[l] > HI { f32::INFINITY } else { e };
+        out[l] = if x[l].is_nan() { x[l] } else { e };
+    }
+    out
+}
+
+/// `e^x` with `exp8`'s accuracy, for a slice, in place.
+pub fn exp_in_place(xs: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::format::wide_simd() {
+        // SAFETY: `wide_simd` reported AVX2+FMA.
+        return unsafe { exp_in_place_avx2(xs) };
+    }
+    exp_in_place_body(xs)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp_in_place_avx2(xs: &mut [f32]) {
+    exp_in_place_body(xs)
+}
+
+#[inline(always)]
+fn exp_in_place_body(xs: &mut [f32]) {
+    let mut chunks = xs.chunks_exact_mut(8);
+    for c in &mut chunks {
+        let v: [f32; 8] = (&*c).try_into().unwrap();
+        c.copy_from_slice(&exp8(v));
+    }
+    let rest = chunks.into_remainder();
+    let mut v = [0f32; 8];
+    v[..rest.len()].copy_from_slice(rest);
+    let e = exp8(v);
+    rest.copy_from_slice(&e[..rest.len()]);
+}
+
+#[inline(always)]
+fn swiglu_body(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let mut o8 = out.chunks_exact_mut(8);
+    let mut g8 = gate.chunks_exact(8);
+    let mut u8 = up.chunks_exact(8);
+    for ((o, g), u) in (&mut o8).zip(&mut g8).zip(&mut u8) {
+        let g: [f32; 8] = g.try_into().unwrap();
+        let e = exp8(g.map(|v| -v));
+        for l in 0..8 {
+            o[l] = g[l] / (1.0 + e[l]) * u[l];
+        }
+    }
+    for ((o, &g), &u) in o8.into_remainder().iter_mut().zip(g8.remainder()).zip(u8.remainder()) {
+        *o = silu(g) * u;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn swiglu_avx2(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    swiglu_body(gate, up, out)
+}
+
+fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::format::wide_simd() {
+        // SAFETY: `wide_simd` reported AVX2+FMA.
+        return unsafe { swiglu_avx2(gate, up, out) };
+    }
+    swiglu_body(gate, up, out)
+}
+
+/// Elements per task when a gated unit is split over the thread team.
+const GLU_TASK: usize = 16 * 1024;
+
 /// `out[i] = glu(gate[i], up[i])`.
 pub fn glu(kind: GluKind, gate: &[f32], up: &[f32], out: &mut [f32]) {
     match kind {
         GluKind::SwiGlu => {
-            for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-                *o = silu(g) * u;
-            }
+            let len = out.len().min(gate.len()).min(up.len());
+            let o = crate::format::pool::SendPtr(out.as_mut_ptr());
+            crate::format::pool::run(len.div_ceil(GLU_TASK), &|t| {
+                let (a, b) = (t * GLU_TASK, ((t + 1) * GLU_TASK).min(len));
+                // SAFETY: tasks write disjoint ranges `a..b` of `out` (length >= `len`).
+                let out = unsafe { std::slice::from_raw_parts_mut(o.get().add(a), b - a) };
+                swiglu(&gate[a..b], &up[a..b], out);
+            });
         }
         GluKind::GeGlu => {
             for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
@@ -71,6 +180,41 @@ mod tests {
         // gelu(1) = 0.8413447, gelu(-1) = -0.1586553
         assert!((activate(Activation::Gelu, 1.0) - 0.841_344_7).abs() < 1e-6);
         assert!((activate(Activation::Gelu, -1.0) + 0.158_655_3).abs() < 1e-6);
+    }
+
+    #[test]
+    fn exp8_is_within_two_ulp_of_exp() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x < 88.7 {
+            let xs: [f32; 8] = std::array::from_fn(|l| x + l as f32 * 1e-3);
+            let e = exp8(xs);
+            for l in 0..8 {
+                let want = (xs[l] as f64).exp();
+                worst = worst.max(((e[l] as f64 - want) / want).abs());
+            }
+            x += 0.0137;
+        }
+        assert!(worst < 2.5e-7, "max relative error {worst}");
+        let e = exp8([-100.0, 100.0, f32::NAN, 0.0, -0.0, 1.0, f32::NEG_INFINITY, f32::INFINITY]);
+        assert_eq!(&e[..2], &[0.0, f32::INFINITY]);
+        assert!(e[2].is_nan());
+        assert_eq!(&e[3..5], &[1.0, 1.0]);
+        assert!((e[5] - std::f32::consts::E).abs() < 1e-6);
+        assert_eq!(&e[6..], &[0.0, f32::INFINITY]);
+    }
+
+    #[test]
+    fn swiglu_matches_the_scalar_definition_on_long_rows() {
+        let n = 3 * GLU_TASK + 13;
+        let g: Vec<f32> = (0..n).map(|i| ((i * 7919 % 2003) as f32 - 1000.0) / 37.0).collect();
+        let u: Vec<f32> = (0..n).map(|i| ((i * 104729 % 997) as f32 - 500.0) / 91.0).collect();
+        let mut out = vec![f32::NAN; n];
+        glu(GluKind::SwiGlu, &g, &u, &mut out);
+        for i in 0..n {
+            let want = silu(g[i]) * u[i];
+            assert!((out[i] - want).abs() <= 1e-6 * want.abs().max(1e-3), "{i}: {} vs {want}", out[i]);
+        }
     }
 
     #[test]

@@ -210,6 +210,51 @@ unsafe fn kernel<const F: u8, const R: usize, const C: usize, const VNNI: bool>(
     out
 }
 
+/// `kernel` for `P` pairs of weight rows by four activation rows, with the `b * s` terms
+/// accumulated as vectors: lanes 0-3 of `accb[p]` are pair `p`'s first row against the four
+/// activation rows, lanes 4-7 its second row. `sx[k]` holds the four rows' `s` of unit `k`.
+#[inline(always)]
+unsafe fn kernel4<const F: u8, const P: usize, const VNNI: bool>(rows: [[*const u8; 2]; P], xs: [*const BlockQ8; 4], sx: *const [f32; 4], units: usize) -> [[[f32; 4]; 2]; P] {
+    let mut acc = [[[_mm256_setzero_ps(); 4]; 2]; P];
+    let mut accb = [_mm256_setzero_ps(); P];
+    for k in 0..units {
+        let mut xq = [_mm256_setzero_si256(); 4];
+        let mut xd = [_mm256_setzero_ps(); 4];
+        for c in 0..4 {
+            let b = &*xs[c].add(k);
+            xq[c] = load(&b.q);
+            xd[c] = _mm256_set1_ps(b.d);
+        }
+        let sv = _mm256_broadcast_ps(&*sx.add(k).cast::<__m128>());
+        for p in 0..P {
+            let u = [unit::<F, VNNI>(rows[p][0], k), unit::<F, VNNI>(rows[p][1], k)];
+            if !always_signed(F) {
+                let bv = _mm256_set_m128(_mm_set1_ps(u[1].2), _mm_set1_ps(u[0].2));
+                accb[p] = _mm256_fmadd_ps(bv, sv, accb[p]);
+            }
+            for h in 0..2 {
+                let (wu, a, _) = u[h];
+                for c in 0..4 {
+                    let s = if always_signed(F) || (signed(F) && !VNNI) { dot_i8i8::<VNNI>(wu, xq[c]) } else { dot_u8i8::<VNNI>(wu, xq[c]) };
+                    acc[p][h][c] = _mm256_fmadd_ps(_mm256_mul_ps(a, xd[c]), s, acc[p][h][c]);
+                }
+            }
+        }
+    }
+    let mut out = [[[0f32; 4]; 2]; P];
+    for p in 0..P {
+        let mut b = [0f32; 8];
+        _mm256_storeu_ps(b.as_mut_ptr(), accb[p]);
+        for h in 0..2 {
+            let scale = if F == F_I8ROW { f32::from_le_bytes(rows[p][h].cast::<[u8; 4]>().read_unaligned()) } else { 1.0 };
+            for c in 0..4 {
+                out[p][h][c] = scale * (hsum(acc[p][h][c]) + b[4 * h + c]);
+            }
+        }
+    }
+    out
+}
+
 /// Rows `r0..r1` of `w` against all of `acts`; element `(i, r)` goes to `out + i * w.rows + r`.
 #[inline(always)]
 unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs, r0: usize, r1: usize, out: *mut f32) {
@@ -243,26 +288,50 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
             r += 4;
         }
     } else {
-        while r + 2 <= r1 {
-            prefetch(r + ahead, 2);
-            let mut i = 0;
-            while i + 4 <= n {
-                let t = kernel::<F, 2, 4, VNNI>([rp(r), rp(r + 1)], [xp(i), xp(i + 1), xp(i + 2), xp(i + 3)], units);
-                for j in 0..2 {
-                    for c in 0..4 {
-                        put(i + c, r + j, t[j][c]);
+        // Activation rows four at a time (their `s` gathered once), each against every pair of
+        // this tile's weight rows; then the leftover activation rows one at a time.
+        let mut sx = vec![[0f32; 4]; units];
+        let pairs_end = r0 + (r1 - r0) / 2 * 2;
+        let mut i = 0;
+        while i + 4 <= n {
+            for (k, v) in sx.iter_mut().enumerate() {
+                *v = std::array::from_fn(|c| (*xp(i + c).add(k)).s);
+            }
+            let mut r = r0;
+            // With AVX-512's 32 registers, two pairs of weight rows share each activation load.
+            while VNNI && r + 4 <= pairs_end {
+                let t = kernel4::<F, 2, VNNI>([[rp(r), rp(r + 1)], [rp(r + 2), rp(r + 3)]], [xp(i), xp(i + 1), xp(i + 2), xp(i + 3)], sx.as_ptr(), units);
+                for p in 0..2 {
+                    for j in 0..2 {
+                        for c in 0..4 {
+                            put(i + c, r + 2 * p + j, t[p][j][c]);
+                        }
                     }
                 }
-                i += 4;
+                r += 4;
             }
-            while i < n {
+            while r < pairs_end {
+                let t = kernel4::<F, 1, VNNI>([[rp(r), rp(r + 1)]], [xp(i), xp(i + 1), xp(i + 2), xp(i + 3)], sx.as_ptr(), units);
+                for j in 0..2 {
+                    for c in 0..4 {
+                        put(i + c, r + j, t[0][j][c]);
+                    }
+                }
+                r += 2;
+            }
+            i += 4;
+        }
+        while i < n {
+            let mut r = r0;
+            while r < pairs_end {
                 let t = kernel::<F, 2, 1, VNNI>([rp(r), rp(r + 1)], [xp(i)], units);
                 put(i, r, t[0][0]);
                 put(i, r + 1, t[1][0]);
-                i += 1;
+                r += 2;
             }
-            r += 2;
+            i += 1;
         }
+        r = pairs_end;
     }
     while r < r1 {
         for i in 0..n {
