@@ -33,7 +33,6 @@ const KERNELS: &[(&str, &str, bool)] = &[
     ("Binary", "binary.comp", false),
     ("Route", "route.comp", false),
     ("AttnSplit", "attn_split.comp", false),
-    ("AttnJoin", "attn_join.comp", false),
     ("AttnBlock", "attn_block.comp", false),
     ("MoeMatvec", "moe_matvec.comp", true),
     ("MoeMatmul", "moe_matmul.comp", true),

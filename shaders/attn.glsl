@@ -20,7 +20,7 @@ layout(push_constant) uniform PC {
 } pc;
 
 // As ops/attention.rs: positions per split at least MIN_CHUNK, at most MAX_SPLITS splits.
-#define MIN_CHUNK 64u
+#define MIN_CHUNK 32u
 #define MAX_SPLITS 32u
 uint g_pos0, g_splits, g_chunk;
 

@@ -6,6 +6,7 @@
 
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_EXT_control_flow_attributes : require
 
 #define NEG_INF uintBitsToFloat(0xff800000u)
 

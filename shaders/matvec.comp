@@ -35,17 +35,27 @@ float g_inv = 1.0;
 #include "fuse_in.glsl"
 #include "wformat.glsl"
 
+// Units a lane takes per pass: their loads issue together, so a row of a few units per lane
+// waits for memory once, not once per unit.
+#define UNROLL 4u
+
 void main() {
     uint xr = gl_WorkGroupID.y;
     uint units = units_per_row();
     uint step = gl_NumWorkGroups.x * gl_NumSubgroups;
+    uint lanes = gl_SubgroupSize;
 #ifdef FLOAT_ACTS
     if (pc.in_mode == 1u) g_inv = 1.0 / sqrt(row_ss_subgroup(xr) / float(pc.cols) + pc.p0);
 #endif
     for (uint row = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID; row < pc.rows; row += step) {
         float acc = 0.0;
-        for (uint u = gl_SubgroupInvocationID; u < units; u += gl_SubgroupSize) {
-            acc += unit_dot(row, u, xr);
+        for (uint u0 = gl_SubgroupInvocationID; u0 < units; u0 += UNROLL * lanes) {
+            float part[UNROLL];
+            [[unroll]] for (uint i = 0u; i < UNROLL; i++) {
+                uint u = u0 + i * lanes;
+                part[i] = u < units ? unit_dot(row, u, xr) : 0.0;
+            }
+            acc += (part[0] + part[1]) + (part[2] + part[3]);
         }
         acc = subgroupAdd(acc);
         if (subgroupElect()) outv[pc.out_off + xr * pc.out_stride + row] = with_residual(xr, row, row_finish(row, acc));

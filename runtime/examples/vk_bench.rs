@@ -83,11 +83,16 @@ fn model(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let ids: Vec<u32> = (0..p.max(1) as u32).map(|i| 10 + (i * 7919) % (vocab - 10)).collect();
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     let mut per_token = None;
+    let mut prompt_host = (0.0, 0.0, 0.0);
     for _ in 0..reps {
         let mut s = Session::on_device(&l.model, &l.dev, ctx_len + 1)?;
+        let h0 = l.ctx.host_times();
         let t = Instant::now();
         s.forward(&ids, LogitRows::Last)?;
-        pp.push(ids.len() as f64 / t.elapsed().as_secs_f64());
+        let dt = t.elapsed().as_secs_f64();
+        let h1 = l.ctx.host_times();
+        prompt_host = (dt * 1e3, (h1.0 - h0.0) * 1e3, (h1.1 - h0.1) * 1e3);
+        pp.push(ids.len() as f64 / dt);
         let mut s = Session::on_device(&l.model, &l.dev, ctx_len + 1)?;
         s.forward(&ids[..1], LogitRows::Last)?;
         let (d0, s0, h0) = (l.ctx.dispatches(), l.ctx.submits(), l.ctx.host_times());
@@ -111,6 +116,7 @@ fn model(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     println!("pp{p}: {:.1} tok/s, tg{n}: {:.1} tok/s (medians of {reps})", median(pp), median(tg));
+    println!("prompt forward: {:.1} ms, of which host {:.1} ms recording + {:.1} ms waiting", prompt_host.0, prompt_host.1, prompt_host.2);
     if let Some((d, sub, rec, wait, all)) = per_token {
         println!("per decode token: {d:.0} dispatches, {sub:.1} submits, host {rec:.0} us recording + {wait:.0} us waiting of {all:.0} us");
     }

@@ -235,7 +235,7 @@ fn a_recording_replays_at_every_position() {
         f.rope_kv(Some(RopeArgs { freq: fb.all(), style: RopeStyle::RotateHalf, mscale }), qb.all(), kb.all(), vb.all(), shape, mk.all(), mv.all(), sk.all(), sv.all(), pos).unwrap();
         f.attention_at(vs, qb.all(), mk.all(), mv.all(), None, ob.all(), 1, pos, AttnPath::Auto).unwrap();
         let rec = f.finish().unwrap();
-        assert!(rec.dispatch_count() == 3 && rec.barrier_count() >= 2, "{rec:?}");
+        assert!(rec.dispatch_count() == 2 && rec.barrier_count() >= 1, "{rec:?}");
         let (mut keys, mut vals) = (Vec::new(), Vec::new());
         for p in 0..cap {
             let (mut q, mut k, v) = (rng.vec(qw, 1.0), rng.vec(kw, 1.0), rng.vec(kw, 1.0));

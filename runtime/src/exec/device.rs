@@ -490,6 +490,11 @@ impl DeviceModel {
         for &v in &frame.downloads {
             let (r0, rn) = rows_of(v);
             let hv = &mut host_values[v.0 as usize];
+            if hv.capacity() < n * w(v) {
+                // A fresh zeroed allocation maps its pages lazily: rows not read back (all but
+                // the last of a prompt's logits) cost nothing, where growing would fill them.
+                *hv = vec![0.0; n * w(v)];
+            }
             hv.resize(n * w(v), 0.0);
             let twin = st.twins[v.0 as usize].as_ref().expect("twin allocated");
             ctx.read(twin, r0 * w(v) * 4, as_bytes_mut(&mut hv[r0 * w(v)..(r0 + rn) * w(v)]))?;

@@ -148,10 +148,14 @@ pub struct Frame<'a> {
     asked: u64,
     scratch: Vec<Range>,
     dummy: Option<Range>,
+    /// Zeroed u32 counters kernels share (each returns them to 0 when done), and how many.
+    counters: Option<(Range, usize)>,
     /// Keep every recorded buffer alive (a recording that outlives the borrow).
     retain: bool,
     keep: Vec<Arc<BufInner>>,
     stamps: Option<Stamps>,
+    /// What the next dispatch's profile label adds to its kernel's name.
+    hint: Option<&'static str>,
     pending: Pending,
     started: Instant,
     last_pipeline: vk::Pipeline,
@@ -220,9 +224,11 @@ impl<'a> Frame<'a> {
             asked: 0,
             scratch: Vec::new(),
             dummy: None,
+            counters: None,
             retain: !once,
             keep: Vec::new(),
             stamps: profile.then(Stamps::default),
+            hint: None,
             pending: Pending::Idle,
             started,
             last_pipeline: vk::Pipeline::null(),
@@ -283,6 +289,25 @@ impl<'a> Frame<'a> {
         let r = self.scratch_range(len.max(1) as u64 * 4)?;
         self.scratch.push(r);
         Ok(self.scratch.len() - 1)
+    }
+
+    /// At least `len` u32 counters, zero when the frame's first kernel that uses them runs;
+    /// each user must leave them at zero when it is done (so all users of a frame share
+    /// them, ordered by their other dependencies like any scratch).
+    pub(crate) fn counters(&mut self, len: usize) -> Result<Bind<'static>> {
+        if let Some((r, n)) = self.counters.filter(|c| c.1 >= len) {
+            let _ = n;
+            return Ok(Bind::raw(r));
+        }
+        let r = self.scratch_range(len.max(64) as u64 * 4)?;
+        self.order(&[], &[(r.0, r.1, r.1 + r.2)]);
+        let cmd = self.res().cmds.cmd;
+        // SAFETY: the range is the frame's scratch, 4-byte aligned and sized; the command
+        // buffer is recording.
+        unsafe { self.ctx.shared.dev.raw.cmd_fill_buffer(cmd, r.0, r.1, r.2, 0) };
+        self.stamp(|| "fill".to_string());
+        self.counters = Some((r, len.max(64)));
+        Ok(Bind::raw(r))
     }
 
     /// The binding of scratch buffer `i`.
@@ -382,11 +407,25 @@ impl<'a> Frame<'a> {
             dev.cmd_dispatch(cmd, groups[0], groups[1], groups[2]);
         }
         self.dispatches += 1;
-        self.stamp(|| match variant {
-            Some(v) => format!("{kernel:?} {v:?}"),
-            None => format!("{kernel:?}"),
+        let hint = self.hint.take();
+        self.stamp(|| {
+            let name = match variant {
+                Some(v) => format!("{kernel:?} {v:?}"),
+                None => format!("{kernel:?}"),
+            };
+            match hint {
+                Some(h) => format!("{name} {h}"),
+                None => name,
+            }
         });
         Ok(())
+    }
+
+    /// Names what the next dispatch does beyond its kernel, for the profile.
+    pub(crate) fn hint(&mut self, h: &'static str) {
+        if self.stamps.is_some() {
+            self.hint = Some(h);
+        }
     }
 
     /// The workgroup size the device-sized kernels run with.

@@ -1,8 +1,8 @@
 //! Causal grouped-query attention of a block of query rows over a layer's cached keys and
 //! values, with a sliding window and per-head sinks. Reference: `cpu::attention::attend`.
-//! Decode (one row) splits the positions across workgroups and joins the partial softmaxes
-//! (`attn_split.comp`, `attn_join.comp`); prompt chunks run the flash-style blocked kernel
-//! (`attn_block.comp`). `rope_kv` rotates the block's q and k rows and appends its k and v
+//! Decode (one row) splits the positions across workgroups, the last of which joins the
+//! partial softmaxes (`attn_split.comp`, one dispatch); prompt chunks run the flash-style
+//! blocked kernel (`attn_block.comp`). `rope_kv` rotates the block's q and k rows and appends its k and v
 //! rows to the layer's KV mirror and to the host's read-back rows, in one dispatch.
 //!
 //! Positions (`Pos`): fixed when the frame is recorded, or read from a device buffer when the
@@ -87,7 +87,7 @@ pub enum AttnPath {
 
 const MAX_D: usize = 256;
 const MAX_SPLITS: usize = 32;
-const MIN_CHUNK: usize = 64;
+const MIN_CHUNK: usize = 32;
 const BQ: usize = 16;
 
 impl<'a> Frame<'a> {
@@ -166,11 +166,10 @@ impl<'a> Frame<'a> {
             let slots = n * s.heads * splits;
             let (ml, o) = (self.scratch(slots * 2)?, self.scratch(slots * s.v_head_dim)?);
             let (ml, o) = (self.scratch_bind(ml), self.scratch_bind(o));
-            let binds = [base[0], base[1], base[2], base[3], ml, o, Bind::UNUSED, params];
+            let counters = self.counters(n * s.heads)?;
+            let binds = [base[0], base[1], base[2], base[3], ml, o, Bind::buf(out.buf), params, counters];
             let rows = u32_arg(OP, "n", n)?;
-            self.dispatch(Kernel::AttnSplit, None, &binds, &push, [heads, rows, splits as u32])?;
-            let binds = [base[0], base[1], base[2], base[3], ml, o, Bind::buf(out.buf), params];
-            self.dispatch(Kernel::AttnJoin, None, &binds, &push, [heads, rows, 1])
+            self.dispatch(Kernel::AttnSplit, None, &binds, &push, [heads, rows, splits as u32])
         } else {
             push[13] = 1;
             let binds = [base[0], base[1], base[2], base[3], Bind::UNUSED, Bind::UNUSED, Bind::buf(out.buf), params];

@@ -140,7 +140,7 @@ impl<'a> Frame<'a> {
     }
 
     /// `quantize_acts` of a fused input (`MatIn`): the q8 blocks of the normed row or of the
-    /// gated unit, computed in one dispatch (`quantize_rows.comp`).
+    /// gated unit, computed in one dispatch (`quantize_rows.comp`, an invocation per element).
     pub fn quantize_input(&mut self, input: MatIn<'a>, n: usize, cols: usize) -> Result<QuantizedActs> {
         const OP: &str = "quantize";
         if cols % 32 != 0 {
@@ -166,7 +166,7 @@ impl<'a> Frame<'a> {
         if n > MAX_GROUPS {
             return Err(VkError::BadArgument { op: OP, msg: format!("{n} rows exceed one dispatch") });
         }
-        self.dispatch(Kernel::QuantizeRows, None, &binds, &push, [n as u32, 1, 1])?;
+        self.dispatch(Kernel::QuantizeRows, None, &binds, &push, [groups_for(cols / 32, 8), n as u32, 1])?;
         Ok(QuantizedActs { xq, xd, n, cols })
     }
 
@@ -277,6 +277,14 @@ impl<'a> Frame<'a> {
             aux.map_or(Bind::UNUSED, |a| Bind::buf(a.buf)),
             residual.map_or(Bind::UNUSED, |r| Bind::buf(r.buf)),
         ];
+        self.hint(match (mode, residual.is_some()) {
+            (0, false) => "",
+            (0, true) => "+res",
+            (1, false) => "norm",
+            (1, true) => "norm+res",
+            (_, false) => "glu",
+            (_, true) => "glu+res",
+        });
         let variant = Some(variant);
         if gemm {
             let gy = n.div_ceil(GEMM_BR);
