@@ -14,7 +14,7 @@ layout(std430, binding = 7) readonly buffer PRM { uint params[]; };
 
 layout(push_constant) uniform PC {
     uint n; uint heads; uint kv_heads; uint head_dim;
-    uint v_head_dim; uint pos0; uint window; uint has_sinks;
+    uint v_head_dim; uint pos0; uint window; uint flags;
     float scale; uint q_off; uint k_off; uint v_off;
     uint o_off; uint splits; uint chunk; uint dyn;
 } pc;
@@ -37,6 +37,10 @@ void attn_setup() {
     g_splits = clamp((span + MIN_CHUNK - 1u) / MIN_CHUNK, 1u, MAX_SPLITS);
     g_chunk = (span + g_splits - 1u) / g_splits;
 }
+
+// flags: bit 0 the heads have sink logits; bit 1 (attn_split.comp) RoPE and the KV append
+// are the kernel's (see there).
+bool has_sink() { return (pc.flags & 1u) != 0u; }
 
 uint row_lo(uint p) { return (pc.window != 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u; }
 uint kv_head(uint h) { return h / (pc.heads / pc.kv_heads); }

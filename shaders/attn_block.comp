@@ -85,9 +85,9 @@ void main() {
     if (!row_ok) return;
     m = s_s[qi][0];
     l = s_s[qi][1];
-    float sink = pc.has_sinks != 0u ? sinks[h] : NEG_INF;
+    float sink = has_sink() ? sinks[h] : NEG_INF;
     float mf = max(m, sink);
-    float lf = l * exp(m - mf) + (pc.has_sinks != 0u ? exp(sink - mf) : 0.0);
+    float lf = l * exp(m - mf) + (has_sink() ? exp(sink - mf) : 0.0);
     float f = exp(m - mf) / lf;
     uint ob = pc.o_off + (q0 + qi) * pc.heads * pc.v_head_dim + h * pc.v_head_dim;
     for (uint i = 0u; i * BK + kj < pc.v_head_dim; i++) outv[ob + i * BK + kj] = o[i] * f;

@@ -10,6 +10,12 @@
 // head's sink, each split's sum and values rescaled to it, the sink in the denominator only),
 // writes the output and sets the counter back to 0 for the next call. The counters must be 0
 // before the first call (the op layer zeroes them in the frame).
+// With flags bit 1 (one row, the op layer's `attention_decode`), the kernel also does what
+// rope_kv.comp would before it: q (as read) and the block's k row are rotated (rope.comp's
+// arithmetic; cst: half, interleaved, mscale, then the k and v value offsets), the split that
+// holds position p takes that position from the rotated k row and the v row instead of the
+// mirror, and that split of each kv head's first q head writes them into mirror row p and the
+// read-back rows. No other workgroup reads mirror row p, so nothing waits for those writes.
 // Must not: hold more than MAX_DV value columns, or assume every split saw a position (empty
 // splits have m = -inf, l = 0).
 #extension GL_GOOGLE_include_directive : require
@@ -25,12 +31,49 @@ layout(std430, binding = 4) coherent buffer PML { vec2 part_ml[]; };
 layout(std430, binding = 5) coherent buffer PO { float part_o[]; };
 layout(std430, binding = 6) writeonly buffer OUT { float outv[]; };
 layout(std430, binding = 8) coherent buffer CNT { uint counter[]; };
+layout(std430, binding = 1) buffer MKW { float mkw[]; };
+layout(std430, binding = 2) buffer MVW { float mvw[]; };
+layout(std430, binding = 9) readonly buffer KVAL { float kval[]; };
+layout(std430, binding = 10) readonly buffer VVAL { float vval[]; };
+layout(std430, binding = 11) readonly buffer FRQ { float frq[]; };
+layout(std430, binding = 12) writeonly buffer SKB { float skb[]; };
+layout(std430, binding = 13) writeonly buffer SVB { float svb[]; };
+layout(std430, binding = 14) readonly buffer CST { uint cst[]; };
 
 shared float q_s[MAX_D];
 shared float p_s[T];
 shared float red_max[T];
 shared float red_sum[T];
 shared float o_half[64];
+shared float k_row[MAX_D];
+shared float v_row[MAX_DV];
+
+// Rotates the pairs of x[0..hd) at position p (rope.comp's arithmetic); invocation i < half.
+void rotate_shared_q(uint p, uint half_, bool inter, float msc) {
+    for (uint i = gl_LocalInvocationID.x; i < half_; i += T) {
+        uint a = inter ? 2u * i : i, b = inter ? a + 1u : a + half_;
+        float s, c;
+        sincos_rr(float(p) * frq[i], s, c);
+        c *= msc;
+        s *= msc;
+        float x0 = q_s[a], x1 = q_s[b];
+        q_s[a] = x0 * c - x1 * s;
+        q_s[b] = x1 * c + x0 * s;
+    }
+}
+
+void rotate_shared_k(uint p, uint half_, bool inter, float msc) {
+    for (uint i = gl_LocalInvocationID.x; i < half_; i += T) {
+        uint a = inter ? 2u * i : i, b = inter ? a + 1u : a + half_;
+        float s, c;
+        sincos_rr(float(p) * frq[i], s, c);
+        c *= msc;
+        s *= msc;
+        float x0 = k_row[a], x1 = k_row[b];
+        k_row[a] = x0 * c - x1 * s;
+        k_row[b] = x1 * c + x0 * s;
+    }
+}
 shared bool s_last;
 
 float tile_max(float v) {
@@ -62,6 +105,37 @@ void main() {
     uint hd = pc.head_dim, vhd = pc.v_head_dim;
     bool vec = (hd & 3u) == 0u && (pc.k_off & 3u) == 0u && ((pc.kv_heads * hd) & 3u) == 0u;
     for (uint d = tid; d < hd; d += T) q_s[d] = qv[q_at(row, h) + d];
+    bool rope = (pc.flags & 2u) != 0u;
+    uint half_ = 0u;
+    bool inter = false;
+    float msc = 1.0;
+    if (rope) {
+        half_ = cst[0];
+        inter = cst[1] != 0u;
+        msc = uintBitsToFloat(cst[2]);
+        barrier();
+        rotate_shared_q(p, half_, inter, msc);
+    }
+    // The split holding position p takes it from the block's own k and v rows.
+    bool own = rope && j_begin <= p && p < j_end;
+    if (own) {
+        for (uint d = tid; d < hd; d += T) k_row[d] = kval[cst[3] + kh * hd + d];
+        for (uint d = tid; d < vhd; d += T) v_row[d] = vval[cst[4] + kh * vhd + d];
+        barrier();
+        rotate_shared_k(p, half_, inter, msc);
+        barrier();
+        if (h % (pc.heads / pc.kv_heads) == 0u) {
+            for (uint d = tid; d < hd; d += T) {
+                mkw[pc.k_off + p * pc.kv_heads * hd + kh * hd + d] = k_row[d];
+                skb[kh * hd + d] = k_row[d];
+            }
+            for (uint d = tid; d < vhd; d += T) {
+                mvw[pc.v_off + p * pc.kv_heads * vhd + kh * vhd + d] = v_row[d];
+                svb[kh * vhd + d] = v_row[d];
+            }
+        }
+    }
+    uint j_stop = own ? p : j_end;
     barrier();
     // Two groups of 64 over the positions when a head's values fit 64 columns.
     bool halves = vhd <= 64u;
@@ -69,10 +143,10 @@ void main() {
     float m = NEG_INF, l = 0.0;
     float o[MAX_DV / 128];
     for (uint i = 0u; i < MAX_DV / 128; i++) o[i] = 0.0;
-    for (uint j0 = j_begin; j0 < j_end; j0 += T) {
+    for (uint j0 = j_begin; j0 < j_stop; j0 += T) {
         uint j = j0 + tid;
         float s = NEG_INF;
-        if (j < j_end) {
+        if (j < j_stop) {
             uint kb = k_at(j, kh);
             float acc = 0.0;
             if (vec) {
@@ -92,11 +166,11 @@ void main() {
         }
         float m_new = max(m, tile_max(s));
         float alpha = exp(m - m_new);
-        float pj = j < j_end ? exp(s - m_new) : 0.0;
+        float pj = j < j_stop ? exp(s - m_new) : 0.0;
         p_s[tid] = pj;
         l = l * alpha + tile_sum(pj);
         barrier();
-        uint cnt = min(T, j_end - j0);
+        uint cnt = min(T, j_stop - j0);
         uint vs = pc.kv_heads * vhd;
         uint vb = v_at(j0, kh);
         if (halves) {
@@ -128,6 +202,25 @@ void main() {
         m = m_new;
         barrier();
     }
+    if (own) {
+        // Position p, from the block's rows.
+        float sp_ = 0.0;
+        for (uint d = 0u; d < hd; d++) sp_ += q_s[d] * k_row[d];
+        sp_ *= pc.scale;
+        float m_new = max(m, sp_);
+        float alpha = exp(m - m_new);
+        float pp = exp(sp_ - m_new);
+        l = l * alpha + pp;
+        if (halves) {
+            if (c0 < vhd) o[0] = o[0] * alpha + (g == 0u ? pp * v_row[c0] : 0.0);
+        } else {
+            for (uint i = 0u; i < MAX_DV / 128u; i++) {
+                uint d = tid + 128u * i;
+                if (d < vhd) o[i] = o[i] * alpha + pp * v_row[d];
+            }
+        }
+        m = m_new;
+    }
     // The partial of this split (the two halves of the positions added first).
     uint slot = (row * pc.heads + h) * g_splits + sp;
     if (halves) {
@@ -148,14 +241,14 @@ void main() {
     uint base = (row * pc.heads + h) * g_splits;
     float mx = NEG_INF;
     for (uint s2 = 0u; s2 < g_splits; s2++) mx = max(mx, part_ml[base + s2].x);
-    float sink = pc.has_sinks != 0u ? sinks[h] : NEG_INF;
+    float sink = has_sink() ? sinks[h] : NEG_INF;
     mx = max(mx, sink);
     float lt = 0.0;
     for (uint s2 = 0u; s2 < g_splits; s2++) {
         vec2 ml = part_ml[base + s2];
         if (ml.y > 0.0) lt += ml.y * exp(ml.x - mx);
     }
-    if (pc.has_sinks != 0u) lt += exp(sink - mx);
+    if (has_sink()) lt += exp(sink - mx);
     float inv = 1.0 / lt;
     for (uint d = tid; d < vhd; d += T) {
         float acc = 0.0;

@@ -3,7 +3,8 @@
 // out[r][o] = sum_k W[o][k] * x[r][k]. A workgroup owns a BO-output x BR-row tile; for each
 // BK-wide step it decodes its weight rows into shared memory once (dequant), stages the
 // activation rows beside them (the q8 values the CPU multiplies, for integer formats) and
-// runs a TO x TR block per invocation. Each step sums into a fresh partial that is then added
+// runs a TO x TR block per invocation (its weights one vec4, its activations one vec2 of shared
+// memory per k; float formats staged a 16-byte unit at a time). Each step sums into a fresh partial that is then added
 // to the accumulator (blocked summation keeps the error at the GEMV's level). Fused
 // (fuse_in.glsl): an RMSNorm or gated unit on float activations as they are staged (each
 // workgroup computes its rows' norms first), and a residual added to the output.
@@ -52,9 +53,13 @@ float xval(uint xr, uint k) {
 #endif
 }
 
-shared float ws_t[BK][BO + 1];
-shared float xs_t[BK][BR + 1];
+// The tiles, k-major: a thread reads its TO weights as one vec4 and its TR activations as one
+// vec2 per k. Rows padded by a vec4 / vec2 to spread the stores over the banks.
+shared vec4 ws4[BK][BO / 4 + 1];
+shared vec2 xs2[BK][BR / 2 + 1];
 shared float ss_s[256];
+
+void stage_w(uint o, uint k, float v) { ws4[k][o >> 2][o & 3u] = v; }
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
@@ -84,21 +89,41 @@ void main() {
     float acc[TO][TR];
     for (uint i = 0u; i < TO; i++) for (uint j = 0u; j < TR; j++) acc[i][j] = 0.0;
     for (uint k0 = 0u; k0 < pc.cols; k0 += BK) {
+#if defined(FMT_F16) || defined(FMT_BF16)
+        // One 16-byte unit (8 weights) an invocation: BO rows x BK / 8 units.
+        {
+            uint o = tid / (BK / 8u), u = tid % (BK / 8u);
+            uint unit = (k0 >> 3) + u;
+            uvec4 wv = (o0 + o < pc.rows && unit < QS) ? wq[(o0 + o) * QS + unit] : uvec4(0u);
+            [[unroll]] for (uint i = 0u; i < 4u; i++) {
+                vec2 pr = unpack2(wv[i]);
+                stage_w(o, 8u * u + 2u * i, pr.x);
+                stage_w(o, 8u * u + 2u * i + 1u, pr.y);
+            }
+        }
+#elif defined(FMT_F32)
+        for (uint e = tid; e < BO * BK / 4u; e += 256u) {
+            uint o = e / (BK / 4u), u = e % (BK / 4u);
+            uint unit = (k0 >> 2) + u;
+            vec4 wv = (o0 + o < pc.rows && unit < QS) ? uintBitsToFloat(wq[(o0 + o) * QS + unit]) : vec4(0.0);
+            [[unroll]] for (uint i = 0u; i < 4u; i++) stage_w(o, 4u * u + i, wv[i]);
+        }
+#else
         for (uint e = tid; e < BO * BK; e += 256u) {
             uint o = e / BK, k = e % BK;
-            ws_t[k][o] = (o0 + o < pc.rows && k0 + k < pc.cols) ? dequant(o0 + o, k0 + k) : 0.0;
+            stage_w(o, k, (o0 + o < pc.rows && k0 + k < pc.cols) ? dequant(o0 + o, k0 + k) : 0.0);
         }
+#endif
         for (uint e = tid; e < BR * BK; e += 256u) {
             uint r = e / BK, k = e % BK;
-            xs_t[k][r] = (r0 + r < pc.n && k0 + k < pc.cols) ? xval(r0 + r, k0 + k) : 0.0;
+            xs2[k][r >> 1][r & 1u] = (r0 + r < pc.n && k0 + k < pc.cols) ? xval(r0 + r, k0 + k) : 0.0;
         }
         barrier();
         float part[TO][TR];
         for (uint i = 0u; i < TO; i++) for (uint j = 0u; j < TR; j++) part[i][j] = 0.0;
-        for (uint k = 0u; k < BK; k++) {
-            float w[TO], x[TR];
-            for (uint i = 0u; i < TO; i++) w[i] = ws_t[k][to * TO + i];
-            for (uint j = 0u; j < TR; j++) x[j] = xs_t[k][tr * TR + j];
+        [[unroll]] for (uint k = 0u; k < BK; k++) {
+            vec4 w = ws4[k][to];
+            vec2 x = xs2[k][tr];
             for (uint i = 0u; i < TO; i++) for (uint j = 0u; j < TR; j++) part[i][j] += w[i] * x[j];
         }
         for (uint i = 0u; i < TO; i++) for (uint j = 0u; j < TR; j++) acc[i][j] += part[i][j];

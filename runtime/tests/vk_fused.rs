@@ -207,6 +207,67 @@ fn rope_kv_matches_cpu() {
     }
 }
 
+/// One row's RoPE, KV append and attention in one kernel (`attention_decode`) against the
+/// CPU: q and the row's k rotated as `cpu::rope::apply_row`, the row appended to mirrors
+/// holding earlier rows, then `cpu::attention::attend` over every row; GQA, a rotary dim
+/// below the head dim, both pairings, no rotation, a window, sinks, fixed and device-read
+/// positions. The mirrors' other rows and the q, k, v rows stay as they were. Tolerance 1e-5
+/// of the largest |reference| (as attention and rope).
+#[test]
+fn attention_decode_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_f005);
+    let cases = [
+        (6, 2, 64, 64, 64, RopeStyle::RotateHalf, None, false, false, 300),
+        (4, 1, 32, 48, 16, RopeStyle::Interleaved, Some(37), true, true, 80),
+        (2, 2, 80, 80, 0, RopeStyle::RotateHalf, None, true, false, 5),
+        (9, 3, 64, 64, 64, RopeStyle::RotateHalf, Some(40), false, true, 0),
+    ];
+    let scaling = RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 };
+    for (heads, kv_heads, head_dim, v_head_dim, rotary, style, window, with_sinks, dynamic, p) in cases {
+        let (kw, vw, qw) = (kv_heads * head_dim, kv_heads * v_head_dim, heads * head_dim);
+        let cap = p + 3;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let (freq, mscale) = if rotary > 0 { cpu_rope::inv_freq(rotary, 10000.0, scaling) } else { (Vec::new(), 1.0) };
+        let (q, k, v) = (rng.vec(qw, 1.0), rng.vec(kw, 1.0), rng.vec(vw, 1.0));
+        let (old_k, old_v) = (rng.vec(cap * kw, 1.0), rng.vec(cap * vw, 1.0));
+        let sinks = rng.vec(heads, 1.0);
+        let (mut rq, mut rk) = (q.clone(), k.clone());
+        if rotary > 0 {
+            cpu_rope::apply_row(&mut rq, head_dim, style, &freq, mscale, p);
+            cpu_rope::apply_row(&mut rk, head_dim, style, &freq, mscale, p);
+        }
+        let mut want_k = old_k.clone();
+        want_k[p * kw..(p + 1) * kw].copy_from_slice(&rk);
+        let mut want_v = old_v.clone();
+        want_v[p * vw..(p + 1) * vw].copy_from_slice(&v);
+        let cs = cpu_attention::AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window };
+        let mut want = vec![0f32; heads * v_head_dim];
+        cpu_attention::attend(cs, &rq, &want_k[..(p + 1) * kw], &want_v[..(p + 1) * vw], p, with_sinks.then_some(&sinks[..]), &mut want);
+        let (qb, kb, vb) = (ctx.upload_f32(&q).unwrap(), ctx.upload_f32(&k).unwrap(), ctx.upload_f32(&v).unwrap());
+        let (mk, mv) = (ctx.upload_f32(&old_k).unwrap(), ctx.upload_f32(&old_v).unwrap());
+        let (sk, sv, ob) = (ctx.f32_buffer(kw).unwrap(), ctx.f32_buffer(vw).unwrap(), ctx.f32_buffer(heads * v_head_dim).unwrap());
+        let fb = ctx.upload_f32(&freq.iter().copied().chain([0.0]).collect::<Vec<_>>()).unwrap();
+        let (sb, pb) = (ctx.upload_f32(&sinks).unwrap(), ctx.upload_u32(&[p as u32]).unwrap());
+        let rope = (rotary > 0).then(|| RopeArgs { freq: fb.view(0, freq.len()), style, mscale });
+        let pos = if dynamic { Pos::Dynamic(pb.all()) } else { Pos::Fixed(p) };
+        let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window };
+        let mut f = ctx.frame().unwrap();
+        let (mkv, mvv) = if dynamic { (mk.all(), mv.all()) } else { (mk.view(0, (p + 1) * kw), mv.view(0, (p + 1) * vw)) };
+        f.attention_decode(vs, rope, qb.all(), kb.all(), vb.all(), mkv, mvv, sk.all(), sv.all(), with_sinks.then(|| sb.all()), ob.all(), pos).unwrap();
+        assert_eq!(f.dispatch_count(), 1);
+        f.run().unwrap();
+        let what = format!("attention_decode {heads}/{kv_heads}x{head_dim}/{v_head_dim} rotary {rotary} {style:?} window {window:?} sinks {with_sinks} dynamic {dynamic} p {p}");
+        assert_close(&what, &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
+        assert_close(&format!("{what}: k mirror"), &ctx.download_f32(mk.all()).unwrap(), &want_k, 1e-5);
+        assert_eq!(ctx.download_f32(mv.all()).unwrap(), want_v, "{what}: v mirror");
+        assert_close(&format!("{what}: k read-back"), &ctx.download_f32(sk.all()).unwrap(), &rk, 1e-5);
+        assert_eq!(ctx.download_f32(sv.all()).unwrap(), v, "{what}: v read-back");
+        assert_eq!(ctx.download_f32(qb.all()).unwrap(), q, "{what}: q untouched");
+        assert_eq!(ctx.download_f32(kb.all()).unwrap(), k, "{what}: k untouched");
+    }
+}
+
 /// One recording of a decode step (RoPE and KV append, then attention over the mirror, both
 /// with the position read on the device) replayed at every position of a sequence, the
 /// position written before each run: each step's output equals the CPU's attention over the

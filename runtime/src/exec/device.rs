@@ -330,7 +330,7 @@ impl DeviceModel {
                     }
                     continue;
                 }
-                (Fused::Attention { rope }, Op::Attention { q, k, v, out, layer, spec }) => {
+                (Fused::Attention { rope, one_kernel }, Op::Attention { q, k, v, out, layer, spec }) => {
                     let l = layer.0 as usize;
                     let (mk, mv, sk, sv) = st.mirrors[l].as_ref().expect("mirror allocated");
                     let args = match rope.map(|(a, _)| op_of(p, frame.ops[a])) {
@@ -340,6 +340,16 @@ impl DeviceModel {
                         }
                         _ => None,
                     };
+                    let shape = AttnShape { heads: spec.heads, kv_heads: spec.kv_heads, head_dim: spec.head_dim, v_head_dim: spec.v_head_dim, scale: spec.scale, window: spec.window };
+                    let sinks = spec.sinks.as_ref().map(|s| self.vecs[&s.name].all());
+                    if n == 1 && one_kernel {
+                        let (keys, vals_) = match pos {
+                            Pos::Fixed(p0) => (mk.view(0, (p0 + 1) * w(*k)), mv.view(0, (p0 + 1) * w(*v))),
+                            Pos::Dynamic(_) => (mk.all(), mv.all()),
+                        };
+                        f.attention_decode(shape, args, view(*q), view(*k), view(*v), keys, vals_, sk.all(), sv.all(), sinks, view(*out), pos)?;
+                        continue;
+                    }
                     let kv_shape = KvShape { n, heads: spec.heads, kv_heads: spec.kv_heads, head_dim: spec.head_dim, v_head_dim: spec.v_head_dim };
                     f.rope_kv(args, view(*q), view(*k), view(*v), kv_shape, mk.all(), mv.all(), sk.all(), sv.all(), pos)?;
                     let (kw, vw) = (w(*k), w(*v));
@@ -347,8 +357,6 @@ impl DeviceModel {
                         Pos::Fixed(p0) => (mk.view(0, (p0 + n) * kw), mv.view(0, (p0 + n) * vw)),
                         Pos::Dynamic(_) => (mk.all(), mv.all()),
                     };
-                    let shape = AttnShape { heads: spec.heads, kv_heads: spec.kv_heads, head_dim: spec.head_dim, v_head_dim: spec.v_head_dim, scale: spec.scale, window: spec.window };
-                    let sinks = spec.sinks.as_ref().map(|s| self.vecs[&s.name].all());
                     f.attention_at(shape, view(*q), keys, vals_, sinks, view(*out), n, pos, AttnPath::Auto)?;
                     continue;
                 }
@@ -504,10 +512,12 @@ impl DeviceModel {
             let c = &mut kv.layers[l];
             c.truncate(pos0);
             let (kw, vw) = (c.k_width, c.v_width);
-            let (mut k, mut v) = (vec![0f32; n * kw], vec![0f32; n * vw]);
-            ctx.read(sk, 0, as_bytes_mut(&mut k))?;
-            ctx.read(sv, 0, as_bytes_mut(&mut v))?;
-            c.append(&k, &v);
+            // Read straight into the cache's new rows (what `append` of the rows would leave).
+            let (k0, v0) = (c.k.len(), c.v.len());
+            c.k.resize(k0 + n * kw, 0.0);
+            c.v.resize(v0 + n * vw, 0.0);
+            ctx.read(sk, 0, as_bytes_mut(&mut c.k[k0..]))?;
+            ctx.read(sv, 0, as_bytes_mut(&mut c.v[v0..]))?;
             st.watermark[l] = pos0 + n;
         }
         Ok(())

@@ -31,7 +31,7 @@ use std::time::Instant;
 pub(crate) type Push = [u32; 16];
 
 /// The most storage-buffer bindings a kernel declares.
-const MAX_BINDINGS: usize = 12;
+const MAX_BINDINGS: usize = 16;
 /// Scratch ranges are aligned to this many bytes (at least any device's storage-offset rule).
 const SCRATCH_ALIGN: u64 = 256;
 /// Smallest scratch arena.
@@ -150,6 +150,8 @@ pub struct Frame<'a> {
     dummy: Option<Range>,
     /// Zeroed u32 counters kernels share (each returns them to 0 when done), and how many.
     counters: Option<(Range, usize)>,
+    /// Constants recorded so far, for reuse by later kernels that want the same words.
+    constants: Vec<(Vec<u32>, Range)>,
     /// Keep every recorded buffer alive (a recording that outlives the borrow).
     retain: bool,
     keep: Vec<Arc<BufInner>>,
@@ -225,6 +227,7 @@ impl<'a> Frame<'a> {
             scratch: Vec::new(),
             dummy: None,
             counters: None,
+            constants: Vec::new(),
             retain: !once,
             keep: Vec::new(),
             stamps: profile.then(Stamps::default),
@@ -307,6 +310,24 @@ impl<'a> Frame<'a> {
         unsafe { self.ctx.shared.dev.raw.cmd_fill_buffer(cmd, r.0, r.1, r.2, 0) };
         self.stamp(|| "fill".to_string());
         self.counters = Some((r, len.max(64)));
+        Ok(Bind::raw(r))
+    }
+
+    /// A scratch range holding `words` as recorded (an update in the command buffer, so it
+    /// serves every run of a recording): constants a kernel reads beyond its push constants.
+    pub(crate) fn constants(&mut self, words: &[u32]) -> Result<Bind<'static>> {
+        if let Some((_, r)) = self.constants.iter().find(|(w, _)| w == words) {
+            return Ok(Bind::raw(*r));
+        }
+        let r = self.scratch_range(words.len().max(1) as u64 * 4)?;
+        self.constants.push((words.to_vec(), r));
+        self.order(&[], &[(r.0, r.1, r.1 + r.2)]);
+        let cmd = self.res().cmds.cmd;
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        // SAFETY: the range is the frame's scratch, 4-byte aligned and at least as long as the
+        // data (under the 64 KiB an update may carry); the command buffer is recording.
+        unsafe { self.ctx.shared.dev.raw.cmd_update_buffer(cmd, r.0, r.1, &bytes) };
+        self.stamp(|| "constants".to_string());
         Ok(Bind::raw(r))
     }
 

@@ -6,7 +6,8 @@
 //! - an `Add` right after a bias-free `Linear` that consumes the product (the residual add) is
 //!   `Absorbed` into the product's store (`matmul_fused`'s residual);
 //! - an `Attention` takes `rope_kv`: the `Rope`s of its q and k right before it are `Absorbed`
-//!   into it when they agree, and the KV append (mirror and read-back rows) is always its.
+//!   into it when they agree, and the KV append (mirror and read-back rows) is always its;
+//!   for one row, RoPE, the append and attention are one kernel when q and k die there.
 //!
 //! "Read" counts every later reader of the value before its next writer, in this frame, in
 //! later frames (host ones too) and by the frame's downloads; the logits are read at the end.
@@ -36,8 +37,10 @@ pub enum Fused {
     /// at that index and goes to that `Add`'s output.
     Linear { input: Option<usize>, residual: Option<usize> },
     /// An `Attention` recorded after `rope_kv`; `rope`: the indices of the absorbed `Rope`s
-    /// of its q and of its k.
-    Attention { rope: Option<(usize, usize)> },
+    /// of its q and of its k. `one_kernel`: nothing reads q or k after it (or no RoPE was
+    /// absorbed), so a one-row forward may leave them unrotated and do RoPE, the KV append and
+    /// attention in one kernel (`Frame::attention_decode`).
+    Attention { rope: Option<(usize, usize)>, one_kernel: bool },
 }
 
 /// Where each value is read and written, over the whole forward in execution order.
@@ -190,7 +193,9 @@ pub fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
                 plan[fi][a] = Fused::Absorbed;
                 plan[fi][b] = Fused::Absorbed;
             }
-            plan[fi][j] = Fused::Attention { rope };
+            let dead = |v: ValueId| flow.readers(frames, program, base + j, v).is_some_and(|r| r.is_empty());
+            let one_kernel = rope.is_none() || (dead(*q) && dead(*k));
+            plan[fi][j] = Fused::Attention { rope, one_kernel };
         }
     }
     plan

@@ -102,6 +102,72 @@ impl<'a> Frame<'a> {
     /// `attention` with the block's position fixed or read on the device (`Pos`).
     #[allow(clippy::too_many_arguments)]
     pub fn attention_at(&mut self, s: AttnShape, q: View<'a>, k: View<'a>, v: View<'a>, sinks: Option<View<'a>>, out: View<'a>, n: usize, pos: Pos<'a>, path: AttnPath) -> Result<()> {
+        self.attention_inner(s, q, k, v, sinks, out, n, pos, path, None)
+    }
+
+    /// One row's `rope_kv` and `attention_at` in one kernel (the split path): `q`, `k`, `v`
+    /// are the row's projections, read and left as they are; q and the k row are rotated as
+    /// `rope_kv` rotates them (`rope: None`: not at all), and the k and v rows written to row
+    /// `pos` of the mirrors `mk`, `mv` (from element 0, covering every position a run sees)
+    /// and to the read-back rows `sk`, `sv`. References: `cpu::rope::apply_row`,
+    /// `cpu::attention::attend`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_decode(
+        &mut self,
+        s: AttnShape,
+        rope: Option<RopeArgs<'a>>,
+        q: View<'a>,
+        k: View<'a>,
+        v: View<'a>,
+        mk: View<'a>,
+        mv: View<'a>,
+        sk: View<'a>,
+        sv: View<'a>,
+        sinks: Option<View<'a>>,
+        out: View<'a>,
+        pos: Pos<'a>,
+    ) -> Result<()> {
+        const OP: &str = "attention_decode";
+        let half = rope.map_or(0, |r| r.freq.len);
+        if 2 * half > s.head_dim {
+            return Err(VkError::BadArgument { op: OP, msg: format!("rotary dim {} over head_dim {}", 2 * half, s.head_dim) });
+        }
+        k.check(OP, "k", s.kv_heads * s.head_dim)?;
+        v.check(OP, "v", s.kv_heads * s.v_head_dim)?;
+        sk.check(OP, "k read-back", s.kv_heads * s.head_dim)?;
+        sv.check(OP, "v read-back", s.kv_heads * s.v_head_dim)?;
+        for (view, what) in [(sk, "k read-back"), (sv, "v read-back")] {
+            if view.offset != 0 {
+                return Err(VkError::BadArgument { op: OP, msg: format!("{what} views must start at element 0") });
+            }
+        }
+        if let Some(r) = rope {
+            r.freq.check(OP, "frequencies", half)?;
+            if r.freq.offset != 0 {
+                return Err(VkError::BadArgument { op: OP, msg: "frequency views must start at element 0".into() });
+            }
+        }
+        let style = rope.is_some_and(|r| r.style == RopeStyle::Interleaved) as u32;
+        let mscale = rope.map_or(1.0f32, |r| r.mscale).to_bits();
+        let cst = self.constants(&[half as u32, style, mscale, u32_arg(OP, "k offset", k.offset)?, u32_arg(OP, "v offset", v.offset)?])?;
+        let extra = Decode { k: Bind::buf(k.buf), v: Bind::buf(v.buf), freq: rope.map_or(Bind::UNUSED, |r| Bind::buf(r.freq.buf)), sk: Bind::buf(sk.buf), sv: Bind::buf(sv.buf), cst };
+        self.attention_inner(s, q, mk, mv, sinks, out, 1, pos, AttnPath::Split, Some(extra))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention_inner(
+        &mut self,
+        s: AttnShape,
+        q: View<'a>,
+        k: View<'a>,
+        v: View<'a>,
+        sinks: Option<View<'a>>,
+        out: View<'a>,
+        n: usize,
+        pos: Pos<'a>,
+        path: AttnPath,
+        decode: Option<Decode<'a>>,
+    ) -> Result<()> {
         const OP: &str = "attention";
         let (pos0, dyn_, params) = pos.parts(OP)?;
         let pos0 = pos0 as usize;
@@ -116,6 +182,9 @@ impl<'a> Frame<'a> {
         }
         // A dynamic position is unknown here: the views need hold the block at least.
         let len = pos0 + n;
+        if decode.is_some() && (k.offset != 0 || v.offset != 0) {
+            return Err(VkError::BadArgument { op: OP, msg: "mirror views must start at element 0".into() });
+        }
         q.check(OP, "q", n * s.heads * s.head_dim)?;
         k.check(OP, "keys", len * s.kv_heads * s.head_dim)?;
         v.check(OP, "values", len * s.kv_heads * s.v_head_dim)?;
@@ -144,7 +213,7 @@ impl<'a> Frame<'a> {
             s.v_head_dim as u32,
             u32_arg(OP, "pos0", pos0)?,
             u32_arg(OP, "window", s.window.unwrap_or(0))?,
-            sinks.is_some() as u32,
+            sinks.is_some() as u32 | (decode.is_some() as u32) << 1,
             s.scale.to_bits(),
             u32_arg(OP, "q offset", q.offset)?,
             u32_arg(OP, "k offset", k.offset)?,
@@ -167,7 +236,8 @@ impl<'a> Frame<'a> {
             let (ml, o) = (self.scratch(slots * 2)?, self.scratch(slots * s.v_head_dim)?);
             let (ml, o) = (self.scratch_bind(ml), self.scratch_bind(o));
             let counters = self.counters(n * s.heads)?;
-            let binds = [base[0], base[1], base[2], base[3], ml, o, Bind::buf(out.buf), params, counters];
+            let d = decode.unwrap_or(Decode { k: Bind::UNUSED, v: Bind::UNUSED, freq: Bind::UNUSED, sk: Bind::UNUSED, sv: Bind::UNUSED, cst: Bind::UNUSED });
+            let binds = [base[0], base[1], base[2], base[3], ml, o, Bind::buf(out.buf), params, counters, d.k, d.v, d.freq, d.sk, d.sv, d.cst];
             let rows = u32_arg(OP, "n", n)?;
             self.dispatch(Kernel::AttnSplit, None, &binds, &push, [heads, rows, splits as u32])
         } else {
@@ -176,6 +246,17 @@ impl<'a> Frame<'a> {
             self.dispatch(Kernel::AttnBlock, None, &binds, &push, [heads, u32_arg(OP, "blocks", n.div_ceil(BQ))?, 1])
         }
     }
+}
+
+/// What `attention_decode` adds to the split kernel's bindings.
+#[derive(Clone, Copy)]
+struct Decode<'a> {
+    k: Bind<'a>,
+    v: Bind<'a>,
+    freq: Bind<'a>,
+    sk: Bind<'a>,
+    sv: Bind<'a>,
+    cst: Bind<'static>,
 }
 
 impl<'a> Frame<'a> {
