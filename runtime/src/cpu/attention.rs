@@ -21,8 +21,6 @@ pub struct AttnShape {
 
 /// Query rows per task (prefill): enough to amortize a task, few enough to balance.
 const ROWS_PER_TASK: usize = 16;
-/// Head dimensions are processed in chunks of this many lanes, held in registers.
-const CHUNK: usize = 64;
 
 /// `q`: `n x heads*head_dim`, row `i` at position `pos0 + i`. `k`, `v`: all cached rows of the
 /// layer (`len x kv_heads*head_dim`, `len x kv_heads*v_head_dim`), including this block's.
@@ -69,26 +67,27 @@ unsafe fn head_row_avx2(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: us
     head_row::<avx2::Avx2>(s, q, k, v, pos0, i, h, sink, scores, o)
 }
 
-/// The two inner loops of a head row over one 64-lane chunk of the head dimension:
-/// `scores[j] += q . k_j` and `out += sum_j w_j v_j` (rows `j` at `stride` floats apart).
-trait Chunk64 {
+/// The two inner loops of a head row over one chunk of `8 * NV` lanes of the head dimension
+/// (`NV` in 1, 2, 4, 8): `scores[j] += q . k_j` and `out += sum_j w_j v_j` (rows `j` at
+/// `stride` floats apart).
+trait Chunk {
     /// # Safety
-    /// `k` holds `scores.len()` rows of at least `CHUNK` floats, `stride` apart; callers of
-    /// an implementation with CPU features have checked them.
-    unsafe fn scores(q: &[f32; CHUNK], k: *const f32, stride: usize, scores: &mut [f32]);
+    /// `q` holds `8 * NV` floats; `k` holds `scores.len()` rows of at least `8 * NV` floats,
+    /// `stride` apart; callers of an implementation with CPU features have checked them.
+    unsafe fn scores<const NV: usize>(q: &[f32], k: *const f32, stride: usize, scores: &mut [f32]);
     /// # Safety
-    /// As `scores`, for `v` and `w.len()` rows.
-    unsafe fn weighted(w: &[f32], v: *const f32, stride: usize, out: &mut [f32; CHUNK]);
+    /// As `scores`, for `v` and `w.len()` rows; `out` holds `8 * NV` floats.
+    unsafe fn weighted<const NV: usize>(w: &[f32], v: *const f32, stride: usize, out: &mut [f32]);
 }
 
 struct Plain;
 
-impl Chunk64 for Plain {
-    unsafe fn scores(q: &[f32; CHUNK], k: *const f32, stride: usize, scores: &mut [f32]) {
+impl Chunk for Plain {
+    unsafe fn scores<const NV: usize>(q: &[f32], k: *const f32, stride: usize, scores: &mut [f32]) {
         for (j, sc) in scores.iter_mut().enumerate() {
-            let kr = std::slice::from_raw_parts(k.add(j * stride), CHUNK);
+            let kr = std::slice::from_raw_parts(k.add(j * stride), 8 * NV);
             let mut acc = [0f32; 8];
-            for (qq, kk) in q.chunks_exact(8).zip(kr.chunks_exact(8)) {
+            for (qq, kk) in q[..8 * NV].chunks_exact(8).zip(kr.chunks_exact(8)) {
                 for l in 0..8 {
                     acc[l] += qq[l] * kk[l];
                 }
@@ -97,11 +96,11 @@ impl Chunk64 for Plain {
         }
     }
 
-    unsafe fn weighted(w: &[f32], v: *const f32, stride: usize, out: &mut [f32; CHUNK]) {
+    unsafe fn weighted<const NV: usize>(w: &[f32], v: *const f32, stride: usize, out: &mut [f32]) {
         for (j, &wj) in w.iter().enumerate() {
-            let vr = std::slice::from_raw_parts(v.add(j * stride), CHUNK);
-            for d in 0..CHUNK {
-                out[d] += wj * vr[d];
+            let vr = std::slice::from_raw_parts(v.add(j * stride), 8 * NV);
+            for (o, &x) in out[..8 * NV].iter_mut().zip(vr) {
+                *o += wj * x;
             }
         }
     }
@@ -109,31 +108,35 @@ impl Chunk64 for Plain {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Chunk64, CHUNK};
+    use super::Chunk;
     use std::arch::x86_64::*;
 
     pub struct Avx2;
 
+    /// `q . k` over `NV` vectors, in two accumulators (one when `NV == 1`).
     #[inline(always)]
-    unsafe fn dot8x8(q: &[__m256; 8], k: *const f32) -> __m256 {
+    unsafe fn dot<const NV: usize>(q: &[__m256; NV], k: *const f32) -> __m256 {
         let mut a = _mm256_mul_ps(q[0], _mm256_loadu_ps(k));
+        if NV == 1 {
+            return a;
+        }
         let mut b = _mm256_mul_ps(q[1], _mm256_loadu_ps(k.add(8)));
-        for c in (2..8).step_by(2) {
+        for c in (2..NV).step_by(2) {
             a = _mm256_fmadd_ps(q[c], _mm256_loadu_ps(k.add(8 * c)), a);
             b = _mm256_fmadd_ps(q[c + 1], _mm256_loadu_ps(k.add(8 * c + 8)), b);
         }
         _mm256_add_ps(a, b)
     }
 
-    impl Chunk64 for Avx2 {
+    impl Chunk for Avx2 {
         #[inline(always)]
-        unsafe fn scores(q: &[f32; CHUNK], k: *const f32, stride: usize, scores: &mut [f32]) {
-            let qv: [__m256; 8] = std::array::from_fn(|c| _mm256_loadu_ps(q.as_ptr().add(8 * c)));
+        unsafe fn scores<const NV: usize>(q: &[f32], k: *const f32, stride: usize, scores: &mut [f32]) {
+            let qv: [__m256; NV] = std::array::from_fn(|c| _mm256_loadu_ps(q.as_ptr().add(8 * c)));
             let len = scores.len();
             let mut j = 0;
             // Four keys at a time: their eight-lane sums reduce together through `hadd`.
             while j + 4 <= len {
-                let s: [__m256; 4] = std::array::from_fn(|t| dot8x8(&qv, k.add((j + t) * stride)));
+                let s: [__m256; 4] = std::array::from_fn(|t| dot::<NV>(&qv, k.add((j + t) * stride)));
                 let h = _mm256_hadd_ps(_mm256_hadd_ps(s[0], s[1]), _mm256_hadd_ps(s[2], s[3]));
                 let r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
                 let at = scores.as_mut_ptr().add(j);
@@ -141,7 +144,7 @@ mod avx2 {
                 j += 4;
             }
             while j < len {
-                let v = dot8x8(&qv, k.add(j * stride));
+                let v = dot::<NV>(&qv, k.add(j * stride));
                 let r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
                 let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
                 scores[j] += _mm_cvtss_f32(_mm_add_ss(r, _mm_shuffle_ps(r, r, 1)));
@@ -150,27 +153,32 @@ mod avx2 {
         }
 
         #[inline(always)]
-        unsafe fn weighted(w: &[f32], v: *const f32, stride: usize, out: &mut [f32; CHUNK]) {
-            let mut acc: [__m256; 8] = std::array::from_fn(|c| _mm256_loadu_ps(out.as_ptr().add(8 * c)));
+        unsafe fn weighted<const NV: usize>(w: &[f32], v: *const f32, stride: usize, out: &mut [f32]) {
+            let mut acc: [__m256; NV] = std::array::from_fn(|c| _mm256_loadu_ps(out.as_ptr().add(8 * c)));
             for (j, &wj) in w.iter().enumerate() {
                 let wv = _mm256_set1_ps(wj);
                 let vr = v.add(j * stride);
-                for c in 0..8 {
+                for c in 0..NV {
                     acc[c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vr.add(8 * c)), acc[c]);
                 }
             }
-            for c in 0..8 {
+            for c in 0..NV {
                 _mm256_storeu_ps(out.as_mut_ptr().add(8 * c), acc[c]);
             }
         }
     }
 }
 
+/// The widest chunk (64, 32, 16 or 8 lanes) that fits in `rest` lanes; 0 below 8.
+fn chunk_width(rest: usize) -> usize {
+    [64, 32, 16, 8].into_iter().find(|&c| c <= rest).unwrap_or(0)
+}
+
 /// One query row `i` of head `h`: scores against its keys, softmax (with the sink), and the
 /// weighted sum of values into `o`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn head_row<K: Chunk64>(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, i: usize, h: usize, sink: Option<f32>, scores: &mut Vec<f32>, o: &mut [f32]) {
+fn head_row<K: Chunk>(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, i: usize, h: usize, sink: Option<f32>, scores: &mut Vec<f32>, o: &mut [f32]) {
     let (hd, vhd) = (s.head_dim, s.v_head_dim);
     let kvh = h / (s.heads / s.kv_heads);
     let (kw, vw) = (s.kv_heads * hd, s.kv_heads * vhd);
@@ -183,19 +191,27 @@ fn head_row<K: Chunk64>(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: us
     // Scores, one register-held chunk of the query at a time.
     let mut c0 = 0;
     while c0 < hd {
-        let c = CHUNK.min(hd - c0);
-        if c == CHUNK {
-            let qc: &[f32; CHUNK] = qh[c0..c0 + CHUNK].try_into().unwrap();
-            let rows = &k[lo * kw + kvh * hd + c0..];
-            assert!(len == 0 || rows.len() >= (len - 1) * kw + CHUNK, "key rows past the cache");
-            // SAFETY: the assert bounds every row read; `K`'s CPU features were checked by the
-            // caller that chose it.
-            unsafe { K::scores(qc, rows.as_ptr(), kw, scores) };
-        } else {
-            let qc = &qh[c0..c0 + c];
+        let c = chunk_width(hd - c0);
+        if c == 0 {
+            // Fewer than eight lanes left: plain code.
+            let qc = &qh[c0..];
             for (j, sc) in scores.iter_mut().enumerate() {
-                let kr = &k[(lo + j) * kw + kvh * hd + c0..][..c];
+                let kr = &k[(lo + j) * kw + kvh * hd + c0..][..hd - c0];
                 *sc += qc.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>();
+            }
+            break;
+        }
+        let rows = &k[lo * kw + kvh * hd + c0..];
+        assert!(len == 0 || rows.len() >= (len - 1) * kw + c, "key rows past the cache");
+        let qc = &qh[c0..c0 + c];
+        // SAFETY: the assert bounds every row read; `K`'s CPU features were checked by the
+        // caller that chose it.
+        unsafe {
+            match c {
+                64 => K::scores::<8>(qc, rows.as_ptr(), kw, scores),
+                32 => K::scores::<4>(qc, rows.as_ptr(), kw, scores),
+                16 => K::scores::<2>(qc, rows.as_ptr(), kw, scores),
+                _ => K::scores::<1>(qc, rows.as_ptr(), kw, scores),
             }
         }
         c0 += c;
@@ -219,29 +235,33 @@ fn head_row<K: Chunk64>(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: us
     }
     let inv = 1.0 / l;
     // Weighted values, one register-held chunk of the output at a time.
+    o.iter_mut().for_each(|x| *x = 0.0);
     let mut c0 = 0;
     while c0 < vhd {
-        let c = CHUNK.min(vhd - c0);
-        if c == CHUNK {
-            let mut acc = [0f32; CHUNK];
-            let rows = &v[lo * vw + kvh * vhd + c0..];
-            assert!(len == 0 || rows.len() >= (len - 1) * vw + CHUNK, "value rows past the cache");
-            // SAFETY: as for the scores.
-            unsafe { K::weighted(scores, rows.as_ptr(), vw, &mut acc) };
-            for (x, a) in o[c0..c0 + CHUNK].iter_mut().zip(acc) {
-                *x = a * inv;
-            }
-        } else {
-            let oc = &mut o[c0..c0 + c];
-            oc.iter_mut().for_each(|x| *x = 0.0);
+        let c = chunk_width(vhd - c0);
+        if c == 0 {
+            let oc = &mut o[c0..];
             for (j, &w) in scores.iter().enumerate() {
-                let vr = &v[(lo + j) * vw + kvh * vhd + c0..][..c];
+                let vr = &v[(lo + j) * vw + kvh * vhd + c0..][..vhd - c0];
                 oc.iter_mut().zip(vr).for_each(|(x, &vv)| *x += w * vv);
             }
-            oc.iter_mut().for_each(|x| *x *= inv);
+            break;
+        }
+        let rows = &v[lo * vw + kvh * vhd + c0..];
+        assert!(len == 0 || rows.len() >= (len - 1) * vw + c, "value rows past the cache");
+        let oc = &mut o[c0..c0 + c];
+        // SAFETY: as for the scores.
+        unsafe {
+            match c {
+                64 => K::weighted::<8>(scores, rows.as_ptr(), vw, oc),
+                32 => K::weighted::<4>(scores, rows.as_ptr(), vw, oc),
+                16 => K::weighted::<2>(scores, rows.as_ptr(), vw, oc),
+                _ => K::weighted::<1>(scores, rows.as_ptr(), vw, oc),
+            }
         }
         c0 += c;
     }
+    o.iter_mut().for_each(|x| *x *= inv);
 }
 
 #[cfg(test)]
@@ -333,6 +353,8 @@ mod tests {
             (4, 2, 80, 48, Some(7), true, 5, 20),
             (2, 2, 128, 128, None, true, 3, 2),
             (3, 1, 16, 24, Some(50), false, 0, 70),
+            (8, 8, 32, 32, None, false, 0, 20),
+            (2, 1, 20, 12, None, true, 2, 5),
         ];
         for (heads, kv_heads, head_dim, v_head_dim, window, with_sinks, pos0, n) in cases {
             let s = AttnShape { heads, kv_heads, head_dim, v_head_dim, scale: 1.0 / (head_dim as f32).sqrt(), window };

@@ -294,6 +294,14 @@ fn tile_q8_body<const LEVEL: u8>(w: &Matrix, acts: &QuantizedActs, r0: usize, r1
 
 #[inline(always)]
 fn tile_f32_body<const LEVEL: u8>(w: &Matrix, x: &[f32], n: usize, r0: usize, r1: usize, out: *mut f32) {
+    #[cfg(target_arch = "x86_64")]
+    if LEVEL > 0 {
+        // SAFETY: as in `tile_q8_body`; `x` holds `n x cols`.
+        let done = unsafe { if LEVEL == 2 { super::fsimd::tile_float::<true>(w, x, n, r0, r1, out) } else { super::fsimd::tile_float::<false>(w, x, n, r0, r1, out) } };
+        if done {
+            return;
+        }
+    }
     let cols = w.cols;
     // SAFETY (every write below): `(i, r)` with `i < n`, `r0 <= r < r1 <= w.rows` is inside the
     // `n x rows` output (the caller's invariant).

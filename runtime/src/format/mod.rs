@@ -27,6 +27,7 @@
 mod dequant;
 mod dot;
 pub mod fp16;
+mod fsimd;
 mod kquant;
 mod matmul;
 pub mod pool;

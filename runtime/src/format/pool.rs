@@ -30,7 +30,7 @@ pub const MAX_TASKS: usize = (1 << TASK_BITS) - 1;
 const TASK_MASK: u64 = (1 << TASK_BITS) - 1;
 const EPOCH_MASK: u64 = (1 << EPOCH_BITS) - 1;
 /// How long an idle helper polls for the next job before it sleeps.
-const SPIN: Duration = Duration::from_micros(1500);
+const SPIN: Duration = Duration::from_micros(100);
 
 type Task<'a> = dyn Fn(usize) + Sync + 'a;
 

@@ -338,3 +338,24 @@ fn kernel_throughput() {
         }
     }
 }
+
+#[test]
+fn float_matmul_handles_ragged_columns_and_tiles() {
+    let mut rng = Rng(31);
+    for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
+        for &(rows, cols, n) in &[(7usize, 13usize, 6usize), (9, 77, 1), (11, 3, 9), (64, 200, 5)] {
+            let bytes = random_rows(format, rows, cols, &mut rng);
+            let w = Matrix::new(format, rows, cols, &bytes).unwrap();
+            let x = rng.vec(n * cols, 1.0);
+            let mut out = vec![f32::NAN; n * rows];
+            matmul(&w, &x, n, &mut out);
+            for i in 0..n {
+                for r in 0..rows {
+                    let (want, mag) = ref_dot(&dequant(format, w.row(r), cols), &x[i * cols..(i + 1) * cols]);
+                    let got = out[i * rows + r];
+                    assert!((got - want).abs() <= 1e-5 * mag + 1e-6, "{format} {rows}x{cols} n={n} [{i},{r}]: {got} vs {want}");
+                }
+            }
+        }
+    }
+}
