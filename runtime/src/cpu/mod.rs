@@ -1,5 +1,6 @@
 //! The CPU op library: every op of the program IR over f32 rows, weights in their checkpoint
-//! format (the format module multiplies in block form). Parallel with rayon where it pays.
+//! format (the format module multiplies in block form). Parallel on the format module's
+//! thread team where it pays (matmuls, attention, SwiGLU, activation quantization).
 //! This library is the reference every device path is checked against: it favours plain,
 //! obviously-correct code over cleverness, except in the matmul kernels.
 

@@ -1,12 +1,13 @@
 //! `Matrix` (a checked view of stored rows) and `matmul`: `out[n x rows] = x[n x cols] * W^T`,
-//! parallel over chunks of weight rows with rayon. Each task takes a run of weight rows and
-//! dots every row with all `n` activation rows while it is hot in cache, so prefill decodes
-//! each weight block once per task, not once per token. Integer formats take the activations
+//! parallel over chunks of weight rows on the thread team (`pool`). Each task takes a run of
+//! weight rows and dots every row with all `n` activation rows while it is hot in cache, so
+//! prefill decodes each weight block once per task, not once per token; results go straight
+//! to their place in `out` (tasks own disjoint columns). Integer formats take the activations
 //! quantized once per call (`QuantizedActs`); callers that feed one input to several matrices
-//! (q/k/v, gate/up, experts) quantize once and call `matmul_q`.
+//! (q/k/v, gate/up) quantize once and call `matmul_q_multi`, one pass over all of them.
 //!
-//! The inner loops are compiled twice: portable, and with AVX2+FMA+F16C (or AVX-512 with VNNI)
-//! enabled, chosen once at run time, so the same autovectorizable source gets wide registers.
+//! The inner loops are compiled three times: portable, with AVX2+FMA+F16C, and with AVX-512
+//! VNNI, chosen once at run time (`simd` holds the integer kernels, `fsimd` the float ones).
 //!
 //! Must not: allocate per row, hold weights beyond the call, or panic on mismatched sizes
 //! (they are `FormatError`s).

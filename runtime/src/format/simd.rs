@@ -255,6 +255,123 @@ unsafe fn kernel4<const F: u8, const P: usize, const VNNI: bool>(rows: [[*const 
     out
 }
 
+/// Four activation rows rearranged for `kernel_pair`, per pair of units `(2p, 2p + 1)`: the
+/// first sixteen bytes of both units in `lo[c]` and the last sixteen in `hi[c]`, so that two
+/// byte dot products leave unit `2p`'s sum in lanes 0-3 and unit `2p + 1`'s in lanes 4-7;
+/// `d[c]` holds the two units' scales four times each, `s` their sums (`s[c]` unit `2p`,
+/// `s[4 + c]` unit `2p + 1`). A missing last unit (odd count) is all zeros.
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+pub struct PairActs {
+    lo: [[i8; 32]; 4],
+    hi: [[i8; 32]; 4],
+    d: [[f32; 8]; 4],
+    s: [f32; 8],
+}
+
+const EMPTY_PAIR: PairActs = PairActs { lo: [[0; 32]; 4], hi: [[0; 32]; 4], d: [[0.0; 8]; 4], s: [0.0; 8] };
+
+/// Fills `out` with the `PairActs` of activation rows `xs` (`units` blocks each).
+#[inline(always)]
+unsafe fn pair_acts(xs: [*const BlockQ8; 4], units: usize, out: &mut Vec<PairActs>) {
+    out.clear();
+    out.resize(units.div_ceil(2), EMPTY_PAIR);
+    for (p, pa) in out.iter_mut().enumerate() {
+        for h in 0..2 {
+            let k = 2 * p + h;
+            if k == units {
+                break;
+            }
+            for c in 0..4 {
+                let b = &*xs[c].add(k);
+                pa.lo[c][16 * h..16 * h + 16].copy_from_slice(&b.q[..16]);
+                pa.hi[c][16 * h..16 * h + 16].copy_from_slice(&b.q[16..]);
+                pa.d[c][4 * h..4 * h + 4].fill(b.d);
+                pa.s[4 * h + c] = b.s;
+            }
+        }
+    }
+}
+
+/// `i32` lanes of `acc` plus four-byte dot products of `w` (bytes as `unit` gives them) and
+/// `x` (signed).
+#[inline(always)]
+unsafe fn dot_acc<const F: u8, const VNNI: bool>(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    if VNNI {
+        _mm256_dpbusd_epi32(acc, w, x)
+    } else {
+        let (a, b) = if signed(F) { (_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)) } else { (w, x) };
+        _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)))
+    }
+}
+
+/// Units `k` and `k + 1` of a row in `kernel_pair`'s layout: first halves, second halves, the
+/// scales and the `b` terms (four lanes each). `k + 1 < units` unless `LAST`, where the second
+/// unit is absent and contributes zeros.
+#[inline(always)]
+unsafe fn pair_unit<const F: u8, const VNNI: bool, const LAST: bool>(row: *const u8, k: usize) -> (__m256i, __m256i, __m256, __m256) {
+    if !LAST && (F == F_Q4_1 || F == F_Q4_0) {
+        // Nibble formats: both units' 16 bytes in one register give both halves directly.
+        let (size, qs) = if F == F_Q4_1 { (20, 4) } else { (18, 2) };
+        let (p0, p1) = (row.add(size * k), row.add(size * (k + 1)));
+        let raw = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(p0.add(qs).cast())), _mm_loadu_si128(p1.add(qs).cast()), 1);
+        let m = _mm256_set1_epi8(0x0f);
+        let hdr = _mm_cvtph_ps(_mm_setr_epi32(p0.cast::<i32>().read_unaligned(), p1.cast::<i32>().read_unaligned(), 0, 0));
+        let hdr = _mm256_castps128_ps256(hdr);
+        // Q4_1: lanes d0, m0, d1, m1; Q4_0: d0, (q bytes), d1, (q bytes), with b = -8 d.
+        let av = _mm256_permutevar8x32_ps(hdr, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
+        let bv = if F == F_Q4_1 { _mm256_permutevar8x32_ps(hdr, _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3)) } else { _mm256_mul_ps(av, _mm256_set1_ps(-8.0)) };
+        return (_mm256_and_si256(raw, m), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m), av, bv);
+    }
+    let (u0, a0, b0) = unit::<F, VNNI>(row, k);
+    let (u1, a1, b1) = if LAST { (_mm256_setzero_si256(), _mm256_setzero_ps(), 0.0) } else { unit::<F, VNNI>(row, k + 1) };
+    let wlo = _mm256_permute2x128_si256(u0, u1, 0x20);
+    let whi = _mm256_permute2x128_si256(u0, u1, 0x31);
+    (wlo, whi, _mm256_blend_ps(a0, a1, 0xf0), _mm256_blend_ps(_mm256_set1_ps(b0), _mm256_set1_ps(b1), 0xf0))
+}
+
+/// One step of `kernel_pair`: units `k` and `k + 1` (only `k` when `LAST`).
+#[inline(always)]
+unsafe fn pair_step<const F: u8, const R: usize, const VNNI: bool, const LAST: bool>(rows: [*const u8; R], a: &PairActs, k: usize, acc: &mut [[__m256; 4]; R], accb: &mut [__m256; R]) {
+    let xlo: [__m256i; 4] = std::array::from_fn(|c| load(&a.lo[c]));
+    let xhi: [__m256i; 4] = std::array::from_fn(|c| load(&a.hi[c]));
+    let xd: [__m256; 4] = std::array::from_fn(|c| _mm256_load_ps(a.d[c].as_ptr()));
+    let sv = _mm256_load_ps(a.s.as_ptr());
+    for r in 0..R {
+        let (wlo, whi, av, bv) = pair_unit::<F, VNNI, LAST>(rows[r], k);
+        accb[r] = _mm256_fmadd_ps(bv, sv, accb[r]);
+        for c in 0..4 {
+            let s = dot_acc::<F, VNNI>(dot_acc::<F, VNNI>(_mm256_setzero_si256(), wlo, xlo[c]), whi, xhi[c]);
+            acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(av, xd[c]), _mm256_cvtepi32_ps(s), acc[r][c]);
+        }
+    }
+}
+
+/// Two weight rows against the four activation rows of `pa` (`units` units), two units per
+/// step: per (row, activation row) one conversion, one scale product and one FMA cover 64
+/// byte products. Not for `Q6_K` (its scale changes inside a unit).
+#[inline(always)]
+unsafe fn kernel_pair<const F: u8, const R: usize, const VNNI: bool>(rows: [*const u8; R], pa: &[PairActs], units: usize) -> [[f32; 4]; R] {
+    let mut acc = [[_mm256_setzero_ps(); 4]; R];
+    let mut accb = [_mm256_setzero_ps(); R];
+    for p in 0..units / 2 {
+        pair_step::<F, R, VNNI, false>(rows, &pa[p], 2 * p, &mut acc, &mut accb);
+    }
+    if units % 2 == 1 {
+        pair_step::<F, R, VNNI, true>(rows, &pa[units / 2], units - 1, &mut acc, &mut accb);
+    }
+    let mut out = [[0f32; 4]; R];
+    for r in 0..R {
+        let scale = if F == F_I8ROW { f32::from_le_bytes(rows[r].cast::<[u8; 4]>().read_unaligned()) } else { 1.0 };
+        let mut b = [0f32; 8];
+        _mm256_storeu_ps(b.as_mut_ptr(), accb[r]);
+        for c in 0..4 {
+            out[r][c] = scale * (hsum(acc[r][c]) + b[c] + b[4 + c]);
+        }
+    }
+    out
+}
+
 /// Rows `r0..r1` of `w` against all of `acts`; element `(i, r)` goes to `out + i * w.rows + r`.
 #[inline(always)]
 unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs, r0: usize, r1: usize, out: *mut f32) {
@@ -293,6 +410,32 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
         let mut sx = vec![[0f32; 4]; units];
         let pairs_end = r0 + (r1 - r0) / 2 * 2;
         let mut i = 0;
+        if F != F_Q6K {
+            let mut pa = Vec::new();
+            while i + 4 <= n {
+                pair_acts([xp(i), xp(i + 1), xp(i + 2), xp(i + 3)], units, &mut pa);
+                let mut r = r0;
+                while VNNI && r + 4 <= pairs_end {
+                    let t = kernel_pair::<F, 4, VNNI>([rp(r), rp(r + 1), rp(r + 2), rp(r + 3)], &pa, units);
+                    for j in 0..4 {
+                        for c in 0..4 {
+                            put(i + c, r + j, t[j][c]);
+                        }
+                    }
+                    r += 4;
+                }
+                while r < pairs_end {
+                    let t = kernel_pair::<F, 2, VNNI>([rp(r), rp(r + 1)], &pa, units);
+                    for j in 0..2 {
+                        for c in 0..4 {
+                            put(i + c, r + j, t[j][c]);
+                        }
+                    }
+                    r += 2;
+                }
+                i += 4;
+            }
+        }
         while i + 4 <= n {
             for (k, v) in sx.iter_mut().enumerate() {
                 *v = std::array::from_fn(|c| (*xp(i + c).add(k)).s);

@@ -359,3 +359,27 @@ fn float_matmul_handles_ragged_columns_and_tiles() {
         }
     }
 }
+
+#[test]
+fn q8_matmul_handles_odd_unit_counts_and_ragged_tiles() {
+    // 9 units per row (the prefill kernel pairs units; the last one is alone), 9 activation
+    // rows (two groups of four and one left over) and 11 weight rows (tiles of 4, 2 and 1).
+    let mut rng = Rng(99);
+    for format in [WeightFormat::Q8_0, WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::I8Row] {
+        let (rows, cols, n) = (11, 288, 9);
+        let bytes = random_rows(format, rows, cols, &mut rng);
+        let w = Matrix::new(format, rows, cols, &bytes).unwrap();
+        let x = rng.vec(n * cols, 1.0);
+        let acts = QuantizedActs::new(&x, n, cols).unwrap();
+        let mut out = vec![f32::NAN; n * rows];
+        matmul_q(&w, &acts, &mut out);
+        for i in 0..n {
+            for r in 0..rows {
+                let want = dot_row_q8(format, w.row(r), acts.row(i));
+                let (_, mag) = ref_dot(&dequant(format, w.row(r), cols), &x[i * cols..(i + 1) * cols]);
+                let got = out[i * rows + r];
+                assert!((got - want).abs() <= 1e-5 * mag + 1e-6, "{format} [{i},{r}]: {got} vs {want}");
+            }
+        }
+    }
+}
