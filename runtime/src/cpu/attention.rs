@@ -20,7 +20,7 @@ pub struct AttnShape {
 }
 
 /// Query rows per task (prefill): enough to amortize a task, few enough to balance.
-const ROWS_PER_TASK: usize = 16;
+const ROWS_PER_TASK: usize = 8;
 
 /// `q`: `n x heads*head_dim`, row `i` at position `pos0 + i`. `k`, `v`: all cached rows of the
 /// layer (`len x kv_heads*head_dim`, `len x kv_heads*v_head_dim`), including this block's.
@@ -32,25 +32,31 @@ pub fn attend(s: AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, sinks:
     }
     let n = out.len() / ow;
     let blocks = n.div_ceil(ROWS_PER_TASK);
+    let group = s.heads / s.kv_heads;
+    // Prefill: a task is a KV head's whole group of query heads (they share every K and V load)
+    // over a block of rows. Decode (one row): one head per task, to spread the few heads.
+    let per = if n > 1 { group } else { 1 };
+    let sets = s.heads / per;
     let o = SendPtr(out.as_mut_ptr());
     let wide = crate::format::wide_simd();
-    pool::run(s.heads * blocks, &|t| {
-        let (h, b) = (t % s.heads, t / s.heads);
+    pool::run(sets * blocks, &|t| {
+        // Later rows see more keys: hand out the heaviest blocks first, for balance.
+        let (set, b) = (t % sets, blocks - 1 - t / sets);
+        let hs = set * per..(set + 1) * per;
         let rows = b * ROWS_PER_TASK..((b + 1) * ROWS_PER_TASK).min(n);
         SCORES.with(|sc| {
             let sc = &mut sc.borrow_mut();
             for i in rows.clone() {
-                // SAFETY: task `(h, b)` writes only head `h` of rows in block `b`: disjoint.
-                let o = unsafe { std::slice::from_raw_parts_mut(o.get().add(i * ow + h * s.v_head_dim), s.v_head_dim) };
-                let sink = sinks.map(|sk| sk[h]);
+                // SAFETY: task `(set, b)` writes only heads `hs` of rows in block `b`: disjoint.
+                let o = unsafe { std::slice::from_raw_parts_mut(o.get().add(i * ow + hs.start * s.v_head_dim), per * s.v_head_dim) };
                 #[cfg(target_arch = "x86_64")]
                 if wide {
                     // SAFETY: `wide_simd` reported AVX2+FMA.
-                    unsafe { head_row_avx2(&s, q, k, v, pos0, i, h, sink, sc, o) };
+                    unsafe { heads_row_avx2(&s, q, k, v, pos0, i, hs.clone(), sinks, sc, o) };
                     continue;
                 }
                 let _ = wide;
-                head_row::<Plain>(&s, q, k, v, pos0, i, h, sink, sc, o);
+                heads_row::<Plain>(&s, q, k, v, pos0, i, hs.clone(), sinks, sc, o);
             }
         });
     });
@@ -63,8 +69,8 @@ thread_local! {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn head_row_avx2(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, i: usize, h: usize, sink: Option<f32>, scores: &mut Vec<f32>, o: &mut [f32]) {
-    head_row::<avx2::Avx2>(s, q, k, v, pos0, i, h, sink, scores, o)
+unsafe fn heads_row_avx2(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, i: usize, hs: std::ops::Range<usize>, sinks: Option<&[f32]>, scores: &mut Vec<f32>, o: &mut [f32]) {
+    heads_row::<avx2::Avx2>(s, q, k, v, pos0, i, hs, sinks, scores, o)
 }
 
 /// The two inner loops of a head row over one chunk of `8 * NV` lanes of the head dimension
@@ -174,94 +180,124 @@ fn chunk_width(rest: usize) -> usize {
     [64, 32, 16, 8].into_iter().find(|&c| c <= rest).unwrap_or(0)
 }
 
-/// One query row `i` of head `h`: scores against its keys, softmax (with the sink), and the
-/// weighted sum of values into `o`.
+/// Keys per block when several heads share a KV head: one block of K (or V) rows stays in L1
+/// while every head of the group takes its turn over it.
+const KEY_BLOCK: usize = 32;
+
+/// One query row `i` of heads `hs` (all reading the same KV head): scores against the row's
+/// keys, softmax (with each head's sink), and the weighted sums of values into `o` (the
+/// heads' outputs, `v_head_dim` each). `scores` is scratch.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn head_row<K: Chunk>(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, i: usize, h: usize, sink: Option<f32>, scores: &mut Vec<f32>, o: &mut [f32]) {
+fn heads_row<K: Chunk>(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, i: usize, hs: std::ops::Range<usize>, sinks: Option<&[f32]>, scores: &mut Vec<f32>, o: &mut [f32]) {
     let (hd, vhd) = (s.head_dim, s.v_head_dim);
-    let kvh = h / (s.heads / s.kv_heads);
+    let g = hs.len();
+    let kvh = hs.start / (s.heads / s.kv_heads);
     let (kw, vw) = (s.kv_heads * hd, s.kv_heads * vhd);
     let p = pos0 + i;
     let lo = s.window.map_or(0, |w| (p + 1).saturating_sub(w));
     let len = p + 1 - lo;
-    let qh = &q[i * s.heads * hd + h * hd..][..hd];
+    let qh = |h: usize| &q[i * s.heads * hd + h * hd..][..hd];
     scores.clear();
-    scores.resize(len, 0.0);
-    // Scores, one register-held chunk of the query at a time.
+    scores.resize(g * len, 0.0);
+    // Scores, one register-held chunk of the query at a time, key blocks shared by the heads.
+    let krows = &k[lo * kw + kvh * hd..];
+    assert!(len == 0 || krows.len() >= (len - 1) * kw + hd, "key rows past the cache");
     let mut c0 = 0;
     while c0 < hd {
         let c = chunk_width(hd - c0);
-        if c == 0 {
-            // Fewer than eight lanes left: plain code.
-            let qc = &qh[c0..];
-            for (j, sc) in scores.iter_mut().enumerate() {
-                let kr = &k[(lo + j) * kw + kvh * hd + c0..][..hd - c0];
-                *sc += qc.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>();
+        let width = if c == 0 { hd - c0 } else { c };
+        for j0 in (0..len).step_by(KEY_BLOCK) {
+            let j1 = (j0 + KEY_BLOCK).min(len);
+            for (t, h) in hs.clone().enumerate() {
+                let qc = &qh(h)[c0..c0 + width];
+                let sc = &mut scores[t * len + j0..t * len + j1];
+                let rows = &krows[j0 * kw + c0..];
+                // SAFETY: the assert above bounds every row read (`c0 + c <= hd`); `K`'s CPU
+                // features were checked by the caller that chose it.
+                unsafe {
+                    match c {
+                        64 => K::scores::<8>(qc, rows.as_ptr(), kw, sc),
+                        32 => K::scores::<4>(qc, rows.as_ptr(), kw, sc),
+                        16 => K::scores::<2>(qc, rows.as_ptr(), kw, sc),
+                        8 => K::scores::<1>(qc, rows.as_ptr(), kw, sc),
+                        _ => {
+                            // Fewer than eight lanes left: plain code.
+                            for (j, x) in sc.iter_mut().enumerate() {
+                                *x += qc.iter().zip(&rows[j * kw..j * kw + width]).map(|(a, b)| a * b).sum::<f32>();
+                            }
+                        }
+                    }
+                }
             }
-            break;
         }
-        let rows = &k[lo * kw + kvh * hd + c0..];
-        assert!(len == 0 || rows.len() >= (len - 1) * kw + c, "key rows past the cache");
-        let qc = &qh[c0..c0 + c];
-        // SAFETY: the assert bounds every row read; `K`'s CPU features were checked by the
-        // caller that chose it.
-        unsafe {
-            match c {
-                64 => K::scores::<8>(qc, rows.as_ptr(), kw, scores),
-                32 => K::scores::<4>(qc, rows.as_ptr(), kw, scores),
-                16 => K::scores::<2>(qc, rows.as_ptr(), kw, scores),
-                _ => K::scores::<1>(qc, rows.as_ptr(), kw, scores),
+        c0 += width;
+    }
+    // Softmax of each head's scores.
+    let mut inv = [0f32; 64];
+    let mut invs = Vec::new();
+    let inv: &mut [f32] = if g <= 64 { &mut inv[..g] } else { invs.resize(g, 0.0); &mut invs };
+    for (t, h) in hs.clone().enumerate() {
+        let sc = &mut scores[t * len..(t + 1) * len];
+        // Scale and running maximum in eight lanes (so they vectorize).
+        let mut mx = [f32::NEG_INFINITY; 8];
+        let mut c8 = sc.chunks_exact_mut(8);
+        for c in &mut c8 {
+            for l in 0..8 {
+                c[l] *= s.scale;
+                mx[l] = if c[l] > mx[l] { c[l] } else { mx[l] };
             }
         }
-        c0 += c;
+        for x in c8.into_remainder() {
+            *x *= s.scale;
+            mx[0] = mx[0].max(*x);
+        }
+        let sink = sinks.map(|sk| sk[h]);
+        let mut m = mx.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        if let Some(sv) = sink {
+            m = m.max(sv);
+        }
+        let mut l = super::elementwise::exp_shifted_sum(sc, m);
+        if let Some(sv) = sink {
+            l += (sv - m).exp();
+        }
+        inv[t] = 1.0 / l;
     }
-    let mut m = f32::NEG_INFINITY;
-    for sc in scores.iter_mut() {
-        *sc *= s.scale;
-        m = m.max(*sc);
-    }
-    if let Some(sv) = sink {
-        m = m.max(sv);
-    }
-    scores.iter_mut().for_each(|sc| *sc -= m);
-    super::elementwise::exp_in_place(scores);
-    let mut l = 0.0f32;
-    for sc in scores.iter() {
-        l += *sc;
-    }
-    if let Some(sv) = sink {
-        l += (sv - m).exp();
-    }
-    let inv = 1.0 / l;
-    // Weighted values, one register-held chunk of the output at a time.
+    // Weighted values, one register-held chunk of the output at a time, value blocks shared.
     o.iter_mut().for_each(|x| *x = 0.0);
+    let vrows = &v[lo * vw + kvh * vhd..];
+    assert!(len == 0 || vrows.len() >= (len - 1) * vw + vhd, "value rows past the cache");
     let mut c0 = 0;
     while c0 < vhd {
         let c = chunk_width(vhd - c0);
-        if c == 0 {
-            let oc = &mut o[c0..];
-            for (j, &w) in scores.iter().enumerate() {
-                let vr = &v[(lo + j) * vw + kvh * vhd + c0..][..vhd - c0];
-                oc.iter_mut().zip(vr).for_each(|(x, &vv)| *x += w * vv);
+        let width = if c == 0 { vhd - c0 } else { c };
+        for j0 in (0..len).step_by(KEY_BLOCK) {
+            let j1 = (j0 + KEY_BLOCK).min(len);
+            for t in 0..g {
+                let w = &scores[t * len + j0..t * len + j1];
+                let oc = &mut o[t * vhd + c0..t * vhd + c0 + width];
+                let rows = &vrows[j0 * vw + c0..];
+                // SAFETY: as for the scores.
+                unsafe {
+                    match c {
+                        64 => K::weighted::<8>(w, rows.as_ptr(), vw, oc),
+                        32 => K::weighted::<4>(w, rows.as_ptr(), vw, oc),
+                        16 => K::weighted::<2>(w, rows.as_ptr(), vw, oc),
+                        8 => K::weighted::<1>(w, rows.as_ptr(), vw, oc),
+                        _ => {
+                            for (j, &wj) in w.iter().enumerate() {
+                                oc.iter_mut().zip(&rows[j * vw..j * vw + width]).for_each(|(x, &vv)| *x += wj * vv);
+                            }
+                        }
+                    }
+                }
             }
-            break;
         }
-        let rows = &v[lo * vw + kvh * vhd + c0..];
-        assert!(len == 0 || rows.len() >= (len - 1) * vw + c, "value rows past the cache");
-        let oc = &mut o[c0..c0 + c];
-        // SAFETY: as for the scores.
-        unsafe {
-            match c {
-                64 => K::weighted::<8>(scores, rows.as_ptr(), vw, oc),
-                32 => K::weighted::<4>(scores, rows.as_ptr(), vw, oc),
-                16 => K::weighted::<2>(scores, rows.as_ptr(), vw, oc),
-                _ => K::weighted::<1>(scores, rows.as_ptr(), vw, oc),
-            }
-        }
-        c0 += c;
+        c0 += width;
     }
-    o.iter_mut().for_each(|x| *x *= inv);
+    for t in 0..g {
+        o[t * vhd..(t + 1) * vhd].iter_mut().for_each(|x| *x *= inv[t]);
+    }
 }
 
 #[cfg(test)]

@@ -78,34 +78,43 @@ pub fn exp8(x: [f32; 8]) -> [f32; 8] {
     out
 }
 
-/// `e^x` with `exp8`'s accuracy, for a slice, in place.
-pub fn exp_in_place(xs: &mut [f32]) {
+/// `x = e^(x - m)` for every element, in place, returning their sum (a softmax's numerators
+/// and denominator), with `exp8`'s accuracy.
+pub fn exp_shifted_sum(xs: &mut [f32], m: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if crate::format::wide_simd() {
         // SAFETY: `wide_simd` reported AVX2+FMA.
-        return unsafe { exp_in_place_avx2(xs) };
+        return unsafe { exp_shifted_sum_avx2(xs, m) };
     }
-    exp_in_place_body(xs)
+    exp_shifted_sum_body(xs, m)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn exp_in_place_avx2(xs: &mut [f32]) {
-    exp_in_place_body(xs)
+unsafe fn exp_shifted_sum_avx2(xs: &mut [f32], m: f32) -> f32 {
+    exp_shifted_sum_body(xs, m)
 }
 
 #[inline(always)]
-fn exp_in_place_body(xs: &mut [f32]) {
+fn exp_shifted_sum_body(xs: &mut [f32], m: f32) -> f32 {
+    let mut acc = [0f32; 8];
     let mut chunks = xs.chunks_exact_mut(8);
     for c in &mut chunks {
-        let v: [f32; 8] = (&*c).try_into().unwrap();
-        c.copy_from_slice(&exp8(v));
+        let v: [f32; 8] = std::array::from_fn(|l| c[l] - m);
+        let e = exp8(v);
+        for l in 0..8 {
+            c[l] = e[l];
+            acc[l] += e[l];
+        }
     }
     let rest = chunks.into_remainder();
-    let mut v = [0f32; 8];
-    v[..rest.len()].copy_from_slice(rest);
+    let mut v = [f32::NEG_INFINITY; 8];
+    for (d, &x) in v.iter_mut().zip(rest.iter()) {
+        *d = x - m;
+    }
     let e = exp8(v);
     rest.copy_from_slice(&e[..rest.len()]);
+    acc.iter().sum::<f32>() + e[..rest.len()].iter().sum::<f32>()
 }
 
 #[inline(always)]
@@ -202,6 +211,21 @@ mod tests {
         assert_eq!(&e[3..5], &[1.0, 1.0]);
         assert!((e[5] - std::f32::consts::E).abs() < 1e-6);
         assert_eq!(&e[6..], &[0.0, f32::INFINITY]);
+    }
+
+    #[test]
+    fn exp_shifted_sum_matches_libm() {
+        for len in [0usize, 5, 8, 37] {
+            let xs: Vec<f32> = (0..len).map(|i| (i as f32 * 0.77).sin() * 9.0).collect();
+            let m = xs.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let mut got = xs.clone();
+            let sum = exp_shifted_sum(&mut got, m);
+            let want: Vec<f64> = xs.iter().map(|&x| ((x - m) as f64).exp()).collect();
+            for (g, w) in got.iter().zip(&want) {
+                assert!(((*g as f64) - w).abs() <= 3e-7 * w, "{g} vs {w}");
+            }
+            assert!((sum as f64 - want.iter().sum::<f64>()).abs() <= 1e-6 * want.iter().sum::<f64>().max(1.0));
+        }
     }
 
     #[test]
