@@ -16,7 +16,7 @@ pub mod route;
 
 use crate::exec::kv::KvCache;
 use crate::exec::weights::WeightStore;
-use crate::format::{dequant_row, matmul_q_multi, Matrix, QuantizedActs, WeightFormat};
+use crate::format::{dequant_row, matmul_multi, Matrix, QuantizedActs, WeightFormat};
 use std::cell::RefCell;
 pub use linear::Precision;
 use crate::oplib::{op_name, OpLib};
@@ -129,8 +129,8 @@ pub fn run_ops(ops: &[Op], env: &mut Env) -> Result<(), CpuError> {
 }
 
 /// How many ops from the start of `ops` are `Linear`s that `run_linears` can run together:
-/// same input, distinct outputs that are not the input, quantized activations (`Fast`
-/// precision and integer formats). 0 when the first op is not such a `Linear`.
+/// same input, distinct outputs that are not the input, `Fast` precision (`Exact` goes through
+/// `linear::linear` one op at a time). 0 when the first op is not such a `Linear`.
 fn linear_group(ops: &[Op], env: &Env) -> usize {
     if env.precision != Precision::Fast || env.n == 0 {
         return 0;
@@ -138,9 +138,8 @@ fn linear_group(ops: &[Op], env: &Env) -> usize {
     let mut outs: Vec<ValueId> = Vec::new();
     let mut x0 = None;
     for op in ops {
-        let Op::Linear { x, out, weight, .. } = op else { break };
-        let m = env.weights.matrix(&weight.name);
-        if *out == *x || outs.contains(out) || x0.is_some_and(|x0| x0 != *x) || !m.format.uses_q8_acts(m.cols) {
+        let Op::Linear { x, out, .. } = op else { break };
+        if *out == *x || outs.contains(out) || x0.is_some_and(|x0| x0 != *x) {
             break;
         }
         x0 = Some(*x);
@@ -149,7 +148,8 @@ fn linear_group(ops: &[Op], env: &Env) -> usize {
     outs.len()
 }
 
-/// Runs a `linear_group`: one quantization of the shared input, one pass over all matrices.
+/// Runs a `linear_group`: at most one quantization of the shared input, one parallel pass
+/// over all matrices.
 fn run_linears(ops: &[Op], env: &mut Env) {
     let n = env.n;
     let mut mats: Vec<(Matrix, Vec<f32>, Option<&[f32]>)> = Vec::with_capacity(ops.len());
@@ -162,14 +162,10 @@ fn run_linears(ops: &[Op], env: &mut Env) {
         mats.push((m, env.take(*out), b));
     }
     let x = x.expect("a group has at least one Linear");
-    let cols = env.width(x);
     SCRATCH.with(|sc| {
         let acts = &mut sc.borrow_mut().acts;
-        if let Err(e) = acts.requantize(env.get(x), n, cols) {
-            panic!("linear input: {e}");
-        }
         let mut outs: Vec<(Matrix, &mut [f32])> = mats.iter_mut().map(|(m, o, _)| (*m, o.as_mut_slice())).collect();
-        matmul_q_multi(&mut outs, acts);
+        matmul_multi(&mut outs, env.get(x), n, acts);
     });
     for (op, (_, mut o, b)) in ops.iter().zip(mats) {
         if let Some(b) = b {

@@ -151,6 +151,40 @@ pub fn try_matmul_q_multi(mats: &mut [(Matrix, &mut [f32])], acts: &QuantizedAct
     Ok(())
 }
 
+/// Several matmuls of one f32 input `x` (`n x cols`) in one parallel pass, as `matmul` would
+/// compute each: integer formats against `x` quantized once (into `acts`, reused scratch),
+/// float formats against `x` itself.
+pub fn try_matmul_multi(mats: &mut [(Matrix, &mut [f32])], x: &[f32], n: usize, acts: &mut QuantizedActs) -> Result<(), FormatError> {
+    for (w, out) in mats.iter() {
+        if x.len() != n * w.cols {
+            return Err(FormatError::Length { what: "matmul input (n x cols)", expected: n * w.cols, found: x.len() });
+        }
+        check_out(w, n, out)?;
+    }
+    let q8 = mats.iter().any(|(w, _)| w.format.uses_q8_acts(w.cols));
+    if q8 {
+        acts.requantize(x, n, mats[0].0.cols)?;
+    }
+    let acts = &*acts;
+    let segs: Vec<Seg> = mats.iter_mut().map(|(w, out)| Seg { w: *w, out: SendPtr(out.as_mut_ptr()) }).collect();
+    drive(&segs, n, &|w, r0, r1, o| {
+        if w.format.uses_q8_acts(w.cols) {
+            tile_q8(w, acts, r0, r1, o)
+        } else {
+            tile_f32(w, x, n, r0, r1, o)
+        }
+    });
+    Ok(())
+}
+
+/// `try_matmul_multi` that panics on mismatched sizes.
+#[track_caller]
+pub fn matmul_multi(mats: &mut [(Matrix, &mut [f32])], x: &[f32], n: usize, acts: &mut QuantizedActs) {
+    if let Err(e) = try_matmul_multi(mats, x, n, acts) {
+        panic!("matmul of {} matrices: {e}", mats.len());
+    }
+}
+
 /// `try_matmul_q_multi` that panics on mismatched sizes.
 #[track_caller]
 pub fn matmul_q_multi(mats: &mut [(Matrix, &mut [f32])], acts: &QuantizedActs) {

@@ -383,3 +383,26 @@ fn q8_matmul_handles_odd_unit_counts_and_ragged_tiles() {
         }
     }
 }
+
+#[test]
+fn matmul_multi_matches_one_matmul_per_matrix() {
+    // q/k/v-like shapes in mixed formats share one input; each result must equal `matmul`'s.
+    let mut rng = Rng(8);
+    let (cols, n) = (256, 5);
+    let x = rng.vec(n * cols, 1.0);
+    let formats = [WeightFormat::Q4_1, WeightFormat::BF16, WeightFormat::Q8_0, WeightFormat::F32];
+    let rows = [96usize, 40, 33, 8];
+    let bytes: Vec<Vec<u8>> = formats.iter().zip(rows).map(|(&f, r)| random_rows(f, r, cols, &mut rng)).collect();
+    let ws: Vec<Matrix> = formats.iter().zip(rows).zip(&bytes).map(|((&f, r), b)| Matrix::new(f, r, cols, b).unwrap()).collect();
+    let mut outs: Vec<Vec<f32>> = rows.iter().map(|&r| vec![f32::NAN; n * r]).collect();
+    let mut acts = QuantizedActs::default();
+    let mut mats: Vec<(Matrix, &mut [f32])> = ws.iter().zip(outs.iter_mut()).map(|(w, o)| (*w, o.as_mut_slice())).collect();
+    matmul_multi(&mut mats, &x, n, &mut acts);
+    for (w, got) in ws.iter().zip(&outs) {
+        let mut want = vec![0f32; n * w.rows];
+        matmul(w, &x, n, &mut want);
+        assert_eq!(got, &want, "{}", w.format);
+    }
+    let mut short = vec![0f32; 3];
+    assert!(matches!(try_matmul_multi(&mut [(ws[3], short.as_mut_slice())], &x, n, &mut acts), Err(FormatError::Length { .. })));
+}
