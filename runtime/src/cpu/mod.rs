@@ -5,6 +5,7 @@
 //! obviously-correct code over cleverness, except in the matmul kernels.
 
 pub mod attention;
+pub mod attn_part;
 pub mod deltanet;
 pub mod elementwise;
 pub mod experts;
