@@ -256,6 +256,14 @@ pub struct AttentionSpec {
     pub window: Option<usize>,
     /// Per-head sink logits (`[heads]`) added to the softmax denominator.
     pub sinks: Option<WeightRef>,
+    /// Multiplies the values (so the output) of every head: MiMo-V2-Flash's
+    /// `attention_value_scale`; 1 for most families.
+    #[serde(default = "one")]
+    pub value_scale: f32,
+}
+
+fn one() -> f32 {
+    1.0
 }
 
 /// One op of the program. Reads and writes `ValueId`s; weights by `WeightRef`.

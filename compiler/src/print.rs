@@ -75,6 +75,9 @@ pub fn op_text(op: &Op) -> String {
             if let Some(sk) = &spec.sinks {
                 let _ = write!(s, " sinks {}", w(sk));
             }
+            if spec.value_scale != 1.0 {
+                let _ = write!(s, " value_scale {}", g(spec.value_scale));
+            }
             s
         }
         Op::Act { x, out, act } => format!("{out} = act {act:?} {x}"),

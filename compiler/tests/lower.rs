@@ -21,7 +21,7 @@ fn program(spec: &str, config: Option<&str>) -> Program {
 
 #[test]
 fn every_spec_compiles_with_its_default_config() {
-    for s in ["llama.ron", "olmoe.ron", "qwen3_moe.ron", "mixtral.ron", "deepseek_v3.ron", "qwen3_next.ron"] {
+    for s in ["llama.ron", "olmoe.ron", "qwen3_moe.ron", "mixtral.ron", "deepseek_v3.ron", "qwen3_next.ron", "gpt_oss.ron", "mimo_v2_flash.ron"] {
         let p = program(s, None);
         println!("{p}");
     }
@@ -156,6 +156,48 @@ fn qwen3_moe_dense_layers_follow_sparse_step_and_mlp_only_layers() {
     assert!(p.layers[0].ops.iter().any(|op| matches!(op, Op::Linear { weight, .. } if weight.shape == [6144, 2048])));
 }
 
+/// MiMo-V2-Flash as transformers builds it (modeling_mimo_v2_flash.py): per `layer_types`, the
+/// sliding layers have twice the KV heads, sinks and the window, the full ones neither; the
+/// values are scaled by `attention_value_scale`; RoPE rotates int(head_dim x
+/// partial_rotary_factor) columns with the layer type's theta; `mlp_layer_types` picks dense
+/// or MoE (sigmoid routing with the correction bias, scaled).
+#[test]
+fn mimo_v2_flash_layers_follow_their_types() {
+    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/mimo_v2_flash");
+    let mut b = Bindings::from_config_json(&d.join("config.json")).unwrap();
+    b.tensors = Some(safetensors_table(&d.join("model.safetensors")));
+    let spec = Spec::load(&graphs().join("mimo_v2_flash.ron")).unwrap();
+    let p = compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).unwrap_or_else(|d| panic!("{d}")).program;
+    use FfnKind::*;
+    use MixerKind::*;
+    let kinds: Vec<(MixerKind, FfnKind)> = p.layers.iter().map(|l| (l.mixer, l.ffn)).collect();
+    assert_eq!(kinds, [(Attention, Dense), (SlidingAttention, Moe), (SlidingAttention, Moe), (Attention, Moe)]);
+    let attn = |l: usize| {
+        p.layers[l].ops.iter().find_map(|op| if let Op::Attention { spec, .. } = op { Some(spec.clone()) } else { None }).unwrap()
+    };
+    let (full, swa) = (attn(0), attn(1));
+    assert_eq!((full.heads, full.kv_heads, full.head_dim, full.v_head_dim, full.window), (4, 1, 32, 16, None));
+    assert!(full.sinks.is_none());
+    assert_eq!((swa.kv_heads, swa.window), (2, Some(4)));
+    assert_eq!(swa.sinks.unwrap().name, "model.layers.1.self_attn.attention_sink_bias");
+    assert_eq!((full.value_scale, swa.value_scale), (0.707, 0.707));
+    let ropes = |l: usize| -> Vec<(usize, usize, f32)> {
+        p.layers[l].ops.iter().filter_map(|op| if let Op::Rope { heads, rotary_dim, theta, .. } = op { Some((*heads, *rotary_dim, *theta)) } else { None }).collect()
+    };
+    assert_eq!(ropes(0), [(4, 10, 5e6), (1, 10, 5e6)]);
+    assert_eq!(ropes(2), [(4, 10, 1e4), (2, 10, 1e4)]);
+    assert!(p.layers[3].ops.iter().any(|op| matches!(op, Op::Route { scoring: RouterScoring::Sigmoid, top_k: 2, renormalize: true, correction_bias: Some(_), scale, .. } if *scale == 1.5)));
+    // The scale is the configuration's, and transformers' default without the key.
+    let value_scale = |b: &Bindings| {
+        let p = compile(&spec, b, &DeviceProfile::cpu_only(), &Options::default()).unwrap().program;
+        p.layers[0].ops.iter().find_map(|op| if let Op::Attention { spec, .. } = op { Some(spec.value_scale) } else { None }).unwrap()
+    };
+    b.config.insert("attention_value_scale".into(), serde_json::json!(0.5));
+    assert_eq!(value_scale(&b), 0.5);
+    b.config.remove("attention_value_scale");
+    assert_eq!(value_scale(&b), 0.707);
+}
+
 /// The tensor table of a safetensors file (its JSON header), as the runtime's reader gives it.
 fn safetensors_table(path: &Path) -> BTreeMap<String, TensorInfo> {
     let bytes = std::fs::read(path).unwrap();
@@ -178,7 +220,7 @@ fn safetensors_table(path: &Path) -> BTreeMap<String, TensorInfo> {
 #[test]
 fn transformers_fixtures_bind_to_their_specs() {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
-    for (dir, spec) in [("llama", "llama"), ("llama_tied", "llama"), ("mixtral", "mixtral"), ("olmoe", "olmoe"), ("qwen3_moe", "qwen3_moe")] {
+    for (dir, spec) in [("llama", "llama"), ("llama_tied", "llama"), ("mixtral", "mixtral"), ("olmoe", "olmoe"), ("qwen3_moe", "qwen3_moe"), ("mimo_v2_flash", "mimo_v2_flash")] {
         let d = fixtures.join(dir);
         if !d.join("model.safetensors").exists() {
             continue;

@@ -516,7 +516,7 @@ impl<'a> Lowerer<'a> {
                 let scaling = self.scaling(scaling, span)?;
                 Op::Rope { x: xv, heads, head_dim, rotary_dim, style, theta, scaling }
             }
-            OpItem::Attention { q, k, v, out, heads, kv_heads, head_dim, v_head_dim, scale, window, sinks } => {
+            OpItem::Attention { q, k, v, out, heads, kv_heads, head_dim, v_head_dim, scale, window, sinks, value_scale } => {
                 let (qv, kv, vv, ov) = (self.val(q), self.val(k), self.val(v), self.val(out));
                 let (h, kvh, hd, sc) = (self.int(heads), self.int(kv_heads), self.int(head_dim), self.float(scale));
                 let (qv, kv, vv, ov, heads, kv_heads, head_dim, scale) = (qv?, kv?, vv?, ov?, h?, kvh?, hd?, sc?);
@@ -533,6 +533,7 @@ impl<'a> Lowerer<'a> {
                     Some(s) => Some(self.weight(s)?),
                     None => None,
                 };
+                let value_scale = self.float_or(value_scale, 1.0)?;
                 if kv_heads == 0 || heads % kv_heads != 0 {
                     self.err(span, format!("{heads} query heads cannot share {kv_heads} KV heads evenly"));
                 }
@@ -546,7 +547,7 @@ impl<'a> Lowerer<'a> {
                     }
                 }
                 let layer = LayerId(self.layer.unwrap_or(0) as u32);
-                Op::Attention { q: qv, k: kv, v: vv, out: ov, layer, spec: AttentionSpec { heads, kv_heads, head_dim, v_head_dim, scale, window, sinks } }
+                Op::Attention { q: qv, k: kv, v: vv, out: ov, layer, spec: AttentionSpec { heads, kv_heads, head_dim, v_head_dim, scale, window, sinks, value_scale } }
             }
             OpItem::Act { x, out, act } => {
                 let (xv, ov) = (self.val(x)?, self.val(out)?);

@@ -52,11 +52,12 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
             f.extend([(x, Value), (heads, int), (head_dim, int), (theta, float)]);
             f.extend(rotary_dim.iter().map(|s| (s, int)));
         }
-        OpItem::Attention { q, k, v, out, heads, kv_heads, head_dim, v_head_dim, scale, window, sinks } => {
+        OpItem::Attention { q, k, v, out, heads, kv_heads, head_dim, v_head_dim, scale, window, sinks, value_scale } => {
             f.extend([(q, Value), (k, Value), (v, Value), (out, Value), (heads, int), (kv_heads, int), (head_dim, int), (scale, float)]);
             f.extend(v_head_dim.iter().map(|s| (s, int)));
             f.extend(window.iter().map(|s| (s, int)));
             f.extend(sinks.iter().map(|s| (s, Weight)));
+            f.extend(value_scale.iter().map(|s| (s, float)));
         }
         OpItem::Act { x, out, .. } => f.extend([(x, Value), (out, Value)]),
         OpItem::Glu { gate, up, out, kind } => {

@@ -188,6 +188,9 @@ pub enum OpItem {
         window: Option<Text>,
         #[serde(default)]
         sinks: Option<Text>,
+        /// Multiplies the values (a Float; default 1).
+        #[serde(default)]
+        value_scale: Option<Text>,
     },
     Act { x: Text, out: Text, act: Activation },
     Glu { gate: Text, up: Text, out: Text, kind: GluSpec },

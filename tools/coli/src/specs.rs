@@ -13,6 +13,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("deepseek_v3.ron", include_str!("../../../graphs/deepseek_v3.ron")),
     ("qwen3_next.ron", include_str!("../../../graphs/qwen3_next.ron")),
     ("gpt_oss.ron", include_str!("../../../graphs/gpt_oss.ron")),
+    ("mimo_v2_flash.ron", include_str!("../../../graphs/mimo_v2_flash.ron")),
 ];
 
 /// Parses a built-in spec (its path reads `graphs/<name>` in messages).
