@@ -1,8 +1,10 @@
 //! The CPU path of the mixers beyond plain attention against Hugging Face transformers: tiny
 //! random-weight checkpoints (committed under tests/fixtures/, made by tools/make_fixtures.py)
 //! of gpt-oss (sliding window with sinks, fused input-major experts with biases, clamped
-//! SwiGLU), DeepSeek-V3 (multi-head latent attention) and Qwen3-Next (Gated DeltaNet), and
-//! `coli exec` running each one as a process.
+//! SwiGLU), MiMo-V2-Flash (sliding window with sinks and twice the KV heads, value heads
+//! narrower than key heads, scaled values, partial RoPE per layer type), DeepSeek-V3
+//! (multi-head latent attention) and Qwen3-Next (Gated DeltaNet), and `coli exec` running each
+//! one as a process.
 //!
 //! Tolerance: every logit within 1e-4 of the largest |logit| of transformers (f32 weights and
 //! activations; only the order of float operations differs); greedy ids identical; prompts
@@ -84,6 +86,16 @@ fn gpt_oss_matches_transformers() {
 #[test]
 fn gpt_oss_runs_in_coli_exec() {
     check_exec("gpt_oss");
+}
+
+#[test]
+fn mimo_v2_flash_matches_transformers() {
+    check_fixture("mimo_v2_flash");
+}
+
+#[test]
+fn mimo_v2_flash_runs_in_coli_exec() {
+    check_exec("mimo_v2_flash");
 }
 
 #[test]

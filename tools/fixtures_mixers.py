@@ -1,5 +1,6 @@
-"""The tiny fixtures of the mixers beyond plain attention (gpt-oss: sliding window with sinks;
-DeepSeek-V3: multi-head latent attention; Qwen3-Next: Gated DeltaNet), for make_fixtures.py:
+"""The tiny fixtures of the mixers beyond plain attention (gpt-oss and MiMo-V2-Flash: sliding
+window with sinks; DeepSeek-V3: multi-head latent attention; Qwen3-Next: Gated DeltaNet), for
+make_fixtures.py:
 their configurations, the hooks that make their random weights well conditioned, and the tensor
 names save_pretrained must write. Imported by make_fixtures.py; not a script of its own.
 """
@@ -139,6 +140,54 @@ MIXERS = {
             "sigmoid gate; zero-centred RMSNorms (1 + w, w drawn in [-0.3, 0.3])"
         ),
     ),
+    # MiMo-V2-Flash: full and sliding (window 4, twice the KV heads, sinks) layers by layer_types,
+    # each type with its own RoPE theta, partial RoPE (int(32 * 0.334) = 10 of 32 dims), value
+    # heads narrower than the key heads (16 vs 32), values scaled by attention_value_scale; a
+    # dense first layer (mlp_layer_types), then sigmoid routing with a correction bias
+    # (DeepSeek-style, one group), renormalised and scaled, and no shared experts.
+    "mimo_v2_flash": dict(
+        cls="MiMoV2FlashForCausalLM",
+        seed=9000,
+        config=dict(
+            vocab_size=320,
+            hidden_size=64,
+            intermediate_size=96,
+            moe_intermediate_size=16,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=1,  # sliding layers: 2
+            head_dim=32,
+            v_head_dim=16,
+            sliding_window=4,
+            layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+            mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.334},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.334},
+            },
+            attention_value_scale=0.707,
+            n_routed_experts=6,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=1.5,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-5,
+            attention_bias=False,
+            tie_word_embeddings=False,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+        ),
+        note=(
+            "MiMo-V2-Flash, 4 layers (full, sliding window 4, sliding 4, full by layer_types), hidden 64, "
+            "4 q heads over 1 kv head (full) or 2 (sliding, with sinks), head_dim 32, v_head_dim 16, "
+            "partial RoPE 10 of 32 (int(32 * 0.334)), theta 5e6 (full) / 1e4 (sliding), values x0.707; "
+            "first layer dense (FFN 96), then 6 experts (FFN 16) top-2, sigmoid scores with a random "
+            "e_score_correction_bias, renormalised, x1.5, no shared experts"
+        ),
+    ),
 }
 
 
@@ -208,6 +257,22 @@ def qwen3_next_post_init(model):
 
 
 MIXERS["qwen3_next"]["post_init"] = qwen3_next_post_init
+
+@torch.no_grad()
+def mimo_post_init(model):
+    """The experts are output-major in memory ([E, 2F, H], [E, H, F]): std 1/sqrt(fan_in) of the
+    last dimension (the generic re-initialisation treats `gate_up_proj` as gpt-oss's input-major
+    tensor); a correction bias that changes choices, as for DeepSeek-V3."""
+    for layer in model.model.layers:
+        experts = getattr(layer.mlp, "experts", None)
+        if experts is not None:
+            experts.gate_up_proj.normal_(0.0, 1.0 / math.sqrt(experts.gate_up_proj.shape[-1]))
+            experts.down_proj.normal_(0.0, 1.0 / math.sqrt(experts.down_proj.shape[-1]))
+    deepseek_post_init(model)
+
+
+MIXERS["mimo_v2_flash"]["post_init"] = mimo_post_init
+MIXERS["mimo_v2_flash"]["router_gap"] = deepseek_router_gap
 MIXERS["deepseek_v3"]["router_gap"] = deepseek_router_gap
 
 
@@ -229,6 +294,15 @@ def mixer_names(name, cfg, n_layers):
             if i not in cfg["mlp_only_layers"]:
                 out.append(f"model.layers.{i}.mlp.shared_expert_gate.weight")
                 for e in range(cfg["num_experts"]):
+                    for w in ("gate_proj", "up_proj", "down_proj"):
+                        out.append(f"model.layers.{i}.mlp.experts.{e}.{w}.weight")
+    if name == "mimo_v2_flash":
+        for i, t in enumerate(cfg["layer_types"]):
+            if t == "sliding_attention":
+                out.append(f"model.layers.{i}.self_attn.attention_sink_bias")
+            if cfg["mlp_layer_types"][i] == "sparse":
+                out.append(f"model.layers.{i}.mlp.gate.e_score_correction_bias")
+                for e in range(cfg["n_routed_experts"]):
                     for w in ("gate_proj", "up_proj", "down_proj"):
                         out.append(f"model.layers.{i}.mlp.experts.{e}.{w}.weight")
     if name == "gpt_oss":

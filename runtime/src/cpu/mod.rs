@@ -258,6 +258,11 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             o.resize(n * spec.heads * spec.v_head_dim, 0.0);
             let kv = &env.kv.layers[l];
             attention::attend(shape, &env.values[q.0 as usize][..n * spec.heads * spec.head_dim], &kv.k, &kv.v, env.pos0, sinks, &mut o);
+            // Scaled values (MiMo's `attention_value_scale`) scale the output alike; the cache
+            // keeps the projections as they are.
+            if spec.value_scale != 1.0 {
+                o.iter_mut().for_each(|x| *x *= spec.value_scale);
+            }
             env.values[out.0 as usize] = o;
         }
         Op::Act { x, out, act } => {
