@@ -11,6 +11,10 @@
 //! 3. Each value read in a frame whose newest copy is elsewhere is uploaded before it (device
 //!    frames) and downloaded by the frame that wrote it (device frames whose value the host or
 //!    another device reads next). The logits are read by the host at the end.
+//! 4. A KV-split layer's attention (`place::kv_split`) ends its frame (`Frame::kv_split`): the
+//!    device attends over a row's newest positions, then the host reads the rotated queries
+//!    (downloaded), attends over the older positions from its cache, merges, and holds the
+//!    output, which the next device frame uploads.
 //!
 //! Pre: every op placed. Post: no frame spans two places; frames are in execution order and
 //! cover every op once. This module must not place anything.
@@ -32,6 +36,9 @@ pub struct Frame {
     pub downloads: Vec<ValueId>,
     /// Not waited for: the host submits it and runs host frame `beside` meanwhile.
     pub beside: Option<FrameId>,
+    /// The frame's last op, the attention of a KV-split layer: the device ran its part; the
+    /// host finishes it after the frame and holds its output.
+    pub kv_split: Option<OpId>,
 }
 
 /// The op of the program an `OpId` names.
@@ -44,19 +51,25 @@ pub fn op_of(program: &Program, id: OpId) -> &Op {
     }
 }
 
-/// Cuts `placed` (every op with its place, in program order) into frames.
-pub fn split_frames(program: &Program, placed: &[(OpId, Place)]) -> Vec<Frame> {
-    // 1. Runs of one place.
+/// Cuts `placed` (every op with its place, in program order) into frames; `split`: the
+/// device attention ops of KV-split layers (step 4).
+pub fn split_frames(program: &Program, placed: &[(OpId, Place)], split: &[OpId]) -> Vec<Frame> {
+    // 1. Runs of one place (4: a split attention ends its run).
     let mut runs: Vec<(Place, Vec<OpId>)> = Vec::new();
+    let mut ended = false;
     for &(id, place) in placed {
         match runs.last_mut() {
-            Some((p, ops)) if *p == place => ops.push(id),
+            Some((p, ops)) if *p == place && !ended => ops.push(id),
             _ => runs.push((place, vec![id])),
         }
+        ended = place != Place::Host && split.contains(&id);
     }
     // 2. The independent head of a device run after a host run goes beside it.
     let mut frames: Vec<Frame> = Vec::new();
-    let new = |place, ops, beside| Frame { id: FrameId(0), place, ops, uploads: vec![], downloads: vec![], beside };
+    let new = |place, ops: Vec<OpId>, beside| {
+        let kv_split = ops.last().copied().filter(|id| place != Place::Host && split.contains(id));
+        Frame { id: FrameId(0), place, ops, uploads: vec![], downloads: vec![], beside, kv_split }
+    };
     for (k, (place, ops)) in runs.iter().enumerate() {
         let after_host = k > 0 && runs[k - 1].0 == Place::Host && *place != Place::Host;
         if !after_host {
@@ -89,11 +102,17 @@ pub fn split_frames(program: &Program, placed: &[(OpId, Place)]) -> Vec<Frame> {
     }
     // 3. Transfers. Downloads first (they depend on later reads only), then uploads by
     // following which places hold the newest copy of each value.
-    let ios: Vec<Vec<(Vec<ValueId>, Vec<ValueId>)>> = frames.iter().map(|f| f.ops.iter().map(|id| op_io(op_of(program, *id))).collect()).collect();
+    // A split attention writes its output on the host (after the frame), not on the device.
+    let ios: Vec<Vec<(Vec<ValueId>, Vec<ValueId>)>> = frames
+        .iter()
+        .map(|f| f.ops.iter().map(|id| if f.kv_split == Some(*id) { (op_io(op_of(program, *id)).0, vec![]) } else { op_io(op_of(program, *id)) }).collect())
+        .collect();
     for fi in 0..frames.len() {
         if frames[fi].place != Place::Host {
             let written: BTreeSet<ValueId> = ios[fi].iter().flat_map(|(_, w)| w.iter().copied()).collect();
-            frames[fi].downloads = written.into_iter().filter(|v| read_elsewhere_later(&frames, &ios, fi, *v, program)).collect();
+            let mut down: BTreeSet<ValueId> = written.into_iter().filter(|v| read_elsewhere_later(&frames, &ios, fi, *v, program)).collect();
+            down.extend(frames[fi].kv_split.and_then(|id| split_query(program, id)));
+            frames[fi].downloads = down.into_iter().collect();
         }
     }
     let mut holders: BTreeMap<ValueId, BTreeSet<Place>> = BTreeMap::new();
@@ -116,9 +135,22 @@ pub fn split_frames(program: &Program, placed: &[(OpId, Place)]) -> Vec<Frame> {
         for v in &frames[fi].downloads {
             holders.entry(*v).or_default().insert(Place::Host);
         }
+        if let Some(id) = frames[fi].kv_split {
+            for v in op_io(op_of(program, id)).1 {
+                holders.insert(v, BTreeSet::from([Place::Host]));
+            }
+        }
         frames[fi].uploads = uploads.into_iter().collect();
     }
     frames
+}
+
+/// The query rows a split attention's host part reads (rotated on the device, downloaded).
+pub fn split_query(program: &Program, id: OpId) -> Option<ValueId> {
+    match op_of(program, id) {
+        Op::Attention { q, .. } => Some(*q),
+        _ => None,
+    }
 }
 
 /// The values a list of ops reads before writing them, and the values it writes.

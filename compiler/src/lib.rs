@@ -46,7 +46,8 @@ pub fn compile(spec: &Spec, bindings: &Bindings, profile: &DeviceProfile, option
     let placement = place::place(&program, profile, options, &sizer).map_err(|m| Diagnostics::one(Diagnostic::whole(&spec.path, m)))?;
     // 3. Frames.
     let placed = place::op_places(&program, profile, &placement, &sizer);
-    let frames = frames::split_frames(&program, &placed);
+    let split = place::kv_split::split_ops(&program, &placement, &placed);
+    let frames = frames::split_frames(&program, &placed, &split);
     let plan = Plan { program, profile: profile.clone(), options: options.clone(), placement, frames };
     // 4. The invariants.
     let errors = verify::verify(&plan, &sizer);

@@ -75,6 +75,9 @@ impl fmt::Display for Plan {
             o.assumed_format,
             o.device_layers.map(|n| format!(", device layers forced to {n}")).unwrap_or_default()
         )?;
+        if let Some(d) = o.kv_device_positions {
+            writeln!(f, "options: kv split forced to {d} device positions a layer, blocks of {}", o.kv_block)?;
+        }
         // Devices and the fit.
         if self.profile.devices.is_empty() {
             writeln!(f, "devices: none (host only)")?;
@@ -119,6 +122,9 @@ impl fmt::Display for Plan {
         }
         let _ = write!(line, ", head {}", pl.head);
         writeln!(f, "{line}")?;
+        if let Some(k) = &pl.kv_split {
+            writeln!(f, "{k}")?;
+        }
         if let Some(&(layer, bytes, experts)) = pl.expert_bytes.first() {
             let ids: Vec<u32> = pl.expert_bytes.iter().map(|(l, _, _)| l.0).collect();
             let first = ExpertId { layer, index: 0 };
@@ -152,6 +158,9 @@ impl fmt::Display for Plan {
             }
             if let Some(b) = fr.beside {
                 let _ = write!(s, " beside {b}, not waited for");
+            }
+            if let Some(id) = fr.kv_split {
+                let _ = write!(s, "; the host finishes {id} (kv split)");
             }
             let names = |vs: &[crate::ir::ValueId]| vs.iter().map(|v| format!("{v} {}", self.program.value(*v).name)).collect::<Vec<_>>().join(", ");
             if !fr.uploads.is_empty() {

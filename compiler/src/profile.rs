@@ -124,6 +124,11 @@ pub struct Options {
     pub dense_on_device: bool,
     /// Serve routed experts through the expert tier (a device cache); off: on the host CPU.
     pub expert_tier: bool,
+    /// Where the tier's budget holds every routed expert of every MoE layer of a device, run
+    /// their routing and experts inside its frames (`place::resident`); off: through host
+    /// steps and the runtime's adaptive cache whatever the budget.
+    #[serde(default = "yes")]
+    pub resident_experts: bool,
     /// Force the number of layers on the primary device (clamped to what exists), instead of
     /// the most that fit.
     pub device_layers: Option<usize>,
@@ -135,6 +140,24 @@ pub struct Options {
     pub assumed_format: Format,
     /// The format matrices go up to the device in; absent: as stored in the checkpoint.
     pub upload_format: Option<Format>,
+    /// Force a KV split: the positions of a row's share each device layer's mirror keeps
+    /// (down to whole blocks, at least one), the older ones in host RAM (`place::kv_split`).
+    #[serde(default)]
+    pub kv_device_positions: Option<usize>,
+    /// Split the KV mirrors past the device's budget when that puts more layers on devices.
+    #[serde(default = "yes")]
+    pub kv_split: bool,
+    /// Positions per block of a KV split (a row's device share starts on a block boundary).
+    #[serde(default = "default_kv_block")]
+    pub kv_block: usize,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_kv_block() -> usize {
+    64
 }
 
 impl Default for Options {
@@ -142,11 +165,15 @@ impl Default for Options {
         Options {
             dense_on_device: true,
             expert_tier: true,
+            resident_experts: true,
             device_layers: None,
             context: 4096,
             chunk_rows: 512,
             assumed_format: Format::Bf16,
             upload_format: None,
+            kv_device_positions: None,
+            kv_split: true,
+            kv_block: default_kv_block(),
         }
     }
 }

@@ -17,6 +17,10 @@
 //!    is on a device only with every layer on devices, on the device of the last layer.
 //! 6. Bytes placed on a device never exceed its usable bytes; its layer count matches the
 //!    placement; its resident experts and their scratch fit its tier budget.
+//! 7. A KV split: exactly the device attention ops of its layers end frames as split ones
+//!    (`Frame::kv_split`), each frame downloading its queries; their outputs are the host's
+//!    after the frame (step 3 counts them so); its positions are whole blocks, its ring holds a
+//!    share and a chunk, and its layers are device layers.
 //!
 //! This module must not change a plan.
 
@@ -95,8 +99,10 @@ pub fn verify(plan: &Plan, sizer: &Sizer) -> Vec<String> {
                     errs.push(format!("{}: {id} reads {v} ({}), which {} does not hold", f.id, p.value(v).name, f.place));
                 }
             }
+            // 7. A split attention's output is the host's (after the frame).
+            let at = if f.kv_split == Some(*id) { Place::Host } else { f.place };
             for v in writes {
-                holders.insert(v, BTreeSet::from([f.place]));
+                holders.insert(v, BTreeSet::from([at]));
             }
         }
         for v in &f.downloads {
@@ -130,8 +136,43 @@ pub fn verify(plan: &Plan, sizer: &Sizer) -> Vec<String> {
             }
         }
     }
-    // 5. Chains.
+    // 7. The KV split.
     let pl = &plan.placement;
+    let want: BTreeSet<OpId> = match &pl.kv_split {
+        Some(k) => {
+            if k.block == 0 || k.positions == 0 || k.positions % k.block != 0 || k.ring < k.positions.min(plan.options.context) {
+                errs.push(format!("kv split: {} positions in blocks of {}, a ring of {}", k.positions, k.block, k.ring));
+            }
+            for l in &k.layers {
+                if pl.layers.get(l.0 as usize).is_none_or(|p| *p == Place::Host) {
+                    errs.push(format!("kv split: {l} is not a device layer"));
+                }
+            }
+            plan.frames
+                .iter()
+                .filter(|f| f.place != Place::Host)
+                .flat_map(|f| f.ops.iter().copied())
+                .filter(|id| matches!(id.part, Part::Layer(l) if k.layers.contains(&l)) && matches!(op_of(p, *id), crate::ir::Op::Attention { .. }))
+                .collect()
+        }
+        None => BTreeSet::new(),
+    };
+    let got: BTreeSet<OpId> = plan.frames.iter().filter_map(|f| f.kv_split).collect();
+    if got != want {
+        errs.push(format!("kv split: {} frames end in a split attention, {} device attention ops of split layers", got.len(), want.len()));
+    }
+    for f in &plan.frames {
+        let Some(id) = f.kv_split else { continue };
+        if f.ops.last() != Some(&id) || f.place == Place::Host {
+            errs.push(format!("{}: split attention {id} does not end a device frame", f.id));
+        }
+        if let Some(q) = crate::frames::split_query(p, id) {
+            if !f.downloads.contains(&q) {
+                errs.push(format!("{}: split attention {id} does not download its queries {q}", f.id));
+            }
+        }
+    }
+    // 5. Chains.
     let rank = |pl: Place| match pl {
         Place::Device(d) => d.0 as u64,
         Place::Host => u64::MAX,

@@ -120,7 +120,8 @@ fn every_shipped_profile_loads() {
 
 #[test]
 fn dot_output_draws_frames_and_host_steps() {
-    let p = compile_with("olmoe", "olmoe-1b-7b", &profile("gpu-1gb"), &Options::default()).unwrap();
+    let o = Options { kv_split: false, ..Options::default() };
+    let p = compile_with("olmoe", "olmoe-1b-7b", &profile("gpu-1gb"), &o).unwrap();
     let dot = p.to_dot();
     assert!(dot.starts_with("digraph plan {"));
     assert!(dot.contains("label=\"f2 host\""), "{}", &dot[..400]);

@@ -28,10 +28,15 @@ const TABLE: &[(&str, &str, &str, &str)] = &[
 ];
 
 fn plan(spec: &str, config: &str, profile: &str) -> Plan {
+    // The table shows the fit without a KV split; `kv_split_snapshots` shows the split.
+    plan_with(spec, config, profile, &Options { kv_split: false, ..Options::default() })
+}
+
+fn plan_with(spec: &str, config: &str, profile: &str, options: &Options) -> Plan {
     let spec = Spec::load(&graphs().join(format!("{spec}.ron"))).unwrap_or_else(|d| panic!("{d}"));
     let b = Bindings::from_config_json(&graphs().join("configs").join(format!("{config}.json"))).unwrap();
     let profile = DeviceProfile::load(&graphs().join("profiles").join(format!("{profile}.ron"))).unwrap_or_else(|d| panic!("{d}"));
-    compile(&spec, &b, &profile, &Options::default()).unwrap_or_else(|d| panic!("{d}"))
+    compile(&spec, &b, &profile, options).unwrap_or_else(|d| panic!("{d}"))
 }
 
 fn on(plan: &Plan, d: u32) -> usize {
@@ -52,5 +57,26 @@ fn plan_snapshots() {
             }
             insta::assert_snapshot!(format!("{spec}@{kind}-{profile}"), p.to_string());
         }
+    }
+}
+
+/// KV splits: past the budget (llama on 8 GB: more layers with capped mirrors; OLMoE on 1 GB:
+/// every layer, its KV at 4096 positions being most of a layer), and forced (gpt-oss: its
+/// sliding layers' windows fit the ring and keep whole mirrors, the full layers split).
+#[test]
+fn kv_split_snapshots() {
+    let forced = Options { kv_device_positions: Some(1000), kv_block: 64, ..Options::default() };
+    for (spec, config, profile, options, name) in [
+        ("llama", "llama-3.1-8b", "rtx4060-8gb", Options::default(), "budget"),
+        ("olmoe", "olmoe-1b-7b", "gpu-1gb", Options::default(), "budget"),
+        ("gpt_oss", "gpt-oss-20b", "h200", forced, "forced"),
+    ] {
+        let p = plan_with(spec, config, profile, &options);
+        let split = p.placement.kv_split.as_ref().unwrap_or_else(|| panic!("{spec} on {profile}: no split"));
+        assert!(split.positions % split.block == 0 && split.positions < p.options.context, "{spec}: {split}");
+        assert!(p.frames.iter().filter(|f| f.kv_split.is_some()).count() == split.layers.len(), "{spec}: a split attention ends each split layer's frame");
+        let unsplit = plan_with(spec, config, profile, &Options { kv_split: false, kv_device_positions: None, ..options.clone() });
+        assert!(on(&p, 0) >= on(&unsplit, 0), "{spec} on {profile}: the split placed fewer layers");
+        insta::assert_snapshot!(format!("kv_split@{spec}-{name}-{profile}"), p.to_string());
     }
 }

@@ -9,11 +9,15 @@
 //! 5. With the expert tier on, what each device has left is its expert cache; where that
 //!    holds every routed expert of a layer (whole layers from the device's first, `resident`),
 //!    the layer's routing and experts run in the device's frame.
+//! 6. A KV split (`kv_split`), forced or where capping the mirrors puts more layers on the
+//!    devices, sizes the device layers' mirrors as rings of a row's newest positions: steps
+//!    2-5 run again on those sizes.
 //!
 //! Post: placed bytes never exceed a device's usable bytes; device layers form consecutive
 //! chains in device order, followed by the host's. This module must not cut frames.
 
 pub mod fit;
+pub mod kv_split;
 pub mod resident;
 pub mod size;
 
@@ -57,6 +61,8 @@ pub struct Placement {
     pub expert_bytes: Vec<(LayerId, u64, usize)>,
     /// The layers whose routed experts are all resident on a device (in-frame routing).
     pub resident: resident::Residency,
+    /// The device layers whose KV mirrors keep only a row's newest positions, if any.
+    pub kv_split: Option<kv_split::KvSplit>,
 }
 
 /// Whether `device` runs `op`: not a host step, an op kind it runs, matrices in formats it reads.
@@ -66,6 +72,29 @@ pub fn runs_on(device: &Device, op: &Op, sizer: &Sizer) -> bool {
 
 /// Places `program` on the devices of `profile`. Errors are messages about the options.
 pub fn place(program: &Program, profile: &DeviceProfile, options: &Options, sizer: &Sizer) -> Result<Placement, String> {
+    // 6. The KV split, if any: the chain again with the mirrors capped at the ring.
+    let context = sizer.context();
+    let on_devices = |p: &Placement| p.layers.iter().filter(|l| **l != Place::Host).count();
+    let mut layers_at = |cap: Option<usize>| chain(program, profile, options, &sizer.with_kv_cap(cap)).map_or(0, |p| on_devices(&p));
+    let Some(positions) = kv_split::choose(options, context, &mut layers_at) else {
+        return chain(program, profile, options, sizer);
+    };
+    let ring = kv_split::ring(positions, options, context);
+    let capped = sizer.with_kv_cap(Some(ring));
+    let mut placement = chain(program, profile, options, &capped)?;
+    let layers = kv_split::split_layers(program, &placement.layers, ring, context);
+    if layers.is_empty() {
+        return chain(program, profile, options, sizer);
+    }
+    let kv = |s: &Sizer| layers.iter().map(|l| s.layer(&program.layers[l.0 as usize]).kv).fold(0u64, u64::saturating_add);
+    let (whole_bytes, split_bytes) = (kv(sizer), kv(&capped));
+    let forced = options.kv_device_positions.is_some();
+    placement.kv_split = Some(kv_split::KvSplit { positions, block: options.kv_block.max(1), ring, layers, forced, whole_bytes, split_bytes });
+    Ok(placement)
+}
+
+/// Steps 1-5 on the sizes `sizer` gives.
+fn chain(program: &Program, profile: &DeviceProfile, options: &Options, sizer: &Sizer) -> Result<Placement, String> {
     let l = program.layers.len();
     let cost_on = |d: &Device| -> Vec<LayerCost> {
         program.layers.iter().map(|layer| sizer.ops_cost(layer.ops.iter().filter(|op| runs_on(d, op, sizer)))).collect()
@@ -127,7 +156,7 @@ pub fn place(program: &Program, profile: &DeviceProfile, options: &Options, size
         }
     }
     let resident = resident::resident_layers(program, profile, options, &layers, &fits, sizer);
-    Ok(Placement { layers, head, costs, fixed, tail: sizer.tail(), fits, expert_bytes, resident })
+    Ok(Placement { layers, head, costs, fixed, tail: sizer.tail(), fits, expert_bytes, resident, kv_split: None })
 }
 
 /// Where each op runs, in program order.

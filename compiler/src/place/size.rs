@@ -66,6 +66,7 @@ pub fn is_matrix(w: &WeightRef) -> bool {
 }
 
 /// Counts bytes for one checkpoint and one set of options.
+#[derive(Clone)]
 pub struct Sizer {
     /// Scratch of one chunk over every value the layers use.
     fixed: u64,
@@ -78,6 +79,8 @@ pub struct Sizer {
     upload: Option<Format>,
     context: u64,
     chunk_rows: u64,
+    /// Positions an attention mirror holds at most (a KV split's ring); `None`: whole.
+    kv_cap: Option<u64>,
 }
 
 impl Sizer {
@@ -91,6 +94,7 @@ impl Sizer {
             upload: options.upload_format,
             context: options.context.min(program.dims.max_context.max(1)) as u64,
             chunk_rows: options.chunk_rows as u64,
+            kv_cap: None,
         };
         let mut used = BTreeSet::new();
         for l in &program.layers {
@@ -146,6 +150,7 @@ impl Sizer {
             match op {
                 Op::Attention { spec, .. } => {
                     let positions = spec.window.map_or(self.context, |w| (w as u64).min(self.context));
+                    let positions = self.kv_cap.map_or(positions, |c| positions.min(c));
                     let per_position = (spec.kv_heads as u64).saturating_mul((spec.head_dim + spec.v_head_dim) as u64);
                     c.kv = c.kv.saturating_add(positions.saturating_mul(per_position).saturating_mul(F32));
                 }
@@ -158,6 +163,17 @@ impl Sizer {
             }
         }
         c
+    }
+
+    /// The same counts with every attention mirror capped at `cap` positions (a KV split's
+    /// ring; `None`: whole).
+    pub fn with_kv_cap(&self, cap: Option<usize>) -> Sizer {
+        Sizer { kv_cap: cap.map(|c| c as u64), ..self.clone() }
+    }
+
+    /// The context the mirrors are sized for (the options', at most the model's).
+    pub fn context(&self) -> usize {
+        self.context as usize
     }
 
     /// Bytes of a layer's dense part on a device.

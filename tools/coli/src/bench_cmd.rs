@@ -42,6 +42,8 @@ pub struct BenchArgs {
     /// Routed experts on the CPU (no expert tier), for comparison.
     #[arg(long)]
     pub no_expert_tier: bool,
+    #[command(flatten)]
+    pub kv: crate::kv_args::KvSplitArgs,
 }
 
 fn session(l: &crate::load::Loaded, ctx: usize) -> Result<Session<'_>, String> {
@@ -70,7 +72,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         "auto" => DeviceRequest::Auto(vk),
         d => return Err(format!("--device {d}: expected cpu, vulkan or auto")),
     };
-    req.compile = Options { context: a.prompt + a.decode + 8, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, expert_tier: !a.no_expert_tier, ..Options::default() };
+    req.compile = a.kv.apply(Options { context: a.prompt + a.decode + 8, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, expert_tier: !a.no_expert_tier, ..Options::default() });
     let loaded = load(req)?;
     let vocab = loaded.plan.program.dims.vocab as u32;
     // Deterministic ids spread over the vocabulary (avoiding the first few specials).

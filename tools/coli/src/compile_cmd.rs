@@ -54,6 +54,8 @@ pub struct CompileArgs {
     /// Format matrices are uploaded to devices in (default: as stored).
     #[arg(long)]
     pub upload_format: Option<Format>,
+    #[command(flatten)]
+    pub kv: crate::kv_args::KvSplitArgs,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,7 +123,7 @@ pub fn compile_to_string(args: &CompileArgs) -> Result<String, String> {
 
 fn options(args: &CompileArgs) -> Options {
     let d = Options::default();
-    Options {
+    args.kv.apply(Options {
         dense_on_device: !args.dense_on_cpu,
         expert_tier: !args.no_expert_tier,
         device_layers: args.device_layers,
@@ -129,7 +131,8 @@ fn options(args: &CompileArgs) -> Options {
         chunk_rows: args.chunk_rows.unwrap_or(d.chunk_rows),
         assumed_format: args.assume_format.unwrap_or(d.assumed_format),
         upload_format: args.upload_format.or(d.upload_format),
-    }
+        ..d
+    })
 }
 
 /// Bindings of a `config.json` (read here), or of a model directory or GGUF file (read by the
@@ -168,6 +171,7 @@ mod tests {
             chunk_rows: None,
             assume_format: None,
             upload_format: None,
+            kv: Default::default(),
         }
     }
 

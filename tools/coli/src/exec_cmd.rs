@@ -95,6 +95,8 @@ pub struct ExecArgs {
     /// Keep this many layers on the device (instead of the most that fit).
     #[arg(long)]
     pub device_layers: Option<usize>,
+    #[command(flatten)]
+    pub kv: crate::kv_args::KvSplitArgs,
     /// Fault injection for tests: the device fails at its n-th submit.
     #[arg(long, hide = true)]
     pub fail_submit: Option<u64>,
@@ -147,7 +149,7 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         DeviceChoice::Auto => DeviceRequest::Auto(vk),
     };
     let ctx_len = a.ctx.unwrap_or(8192);
-    let compile = Options { context: ctx_len, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, ..Options::default() };
+    let compile = a.kv.apply(Options { context: ctx_len, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, ..Options::default() });
     let loaded = load(LoadRequest {
         model: &model_path,
         spec: a.spec.as_deref(),

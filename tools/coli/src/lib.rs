@@ -6,5 +6,6 @@ pub mod bench_cmd;
 pub mod compile_cmd;
 pub mod default_model;
 pub mod exec_cmd;
+pub mod kv_args;
 pub mod load;
 pub mod specs;
