@@ -7,6 +7,8 @@
 //   up_e[j] . x[r] + bu), the activation rows those of x.
 // Mode 1 (down and sum): workgroup y = row r; out[r][i] = sum over ranks k, in rank order
 //   from 0, of w[r,k] * (down_e[i] . h[r*K + k] + bd): the CPU's order (cpu/experts.rs).
+// Mode 2 (down per pair, the expert tier's batches): workgroup y = pair p; y[p][i] =
+//   down_e[i] . h[p] + bd, not weighted (the host joins the pairs to their rows in rank order).
 // One subgroup per output row, lanes over the row's units, joined by a subgroup sum, as
 // matvec.comp. Biases (gpt-oss): bias[bias_off + e*2F + j] for gate/up rows, bias[bias_off +
 // e*H + i] for down, when bias_off != NONE.
@@ -66,6 +68,16 @@ void main() {
                 u += bias[pc.bias_off + ru];
             }
             if (subgroupElect()) outv[pc.out_off + p * f + j] = moe_glu(pc.glu, g, u, pc.limit, pc.alpha);
+        }
+    } else if (pc.mode == 2u) {
+        uint p = gl_WorkGroupID.y, r = p / pc.top_k, k = p % pc.top_k, hdim = pc.rows;
+        uint e = moe_expert(r, k, pc.experts);
+        if (e >= pc.experts) return;
+        for (uint i = first; i < hdim; i += step) {
+            uint row = e * hdim + i;
+            float t = row_dot(row, p);
+            if (pc.bias_off != NONE) t += bias[pc.bias_off + row];
+            if (subgroupElect()) outv[pc.out_off + p * hdim + i] = t;
         }
     } else {
         uint r = gl_WorkGroupID.y, hdim = pc.rows;

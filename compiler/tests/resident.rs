@@ -58,31 +58,28 @@ fn a_device_that_holds_every_expert_routes_in_frame() {
 }
 
 #[test]
-fn a_budget_for_some_layers_takes_whole_layers_from_the_first() {
+fn a_budget_short_of_every_layer_leaves_the_experts_to_the_adaptive_cache() {
     let full = olmoe(&h200(150_000_000_000), &Options::default());
     let (experts, scratch) = full.placement.resident.bytes[0];
     let per_layer = experts / 16;
     let dense = full.placement.fits[0].bytes + full.profile.devices[0].reserve;
-    let mut last = 0;
     for layers in [0u64, 1, 5, 11, 15, 16] {
         // Exactly what `layers` layers need, plus less than one more layer.
         let budget = dense + scratch + layers * per_layer + per_layer / 2;
         let p = olmoe(&h200(budget), &Options::default());
         assert_eq!(p.placement.layers.iter().filter(|l| **l != Place::Host).count(), 16, "the dense part fits first");
-        let want: Vec<usize> = (0..layers.min(16) as usize).collect();
+        // All or nothing: a budget short of every layer's experts makes none resident.
+        let want: Vec<usize> = if layers == 16 { (0..16).collect() } else { Vec::new() };
         assert_eq!(resident(&p), want, "budget {budget}");
-        assert!(resident(&p).len() >= last, "monotone in the budget");
-        last = resident(&p).len();
         for (l, place) in expert_places(&p) {
-            let want = if (l as u64) < layers { Place::Device(DeviceId(0)) } else { Place::Host };
-            assert_eq!(place, want, "l{l} with {layers} resident layers");
+            let want = if layers == 16 { Place::Device(DeviceId(0)) } else { Place::Host };
+            assert_eq!(place, want, "l{l} with {layers} layers' worth of budget");
         }
         let (b, s) = p.placement.resident.bytes[0];
         assert!(b + s <= p.placement.fits[0].tier, "resident experts within the tier");
-        let text = p.to_string();
-        if layers > 0 && layers < 16 {
-            let rest = if layers == 15 { "l15".to_string() } else { format!("l{layers}..l15") };
-            assert!(text.contains(&format!("experts {rest} through host steps")), "{text}");
+        if layers < 16 {
+            assert!(p.placement.fits[0].tier >= layers * per_layer, "the budget stays the tier's");
+            assert!(p.to_string().contains("experts l0..l15 through host steps"), "{p}");
         }
     }
 }
@@ -98,6 +95,14 @@ fn no_resident_experts_with_the_tier_off_or_a_device_that_does_not_list_them() {
     let plan = olmoe(&p, &Options::default());
     assert!(resident(&plan).is_empty(), "RoutedExperts is not listed");
     assert!(expert_places(&plan).iter().all(|(_, place)| *place == Place::Host));
+}
+
+#[test]
+fn resident_experts_off_sends_every_layer_through_host_steps() {
+    let p = olmoe(&h200(150_000_000_000), &Options { resident_experts: false, ..Options::default() });
+    assert!(resident(&p).is_empty());
+    assert!(expert_places(&p).iter().all(|(_, place)| *place == Place::Host));
+    assert!(p.placement.fits[0].tier > 0, "the budget stays the tier's");
 }
 
 #[test]

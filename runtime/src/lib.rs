@@ -12,5 +12,6 @@ pub mod model;
 pub mod oplib;
 pub mod sample;
 pub mod text;
+pub mod tier;
 pub mod vk;
 mod vocab_bridge;

@@ -3,12 +3,12 @@
 //! routing (`Route`) and experts (`RoutedExperts`) run inside the device's frame instead of as
 //! host steps, so a decode step's layers need no round trip to the host.
 //!
-//! The rule: per device, its MoE layers in order from its first, each taken while the running
-//! total of whole layers' experts, plus the experts' scratch for one prompt chunk (counted once
-//! per device: the kernels reuse it layer after layer), fits the tier budget. The first layer
-//! that does not fit ends the device's run, so the resident layers are a prefix of its layers.
-//! A layer stays on the host when the device does not list the two op kinds, or cannot read
-//! its experts' format.
+//! The rule: per device, every MoE layer it runs, when the total of their experts, plus the
+//! experts' scratch for one prompt chunk (counted once per device: the kernels reuse it layer
+//! after layer), fits the tier budget, the device lists the two op kinds and reads the
+//! experts' formats. All or nothing: when one layer does not qualify, none is resident, and the
+//! runtime's adaptive cache spreads the whole budget over every layer by heat instead (a
+//! prefix of whole layers would leave it nothing, and serves a skewed routing worse).
 //!
 //! Must not: change the dense fit (this runs after it, on what it left) or cut frames.
 
@@ -69,12 +69,14 @@ pub struct Residency {
 /// Applies the rule to the devices of `fits` (after the dense fit and the tier's budgets).
 pub fn resident_layers(program: &Program, profile: &DeviceProfile, options: &Options, layers: &[Place], fits: &[DeviceFit], sizer: &Sizer) -> Residency {
     let mut r = Residency { layers: vec![None; program.layers.len()], bytes: vec![(0, 0); fits.len()] };
-    if !options.expert_tier {
+    if !options.expert_tier || !options.resident_experts {
         return r;
     }
     for (k, fit) in fits.iter().enumerate() {
         let Some(dev) = profile.devices.get(k) else { continue };
         let (mut experts_bytes, mut scratch) = (0u64, 0u64);
+        let mut all = true;
+        let mut taken = Vec::new();
         for (l, layer) in program.layers.iter().enumerate() {
             if layers[l] != Place::Device(fit.device) {
                 continue;
@@ -82,20 +84,26 @@ pub fn resident_layers(program: &Program, profile: &DeviceProfile, options: &Opt
             let Some(moe) = layer.ops.iter().find(|op| matches!(op, Op::RoutedExperts { .. })) else { continue };
             let Op::RoutedExperts { experts, .. } = moe else { continue };
             let route_ok = layer.ops.iter().filter(|op| matches!(op, Op::Route { .. })).all(|op| runs_resident(dev, op, sizer));
-            let Some(one) = sizer.expert(moe) else { break };
-            if !route_ok || !runs_resident(dev, moe, sizer) {
+            let Some(one) = sizer.expert(moe) else {
+                all = false;
                 break;
-            }
+            };
             let need = experts_bytes.saturating_add(one.saturating_mul(*experts as u64));
             let need_scratch = scratch.max(expert_scratch(program, moe, options.chunk_rows));
-            if need.saturating_add(need_scratch) > fit.tier {
+            if !route_ok || !runs_resident(dev, moe, sizer) || need.saturating_add(need_scratch) > fit.tier {
+                all = false;
                 break;
             }
             experts_bytes = need;
             scratch = need_scratch;
-            r.layers[l] = Some(fit.device);
+            taken.push(l);
         }
-        r.bytes[k] = (experts_bytes, scratch);
+        if all {
+            for l in taken {
+                r.layers[l] = Some(fit.device);
+            }
+            r.bytes[k] = (experts_bytes, scratch);
+        }
     }
     r
 }

@@ -49,8 +49,29 @@ pub fn expert_ffn(m: &ExpertMats, kind: GluKind, precision: Precision, x: &[f32]
     add_bias(outs, m.down_bias);
 }
 
+impl<'a> ExpertMats<'a> {
+    /// Expert `e` of a `RoutedExperts` op's weights.
+    pub fn of(ws: &'a crate::exec::weights::WeightStore, w: &coli_compiler::ir::ExpertWeights, e: usize) -> ExpertMats<'a> {
+        let bias = |b: &Option<coli_compiler::ir::ExpertBias>| b.as_ref().map(|b| ws.expert_bias(b, e));
+        ExpertMats {
+            gate: ws.expert(&w.gate, e),
+            up: ws.expert(&w.up, e),
+            down: ws.expert(&w.down, e),
+            gate_bias: bias(&w.gate_bias),
+            up_bias: bias(&w.up_bias),
+            down_bias: bias(&w.down_bias),
+        }
+    }
+}
+
+/// The expert of pair (row `r`, rank `k`) in a routing of `top_k` `(expert, weight)` pairs a row.
+pub fn pair_expert(routing: &[f32], top_k: usize, r: usize, k: usize) -> usize {
+    routing[r * 2 * top_k + 2 * k] as usize
+}
+
 /// `out[r] = sum over ranks k of weight[r,k] * expert[r,k](x[r])`. `routing` holds per row
 /// `top_k` pairs `(expert, weight)`. `expert(e)` gives expert `e`'s matrices.
+#[allow(clippy::too_many_arguments)]
 pub fn routed_experts<'a>(
     x: &[f32],
     n: usize,
@@ -62,16 +83,32 @@ pub fn routed_experts<'a>(
     expert: &(dyn Fn(usize) -> ExpertMats<'a> + Sync),
     out: &mut [f32],
 ) {
-    // 1. Group (row, rank) pairs by expert.
-    let mut by_expert: std::collections::BTreeMap<usize, Vec<(usize, usize)>> = Default::default();
-    for r in 0..n {
-        for k in 0..top_k {
-            let e = routing[r * 2 * top_k + 2 * k] as usize;
-            by_expert.entry(e).or_default().push((r, k));
-        }
-    }
-    // 2. Run each expert over its rows; outputs land in a (row, rank) table.
+    let pairs: Vec<(usize, usize)> = (0..n).flat_map(|r| (0..top_k).map(move |k| (r, k))).collect();
     let mut table = vec![0.0f32; n * top_k * hidden];
+    pair_outputs(x, n, hidden, routing, top_k, &pairs, kind, precision, expert, &mut table);
+    join_ranks(routing, n, top_k, hidden, &table, out);
+}
+
+/// Runs the experts of `pairs` ((row, rank), grouped here by expert, each expert one batched
+/// matmul over its rows) and writes each pair's output, not weighted, into its row of `table`
+/// (`(r * top_k + k) x hidden`). Other rows of the table are left as they were.
+#[allow(clippy::too_many_arguments)]
+pub fn pair_outputs<'a>(
+    x: &[f32],
+    n: usize,
+    hidden: usize,
+    routing: &[f32],
+    top_k: usize,
+    pairs: &[(usize, usize)],
+    kind: GluKind,
+    precision: Precision,
+    expert: &(dyn Fn(usize) -> ExpertMats<'a> + Sync),
+    table: &mut [f32],
+) {
+    let mut by_expert: std::collections::BTreeMap<usize, Vec<(usize, usize)>> = Default::default();
+    for &(r, k) in pairs {
+        by_expert.entry(pair_expert(routing, top_k, r, k)).or_default().push((r, k));
+    }
     let groups: Vec<(usize, Vec<(usize, usize)>)> = by_expert.into_iter().collect();
     let results: Vec<(Vec<(usize, usize)>, Vec<f32>)> = if n == 1 {
         // Decode: the matmuls inside are parallel already.
@@ -84,7 +121,12 @@ pub fn routed_experts<'a>(
             table[(r * top_k + k) * hidden..][..hidden].copy_from_slice(&outs[i * hidden..(i + 1) * hidden]);
         }
     }
-    // 3. Sum in rank order.
+}
+
+/// Joins the pairs' outputs (`table`, as `pair_outputs` writes it) to their rows: for each
+/// row, from zero, `out[r] += weight[r,k] * table[r,k]` in rank order, whichever side
+/// computed the pair.
+pub fn join_ranks(routing: &[f32], n: usize, top_k: usize, hidden: usize, table: &[f32], out: &mut [f32]) {
     for r in 0..n {
         let o = &mut out[r * hidden..(r + 1) * hidden];
         o.iter_mut().for_each(|v| *v = 0.0);

@@ -318,15 +318,7 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             let hidden = env.width(*x);
             let top_k = env.width(*routing) / 2;
             let ws = env.weights;
-            let bias = |b: &Option<coli_compiler::ir::ExpertBias>, e: usize| b.as_ref().map(|b| ws.expert_bias(b, e));
-            let expert = |e: usize| experts::ExpertMats {
-                gate: ws.expert(&weights.gate, e),
-                up: ws.expert(&weights.up, e),
-                down: ws.expert(&weights.down, e),
-                gate_bias: bias(&weights.gate_bias, e),
-                up_bias: bias(&weights.up_bias, e),
-                down_bias: bias(&weights.down_bias, e),
-            };
+            let expert = |e: usize| experts::ExpertMats::of(ws, weights, e);
             let (xs, rt) = (env.get(*x).to_vec(), env.get(*routing).to_vec());
             let mut o = env.take(*out);
             experts::routed_experts(&xs, n, hidden, &rt, top_k, *glu, env.precision, &expert, &mut o);

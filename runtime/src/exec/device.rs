@@ -38,7 +38,13 @@ use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::{Part, Place};
 use coli_compiler::ir::{ExpertBias, Op, Program, RopeScaling, ValueId};
 use coli_compiler::Plan;
+use crate::tier::{ExpertTier, TierOptions, TierSetup};
 use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// The device side of a model: its weights uploaded, buffers for the row values and the KV
 /// mirrors, and the plan's frames.
@@ -61,6 +67,8 @@ pub struct DeviceModel {
     /// The largest (top_k, hidden, ffn, experts) of the resident layers.
     moe_dims: Option<(usize, usize, usize, usize)>,
     tier_line: Option<String>,
+    /// The adaptive cache serving the MoE host steps (layers not resident in frame).
+    tier: Option<Mutex<ExpertTier>>,
 }
 
 /// Per-session device state: value buffers, KV mirrors and their read-back staging.
@@ -91,8 +99,15 @@ pub enum DeviceError {
 }
 
 impl DeviceModel {
-    /// Uploads what the plan's device frames read. `progress(done, total)` per tensor.
+    /// Uploads what the plan's device frames read, with the expert tier's defaults (no
+    /// history). `progress(done, total)` per tensor.
     pub fn load(ctx: Context, plan: &Plan, model: &Model, progress: &mut dyn FnMut(usize, usize)) -> Result<DeviceModel, DeviceError> {
+        Self::load_with(ctx, plan, model, &TierOptions::default(), progress)
+    }
+
+    /// `load`, then the expert tier for the MoE host steps within what the plan left on the
+    /// primary device (`tier`: its options).
+    pub fn load_with(ctx: Context, plan: &Plan, model: &Model, tier: &TierOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<DeviceModel, DeviceError> {
         let program = &plan.program;
         let lib = VkOps::new(ctx.clone());
         let mut names: Vec<(String, bool)> = Vec::new();
@@ -154,7 +169,24 @@ impl DeviceModel {
             moe_dims = Some(moe_dims.map_or(dims, |m| (m.0.max(dims.0), m.1.max(dims.1), m.2.max(dims.2), m.3.max(dims.3))));
             experts.insert(layer.0, d);
         }
-        let tier_line = tier_line(plan, &ctx, &experts);
+        let mut tier_line = tier_line(plan, &ctx, &experts);
+        // The adaptive tier: every routed-experts op that runs as a host step.
+        let mut tier_service = None;
+        let host_moe: Vec<&Op> = program.layers.iter().flat_map(|l| &l.ops).filter(|op| matches!(op, Op::RoutedExperts { layer, .. } if !experts.contains_key(&layer.0))).collect();
+        if plan.options.expert_tier && !host_moe.is_empty() {
+            if let Some(fit) = plan.placement.fits.first() {
+                let (b, sc) = plan.placement.resident.bytes.first().copied().unwrap_or((0, 0));
+                let budget = fit.tier.saturating_sub(b + sc);
+                let rule = if tier.budget.is_some() { "as asked" } else { "what the plan left on d0 beside its layers and reserve" };
+                match ExpertTier::new(&ctx, model, &host_moe, budget, rule, plan.options.chunk_rows.max(1), tier.clone())? {
+                    TierSetup::Ready(t) => {
+                        tier_line = Some(t.line().to_string());
+                        tier_service = Some(Mutex::new(*t));
+                    }
+                    TierSetup::Off(why) => tier_line = Some(why),
+                }
+            }
+        }
         progress(total, total);
         let mut fbufs = Vec::new();
         for (rd, theta, scaling) in freqs {
@@ -177,7 +209,26 @@ impl DeviceModel {
             experts,
             moe_dims,
             tier_line,
+            tier: tier_service,
         })
+    }
+
+    /// The expert tier's per-run line, when there is a tier.
+    pub fn tier_summary(&self) -> Option<String> {
+        self.tier.as_ref().map(|t| lock(t).summary())
+    }
+
+    /// Runs `f` on the expert tier, when there is one (tests and reports).
+    pub fn with_tier<R>(&self, f: impl FnOnce(&mut ExpertTier) -> R) -> Option<R> {
+        self.tier.as_ref().map(|t| f(&mut lock(t)))
+    }
+
+    /// Merges the run's routings into the tier's history file; the path written, if any.
+    pub fn save_tier_history(&self) -> Result<Option<std::path::PathBuf>, crate::tier::history::HistoryError> {
+        match &self.tier {
+            Some(t) => lock(t).save_history(),
+            None => Ok(None),
+        }
     }
 
     /// One line for the user: the expert tier's budget, how many experts of which size are
@@ -261,12 +312,28 @@ impl DeviceModel {
             // A host write below the mirror's rows (a truncation) lowers the watermark.
             *mark = (*mark).min(kv.layers.get(l).map_or(0, |c| c.len())).min(pos0);
         }
+        if let Some(t) = &self.tier {
+            lock(t).begin_forward(n);
+        }
         for frame in &self.frames {
             match frame.place {
                 Place::Host => {
                     let mut env = Env { n, pos0, tokens, values: host_values, widths, kv, weights: &model.weights, precision };
                     for &id in &frame.ops {
-                        run_op(op_of(p, id), &mut env)?;
+                        let op = op_of(p, id);
+                        if let (Some(t), Op::RoutedExperts { layer, x, routing, out, .. }) = (&self.tier, op) {
+                            let mut t = lock(t);
+                            if t.serves(layer.0 as usize) {
+                                let v = &mut *env.values;
+                                let xs = v[x.0 as usize][..n * widths[x.0 as usize]].to_vec();
+                                let rt = v[routing.0 as usize][..n * widths[routing.0 as usize]].to_vec();
+                                let o = &mut v[out.0 as usize];
+                                o.resize(n * widths[out.0 as usize], 0.0);
+                                t.run(model, op, &xs, &rt, n, &mut o[..n * widths[out.0 as usize]], precision).map_err(ExecError::Device)?;
+                                continue;
+                            }
+                        }
+                        run_op(op, &mut env)?;
                     }
                 }
                 Place::Device(_) => self.run_device_frame(model, st, frame, host_values, widths, kv, tokens, pos0, precision, last_only).map_err(ExecError::Device)?,

@@ -4,6 +4,7 @@
 
 use crate::default_model;
 use crate::load::{load, DeviceRequest, LoadRequest};
+use crate::tier_args::TierArgs;
 use coli_compiler::Options;
 use coli_runtime::vk::VkOptions;
 use clap::Args;
@@ -44,6 +45,8 @@ pub struct BenchArgs {
     pub no_expert_tier: bool,
     #[command(flatten)]
     pub kv: crate::kv_args::KvSplitArgs,
+    #[command(flatten)]
+    pub tier: TierArgs,
 }
 
 fn session(l: &crate::load::Loaded, ctx: usize) -> Result<Session<'_>, String> {
@@ -72,7 +75,9 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         "auto" => DeviceRequest::Auto(vk),
         d => return Err(format!("--device {d}: expected cpu, vulkan or auto")),
     };
-    req.compile = a.kv.apply(Options { context: a.prompt + a.decode + 8, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, expert_tier: !a.no_expert_tier, ..Options::default() });
+    req.compile = a.kv.apply(Options { context: a.prompt + a.decode + 8, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, expert_tier: !a.no_expert_tier, resident_experts: !a.tier.sized(), ..Options::default() });
+    // The bench reads a history only when given one, and never writes it.
+    req.tier = a.tier.options(&path, false);
     let loaded = load(req)?;
     let vocab = loaded.plan.program.dims.vocab as u32;
     // Deterministic ids spread over the vocabulary (avoiding the first few specials).
@@ -110,6 +115,9 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         rayon::current_num_threads(),
         coli_runtime::format::kernel_level()
     );
+    if let Some(line) = loaded.device.as_ref().and_then(|d| d.tier_summary()) {
+        println!("{line} (all repetitions)");
+    }
     println!("pp{}: {:.1} tok/s (median of {reps})", a.prompt, median(pp));
     println!("tg{}: {:.1} tok/s (median of {reps})", a.decode, median(tg));
     Ok(())

@@ -3,6 +3,7 @@
 
 use crate::default_model;
 use crate::load::{load, DeviceRequest, LoadRequest};
+use crate::tier_args::TierArgs;
 use coli_runtime::cpu::Precision;
 use coli_runtime::vk::{FaultInjection, VkOptions};
 use clap::{Args, ValueEnum};
@@ -106,6 +107,8 @@ pub struct ExecArgs {
     /// Keep generating past the end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
+    #[command(flatten)]
+    pub tier: TierArgs,
 }
 
 pub fn run(a: ExecArgs) -> Result<(), String> {
@@ -149,7 +152,7 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         DeviceChoice::Auto => DeviceRequest::Auto(vk),
     };
     let ctx_len = a.ctx.unwrap_or(8192);
-    let compile = a.kv.apply(Options { context: ctx_len, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, ..Options::default() });
+    let compile = a.kv.apply(Options { context: ctx_len, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, resident_experts: !a.tier.sized(), ..Options::default() });
     let loaded = load(LoadRequest {
         model: &model_path,
         spec: a.spec.as_deref(),
@@ -157,6 +160,7 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         compile,
         profile: None,
         device,
+        tier: a.tier.options(&model_path, true),
         progress: Some(&mut progress),
     })?;
     eprintln!("coli: {}", loaded.device_note);
@@ -240,6 +244,15 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
     }
     if tok.is_none() {
         println!("{}", g.generated.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+    }
+    if let Some(d) = &loaded.device {
+        if let Some(line) = d.tier_summary() {
+            eprintln!("coli: {line}");
+        }
+        match d.save_tier_history() {
+            Ok(_) => {}
+            Err(e) => eprintln!("coli: the routing history was not saved: {e}"),
+        }
     }
     if g.stop == StopReason::ContextFull {
         eprintln!("coli: stopped: the context of {ctx} positions is full (raise it with --ctx)");

@@ -9,3 +9,4 @@ pub mod exec_cmd;
 pub mod kv_args;
 pub mod load;
 pub mod specs;
+pub mod tier_args;

@@ -10,6 +10,7 @@ use coli_runtime::exec::Model;
 use coli_runtime::vk::{Context, VkError, VkOptions};
 use coli_runtime::model::{Checkpoint, LoadOptions};
 use coli_runtime::text::{GgufVocab, Tokenizer};
+use coli_runtime::tier::TierOptions;
 use std::path::Path;
 
 /// Everything `coli exec` needs to run.
@@ -48,6 +49,8 @@ pub struct LoadRequest<'a> {
     pub compile: Options,
     pub profile: Option<DeviceProfile>,
     pub device: DeviceRequest,
+    /// The expert tier's options (on a device with routed experts through host steps).
+    pub tier: TierOptions,
     /// Called with (done, total) while weights resolve.
     pub progress: Option<&'a mut dyn FnMut(usize, usize)>,
 }
@@ -55,7 +58,7 @@ pub struct LoadRequest<'a> {
 impl<'a> LoadRequest<'a> {
     /// The defaults for the checkpoint at `model`: its architecture's built-in spec, CPU only.
     pub fn new(model: &'a Path) -> LoadRequest<'a> {
-        LoadRequest { model, spec: None, load: LoadOptions::default(), compile: Options::default(), profile: None, device: DeviceRequest::Cpu, progress: None }
+        LoadRequest { model, spec: None, load: LoadOptions::default(), compile: Options::default(), profile: None, device: DeviceRequest::Cpu, tier: TierOptions::default(), progress: None }
     }
 }
 
@@ -82,13 +85,13 @@ pub fn load(req: LoadRequest) -> Result<Loaded, String> {
                 // takes GPUs only.
                 Ok(c) if !required && c.caps().kind == coli_runtime::vk::DeviceKind::Cpu => {
                     let note = format!("the only Vulkan device is a CPU device ({}); running on the CPU", c.caps().name);
-                    return finish(req.model, checkpoint, spec, req.profile.unwrap_or_else(DeviceProfile::cpu_only), &req.compile, req.progress, None, note);
+                    return finish(req.model, checkpoint, spec, req.profile.unwrap_or_else(DeviceProfile::cpu_only), &req.compile, &req.tier, req.progress, None, note);
                 }
                 Ok(c) => (Some(c), Some(o.clone()), required),
                 Err(e) if required => return Err(format!("--device vulkan: {e}")),
                 Err(e) => {
                     let note = format!("no Vulkan device ({e}); running on the CPU");
-                    return finish(req.model, checkpoint, spec, req.profile.unwrap_or_else(DeviceProfile::cpu_only), &req.compile, req.progress, None, note);
+                    return finish(req.model, checkpoint, spec, req.profile.unwrap_or_else(DeviceProfile::cpu_only), &req.compile, &req.tier, req.progress, None, note);
                 }
             }
         }
@@ -102,7 +105,7 @@ pub fn load(req: LoadRequest) -> Result<Loaded, String> {
         Some(c) => format!("running on {}", c.describe()),
         None => "running on the CPU".to_string(),
     };
-    let mut loaded = finish(req.model, checkpoint, spec, profile, &req.compile, req.progress, ctx, note)?;
+    let mut loaded = finish(req.model, checkpoint, spec, profile, &req.compile, &req.tier, req.progress, ctx, note)?;
     if required && loaded.device.is_none() {
         return Err(format!("--device vulkan: {}", loaded.device_note));
     }
@@ -119,6 +122,7 @@ fn finish(
     spec: Spec,
     profile: DeviceProfile,
     options: &Options,
+    tier: &TierOptions,
     progress: Option<&mut dyn FnMut(usize, usize)>,
     ctx: Option<Context>,
     mut device_note: String,
@@ -137,7 +141,7 @@ fn finish(
             // freed whole, and the plan is compiled again with N = that layer.
             loop {
                 let n = plan.placement.fits.first().map_or(0, |f| f.layers);
-                let attempt = DeviceModel::load(ctx.clone(), &plan, &model, &mut |_, _| {}).and_then(|d| {
+                let attempt = DeviceModel::load_with(ctx.clone(), &plan, &model, tier, &mut |_, _| {}).and_then(|d| {
                     d.new_state(&model, options.context)?;
                     Ok(d)
                 });

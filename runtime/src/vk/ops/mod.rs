@@ -13,7 +13,7 @@ pub mod route;
 
 pub use attention::{AttnPath, AttnShape, KvShape, Pos, RopeArgs};
 pub use matmul::{MatIn, MatmulPath, QuantizedActs};
-pub use moe::{DeviceExperts, MoePath, MoeScratch};
+pub use moe::{DeviceExperts, MoePath, MoeScratch, PackedExpert, MAX_EXPERTS as MOE_MAX_EXPERTS};
 pub use route::RouteParams;
 
 use super::error::{Result, VkError};

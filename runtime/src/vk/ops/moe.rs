@@ -25,7 +25,9 @@ use crate::cpu::Precision;
 use crate::vk::context::{Context, DeviceBuffer, View};
 use crate::vk::error::{Result, VkError};
 use crate::vk::frame::{Bind, Frame, Push};
-use crate::vk::layout::{pack, DeviceMatrix};
+use crate::format::WeightFormat;
+use crate::vk::context::as_bytes;
+use crate::vk::layout::{pack, DeviceMatrix, Packed};
 use crate::vk::memory::MemoryUse;
 use crate::vk::shaders::{FormatVariant, Kernel};
 use coli_compiler::ir::GluKind;
@@ -66,12 +68,30 @@ pub struct DeviceExperts {
     /// f32 biases (gpt-oss): `experts * 2 * ffn` for gate/up as their rows, then
     /// `experts * hidden` for down.
     bias: Option<DeviceBuffer>,
+    /// Per role (gate/up, down): format, rows, cols, bytes of values and of scales of one
+    /// matrix, what every expert written into a slot must have.
+    units: [(WeightFormat, usize, usize, usize, usize); 2],
 }
 
 impl DeviceExperts {
     /// Device bytes the experts take.
     pub fn device_bytes(&self) -> usize {
         self.gate_up.device_bytes() + self.down.device_bytes() + self.bias.as_ref().map_or(0, |b| b.len_bytes())
+    }
+
+    /// Whether the slots hold biases (every expert written needs them, zeros where it has none).
+    pub fn has_bias(&self) -> bool {
+        self.bias.is_some()
+    }
+
+    /// Whether an expert of these matrices can be written into these slots.
+    pub fn holds(&self, m: &ExpertMats) -> bool {
+        let [(fg, f, h, _, _), (fd, _, _, _, _)] = self.units;
+        let has_bias = m.gate_bias.is_some() || m.up_bias.is_some() || m.down_bias.is_some();
+        (m.gate.format, m.gate.rows, m.gate.cols) == (fg, f, h)
+            && (m.up.format, m.up.rows, m.up.cols) == (fg, f, h)
+            && (m.down.format, m.down.rows, m.down.cols) == (fd, h, f)
+            && (!has_bias || self.bias.is_some())
     }
 }
 
@@ -105,59 +125,124 @@ fn q8_bytes(elems: usize) -> (usize, usize) {
     (blocks * 32, blocks * 8)
 }
 
+/// One expert packed in the device layout, ready to be written into a slot (packing is CPU
+/// work; writing is a copy).
+pub struct PackedExpert {
+    gate: Packed,
+    up: Packed,
+    down: Packed,
+    /// gate, up, down biases (zeros where the expert has none), when the slots have biases.
+    bias: Option<(Vec<f32>, Vec<f32>, Vec<f32>)>,
+}
+
+impl PackedExpert {
+    /// Bytes the packed expert takes on the device.
+    pub fn bytes(&self) -> usize {
+        [&self.gate, &self.up, &self.down].iter().map(|p| p.q.len() + p.s.len()).sum()
+    }
+}
+
 impl Context {
-    /// Uploads a layer's `experts` experts (`expert(e)`: its matrices, as the CPU reads them),
-    /// stacked per role. Every expert's gate and up must share a format and shape, and so must
-    /// every expert's down.
-    pub fn upload_experts<'m>(&self, experts: usize, expert: &dyn Fn(usize) -> ExpertMats<'m>) -> Result<DeviceExperts> {
-        const OP: &str = "upload_experts";
-        let bad = |msg: String| VkError::BadArgument { op: OP, msg };
-        if experts == 0 || experts > MAX_EXPERTS {
-            return Err(bad(format!("{experts} experts (at most {MAX_EXPERTS})")));
+    /// Packs one expert's matrices (as the CPU reads them) for `write_expert`.
+    pub fn pack_expert(m: &ExpertMats, with_bias: bool) -> Result<PackedExpert> {
+        let p = |w: &crate::format::Matrix| pack(w.format, w.rows, w.cols, w.bytes());
+        let bias = with_bias.then(|| {
+            let v = |b: Option<&[f32]>, n: usize| b.map_or_else(|| vec![0.0; n], <[f32]>::to_vec);
+            (v(m.gate_bias, m.gate.rows), v(m.up_bias, m.up.rows), v(m.down_bias, m.down.rows))
+        });
+        Ok(PackedExpert { gate: p(&m.gate)?, up: p(&m.up)?, down: p(&m.down)?, bias })
+    }
+
+    /// Device slots for `slots` experts shaped like `like` (gate and up share a format and
+    /// shape, as do the downs), stacked per role; contents undefined until `write_expert`.
+    pub fn expert_slots(&self, slots: usize, like: &ExpertMats) -> Result<DeviceExperts> {
+        const OP: &str = "expert_slots";
+        if slots == 0 || slots > MAX_EXPERTS {
+            return Err(VkError::BadArgument { op: OP, msg: format!("{slots} experts (at most {MAX_EXPERTS})") });
         }
-        let (ffn, hidden, fgu, fd, has_bias) = {
-            let m = expert(0);
-            (m.gate.rows, m.gate.cols, m.gate.format, m.down.format, m.gate_bias.is_some() || m.up_bias.is_some() || m.down_bias.is_some())
+        let (ffn, hidden) = (like.gate.rows, like.gate.cols);
+        let has_bias = like.gate_bias.is_some() || like.up_bias.is_some() || like.down_bias.is_some();
+        let g = pack(like.gate.format, like.gate.rows, like.gate.cols, like.gate.bytes())?;
+        let d = pack(like.down.format, like.down.rows, like.down.cols, like.down.bytes())?;
+        let gate_up = DeviceMatrix {
+            format: like.gate.format,
+            variant: g.variant,
+            rows: slots * 2 * ffn,
+            cols: hidden,
+            qs: g.qs,
+            ss: g.ss,
+            q: self.buffer(MemoryUse::Device, g.q.len() * 2 * slots)?,
+            s: self.buffer(MemoryUse::Device, (g.s.len() * 2 * slots).max(16))?,
         };
-        let mut gu: Option<(DeviceBuffer, DeviceBuffer, usize, usize, FormatVariant)> = None;
-        let mut dn: Option<(DeviceBuffer, DeviceBuffer, usize, usize, FormatVariant)> = None;
-        let mut bias = if has_bias { vec![0f32; experts * (2 * ffn + hidden)] } else { Vec::new() };
+        let down = DeviceMatrix {
+            format: like.down.format,
+            variant: d.variant,
+            rows: slots * hidden,
+            cols: ffn,
+            qs: d.qs,
+            ss: d.ss,
+            q: self.buffer(MemoryUse::Device, d.q.len() * slots)?,
+            s: self.buffer(MemoryUse::Device, (d.s.len() * slots).max(16))?,
+        };
+        let bias = if has_bias { Some(self.f32_buffer(slots * (2 * ffn + hidden))?) } else { None };
+        let units = [(like.gate.format, ffn, hidden, g.q.len(), g.s.len()), (like.down.format, hidden, ffn, d.q.len(), d.s.len())];
+        Ok(DeviceExperts { experts: slots, ffn, hidden, gate_up, down, bias, units })
+    }
+
+    /// Writes a packed expert into slot `slot` of `d`; its shapes and formats must be the
+    /// slots' own.
+    pub fn write_expert(&self, d: &DeviceExperts, slot: usize, p: &PackedExpert) -> Result<()> {
+        const OP: &str = "write_expert";
+        let [(_, _, _, gq, gs), (_, _, _, dq, ds)] = d.units;
+        let fits = |x: &Packed, q: usize, s: usize| x.q.len() == q && x.s.len() == s;
+        if slot >= d.experts || !fits(&p.gate, gq, gs) || !fits(&p.up, gq, gs) || !fits(&p.down, dq, ds) || p.bias.is_some() != d.bias.is_some() {
+            return Err(VkError::BadArgument { op: OP, msg: format!("slot {slot} of {}: the expert's shape, format or biases differ from the slots'", d.experts) });
+        }
+        self.write(&d.gate_up.q, 2 * slot * gq, &p.gate.q)?;
+        self.write(&d.gate_up.q, (2 * slot + 1) * gq, &p.up.q)?;
+        self.write(&d.down.q, slot * dq, &p.down.q)?;
+        if gs > 0 {
+            self.write(&d.gate_up.s, 2 * slot * gs, &p.gate.s)?;
+            self.write(&d.gate_up.s, (2 * slot + 1) * gs, &p.up.s)?;
+        }
+        if ds > 0 {
+            self.write(&d.down.s, slot * ds, &p.down.s)?;
+        }
+        if let (Some(b), Some((gb, ub, db))) = (&d.bias, &p.bias) {
+            let (f, h) = (d.ffn, d.hidden);
+            if gb.len() != f || ub.len() != f || db.len() != h {
+                return Err(VkError::BadArgument { op: OP, msg: format!("biases of {}, {}, {} entries for {f}, {f}, {h} rows", gb.len(), ub.len(), db.len()) });
+            }
+            self.write(b, slot * 2 * f * 4, as_bytes(gb))?;
+            self.write(b, (slot * 2 * f + f) * 4, as_bytes(ub))?;
+            self.write(b, (d.experts * 2 * f + slot * h) * 4, as_bytes(db))?;
+        }
+        Ok(())
+    }
+
+    /// Uploads a layer's `experts` experts (`expert(e)`: its matrices, as the CPU reads them)
+    /// into slots 0..experts. Every expert's gate and up must share a format and shape, and so
+    /// must every expert's down.
+    pub fn upload_experts<'m>(&self, experts: usize, expert: &dyn Fn(usize) -> ExpertMats<'m>) -> Result<DeviceExperts> {
+        if experts == 0 || experts > MAX_EXPERTS {
+            return Err(VkError::BadArgument { op: "upload_experts", msg: format!("{experts} experts (at most {MAX_EXPERTS})") });
+        }
+        let first = expert(0);
+        let d = self.expert_slots(experts, &first)?;
+        let (fgu, fd) = (first.gate.format, first.down.format);
+        let (ffn, hidden) = (d.ffn, d.hidden);
         for e in 0..experts {
             let m = expert(e);
             let shapes = [(m.gate.format, m.gate.rows, m.gate.cols), (m.up.format, m.up.rows, m.up.cols), (m.down.format, m.down.rows, m.down.cols)];
             if shapes != [(fgu, ffn, hidden), (fgu, ffn, hidden), (fd, hidden, ffn)] {
-                return Err(bad(format!("expert {e}: gate, up, down are {shapes:?}; expected {fgu} {ffn}x{hidden} (gate, up) and {fd} {hidden}x{ffn} (down) like expert 0")));
+                return Err(VkError::BadArgument {
+                    op: "upload_experts",
+                    msg: format!("expert {e}: gate, up, down are {shapes:?}; expected {fgu} {ffn}x{hidden} (gate, up) and {fd} {hidden}x{ffn} (down) like expert 0"),
+                });
             }
-            for (i, (mat, slot)) in [(&m.gate, 2 * e), (&m.up, 2 * e + 1), (&m.down, e)].into_iter().enumerate() {
-                let p = pack(mat.format, mat.rows, mat.cols, mat.bytes())?;
-                let target = if i < 2 { &mut gu } else { &mut dn };
-                if target.is_none() {
-                    let parts = if i < 2 { 2 * experts } else { experts };
-                    let q = self.buffer(MemoryUse::Device, p.q.len() * parts)?;
-                    let s = self.buffer(MemoryUse::Device, (p.s.len() * parts).max(16))?;
-                    *target = Some((q, s, p.qs, p.ss, p.variant));
-                }
-                let (q, s, _, _, _) = target.as_ref().expect("allocated above");
-                self.write(q, slot * p.q.len(), &p.q)?;
-                self.write(s, slot * p.s.len(), &p.s)?;
-            }
-            if has_bias {
-                let parts: [(Option<&[f32]>, usize, usize); 3] = [(m.gate_bias, e * 2 * ffn, ffn), (m.up_bias, e * 2 * ffn + ffn, ffn), (m.down_bias, experts * 2 * ffn + e * hidden, hidden)];
-                for (b, at, len) in parts {
-                    if let Some(b) = b {
-                        if b.len() != len {
-                            return Err(bad(format!("expert {e}: a bias of {} entries for {len} rows", b.len())));
-                        }
-                        bias[at..at + len].copy_from_slice(b);
-                    }
-                }
-            }
+            self.write_expert(&d, e, &Self::pack_expert(&m, d.bias.is_some())?)?;
         }
-        let ((gq, gs, gqs, gss, gv), (dq, ds, dqs, dss, dv)) = (gu.expect("experts > 0"), dn.expect("experts > 0"));
-        let gate_up = DeviceMatrix { format: fgu, variant: gv, rows: experts * 2 * ffn, cols: hidden, qs: gqs, ss: gss, q: gq, s: gs };
-        let down = DeviceMatrix { format: fd, variant: dv, rows: experts * hidden, cols: ffn, qs: dqs, ss: dss, q: dq, s: ds };
-        let bias = if has_bias { Some(self.upload_f32(&bias)?) } else { None };
-        Ok(DeviceExperts { experts, ffn, hidden, gate_up, down, bias })
+        Ok(d)
     }
 
     /// Scratch for `Frame::moe` over chunks of up to `rows` rows, for layers of at most
@@ -219,9 +304,49 @@ impl<'a> Frame<'a> {
         path: MoePath,
         s: &'a MoeScratch,
     ) -> Result<()> {
+        self.moe_with(ex, x, routing, out, n, top_k, glu, precision, path, s, true)
+    }
+
+    /// The pairs' expert outputs, not weighted and not summed: `y[(r*K + k) x hidden] =
+    /// expert_{e[r,k]}(x[r])` for every pair whose expert id is valid (other pairs' rows are
+    /// left as they were). The expert tier's batches: the host joins each pair to its row in
+    /// rank order, beside the pairs the CPU computed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_pairs(
+        &mut self,
+        ex: &'a DeviceExperts,
+        x: View<'a>,
+        routing: View<'a>,
+        y: View<'a>,
+        n: usize,
+        top_k: usize,
+        glu: GluKind,
+        precision: Precision,
+        path: MoePath,
+        s: &'a MoeScratch,
+    ) -> Result<()> {
+        self.moe_with(ex, x, routing, y, n, top_k, glu, precision, path, s, false)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn moe_with(
+        &mut self,
+        ex: &'a DeviceExperts,
+        x: View<'a>,
+        routing: View<'a>,
+        out: View<'a>,
+        n: usize,
+        top_k: usize,
+        glu: GluKind,
+        precision: Precision,
+        path: MoePath,
+        s: &'a MoeScratch,
+        sum: bool,
+    ) -> Result<()> {
         const OP: &str = "moe";
         let (hid, ffn, e) = (ex.hidden, ex.ffn, ex.experts);
-        if top_k == 0 || top_k > MAX_TOP_K || top_k > e {
+        // Slots of the tier (`!sum`) may be fewer than a row's ranks.
+        if top_k == 0 || top_k > MAX_TOP_K || (sum && top_k > e) {
             return Err(VkError::BadArgument { op: OP, msg: format!("top {top_k} of {e} experts (at most {MAX_TOP_K})") });
         }
         if n > s.rows || top_k > s.top_k || hid > s.hidden || ffn > s.ffn || e > s.experts {
@@ -232,7 +357,11 @@ impl<'a> Frame<'a> {
         }
         x.check(OP, "x (n x hidden)", n * hid)?;
         routing.check(OP, "routing (n x 2 top_k)", n * 2 * top_k)?;
-        out.check(OP, "out (n x hidden)", n * hid)?;
+        if sum {
+            out.check(OP, "out (n x hidden)", n * hid)?;
+        } else {
+            out.check(OP, "y (n top_k x hidden)", n * top_k * hid)?;
+        }
         if n == 0 {
             return Ok(());
         }
@@ -286,13 +415,19 @@ impl<'a> Frame<'a> {
         let (dqs, dss) = (u32_arg(OP, "row units", dm.qs)?, u32_arg(OP, "row scales", dm.ss)?);
         if gemv {
             let per = self.rows_per_group(dv)?;
-            let push: Push = [h32, f32_, dqs, dss, 0, o_off, r_off, k32, e32, 1, 0, 0, 0, db, 0, 0];
+            // Mode 1: down and the rank-ordered sum per row; mode 2: down per pair.
+            let (mode, wgs) = if sum { (1, n) } else { (2, pairs) };
+            let push: Push = [h32, f32_, dqs, dss, 0, o_off, r_off, k32, e32, mode, 0, 0, 0, db, 0, 0];
             let binds = [Bind::buf(&dm.q), Bind::buf(&dm.s), Bind::buf(&s.h), hq, hd, Bind::buf(out.buf), Bind::buf(routing.buf), bias];
-            self.dispatch(Kernel::MoeMatvec, Some(dv), &binds, &push, [groups_for(hid, per).min(MAX_GROUPS as u32), n as u32, 1])
+            self.dispatch(Kernel::MoeMatvec, Some(dv), &binds, &push, [groups_for(hid, per).min(MAX_GROUPS as u32), wgs as u32, 1])
         } else {
-            let push: Push = [h32, f32_, dqs, dss, 0, 0, k32, e32, 1, 0, 0, 0, db, 0, 0, 0];
-            let binds = [Bind::buf(&dm.q), Bind::buf(&dm.s), Bind::buf(&s.h), hq, hd, Bind::buf(&s.y), Bind::buf(&s.groups), bias];
+            let (y, y_off) = if sum { (&s.y, 0) } else { (out.buf, o_off) };
+            let push: Push = [h32, f32_, dqs, dss, 0, y_off, k32, e32, 1, 0, 0, 0, db, 0, 0, 0];
+            let binds = [Bind::buf(&dm.q), Bind::buf(&dm.s), Bind::buf(&s.h), hq, hd, Bind::buf(y), Bind::buf(&s.groups), bias];
             self.dispatch(Kernel::MoeMatmul, Some(dv), &binds, &push, [groups_for(hid, GEMM_BO).min(MAX_GROUPS as u32), n.div_ceil(GEMM_BR) as u32, e32])?;
+            if !sum {
+                return Ok(());
+            }
             let mut push: Push = [0; 16];
             push[..6].copy_from_slice(&[n as u32, h32, k32, e32, r_off, o_off]);
             self.dispatch(Kernel::MoeSum, None, &[Bind::buf(&s.y), Bind::buf(routing.buf), Bind::buf(out.buf)], &push, [groups_for(n * hid, 64), 1, 1])

@@ -1,0 +1,59 @@
+//! The expert tier's flags, shared by `coli exec` and `coli bench`, and what they become
+//! (`coli_runtime::tier::TierOptions`).
+//!
+//! Must not: hold tier logic (the runtime's `tier` module does).
+
+use clap::Args;
+use coli_runtime::tier::{history, TierOptions};
+use std::path::{Path, PathBuf};
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct TierArgs {
+    /// The expert tier's device budget in MiB (default: what the plan leaves on the device).
+    #[arg(long)]
+    pub tier_mib: Option<u64>,
+    /// At most this many experts in the tier, whatever the budget.
+    #[arg(long)]
+    pub tier_experts: Option<usize>,
+    /// Promotions into the tier per token at most.
+    #[arg(long, default_value_t = 16)]
+    pub tier_promotions: usize,
+    /// Start with an empty tier instead of filling it (history first) at startup.
+    #[arg(long)]
+    pub no_warm_start: bool,
+    /// The routing history file (default for `exec`: `<checkpoint>.coli_usage` beside it).
+    #[arg(long)]
+    pub tier_history: Option<PathBuf>,
+    /// Neither read nor write a routing history.
+    #[arg(long, conflicts_with = "tier_history")]
+    pub no_tier_history: bool,
+    /// Each step's uploads complete before the next step (reproducible runs, tests).
+    #[arg(long)]
+    pub tier_deterministic: bool,
+}
+
+impl TierArgs {
+    /// Whether the user sized the tier; then the plan sends every MoE layer through the tier
+    /// (no layer resident in frame by the plan's own budget).
+    pub fn sized(&self) -> bool {
+        self.tier_mib.is_some() || self.tier_experts.is_some()
+    }
+
+    /// The tier's options for the checkpoint at `model`; `default_history` says whether the
+    /// history beside the checkpoint is used when no path is given.
+    pub fn options(&self, model: &Path, default_history: bool) -> TierOptions {
+        let history = match (&self.tier_history, self.no_tier_history) {
+            (_, true) => None,
+            (Some(p), false) => Some(p.clone()),
+            (None, false) => default_history.then(|| history::path_for(model)),
+        };
+        TierOptions {
+            budget: self.tier_mib.map(|m| m << 20),
+            max_experts: self.tier_experts,
+            promotions_per_token: self.tier_promotions,
+            warm_start: !self.no_warm_start,
+            history,
+            deterministic: self.tier_deterministic,
+        }
+    }
+}
