@@ -34,6 +34,7 @@ const KERNELS: &[(&str, &str, bool)] = &[
     ("Route", "route.comp", false),
     ("AttnSplit", "attn_split.comp", false),
     ("AttnBlock", "attn_block.comp", false),
+    ("AttnPart", "attn_part.comp", false),
     ("MoeMatvec", "moe_matvec.comp", true),
     ("MoeMatmul", "moe_matmul.comp", true),
     ("MoeGroup", "moe_group.comp", false),

@@ -5,7 +5,8 @@
 // cache. half = 0: no rotation (copies only). pos0 comes from the push constants, or from
 // params[0] when `dyn` is set (a recording replayed at every position).
 // One invocation per item of a row: q pairs, k pairs, k columns past the rotary ones, v columns.
-// Must not: write mirror rows other than pos0..pos0 + n.
+// ring != 0 (a KV split's mirror): position p goes to mirror row p % ring.
+// Must not: write mirror rows other than those of pos0..pos0 + n.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 
@@ -23,7 +24,7 @@ layout(push_constant) uniform PC {
     uint n; uint heads; uint kv_heads; uint head_dim;
     uint v_head_dim; uint half_; uint interleaved; uint pos0;
     float mscale; uint q_off; uint k_off; uint v_off;
-    uint dyn; uint has_q; uint pad0; uint pad1;
+    uint dyn; uint has_q; uint ring; uint pad1;
 } pc;
 
 // Rotates the pair (a, b) of x at position p by frequency i.
@@ -51,6 +52,7 @@ void main() {
     uint r = id / per_row, t = id % per_row;
     uint pos0 = pc.dyn != 0u ? params[0] : pc.pos0;
     uint p = pos0 + r;
+    uint mp = pc.ring != 0u ? p % pc.ring : p;
     uint kw = pc.kv_heads * pc.head_dim, vw = pc.kv_heads * pc.v_head_dim;
     if (t < qp) {
         uint h = t / pc.half_, i = t % pc.half_;
@@ -70,8 +72,8 @@ void main() {
         rot(p, i, x0, x1);
         kv[kb + ca] = x0;
         kv[kb + cb] = x1;
-        mk[p * kw + ca] = x0;
-        mk[p * kw + cb] = x1;
+        mk[mp * kw + ca] = x0;
+        mk[mp * kw + cb] = x1;
         sk[r * kw + ca] = x0;
         sk[r * kw + cb] = x1;
         return;
@@ -81,12 +83,12 @@ void main() {
         uint rest = pc.head_dim - 2u * pc.half_;
         uint c = (t / rest) * pc.head_dim + 2u * pc.half_ + t % rest;
         float x = kv[pc.k_off + r * kw + c];
-        mk[p * kw + c] = x;
+        mk[mp * kw + c] = x;
         sk[r * kw + c] = x;
         return;
     }
     t -= kr;
     float x = vv[pc.v_off + r * vw + t];
-    mv[p * vw + t] = x;
+    mv[mp * vw + t] = x;
     sv[r * vw + t] = x;
 }

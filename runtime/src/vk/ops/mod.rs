@@ -5,6 +5,7 @@
 //! Must not: call Vulkan directly (only through `Frame::dispatch`), or submit.
 
 pub mod attention;
+pub mod attn_part;
 pub mod elementwise;
 pub mod matmul;
 pub mod moe;

@@ -1,0 +1,168 @@
+//! A KV split on the device: the mirror of a split layer is a ring (position `p` in row
+//! `p % ring`), `rope_kv_ring` appends a block's rows to it (`rope_kv` with the ring), and
+//! `attn_part` attends each query row over its device share only, writing the unnormalized
+//! part `(acc, m, l)` the host merges with its own (`attn_part.comp`). Reference:
+//! `cpu::attn_part::attend_part` over `device_from(p)..=p` (the compiler's
+//! `place::kv_split::device_from`, which the shader computes the same way).
+//!
+//! Must not: normalize, add the sinks (the host's part holds them), or read positions outside a
+//! row's share (the ring holds nothing else for sure).
+
+use super::attention::{KvShape, Pos, RopeArgs};
+use super::u32_arg;
+use crate::cpu::attention::AttnShape;
+use crate::vk::context::View;
+use crate::vk::error::{Result, VkError};
+use crate::vk::frame::{Bind, Frame, Push};
+use crate::vk::shaders::Kernel;
+use coli_compiler::ir::RopeStyle;
+
+/// A split's numbers on the device: a row's share holds at most `positions` (whole blocks of
+/// `block`), the mirror is a ring of `ring` rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitShape {
+    pub positions: usize,
+    pub block: usize,
+    pub ring: usize,
+}
+
+const MAX_D: usize = 256;
+
+impl<'a> Frame<'a> {
+    /// `rope_kv` into a ring: RoPE of the block's `q` and `k` rows in place (`rope: None`
+    /// rotates nothing), its `k` and `v` rows written to rows `p % ring` of the mirrors `mk`,
+    /// `mv` (`ring` rows, from element 0) and to rows `0..n` of the read-back rows `sk`, `sv`.
+    /// One dispatch of `rope_kv.comp`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_kv_ring(
+        &mut self,
+        rope: Option<RopeArgs<'a>>,
+        q: View<'a>,
+        k: View<'a>,
+        v: View<'a>,
+        s: KvShape,
+        mk: View<'a>,
+        mv: View<'a>,
+        sk: View<'a>,
+        sv: View<'a>,
+        pos: Pos<'a>,
+        ring: usize,
+    ) -> Result<()> {
+        const OP: &str = "rope_kv_ring";
+        let (pos0, dyn_, params) = pos.parts(OP)?;
+        let half = rope.map_or(0, |r| r.freq.len);
+        if s.kv_heads == 0 || 2 * half > s.head_dim || ring == 0 {
+            return Err(VkError::BadArgument { op: OP, msg: format!("rotary dim {} over head_dim {} ({} kv heads), a ring of {ring}", 2 * half, s.head_dim, s.kv_heads) });
+        }
+        let (kw, vw) = (s.kv_heads * s.head_dim, s.kv_heads * s.v_head_dim);
+        q.check(OP, "q", s.n * s.heads * s.head_dim)?;
+        k.check(OP, "k", s.n * kw)?;
+        v.check(OP, "v", s.n * vw)?;
+        sk.check(OP, "k read-back", s.n * kw)?;
+        sv.check(OP, "v read-back", s.n * vw)?;
+        mk.check(OP, "k ring", ring * kw)?;
+        mv.check(OP, "v ring", ring * vw)?;
+        for (view, what) in [(mk, "k ring"), (mv, "v ring"), (sk, "k read-back"), (sv, "v read-back")] {
+            if view.offset != 0 {
+                return Err(VkError::BadArgument { op: OP, msg: format!("{what} views must start at element 0") });
+            }
+        }
+        if let Some(r) = rope {
+            r.freq.check(OP, "frequencies", half)?;
+            if r.freq.offset != 0 {
+                return Err(VkError::BadArgument { op: OP, msg: "frequency views must start at element 0".into() });
+            }
+        }
+        let per_row = s.heads * half + s.kv_heads * half + s.kv_heads * (s.head_dim - 2 * half) + vw;
+        let push: Push = [
+            u32_arg(OP, "n", s.n)?,
+            s.heads as u32,
+            s.kv_heads as u32,
+            s.head_dim as u32,
+            s.v_head_dim as u32,
+            half as u32,
+            rope.is_some_and(|r| r.style == RopeStyle::Interleaved) as u32,
+            pos0,
+            rope.map_or(1.0f32, |r| r.mscale).to_bits(),
+            u32_arg(OP, "q offset", q.offset)?,
+            u32_arg(OP, "k offset", k.offset)?,
+            u32_arg(OP, "v offset", v.offset)?,
+            dyn_,
+            1,
+            u32_arg(OP, "ring", ring)?,
+            0,
+        ];
+        let binds = [
+            Bind::buf(q.buf),
+            Bind::buf(k.buf),
+            Bind::buf(v.buf),
+            rope.map_or(Bind::UNUSED, |r| Bind::buf(r.freq.buf)),
+            Bind::buf(mk.buf),
+            Bind::buf(mv.buf),
+            Bind::buf(sk.buf),
+            Bind::buf(sv.buf),
+            params,
+        ];
+        let count = u32_arg(OP, "items", s.n * per_row)?;
+        self.dispatch(Kernel::RopeKv, None, &binds, &push, [count.div_ceil(64), 1, 1])
+    }
+
+    /// The device part of `n` query rows at positions `pos..pos + n` (`q`: `n x heads *
+    /// head_dim`, rotated) over their shares in the ring mirrors `mk`, `mv` (`split.ring` rows,
+    /// from element 0; the rows of every share present): `acc` gets `n x heads * v_head_dim`
+    /// unnormalized sums, `ml` `n x heads x 2` (`m`, `l`). The window of `s` bounds a share;
+    /// its sinks are not this part's, nor is a value scale (the host's merge applies it). The
+    /// geometry is the CPU reference's own `AttnShape`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_part(&mut self, s: AttnShape, split: SplitShape, q: View<'a>, mk: View<'a>, mv: View<'a>, acc: View<'a>, ml: View<'a>, n: usize, pos: Pos<'a>) -> Result<()> {
+        const OP: &str = "attn_part";
+        let (pos0, dyn_, params) = pos.parts(OP)?;
+        if s.kv_heads == 0 || s.heads % s.kv_heads != 0 || s.head_dim == 0 || s.head_dim > MAX_D || s.v_head_dim > MAX_D {
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: format!("{} heads over {} kv heads, head_dim {} / {} (at most {MAX_D})", s.heads, s.kv_heads, s.head_dim, s.v_head_dim),
+            });
+        }
+        if split.block == 0 || split.positions < split.block || split.positions % split.block != 0 || split.ring == 0 || s.window == Some(0) {
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: format!("a share of {} positions in blocks of {}, a ring of {}, window {:?}", split.positions, split.block, split.ring, s.window),
+            });
+        }
+        // A step's shares span at most positions + n - 1 positions: the ring must hold them.
+        if dyn_ == 0 && split.ring < (pos0 as usize + n).min(split.positions + n - 1) {
+            return Err(VkError::BadArgument { op: OP, msg: format!("a ring of {} holds less than a step of {n} rows' shares", split.ring) });
+        }
+        q.check(OP, "q", n * s.heads * s.head_dim)?;
+        mk.check(OP, "k ring", split.ring * s.kv_heads * s.head_dim)?;
+        mv.check(OP, "v ring", split.ring * s.kv_heads * s.v_head_dim)?;
+        acc.check(OP, "acc", n * s.heads * s.v_head_dim)?;
+        ml.check(OP, "m and l", n * s.heads * 2)?;
+        if mk.offset != 0 || mv.offset != 0 {
+            return Err(VkError::BadArgument { op: OP, msg: "ring views must start at element 0".into() });
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let push: Push = [
+            u32_arg(OP, "n", n)?,
+            s.heads as u32,
+            s.kv_heads as u32,
+            s.head_dim as u32,
+            s.v_head_dim as u32,
+            pos0,
+            u32_arg(OP, "window", s.window.unwrap_or(0))?,
+            dyn_,
+            s.scale.to_bits(),
+            u32_arg(OP, "q offset", q.offset)?,
+            u32_arg(OP, "ring", split.ring)?,
+            u32_arg(OP, "positions", split.positions)?,
+            u32_arg(OP, "block", split.block)?,
+            u32_arg(OP, "acc offset", acc.offset)?,
+            u32_arg(OP, "ml offset", ml.offset)?,
+            0,
+        ];
+        let binds = [Bind::buf(q.buf), Bind::buf(mk.buf), Bind::buf(mv.buf), Bind::buf(acc.buf), Bind::buf(ml.buf), params];
+        self.dispatch(Kernel::AttnPart, None, &binds, &push, [s.heads as u32, u32_arg(OP, "n", n)?, 1])
+    }
+}
