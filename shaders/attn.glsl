@@ -2,8 +2,10 @@
 // keys and values, output, per-head sinks) and the push constants of one call. Row i of the
 // block is at position pos0 + i and sees positions lo(i)..=pos0 + i, lo = max(0, p + 1 - window)
 // with a window (window = 0: none). GQA: head h reads kv head h / (heads / kv_heads).
-// With `dyn` set, pos0 is params[0] (a recording replayed at every position) and the split
-// count and chunk follow from it as the host computes them (ops/attention.rs): attn_setup().
+// With flags bit 2 (dyn_pos()), pos0 is params[0] (a recording replayed at every position) and
+// the split count and chunk follow from it as the host computes them (ops/attention.rs):
+// attn_setup(). `value_scale` multiplies the values, so each head's output (MiMo-V2-Flash's
+// attention_value_scale; 1 elsewhere).
 // Must not: define main or workgroup sizes.
 
 layout(std430, binding = 0) readonly buffer Q { float qv[]; };
@@ -16,7 +18,7 @@ layout(push_constant) uniform PC {
     uint n; uint heads; uint kv_heads; uint head_dim;
     uint v_head_dim; uint pos0; uint window; uint flags;
     float scale; uint q_off; uint k_off; uint v_off;
-    uint o_off; uint splits; uint chunk; uint dyn;
+    uint o_off; uint splits; uint chunk; float value_scale;
 } pc;
 
 // As ops/attention.rs: positions per split at least MIN_CHUNK, at most MAX_SPLITS splits.
@@ -24,8 +26,10 @@ layout(push_constant) uniform PC {
 #define MAX_SPLITS 32u
 uint g_pos0, g_splits, g_chunk;
 
+bool dyn_pos() { return (pc.flags & 4u) != 0u; }
+
 void attn_setup() {
-    if (pc.dyn == 0u) {
+    if (!dyn_pos()) {
         g_pos0 = pc.pos0;
         g_splits = pc.splits;
         g_chunk = pc.chunk;
@@ -39,7 +43,7 @@ void attn_setup() {
 }
 
 // flags: bit 0 the heads have sink logits; bit 1 (attn_split.comp) RoPE and the KV append
-// are the kernel's (see there).
+// are the kernel's (see there); bit 2 the position is read on the device (attn_setup).
 bool has_sink() { return (pc.flags & 1u) != 0u; }
 
 uint row_lo(uint p) { return (pc.window != 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u; }

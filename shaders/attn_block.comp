@@ -2,7 +2,7 @@
 // attn_block.comp: attention for a prompt chunk, flash style: a workgroup owns BQ query rows
 // of one head and walks the keys in tiles of BK, staging each key tile and then each value
 // tile in shared memory, with an online softmax per row (running max, sum, rescaled values).
-// Causality, the sliding window and the sink (denominator only) as in attn.glsl.
+// Causality, the sliding window, the sink (denominator only) and the value scale as in attn.glsl.
 // Must not: hold more than MAX_D key or value columns, or materialize the score matrix.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -88,7 +88,7 @@ void main() {
     float sink = has_sink() ? sinks[h] : NEG_INF;
     float mf = max(m, sink);
     float lf = l * exp(m - mf) + (has_sink() ? exp(sink - mf) : 0.0);
-    float f = exp(m - mf) / lf;
+    float f = exp(m - mf) / lf * pc.value_scale;
     uint ob = pc.o_off + (q0 + qi) * pc.heads * pc.v_head_dim + h * pc.v_head_dim;
     for (uint i = 0u; i * BK + kj < pc.v_head_dim; i++) outv[ob + i * BK + kj] = o[i] * f;
 }

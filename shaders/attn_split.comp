@@ -8,7 +8,7 @@
 // columns. Each workgroup writes its partial (m, l, o), then counts itself in counter[row,
 // head]; the one that counts last joins every partial (the global max over the splits and the
 // head's sink, each split's sum and values rescaled to it, the sink in the denominator only),
-// writes the output and sets the counter back to 0 for the next call. The counters must be 0
+// writes the output (times the value scale) and sets the counter back to 0 for the next call. The counters must be 0
 // before the first call (the op layer zeroes them in the frame).
 // With flags bit 1 (one row, the op layer's `attention_decode`), the kernel also does what
 // rope_kv.comp would before it: q (as read) and the block's k row are rotated (rope.comp's
@@ -249,7 +249,7 @@ void main() {
         if (ml.y > 0.0) lt += ml.y * exp(ml.x - mx);
     }
     if (has_sink()) lt += exp(sink - mx);
-    float inv = 1.0 / lt;
+    float inv = pc.value_scale / lt;
     for (uint d = tid; d < vhd; d += T) {
         float acc = 0.0;
         for (uint s2 = 0u; s2 < g_splits; s2++) {

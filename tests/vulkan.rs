@@ -15,7 +15,7 @@ use coli_runtime::vk::{FaultInjection, VkOptions};
 use common::*;
 use std::path::Path;
 
-const FIXTURES: &[&str] = &["llama", "llama_tied", "olmoe", "qwen3_moe", "mixtral"];
+const FIXTURES: &[&str] = &["llama", "llama_tied", "olmoe", "qwen3_moe", "mixtral", "mimo_v2_flash"];
 
 fn load_on_device(dir: &Path, device_layers: Option<usize>, fault: Option<FaultInjection>) -> Loaded {
     let mut req = LoadRequest::new(dir);
@@ -60,6 +60,7 @@ fn every_fixture_on_the_device_matches_the_cpu() {
             let (got, toks, notice) = run(&dev, &prompt, chunk, 12);
             assert!(notice.is_none(), "{name}: {notice:?}");
             let err = max_abs_diff(&got, &want);
+            eprintln!("{name} chunk {chunk}: max |device - cpu| = {err:.3e} (bound {:.3e})", 1e-4 * max);
             assert!(err <= 1e-4 * max, "{name} chunk {chunk}: max |device - cpu| = {err}");
             assert_eq!(toks, want_toks, "{name} chunk {chunk}: greedy tokens differ");
         }

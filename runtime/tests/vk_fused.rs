@@ -218,13 +218,15 @@ fn attention_decode_matches_cpu() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(0x5eed_f005);
     let cases = [
-        (6, 2, 64, 64, 64, RopeStyle::RotateHalf, None, false, false, 300),
-        (4, 1, 32, 48, 16, RopeStyle::Interleaved, Some(37), true, true, 80),
-        (2, 2, 80, 80, 0, RopeStyle::RotateHalf, None, true, false, 5),
-        (9, 3, 64, 64, 64, RopeStyle::RotateHalf, Some(40), false, true, 0),
+        (6, 2, 64, 64, 64, RopeStyle::RotateHalf, None, false, false, 300, 1.0),
+        (4, 1, 32, 48, 16, RopeStyle::Interleaved, Some(37), true, true, 80, 1.0),
+        (2, 2, 80, 80, 0, RopeStyle::RotateHalf, None, true, false, 5, 1.0),
+        (9, 3, 64, 64, 64, RopeStyle::RotateHalf, Some(40), false, true, 0, 1.0),
+        // MiMo-V2-Flash: value heads narrower than key heads, partial RoPE, window, sinks, values scaled.
+        (4, 2, 32, 16, 10, RopeStyle::RotateHalf, Some(4), true, true, 33, 0.707),
     ];
     let scaling = RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 };
-    for (heads, kv_heads, head_dim, v_head_dim, rotary, style, window, with_sinks, dynamic, p) in cases {
+    for (heads, kv_heads, head_dim, v_head_dim, rotary, style, window, with_sinks, dynamic, p, value_scale) in cases {
         let (kw, vw, qw) = (kv_heads * head_dim, kv_heads * v_head_dim, heads * head_dim);
         let cap = p + 3;
         let scale = 1.0 / (head_dim as f32).sqrt();
@@ -244,6 +246,7 @@ fn attention_decode_matches_cpu() {
         let cs = cpu_attention::AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window };
         let mut want = vec![0f32; heads * v_head_dim];
         cpu_attention::attend(cs, &rq, &want_k[..(p + 1) * kw], &want_v[..(p + 1) * vw], p, with_sinks.then_some(&sinks[..]), &mut want);
+        want.iter_mut().for_each(|x| *x *= value_scale);
         let (qb, kb, vb) = (ctx.upload_f32(&q).unwrap(), ctx.upload_f32(&k).unwrap(), ctx.upload_f32(&v).unwrap());
         let (mk, mv) = (ctx.upload_f32(&old_k).unwrap(), ctx.upload_f32(&old_v).unwrap());
         let (sk, sv, ob) = (ctx.f32_buffer(kw).unwrap(), ctx.f32_buffer(vw).unwrap(), ctx.f32_buffer(heads * v_head_dim).unwrap());
@@ -251,13 +254,13 @@ fn attention_decode_matches_cpu() {
         let (sb, pb) = (ctx.upload_f32(&sinks).unwrap(), ctx.upload_u32(&[p as u32]).unwrap());
         let rope = (rotary > 0).then(|| RopeArgs { freq: fb.view(0, freq.len()), style, mscale });
         let pos = if dynamic { Pos::Dynamic(pb.all()) } else { Pos::Fixed(p) };
-        let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window };
+        let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window, value_scale };
         let mut f = ctx.frame().unwrap();
         let (mkv, mvv) = if dynamic { (mk.all(), mv.all()) } else { (mk.view(0, (p + 1) * kw), mv.view(0, (p + 1) * vw)) };
         f.attention_decode(vs, rope, qb.all(), kb.all(), vb.all(), mkv, mvv, sk.all(), sv.all(), with_sinks.then(|| sb.all()), ob.all(), pos).unwrap();
         assert_eq!(f.dispatch_count(), 1);
         f.run().unwrap();
-        let what = format!("attention_decode {heads}/{kv_heads}x{head_dim}/{v_head_dim} rotary {rotary} {style:?} window {window:?} sinks {with_sinks} dynamic {dynamic} p {p}");
+        let what = format!("attention_decode {heads}/{kv_heads}x{head_dim}/{v_head_dim} rotary {rotary} {style:?} window {window:?} sinks {with_sinks} x{value_scale} dynamic {dynamic} p {p}");
         assert_close(&what, &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
         assert_close(&format!("{what}: k mirror"), &ctx.download_f32(mk.all()).unwrap(), &want_k, 1e-5);
         assert_eq!(ctx.download_f32(mv.all()).unwrap(), want_v, "{what}: v mirror");
@@ -288,7 +291,7 @@ fn a_recording_replays_at_every_position() {
     let ob = ctx.f32_buffer(qw).unwrap();
     let pb = ctx.upload_u32(&[0]).unwrap();
     for window in [None, Some(70)] {
-        let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim: head_dim, scale, window };
+        let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim: head_dim, scale, window, value_scale: 1.0 };
         let cs = cpu_attention::AttnShape { heads, kv_heads, head_dim, v_head_dim: head_dim, scale, window };
         let mut f = ctx.recording().unwrap();
         let shape = KvShape { n: 1, heads, kv_heads, head_dim, v_head_dim: head_dim };

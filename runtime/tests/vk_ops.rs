@@ -285,21 +285,24 @@ fn route_matches_cpu() {
 }
 
 /// GQA attention, decode (positions split across workgroups, then joined) and prompt chunks
-/// (blocked, online softmax), each path on both shapes, with a sliding window and sinks.
-/// Tolerance 1e-5 (softmax sums in another order).
+/// (blocked, online softmax), each path on both shapes, with a sliding window and sinks, and
+/// MiMo-V2-Flash's geometry (value heads half the key heads' width, window and sinks, values
+/// scaled: the CPU executor scales the output of `attend`). Tolerance 1e-5 (softmax sums in
+/// another order).
 #[test]
 fn attention_matches_cpu() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(0x5eed_0008);
     let shapes = [
-        (4, 2, 64, 64, None, false),
-        (4, 1, 32, 48, Some(37), true),
-        (2, 2, 80, 80, Some(5), false),
+        (4, 2, 64, 64, None, false, 1.0),
+        (4, 1, 32, 48, Some(37), true, 1.0),
+        (2, 2, 80, 80, Some(5), false, 1.0),
+        (8, 2, 192, 128, Some(4), true, 0.707),
     ];
-    for (heads, kv_heads, head_dim, v_head_dim, window, with_sinks) in shapes {
+    for (heads, kv_heads, head_dim, v_head_dim, window, with_sinks, value_scale) in shapes {
         let scale = 1.0 / (head_dim as f32).sqrt();
         let cs = cpu_attention::AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window };
-        let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window };
+        let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window, value_scale };
         for (n, pos0) in [(1, 150), (19, 5), (1, 0), (3, 70)] {
             let len = pos0 + n;
             let q = rng.vec(n * heads * head_dim, 1.0);
@@ -308,13 +311,14 @@ fn attention_matches_cpu() {
             let sinks = rng.vec(heads, 1.0);
             let mut want = vec![0f32; n * heads * v_head_dim];
             cpu_attention::attend(cs, &q, &k, &v, pos0, with_sinks.then_some(&sinks[..]), &mut want);
+            want.iter_mut().for_each(|x| *x *= value_scale);
             let (qb, kb, vb, sb) = (ctx.upload_f32(&q).unwrap(), ctx.upload_f32(&k).unwrap(), ctx.upload_f32(&v).unwrap(), ctx.upload_f32(&sinks).unwrap());
             for path in [AttnPath::Split, AttnPath::Block] {
                 let ob = ctx.f32_buffer(want.len()).unwrap();
                 let mut f = ctx.frame().unwrap();
                 f.attention(vs, qb.all(), kb.all(), vb.all(), with_sinks.then(|| sb.all()), ob.all(), n, pos0, path).unwrap();
                 f.run().unwrap();
-                let what = format!("attention {heads}/{kv_heads}x{head_dim}/{v_head_dim} window {window:?} sinks {with_sinks} n {n} pos0 {pos0} {path:?}");
+                let what = format!("attention {heads}/{kv_heads}x{head_dim}/{v_head_dim} window {window:?} sinks {with_sinks} x{value_scale} n {n} pos0 {pos0} {path:?}");
                 assert_close(&what, &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
             }
         }

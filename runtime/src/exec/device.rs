@@ -407,7 +407,7 @@ impl DeviceModel {
                         }
                         _ => None,
                     };
-                    let shape = AttnShape { heads: spec.heads, kv_heads: spec.kv_heads, head_dim: spec.head_dim, v_head_dim: spec.v_head_dim, scale: spec.scale, window: spec.window };
+                    let shape = AttnShape { heads: spec.heads, kv_heads: spec.kv_heads, head_dim: spec.head_dim, v_head_dim: spec.v_head_dim, scale: spec.scale, window: spec.window, value_scale: spec.value_scale };
                     let sinks = spec.sinks.as_ref().map(|s| self.vecs[&s.name].all());
                     if n == 1 && one_kernel {
                         let (keys, vals_) = match pos {

@@ -64,7 +64,8 @@ impl<'a> Pos<'a> {
     }
 }
 
-/// Geometry and options of one attention call (as `cpu::attention::AttnShape`).
+/// Geometry and options of one attention call (as `cpu::attention::AttnShape`, plus the value
+/// scale, which the CPU executor applies to the output after `attend`).
 #[derive(Clone, Copy, Debug)]
 pub struct AttnShape {
     pub heads: usize,
@@ -73,6 +74,9 @@ pub struct AttnShape {
     pub v_head_dim: usize,
     pub scale: f32,
     pub window: Option<usize>,
+    /// Multiplies the values, so the output (MiMo-V2-Flash's `attention_value_scale`; 1
+    /// elsewhere). The mirrors keep the values as projected.
+    pub value_scale: f32,
 }
 
 /// Which kernel attention takes.
@@ -213,7 +217,7 @@ impl<'a> Frame<'a> {
             s.v_head_dim as u32,
             u32_arg(OP, "pos0", pos0)?,
             u32_arg(OP, "window", s.window.unwrap_or(0))?,
-            sinks.is_some() as u32 | (decode.is_some() as u32) << 1,
+            sinks.is_some() as u32 | (decode.is_some() as u32) << 1 | dyn_ << 2,
             s.scale.to_bits(),
             u32_arg(OP, "q offset", q.offset)?,
             u32_arg(OP, "k offset", k.offset)?,
@@ -221,7 +225,7 @@ impl<'a> Frame<'a> {
             u32_arg(OP, "out offset", out.offset)?,
             splits as u32,
             chunk as u32,
-            dyn_,
+            s.value_scale.to_bits(),
         ];
         let sink = sinks.map_or(Bind::UNUSED, |b| Bind::buf(b.buf));
         let base = [Bind::buf(q.buf), Bind::buf(k.buf), Bind::buf(v.buf), sink];
