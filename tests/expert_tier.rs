@@ -2,7 +2,8 @@
 //! machine has (Lavapipe in CI), against the CPU path. Every MoE layer runs through host steps
 //! (`Options::resident_experts` off), so the tier serves what it holds and the CPU the rest:
 //! - every MoE fixture (gpt-oss: expert biases and the clamped SwiGLU; DeepSeek-V3: sigmoid
-//!   routing beside MLA host steps), and pymoe-22m when `../shared/models/pymoe-22m` is there,
+//!   routing beside MLA host steps; MiMo-V2-Flash: sigmoid routing with a dense first layer and
+//!   sliding windows with sinks on the device), and pymoe-22m when `../shared/models/pymoe-22m` is there,
 //!   with a handful of slots (eviction every few steps), with and without the warm start, and
 //!   with room for every expert;
 //! - a run repeats bit for bit (deterministic mode and the default);
@@ -30,7 +31,7 @@ const CONTEXT: usize = 256;
 /// The MoE models: (name, directory, prompt, largest |logit| when an oracle says it).
 fn models() -> Vec<(String, PathBuf, Vec<u32>, Option<f32>)> {
     let mut out = Vec::new();
-    for name in ["olmoe", "qwen3_moe", "mixtral", "gpt_oss", "deepseek_v3"] {
+    for name in ["olmoe", "qwen3_moe", "mixtral", "gpt_oss", "deepseek_v3", "mimo_v2_flash"] {
         let dir = fixture_dir(name);
         let oracle = read_json(&dir.join("oracle.json"));
         let max = oracle["max_abs_logit"].as_f64().map(|m| m as f32);
