@@ -20,6 +20,11 @@
 //! read-back buffer, and the host appends them to its cache after the frame. So when the
 //! device fails, the CPU re-runs the forward from the host's cache with the same tokens.
 //!
+//! A KV split (the plan's `placement.kv_split`, `exec::kv_split`): a split layer's mirror is a
+//! ring of its newest positions; its frame ends with the device's part of attention, and after
+//! the frame the host attends over the older positions and merges (the output goes up with the
+//! next frame, as the plan says).
+//!
 //! Must not: decide placement (the plan did), or run an op the device library does not claim
 //! (`DeviceModel::load` refuses such a plan with a typed error).
 
@@ -29,6 +34,7 @@ use crate::cpu::experts::ExpertMats;
 use crate::cpu::rope::inv_freq;
 use crate::cpu::{run_op, Env, Precision};
 use crate::exec::kv::KvCache;
+use crate::exec::kv_split::{Split, SplitState, SplitStats};
 use crate::oplib::{op_name, OpLib};
 use crate::vk::fuse::{fusions, replayable, Fused};
 use crate::vk::{AttnPath, AttnShape, Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoePath, MoeScratch, RopeShape, RouteParams, VkError, VkOps};
@@ -69,6 +75,8 @@ pub struct DeviceModel {
     tier_line: Option<String>,
     /// The adaptive cache serving the MoE host steps (layers not resident in frame).
     tier: Option<Mutex<ExpertTier>>,
+    /// The KV split, when the plan has one.
+    kv_split: Option<Split>,
 }
 
 /// Per-session device state: value buffers, KV mirrors and their read-back staging.
@@ -87,6 +95,8 @@ pub struct DeviceState {
     pos: DeviceBuffer,
     /// Recordings of one-row forwards, by (frame index, last row only, precision).
     replays: Vec<(usize, bool, Precision, Recorded)>,
+    /// The KV split's rings and partial results, when the plan splits.
+    split: Option<SplitState>,
 }
 
 /// Why a plan cannot run on the device.
@@ -210,7 +220,13 @@ impl DeviceModel {
             moe_dims,
             tier_line,
             tier: tier_service,
+            kv_split: plan.placement.kv_split.clone().map(Split::new),
         })
+    }
+
+    /// What the KV split's layers did so far (`None` without a split).
+    pub fn kv_split_stats(&self) -> Option<SplitStats> {
+        self.kv_split.as_ref().map(Split::stats)
     }
 
     /// The expert tier's per-run line, when there is a tier.
@@ -259,10 +275,15 @@ impl DeviceModel {
                 if let Op::Attention { layer, spec, .. } = op_of(p, id) {
                     let (kw, vw) = (spec.kv_heads * spec.head_dim, spec.kv_heads * spec.v_head_dim);
                     let l = layer.0 as usize;
+                    // A split layer's mirror is a ring of its newest positions.
+                    let rows = match &self.kv_split {
+                        Some(s) if s.splits(*layer) => s.plan.ring.min(context),
+                        _ => context,
+                    };
                     if mirrors[l].is_none() {
                         mirrors[l] = Some((
-                            ctx.f32_buffer(context * kw)?,
-                            ctx.f32_buffer(context * vw)?,
+                            ctx.f32_buffer(rows * kw)?,
+                            ctx.f32_buffer(rows * vw)?,
                             ctx.buffer(MemoryUse::Readback, self.cap_rows * kw * 4)?,
                             ctx.buffer(MemoryUse::Readback, self.cap_rows * vw * 4)?,
                         ));
@@ -283,7 +304,11 @@ impl DeviceModel {
             None => None,
         };
         let (tokens, pos) = (ctx.f32_buffer(self.cap_rows.max(1))?, ctx.f32_buffer(4)?);
-        Ok(DeviceState { values, twins, watermark: vec![0; mirrors.len()], mirrors, moe, tokens, pos, replays: Vec::new() })
+        let split = match &self.kv_split {
+            Some(s) => Some(s.new_state(ctx, p, self.cap_rows)?),
+            None => None,
+        };
+        Ok(DeviceState { values, twins, watermark: vec![0; mirrors.len()], mirrors, moe, tokens, pos, replays: Vec::new(), split })
     }
 
     fn freq(&self, rd: usize, theta: f32, scaling: RopeScaling) -> (&DeviceBuffer, f32) {
@@ -409,6 +434,18 @@ impl DeviceModel {
                     };
                     let shape = AttnShape { heads: spec.heads, kv_heads: spec.kv_heads, head_dim: spec.head_dim, v_head_dim: spec.v_head_dim, scale: spec.scale, window: spec.window, value_scale: spec.value_scale };
                     let sinks = spec.sinks.as_ref().map(|s| self.vecs[&s.name].all());
+                    // A split layer: the append into its ring, the device's part, and the part
+                    // into its read-back buffers (the host finishes after the frame).
+                    if let (Some(sp), Some(ss)) = (self.kv_split.as_ref().filter(|s| s.splits(*layer)), st.split.as_ref()) {
+                        let kv_shape = KvShape { n, heads: spec.heads, kv_heads: spec.kv_heads, head_dim: spec.head_dim, v_head_dim: spec.v_head_dim };
+                        f.rope_kv_ring(args, view(*q), view(*k), view(*v), kv_shape, mk.all(), mv.all(), sk.all(), sv.all(), pos, sp.plan.ring)?;
+                        let cs = crate::cpu::attention::AttnShape { heads: spec.heads, kv_heads: spec.kv_heads, head_dim: spec.head_dim, v_head_dim: spec.v_head_dim, scale: spec.scale, window: spec.window };
+                        let (aw, mw) = (n * spec.heads * spec.v_head_dim, n * spec.heads * 2);
+                        f.attn_part(cs, sp.shape(), view(*q), mk.all(), mv.all(), ss.acc.view(0, aw), ss.ml.view(0, mw), n, pos)?;
+                        f.copy(ss.acc.view(0, aw), ss.acc_back.view(0, aw))?;
+                        f.copy(ss.ml.view(0, mw), ss.ml_back.view(0, mw))?;
+                        continue;
+                    }
                     if n == 1 && one_kernel {
                         let (keys, vals_) = match pos {
                             Pos::Fixed(p0) => (mk.view(0, (p0 + 1) * w(*k)), mv.view(0, (p0 + 1) * w(*v))),
@@ -524,6 +561,10 @@ impl DeviceModel {
                 attn_layers.push(l);
                 let (mk, mv, _, _) = st.mirrors[l].as_ref().expect("mirror allocated");
                 let c = &kv.layers[l];
+                if let (Some(sp), Some(ss)) = (self.kv_split.as_ref().filter(|s| s.splits(*layer)), st.split.as_mut()) {
+                    sp.upload(ctx, ss, l, mk, mv, c, &mut st.watermark[l], pos0)?;
+                    continue;
+                }
                 let mark = st.watermark[l];
                 if mark < pos0 {
                     ctx.write(mk, mark * c.k_width * 4, as_bytes(&c.k[mark * c.k_width..pos0 * c.k_width]))?;
@@ -586,6 +627,17 @@ impl DeviceModel {
             ctx.read(sk, 0, as_bytes_mut(&mut c.k[k0..]))?;
             ctx.read(sv, 0, as_bytes_mut(&mut c.v[v0..]))?;
             st.watermark[l] = pos0 + n;
+            if let (Some(sp), Some(ss)) = (self.kv_split.as_ref(), st.split.as_mut()) {
+                sp.stepped(ss, l, pos0, n);
+            }
+        }
+        // A split attention ends the frame: the host's part and the merge (`exec::kv_split`).
+        if let (Some(id), Some(sp), Some(ss)) = (frame.kv_split, self.kv_split.as_ref(), st.split.as_ref()) {
+            if let Op::Attention { q, out, layer, spec, .. } = op_of(p, id) {
+                let mut o = std::mem::take(&mut host_values[out.0 as usize]);
+                sp.finish(ctx, ss, spec, &model.weights, &host_values[q.0 as usize], &kv.layers[layer.0 as usize], n, pos0, &mut o)?;
+                host_values[out.0 as usize] = o;
+            }
         }
         Ok(())
     }

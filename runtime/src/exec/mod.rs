@@ -4,6 +4,7 @@
 
 pub mod device;
 pub mod kv;
+pub mod kv_split;
 pub mod probe;
 pub mod weights;
 

@@ -1,0 +1,184 @@
+//! The executor's side of a KV split (the plan's `placement.kv_split`): a split layer's device
+//! mirror is a ring of the newest positions (`place::kv_split`), a step's attention runs over
+//! both parts, the device's part (`vk::ops::attn_part`) in the layer's frame, the host's part
+//! over the older positions from the canonical host cache after it, merged by their softmax
+//! statistics (`cpu::attn_part`); the merged rows are the attention's output, which the next
+//! device frame uploads as the plan says.
+//!
+//! The ring follows the host's cache as whole mirrors do: it holds the positions
+//! `ring_lo..watermark` for sure; a step from `pos0` needs `device_from(pos0)..pos0` and gets
+//! what it lacks from the host's cache before its frame.
+//!
+//! Must not: decide the split (the plan did), or write the host's cache (the frame's read-back
+//! rows do, as for every device layer).
+
+use super::kv::LayerKv;
+use crate::cpu::attention::AttnShape as CpuShape;
+use crate::cpu::attn_part::{attend_part, merge, Parts};
+use crate::exec::weights::WeightStore;
+use crate::vk::ops::attn_part::SplitShape;
+use crate::vk::{Context, DeviceBuffer, MemoryUse, VkError};
+use coli_compiler::ir::{AttentionSpec, LayerId, Op, Program};
+use coli_compiler::place::kv_split::{device_from, KvSplit};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A model's split: its numbers and what its steps did.
+#[derive(Debug)]
+pub struct Split {
+    pub plan: KvSplit,
+    steps: AtomicU64,
+    host_steps: AtomicU64,
+    host_positions: AtomicU64,
+}
+
+/// What a model's split layers did so far (over every session).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SplitStats {
+    /// Layer steps of split layers.
+    pub steps: u64,
+    /// Of those, the ones with a host part (a row saw positions the device does not hold).
+    pub host_steps: u64,
+    /// (row, position) pairs the host attended over.
+    pub host_positions: u64,
+}
+
+/// Per-session state: the rings' lower ends and the partial results' buffers.
+pub struct SplitState {
+    /// Per layer: the first position the ring holds for sure (with the watermark, its end).
+    ring_lo: Vec<usize>,
+    /// The device part of a step (`cap_rows x heads * v_head_dim`, `cap_rows x heads x 2`), and
+    /// their host-cached read-back twins.
+    pub acc: DeviceBuffer,
+    pub ml: DeviceBuffer,
+    pub acc_back: DeviceBuffer,
+    pub ml_back: DeviceBuffer,
+}
+
+impl Split {
+    pub fn new(plan: KvSplit) -> Split {
+        Split { plan, steps: AtomicU64::new(0), host_steps: AtomicU64::new(0), host_positions: AtomicU64::new(0) }
+    }
+
+    /// Whether `layer` is split.
+    pub fn splits(&self, layer: LayerId) -> bool {
+        self.plan.layers.contains(&layer)
+    }
+
+    /// The device ops' numbers.
+    pub fn shape(&self) -> SplitShape {
+        SplitShape { positions: self.plan.positions, block: self.plan.block, ring: self.plan.ring }
+    }
+
+    pub fn stats(&self) -> SplitStats {
+        SplitStats { steps: self.steps.load(Ordering::Relaxed), host_steps: self.host_steps.load(Ordering::Relaxed), host_positions: self.host_positions.load(Ordering::Relaxed) }
+    }
+
+    /// A session's state for `layers` layers, partial buffers for `cap_rows` rows of the
+    /// widest split attention of `program`.
+    pub fn new_state(&self, ctx: &Context, program: &Program, cap_rows: usize) -> Result<SplitState, VkError> {
+        let (mut ow, mut heads) = (1, 1);
+        for l in &self.plan.layers {
+            for op in &program.layers[l.0 as usize].ops {
+                if let Op::Attention { spec, .. } = op {
+                    ow = ow.max(spec.heads * spec.v_head_dim);
+                    heads = heads.max(spec.heads);
+                }
+            }
+        }
+        let rows = cap_rows.max(1);
+        Ok(SplitState {
+            ring_lo: vec![0; program.layers.len()],
+            acc: ctx.f32_buffer(rows * ow)?,
+            ml: ctx.f32_buffer(rows * heads * 2)?,
+            acc_back: ctx.buffer(MemoryUse::Readback, rows * ow * 4)?,
+            ml_back: ctx.buffer(MemoryUse::Readback, rows * heads * 2 * 4)?,
+        })
+    }
+
+    /// Before a step of layer `l` from `pos0`: the ring gets the positions of the step's
+    /// shares below `pos0` that it lacks (from the host's cache `c`); `mark` (the layer's
+    /// watermark, at most `pos0`) becomes `pos0`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn upload(&self, ctx: &Context, st: &mut SplitState, l: usize, mk: &DeviceBuffer, mv: &DeviceBuffer, c: &LayerKv, mark: &mut usize, pos0: usize) -> Result<(), VkError> {
+        let need = self.plan.device_from(pos0).min(pos0);
+        let lo = &mut st.ring_lo[l];
+        let from = if *lo > need || *mark < need {
+            *lo = need;
+            need
+        } else {
+            (*mark).max(need)
+        };
+        let ring = self.plan.ring;
+        let mut j = from;
+        while j < pos0 {
+            // One contiguous run of ring rows at a time (the ring wraps).
+            let end = pos0.min(j + ring - j % ring);
+            let (kw, vw) = (c.k_width, c.v_width);
+            ctx.write(mk, (j % ring) * kw * 4, as_bytes(&c.k[j * kw..end * kw]))?;
+            ctx.write(mv, (j % ring) * vw * 4, as_bytes(&c.v[j * vw..end * vw]))?;
+            j = end;
+        }
+        *mark = pos0;
+        Ok(())
+    }
+
+    /// After a step of `n` rows from `pos0` wrote its rows into layer `l`'s ring.
+    pub fn stepped(&self, st: &mut SplitState, l: usize, pos0: usize, n: usize) {
+        let lo = &mut st.ring_lo[l];
+        *lo = (*lo).max((pos0 + n).saturating_sub(self.plan.ring));
+    }
+
+    /// The host's side of a split attention `op` after its frame: the device's part read
+    /// back, the host's part over each row's older positions (and the sinks) from the host's
+    /// cache `c` (which holds the step's rows by now), the merge into `out` (`n x heads *
+    /// v_head_dim`, times the value scale). `q`: the step's rotated query rows.
+    #[allow(clippy::too_many_arguments)]
+    pub fn finish(
+        &self,
+        ctx: &Context,
+        st: &SplitState,
+        spec: &AttentionSpec,
+        weights: &WeightStore,
+        q: &[f32],
+        c: &LayerKv,
+        n: usize,
+        pos0: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<(), VkError> {
+        let s = CpuShape { heads: spec.heads, kv_heads: spec.kv_heads, head_dim: spec.head_dim, v_head_dim: spec.v_head_dim, scale: spec.scale, window: spec.window };
+        let ow = spec.heads * spec.v_head_dim;
+        let mut device = Parts { acc: vec![0.0; n * ow], ml: vec![0.0; n * spec.heads * 2] };
+        ctx.read(&st.acc_back, 0, as_bytes_mut(&mut device.acc))?;
+        ctx.read(&st.ml_back, 0, as_bytes_mut(&mut device.ml))?;
+        let lo = |p: usize| spec.window.map_or(0, |w| (p + 1).saturating_sub(w));
+        let range = |i: usize| {
+            let p = pos0 + i;
+            (lo(p), device_from(p, self.plan.positions, self.plan.block).max(lo(p)))
+        };
+        let sinks = spec.sinks.as_ref().map(|w| weights.vector(&w.name));
+        let seen: u64 = (0..n).map(|i| range(i).1 - range(i).0).sum::<usize>() as u64;
+        let host = attend_part(&s, &q[..n * spec.heads * spec.head_dim], &c.k, &c.v, n, &range, sinks);
+        out.clear();
+        out.resize(n * ow, 0.0);
+        merge(&s, &device, &host, out);
+        if spec.value_scale != 1.0 {
+            out.iter_mut().for_each(|x| *x *= spec.value_scale);
+        }
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        if seen > 0 {
+            self.host_steps.fetch_add(1, Ordering::Relaxed);
+            self.host_positions.fetch_add(seen, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+fn as_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and every byte pattern is a valid u8.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+fn as_bytes_mut(v: &mut [f32]) -> &mut [u8] {
+    // SAFETY: as above; every byte pattern is a valid f32.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
+}
