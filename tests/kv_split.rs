@@ -3,6 +3,8 @@
 //! same device without the split: every prompt row's logits and the greedy tokens, the prompt
 //! in steps of 1, 2 and 3 rows and in whole chunks, then decode. The split must have run
 //! (the plan has it, steps had a host part, and no device failure sent the run to the CPU).
+//! A rewind (truncating the session, then a new continuation) refills the rings from the
+//! host's cache.
 //!
 //! Tolerance: logits within 1e-4 of the largest |logit| of the unsplit run (f32 weights: the
 //! two differ in the order of float operations only); greedy tokens identical.
@@ -89,4 +91,33 @@ fn llama_split_matches_the_whole_mirrors() {
 #[test]
 fn gpt_oss_split_matches_the_whole_mirrors() {
     check("gpt_oss", 8, 4, 60, 16);
+}
+
+/// A rewind below the rings' positions, then another continuation: the rings follow the
+/// host's cache (what a step's shares lack comes up again), as the unsplit mirrors do.
+#[test]
+fn a_rewind_refills_the_rings() {
+    let dir = fixture_dir("llama");
+    let prompt: Vec<u32> = (0..90u32).map(|i| 3 + (i * 7919 + 13) % 317).collect();
+    let other: Vec<u32> = (0..40u32).map(|i| 5 + (i * 104729 + 7) % 311).collect();
+    let logits = |l: &Loaded| {
+        let mut s = Session::on_device(&l.model, l.device.as_ref().unwrap(), CONTEXT).unwrap();
+        for c in prompt.chunks(5) {
+            s.forward(c, LogitRows::All).unwrap();
+        }
+        let mut rows = Vec::new();
+        for cut in [70, 12] {
+            s.truncate(cut);
+            for c in other.chunks(3) {
+                rows.push(s.forward(c, LogitRows::Last).unwrap());
+            }
+        }
+        assert!(s.take_notice().is_none());
+        rows
+    };
+    let want = logits(&load_split(&dir, None, 8));
+    let got = logits(&load_split(&dir, Some(16), 8));
+    let max = want.iter().flatten().fold(0f32, |a, b| a.max(b.abs()));
+    let err = max_abs_diff(&got, &want);
+    assert!(err <= 1e-4 * max, "max |split - whole| after rewinds = {err}");
 }
