@@ -193,3 +193,30 @@ fn a_stress_run_promotes_and_evicts_and_leaves_no_memory_held() {
     ctx.trim();
     assert_eq!(ctx.memory_stats().used_bytes, 0, "every device buffer freed");
 }
+
+#[test]
+fn big_steps_stream_cold_experts_and_match_the_cpu() {
+    let mut streamed = 0;
+    for (name, dir, prompt, max) in models() {
+        let cpu = load_model(&dir);
+        let (want, want_toks) = run(&cpu, &prompt, prompt.len(), 6);
+        let max = max.unwrap_or_else(|| max_abs(&want));
+        // Two staging slots (so several rounds), steps of two rows and up stream.
+        let t = TierOptions { max_experts: Some(2), warm_start: false, deterministic: true, stream_slots: 2, stream_min_rows: 2, ..TierOptions::default() };
+        let dev = load_tier(&dir, t);
+        let line = dev.device.as_ref().unwrap().tier_line().unwrap().to_string();
+        assert!(line.contains("2 staging slots"), "{name}: {line}");
+        for chunk in [prompt.len(), 3] {
+            let (got, toks) = run(&dev, &prompt, chunk, 6);
+            let err = max_abs_diff(&got, &want);
+            assert!(err <= 1e-4 * max, "{name} chunk {chunk}: max |streamed - cpu| = {err} (max |logit| {max})");
+            assert_eq!(toks, want_toks, "{name} chunk {chunk}: greedy tokens differ");
+        }
+        let s = stats(&dev);
+        assert!(s.streamed_pairs <= s.device, "{name}: {s:?}");
+        streamed += s.streamed;
+        // Streamed experts are not promoted: only the CPU's experts were candidates.
+        assert!(s.uploads <= s.routed - s.device + s.warm, "{name}: {s:?}");
+    }
+    assert!(streamed > 0, "the fixtures' steps streamed");
+}

@@ -64,13 +64,18 @@ pub struct TierOptions {
     pub warm_start: bool,
     /// The routing history file (read at startup, merged at `save_history`); `None`: none.
     pub history: Option<PathBuf>,
-    /// Uploads complete before the next step starts (instead of beside it).
+    /// Uploads complete before the next step starts (instead of beside it), and streaming
+    /// follows the routing alone (not measured times).
     pub deterministic: bool,
+    /// Staging slots for streaming a big step's cold experts to the device (0: no streaming).
+    pub stream_slots: usize,
+    /// Rows from which a step may stream.
+    pub stream_min_rows: usize,
 }
 
 impl Default for TierOptions {
     fn default() -> TierOptions {
-        TierOptions { budget: None, max_experts: None, promotions_per_token: 16, warm_start: true, history: None, deterministic: false }
+        TierOptions { budget: None, max_experts: None, promotions_per_token: 16, warm_start: true, history: None, deterministic: false, stream_slots: 32, stream_min_rows: 32 }
     }
 }
 
@@ -94,6 +99,9 @@ pub struct TierStats {
     pub batch: Duration,
     pub cpu: Duration,
     pub waited: Duration,
+    /// Experts streamed through the staging slots (and their pairs, part of `device`).
+    pub streamed: u64,
+    pub streamed_pairs: u64,
 }
 
 /// One MoE layer the tier serves.
@@ -115,7 +123,12 @@ struct DeviceSide {
     routing: Vec<DeviceBuffer>,
     y: DeviceBuffer,
     y_back: DeviceBuffer,
+    /// The staging slots of streaming and a routing buffer per round.
+    stream: Option<(DeviceExperts, Vec<DeviceBuffer>)>,
 }
+
+/// Rounds of staging slots a step streams at most.
+const STREAM_ROUNDS: usize = 4;
 
 /// The expert tier of one device.
 pub struct ExpertTier {
@@ -136,6 +149,10 @@ pub struct ExpertTier {
     /// Slots promoted and not yet uploaded.
     pending: Vec<usize>,
     rate_left: usize,
+    /// Measured: seconds per pair the CPU takes in a big step, seconds per byte of a
+    /// streamed expert (packing and writing).
+    cpu_pair_s: Option<f64>,
+    upload_byte_s: f64,
     opts: TierOptions,
     budget: u64,
     stats: TierStats,
@@ -193,6 +210,11 @@ impl ExpertTier {
         let per_page_max = (max_buf / gate_up_each).clamp(1, crate::vk::MOE_MAX_EXPERTS);
         let scratch_for = |per_page: usize| scratch_bytes(cap_rows, top_k, hidden, ffn, per_page);
         let room = budget.saturating_sub(buffers + scratch_for(per_page_max.min(total)));
+        // Streaming's staging slots come first when they take at most a quarter of the room.
+        let stream_slots = opts.stream_slots.min(crate::vk::MOE_MAX_EXPERTS);
+        let stream_bytes = (stream_slots * expert_bytes) as u64;
+        let stream_slots = if stream_slots > 0 && room >= 4 * stream_bytes { stream_slots } else { 0 };
+        let room = room - (stream_slots * expert_bytes) as u64;
         let want = ((room / expert_bytes.max(1) as u64) as usize).min(total).min(opts.max_experts.unwrap_or(usize::MAX));
         if want == 0 {
             return Ok(TierSetup::Off(format!(
@@ -245,7 +267,21 @@ impl ExpertTier {
             }
         }
         let slots_n: usize = pages.iter().map(|p| p.experts).sum();
-        let dev = DeviceSide { scratch, xs, routing, y, y_back, pages, per_page };
+        // Staging slots for streaming (reserved above); refused: no streaming.
+        let stream = if stream_slots > 0 {
+            let page = ctx.expert_slots(stream_slots, &like).and_then(|p| {
+                let r = (0..STREAM_ROUNDS).map(|_| ctx.f32_buffer(cap_rows * 2 * top_k)).collect::<Result<Vec<_>, _>>()?;
+                Ok((p, r))
+            });
+            match page {
+                Ok(p) => Some(p),
+                Err(e) if oom(&e) => None,
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
+        let dev = DeviceSide { scratch, xs, routing, y, y_back, pages, per_page, stream };
         let mut index = vec![None; model.program.layers.len()];
         for (i, l) in layers.iter().enumerate() {
             index[l.layer] = Some(i);
@@ -265,6 +301,8 @@ impl ExpertTier {
             counts: vec![0; n_layers * experts],
             pending: Vec::new(),
             rate_left: 0,
+            cpu_pair_s: None,
+            upload_byte_s: 1.0 / 8e9,
             budget,
             stats: TierStats::default(),
             line: String::new(),
@@ -284,6 +322,10 @@ impl ExpertTier {
         );
         if refused {
             line.push_str("; the device refused more pages");
+        }
+        match &tier.dev.stream {
+            Some((p, _)) => line.push_str(&format!("; streams big steps' cold experts through {} staging slots", p.experts)),
+            None => line.push_str("; no streaming"),
         }
         if !other.is_empty() {
             line.push_str(&format!("; experts of {} differ in shape and stay on the CPU", coli_compiler::print::layer_ranges(&other)));
@@ -435,9 +477,27 @@ impl ExpertTier {
         }
         self.stats.routed += (n * top_k) as u64;
         self.stats.device += dev_pairs.len() as u64;
-        // 2. The device batch's inputs: the rows and, per page touched, the local routing.
+        // 2. A big step streams cold experts routed to many rows (`stream_plan`); their pairs
+        //    leave the CPU's share.
+        let streamed = self.stream_plan(routing, top_k, n, &cpu_pairs);
+        let mut stream_pairs: Vec<(usize, usize, usize, usize)> = Vec::new();
+        if !streamed.is_empty() {
+            let at: std::collections::HashMap<usize, (usize, usize)> = streamed.iter().map(|&(e, r, sl)| (e, (r, sl))).collect();
+            cpu_pairs.retain(|&(r, k)| match at.get(&pair_expert(routing, top_k, r, k)) {
+                Some(&(round, slot)) => {
+                    stream_pairs.push((r, k, round, slot));
+                    false
+                }
+                None => true,
+            });
+            self.stats.streamed += streamed.len() as u64;
+            self.stats.streamed_pairs += stream_pairs.len() as u64;
+            self.stats.device += stream_pairs.len() as u64;
+        }
+        let rounds = streamed.iter().map(|s| s.1 + 1).max().unwrap_or(0);
+        // 3. The device batch's inputs: the rows and, per page touched, the local routing.
         let mut touched = vec![false; self.dev.pages.len()];
-        if !dev_pairs.is_empty() {
+        if !dev_pairs.is_empty() || !stream_pairs.is_empty() {
             self.ctx.write(&self.dev.xs, 0, as_bytes(x))?;
             for &(_, _, s) in &dev_pairs {
                 touched[s / self.dev.per_page] = true;
@@ -454,6 +514,19 @@ impl ExpertTier {
                 self.ctx.write(&self.dev.routing[p], 0, as_bytes(&local))?;
             }
         }
+        if let Some((_, bufs)) = &self.dev.stream {
+            for (round, buf) in bufs.iter().enumerate().take(rounds) {
+                let mut local = vec![-1.0f32; n * 2 * top_k];
+                for &(r, k, rd, slot) in &stream_pairs {
+                    let at = r * 2 * top_k + 2 * k;
+                    local[at + 1] = routing[at + 1];
+                    if rd == round {
+                        local[at] = slot as f32;
+                    }
+                }
+                self.ctx.write(buf, 0, as_bytes(&local))?;
+            }
+        }
         let pending: Vec<(usize, usize, usize)> = std::mem::take(&mut self.pending)
             .into_iter()
             .filter_map(|s| match self.slots.state(s) {
@@ -461,7 +534,8 @@ impl ExpertTier {
                 _ => None,
             })
             .collect();
-        // 3. The batch and the uploads on a worker, the CPU's pairs here; then join.
+        // 4. The batch, the streamed rounds and the uploads on a worker, the CPU's pairs here;
+        //    then join.
         let mut table = vec![0.0f32; n * top_k * hidden];
         let tl = &self.layers[t];
         let ws = &model.weights;
@@ -469,27 +543,52 @@ impl ExpertTier {
         let (dev, ctx) = (&self.dev, &self.ctx);
         let with_bias = dev.pages[0].has_bias();
         let batch = !dev_pairs.is_empty();
+        let any_device = batch || rounds > 0;
         let t0 = Instant::now();
         let (worker, cpu_time) = std::thread::scope(|sc| {
-            let w = sc.spawn(|| -> Result<(Duration, Vec<(usize, Result<(), VkError>)>), VkError> {
+            let w = sc.spawn(|| -> Result<(Duration, Duration, Vec<(usize, Result<(), VkError>)>), VkError> {
                 let tb = Instant::now();
-                if batch {
-                    let mut f = ctx.frame()?;
-                    for (p, _) in touched.iter().enumerate().filter(|t| *t.1) {
-                        let (xv, rv, yv) = (dev.xs.view(0, n * hidden), dev.routing[p].view(0, n * 2 * top_k), dev.y.view(0, n * top_k * hidden));
-                        f.moe_pairs(&dev.pages[p], xv, rv, yv, n, top_k, *glu, precision, MoePath::Auto, &dev.scratch)?;
+                let mut stream_time = Duration::ZERO;
+                let views = || (dev.xs.view(0, n * hidden), dev.y.view(0, n * top_k * hidden));
+                // The resident pages, then each round of streamed experts: written into the
+                // staging slots, then run. The last submission copies the outputs down.
+                let jobs = usize::from(batch) + rounds;
+                for j in 0..jobs {
+                    let round = if batch { j.checked_sub(1) } else { Some(j) };
+                    if let (Some(round), Some((page, _))) = (round, &dev.stream) {
+                        let tu = Instant::now();
+                        for &(e, _, slot) in streamed.iter().filter(|s| s.1 == round) {
+                            let p = Context::pack_expert(&expert(e), with_bias)?;
+                            ctx.write_expert(page, slot, &p)?;
+                        }
+                        stream_time += tu.elapsed();
                     }
-                    f.copy(dev.y.view(0, n * top_k * hidden), dev.y_back.view(0, n * top_k * hidden))?;
+                    let mut f = ctx.frame()?;
+                    let (xv, yv) = views();
+                    match (round, &dev.stream) {
+                        (None, _) => {
+                            for (p, _) in touched.iter().enumerate().filter(|t| *t.1) {
+                                f.moe_pairs(&dev.pages[p], xv, dev.routing[p].view(0, n * 2 * top_k), yv, n, top_k, *glu, precision, MoePath::Auto, &dev.scratch)?;
+                            }
+                        }
+                        (Some(round), Some((page, bufs))) => {
+                            f.moe_pairs(page, xv, bufs[round].view(0, n * 2 * top_k), yv, n, top_k, *glu, precision, MoePath::Auto, &dev.scratch)?;
+                        }
+                        (Some(_), None) => {}
+                    }
+                    if j + 1 == jobs {
+                        f.copy(yv, dev.y_back.view(0, n * top_k * hidden))?;
+                    }
                     f.run()?;
                 }
-                let batch_time = tb.elapsed();
+                let batch_time = tb.elapsed().saturating_sub(stream_time);
                 let mut done = Vec::new();
                 for &(s, pl, pe) in &pending {
                     let m = ExpertMats::of(ws, &self.layers[pl].weights, pe);
                     let r = Context::pack_expert(&m, with_bias).and_then(|p| ctx.write_expert(&dev.pages[s / dev.per_page], s % dev.per_page, &p));
                     done.push((s, r));
                 }
-                Ok((batch_time, done))
+                Ok((batch_time, stream_time, done))
             });
             if !cpu_pairs.is_empty() {
                 pair_outputs(x, n, hidden, routing, top_k, &cpu_pairs, *glu, precision, &expert, &mut table);
@@ -498,8 +597,17 @@ impl ExpertTier {
             (w.join(), cpu_time)
         });
         let waited = t0.elapsed().saturating_sub(cpu_time);
-        let (batch_time, done) = worker.map_err(|_| VkError::BadArgument { op: "tier", msg: "the tier's worker panicked".into() })??;
+        let (batch_time, stream_time, done) = worker.map_err(|_| VkError::BadArgument { op: "tier", msg: "the tier's worker panicked".into() })??;
         self.stats.batch += batch_time;
+        // What the rule measures: the CPU's time per pair in a big step, the staging time per byte.
+        if n >= self.opts.stream_min_rows && !cpu_pairs.is_empty() {
+            let per = cpu_time.as_secs_f64() / cpu_pairs.len() as f64;
+            self.cpu_pair_s = Some(self.cpu_pair_s.map_or(per, |c| 0.5 * (c + per)));
+        }
+        if !streamed.is_empty() {
+            let per = stream_time.as_secs_f64() / (streamed.len() * self.expert_bytes) as f64;
+            self.upload_byte_s = 0.5 * (self.upload_byte_s + per);
+        }
         self.stats.cpu += cpu_time;
         self.stats.waited += waited;
         for (s, r) in done {
@@ -516,10 +624,10 @@ impl ExpertTier {
                 Err(e) => return Err(e),
             }
         }
-        if batch {
+        if any_device {
             let mut y = vec![0u8; n * top_k * hidden * 4];
             self.ctx.read(&self.dev.y_back, 0, &mut y)?;
-            for &(r, k, _) in &dev_pairs {
+            for (r, k) in dev_pairs.iter().map(|p| (p.0, p.1)).chain(stream_pairs.iter().map(|p| (p.0, p.1))) {
                 let at = (r * top_k + k) * hidden;
                 for (i, v) in table[at..at + hidden].iter_mut().enumerate() {
                     let b = (at + i) * 4;
@@ -528,7 +636,8 @@ impl ExpertTier {
             }
         }
         join_ranks(routing, n, top_k, hidden, &table, out);
-        // 4. Promotions: the CPU's experts of this step, hottest first.
+        // 5. Promotions: the CPU's experts of this step, hottest first (streamed experts are
+        //    not candidates: a prompt's whole working set passes through the staging slots).
         let mut cands: Vec<usize> = cpu_pairs.iter().map(|&(r, k)| pair_expert(routing, top_k, r, k)).collect();
         cands.sort_unstable();
         cands.dedup();
@@ -563,6 +672,47 @@ impl ExpertTier {
         Ok(())
     }
 
+    /// The experts a step streams: (expert, round, staging slot). Only steps of at least
+    /// `stream_min_rows` rows, only experts the CPU would compute, most rows first. The rule:
+    /// an expert moves to the device while that shortens the step, the device's side costing
+    /// the expert's bytes at the measured staging rate (its compute hides behind the next
+    /// upload), the CPU's its rows at the measured time per pair; no measurement yet, no
+    /// streaming. In deterministic mode the routing alone decides: every expert of two rows
+    /// or more, while slots last.
+    fn stream_plan(&self, routing: &[f32], top_k: usize, n: usize, cpu_pairs: &[(usize, usize)]) -> Vec<(usize, usize, usize)> {
+        let Some((page, _)) = &self.dev.stream else { return Vec::new() };
+        if n < self.opts.stream_min_rows || cpu_pairs.is_empty() {
+            return Vec::new();
+        }
+        let mut rows: std::collections::BTreeMap<usize, usize> = Default::default();
+        for &(r, k) in cpu_pairs {
+            *rows.entry(pair_expert(routing, top_k, r, k)).or_default() += 1;
+        }
+        let mut cands: Vec<(usize, usize)> = rows.into_iter().collect();
+        cands.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let cap = page.experts * STREAM_ROUNDS;
+        let mut out = Vec::new();
+        if self.opts.deterministic {
+            for &(e, r) in cands.iter().filter(|c| c.1 >= 2).take(cap) {
+                let _ = r;
+                out.push(e);
+            }
+        } else {
+            let Some(c) = self.cpu_pair_s else { return Vec::new() };
+            let per = self.expert_bytes as f64 * self.upload_byte_s;
+            let (mut dev_t, mut cpu_t) = (0.0f64, cpu_pairs.len() as f64 * c);
+            for &(e, r) in cands.iter().take(cap) {
+                let (d2, c2) = (dev_t + per, cpu_t - r as f64 * c);
+                if d2.max(c2) >= dev_t.max(cpu_t) {
+                    break;
+                }
+                (dev_t, cpu_t) = (d2, c2);
+                out.push(e);
+            }
+        }
+        out.into_iter().enumerate().map(|(i, e)| (e, i / page.experts, i % page.experts)).collect()
+    }
+
     /// Uploads every pending promotion now (deterministic mode, and the end of a run).
     fn upload_pending(&mut self, model: &Model) -> Result<(), VkError> {
         for s in std::mem::take(&mut self.pending) {
@@ -588,7 +738,7 @@ impl ExpertTier {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let resident = self.slots.resident();
         format!(
-            "expert tier run: device {} of {} routed pairs ({share:.1}%), CPU {} | resident {resident} of {} slots ({} of {}) | uploads {} ({}, {} warm), evictions {}, skipped {} (rate), failed {} | batches {:.1} ms, CPU share {:.1} ms, waited {:.1} ms",
+            "expert tier run: device {} of {} routed pairs ({share:.1}%), CPU {} | resident {resident} of {} slots ({} of {}) | uploads {} ({}, {} warm), evictions {}, skipped {} (rate), failed {} | batches {:.1} ms, CPU share {:.1} ms, waited {:.1} ms | streamed {} experts ({} pairs)",
             s.device,
             s.routed,
             s.routed - s.device,
@@ -604,6 +754,8 @@ impl ExpertTier {
             ms(s.batch),
             ms(s.cpu),
             ms(s.waited),
+            s.streamed,
+            s.streamed_pairs,
         )
     }
 

@@ -40,6 +40,9 @@ pub struct BenchArgs {
     /// Keep this many layers on the device.
     #[arg(long)]
     pub device_layers: Option<usize>,
+    /// Quantize f32/f16/bf16 matrices at load (as `coli exec --quantize`).
+    #[arg(long, value_enum)]
+    pub quantize: Option<crate::exec_cmd::QuantChoice>,
     /// Routed experts on the CPU (no expert tier), for comparison.
     #[arg(long)]
     pub no_expert_tier: bool,
@@ -68,6 +71,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     };
     let mut req = LoadRequest::new(&path);
     req.spec = a.spec.as_deref();
+    req.load.quantize = a.quantize.map(crate::exec_cmd::QuantChoice::format);
     let vk = VkOptions { memory_cap: a.device_mem_mib.map(|m| m << 20), ..Default::default() };
     req.device = match a.device.as_str() {
         "cpu" => DeviceRequest::Cpu,

@@ -33,6 +33,16 @@ pub enum QuantChoice {
     I4,
 }
 
+impl QuantChoice {
+    /// The load-time format the choice names.
+    pub fn format(self) -> WeightFormat {
+        match self {
+            QuantChoice::I8 => WeightFormat::I8Row,
+            QuantChoice::I4 => WeightFormat::I4G64,
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct ExecArgs {
     /// A model directory (safetensors + config.json) or a .gguf file; default: SmolLM2-135M-Instruct.
@@ -134,10 +144,7 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         }
     };
     let load_opts = LoadOptions {
-        quantize: a.quantize.map(|q| match q {
-            QuantChoice::I8 => WeightFormat::I8Row,
-            QuantChoice::I4 => WeightFormat::I4G64,
-        }),
+        quantize: a.quantize.map(QuantChoice::format),
         ..Default::default()
     };
     let vk = VkOptions {

@@ -7,7 +7,7 @@ use clap::Args;
 use coli_runtime::tier::{history, TierOptions};
 use std::path::{Path, PathBuf};
 
-#[derive(Args, Debug, Clone, Default)]
+#[derive(Args, Debug, Clone)]
 pub struct TierArgs {
     /// The expert tier's device budget in MiB (default: what the plan leaves on the device).
     #[arg(long)]
@@ -30,6 +30,12 @@ pub struct TierArgs {
     /// Each step's uploads complete before the next step (reproducible runs, tests).
     #[arg(long)]
     pub tier_deterministic: bool,
+    /// Staging slots through which big prompt steps stream cold experts (0: no streaming).
+    #[arg(long, default_value_t = 32)]
+    pub tier_stream_slots: usize,
+    /// Rows from which a step may stream.
+    #[arg(long, default_value_t = 32)]
+    pub tier_stream_rows: usize,
 }
 
 impl TierArgs {
@@ -54,6 +60,8 @@ impl TierArgs {
             warm_start: !self.no_warm_start,
             history,
             deterministic: self.tier_deterministic,
+            stream_slots: self.tier_stream_slots,
+            stream_min_rows: self.tier_stream_rows,
         }
     }
 }

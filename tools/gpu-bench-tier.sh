@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The expert tier's and the partial chain's benchmarks on the GPU machine (docs/BENCHMARKS.md).
+# Expects the release binary in devbin/coli, pymoe-22m in devbin/pymoe and the Vulkan loader
+# packages in .gl/ (all git-ignored, carried by the device tool); makes the random-weight
+# checkpoints with tools/make_random_checkpoint.py and appends every result to $OUT/bench.txt.
+# Usage: bash tools/gpu-bench-tier.sh [pymoe] [olmoe] [chain]
+set -uo pipefail
+for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+B=./devbin/coli
+log() { echo "### $*" >> "$OUT/bench.txt"; "$@" >> "$OUT/bench.txt" 2>&1; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/bench.txt"
+for what in "$@"; do
+  case $what in
+  pymoe)
+    # A quarter of its 192 routed experts; the history from a prose prompt (the bench measures
+    # synthetic ids).
+    P=devbin/pymoe
+    # Carried gzipped (the device tool's 64 MiB).
+    [ -f $P/model.safetensors ] || gunzip -c devbin/pymoe.safetensors.gz > $P/model.safetensors
+    $B exec --model $P --device vulkan -n 200 --tier-experts 48 --no-warm-start --tier-history /tmp/pymoe.h \
+      --prompt "Once upon a time, a little girl named Lily found a red ball in the park. She" > /dev/null 2>> "$OUT/bench.txt"
+    log $B bench --model $P --device vulkan -p 512 -n 128 -r 3 --tier-experts 48 --tier-history /tmp/pymoe.h
+    log $B bench --model $P --device vulkan -p 512 -n 128 -r 3 --tier-experts 48 --no-warm-start
+    log $B bench --model $P --device vulkan -p 512 -n 128 -r 3 --no-expert-tier
+    log $B bench --model $P --device cpu -p 512 -n 128 -r 3
+    ;;
+  olmoe)
+    M=/tmp/olmoe-1b-7b
+    [ -d $M ] || python3 tools/make_random_checkpoint.py olmoe-1b-7b $M >> "$OUT/bench.txt" 2>&1
+    IDS=$(python3 -c "print(','.join(str(10 + (i * 104729) % 50000) for i in range(256)))")
+    $B exec --model $M --device vulkan --quantize i8 -n 64 --tier-experts 256 --no-warm-start --tier-history /tmp/olmoe.h \
+      --prompt-ids "$IDS" > /dev/null 2>> "$OUT/bench.txt"
+    log $B bench --model $M --device vulkan --quantize i8 -p 512 -n 128 -r 3
+    log $B bench --model $M --device vulkan --quantize i8 -p 512 -n 128 -r 3 --tier-experts 256 --tier-history /tmp/olmoe.h
+    log $B bench --model $M --device vulkan --quantize i8 -p 512 -n 128 -r 3 --no-expert-tier
+    ;;
+  chain)
+    M=/tmp/smollm2-135m
+    [ -d $M ] || python3 tools/make_random_checkpoint.py smollm2-135m $M >> "$OUT/bench.txt" 2>&1
+    log $B bench --model $M --device vulkan -p 512 -n 128 -r 3
+    log $B bench --model $M --device vulkan -p 512 -n 128 -r 3 --device-layers 15
+    log $B bench --model $M --device cpu -p 512 -n 128 -r 3
+    ;;
+  esac
+done
