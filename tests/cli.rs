@@ -55,6 +55,34 @@ fn exec_logits_out_matches_the_oracle() {
     assert!(stderr(&o).contains("tok/s"), "the speed line is on stderr");
 }
 
+/// `coli exec` on the Vulkan device (Lavapipe in CI) with MiMo-V2-Flash's tiny fixture (sliding
+/// windows with sinks, narrow scaled value heads, routing in the frame), the prompt in chunks
+/// of 3: every logit row within 1e-4 of the largest |logit| of transformers, greedy identical.
+#[test]
+fn exec_on_vulkan_runs_mimo_v2_flash_as_transformers_does() {
+    if std::env::var("COLI_VK_TESTS").as_deref() == Ok("skip") {
+        return;
+    }
+    let dir = fixture_dir("mimo_v2_flash");
+    let oracle = read_json(&dir.join("oracle.json"));
+    let (prompt, greedy) = (ids(&oracle["prompt_ids"]), ids(&oracle["greedy"]));
+    let out = std::env::temp_dir().join(format!("coli-mimo-logits-{}.json", std::process::id()));
+    let prompt_arg = prompt.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    let n = greedy.len().to_string();
+    let o = coli(&["exec", "--device", "vulkan", "--model", dir.to_str().unwrap(), "--prompt-ids", &prompt_arg, "-n", &n, "--chunk", "3", "--logits-out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "coli exec failed: {}", stderr(&o));
+    assert!(!stderr(&o).contains("running on the CPU"), "the device ran it: {}", stderr(&o));
+    let got = read_json(&out);
+    let _ = std::fs::remove_file(&out);
+    assert_eq!(ids(&got["generated"]), greedy, "greedy ids differ from transformers'");
+    let mut want = matrix(&oracle["logits"]);
+    want.extend(matrix(&oracle["greedy_logits"]).into_iter().skip(1));
+    let logits = matrix(&got["logits"]);
+    let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
+    let err = max_abs_diff(&logits[..want.len()], &want);
+    assert!(err <= 1e-4 * max, "max |logit - oracle| = {err}");
+}
+
 #[test]
 fn exec_chat_answers_on_the_default_model() {
     if default_model_path().is_none() {
