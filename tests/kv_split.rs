@@ -121,3 +121,21 @@ fn a_rewind_refills_the_rings() {
     let err = max_abs_diff(&got, &want);
     assert!(err <= 1e-4 * max, "max |split - whole| after rewinds = {err}");
 }
+
+/// A session holding fewer positions than the plan's ring: the ring keeps the plan's size (the
+/// kernels index it modulo the plan's ring), and the run matches the unsplit one.
+#[test]
+fn a_short_session_keeps_the_plans_ring() {
+    let dir = fixture_dir("llama");
+    let prompt: Vec<u32> = (0..20u32).map(|i| 3 + (i * 7919 + 13) % 317).collect();
+    let logits = |l: &Loaded| {
+        let mut s = Session::on_device(&l.model, l.device.as_ref().unwrap(), 20).unwrap();
+        let rows: Vec<Vec<f32>> = prompt.chunks(3).map(|c| s.forward(c, LogitRows::Last).unwrap()).collect();
+        assert!(s.take_notice().is_none());
+        rows
+    };
+    let want = logits(&load_split(&dir, None, 8));
+    let got = logits(&load_split(&dir, Some(16), 8));
+    let max = want.iter().flatten().fold(0f32, |a, b| a.max(b.abs()));
+    assert!(max_abs_diff(&got, &want) <= 1e-4 * max);
+}

@@ -275,9 +275,10 @@ impl DeviceModel {
                 if let Op::Attention { layer, spec, .. } = op_of(p, id) {
                     let (kw, vw) = (spec.kv_heads * spec.head_dim, spec.kv_heads * spec.v_head_dim);
                     let l = layer.0 as usize;
-                    // A split layer's mirror is a ring of its newest positions.
+                    // A split layer's mirror is a ring of its newest positions (the plan's, which
+                    // the kernels index modulo, whatever the session's context).
                     let rows = match &self.kv_split {
-                        Some(s) if s.splits(*layer) => s.plan.ring.min(context),
+                        Some(s) if s.splits(*layer) => s.plan.ring,
                         _ => context,
                     };
                     if mirrors[l].is_none() {
