@@ -196,6 +196,14 @@ fn mimo_v2_flash_layers_follow_their_types() {
     assert_eq!(value_scale(&b), 0.5);
     b.config.remove("attention_value_scale");
     assert_eq!(value_scale(&b), 0.707);
+    // Without `mlp_layer_types`, the first layer is dense and the rest MoE (transformers' default);
+    // the configuration alone (the fixture's tensors follow its own types).
+    b.tensors = None;
+    b.config.insert("mlp_layer_types".into(), serde_json::json!(["sparse", "dense", "sparse", "sparse"]));
+    let ffn = |b: &Bindings| compile(&spec, b, &DeviceProfile::cpu_only(), &Options::default()).unwrap().program.layers.iter().map(|l| l.ffn).collect::<Vec<_>>();
+    assert_eq!(ffn(&b), [Moe, Dense, Moe, Moe]);
+    b.config.remove("mlp_layer_types");
+    assert_eq!(ffn(&b), [Dense, Moe, Moe, Moe]);
 }
 
 /// The tensor table of a safetensors file (its JSON header), as the runtime's reader gives it.
