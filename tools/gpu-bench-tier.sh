@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The expert tier's and the partial chain's benchmarks on the GPU machine (docs/BENCHMARKS.md).
+# The expert tier's, the partial chain's, the KV split's and a mixer's benchmarks on the GPU
+# machine (docs/BENCHMARKS.md).
 # Expects the release binary in devbin/coli, pymoe-22m in devbin/pymoe and the Vulkan loader
 # packages in .gl/ (all git-ignored, carried by the device tool); makes the random-weight
 # checkpoints with tools/make_random_checkpoint.py and appends every result to $OUT/bench.txt.
-# Usage: bash tools/gpu-bench-tier.sh [pymoe] [olmoe] [chain]
+# Usage: bash tools/gpu-bench-tier.sh [pymoe] [olmoe] [chain] [kvsplit] [gptoss]
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
@@ -42,6 +43,19 @@ for what in "$@"; do
     log $B bench --model $M --device vulkan -p 512 -n 128 -r 3
     log $B bench --model $M --device vulkan -p 512 -n 128 -r 3 --device-layers 15
     log $B bench --model $M --device cpu -p 512 -n 128 -r 3
+    ;;
+  kvsplit)
+    # A context eight times what the split keeps on the device (4096 over 512 positions).
+    M=/tmp/smollm2-135m
+    [ -d $M ] || python3 tools/make_random_checkpoint.py smollm2-135m $M >> "$OUT/bench.txt" 2>&1
+    log $B bench --model $M --device vulkan -p 4096 -n 64 -r 1
+    log $B bench --model $M --device vulkan -p 4096 -n 64 -r 1 --kv-device-positions 512
+    ;;
+  gptoss)
+    # gpt-oss-20b geometry (sliding window with sinks, clamped SwiGLU, 32 experts top-4), bf16.
+    M=/tmp/gpt-oss-20b
+    [ -d $M ] || python3 tools/make_random_checkpoint.py gpt-oss-20b $M >> "$OUT/bench.txt" 2>&1
+    log $B bench --model $M --device vulkan -p 512 -n 128 -r 3
     ;;
   esac
 done

@@ -22,6 +22,12 @@ GEOMETRIES = {
         vocab_size=50304, hidden_size=2048, intermediate_size=1024, num_hidden_layers=16,
         num_attention_heads=16, num_key_value_heads=16, num_experts=64, num_experts_per_tok=8,
         max_position_embeddings=4096, tie_word_embeddings=False, rms_norm_eps=1e-5),
+    # gpt-oss-20b: alternating sliding (128) and full attention with sinks, 32 experts top-4.
+    "gpt-oss-20b": lambda: tf.GptOssConfig(
+        vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32,
+        num_experts_per_tok=4, sliding_window=128, max_position_embeddings=131072,
+        layer_types=["sliding_attention", "full_attention"] * 12, tie_word_embeddings=False),
 }
 
 
