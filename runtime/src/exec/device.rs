@@ -675,7 +675,7 @@ fn tier_line(plan: &Plan, ctx: &Context, experts: &HashMap<u32, DeviceExperts>) 
     let bytes: usize = experts.values().map(DeviceExperts::device_bytes).sum();
     let each = bytes.checked_div(count).unwrap_or(0);
     let host: Vec<u32> = pl.expert_bytes.iter().map(|(l, _, _)| l.0).filter(|l| !experts.contains_key(l)).collect();
-    let rule = "whole layers from l0 while the budget holds every expert of the layer, routed in the frame";
+    let rule = "the budget holds every expert of every MoE layer, routed in the frames";
     let rest = if host.is_empty() { String::new() } else { format!("; experts of {} on the CPU (host steps)", coli_compiler::print::layer_ranges(&host)) };
     let held = if layers.is_empty() { "no layer's experts resident".to_string() } else { format!("{count} experts of {} resident ({}, {} in all)", human(each as u64), coli_compiler::print::layer_ranges(&layers), human(bytes as u64)) };
     Some(format!("expert tier on {name}: budget {}; {held}; rule: {rule}{rest}", human(budget)))

@@ -203,13 +203,24 @@ pub fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
 
 /// Whether a device frame's recording depends on nothing but the row count and the positions
 /// (so one recording can be replayed at every decode step): every op is one the executor
-/// records with fixed shapes.
+/// records with fixed shapes. Routing and resident experts qualify: the experts a step uses
+/// are read on the device from the routing buffer, never recorded.
 pub fn replayable(program: &Program, frame: &Frame) -> bool {
     frame.place != Place::Host
         && frame.ops.iter().all(|&id| {
             matches!(
                 op_of(program, id),
-                Op::Embed { .. } | Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Attention { .. } | Op::Act { .. } | Op::Glu { .. } | Op::Add { .. } | Op::Mul { .. }
+                Op::Embed { .. }
+                    | Op::RmsNorm { .. }
+                    | Op::Linear { .. }
+                    | Op::Rope { .. }
+                    | Op::Attention { .. }
+                    | Op::Act { .. }
+                    | Op::Glu { .. }
+                    | Op::Add { .. }
+                    | Op::Mul { .. }
+                    | Op::Route { .. }
+                    | Op::RoutedExperts { .. }
             )
         })
 }
