@@ -39,6 +39,8 @@ const KERNELS: &[(&str, &str, bool)] = &[
     ("MoeMatmul", "moe_matmul.comp", true),
     ("MoeGroup", "moe_group.comp", false),
     ("MoeSum", "moe_sum.comp", false),
+    ("DeltanetConv", "deltanet_conv.comp", false),
+    ("DeltanetRule", "deltanet_rule.comp", false),
 ];
 
 /// Weight-format variants: (Rust variant of `FormatVariant`, the defines the sources test).

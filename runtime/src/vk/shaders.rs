@@ -22,6 +22,8 @@ impl Kernel {
             Kernel::MoeMatvec | Kernel::MoeMatmul => 8,
             Kernel::MoeGroup => 2,
             Kernel::MoeSum => 3,
+            Kernel::DeltanetConv => 4,
+            Kernel::DeltanetRule => 8,
         }
     }
 
@@ -41,6 +43,8 @@ impl Kernel {
             Kernel::MoeMatvec | Kernel::MoeMatmul => &[5],
             Kernel::MoeGroup => &[1],
             Kernel::MoeSum => &[2],
+            Kernel::DeltanetConv => &[2, 3],
+            Kernel::DeltanetRule => &[6, 7],
         }
     }
 

@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod attn_part;
+pub mod deltanet;
 pub mod elementwise;
 pub mod matmul;
 pub mod moe;
@@ -13,6 +14,7 @@ pub mod norm;
 pub mod route;
 
 pub use attention::{AttnPath, AttnShape, KvShape, Pos, RopeArgs};
+pub use deltanet::{DeltaNetMats, DeltaNetScratch, DeltaNetShape};
 pub use matmul::{MatIn, MatmulPath, QuantizedActs};
 pub use moe::{DeviceExperts, MoePath, MoeScratch, PackedExpert, MAX_EXPERTS as MOE_MAX_EXPERTS};
 pub use route::RouteParams;

@@ -1,0 +1,236 @@
+//! Gated DeltaNet (Qwen3-Next's linear-attention mixer) on the device: the whole
+//! `LinearAttention` op as the CPU runs it (`cpu::deltanet::gated_deltanet`, the reference):
+//! the two input projections (`matmul`), the causal convolution over its ring with SiLU
+//! (`deltanet_conv.comp`, one invocation per channel, rows in order), the gated delta rule per
+//! value head with the gated RMSNorm (`deltanet_rule.comp`, one workgroup per value head, rows
+//! in order), and the output projection (`matmul`).
+//!
+//! The recurrent state is the caller's, in the CPU's layout (`LinearAttentionSpec::
+//! state_floats`: every head's `dk x dv` matrix, then the ring of `kernel - 1` rows of the
+//! q/k/v channels, oldest first), so the host's copy and the device's are the same bytes.
+//! The intermediates live in a `DeltaNetScratch` sized for the most rows of a step.
+//!
+//! Must not: keep state of its own, decide when the state is reset or copied (the executor
+//! does), or take heads wider than `MAX_HEAD_DIM` or a kernel longer than `MAX_KERNEL`.
+
+use super::{groups_for, u32_arg};
+use crate::cpu::Precision;
+use crate::vk::context::{Context, DeviceBuffer, View};
+use crate::vk::error::{Result, VkError};
+use crate::vk::frame::{Bind, Frame, Push};
+use crate::vk::layout::DeviceMatrix;
+use crate::vk::ops::MatmulPath;
+use crate::vk::shaders::Kernel;
+use coli_compiler::ir::{LinearAttentionKind, LinearAttentionSpec};
+
+/// The widest key or value head the rule kernel holds (`MAX_D` in `deltanet_rule.comp`).
+pub const MAX_HEAD_DIM: usize = 256;
+/// The longest convolution (`MAX_K` in `deltanet_conv.comp`).
+pub const MAX_KERNEL: usize = 8;
+
+/// The geometry of one Gated DeltaNet op.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeltaNetShape {
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_head_dim: usize,
+    pub value_head_dim: usize,
+    pub conv_kernel: usize,
+    /// The gated RMSNorm's epsilon.
+    pub eps: f32,
+}
+
+impl DeltaNetShape {
+    pub fn of(spec: &LinearAttentionSpec) -> DeltaNetShape {
+        DeltaNetShape {
+            key_heads: spec.key_heads,
+            value_heads: spec.value_heads,
+            key_head_dim: spec.key_head_dim,
+            value_head_dim: spec.value_head_dim,
+            conv_kernel: spec.conv_kernel,
+            eps: spec.norm_eps,
+        }
+    }
+
+    /// Whether the kernels run this geometry (the op library's claim).
+    pub fn supported(spec: &LinearAttentionSpec) -> bool {
+        spec.kind == LinearAttentionKind::GatedDeltaNet && DeltaNetShape::of(spec).check().is_ok()
+    }
+
+    /// Channels of the convolution: q and k of every key head, v of every value head.
+    pub fn channels(&self) -> usize {
+        2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim
+    }
+
+    /// Columns of the fused q/k/v/z projection.
+    pub fn proj_width(&self) -> usize {
+        2 * self.key_heads * self.key_head_dim + 2 * self.value_heads * self.value_head_dim
+    }
+
+    /// Columns of the heads' output (the out projection's input).
+    pub fn out_heads(&self) -> usize {
+        self.value_heads * self.value_head_dim
+    }
+
+    /// Floats of the heads' matrices (the ring follows them in the state).
+    pub fn heads_floats(&self) -> usize {
+        self.value_heads * self.key_head_dim * self.value_head_dim
+    }
+
+    /// Floats of the whole state (heads, then the ring), as `LinearAttentionSpec::state_floats`.
+    pub fn state_floats(&self) -> usize {
+        self.heads_floats() + self.channels() * self.conv_kernel.saturating_sub(1)
+    }
+
+    fn check(&self) -> Result<()> {
+        let (nk, nv, dk, dv, kk) = (self.key_heads, self.value_heads, self.key_head_dim, self.value_head_dim, self.conv_kernel);
+        if nk == 0 || nv % nk != 0 || dk == 0 || dv == 0 || dk > MAX_HEAD_DIM || dv > MAX_HEAD_DIM || kk == 0 || kk > MAX_KERNEL {
+            return Err(VkError::BadArgument {
+                op: "deltanet",
+                msg: format!(
+                    "{nk} key heads of {dk}, {nv} value heads of {dv}, a kernel of {kk} (heads of at most {MAX_HEAD_DIM}, kernels of at most {MAX_KERNEL}, value heads a multiple of key heads)"
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The op's weights on the device, by role.
+#[derive(Clone, Copy)]
+pub struct DeltaNetMats<'a> {
+    pub qkvz: &'a DeviceMatrix,
+    pub ba: &'a DeviceMatrix,
+    pub out: &'a DeviceMatrix,
+    /// `[channels, kernel]` taps, f32.
+    pub conv: View<'a>,
+    pub dt_bias: View<'a>,
+    pub a_log: View<'a>,
+    /// The gated norm's weight (`value_head_dim`).
+    pub norm: View<'a>,
+}
+
+/// What one op's kernels work in, for steps of at most `rows` rows (one per session serves
+/// every DeltaNet layer of a frame: the layers run one after another).
+pub struct DeltaNetScratch {
+    rows: usize,
+    shape: DeltaNetShape,
+    proj: DeviceBuffer,
+    ba: DeviceBuffer,
+    conv: DeviceBuffer,
+    heads: DeviceBuffer,
+}
+
+impl DeltaNetScratch {
+    /// Buffers for steps of at most `rows` rows of ops no larger than `shape` in every
+    /// dimension the buffers hold (projection, ba, channels and head outputs per row).
+    pub fn new(ctx: &Context, rows: usize, shape: DeltaNetShape) -> Result<DeltaNetScratch> {
+        let rows = rows.max(1);
+        Ok(DeltaNetScratch {
+            rows,
+            shape,
+            proj: ctx.f32_buffer(rows * shape.proj_width())?,
+            ba: ctx.f32_buffer(rows * 2 * shape.value_heads)?,
+            conv: ctx.f32_buffer(rows * shape.channels())?,
+            heads: ctx.f32_buffer(rows * shape.out_heads())?,
+        })
+    }
+
+    /// Whether steps of `n` rows of `s` fit.
+    fn fits(&self, s: &DeltaNetShape, n: usize) -> bool {
+        let c = &self.shape;
+        n <= self.rows && s.proj_width() <= c.proj_width() && s.value_heads <= c.value_heads && s.channels() <= c.channels() && s.out_heads() <= c.out_heads()
+    }
+}
+
+impl<'a> Frame<'a> {
+    /// The whole Gated DeltaNet op over `n` rows of `x` (`n x hidden`), advancing `state`
+    /// (`s.state_floats()` floats) by `n` positions, into `out` (`n x hidden`). Five
+    /// dispatches and the projections' activation quantization (`precision`, as `matmul_with`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn deltanet(&mut self, s: DeltaNetShape, w: DeltaNetMats<'a>, x: View<'a>, n: usize, state: View<'a>, scratch: &'a DeltaNetScratch, out: View<'a>, precision: Precision) -> Result<()> {
+        const OP: &str = "deltanet";
+        s.check()?;
+        if !scratch.fits(&s, n) {
+            return Err(VkError::BadArgument { op: OP, msg: format!("{n} rows of {s:?} do not fit a scratch of {} rows of {:?}", scratch.rows, scratch.shape) });
+        }
+        if w.qkvz.rows != s.proj_width() || w.ba.rows != 2 * s.value_heads || w.out.cols != s.out_heads() || w.qkvz.cols != w.ba.cols || w.out.rows != w.qkvz.cols {
+            return Err(VkError::BadArgument { op: OP, msg: format!("projections {}x{}, {}x{}, {}x{} for {s:?}", w.qkvz.rows, w.qkvz.cols, w.ba.rows, w.ba.cols, w.out.rows, w.out.cols) });
+        }
+        let (proj, ba) = (scratch.proj.view(0, n * s.proj_width()), scratch.ba.view(0, n * 2 * s.value_heads));
+        let (conv, heads) = (scratch.conv.view(0, n * s.channels()), scratch.heads.view(0, n * s.out_heads()));
+        self.matmul_with(w.qkvz, x, n, proj, MatmulPath::Auto, precision)?;
+        self.matmul_with(w.ba, x, n, ba, MatmulPath::Auto, precision)?;
+        let ring = state.len.checked_sub(s.heads_floats()).map(|len| View { buf: state.buf, offset: state.offset + s.heads_floats(), len });
+        let ring = ring.ok_or(VkError::ViewTooSmall { op: OP, what: "state", needed: s.state_floats(), have: state.len })?;
+        self.deltanet_conv(s, proj, w.conv, ring, conv, n)?;
+        self.deltanet_rule(s, conv, proj, ba, w, state, heads, n)?;
+        self.matmul_with(w.out, heads, n, out, MatmulPath::Auto, precision)
+    }
+
+    /// The causal convolution of `n` rows with SiLU: the q/k/v channels of the fused
+    /// projection `proj` (`n x proj_width`) after the `ring` (`(kernel - 1) x channels`,
+    /// oldest first; left holding the last inputs) into `conv` (`n x channels`).
+    pub fn deltanet_conv(&mut self, s: DeltaNetShape, proj: View<'a>, taps: View<'a>, ring: View<'a>, conv: View<'a>, n: usize) -> Result<()> {
+        const OP: &str = "deltanet_conv";
+        s.check()?;
+        let ch = s.channels();
+        proj.check(OP, "projection", n * s.proj_width())?;
+        taps.check(OP, "taps", ch * s.conv_kernel)?;
+        ring.check(OP, "ring", ch * (s.conv_kernel - 1))?;
+        conv.check(OP, "conv", n * ch)?;
+        if taps.offset != 0 {
+            return Err(VkError::BadArgument { op: OP, msg: "tap views must start at element 0".into() });
+        }
+        let mut push: Push = [0; 16];
+        push[..9].copy_from_slice(&[
+            u32_arg(OP, "n", n)?,
+            s.key_heads as u32,
+            s.value_heads as u32,
+            s.key_head_dim as u32,
+            s.value_head_dim as u32,
+            s.conv_kernel as u32,
+            u32_arg(OP, "projection offset", proj.offset)?,
+            u32_arg(OP, "ring offset", ring.offset)?,
+            u32_arg(OP, "conv offset", conv.offset)?,
+        ]);
+        let binds = [Bind::buf(proj.buf), Bind::buf(taps.buf), Bind::buf(ring.buf), Bind::buf(conv.buf)];
+        self.dispatch(Kernel::DeltanetConv, None, &binds, &push, [groups_for(ch, 64), 1, 1])
+    }
+
+    /// The gated delta rule over `n` rows of `conv` per value head, advancing the heads'
+    /// matrices at the start of `state`, then the gated RMSNorm with the output gates of
+    /// `proj` into `heads` (`n x value_heads * value_head_dim`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn deltanet_rule(&mut self, s: DeltaNetShape, conv: View<'a>, proj: View<'a>, ba: View<'a>, w: DeltaNetMats<'a>, state: View<'a>, heads: View<'a>, n: usize) -> Result<()> {
+        const OP: &str = "deltanet_rule";
+        s.check()?;
+        conv.check(OP, "conv", n * s.channels())?;
+        proj.check(OP, "projection", n * s.proj_width())?;
+        ba.check(OP, "ba", n * 2 * s.value_heads)?;
+        w.a_log.check(OP, "A_log", s.value_heads)?;
+        w.dt_bias.check(OP, "dt_bias", s.value_heads)?;
+        w.norm.check(OP, "norm", s.value_head_dim)?;
+        state.check(OP, "state", s.heads_floats())?;
+        heads.check(OP, "heads", n * s.out_heads())?;
+        if w.a_log.offset != 0 || w.dt_bias.offset != 0 || w.norm.offset != 0 {
+            return Err(VkError::BadArgument { op: OP, msg: "A_log, dt_bias and norm views must start at element 0".into() });
+        }
+        let mut push: Push = [0; 16];
+        push[..11].copy_from_slice(&[
+            u32_arg(OP, "n", n)?,
+            s.key_heads as u32,
+            s.value_heads as u32,
+            s.key_head_dim as u32,
+            s.value_head_dim as u32,
+            s.eps.to_bits(),
+            u32_arg(OP, "state offset", state.offset)?,
+            u32_arg(OP, "conv offset", conv.offset)?,
+            u32_arg(OP, "projection offset", proj.offset)?,
+            u32_arg(OP, "ba offset", ba.offset)?,
+            u32_arg(OP, "heads offset", heads.offset)?,
+        ]);
+        let binds = [Bind::buf(conv.buf), Bind::buf(proj.buf), Bind::buf(ba.buf), Bind::buf(w.a_log.buf), Bind::buf(w.dt_bias.buf), Bind::buf(w.norm.buf), Bind::buf(state.buf), Bind::buf(heads.buf)];
+        self.dispatch(Kernel::DeltanetRule, None, &binds, &push, [s.value_heads as u32, 1, 1])
+    }
+}
