@@ -2,7 +2,8 @@
 // route.comp: a row's router logits to its top-k (expert, weight) pairs, as the CPU's
 // route_row (runtime/src/cpu/route.rs): softmax or sigmoid scores; a correction bias that
 // steers the choice only; group-limited top-k (a group scores the sum of its two best
-// choices); ties toward the lower index; renormalization; a scale. One workgroup per row.
+// choices); ties toward the lower index; renormalization; a scale. One workgroup per row;
+// the top-k by ranks (each expert counts who beats it), not by rounds of arg-max.
 // Output per row: 2 * top_k floats, (expert as float, weight) by rank.
 // Must not: take more than MAX_E experts or MAX_K ranks (the host checks).
 #extension GL_GOOGLE_include_directive : require
@@ -24,7 +25,6 @@ layout(push_constant) uniform PC {
 shared float scores[MAX_E];
 shared float choice[MAX_E];
 shared float red_v[64];
-shared uint red_i[64];
 shared uint chosen[MAX_K];
 shared float gscore[MAX_G];
 shared uint keep[MAX_G];
@@ -91,25 +91,18 @@ void main() {
         for (uint e = tid; e < pc.n; e += 64u) if (keep[e / per] == 0u) choice[e] = NEG_INF;
         barrier();
     }
-    // 3. top-k by repeated arg-max; a chosen expert leaves the race.
-    for (uint k = 0u; k < pc.top_k; k++) {
-        float bv = NEG_INF; uint bi = 0xffffffffu;
-        for (uint e = tid; e < pc.n; e += 64u) {
-            bool taken = false;
-            for (uint j = 0u; j < k; j++) taken = taken || chosen[j] == e;
-            if (!taken && (bi == 0xffffffffu || better(choice[e], e, bv, bi))) { bv = choice[e]; bi = e; }
+    // 3. top-k: an expert's rank is how many experts beat it in a strict order (by value,
+    //    then the lower index), so the k best are the ranks below k: the same choice as k
+    //    rounds of arg-max, in one pass and one barrier (a count stops at k).
+    for (uint e = tid; e < pc.n; e += 64u) {
+        float v = choice[e];
+        uint rank = 0u;
+        for (uint o = 0u; o < pc.n && rank < pc.top_k; o++) {
+            if (better(choice[o], o, v, e)) rank++;
         }
-        red_v[tid] = bv; red_i[tid] = bi;
-        barrier();
-        if (tid == 0u) {
-            float v = red_v[0]; uint i = red_i[0];
-            for (uint t = 1u; t < 64u; t++) {
-                if (red_i[t] != 0xffffffffu && (i == 0xffffffffu || better(red_v[t], red_i[t], v, i))) { v = red_v[t]; i = red_i[t]; }
-            }
-            chosen[k] = i;
-        }
-        barrier();
+        if (rank < pc.top_k) chosen[rank] = e;
     }
+    barrier();
     // 4. weights
     if (tid == 0u) {
         float s = 0.0;

@@ -263,8 +263,15 @@ fn route_matches_cpu() {
         (RouterScoring::Sigmoid, 8, true, Some((8, 3)), true, 2.5),
         (RouterScoring::Sigmoid, 6, false, None, true, 1.0),
     ];
-    for (scoring, top_k, renormalize, groups, with_bias, scale) in cases {
-        let logits = rng.vec(n * experts, 4.0);
+    for (case, (scoring, top_k, renormalize, groups, with_bias, scale)) in cases.into_iter().enumerate() {
+        let mut logits = rng.vec(n * experts, 4.0);
+        if case == 0 {
+            // Ties: row 0 all equal (the lowest indices win), row 1 in pairs of equal values.
+            logits[..experts].iter_mut().for_each(|v| *v = 0.5);
+            for e in 0..experts {
+                logits[experts + e] = (e / 2) as f32 * 0.01;
+            }
+        }
         let bias = rng.vec(experts, 0.1);
         let spec = cpu_route::RouteSpec { scoring, top_k, renormalize, correction_bias: with_bias.then_some(&bias[..]), groups, scale };
         let mut want = vec![0f32; n * 2 * top_k];

@@ -118,7 +118,9 @@ impl DeviceModel {
     /// `load`, then the expert tier for the MoE host steps within what the plan left on the
     /// primary device (`tier`: its options).
     pub fn load_with(ctx: Context, plan: &Plan, model: &Model, tier: &TierOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<DeviceModel, DeviceError> {
-        let program = &plan.program;
+        // The model's program: row selections of fused tensors (Qwen3-Next's query and gate)
+        // named as the tensors of their rows the weight store made at load.
+        let program = &model.program;
         let lib = VkOps::new(ctx.clone());
         let mut names: Vec<(String, bool)> = Vec::new();
         let mut freqs = Vec::new();

@@ -30,9 +30,9 @@ impl OpLib for VkOps {
     fn supports(&self, op: &Op, _format: Option<WeightFormat>) -> bool {
         // Every weight format has a GEMV, GEMM and gather variant (shaders/wformat.glsl).
         match op {
-            // A weight selecting rows of a fused tensor (Qwen3-Next's query and gate) does not
-            // go up as a selection yet: such a Linear stays on the host.
-            Op::Linear { weight, .. } => weight.rows.is_none(),
+            // A weight selecting rows of a fused tensor (Qwen3-Next's query and gate) goes up
+            // as the tensor of its rows the weight store made at load (`name_row_selections`).
+            Op::Linear { .. } => true,
             Op::Embed { .. } | Op::RmsNorm { .. } | Op::Rope { .. } => true,
             Op::Act { .. } | Op::Glu { .. } | Op::Add { .. } | Op::Mul { .. } => true,
             Op::Attention { spec, .. } => spec.head_dim <= 256 && spec.v_head_dim <= 256 && spec.kv_heads > 0 && spec.heads % spec.kv_heads == 0,
