@@ -6,7 +6,7 @@
 //!   sliding windows with sinks on the device), and pymoe-22m when `../shared/models/pymoe-22m` is there,
 //!   with a handful of slots (eviction every few steps), with and without the warm start, and
 //!   with room for every expert;
-//! - a run repeats bit for bit (deterministic mode and the default);
+//! - a deterministic run repeats bit for bit (the default gives the same tokens);
 //! - the warm start from a routing history puts each layer's hottest expert on the device;
 //! - a stress run (one row a step, many promotions and evictions) leaves no device memory
 //!   held once the model is dropped.
@@ -123,14 +123,16 @@ fn every_moe_model_matches_the_cpu_with_a_handful_of_slots_or_room_for_all() {
 }
 
 #[test]
-fn a_run_repeats_bit_for_bit() {
+fn a_deterministic_run_repeats_bit_for_bit() {
     let dir = fixture_dir("olmoe");
     let prompt = ids(&read_json(&dir.join("oracle.json"))["prompt_ids"]);
-    for deterministic in [true, false] {
-        let a = run(&load_tier(&dir, tier(Some(3), false, deterministic)), &prompt, 3, 12);
-        let b = run(&load_tier(&dir, tier(Some(3), false, deterministic)), &prompt, 3, 12);
-        assert_eq!(a, b, "deterministic {deterministic}");
-    }
+    let a = run(&load_tier(&dir, tier(Some(3), false, true)), &prompt, 3, 12);
+    let b = run(&load_tier(&dir, tier(Some(3), false, true)), &prompt, 3, 12);
+    assert_eq!(a, b);
+    // Without it, uploads land as the CPU's share allows: the same tokens, sums within rounding.
+    let c = run(&load_tier(&dir, tier(Some(3), false, false)), &prompt, 3, 12);
+    assert_eq!(c.1, a.1);
+    assert!(max_abs_diff(&c.0, &a.0) <= 1e-4 * max_abs(&a.0));
 }
 
 #[test]

@@ -10,9 +10,10 @@
 //! 1. every (row, rank) pair counts one routing of its expert; pairs whose expert serves from a
 //!    slot go to the device, the others to the CPU;
 //! 2. the device's pairs are recorded as one batch (per page touched: the per-pair expert
-//!    kernels of `Frame::moe_pairs`) and submitted from a worker thread, which then writes the
-//!    experts promoted at the previous step into their slots; meanwhile this thread computes
-//!    the CPU's pairs (`cpu::experts::pair_outputs`);
+//!    kernels of `Frame::moe_pairs`) and submitted from a worker thread, which then writes
+//!    experts promoted at earlier steps into their slots for as long as the CPU still computes
+//!    (at least one a step; the rest wait); meanwhile this thread computes the CPU's pairs
+//!    (`cpu::experts::pair_outputs`);
 //! 3. join: the device's pair outputs come down, and every pair joins its row in rank order
 //!    from zero, the device's and the CPU's alike (`cpu::experts::join_ranks`), so what was
 //!    resident changes the result only by the device's and the CPU's rounding of each pair;
@@ -21,9 +22,10 @@
 //!    `promotions_per_token` per token of the forward. A promoted expert serves from the step
 //!    after its upload completed.
 //!
-//! Nothing here depends on timing: every batch is joined within its step and every upload
-//! completes within the step after its promotion, so a run repeats bit for bit. With
-//! `deterministic` the uploads happen at once, before the next step (tests).
+//! Every batch is joined within its step. How many uploads a step completes depends on how
+//! long the CPU's share takes, so which pairs the device serves can vary from run to run (the
+//! sums differ by rounding only); with `deterministic` every upload completes before the next
+//! step and streaming follows the routing alone, so a run repeats bit for bit.
 //!
 //! Warm start: the routing history (`history.rs`, a file beside the checkpoint) seeds the heat
 //! and fills the slots hottest first at startup (packed in parallel); the room left takes the
@@ -49,6 +51,7 @@ use history::History;
 use rayon::prelude::*;
 use slots::{SlotState, Slots};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// How the tier behaves (the CLI's tier flags).
@@ -126,6 +129,9 @@ struct DeviceSide {
     /// The staging slots of streaming and a routing buffer per round.
     stream: Option<(DeviceExperts, Vec<DeviceBuffer>)>,
 }
+
+/// Promotions waiting for their upload at most (more are skipped, like a spent rate).
+const MAX_PENDING: usize = 64;
 
 /// Rounds of staging slots a step streams at most.
 const STREAM_ROUNDS: usize = 4;
@@ -544,6 +550,7 @@ impl ExpertTier {
         let with_bias = dev.pages[0].has_bias();
         let batch = !dev_pairs.is_empty();
         let any_device = batch || rounds > 0;
+        let cpu_done = AtomicBool::new(false);
         let t0 = Instant::now();
         let (worker, cpu_time) = std::thread::scope(|sc| {
             let w = sc.spawn(|| -> Result<(Duration, Duration, Vec<(usize, Result<(), VkError>)>), VkError> {
@@ -582,8 +589,13 @@ impl ExpertTier {
                     f.run()?;
                 }
                 let batch_time = tb.elapsed().saturating_sub(stream_time);
+                // Uploads of earlier promotions while the CPU still computes its pairs (at least
+                // one a step, so they drain); the rest wait for the next step.
                 let mut done = Vec::new();
-                for &(s, pl, pe) in &pending {
+                for (i, &(s, pl, pe)) in pending.iter().enumerate() {
+                    if i > 0 && cpu_done.load(Ordering::Acquire) {
+                        break;
+                    }
                     let m = ExpertMats::of(ws, &self.layers[pl].weights, pe);
                     let r = Context::pack_expert(&m, with_bias).and_then(|p| ctx.write_expert(&dev.pages[s / dev.per_page], s % dev.per_page, &p));
                     done.push((s, r));
@@ -593,6 +605,7 @@ impl ExpertTier {
             if !cpu_pairs.is_empty() {
                 pair_outputs(x, n, hidden, routing, top_k, &cpu_pairs, *glu, precision, &expert, &mut table);
             }
+            cpu_done.store(true, Ordering::Release);
             let cpu_time = t0.elapsed();
             (w.join(), cpu_time)
         });
@@ -610,6 +623,9 @@ impl ExpertTier {
         }
         self.stats.cpu += cpu_time;
         self.stats.waited += waited;
+        // Promotions the worker did not reach stay pending, in order.
+        let reached: Vec<usize> = done.iter().map(|d| d.0).collect();
+        self.pending = pending.iter().map(|p| p.0).filter(|s| !reached.contains(s)).collect();
         for (s, r) in done {
             match r {
                 Ok(()) => {
@@ -646,7 +662,7 @@ impl ExpertTier {
             if self.slots.holds(t, e) {
                 continue;
             }
-            if self.rate_left == 0 {
+            if self.rate_left == 0 || self.pending.len() >= MAX_PENDING {
                 self.stats.skipped += (cands.len() - i) as u64;
                 break;
             }
@@ -738,7 +754,7 @@ impl ExpertTier {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let resident = self.slots.resident();
         format!(
-            "expert tier run: device {} of {} routed pairs ({share:.1}%), CPU {} | resident {resident} of {} slots ({} of {}) | uploads {} ({}, {} warm), evictions {}, skipped {} (rate), failed {} | batches {:.1} ms, CPU share {:.1} ms, waited {:.1} ms | streamed {} experts ({} pairs)",
+            "expert tier run: device {} of {} routed pairs ({share:.1}%), CPU {} | resident {resident} of {} slots ({} of {}) | uploads {} ({}, {} warm), evictions {}, skipped {} (rate or queue), failed {} | batches {:.1} ms, CPU share {:.1} ms, waited {:.1} ms | streamed {} experts ({} pairs)",
             s.device,
             s.routed,
             s.routed - s.device,
