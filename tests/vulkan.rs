@@ -9,19 +9,29 @@
 mod common;
 
 use coli::load::{load, DeviceRequest, LoadRequest, Loaded};
+use coli_compiler::frames::op_of;
+use coli_compiler::ids::{Part, Place};
 use coli_compiler::Options;
 use coli_runtime::exec::{LogitRows, Session};
+use coli_runtime::oplib::op_name;
 use coli_runtime::vk::{FaultInjection, VkOptions};
 use common::*;
 use std::path::Path;
 
-const FIXTURES: &[&str] = &["llama", "llama_tied", "olmoe", "qwen3_moe", "mixtral", "mimo_v2_flash"];
+const FIXTURES: &[&str] = &["llama", "llama_tied", "olmoe", "qwen3_moe", "mixtral", "mimo_v2_flash", "qwen3_next"];
 
 fn load_on_device(dir: &Path, device_layers: Option<usize>, fault: Option<FaultInjection>) -> Loaded {
     let mut req = LoadRequest::new(dir);
     req.device = DeviceRequest::Vulkan(VkOptions { fault, ..Default::default() });
     req.compile = Options { context: 256, chunk_rows: 8, device_layers, ..Options::default() };
     load(req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+}
+
+/// The names of the layer ops the plan runs in host frames.
+fn host_layer_ops(l: &Loaded) -> Vec<&'static str> {
+    let p = &l.plan.program;
+    let host = l.plan.frames.iter().filter(|f| f.place == Place::Host).flat_map(|f| &f.ops);
+    host.filter(|id| matches!(id.part, Part::Layer(_))).map(|&id| op_name(op_of(p, id))).collect()
 }
 
 /// Logits of every prompt row (in chunks of `chunk`) and `steps` greedy tokens.
@@ -56,6 +66,11 @@ fn every_fixture_on_the_device_matches_the_cpu() {
         let (want, want_toks, _) = run(&cpu, &prompt, prompt.len(), 12);
         let dev = load_on_device(&dir, None, None);
         assert!(dev.device.is_some(), "{name}: {}", dev.device_note);
+        // Every layer's ops are in device frames (a fixture fits): no Linear, mixer or norm
+        // of a layer falls back to the host.
+        let host = host_layer_ops(&dev);
+        // Gated DeltaNet stays a host step until the device library claims it.
+        assert!(host.iter().all(|op| matches!(*op, "route" | "routed_experts" | "linear_attention")), "{name}: layer ops on the host: {host:?}\n{}", dev.plan);
         for chunk in [prompt.len(), 1, 3] {
             let (got, toks, notice) = run(&dev, &prompt, chunk, 12);
             assert!(notice.is_none(), "{name}: {notice:?}");
