@@ -75,6 +75,9 @@ impl fmt::Display for Plan {
             o.assumed_format,
             o.device_layers.map(|n| format!(", device layers forced to {n}")).unwrap_or_default()
         )?;
+        if let Some(n) = o.second_device_layers {
+            writeln!(f, "options: second device's layers forced to {n}")?;
+        }
         if let Some(d) = o.kv_device_positions {
             writeln!(f, "options: kv split forced to {d} device positions a layer, blocks of {}", o.kv_block)?;
         }

@@ -130,8 +130,12 @@ pub struct Options {
     #[serde(default = "yes")]
     pub resident_experts: bool,
     /// Force the number of layers on the primary device (clamped to what exists), instead of
-    /// the most that fit.
+    /// the most that fit; a second device fits the layers after them.
     pub device_layers: Option<usize>,
+    /// Force the number of layers on the second device, from where the primary stopped
+    /// (clamped to what is left), instead of the most that fit.
+    #[serde(default)]
+    pub second_device_layers: Option<usize>,
     /// Context length the KV cache is sized for.
     pub context: usize,
     /// Rows of one prompt chunk (scratch is sized for it).
@@ -167,6 +171,7 @@ impl Default for Options {
             expert_tier: true,
             resident_experts: true,
             device_layers: None,
+            second_device_layers: None,
             context: 4096,
             chunk_rows: 512,
             assumed_format: Format::Bf16,

@@ -1,6 +1,6 @@
 //! Options and profiles change plans as documented: the dense part kept on the host, a forced
-//! number of device layers, the expert tier off, a device that cannot run an op kind, a
-//! profile with errors; and the Graphviz output.
+//! number of device layers (on one device and on two), the expert tier off, a device that
+//! cannot run an op kind, a profile with errors; and the Graphviz output.
 
 use coli_compiler::bind::Bindings;
 use coli_compiler::ids::{DeviceId, Place};
@@ -50,6 +50,31 @@ fn forced_device_layers() {
     // Forcing every layer where they fit is the same as the fit.
     let o = Options { device_layers: Some(99), ..Options::default() };
     assert_eq!(on_device(&compile_with("olmoe", "olmoe-1b-7b", &profile("h200"), &o).unwrap()), 16);
+}
+
+#[test]
+fn forced_layers_on_two_devices() {
+    let two = profile("two-gpu-1gb");
+    let dev = |p: &Plan, d: u32| p.placement.layers.iter().filter(|x| **x == Place::Device(DeviceId(d))).count();
+    // A forced primary: the second device fits the layers after it (8 fit each).
+    let p = compile_with("olmoe", "olmoe-1b-7b", &two, &Options { device_layers: Some(3), ..Options::default() }).unwrap();
+    assert_eq!((dev(&p, 0), dev(&p, 1)), (3, 8));
+    assert_eq!(p.placement.fits[1].first_layer, 3);
+    // Both forced.
+    let o = Options { device_layers: Some(3), second_device_layers: Some(2), ..Options::default() };
+    let p = compile_with("olmoe", "olmoe-1b-7b", &two, &o).unwrap();
+    assert_eq!((dev(&p, 0), dev(&p, 1)), (3, 2));
+    assert!(p.to_string().contains("second device's layers forced to 2"));
+    assert_eq!(p.placement.layers[3..5], [Place::Device(DeviceId(1)); 2]);
+    assert!(p.frames.iter().any(|f| f.place == Place::Device(DeviceId(1))));
+    // None on the second device: the old partial chain.
+    let o = Options { device_layers: Some(3), second_device_layers: Some(0), ..Options::default() };
+    let p = compile_with("olmoe", "olmoe-1b-7b", &two, &o).unwrap();
+    assert_eq!((dev(&p, 0), dev(&p, 1)), (3, 0));
+    // More than the second device holds is an error that names its flag.
+    let o = Options { device_layers: Some(1), second_device_layers: Some(12), ..Options::default() };
+    let d = compile_with("olmoe", "olmoe-1b-7b", &two, &o).unwrap_err();
+    assert!(d.to_string().contains("--device2-layers 12: the layers need"), "{d}");
 }
 
 #[test]

@@ -16,7 +16,7 @@
 //! Usage: `cargo run --release -p coli-runtime --example vk_bench -- model /tmp/smollm2 --profile`.
 
 use coli_compiler::{compile, Options, Spec};
-use coli_runtime::exec::device::DeviceModel;
+use coli_runtime::exec::chain::Chain;
 use coli_runtime::exec::probe::profile_of;
 use coli_runtime::exec::{LogitRows, Model, Session};
 use coli_runtime::format::{fp16, quantize, WeightFormat};
@@ -46,7 +46,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 struct Loaded {
     model: Model,
-    dev: DeviceModel,
+    dev: Chain,
     ctx: Context,
 }
 
@@ -61,7 +61,7 @@ fn load(dir: &Path, quant: Option<WeightFormat>, context: usize, chunk: usize, p
     let ctx = Context::new(&VkOptions { profile, ..Default::default() })?;
     let plan = compile(&spec, &bindings, &profile_of(&ctx, None), &Options { context, chunk_rows: chunk, ..Options::default() }).map_err(|d| d.to_string())?;
     let model = Model::load(&ckpt, plan.program.clone(), &mut |_, _| {})?;
-    let dev = DeviceModel::load(ctx.clone(), &plan, &model, &mut |_, _| {})?;
+    let dev = Chain::load(vec![ctx.clone()], &plan, &model, &Default::default(), &mut |_, _| {})?;
     Ok(Loaded { model, dev, ctx })
 }
 
@@ -78,7 +78,7 @@ fn model(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let l = load(&dir, quant, ctx_len, p.max(1), false)?;
     println!("device: {}", l.ctx.describe());
     let prog = &l.model.program;
-    println!("model {} ({}, {} layers, hidden {}, vocab {}), {:.0} MB of weights on the device", dir.display(), prog.family, prog.dims.layers, prog.dims.hidden, prog.dims.vocab, l.dev.weight_bytes as f64 / 1e6);
+    println!("model {} ({}, {} layers, hidden {}, vocab {}), {:.0} MB of weights on the device", dir.display(), prog.family, prog.dims.layers, prog.dims.hidden, prog.dims.vocab, l.dev.weight_bytes() as f64 / 1e6);
     let vocab = prog.dims.vocab as u32;
     let ids: Vec<u32> = (0..p.max(1) as u32).map(|i| 10 + (i * 7919) % (vocab - 10)).collect();
     let (mut pp, mut tg) = (Vec::new(), Vec::new());

@@ -15,7 +15,7 @@
 //! 1. Forced (`Options::kv_device_positions`): that many positions (down to whole blocks, at
 //!    least one block) on the device, whatever the budget.
 //! 2. Otherwise, with the split allowed (`Options::kv_split`) and the chain not forced
-//!    (`Options::device_layers`), only when the chain left layers to the host: with the mirrors capped at the smallest split (`MIN_BLOCKS` blocks) the
+//!    (`Options::device_layers`, `second_device_layers`), only when the chain left layers to the host: with the mirrors capped at the smallest split (`MIN_BLOCKS` blocks) the
 //!    chain must take more layers than whole; then the most positions (whole blocks) that
 //!    keep that many layers on the devices.
 //!
@@ -130,7 +130,7 @@ pub fn choose(options: &Options, context: usize, layers_at: &mut dyn FnMut(Optio
     if let Some(d) = forced_positions(options) {
         return Some(d);
     }
-    if !options.kv_split || !options.dense_on_device || options.device_layers.is_some() {
+    if !options.kv_split || !options.dense_on_device || options.device_layers.is_some() || options.second_device_layers.is_some() {
         return None;
     }
     let min = MIN_BLOCKS * b;

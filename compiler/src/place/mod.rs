@@ -3,7 +3,9 @@
 //! 1. Each layer's bytes on a device are the bytes of the ops that device runs (`size`).
 //! 2. The primary device takes the most layers from layer 0 that fit its usable bytes beside
 //!    the fixed bytes (`fit::fit_chain`), or exactly `Options::device_layers` when forced.
-//! 3. Each further device takes, from where the previous one stopped, the layers it holds.
+//! 3. Each further device takes, from where the previous one stopped, the layers it holds
+//!    (its own fit over its own usable bytes; the second device's forced by
+//!    `Options::second_device_layers`).
 //! 4. The layers no device took, and the head unless the device holding the last layer has
 //!    room for it too, run on the host CPU. The embedding always runs on the host.
 //! 5. With the expert tier on, what each device has left is its expert cache; where that
@@ -117,10 +119,10 @@ fn chain(program: &Program, profile: &DeviceProfile, options: &Options, sizer: &
         let tail = tail_on(dev);
         let fit = if !options.dense_on_device || start >= l {
             fit::ChainFit { layers: 0, tail: false, bytes: 0 }
-        } else if let (0, Some(n)) = (k, options.device_layers) {
+        } else if let Some((flag, n)) = forced(k, options) {
             fit::forced_chain(fixed, &totals, tail, dev.usable(), n).ok_or_else(|| {
                 let need = totals[..n.min(totals.len())].iter().fold(fixed, |a, b| a.saturating_add(*b));
-                format!("--device-layers {n}: the layers need {} on {id} ({}), which holds {}", human(need), dev.name, human(dev.usable()))
+                format!("{flag} {n}: the layers need {} on {id} ({}), which holds {}", human(need), dev.name, human(dev.usable()))
             })?
         } else {
             fit::fit_chain(fixed, &totals, tail, dev.usable())
@@ -134,10 +136,6 @@ fn chain(program: &Program, profile: &DeviceProfile, options: &Options, sizer: &
         }
         fits.push(DeviceFit { device: id, usable: dev.usable(), fixed: if fit.layers > 0 { fixed } else { 0 }, first_layer: start, layers: fit.layers, tail: fit.tail, bytes: fit.bytes, tier: 0 });
         start += fit.layers;
-        // A forced chain on the primary ends the chain there.
-        if k == 0 && options.device_layers.is_some() {
-            start = l;
-        }
     }
     // 5. The expert tier takes what is left.
     let expert_bytes: Vec<(LayerId, u64, usize)> = program
@@ -157,6 +155,15 @@ fn chain(program: &Program, profile: &DeviceProfile, options: &Options, sizer: &
     }
     let resident = resident::resident_layers(program, profile, options, &layers, &fits, sizer);
     Ok(Placement { layers, head, costs, fixed, tail: sizer.tail(), fits, expert_bytes, resident, kv_split: None })
+}
+
+/// The forced number of layers of device `k`, with the flag that forces it.
+fn forced(k: usize, options: &Options) -> Option<(&'static str, usize)> {
+    match k {
+        0 => options.device_layers.map(|n| ("--device-layers", n)),
+        1 => options.second_device_layers.map(|n| ("--device2-layers", n)),
+        _ => None,
+    }
 }
 
 /// Where each op runs, in program order.

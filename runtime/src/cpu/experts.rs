@@ -127,8 +127,7 @@ pub fn pair_outputs<'a>(
 /// row, from zero, `out[r] += weight[r,k] * table[r,k]` in rank order, whichever side
 /// computed the pair.
 pub fn join_ranks(routing: &[f32], n: usize, top_k: usize, hidden: usize, table: &[f32], out: &mut [f32]) {
-    for r in 0..n {
-        let o = &mut out[r * hidden..(r + 1) * hidden];
+    let row = |r: usize, o: &mut [f32]| {
         o.iter_mut().for_each(|v| *v = 0.0);
         for k in 0..top_k {
             let w = routing[r * 2 * top_k + 2 * k + 1];
@@ -136,6 +135,12 @@ pub fn join_ranks(routing: &[f32], n: usize, top_k: usize, hidden: usize, table:
                 *v += w * t;
             }
         }
+    };
+    // Rows are independent (each summed in rank order): in parallel for a prompt's many rows.
+    if n >= 16 {
+        out[..n * hidden].par_chunks_mut(hidden).enumerate().for_each(|(r, o)| row(r, o));
+    } else {
+        out[..n * hidden].chunks_mut(hidden).enumerate().for_each(|(r, o)| row(r, o));
     }
 }
 

@@ -1,12 +1,13 @@
-//! Executes a plan's frames: device frames recorded into one Vulkan command buffer each and
-//! submitted once, host frames run by the CPU op library in between (the router's top-k, the
-//! routed experts, layers past the device's share). What crosses is what the plan says: a
-//! frame's uploads before it, its downloads after it.
+//! One device's side of a plan: what the plan's frames on that device read, uploaded; per
+//! session, buffers for the row values and the KV mirrors of its layers; and the recording and
+//! submission of one of its frames. `exec::chain` runs a plan's frames in order over one of
+//! these per device, the host frames on the CPU between them. What crosses is what the plan
+//! says: a frame's uploads before it, its downloads after it.
 //!
 //! Resident experts (the plan's `placement.resident`): a layer whose routing and experts the
-//! plan puts in a device frame has all its experts uploaded at load, stacked per role
+//! plan puts in this device's frame has all its experts uploaded at load, stacked per role
 //! (`Context::upload_experts`), and runs `route` and `moe` in the frame; one scratch serves
-//! every such layer. `tier_line` says what the tier holds.
+//! every such layer.
 //!
 //! Recording: ops the plan chains are recorded as one kernel where `vk::fuse` says so (a
 //! norm or gated unit into the product that reads it, the residual add into the product's
@@ -25,37 +26,33 @@
 //! the frame the host attends over the older positions and merges (the output goes up with the
 //! next frame, as the plan says).
 //!
-//! Must not: decide placement (the plan did), or run an op the device library does not claim
-//! (`DeviceModel::load` refuses such a plan with a typed error).
+//! Must not: decide placement (the plan did), run another device's frames or a host frame
+//! (`exec::chain` does), or run an op the device library does not claim (`DeviceModel::load`
+//! refuses such a plan with a typed error).
 
 use super::weights::visit_weights;
-use super::{ExecError, Model};
+use super::Model;
 use crate::cpu::experts::ExpertMats;
 use crate::cpu::rope::inv_freq;
-use crate::cpu::{run_op, Env, Precision};
+use crate::cpu::Precision;
 use crate::exec::kv::KvCache;
 use crate::exec::kv_split::{Split, SplitState, SplitStats};
 use crate::oplib::{op_name, OpLib};
 use crate::vk::fuse::{fusions, replayable, Fused};
 use crate::vk::{AttnPath, AttnShape, Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoePath, MoeScratch, RopeShape, RouteParams, VkError, VkOps};
 use crate::vk::{Frame as VkFrame, KvShape, MatIn, Pos, QuantizedActs, Recorded, RopeArgs};
-use coli_compiler::cost::human;
 use coli_compiler::frames::{op_of, Frame};
-use coli_compiler::ids::{Part, Place};
+use coli_compiler::ids::{DeviceId, Part, Place};
 use coli_compiler::ir::{ExpertBias, Op, Program, RopeScaling, ValueId};
 use coli_compiler::Plan;
-use crate::tier::{ExpertTier, TierOptions, TierSetup};
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The device side of a model: its weights uploaded, buffers for the row values and the KV
-/// mirrors, and the plan's frames.
+/// One device's side of a model: the weights its frames read uploaded, and those frames.
 pub struct DeviceModel {
     pub ctx: Context,
+    /// The plan's device this model runs.
+    pub device: DeviceId,
+    /// The plan's frames on this device.
     frames: Vec<Frame>,
     mats: HashMap<String, DeviceMatrix>,
     vecs: HashMap<String, DeviceBuffer>,
@@ -72,9 +69,6 @@ pub struct DeviceModel {
     experts: HashMap<u32, DeviceExperts>,
     /// The largest (top_k, hidden, ffn, experts) of the resident layers.
     moe_dims: Option<(usize, usize, usize, usize)>,
-    tier_line: Option<String>,
-    /// The adaptive cache serving the MoE host steps (layers not resident in frame).
-    tier: Option<Mutex<ExpertTier>>,
     /// The KV split, when the plan has one.
     kv_split: Option<Split>,
 }
@@ -106,18 +100,13 @@ pub enum DeviceError {
     Vk(#[from] VkError),
     #[error("the device library cannot run op {op} ({place}); recompile the plan with a profile that keeps it on the host")]
     Unsupported { op: &'static str, place: String },
+    #[error("the plan places frames on this device, but only {opened} device(s) were opened")]
+    NotOpened { opened: usize },
 }
 
 impl DeviceModel {
-    /// Uploads what the plan's device frames read, with the expert tier's defaults (no
-    /// history). `progress(done, total)` per tensor.
-    pub fn load(ctx: Context, plan: &Plan, model: &Model, progress: &mut dyn FnMut(usize, usize)) -> Result<DeviceModel, DeviceError> {
-        Self::load_with(ctx, plan, model, &TierOptions::default(), progress)
-    }
-
-    /// `load`, then the expert tier for the MoE host steps within what the plan left on the
-    /// primary device (`tier`: its options).
-    pub fn load_with(ctx: Context, plan: &Plan, model: &Model, tier: &TierOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<DeviceModel, DeviceError> {
+    /// Uploads what the plan's frames on `device` read. `progress(done, total)` per tensor.
+    pub fn load(ctx: Context, plan: &Plan, model: &Model, device: DeviceId, progress: &mut dyn FnMut(usize, usize)) -> Result<DeviceModel, DeviceError> {
         // The model's program: row selections of fused tensors (Qwen3-Next's query and gate)
         // named as the tensors of their rows the weight store made at load.
         let program = &model.program;
@@ -125,7 +114,8 @@ impl DeviceModel {
         let mut names: Vec<(String, bool)> = Vec::new();
         let mut freqs = Vec::new();
         let mut moe_ops = Vec::new();
-        for f in plan.frames.iter().filter(|f| f.place != Place::Host) {
+        let frames: Vec<Frame> = plan.frames.iter().filter(|f| f.place == Place::Device(device)).cloned().collect();
+        for f in &frames {
             for &id in &f.ops {
                 let op = op_of(program, id);
                 if !lib.supports(op, None) {
@@ -181,24 +171,6 @@ impl DeviceModel {
             moe_dims = Some(moe_dims.map_or(dims, |m| (m.0.max(dims.0), m.1.max(dims.1), m.2.max(dims.2), m.3.max(dims.3))));
             experts.insert(layer.0, d);
         }
-        let mut tier_line = tier_line(plan, &ctx, &experts);
-        // The adaptive tier: every routed-experts op that runs as a host step.
-        let mut tier_service = None;
-        let host_moe: Vec<&Op> = program.layers.iter().flat_map(|l| &l.ops).filter(|op| matches!(op, Op::RoutedExperts { layer, .. } if !experts.contains_key(&layer.0))).collect();
-        if plan.options.expert_tier && !host_moe.is_empty() {
-            if let Some(fit) = plan.placement.fits.first() {
-                let (b, sc) = plan.placement.resident.bytes.first().copied().unwrap_or((0, 0));
-                let budget = fit.tier.saturating_sub(b + sc);
-                let rule = if tier.budget.is_some() { "as asked" } else { "what the plan left on d0 beside its layers and reserve" };
-                match ExpertTier::new(&ctx, model, &host_moe, budget, rule, plan.options.chunk_rows.max(1), tier.clone())? {
-                    TierSetup::Ready(t) => {
-                        tier_line = Some(t.line().to_string());
-                        tier_service = Some(Mutex::new(*t));
-                    }
-                    TierSetup::Off(why) => tier_line = Some(why),
-                }
-            }
-        }
         progress(total, total);
         let mut fbufs = Vec::new();
         for (rd, theta, scaling) in freqs {
@@ -210,7 +182,8 @@ impl DeviceModel {
         }
         Ok(DeviceModel {
             ctx,
-            frames: plan.frames.clone(),
+            device,
+            frames,
             mats,
             vecs,
             freqs: fbufs,
@@ -220,8 +193,6 @@ impl DeviceModel {
             weight_bytes,
             experts,
             moe_dims,
-            tier_line,
-            tier: tier_service,
             kv_split: plan.placement.kv_split.clone().map(Split::new),
         })
     }
@@ -231,28 +202,9 @@ impl DeviceModel {
         self.kv_split.as_ref().map(Split::stats)
     }
 
-    /// The expert tier's per-run line, when there is a tier.
-    pub fn tier_summary(&self) -> Option<String> {
-        self.tier.as_ref().map(|t| lock(t).summary())
-    }
-
-    /// Runs `f` on the expert tier, when there is one (tests and reports).
-    pub fn with_tier<R>(&self, f: impl FnOnce(&mut ExpertTier) -> R) -> Option<R> {
-        self.tier.as_ref().map(|t| f(&mut lock(t)))
-    }
-
-    /// Merges the run's routings into the tier's history file; the path written, if any.
-    pub fn save_tier_history(&self) -> Result<Option<std::path::PathBuf>, crate::tier::history::HistoryError> {
-        match &self.tier {
-            Some(t) => lock(t).save_history(),
-            None => Ok(None),
-        }
-    }
-
-    /// One line for the user: the expert tier's budget, how many experts of which size are
-    /// resident, and the rule that put them there; `None` for a model without routed experts.
-    pub fn tier_line(&self) -> Option<&str> {
-        self.tier_line.as_deref()
+    /// The resident routed experts, by layer index.
+    pub fn resident_experts(&self) -> &HashMap<u32, DeviceExperts> {
+        &self.experts
     }
 
     /// The most positions a session on this device holds (the plan's context).
@@ -260,9 +212,9 @@ impl DeviceModel {
         self.max_context
     }
 
-    /// Whether any frame runs on a device.
-    pub fn has_device_frames(&self) -> bool {
-        self.frames.iter().any(|f| f.place != Place::Host)
+    /// Whether the plan has frames on this device.
+    pub fn has_frames(&self) -> bool {
+        !self.frames.is_empty()
     }
 
     /// Buffers for one sequence of at most `context` positions.
@@ -272,7 +224,7 @@ impl DeviceModel {
         let values = p.values.iter().map(|v| ctx.f32_buffer((v.width * self.cap_rows).max(1))).collect::<Result<Vec<_>, _>>()?;
         let context = context.min(self.max_context);
         let mut mirrors: Vec<Option<_>> = (0..p.layers.len()).map(|_| None).collect();
-        for f in self.frames.iter().filter(|f| f.place != Place::Host) {
+        for f in &self.frames {
             for &id in &f.ops {
                 if let Op::Attention { layer, spec, .. } = op_of(p, id) {
                     let (kw, vw) = (spec.kv_heads * spec.head_dim, spec.kv_heads * spec.v_head_dim);
@@ -295,7 +247,7 @@ impl DeviceModel {
             }
         }
         let mut twins: Vec<Option<DeviceBuffer>> = (0..p.values.len()).map(|_| None).collect();
-        for f in self.frames.iter().filter(|f| f.place != Place::Host) {
+        for f in &self.frames {
             for &v in &f.downloads {
                 if twins[v.0 as usize].is_none() {
                     twins[v.0 as usize] = Some(ctx.buffer(MemoryUse::Readback, (p.values[v.0 as usize].width * self.cap_rows).max(1) * 4)?);
@@ -319,55 +271,12 @@ impl DeviceModel {
         (b, *m)
     }
 
-    /// Runs the plan's frames over `tokens` at positions `pos0..`, `tokens.len() <= cap_rows`.
-    /// Host values and the host KV cache are updated as the CPU path would leave them.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward(
-        &self,
-        model: &Model,
-        st: &mut DeviceState,
-        host_values: &mut [Vec<f32>],
-        widths: &[usize],
-        kv: &mut KvCache,
-        tokens: &[u32],
-        pos0: usize,
-        precision: Precision,
-        last_only: bool,
-    ) -> Result<(), ExecError> {
-        let n = tokens.len();
-        let p = &model.program;
+    /// Before a forward from `pos0`: a host write below a mirror's rows (a truncation) lowers
+    /// its watermark.
+    pub(crate) fn begin_forward(&self, st: &mut DeviceState, kv: &KvCache, pos0: usize) {
         for (l, mark) in st.watermark.iter_mut().enumerate() {
-            // A host write below the mirror's rows (a truncation) lowers the watermark.
             *mark = (*mark).min(kv.layers.get(l).map_or(0, |c| c.len())).min(pos0);
         }
-        if let Some(t) = &self.tier {
-            lock(t).begin_forward(n);
-        }
-        for frame in &self.frames {
-            match frame.place {
-                Place::Host => {
-                    let mut env = Env { n, pos0, tokens, values: host_values, widths, kv, weights: &model.weights, precision };
-                    for &id in &frame.ops {
-                        let op = op_of(p, id);
-                        if let (Some(t), Op::RoutedExperts { layer, x, routing, out, .. }) = (&self.tier, op) {
-                            let mut t = lock(t);
-                            if t.serves(layer.0 as usize) {
-                                let v = &mut *env.values;
-                                let xs = v[x.0 as usize][..n * widths[x.0 as usize]].to_vec();
-                                let rt = v[routing.0 as usize][..n * widths[routing.0 as usize]].to_vec();
-                                let o = &mut v[out.0 as usize];
-                                o.resize(n * widths[out.0 as usize], 0.0);
-                                t.run(model, op, &xs, &rt, n, &mut o[..n * widths[out.0 as usize]], precision).map_err(ExecError::Device)?;
-                                continue;
-                            }
-                        }
-                        run_op(op, &mut env)?;
-                    }
-                }
-                Place::Device(_) => self.run_device_frame(model, st, frame, host_values, widths, kv, tokens, pos0, precision, last_only).map_err(ExecError::Device)?,
-            }
-        }
-        Ok(())
     }
 
     /// Records `frame`'s ops (as `fused` plans them) and the copies of its downloads into
@@ -533,8 +442,11 @@ impl DeviceModel {
         Ok(())
     }
 
+    /// Runs one of this device's frames over `tokens` at positions `pos0..` (`tokens.len() <=
+    /// cap_rows`): its uploads from `host_values`, the frame, its downloads into `host_values`
+    /// and the block's K/V rows into the host's cache (a KV split's host part after it).
     #[allow(clippy::too_many_arguments)]
-    fn run_device_frame(
+    pub(crate) fn run_frame(
         &self,
         model: &Model,
         st: &mut DeviceState,
@@ -659,26 +571,4 @@ fn u32_bytes(v: &[u32]) -> &[u8] {
 fn as_bytes_mut(v: &mut [f32]) -> &mut [u8] {
     // SAFETY: as above; every byte pattern is a valid f32.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
-}
-
-/// The tier's startup line: its budget on the device (what the dense fit left), the resident
-/// experts (count, bytes each, layers) and the rule that chose them.
-fn tier_line(plan: &Plan, ctx: &Context, experts: &HashMap<u32, DeviceExperts>) -> Option<String> {
-    let pl = &plan.placement;
-    let (_, _, per_layer) = *pl.expert_bytes.first()?;
-    let budget: u64 = pl.fits.iter().map(|f| f.tier).sum();
-    let name = &ctx.caps().name;
-    if !plan.options.expert_tier || plan.profile.devices.is_empty() {
-        return Some(format!("expert tier off: every routed expert on the CPU ({per_layer} experts a layer)"));
-    }
-    let mut layers: Vec<u32> = experts.keys().copied().collect();
-    layers.sort();
-    let count: usize = experts.values().map(|d| d.experts).sum();
-    let bytes: usize = experts.values().map(DeviceExperts::device_bytes).sum();
-    let each = bytes.checked_div(count).unwrap_or(0);
-    let host: Vec<u32> = pl.expert_bytes.iter().map(|(l, _, _)| l.0).filter(|l| !experts.contains_key(l)).collect();
-    let rule = "the budget holds every expert of every MoE layer, routed in the frames";
-    let rest = if host.is_empty() { String::new() } else { format!("; experts of {} on the CPU (host steps)", coli_compiler::print::layer_ranges(&host)) };
-    let held = if layers.is_empty() { "no layer's experts resident".to_string() } else { format!("{count} experts of {} resident ({}, {} in all)", human(each as u64), coli_compiler::print::layer_ranges(&layers), human(bytes as u64)) };
-    Some(format!("expert tier on {name}: budget {}; {held}; rule: {rule}{rest}", human(budget)))
 }

@@ -1,7 +1,9 @@
 //! The executor: runs a compiled program's forward pass over a block of tokens, keeping the
-//! KV cache between calls. Today every op runs on the CPU op library; device frames plug in
-//! behind the same `Session::forward` (the plan says which spans run where).
+//! KV cache between calls. The CPU op library runs every op; a plan's device frames run on its
+//! devices (`chain`) behind the same `Session::forward`, and any device failure sends the
+//! forward back to the CPU from the host's cache.
 
+pub mod chain;
 pub mod device;
 pub mod kv;
 pub mod kv_split;
@@ -12,7 +14,7 @@ use crate::cpu::{run_ops, CpuError, CpuOps, Env, Precision};
 use crate::model::Checkpoint;
 use crate::oplib::{op_name, OpLib};
 use coli_compiler::ir::{Op, Program};
-use device::{DeviceModel, DeviceState};
+use chain::{Chain, ChainState};
 use kv::KvCache;
 use weights::{WeightError, WeightStore};
 
@@ -77,7 +79,7 @@ pub struct Session<'m> {
     pos: usize,
     max_context: usize,
     precision: Precision,
-    device: Option<(&'m DeviceModel, DeviceState)>,
+    device: Option<(&'m Chain, ChainState)>,
     notice: Option<String>,
 }
 
@@ -110,8 +112,8 @@ impl<'m> Session<'m> {
         }
     }
 
-    /// A new sequence whose plan's device frames run on `device`.
-    pub fn on_device(model: &'m Model, device: &'m DeviceModel, max_context: usize) -> Result<Session<'m>, crate::vk::VkError> {
+    /// A new sequence whose plan's device frames run on `device` (every device of the plan).
+    pub fn on_device(model: &'m Model, device: &'m Chain, max_context: usize) -> Result<Session<'m>, crate::vk::VkError> {
         // The device's KV mirrors hold the plan's context: the session holds no more.
         let max_context = max_context.min(device.max_context());
         let state = device.new_state(model, max_context)?;
@@ -164,8 +166,9 @@ impl<'m> Session<'m> {
     }
 
     /// Runs `tokens` (positions `pos..pos+n`) through the model; returns the logits of the
-    /// last row (`vocab` floats) or of every row (`n x vocab`). A device failure re-runs the
-    /// forward on the CPU from the host's cache, and the session stays on the CPU.
+    /// last row (`vocab` floats) or of every row (`n x vocab`). A failure of any device re-runs
+    /// the forward on the CPU from the host's cache, and the session stays on the CPU (every
+    /// device of the chain off).
     pub fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Vec<f32>, ExecError> {
         let n = tokens.len();
         if self.pos + n > self.max_context {

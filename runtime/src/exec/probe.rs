@@ -3,6 +3,8 @@
 //! user set), and the op kinds the Vulkan op library runs (routing and routed experts too: in
 //! a frame where the plan makes a layer's experts resident). `coli probe` prints it; `coli exec`
 //! compiles its plan with it, so the fit printed by `coli compile --profile` is the fit run.
+//! Several opened devices make one profile, the primary first; two logical devices of one
+//! physical device share its free memory, half each unless capped.
 
 use crate::vk::{Context, DeviceKind as VkKind};
 use coli_compiler::ops::OpKind;
@@ -11,6 +13,33 @@ use coli_compiler::profile::{Device, DeviceKind, DeviceProfile, Features};
 /// Bytes left for the driver and other programs out of a device's free memory.
 pub fn reserve_for(free: u64) -> u64 {
     (free / 20).clamp(64 << 20, 1 << 30).min(free / 4)
+}
+
+/// The profile of several opened devices, the primary first, each with its own cap (when
+/// set). A device that shares its physical device with an earlier one gets half of what the
+/// earlier one was given when uncapped (and the earlier one keeps the other half).
+pub fn profile_of_devices(devices: &[(&Context, Option<u64>)]) -> DeviceProfile {
+    let mut profile = DeviceProfile { name: String::new(), devices: Vec::new() };
+    let mut names = Vec::new();
+    for (i, (ctx, cap)) in devices.iter().enumerate() {
+        let mut p = profile_of(ctx, *cap);
+        let shared = devices[..i].iter().position(|(c, _)| c.physical_index() == ctx.physical_index());
+        if let (Some(j), Some(d)) = (shared, p.devices.first_mut()) {
+            if cap.is_none() {
+                d.memory_budget /= 2;
+                d.reserve = reserve_for(d.memory_budget);
+            }
+            if devices[j].1.is_none() {
+                let e = &mut profile.devices[j];
+                e.memory_budget /= 2;
+                e.reserve = reserve_for(e.memory_budget);
+            }
+        }
+        names.push(ctx.caps().name.clone());
+        profile.devices.append(&mut p.devices);
+    }
+    profile.name = format!("probed {}", names.join(" + "));
+    profile
 }
 
 /// The profile of `ctx`; `memory_cap` (when set) bounds the budget.

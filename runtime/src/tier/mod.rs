@@ -641,15 +641,15 @@ impl ExpertTier {
             }
         }
         if any_device {
-            let mut y = vec![0u8; n * top_k * hidden * 4];
-            self.ctx.read(&self.dev.y_back, 0, &mut y)?;
-            for (r, k) in dev_pairs.iter().map(|p| (p.0, p.1)).chain(stream_pairs.iter().map(|p| (p.0, p.1))) {
+            // The device's pair outputs come down whole into a second table; the CPU's rows
+            // are copied over them (fewer than the device's in a big step).
+            let mut dev_table = vec![0.0f32; n * top_k * hidden];
+            self.ctx.read(&self.dev.y_back, 0, as_bytes_mut(&mut dev_table))?;
+            for &(r, k) in &cpu_pairs {
                 let at = (r * top_k + k) * hidden;
-                for (i, v) in table[at..at + hidden].iter_mut().enumerate() {
-                    let b = (at + i) * 4;
-                    *v = f32::from_le_bytes([y[b], y[b + 1], y[b + 2], y[b + 3]]);
-                }
+                dev_table[at..at + hidden].copy_from_slice(&table[at..at + hidden]);
             }
+            table = dev_table;
         }
         join_ranks(routing, n, top_k, hidden, &table, out);
         // 5. Promotions: the CPU's experts of this step, hottest first (streamed experts are
@@ -797,6 +797,11 @@ fn scratch_bytes(rows: usize, top_k: usize, hidden: usize, ffn: usize, experts: 
 
 fn has_bias(m: &ExpertMats) -> bool {
     m.gate_bias.is_some() || m.up_bias.is_some() || m.down_bias.is_some()
+}
+
+fn as_bytes_mut(v: &mut [f32]) -> &mut [u8] {
+    // SAFETY: as `as_bytes`; every byte pattern is a valid f32.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
 }
 
 fn as_bytes(v: &[f32]) -> &[u8] {

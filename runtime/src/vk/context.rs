@@ -16,7 +16,7 @@ use super::error::{Result, VkError, VkResultExt};
 use super::frame::{Frame, FrameRes};
 use super::instance::Instance;
 use super::memory::{place, MemoryProps, MemoryUse, Placement};
-use super::options::{FaultInjection, VkOptions};
+use super::options::{DeviceRole, FaultInjection, VkOptions};
 use super::pipeline::{Pipe, PipelineCache};
 use super::shaders::{FormatVariant, Kernel};
 use ash::vk;
@@ -37,6 +37,9 @@ pub(crate) struct Shared {
     pub dev: Device,
     pub caps: DeviceCaps,
     pub pd: vk::PhysicalDevice,
+    /// The physical device's place in the enumeration (two contexts with the same index share
+    /// one physical device).
+    pub index: usize,
     pub mem: Mutex<Allocator>,
     pub pipes: Mutex<PipelineCache>,
     queue: Mutex<()>,
@@ -214,7 +217,8 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    /// Opens the loader, chooses a device (`VkOptions::device_name`, else the best kind),
+    /// Opens the loader, chooses a device (`VkOptions::device_name`, else the best kind; or a
+    /// second one beside it, `VkOptions::role`),
     /// and sets up memory placement. Fails with `NoLoader` / `NoDevice` on a machine without
     /// Vulkan, which the caller reports in one line.
     pub fn new(opts: &VkOptions) -> Result<Context> {
@@ -225,7 +229,13 @@ impl Context {
         unsafe {
             let devices = device::enumerate(&inst)?;
             let cands: Vec<_> = devices.iter().map(|d| d.1.clone()).collect();
-            let idx = device::choose_device(&cands, opts.device_name.as_deref())?;
+            let idx = match &opts.role {
+                DeviceRole::Primary => device::choose_device(&cands, opts.device_name.as_deref())?,
+                DeviceRole::Second { primary_name } => {
+                    let primary = device::choose_device(&cands, primary_name.as_deref())?;
+                    device::choose_second(&cands, primary, opts.device_name.as_deref())?
+                }
+            };
             let (pd, cand) = &devices[idx];
             let caps = device::query_caps(&inst, *pd, cand)?;
             let props = MemoryProps::from_vk(&inst.raw.get_physical_device_memory_properties(*pd));
@@ -240,6 +250,7 @@ impl Context {
                     dev,
                     caps,
                     pd: *pd,
+                    index: idx,
                     mem: Mutex::new(mem),
                     pipes: Mutex::new(PipelineCache::default()),
                     queue: Mutex::new(()),
@@ -259,6 +270,12 @@ impl Context {
 
     pub fn caps(&self) -> &DeviceCaps {
         &self.shared.caps
+    }
+
+    /// The physical device's place in the loader's enumeration: two contexts with the same
+    /// index are two logical devices of one physical device (sharing its memory).
+    pub fn physical_index(&self) -> usize {
+        self.shared.index
     }
 
     pub fn placement(&self) -> Placement {

@@ -1,5 +1,6 @@
 //! Physical-device choice and capabilities, and the logical device with its queues.
-//! Choice: the device the user names, else discrete > integrated > virtual > CPU (Lavapipe).
+//! Choice: the device the user names, else discrete > integrated > virtual > CPU (Lavapipe);
+//! a second device beside it: another GPU, else the same physical device opened again.
 //! Capabilities queried: subgroup size (and size control), 16-bit storage, integer dot
 //! product, cooperative matrices, VK_EXT_memory_budget, push descriptors, timestamps, buffer
 //! device address, a transfer-only queue family and a second compute queue. The op layer reads `DeviceCaps`; it never queries
@@ -55,6 +56,31 @@ pub fn choose_device(candidates: &[Candidate], wanted: Option<&str>) -> Result<u
     };
     found.ok_or_else(|| VkError::NoDevice {
         wanted: wanted.map(str::to_string),
+        available: candidates.iter().map(|c| c.name.clone()).collect(),
+    })
+}
+
+/// Index of a second device beside the primary (`primary`, an index from `choose_device`):
+/// the first other device whose name contains `wanted` (else the primary itself when its name
+/// does); with no name, the best GPU other than the primary (discrete, integrated, virtual;
+/// ties: the first enumerated), else the primary itself, opened again as a second logical
+/// device. A CPU device is never a second device of another one.
+pub fn choose_second(candidates: &[Candidate], primary: usize, wanted: Option<&str>) -> Result<usize> {
+    let usable = |c: &Candidate| c.api_version >= vk::API_VERSION_1_2;
+    let others = || candidates.iter().enumerate().filter(|(i, c)| *i != primary && usable(c));
+    let found = match wanted {
+        Some(w) => {
+            let w = w.to_lowercase();
+            let named = |c: &Candidate| c.name.to_lowercase().contains(&w);
+            others().find(|(_, c)| named(c)).map(|(i, _)| i).or_else(|| candidates.get(primary).filter(|c| named(c)).map(|_| primary))
+        }
+        None => {
+            let gpu = |c: &Candidate| matches!(c.kind, DeviceKind::Discrete | DeviceKind::Integrated | DeviceKind::Virtual);
+            others().filter(|(_, c)| gpu(c)).min_by_key(|(i, c)| (c.kind, *i)).map(|(i, _)| i).or((primary < candidates.len()).then_some(primary))
+        }
+    };
+    found.ok_or_else(|| VkError::NoDevice {
+        wanted: Some(format!("a second device{}", wanted.map(|w| format!(" named like {w:?}")).unwrap_or_default())),
         available: candidates.iter().map(|c| c.name.clone()).collect(),
     })
 }
@@ -255,6 +281,21 @@ mod tests {
         assert_eq!(choose_device(&list, Some("LLVMPIPE")).unwrap(), 1);
         let err = choose_device(&list, Some("radeon")).unwrap_err();
         assert!(err.to_string().contains("NVIDIA H200, llvmpipe"), "{err}");
+    }
+
+    #[test]
+    fn a_second_device_is_another_gpu_else_the_primary_again() {
+        let list = [c("H200 #0", DeviceKind::Discrete), c("llvmpipe", DeviceKind::Cpu), c("iGPU", DeviceKind::Integrated), c("H200 #1", DeviceKind::Discrete)];
+        assert_eq!(choose_second(&list, 0, None).unwrap(), 3);
+        assert_eq!(choose_second(&list, 3, None).unwrap(), 0);
+        assert_eq!(choose_second(&list[..3], 0, None).unwrap(), 2);
+        // Lavapipe alone: itself, opened again.
+        assert_eq!(choose_second(&list[1..2], 0, None).unwrap(), 0);
+        assert_eq!(choose_second(&list[..2], 0, None).unwrap(), 0);
+        assert_eq!(choose_second(&list, 0, Some("igpu")).unwrap(), 2);
+        assert_eq!(choose_second(&list, 0, Some("H200")).unwrap(), 3);
+        assert_eq!(choose_second(&list[..2], 1, Some("llvm")).unwrap(), 1);
+        assert!(choose_second(&list, 0, Some("radeon")).is_err());
     }
 
     #[test]

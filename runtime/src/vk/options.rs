@@ -27,12 +27,28 @@ pub struct FaultInjection {
     pub fail_alloc: Option<u64>,
 }
 
+/// Which of the machine's devices a context opens.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum DeviceRole {
+    /// The primary device: the first whose name contains `device_name`, else the best kind.
+    #[default]
+    Primary,
+    /// A second device beside the primary one that `primary_name` picks (the primary's own
+    /// `device_name`): the first other device whose name contains `device_name`, else the best
+    /// GPU other than the primary. With no other device, the primary's physical device opens
+    /// again as a second logical device of its own (how one GPU, or Lavapipe, stands in for
+    /// two in tests).
+    Second { primary_name: Option<String> },
+}
+
 /// Options of `Context::new`.
 #[derive(Clone, Debug, Default)]
 pub struct VkOptions {
     /// Take the first device whose name contains this (case-insensitive); else the best:
-    /// discrete > integrated > virtual > CPU (Lavapipe).
+    /// discrete > integrated > virtual > CPU (Lavapipe). For a second device, see `role`.
     pub device_name: Option<String>,
+    /// The primary device or a second one beside it.
+    pub role: DeviceRole,
     /// Use at most this many bytes of device memory, whatever the device has (tests make a
     /// large device behave like a small one).
     pub memory_cap: Option<u64>,

@@ -49,6 +49,8 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub kv: crate::kv_args::KvSplitArgs,
     #[command(flatten)]
+    pub second: crate::device2_args::SecondDeviceArgs,
+    #[command(flatten)]
     pub tier: TierArgs,
 }
 
@@ -73,13 +75,14 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     req.spec = a.spec.as_deref();
     req.load.quantize = a.quantize.map(crate::exec_cmd::QuantChoice::format);
     let vk = VkOptions { memory_cap: a.device_mem_mib.map(|m| m << 20), ..Default::default() };
+    req.second_device = a.second.options(&vk);
     req.device = match a.device.as_str() {
         "cpu" => DeviceRequest::Cpu,
         "vulkan" => DeviceRequest::Vulkan(vk),
         "auto" => DeviceRequest::Auto(vk),
         d => return Err(format!("--device {d}: expected cpu, vulkan or auto")),
     };
-    req.compile = a.kv.apply(Options { context: a.prompt + a.decode + 8, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, expert_tier: !a.no_expert_tier, resident_experts: !a.tier.sized(), ..Options::default() });
+    req.compile = a.second.apply(a.kv.apply(Options { context: a.prompt + a.decode + 8, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, expert_tier: !a.no_expert_tier, resident_experts: !a.tier.sized(), ..Options::default() }));
     // The bench reads a history only when given one, and never writes it.
     req.tier = a.tier.options(&path, false);
     let loaded = load(req)?;

@@ -42,6 +42,9 @@ pub struct CompileArgs {
     /// Force the number of layers on the primary device instead of the most that fit.
     #[arg(long)]
     pub device_layers: Option<usize>,
+    /// Force the number of layers on the second device (a profile with two devices).
+    #[arg(long)]
+    pub device2_layers: Option<usize>,
     /// Context length the KV cache is sized for.
     #[arg(long)]
     pub context: Option<usize>,
@@ -127,6 +130,7 @@ fn options(args: &CompileArgs) -> Options {
         dense_on_device: !args.dense_on_cpu,
         expert_tier: !args.no_expert_tier,
         device_layers: args.device_layers,
+        second_device_layers: args.device2_layers,
         context: args.context.unwrap_or(d.context),
         chunk_rows: args.chunk_rows.unwrap_or(d.chunk_rows),
         assumed_format: args.assume_format.unwrap_or(d.assumed_format),
@@ -167,6 +171,7 @@ mod tests {
             dense_on_cpu: false,
             no_expert_tier: false,
             device_layers: None,
+            device2_layers: None,
             context: None,
             chunk_rows: None,
             assume_format: None,

@@ -108,6 +108,8 @@ pub struct ExecArgs {
     pub device_layers: Option<usize>,
     #[command(flatten)]
     pub kv: crate::kv_args::KvSplitArgs,
+    #[command(flatten)]
+    pub second: crate::device2_args::SecondDeviceArgs,
     /// Fault injection for tests: the device fails at its n-th submit.
     #[arg(long, hide = true)]
     pub fail_submit: Option<u64>,
@@ -153,13 +155,14 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         fault: a.fail_submit.map(|n| FaultInjection { fail_submit: Some(n), fail_alloc: None }),
         ..Default::default()
     };
+    let second_device = a.second.options(&vk);
     let device = match a.device {
         DeviceChoice::Cpu => DeviceRequest::Cpu,
         DeviceChoice::Vulkan => DeviceRequest::Vulkan(vk),
         DeviceChoice::Auto => DeviceRequest::Auto(vk),
     };
     let ctx_len = a.ctx.unwrap_or(8192);
-    let compile = a.kv.apply(Options { context: ctx_len, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, resident_experts: !a.tier.sized(), ..Options::default() });
+    let compile = a.second.apply(a.kv.apply(Options { context: ctx_len, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, resident_experts: !a.tier.sized(), ..Options::default() }));
     let loaded = load(LoadRequest {
         model: &model_path,
         spec: a.spec.as_deref(),
@@ -167,6 +170,7 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         compile,
         profile: None,
         device,
+        second_device,
         tier: a.tier.options(&model_path, true),
         progress: Some(&mut progress),
     })?;

@@ -1,13 +1,16 @@
 //! From a path on the command line to a runnable model: open the checkpoint, pick (or load)
 //! the spec, compile the plan, resolve the weights, build the tokenizer. Shared by `coli exec`,
-//! `coli bench` and the end-to-end tests, so all of them load models the same way.
+//! `coli bench` and the end-to-end tests, so all of them load models the same way. With a
+//! second device asked for, both are opened and probed into one profile (the primary first),
+//! and the plan's frames on each load on their own device.
 
 use crate::specs;
 use coli_compiler::{compile, DeviceProfile, Options, Plan, Spec};
-use coli_runtime::exec::device::{DeviceError, DeviceModel};
-use coli_runtime::exec::probe::profile_of;
+use coli_runtime::exec::chain::{Chain, ChainError};
+use coli_runtime::exec::device::DeviceError;
+use coli_runtime::exec::probe::profile_of_devices;
 use coli_runtime::exec::Model;
-use coli_runtime::vk::{Context, VkError, VkOptions};
+use coli_runtime::vk::{Context, DeviceRole, VkError, VkOptions};
 use coli_runtime::model::{Checkpoint, LoadOptions};
 use coli_runtime::text::{GgufVocab, Tokenizer};
 use coli_runtime::tier::TierOptions;
@@ -23,8 +26,8 @@ pub struct Loaded {
     pub tokenizer: Option<Tokenizer>,
     /// Why there is no tokenizer, when there is none.
     pub tokenizer_note: Option<String>,
-    /// The device the plan's device frames run on, when there is one.
-    pub device: Option<DeviceModel>,
+    /// The devices the plan's device frames run on, when there is one.
+    pub device: Option<Chain>,
     /// One line saying where the model runs and why.
     pub device_note: String,
 }
@@ -49,6 +52,9 @@ pub struct LoadRequest<'a> {
     pub compile: Options,
     pub profile: Option<DeviceProfile>,
     pub device: DeviceRequest,
+    /// A second Vulkan device beside the primary one (`device`): its options (its `role` is set
+    /// to `Second` here). Ignored when running on the CPU.
+    pub second_device: Option<VkOptions>,
     /// The expert tier's options (on a device with routed experts through host steps).
     pub tier: TierOptions,
     /// Called with (done, total) while weights resolve.
@@ -58,7 +64,7 @@ pub struct LoadRequest<'a> {
 impl<'a> LoadRequest<'a> {
     /// The defaults for the checkpoint at `model`: its architecture's built-in spec, CPU only.
     pub fn new(model: &'a Path) -> LoadRequest<'a> {
-        LoadRequest { model, spec: None, load: LoadOptions::default(), compile: Options::default(), profile: None, device: DeviceRequest::Cpu, tier: TierOptions::default(), progress: None }
+        LoadRequest { model, spec: None, load: LoadOptions::default(), compile: Options::default(), profile: None, device: DeviceRequest::Cpu, second_device: None, tier: TierOptions::default(), progress: None }
     }
 }
 
@@ -85,27 +91,53 @@ pub fn load(req: LoadRequest) -> Result<Loaded, String> {
                 // takes GPUs only.
                 Ok(c) if !required && c.caps().kind == coli_runtime::vk::DeviceKind::Cpu => {
                     let note = format!("the only Vulkan device is a CPU device ({}); running on the CPU", c.caps().name);
-                    return finish(req.model, checkpoint, spec, req.profile.unwrap_or_else(DeviceProfile::cpu_only), &req.compile, &req.tier, req.progress, None, note);
+                    return finish(req.model, checkpoint, spec, req.profile.unwrap_or_else(DeviceProfile::cpu_only), &req.compile, &req.tier, req.progress, Vec::new(), note);
                 }
                 Ok(c) => (Some(c), Some(o.clone()), required),
                 Err(e) if required => return Err(format!("--device vulkan: {e}")),
                 Err(e) => {
                     let note = format!("no Vulkan device ({e}); running on the CPU");
-                    return finish(req.model, checkpoint, spec, req.profile.unwrap_or_else(DeviceProfile::cpu_only), &req.compile, &req.tier, req.progress, None, note);
+                    return finish(req.model, checkpoint, spec, req.profile.unwrap_or_else(DeviceProfile::cpu_only), &req.compile, &req.tier, req.progress, Vec::new(), note);
                 }
             }
         }
     };
-    let profile = match (&ctx, req.profile) {
-        (_, Some(p)) => p,
-        (Some(c), None) => profile_of(c, vk_opts.as_ref().and_then(|o| o.memory_cap)),
-        (None, None) => DeviceProfile::cpu_only(),
+    // 2. A second device beside it, when asked for.
+    let mut second_note = None;
+    let second = match (&ctx, &vk_opts, &req.second_device) {
+        (Some(_), Some(o), Some(s)) => {
+            let opts = VkOptions { role: DeviceRole::Second { primary_name: o.device_name.clone() }, ..s.clone() };
+            match Context::new(&opts) {
+                Ok(c) => Some((c, opts.memory_cap)),
+                Err(e) if required => return Err(format!("the second device: {e}")),
+                Err(e) => {
+                    second_note = Some(format!("no second device ({e})"));
+                    None
+                }
+            }
+        }
+        _ => None,
     };
-    let note = match &ctx {
-        Some(c) => format!("running on {}", c.describe()),
-        None => "running on the CPU".to_string(),
+    let mut ctxs: Vec<(Context, Option<u64>)> = ctx.into_iter().map(|c| (c, vk_opts.as_ref().and_then(|o| o.memory_cap))).collect();
+    ctxs.extend(second);
+    let profile = match req.profile {
+        Some(p) => p,
+        None if ctxs.is_empty() => DeviceProfile::cpu_only(),
+        None => profile_of_devices(&ctxs.iter().map(|(c, cap)| (c, *cap)).collect::<Vec<_>>()),
     };
-    let mut loaded = finish(req.model, checkpoint, spec, profile, &req.compile, &req.tier, req.progress, ctx, note)?;
+    let mut note = match ctxs.as_slice() {
+        [] => "running on the CPU".to_string(),
+        [(c, _)] => format!("running on {}", c.describe()),
+        [(c, _), (s, _), ..] => {
+            let same = if c.physical_index() == s.physical_index() { " (a second logical device of the same physical device)" } else { "" };
+            format!("running on {} and {}{same}", c.describe(), s.describe())
+        }
+    };
+    if let Some(n) = second_note {
+        note = format!("{note}; {n}");
+    }
+    let ctxs = ctxs.into_iter().map(|(c, _)| c).collect();
+    let mut loaded = finish(req.model, checkpoint, spec, profile, &req.compile, &req.tier, req.progress, ctxs, note)?;
     if required && loaded.device.is_none() {
         return Err(format!("--device vulkan: {}", loaded.device_note));
     }
@@ -124,7 +156,7 @@ fn finish(
     options: &Options,
     tier: &TierOptions,
     progress: Option<&mut dyn FnMut(usize, usize)>,
-    ctx: Option<Context>,
+    ctxs: Vec<Context>,
     mut device_note: String,
 ) -> Result<Loaded, String> {
     let bindings = checkpoint.bindings();
@@ -133,34 +165,46 @@ fn finish(
     let progress = progress.unwrap_or(&mut noop);
     let model = Model::load(&checkpoint, plan.program.clone(), progress).map_err(|e| format!("{}: {e}", model_path.display()))?;
     let layers = plan.program.dims.layers;
-    let device = match ctx {
+    let device = match ctxs.first() {
         None => None,
-        Some(ctx) => {
-            let name = ctx.caps().name.clone();
-            // A layer that does not fully reach the device at setup (a refused allocation) is
-            // freed whole, and the plan is compiled again with N = that layer.
+        Some(primary) => {
+            let name = primary.caps().name.clone();
+            let mut options = options.clone();
+            // A layer that does not fully reach its device at setup (a refused allocation) is
+            // freed whole, and the plan is compiled again with that device's count = that layer.
             loop {
-                let n = plan.placement.fits.first().map_or(0, |f| f.layers);
-                let attempt = DeviceModel::load_with(ctx.clone(), &plan, &model, tier, &mut |_, _| {}).and_then(|d| {
-                    d.new_state(&model, options.context)?;
+                let held = |d: usize| plan.placement.fits.get(d).map_or(0, |f| f.layers);
+                let attempt = Chain::load(ctxs.clone(), &plan, &model, tier, &mut |_, _| {}).and_then(|d| {
+                    d.check_state(&model, options.context)?;
                     Ok(d)
                 });
                 match attempt {
                     Ok(d) if d.has_device_frames() => {
-                        device_note = format!("{device_note}; {n} of {layers} layers on the device");
+                        let on: Vec<String> = (0..ctxs.len()).map(|k| format!("{} on d{k}", held(k))).collect();
+                        let on = if ctxs.len() == 1 { format!("{} of {layers} layers on the device", held(0)) } else { format!("{} of {layers} layers", on.join(", ")) };
+                        device_note = format!("{device_note}; {on}");
                         break Some(d);
                     }
                     Ok(_) => {
                         device_note = format!("{name} holds none of the layers (the plan keeps everything on the CPU)");
                         break None;
                     }
-                    Err(DeviceError::Vk(e)) if matches!(e, VkError::OutOfMemory { .. }) && n > 0 => {
-                        eprintln!("coli: layer {} did not fit on {name} at setup ({e}); placing {} layers", n - 1, n - 1);
-                        let fewer = Options { device_layers: Some(n - 1), ..options.clone() };
-                        plan = compile(&spec, &bindings, &profile, &fewer).map_err(|d| d.to_string())?;
+                    Err(ChainError { device, error: DeviceError::Vk(e) }) if matches!(e, VkError::OutOfMemory { .. }) && held(device.0 as usize) > 0 => {
+                        let (k, n) = (device.0 as usize, held(device.0 as usize));
+                        let dev_name = ctxs.get(k).map_or(name.clone(), |c| c.caps().name.clone());
+                        eprintln!("coli: layer {} did not fit on {device} ({dev_name}) at setup ({e}); placing {} layers there", plan.placement.fits[k].first_layer + n - 1, n - 1);
+                        match k {
+                            0 => options.device_layers = Some(n - 1),
+                            _ => {
+                                options.device_layers = Some(held(0));
+                                options.second_device_layers = Some(n - 1);
+                            }
+                        }
+                        plan = compile(&spec, &bindings, &profile, &options).map_err(|d| d.to_string())?;
                     }
-                    Err(e) => {
-                        device_note = format!("{name} cannot take this model ({e})");
+                    Err(ChainError { device, error }) => {
+                        let dev_name = ctxs.get(device.0 as usize).map_or(name.clone(), |c| c.caps().name.clone());
+                        device_note = format!("{dev_name} cannot take this model ({error})");
                         break None;
                     }
                 }

@@ -1,0 +1,264 @@
+//! Runs a plan's frames over its devices: one `DeviceModel` per device of the plan (each with
+//! the weights its own frames read, its own mirrors and per-session state), the host frames on
+//! the CPU between them, in the plan's order. Values move between the host and the devices by
+//! the frames' uploads and downloads only: a value made on d0 and read on d1 (the residual at
+//! a handoff) goes down from d0 into the host's row buffers and up to d1 from there, so the
+//! host's buffers hold every value the CPU would have, and the host's KV cache stays canonical
+//! for the layers of every device. A failure of any device is an `ExecError::Device`; the
+//! session then drops the whole chain and re-runs the forward on the CPU.
+//!
+//! The chain also owns the expert tier (`runtime::tier`): the adaptive cache that serves the
+//! routed experts of the MoE layers the plan runs as host steps, within what the plan left on
+//! the primary device.
+//!
+//! Must not: decide placement (the plan did), or record device commands (`exec::device` does).
+
+use super::device::{DeviceError, DeviceModel, DeviceState};
+use super::kv::KvCache;
+use super::kv_split::SplitStats;
+use super::{ExecError, Model};
+use crate::cpu::{run_op, Env, Precision};
+use crate::tier::{ExpertTier, TierOptions, TierSetup};
+use crate::vk::{Context, DeviceExperts, VkError};
+use coli_compiler::cost::human;
+use coli_compiler::frames::{op_of, Frame};
+use coli_compiler::ids::{DeviceId, Place};
+use coli_compiler::ir::Op;
+use coli_compiler::Plan;
+use std::sync::{Mutex, MutexGuard};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The device side of a model: one `DeviceModel` per device of the plan, the plan's frames,
+/// and the expert tier.
+pub struct Chain {
+    /// The primary device's context (d0).
+    pub ctx: Context,
+    devices: Vec<DeviceModel>,
+    frames: Vec<Frame>,
+    /// The most rows one forward takes.
+    pub cap_rows: usize,
+    tier_line: Option<String>,
+    /// The adaptive cache serving the MoE host steps (layers not resident in a frame).
+    tier: Option<Mutex<ExpertTier>>,
+}
+
+/// Per-session state: one `DeviceState` per device.
+pub struct ChainState {
+    states: Vec<DeviceState>,
+}
+
+/// A device of the chain that could not take its part of the plan.
+#[derive(Debug, thiserror::Error)]
+#[error("{device}: {error}")]
+pub struct ChainError {
+    pub device: DeviceId,
+    #[source]
+    pub error: DeviceError,
+}
+
+impl Chain {
+    /// Loads the plan's device frames: `ctxs[d]` runs the frames on `d` (the primary first).
+    /// Then the expert tier for the MoE host steps within what the plan left on the primary
+    /// (`tier`: its options). `progress(done, total)` per tensor, per device.
+    pub fn load(ctxs: Vec<Context>, plan: &Plan, model: &Model, tier: &TierOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Chain, ChainError> {
+        // 1. Every device the plan places frames on has a context.
+        for f in &plan.frames {
+            if let Place::Device(d) = f.place {
+                if d.0 as usize >= ctxs.len() {
+                    return Err(ChainError { device: d, error: DeviceError::NotOpened { opened: ctxs.len() } });
+                }
+            }
+        }
+        let Some(primary) = ctxs.first().cloned() else {
+            return Err(ChainError { device: DeviceId(0), error: DeviceError::NotOpened { opened: 0 } });
+        };
+        // 2. Each device uploads what its own frames read.
+        let mut devices = Vec::with_capacity(ctxs.len());
+        for (i, ctx) in ctxs.into_iter().enumerate() {
+            let device = DeviceId(i as u32);
+            devices.push(DeviceModel::load(ctx, plan, model, device, progress).map_err(|error| ChainError { device, error })?);
+        }
+        // 3. The adaptive tier: every routed-experts op that runs as a host step.
+        let program = &plan.program;
+        let resident = |l: u32| devices.iter().any(|d| d.resident_experts().contains_key(&l));
+        let mut tier_line = tier_line(plan, &devices);
+        let mut tier_service = None;
+        let host_moe: Vec<&Op> = program.layers.iter().flat_map(|l| &l.ops).filter(|op| matches!(op, Op::RoutedExperts { layer, .. } if !resident(layer.0))).collect();
+        if plan.options.expert_tier && !host_moe.is_empty() {
+            if let Some(fit) = plan.placement.fits.first() {
+                let (b, sc) = plan.placement.resident.bytes.first().copied().unwrap_or((0, 0));
+                let budget = fit.tier.saturating_sub(b + sc);
+                let rule = if tier.budget.is_some() { "as asked" } else { "what the plan left on d0 beside its layers and reserve" };
+                let setup = ExpertTier::new(&primary, model, &host_moe, budget, rule, plan.options.chunk_rows.max(1), tier.clone());
+                match setup.map_err(|e| ChainError { device: DeviceId(0), error: e.into() })? {
+                    TierSetup::Ready(t) => {
+                        tier_line = Some(t.line().to_string());
+                        tier_service = Some(Mutex::new(*t));
+                    }
+                    TierSetup::Off(why) => tier_line = Some(why),
+                }
+            }
+        }
+        Ok(Chain { ctx: primary, devices, frames: plan.frames.clone(), cap_rows: plan.options.chunk_rows.max(1), tier_line, tier: tier_service })
+    }
+
+    /// The per-device models, d0 first.
+    pub fn devices(&self) -> &[DeviceModel] {
+        &self.devices
+    }
+
+    /// Whether any frame runs on a device.
+    pub fn has_device_frames(&self) -> bool {
+        self.devices.iter().any(DeviceModel::has_frames)
+    }
+
+    /// Bytes of weights uploaded, over every device.
+    pub fn weight_bytes(&self) -> u64 {
+        self.devices.iter().map(|d| d.weight_bytes).sum()
+    }
+
+    /// The most positions a session holds (the plan's context).
+    pub fn max_context(&self) -> usize {
+        self.devices.iter().map(DeviceModel::max_context).min().unwrap_or(1)
+    }
+
+    /// What the KV split's layers did so far, over every device (`None` without a split).
+    pub fn kv_split_stats(&self) -> Option<SplitStats> {
+        self.devices.iter().filter_map(DeviceModel::kv_split_stats).reduce(|a, b| SplitStats {
+            steps: a.steps + b.steps,
+            host_steps: a.host_steps + b.host_steps,
+            host_positions: a.host_positions + b.host_positions,
+        })
+    }
+
+    /// One line for the user: the expert tier's budget, how many experts of which size are
+    /// resident, and the rule that put them there; `None` for a model without routed experts.
+    pub fn tier_line(&self) -> Option<&str> {
+        self.tier_line.as_deref()
+    }
+
+    /// The expert tier's per-run line, when there is a tier.
+    pub fn tier_summary(&self) -> Option<String> {
+        self.tier.as_ref().map(|t| lock(t).summary())
+    }
+
+    /// Runs `f` on the expert tier, when there is one (tests and reports).
+    pub fn with_tier<R>(&self, f: impl FnOnce(&mut ExpertTier) -> R) -> Option<R> {
+        self.tier.as_ref().map(|t| f(&mut lock(t)))
+    }
+
+    /// Merges the run's routings into the tier's history file; the path written, if any.
+    pub fn save_tier_history(&self) -> Result<Option<std::path::PathBuf>, crate::tier::history::HistoryError> {
+        match &self.tier {
+            Some(t) => lock(t).save_history(),
+            None => Ok(None),
+        }
+    }
+
+    /// Buffers for one sequence of at most `context` positions, on every device.
+    pub fn new_state(&self, model: &Model, context: usize) -> Result<ChainState, VkError> {
+        let states = self.devices.iter().map(|d| d.new_state(model, context)).collect::<Result<Vec<_>, _>>()?;
+        Ok(ChainState { states })
+    }
+
+    /// Checks that a session's buffers for `context` positions fit on every device (made and
+    /// freed); the error names the device that refused.
+    pub fn check_state(&self, model: &Model, context: usize) -> Result<(), ChainError> {
+        for d in &self.devices {
+            d.new_state(model, context).map_err(|e| ChainError { device: d.device, error: e.into() })?;
+        }
+        Ok(())
+    }
+
+    /// Runs the plan's frames over `tokens` at positions `pos0..`, `tokens.len() <= cap_rows`:
+    /// each device frame on its device, each host frame on the CPU (routed experts through the
+    /// tier where it serves the layer). Host values and the host KV cache are updated as the
+    /// CPU path would leave them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        model: &Model,
+        st: &mut ChainState,
+        host_values: &mut [Vec<f32>],
+        widths: &[usize],
+        kv: &mut KvCache,
+        tokens: &[u32],
+        pos0: usize,
+        precision: Precision,
+        last_only: bool,
+    ) -> Result<(), ExecError> {
+        let n = tokens.len();
+        let p = &model.program;
+        for (d, s) in self.devices.iter().zip(&mut st.states) {
+            d.begin_forward(s, kv, pos0);
+        }
+        if let Some(t) = &self.tier {
+            lock(t).begin_forward(n);
+        }
+        for frame in &self.frames {
+            match frame.place {
+                Place::Host => {
+                    let mut env = Env { n, pos0, tokens, values: host_values, widths, kv, weights: &model.weights, precision };
+                    for &id in &frame.ops {
+                        let op = op_of(p, id);
+                        if let (Some(t), Op::RoutedExperts { layer, x, routing, out, .. }) = (&self.tier, op) {
+                            let mut t = lock(t);
+                            if t.serves(layer.0 as usize) {
+                                let v = &mut *env.values;
+                                let xs = v[x.0 as usize][..n * widths[x.0 as usize]].to_vec();
+                                let rt = v[routing.0 as usize][..n * widths[routing.0 as usize]].to_vec();
+                                let o = &mut v[out.0 as usize];
+                                o.resize(n * widths[out.0 as usize], 0.0);
+                                t.run(model, op, &xs, &rt, n, &mut o[..n * widths[out.0 as usize]], precision).map_err(ExecError::Device)?;
+                                continue;
+                            }
+                        }
+                        run_op(op, &mut env)?;
+                    }
+                }
+                Place::Device(d) => {
+                    let i = d.0 as usize;
+                    let (dev, s) = (&self.devices[i], &mut st.states[i]);
+                    dev.run_frame(model, s, frame, host_values, widths, kv, tokens, pos0, precision, last_only).map_err(ExecError::Device)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The tier's startup line: its budget on the devices (what the dense fit left), the resident
+/// experts (count, bytes each, layers, device) and the rule that chose them.
+fn tier_line(plan: &Plan, devices: &[DeviceModel]) -> Option<String> {
+    let pl = &plan.placement;
+    let (_, _, per_layer) = *pl.expert_bytes.first()?;
+    let budget: u64 = pl.fits.iter().map(|f| f.tier).sum();
+    let names: Vec<&str> = devices.iter().map(|d| d.ctx.caps().name.as_str()).collect();
+    if !plan.options.expert_tier || plan.profile.devices.is_empty() {
+        return Some(format!("expert tier off: every routed expert on the CPU ({per_layer} experts a layer)"));
+    }
+    let mut held = Vec::new();
+    let mut all: Vec<u32> = Vec::new();
+    for d in devices {
+        let experts = d.resident_experts();
+        let mut layers: Vec<u32> = experts.keys().copied().collect();
+        if layers.is_empty() {
+            continue;
+        }
+        layers.sort();
+        all.extend(&layers);
+        let count: usize = experts.values().map(|e| e.experts).sum();
+        let bytes: usize = experts.values().map(DeviceExperts::device_bytes).sum();
+        let each = bytes.checked_div(count).unwrap_or(0);
+        let on = if devices.len() > 1 { format!(" on {}", d.device) } else { String::new() };
+        held.push(format!("{count} experts of {} resident{on} ({}, {} in all)", human(each as u64), coli_compiler::print::layer_ranges(&layers), human(bytes as u64)));
+    }
+    let host: Vec<u32> = pl.expert_bytes.iter().map(|(l, _, _)| l.0).filter(|l| !all.contains(l)).collect();
+    let rule = "the budget holds every expert of every MoE layer, routed in the frames";
+    let rest = if host.is_empty() { String::new() } else { format!("; experts of {} on the CPU (host steps)", coli_compiler::print::layer_ranges(&host)) };
+    let held = if held.is_empty() { "no layer's experts resident".to_string() } else { held.join(", ") };
+    Some(format!("expert tier on {}: budget {}; {held}; rule: {rule}{rest}", names.join(" and "), human(budget)))
+}
