@@ -118,10 +118,11 @@ fn qwen3_next_runs_in_coli_exec() {
     check_exec("qwen3_next");
 }
 
-/// Qwen3-Next's recurrent state goes back only to the start: `try_truncate` to a middle
-/// position is a typed error that changes nothing; `truncate(0)` resets it (the same logits
-/// again); after a plain `truncate` to the middle the next forward is a typed error, never
-/// logits from a wrong state.
+/// Qwen3-Next's recurrent state goes back only to the start or to the start of its last step:
+/// `try_truncate` to another middle position is a typed error that changes nothing; back by
+/// the last step, the step again gives the same logits; `truncate(0)` resets it (the same
+/// logits again); after a plain `truncate` to the middle the next forward is a typed error,
+/// never logits from a wrong state.
 #[test]
 fn qwen3_next_recurrent_state_goes_back_only_to_the_start() {
     let dir = fixture_dir("qwen3_next");
@@ -136,7 +137,10 @@ fn qwen3_next_recurrent_state_goes_back_only_to_the_start() {
     assert!(matches!(s.try_truncate(5), Err(ExecError::CannotRewind { .. })));
     assert_eq!(s.pos(), prompt.len());
     let next = s.forward(&[greedy[0]], LogitRows::Last).unwrap();
-    assert!(max_abs_diff(&[next], &want[1..2]) <= tol, "the session still decodes after a refused truncate");
+    assert!(max_abs_diff(&[next.clone()], &want[1..2]) <= tol, "the session still decodes after a refused truncate");
+    s.try_truncate(prompt.len()).expect("back to the start of the last step");
+    let redo = s.forward(&[greedy[0]], LogitRows::Last).unwrap();
+    assert_eq!(redo, next, "the last step again, from the state it started from");
     s.truncate(0);
     let again = s.forward(&prompt, LogitRows::Last).unwrap();
     assert!(max_abs_diff(&[again], &[first]) <= tol, "a truncate to 0 starts a fresh state");

@@ -69,8 +69,7 @@ fn every_fixture_on_the_device_matches_the_cpu() {
         // Every layer's ops are in device frames (a fixture fits): no Linear, mixer or norm
         // of a layer falls back to the host.
         let host = host_layer_ops(&dev);
-        // Gated DeltaNet stays a host step until the device library claims it.
-        assert!(host.iter().all(|op| matches!(*op, "route" | "routed_experts" | "linear_attention")), "{name}: layer ops on the host: {host:?}\n{}", dev.plan);
+        assert!(host.iter().all(|op| matches!(*op, "route" | "routed_experts")), "{name}: layer ops on the host: {host:?}\n{}", dev.plan);
         for chunk in [prompt.len(), 1, 3] {
             let (got, toks, notice) = run(&dev, &prompt, chunk, 12);
             assert!(notice.is_none(), "{name}: {notice:?}");

@@ -349,6 +349,8 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
                 env.put(*out, o);
                 return Err(CpuError::RecurrentState { layer: l, at, want: pos0 });
             }
+            // The state this step starts from stays at hand (a failed forward goes back to it).
+            lk.keep_back();
             deltanet::gated_deltanet(spec, &w, &xs, n, &mut lk.state, spec.norm_eps, env.precision, &mut o);
             lk.state_len = Some(pos0 + n);
             env.put(*out, o);

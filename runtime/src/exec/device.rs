@@ -91,6 +91,8 @@ pub struct DeviceState {
     replays: Vec<(usize, bool, Precision, Recorded)>,
     /// The KV split's rings and partial results, when the plan splits.
     split: Option<SplitState>,
+    /// The Gated DeltaNet layers' recurrent states on the device (`exec::recurrent`).
+    recurrent: super::recurrent::Recurrent,
 }
 
 /// Why a plan cannot run on the device.
@@ -263,7 +265,8 @@ impl DeviceModel {
             Some(s) => Some(s.new_state(ctx, p, self.cap_rows)?),
             None => None,
         };
-        Ok(DeviceState { values, twins, watermark: vec![0; mirrors.len()], mirrors, moe, tokens, pos, replays: Vec::new(), split })
+        let recurrent = super::recurrent::Recurrent::new(ctx, p, &self.frames, self.cap_rows)?;
+        Ok(DeviceState { values, twins, watermark: vec![0; mirrors.len()], mirrors, moe, tokens, pos, replays: Vec::new(), split, recurrent })
     }
 
     fn freq(&self, rd: usize, theta: f32, scaling: RopeScaling) -> (&DeviceBuffer, f32) {
@@ -428,6 +431,9 @@ impl DeviceModel {
                     let mode = if w(*b) == 1 && w(*a) != 1 { Broadcast::PerRow } else { Broadcast::None };
                     f.mul(view(*a), view(*b), view(*out), n, w(*a), mode)?
                 }
+                Op::LinearAttention { x, out, layer, spec } => {
+                    st.recurrent.record(f, &self.mats, &self.vecs, spec, *layer, view(*x), view(*out), n, precision)?;
+                }
                 op => return Err(VkError::BadArgument { op: op_name(op), msg: "not a device op; the plan placed it on a device".into() }),
             }
         }
@@ -494,6 +500,8 @@ impl DeviceModel {
             }
             ctx.write(&st.tokens, 0, u32_bytes(tokens))?;
         }
+        // The recurrent layers' device states: the host's at pos0 (`exec::recurrent`).
+        let recurrent = st.recurrent.before_frame(ctx, p, frame, kv, pos0)?;
         // 2. Record and submit; a one-row forward replays its recording when it can.
         let rows_of = |v: ValueId| if last_only && v == p.logits { (n - 1, 1) } else { (0, n) };
         if n == 1 && replayable(p, frame) {
@@ -546,6 +554,8 @@ impl DeviceModel {
                 sp.stepped(ss, l, pos0, n);
             }
         }
+        // Their new states into the host's (the old ones kept to go back to).
+        st.recurrent.after_frame(ctx, &recurrent, kv, pos0 + n)?;
         // A split attention ends the frame: the host's part and the merge (`exec::kv_split`).
         if let (Some(id), Some(sp), Some(ss)) = (frame.kv_split, self.kv_split.as_ref(), st.split.as_ref()) {
             if let Op::Attention { q, out, layer, spec, .. } = op_of(p, id) {

@@ -4,10 +4,13 @@
 //! key in the `v` rows (`cpu::mla`).
 //!
 //! A recurrent layer (Gated DeltaNet) keeps a state instead of rows: every position it has
-//! absorbed is folded into it, so it can go back only to position 0 (a reset). Truncating to
-//! an earlier position marks the state unknown; the next forward then fails with a typed error
-//! unless it starts at position 0 (`Session::try_truncate` reports it up front). No snapshots
-//! are kept.
+//! absorbed is folded into it, so it can go back only to position 0 (a reset) or to the start
+//! of its last step: each step keeps the state it started from (`keep_back` copies it, a
+//! device's `commit_state` swaps buffers), so a forward that fails after some of its layers
+//! stepped (a device lost mid-forward) goes back and re-runs on the CPU. Truncating to any
+//! other earlier position marks the state unknown; the next forward then fails with a typed
+//! error unless it starts at position 0 (`Session::try_truncate` reports it up front). No other
+//! snapshots are kept.
 
 /// K and V rows of one layer, position-major (`len x width`).
 #[derive(Clone, Debug, Default)]
@@ -21,6 +24,9 @@ pub struct LayerKv {
     pub state: Vec<f32>,
     /// Positions the state has absorbed; `None` when unknown (truncated past it).
     pub state_len: Option<usize>,
+    /// The state the last step started from, and its position (`None`: nothing to go back to).
+    pub state_back: Vec<f32>,
+    pub back_len: Option<usize>,
 }
 
 impl LayerKv {
@@ -50,6 +56,10 @@ impl LayerKv {
         if !self.state.is_empty() && self.state_len.is_none_or(|s| s > len) {
             if len == 0 {
                 self.reset_state(self.state.len());
+            } else if self.back_len == Some(len) && self.state_back.len() == self.state.len() {
+                std::mem::swap(&mut self.state, &mut self.state_back);
+                self.state_len = Some(len);
+                self.back_len = None;
             } else {
                 self.state_len = None;
             }
@@ -59,7 +69,7 @@ impl LayerKv {
     /// Whether truncating to `len` keeps the layer usable (a recurrent state cannot go back
     /// except to 0).
     pub fn can_truncate(&self, len: usize) -> bool {
-        self.state.is_empty() || len == 0 || self.state_len.is_some_and(|s| s <= len)
+        self.state.is_empty() || len == 0 || self.state_len.is_some_and(|s| s <= len) || self.back_len == Some(len)
     }
 
     /// A zero recurrent state of `floats` entries, at position 0.
@@ -67,6 +77,22 @@ impl LayerKv {
         self.state.clear();
         self.state.resize(floats, 0.0);
         self.state_len = Some(0);
+        self.back_len = None;
+    }
+
+    /// Before a step that updates the state in place: keeps a copy to go back to.
+    pub fn keep_back(&mut self) {
+        self.state_back.clone_from(&self.state);
+        self.back_len = self.state_len;
+    }
+
+    /// After a step made elsewhere (a device): `new` becomes the state at position `len`, the
+    /// old state the one to go back to, and `new` gets the old back buffer (no copy).
+    pub fn commit_state(&mut self, new: &mut Vec<f32>, len: usize) {
+        std::mem::swap(&mut self.state, new);
+        std::mem::swap(&mut self.state_back, new);
+        self.back_len = self.state_len;
+        self.state_len = Some(len);
     }
 }
 
@@ -87,7 +113,7 @@ impl KvCache {
 
     /// Bytes held by the cache (recurrent states included).
     pub fn bytes(&self) -> usize {
-        self.layers.iter().map(|l| (l.k.len() + l.v.len() + l.state.len()) * 4).sum()
+        self.layers.iter().map(|l| (l.k.len() + l.v.len() + l.state.len() + l.state_back.len()) * 4).sum()
     }
 }
 
@@ -118,5 +144,28 @@ mod tests {
         assert_eq!(c.layers[0].state_len, None);
         c.truncate(0);
         assert_eq!((c.layers[0].state_len, c.layers[0].state.clone()), (Some(0), vec![0.0; 4]));
+    }
+
+    #[test]
+    fn a_recurrent_state_goes_back_to_the_start_of_its_last_step() {
+        let mut c = KvCache::new(&[(0, 0)]);
+        let l = &mut c.layers[0];
+        l.reset_state(2);
+        l.state = vec![1.0, 2.0];
+        l.state_len = Some(4);
+        // A device step 4..7 commits its state; the old one is kept.
+        let mut new = vec![3.0, 4.0];
+        l.commit_state(&mut new, 7);
+        assert_eq!((l.state.clone(), l.state_len, l.back_len), (vec![3.0, 4.0], Some(7), Some(4)));
+        assert!(l.can_truncate(4) && !l.can_truncate(5));
+        c.truncate(4);
+        let l = &mut c.layers[0];
+        assert_eq!((l.state.clone(), l.state_len, l.back_len), (vec![1.0, 2.0], Some(4), None));
+        // A CPU step keeps a copy likewise.
+        l.keep_back();
+        l.state = vec![5.0, 6.0];
+        l.state_len = Some(5);
+        c.truncate(4);
+        assert_eq!((c.layers[0].state.clone(), c.layers[0].state_len), (vec![1.0, 2.0], Some(4)));
     }
 }

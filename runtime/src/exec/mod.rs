@@ -8,6 +8,7 @@ pub mod device;
 pub mod kv;
 pub mod kv_split;
 pub mod probe;
+pub mod recurrent;
 pub mod weights;
 
 use crate::cpu::{run_ops, CpuError, CpuOps, Env, Precision};

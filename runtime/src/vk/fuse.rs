@@ -16,7 +16,7 @@
 //!
 //! `replayable` says whether a frame's recording depends on nothing but the row count and
 //! the positions (which kernels read from a device buffer), so one recording of a decode
-//! step serves every step.
+//! step serves every step (a Gated DeltaNet reads no position: its state is the session's).
 //!
 //! Must not: change what a frame computes, only how many kernels compute it.
 
@@ -221,6 +221,7 @@ pub fn replayable(program: &Program, frame: &Frame) -> bool {
                     | Op::Mul { .. }
                     | Op::Route { .. }
                     | Op::RoutedExperts { .. }
+                    | Op::LinearAttention { .. }
             )
         })
 }

@@ -1,0 +1,151 @@
+//! The recurrent state of a device's Gated DeltaNet layers in one session: per layer, the
+//! state on the device (the heads' matrices and the convolution ring, in the CPU's layout) and
+//! a host-cached read-back buffer; one scratch for the op's intermediates.
+//!
+//! The host's state (`LayerKv::state`) stays canonical, as the KV cache does. Before a frame
+//! that runs a layer, the device's state is made the host's at the frame's first position:
+//! zeros at position 0 (where the CPU resets), else the host's uploaded unless the device
+//! already holds it (`at`: the position the device's copy is the host's state of; `None`
+//! while a frame may have changed it). The frame copies the new state into the read-back
+//! buffer in the same submission, and after it the host takes it (`LayerKv::commit_state`:
+//! buffers swapped, the old state kept as the one to go back to), so a device lost later in
+//! the forward leaves the host able to re-run the forward on the CPU.
+//!
+//! Must not: run a layer whose host state is not at the frame's first position (a typed
+//! error; the CPU would refuse it too), or keep a device copy the host's state may have moved
+//! away from.
+
+use super::kv::KvCache;
+use crate::cpu::Precision;
+use crate::vk::{Context, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceBuffer, DeviceMatrix, Frame as VkFrame, MemoryUse, View, VkError};
+use coli_compiler::frames::{op_of, Frame};
+use coli_compiler::ids::Place;
+use coli_compiler::ir::{LayerId, LinearAttentionSpec, Op, Program};
+use std::collections::HashMap;
+
+/// One layer's state on the device.
+struct Layer {
+    state: DeviceBuffer,
+    back: DeviceBuffer,
+    floats: usize,
+    /// The position the device's state is the host's state at.
+    at: Option<usize>,
+    /// A buffer for the next read-back (the host's previous back buffer, reused).
+    staged: Vec<f32>,
+}
+
+/// The device's recurrent states of one session, by layer.
+pub struct Recurrent {
+    layers: Vec<Option<Layer>>,
+    scratch: Option<DeltaNetScratch>,
+}
+
+fn bad(msg: String) -> VkError {
+    VkError::BadArgument { op: "linear_attention", msg }
+}
+
+impl Recurrent {
+    /// States for the `LinearAttention` ops of `frames` that run on a device, and a scratch
+    /// for steps of at most `rows` rows.
+    pub fn new(ctx: &Context, program: &Program, frames: &[Frame], rows: usize) -> Result<Recurrent, VkError> {
+        let mut layers: Vec<Option<Layer>> = (0..program.layers.len()).map(|_| None).collect();
+        let mut widest: Option<DeltaNetShape> = None;
+        for f in frames.iter().filter(|f| f.place != Place::Host) {
+            for &id in &f.ops {
+                let Op::LinearAttention { layer, spec, .. } = op_of(program, id) else { continue };
+                let s = DeltaNetShape::of(spec);
+                let floats = s.state_floats();
+                let slot = layers.get_mut(layer.0 as usize).ok_or_else(|| bad(format!("{layer} is not a layer of the program")))?;
+                *slot = Some(Layer { state: ctx.f32_buffer(floats.max(1))?, back: ctx.buffer(MemoryUse::Readback, floats.max(1) * 4)?, floats, at: None, staged: Vec::new() });
+                widest = Some(match widest {
+                    None => s,
+                    Some(w) => DeltaNetShape {
+                        key_heads: w.key_heads.max(s.key_heads),
+                        value_heads: w.value_heads.max(s.value_heads),
+                        key_head_dim: w.key_head_dim.max(s.key_head_dim),
+                        value_head_dim: w.value_head_dim.max(s.value_head_dim),
+                        ..w
+                    },
+                });
+            }
+        }
+        let scratch = widest.map(|s| DeltaNetScratch::new(ctx, rows, s)).transpose()?;
+        Ok(Recurrent { layers, scratch })
+    }
+
+    /// Before `frame` runs from `pos0`: the device state of each of its recurrent layers made
+    /// the host's (zeros at position 0). Returns those layers, for `after_frame`.
+    pub fn before_frame(&mut self, ctx: &Context, program: &Program, frame: &Frame, kv: &KvCache, pos0: usize) -> Result<Vec<usize>, VkError> {
+        let mut touched = Vec::new();
+        for &id in &frame.ops {
+            let Op::LinearAttention { layer, .. } = op_of(program, id) else { continue };
+            let l = layer.0 as usize;
+            let m = self.layers.get_mut(l).and_then(Option::as_mut).ok_or_else(|| bad(format!("{layer}: no device state")))?;
+            if pos0 == 0 {
+                if m.at != Some(0) {
+                    ctx.write(&m.state, 0, &vec![0u8; m.floats * 4])?;
+                }
+            } else if m.at != Some(pos0) {
+                let host = kv.layers.get(l).ok_or_else(|| bad(format!("{layer}: no host state")))?;
+                if host.state_len != Some(pos0) || host.state.len() != m.floats {
+                    let at = host.state_len.map_or("unknown".to_string(), |s| format!("at position {s}"));
+                    return Err(bad(format!("{layer}: the host's recurrent state is {at}, the step starts at {pos0}")));
+                }
+                ctx.write(&m.state, 0, as_bytes(&host.state))?;
+            }
+            // The frame changes it: not the host's until it is read back.
+            m.at = None;
+            touched.push(l);
+        }
+        Ok(touched)
+    }
+
+    /// Records the op of `layer` over `n` rows (its weights from the device's `mats` and
+    /// `vecs`), then the copy of its new state into the read-back buffer.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record<'a>(
+        &'a self,
+        f: &mut VkFrame<'a>,
+        mats: &'a HashMap<String, DeviceMatrix>,
+        vecs: &'a HashMap<String, DeviceBuffer>,
+        spec: &LinearAttentionSpec,
+        layer: LayerId,
+        x: View<'a>,
+        out: View<'a>,
+        n: usize,
+        precision: Precision,
+    ) -> Result<(), VkError> {
+        let m = self.layers.get(layer.0 as usize).and_then(Option::as_ref).ok_or_else(|| bad(format!("{layer}: no device state")))?;
+        let scratch = self.scratch.as_ref().ok_or_else(|| bad("no scratch".into()))?;
+        let name = |role: &str| spec.weights.iter().find(|(r, _)| r == role).map(|(_, w)| w.name.as_str()).ok_or_else(|| bad(format!("{layer}: no weight for role {role}")));
+        let mat = |role: &str| name(role).and_then(|n| mats.get(n).ok_or_else(|| bad(format!("{layer}: {n} not uploaded"))));
+        let vec = |role: &str| name(role).and_then(|n| vecs.get(n).map(DeviceBuffer::all).ok_or_else(|| bad(format!("{layer}: {n} not uploaded"))));
+        let w = DeltaNetMats { qkvz: mat("in_proj_qkvz")?, ba: mat("in_proj_ba")?, out: mat("out_proj")?, conv: vec("conv1d")?, dt_bias: vec("dt_bias")?, a_log: vec("a_log")?, norm: vec("norm")? };
+        let state = m.state.view(0, m.floats);
+        f.deltanet(DeltaNetShape::of(spec), w, x, n, state, scratch, out, precision)?;
+        f.copy(state, m.back.view(0, m.floats))
+    }
+
+    /// After the frame ran: each touched layer's new state (position `len`) into the host's.
+    pub fn after_frame(&mut self, ctx: &Context, touched: &[usize], kv: &mut KvCache, len: usize) -> Result<(), VkError> {
+        for &l in touched {
+            let m = self.layers.get_mut(l).and_then(Option::as_mut).ok_or_else(|| bad(format!("l{l}: no device state")))?;
+            let host = kv.layers.get_mut(l).ok_or_else(|| bad(format!("l{l}: no host state")))?;
+            m.staged.resize(m.floats, 0.0);
+            ctx.read(&m.back, 0, as_bytes_mut(&mut m.staged))?;
+            host.commit_state(&mut m.staged, len);
+            m.at = Some(len);
+        }
+        Ok(())
+    }
+}
+
+fn as_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and every byte pattern is a valid u8.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+fn as_bytes_mut(v: &mut [f32]) -> &mut [u8] {
+    // SAFETY: as above; every byte pattern is a valid f32.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
+}
