@@ -1,7 +1,8 @@
 //! The Vulkan path against the CPU path, end to end, on whatever Vulkan device the machine has
 //! (Lavapipe in CI): every fixture's logits and greedy tokens, prompts in chunks, partial
-//! chains (the first N layers on the device, the rest on the CPU) for every N, and a device
-//! lost mid-decode that the CPU finishes with the same tokens.
+//! chains (the first N layers on the device, the rest on the CPU) for every N, a device lost
+//! mid-decode that the CPU finishes with the same tokens (also mid-step, after the host took a
+//! Gated DeltaNet layer's new state), and Qwen3-Next's device state following the host's.
 //!
 //! Tolerance: logits within 1e-4 of the largest |logit| (f32 weights: the device and the CPU
 //! differ only in the order of float operations); greedy tokens identical.
@@ -114,6 +115,66 @@ fn a_device_lost_mid_decode_is_finished_by_the_cpu() {
     let (_, toks, notice) = run(&dev, &prompt, prompt.len(), 12);
     assert!(notice.is_some_and(|n| n.contains("continue on the CPU")), "the fallback says so");
     assert_eq!(toks, want_toks, "the CPU finishes the run with the same tokens");
+}
+
+/// Qwen3-Next with its routed experts on the CPU (no tier, none resident), so a decode step is
+/// several device frames with host steps between them: the first ends with layer 0's Gated
+/// DeltaNet state taken by the host. A submit failing later in a decode step (after that
+/// state was taken) sends the step back to the state it started from and the CPU finishes the
+/// run with the same tokens.
+#[test]
+fn a_device_lost_mid_decode_of_qwen3_next_is_finished_by_the_cpu() {
+    let dir = fixture_dir("qwen3_next");
+    let oracle = read_json(&dir.join("oracle.json"));
+    let prompt = ids(&oracle["prompt_ids"]);
+    let (_, want_toks, _) = run(&load_model(&dir), &prompt, prompt.len(), 12);
+    let load_with = |fault: Option<FaultInjection>| {
+        let mut req = LoadRequest::new(&dir);
+        req.device = DeviceRequest::Vulkan(VkOptions { fault, ..Default::default() });
+        req.compile = Options { context: 256, chunk_rows: 8, expert_tier: false, resident_experts: false, ..Options::default() };
+        load(req).unwrap()
+    };
+    // Where the submits fall: count them on a clean run.
+    let clean = load_with(None);
+    let d = clean.device.as_ref().expect("a device");
+    assert!(host_layer_ops(&clean).iter().all(|op| matches!(*op, "route" | "routed_experts")), "{}", clean.plan);
+    let mut s = Session::on_device(&clean.model, d, 256).unwrap();
+    let mut last = s.forward(&prompt, LogitRows::Last).unwrap();
+    let mut starts = Vec::new();
+    for _ in 0..6 {
+        starts.push(d.ctx.submits());
+        last = s.forward(&[argmax(&last)], LogitRows::Last).unwrap();
+    }
+    let per_step = d.ctx.submits() - starts[5];
+    assert!(per_step >= 2, "a decode step should take several frames, took {per_step}");
+    // The second submit of the sixth decode step: the first (layer 0's DeltaNet) completed.
+    let dev = load_with(Some(FaultInjection { fail_submit: Some(starts[5] + 2), fail_alloc: None }));
+    let (_, toks, notice) = run(&dev, &prompt, prompt.len(), 12);
+    assert!(notice.is_some_and(|n| n.contains("continue on the CPU")), "the fallback says so");
+    assert_eq!(toks, want_toks, "the CPU finishes the run with the same tokens");
+}
+
+/// The device's recurrent state follows the host's: back by one step (the host restores the
+/// state the step started from, the device takes it up), the step again gives the same
+/// logits; a truncate to 0 and the prompt again give the first logits.
+#[test]
+fn qwen3_next_device_state_follows_the_host() {
+    let dir = fixture_dir("qwen3_next");
+    let oracle = read_json(&dir.join("oracle.json"));
+    let prompt = ids(&oracle["prompt_ids"]);
+    let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
+    let dev = load_on_device(&dir, None, None);
+    let mut s = Session::on_device(&dev.model, dev.device.as_ref().expect("a device"), 256).unwrap();
+    let first = s.forward(&prompt, LogitRows::Last).unwrap();
+    let a = s.forward(&[argmax(&first)], LogitRows::Last).unwrap();
+    let b = s.forward(&[argmax(&a)], LogitRows::Last).unwrap();
+    s.try_truncate(prompt.len() + 1).expect("back by the last step");
+    let b2 = s.forward(&[argmax(&a)], LogitRows::Last).unwrap();
+    assert!(max_abs_diff(&[b2], &[b.clone()]) <= 1e-5 * max, "the step again");
+    s.truncate(0);
+    let again = s.forward(&prompt, LogitRows::Last).unwrap();
+    assert!(max_abs_diff(&[again], &[first]) <= 1e-5 * max, "the prompt again from a fresh state");
+    assert!(s.take_notice().is_none() && s.on_a_device(), "all of it on the device");
 }
 
 #[test]
