@@ -30,8 +30,9 @@ pub struct TierArgs {
     /// Each step's uploads complete before the next step (reproducible runs, tests).
     #[arg(long)]
     pub tier_deterministic: bool,
-    /// Staging slots through which big prompt steps stream cold experts (0: no streaming).
-    #[arg(long, default_value_t = 32)]
+    /// Staging slots through which big prompt steps stream cold experts (0, the default: no
+    /// streaming; on the H200 it has not yet made a prompt faster, docs/BENCHMARKS.md).
+    #[arg(long, default_value_t = 0)]
     pub tier_stream_slots: usize,
     /// Rows from which a step may stream.
     #[arg(long, default_value_t = 32)]
