@@ -17,7 +17,7 @@ use coli_runtime::vk::{FaultInjection, VkOptions};
 use common::*;
 use std::path::Path;
 
-const FIXTURES: &[&str] = &["llama", "llama_tied", "olmoe", "qwen3_moe", "mixtral", "mimo_v2_flash"];
+const FIXTURES: &[&str] = &["llama", "llama_tied", "olmoe", "qwen3_moe", "mixtral", "mimo_v2_flash", "qwen3_next"];
 
 /// How the layers are placed: forced counts, or memory caps on each device.
 #[derive(Clone, Copy, Default)]
@@ -70,7 +70,7 @@ fn run(l: &Loaded, prompt: &[u32], chunk: usize, steps: usize) -> Run {
     for _ in 0..steps {
         let id = argmax(&last);
         toks.push(id);
-        last = s.forward(&[id], LogitRows::Last).unwrap();
+        last = s.forward(&[id], LogitRows::Last).unwrap_or_else(|e| panic!("{e}; notice: {:?}", s.take_notice()));
     }
     Run { rows, toks, notice: s.take_notice(), on_device: s.on_a_device() }
 }
@@ -161,7 +161,7 @@ fn a_memory_cap_on_the_primary_sends_the_rest_to_the_second_device() {
 
 #[test]
 fn a_device_lost_mid_decode_turns_both_off_and_the_cpu_finishes() {
-    for name in ["olmoe", "llama"] {
+    for name in ["olmoe", "llama", "qwen3_next"] {
         let dir = fixture_dir(name);
         let (o, cpu) = oracle(&dir);
         let want = run(&cpu, &o.prompt, o.prompt.len(), 12);
