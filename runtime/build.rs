@@ -41,6 +41,10 @@ const KERNELS: &[(&str, &str, bool)] = &[
     ("MoeSum", "moe_sum.comp", false),
     ("DeltanetConv", "deltanet_conv.comp", false),
     ("DeltanetRule", "deltanet_rule.comp", false),
+    ("MlaKv", "mla_kv.comp", false),
+    ("MlaAbsorb", "mla_absorb.comp", true),
+    ("MlaAttn", "mla_attn.comp", false),
+    ("MlaValue", "mla_value.comp", true),
 ];
 
 /// Weight-format variants: (Rust variant of `FormatVariant`, the defines the sources test).

@@ -24,6 +24,10 @@ impl Kernel {
             Kernel::MoeSum => 3,
             Kernel::DeltanetConv => 4,
             Kernel::DeltanetRule => 8,
+            Kernel::MlaKv => 8,
+            Kernel::MlaAbsorb => 4,
+            Kernel::MlaAttn => 4,
+            Kernel::MlaValue => 6,
         }
     }
 
@@ -45,6 +49,10 @@ impl Kernel {
             Kernel::MoeSum => &[2],
             Kernel::DeltanetConv => &[2, 3],
             Kernel::DeltanetRule => &[6, 7],
+            Kernel::MlaKv => &[3, 4, 5, 6, 7],
+            Kernel::MlaAbsorb => &[3],
+            Kernel::MlaAttn => &[0],
+            Kernel::MlaValue => &[5],
         }
     }
 

@@ -99,8 +99,8 @@ fn same_range(a: &View, b: &View) -> bool {
 /// Activations quantized on the device (`Frame::quantize_acts`), valid for the frame.
 #[derive(Clone, Copy)]
 pub struct QuantizedActs {
-    xq: Bind<'static>,
-    xd: Bind<'static>,
+    pub(crate) xq: Bind<'static>,
+    pub(crate) xd: Bind<'static>,
     n: usize,
     cols: usize,
 }

@@ -9,6 +9,7 @@ pub mod attn_part;
 pub mod deltanet;
 pub mod elementwise;
 pub mod matmul;
+pub mod mla;
 pub mod moe;
 pub mod norm;
 pub mod route;
@@ -16,6 +17,7 @@ pub mod route;
 pub use attention::{AttnPath, AttnShape, KvShape, Pos, RopeArgs};
 pub use deltanet::{DeltaNetMats, DeltaNetScratch, DeltaNetShape};
 pub use matmul::{MatIn, MatmulPath, QuantizedActs};
+pub use mla::{MlaCache, MlaMats, MlaQuery, MlaScratch, MlaShape};
 pub use moe::{DeviceExperts, MoePath, MoeScratch, PackedExpert, MAX_EXPERTS as MOE_MAX_EXPERTS};
 pub use route::RouteParams;
 
