@@ -307,38 +307,6 @@ fn quantized_acts_match_the_portable_block_quantizer_bit_for_bit() {
     assert_eq!(acts.row(0)[1].q[1], -14 - (-14i8 & 1), "ties to even");
 }
 
-/// Throughput of `matmul` on SmolLM2-135M's shapes (not a test: run with `--ignored
-/// --nocapture`, best with `COLI_THREADS=1` for the single-core kernel). Prints the best of
-/// many repetitions, which is robust to other load on the machine.
-#[test]
-#[ignore]
-fn kernel_throughput() {
-    let mut rng = Rng(5);
-    let shapes = [(WeightFormat::Q4_1, 576 + 192 + 192, 576), (WeightFormat::Q4_1, 2 * 1536, 576), (WeightFormat::Q4_1, 576, 1536), (WeightFormat::Q8_0, 49152, 576)];
-    for n in [1usize, 128] {
-        for &(format, rows, cols) in &shapes {
-            if n > 1 && rows > 10000 {
-                continue;
-            }
-            let bytes = random_rows(format, rows, cols, &mut rng);
-            let w = Matrix::new(format, rows, cols, &bytes).unwrap();
-            let x = rng.vec(n * cols, 1.0);
-            let acts = QuantizedActs::new(&x, n, cols).unwrap();
-            let mut out = vec![0f32; n * rows];
-            let reps = (2e9 / (rows * cols * n) as f64).clamp(3.0, 2000.0) as usize;
-            let mut best = f64::MAX;
-            for _ in 0..reps {
-                let t = std::time::Instant::now();
-                matmul_q(&w, &acts, &mut out);
-                best = best.min(t.elapsed().as_secs_f64());
-            }
-            let gmacs = (rows * cols * n) as f64 / best / 1e9;
-            let gbs = bytes.len() as f64 / best / 1e9;
-            println!("{format} {rows}x{cols} n={n}: {:.1} us, {gmacs:.1} GMAC/s, {gbs:.1} GB/s of weights ({})", best * 1e6, kernel_level());
-        }
-    }
-}
-
 #[test]
 fn float_matmul_handles_ragged_columns_and_tiles() {
     let mut rng = Rng(31);
