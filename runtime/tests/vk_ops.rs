@@ -158,6 +158,31 @@ fn rms_norm_matches_cpu() {
     }
 }
 
+/// Two norms in one dispatch (a layer's q and k norms): different widths and groups (whole
+/// rows and per head, the second in place), each as the CPU. Tolerance 1e-5.
+#[test]
+fn rms_norm_pair_matches_two_cpu_norms() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0013);
+    let n = 3;
+    for ((wa, ga), (wb, gb)) in [((256, 256), (64, 64)), ((96, 32), (160, 32)), ((64, 64), (64, 8))] {
+        let (xa, xb) = (rng.vec(n * wa, 2.0), rng.vec(n * wb, 2.0));
+        let (wa_, wb_) = (rng.vec(ga, 1.0), rng.vec(gb, 1.0));
+        let (mut want_a, mut want_b) = (vec![0f32; n * wa], vec![0f32; n * wb]);
+        cpu_norm::rms_norm(&xa, &mut want_a, &wa_, 1e-6, 0.0);
+        cpu_norm::rms_norm(&xb, &mut want_b, &wb_, 1e-6, 0.0);
+        let (xab, wab, oab) = (ctx.upload_f32(&xa).unwrap(), ctx.upload_f32(&wa_).unwrap(), ctx.f32_buffer(n * wa).unwrap());
+        let (xbb, wbb) = (ctx.upload_f32(&xb).unwrap(), ctx.upload_f32(&wb_).unwrap());
+        let mut f = ctx.frame().unwrap();
+        let a = coli_runtime::vk::NormArgs { x: xab.all(), weight: wab.all(), out: oab.all(), width: wa };
+        let b = coli_runtime::vk::NormArgs { x: xbb.all(), weight: wbb.all(), out: xbb.all(), width: wb };
+        f.rms_norm_pair(a, b, n, 1e-6, 0.0).unwrap();
+        f.run().unwrap();
+        assert_close(&format!("pair a {wa}/{ga}"), &ctx.download_f32(oab.all()).unwrap(), &want_a, 1e-5);
+        assert_close(&format!("pair b {wb}/{gb}"), &ctx.download_f32(xbb.all()).unwrap(), &want_b, 1e-5);
+    }
+}
+
 /// RoPE, both pair layouts, full and partial rotary dims, with scaling, at positions into the
 /// thousands. Tolerance 1e-5 (the device's sin/cos after an explicit range reduction).
 #[test]

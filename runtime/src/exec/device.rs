@@ -40,7 +40,7 @@ use crate::exec::kv_split::{Split, SplitState, SplitStats};
 use crate::oplib::{op_name, OpLib};
 use crate::vk::fuse::{fusions, replayable, Fused};
 use crate::vk::{AttnPath, AttnShape, Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoePath, MoeScratch, RopeShape, RouteParams, VkError, VkOps};
-use crate::vk::{Frame as VkFrame, KvShape, MatIn, Pos, QuantizedActs, Recorded, RopeArgs};
+use crate::vk::{Frame as VkFrame, KvShape, MatIn, NormArgs, Pos, QuantizedActs, Recorded, RopeArgs};
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::{DeviceId, Part, Place};
 use coli_compiler::ir::{ExpertBias, Op, Program, RopeScaling, ValueId};
@@ -93,6 +93,8 @@ pub struct DeviceState {
     split: Option<SplitState>,
     /// The Gated DeltaNet layers' recurrent states on the device (`exec::recurrent`).
     recurrent: super::recurrent::Recurrent,
+    /// What the MLA layers' kernels work in (`exec::mla_mirror`).
+    mla: Option<crate::vk::MlaScratch>,
 }
 
 /// Why a plan cannot run on the device.
@@ -126,6 +128,9 @@ impl DeviceModel {
                 visit_weights(op, &mut |w, is_vec| names.push((w.name.clone(), is_vec)), &mut |_, _| {});
                 if let Op::Rope { rotary_dim, theta, scaling, .. } = op {
                     freqs.push((*rotary_dim, *theta, *scaling));
+                }
+                if let Op::Mla { spec, .. } = op {
+                    freqs.push((spec.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling));
                 }
                 if let Op::RoutedExperts { .. } = op {
                     moe_ops.push(op);
@@ -228,23 +233,26 @@ impl DeviceModel {
         let mut mirrors: Vec<Option<_>> = (0..p.layers.len()).map(|_| None).collect();
         for f in &self.frames {
             for &id in &f.ops {
-                if let Op::Attention { layer, spec, .. } = op_of(p, id) {
-                    let (kw, vw) = (spec.kv_heads * spec.head_dim, spec.kv_heads * spec.v_head_dim);
-                    let l = layer.0 as usize;
-                    // A split layer's mirror is a ring of its newest positions (the plan's, which
-                    // the kernels index modulo, whatever the session's context).
-                    let rows = match &self.kv_split {
-                        Some(s) if s.splits(*layer) => s.plan.ring,
-                        _ => context,
-                    };
-                    if mirrors[l].is_none() {
-                        mirrors[l] = Some((
-                            ctx.f32_buffer(rows * kw)?,
-                            ctx.f32_buffer(rows * vw)?,
-                            ctx.buffer(MemoryUse::Readback, self.cap_rows * kw * 4)?,
-                            ctx.buffer(MemoryUse::Readback, self.cap_rows * vw * 4)?,
-                        ));
-                    }
+                // An MLA layer's mirror holds its latents and rope keys (`exec::mla_mirror`).
+                let (layer, (kw, vw)) = match op_of(p, id) {
+                    Op::Attention { layer, spec, .. } => (layer, (spec.kv_heads * spec.head_dim, spec.kv_heads * spec.v_head_dim)),
+                    Op::Mla { layer, spec, .. } => (layer, super::mla_mirror::mirror_widths(spec)),
+                    _ => continue,
+                };
+                let l = layer.0 as usize;
+                // A split layer's mirror is a ring of its newest positions (the plan's, which
+                // the kernels index modulo, whatever the session's context).
+                let rows = match &self.kv_split {
+                    Some(s) if s.splits(*layer) => s.plan.ring,
+                    _ => context,
+                };
+                if mirrors[l].is_none() {
+                    mirrors[l] = Some((
+                        ctx.f32_buffer(rows * kw)?,
+                        ctx.f32_buffer(rows * vw)?,
+                        ctx.buffer(MemoryUse::Readback, self.cap_rows * kw * 4)?,
+                        ctx.buffer(MemoryUse::Readback, self.cap_rows * vw * 4)?,
+                    ));
                 }
             }
         }
@@ -266,7 +274,8 @@ impl DeviceModel {
             None => None,
         };
         let recurrent = super::recurrent::Recurrent::new(ctx, p, &self.frames, self.cap_rows)?;
-        Ok(DeviceState { values, twins, watermark: vec![0; mirrors.len()], mirrors, moe, tokens, pos, replays: Vec::new(), split, recurrent })
+        let mla = super::mla_mirror::scratch(ctx, p, &self.frames, self.cap_rows)?;
+        Ok(DeviceState { values, twins, watermark: vec![0; mirrors.len()], mirrors, moe, tokens, pos, replays: Vec::new(), split, recurrent, mla })
     }
 
     fn freq(&self, rd: usize, theta: f32, scaling: RopeScaling) -> (&DeviceBuffer, f32) {
@@ -335,6 +344,15 @@ impl DeviceModel {
                     if let Some(b) = bias {
                         f.add(pick(dest), self.vecs[&b.name].all(), pick(dest), rows, w(dest), Broadcast::Row)?;
                     }
+                    continue;
+                }
+                (Fused::NormPair { second }, Op::RmsNorm { x, out, weight, eps, offset, .. }) => {
+                    let Op::RmsNorm { x: x2, out: o2, weight: w2, .. } = op_of(p, frame.ops[second]) else {
+                        return Err(VkError::BadArgument { op: "rms_norm", msg: "a norm pair's second op is not a norm".into() });
+                    };
+                    let a = NormArgs { x: view(*x), weight: self.vecs[&weight.name].all(), out: view(*out), width: w(*x) };
+                    let b = NormArgs { x: view(*x2), weight: self.vecs[&w2.name].all(), out: view(*o2), width: w(*x2) };
+                    f.rms_norm_pair(a, b, n, *eps, *offset)?;
                     continue;
                 }
                 (Fused::Attention { rope, one_kernel }, Op::Attention { q, k, v, out, layer, spec }) => {
@@ -434,6 +452,12 @@ impl DeviceModel {
                 Op::LinearAttention { x, out, layer, spec } => {
                     st.recurrent.record(f, &self.mats, &self.vecs, spec, *layer, view(*x), view(*out), n, precision)?;
                 }
+                Op::Mla { x, out, layer, spec } => {
+                    let mirror = st.mirrors[layer.0 as usize].as_ref().expect("mirror allocated");
+                    let (fb, mscale) = self.freq(spec.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling);
+                    let inp = super::mla_mirror::MlaInputs { mats: &self.mats, vecs: &self.vecs, freq: (fb, mscale), mirror, scratch: st.mla.as_ref() };
+                    super::mla_mirror::record(f, inp, spec, view(*x), view(*out), n, pos, precision)?;
+                }
                 op => return Err(VkError::BadArgument { op: op_name(op), msg: "not a device op; the plan placed it on a device".into() }),
             }
         }
@@ -477,7 +501,7 @@ impl DeviceModel {
         // Mirror rows the device lacks (a host write lowered the watermark) go up first.
         let mut attn_layers = Vec::new();
         for &id in &frame.ops {
-            if let Op::Attention { layer, .. } = op_of(p, id) {
+            if let Op::Attention { layer, .. } | Op::Mla { layer, .. } = op_of(p, id) {
                 let l = layer.0 as usize;
                 attn_layers.push(l);
                 let (mk, mv, _, _) = st.mirrors[l].as_ref().expect("mirror allocated");

@@ -5,6 +5,8 @@
 //! - a `Glu` read only by `Linear`s of its frame likewise (`MatIn::Glu`);
 //! - an `Add` right after a bias-free `Linear` that consumes the product (the residual add) is
 //!   `Absorbed` into the product's store (`matmul_fused`'s residual);
+//! - two `RmsNorm`s in a row that do not touch each other's output are one dispatch
+//!   (`NormPair`: a layer's q and k norms);
 //! - an `Attention` takes `rope_kv`: the `Rope`s of its q and k right before it are `Absorbed`
 //!   into it when they agree, and the KV append (mirror and read-back rows) is always its;
 //!   for one row, RoPE, the append and attention are one kernel when q and k die there.
@@ -22,7 +24,7 @@
 
 use coli_compiler::dot::op_io;
 use coli_compiler::frames::{op_of, Frame};
-use coli_compiler::ids::Place;
+use coli_compiler::ids::{Part, Place};
 use coli_compiler::ir::{Op, Program, ValueId};
 
 /// How the executor records one op of a device frame.
@@ -41,6 +43,9 @@ pub enum Fused {
     /// absorbed), so a one-row forward may leave them unrotated and do RoPE, the KV append and
     /// attention in one kernel (`Frame::attention_decode`).
     Attention { rope: Option<(usize, usize)>, one_kernel: bool },
+    /// An `RmsNorm` recorded with the `RmsNorm` at index `second` (absorbed) in one dispatch
+    /// (`Frame::rms_norm_pair`): neither reads what the other writes.
+    NormPair { second: usize },
 }
 
 /// Where each value is read and written, over the whole forward in execution order.
@@ -168,6 +173,25 @@ pub fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
                     Fused::Linear { residual, .. } => Fused::Linear { input: Some(i), residual },
                     _ => Fused::Linear { input: Some(i), residual: None },
                 };
+            }
+        }
+        // Two norms in a row that do not touch each other's output (a layer's q and k norms):
+        // one dispatch. Not in the epilogue (a forward whose last row only is wanted records
+        // its norm on that row).
+        let mut i = 0;
+        while i + 1 < f.ops.len() {
+            let pairable = match (op(i), op(i + 1)) {
+                (Op::RmsNorm { x: xa, out: oa, eps: ea, offset: fa, .. }, Op::RmsNorm { x: xb, out: ob, eps: eb, offset: fb, .. }) => {
+                    ea == eb && fa == fb && xb != oa && xa != ob && oa != ob && f.ops[i].part != Part::Epilogue && f.ops[i + 1].part != Part::Epilogue
+                }
+                _ => false,
+            };
+            if pairable && plan[fi][i] == Fused::Alone && plan[fi][i + 1] == Fused::Alone {
+                plan[fi][i] = Fused::NormPair { second: i + 1 };
+                plan[fi][i + 1] = Fused::Absorbed;
+                i += 2;
+            } else {
+                i += 1;
             }
         }
         // RoPE and the KV append with attention.

@@ -12,6 +12,16 @@ use super::attention::Pos;
 use crate::vk::shaders::Kernel;
 use coli_compiler::ir::RopeStyle;
 
+/// One norm of `Frame::rms_norm_pair`: rows of `width` from `x` into `out`, groups of
+/// `weight.len` columns.
+#[derive(Clone, Copy, Debug)]
+pub struct NormArgs<'a> {
+    pub x: View<'a>,
+    pub weight: View<'a>,
+    pub out: View<'a>,
+    pub width: usize,
+}
+
 /// Geometry of a RoPE call.
 #[derive(Clone, Copy, Debug)]
 pub struct RopeShape {
@@ -31,28 +41,43 @@ impl<'a> Frame<'a> {
     /// `out = x / rms(x) * (weight + offset)` over groups of `weight.len` columns of `n` rows
     /// of `width`; `x` and `out` may be the same view.
     pub fn rms_norm(&mut self, x: View<'a>, weight: View<'a>, out: View<'a>, n: usize, width: usize, eps: f32, offset: f32) -> Result<()> {
+        self.rms_norms(NormArgs { x, weight, out, width }, None, n, eps, offset)
+    }
+
+    /// Two independent `rms_norm`s of `n` rows each (the same `eps` and `offset`) in one
+    /// dispatch: neither may read what the other writes.
+    pub fn rms_norm_pair(&mut self, a: NormArgs<'a>, b: NormArgs<'a>, n: usize, eps: f32, offset: f32) -> Result<()> {
+        self.rms_norms(a, Some(b), n, eps, offset)
+    }
+
+    fn rms_norms(&mut self, a: NormArgs<'a>, b: Option<NormArgs<'a>>, n: usize, eps: f32, offset: f32) -> Result<()> {
         const OP: &str = "rms_norm";
-        let group = weight.len;
-        if group == 0 || width % group != 0 {
-            return Err(VkError::BadArgument { op: OP, msg: format!("row width {width} is not a multiple of the group {group}") });
-        }
-        x.check(OP, "x", n * width)?;
-        out.check(OP, "out", n * width)?;
-        weight.check(OP, "weight", group)?;
-        if weight.offset != 0 {
-            return Err(VkError::BadArgument { op: OP, msg: "weight views must start at element 0".into() });
-        }
+        let check = |t: &NormArgs| -> Result<(u32, u32, u32, u32)> {
+            let group = t.weight.len;
+            if group == 0 || t.width % group != 0 {
+                return Err(VkError::BadArgument { op: OP, msg: format!("row width {} is not a multiple of the group {group}", t.width) });
+            }
+            t.x.check(OP, "x", n * t.width)?;
+            t.out.check(OP, "out", n * t.width)?;
+            t.weight.check(OP, "weight", group)?;
+            if t.weight.offset != 0 {
+                return Err(VkError::BadArgument { op: OP, msg: "weight views must start at element 0".into() });
+            }
+            Ok((u32_arg(OP, "width", t.width)?, group as u32, u32_arg(OP, "x offset", t.x.offset)?, u32_arg(OP, "out offset", t.out.offset)?))
+        };
+        let (w1, g1, x1, o1) = check(&a)?;
+        let (w2, g2, x2, o2) = match &b {
+            Some(t) => check(t)?,
+            None => (0, 1, 0, 0),
+        };
         let mut push: Push = [0; 16];
-        push[..6].copy_from_slice(&[
-            u32_arg(OP, "width", width)?,
-            group as u32,
-            eps.to_bits(),
-            offset.to_bits(),
-            u32_arg(OP, "x offset", x.offset)?,
-            u32_arg(OP, "out offset", out.offset)?,
-        ]);
-        let binds = [Bind::buf(x.buf), Bind::buf(weight.buf), Bind::buf(out.buf)];
-        self.dispatch(Kernel::RmsNorm, None, &binds, &push, [(width / group) as u32, u32_arg(OP, "n", n)?, 1])
+        push[..10].copy_from_slice(&[w1, g1, eps.to_bits(), offset.to_bits(), x1, o1, w2, g2, x2, o2]);
+        let mut binds = vec![Bind::buf(a.x.buf), Bind::buf(a.weight.buf), Bind::buf(a.out.buf)];
+        if let Some(t) = &b {
+            binds.extend([Bind::buf(t.x.buf), Bind::buf(t.weight.buf), Bind::buf(t.out.buf)]);
+        }
+        let groups = (w1 / g1).max(w2 / g2);
+        self.dispatch(Kernel::RmsNorm, None, &binds, &push, [groups, u32_arg(OP, "n", n)?, if b.is_some() { 2 } else { 1 }])
     }
 
     /// Rotates the first `2 * freq.len` columns of each head in place (`freq`: the inverse
