@@ -17,7 +17,8 @@
 //! the session's buffers before each submit.
 //!
 //! The KV cache: the host's copy stays canonical. Each device layer keeps a mirror of its K/V
-//! rows on the device; a frame appends the block's rows to the mirror and copies them to a
+//! rows on the device (an MLA layer: its normalized latents and rope keys, `exec::mla_mirror`,
+//! which also records the op); a frame appends the block's rows to the mirror and copies them to a
 //! read-back buffer, and the host appends them to its cache after the frame. So when the
 //! device fails, the CPU re-runs the forward from the host's cache with the same tokens.
 //!

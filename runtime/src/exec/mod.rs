@@ -7,6 +7,7 @@ pub mod chain;
 pub mod device;
 pub mod kv;
 pub mod kv_split;
+pub mod mla_mirror;
 pub mod probe;
 pub mod recurrent;
 pub mod weights;

@@ -1,7 +1,8 @@
 //! `VkOps`: the Vulkan op library's answers to the executor (`OpLib`): its name and which
 //! ops and weight formats it runs. The answers follow the kernels' limits (attention heads of
 //! at most 256 columns, routers of at most 1024 experts and 64 ranks, routed experts of at most
-//! 1024 experts a layer, Gated DeltaNet heads of at most 256 columns and kernels of at most 8).
+//! 1024 experts a layer, Gated DeltaNet heads of at most 256 columns and kernels of at most 8,
+//! MLA latents of at most 1024 columns and rope parts of at most 128).
 //!
 //! Must not: run anything (frames do), or claim an op without a tested kernel.
 
@@ -41,7 +42,9 @@ impl OpLib for VkOps {
             Op::RoutedExperts { experts, .. } => *experts <= super::ops::moe::MAX_EXPERTS,
             // Gated DeltaNet (`ops/deltanet.rs`) within the kernels' head widths and kernel length.
             Op::LinearAttention { spec, .. } => super::ops::DeltaNetShape::supported(spec),
-            Op::LayerNorm { .. } | Op::Mla { .. } => false,
+            // Multi-head latent attention (`ops/mla.rs`) within the kernels' latent and rope widths.
+            Op::Mla { spec, .. } => super::ops::MlaShape::supported(spec),
+            Op::LayerNorm { .. } => false,
         }
     }
 }
