@@ -9,7 +9,8 @@
 //!
 //! The chain also owns the expert tier (`runtime::tier`): the adaptive cache that serves the
 //! routed experts of the MoE layers the plan runs as host steps, within what the plan left on
-//! the primary device.
+//! the primary device and, when every layer fits the primary, on the second device too. A
+//! failed tier batch on either device is an `ExecError::Device` like a failed frame.
 //!
 //! Must not: decide placement (the plan did), or record device commands (`exec::device` does).
 
@@ -18,7 +19,7 @@ use super::kv::KvCache;
 use super::kv_split::SplitStats;
 use super::{ExecError, Model};
 use crate::cpu::{run_op, Env, Precision};
-use crate::tier::{ExpertTier, TierOptions, TierSetup};
+use crate::tier::{ExpertTier, TierDevice, TierOptions, TierSetup};
 use crate::vk::{Context, DeviceExperts, VkError};
 use coli_compiler::cost::human;
 use coli_compiler::frames::{op_of, Frame};
@@ -62,7 +63,8 @@ pub struct ChainError {
 impl Chain {
     /// Loads the plan's device frames: `ctxs[d]` runs the frames on `d` (the primary first).
     /// Then the expert tier for the MoE host steps within what the plan left on the primary
-    /// (`tier`: its options). `progress(done, total)` per tensor, per device.
+    /// and on a second device that holds no layers (`tier`: its options). `progress(done,
+    /// total)` per tensor, per device.
     pub fn load(
         ctxs: Vec<Context>,
         plan: &Plan,
@@ -112,26 +114,12 @@ impl Chain {
             .filter(|op| matches!(op, Op::RoutedExperts { layer, .. } if !resident(layer.0)))
             .collect();
         if plan.options.expert_tier && !host_moe.is_empty() {
-            if let Some(fit) = plan.placement.fits.first() {
-                let (b, sc) = plan
-                    .placement
-                    .resident
-                    .bytes
-                    .first()
-                    .copied()
-                    .unwrap_or((0, 0));
-                let budget = fit.tier.saturating_sub(b + sc);
-                let rule = if tier.budget.is_some() {
-                    "as asked"
-                } else {
-                    "what the plan left on d0 beside its layers and reserve"
-                };
+            let tier_devices = tier_devices(plan, &devices, tier);
+            if !tier_devices.is_empty() {
                 let setup = ExpertTier::new(
-                    &primary,
+                    &tier_devices,
                     model,
                     &host_moe,
-                    budget,
-                    rule,
                     plan.options.chunk_rows.max(1),
                     tier.clone(),
                 );
@@ -337,6 +325,32 @@ impl Chain {
         }
         Ok(())
     }
+}
+
+/// The devices the adaptive tier may hold slots on, each with its budget: the primary, within
+/// what the plan left there beside its layers and in-frame residents; and the second device
+/// when it holds no layers (every layer fits the primary), within what its own fit left.
+fn tier_devices(plan: &Plan, devices: &[DeviceModel], tier: &TierOptions) -> Vec<TierDevice> {
+    let pl = &plan.placement;
+    let mut out = Vec::new();
+    for (i, (fit, d)) in pl.fits.iter().zip(devices).enumerate() {
+        if i > 1 || (i == 1 && fit.layers > 0) {
+            continue;
+        }
+        let (b, sc) = pl.resident.bytes.get(i).copied().unwrap_or((0, 0));
+        let rule = match i {
+            0 if tier.budget.is_some() => "as asked".to_string(),
+            0 => "what the plan left on d0 beside its layers and reserve".to_string(),
+            _ => format!("what the plan left on d{i}, which holds no layers"),
+        };
+        out.push(TierDevice {
+            ctx: d.ctx.clone(),
+            device: i,
+            budget: fit.tier.saturating_sub(b + sc),
+            rule,
+        });
+    }
+    out
 }
 
 /// The tier's startup line: its budget on the devices (what the dense fit left), the resident

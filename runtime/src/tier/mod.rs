@@ -1,54 +1,60 @@
-//! The expert tier: an adaptive cache of routed experts on the device, run as a service the
+//! The expert tier: an adaptive cache of routed experts on the devices, run as a service the
 //! executor's MoE host steps call (`ExpertTier::run`).
 //!
-//! What it keeps: the budget (what the plan left on the device for the tier, or the user's
-//! figure) divided into slots of one expert each, in a few large device pages (`pages`, each a
-//! stack of experts the MoE kernels read, `vk::DeviceExperts`). Which expert sits where is
+//! What it keeps: per device it spans (the primary, and a second device that holds no layers),
+//! that device's budget (what the plan left there for the tier, or the user's figure for the
+//! primary) divided into slots of one expert each, in a few large device pages (`side.rs`:
+//! each page a stack of experts the MoE kernels read, `vk::DeviceExperts`). Global slot ids run
+//! through the primary's slots, then the second device's. Which expert sits where is
 //! `slots::Slots`; how hot each expert is, `heat::Heat`.
 //!
 //! A step (one MoE layer of one forward, `run`):
 //! 1. every (row, rank) pair counts one routing of its expert; pairs whose expert serves from a
-//!    slot go to the device, the others to the CPU;
-//! 2. the device's pairs are recorded as one batch (per page touched: the per-pair expert
-//!    kernels of `Frame::moe_pairs`) and submitted from a worker thread, which then writes
-//!    experts promoted at earlier steps into their slots for as long as the CPU still computes
-//!    (at least one a step; the rest wait); meanwhile this thread computes the CPU's pairs
-//!    (`cpu::experts::pair_outputs`);
-//! 3. join: the device's pair outputs come down, and every pair joins its row in rank order
-//!    from zero, the device's and the CPU's alike (`cpu::experts::join_ranks`), so what was
-//!    resident changes the result only by the device's and the CPU's rounding of each pair;
-//! 4. the CPU's experts of the step, hottest first, are promoted while a slot is free, or take
-//!    the coldest resident's slot when they beat it (`heat::beats`), at most
-//!    `promotions_per_token` per token of the forward. A promoted expert serves from the step
-//!    after its upload completed.
+//!    slot go to the device holding that slot, the others to the CPU;
+//! 2. each device's pairs are recorded as one batch (per page touched: the per-pair expert
+//!    kernels of `Frame::moe_pairs`) and submitted from a worker thread of that device's own
+//!    (both devices in flight at once), which then writes experts promoted at earlier steps
+//!    into that device's slots for as long as the CPU still computes (at least one a step; the
+//!    rest wait); meanwhile this thread computes the CPU's pairs (`cpu::experts::pair_outputs`);
+//! 3. join: every worker joins (a failed batch on either device is the step's error), the
+//!    devices' pair outputs come down, and every pair joins its row in rank order from zero,
+//!    the devices' and the CPU's alike (`cpu::experts::join_ranks`), so what was resident, and
+//!    where, changes the result only by the devices' and the CPU's rounding of each pair;
+//! 4. the CPU's experts of the step, hottest first, are promoted while a slot is free (the
+//!    lowest free slot: the primary's first), or take the coldest resident's slot on either
+//!    device when they beat it (`heat::beats`), at most `promotions_per_token` per token of the
+//!    forward. A promoted expert serves from the step after its upload completed.
 //!
 //! Every batch is joined within its step. How many uploads a step completes depends on how
-//! long the CPU's share takes, so which pairs the device serves can vary from run to run (the
+//! long the CPU's share takes, so which pairs the devices serve can vary from run to run (the
 //! sums differ by rounding only); with `deterministic` every upload completes before the next
-//! step and streaming follows the routing alone, so a run repeats bit for bit.
+//! step and streaming (the primary's staging slots only) follows the routing alone, so a run
+//! repeats bit for bit.
 //!
 //! Warm start: the routing history (`history.rs`, a file beside the checkpoint) seeds the heat
-//! and fills the slots hottest first at startup (packed in parallel); the room left takes the
-//! experts no history named, one of each layer in turn. At the end of a run the run's routings
-//! are merged into the history.
+//! and fills the slots hottest first at startup (packed in parallel), the primary's before the
+//! second device's; the room left takes the experts no history named, one of each layer in
+//! turn. At the end of a run the run's routings are merged into the history.
 //!
-//! Must not: place dense weights or decide frames (the plan did), run when the device failed
-//! (the session drops the device and the tier with it), or let a slot serve before its upload
-//! completed.
+//! Must not: place dense weights or decide frames (the plan did), run when a device failed
+//! (the session drops every device and the tier with them), or let a slot serve before its
+//! upload completed.
 
 pub mod heat;
 pub mod history;
 pub mod slots;
+mod side;
 
 use crate::cpu::experts::{join_ranks, pair_expert, pair_outputs, ExpertMats};
 use crate::cpu::Precision;
 use crate::exec::Model;
-use crate::vk::{Context, DeviceBuffer, DeviceExperts, MemoryUse, MoePath, MoeScratch, PackedExpert, VkError};
+use crate::vk::{Context, PackedExpert, VkError};
 use coli_compiler::cost::human;
 use coli_compiler::ir::{ExpertWeights, GluKind, Op};
 use heat::{beats, Heat};
 use history::History;
 use rayon::prelude::*;
+use side::{DeviceSide, SideJob, SideSetup, SlotShape};
 use slots::{SlotState, Slots};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -57,9 +63,10 @@ use std::time::{Duration, Instant};
 /// How the tier behaves (the CLI's tier flags).
 #[derive(Clone, Debug)]
 pub struct TierOptions {
-    /// The budget in bytes; `None`: what the plan left on the device for the tier.
+    /// The primary device's budget in bytes; `None`: what the plan left on it for the tier (a
+    /// second device's budget is always what the plan left there).
     pub budget: Option<u64>,
-    /// At most this many experts resident, whatever the budget.
+    /// At most this many experts resident on each device, whatever the budget.
     pub max_experts: Option<usize>,
     /// Promotions per token of a forward at most.
     pub promotions_per_token: usize,
@@ -108,27 +115,23 @@ pub struct TierStats {
     pub streamed_pairs: u64,
 }
 
+/// One device's share of the tier, for reports and tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TierDeviceStats {
+    /// The chain's index of the device (0: the primary).
+    pub device: usize,
+    pub slots: usize,
+    pub resident: usize,
+    /// Pairs it served (streamed ones included) and experts written into its slots.
+    pub pairs: u64,
+    pub uploads: u64,
+}
+
 /// One MoE layer the tier serves.
 struct TierLayer {
     layer: usize,
     weights: ExpertWeights,
     experts: usize,
-}
-
-/// The device side of the cache: pages of slots and the buffers a batch works in.
-struct DeviceSide {
-    pages: Vec<DeviceExperts>,
-    per_page: usize,
-    scratch: MoeScratch,
-    /// The step's rows (`cap_rows x hidden`), per page the routing in local slot ids
-    /// (`cap_rows x 2 top_k`), the pairs' outputs and their read-back twin
-    /// (`cap_rows x top_k x hidden`).
-    xs: DeviceBuffer,
-    routing: Vec<DeviceBuffer>,
-    y: DeviceBuffer,
-    y_back: DeviceBuffer,
-    /// The staging slots of streaming and a routing buffer per round.
-    stream: Option<(DeviceExperts, Vec<DeviceBuffer>)>,
 }
 
 /// Promotions waiting for their upload at most (more are skipped, like a spent rate).
@@ -137,10 +140,21 @@ const MAX_PENDING: usize = 64;
 /// Rounds of staging slots a step streams at most.
 const STREAM_ROUNDS: usize = 4;
 
-/// The expert tier of one device.
+/// A device the tier may hold slots on: its context, its budget and where that came from.
+#[derive(Clone)]
+pub struct TierDevice {
+    pub ctx: Context,
+    /// The chain's index of the device (0: the primary).
+    pub device: usize,
+    pub budget: u64,
+    pub rule: String,
+}
+
+/// The expert tier over one or two devices.
 pub struct ExpertTier {
-    ctx: Context,
-    dev: DeviceSide,
+    /// One side per device holding slots, the primary's first; global slot ids run through
+    /// them in order.
+    sides: Vec<DeviceSide>,
     layers: Vec<TierLayer>,
     /// Program layer index -> tier layer index.
     index: Vec<Option<usize>>,
@@ -149,6 +163,7 @@ pub struct ExpertTier {
     top_k: usize,
     cap_rows: usize,
     expert_bytes: usize,
+    with_bias: bool,
     heat: Heat,
     slots: Slots,
     /// This run's routings per (tier layer, expert), for the history.
@@ -174,11 +189,11 @@ pub enum TierSetup {
 
 impl ExpertTier {
     /// Sets up the tier for the `RoutedExperts` ops of `ops` (the MoE host steps of the plan's
-    /// device layers) within `budget` bytes (`opts.budget` overrides it): pages of slots,
-    /// scratch for `cap_rows` rows, and the warm start. `rule` says where the budget came
-    /// from, for the startup line.
-    pub fn new(ctx: &Context, model: &Model, ops: &[&Op], budget: u64, rule: &str, cap_rows: usize, opts: TierOptions) -> Result<TierSetup, VkError> {
-        let budget = opts.budget.unwrap_or(budget);
+    /// device layers) on `devices` (the primary first, each within its own budget; `opts.budget`
+    /// overrides the primary's): per device pages of slots and scratch for `cap_rows` rows, at
+    /// most `opts.max_experts` slots a device and never more than the devices before it leave
+    /// of the experts; then the warm start, the primary's slots first.
+    pub fn new(devices: &[TierDevice], model: &Model, ops: &[&Op], cap_rows: usize, opts: TierOptions) -> Result<TierSetup, VkError> {
         let ws = &model.weights;
         let mut layers = Vec::new();
         let mut shape: Option<(ExpertMats, usize, GluKind)> = None;
@@ -204,105 +219,58 @@ impl ExpertTier {
         let Some((like, _, _)) = shape else { return Ok(TierSetup::Off("expert tier: no routed experts through host steps".into())) };
         let (hidden, ffn) = (like.gate.cols, like.gate.rows);
         let experts = layers.iter().map(|l| l.experts).max().unwrap_or(0);
-        let packed = Context::pack_expert(&like, has_bias(&like))?;
-        let expert_bytes = packed.bytes() + if has_bias(&like) { (2 * ffn + hidden) * 4 } else { 0 };
+        let with_bias = has_bias(&like);
+        let packed = Context::pack_expert(&like, with_bias)?;
+        let expert_bytes = packed.bytes() + if with_bias { (2 * ffn + hidden) * 4 } else { 0 };
         let cap_rows = cap_rows.max(1);
-        // The batch's buffers come out of the budget first.
-        let pairs = cap_rows * top_k;
-        let buffers = (cap_rows * hidden + 2 * pairs * hidden) as u64 * 4;
         let total: usize = layers.iter().map(|l| l.experts).sum();
-        let caps = ctx.caps();
-        let max_buf = caps.max_storage_buffer_range.min(caps.max_allocation_size.max(1 << 20)).min(1 << 30) as usize;
-        let gate_up_each = (packed.bytes() * 2 / 3).max(1);
-        let per_page_max = (max_buf / gate_up_each).clamp(1, crate::vk::MOE_MAX_EXPERTS);
-        let scratch_for = |per_page: usize| scratch_bytes(cap_rows, top_k, hidden, ffn, per_page);
-        let room = budget.saturating_sub(buffers + scratch_for(per_page_max.min(total)));
-        // Streaming's staging slots come first when they take at most a quarter of the room.
-        let stream_slots = opts.stream_slots.min(crate::vk::MOE_MAX_EXPERTS);
-        let stream_bytes = (stream_slots * expert_bytes) as u64;
-        let stream_slots = if stream_slots > 0 && room >= 4 * stream_bytes { stream_slots } else { 0 };
-        let room = room - (stream_slots * expert_bytes) as u64;
-        let want = ((room / expert_bytes.max(1) as u64) as usize).min(total).min(opts.max_experts.unwrap_or(usize::MAX));
-        if want == 0 {
-            return Ok(TierSetup::Off(format!(
-                "expert tier off: its budget of {} ({rule}) holds no expert of {} beside the batch's buffers",
-                human(budget),
-                human(expert_bytes as u64)
-            )));
-        }
-        let mut per_page = per_page_max.min(want);
-        // The batch's buffers, then the pages (each with its routing buffer). The device may
-        // refuse what the plan counted (its own buffers take a little more than the plan
-        // says): the tier then takes smaller pages, or fewer, or stays off with a line.
-        let oom = |e: &VkError| matches!(e, VkError::OutOfMemory { .. });
-        let off = |e: VkError| -> Result<TierSetup, VkError> {
-            if oom(&e) {
-                Ok(TierSetup::Off(format!("expert tier off: the device refused its buffers ({e}); every routed expert on the CPU")))
-            } else {
-                Err(e)
+        let shape = SlotShape { like, hidden, ffn, top_k, cap_rows, packed_bytes: packed.bytes(), expert_bytes };
+        // Each device in turn: its side, within its budget and what the devices before it left.
+        let mut sides: Vec<DeviceSide> = Vec::new();
+        let mut notes = Vec::new();
+        let mut budget = 0;
+        for (i, d) in devices.iter().enumerate() {
+            let b = if i == 0 { opts.budget.unwrap_or(d.budget) } else { d.budget };
+            budget += b;
+            let held: usize = sides.iter().map(DeviceSide::slots).sum();
+            let left = (total - held).min(opts.max_experts.unwrap_or(usize::MAX));
+            if left == 0 {
+                if i > 0 {
+                    notes.push(format!("d{} holds none: every expert fits the devices before it", d.device));
+                }
+                continue;
             }
-        };
-        let buffers = (|| -> Result<_, VkError> {
-            Ok((
-                ctx.moe_scratch(cap_rows, top_k, hidden, ffn, per_page)?,
-                ctx.f32_buffer(cap_rows * hidden)?,
-                ctx.f32_buffer(pairs * hidden)?,
-                ctx.buffer(MemoryUse::Readback, pairs * hidden * 4)?,
-            ))
-        })();
-        let (scratch, xs, y, y_back) = match buffers {
-            Ok(b) => b,
-            Err(e) => return off(e),
-        };
-        let mut pages = Vec::new();
-        let mut routing = Vec::new();
-        let mut refused = false;
-        while pages.len() * per_page < want {
-            let slots = per_page.min(want - pages.len() * per_page);
-            let page = ctx.expert_slots(slots, &like).and_then(|p| Ok((p, ctx.f32_buffer(cap_rows * 2 * top_k)?)));
-            match page {
-                Ok((p, r)) => {
-                    pages.push(p);
-                    routing.push(r);
+            // Streaming's staging slots stay on the primary.
+            let stream = if sides.is_empty() { opts.stream_slots } else { 0 };
+            match DeviceSide::new(&d.ctx, d.device, b, &d.rule, &shape, left, stream)? {
+                SideSetup::Ready(mut side) => {
+                    side.first = held;
+                    sides.push(*side);
                 }
-                Err(e) if oom(&e) && pages.is_empty() && per_page > 1 => per_page /= 2,
-                Err(e) if oom(&e) && !pages.is_empty() => {
-                    refused = true;
-                    break;
-                }
-                Err(e) => return off(e),
+                SideSetup::Off(why) if devices.len() > 1 => notes.push(format!("d{} holds none: {why}", d.device)),
+                SideSetup::Off(why) => notes.push(why),
             }
         }
-        let slots_n: usize = pages.iter().map(|p| p.experts).sum();
-        // Staging slots for streaming (reserved above); refused: no streaming.
-        let stream = if stream_slots > 0 {
-            let page = ctx.expert_slots(stream_slots, &like).and_then(|p| {
-                let r = (0..STREAM_ROUNDS).map(|_| ctx.f32_buffer(cap_rows * 2 * top_k)).collect::<Result<Vec<_>, _>>()?;
-                Ok((p, r))
-            });
-            match page {
-                Ok(p) => Some(p),
-                Err(e) if oom(&e) => None,
-                Err(e) => return Err(e),
-            }
-        } else {
-            None
+        let Some(first) = sides.first() else {
+            let why = notes.first().cloned().unwrap_or_else(|| "no device".into());
+            return Ok(TierSetup::Off(format!("expert tier off: {why}; every routed expert on the CPU")));
         };
-        let dev = DeviceSide { scratch, xs, routing, y, y_back, pages, per_page, stream };
+        let first_name = first.ctx.caps().name.clone();
+        let slots_n: usize = sides.iter().map(DeviceSide::slots).sum();
         let mut index = vec![None; model.program.layers.len()];
         for (i, l) in layers.iter().enumerate() {
             index[l.layer] = Some(i);
         }
         let n_layers = layers.len();
         let mut tier = ExpertTier {
-            ctx: ctx.clone(),
-            dev,
+            sides,
             index,
             experts,
             hidden,
             top_k,
             cap_rows,
             expert_bytes,
+            with_bias,
             heat: Heat::new(n_layers, experts),
             slots: Slots::new(slots_n, n_layers, experts),
             counts: vec![0; n_layers * experts],
@@ -316,21 +284,38 @@ impl ExpertTier {
             layers,
             opts,
         };
+        let side = &tier.sides[0];
         let mut line = format!(
-            "expert tier on {}: budget {} ({rule}) = {} experts of {} in {} page{}, up to {} promotions per token{}",
-            caps.name,
-            human(budget),
-            slots_n,
+            "expert tier on {first_name}: budget {} ({}) = {} experts of {} in {} page{}, up to {} promotions per token{}",
+            human(side.budget),
+            side.rule,
+            side.slots(),
             human(expert_bytes as u64),
-            tier.dev.pages.len(),
-            if tier.dev.pages.len() == 1 { "" } else { "s" },
+            side.pages.len(),
+            if side.pages.len() == 1 { "" } else { "s" },
             tier.opts.promotions_per_token,
             if tier.opts.deterministic { ", deterministic" } else { "" }
         );
-        if refused {
+        if side.refused {
             line.push_str("; the device refused more pages");
         }
-        match &tier.dev.stream {
+        for side in &tier.sides[1..] {
+            line.push_str(&format!(
+                "; and on d{} ({}): budget {} ({}) = {} experts in {} page{}, after the primary's{}",
+                side.device,
+                side.ctx.caps().name,
+                human(side.budget),
+                side.rule,
+                side.slots(),
+                side.pages.len(),
+                if side.pages.len() == 1 { "" } else { "s" },
+                if side.refused { ", the device refused more pages" } else { "" }
+            ));
+        }
+        for n in &notes {
+            line.push_str(&format!("; {n}"));
+        }
+        match &tier.sides[0].stream {
             Some((p, _)) => line.push_str(&format!("; streams big steps' cold experts through {} staging slots", p.experts)),
             None => line.push_str("; no streaming"),
         }
@@ -363,6 +348,18 @@ impl ExpertTier {
     /// Slots in all.
     pub fn capacity(&self) -> usize {
         self.slots.len()
+    }
+
+    /// Per device the tier holds slots on (the primary first): (the chain's device index,
+    /// slots, experts serving, pairs served, uploads).
+    pub fn devices(&self) -> Vec<TierDeviceStats> {
+        self.sides
+            .iter()
+            .map(|d| {
+                let serving = (d.first..d.first + d.slots()).filter(|&s| matches!(self.slots.state(s), SlotState::Serving(..))).count();
+                TierDeviceStats { device: d.device, slots: d.slots(), resident: serving, pairs: d.pairs, uploads: d.uploads }
+            })
+            .collect()
     }
 
     /// Whether the tier serves layer `layer`'s routed experts.
@@ -423,7 +420,7 @@ impl ExpertTier {
             }
         }
         // Packing is CPU work: in parallel, a page's worth at a time (bounded memory).
-        for chunk in placed.chunks(self.dev.per_page.max(8)) {
+        for chunk in placed.chunks(self.sides[0].per_page.max(8)) {
             let packed: Vec<Result<PackedExpert, VkError>> = chunk.par_iter().map(|&(_, t, e)| self.pack(model, t, e)).collect();
             for (&(s, _, _), p) in chunk.iter().zip(packed) {
                 self.upload(s, &p?)?;
@@ -437,16 +434,27 @@ impl ExpertTier {
     fn pack(&self, model: &Model, t: usize, e: usize) -> Result<PackedExpert, VkError> {
         let l = &self.layers[t];
         let m = ExpertMats::of(&model.weights, &l.weights, e);
-        Context::pack_expert(&m, self.dev.pages[0].has_bias())
+        Context::pack_expert(&m, self.with_bias)
     }
 
     /// Writes a packed expert into global slot `s`.
     fn upload(&mut self, s: usize, p: &PackedExpert) -> Result<(), VkError> {
-        let (page, local) = (s / self.dev.per_page, s % self.dev.per_page);
-        self.ctx.write_expert(&self.dev.pages[page], local, p)?;
+        let side = self.side_of(s)?;
+        side.write(s - side.first, p)?;
+        side.uploads += 1;
         self.stats.uploads += 1;
         self.stats.upload_bytes += self.expert_bytes as u64;
         Ok(())
+    }
+
+    /// The index of the side holding global slot `s`.
+    fn side_index(&self, s: usize) -> Result<usize, VkError> {
+        self.sides.iter().position(|d| d.owns(s)).ok_or_else(|| VkError::BadArgument { op: "tier", msg: format!("slot {s} of {}", self.slots.len()) })
+    }
+
+    fn side_of(&mut self, s: usize) -> Result<&mut DeviceSide, VkError> {
+        let i = self.side_index(s)?;
+        Ok(&mut self.sides[i])
     }
 
     /// Runs a `RoutedExperts` op of a layer the tier serves over `n` rows: `x` (`n x hidden`),
@@ -465,7 +473,7 @@ impl ExpertTier {
         if self.opts.deterministic {
             self.upload_pending(model)?;
         }
-        // 1. Heat, and who computes each pair.
+        // 1. Heat, and who computes each pair: the device holding its expert's slot, or the CPU.
         let mut dev_pairs = Vec::new();
         let mut cpu_pairs = Vec::new();
         for r in 0..n {
@@ -484,8 +492,8 @@ impl ExpertTier {
         }
         self.stats.routed += (n * top_k) as u64;
         self.stats.device += dev_pairs.len() as u64;
-        // 2. A big step streams cold experts routed to many rows (`stream_plan`); their pairs
-        //    leave the CPU's share.
+        // 2. A big step streams cold experts routed to many rows (`stream_plan`) through the
+        //    primary's staging slots; their pairs leave the CPU's share.
         let streamed = self.stream_plan(routing, top_k, n, &cpu_pairs);
         let mut stream_pairs: Vec<(usize, usize, usize, usize)> = Vec::new();
         if !streamed.is_empty() {
@@ -502,38 +510,10 @@ impl ExpertTier {
             self.stats.device += stream_pairs.len() as u64;
         }
         let rounds = streamed.iter().map(|s| s.1 + 1).max().unwrap_or(0);
-        // 3. The device batch's inputs: the rows and, per page touched, the local routing.
-        let mut touched = vec![false; self.dev.pages.len()];
-        if !dev_pairs.is_empty() || !stream_pairs.is_empty() {
-            self.ctx.write(&self.dev.xs, 0, as_bytes(x))?;
-            for &(_, _, s) in &dev_pairs {
-                touched[s / self.dev.per_page] = true;
-            }
-            for (p, _) in touched.iter().enumerate().filter(|t| *t.1) {
-                let mut local = vec![-1.0f32; n * 2 * top_k];
-                for &(r, k, s) in &dev_pairs {
-                    let at = r * 2 * top_k + 2 * k;
-                    local[at + 1] = routing[at + 1];
-                    if s / self.dev.per_page == p {
-                        local[at] = (s % self.dev.per_page) as f32;
-                    }
-                }
-                self.ctx.write(&self.dev.routing[p], 0, as_bytes(&local))?;
-            }
-        }
-        if let Some((_, bufs)) = &self.dev.stream {
-            for (round, buf) in bufs.iter().enumerate().take(rounds) {
-                let mut local = vec![-1.0f32; n * 2 * top_k];
-                for &(r, k, rd, slot) in &stream_pairs {
-                    let at = r * 2 * top_k + 2 * k;
-                    local[at + 1] = routing[at + 1];
-                    if rd == round {
-                        local[at] = slot as f32;
-                    }
-                }
-                self.ctx.write(buf, 0, as_bytes(&local))?;
-            }
-        }
+        // 3. Each side's job (its pairs in local slot ids, the promotions waiting for its slots)
+        //    and inputs.
+        let tl = &self.layers[t];
+        let ws = &model.weights;
         let pending: Vec<(usize, usize, usize)> = std::mem::take(&mut self.pending)
             .into_iter()
             .filter_map(|s| match self.slots.state(s) {
@@ -541,77 +521,57 @@ impl ExpertTier {
                 _ => None,
             })
             .collect();
-        // 4. The batch, the streamed rounds and the uploads on a worker, the CPU's pairs here;
-        //    then join.
+        let mut jobs: Vec<SideJob> = Vec::with_capacity(self.sides.len());
+        for (i, side) in self.sides.iter().enumerate() {
+            let mine = |s: &usize| side.owns(*s);
+            jobs.push(SideJob {
+                pairs: dev_pairs.iter().filter(|p| mine(&p.2)).map(|&(r, k, s)| (r, k, s - side.first)).collect(),
+                streamed: if i == 0 { streamed.clone() } else { Vec::new() },
+                stream_pairs: if i == 0 { stream_pairs.clone() } else { Vec::new() },
+                rounds: if i == 0 { rounds } else { 0 },
+                pending: pending.iter().filter(|p| mine(&p.0)).map(|&(s, pl, pe)| (s, s - side.first, ExpertMats::of(ws, &self.layers[pl].weights, pe))).collect(),
+            });
+        }
+        let mut touched = Vec::with_capacity(jobs.len());
+        for (side, job) in self.sides.iter().zip(&jobs) {
+            touched.push(side.write_inputs(x, routing, n, top_k, job)?);
+        }
+        // 4. Each side's batch, streamed rounds and uploads on a worker of its own (both in
+        //    flight at once), the CPU's pairs here; then every worker joins.
         let mut table = vec![0.0f32; n * top_k * hidden];
-        let tl = &self.layers[t];
-        let ws = &model.weights;
         let expert = |e: usize| ExpertMats::of(ws, &tl.weights, e);
-        let (dev, ctx) = (&self.dev, &self.ctx);
-        let with_bias = dev.pages[0].has_bias();
-        let batch = !dev_pairs.is_empty();
-        let any_device = batch || rounds > 0;
         let cpu_done = AtomicBool::new(false);
         let t0 = Instant::now();
-        let (worker, cpu_time) = std::thread::scope(|sc| {
-            let w = sc.spawn(|| -> Result<(Duration, Duration, Vec<(usize, Result<(), VkError>)>), VkError> {
-                let tb = Instant::now();
-                let mut stream_time = Duration::ZERO;
-                let views = || (dev.xs.view(0, n * hidden), dev.y.view(0, n * top_k * hidden));
-                // The resident pages, then each round of streamed experts: written into the
-                // staging slots, then run. The last submission copies the outputs down.
-                let jobs = usize::from(batch) + rounds;
-                for j in 0..jobs {
-                    let round = if batch { j.checked_sub(1) } else { Some(j) };
-                    if let (Some(round), Some((page, _))) = (round, &dev.stream) {
-                        let tu = Instant::now();
-                        for &(e, _, slot) in streamed.iter().filter(|s| s.1 == round) {
-                            let p = Context::pack_expert(&expert(e), with_bias)?;
-                            ctx.write_expert(page, slot, &p)?;
-                        }
-                        stream_time += tu.elapsed();
-                    }
-                    let mut f = ctx.frame()?;
-                    let (xv, yv) = views();
-                    match (round, &dev.stream) {
-                        (None, _) => {
-                            for (p, _) in touched.iter().enumerate().filter(|t| *t.1) {
-                                f.moe_pairs(&dev.pages[p], xv, dev.routing[p].view(0, n * 2 * top_k), yv, n, top_k, *glu, precision, MoePath::Auto, &dev.scratch)?;
-                            }
-                        }
-                        (Some(round), Some((page, bufs))) => {
-                            f.moe_pairs(page, xv, bufs[round].view(0, n * 2 * top_k), yv, n, top_k, *glu, precision, MoePath::Auto, &dev.scratch)?;
-                        }
-                        (Some(_), None) => {}
-                    }
-                    if j + 1 == jobs {
-                        f.copy(yv, dev.y_back.view(0, n * top_k * hidden))?;
-                    }
-                    f.run()?;
-                }
-                let batch_time = tb.elapsed().saturating_sub(stream_time);
-                // Uploads of earlier promotions while the CPU still computes its pairs (at least
-                // one a step, so they drain); the rest wait for the next step.
-                let mut done = Vec::new();
-                for (i, &(s, pl, pe)) in pending.iter().enumerate() {
-                    if i > 0 && cpu_done.load(Ordering::Acquire) {
-                        break;
-                    }
-                    let m = ExpertMats::of(ws, &self.layers[pl].weights, pe);
-                    let r = Context::pack_expert(&m, with_bias).and_then(|p| ctx.write_expert(&dev.pages[s / dev.per_page], s % dev.per_page, &p));
-                    done.push((s, r));
-                }
-                Ok((batch_time, stream_time, done))
-            });
+        let (results, cpu_time) = std::thread::scope(|sc| {
+            let workers: Vec<_> = self
+                .sides
+                .iter()
+                .zip(&jobs)
+                .zip(&touched)
+                .map(|((side, job), touched)| {
+                    let (expert, cpu_done) = (&expert, &cpu_done);
+                    sc.spawn(move || side.work(job, touched, expert, n, *glu, precision, cpu_done))
+                })
+                .collect();
             if !cpu_pairs.is_empty() {
                 pair_outputs(x, n, hidden, routing, top_k, &cpu_pairs, *glu, precision, &expert, &mut table);
             }
             cpu_done.store(true, Ordering::Release);
             let cpu_time = t0.elapsed();
-            (w.join(), cpu_time)
+            let results: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
+            (results, cpu_time)
         });
         let waited = t0.elapsed().saturating_sub(cpu_time);
-        let (batch_time, stream_time, done) = worker.map_err(|_| VkError::BadArgument { op: "tier", msg: "the tier's worker panicked".into() })??;
+        // Every worker has joined: a failed batch on either device is the step's error (the
+        // session then turns every device off and the CPU runs the forward again).
+        let mut done_all = Vec::new();
+        let (mut batch_time, mut stream_time) = (Duration::ZERO, Duration::ZERO);
+        for r in results {
+            let (b, st, done) = r.map_err(|_| VkError::BadArgument { op: "tier", msg: "the tier's worker panicked".into() })??;
+            batch_time = batch_time.max(b);
+            stream_time += st;
+            done_all.extend(done);
+        }
         self.stats.batch += batch_time;
         // What the rule measures: the CPU's time per pair in a big step, the staging time per byte.
         if n >= self.opts.stream_min_rows && !cpu_pairs.is_empty() {
@@ -624,15 +584,16 @@ impl ExpertTier {
         }
         self.stats.cpu += cpu_time;
         self.stats.waited += waited;
-        // Promotions the worker did not reach stay pending, in order.
-        let reached: Vec<usize> = done.iter().map(|d| d.0).collect();
+        // Promotions the workers did not reach stay pending, in order.
+        let reached: Vec<usize> = done_all.iter().map(|d| d.0).collect();
         self.pending = pending.iter().map(|p| p.0).filter(|s| !reached.contains(s)).collect();
-        for (s, r) in done {
+        for (s, r) in done_all {
             match r {
                 Ok(()) => {
                     self.slots.settle(s);
                     self.stats.uploads += 1;
                     self.stats.upload_bytes += self.expert_bytes as u64;
+                    self.side_of(s)?.uploads += 1;
                 }
                 Err(VkError::OutOfMemory { .. }) => {
                     self.slots.abandon(s);
@@ -641,16 +602,21 @@ impl ExpertTier {
                 Err(e) => return Err(e),
             }
         }
-        if any_device {
-            // The device's pair outputs come down whole into a second table; the CPU's rows
-            // are copied over them (fewer than the device's in a big step).
-            let mut dev_table = vec![0.0f32; n * top_k * hidden];
-            self.ctx.read(&self.dev.y_back, 0, as_bytes_mut(&mut dev_table))?;
-            for &(r, k) in &cpu_pairs {
-                let at = (r * top_k + k) * hidden;
-                dev_table[at..at + hidden].copy_from_slice(&table[at..at + hidden]);
+        // The devices' pair outputs come down, each side's pairs into the table beside the
+        // CPU's.
+        for (side, job) in self.sides.iter_mut().zip(&jobs) {
+            if !job.runs() {
+                continue;
             }
-            table = dev_table;
+            let dev_table = side.read_outputs(n, top_k, hidden)?;
+            let rows = job.pairs.iter().map(|&(r, k, _)| (r, k)).chain(job.stream_pairs.iter().map(|&(r, k, _, _)| (r, k)));
+            let mut served = 0;
+            for (r, k) in rows {
+                let at = (r * top_k + k) * hidden;
+                table[at..at + hidden].copy_from_slice(&dev_table[at..at + hidden]);
+                served += 1;
+            }
+            side.pairs += served;
         }
         join_ranks(routing, n, top_k, hidden, &table, out);
         // 5. Promotions: the CPU's experts of this step, hottest first (streamed experts are
@@ -697,7 +663,7 @@ impl ExpertTier {
     /// streaming. In deterministic mode the routing alone decides: every expert of two rows
     /// or more, while slots last.
     fn stream_plan(&self, routing: &[f32], top_k: usize, n: usize, cpu_pairs: &[(usize, usize)]) -> Vec<(usize, usize, usize)> {
-        let Some((page, _)) = &self.dev.stream else { return Vec::new() };
+        let Some((page, _)) = self.sides.first().and_then(|d| d.stream.as_ref()) else { return Vec::new() };
         if n < self.opts.stream_min_rows || cpu_pairs.is_empty() {
             return Vec::new();
         }
@@ -754,7 +720,7 @@ impl ExpertTier {
         let share = if s.routed == 0 { 0.0 } else { 100.0 * s.device as f64 / s.routed as f64 };
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let resident = self.slots.resident();
-        format!(
+        let mut line = format!(
             "expert tier run: device {} of {} routed pairs ({share:.1}%), CPU {} | resident {resident} of {} slots ({} of {}) | uploads {} ({}, {} warm), evictions {}, skipped {} (rate or queue), failed {} | batches {:.1} ms, CPU share {:.1} ms, waited {:.1} ms | streamed {} experts ({} pairs)",
             s.device,
             s.routed,
@@ -773,7 +739,12 @@ impl ExpertTier {
             ms(s.waited),
             s.streamed,
             s.streamed_pairs,
-        )
+        );
+        if self.sides.len() > 1 {
+            let per: Vec<String> = self.devices().iter().map(|d| format!("d{}: {} pairs, resident {} of {} slots, {} uploads", d.device, d.pairs, d.resident, d.slots, d.uploads)).collect();
+            line.push_str(&format!(" | {}", per.join("; ")));
+        }
+        line
     }
 
     /// Merges this run's routings into the history file; `Ok(None)` without one.
@@ -798,14 +769,4 @@ fn scratch_bytes(rows: usize, top_k: usize, hidden: usize, ffn: usize, experts: 
 
 fn has_bias(m: &ExpertMats) -> bool {
     m.gate_bias.is_some() || m.up_bias.is_some() || m.down_bias.is_some()
-}
-
-fn as_bytes_mut(v: &mut [f32]) -> &mut [u8] {
-    // SAFETY: as `as_bytes`; every byte pattern is a valid f32.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
-}
-
-fn as_bytes(v: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding and every byte pattern is a valid u8.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }

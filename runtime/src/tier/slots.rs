@@ -1,7 +1,7 @@
 //! Which expert each device slot holds, and which slots serve.
 //!
-//! A slot is a place for one expert in the tier's device pages (`pages x per_page`). It is
-//! free, loading (promoted: its upload is under way and it does not serve yet), or serving.
+//! A slot is a place for one expert in the tier's device pages (global ids: the primary
+//! device's slots first, then a second device's). It is free, loading (promoted: its upload is under way and it does not serve yet), or serving.
 //! An expert serves from the step after its upload completed (`settle`). Evicting a serving
 //! slot frees it at once: the tier joins every batch within its step, so no batch reads a
 //! slot when the host decides.
@@ -26,13 +26,14 @@ pub struct Slots {
     state: Vec<SlotState>,
     /// Per (layer, expert): its slot, loading or serving.
     slot_of: Vec<Option<u32>>,
-    free: Vec<u32>,
+    /// Free slots; the lowest is taken first, so the primary device fills first.
+    free: std::collections::BTreeSet<u32>,
 }
 
 impl Slots {
     /// `slots` free slots for `layers x experts` experts.
     pub fn new(slots: usize, layers: usize, experts: usize) -> Slots {
-        Slots { experts, state: vec![SlotState::Free; slots], slot_of: vec![None; layers * experts], free: (0..slots as u32).rev().collect() }
+        Slots { experts, state: vec![SlotState::Free; slots], slot_of: vec![None; layers * experts], free: (0..slots as u32).collect() }
     }
 
     pub fn len(&self) -> usize {
@@ -67,10 +68,11 @@ impl Slots {
         !self.free.is_empty()
     }
 
-    /// Takes a free slot for expert `e` of layer `l` (loading); `None` when every slot is used.
+    /// Takes the lowest free slot for expert `e` of layer `l` (loading); `None` when every slot
+    /// is used.
     pub fn take_free(&mut self, l: usize, e: usize) -> Option<usize> {
         debug_assert!(!self.holds(l, e));
-        let s = self.free.pop()?;
+        let s = self.free.pop_first()?;
         self.state[s as usize] = SlotState::Loading(l as u32, e as u32);
         self.slot_of[l * self.experts + e] = Some(s);
         Some(s as usize)
@@ -98,7 +100,7 @@ impl Slots {
                 Some((ol as usize, oe as usize))
             }
             SlotState::Free => {
-                self.free.retain(|&f| f as usize != slot);
+                self.free.remove(&(slot as u32));
                 None
             }
         };
@@ -119,7 +121,7 @@ impl Slots {
         if let SlotState::Loading(l, e) | SlotState::Serving(l, e) = self.state[slot] {
             self.slot_of[l as usize * self.experts + e as usize] = None;
             self.state[slot] = SlotState::Free;
-            self.free.push(slot as u32);
+            self.free.insert(slot as u32);
         }
     }
 }
@@ -158,5 +160,16 @@ mod tests {
         assert_eq!(s.serving(0, 2), Some(slot));
         s.abandon(slot);
         assert!(!s.holds(0, 2) && s.has_free());
+    }
+
+    #[test]
+    fn the_lowest_free_slot_is_taken_first() {
+        let mut s = Slots::new(4, 1, 8);
+        assert_eq!((s.take_free(0, 0), s.take_free(0, 1), s.take_free(0, 2)), (Some(0), Some(1), Some(2)));
+        s.abandon(1);
+        // Slot 1 (the primary's, say) before slot 3 (the second device's).
+        assert_eq!(s.take_free(0, 5), Some(1));
+        assert_eq!(s.take_free(0, 6), Some(3));
+        assert_eq!(s.take_free(0, 7), None);
     }
 }

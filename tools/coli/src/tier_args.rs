@@ -12,7 +12,7 @@ pub struct TierArgs {
     /// The expert tier's device budget in MiB (default: what the plan leaves on the device).
     #[arg(long)]
     pub tier_mib: Option<u64>,
-    /// At most this many experts in the tier, whatever the budget.
+    /// At most this many experts in the tier on each device, whatever the budget.
     #[arg(long)]
     pub tier_experts: Option<usize>,
     /// Promotions into the tier per token at most.

@@ -1,0 +1,404 @@
+//! One device's share of the expert tier: its slot pages and the buffers a batch works in,
+//! sized from that device's own budget, and the batch itself (the step's pairs whose experts
+//! sit in this device's slots, recorded and submitted on this device from the worker thread the
+//! tier gives it, then the promotions waiting for this device's slots).
+//!
+//! The tier holds one side per device it spans (the primary first); a slot's global id is the
+//! side's `first` plus its place in the side's pages.
+//!
+//! Must not: decide which expert sits in which slot or what to evict (`slots.rs` and the tier
+//! do), touch another device's buffers, or let a batch outlive the step that made it (the tier
+//! joins every side's worker within the step).
+
+use super::{scratch_bytes, STREAM_ROUNDS};
+use crate::cpu::experts::ExpertMats;
+use crate::cpu::Precision;
+use crate::vk::{
+    Context, DeviceBuffer, DeviceExperts, MemoryUse, MoePath, MoeScratch, PackedExpert, VkError,
+};
+use coli_compiler::cost::human;
+use coli_compiler::ir::GluKind;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// What every slot of the tier holds (one expert shape) and the batch's sizes.
+pub(super) struct SlotShape<'a> {
+    pub like: ExpertMats<'a>,
+    pub hidden: usize,
+    pub ffn: usize,
+    pub top_k: usize,
+    pub cap_rows: usize,
+    /// Device bytes of one packed expert, and with its biases (what a slot costs).
+    pub packed_bytes: usize,
+    pub expert_bytes: usize,
+}
+
+/// One device's pages of slots and the buffers its batch works in.
+pub(super) struct DeviceSide {
+    pub ctx: Context,
+    /// The chain's index of the device (0: the primary).
+    pub device: usize,
+    pub budget: u64,
+    pub rule: String,
+    /// Global id of this side's first slot.
+    pub first: usize,
+    pub pages: Vec<DeviceExperts>,
+    pub per_page: usize,
+    scratch: MoeScratch,
+    /// The step's rows (`cap_rows x hidden`), per page the routing in local slot ids
+    /// (`cap_rows x 2 top_k`), the pairs' outputs and their read-back twin
+    /// (`cap_rows x top_k x hidden`).
+    xs: DeviceBuffer,
+    routing: Vec<DeviceBuffer>,
+    y: DeviceBuffer,
+    y_back: DeviceBuffer,
+    /// The staging slots of streaming and a routing buffer per round.
+    pub stream: Option<(DeviceExperts, Vec<DeviceBuffer>)>,
+    /// Whether the device refused pages the budget counted.
+    pub refused: bool,
+    /// Pairs this device served, and its uploads.
+    pub pairs: u64,
+    pub uploads: u64,
+    hidden: usize,
+    top_k: usize,
+}
+
+/// A side, or why the device holds no slot (a clause for the tier's line).
+pub(super) enum SideSetup {
+    Ready(Box<DeviceSide>),
+    Off(String),
+}
+
+/// What one step asks of a side: its pairs `(row, rank, local slot)`, the streamed experts
+/// `(expert, round, staging slot)` and their pairs `(row, rank, round, staging slot)` (the
+/// primary's side only), and the promotions waiting for its slots `(global slot, local slot,
+/// expert's matrices)`.
+pub(super) struct SideJob<'m> {
+    pub pairs: Vec<(usize, usize, usize)>,
+    pub streamed: Vec<(usize, usize, usize)>,
+    pub stream_pairs: Vec<(usize, usize, usize, usize)>,
+    pub rounds: usize,
+    pub pending: Vec<(usize, usize, ExpertMats<'m>)>,
+}
+
+impl SideJob<'_> {
+    pub fn runs(&self) -> bool {
+        !self.pairs.is_empty() || self.rounds > 0
+    }
+}
+
+/// What a side's worker did: the batch's time and the streaming's (host time, submit to
+/// fence), and each promotion it reached with its upload's result.
+pub(super) type SideDone = (Duration, Duration, Vec<(usize, Result<(), VkError>)>);
+
+impl DeviceSide {
+    /// Sizes a side within `budget` bytes for at most `max_slots` experts: the batch's buffers
+    /// first, then `stream_slots` staging slots when they take at most a quarter of the room,
+    /// then pages of slots. A device that refuses what the budget counted gets smaller pages,
+    /// or fewer, or no side.
+    pub fn new(
+        ctx: &Context,
+        device: usize,
+        budget: u64,
+        rule: &str,
+        shape: &SlotShape,
+        max_slots: usize,
+        stream_slots: usize,
+    ) -> Result<SideSetup, VkError> {
+        let SlotShape {
+            like,
+            hidden,
+            ffn,
+            top_k,
+            cap_rows,
+            packed_bytes,
+            expert_bytes,
+        } = shape;
+        let (hidden, ffn, top_k, cap_rows, expert_bytes) =
+            (*hidden, *ffn, *top_k, *cap_rows, *expert_bytes);
+        let pairs = cap_rows * top_k;
+        let buffers = (cap_rows * hidden + 2 * pairs * hidden) as u64 * 4;
+        let caps = ctx.caps();
+        let max_buf = caps
+            .max_storage_buffer_range
+            .min(caps.max_allocation_size.max(1 << 20))
+            .min(1 << 30) as usize;
+        let gate_up_each = (packed_bytes * 2 / 3).max(1);
+        let per_page_max = (max_buf / gate_up_each).clamp(1, crate::vk::MOE_MAX_EXPERTS);
+        let room = budget.saturating_sub(
+            buffers
+                + scratch_bytes(
+                    cap_rows,
+                    top_k,
+                    hidden,
+                    ffn,
+                    per_page_max.min(max_slots.max(1)),
+                ),
+        );
+        let stream_slots = stream_slots.min(crate::vk::MOE_MAX_EXPERTS);
+        let stream_bytes = (stream_slots * expert_bytes) as u64;
+        let stream_slots = if stream_slots > 0 && room >= 4 * stream_bytes {
+            stream_slots
+        } else {
+            0
+        };
+        let room = room - (stream_slots * expert_bytes) as u64;
+        let want = ((room / expert_bytes.max(1) as u64) as usize).min(max_slots);
+        if want == 0 {
+            return Ok(SideSetup::Off(format!(
+                "its budget of {} ({rule}) holds no expert of {} beside the batch's buffers",
+                human(budget),
+                human(expert_bytes as u64)
+            )));
+        }
+        let mut per_page = per_page_max.min(want);
+        let oom = |e: &VkError| matches!(e, VkError::OutOfMemory { .. });
+        let off = |e: VkError| -> Result<SideSetup, VkError> {
+            if oom(&e) {
+                Ok(SideSetup::Off(format!(
+                    "the device refused its buffers ({e})"
+                )))
+            } else {
+                Err(e)
+            }
+        };
+        let bufs = (|| -> Result<_, VkError> {
+            Ok((
+                ctx.moe_scratch(cap_rows, top_k, hidden, ffn, per_page)?,
+                ctx.f32_buffer(cap_rows * hidden)?,
+                ctx.f32_buffer(pairs * hidden)?,
+                ctx.buffer(MemoryUse::Readback, pairs * hidden * 4)?,
+            ))
+        })();
+        let (scratch, xs, y, y_back) = match bufs {
+            Ok(b) => b,
+            Err(e) => return off(e),
+        };
+        let mut pages = Vec::new();
+        let mut routing = Vec::new();
+        let mut refused = false;
+        while pages.len() * per_page < want {
+            let slots = per_page.min(want - pages.len() * per_page);
+            let page = ctx
+                .expert_slots(slots, like)
+                .and_then(|p| Ok((p, ctx.f32_buffer(cap_rows * 2 * top_k)?)));
+            match page {
+                Ok((p, r)) => {
+                    pages.push(p);
+                    routing.push(r);
+                }
+                Err(e) if oom(&e) && pages.is_empty() && per_page > 1 => per_page /= 2,
+                Err(e) if oom(&e) && !pages.is_empty() => {
+                    refused = true;
+                    break;
+                }
+                Err(e) => return off(e),
+            }
+        }
+        // Staging slots for streaming (reserved above); refused: no streaming.
+        let stream = if stream_slots > 0 {
+            let page = ctx.expert_slots(stream_slots, like).and_then(|p| {
+                let r = (0..STREAM_ROUNDS)
+                    .map(|_| ctx.f32_buffer(cap_rows * 2 * top_k))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok((p, r))
+            });
+            match page {
+                Ok(p) => Some(p),
+                Err(e) if oom(&e) => None,
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
+        Ok(SideSetup::Ready(Box::new(DeviceSide {
+            ctx: ctx.clone(),
+            device,
+            budget,
+            rule: rule.to_string(),
+            first: 0,
+            pages,
+            per_page,
+            scratch,
+            xs,
+            routing,
+            y,
+            y_back,
+            stream,
+            refused,
+            pairs: 0,
+            uploads: 0,
+            hidden,
+            top_k,
+        })))
+    }
+
+    /// Slots in all.
+    pub fn slots(&self) -> usize {
+        self.pages.iter().map(|p| p.experts).sum()
+    }
+
+    /// Whether global slot `s` is one of this side's.
+    pub fn owns(&self, s: usize) -> bool {
+        (self.first..self.first + self.slots()).contains(&s)
+    }
+
+    pub fn has_bias(&self) -> bool {
+        self.pages.first().is_some_and(DeviceExperts::has_bias)
+    }
+
+    /// Writes a packed expert into local slot `local`.
+    pub fn write(&self, local: usize, p: &PackedExpert) -> Result<(), VkError> {
+        self.ctx
+            .write_expert(&self.pages[local / self.per_page], local % self.per_page, p)
+    }
+
+    /// Writes the step's inputs: the rows, and per page touched (and per streamed round) the
+    /// routing in local slot ids, `-1` for the pairs another side or the CPU computes. Returns
+    /// the pages touched.
+    pub fn write_inputs(
+        &self,
+        x: &[f32],
+        routing: &[f32],
+        n: usize,
+        top_k: usize,
+        job: &SideJob,
+    ) -> Result<Vec<bool>, VkError> {
+        let mut touched = vec![false; self.pages.len()];
+        if !job.runs() {
+            return Ok(touched);
+        }
+        self.ctx.write(&self.xs, 0, as_bytes(x))?;
+        for &(_, _, s) in &job.pairs {
+            touched[s / self.per_page] = true;
+        }
+        for (p, _) in touched.iter().enumerate().filter(|t| *t.1) {
+            let mut local = vec![-1.0f32; n * 2 * top_k];
+            for &(r, k, s) in &job.pairs {
+                let at = r * 2 * top_k + 2 * k;
+                local[at + 1] = routing[at + 1];
+                if s / self.per_page == p {
+                    local[at] = (s % self.per_page) as f32;
+                }
+            }
+            self.ctx.write(&self.routing[p], 0, as_bytes(&local))?;
+        }
+        if let Some((_, bufs)) = &self.stream {
+            for (round, buf) in bufs.iter().enumerate().take(job.rounds) {
+                let mut local = vec![-1.0f32; n * 2 * top_k];
+                for &(r, k, rd, slot) in &job.stream_pairs {
+                    let at = r * 2 * top_k + 2 * k;
+                    local[at + 1] = routing[at + 1];
+                    if rd == round {
+                        local[at] = slot as f32;
+                    }
+                }
+                self.ctx.write(buf, 0, as_bytes(&local))?;
+            }
+        }
+        Ok(touched)
+    }
+
+    /// The worker's part of a step: the batch over the touched pages, then each round of
+    /// streamed experts (written into the staging slots, then run; the last submission copies
+    /// the outputs down), then the promotions waiting for this side's slots while the CPU still
+    /// computes (at least one a step, so they drain).
+    #[allow(clippy::too_many_arguments)]
+    pub fn work<'m>(
+        &self,
+        job: &SideJob<'m>,
+        touched: &[bool],
+        expert: &(dyn Fn(usize) -> ExpertMats<'m> + Sync),
+        n: usize,
+        glu: GluKind,
+        precision: Precision,
+        cpu_done: &AtomicBool,
+    ) -> Result<SideDone, VkError> {
+        let (top_k, hidden) = (self.top_k, self.hidden);
+        let with_bias = self.has_bias();
+        let tb = Instant::now();
+        let mut stream_time = Duration::ZERO;
+        let batch = !job.pairs.is_empty();
+        let jobs = usize::from(batch) + job.rounds;
+        let (xv, yv) = (
+            self.xs.view(0, n * hidden),
+            self.y.view(0, n * top_k * hidden),
+        );
+        for j in 0..jobs {
+            let round = if batch { j.checked_sub(1) } else { Some(j) };
+            if let (Some(round), Some((page, _))) = (round, &self.stream) {
+                let tu = Instant::now();
+                for &(e, _, slot) in job.streamed.iter().filter(|s| s.1 == round) {
+                    let p = Context::pack_expert(&expert(e), with_bias)?;
+                    self.ctx.write_expert(page, slot, &p)?;
+                }
+                stream_time += tu.elapsed();
+            }
+            let mut f = self.ctx.frame()?;
+            match (round, &self.stream) {
+                (None, _) => {
+                    for (p, _) in touched.iter().enumerate().filter(|t| *t.1) {
+                        f.moe_pairs(
+                            &self.pages[p],
+                            xv,
+                            self.routing[p].view(0, n * 2 * top_k),
+                            yv,
+                            n,
+                            top_k,
+                            glu,
+                            precision,
+                            MoePath::Auto,
+                            &self.scratch,
+                        )?;
+                    }
+                }
+                (Some(round), Some((page, bufs))) => {
+                    f.moe_pairs(
+                        page,
+                        xv,
+                        bufs[round].view(0, n * 2 * top_k),
+                        yv,
+                        n,
+                        top_k,
+                        glu,
+                        precision,
+                        MoePath::Auto,
+                        &self.scratch,
+                    )?;
+                }
+                (Some(_), None) => {}
+            }
+            if j + 1 == jobs {
+                f.copy(yv, self.y_back.view(0, n * top_k * hidden))?;
+            }
+            f.run()?;
+        }
+        let batch_time = tb.elapsed().saturating_sub(stream_time);
+        let mut done = Vec::new();
+        for (i, (s, local, m)) in job.pending.iter().enumerate() {
+            if i > 0 && cpu_done.load(Ordering::Acquire) {
+                break;
+            }
+            let r = Context::pack_expert(m, with_bias).and_then(|p| self.write(*local, &p));
+            done.push((*s, r));
+        }
+        Ok((batch_time, stream_time, done))
+    }
+
+    /// The batch's pair outputs (`n x top_k x hidden`), as the last submission copied them down.
+    pub fn read_outputs(&self, n: usize, top_k: usize, hidden: usize) -> Result<Vec<f32>, VkError> {
+        let mut out = vec![0.0f32; n * top_k * hidden];
+        self.ctx.read(&self.y_back, 0, as_bytes_mut(&mut out))?;
+        Ok(out)
+    }
+}
+
+fn as_bytes_mut(v: &mut [f32]) -> &mut [u8] {
+    // SAFETY: as `as_bytes`; every byte pattern is a valid f32.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
+}
+
+fn as_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and every byte pattern is a valid u8.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
