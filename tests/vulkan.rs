@@ -2,7 +2,8 @@
 //! (Lavapipe in CI): every fixture's logits and greedy tokens, prompts in chunks, partial
 //! chains (the first N layers on the device, the rest on the CPU) for every N, a device lost
 //! mid-decode that the CPU finishes with the same tokens (also mid-step, after the host took a
-//! Gated DeltaNet layer's new state), and Qwen3-Next's device state following the host's.
+//! Gated DeltaNet layer's new state or an MLA layer's new cache rows), and the device state of
+//! Qwen3-Next (recurrent) and DeepSeek-V3 (the MLA mirrors) following the host's.
 //!
 //! Tolerance: logits within 1e-4 of the largest |logit| (f32 weights: the device and the CPU
 //! differ only in the order of float operations); greedy tokens identical.
@@ -19,7 +20,7 @@ use coli_runtime::vk::{FaultInjection, VkOptions};
 use common::*;
 use std::path::Path;
 
-const FIXTURES: &[&str] = &["llama", "llama_tied", "olmoe", "qwen3_moe", "mixtral", "mimo_v2_flash", "qwen3_next"];
+const FIXTURES: &[&str] = &["llama", "llama_tied", "olmoe", "qwen3_moe", "mixtral", "mimo_v2_flash", "qwen3_next", "deepseek_v3"];
 
 fn load_on_device(dir: &Path, device_layers: Option<usize>, fault: Option<FaultInjection>) -> Loaded {
     let mut req = LoadRequest::new(dir);
@@ -30,9 +31,14 @@ fn load_on_device(dir: &Path, device_layers: Option<usize>, fault: Option<FaultI
 
 /// The names of the layer ops the plan runs in host frames.
 fn host_layer_ops(l: &Loaded) -> Vec<&'static str> {
+    layer_ops(l, true)
+}
+
+/// The names of the layer ops the plan runs in host frames (`host`) or in device frames.
+fn layer_ops(l: &Loaded, host: bool) -> Vec<&'static str> {
     let p = &l.plan.program;
-    let host = l.plan.frames.iter().filter(|f| f.place == Place::Host).flat_map(|f| &f.ops);
-    host.filter(|id| matches!(id.part, Part::Layer(_))).map(|&id| op_name(op_of(p, id))).collect()
+    let ops = l.plan.frames.iter().filter(|f| (f.place == Place::Host) == host).flat_map(|f| &f.ops);
+    ops.filter(|id| matches!(id.part, Part::Layer(_))).map(|&id| op_name(op_of(p, id))).collect()
 }
 
 /// Logits of every prompt row (in chunks of `chunk`) and `steps` greedy tokens.
@@ -71,6 +77,10 @@ fn every_fixture_on_the_device_matches_the_cpu() {
         // of a layer falls back to the host.
         let host = host_layer_ops(&dev);
         assert!(host.iter().all(|op| matches!(*op, "route" | "routed_experts")), "{name}: layer ops on the host: {host:?}\n{}", dev.plan);
+        if name == &"deepseek_v3" {
+            let mla = layer_ops(&dev, false).iter().filter(|op| **op == "mla").count();
+            assert_eq!(mla, dev.plan.program.dims.layers, "{name}: every layer's MLA in a device frame\n{}", dev.plan);
+        }
         for chunk in [prompt.len(), 1, 3] {
             let (got, toks, notice) = run(&dev, &prompt, chunk, 12);
             assert!(notice.is_none(), "{name}: {notice:?}");
@@ -148,6 +158,56 @@ fn a_device_lost_mid_decode_of_qwen3_next_is_finished_by_the_cpu() {
     let per_step = d.ctx.submits() - starts[5];
     assert!(per_step >= 2, "a decode step should take several frames, took {per_step}");
     // The second submit of the sixth decode step: the first (layer 0's DeltaNet) completed.
+    let dev = load_with(Some(FaultInjection { fail_submit: Some(starts[5] + 2), fail_alloc: None }));
+    let (_, toks, notice) = run(&dev, &prompt, prompt.len(), 12);
+    assert!(notice.is_some_and(|n| n.contains("continue on the CPU")), "the fallback says so");
+    assert_eq!(toks, want_toks, "the CPU finishes the run with the same tokens");
+}
+
+/// DeepSeek-V3 with its routed experts on the CPU (no tier, none resident), so a decode step
+/// is several device frames with host steps between them, each MLA layer's new cache rows
+/// taken into the host's cache after its frame. A submit failing in the middle of a decode
+/// step (after an earlier frame's MLA rows reached the host's cache) re-runs the step on the
+/// CPU from the host's cache and the CPU finishes the run with the same tokens; and the
+/// device's MLA mirrors follow the host's rewinds (back by one step, and to 0).
+#[test]
+fn a_device_lost_mid_decode_of_deepseek_v3_is_finished_by_the_cpu() {
+    let dir = fixture_dir("deepseek_v3");
+    let oracle = read_json(&dir.join("oracle.json"));
+    let prompt = ids(&oracle["prompt_ids"]);
+    let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
+    let (_, want_toks, _) = run(&load_model(&dir), &prompt, prompt.len(), 12);
+    let load_with = |fault: Option<FaultInjection>| {
+        let mut req = LoadRequest::new(&dir);
+        req.device = DeviceRequest::Vulkan(VkOptions { fault, ..Default::default() });
+        req.compile = Options { context: 256, chunk_rows: 8, expert_tier: false, resident_experts: false, ..Options::default() };
+        load(req).unwrap()
+    };
+    // Where the submits fall: count them on a clean run.
+    let clean = load_with(None);
+    let d = clean.device.as_ref().expect("a device");
+    assert!(layer_ops(&clean, false).contains(&"mla"), "MLA in device frames:\n{}", clean.plan);
+    let mut s = Session::on_device(&clean.model, d, 256).unwrap();
+    let first = s.forward(&prompt, LogitRows::Last).unwrap();
+    let mut last = first.clone();
+    let mut starts = Vec::new();
+    let mut steps = Vec::new();
+    for _ in 0..6 {
+        starts.push(d.ctx.submits());
+        last = s.forward(&[argmax(&last)], LogitRows::Last).unwrap();
+        steps.push(last.clone());
+    }
+    let per_step = d.ctx.submits() - starts[5];
+    assert!(per_step >= 2, "a decode step should take several frames, took {per_step}");
+    // The mirrors follow the host's rewinds.
+    s.truncate(prompt.len() + 5);
+    let again = s.forward(&[argmax(&steps[4])], LogitRows::Last).unwrap();
+    assert!(max_abs_diff(&[again], &[steps[5].clone()]) <= 1e-5 * max, "the last step again");
+    s.truncate(0);
+    let again = s.forward(&prompt, LogitRows::Last).unwrap();
+    assert!(max_abs_diff(&[again], &[first]) <= 1e-5 * max, "the prompt again");
+    assert!(s.take_notice().is_none() && s.on_a_device(), "all of it on the device");
+    // The second submit of the sixth decode step: the first (layer 0's MLA rows) completed.
     let dev = load_with(Some(FaultInjection { fail_submit: Some(starts[5] + 2), fail_alloc: None }));
     let (_, toks, notice) = run(&dev, &prompt, prompt.len(), 12);
     assert!(notice.is_some_and(|n| n.contains("continue on the CPU")), "the fallback says so");
