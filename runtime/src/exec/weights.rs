@@ -4,17 +4,98 @@
 //! checkpoint format as views. A weight that selects rows of a fused tensor (`WeightRef::rows`)
 //! is copied once into a tensor of its rows, stored under a derived name (`#` in it) that
 //! `name_row_selections` writes into the program, so ops look it up by name like any other.
+//!
+//! Dense weights on the device only (`release`): the host copies of matrices a device holds
+//! (quantized at load, re-laid, or rows selected) can be dropped once uploaded; each matrix
+//! keeps how it was made from the checkpoint's file (`Remake`) and is made again, bit for bit,
+//! when the CPU first reads it (a lost device), once, whichever thread asks first. A matrix
+//! that is a view of the mapped file has no copy: its pages are only advised away.
+//!
+//! Must not: decide which matrices a device holds (the caller names them, from the plan), or
+//! copy a mapped tensor except to re-lay, select or quantize it.
 
 use crate::format::{Matrix, WeightFormat};
 use crate::model::{Checkpoint, LoadError, Tensor};
+use coli_compiler::frames::op_of;
+use coli_compiler::ids::Place;
 use coli_compiler::ir::{ExpertBias, ExpertTensor, Op, Program, RowSelect, WeightRef};
-use std::collections::HashMap;
-use std::sync::Arc;
+use coli_compiler::Plan;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// Every tensor of a program, by name.
 pub struct WeightStore {
-    tensors: HashMap<String, Tensor>,
+    tensors: HashMap<String, Held>,
     vectors: HashMap<String, Vec<f32>>,
+    /// Released matrices made again since (first CPU reads after a release).
+    remade: AtomicUsize,
+}
+
+/// A tensor of the store: present from load, absent after a release until first read.
+struct Held {
+    tensor: OnceLock<Tensor>,
+    remake: Remake,
+}
+
+/// Where a tensor of the store comes from in the checkpoint's file.
+#[derive(Clone)]
+struct Source {
+    /// The file's tensor (a view of the map).
+    file: Tensor,
+    /// The format it was quantized to at load, if it was.
+    quantize: Option<WeightFormat>,
+}
+
+impl Source {
+    fn of(ckpt: &Checkpoint, name: &str) -> Result<Source, LoadError> {
+        Ok(Source { file: ckpt.file_tensor(name)?, quantize: ckpt.quantized_to(name) })
+    }
+
+    /// The tensor as the store first had it: the file's view, or quantized again from it.
+    fn make(&self) -> Result<Tensor, LoadError> {
+        match self.quantize {
+            None => Ok(self.file.clone()),
+            Some(f) => crate::model::quantize_tensor(&self.file, f),
+        }
+    }
+}
+
+/// How to make a tensor of the store again from the file.
+#[derive(Clone)]
+enum Remake {
+    /// As the checkpoint gives it (a view, or quantized at load).
+    Plain(Source),
+    /// An input-major stacked expert tensor re-laid.
+    Relayout(Source, ExpertTensor),
+    /// The rows a weight selects.
+    Rows(Source, WeightRef),
+}
+
+impl Remake {
+    fn make(&self) -> Result<Tensor, WeightError> {
+        match self {
+            Remake::Plain(src) => Ok(src.make()?),
+            Remake::Relayout(src, e) => relayout(&src.make()?, e),
+            Remake::Rows(src, w) => Ok(select(&src.make()?, w)),
+        }
+    }
+
+    /// Whether the tensor is a view of the mapped file (nothing of its own to release).
+    fn is_view(&self) -> bool {
+        matches!(self, Remake::Plain(Source { quantize: None, .. }))
+    }
+}
+
+/// What `release` did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Released {
+    /// Host copies dropped (quantized, re-laid or selected matrices), and their bytes.
+    pub copies: usize,
+    pub bytes: usize,
+    /// Views of the mapped file whose pages the kernel was told are not needed, and their bytes.
+    pub views: usize,
+    pub advised: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,7 +143,7 @@ impl WeightStore {
             }
         }
         let total = wanted.len();
-        let mut store = WeightStore { tensors: HashMap::new(), vectors: HashMap::new() };
+        let mut store = WeightStore { tensors: HashMap::new(), vectors: HashMap::new(), remade: AtomicUsize::new(0) };
         for (i, (name, shape, is_vector)) in wanted.into_iter().enumerate() {
             progress(i, total);
             if store.tensors.contains_key(&name) {
@@ -75,7 +156,8 @@ impl WeightStore {
             if is_vector {
                 store.vectors.insert(name.clone(), t.to_f32_vec()?);
             }
-            store.tensors.insert(name, t);
+            let remake = Remake::Plain(Source::of(ckpt, &name)?);
+            store.insert(name, t, remake);
         }
         for e in derived {
             store.relayout_expert(ckpt, &e)?;
@@ -90,41 +172,28 @@ impl WeightStore {
         Ok(store)
     }
 
+    fn insert(&mut self, name: String, t: Tensor, remake: Remake) {
+        let tensor = OnceLock::new();
+        let _ = tensor.set(t);
+        self.tensors.insert(name, Held { tensor, remake });
+    }
+
     /// Re-lays an input-major stacked expert tensor (`[experts, cols, out]`) as the usual
     /// `[experts, rows, cols]`, its selected output columns only, in the tensor's own float
     /// format (an owned copy).
     fn relayout_expert(&mut self, ckpt: &Checkpoint, e: &ExpertTensor) -> Result<(), WeightError> {
-        let ExpertTensor::StackedInputMajor { name, shape, select } = e else { return Ok(()) };
+        let ExpertTensor::StackedInputMajor { name, select, .. } = e else { return Ok(()) };
         let key = derived_key(name, *select);
         if self.tensors.contains_key(&key) {
             return Ok(());
         }
-        let src_path = ckpt.path().display().to_string();
         let t = ckpt.tensor(name)?;
         let want = e.tensor_shape();
         if t.shape != want {
-            return Err(WeightError::Shape { source_path: src_path, name: name.clone(), got: t.shape.clone(), want });
+            return Err(WeightError::Shape { source_path: ckpt.path().display().to_string(), name: name.clone(), got: t.shape.clone(), want });
         }
-        let size = match t.format {
-            WeightFormat::F32 => 4,
-            WeightFormat::F16 | WeightFormat::BF16 => 2,
-            format => return Err(WeightError::Relayout { source_path: src_path, name: name.clone(), format }),
-        };
-        let (experts, rows, cols, out) = (shape[0], shape[1], shape[2], want[2]);
-        let src = t.bytes();
-        let mut bytes = vec![0u8; experts * rows * cols * size];
-        for ex in 0..experts {
-            for r in 0..rows {
-                let oc = select.map_or(r, |s| s.index(r));
-                for c in 0..cols {
-                    let from = ((ex * cols + c) * out + oc) * size;
-                    let to = ((ex * rows + r) * cols + c) * size;
-                    bytes[to..to + size].copy_from_slice(&src[from..from + size]);
-                }
-            }
-        }
-        let owned = Tensor::owned(key.clone(), t.format, shape.clone(), bytes, Arc::new(t.source().to_path_buf()));
-        self.tensors.insert(key, owned);
+        let owned = relayout(&t, e)?;
+        self.insert(key, owned, Remake::Relayout(Source::of(ckpt, name)?, e.clone()));
         Ok(())
     }
 
@@ -140,24 +209,20 @@ impl WeightStore {
         if t.shape != want {
             return Err(WeightError::Shape { source_path: ckpt.path().display().to_string(), name: w.name.clone(), got: t.shape.clone(), want });
         }
-        let m = t.as_matrix();
-        let rows = w.shape.first().copied().unwrap_or(1);
-        let mut bytes = Vec::with_capacity(rows * m.bytes().len() / m.rows.max(1));
         if is_vector {
             // A vector's "rows" are its entries.
+            let rows = w.shape.first().copied().unwrap_or(1);
             let all = t.to_f32_vec()?;
             let v: Vec<f32> = (0..rows).map(|i| all[w.tensor_row(i)]).collect();
-            bytes.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
             self.vectors.insert(key.clone(), v);
             let owned = Tensor::owned(key.clone(), WeightFormat::F32, w.shape.clone(), bytes, Arc::new(t.source().to_path_buf()));
-            self.tensors.insert(key, owned);
+            // Vectors are never released; the remake is what the matrix path would do.
+            self.insert(key, owned, Remake::Rows(Source::of(ckpt, &w.name)?, w.clone()));
             return Ok(());
         }
-        for i in 0..rows {
-            bytes.extend_from_slice(m.row(w.tensor_row(i)));
-        }
-        let owned = Tensor::owned(key.clone(), t.format, w.shape.clone(), bytes, Arc::new(t.source().to_path_buf()));
-        self.tensors.insert(key, owned);
+        let owned = select(&t, w);
+        self.insert(key, owned, Remake::Rows(Source::of(ckpt, &w.name)?, w.clone()));
         Ok(())
     }
 
@@ -185,12 +250,18 @@ impl WeightStore {
         &self.vectors[&derived_key(&b.name, b.select)][e * width..(e + 1) * width]
     }
 
+    /// The tensor `name` (made again from the file on the first read after a release).
     pub fn tensor(&self, name: &str) -> &Tensor {
-        &self.tensors[name]
+        let h = &self.tensors[name];
+        h.tensor.get_or_init(|| {
+            self.remade.fetch_add(1, Ordering::Relaxed);
+            // The same bytes of the same file went through the same steps at load.
+            h.remake.make().unwrap_or_else(|e| panic!("{name}: making a released matrix again failed, where the same steps succeeded at load: {e}"))
+        })
     }
 
     pub fn matrix(&self, name: &str) -> Matrix<'_> {
-        self.tensors[name].as_matrix()
+        self.tensor(name).as_matrix()
     }
 
     pub fn vector(&self, name: &str) -> &[f32] {
@@ -200,16 +271,154 @@ impl WeightStore {
     /// Expert `e`'s matrix of one of its three roles.
     pub fn expert(&self, t: &ExpertTensor, e: usize) -> Matrix<'_> {
         match t {
-            ExpertTensor::PerExpert { pattern, .. } => self.tensors[&pattern.replace("{e}", &e.to_string())].as_matrix(),
-            ExpertTensor::Stacked { name, .. } => self.tensors[name].expert(e),
-            ExpertTensor::StackedInputMajor { name, select, .. } => self.tensors[&derived_key(name, *select)].expert(e),
+            ExpertTensor::PerExpert { pattern, .. } => self.tensor(&pattern.replace("{e}", &e.to_string())).as_matrix(),
+            ExpertTensor::Stacked { name, .. } => self.tensor(name).expert(e),
+            ExpertTensor::StackedInputMajor { name, select, .. } => self.tensor(&derived_key(name, *select)).expert(e),
         }
     }
 
-    /// Bytes of every tensor held.
+    /// Bytes of every tensor held now (a released matrix not made again counts nothing).
     pub fn bytes(&self) -> usize {
-        self.tensors.values().map(|t| t.bytes().len()).sum()
+        self.tensors.values().filter_map(|h| h.tensor.get()).map(|t| t.bytes().len()).sum()
     }
+
+    /// Drops the host copies of the matrices `names` (the store's keys; vectors stay): a copy
+    /// made at load is freed once no one else holds it, a view of the mapped file has its
+    /// pages advised away. Each is made again from the file on its next read.
+    pub fn release<'a>(&mut self, names: impl IntoIterator<Item = &'a str>) -> Released {
+        let mut r = Released::default();
+        for name in names {
+            if self.vectors.contains_key(name) {
+                continue;
+            }
+            let Some(h) = self.tensors.get_mut(name) else { continue };
+            if h.remake.is_view() {
+                if let Some(t) = h.tensor.get() {
+                    r.views += 1;
+                    r.advised += t.advise_not_needed();
+                }
+            } else if let Some(t) = h.tensor.take() {
+                r.copies += 1;
+                r.bytes += t.bytes().len();
+            }
+        }
+        r
+    }
+
+    /// Whether the matrix `name` is released and not yet made again.
+    pub fn is_released(&self, name: &str) -> bool {
+        self.tensors.get(name).is_some_and(|h| h.tensor.get().is_none())
+    }
+
+    /// The file tensors behind every tensor the store holds now: a tensor quantized at load
+    /// whose name is not here has no reader left on the host but the checkpoint itself.
+    pub fn sources_in_use(&self) -> BTreeSet<String> {
+        self.tensors
+            .values()
+            .filter(|h| h.tensor.get().is_some())
+            .map(|h| match &h.remake {
+                Remake::Plain(src) | Remake::Relayout(src, _) | Remake::Rows(src, _) => src.file.name.clone(),
+            })
+            .collect()
+    }
+
+    /// Released matrices made again so far.
+    pub fn remade(&self) -> usize {
+        self.remade.load(Ordering::Relaxed)
+    }
+}
+
+/// The matrices only devices read: every matrix of an op in a device frame (its key in the
+/// store; routed experts' per expert), less those any host frame also reads (a tied
+/// embedding, the experts a host step serves). `program` is the model's (row selections
+/// named).
+pub fn device_only_matrices(plan: &Plan, program: &Program) -> Vec<String> {
+    let mut on_device = BTreeSet::new();
+    let mut on_host = BTreeSet::new();
+    for f in &plan.frames {
+        let set = if matches!(f.place, Place::Device(_)) { &mut on_device } else { &mut on_host };
+        for &id in &f.ops {
+            set.extend(matrices_of(op_of(program, id)));
+        }
+    }
+    // The embedding runs on the host whether or not the plan lists it in a frame.
+    for op in &program.prologue {
+        on_host.extend(matrices_of(op));
+    }
+    on_device.difference(&on_host).cloned().collect()
+}
+
+/// The store's keys of the matrices `op` reads (vectors left out).
+fn matrices_of(op: &Op) -> Vec<String> {
+    let mut plain = Vec::new();
+    let mut experts = Vec::new();
+    visit_weights(
+        op,
+        &mut |w, is_vector| {
+            if !is_vector {
+                plain.push(w.name.clone());
+            }
+        },
+        &mut |t, n| experts.extend(expert_keys(t, n)),
+    );
+    plain.extend(experts);
+    plain
+}
+
+/// The store's keys of an expert tensor of `n` experts.
+fn expert_keys(t: &ExpertTensor, n: usize) -> Vec<String> {
+    match t {
+        ExpertTensor::PerExpert { pattern, .. } => (0..n).map(|i| pattern.replace("{e}", &i.to_string())).collect(),
+        ExpertTensor::Stacked { name, .. } => vec![name.clone()],
+        ExpertTensor::StackedInputMajor { name, select, .. } => vec![derived_key(name, *select)],
+    }
+}
+
+/// Re-lays an input-major stacked expert tensor `t` (`[experts, cols, out]`) as `[experts,
+/// rows, cols]`, its selected output columns only, in its own float format.
+fn relayout(t: &Tensor, e: &ExpertTensor) -> Result<Tensor, WeightError> {
+    let ExpertTensor::StackedInputMajor { name, shape, select } = e else {
+        return Ok(t.clone());
+    };
+    let src_path = t.source().display().to_string();
+    let size = match t.format {
+        WeightFormat::F32 => 4,
+        WeightFormat::F16 | WeightFormat::BF16 => 2,
+        format => return Err(WeightError::Relayout { source_path: src_path, name: name.clone(), format }),
+    };
+    let want = e.tensor_shape();
+    let (experts, rows, cols, out) = (shape[0], shape[1], shape[2], want[2]);
+    let src = t.bytes();
+    let mut bytes = vec![0u8; experts * rows * cols * size];
+    for ex in 0..experts {
+        for r in 0..rows {
+            let oc = select.map_or(r, |s| s.index(r));
+            for c in 0..cols {
+                let from = ((ex * cols + c) * out + oc) * size;
+                let to = ((ex * rows + r) * cols + c) * size;
+                bytes[to..to + size].copy_from_slice(&src[from..from + size]);
+            }
+        }
+    }
+    Ok(Tensor::owned(derived_key(name, *select), t.format, shape.clone(), bytes, Arc::new(t.source().to_path_buf())))
+}
+
+/// The rows of `t` that `w` selects, as a tensor of its own (a vector's rows are its entries,
+/// kept in their stored format here; the store reads vectors as f32 separately).
+fn select(t: &Tensor, w: &WeightRef) -> Tensor {
+    let key = derived_key(&w.name, w.rows);
+    let m = t.as_matrix();
+    let rows = w.shape.first().copied().unwrap_or(1);
+    if w.shape.len() == 1 {
+        let all = t.to_f32_vec().unwrap_or_default();
+        let bytes: Vec<u8> = (0..rows).flat_map(|i| all.get(w.tensor_row(i)).copied().unwrap_or(0.0).to_le_bytes()).collect();
+        return Tensor::owned(key, WeightFormat::F32, w.shape.clone(), bytes, Arc::new(t.source().to_path_buf()));
+    }
+    let mut bytes = Vec::with_capacity(rows * m.bytes().len() / m.rows.max(1));
+    for i in 0..rows {
+        bytes.extend_from_slice(m.row(w.tensor_row(i)));
+    }
+    Tensor::owned(key, t.format, w.shape.clone(), bytes, Arc::new(t.source().to_path_buf()))
 }
 
 /// Points every row-selecting weight of `program` at the tensor of its rows the store built

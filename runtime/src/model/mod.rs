@@ -4,6 +4,10 @@
 //! float matrices to `I8Row`/`I4G64` at load (`LoadOptions::quantize`), the only case where
 //! tensor bytes are copied.
 //!
+//! Copies quantized at load can be released again (`release_quantized`, when their matrices
+//! live on a device only): a released tensor is quantized again from the file when it is next
+//! asked for, with the same bytes.
+//!
 //! Every malformed file is a `LoadError` naming the file (and the tensor, where there is one);
 //! nothing here panics on file contents. Must not: interpret tensor names beyond the
 //! quantize-at-load eligibility rule, or know model architectures.
@@ -120,6 +124,8 @@ pub struct Checkpoint {
     files: Vec<(Arc<PathBuf>, Arc<Mmap>)>,
     entries: BTreeMap<String, Entry>,
     quantized: HashMap<String, Tensor>,
+    /// Tensors quantized at load whose copies were released, with their load-time format.
+    released: HashMap<String, WeightFormat>,
 }
 
 impl fmt::Debug for Checkpoint {
@@ -161,7 +167,7 @@ impl Checkpoint {
             }
         }
         let files = vec![(Arc::new(path.to_path_buf()), Arc::new(map))];
-        Ok(Checkpoint { path: path.to_path_buf(), kind: Kind::Gguf(meta), files, entries, quantized: HashMap::new() })
+        Ok(Checkpoint { path: path.to_path_buf(), kind: Kind::Gguf(meta), files, entries, quantized: HashMap::new(), released: HashMap::new() })
     }
 
     fn open_dir(dir: &Path) -> Result<Checkpoint, LoadError> {
@@ -202,7 +208,7 @@ impl Checkpoint {
             files.push((Arc::new(shard), Arc::new(map)));
         }
         let kind = Kind::Safetensors { dir: dir.to_path_buf(), config };
-        Ok(Checkpoint { path: dir.to_path_buf(), kind, files, entries, quantized: HashMap::new() })
+        Ok(Checkpoint { path: dir.to_path_buf(), kind, files, entries, quantized: HashMap::new(), released: HashMap::new() })
     }
 
     /// The file or directory this checkpoint was opened from.
@@ -243,11 +249,46 @@ impl Checkpoint {
         self.entries.keys().map(String::as_str)
     }
 
-    /// The tensor `name`: a view of the mapped file, or the tensor quantized at load.
+    /// The tensor `name`: a view of the mapped file, or the tensor quantized at load (quantized
+    /// again from the file when its copy was released).
     pub fn tensor(&self, name: &str) -> Result<Tensor, LoadError> {
         if let Some(t) = self.quantized.get(name) {
             return Ok(t.clone());
         }
+        if let Some(&format) = self.released.get(name) {
+            return quantize_tensor(&self.file_tensor(name)?, format);
+        }
+        self.file_tensor(name)
+    }
+
+    /// The names of the tensors quantized at load whose copies the checkpoint holds.
+    pub fn quantized_names(&self) -> Vec<String> {
+        self.quantized.keys().cloned().collect()
+    }
+
+    /// The load-time format of `name` when it was quantized at load (its copy held or released).
+    pub fn quantized_to(&self, name: &str) -> Option<WeightFormat> {
+        self.quantized.get(name).map(|t| t.format).or_else(|| self.released.get(name).copied())
+    }
+
+    /// Drops the checkpoint's copies of the tensors of `names` quantized at load (a name not
+    /// quantized is ignored); each is quantized again from the file when next asked for. The
+    /// memory returns once no other holder (the weight store) keeps the copy. Returns how many
+    /// copies were dropped.
+    pub fn release_quantized<'a>(&mut self, names: impl IntoIterator<Item = &'a str>) -> usize {
+        let mut n = 0;
+        for name in names {
+            if let Some(t) = self.quantized.remove(name) {
+                self.released.insert(name.to_string(), t.format);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// The tensor `name` as the file holds it (a view of the map), whether or not it was
+    /// quantized at load.
+    pub fn file_tensor(&self, name: &str) -> Result<Tensor, LoadError> {
         let Some(e) = self.entries.get(name) else {
             return Err(LoadError::NoSuchTensor { path: self.path.clone(), name: name.to_string() });
         };
@@ -269,9 +310,10 @@ impl Checkpoint {
             .entries
             .iter()
             .map(|(name, e)| {
-                let info = match self.quantized.get(name) {
-                    Some(t) => TensorInfo { shape: t.shape.clone(), dtype: t.format.name().to_string(), bytes: t.bytes().len() as u64 },
-                    None => TensorInfo { shape: e.shape.clone(), dtype: e.dtype.clone(), bytes: e.len },
+                let info = match (self.quantized.get(name), self.released.get(name)) {
+                    (Some(t), _) => TensorInfo { shape: t.shape.clone(), dtype: t.format.name().to_string(), bytes: t.bytes().len() as u64 },
+                    (None, Some(&f)) => TensorInfo { shape: e.shape.clone(), dtype: f.name().to_string(), bytes: tensor_bytes(f, &e.shape).unwrap_or(0) as u64 },
+                    (None, None) => TensorInfo { shape: e.shape.clone(), dtype: e.dtype.clone(), bytes: e.len },
                 };
                 (name.clone(), info)
             })
@@ -311,7 +353,8 @@ impl Checkpoint {
 }
 
 /// Quantizes a 2-D float tensor to `target`, a block of rows at a time (bounded f32 scratch).
-fn quantize_tensor(t: &Tensor, target: WeightFormat) -> Result<Tensor, LoadError> {
+/// The same input gives the same bytes (a released copy made again is bit for bit the old).
+pub(crate) fn quantize_tensor(t: &Tensor, target: WeightFormat) -> Result<Tensor, LoadError> {
     let m = t.as_matrix();
     let err = |source| LoadError::Format { path: t.source().to_path_buf(), name: t.name.clone(), source };
     let out_row = target.row_bytes(m.cols).map_err(err)?;

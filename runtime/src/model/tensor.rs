@@ -66,6 +66,23 @@ impl Tensor {
         }
     }
 
+    /// Tells the kernel this process no longer needs the pages of a mapped tensor (their
+    /// matrices live on a device): they leave the process's resident set, and a later read
+    /// faults them in again from the file with the same bytes. Returns the bytes advised (0
+    /// for an owned tensor, or where the kernel declines: it is advice).
+    pub fn advise_not_needed(&self) -> usize {
+        let Data::Mapped { map, start, len } = &self.data else { return 0 };
+        // SAFETY: the map is a read-only shared mapping of a file nobody writes (the module's
+        // safety note): dropping its pages changes no byte any reference sees, it only makes
+        // the next read fault them in from the file again.
+        let r = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, *start, *len) };
+        if r.is_ok() {
+            *len
+        } else {
+            0
+        }
+    }
+
     /// Whether the bytes are a view of the file (true) or owned (quantized at load).
     pub fn is_mapped(&self) -> bool {
         matches!(self.data, Data::Mapped { .. })

@@ -51,6 +51,8 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub second: crate::device2_args::SecondDeviceArgs,
     #[command(flatten)]
+    pub dense: crate::dense_args::DenseArgs,
+    #[command(flatten)]
     pub tier: TierArgs,
 }
 
@@ -85,6 +87,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     req.compile = a.second.apply(a.kv.apply(Options { context: a.prompt + a.decode + 8, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, expert_tier: !a.no_expert_tier, resident_experts: !a.tier.sized(), ..Options::default() }));
     // The bench reads a history only when given one, and never writes it.
     req.tier = a.tier.options(&path, false);
+    req.dense_device_only = a.dense.choice();
     let loaded = load(req)?;
     let vocab = loaded.plan.program.dims.vocab as u32;
     // Deterministic ids spread over the vocabulary (avoiding the first few specials).

@@ -110,6 +110,8 @@ pub struct ExecArgs {
     pub kv: crate::kv_args::KvSplitArgs,
     #[command(flatten)]
     pub second: crate::device2_args::SecondDeviceArgs,
+    #[command(flatten)]
+    pub dense: crate::dense_args::DenseArgs,
     /// Fault injection for tests: the device fails at its n-th submit.
     #[arg(long, hide = true)]
     pub fail_submit: Option<u64>,
@@ -172,6 +174,7 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         device,
         second_device,
         tier: a.tier.options(&model_path, true),
+        dense_device_only: a.dense.choice(),
         progress: Some(&mut progress),
     })?;
     eprintln!("coli: {}", loaded.device_note);

@@ -5,6 +5,7 @@
 pub mod bench_cmd;
 pub mod compile_cmd;
 pub mod default_model;
+pub mod dense_args;
 pub mod device2_args;
 pub mod exec_cmd;
 pub mod kv_args;

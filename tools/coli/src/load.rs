@@ -2,15 +2,18 @@
 //! the spec, compile the plan, resolve the weights, build the tokenizer. Shared by `coli exec`,
 //! `coli bench` and the end-to-end tests, so all of them load models the same way. With a
 //! second device asked for, both are opened and probed into one profile (the primary first),
-//! and the plan's frames on each load on their own device.
+//! and the plan's frames on each load on their own device. With the dense weights on the
+//! devices only (`dense_device_only`), the host copies of what the devices hold are released
+//! once uploaded (the weight store makes a matrix again from the file if the CPU needs it).
 
 use crate::specs;
 use coli_compiler::{compile, DeviceProfile, Options, Plan, Spec};
 use coli_runtime::exec::chain::{Chain, ChainError};
 use coli_runtime::exec::device::DeviceError;
 use coli_runtime::exec::probe::profile_of_devices;
+use coli_runtime::exec::weights::device_only_matrices;
 use coli_runtime::exec::Model;
-use coli_runtime::vk::{Context, DeviceRole, VkError, VkOptions};
+use coli_runtime::vk::{Context, DeviceKind, DeviceRole, VkError, VkOptions};
 use coli_runtime::model::{Checkpoint, LoadOptions};
 use coli_runtime::text::{GgufVocab, Tokenizer};
 use coli_runtime::tier::TierOptions;
@@ -57,6 +60,9 @@ pub struct LoadRequest<'a> {
     pub second_device: Option<VkOptions>,
     /// The expert tier's options (on a device with routed experts through host steps).
     pub tier: TierOptions,
+    /// Release the host copies of the matrices only the devices read, once uploaded; `None`:
+    /// when every device opened shares the CPU's RAM (integrated, or a CPU device).
+    pub dense_device_only: Option<bool>,
     /// Called with (done, total) while weights resolve.
     pub progress: Option<&'a mut dyn FnMut(usize, usize)>,
 }
@@ -64,7 +70,7 @@ pub struct LoadRequest<'a> {
 impl<'a> LoadRequest<'a> {
     /// The defaults for the checkpoint at `model`: its architecture's built-in spec, CPU only.
     pub fn new(model: &'a Path) -> LoadRequest<'a> {
-        LoadRequest { model, spec: None, load: LoadOptions::default(), compile: Options::default(), profile: None, device: DeviceRequest::Cpu, second_device: None, tier: TierOptions::default(), progress: None }
+        LoadRequest { model, spec: None, load: LoadOptions::default(), compile: Options::default(), profile: None, device: DeviceRequest::Cpu, second_device: None, tier: TierOptions::default(), dense_device_only: None, progress: None }
     }
 }
 
@@ -91,13 +97,13 @@ pub fn load(req: LoadRequest) -> Result<Loaded, String> {
                 // takes GPUs only.
                 Ok(c) if !required && c.caps().kind == coli_runtime::vk::DeviceKind::Cpu => {
                     let note = format!("the only Vulkan device is a CPU device ({}); running on the CPU", c.caps().name);
-                    return finish(req.model, checkpoint, spec, req.profile.unwrap_or_else(DeviceProfile::cpu_only), &req.compile, &req.tier, req.progress, Vec::new(), note);
+                    return finish(req.model, checkpoint, spec, req.profile.unwrap_or_else(DeviceProfile::cpu_only), &req.compile, &req.tier, req.dense_device_only, req.progress, Vec::new(), note);
                 }
                 Ok(c) => (Some(c), Some(o.clone()), required),
                 Err(e) if required => return Err(format!("--device vulkan: {e}")),
                 Err(e) => {
                     let note = format!("no Vulkan device ({e}); running on the CPU");
-                    return finish(req.model, checkpoint, spec, req.profile.unwrap_or_else(DeviceProfile::cpu_only), &req.compile, &req.tier, req.progress, Vec::new(), note);
+                    return finish(req.model, checkpoint, spec, req.profile.unwrap_or_else(DeviceProfile::cpu_only), &req.compile, &req.tier, req.dense_device_only, req.progress, Vec::new(), note);
                 }
             }
         }
@@ -137,7 +143,7 @@ pub fn load(req: LoadRequest) -> Result<Loaded, String> {
         note = format!("{note}; {n}");
     }
     let ctxs = ctxs.into_iter().map(|(c, _)| c).collect();
-    let mut loaded = finish(req.model, checkpoint, spec, profile, &req.compile, &req.tier, req.progress, ctxs, note)?;
+    let mut loaded = finish(req.model, checkpoint, spec, profile, &req.compile, &req.tier, req.dense_device_only, req.progress, ctxs, note)?;
     if required && loaded.device.is_none() {
         return Err(format!("--device vulkan: {}", loaded.device_note));
     }
@@ -150,11 +156,12 @@ pub fn load(req: LoadRequest) -> Result<Loaded, String> {
 #[allow(clippy::too_many_arguments)]
 fn finish(
     model_path: &Path,
-    checkpoint: Checkpoint,
+    mut checkpoint: Checkpoint,
     spec: Spec,
     profile: DeviceProfile,
     options: &Options,
     tier: &TierOptions,
+    dense_device_only: Option<bool>,
     progress: Option<&mut dyn FnMut(usize, usize)>,
     ctxs: Vec<Context>,
     mut device_note: String,
@@ -163,7 +170,7 @@ fn finish(
     let mut plan = compile(&spec, &bindings, &profile, options).map_err(|d| d.to_string())?;
     let mut noop = |_: usize, _: usize| {};
     let progress = progress.unwrap_or(&mut noop);
-    let model = Model::load(&checkpoint, plan.program.clone(), progress).map_err(|e| format!("{}: {e}", model_path.display()))?;
+    let mut model = Model::load(&checkpoint, plan.program.clone(), progress).map_err(|e| format!("{}: {e}", model_path.display()))?;
     let layers = plan.program.dims.layers;
     let device = match ctxs.first() {
         None => None,
@@ -211,6 +218,22 @@ fn finish(
             }
         }
     };
+    // 3. The dense weights on the devices only: the host copies they hold are released.
+    let shared = !ctxs.is_empty() && ctxs.iter().all(|c| matches!(c.caps().kind, DeviceKind::Integrated | DeviceKind::Cpu));
+    if device.is_some() && dense_device_only.unwrap_or(shared) {
+        let names = device_only_matrices(&plan, &model.program);
+        let r = model.weights.release(names.iter().map(String::as_str));
+        let in_use = model.weights.sources_in_use();
+        let unused: Vec<String> = checkpoint.quantized_names().into_iter().filter(|n| !in_use.contains(n)).collect();
+        checkpoint.release_quantized(unused.iter().map(String::as_str));
+        device_note = format!(
+            "{device_note}; dense weights on the device only: {} host copies released ({}), {} mapped matrices advised away{}",
+            r.copies,
+            coli_compiler::cost::human(r.bytes as u64),
+            r.views,
+            if dense_device_only.is_none() { " (a device sharing the CPU's RAM)" } else { "" }
+        );
+    }
     let (tokenizer, tokenizer_note) = match tokenizer_for(&checkpoint) {
         Ok(t) => (Some(t), None),
         Err(e) => (None, Some(e)),
