@@ -306,13 +306,15 @@ pub enum Op {
         /// Multiplies the final weights.
         scale: f32,
     },
-    /// Host step (through the expert tier): `out = sum_r weight_r * expert_r(x)` over the
-    /// routing in `routing`.
+    /// `out = sum_r weight_r * expert_r(x)` over the routing in `routing`: a host step served by
+    /// the runtime's expert tier, or in a device frame where the plan makes the layer's
+    /// experts resident.
     RoutedExperts { x: ValueId, routing: ValueId, out: ValueId, layer: LayerId, experts: usize, ffn: usize, weights: ExpertWeights, glu: GluKind },
-    /// Multi-head latent attention (DeepSeek-V3). Placed, sized and costed; runtime later.
+    /// Multi-head latent attention (DeepSeek-V3): the CPU's expanded and absorbed forms, the
+    /// device's absorbed form; the cache holds the normed latent and the rotated rope key.
     Mla { x: ValueId, out: ValueId, layer: LayerId, spec: MlaSpec },
-    /// A linear-attention mixer with recurrent state (Gated DeltaNet, KDA). Placed, sized and
-    /// costed; runtime later.
+    /// A linear-attention mixer with recurrent state (Gated DeltaNet): the causal convolution's
+    /// ring and the delta rule, on the CPU and the device (the host's state canonical).
     LinearAttention { x: ValueId, out: ValueId, layer: LayerId, spec: LinearAttentionSpec },
 }
 
