@@ -41,34 +41,72 @@ pub fn attend_part(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], n: usize, ran
     let (acc, ml) = (SendPtr(out.acc.as_mut_ptr()), SendPtr(out.ml.as_mut_ptr()));
     let (hd, vhd) = (s.head_dim, s.v_head_dim);
     let (kw, vw) = (s.kv_heads * hd, s.kv_heads * vhd);
-    let group = s.heads / s.kv_heads.max(1);
-    pool::run(n * s.heads, &|t| {
-        let (i, h) = (t / s.heads, t % s.heads);
+    let group = (s.heads / s.kv_heads.max(1)).max(1);
+    // A task is one row and one KV head with its group of query heads: each key and value row
+    // is read once for the whole group.
+    pool::run(n * s.kv_heads, &|t| {
+        let (i, kvh) = (t / s.kv_heads, t % s.kv_heads);
         let (from, to) = range(i);
-        let kvh = h / group.max(1);
-        let qh = &q[(i * s.heads + h) * hd..][..hd];
-        // SAFETY: task `t` writes only row `i`, head `h` of `acc` and `ml`: disjoint.
-        let a = unsafe { std::slice::from_raw_parts_mut(acc.get().add(t * vhd), vhd) };
-        let st = unsafe { std::slice::from_raw_parts_mut(ml.get().add(t * 2), 2) };
-        let scores: Vec<f32> = (from..to).map(|j| qh.iter().zip(&k[j * kw + kvh * hd..][..hd]).map(|(x, y)| x * y).sum::<f32>() * s.scale).collect();
-        let sink = sinks.map(|sk| sk[h]);
-        let m = scores.iter().copied().chain(sink).fold(f32::NEG_INFINITY, f32::max);
-        if m == f32::NEG_INFINITY {
-            return;
+        let len = to.saturating_sub(from);
+        let mut scores = vec![0.0f32; group * len];
+        for (jj, j) in (from..to).enumerate() {
+            let kr = &k[j * kw + kvh * hd..][..hd];
+            for g in 0..group {
+                let h = kvh * group + g;
+                scores[g * len + jj] = dot(&q[(i * s.heads + h) * hd..][..hd], kr) * s.scale;
+            }
         }
-        let mut l = 0.0f32;
-        for (j, sc) in (from..to).zip(&scores) {
-            let e = (sc - m).exp();
-            l += e;
-            a.iter_mut().zip(&v[j * vw + kvh * vhd..][..vhd]).for_each(|(x, y)| *x += e * y);
+        // Per head of the group its largest score (with its sink), then one pass over the
+        // positions, each value row read once for the group, adding in position order.
+        let ms: Vec<f32> = (0..group).map(|g| scores[g * len..(g + 1) * len].iter().copied().chain(sinks.map(|sk| sk[kvh * group + g])).fold(f32::NEG_INFINITY, f32::max)).collect();
+        let mut ls = vec![0.0f32; group];
+        // SAFETY: task `t` writes only row `i`, the heads of KV head `kvh` (contiguous): disjoint.
+        let a = unsafe { std::slice::from_raw_parts_mut(acc.get().add((i * s.heads + kvh * group) * vhd), group * vhd) };
+        for (jj, j) in (from..to).enumerate() {
+            let vr = &v[j * vw + kvh * vhd..][..vhd];
+            for g in 0..group {
+                if ms[g] == f32::NEG_INFINITY {
+                    continue;
+                }
+                let e = (scores[g * len + jj] - ms[g]).exp();
+                ls[g] += e;
+                a[g * vhd..(g + 1) * vhd].iter_mut().zip(vr).for_each(|(x, y)| *x += e * y);
+            }
         }
-        if let Some(sv) = sink {
-            l += (sv - m).exp();
+        for g in 0..group {
+            if ms[g] == f32::NEG_INFINITY {
+                continue;
+            }
+            let h = kvh * group + g;
+            // SAFETY: as above, row `i`, head `h` of KV head `kvh`.
+            let st = unsafe { std::slice::from_raw_parts_mut(ml.get().add((i * s.heads + h) * 2), 2) };
+            if let Some(sk) = sinks {
+                ls[g] += (sk[h] - ms[g]).exp();
+            }
+            st[0] = ms[g];
+            st[1] = ls[g];
         }
-        st[0] = m;
-        st[1] = l;
     });
     out
+}
+
+/// `a . b` in eight lanes (vectorized), the lanes and the tail then summed in a fixed order:
+/// the same bits for the same inputs whatever the call.
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    let mut t = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    for (x, y) in ra.iter().zip(rb) {
+        t += x * y;
+    }
+    t
 }
 
 /// Joins two parts of the same rows (`a` and `b` cover disjoint positions) into attention
