@@ -6,6 +6,7 @@
 // written over the row's absorbed query in `lat` (each workgroup reads its slot before it
 // writes it). One workgroup per (head, row), one position per invocation in a tile, the latent
 // columns split over the invocations. Reference: the second loop of cpu::mla's absorbed form.
+// With dyn_pos the block's first position is read from `posv[0]` (a replayed recording).
 // Must not: read a position past pos0 + i, or take a latent wider than MAX_C or a rope part
 // wider than MAX_R (the op checks).
 #extension GL_GOOGLE_include_directive : require
@@ -21,10 +22,11 @@ layout(std430, binding = 0) buffer QL { float qlat[]; };
 layout(std430, binding = 1) readonly buffer Q { float qv[]; };
 layout(std430, binding = 2) readonly buffer ML { float mlat[]; };
 layout(std430, binding = 3) readonly buffer MR { float mrope[]; };
+layout(std430, binding = 4) readonly buffer POS { uint posv[]; };
 layout(push_constant) uniform PC {
     uint n; uint heads; uint dn; uint dr;
     uint c; uint pos0; float scale; uint q_off;
-    uint l_off; uint pad0; uint pad1; uint pad2;
+    uint l_off; uint dyn_pos; uint pad1; uint pad2;
 } pc;
 
 shared float sq[MAX_C];
@@ -39,7 +41,7 @@ void main() {
     for (uint k = tid; k < pc.c; k += T) sq[k] = qlat[slot + k];
     for (uint k = tid; k < pc.dr; k += T) sr[k] = qv[qb + k];
     barrier();
-    uint len = pc.pos0 + i + 1u;
+    uint len = (pc.dyn_pos != 0u ? posv[0] : pc.pos0) + i + 1u;
     float m = NEG_INF, l = 0.0;
     float acc[PER];
     [[unroll]] for (uint u = 0u; u < PER; u++) acc[u] = 0.0;

@@ -6,7 +6,8 @@
 // the rope part (the last dr floats) of every query head of row r rotated in place. Pairs are
 // (2i, 2i + 1) (interleaved) or (i, i + dr/2); the inverse frequencies (YaRN included) and
 // mscale come from the host (cpu::rope::inv_freq), angles pos * freq in f32 as on the CPU.
-// One workgroup per row. Reference: steps 2 to 4 of cpu::mla::mla.
+// One workgroup per row; with dyn_pos the first position is read from `posv[0]` (a replayed
+// recording). Reference: steps 2 to 4 of cpu::mla::mla.
 // Must not: assume the subgroup size, or touch a query's no-position part.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -20,10 +21,11 @@ layout(std430, binding = 4) writeonly buffer ML { float mlat[]; };
 layout(std430, binding = 5) writeonly buffer MR { float mrope[]; };
 layout(std430, binding = 6) writeonly buffer SL { float slat[]; };
 layout(std430, binding = 7) writeonly buffer SR { float srope[]; };
+layout(std430, binding = 8) readonly buffer POS { uint posv[]; };
 layout(push_constant) uniform PC {
     uint n; uint heads; uint dn; uint dr;
     uint c; float eps; uint interleaved; uint pos0;
-    float mscale; uint ckv_off; uint q_off; uint pad0;
+    float mscale; uint ckv_off; uint q_off; uint dyn_pos;
 } pc;
 
 shared float partial[64];
@@ -32,7 +34,7 @@ void main() {
     uint r = gl_WorkGroupID.x;
     uint tid = gl_LocalInvocationID.x;
     uint xb = pc.ckv_off + r * (pc.c + pc.dr);
-    uint pos = pc.pos0 + r;
+    uint pos = (pc.dyn_pos != 0u ? posv[0] : pc.pos0) + r;
     // The latent's RMSNorm.
     float ss = 0.0;
     for (uint k = tid; k < pc.c; k += 64u) {

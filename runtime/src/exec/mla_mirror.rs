@@ -56,8 +56,8 @@ pub struct MlaInputs<'a> {
     pub scratch: Option<&'a MlaScratch>,
 }
 
-/// Records the op over `n` rows of `x` at `pos` into `out`. The position must be fixed (a
-/// frame with an MLA op is recorded per forward, not replayed).
+/// Records the op over `n` rows of `x` at `pos` into `out`: a fixed position, or one read on
+/// the device (a decode frame recorded once and replayed).
 #[allow(clippy::too_many_arguments)]
 pub fn record<'a>(
     f: &mut Frame<'a>,
@@ -70,12 +70,6 @@ pub fn record<'a>(
     precision: Precision,
 ) -> Result<(), VkError> {
     const OP: &str = "mla";
-    let Pos::Fixed(pos0) = pos else {
-        return Err(VkError::BadArgument {
-            op: OP,
-            msg: "an MLA op is recorded at a fixed position (its frames are not replayed)".into(),
-        });
-    };
     let missing = |role: &str| VkError::BadArgument {
         op: OP,
         msg: format!("the weight of role {role} was not uploaded"),
@@ -131,13 +125,13 @@ pub fn record<'a>(
         op: OP,
         msg: "no MLA scratch for this session".into(),
     })?;
-    f.mla(
+    f.mla_at(
         MlaShape::of(spec),
         w,
         rope,
         x,
         n,
-        pos0,
+        pos,
         cache,
         scratch,
         out,

@@ -245,6 +245,7 @@ pub fn replayable(program: &Program, frame: &Frame) -> bool {
                     | Op::Mul { .. }
                     | Op::Route { .. }
                     | Op::RoutedExperts { .. }
+                    | Op::Mla { .. }
                     | Op::LinearAttention { .. }
             )
         })

@@ -25,9 +25,9 @@ impl Kernel {
             Kernel::MoeSum => 3,
             Kernel::DeltanetConv => 4,
             Kernel::DeltanetRule => 8,
-            Kernel::MlaKv => 8,
+            Kernel::MlaKv => 9,
             Kernel::MlaAbsorb => 4,
-            Kernel::MlaAttn => 4,
+            Kernel::MlaAttn => 5,
             Kernel::MlaValue => 6,
         }
     }

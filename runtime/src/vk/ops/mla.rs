@@ -17,7 +17,7 @@
 //! uploads what the mirror lacks), or take a latent wider than `MAX_LATENT` or a rope part
 //! wider than `MAX_ROPE`.
 
-use super::{groups_for, u32_arg, MatIn, MatmulPath, RopeArgs};
+use super::{groups_for, u32_arg, MatIn, MatmulPath, Pos, RopeArgs};
 use crate::cpu::Precision;
 use crate::vk::context::{Context, DeviceBuffer, View};
 use crate::vk::error::{Result, VkError};
@@ -218,6 +218,25 @@ impl<'a> Frame<'a> {
         out: View<'a>,
         precision: Precision,
     ) -> Result<()> {
+        self.mla_at(s, w, rope, x, n, Pos::Fixed(pos0), cache, scratch, out, precision)
+    }
+
+    /// `mla` at a position fixed or read on the device (`Pos`: a recording replayed at every
+    /// decode step reads it from a buffer; the whole mirrors are then bound).
+    #[allow(clippy::too_many_arguments)]
+    pub fn mla_at(
+        &mut self,
+        s: MlaShape,
+        w: MlaMats<'a>,
+        rope: RopeArgs<'a>,
+        x: View<'a>,
+        n: usize,
+        pos: Pos<'a>,
+        cache: MlaCache<'a>,
+        scratch: &'a MlaScratch,
+        out: View<'a>,
+        precision: Precision,
+    ) -> Result<()> {
         const OP: &str = "mla";
         s.check()?;
         if !scratch.fits(&s, n) {
@@ -283,14 +302,14 @@ impl<'a> Frame<'a> {
             self.add(kv, b, kv, n, s.kv_width(), Broadcast::Row)?;
         }
         // 3, 4. The latent norm, RoPE, the cache rows.
-        self.mla_kv(s, rope, kv, w.kv_a_norm, q, n, pos0, cache)?;
+        self.mla_kv_at(s, rope, kv, w.kv_a_norm, q, n, pos, cache)?;
         // 5. The absorbed attention.
-        let (ml, mr) = (
-            cache.latent.view_prefix((pos0 + n) * s.latent),
-            cache.rope.view_prefix((pos0 + n) * s.rope),
-        );
+        let (ml, mr) = match pos {
+            Pos::Fixed(pos0) => (cache.latent.view_prefix((pos0 + n) * s.latent), cache.rope.view_prefix((pos0 + n) * s.rope)),
+            Pos::Dynamic(_) => (cache.latent, cache.rope),
+        };
         self.mla_absorb(s, w.kv_b, q, lat, n)?;
-        self.mla_attn(s, q, lat, ml, mr, n, pos0)?;
+        self.mla_attn_at(s, q, lat, ml, mr, n, pos)?;
         self.mla_value(s, w.kv_b, lat, heads, n, precision)?;
         // 6. The output projection.
         self.matmul_with(w.o, heads, n, out, MatmulPath::Auto, precision)?;
@@ -315,7 +334,24 @@ impl<'a> Frame<'a> {
         pos0: usize,
         cache: MlaCache<'a>,
     ) -> Result<()> {
+        self.mla_kv_at(s, rope, kv, norm, q, n, Pos::Fixed(pos0), cache)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn mla_kv_at(
+        &mut self,
+        s: MlaShape,
+        rope: RopeArgs<'a>,
+        kv: View<'a>,
+        norm: View<'a>,
+        q: View<'a>,
+        n: usize,
+        pos: Pos<'a>,
+        cache: MlaCache<'a>,
+    ) -> Result<()> {
         const OP: &str = "mla_kv";
+        let (pos0, dyn_pos, pos_bind) = pos.parts(OP)?;
+        let pos0 = pos0 as usize;
         s.check()?;
         kv.check(OP, "kv", n * s.kv_width())?;
         norm.check(OP, "latent norm", s.latent)?;
@@ -357,7 +393,7 @@ impl<'a> Frame<'a> {
             rope.mscale.to_bits(),
             u32_arg(OP, "kv offset", kv.offset)?,
             u32_arg(OP, "q offset", q.offset)?,
-            0,
+            dyn_pos,
             0,
             0,
             0,
@@ -372,6 +408,7 @@ impl<'a> Frame<'a> {
             Bind::buf(cache.rope.buf),
             Bind::buf(cache.latent_back.buf),
             Bind::buf(cache.rope_back.buf),
+            pos_bind,
         ];
         self.dispatch(
             Kernel::MlaKv,
@@ -443,7 +480,23 @@ impl<'a> Frame<'a> {
         n: usize,
         pos0: usize,
     ) -> Result<()> {
+        self.mla_attn_at(s, q, lat, ml, mr, n, Pos::Fixed(pos0))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn mla_attn_at(
+        &mut self,
+        s: MlaShape,
+        q: View<'a>,
+        lat: View<'a>,
+        ml: View<'a>,
+        mr: View<'a>,
+        n: usize,
+        pos: Pos<'a>,
+    ) -> Result<()> {
         const OP: &str = "mla_attn";
+        let (pos0, dyn_pos, pos_bind) = pos.parts(OP)?;
+        let pos0 = pos0 as usize;
         s.check()?;
         q.check(OP, "q", n * s.q_width())?;
         lat.check(OP, "latents", n * s.heads * s.latent)?;
@@ -465,7 +518,7 @@ impl<'a> Frame<'a> {
             s.scale.to_bits(),
             u32_arg(OP, "q offset", q.offset)?,
             u32_arg(OP, "latent offset", lat.offset)?,
-            0,
+            dyn_pos,
             0,
             0,
             0,
@@ -478,6 +531,7 @@ impl<'a> Frame<'a> {
             Bind::buf(q.buf),
             Bind::buf(ml.buf),
             Bind::buf(mr.buf),
+            pos_bind,
         ];
         self.dispatch(
             Kernel::MlaAttn,
