@@ -193,3 +193,22 @@ fn every_spec_under_graphs_is_built_in() {
         coli::specs::builtin(n, t).unwrap_or_else(|d| panic!("{n}: {d}"));
     }
 }
+
+/// `coli bench --profile` on the device: the speeds, then the device time per kernel of a
+/// prompt and of a decode step, the MoE kernels among them (work ran on the device).
+#[test]
+fn bench_profile_lists_device_time_per_kernel() {
+    let dir = fixture_dir("olmoe");
+    let o = coli(&["bench", "--device", "vulkan", "--model", dir.to_str().unwrap(), "-p", "8", "-n", "2", "-r", "1", "--profile"]);
+    if stderr(&o).contains("no Vulkan device") {
+        return;
+    }
+    assert!(o.status.success(), "coli bench failed: {}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("pp8:") && out.contains("tg2:"), "{out}");
+    if out.contains("no timestamps") {
+        return;
+    }
+    assert!(out.contains("device time, prompt of 8") && out.contains("device time, decode (per token, mean of 2)"), "{out}");
+    assert!(out.contains("MoeMatvec") || out.contains("MoeMatmul"), "{out}");
+}

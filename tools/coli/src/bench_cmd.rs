@@ -54,6 +54,10 @@ pub struct BenchArgs {
     pub dense: crate::dense_args::DenseArgs,
     #[command(flatten)]
     pub tier: TierArgs,
+    /// Device time per kernel (timestamp queries) of the last repetition's prompt and decode
+    /// steps; the tok/s then include the queries' small cost.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 fn session(l: &crate::load::Loaded, ctx: usize) -> Result<Session<'_>, String> {
@@ -76,7 +80,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     let mut req = LoadRequest::new(&path);
     req.spec = a.spec.as_deref();
     req.load.quantize = a.quantize.map(crate::exec_cmd::QuantChoice::format);
-    let vk = VkOptions { memory_cap: a.device_mem_mib.map(|m| m << 20), ..Default::default() };
+    let vk = VkOptions { memory_cap: a.device_mem_mib.map(|m| m << 20), profile: a.profile, ..Default::default() };
     req.second_device = a.second.options(&vk);
     req.device = match a.device.as_str() {
         "cpu" => DeviceRequest::Cpu,
@@ -95,20 +99,32 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     let ctx = a.prompt + a.decode + 1;
     let reps = a.reps.max(1);
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
-    for _ in 0..reps {
+    let prof_ctx = loaded.device.as_ref().map(|d| d.ctx.clone());
+    let take = || prof_ctx.as_ref().map(|c| c.take_profile()).unwrap_or_default();
+    let (mut prompt_prof, mut decode_prof) = (Vec::new(), Vec::new());
+    for rep in 0..reps {
+        let last = rep + 1 == reps;
         let mut s = session(&loaded, ctx)?;
+        take();
         let t = Instant::now();
         for c in ids.chunks(a.chunk.max(1)) {
             s.forward(c, LogitRows::Last).map_err(|e| e.to_string())?;
         }
         pp.push(ids.len() as f64 / t.elapsed().as_secs_f64());
+        if last {
+            prompt_prof = take();
+        }
         let mut s = session(&loaded, ctx)?;
         s.forward(&ids[..1], LogitRows::Last).map_err(|e| e.to_string())?;
+        take();
         let t = Instant::now();
         for i in 0..a.decode {
             s.forward(&[ids[(i + 1) % ids.len()]], LogitRows::Last).map_err(|e| e.to_string())?;
         }
         tg.push(a.decode as f64 / t.elapsed().as_secs_f64());
+        if last {
+            decode_prof = take();
+        }
     }
     let p = &loaded.plan.program;
     println!("{}", loaded.device_note);
@@ -130,5 +146,25 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     }
     println!("pp{}: {:.1} tok/s (median of {reps})", a.prompt, median(pp));
     println!("tg{}: {:.1} tok/s (median of {reps})", a.decode, median(tg));
+    if a.profile {
+        match &prof_ctx {
+            None => println!("profile: no device ran (--device cpu, or none found)"),
+            Some(_) if prompt_prof.is_empty() && decode_prof.is_empty() => println!("profile: the device's queue has no timestamps"),
+            Some(_) => {
+                report(&format!("prompt of {} (the last repetition)", a.prompt), &prompt_prof, 1.0);
+                report(&format!("decode (per token, mean of {})", a.decode), &decode_prof, a.decode.max(1) as f64);
+            }
+        }
+    }
     Ok(())
+}
+
+/// Device time per kernel, largest first: count, time each and in all per `per` (1 for a
+/// prompt, the steps for decode), share.
+fn report(what: &str, prof: &[(String, u64, f64)], per: f64) {
+    let total: f64 = prof.iter().map(|p| p.2).sum();
+    println!("device time, {what}: {:.1} us", total / per * 1e6);
+    for (k, cnt, t) in prof {
+        println!("  {k:28} {:7.1} x {:8.2} us = {:9.1} us ({:4.1}%)", *cnt as f64 / per, t / *cnt as f64 * 1e6, t / per * 1e6, 100.0 * t / total.max(1e-12));
+    }
 }
