@@ -212,3 +212,15 @@ fn bench_profile_lists_device_time_per_kernel() {
     assert!(out.contains("device time, prompt of 8") && out.contains("device time, decode (per token, mean of 2)"), "{out}");
     assert!(out.contains("MoeMatvec") || out.contains("MoeMatmul"), "{out}");
 }
+
+/// A forced KV split says so in one line when the model runs on a device.
+#[test]
+fn exec_says_when_the_kv_cache_is_split() {
+    let dir = fixture_dir("llama");
+    let o = coli(&["exec", "--device", "vulkan", "--model", dir.to_str().unwrap(), "--prompt-ids", "1,2,3,4,5,6,7,8,9,10,11,12", "-n", "4", "--chunk", "4", "--kv-device-positions", "8", "--kv-block", "4"]);
+    if stderr(&o).contains("no Vulkan device") {
+        return;
+    }
+    assert!(o.status.success(), "coli exec failed: {}", stderr(&o));
+    assert!(stderr(&o).contains("kv split (forced)"), "{}", stderr(&o));
+}

@@ -128,6 +128,9 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     }
     let p = &loaded.plan.program;
     println!("{}", loaded.device_note);
+    if let (Some(_), Some(k)) = (&loaded.device, &loaded.plan.placement.kv_split) {
+        println!("{k}");
+    }
     if let Some(t) = loaded.device.as_ref().and_then(|d| d.tier_line()) {
         println!("{t}");
     }

@@ -178,6 +178,9 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         progress: Some(&mut progress),
     })?;
     eprintln!("coli: {}", loaded.device_note);
+    if let (Some(_), Some(k)) = (&loaded.device, &loaded.plan.placement.kv_split) {
+        eprintln!("coli: {k}");
+    }
     if let Some(t) = loaded.device.as_ref().and_then(|d| d.tier_line()) {
         eprintln!("coli: {t}");
     }
