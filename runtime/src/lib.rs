@@ -4,6 +4,7 @@
 //! make an `exec::Model`; a `exec::Session` runs forwards over it with the op libraries
 //! (`cpu`, later `vk`); `generate` drives sessions with a tokenizer (`text`) and a sampler.
 
+pub mod bytes;
 pub mod cpu;
 pub mod exec;
 pub mod format;

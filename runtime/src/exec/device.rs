@@ -31,6 +31,7 @@
 //! (`exec::chain` does), or run an op the device library does not claim (`DeviceModel::load`
 //! refuses such a plan with a typed error).
 
+use crate::bytes::{as_bytes, as_bytes_mut};
 use super::weights::visit_weights;
 use super::Model;
 use crate::cpu::experts::ExpertMats;
@@ -523,7 +524,7 @@ impl DeviceModel {
             if let Some(&id) = tokens.iter().find(|&&t| t as usize >= p.dims.vocab) {
                 return Err(VkError::BadArgument { op: "embed", msg: format!("token id {id} is outside the vocabulary of {}", p.dims.vocab) });
             }
-            ctx.write(&st.tokens, 0, u32_bytes(tokens))?;
+            ctx.write(&st.tokens, 0, as_bytes(tokens))?;
         }
         // The recurrent layers' device states: the host's at pos0 (`exec::recurrent`).
         let recurrent = st.recurrent.before_frame(ctx, p, frame, kv, pos0)?;
@@ -591,19 +592,4 @@ impl DeviceModel {
         }
         Ok(())
     }
-}
-
-fn as_bytes(v: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding and every byte pattern is a valid u8.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
-}
-
-fn u32_bytes(v: &[u32]) -> &[u8] {
-    // SAFETY: u32 has no padding and every byte pattern is a valid u8.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
-}
-
-fn as_bytes_mut(v: &mut [f32]) -> &mut [u8] {
-    // SAFETY: as above; every byte pattern is a valid f32.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
 }

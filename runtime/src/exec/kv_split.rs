@@ -12,6 +12,7 @@
 //! Must not: decide the split (the plan did), or write the host's cache (the frame's read-back
 //! rows do, as for every device layer).
 
+use crate::bytes::{as_bytes, as_bytes_mut};
 use super::kv::LayerKv;
 use crate::cpu::attention::AttnShape as CpuShape;
 use crate::cpu::attn_part::{attend_part, merge, Parts};
@@ -171,14 +172,4 @@ impl Split {
         }
         Ok(())
     }
-}
-
-fn as_bytes(v: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding and every byte pattern is a valid u8.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
-}
-
-fn as_bytes_mut(v: &mut [f32]) -> &mut [u8] {
-    // SAFETY: as above; every byte pattern is a valid f32.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
 }

@@ -15,6 +15,7 @@
 //! error; the CPU would refuse it too), or keep a device copy the host's state may have moved
 //! away from.
 
+use crate::bytes::{as_bytes, as_bytes_mut};
 use super::kv::KvCache;
 use crate::cpu::Precision;
 use crate::vk::{Context, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceBuffer, DeviceMatrix, Frame as VkFrame, MemoryUse, View, VkError};
@@ -138,14 +139,4 @@ impl Recurrent {
         }
         Ok(())
     }
-}
-
-fn as_bytes(v: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding and every byte pattern is a valid u8.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
-}
-
-fn as_bytes_mut(v: &mut [f32]) -> &mut [u8] {
-    // SAFETY: as above; every byte pattern is a valid f32.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
 }

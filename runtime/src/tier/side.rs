@@ -10,6 +10,7 @@
 //! do), touch another device's buffers, or let a batch outlive the step that made it (the tier
 //! joins every side's worker within the step).
 
+use crate::bytes::{as_bytes, as_bytes_mut};
 use super::{scratch_bytes, STREAM_ROUNDS};
 use crate::cpu::experts::ExpertMats;
 use crate::cpu::Precision;
@@ -391,14 +392,4 @@ impl DeviceSide {
         self.ctx.read(&self.y_back, 0, as_bytes_mut(&mut out))?;
         Ok(out)
     }
-}
-
-fn as_bytes_mut(v: &mut [f32]) -> &mut [u8] {
-    // SAFETY: as `as_bytes`; every byte pattern is a valid f32.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
-}
-
-fn as_bytes(v: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding and every byte pattern is a valid u8.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }

@@ -9,6 +9,7 @@
 //!
 //! Must not: know about ops or tensors beyond bytes (ops.rs and layout.rs do).
 
+use crate::bytes::as_bytes;
 use super::arena::{Allocation, Allocator, MemoryStats};
 use super::command::Commands;
 use super::device::{self, Device, DeviceCaps};
@@ -461,11 +462,6 @@ impl Context {
     pub fn recording(&self) -> Result<Frame<'_>> {
         Frame::new(self, false)
     }
-}
-
-pub(crate) fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
-    // SAFETY: f32/u32 slices have no padding; any byte pattern is a valid u8.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
 /// A sub-allocated device buffer; returns its range to the arena when it and every

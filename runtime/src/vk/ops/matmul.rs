@@ -337,7 +337,7 @@ impl Context {
             return Err(VkError::BadArgument { op: "embed", msg: format!("token id {id} is outside the vocabulary of {vocab}") });
         }
         let b = self.buffer(MemoryUse::Device, tokens.len().max(1) * 4)?;
-        self.write(&b, 0, crate::vk::context::as_bytes(tokens))?;
+        self.write(&b, 0, crate::bytes::as_bytes(tokens))?;
         Ok(b)
     }
 }

@@ -26,7 +26,7 @@ use crate::vk::context::{Context, DeviceBuffer, View};
 use crate::vk::error::{Result, VkError};
 use crate::vk::frame::{Bind, Frame, Push};
 use crate::format::WeightFormat;
-use crate::vk::context::as_bytes;
+use crate::bytes::as_bytes;
 use crate::vk::layout::{pack, DeviceMatrix, Packed};
 use crate::vk::memory::MemoryUse;
 use crate::vk::shaders::{FormatVariant, Kernel};
