@@ -197,3 +197,62 @@ fn bad_operands_are_errors() {
     let mixed = |e: usize| if e == 2 { other.mats(e) } else { layer.mats(e) };
     assert!(ctx.upload_experts(4, &mixed).is_err());
 }
+
+/// The expert tier's batch (`Frame::moe_pairs`) against `cpu::experts::pair_outputs`: experts
+/// written one by one into slots out of order (`expert_slots`, `write_expert`), the routing in
+/// slot ids with some pairs marked absent (the CPU's), both paths, a bias case; each present
+/// pair's output row as the CPU's (not weighted), the absent pairs' rows left untouched.
+/// Tolerance as above.
+#[test]
+fn tier_pairs_in_slots_match_cpu_pair_outputs() {
+    use coli_runtime::cpu::experts::pair_outputs;
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0e09);
+    for &(format, hidden, ffn, bias) in &[(WeightFormat::F32, 45, 40, true), (WeightFormat::Q8_0, 96, 64, false), (WeightFormat::I8Row, 96, 64, false)] {
+        let layer = Layer::new(format, 8, hidden, ffn, bias, &mut rng);
+        let slots = 5;
+        // Slot s holds expert held[s].
+        let held = [6usize, 1, 4, 0, 3];
+        let dev = ctx.expert_slots(slots, &layer.mats(0)).unwrap();
+        for (s, &e) in held.iter().enumerate() {
+            let p = coli_runtime::vk::Context::pack_expert(&layer.mats(e), bias).unwrap();
+            ctx.write_expert(&dev, s, &p).unwrap();
+        }
+        for (n, top_k, path) in [(1, 4, MoePath::Gemv), (9, 3, MoePath::Grouped), (3, 2, MoePath::Auto)] {
+            let x = rng.vec(n * hidden, 1.0);
+            let rt = routing(n, top_k, layer.experts, &mut rng);
+            // Pairs whose expert sits in a slot go to the device (as its slot id), the rest not.
+            let mut local = rt.clone();
+            let (mut on_dev, mut all) = (Vec::new(), Vec::new());
+            for r in 0..n {
+                for k in 0..top_k {
+                    let at = r * 2 * top_k + 2 * k;
+                    all.push((r, k));
+                    match held.iter().position(|&e| e == rt[at] as usize) {
+                        Some(s) => {
+                            local[at] = s as f32;
+                            on_dev.push((r, k));
+                        }
+                        None => local[at] = -1.0,
+                    }
+                }
+            }
+            let mut want = vec![0f32; n * top_k * hidden];
+            pair_outputs(&x, n, hidden, &rt, top_k, &all, GluKind::SwiGlu, Precision::Fast, &|e| layer.mats(e), &mut want);
+            let scratch = ctx.moe_scratch(n, top_k, hidden, ffn, slots).unwrap();
+            let (xb, rb) = (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&local).unwrap());
+            let yb = ctx.upload_f32(&vec![9.0; n * top_k * hidden]).unwrap();
+            let mut f = ctx.frame().unwrap();
+            f.moe_pairs(&dev, xb.all(), rb.all(), yb.all(), n, top_k, GluKind::SwiGlu, Precision::Fast, path, &scratch).unwrap();
+            f.run().unwrap();
+            let got = ctx.download_f32(yb.all()).unwrap();
+            let float_acts = !format.uses_q8_acts(ffn) && !format.uses_q8_acts(hidden);
+            let tol = if float_acts { 1e-5 } else { 1e-4 };
+            let rows = |pairs: &[(usize, usize)], v: &[f32]| pairs.iter().flat_map(|&(r, k)| v[(r * top_k + k) * hidden..][..hidden].to_vec()).collect::<Vec<f32>>();
+            assert_close(&format!("{format} n={n} top {top_k} {path:?}: device pairs"), &rows(&on_dev, &got), &rows(&on_dev, &want), tol);
+            let absent: Vec<(usize, usize)> = all.iter().copied().filter(|p| !on_dev.contains(p)).collect();
+            assert!(rows(&absent, &got).iter().all(|&v| v == 9.0), "{format} n={n}: an absent pair's row was written");
+            assert!(!on_dev.is_empty(), "the case routes to some slot");
+        }
+    }
+}
