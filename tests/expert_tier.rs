@@ -222,3 +222,17 @@ fn big_steps_stream_cold_experts_and_match_the_cpu() {
     }
     assert!(streamed > 0, "the fixtures' steps streamed");
 }
+
+/// A tier asked to hold nothing says so (not "no device") and the CPU computes every expert.
+#[test]
+fn a_tier_of_no_experts_says_why_and_matches_the_cpu() {
+    let dir = fixture_dir("olmoe");
+    let prompt = ids(&read_json(&dir.join("oracle.json"))["prompt_ids"]);
+    let dev = load_tier(&dir, tier(Some(0), true, true));
+    let line = dev.device.as_ref().unwrap().tier_line().unwrap().to_string();
+    assert!(line.contains("expert tier off") && line.contains("asked for no experts"), "{line}");
+    let (got, toks) = run(&dev, &prompt, 5, 4);
+    let (want, want_toks) = run(&load_model(&dir), &prompt, 5, 4);
+    assert_eq!(toks, want_toks);
+    assert!(max_abs_diff(&got, &want) <= 1e-4 * max_abs(&want));
+}

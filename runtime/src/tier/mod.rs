@@ -235,7 +235,9 @@ impl ExpertTier {
             let held: usize = sides.iter().map(DeviceSide::slots).sum();
             let left = (total - held).min(opts.max_experts.unwrap_or(usize::MAX));
             if left == 0 {
-                if i > 0 {
+                if opts.max_experts == Some(0) {
+                    notes.push("asked for no experts (--tier-experts 0)".into());
+                } else if i > 0 {
                     notes.push(format!("d{} holds none: every expert fits the devices before it", d.device));
                 }
                 continue;
