@@ -19,7 +19,6 @@ mod common;
 
 use coli::load::{load, DeviceRequest, LoadRequest, Loaded};
 use coli_compiler::Options;
-use coli_runtime::exec::{LogitRows, Session};
 use coli_runtime::tier::history::History;
 use coli_runtime::tier::{TierOptions, TierStats};
 use coli_runtime::vk::VkOptions;
@@ -58,28 +57,11 @@ fn load_tier(dir: &Path, t: TierOptions) -> Loaded {
 
 /// Logits of every prompt row (in chunks of `chunk`) and of `steps` greedy tokens.
 fn run(l: &Loaded, prompt: &[u32], chunk: usize, steps: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
-    let mut s = match &l.device {
-        Some(d) => Session::on_device(&l.model, d, CONTEXT).unwrap(),
-        None => Session::new(&l.model, CONTEXT),
-    };
-    let vocab = l.plan.program.dims.vocab;
-    let mut rows = Vec::new();
-    for c in prompt.chunks(chunk) {
-        rows.extend(s.forward(c, LogitRows::All).unwrap().chunks_exact(vocab).map(|r| r.to_vec()));
-    }
-    let mut toks = Vec::new();
-    for _ in 0..steps {
-        let id = argmax(rows.last().unwrap());
-        toks.push(id);
-        rows.push(s.forward(&[id], LogitRows::Last).unwrap());
-    }
-    assert_eq!(s.on_a_device(), l.device.is_some(), "the run stayed on the device: {:?}", s.take_notice());
-    (rows, toks)
+    let r = run_greedy(l, prompt, chunk, steps, CONTEXT, true);
+    assert_eq!(r.on_device, l.device.is_some(), "the run stayed on the device: {:?}", r.notice);
+    (r.rows, r.toks)
 }
 
-fn max_abs(rows: &[Vec<f32>]) -> f32 {
-    rows.iter().flatten().fold(0f32, |m, v| m.max(v.abs()))
-}
 
 fn stats(l: &Loaded) -> TierStats {
     l.device.as_ref().and_then(|d| d.with_tier(|t| t.stats().clone())).expect("a tier")

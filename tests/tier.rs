@@ -16,7 +16,6 @@ mod common;
 use coli::load::{load, DeviceRequest, LoadRequest, Loaded};
 use coli_compiler::ids::{Part, Place};
 use coli_compiler::Options;
-use coli_runtime::exec::{LogitRows, Session};
 use coli_runtime::vk::VkOptions;
 use common::*;
 use std::path::{Path, PathBuf};
@@ -48,23 +47,8 @@ fn load_on_device(dir: &Path, memory_cap: Option<u64>) -> Loaded {
 
 /// Logits of every prompt row (in chunks of `chunk`) and `steps` greedy tokens.
 fn run(l: &Loaded, prompt: &[u32], chunk: usize, steps: usize) -> (Vec<Vec<f32>>, Vec<u32>, Option<String>) {
-    let mut s = match &l.device {
-        Some(d) => Session::on_device(&l.model, d, CONTEXT).unwrap(),
-        None => Session::new(&l.model, CONTEXT),
-    };
-    let vocab = l.plan.program.dims.vocab;
-    let mut rows = Vec::new();
-    for c in prompt.chunks(chunk) {
-        rows.extend(s.forward(c, LogitRows::All).unwrap().chunks_exact(vocab).map(|r| r.to_vec()));
-    }
-    let mut last = rows.last().unwrap().clone();
-    let mut toks = Vec::new();
-    for _ in 0..steps {
-        let id = argmax(&last);
-        toks.push(id);
-        last = s.forward(&[id], LogitRows::Last).unwrap();
-    }
-    (rows, toks, s.take_notice())
+    let r = run_greedy(l, prompt, chunk, steps, CONTEXT, false);
+    (r.rows, r.toks, r.notice)
 }
 
 /// Layers whose routing and experts the plan runs in a device frame, and those it leaves to
@@ -82,9 +66,6 @@ fn expert_layers(l: &Loaded) -> (Vec<u32>, Vec<u32>) {
     (dev, host)
 }
 
-fn max_abs(rows: &[Vec<f32>]) -> f32 {
-    rows.iter().flatten().fold(0f32, |m, v| m.max(v.abs()))
-}
 
 #[test]
 fn every_moe_model_routes_in_frame_and_matches_the_cpu() {

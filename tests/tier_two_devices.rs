@@ -59,41 +59,10 @@ fn load_two(dir: &Path, slots: usize, warm_start: bool, fault1: Option<u64>) -> 
     load(req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 
-struct Run {
-    rows: Vec<Vec<f32>>,
-    toks: Vec<u32>,
-    notice: Option<String>,
-    on_device: bool,
-}
 
 /// Logits of every prompt row (in chunks of `chunk`) and of `steps` greedy tokens.
 fn run(l: &Loaded, prompt: &[u32], chunk: usize, steps: usize) -> Run {
-    let mut s = match &l.device {
-        Some(d) => Session::on_device(&l.model, d, CONTEXT).unwrap(),
-        None => Session::new(&l.model, CONTEXT),
-    };
-    let vocab = l.plan.program.dims.vocab;
-    let mut rows = Vec::new();
-    for c in prompt.chunks(chunk) {
-        rows.extend(
-            s.forward(c, LogitRows::All)
-                .unwrap()
-                .chunks_exact(vocab)
-                .map(|r| r.to_vec()),
-        );
-    }
-    let mut toks = Vec::new();
-    for _ in 0..steps {
-        let id = argmax(rows.last().unwrap());
-        toks.push(id);
-        rows.push(s.forward(&[id], LogitRows::Last).unwrap());
-    }
-    Run {
-        rows,
-        toks,
-        notice: s.take_notice(),
-        on_device: s.on_a_device(),
-    }
+    run_greedy(l, prompt, chunk, steps, CONTEXT, true)
 }
 
 fn tier_devices(l: &Loaded) -> Vec<TierDeviceStats> {

@@ -81,44 +81,10 @@ fn frames_on(l: &Loaded, d: u32) -> bool {
         .any(|f| f.place == Place::Device(DeviceId(d)))
 }
 
-struct Run {
-    rows: Vec<Vec<f32>>,
-    toks: Vec<u32>,
-    notice: Option<String>,
-    on_device: bool,
-}
 
 /// Logits of every prompt row (in chunks of `chunk`) and `steps` greedy tokens.
 fn run(l: &Loaded, prompt: &[u32], chunk: usize, steps: usize) -> Run {
-    let mut s = match &l.device {
-        Some(d) => Session::on_device(&l.model, d, 256).unwrap(),
-        None => Session::new(&l.model, 256),
-    };
-    let vocab = l.plan.program.dims.vocab;
-    let mut rows = Vec::new();
-    for c in prompt.chunks(chunk) {
-        rows.extend(
-            s.forward(c, LogitRows::All)
-                .unwrap()
-                .chunks_exact(vocab)
-                .map(|r| r.to_vec()),
-        );
-    }
-    let mut last = rows.last().unwrap().clone();
-    let mut toks = Vec::new();
-    for _ in 0..steps {
-        let id = argmax(&last);
-        toks.push(id);
-        last = s
-            .forward(&[id], LogitRows::Last)
-            .unwrap_or_else(|e| panic!("{e}; notice: {:?}", s.take_notice()));
-    }
-    Run {
-        rows,
-        toks,
-        notice: s.take_notice(),
-        on_device: s.on_a_device(),
-    }
+    run_greedy(l, prompt, chunk, steps, 256, false)
 }
 
 struct Oracle {

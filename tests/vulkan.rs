@@ -43,23 +43,8 @@ fn layer_ops(l: &Loaded, host: bool) -> Vec<&'static str> {
 
 /// Logits of every prompt row (in chunks of `chunk`) and `steps` greedy tokens.
 fn run(l: &Loaded, prompt: &[u32], chunk: usize, steps: usize) -> (Vec<Vec<f32>>, Vec<u32>, Option<String>) {
-    let mut s = match &l.device {
-        Some(d) => Session::on_device(&l.model, d, 256).unwrap(),
-        None => Session::new(&l.model, 256),
-    };
-    let vocab = l.plan.program.dims.vocab;
-    let mut rows = Vec::new();
-    for c in prompt.chunks(chunk) {
-        rows.extend(s.forward(c, LogitRows::All).unwrap().chunks_exact(vocab).map(|r| r.to_vec()));
-    }
-    let mut last = rows.last().unwrap().clone();
-    let mut toks = Vec::new();
-    for _ in 0..steps {
-        let id = argmax(&last);
-        toks.push(id);
-        last = s.forward(&[id], LogitRows::Last).unwrap();
-    }
-    (rows, toks, s.take_notice())
+    let r = run_greedy(l, prompt, chunk, steps, 256, false);
+    (r.rows, r.toks, r.notice)
 }
 
 #[test]

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use coli::load::{load, LoadRequest, Loaded};
+use coli_runtime::exec::{LogitRows, Session};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -72,4 +73,44 @@ pub fn argmax(v: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// What `run_greedy` saw: logits of every prompt row (and, when asked, of every decode step
+/// after them), the greedy tokens, the session's notice, and whether it ended on a device.
+pub struct Run {
+    pub rows: Vec<Vec<f32>>,
+    pub toks: Vec<u32>,
+    pub notice: Option<String>,
+    pub on_device: bool,
+}
+
+/// Runs `prompt` in chunks of `chunk` (on `l`'s device when it has one, else the CPU, with a
+/// context of `context`), then `steps` greedy tokens; `step_rows`: the decode steps' logits
+/// join `rows`.
+pub fn run_greedy(l: &Loaded, prompt: &[u32], chunk: usize, steps: usize, context: usize, step_rows: bool) -> Run {
+    let mut s = match &l.device {
+        Some(d) => Session::on_device(&l.model, d, context).unwrap(),
+        None => Session::new(&l.model, context),
+    };
+    let vocab = l.plan.program.dims.vocab;
+    let mut rows = Vec::new();
+    for c in prompt.chunks(chunk) {
+        rows.extend(s.forward(c, LogitRows::All).unwrap().chunks_exact(vocab).map(|r| r.to_vec()));
+    }
+    let mut last = rows.last().unwrap().clone();
+    let mut toks = Vec::new();
+    for _ in 0..steps {
+        let id = argmax(&last);
+        toks.push(id);
+        last = s.forward(&[id], LogitRows::Last).unwrap_or_else(|e| panic!("{e}; notice: {:?}", s.take_notice()));
+        if step_rows {
+            rows.push(last.clone());
+        }
+    }
+    Run { rows, toks, notice: s.take_notice(), on_device: s.on_a_device() }
+}
+
+/// The largest |value| of `rows`.
+pub fn max_abs(rows: &[Vec<f32>]) -> f32 {
+    rows.iter().flatten().fold(0f32, |m, v| m.max(v.abs()))
 }
