@@ -213,6 +213,26 @@ fn bench_profile_lists_device_time_per_kernel() {
     assert!(out.contains("MoeMatvec") || out.contains("MoeMatmul"), "{out}");
 }
 
+/// `coli bench -d N` runs its tests after N tokens of context (llama-bench's depth), and with a
+/// KV split the decode steps at that depth attend over host positions (the stats line).
+#[test]
+fn bench_runs_at_a_depth() {
+    let dir = fixture_dir("llama");
+    let o = coli(&["bench", "--model", dir.to_str().unwrap(), "-d", "40", "-p", "8", "-n", "3", "-r", "1", "--chunk", "16"]);
+    assert!(o.status.success(), "coli bench failed: {}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("pp8 @ d40:") && out.contains("tg3 @ d40:"), "{out}");
+    let o = coli(&["bench", "--device", "vulkan", "--model", dir.to_str().unwrap(), "-d", "40", "-p", "4", "-n", "3", "-r", "1", "--chunk", "16", "--kv-device-positions", "8", "--kv-block", "4"]);
+    if stderr(&o).contains("no Vulkan device") {
+        return;
+    }
+    assert!(o.status.success(), "coli bench failed: {}", stderr(&o));
+    let out = stdout(&o);
+    let line = out.lines().find(|l| l.starts_with("kv split, all repetitions")).unwrap_or_else(|| panic!("{out}"));
+    let host_steps: u64 = line.split(", ").nth(2).and_then(|w| w.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{line}"));
+    assert!(host_steps > 0, "{line}");
+}
+
 /// A forced KV split says so in one line when the model runs on a device.
 #[test]
 fn exec_says_when_the_kv_cache_is_split() {

@@ -4,7 +4,7 @@
 # Expects the release binary in devbin/coli, pymoe-22m in devbin/pymoe and the Vulkan loader
 # packages in .gl/ (all git-ignored, carried by the device tool); makes the random-weight
 # checkpoints with tools/make_random_checkpoint.py and appends every result to $OUT/bench.txt.
-# Usage: bash tools/gpu-bench-tier.sh [pymoe] [olmoe] [chain] [kvsplit] [gptoss]
+# Usage: bash tools/gpu-bench-tier.sh [pymoe] [profile] [olmoe] [chain] [kvsplit] [gptoss]
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
@@ -27,6 +27,13 @@ for what in "$@"; do
     log $B bench --model $P --device vulkan -p 512 -n 128 -r 3 --no-expert-tier
     log $B bench --model $P --device cpu -p 512 -n 128 -r 3
     ;;
+  profile)
+    # OLMoE-1B-7B geometry, int8, every expert resident: speeds and the device time per kernel.
+    M=/tmp/olmoe-1b-7b
+    [ -d $M ] || python3 tools/make_random_checkpoint.py olmoe-1b-7b $M >> "$OUT/bench.txt" 2>&1
+    log $B bench --model $M --device vulkan --quantize i8 -p 512 -n 128 -r 3
+    log $B bench --model $M --device vulkan --quantize i8 -p 512 -n 64 -r 1 --profile
+    ;;
   olmoe)
     M=/tmp/olmoe-1b-7b
     [ -d $M ] || python3 tools/make_random_checkpoint.py olmoe-1b-7b $M >> "$OUT/bench.txt" 2>&1
@@ -41,15 +48,16 @@ for what in "$@"; do
     M=/tmp/smollm2-135m
     [ -d $M ] || python3 tools/make_random_checkpoint.py smollm2-135m $M >> "$OUT/bench.txt" 2>&1
     log $B bench --model $M --device vulkan -p 512 -n 128 -r 3
-    log $B bench --model $M --device vulkan -p 512 -n 128 -r 3 --device-layers 15
+    # A device cap that holds half the layers (coli compile with the same context: 134 MiB -> 15).
+    log $B bench --model $M --device vulkan -p 512 -n 128 -r 3 --device-mem-mib 134
     log $B bench --model $M --device cpu -p 512 -n 128 -r 3
     ;;
   kvsplit)
-    # A context eight times what the split keeps on the device (4096 over 512 positions).
-    M=/tmp/smollm2-135m
-    [ -d $M ] || python3 tools/make_random_checkpoint.py smollm2-135m $M >> "$OUT/bench.txt" 2>&1
-    log $B bench --model $M --device vulkan -p 4096 -n 64 -r 1
-    log $B bench --model $M --device vulkan -p 4096 -n 64 -r 1 --kv-device-positions 512
+    # A 32K-token context (filled first, untimed), the split keeping 4K positions on the device.
+    M=/tmp/smollm2-135m-long
+    [ -d $M ] || python3 tools/make_random_checkpoint.py smollm2-135m-long $M >> "$OUT/bench.txt" 2>&1
+    log $B bench --model $M --device vulkan -d 32768 -p 512 -n 128 -r 1
+    log $B bench --model $M --device vulkan -d 32768 -p 512 -n 128 -r 1 --kv-device-positions 4096
     ;;
   gptoss)
     # gpt-oss-20b geometry (sliding window with sinks, clamped SwiGLU, 32 experts top-4), bf16.

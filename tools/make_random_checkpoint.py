@@ -18,6 +18,11 @@ GEOMETRIES = {
         vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
         rope_theta=100000.0, tie_word_embeddings=True, rms_norm_eps=1e-5),
+    # The same with a 40K-token position limit (the KV split's 32K-context benchmark).
+    "smollm2-135m-long": lambda: tf.LlamaConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=40960,
+        rope_theta=100000.0, tie_word_embeddings=True, rms_norm_eps=1e-5),
     "olmoe-1b-7b": lambda: tf.OlmoeConfig(
         vocab_size=50304, hidden_size=2048, intermediate_size=1024, num_hidden_layers=16,
         num_attention_heads=16, num_key_value_heads=16, num_experts=64, num_experts_per_tok=8,

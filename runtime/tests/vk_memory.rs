@@ -57,6 +57,30 @@ fn memory_cap_makes_the_device_small() {
     assert_eq!(ctx.memory_stats().device_bytes, 0, "{:?}", ctx.memory_stats());
 }
 
+/// A cap holds what it says: device buffers fill it up to the last request that fits (the
+/// allocator's last blocks shrink to what is left), and staging and read-back buffers do not
+/// count against it.
+#[test]
+fn a_cap_is_usable_to_its_last_bytes() {
+    let cap = 10 << 20;
+    let Some(ctx) = open(&VkOptions { memory_cap: Some(cap), ..Default::default() }) else { return };
+    // A buffer of its own (1.5 MiB), then pieces of 256 KiB into shared blocks (an eighth of
+    // the cap, five pieces each): six whole blocks, then a last one of the 1 MiB left.
+    let big = ctx.buffer(MemoryUse::Device, 3 << 19).unwrap();
+    let piece = 256 << 10;
+    let mut held = vec![big];
+    while let Ok(b) = ctx.buffer(MemoryUse::Device, piece) {
+        held.push(b);
+    }
+    assert_eq!(held.len() - 1, (cap as usize - (3 << 19)) / piece, "pieces of {piece} B beside 1.5 MiB under a cap of {cap} B");
+    let back = ctx.buffer(MemoryUse::Readback, 1 << 20).expect("read-backs are not counted against the cap");
+    let up = ctx.buffer(MemoryUse::Upload, 1 << 20).expect("uploads are not counted against the cap");
+    assert!(ctx.memory_stats().device_bytes <= cap, "{:?}", ctx.memory_stats());
+    drop((back, up, held));
+    ctx.trim();
+    assert_eq!(ctx.memory_stats().device_bytes, 0, "{:?}", ctx.memory_stats());
+}
+
 /// Sub-allocations share blocks, and freeing them all leaves nothing behind.
 #[test]
 fn buffers_share_blocks_and_free_everything() {

@@ -230,7 +230,21 @@ impl DeviceModel {
     pub fn new_state(&self, model: &Model, context: usize) -> Result<DeviceState, VkError> {
         let p = &model.program;
         let ctx = &self.ctx;
-        let values = p.values.iter().map(|v| ctx.f32_buffer((v.width * self.cap_rows).max(1))).collect::<Result<Vec<_>, _>>()?;
+        // Rows for the values this device's frames touch; a placeholder for the others (the
+        // logits of a partial chain whose head is on the host: 96 MiB for SmolLM2's chunk).
+        let mut touched = vec![false; p.values.len()];
+        for f in &self.frames {
+            for &id in &f.ops {
+                let (r, w) = coli_compiler::dot::op_io(op_of(p, id));
+                for v in r.into_iter().chain(w) {
+                    touched[v.0 as usize] = true;
+                }
+            }
+            for v in f.uploads.iter().chain(&f.downloads) {
+                touched[v.0 as usize] = true;
+            }
+        }
+        let values = p.values.iter().zip(&touched).map(|(v, &t)| ctx.f32_buffer(if t { (v.width * self.cap_rows).max(1) } else { 1 })).collect::<Result<Vec<_>, _>>()?;
         let context = context.min(self.max_context);
         let mut mirrors: Vec<Option<_>> = (0..p.layers.len()).map(|_| None).collect();
         for f in &self.frames {

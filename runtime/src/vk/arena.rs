@@ -1,7 +1,8 @@
 //! Device memory in large blocks: each use (`MemoryUse`) has an arena of blocks, each block one
 //! `VkDeviceMemory` with one buffer over all of it (mapped when host-visible), sub-allocated
-//! with `BlockAllocator`. Large requests get a block of their own. The arena counts the device
-//! memory it holds against the cap (`VkOptions::memory_cap`, else the heap) and injects
+//! with `BlockAllocator`. Large requests get a block of their own. The arena counts the
+//! device-only memory it holds (not staging or read-back buffers) against the cap
+//! (`VkOptions::memory_cap`, else the heap), sizes its last blocks to what the cap has left, and injects
 //! allocation faults; running out is `VkError::OutOfMemory`, never a crash.
 //!
 //! Must not: record commands or know what the bytes are.
@@ -107,9 +108,12 @@ impl Allocator {
         MemoryStats { device_bytes: self.device_bytes, used_bytes: used, blocks: n, allocations: self.allocations }
     }
 
-    fn counts_against_cap(&self, type_index: u32) -> bool {
-        let heap = self.props.types[type_index as usize].heap as usize;
-        self.props.heaps[heap].1
+    /// Whether blocks of `usage` count against the limit: device-only memory on a device-local
+    /// heap. Staging and read-back buffers do not (on a discrete GPU they live in host RAM; on
+    /// a device with one heap they would otherwise make a cap hold less than the fit counted).
+    fn counts_against_cap(&self, usage: MemoryUse) -> bool {
+        let heap = self.props.types[self.placement.type_of(usage) as usize].heap as usize;
+        usage == MemoryUse::Device && self.props.heaps[heap].1
     }
 
     /// Sub-allocates `size` bytes for `usage`, making a new block when none has room.
@@ -132,8 +136,9 @@ impl Allocator {
                 }
             }
         }
+        let exact = size.div_ceil(align) * align;
         let dedicated = size > self.block_size / 2;
-        let bsize = if dedicated { size.div_ceil(align) * align } else { self.block_size };
+        let bsize = if dedicated { exact } else { self.block_bytes(usage, exact) };
         let mut block = self.new_block(dev, usage, bsize)?;
         block.dedicated = dedicated;
         let offset = block.alloc.alloc(size, align).expect("a fresh block holds its first allocation");
@@ -151,9 +156,26 @@ impl Allocator {
         Ok(Allocation { usage, block: bi, offset, size })
     }
 
+    /// The size of a new shared block of `usage` for a request of `exact` bytes: the arena's
+    /// block size (uploads and read-backs, few and small, an eighth of it), or only what the
+    /// cap has left, down to the request itself, when a whole block would pass the cap. So a
+    /// cap holds what the fit counted, not a block less.
+    fn block_bytes(&self, usage: MemoryUse, exact: u64) -> u64 {
+        let full = match usage {
+            MemoryUse::Device => self.block_size,
+            MemoryUse::Upload | MemoryUse::Readback => (self.block_size / 8).max(1 << 16),
+        }
+        .max(exact);
+        if !self.counts_against_cap(usage) {
+            return full;
+        }
+        let left = self.limit.saturating_sub(self.device_bytes) / self.align * self.align;
+        full.min(left.max(exact))
+    }
+
     unsafe fn new_block(&mut self, dev: &ash::Device, usage: MemoryUse, size: u64) -> Result<Block> {
         let type_index = self.placement.type_of(usage);
-        let counted = if self.counts_against_cap(type_index) { size } else { 0 };
+        let counted = if self.counts_against_cap(usage) { size } else { 0 };
         self.allocations += 1;
         let oom = |injected| VkError::OutOfMemory { requested: size, in_use: self.device_bytes, limit: self.limit, injected };
         if self.fail_at == Some(self.allocations) {

@@ -25,6 +25,10 @@ pub struct BenchArgs {
     /// Decode tokens per decode test.
     #[arg(short = 'n', long, default_value_t = 64)]
     pub decode: usize,
+    /// Context already filled before the tests (llama-bench's `-d`): the prompt test runs after
+    /// this many tokens, which are not timed, and the decode test right after it.
+    #[arg(short = 'd', long, default_value_t = 0)]
+    pub depth: usize,
     /// Repetitions (the median is reported).
     #[arg(short = 'r', long, default_value_t = 3)]
     pub reps: usize,
@@ -88,15 +92,25 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         "auto" => DeviceRequest::Auto(vk),
         d => return Err(format!("--device {d}: expected cpu, vulkan or auto")),
     };
-    req.compile = a.second.apply(a.kv.apply(Options { context: a.prompt + a.decode + 8, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, expert_tier: !a.no_expert_tier, resident_experts: !a.tier.sized(), ..Options::default() }));
+    req.compile = a.second.apply(a.kv.apply(Options { context: a.depth + a.prompt + a.decode + 8, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, expert_tier: !a.no_expert_tier, resident_experts: !a.tier.sized(), ..Options::default() }));
     // The bench reads a history only when given one, and never writes it.
     req.tier = a.tier.options(&path, false);
     req.dense_device_only = a.dense.choice();
     let loaded = load(req)?;
     let vocab = loaded.plan.program.dims.vocab as u32;
     // Deterministic ids spread over the vocabulary (avoiding the first few specials).
-    let ids: Vec<u32> = (0..a.prompt.max(1) as u32).map(|i| 10 + (i * 7919) % (vocab - 10)).collect();
-    let ctx = a.prompt + a.decode + 1;
+    let id = |i: u32| 10 + (i.wrapping_mul(7919)) % (vocab - 10);
+    let ids: Vec<u32> = (0..a.prompt.max(1) as u32).map(id).collect();
+    let filler: Vec<u32> = (0..a.depth as u32).map(|i| id(i + 1_000_003)).collect();
+    let ctx = a.depth + a.prompt + a.decode + 1;
+    let chunk = a.chunk.max(1);
+    // A session with the depth's tokens already in its context.
+    let filled = |s: &mut Session| -> Result<(), String> {
+        for c in filler.chunks(chunk) {
+            s.forward(c, LogitRows::Last).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    };
     let reps = a.reps.max(1);
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     let prof_ctx = loaded.device.as_ref().map(|d| d.ctx.clone());
@@ -105,16 +119,23 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     for rep in 0..reps {
         let last = rep + 1 == reps;
         let mut s = session(&loaded, ctx)?;
+        filled(&mut s)?;
         take();
         let t = Instant::now();
-        for c in ids.chunks(a.chunk.max(1)) {
+        for c in ids.chunks(chunk) {
             s.forward(c, LogitRows::Last).map_err(|e| e.to_string())?;
         }
         pp.push(ids.len() as f64 / t.elapsed().as_secs_f64());
         if last {
             prompt_prof = take();
         }
-        let mut s = session(&loaded, ctx)?;
+        // At a depth the decode test goes on in the prompt test's session (one fill a
+        // repetition: a long context is expensive to fill); without, from a fresh one.
+        if a.depth == 0 {
+            // The old session's device state goes first: under a memory cap two do not fit.
+            drop(s);
+            s = session(&loaded, ctx)?;
+        }
         s.forward(&ids[..1], LogitRows::Last).map_err(|e| e.to_string())?;
         take();
         let t = Instant::now();
@@ -130,6 +151,9 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     println!("{}", loaded.device_note);
     if let (Some(_), Some(k)) = (&loaded.device, &loaded.plan.placement.kv_split) {
         println!("{k}");
+    }
+    if let Some(st) = loaded.device.as_ref().and_then(|d| d.kv_split_stats()) {
+        println!("kv split, all repetitions: {} layer steps, {} with a host part, {} (row, position) pairs on the host", st.steps, st.host_steps, st.host_positions);
     }
     if let Some(t) = loaded.device.as_ref().and_then(|d| d.tier_line()) {
         println!("{t}");
@@ -147,8 +171,9 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     if let Some(line) = loaded.device.as_ref().and_then(|d| d.tier_summary()) {
         println!("{line} (all repetitions)");
     }
-    println!("pp{}: {:.1} tok/s (median of {reps})", a.prompt, median(pp));
-    println!("tg{}: {:.1} tok/s (median of {reps})", a.decode, median(tg));
+    let at = if a.depth > 0 { format!(" @ d{}", a.depth) } else { String::new() };
+    println!("pp{}{at}: {:.1} tok/s (median of {reps})", a.prompt, median(pp));
+    println!("tg{}{at}: {:.1} tok/s (median of {reps})", a.decode, median(tg));
     if a.profile {
         match &prof_ctx {
             None => println!("profile: no device ran (--device cpu, or none found)"),
