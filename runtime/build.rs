@@ -40,6 +40,8 @@ const KERNELS: &[(&str, &str, bool)] = &[
     ("MlaAbsorb", "mla_absorb.comp", true),
     ("MlaAttn", "mla_attn.comp", false),
     ("MlaValue", "mla_value.comp", true),
+    ("MatmulCoop", "matmul_coop.comp", false),
+    ("MoeMatmulCoop", "moe_matmul_coop.comp", false),
 ];
 
 /// Weight-format variants: (Rust variant of `FormatVariant`, the defines the sources test).
