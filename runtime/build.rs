@@ -4,20 +4,15 @@
 //! returning the embedded words (`include_bytes!`), so the engine needs neither shaderc nor glslc
 //! at run time.
 //!
-//! Linking shaderc on Debian 12: the crate's default dynamic link leaves glslang symbols
-//! undefined (`rust-lld: undefined reference: glslang::TProgram::getInfoLog()`); we use
-//! `prefer-static-linking` with `SHADERC_LIB_DIR` from `.cargo/config.toml`, and the glslang
-//! libraries Debian's `libshaderc_combined.a` lacks come from the `shaderc-link` crate (a build
-//! script cannot add libraries to its own link line).
+//! shaderc is built from the crate's vendored sources (`build-from-source`: cmake, ninja, a C++
+//! compiler and python3; several minutes, once per target directory): the cooperative-matrix
+//! kernels need `GL_KHR_cooperative_matrix`, which Debian 12's system glslang (11.13) rejects.
 //!
 //! Must not: read anything outside `shaders/`, or decide at build time anything the device
 //! decides at run time (workgroup and subgroup sizes are specialization constants).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-
-// Linked for its build script's side effect: the glslang static libraries.
-use shaderc_link as _;
 
 /// Shader sources: (Rust variant, file under shaders/, compiled once per weight-format variant).
 const KERNELS: &[(&str, &str, bool)] = &[
@@ -45,6 +40,8 @@ const KERNELS: &[(&str, &str, bool)] = &[
     ("MlaAbsorb", "mla_absorb.comp", true),
     ("MlaAttn", "mla_attn.comp", false),
     ("MlaValue", "mla_value.comp", true),
+    ("MatmulCoop", "matmul_coop.comp", false),
+    ("MoeMatmulCoop", "moe_matmul_coop.comp", false),
 ];
 
 /// Weight-format variants: (Rust variant of `FormatVariant`, the defines the sources test).

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what coli needs on a Debian/Ubuntu machine: the Vulkan loader, Mesa's CPU Vulkan
-# driver (Lavapipe) and the shader toolchain. Idempotent; skips apt when everything is there.
+# driver (Lavapipe) and the tools the build compiles shaderc's vendored glslang with (cmake,
+# ninja, g++, python3). Idempotent; skips apt when everything is there.
 set -euo pipefail
-pkgs=(mesa-vulkan-drivers libvulkan-dev glslc libshaderc-dev vulkan-tools spirv-tools python3-pip unzip)
+pkgs=(mesa-vulkan-drivers libvulkan-dev vulkan-tools spirv-tools cmake ninja-build g++ python3 python3-pip unzip)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

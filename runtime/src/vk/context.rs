@@ -17,7 +17,7 @@ use super::error::{Result, VkError, VkResultExt};
 use super::frame::{Frame, FrameRes};
 use super::instance::Instance;
 use super::memory::{place, MemoryProps, MemoryUse, Placement};
-use super::options::{DeviceRole, FaultInjection, VkOptions};
+use super::options::{CoopMatUse, DeviceRole, FaultInjection, VkOptions};
 use super::pipeline::{Pipe, PipelineCache};
 use super::shaders::{FormatVariant, Kernel};
 use ash::vk;
@@ -238,7 +238,10 @@ impl Context {
                 }
             };
             let (pd, cand) = &devices[idx];
-            let caps = device::query_caps(&inst, *pd, cand)?;
+            let mut caps = device::query_caps(&inst, *pd, cand)?;
+            if opts.coopmat == CoopMatUse::Off {
+                caps.coopmat_i8 = None;
+            }
             let props = MemoryProps::from_vk(&inst.raw.get_physical_device_memory_properties(*pd));
             let placement = place(&props, opts.upload)?;
             let dev = Device::new(&inst, *pd, &caps)?;
@@ -296,7 +299,11 @@ impl Context {
             c.subgroup_size,
             if m.placement().staged { "staged" } else { "mapped" },
             m.limit() >> 20,
-            if c.cooperative_matrix { ", cooperative matrix" } else { "" },
+            match (c.coopmat_i8, c.cooperative_matrix) {
+                (Some(s), _) => format!(", int8 cooperative matrix {}x{}x{}", s.m, s.n, s.k),
+                (None, true) => ", cooperative matrix".to_string(),
+                _ => String::new(),
+            },
             if c.integer_dot_product { ", integer dot product" } else { "" },
         )
     }

@@ -2,7 +2,8 @@
 //! Choice: the device the user names, else discrete > integrated > virtual > CPU (Lavapipe);
 //! a second device beside it: another GPU, else the same physical device opened again.
 //! Capabilities queried: subgroup size (and size control), 16-bit storage, integer dot
-//! product, cooperative matrices, VK_EXT_memory_budget, push descriptors, timestamps, buffer
+//! product, cooperative matrices (the shapes `vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR`
+//! lists, and the one the q8 GEMMs take: `choose_coopmat_i8`), VK_EXT_memory_budget, push descriptors, timestamps, buffer
 //! device address, a transfer-only queue family and a second compute queue. The op layer reads `DeviceCaps`; it never queries
 //! Vulkan itself.
 //!
@@ -85,6 +86,90 @@ pub fn choose_second(candidates: &[Candidate], primary: usize, wanted: Option<&s
     })
 }
 
+/// A component type of a cooperative matrix (`VkComponentTypeKHR`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoopType {
+    F16,
+    F32,
+    F64,
+    S8,
+    S16,
+    S32,
+    S64,
+    U8,
+    U16,
+    U32,
+    U64,
+    /// A type this crate does not name (bfloat16, fp8 and later additions).
+    Other(i32),
+}
+
+impl CoopType {
+    fn from_vk(t: vk::ComponentTypeKHR) -> CoopType {
+        match t {
+            vk::ComponentTypeKHR::FLOAT16 => CoopType::F16,
+            vk::ComponentTypeKHR::FLOAT32 => CoopType::F32,
+            vk::ComponentTypeKHR::FLOAT64 => CoopType::F64,
+            vk::ComponentTypeKHR::SINT8 => CoopType::S8,
+            vk::ComponentTypeKHR::SINT16 => CoopType::S16,
+            vk::ComponentTypeKHR::SINT32 => CoopType::S32,
+            vk::ComponentTypeKHR::SINT64 => CoopType::S64,
+            vk::ComponentTypeKHR::UINT8 => CoopType::U8,
+            vk::ComponentTypeKHR::UINT16 => CoopType::U16,
+            vk::ComponentTypeKHR::UINT32 => CoopType::U32,
+            vk::ComponentTypeKHR::UINT64 => CoopType::U64,
+            other => CoopType::Other(other.as_raw()),
+        }
+    }
+}
+
+/// One cooperative-matrix shape the device lists: `Result (MxN) = A (MxK) * B (KxN) + C (MxN)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoopMatShape {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub a: CoopType,
+    pub b: CoopType,
+    pub c: CoopType,
+    pub result: CoopType,
+    /// The shape is listed for saturating accumulation only (the kernels accumulate without).
+    pub saturating: bool,
+    /// Scope subgroup (the only scope the kernels use).
+    pub subgroup: bool,
+}
+
+/// The shape the cooperative-matrix q8 GEMMs (`matmul_coop.comp`, `moe_matmul_coop.comp`) are
+/// specialized with: sint8 A (M x K, weights) times sint8 B (K x N, q8 activations) into sint32
+/// (M x N), subgroup scope. K divides 32 (a q8 activation block), M and N divide 32 (the tile
+/// of one subgroup).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoopMatI8 {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+}
+
+/// The int8 shape the q8 GEMMs take from the shapes a device lists: sint8 x sint8 -> sint32 at
+/// subgroup scope without saturation, K dividing 32 and M, N dividing 32; of those the one with
+/// K = 32 (one product per activation block), then the largest M x N, then the larger M. None when
+/// the device lists no such shape.
+pub fn choose_coopmat_i8(shapes: &[CoopMatShape]) -> Option<CoopMatI8> {
+    let divides_32 = |v: u32| matches!(v, 8 | 16 | 32);
+    shapes
+        .iter()
+        .filter(|s| {
+            (s.a, s.b, s.c, s.result) == (CoopType::S8, CoopType::S8, CoopType::S32, CoopType::S32)
+                && s.subgroup
+                && !s.saturating
+                && divides_32(s.m)
+                && divides_32(s.n)
+                && divides_32(s.k)
+        })
+        .max_by_key(|s| (s.k == 32, s.k, s.m * s.n, s.m))
+        .map(|s| CoopMatI8 { m: s.m, n: s.n, k: s.k })
+}
+
 /// What the chosen device offers, as the op layer needs it.
 #[derive(Clone, Debug)]
 pub struct DeviceCaps {
@@ -98,7 +183,15 @@ pub struct DeviceCaps {
     pub subgroup_size_control: bool,
     pub storage_16bit: bool,
     pub integer_dot_product: bool,
+    /// `VK_KHR_cooperative_matrix` with its `cooperativeMatrix` feature, for compute shaders.
     pub cooperative_matrix: bool,
+    /// The shapes the device lists (empty without the extension).
+    pub coopmat_shapes: Vec<CoopMatShape>,
+    /// The int8 shape of the q8 GEMMs, where the device has the extension, one of its shapes
+    /// suits (`choose_coopmat_i8`), `shaderInt8`, `vulkanMemoryModel` (the GLSL extension the
+    /// kernels need for the subgroup scope makes the module use it) and a fixed subgroup size
+    /// (the kernels' workgroup is four subgroups). Enabled at device creation when present.
+    pub coopmat_i8: Option<CoopMatI8>,
     pub memory_budget: bool,
     /// `VK_KHR_push_descriptor`: frames push each dispatch's bindings into the command buffer
     /// instead of allocating and writing a descriptor set.
@@ -160,11 +253,43 @@ pub(crate) unsafe fn query_caps(inst: &Instance, pd: vk::PhysicalDevice, cand: &
     let mut f11 = vk::PhysicalDeviceVulkan11Features::default();
     let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
     let mut f13 = vk::PhysicalDeviceVulkan13Features::default();
+    let mut fcm = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
+    let has_coopmat_ext = has_ext(&exts, c"VK_KHR_cooperative_matrix");
     let mut feats = vk::PhysicalDeviceFeatures2::default().push_next(&mut f11).push_next(&mut f12);
     if api >= vk::API_VERSION_1_3 {
         feats = feats.push_next(&mut f13);
     }
+    if has_coopmat_ext {
+        feats = feats.push_next(&mut fcm);
+    }
     inst.raw.get_physical_device_features2(pd, &mut feats);
+    let mut cm_stages = vk::ShaderStageFlags::empty();
+    let coopmat_shapes = if has_coopmat_ext {
+        let mut pcm = vk::PhysicalDeviceCooperativeMatrixPropertiesKHR::default();
+        let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut pcm);
+        inst.raw.get_physical_device_properties2(pd, &mut p2);
+        cm_stages = pcm.cooperative_matrix_supported_stages;
+        let cm = ash::khr::cooperative_matrix::Instance::new(&inst.entry, &inst.raw);
+        // A device that lists no shapes (or fails the query) has none for us.
+        cm.get_physical_device_cooperative_matrix_properties(pd)
+            .unwrap_or_default()
+            .iter()
+            .map(|p| CoopMatShape {
+                m: p.m_size,
+                n: p.n_size,
+                k: p.k_size,
+                a: CoopType::from_vk(p.a_type),
+                b: CoopType::from_vk(p.b_type),
+                c: CoopType::from_vk(p.c_type),
+                result: CoopType::from_vk(p.result_type),
+                saturating: p.saturating_accumulation != 0,
+                subgroup: p.scope == vk::ScopeKHR::SUBGROUP,
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let cooperative_matrix = has_coopmat_ext && fcm.cooperative_matrix != 0 && cm_stages.contains(vk::ShaderStageFlags::COMPUTE);
     let families = inst.raw.get_physical_device_queue_family_properties(pd);
     let compute_family = families
         .iter()
@@ -182,6 +307,11 @@ pub(crate) unsafe fn query_caps(inst: &Instance, pd: vk::PhysicalDevice, cand: &
     } else {
         (sg.subgroup_size, sg.subgroup_size)
     };
+    let coopmat_i8 = if cooperative_matrix && f12.shader_int8 != 0 && f12.vulkan_memory_model != 0 && min_sg == max_sg && sg.subgroup_size * 4 <= p.limits.max_compute_work_group_invocations {
+        choose_coopmat_i8(&coopmat_shapes)
+    } else {
+        None
+    };
     Ok(DeviceCaps {
         name: cand.name.clone(),
         kind: cand.kind,
@@ -193,7 +323,9 @@ pub(crate) unsafe fn query_caps(inst: &Instance, pd: vk::PhysicalDevice, cand: &
         storage_16bit: f11.storage_buffer16_bit_access != 0,
         integer_dot_product: (api >= vk::API_VERSION_1_3 && f13.shader_integer_dot_product != 0)
             || has_ext(&exts, c"VK_KHR_shader_integer_dot_product"),
-        cooperative_matrix: has_ext(&exts, c"VK_KHR_cooperative_matrix"),
+        cooperative_matrix,
+        coopmat_shapes,
+        coopmat_i8,
         memory_budget: has_ext(&exts, c"VK_EXT_memory_budget"),
         push_descriptor: has_ext(&exts, c"VK_KHR_push_descriptor"),
         timestamps: families[compute_family as usize].timestamp_valid_bits > 0 && p.limits.timestamp_period > 0.0,
@@ -222,7 +354,8 @@ pub(crate) struct Device {
 impl Device {
     /// Creates the logical device with one compute queue, enabling the features the shaders
     /// may use where the device has them (subgroup size control, memory budget, push
-    /// descriptors).
+    /// descriptors; cooperative matrices with `shaderInt8` and `vulkanMemoryModel` where
+    /// `caps.coopmat_i8` is set).
     ///
     /// # Safety
     /// `pd` must come from `inst`; the returned device must be destroyed (`destroy`) before
@@ -237,13 +370,23 @@ impl Device {
         if caps.push_descriptor {
             exts.push(c"VK_KHR_push_descriptor".as_ptr());
         }
+        if caps.coopmat_i8.is_some() {
+            exts.push(c"VK_KHR_cooperative_matrix".as_ptr());
+        }
         let mut f13 = vk::PhysicalDeviceVulkan13Features::default();
         if caps.subgroup_size_control {
             f13 = f13.subgroup_size_control(true).compute_full_subgroups(true);
         }
+        let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
+        let mut fcm = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
         let mut ci = vk::DeviceCreateInfo::default().queue_create_infos(&queues).enabled_extension_names(&exts);
         if caps.api_version >= vk::API_VERSION_1_3 {
             ci = ci.push_next(&mut f13);
+        }
+        if caps.coopmat_i8.is_some() {
+            f12 = f12.shader_int8(true).vulkan_memory_model(true);
+            fcm = fcm.cooperative_matrix(true);
+            ci = ci.push_next(&mut f12).push_next(&mut fcm);
         }
         let raw = inst.raw.create_device(pd, &ci, None).ctx("vkCreateDevice")?;
         let queue = raw.get_device_queue(caps.compute_family, 0);
@@ -296,6 +439,45 @@ mod tests {
         assert_eq!(choose_second(&list, 0, Some("H200")).unwrap(), 3);
         assert_eq!(choose_second(&list[..2], 1, Some("llvm")).unwrap(), 1);
         assert!(choose_second(&list, 0, Some("radeon")).is_err());
+    }
+
+    fn shape(m: u32, n: u32, k: u32, ab: CoopType, cr: CoopType) -> CoopMatShape {
+        CoopMatShape { m, n, k, a: ab, b: ab, c: cr, result: cr, saturating: false, subgroup: true }
+    }
+
+    #[test]
+    fn the_int8_shape_is_chosen_from_the_listed_ones() {
+        use CoopType::*;
+        // What an NVIDIA driver lists (in its order): f16 shapes, then int8 16x8x32 and 16x16x32.
+        let nv = [
+            shape(16, 8, 16, F16, F16),
+            shape(16, 8, 8, F16, F32),
+            shape(16, 16, 16, F16, F32),
+            shape(16, 8, 32, S8, S32),
+            shape(16, 16, 32, S8, S32),
+            shape(16, 16, 32, U8, U32),
+        ];
+        assert_eq!(choose_coopmat_i8(&nv), Some(CoopMatI8 { m: 16, n: 16, k: 32 }));
+        assert_eq!(choose_coopmat_i8(&nv[..4]), Some(CoopMatI8 { m: 16, n: 8, k: 32 }));
+        // Float shapes only, unsigned only, or nothing: none.
+        assert_eq!(choose_coopmat_i8(&nv[..3]), None);
+        assert_eq!(choose_coopmat_i8(&nv[5..]), None);
+        assert_eq!(choose_coopmat_i8(&[]), None);
+        // K = 32 wins over a larger tile with K = 16; K must divide 32, M and N must divide 32.
+        let k16 = shape(32, 32, 16, S8, S32);
+        assert_eq!(choose_coopmat_i8(&[k16, shape(8, 8, 32, S8, S32)]), Some(CoopMatI8 { m: 8, n: 8, k: 32 }));
+        assert_eq!(choose_coopmat_i8(&[k16]), Some(CoopMatI8 { m: 32, n: 32, k: 16 }));
+        assert_eq!(choose_coopmat_i8(&[shape(16, 16, 64, S8, S32), shape(12, 16, 32, S8, S32), shape(16, 64, 32, S8, S32)]), None);
+        // Saturating-only, workgroup scope, or a 16-bit result: none.
+        let mut sat = shape(16, 16, 32, S8, S32);
+        sat.saturating = true;
+        let mut wg = shape(16, 16, 32, S8, S32);
+        wg.subgroup = false;
+        let mut mixed = shape(16, 16, 32, S8, S32);
+        mixed.result = S16;
+        assert_eq!(choose_coopmat_i8(&[sat, wg, mixed]), None);
+        // A type this crate does not name is passed over.
+        assert_eq!(choose_coopmat_i8(&[shape(16, 16, 32, Other(1000491000), S32), shape(16, 8, 32, S8, S32)]), Some(CoopMatI8 { m: 16, n: 8, k: 32 }));
     }
 
     #[test]

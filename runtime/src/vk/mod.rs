@@ -39,7 +39,7 @@ mod shaders;
 
 pub use arena::MemoryStats;
 pub use context::{Context, DeviceBuffer, View};
-pub use device::{choose_device, choose_second, Candidate, DeviceCaps, DeviceKind};
+pub use device::{choose_coopmat_i8, choose_device, choose_second, Candidate, CoopMatI8, CoopMatShape, CoopType, DeviceCaps, DeviceKind};
 pub use error::VkError;
 pub use frame::{Frame, Recorded};
 pub use layout::{pack, DeviceMatrix, Packed};
@@ -48,5 +48,5 @@ pub use ops::elementwise::Broadcast;
 pub use ops::norm::{NormArgs, RopeShape};
 pub use ops::{AttnPath, AttnShape, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceExperts, KvShape, MatIn, MatmulPath, MlaCache, MlaMats, MlaQuery, MlaScratch, MlaShape, MoePath, MoeScratch, PackedExpert, Pos, MOE_MAX_EXPERTS, QuantizedActs, RopeArgs, RouteParams};
 pub use oplib::VkOps;
-pub use options::{DeviceRole, FaultInjection, UploadPath, VkOptions};
+pub use options::{CoopMatUse, DeviceRole, FaultInjection, UploadPath, VkOptions};
 pub use shaders::{FormatVariant, Kernel};

@@ -17,6 +17,19 @@ pub enum UploadPath {
     Staged,
 }
 
+/// Whether prompt GEMMs may run on cooperative matrices (tensor cores).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CoopMatUse {
+    /// Where the device has a suitable int8 shape (`DeviceCaps::coopmat_i8`): the I8Row GEMMs
+    /// with q8 activations (`matmul_coop.comp`, `moe_matmul_coop.comp`) from
+    /// `COOP_MIN_ROWS` activation rows.
+    #[default]
+    Auto,
+    /// Never: the f32 tiles everywhere (comparison benchmarks and tests); the extension is
+    /// not enabled.
+    Off,
+}
+
 /// Make the n-th operation of a kind fail, to test the fallback paths (1-based counts).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FaultInjection {
@@ -61,4 +74,6 @@ pub struct VkOptions {
     /// Time every command on the device (timestamp queries) and sum the times per kernel
     /// (`Context::profile`); costs a little on each command.
     pub profile: bool,
+    /// Cooperative-matrix GEMMs where the device has them, or never.
+    pub coopmat: CoopMatUse,
 }

@@ -67,6 +67,12 @@ impl PipelineCache {
 }
 
 unsafe fn create(dev: &ash::Device, caps: &DeviceCaps, kernel: Kernel, variant: Option<FormatVariant>) -> Result<Pipe> {
+    // A cooperative kernel is specialized with the device's shape; without one it has no pipeline.
+    let coop = match (kernel.cooperative(), caps.coopmat_i8) {
+        (false, _) => None,
+        (true, Some(s)) => Some(s),
+        (true, None) => return Err(VkError::MissingShader { kernel }),
+    };
     let bytes = spirv(kernel, variant).ok_or(VkError::MissingShader { kernel })?;
     let words = ash::util::read_spv(&mut std::io::Cursor::new(bytes)).map_err(|_| VkError::MissingShader { kernel })?;
     let module = dev.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None).ctx("vkCreateShaderModule")?;
@@ -99,12 +105,23 @@ unsafe fn create(dev: &ash::Device, caps: &DeviceCaps, kernel: Kernel, variant: 
             return Err(VkError::from_vk("vkCreatePipelineLayout", r));
         }
     };
-    let workgroup = if kernel == Kernel::RmsNorm { norm_workgroup(caps) } else { device_workgroup(caps) };
-    let spec_data = workgroup.to_ne_bytes();
-    let entries = [vk::SpecializationMapEntry::default().constant_id(0).offset(0).size(4)];
-    let spec = vk::SpecializationInfo::default().map_entries(&entries).data(&spec_data);
+    let workgroup = match coop {
+        Some(_) => caps.subgroup_size * 4,
+        None if kernel == Kernel::RmsNorm => norm_workgroup(caps),
+        None => device_workgroup(caps),
+    };
+    // Constant 0 the workgroup size; for cooperative kernels 1..3 the shape's M, N, K.
+    let spec_words = match coop {
+        Some(s) => [workgroup, s.m, s.n, s.k],
+        None => [workgroup, 0, 0, 0],
+    };
+    let spec_data: Vec<u8> = spec_words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let entries: Vec<vk::SpecializationMapEntry> =
+        (0..4u32).map(|i| vk::SpecializationMapEntry::default().constant_id(i).offset(4 * i).size(4)).collect();
+    let spec_len = if coop.is_some() { 4 } else { 1 };
+    let spec = vk::SpecializationInfo::default().map_entries(&entries[..spec_len]).data(&spec_data[..4 * spec_len]);
     let mut stage = vk::PipelineShaderStageCreateInfo::default().stage(vk::ShaderStageFlags::COMPUTE).module(module).name(c"main");
-    if kernel.sized_by_device() {
+    if kernel.sized_by_device() || coop.is_some() {
         stage = stage.specialization_info(&spec);
         if caps.subgroup_size_control {
             stage = stage.flags(vk::PipelineShaderStageCreateFlags::REQUIRE_FULL_SUBGROUPS);

@@ -12,7 +12,7 @@ impl Kernel {
     /// Storage-buffer bindings the shader declares (`0..n`; unused slots get a dummy buffer).
     pub fn bindings(self) -> u32 {
         match self {
-            Kernel::Matvec | Kernel::Matmul => 8,
+            Kernel::Matvec | Kernel::Matmul | Kernel::MatmulCoop => 8,
             Kernel::Embed | Kernel::QuantizeRows => 4,
             Kernel::RmsNorm => 6,
             Kernel::QuantizeQ8 | Kernel::Glu | Kernel::Binary | Kernel::Route | Kernel::Rope => 3,
@@ -20,7 +20,7 @@ impl Kernel {
             Kernel::AttnSplit => 15,
             Kernel::AttnBlock => 8,
             Kernel::AttnPart => 6,
-            Kernel::MoeMatvec | Kernel::MoeMatmul => 8,
+            Kernel::MoeMatvec | Kernel::MoeMatmul | Kernel::MoeMatmulCoop => 8,
             Kernel::MoeGroup => 2,
             Kernel::MoeSum => 3,
             Kernel::DeltanetConv => 4,
@@ -36,7 +36,7 @@ impl Kernel {
     /// dispatches by them.
     pub fn written_bindings(self) -> &'static [u32] {
         match self {
-            Kernel::Matvec | Kernel::Matmul => &[5],
+            Kernel::Matvec | Kernel::Matmul | Kernel::MatmulCoop => &[5],
             Kernel::Embed => &[3],
             Kernel::QuantizeQ8 | Kernel::QuantizeRows => &[1, 2],
             Kernel::RmsNorm => &[2, 5],
@@ -46,7 +46,7 @@ impl Kernel {
             Kernel::AttnSplit => &[1, 2, 4, 5, 6, 8, 12, 13],
             Kernel::AttnBlock => &[6],
             Kernel::AttnPart => &[3, 4],
-            Kernel::MoeMatvec | Kernel::MoeMatmul => &[5],
+            Kernel::MoeMatvec | Kernel::MoeMatmul | Kernel::MoeMatmulCoop => &[5],
             Kernel::MoeGroup => &[1],
             Kernel::MoeSum => &[2],
             Kernel::DeltanetConv => &[2, 3],
@@ -61,6 +61,13 @@ impl Kernel {
     /// Whether the workgroup size is specialization constant 0 (chosen per device).
     pub fn sized_by_device(self) -> bool {
         matches!(self, Kernel::Matvec | Kernel::RmsNorm | Kernel::MoeMatvec)
+    }
+
+    /// Whether the kernel runs on cooperative matrices: workgroup of four subgroups
+    /// (specialization constant 0) and the device's int8 shape M, N, K (constants 1 to 3,
+    /// `DeviceCaps::coopmat_i8`).
+    pub fn cooperative(self) -> bool {
+        matches!(self, Kernel::MatmulCoop | Kernel::MoeMatmulCoop)
     }
 }
 

@@ -3,7 +3,9 @@
 //! formats take the activations quantized to 8 bits per block of 32 exactly as the CPU
 //! quantizes them (`quantize_q8.comp`); with `Precision::Exact`, and for the float formats,
 //! activations stay f32 and each weight is decoded and multiplied in f32. One row (decode) runs the GEMV (`matvec.comp`); from two rows the tiled GEMM
-//! (`matmul.comp`). `embed` gathers table rows (any format) as `dequant_row` decodes them.
+//! (`matmul.comp`), or for I8Row with q8 activations from `COOP_MIN_ROWS` rows, where the
+//! device has an int8 cooperative-matrix shape, the tensor-core GEMM (`matmul_coop.comp`: each
+//! block's integer products exact, scaled per activation row and block in the CPU's order). `embed` gathers table rows (any format) as `dequant_row` decodes them.
 //!
 //! Fused forms (`matmul_fused`): the input may be the RMSNorm of a row or a gated unit of two
 //! rows (`MatIn`), computed as the kernel reads it (float activations) or as it quantizes it
@@ -119,6 +121,9 @@ impl QuantizedActs {
 
 const GEMM_BO: usize = 64;
 const GEMM_BR: usize = 32;
+/// The cooperative GEMM's tile: weight rows x activation rows per workgroup.
+const COOP_BO: usize = 64;
+const COOP_BR: usize = 64;
 const MAX_GROUPS: usize = 65535;
 
 impl<'a> Frame<'a> {
@@ -285,8 +290,15 @@ impl<'a> Frame<'a> {
             (_, false) => "glu",
             (_, true) => "glu+res",
         });
+        let coop = gemm && self.coop_i8(variant, n);
         let variant = Some(variant);
-        if gemm {
+        if coop {
+            let gy = n.div_ceil(COOP_BR);
+            if gy > MAX_GROUPS {
+                return Err(VkError::BadArgument { op: OP, msg: format!("{n} rows exceed one dispatch") });
+            }
+            self.dispatch(Kernel::MatmulCoop, None, &binds, &push, [groups_for(w.rows, COOP_BO).min(MAX_GROUPS as u32), gy as u32, 1])
+        } else if gemm {
             let gy = n.div_ceil(GEMM_BR);
             if gy > MAX_GROUPS {
                 return Err(VkError::BadArgument { op: OP, msg: format!("{n} rows exceed one dispatch") });

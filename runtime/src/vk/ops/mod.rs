@@ -22,6 +22,22 @@ pub use moe::{DeviceExperts, MoePath, MoeScratch, PackedExpert, MAX_EXPERTS as M
 pub use route::RouteParams;
 
 use super::error::{Result, VkError};
+use super::frame::Frame;
+use super::shaders::FormatVariant;
+
+/// Activation rows (a dense product's rows, a grouped product's chunk rows) from which the
+/// I8Row GEMMs with q8 activations take the cooperative-matrix kernels (`matmul_coop.comp`,
+/// `moe_matmul_coop.comp`) where the device has them; below, a 64 x 64 tile is mostly empty.
+pub const COOP_MIN_ROWS: usize = 32;
+
+impl Frame<'_> {
+    /// Whether a GEMM of `variant` over `rows` activation rows takes the cooperative-matrix
+    /// kernel: I8Row with q8 activations, at least `COOP_MIN_ROWS` rows, and an int8 shape on
+    /// the device (`DeviceCaps::coopmat_i8`, absent with `CoopMatUse::Off`).
+    pub(crate) fn coop_i8(&self, variant: FormatVariant, rows: usize) -> bool {
+        variant == FormatVariant::I8Row && rows >= COOP_MIN_ROWS && self.ctx.caps().coopmat_i8.is_some()
+    }
+}
 
 /// Workgroups of `size` covering `count` invocations.
 pub(crate) fn groups_for(count: usize, size: usize) -> u32 {

@@ -12,7 +12,9 @@
 //!   one over (output rows, rows). With q8 activations: a quantization before each.
 //! - a prompt chunk: pairs grouped by expert on the device (`moe_group.comp`), a tiled GEMM
 //!   per expert over its pairs (`moe_matmul.comp`) for gate/up and for down, then the sum
-//!   (`moe_sum.comp`).
+//!   (`moe_sum.comp`). I8Row experts with q8 activations take the cooperative-matrix GEMM
+//!   (`moe_matmul_coop.comp`) instead where the device has an int8 shape, from `COOP_MIN_ROWS`
+//!   rows.
 //!
 //! Scratch (`MoeScratch`) is the caller's, sized once for the largest chunk and reused by
 //! every layer (the frame's hazard tracking orders the reuse).
@@ -53,6 +55,9 @@ pub const MAX_TOP_K: usize = 64;
 const NONE: u32 = u32::MAX;
 const GEMM_BO: usize = 64;
 const GEMM_BR: usize = 32;
+/// The cooperative GEMM's tile: output rows x pairs per workgroup.
+const COOP_BO: usize = 64;
+const COOP_BR: usize = 64;
 const MAX_GROUPS: usize = 65535;
 
 /// One layer's routed experts on the device.
@@ -402,7 +407,11 @@ impl<'a> Frame<'a> {
             self.dispatch(Kernel::MoeGroup, None, &[Bind::buf(routing.buf), Bind::buf(&s.groups)], &push, [1, 1, 1])?;
             let push: Push = [f32_, h32, gqs, gss, x_off, 0, k32, e32, 0, glu_kind, limit.to_bits(), alpha.to_bits(), gb, 0, 0, 0];
             let binds = [Bind::buf(&gu.q), Bind::buf(&gu.s), Bind::buf(x.buf), xq, xd, Bind::buf(&s.h), Bind::buf(&s.groups), bias];
-            self.dispatch(Kernel::MoeMatmul, Some(gv), &binds, &push, [groups_for(ffn, GEMM_BO).min(MAX_GROUPS as u32), n.div_ceil(GEMM_BR) as u32, e32])?;
+            if self.coop_i8(gv, n) {
+                self.dispatch(Kernel::MoeMatmulCoop, None, &binds, &push, [groups_for(ffn, COOP_BO).min(MAX_GROUPS as u32), n.div_ceil(COOP_BR) as u32, e32])?;
+            } else {
+                self.dispatch(Kernel::MoeMatmul, Some(gv), &binds, &push, [groups_for(ffn, GEMM_BO).min(MAX_GROUPS as u32), n.div_ceil(GEMM_BR) as u32, e32])?;
+            }
         }
         // 2. Down, and the rank-ordered sum into out.
         let (hq, hd) = if dv.q8_acts() {
@@ -424,7 +433,11 @@ impl<'a> Frame<'a> {
             let (y, y_off) = if sum { (&s.y, 0) } else { (out.buf, o_off) };
             let push: Push = [h32, f32_, dqs, dss, 0, y_off, k32, e32, 1, 0, 0, 0, db, 0, 0, 0];
             let binds = [Bind::buf(&dm.q), Bind::buf(&dm.s), Bind::buf(&s.h), hq, hd, Bind::buf(y), Bind::buf(&s.groups), bias];
-            self.dispatch(Kernel::MoeMatmul, Some(dv), &binds, &push, [groups_for(hid, GEMM_BO).min(MAX_GROUPS as u32), n.div_ceil(GEMM_BR) as u32, e32])?;
+            if self.coop_i8(dv, n) {
+                self.dispatch(Kernel::MoeMatmulCoop, None, &binds, &push, [groups_for(hid, COOP_BO).min(MAX_GROUPS as u32), n.div_ceil(COOP_BR) as u32, e32])?;
+            } else {
+                self.dispatch(Kernel::MoeMatmul, Some(dv), &binds, &push, [groups_for(hid, GEMM_BO).min(MAX_GROUPS as u32), n.div_ceil(GEMM_BR) as u32, e32])?;
+            }
             if !sum {
                 return Ok(());
             }

@@ -1,0 +1,283 @@
+//! The cooperative-matrix GEMMs (`matmul_coop.comp`, `moe_matmul_coop.comp`: I8Row weights
+//! against q8 activations on int8 tensor cores) against the CPU op library's q8 path
+//! (`cpu::linear::linear(.., Precision::Fast)`, `cpu::experts::routed_experts`), with random
+//! non-zero inputs, odd row counts, tail tiles (weight rows, activation rows and columns not
+//! multiples of the 64 x 64 x 128 tile), several experts with uneven pair counts (some with
+//! none), biases and the gated units; and against the f32 tiles of the same device
+//! (`CoopMatUse::Off`). Each case checks, where the device profiles, that the cooperative
+//! kernel is the one that ran.
+//!
+//! On a device without an int8 cooperative-matrix shape (Lavapipe) every test prints that it
+//! skipped and passes. `tools/gpu-coopmat.sh` runs this binary on the GPU machine.
+//!
+//! Tolerance, relative to the largest |reference| of each output: dense 1e-5 (each block's
+//! integer sum is exact; only the f32 sums over blocks may round differently, e.g. a fused
+//! multiply-add); routed experts 1e-4, as in vk_moe.rs: a last-bit difference in a gated hidden
+//! value can move its 8-bit quantization by one step before the down matrix. The worst
+//! relative error of each case is printed.
+
+mod vk_common;
+
+use coli_compiler::ir::GluKind;
+use coli_runtime::cpu::experts::{routed_experts, ExpertMats};
+use coli_runtime::cpu::linear::linear;
+use coli_runtime::cpu::Precision;
+use coli_runtime::format::{Matrix, WeightFormat};
+use coli_runtime::vk::ops::COOP_MIN_ROWS;
+use coli_runtime::vk::{Context, CoopMatUse, MatIn, MatmulPath, MoePath, VkOptions};
+use std::sync::OnceLock;
+use vk_common::{open, random_rows, Rng};
+
+/// The context with cooperative matrices (profiling on, to see which kernel ran), or `None`
+/// (after saying why) where the device has no int8 shape.
+fn coop() -> Option<&'static Context> {
+    static CTX: OnceLock<Option<Context>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        let c = open(&VkOptions { profile: true, ..Default::default() })?;
+        let caps = c.caps();
+        match caps.coopmat_i8 {
+            Some(s) => {
+                eprintln!("vk_coopmat: {} (subgroup {}), int8 shape {}x{}x{}", caps.name, caps.subgroup_size, s.m, s.n, s.k);
+                for l in &caps.coopmat_shapes {
+                    eprintln!("  listed: {l:?}");
+                }
+                Some(c)
+            }
+            None => {
+                eprintln!(
+                    "vk_coopmat: SKIPPED: {} has no int8 cooperative-matrix shape (VK_KHR_cooperative_matrix: {}, {} shapes listed)",
+                    caps.name,
+                    caps.cooperative_matrix,
+                    caps.coopmat_shapes.len()
+                );
+                None
+            }
+        }
+    })
+    .as_ref()
+}
+
+/// The same device with the f32 tiles only (profiling on, for the times).
+fn plain() -> &'static Context {
+    static CTX: OnceLock<Context> = OnceLock::new();
+    CTX.get_or_init(|| open(&VkOptions { coopmat: CoopMatUse::Off, profile: true, ..Default::default() }).expect("the device opened once already"))
+}
+
+/// The worst `|got - want|` over the largest |want| (at least 1e-3); panics past `tol`.
+fn check_close(what: &str, got: &[f32], want: &[f32], tol: f32) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let scale = want.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+    let (mut worst, mut at) = (0f32, 0);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let d = (g - w).abs();
+        if !(d <= worst) {
+            worst = d;
+            at = i;
+        }
+    }
+    let rel = worst / scale;
+    eprintln!("  {what}: worst relative error {rel:.2e}");
+    assert!(worst <= tol * scale, "{what}: |{} - {}| at {at} = {worst:e} > {tol:e} * {scale}", got[at], want[at]);
+    rel
+}
+
+/// Asserts that `kernel` ran since the last call (where the device writes timestamps) and
+/// returns the nanoseconds per kernel label.
+fn ran(ctx: &Context, kernel: &str, what: &str) -> Vec<(String, u64, f64)> {
+    let p = ctx.take_profile();
+    if ctx.caps().timestamps {
+        assert!(p.iter().any(|(l, _, _)| l.starts_with(kernel)), "{what}: {kernel} did not run; profile: {p:?}");
+    }
+    p
+}
+
+/// Dense products: (weight rows, cols, activation rows), residual or not.
+#[test]
+fn dense_matches_cpu() {
+    let Some(ctx) = coop() else { return };
+    assert!(COOP_MIN_ROWS <= 37, "the cases below expect the cooperative path from 37 rows");
+    let mut rng = Rng(0xc00b_0001);
+    let cases = [(64, 128, 64), (70, 96, 37), (100, 224, 130), (200, 32, 45), (33, 2048, 64), (130, 160, 257)];
+    for (rows, cols, n) in cases {
+        for residual in [false, true] {
+            let bytes = random_rows(WeightFormat::I8Row, rows, cols, &mut rng);
+            let m = Matrix::new(WeightFormat::I8Row, rows, cols, &bytes).unwrap();
+            let x = rng.vec(n * cols, 1.0);
+            let res = rng.vec(n * rows, 0.5);
+            let mut want = vec![0f32; n * rows];
+            linear(&m, &x, n, &mut want, Precision::Fast);
+            if residual {
+                want.iter_mut().zip(&res).for_each(|(w, r)| *w += r);
+            }
+            let what = format!("dense {rows}x{cols} n={n} residual={residual}");
+            let mut outs = Vec::new();
+            for c in [ctx, plain()] {
+                let w = c.upload_matrix(WeightFormat::I8Row, rows, cols, &bytes).unwrap();
+                // Views at offsets inside larger buffers.
+                let xb = c.upload_f32(&[vec![9.0; 3], x.clone()].concat()).unwrap();
+                let rb = c.upload_f32(&[vec![4.0; 7], res.clone()].concat()).unwrap();
+                let ob = c.f32_buffer(n * rows + 5).unwrap();
+                let mut f = c.frame().unwrap();
+                let r = residual.then(|| rb.view(7, n * rows));
+                f.matmul_fused(&w, MatIn::Plain(xb.view(3, n * cols)), n, ob.view(5, n * rows), r, MatmulPath::Gemm, Precision::Fast).unwrap();
+                f.run().unwrap();
+                outs.push(c.download_f32(ob.view(5, n * rows)).unwrap());
+            }
+            ran(ctx, "MatmulCoop", &what);
+            check_close(&format!("{what} (cooperative vs CPU)"), &outs[0], &want, 1e-5);
+            check_close(&format!("{what} (cooperative vs f32 tiles)"), &outs[0], &outs[1], 1e-5);
+        }
+    }
+}
+
+/// One layer of I8Row experts.
+struct Layer {
+    experts: usize,
+    hidden: usize,
+    ffn: usize,
+    gate: Vec<Vec<u8>>,
+    up: Vec<Vec<u8>>,
+    down: Vec<Vec<u8>>,
+    bias: Option<(Vec<f32>, Vec<f32>, Vec<f32>)>,
+}
+
+impl Layer {
+    fn new(experts: usize, hidden: usize, ffn: usize, bias: bool, rng: &mut Rng) -> Layer {
+        let mut mk = |rows, cols| (0..experts).map(|_| random_rows(WeightFormat::I8Row, rows, cols, rng)).collect::<Vec<_>>();
+        let (gate, up, down) = (mk(ffn, hidden), mk(ffn, hidden), mk(hidden, ffn));
+        let bias = bias.then(|| (rng.vec(experts * ffn, 0.5), rng.vec(experts * ffn, 0.5), rng.vec(experts * hidden, 0.5)));
+        Layer { experts, hidden, ffn, gate, up, down, bias }
+    }
+
+    fn mats(&self, e: usize) -> ExpertMats<'_> {
+        let (f, h) = (self.ffn, self.hidden);
+        fn m(b: &[u8], rows: usize, cols: usize) -> Matrix<'_> {
+            Matrix::new(WeightFormat::I8Row, rows, cols, b).unwrap()
+        }
+        ExpertMats {
+            gate: m(&self.gate[e], f, h),
+            up: m(&self.up[e], f, h),
+            down: m(&self.down[e], h, f),
+            gate_bias: self.bias.as_ref().map(|b| &b.0[e * f..(e + 1) * f]),
+            up_bias: self.bias.as_ref().map(|b| &b.1[e * f..(e + 1) * f]),
+            down_bias: self.bias.as_ref().map(|b| &b.2[e * h..(e + 1) * h]),
+        }
+    }
+}
+
+/// A routing of `n` rows, `top_k` distinct experts each, skewed: expert 0 in about half the
+/// rows, the last expert never (uneven pair counts, one expert with none).
+fn skewed_routing(n: usize, top_k: usize, experts: usize, rng: &mut Rng) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n * 2 * top_k);
+    for _ in 0..n {
+        let mut chosen: Vec<usize> = Vec::new();
+        if rng.below(2) == 0 {
+            chosen.push(0);
+        }
+        while chosen.len() < top_k {
+            // Lower ids more often: the smaller of two draws.
+            let e = rng.below(experts - 1).min(rng.below(experts - 1));
+            if !chosen.contains(&e) {
+                chosen.push(e);
+            }
+        }
+        for e in chosen {
+            out.extend([e as f32, 0.1 + rng.unit().abs()]);
+        }
+    }
+    out
+}
+
+fn moe_case(ctx: &Context, layer: &Layer, n: usize, top_k: usize, glu: GluKind, rng: &mut Rng) {
+    let h = layer.hidden;
+    let x = rng.vec(n * h, 1.0);
+    let rt = skewed_routing(n, top_k, layer.experts, rng);
+    let mut want = vec![0f32; n * h];
+    routed_experts(&x, n, h, &rt, top_k, glu, Precision::Fast, &|e| layer.mats(e), &mut want);
+    let what = format!("experts E={} {}x{} n={n} top {top_k} {glu:?} bias={}", layer.experts, h, layer.ffn, layer.bias.is_some());
+    let mut outs = Vec::new();
+    for c in [ctx, plain()] {
+        let dev = c.upload_experts(layer.experts, &|e| layer.mats(e)).unwrap();
+        let scratch = c.moe_scratch(n, top_k, h, layer.ffn, layer.experts).unwrap();
+        let xb = c.upload_f32(&[vec![7.0; 5], x.clone()].concat()).unwrap();
+        let rb = c.upload_f32(&[vec![3.0; 2], rt.clone()].concat()).unwrap();
+        let ob = c.f32_buffer(n * h + 3).unwrap();
+        let mut f = c.frame().unwrap();
+        f.moe(&dev, xb.view(5, n * h), rb.view(2, n * 2 * top_k), ob.view(3, n * h), n, top_k, glu, Precision::Fast, MoePath::Grouped, &scratch).unwrap();
+        f.run().unwrap();
+        outs.push(c.download_f32(ob.view(3, n * h)).unwrap());
+    }
+    ran(ctx, "MoeMatmulCoop", &what);
+    check_close(&format!("{what} (cooperative vs CPU)"), &outs[0], &want, 1e-4);
+    check_close(&format!("{what} (cooperative vs f32 tiles)"), &outs[0], &outs[1], 1e-4);
+}
+
+/// Routed experts, gate/up with the gated unit (mode 0) and down (mode 1).
+#[test]
+fn routed_experts_match_cpu() {
+    let Some(ctx) = coop() else { return };
+    let mut rng = Rng(0xc00b_0002);
+    // hidden 160: five blocks (a tail stage of one); ffn 96: three; ffn 100 would not be
+    // whole blocks (I8Row then multiplies in f32 and never takes this kernel).
+    let layer = Layer::new(9, 160, 96, false, &mut rng);
+    for (n, top_k) in [(37, 2), (64, 4), (130, 8), (33, 1)] {
+        moe_case(ctx, &layer, n, top_k, GluKind::SwiGlu, &mut rng);
+    }
+    let layer = Layer::new(5, 256, 192, true, &mut rng);
+    for glu in [GluKind::SwiGlu, GluKind::GeGlu, GluKind::ClampedSwiGlu { limit: 0.7, alpha: 1.702 }] {
+        moe_case(ctx, &layer, 70, 3, glu, &mut rng);
+    }
+}
+
+/// One prompt chunk of OLMoE's geometry (hidden 2048, expert FFN 1024, 64 experts, top 8,
+/// 512 rows) and its dense projection shape, timed with and without cooperative matrices
+/// (printed, not asserted), and checked like the cases above.
+#[test]
+fn olmoe_sized_chunk() {
+    let Some(ctx) = coop() else { return };
+    let mut rng = Rng(0xc00b_0003);
+    let (rows, cols, n) = (2048, 2048, 512);
+    let bytes = random_rows(WeightFormat::I8Row, rows, cols, &mut rng);
+    let m = Matrix::new(WeightFormat::I8Row, rows, cols, &bytes).unwrap();
+    let x = rng.vec(n * cols, 1.0);
+    let mut want = vec![0f32; n * rows];
+    linear(&m, &x, n, &mut want, Precision::Fast);
+    for c in [ctx, plain()] {
+        let w = c.upload_matrix(WeightFormat::I8Row, rows, cols, &bytes).unwrap();
+        let xb = c.upload_f32(&x).unwrap();
+        let ob = c.f32_buffer(n * rows).unwrap();
+        let mut f = c.frame().unwrap();
+        f.matmul_with(&w, xb.view(0, n * cols), n, ob.view(0, n * rows), MatmulPath::Gemm, Precision::Fast).unwrap();
+        f.run().unwrap();
+        let got = c.download_f32(ob.view(0, n * rows)).unwrap();
+        let which = if std::ptr::eq(c, ctx) { "cooperative" } else { "f32 tiles" };
+        check_close(&format!("dense {rows}x{cols} n={n} ({which})"), &got, &want, 1e-5);
+    }
+    let layer = Layer::new(64, 2048, 1024, false, &mut rng);
+    moe_case(ctx, &layer, 512, 8, GluKind::SwiGlu, &mut rng);
+    // Timings: run each path again on data already up (first runs pay pipeline creation).
+    let rt = skewed_routing(n, 8, 64, &mut rng);
+    for c in [ctx, plain()] {
+        let _ = c.take_profile();
+        let w = c.upload_matrix(WeightFormat::I8Row, rows, cols, &bytes).unwrap();
+        let dev = c.upload_experts(64, &|e| layer.mats(e)).unwrap();
+        let scratch = c.moe_scratch(n, 8, 2048, 1024, 64).unwrap();
+        let xb = c.upload_f32(&x).unwrap();
+        let rb = c.upload_f32(&rt).unwrap();
+        let ob = c.f32_buffer(n * rows).unwrap();
+        for round in 0..2 {
+            let mut f = c.frame().unwrap();
+            f.matmul_with(&w, xb.view(0, n * cols), n, ob.view(0, n * rows), MatmulPath::Gemm, Precision::Fast).unwrap();
+            f.moe(&dev, xb.view(0, n * 2048), rb.view(0, n * 16), ob.view(0, n * 2048), n, 8, GluKind::SwiGlu, Precision::Fast, MoePath::Grouped, &scratch).unwrap();
+            f.run().unwrap();
+            let p = c.take_profile();
+            if round == 1 {
+                let which = if std::ptr::eq(c, ctx) { "cooperative" } else { "f32 tiles" };
+                eprintln!("  times, {which}:");
+                for (label, count, ns) in p {
+                    eprintln!("    {label}: {count} x, {:.1} us", ns / 1e3);
+                }
+            }
+        }
+    }
+}
