@@ -32,6 +32,7 @@ for what in "$@"; do
     M=/tmp/olmoe-1b-7b
     [ -d $M ] || python3 tools/make_random_checkpoint.py olmoe-1b-7b $M >> "$OUT/bench.txt" 2>&1
     log $B bench --model $M --device vulkan --quantize i8 -p 512 -n 128 -r 3
+    [ -n "${NO_COOP:-}" ] && log $B bench --model $M --device vulkan --quantize i8 -p 512 -n 128 -r 3 --no-coopmat
     log $B bench --model $M --device vulkan --quantize i8 -p 512 -n 64 -r 1 --profile
     ;;
   olmoe)
@@ -57,7 +58,7 @@ for what in "$@"; do
     M=/tmp/smollm2-135m-long
     [ -d $M ] || python3 tools/make_random_checkpoint.py smollm2-135m-long $M >> "$OUT/bench.txt" 2>&1
     log $B bench --model $M --device vulkan -d 32768 -p 512 -n 128 -r 1
-    log $B bench --model $M --device vulkan -d 32768 -p 512 -n 128 -r 1 --kv-device-positions 4096
+    log timeout ${SPLIT_LIMIT:-480} $B bench --model $M --device vulkan -d 32768 -p 512 -n 128 -r 1 --kv-device-positions 4096
     ;;
   gptoss)
     # gpt-oss-20b geometry (sliding window with sinks, clamped SwiGLU, 32 experts top-4), bf16.

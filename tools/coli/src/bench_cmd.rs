@@ -58,6 +58,9 @@ pub struct BenchArgs {
     pub dense: crate::dense_args::DenseArgs,
     #[command(flatten)]
     pub tier: TierArgs,
+    /// Prompt GEMMs in f32 tiles even where the device has cooperative matrices (comparison).
+    #[arg(long)]
+    pub no_coopmat: bool,
     /// Device time per kernel (timestamp queries) of the last repetition's prompt and decode
     /// steps; the tok/s then include the queries' small cost.
     #[arg(long)]
@@ -84,7 +87,8 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     let mut req = LoadRequest::new(&path);
     req.spec = a.spec.as_deref();
     req.load.quantize = a.quantize.map(crate::exec_cmd::QuantChoice::format);
-    let vk = VkOptions { memory_cap: a.device_mem_mib.map(|m| m << 20), profile: a.profile, ..Default::default() };
+    let coopmat = if a.no_coopmat { coli_runtime::vk::CoopMatUse::Off } else { coli_runtime::vk::CoopMatUse::Auto };
+    let vk = VkOptions { memory_cap: a.device_mem_mib.map(|m| m << 20), profile: a.profile, coopmat, ..Default::default() };
     req.second_device = a.second.options(&vk);
     req.device = match a.device.as_str() {
         "cpu" => DeviceRequest::Cpu,
