@@ -7,8 +7,9 @@
 //! their union: `M = max(m_a, m_b)`, `out = (e^(m_a-M) acc_a + e^(m_b-M) acc_b) / (e^(m_a-M)
 //! l_a + e^(m_b-M) l_b)`.
 //!
-//! The arithmetic of one row depends on its range only (positions in order, one pass), never
-//! on the other rows of the call, so a row's part has the same bits however a forward is cut.
+//! The arithmetic of one row depends on its range only (positions in order within fixed tiles
+//! of `TILE` positions, the tiles joined in order), never on the other rows of the call, so a
+//! row's part has the same bits however a forward is cut.
 //! Reference for `vk::ops::attn_part`. Must not: write the KV cache, or normalize a part.
 
 use super::attention::AttnShape;
@@ -38,60 +39,135 @@ impl Parts {
 /// merged parts may hold them). The window of `s` is the caller's: `range` already honours it.
 pub fn attend_part(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], n: usize, range: &(dyn Fn(usize) -> (usize, usize) + Sync), sinks: Option<&[f32]>) -> Parts {
     let mut out = Parts::empty(s, n);
-    let (acc, ml) = (SendPtr(out.acc.as_mut_ptr()), SendPtr(out.ml.as_mut_ptr()));
+    if n == 0 {
+        return out;
+    }
     let (hd, vhd) = (s.head_dim, s.v_head_dim);
     let (kw, vw) = (s.kv_heads * hd, s.kv_heads * vhd);
     let group = (s.heads / s.kv_heads.max(1)).max(1);
-    // A task is one row and one KV head with its group of query heads: each key and value row
-    // is read once for the whole group.
-    pool::run(n * s.kv_heads, &|t| {
-        let (i, kvh) = (t / s.kv_heads, t % s.kv_heads);
-        let (from, to) = range(i);
-        let len = to.saturating_sub(from);
-        let mut scores = vec![0.0f32; group * len];
-        for (jj, j) in (from..to).enumerate() {
-            let kr = &k[j * kw + kvh * hd..][..hd];
-            for g in 0..group {
-                let h = kvh * group + g;
-                scores[g * len + jj] = dot(&q[(i * s.heads + h) * hd..][..hd], kr) * s.scale;
-            }
-        }
-        // Per head of the group its largest score (with its sink), then one pass over the
-        // positions, each value row read once for the group, adding in position order.
-        let ms: Vec<f32> = (0..group).map(|g| scores[g * len..(g + 1) * len].iter().copied().chain(sinks.map(|sk| sk[kvh * group + g])).fold(f32::NEG_INFINITY, f32::max)).collect();
-        let mut ls = vec![0.0f32; group];
-        // SAFETY: task `t` writes only row `i`, the heads of KV head `kvh` (contiguous): disjoint.
-        let a = unsafe { std::slice::from_raw_parts_mut(acc.get().add((i * s.heads + kvh * group) * vhd), group * vhd) };
-        for (jj, j) in (from..to).enumerate() {
-            let vr = &v[j * vw + kvh * vhd..][..vhd];
-            for g in 0..group {
-                if ms[g] == f32::NEG_INFINITY {
+    // A task is a block of rows, one KV head with its group of query heads, and one tile of
+    // positions: each key and value row of the tile is read once for the whole block (a long
+    // context streams from memory once per block, not once per row), and the tiles of one
+    // row are tasks of their own (a decode row's thousands of positions spread over threads).
+    // Tiles sit at fixed positions (multiples of TILE), so a row's arithmetic depends on its
+    // range only, never on the other rows of its block.
+    let ranges: Vec<(usize, usize)> = (0..n).map(range).collect();
+    let blocks = n.div_ceil(ROWS);
+    let span_of = |b: usize| {
+        let rs = &ranges[b * ROWS..((b + 1) * ROWS).min(n)];
+        let lo = rs.iter().filter(|r| r.1 > r.0).map(|r| r.0).min().unwrap_or(0);
+        let hi = rs.iter().filter(|r| r.1 > r.0).map(|r| r.1).max().unwrap_or(0);
+        (lo / TILE, hi.div_ceil(TILE))
+    };
+    let spans: Vec<(usize, usize)> = (0..blocks).map(span_of).collect();
+    // Task t -> (block, kv head, tile): blocks' tiles laid out one after another.
+    let mut first = Vec::with_capacity(blocks + 1);
+    let mut total = 0;
+    for &(t0, t1) in &spans {
+        first.push(total);
+        total += t1.saturating_sub(t0) * s.kv_heads;
+    }
+    first.push(total);
+    // Per task and (row of the block, head of the group): m, l, then acc.
+    let stride = 2 + vhd;
+    let per_task = ROWS * group * stride;
+    let mut partial = vec![0.0f32; total * per_task];
+    let pp = SendPtr(partial.as_mut_ptr());
+    pool::run(total, &|t| {
+        let b = first.partition_point(|&f| f <= t) - 1;
+        let local = t - first[b];
+        let (kvh, tile) = (local % s.kv_heads, spans[b].0 + local / s.kv_heads);
+        let (r0, r1) = (b * ROWS, ((b + 1) * ROWS).min(n));
+        let (p0, p1) = (tile * TILE, (tile + 1) * TILE);
+        // SAFETY: each task writes its own `per_task` floats.
+        let out = unsafe { std::slice::from_raw_parts_mut(pp.get().add(t * per_task), per_task) };
+        let mut scores = vec![f32::NEG_INFINITY; (r1 - r0) * group * TILE];
+        // 1. Scores of the tile's positions each row sees.
+        for j in p0..p1 {
+            let mut kr = None;
+            for i in r0..r1 {
+                let (from, to) = ranges[i];
+                if j < from || j >= to {
                     continue;
                 }
-                let e = (scores[g * len + jj] - ms[g]).exp();
-                ls[g] += e;
-                a[g * vhd..(g + 1) * vhd].iter_mut().zip(vr).for_each(|(x, y)| *x += e * y);
+                let kr = *kr.get_or_insert_with(|| &k[j * kw + kvh * hd..][..hd]);
+                for g in 0..group {
+                    let h = kvh * group + g;
+                    scores[((i - r0) * group + g) * TILE + (j - p0)] = dot(&q[(i * s.heads + h) * hd..][..hd], kr) * s.scale;
+                }
             }
         }
+        // 2. Per (row, head): the tile's max, then its weights and values in position order.
+        for i in r0..r1 {
+            for g in 0..group {
+                let sc = &scores[((i - r0) * group + g) * TILE..][..TILE];
+                let o = &mut out[((i - r0) * group + g) * stride..][..stride];
+                o[0] = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            }
+        }
+        for j in p0..p1 {
+            let mut vr = None;
+            for i in r0..r1 {
+                let (from, to) = ranges[i];
+                if j < from || j >= to {
+                    continue;
+                }
+                let vr = *vr.get_or_insert_with(|| &v[j * vw + kvh * vhd..][..vhd]);
+                for g in 0..group {
+                    let sc = scores[((i - r0) * group + g) * TILE + (j - p0)];
+                    let o = &mut out[((i - r0) * group + g) * stride..][..stride];
+                    let e = (sc - o[0]).exp();
+                    o[1] += e;
+                    o[2..].iter_mut().zip(vr).for_each(|(x, y)| *x += e * y);
+                }
+            }
+        }
+    });
+    // 3. Each row's tiles joined in tile order, then the sink.
+    let (acc, ml) = (SendPtr(out.acc.as_mut_ptr()), SendPtr(out.ml.as_mut_ptr()));
+    pool::run(n * s.kv_heads, &|t| {
+        let (i, kvh) = (t / s.kv_heads, t % s.kv_heads);
+        let b = i / ROWS;
+        let (t0, t1) = spans[b];
         for g in 0..group {
-            if ms[g] == f32::NEG_INFINITY {
+            let h = kvh * group + g;
+            let at = |tile: usize| first[b] + (tile - t0) * s.kv_heads + kvh;
+            let part = |tile: usize| &partial[at(tile) * per_task + ((i - b * ROWS) * group + g) * stride..][..stride];
+            let mut m = (t0..t1).map(|tl| part(tl)[0]).fold(f32::NEG_INFINITY, f32::max);
+            if let Some(sk) = sinks {
+                m = m.max(sk[h]);
+            }
+            if m == f32::NEG_INFINITY {
                 continue;
             }
-            let h = kvh * group + g;
-            // SAFETY: as above, row `i`, head `h` of KV head `kvh`.
+            // SAFETY: each task writes its own row and heads.
+            let a = unsafe { std::slice::from_raw_parts_mut(acc.get().add((i * s.heads + h) * vhd), vhd) };
             let st = unsafe { std::slice::from_raw_parts_mut(ml.get().add((i * s.heads + h) * 2), 2) };
-            if let Some(sk) = sinks {
-                ls[g] += (sk[h] - ms[g]).exp();
+            let mut l = 0.0f32;
+            for tl in t0..t1 {
+                let pt = part(tl);
+                if pt[0] == f32::NEG_INFINITY {
+                    continue;
+                }
+                let c = (pt[0] - m).exp();
+                l += c * pt[1];
+                a.iter_mut().zip(&pt[2..]).for_each(|(x, y)| *x += c * y);
             }
-            st[0] = ms[g];
-            st[1] = ls[g];
+            if let Some(sk) = sinks {
+                l += (sk[h] - m).exp();
+            }
+            st[0] = m;
+            st[1] = l;
         }
     });
     out
 }
 
-/// `a . b` in eight lanes (vectorized), the lanes and the tail then summed in a fixed order:
-/// the same bits for the same inputs whatever the call.
+/// Rows of a task's block.
+const ROWS: usize = 16;
+/// Positions of a task's tile.
+const TILE: usize = 1024;
+
 #[inline]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 8];
@@ -170,6 +246,37 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Rows in several blocks over ranges of several tiles (a prefill chunk at a long context),
+    /// and one row alone (a decode step): the merge is the full attention, and a row's part
+    /// does not depend on the rows beside it.
+    #[test]
+    fn long_ranges_in_tiles_and_blocks_match_the_full_attention() {
+        let mut seed = 7u64;
+        let (heads, kv_heads, head_dim) = (4, 2, 8);
+        let s = AttnShape { heads, kv_heads, head_dim, v_head_dim: head_dim, scale: 0.35, window: None };
+        let (pos0, n) = (2 * TILE + 100, 37);
+        let len = pos0 + n;
+        let q: Vec<f32> = (0..n * heads * head_dim).map(|_| 2.0 * rnd(&mut seed)).collect();
+        let k: Vec<f32> = (0..len * kv_heads * head_dim).map(|_| 2.0 * rnd(&mut seed)).collect();
+        let v: Vec<f32> = (0..len * kv_heads * head_dim).map(|_| rnd(&mut seed)).collect();
+        let mut want = vec![0.0; n * heads * head_dim];
+        attend(s, &q, &k, &v, pos0, None, &mut want);
+        // The device part: the newest 300 positions of each row.
+        let cut = |i: usize| (pos0 + i + 1).saturating_sub(300);
+        let low = attend_part(&s, &q, &k, &v, n, &|i| (0, cut(i)), None);
+        let high = attend_part(&s, &q, &k, &v, n, &|i| (cut(i), pos0 + i + 1), None);
+        let mut got = vec![f32::NAN; want.len()];
+        merge(&s, &high, &low, &mut got);
+        for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!((a - b).abs() <= 1e-5, "[{j}]: {a} vs {b}");
+        }
+        // Row 20 alone has the bits it has among the others.
+        let w = heads * head_dim;
+        let one = attend_part(&s, &q[20 * w..21 * w], &k, &v, 1, &|_| (0, cut(20)), None);
+        assert_eq!(one.acc[..], low.acc[20 * w..21 * w]);
+        assert_eq!(one.ml[..], low.ml[20 * heads * 2..21 * heads * 2]);
     }
 
     #[test]
