@@ -16,6 +16,9 @@
 // holds position p takes that position from the rotated k row and the v row instead of the
 // mirror, and that split of each kv head's first q head writes them into mirror row p and the
 // read-back rows. No other workgroup reads mirror row p, so nothing waits for those writes.
+// With cst[5] != 0 (one row), q and k are first normalized (a layer's q and k RMSNorms,
+// absorbed): over groups of cst[6] (q) / cst[7] (k) columns, the whole projected row or one
+// head, x / sqrt(mean(x^2) + eps) * (w + offset) (eps, offset: cst[8], cst[9] as bits).
 // Must not: hold more than MAX_DV value columns, or assume every split saw a position (empty
 // splits have m = -inf, l = 0).
 #extension GL_GOOGLE_include_directive : require
@@ -39,6 +42,8 @@ layout(std430, binding = 11) readonly buffer FRQ { float frq[]; };
 layout(std430, binding = 12) writeonly buffer SKB { float skb[]; };
 layout(std430, binding = 13) writeonly buffer SVB { float svb[]; };
 layout(std430, binding = 14) readonly buffer CST { uint cst[]; };
+layout(std430, binding = 15) readonly buffer QNW { float qnw[]; };
+layout(std430, binding = 16) readonly buffer KNW { float knw[]; };
 
 shared float q_s[MAX_D];
 shared float p_s[T];
@@ -75,6 +80,33 @@ void rotate_shared_k(uint p, uint half_, bool inter, float msc) {
     }
 }
 shared bool s_last;
+shared float n_red[T];
+
+// The sum of v over the workgroup (every invocation calls it; returns the total to all).
+float wg_sum(float v) {
+    v = subgroupAdd(v);
+    barrier();
+    if (subgroupElect()) n_red[gl_SubgroupID] = v;
+    barrier();
+    float r = 0.0;
+    for (uint s = 0u; s < gl_NumSubgroups; s++) r += n_red[s];
+    return r;
+}
+
+// 1 / rms of a group of `group` columns whose head `hh` (of head_dim `hd`) is in `sh` (shared,
+// already loaded) or, for a group wider than a head, of the row at `src` in `buf`.
+#define GROUP_INV(sh, buf, src, hh, hd, group, eps, out_inv) {                              \
+        float ss_ = 0.0;                                                                    \
+        if ((group) == (hd)) {                                                              \
+            for (uint d = gl_LocalInvocationID.x; d < (hd); d += T) ss_ += sh[d] * sh[d];   \
+        } else {                                                                            \
+            for (uint d = gl_LocalInvocationID.x; d < (group); d += T) {                    \
+                float x_ = buf[(src) + d];                                                  \
+                ss_ += x_ * x_;                                                             \
+            }                                                                               \
+        }                                                                                   \
+        out_inv = 1.0 / sqrt(wg_sum(ss_) / float(group) + (eps));                           \
+    }
 
 float tile_max(float v) {
     v = subgroupMax(v);
@@ -106,6 +138,17 @@ void main() {
     bool vec = (hd & 3u) == 0u && (pc.k_off & 3u) == 0u && ((pc.kv_heads * hd) & 3u) == 0u;
     for (uint d = tid; d < hd; d += T) q_s[d] = qv[q_at(row, h) + d];
     bool rope = (pc.flags & 2u) != 0u;
+    bool qk_norm = rope && cst[5] != 0u;
+    float n_eps = 0.0, n_off = 0.0;
+    if (qk_norm) {
+        n_eps = uintBitsToFloat(cst[8]);
+        n_off = uintBitsToFloat(cst[9]);
+        uint qg = cst[6];
+        barrier();
+        float inv;
+        GROUP_INV(q_s, qv, q_at(row, 0u), h, hd, qg, n_eps, inv)
+        for (uint d = tid; d < hd; d += T) q_s[d] = q_s[d] * inv * (qnw[(h * hd + d) % qg] + n_off);
+    }
     uint half_ = 0u;
     bool inter = false;
     float msc = 1.0;
@@ -122,6 +165,14 @@ void main() {
         for (uint d = tid; d < hd; d += T) k_row[d] = kval[cst[3] + kh * hd + d];
         for (uint d = tid; d < vhd; d += T) v_row[d] = vval[cst[4] + kh * vhd + d];
         barrier();
+        if (qk_norm) {
+            uint kg = cst[7];
+            float inv;
+            GROUP_INV(k_row, kval, cst[3], kh, hd, kg, n_eps, inv)
+            barrier();
+            for (uint d = tid; d < hd; d += T) k_row[d] = k_row[d] * inv * (knw[(kh * hd + d) % kg] + n_off);
+            barrier();
+        }
         rotate_shared_k(p, half_, inter, msc);
         barrier();
         if (h % (pc.heads / pc.kv_heads) == 0u) {
@@ -151,10 +202,10 @@ void main() {
             float acc = 0.0;
             if (vec) {
                 uint kb4 = kb >> 2;
-                for (uint d4 = 0u; d4 < (hd >> 2); d4 += 4u) {
-                    vec4 kk[4];
-                    [[unroll]] for (uint i = 0u; i < 4u; i++) kk[i] = d4 + i < (hd >> 2) ? kv4[kb4 + d4 + i] : vec4(0.0);
-                    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+                for (uint d4 = 0u; d4 < (hd >> 2); d4 += 8u) {
+                    vec4 kk[8];
+                    [[unroll]] for (uint i = 0u; i < 8u; i++) kk[i] = d4 + i < (hd >> 2) ? kv4[kb4 + d4 + i] : vec4(0.0);
+                    [[unroll]] for (uint i = 0u; i < 8u; i++) {
                         uint d = 4u * (d4 + i);
                         if (d < hd) acc += q_s[d] * kk[i].x + q_s[d + 1u] * kk[i].y + q_s[d + 2u] * kk[i].z + q_s[d + 3u] * kk[i].w;
                     }
@@ -191,6 +242,13 @@ void main() {
                 if (d >= vhd) break;
                 float acc = 0.0;
                 uint t = 0u;
+                for (; t + 7u < cnt; t += 8u) {
+                    float a = p_s[t] * vv[vb + t * vs + d] + p_s[t + 1u] * vv[vb + (t + 1u) * vs + d]
+                            + p_s[t + 2u] * vv[vb + (t + 2u) * vs + d] + p_s[t + 3u] * vv[vb + (t + 3u) * vs + d];
+                    float b = p_s[t + 4u] * vv[vb + (t + 4u) * vs + d] + p_s[t + 5u] * vv[vb + (t + 5u) * vs + d]
+                            + p_s[t + 6u] * vv[vb + (t + 6u) * vs + d] + p_s[t + 7u] * vv[vb + (t + 7u) * vs + d];
+                    acc += a + b;
+                }
                 for (; t + 3u < cnt; t += 4u) {
                     acc += p_s[t] * vv[vb + t * vs + d] + p_s[t + 1u] * vv[vb + (t + 1u) * vs + d]
                          + p_s[t + 2u] * vv[vb + (t + 2u) * vs + d] + p_s[t + 3u] * vv[vb + (t + 3u) * vs + d];
@@ -204,9 +262,10 @@ void main() {
     }
     if (own) {
         // Position p, from the block's rows.
-        float sp_ = 0.0;
-        for (uint d = 0u; d < hd; d++) sp_ += q_s[d] * k_row[d];
-        sp_ *= pc.scale;
+        // Its score: the lanes' parts, joined as tile_sum does.
+        float part_ = 0.0;
+        for (uint d = tid; d < hd; d += T) part_ += q_s[d] * k_row[d];
+        float sp_ = tile_sum(part_) * pc.scale;
         float m_new = max(m, sp_);
         float alpha = exp(m - m_new);
         float pp = exp(sp_ - m_new);

@@ -24,22 +24,6 @@ float x_in(uint xr, uint k) {
 }
 #define XLOAD(xr, k) x_in(xr, k)
 
-// Sum of squares of activation row xr over this subgroup (each lane a stride of columns,
-// eight loads in flight at a time).
-float row_ss_subgroup(uint xr) {
-    float ss = 0.0;
-    uint lanes = gl_SubgroupSize;
-    for (uint k0 = gl_SubgroupInvocationID; k0 < pc.cols; k0 += 8u * lanes) {
-        float v[8];
-        [[unroll]] for (uint i = 0u; i < 8u; i++) {
-            uint k = k0 + i * lanes;
-            v[i] = k < pc.cols ? xf[XF_OFF(xr) + k] : 0.0;
-        }
-        [[unroll]] for (uint i = 0u; i < 8u; i++) ss += v[i] * v[i];
-    }
-    return subgroupAdd(ss);
-}
-
 float with_residual(uint xr, uint row, float v) {
     return pc.res_on != 0u ? resv[pc.res_off + xr * pc.out_stride + row] + v : v;
 }

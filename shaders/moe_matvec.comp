@@ -6,7 +6,8 @@
 // Mode 0 (gate and up): workgroup y = pair p = r*K + k; h[p][j] = glu(gate_e[j] . x[r] + bg,
 //   up_e[j] . x[r] + bu), the activation rows those of x.
 // Mode 1 (down and sum): workgroup y = row r; out[r][i] = sum over ranks k, in rank order
-//   from 0, of w[r,k] * (down_e[i] . h[r*K + k] + bd): the CPU's order (cpu/experts.rs).
+//   from 0, of w[r,k] * (down_e[i] . h[r*K + k] + bd): the CPU's order (cpu/experts.rs); with
+//   res_on, res[r][i] + that sum (the residual Add folded into the store).
 // Mode 2 (down per pair, the expert tier's batches): workgroup y = pair p; y[p][i] =
 //   down_e[i] . h[p] + bd, not weighted (the host joins the pairs to their rows in rank order).
 // One subgroup per output row, lanes over the row's units, joined by a subgroup sum, as
@@ -26,12 +27,13 @@ layout(std430, binding = 4) readonly buffer XD { vec2 xd[]; };
 layout(std430, binding = 5) writeonly buffer OUT { float outv[]; };
 layout(std430, binding = 6) readonly buffer RT { float routing[]; };
 layout(std430, binding = 7) readonly buffer BS { float bias[]; };
+layout(std430, binding = 8) readonly buffer RES { float resv[]; };
 
 layout(push_constant) uniform PC {
     uint rows; uint cols; uint qs; uint ss;
     uint x_off; uint out_off; uint r_off; uint top_k;
     uint experts; uint mode; uint glu; float limit;
-    float alpha; uint bias_off; uint pad0; uint pad1;
+    float alpha; uint bias_off; uint res_on; uint res_off;
 } pc;
 
 #define NONE 0xffffffffu
@@ -44,6 +46,9 @@ layout(push_constant) uniform PC {
 #define TOP_K pc.top_k
 #include "wformat.glsl"
 #include "moe.glsl"
+
+// Ranks whose down rows one subgroup reads at once (mode 1).
+#define KB 8u
 
 float row_dot(uint row, uint xr) {
     uint units = units_per_row();
@@ -62,7 +67,14 @@ void main() {
         uint f = pc.rows;
         for (uint j = first; j < f; j += step) {
             uint rg = e * 2u * f + j, ru = rg + f;
-            float g = row_dot(rg, r), u = row_dot(ru, r);
+            // Gate and up rows read together (their loads in flight at once).
+            float ga = 0.0, ua = 0.0;
+            uint units = units_per_row();
+            for (uint t = gl_SubgroupInvocationID; t < units; t += gl_SubgroupSize) {
+                ga += unit_dot(rg, t, r);
+                ua += unit_dot(ru, t, r);
+            }
+            float g = row_finish(rg, subgroupAdd(ga)), u = row_finish(ru, subgroupAdd(ua));
             if (pc.bias_off != NONE) {
                 g += bias[pc.bias_off + rg];
                 u += bias[pc.bias_off + ru];
@@ -80,19 +92,33 @@ void main() {
             if (subgroupElect()) outv[pc.out_off + p * hdim + i] = t;
         }
     } else {
-        uint r = gl_WorkGroupID.y, hdim = pc.rows;
+        // The ranks in groups of KB: the group's loads are issued together (one wait for
+        // memory a group, not one a rank); the weighted sum still adds rank by rank.
+        uint r = gl_WorkGroupID.y, hdim = pc.rows, units = units_per_row();
         for (uint i = first; i < hdim; i += step) {
             precise float o = 0.0;
-            for (uint k = 0u; k < pc.top_k; k++) {
-                uint e = moe_expert(r, k, pc.experts);
-                if (e >= pc.experts) continue;
-                uint row = e * hdim + i;
-                float t = row_dot(row, r * pc.top_k + k);
-                if (pc.bias_off != NONE) t += bias[pc.bias_off + row];
-                precise float wt = moe_weight(r, k) * t;
-                o = o + wt;
+            for (uint k0 = 0u; k0 < pc.top_k; k0 += KB) {
+                uint rows_[KB];
+                float acc[KB];
+                [[unroll]] for (uint b = 0u; b < KB; b++) {
+                    uint e = k0 + b < pc.top_k ? moe_expert(r, k0 + b, pc.experts) : pc.experts;
+                    rows_[b] = e < pc.experts ? e * hdim + i : NONE;
+                    acc[b] = 0.0;
+                }
+                for (uint u = gl_SubgroupInvocationID; u < units; u += gl_SubgroupSize) {
+                    [[unroll]] for (uint b = 0u; b < KB; b++) {
+                        if (rows_[b] != NONE) acc[b] += unit_dot(rows_[b], u, r * pc.top_k + k0 + b);
+                    }
+                }
+                [[unroll]] for (uint b = 0u; b < KB; b++) {
+                    float t = row_finish(rows_[b] == NONE ? 0u : rows_[b], subgroupAdd(acc[b]));
+                    if (rows_[b] == NONE) continue;
+                    if (pc.bias_off != NONE) t += bias[pc.bias_off + rows_[b]];
+                    precise float wt = moe_weight(r, k0 + b) * t;
+                    o = o + wt;
+                }
             }
-            if (subgroupElect()) outv[pc.out_off + r * hdim + i] = o;
+            if (subgroupElect()) outv[pc.out_off + r * hdim + i] = pc.res_on != 0u ? resv[pc.res_off + r * hdim + i] + o : o;
         }
     }
 }

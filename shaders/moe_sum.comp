@@ -1,7 +1,8 @@
 #version 450
 // moe_sum.comp: a chunk's expert outputs joined to their rows: out[r][i] = sum over ranks k,
 // in rank order from 0, of w[r,k] * y[r*K + k][i] (the CPU's order, cpu/experts.rs). Pairs
-// whose expert id is not valid add nothing. One invocation per output element.
+// whose expert id is not valid add nothing. With res_on, out = res + that sum (the residual Add
+// folded into the store; res laid out as out, from res_off). One invocation per output element.
 // Must not: reorder the sum, or let the compiler fuse its multiply-adds (precise).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -10,7 +11,8 @@ layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer Y { float y[]; };
 layout(std430, binding = 1) readonly buffer RT { float routing[]; };
 layout(std430, binding = 2) writeonly buffer OUT { float outv[]; };
-layout(push_constant) uniform PC { uint n; uint hidden; uint top_k; uint experts; uint r_off; uint out_off; uint pad0; uint pad1; } pc;
+layout(std430, binding = 3) readonly buffer RES { float resv[]; };
+layout(push_constant) uniform PC { uint n; uint hidden; uint top_k; uint experts; uint r_off; uint out_off; uint res_on; uint res_off; } pc;
 
 #define R_OFF pc.r_off
 #define TOP_K pc.top_k
@@ -26,5 +28,5 @@ void main() {
         precise float wt = moe_weight(r, k) * y[(r * pc.top_k + k) * pc.hidden + i];
         o = o + wt;
     }
-    outv[pc.out_off + idx] = o;
+    outv[pc.out_off + idx] = pc.res_on != 0u ? resv[pc.res_off + idx] + o : o;
 }

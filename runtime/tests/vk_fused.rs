@@ -12,7 +12,7 @@ use coli_compiler::ir::{GluKind, RopeScaling, RopeStyle};
 use coli_runtime::cpu::linear::linear;
 use coli_runtime::cpu::{attention as cpu_attention, elementwise as cpu_elementwise, norm as cpu_norm, rope as cpu_rope, Precision};
 use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
-use coli_runtime::vk::{AttnPath, AttnShape, KvShape, MatIn, MatmulPath, Pos, RopeArgs, VkOptions};
+use coli_runtime::vk::{AttnPath, AttnShape, KvShape, MatIn, MatmulPath, Pos, QkNorm, RopeArgs, VkOptions};
 use vk_common::{assert_close, ctx, open, random_rows, Rng};
 
 /// The CPU's input of a fused product: the rows as the unfused ops would leave them.
@@ -226,7 +226,9 @@ fn attention_decode_matches_cpu() {
         (4, 2, 32, 16, 10, RopeStyle::RotateHalf, Some(4), true, true, 33, 0.707),
     ];
     let scaling = RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 };
-    for (heads, kv_heads, head_dim, v_head_dim, rotary, style, window, with_sinks, dynamic, p, value_scale) in cases {
+    // q and k norms absorbed: none, over the whole projected rows (OLMoE), per head (Qwen3).
+    for (ci, (heads, kv_heads, head_dim, v_head_dim, rotary, style, window, with_sinks, dynamic, p, value_scale)) in cases.into_iter().enumerate().flat_map(|(i, c)| (0..3).map(move |m| ((i, m), c))) {
+        let norm_mode = ci.1;
         let (kw, vw, qw) = (kv_heads * head_dim, kv_heads * v_head_dim, heads * head_dim);
         let cap = p + 3;
         let scale = 1.0 / (head_dim as f32).sqrt();
@@ -234,7 +236,13 @@ fn attention_decode_matches_cpu() {
         let (q, k, v) = (rng.vec(qw, 1.0), rng.vec(kw, 1.0), rng.vec(vw, 1.0));
         let (old_k, old_v) = (rng.vec(cap * kw, 1.0), rng.vec(cap * vw, 1.0));
         let sinks = rng.vec(heads, 1.0);
+        let (qg, kg) = if norm_mode == 1 { (qw, kw) } else { (head_dim, head_dim) };
+        let (qnw, knw, offset) = (rng.vec(qg, 1.0), rng.vec(kg, 1.0), if norm_mode == 2 { 1.0 } else { 0.0 });
         let (mut rq, mut rk) = (q.clone(), k.clone());
+        if norm_mode > 0 {
+            coli_runtime::cpu::norm::rms_norm(&q, &mut rq, &qnw, 1e-5, offset);
+            coli_runtime::cpu::norm::rms_norm(&k, &mut rk, &knw, 1e-5, offset);
+        }
         if rotary > 0 {
             cpu_rope::apply_row(&mut rq, head_dim, style, &freq, mscale, p);
             cpu_rope::apply_row(&mut rk, head_dim, style, &freq, mscale, p);
@@ -255,12 +263,14 @@ fn attention_decode_matches_cpu() {
         let rope = (rotary > 0).then(|| RopeArgs { freq: fb.view(0, freq.len()), style, mscale });
         let pos = if dynamic { Pos::Dynamic(pb.all()) } else { Pos::Fixed(p) };
         let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window, value_scale };
+        let (qnb, knb) = (ctx.upload_f32(&qnw).unwrap(), ctx.upload_f32(&knw).unwrap());
         let mut f = ctx.frame().unwrap();
         let (mkv, mvv) = if dynamic { (mk.all(), mv.all()) } else { (mk.view(0, (p + 1) * kw), mv.view(0, (p + 1) * vw)) };
-        f.attention_decode(vs, rope, qb.all(), kb.all(), vb.all(), mkv, mvv, sk.all(), sv.all(), with_sinks.then(|| sb.all()), ob.all(), pos).unwrap();
+        let norm = (norm_mode > 0).then(|| QkNorm { q_weight: qnb.all(), k_weight: knb.all(), q_group: qg, k_group: kg, eps: 1e-5, offset });
+        f.attention_decode(vs, rope, qb.all(), kb.all(), vb.all(), mkv, mvv, sk.all(), sv.all(), with_sinks.then(|| sb.all()), ob.all(), pos, norm).unwrap();
         assert_eq!(f.dispatch_count(), 1);
         f.run().unwrap();
-        let what = format!("attention_decode {heads}/{kv_heads}x{head_dim}/{v_head_dim} rotary {rotary} {style:?} window {window:?} sinks {with_sinks} x{value_scale} dynamic {dynamic} p {p}");
+        let what = format!("attention_decode norm {norm_mode} {heads}/{kv_heads}x{head_dim}/{v_head_dim} rotary {rotary} {style:?} window {window:?} sinks {with_sinks} x{value_scale} dynamic {dynamic} p {p}");
         assert_close(&what, &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
         assert_close(&format!("{what}: k mirror"), &ctx.download_f32(mk.all()).unwrap(), &want_k, 1e-5);
         assert_eq!(ctx.download_f32(mv.all()).unwrap(), want_v, "{what}: v mirror");

@@ -17,7 +17,7 @@ use coli_runtime::cpu::experts::{routed_experts, ExpertMats};
 use coli_runtime::cpu::route::{route_row, RouteSpec};
 use coli_runtime::cpu::Precision;
 use coli_runtime::format::{Matrix, WeightFormat};
-use coli_runtime::vk::{MoePath, RouteParams};
+use coli_runtime::vk::{MatIn, MoePath, RouteParams};
 use vk_common::{assert_close, ctx, random_rows, Rng};
 
 /// One layer's experts in a format: their stored bytes per role, and biases when wanted.
@@ -98,6 +98,50 @@ fn check(layer: &Layer, n: usize, top_k: usize, glu: GluKind, precision: Precisi
     assert_close(&format!("{} E={} {}x{} n={n} top {top_k} {glu:?} {precision:?} {path:?}", layer.format, layer.experts, h, layer.ffn), &got, &want, tol);
 }
 
+/// A MoE layer's FFN norm absorbed into the experts' 8-bit activations and the residual Add
+/// folded into the summed store (`moe_fused`), decode and a chunk: against the CPU's norm, then
+/// experts, then add (1e-4, the q8 tolerance above); a float format refuses the norm.
+#[test]
+fn norm_input_and_residual_store_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0e03);
+    let (top_k, glu) = (3, GluKind::SwiGlu);
+    for &(format, hidden, ffn) in &[(WeightFormat::I8Row, 96, 64), (WeightFormat::Q8_0, 64, 96)] {
+        let layer = Layer::new(format, 7, hidden, ffn, false, &mut rng);
+        for (n, path) in [(1, MoePath::Gemv), (2, MoePath::Gemv), (37, MoePath::Grouped)] {
+            let h = rng.vec(n * hidden, 1.0);
+            let nw = rng.vec(hidden, 1.0);
+            let rt = routing(n, top_k, layer.experts, &mut rng);
+            let mut x = vec![0f32; n * hidden];
+            for (xr, hr) in x.chunks_exact_mut(hidden).zip(h.chunks_exact(hidden)) {
+                coli_runtime::cpu::norm::rms_norm(hr, xr, &nw, 1e-5, 0.0);
+            }
+            let mut moe = vec![0f32; n * hidden];
+            routed_experts(&x, n, hidden, &rt, top_k, glu, Precision::Fast, &|e| layer.mats(e), &mut moe);
+            let want: Vec<f32> = h.iter().zip(&moe).map(|(a, b)| a + b).collect();
+            let dev = ctx.upload_experts(layer.experts, &|e| layer.mats(e)).unwrap();
+            let scratch = ctx.moe_scratch(n, top_k, hidden, ffn, layer.experts).unwrap();
+            let hb = ctx.upload_f32(&h).unwrap();
+            let wb = ctx.upload_f32(&nw).unwrap();
+            let rb = ctx.upload_f32(&rt).unwrap();
+            let mut f = ctx.frame().unwrap();
+            // In place, as a layer's h += moe(norm(h)).
+            let input = MatIn::Norm { x: hb.all(), weight: wb.all(), eps: 1e-5, offset: 0.0 };
+            f.moe_fused(&dev, input, Some(hb.all()), rb.all(), hb.all(), n, top_k, glu, Precision::Fast, path, &scratch).unwrap();
+            f.run().unwrap();
+            let got = ctx.download_f32(hb.all()).unwrap();
+            assert_close(&format!("{format} {hidden}x{ffn} n={n} {path:?} norm+res"), &got, &want, 1e-4);
+        }
+    }
+    let layer = Layer::new(WeightFormat::BF16, 4, 32, 32, false, &mut rng);
+    let dev = ctx.upload_experts(layer.experts, &|e| layer.mats(e)).unwrap();
+    let scratch = ctx.moe_scratch(1, 2, 32, 32, 4).unwrap();
+    let (b, rb) = (ctx.f32_buffer(32).unwrap(), ctx.upload_f32(&routing(1, 2, 4, &mut rng)).unwrap());
+    let mut f = ctx.frame().unwrap();
+    let input = MatIn::Norm { x: b.all(), weight: b.all(), eps: 1e-5, offset: 0.0 };
+    assert!(f.moe_fused(&dev, input, None, rb.all(), b.all(), 1, 2, glu, Precision::Fast, MoePath::Gemv, &scratch).is_err());
+}
+
 /// (format, hidden, ffn): tails for the formats that take any length, whole blocks else.
 const SHAPES: &[(WeightFormat, usize, usize)] = &[
     (WeightFormat::F32, 45, 40),
@@ -127,12 +171,13 @@ fn decode_and_chunks_match_cpu_for_every_format() {
     }
 }
 
+/// (Top-k up to 9: the decode kernel takes ranks eight at a time.)
 #[test]
 fn every_top_k_and_gated_unit_with_biases() {
     let Some(_) = ctx() else { return };
     let mut rng = Rng(0x5eed_0e02);
     let layer = Layer::new(WeightFormat::BF16, 9, 64, 96, true, &mut rng);
-    for top_k in 1..=8 {
+    for top_k in 1..=9 {
         for path in [MoePath::Gemv, MoePath::Grouped] {
             check(&layer, 5, top_k, GluKind::SwiGlu, Precision::Fast, path, &mut rng);
         }

@@ -38,6 +38,8 @@ fn matmul_matches_cpu_for_every_format() {
     let mut rng = Rng(0x5eed_0001);
     for format in WeightFormat::ALL {
         for &cols in cols_for(format) {
+            // 70 rows: decode GEMVs split each row over subgroups (`ksplit`);
+            // `matvec_of_many_rows_matches_cpu` has one subgroup a row.
             let rows = 70;
             let bytes = random_rows(format, rows, cols, &mut rng);
             let m = Matrix::new(format, rows, cols, &bytes).unwrap();
@@ -64,6 +66,33 @@ fn matmul_matches_cpu_for_every_format() {
                 let mag = term_magnitudes(format, &bytes, rows, cols, &x, n);
                 assert_close_terms(&format!("{format} {rows}x{cols} n={n} {path:?} {precision:?}"), &got, &want, &mag, 1e-5);
             }
+        }
+    }
+}
+
+/// Decode GEMVs past `ksplit`'s row count (one subgroup a row), a float and an integer format
+/// against the CPU; tolerance 1e-5 of the terms' magnitudes.
+#[test]
+fn matvec_of_many_rows_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0002);
+    for format in [WeightFormat::F32, WeightFormat::BF16, WeightFormat::I8Row, WeightFormat::Q8_0] {
+        let (rows, cols) = (515, 96);
+        let bytes = random_rows(format, rows, cols, &mut rng);
+        let m = Matrix::new(format, rows, cols, &bytes).unwrap();
+        let w = ctx.upload_matrix(format, rows, cols, &bytes).unwrap();
+        for n in [1, 2] {
+            let x = rng.vec(n * cols, 1.0);
+            let mut want = vec![0f32; n * rows];
+            linear(&m, &x, n, &mut want, Precision::Fast);
+            let xb = ctx.upload_f32(&x).unwrap();
+            let ob = ctx.f32_buffer(n * rows).unwrap();
+            let mut f = ctx.frame().unwrap();
+            f.matmul_with(&w, xb.all(), n, ob.all(), MatmulPath::Gemv, Precision::Fast).unwrap();
+            f.run().unwrap();
+            let got = ctx.download_f32(ob.all()).unwrap();
+            let mag = term_magnitudes(format, &bytes, rows, cols, &x, n);
+            assert_close_terms(&format!("{format} {rows}x{cols} n={n}"), &got, &want, &mag, 1e-5);
         }
     }
 }

@@ -42,7 +42,7 @@ use crate::exec::kv_split::{Split, SplitState, SplitStats};
 use crate::oplib::{op_name, OpLib};
 use crate::vk::fuse::{fusions, replayable, Fused};
 use crate::vk::{AttnPath, AttnShape, Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoePath, MoeScratch, RopeShape, RouteParams, VkError, VkOps};
-use crate::vk::{Frame as VkFrame, KvShape, MatIn, NormArgs, Pos, QuantizedActs, Recorded, RopeArgs};
+use crate::vk::{Frame as VkFrame, KvShape, MatIn, NormArgs, Pos, QkNorm, QuantizedActs, Recorded, RopeArgs};
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::{DeviceId, Part, Place};
 use coli_compiler::ir::{ExpertBias, Op, Program, RopeScaling, ValueId};
@@ -362,6 +362,29 @@ impl DeviceModel {
                     }
                     continue;
                 }
+                (Fused::Experts { input, residual }, Op::RoutedExperts { x, routing, out, layer, glu, .. }) => {
+                    let ex = self.experts.get(&layer.0).ok_or_else(|| VkError::BadArgument { op: "routed_experts", msg: format!("{layer}: experts not uploaded") })?;
+                    let scratch = st.moe.as_ref().expect("scratch allocated with the experts");
+                    let src = match input.map(|j| op_of(p, frame.ops[j])) {
+                        Some(Op::RmsNorm { x: nx, weight: nw, eps, offset, .. }) => {
+                            let norm = MatIn::Norm { x: view(*nx), weight: self.vecs[&nw.name].all(), eps: *eps, offset: *offset };
+                            if VkFrame::moe_takes_norm(ex, precision) {
+                                norm
+                            } else {
+                                // Float activations: the norm's rows after all.
+                                f.rms_norm(view(*nx), self.vecs[&nw.name].all(), view(*x), n, w(*x), *eps, *offset)?;
+                                MatIn::Plain(view(*x))
+                            }
+                        }
+                        _ => MatIn::Plain(view(*x)),
+                    };
+                    let (dest, res) = match residual.map(|j| op_of(p, frame.ops[j])) {
+                        Some(Op::Add { a, b, out: sum }) => (*sum, Some(view(if a == out { *b } else { *a }))),
+                        _ => (*out, None),
+                    };
+                    f.moe_fused(ex, src, res, view(*routing), view(dest), n, w(*routing) / 2, *glu, precision, MoePath::Auto, scratch)?;
+                    continue;
+                }
                 (Fused::NormPair { second }, Op::RmsNorm { x, out, weight, eps, offset, .. }) => {
                     let Op::RmsNorm { x: x2, out: o2, weight: w2, .. } = op_of(p, frame.ops[second]) else {
                         return Err(VkError::BadArgument { op: "rms_norm", msg: "a norm pair's second op is not a norm".into() });
@@ -371,8 +394,23 @@ impl DeviceModel {
                     f.rms_norm_pair(a, b, n, *eps, *offset)?;
                     continue;
                 }
-                (Fused::Attention { rope, one_kernel }, Op::Attention { q, k, v, out, layer, spec }) => {
+                (Fused::Attention { rope, one_kernel, norms }, Op::Attention { q, k, v, out, layer, spec }) => {
                     let l = layer.0 as usize;
+                    let split = self.kv_split.as_ref().is_some_and(|s| s.splits(*layer)) && st.split.is_some();
+                    // The absorbed q and k norms: the one-row kernel's, else recorded here.
+                    let norm_ops = norms.map(|(qi, ki)| (op_of(p, frame.ops[qi]), op_of(p, frame.ops[ki])));
+                    let mut qk_norm = None;
+                    let (mut qsrc, mut ksrc) = (*q, *k);
+                    if let Some((Op::RmsNorm { x: qx, out: qo, weight: qw, eps, offset, group: qg }, Op::RmsNorm { x: kx, out: ko, weight: kw, group: kg, .. })) = norm_ops {
+                        if n == 1 && one_kernel && !split {
+                            qk_norm = Some(QkNorm { q_weight: self.vecs[&qw.name].all(), k_weight: self.vecs[&kw.name].all(), q_group: *qg, k_group: *kg, eps: *eps, offset: *offset });
+                            (qsrc, ksrc) = (*qx, *kx);
+                        } else {
+                            let a = NormArgs { x: view(*qx), weight: self.vecs[&qw.name].all(), out: view(*qo), width: w(*qx) };
+                            let b = NormArgs { x: view(*kx), weight: self.vecs[&kw.name].all(), out: view(*ko), width: w(*kx) };
+                            f.rms_norm_pair(a, b, n, *eps, *offset)?;
+                        }
+                    }
                     let (mk, mv, sk, sv) = st.mirrors[l].as_ref().expect("mirror allocated");
                     let args = match rope.map(|(a, _)| op_of(p, frame.ops[a])) {
                         Some(Op::Rope { rotary_dim, style, theta, scaling, .. }) => {
@@ -400,7 +438,7 @@ impl DeviceModel {
                             Pos::Fixed(p0) => (mk.view(0, (p0 + 1) * w(*k)), mv.view(0, (p0 + 1) * w(*v))),
                             Pos::Dynamic(_) => (mk.all(), mv.all()),
                         };
-                        f.attention_decode(shape, args, view(*q), view(*k), view(*v), keys, vals_, sk.all(), sv.all(), sinks, view(*out), pos)?;
+                        f.attention_decode(shape, args, view(qsrc), view(ksrc), view(*v), keys, vals_, sk.all(), sv.all(), sinks, view(*out), pos, qk_norm)?;
                         continue;
                     }
                     let kv_shape = KvShape { n, heads: spec.heads, kv_heads: spec.kv_heads, head_dim: spec.head_dim, v_head_dim: spec.v_head_dim };

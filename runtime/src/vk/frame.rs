@@ -31,7 +31,7 @@ use std::time::Instant;
 pub(crate) type Push = [u32; 16];
 
 /// The most storage-buffer bindings a kernel declares.
-const MAX_BINDINGS: usize = 16;
+const MAX_BINDINGS: usize = 20;
 /// Scratch ranges are aligned to this many bytes (at least any device's storage-offset rule).
 const SCRATCH_ALIGN: u64 = 256;
 /// Smallest scratch arena.

@@ -4,12 +4,18 @@
 //!   `Absorbed`: each of those products normalizes its input as it reads it (`MatIn::Norm`);
 //! - a `Glu` read only by `Linear`s of its frame likewise (`MatIn::Glu`);
 //! - an `Add` right after a bias-free `Linear` that consumes the product (the residual add) is
-//!   `Absorbed` into the product's store (`matmul_fused`'s residual);
+//!   `Absorbed` into the product's store (`matmul_fused`'s residual); likewise after a
+//!   `RoutedExperts` (`moe_fused`'s residual);
+//! - an `RmsNorm` read by `Linear`s and `RoutedExperts` of its frame (a MoE layer's FFN norm,
+//!   read by the router and the experts) is `Absorbed` too: the experts' 8-bit activations are
+//!   quantized from the normalized rows (where the experts take float activations the
+//!   executor records the norm after all);
 //! - two `RmsNorm`s in a row that do not touch each other's output are one dispatch
 //!   (`NormPair`: a layer's q and k norms);
 //! - an `Attention` takes `rope_kv`: the `Rope`s of its q and k right before it are `Absorbed`
 //!   into it when they agree, and the KV append (mirror and read-back rows) is always its;
-//!   for one row, RoPE, the append and attention are one kernel when q and k die there.
+//!   for one row, RoPE, the append and attention are one kernel when q and k die there, and
+//!   then the q and k norms right before the ropes are the kernel's too (`norms`).
 //!
 //! "Read" counts every later reader of the value before its next writer, in this frame, in
 //! later frames (host ones too) and by the frame's downloads; the logits are read at the end.
@@ -42,7 +48,14 @@ pub enum Fused {
     /// of its q and of its k. `one_kernel`: nothing reads q or k after it (or no RoPE was
     /// absorbed), so a one-row forward may leave them unrotated and do RoPE, the KV append and
     /// attention in one kernel (`Frame::attention_decode`).
-    Attention { rope: Option<(usize, usize)>, one_kernel: bool },
+    /// `norms`: the indices of the `RmsNorm`s of q and of k right before (in place or not,
+    /// absorbed): a one-kernel decode applies them itself; otherwise the executor records them
+    /// (as a pair) before the attention.
+    Attention { rope: Option<(usize, usize)>, one_kernel: bool, norms: Option<(usize, usize)> },
+    /// A `RoutedExperts` whose input is the output of op `input` (an `RmsNorm`, absorbed: the
+    /// experts' activation quantization normalizes as it reads) and, with `residual`, whose
+    /// summed store adds the other operand of the `Add` at that index (absorbed).
+    Experts { input: Option<usize>, residual: Option<usize> },
     /// An `RmsNorm` recorded with the `RmsNorm` at index `second` (absorbed) in one dispatch
     /// (`Frame::rms_norm_pair`): neither reads what the other writes.
     NormPair { second: usize },
@@ -133,6 +146,23 @@ pub fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
                 plan[fi][i + 1] = Fused::Absorbed;
             }
         }
+        // The same for the routed experts' summed output.
+        for i in 0..f.ops.len().saturating_sub(1) {
+            let (Op::RoutedExperts { x, out: o, .. }, Op::Add { a, b, out }) = (op(i), op(i + 1)) else { continue };
+            let r = if a == o && b != o { *b } else if b == o && a != o { *a } else { continue };
+            if width(r) != width(*o) || out == x {
+                continue;
+            }
+            let dead = flow.readers(frames, program, base + i, *o).is_some_and(|rs| rs == [base + i + 1]);
+            if dead && plan[fi][i + 1] == Fused::Alone {
+                plan[fi][i] = Fused::Experts { input: None, residual: Some(i + 1) };
+                plan[fi][i + 1] = Fused::Absorbed;
+            }
+        }
+        let is_experts_reading = |t: usize, v: ValueId| {
+            let (tf, ti, _, _) = flow.steps[t];
+            tf == fi && matches!(op(ti), Op::RoutedExperts { x, .. } if *x == v)
+        };
         // Input transforms.
         for i in 0..f.ops.len() {
             let (out, sources) = match op(i) {
@@ -141,24 +171,27 @@ pub fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
                 _ => continue,
             };
             let Some(rs) = flow.readers(frames, program, base + i, out) else { continue };
-            if rs.is_empty() || !rs.iter().all(|&t| is_linear_reading(t, out)) {
+            // The routed experts take a norm (into their 8-bit activations), not a gated unit.
+            let norm = matches!(op(i), Op::RmsNorm { .. });
+            if rs.is_empty() || !rs.iter().all(|&t| is_linear_reading(t, out) || (norm && is_experts_reading(t, out))) {
                 continue;
             }
             let last = *rs.last().expect("not empty");
             if flow.written_between(base + i + 1, last, &sources) {
                 continue;
             }
-            // A product's store must not land on a source it reads.
-            let clash = rs.iter().any(|&t| {
+            // A product's store must not land on a source it reads (the experts read theirs
+            // into their quantized activations before their store).
+            let clash = rs.iter().filter(|&&t| !is_experts_reading(t, out)).any(|&t| {
                 let ti = flow.steps[t].1;
                 let dest = match plan[fi][ti] {
-                    Fused::Linear { residual: Some(j), .. } => match op(j) {
+                    Fused::Linear { residual: Some(j), .. } | Fused::Experts { residual: Some(j), .. } => match op(j) {
                         Op::Add { out, .. } => *out,
                         _ => unreachable!("residuals are Adds"),
                     },
                     _ => match op(ti) {
-                        Op::Linear { out, .. } => *out,
-                        _ => unreachable!("readers are Linears"),
+                        Op::Linear { out, .. } | Op::RoutedExperts { out, .. } => *out,
+                        _ => unreachable!("readers are Linears or routed experts"),
                     },
                 };
                 sources.contains(&dest)
@@ -169,8 +202,10 @@ pub fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
             plan[fi][i] = Fused::Absorbed;
             for &t in &rs {
                 let ti = flow.steps[t].1;
-                plan[fi][ti] = match plan[fi][ti] {
-                    Fused::Linear { residual, .. } => Fused::Linear { input: Some(i), residual },
+                plan[fi][ti] = match (plan[fi][ti], op(ti)) {
+                    (Fused::Linear { residual, .. }, _) => Fused::Linear { input: Some(i), residual },
+                    (Fused::Experts { residual, .. }, _) => Fused::Experts { input: Some(i), residual },
+                    (_, Op::RoutedExperts { .. }) => Fused::Experts { input: Some(i), residual: None },
                     _ => Fused::Linear { input: Some(i), residual: None },
                 };
             }
@@ -219,7 +254,34 @@ pub fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
             }
             let dead = |v: ValueId| flow.readers(frames, program, base + j, v).is_some_and(|r| r.is_empty());
             let one_kernel = rope.is_none() || (dead(*q) && dead(*k));
-            plan[fi][j] = Fused::Attention { rope, one_kernel };
+            // The q and k norms right before the ropes: a NormPair (or two lone norms) writing
+            // q and k, over whole rows or heads, read by nothing but the ropes and this op.
+            let mut norms = None;
+            if let (Some((ra, rb)), true) = (rope, one_kernel) {
+                let first = ra.min(rb);
+                if first >= 2 {
+                    let (x, y) = (first - 2, first - 1);
+                    let norm_of = |i: usize| match op(i) {
+                        Op::RmsNorm { x: nx, out, group, eps, offset, .. } => Some((*nx, *out, *group, *eps, *offset)),
+                        _ => None,
+                    };
+                    if let (Some(a), Some(b)) = (norm_of(x), norm_of(y)) {
+                        let (qi, ki, qn, kn) = if a.1 == *q && b.1 == *k { (x, y, a, b) } else if a.1 == *k && b.1 == *q { (y, x, b, a) } else { (x, x, a, a) };
+                        let groups_ok = (qn.2 == width(*q) || qn.2 == spec.head_dim) && (kn.2 == width(*k) || kn.2 == spec.head_dim);
+                        let paired = matches!((plan[fi][x], plan[fi][y]), (Fused::NormPair { second }, Fused::Absorbed) if second == y) || (plan[fi][x] == Fused::Alone && plan[fi][y] == Fused::Alone);
+                        // Between the norms and this op, q and k are read only by the ropes.
+                        let only_ropes = |v: ValueId, i: usize| flow.readers(frames, program, base + i, v).is_some_and(|rs| rs.iter().all(|&t| t == base + ra || t == base + rb || t == base + j));
+                        if qi != ki && groups_ok && paired && qn.3 == kn.3 && qn.4 == kn.4 && qn.0 != *k && kn.0 != *q && only_ropes(*q, qi) && only_ropes(*k, ki) {
+                            norms = Some((qi, ki));
+                        }
+                    }
+                }
+            }
+            if let Some((qi, ki)) = norms {
+                plan[fi][qi] = Fused::Absorbed;
+                plan[fi][ki] = Fused::Absorbed;
+            }
+            plan[fi][j] = Fused::Attention { rope, one_kernel, norms };
         }
     }
     plan

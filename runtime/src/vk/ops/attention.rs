@@ -130,8 +130,21 @@ impl<'a> Frame<'a> {
         sinks: Option<View<'a>>,
         out: View<'a>,
         pos: Pos<'a>,
+        norm: Option<QkNorm<'a>>,
     ) -> Result<()> {
         const OP: &str = "attention_decode";
+        if let Some(nm) = norm {
+            let (qw, kw) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
+            let ok = |g: usize, w: usize| g == w || g == s.head_dim;
+            if !ok(nm.q_group, qw) || !ok(nm.k_group, kw) {
+                return Err(VkError::BadArgument { op: OP, msg: format!("q/k norm groups {} / {}: a whole row or one head of {}", nm.q_group, nm.k_group, s.head_dim) });
+            }
+            nm.q_weight.check(OP, "q norm weight", nm.q_group)?;
+            nm.k_weight.check(OP, "k norm weight", nm.k_group)?;
+            if nm.q_weight.offset != 0 || nm.k_weight.offset != 0 {
+                return Err(VkError::BadArgument { op: OP, msg: "norm weight views must start at element 0".into() });
+            }
+        }
         let half = rope.map_or(0, |r| r.freq.len);
         if 2 * half > s.head_dim {
             return Err(VkError::BadArgument { op: OP, msg: format!("rotary dim {} over head_dim {}", 2 * half, s.head_dim) });
@@ -153,8 +166,16 @@ impl<'a> Frame<'a> {
         }
         let style = rope.is_some_and(|r| r.style == RopeStyle::Interleaved) as u32;
         let mscale = rope.map_or(1.0f32, |r| r.mscale).to_bits();
-        let cst = self.constants(&[half as u32, style, mscale, u32_arg(OP, "k offset", k.offset)?, u32_arg(OP, "v offset", v.offset)?])?;
-        let extra = Decode { k: Bind::buf(k.buf), v: Bind::buf(v.buf), freq: rope.map_or(Bind::UNUSED, |r| Bind::buf(r.freq.buf)), sk: Bind::buf(sk.buf), sv: Bind::buf(sv.buf), cst };
+        let (nflags, qg, kg, eps, off) = match norm {
+            Some(nm) => (3u32, nm.q_group as u32, nm.k_group as u32, nm.eps.to_bits(), nm.offset.to_bits()),
+            None => (0, 0, 0, 0, 0),
+        };
+        let cst = self.constants(&[half as u32, style, mscale, u32_arg(OP, "k offset", k.offset)?, u32_arg(OP, "v offset", v.offset)?, nflags, qg, kg, eps, off])?;
+        let (qn, kn) = match norm {
+            Some(nm) => (Bind::buf(nm.q_weight.buf), Bind::buf(nm.k_weight.buf)),
+            None => (Bind::UNUSED, Bind::UNUSED),
+        };
+        let extra = Decode { k: Bind::buf(k.buf), v: Bind::buf(v.buf), freq: rope.map_or(Bind::UNUSED, |r| Bind::buf(r.freq.buf)), sk: Bind::buf(sk.buf), sv: Bind::buf(sv.buf), cst, qn, kn };
         self.attention_inner(s, q, mk, mv, sinks, out, 1, pos, AttnPath::Split, Some(extra))
     }
 
@@ -240,8 +261,8 @@ impl<'a> Frame<'a> {
             let (ml, o) = (self.scratch(slots * 2)?, self.scratch(slots * s.v_head_dim)?);
             let (ml, o) = (self.scratch_bind(ml), self.scratch_bind(o));
             let counters = self.counters(n * s.heads)?;
-            let d = decode.unwrap_or(Decode { k: Bind::UNUSED, v: Bind::UNUSED, freq: Bind::UNUSED, sk: Bind::UNUSED, sv: Bind::UNUSED, cst: Bind::UNUSED });
-            let binds = [base[0], base[1], base[2], base[3], ml, o, Bind::buf(out.buf), params, counters, d.k, d.v, d.freq, d.sk, d.sv, d.cst];
+            let d = decode.unwrap_or(Decode { k: Bind::UNUSED, v: Bind::UNUSED, freq: Bind::UNUSED, sk: Bind::UNUSED, sv: Bind::UNUSED, cst: Bind::UNUSED, qn: Bind::UNUSED, kn: Bind::UNUSED });
+            let binds = [base[0], base[1], base[2], base[3], ml, o, Bind::buf(out.buf), params, counters, d.k, d.v, d.freq, d.sk, d.sv, d.cst, d.qn, d.kn];
             let rows = u32_arg(OP, "n", n)?;
             self.dispatch(Kernel::AttnSplit, None, &binds, &push, [heads, rows, splits as u32])
         } else {
@@ -261,6 +282,21 @@ struct Decode<'a> {
     sk: Bind<'a>,
     sv: Bind<'a>,
     cst: Bind<'static>,
+    qn: Bind<'a>,
+    kn: Bind<'a>,
+}
+
+/// The RMSNorms of q and k that `attention_decode` applies before RoPE (a layer's q and k
+/// norms, absorbed): over groups of `q_group` / `k_group` columns (the whole projected row,
+/// or one head), `x / rms * (weight + offset)` as `cpu::norm::rms_norm`.
+#[derive(Clone, Copy, Debug)]
+pub struct QkNorm<'a> {
+    pub q_weight: View<'a>,
+    pub k_weight: View<'a>,
+    pub q_group: usize,
+    pub k_group: usize,
+    pub eps: f32,
+    pub offset: f32,
 }
 
 impl<'a> Frame<'a> {

@@ -52,7 +52,7 @@ pub enum MatIn<'a> {
 
 impl<'a> MatIn<'a> {
     /// The view the kernel reads rows from (x, or the gate).
-    fn base(&self) -> View<'a> {
+    pub(crate) fn base(&self) -> View<'a> {
         match *self {
             MatIn::Plain(x) | MatIn::Norm { x, .. } => x,
             MatIn::Glu { gate, .. } => gate,
@@ -121,6 +121,9 @@ impl QuantizedActs {
 
 const GEMM_BO: usize = 64;
 const GEMM_BR: usize = 32;
+/// Decode GEMVs of at most this many weight rows split each row over several subgroups
+/// (`matvec.comp`'s `ksplit`).
+const KSPLIT_ROWS: usize = 512;
 /// The cooperative GEMM's tile: weight rows x activation rows per workgroup.
 const COOP_BO: usize = 64;
 const COOP_BR: usize = 64;
@@ -310,7 +313,11 @@ impl<'a> Frame<'a> {
             }
             let wg = self.device_workgroup(Kernel::Matvec, variant)? as usize;
             let per = (wg / self.ctx.caps().min_subgroup_size.max(1) as usize).max(1);
-            self.dispatch(Kernel::Matvec, variant, &binds, &push, [groups_for(w.rows, per).min(MAX_GROUPS as u32), n as u32, 1])
+            // Few rows (a router's): subgroups share a row, so more of the device reads it.
+            let ks = if w.rows <= KSPLIT_ROWS { per.min(4) } else { 1 };
+            let mut push = push;
+            push[14] = ks as u32;
+            self.dispatch(Kernel::Matvec, variant, &binds, &push, [groups_for(w.rows, (per / ks).max(1)).min(MAX_GROUPS as u32), n as u32, 1])
         }
     }
 

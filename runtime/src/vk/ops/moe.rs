@@ -22,6 +22,7 @@
 //! Must not: read an expert id on the host, or accept operands that do not fit (typed errors).
 
 use super::{groups_for, u32_arg};
+use super::matmul::MatIn;
 use crate::cpu::experts::ExpertMats;
 use crate::cpu::Precision;
 use crate::vk::context::{Context, DeviceBuffer, View};
@@ -309,7 +310,34 @@ impl<'a> Frame<'a> {
         path: MoePath,
         s: &'a MoeScratch,
     ) -> Result<()> {
-        self.moe_with(ex, x, routing, out, n, top_k, glu, precision, path, s, true)
+        self.moe_with(ex, MatIn::Plain(x), None, routing, out, n, top_k, glu, precision, path, s, true)
+    }
+
+    /// `moe` with its input transformed as it is read (`MatIn::Norm`: a norm absorbed by the
+    /// experts' quantization; only for experts with 8-bit activations at `Precision::Fast`)
+    /// and, with `residual`, `out = residual + the sum` (the residual Add folded into the
+    /// store; `residual` may be `out` itself).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_fused(
+        &mut self,
+        ex: &'a DeviceExperts,
+        input: MatIn<'a>,
+        residual: Option<View<'a>>,
+        routing: View<'a>,
+        out: View<'a>,
+        n: usize,
+        top_k: usize,
+        glu: GluKind,
+        precision: Precision,
+        path: MoePath,
+        s: &'a MoeScratch,
+    ) -> Result<()> {
+        self.moe_with(ex, input, residual, routing, out, n, top_k, glu, precision, path, s, true)
+    }
+
+    /// Whether `moe_fused` takes a `MatIn::Norm` input for these experts at `precision`.
+    pub fn moe_takes_norm(ex: &DeviceExperts, precision: Precision) -> bool {
+        precision == Precision::Fast && ex.gate_up.variant.q8_acts()
     }
 
     /// The pairs' expert outputs, not weighted and not summed: `y[(r*K + k) x hidden] =
@@ -330,14 +358,15 @@ impl<'a> Frame<'a> {
         path: MoePath,
         s: &'a MoeScratch,
     ) -> Result<()> {
-        self.moe_with(ex, x, routing, y, n, top_k, glu, precision, path, s, false)
+        self.moe_with(ex, MatIn::Plain(x), None, routing, y, n, top_k, glu, precision, path, s, false)
     }
 
     #[allow(clippy::too_many_arguments)]
     fn moe_with(
         &mut self,
         ex: &'a DeviceExperts,
-        x: View<'a>,
+        input: MatIn<'a>,
+        residual: Option<View<'a>>,
         routing: View<'a>,
         out: View<'a>,
         n: usize,
@@ -349,7 +378,19 @@ impl<'a> Frame<'a> {
         sum: bool,
     ) -> Result<()> {
         const OP: &str = "moe";
+        let x = input.base();
         let (hid, ffn, e) = (ex.hidden, ex.ffn, ex.experts);
+        match input {
+            MatIn::Plain(_) => {}
+            MatIn::Norm { .. } if Self::moe_takes_norm(ex, precision) => {}
+            _ => return Err(VkError::BadArgument { op: OP, msg: "the experts take a norm only into 8-bit activations".into() }),
+        }
+        if let Some(r) = residual {
+            if !sum {
+                return Err(VkError::BadArgument { op: OP, msg: "a residual needs the summed output".into() });
+            }
+            r.check(OP, "residual (n x hidden)", n * hid)?;
+        }
         // Slots of the tier (`!sum`) may be fewer than a row's ranks.
         if top_k == 0 || top_k > MAX_TOP_K || (sum && top_k > e) {
             return Err(VkError::BadArgument { op: OP, msg: format!("top {top_k} of {e} experts (at most {MAX_TOP_K})") });
@@ -388,8 +429,13 @@ impl<'a> Frame<'a> {
         let (k32, e32) = (top_k as u32, e as u32);
         // 1. Gate and up, the gated unit into h (pairs x ffn).
         let (xq, xd) = if gv.q8_acts() {
-            self.moe_quantize(x.buf, x.offset, n, hid, &s.xq, &s.xd)?;
-            (Bind::buf(&s.xq), Bind::buf(&s.xd))
+            if let MatIn::Norm { .. } = input {
+                let q = self.quantize_input(input, n, hid)?;
+                (q.xq, q.xd)
+            } else {
+                self.moe_quantize(x.buf, x.offset, n, hid, &s.xq, &s.xd)?;
+                (Bind::buf(&s.xq), Bind::buf(&s.xd))
+            }
         } else {
             (Bind::UNUSED, Bind::UNUSED)
         };
@@ -426,8 +472,10 @@ impl<'a> Frame<'a> {
             let per = self.rows_per_group(dv)?;
             // Mode 1: down and the rank-ordered sum per row; mode 2: down per pair.
             let (mode, wgs) = if sum { (1, n) } else { (2, pairs) };
-            let push: Push = [h32, f32_, dqs, dss, 0, o_off, r_off, k32, e32, mode, 0, 0, 0, db, 0, 0];
-            let binds = [Bind::buf(&dm.q), Bind::buf(&dm.s), Bind::buf(&s.h), hq, hd, Bind::buf(out.buf), Bind::buf(routing.buf), bias];
+            let (res_on, res_off) = (residual.is_some() as u32, u32_arg(OP, "residual offset", residual.map_or(0, |r| r.offset))?);
+            let push: Push = [h32, f32_, dqs, dss, 0, o_off, r_off, k32, e32, mode, 0, 0, 0, db, res_on, res_off];
+            let res = residual.map_or(Bind::UNUSED, |r| Bind::buf(r.buf));
+            let binds = [Bind::buf(&dm.q), Bind::buf(&dm.s), Bind::buf(&s.h), hq, hd, Bind::buf(out.buf), Bind::buf(routing.buf), bias, res];
             self.dispatch(Kernel::MoeMatvec, Some(dv), &binds, &push, [groups_for(hid, per).min(MAX_GROUPS as u32), wgs as u32, 1])
         } else {
             let (y, y_off) = if sum { (&s.y, 0) } else { (out.buf, o_off) };
@@ -442,8 +490,10 @@ impl<'a> Frame<'a> {
                 return Ok(());
             }
             let mut push: Push = [0; 16];
-            push[..6].copy_from_slice(&[n as u32, h32, k32, e32, r_off, o_off]);
-            self.dispatch(Kernel::MoeSum, None, &[Bind::buf(&s.y), Bind::buf(routing.buf), Bind::buf(out.buf)], &push, [groups_for(n * hid, 64), 1, 1])
+            let (res_on, res_off) = (residual.is_some() as u32, u32_arg(OP, "residual offset", residual.map_or(0, |r| r.offset))?);
+            push[..8].copy_from_slice(&[n as u32, h32, k32, e32, r_off, o_off, res_on, res_off]);
+            let res = residual.map_or(Bind::UNUSED, |r| Bind::buf(r.buf));
+            self.dispatch(Kernel::MoeSum, None, &[Bind::buf(&s.y), Bind::buf(routing.buf), Bind::buf(out.buf), res], &push, [groups_for(n * hid, 64), 1, 1])
         }
     }
 
