@@ -19,6 +19,9 @@
 // With cst[5] != 0 (one row), q and k are first normalized (a layer's q and k RMSNorms,
 // absorbed): over groups of cst[6] (q) / cst[7] (k) columns, the whole projected row or one
 // head, x / sqrt(mean(x^2) + eps) * (w + offset) (eps, offset: cst[8], cst[9] as bits).
+// With cst[10] != 0 (one row, v_head_dim a multiple of 32), the joining workgroup also writes
+// its head's output as 8-bit activations for the product after it (quantize_rows.comp's
+// arithmetic, bit for bit: blocks of 32 of the row heads * v_head_dim wide).
 // Must not: hold more than MAX_DV value columns, or assume every split saw a position (empty
 // splits have m = -inf, l = 0).
 #extension GL_GOOGLE_include_directive : require
@@ -44,6 +47,8 @@ layout(std430, binding = 13) writeonly buffer SVB { float svb[]; };
 layout(std430, binding = 14) readonly buffer CST { uint cst[]; };
 layout(std430, binding = 15) readonly buffer QNW { float qnw[]; };
 layout(std430, binding = 16) readonly buffer KNW { float knw[]; };
+layout(std430, binding = 17) writeonly buffer OXQ { uvec4 oxq[]; };
+layout(std430, binding = 18) writeonly buffer OXD { vec2 oxd[]; };
 
 shared float q_s[MAX_D];
 shared float p_s[T];
@@ -309,13 +314,43 @@ void main() {
     }
     if (has_sink()) lt += exp(sink - mx);
     float inv = pc.value_scale / lt;
+    bool q8 = rope && cst[10] != 0u;
     for (uint d = tid; d < vhd; d += T) {
         float acc = 0.0;
         for (uint s2 = 0u; s2 < g_splits; s2++) {
             vec2 ml = part_ml[base + s2];
             if (ml.y > 0.0) acc += part_o[(base + s2) * vhd + d] * exp(ml.x - mx);
         }
-        outv[pc.o_off + row * pc.heads * vhd + h * vhd + d] = acc * inv;
+        float o = acc * inv;
+        outv[pc.o_off + row * pc.heads * vhd + h * vhd + d] = o;
+        if (q8) v_row[d] = o;
     }
     if (tid == 0u) counter[row * pc.heads + h] = 0u;
+    if (q8) {
+        // A block of 32 per invocation: d = amax / 127, q = round_half_even(x * (1 / d)).
+        barrier();
+        uint b = tid;
+        if (b < vhd / 32u) {
+            float amax = 0.0;
+            for (uint i = 0u; i < 32u; i++) amax = max(amax, abs(v_row[32u * b + i]));
+            float dd = div_rn(amax, 127.0);
+            float id = dd > 0.0 ? div_rn(1.0, dd) : 0.0;
+            uint words[8];
+            int sum = 0;
+            for (uint w = 0u; w < 8u; w++) {
+                uint packed = 0u;
+                for (uint j = 0u; j < 4u; j++) {
+                    precise float t = v_row[32u * b + 4u * w + j] * id;
+                    int q = clamp(int(roundEven(t)), -128, 127);
+                    sum += q;
+                    packed |= (uint(q) & 0xffu) << (8u * j);
+                }
+                words[w] = packed;
+            }
+            uint blk = (row * pc.heads * vhd + h * vhd) / 32u + b;
+            oxq[2u * blk] = uvec4(words[0], words[1], words[2], words[3]);
+            oxq[2u * blk + 1u] = uvec4(words[4], words[5], words[6], words[7]);
+            oxd[blk] = vec2(dd, dd * float(sum));
+        }
+    }
 }

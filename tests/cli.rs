@@ -231,6 +231,14 @@ fn bench_runs_at_a_depth() {
     let line = out.lines().find(|l| l.starts_with("kv split, all repetitions")).unwrap_or_else(|| panic!("{out}"));
     let host_steps: u64 = line.split(", ").nth(2).and_then(|w| w.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{line}"));
     assert!(host_steps > 0, "{line}");
+    // The context filled by the model placed without the split; the timed steps still split.
+    let o = coli(&["bench", "--device", "vulkan", "--model", dir.to_str().unwrap(), "-d", "40", "-p", "4", "-n", "3", "-r", "1", "--chunk", "16", "--kv-device-positions", "8", "--kv-block", "4", "--fill-unsplit"]);
+    assert!(o.status.success(), "coli bench failed: {}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("context of 40 positions filled without the KV split"), "{out}");
+    let line = out.lines().find(|l| l.starts_with("kv split, all repetitions")).unwrap_or_else(|| panic!("{out}"));
+    let host_steps: u64 = line.split(", ").nth(2).and_then(|w| w.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{line}"));
+    assert!(host_steps > 0, "{line}");
 }
 
 /// A forced KV split says so in one line when the model runs on a device.

@@ -139,3 +139,33 @@ fn a_short_session_keeps_the_plans_ring() {
     let max = want.iter().flatten().fold(0f32, |a, b| a.max(b.abs()));
     assert!(max_abs_diff(&got, &want) <= 1e-4 * max);
 }
+
+/// A split session that adopts a context filled by the same model without the split
+/// (`Session::adopt_context`, what `coli bench --fill-unsplit` does) continues as the split
+/// session that filled its own context: the rings come from the host's cache at the next
+/// forward. Decode logits within the tolerance above; greedy tokens identical. A session with
+/// positions of its own refuses.
+#[test]
+fn a_split_session_continues_an_adopted_context() {
+    let dir = fixture_dir("llama");
+    let prompt: Vec<u32> = (0..40u32).map(|i| 3 + (i * 7919 + 13) % 300).collect();
+    let (whole, split) = (load_split(&dir, None, 4), load_split(&dir, Some(8), 4));
+    assert!(split.plan.placement.kv_split.is_some());
+    let (want, want_toks) = run(&split, &prompt, 0, 6);
+    let mut filler = Session::on_device(&whole.model, whole.device.as_ref().unwrap(), CONTEXT).unwrap();
+    filler.forward(&prompt, LogitRows::Last).unwrap();
+    let mut s = Session::on_device(&split.model, split.device.as_ref().unwrap(), CONTEXT).unwrap();
+    s.adopt_context(&filler).unwrap();
+    assert_eq!(s.pos(), prompt.len());
+    let max = want.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
+    // Fed the reference's tokens, so the rows line up.
+    for (i, &id) in want_toks.iter().enumerate() {
+        let got = s.forward(&[id], LogitRows::Last).unwrap();
+        let w = &want[prompt.len() + i];
+        let err = w.iter().zip(&got).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(err <= 1e-4 * max, "step {i}: {err} (max |logit| {max})");
+        assert_eq!(argmax(&got), argmax(w), "step {i}");
+    }
+    assert!(s.take_notice().is_none());
+    assert!(s.adopt_context(&filler).is_err(), "a session with positions refuses another's context");
+}

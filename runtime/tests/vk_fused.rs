@@ -211,8 +211,8 @@ fn rope_kv_matches_cpu() {
 /// CPU: q and the row's k rotated as `cpu::rope::apply_row`, the row appended to mirrors
 /// holding earlier rows, then `cpu::attention::attend` over every row; GQA, a rotary dim
 /// below the head dim, both pairings, no rotation, a window, sinks, fixed and device-read
-/// positions. The mirrors' other rows and the q, k, v rows stay as they were. Tolerance 1e-5
-/// of the largest |reference| (as attention and rope).
+/// positions; q and k norms absorbed; the 8-bit output. The mirrors' other rows and the q, k,
+/// v rows stay as they were. Tolerance 1e-5 of the largest |reference| (as attention and rope).
 #[test]
 fn attention_decode_matches_cpu() {
     let Some(ctx) = ctx() else { return };
@@ -264,12 +264,27 @@ fn attention_decode_matches_cpu() {
         let pos = if dynamic { Pos::Dynamic(pb.all()) } else { Pos::Fixed(p) };
         let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window, value_scale };
         let (qnb, knb) = (ctx.upload_f32(&qnw).unwrap(), ctx.upload_f32(&knw).unwrap());
+        // With value heads of whole 32-blocks, the kernel's 8-bit output too: a product over it
+        // equals the same product over `quantize_acts` of the float output, bit for bit.
+        let q8 = v_head_dim % 32 == 0;
+        let ow = heads * v_head_dim;
+        let w8 = ctx.upload_matrix(WeightFormat::I8Row, 5, ow, &random_rows(WeightFormat::I8Row, 5, ow, &mut rng)).unwrap();
+        let (y1, y2) = (ctx.f32_buffer(5).unwrap(), ctx.f32_buffer(5).unwrap());
         let mut f = ctx.frame().unwrap();
         let (mkv, mvv) = if dynamic { (mk.all(), mv.all()) } else { (mk.view(0, (p + 1) * kw), mv.view(0, (p + 1) * vw)) };
         let norm = (norm_mode > 0).then(|| QkNorm { q_weight: qnb.all(), k_weight: knb.all(), q_group: qg, k_group: kg, eps: 1e-5, offset });
-        f.attention_decode(vs, rope, qb.all(), kb.all(), vb.all(), mkv, mvv, sk.all(), sv.all(), with_sinks.then(|| sb.all()), ob.all(), pos, norm).unwrap();
+        let acts = f.attention_decode_q8(vs, rope, qb.all(), kb.all(), vb.all(), mkv, mvv, sk.all(), sv.all(), with_sinks.then(|| sb.all()), ob.all(), pos, norm, q8).unwrap();
         assert_eq!(f.dispatch_count(), 1);
+        assert_eq!(acts.is_some(), q8);
+        if let Some(a) = acts {
+            f.matmul_q(&w8, ob.all(), &a, y1.all(), MatmulPath::Gemv).unwrap();
+            let b = f.quantize_acts(ob.all(), 1, ow).unwrap();
+            f.matmul_q(&w8, ob.all(), &b, y2.all(), MatmulPath::Gemv).unwrap();
+        }
         f.run().unwrap();
+        if q8 {
+            assert_eq!(ctx.download_f32(y1.all()).unwrap(), ctx.download_f32(y2.all()).unwrap(), "8-bit output of the attention kernel");
+        }
         let what = format!("attention_decode norm {norm_mode} {heads}/{kv_heads}x{head_dim}/{v_head_dim} rotary {rotary} {style:?} window {window:?} sinks {with_sinks} x{value_scale} dynamic {dynamic} p {p}");
         assert_close(&what, &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
         assert_close(&format!("{what}: k mirror"), &ctx.download_f32(mk.all()).unwrap(), &want_k, 1e-5);

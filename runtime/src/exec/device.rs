@@ -438,7 +438,18 @@ impl DeviceModel {
                             Pos::Fixed(p0) => (mk.view(0, (p0 + 1) * w(*k)), mv.view(0, (p0 + 1) * w(*v))),
                             Pos::Dynamic(_) => (mk.all(), mv.all()),
                         };
-                        f.attention_decode(shape, args, view(qsrc), view(ksrc), view(*v), keys, vals_, sk.all(), sv.all(), sinks, view(*out), pos, qk_norm)?;
+                        // The product right after that reads the output in 8-bit blocks takes
+                        // them from the attention kernel (one quantization dispatch fewer).
+                        let q8 = precision == Precision::Fast
+                            && spec.v_head_dim % 32 == 0
+                            && frame.ops.get(i + 1).is_some_and(|&nid| match (plan.get(i + 1), op_of(p, nid)) {
+                                (Some(Fused::Linear { input: None, .. }), Op::Linear { x, weight, .. }) => x == out && self.mats[&weight.name].variant.q8_acts(),
+                                _ => false,
+                            });
+                        let acts = f.attention_decode_q8(shape, args, view(qsrc), view(ksrc), view(*v), keys, vals_, sk.all(), sv.all(), sinks, view(*out), pos, qk_norm, q8)?;
+                        if let Some(q) = acts {
+                            shared_q = Some((*out, None, q));
+                        }
                         continue;
                     }
                     let kv_shape = KvShape { n, heads: spec.heads, kv_heads: spec.kv_heads, head_dim: spec.head_dim, v_head_dim: spec.v_head_dim };

@@ -34,6 +34,8 @@ pub enum ExecError {
     ContextFull { need: usize, max: usize },
     #[error("cannot go back from position {from} to {to}: layer {layer} keeps a recurrent state, which goes back only to position 0")]
     CannotRewind { layer: usize, from: usize, to: usize },
+    #[error("cannot take another session's context: {0}")]
+    Adopt(&'static str),
 }
 
 /// A program with its weights resolved.
@@ -146,6 +148,27 @@ impl<'m> Session<'m> {
 
     pub fn max_context(&self) -> usize {
         self.max_context
+    }
+
+    /// Takes `other`'s context (its positions and the host's cache of them) as this fresh
+    /// session's: a context filled by another session of the same program under another
+    /// placement (`coli bench -d N --fill-unsplit` fills a long context without its KV split).
+    /// This session's device mirrors follow from the host's cache at its next forward, as after
+    /// any host write.
+    pub fn adopt_context(&mut self, other: &Session) -> Result<(), ExecError> {
+        if self.pos != 0 {
+            return Err(ExecError::Adopt("this session has positions of its own"));
+        }
+        let widths = |s: &Session| s.kv.layers.iter().map(|l| (l.k_width, l.v_width)).collect::<Vec<_>>();
+        if widths(self) != widths(other) {
+            return Err(ExecError::Adopt("the other session's layers differ"));
+        }
+        if other.pos > self.max_context {
+            return Err(ExecError::ContextFull { need: other.pos, max: self.max_context });
+        }
+        self.kv = other.kv.clone();
+        self.pos = other.pos;
+        Ok(())
     }
 
     /// Forgets every position from `pos` on. A recurrent layer's state (Gated DeltaNet) cannot

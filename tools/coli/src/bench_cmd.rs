@@ -29,6 +29,11 @@ pub struct BenchArgs {
     /// this many tokens, which are not timed, and the decode test right after it.
     #[arg(short = 'd', long, default_value_t = 0)]
     pub depth: usize,
+    /// With `-d` and a KV split: fill the context with the same model placed without the split
+    /// (the split's host part makes a long fill take minutes), then run the timed tests with
+    /// the split over that context.
+    #[arg(long)]
+    pub fill_unsplit: bool,
     /// Repetitions (the median is reported).
     #[arg(short = 'r', long, default_value_t = 3)]
     pub reps: usize,
@@ -84,7 +89,20 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         Some(p) => p.clone(),
         None => default_model::ensure()?,
     };
-    let mut req = LoadRequest::new(&path);
+    let loaded = load(request(&a, &path, &a.kv)?)?;
+    // The filler: the same model without a KV split (`--fill-unsplit`).
+    let filler = if a.fill_unsplit && a.depth > 0 && loaded.device.is_some() && loaded.plan.placement.kv_split.is_some() {
+        let unsplit = crate::kv_args::KvSplitArgs { no_kv_split: true, ..Default::default() };
+        Some(load(request(&a, &path, &unsplit)?)?)
+    } else {
+        None
+    };
+    measure(&a, &path, &loaded, filler.as_ref())
+}
+
+/// The load request of the bench's flags, with `kv` for the KV split.
+fn request<'a>(a: &'a BenchArgs, path: &'a std::path::Path, kv: &crate::kv_args::KvSplitArgs) -> Result<LoadRequest<'a>, String> {
+    let mut req = LoadRequest::new(path);
     req.spec = a.spec.as_deref();
     req.load.quantize = a.quantize.map(crate::exec_cmd::QuantChoice::format);
     let coopmat = if a.no_coopmat { coli_runtime::vk::CoopMatUse::Off } else { coli_runtime::vk::CoopMatUse::Auto };
@@ -96,24 +114,38 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         "auto" => DeviceRequest::Auto(vk),
         d => return Err(format!("--device {d}: expected cpu, vulkan or auto")),
     };
-    req.compile = a.second.apply(a.kv.apply(Options { context: a.depth + a.prompt + a.decode + 8, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, expert_tier: !a.no_expert_tier, resident_experts: !a.tier.sized(), ..Options::default() }));
+    req.compile = a.second.apply(kv.apply(Options { context: a.depth + a.prompt + a.decode + 8, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, expert_tier: !a.no_expert_tier, resident_experts: !a.tier.sized(), ..Options::default() }));
     // The bench reads a history only when given one, and never writes it.
     req.tier = a.tier.options(&path, false);
     req.dense_device_only = a.dense.choice();
-    let loaded = load(req)?;
+    Ok(req)
+}
+
+fn measure(a: &BenchArgs, path: &std::path::Path, loaded: &crate::load::Loaded, filler: Option<&crate::load::Loaded>) -> Result<(), String> {
     let vocab = loaded.plan.program.dims.vocab as u32;
     // Deterministic ids spread over the vocabulary (avoiding the first few specials).
     let id = |i: u32| 10 + (i.wrapping_mul(7919)) % (vocab - 10);
     let ids: Vec<u32> = (0..a.prompt.max(1) as u32).map(id).collect();
-    let filler: Vec<u32> = (0..a.depth as u32).map(|i| id(i + 1_000_003)).collect();
+    let fill_ids: Vec<u32> = (0..a.depth as u32).map(|i| id(i + 1_000_003)).collect();
     let ctx = a.depth + a.prompt + a.decode + 1;
     let chunk = a.chunk.max(1);
-    // A session with the depth's tokens already in its context.
-    let filled = |s: &mut Session| -> Result<(), String> {
-        for c in filler.chunks(chunk) {
+    // A session with the depth's tokens already in its context (filled by the unsplit twin
+    // when there is one).
+    let fill = |s: &mut Session| -> Result<(), String> {
+        for c in fill_ids.chunks(chunk) {
             s.forward(c, LogitRows::Last).map_err(|e| e.to_string())?;
         }
         Ok(())
+    };
+    let filled = |s: &mut Session| -> Result<(), String> {
+        match filler {
+            Some(f) => {
+                let mut twin = session(f, ctx)?;
+                fill(&mut twin)?;
+                s.adopt_context(&twin).map_err(|e| e.to_string())
+            }
+            None => fill(s),
+        }
     };
     let reps = a.reps.max(1);
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
@@ -155,6 +187,9 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     println!("{}", loaded.device_note);
     if let (Some(_), Some(k)) = (&loaded.device, &loaded.plan.placement.kv_split) {
         println!("{k}");
+    }
+    if filler.is_some() {
+        println!("context of {} positions filled without the KV split, the timed tests with it", a.depth);
     }
     if let Some(st) = loaded.device.as_ref().and_then(|d| d.kv_split_stats()) {
         println!("kv split, all repetitions: {} layer steps, {} with a host part, {} (row, position) pairs on the host", st.steps, st.host_steps, st.host_positions);

@@ -12,6 +12,7 @@
 //! Must not: write the KV cache in `attention` (`rope_kv`, or the executor, appends rows first).
 
 use super::u32_arg;
+use super::matmul::QuantizedActs;
 use crate::vk::context::View;
 use crate::vk::error::{Result, VkError};
 use crate::vk::frame::{Bind, Frame, Push};
@@ -132,7 +133,34 @@ impl<'a> Frame<'a> {
         pos: Pos<'a>,
         norm: Option<QkNorm<'a>>,
     ) -> Result<()> {
+        self.attention_decode_q8(s, rope, q, k, v, mk, mv, sk, sv, sinks, out, pos, norm, false).map(|_| ())
+    }
+
+    /// `attention_decode` that, with `q8`, also writes its output row as 8-bit activations
+    /// (blocks of 32, as `quantize_acts` of `out` would, bit for bit) for the product after
+    /// it; `v_head_dim` must then be a multiple of 32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_decode_q8(
+        &mut self,
+        s: AttnShape,
+        rope: Option<RopeArgs<'a>>,
+        q: View<'a>,
+        k: View<'a>,
+        v: View<'a>,
+        mk: View<'a>,
+        mv: View<'a>,
+        sk: View<'a>,
+        sv: View<'a>,
+        sinks: Option<View<'a>>,
+        out: View<'a>,
+        pos: Pos<'a>,
+        norm: Option<QkNorm<'a>>,
+        q8: bool,
+    ) -> Result<Option<QuantizedActs>> {
         const OP: &str = "attention_decode";
+        if q8 && s.v_head_dim % 32 != 0 {
+            return Err(VkError::BadArgument { op: OP, msg: format!("8-bit output of value heads of {} (not a multiple of 32)", s.v_head_dim) });
+        }
         if let Some(nm) = norm {
             let (qw, kw) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
             let ok = |g: usize, w: usize| g == w || g == s.head_dim;
@@ -170,13 +198,22 @@ impl<'a> Frame<'a> {
             Some(nm) => (3u32, nm.q_group as u32, nm.k_group as u32, nm.eps.to_bits(), nm.offset.to_bits()),
             None => (0, 0, 0, 0, 0),
         };
-        let cst = self.constants(&[half as u32, style, mscale, u32_arg(OP, "k offset", k.offset)?, u32_arg(OP, "v offset", v.offset)?, nflags, qg, kg, eps, off])?;
+        let cst = self.constants(&[half as u32, style, mscale, u32_arg(OP, "k offset", k.offset)?, u32_arg(OP, "v offset", v.offset)?, nflags, qg, kg, eps, off, q8 as u32])?;
+        let acts = if q8 {
+            let blocks = s.heads * s.v_head_dim / 32;
+            let (xq, xd) = (self.scratch(blocks * 8)?, self.scratch(blocks * 2)?);
+            Some(QuantizedActs::from_parts(self.scratch_bind(xq), self.scratch_bind(xd), 1, s.heads * s.v_head_dim))
+        } else {
+            None
+        };
         let (qn, kn) = match norm {
             Some(nm) => (Bind::buf(nm.q_weight.buf), Bind::buf(nm.k_weight.buf)),
             None => (Bind::UNUSED, Bind::UNUSED),
         };
-        let extra = Decode { k: Bind::buf(k.buf), v: Bind::buf(v.buf), freq: rope.map_or(Bind::UNUSED, |r| Bind::buf(r.freq.buf)), sk: Bind::buf(sk.buf), sv: Bind::buf(sv.buf), cst, qn, kn };
-        self.attention_inner(s, q, mk, mv, sinks, out, 1, pos, AttnPath::Split, Some(extra))
+        let (oxq, oxd) = acts.map_or((Bind::UNUSED, Bind::UNUSED), |a| (a.xq, a.xd));
+        let extra = Decode { k: Bind::buf(k.buf), v: Bind::buf(v.buf), freq: rope.map_or(Bind::UNUSED, |r| Bind::buf(r.freq.buf)), sk: Bind::buf(sk.buf), sv: Bind::buf(sv.buf), cst, qn, kn, oxq, oxd };
+        self.attention_inner(s, q, mk, mv, sinks, out, 1, pos, AttnPath::Split, Some(extra))?;
+        Ok(acts)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -261,8 +298,8 @@ impl<'a> Frame<'a> {
             let (ml, o) = (self.scratch(slots * 2)?, self.scratch(slots * s.v_head_dim)?);
             let (ml, o) = (self.scratch_bind(ml), self.scratch_bind(o));
             let counters = self.counters(n * s.heads)?;
-            let d = decode.unwrap_or(Decode { k: Bind::UNUSED, v: Bind::UNUSED, freq: Bind::UNUSED, sk: Bind::UNUSED, sv: Bind::UNUSED, cst: Bind::UNUSED, qn: Bind::UNUSED, kn: Bind::UNUSED });
-            let binds = [base[0], base[1], base[2], base[3], ml, o, Bind::buf(out.buf), params, counters, d.k, d.v, d.freq, d.sk, d.sv, d.cst, d.qn, d.kn];
+            let d = decode.unwrap_or(Decode { k: Bind::UNUSED, v: Bind::UNUSED, freq: Bind::UNUSED, sk: Bind::UNUSED, sv: Bind::UNUSED, cst: Bind::UNUSED, qn: Bind::UNUSED, kn: Bind::UNUSED, oxq: Bind::UNUSED, oxd: Bind::UNUSED });
+            let binds = [base[0], base[1], base[2], base[3], ml, o, Bind::buf(out.buf), params, counters, d.k, d.v, d.freq, d.sk, d.sv, d.cst, d.qn, d.kn, d.oxq, d.oxd];
             let rows = u32_arg(OP, "n", n)?;
             self.dispatch(Kernel::AttnSplit, None, &binds, &push, [heads, rows, splits as u32])
         } else {
@@ -284,6 +321,8 @@ struct Decode<'a> {
     cst: Bind<'static>,
     qn: Bind<'a>,
     kn: Bind<'a>,
+    oxq: Bind<'static>,
+    oxd: Bind<'static>,
 }
 
 /// The RMSNorms of q and k that `attention_decode` applies before RoPE (a layer's q and k

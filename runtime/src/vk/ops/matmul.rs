@@ -108,6 +108,11 @@ pub struct QuantizedActs {
 }
 
 impl QuantizedActs {
+    /// Activations another kernel wrote into frame scratch (`n` rows of `cols`).
+    pub(crate) fn from_parts(xq: Bind<'static>, xd: Bind<'static>, n: usize, cols: usize) -> QuantizedActs {
+        QuantizedActs { xq, xd, n, cols }
+    }
+
     /// Activation rows.
     pub fn rows(&self) -> usize {
         self.n
