@@ -4,7 +4,7 @@
 # Expects the release binary in devbin/coli, pymoe-22m in devbin/pymoe and the Vulkan loader
 # packages in .gl/ (all git-ignored, carried by the device tool); makes the random-weight
 # checkpoints with tools/make_random_checkpoint.py and appends every result to $OUT/bench.txt.
-# Usage: bash tools/gpu-bench-tier.sh [pymoe] [profile] [olmoe] [chain] [kvsplit] [gptoss]
+# Usage: bash tools/gpu-bench-tier.sh [pymoe] [profile] [olmoe] [chain] [kvsplit] [x2] [gptoss]
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
@@ -61,6 +61,18 @@ for what in "$@"; do
     [ -d $M ] || python3 tools/make_random_checkpoint.py smollm2-135m-long $M >> "$OUT/bench.txt" 2>&1
     log $B bench --model $M --device vulkan -d 32768 -p 512 -n 128 -r 1
     log timeout ${SPLIT_LIMIT:-480} $B bench --model $M --device vulkan -d 32768 -p 512 -n 128 -r 1 --kv-device-positions 4096 --fill-unsplit
+    ;;
+  x2)
+    # Two GPUs (the nvidia-h200-x2 machine): SmolLM2 geometry with the primary capped at half
+    # the layers and the rest on the second device; OLMoE-1B-7B int8 with 8 layers on each.
+    nvidia-smi -L >> "$OUT/bench.txt"
+    M=/tmp/smollm2-135m
+    [ -d $M ] || python3 tools/make_random_checkpoint.py smollm2-135m $M >> "$OUT/bench.txt" 2>&1
+    log $B bench --model $M --device vulkan -p 512 -n 128 -r 3 --devices 2 --device-mem-mib 134 --device2-mem-mib 65536
+    M=/tmp/olmoe-1b-7b
+    [ -d $M ] || python3 tools/make_random_checkpoint.py olmoe-1b-7b $M >> "$OUT/bench.txt" 2>&1
+    log $B bench --model $M --device vulkan --quantize i8 -p 512 -n 128 -r 3 --devices 2 --device-layers 8
+    log $B bench --model $M --device vulkan --quantize i8 -p 512 -n 128 -r 3
     ;;
   gptoss)
     # gpt-oss-20b geometry (sliding window with sinks, clamped SwiGLU, 32 experts top-4), bf16.
