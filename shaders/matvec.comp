@@ -5,9 +5,9 @@
 // the driver picks is correct. Activation row xr = gl_WorkGroupID.y. With `ksplit` k > 1 (few
 // weight rows: a router's 64), k subgroups of a workgroup share a row, each taking every k-th
 // pass of its units, joined in shared memory in subgroup order (k falls back to 1 when it does
-// not divide the workgroup's subgroups). Fused (fuse_in.glsl): an
-// RMSNorm or gated unit on the float input (each subgroup computes the row's norm itself, no
-// workgroup barrier), and a residual added to the output.
+// not divide the workgroup's subgroups). Fused (fuse_in.glsl): an RMSNorm or gated unit on the
+// float input (the row's norm summed by the whole workgroup first), and a residual added to
+// the output.
 // Must not: assume a subgroup size, or read activations past the row (tails are masked).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
