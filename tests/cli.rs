@@ -241,6 +241,14 @@ fn bench_runs_at_a_depth() {
     assert!(host_steps > 0, "{line}");
 }
 
+/// `--kv-device-positions 0` is refused with a reason (it used to mean one block).
+#[test]
+fn a_kv_split_of_no_positions_is_refused() {
+    let o = coli(&["compile", "graphs/llama.ron", "--kv-device-positions", "0"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("at least 1 position"), "{}", stderr(&o));
+}
+
 /// A forced KV split says so in one line when the model runs on a device.
 #[test]
 fn exec_says_when_the_kv_cache_is_split() {

@@ -9,7 +9,7 @@ use coli_compiler::Options;
 pub struct KvSplitArgs {
     /// Force a KV split: each device layer keeps a row's newest N positions on the device
     /// (whole blocks), the older ones in host RAM.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = positive)]
     pub kv_device_positions: Option<usize>,
     /// Positions per block of a KV split (default 64).
     #[arg(long, value_name = "N")]
@@ -17,6 +17,15 @@ pub struct KvSplitArgs {
     /// Never split the KV mirrors past the device's budget (fewer layers on the device instead).
     #[arg(long)]
     pub no_kv_split: bool,
+}
+
+/// A count of at least 1 (a split keeping no position on the device is not a split).
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("at least 1 position (the device keeps whole blocks of the newest positions)".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 impl KvSplitArgs {
