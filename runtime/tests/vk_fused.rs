@@ -273,7 +273,7 @@ fn attention_decode_matches_cpu() {
         let mut f = ctx.frame().unwrap();
         let (mkv, mvv) = if dynamic { (mk.all(), mv.all()) } else { (mk.view(0, (p + 1) * kw), mv.view(0, (p + 1) * vw)) };
         let norm = (norm_mode > 0).then(|| QkNorm { q_weight: qnb.all(), k_weight: knb.all(), q_group: qg, k_group: kg, eps: 1e-5, offset });
-        let acts = f.attention_decode_q8(vs, rope, qb.all(), kb.all(), vb.all(), mkv, mvv, sk.all(), sv.all(), with_sinks.then(|| sb.all()), ob.all(), pos, norm, q8).unwrap();
+        let acts = f.attention_decode(vs, rope, qb.all(), kb.all(), vb.all(), mkv, mvv, sk.all(), sv.all(), with_sinks.then(|| sb.all()), ob.all(), pos, norm, q8).unwrap();
         assert_eq!(f.dispatch_count(), 1);
         assert_eq!(acts.is_some(), q8);
         if let Some(a) = acts {

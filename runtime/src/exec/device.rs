@@ -362,7 +362,11 @@ impl DeviceModel {
                     }
                     continue;
                 }
-                (Fused::Experts { input, residual }, Op::RoutedExperts { x, routing, out, layer, glu, .. }) => {
+                (Fused::Experts { .. } | Fused::Alone, Op::RoutedExperts { x, routing, out, layer, glu, .. }) => {
+                    let (input, residual) = match fused {
+                        Fused::Experts { input, residual } => (input, residual),
+                        _ => (None, None),
+                    };
                     let ex = self.experts.get(&layer.0).ok_or_else(|| VkError::BadArgument { op: "routed_experts", msg: format!("{layer}: experts not uploaded") })?;
                     let scratch = st.moe.as_ref().expect("scratch allocated with the experts");
                     let src = match input.map(|j| op_of(p, frame.ops[j])) {
@@ -446,7 +450,7 @@ impl DeviceModel {
                                 (Some(Fused::Linear { input: None, .. }), Op::Linear { x, weight, .. }) => x == out && self.mats[&weight.name].variant.q8_acts(),
                                 _ => false,
                             });
-                        let acts = f.attention_decode_q8(shape, args, view(qsrc), view(ksrc), view(*v), keys, vals_, sk.all(), sv.all(), sinks, view(*out), pos, qk_norm, q8)?;
+                        let acts = f.attention_decode(shape, args, view(qsrc), view(ksrc), view(*v), keys, vals_, sk.all(), sv.all(), sinks, view(*out), pos, qk_norm, q8)?;
                         if let Some(q) = acts {
                             shared_q = Some((*out, None, q));
                         }
@@ -501,11 +505,6 @@ impl DeviceModel {
                     let bias = correction_bias.as_ref().map(|b| self.vecs[&b.name].all());
                     let params = RouteParams { scoring: *scoring, top_k: *top_k, renormalize: *renormalize, groups: *groups, scale: *scale };
                     f.route(view(*logits), bias, view(*out), n, w(*logits), params)?;
-                }
-                Op::RoutedExperts { x, routing, out, layer, glu, .. } => {
-                    let ex = self.experts.get(&layer.0).ok_or_else(|| VkError::BadArgument { op: "routed_experts", msg: format!("{layer}: experts not uploaded") })?;
-                    let scratch = st.moe.as_ref().expect("scratch allocated with the experts");
-                    f.moe(ex, view(*x), view(*routing), view(*out), n, w(*routing) / 2, *glu, precision, MoePath::Auto, scratch)?;
                 }
                 Op::Act { x, out, act } => f.act(*act, view(*x), view(*out), n * w(*x))?,
                 Op::Glu { gate, up, out, kind } => f.glu(*kind, view(*gate), view(*up), view(*out), n * w(*out))?,

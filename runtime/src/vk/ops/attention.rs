@@ -111,36 +111,16 @@ impl<'a> Frame<'a> {
     }
 
     /// One row's `rope_kv` and `attention_at` in one kernel (the split path): `q`, `k`, `v`
-    /// are the row's projections, read and left as they are; q and the k row are rotated as
-    /// `rope_kv` rotates them (`rope: None`: not at all), and the k and v rows written to row
-    /// `pos` of the mirrors `mk`, `mv` (from element 0, covering every position a run sees)
-    /// and to the read-back rows `sk`, `sv`. References: `cpu::rope::apply_row`,
-    /// `cpu::attention::attend`.
+    /// are the row's projections, read and left as they are; with `norm`, q and the k row are
+    /// first normalized (the layer's q and k norms); q and the k row are rotated as `rope_kv`
+    /// rotates them (`rope: None`: not at all), and the k and v rows written to row `pos` of
+    /// the mirrors `mk`, `mv` (from element 0, covering every position a run sees) and to the
+    /// read-back rows `sk`, `sv`. With `q8`, the output row also comes back as 8-bit
+    /// activations (blocks of 32, bit for bit `quantize_acts` of `out`) for the product after
+    /// it; `v_head_dim` must then be a multiple of 32. References: `cpu::norm::rms_norm`,
+    /// `cpu::rope::apply_row`, `cpu::attention::attend`.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_decode(
-        &mut self,
-        s: AttnShape,
-        rope: Option<RopeArgs<'a>>,
-        q: View<'a>,
-        k: View<'a>,
-        v: View<'a>,
-        mk: View<'a>,
-        mv: View<'a>,
-        sk: View<'a>,
-        sv: View<'a>,
-        sinks: Option<View<'a>>,
-        out: View<'a>,
-        pos: Pos<'a>,
-        norm: Option<QkNorm<'a>>,
-    ) -> Result<()> {
-        self.attention_decode_q8(s, rope, q, k, v, mk, mv, sk, sv, sinks, out, pos, norm, false).map(|_| ())
-    }
-
-    /// `attention_decode` that, with `q8`, also writes its output row as 8-bit activations
-    /// (blocks of 32, as `quantize_acts` of `out` would, bit for bit) for the product after
-    /// it; `v_head_dim` must then be a multiple of 32.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention_decode_q8(
         &mut self,
         s: AttnShape,
         rope: Option<RopeArgs<'a>>,
