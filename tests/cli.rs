@@ -222,6 +222,10 @@ fn bench_runs_at_a_depth() {
     assert!(o.status.success(), "coli bench failed: {}", stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("pp8 @ d40:") && out.contains("tg3 @ d40:"), "{out}");
+    // --fill-unsplit with nothing split says it changes nothing.
+    let o = coli(&["bench", "--model", dir.to_str().unwrap(), "-d", "8", "-p", "4", "-n", "2", "-r", "1", "--fill-unsplit"]);
+    assert!(o.status.success(), "coli bench failed: {}", stderr(&o));
+    assert!(stderr(&o).contains("--fill-unsplit: no KV split"), "{}", stderr(&o));
     let o = coli(&["bench", "--device", "vulkan", "--model", dir.to_str().unwrap(), "-d", "40", "-p", "4", "-n", "3", "-r", "1", "--chunk", "16", "--kv-device-positions", "8", "--kv-block", "4"]);
     if stderr(&o).contains("no Vulkan device") {
         return;
