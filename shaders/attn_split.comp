@@ -100,14 +100,20 @@ float wg_sum(float v) {
 
 // 1 / rms of a group of `group` columns whose head `hh` (of head_dim `hd`) is in `sh` (shared,
 // already loaded) or, for a group wider than a head, of the row at `src` in `buf`.
+// (A wider group's loads issue eight at a time: a 2048-wide row is two waits for memory, not
+// sixteen.)
 #define GROUP_INV(sh, buf, src, hh, hd, group, eps, out_inv) {                              \
         float ss_ = 0.0;                                                                    \
         if ((group) == (hd)) {                                                              \
             for (uint d = gl_LocalInvocationID.x; d < (hd); d += T) ss_ += sh[d] * sh[d];   \
         } else {                                                                            \
-            for (uint d = gl_LocalInvocationID.x; d < (group); d += T) {                    \
-                float x_ = buf[(src) + d];                                                  \
-                ss_ += x_ * x_;                                                             \
+            for (uint d0 = gl_LocalInvocationID.x; d0 < (group); d0 += 8u * T) {            \
+                float x_[8];                                                                \
+                [[unroll]] for (uint i_ = 0u; i_ < 8u; i_++) {                              \
+                    uint d = d0 + i_ * T;                                                   \
+                    x_[i_] = d < (group) ? buf[(src) + d] : 0.0;                            \
+                }                                                                           \
+                [[unroll]] for (uint i_ = 0u; i_ < 8u; i_++) ss_ += x_[i_] * x_[i_];        \
             }                                                                               \
         }                                                                                   \
         out_inv = 1.0 / sqrt(wg_sum(ss_) / float(group) + (eps));                           \
@@ -207,10 +213,11 @@ void main() {
             float acc = 0.0;
             if (vec) {
                 uint kb4 = kb >> 2;
-                for (uint d4 = 0u; d4 < (hd >> 2); d4 += 8u) {
-                    vec4 kk[8];
-                    [[unroll]] for (uint i = 0u; i < 8u; i++) kk[i] = d4 + i < (hd >> 2) ? kv4[kb4 + d4 + i] : vec4(0.0);
-                    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                // Sixteen 16-byte loads in flight (a 128-wide key in two waits).
+                for (uint d4 = 0u; d4 < (hd >> 2); d4 += 16u) {
+                    vec4 kk[16];
+                    [[unroll]] for (uint i = 0u; i < 16u; i++) kk[i] = d4 + i < (hd >> 2) ? kv4[kb4 + d4 + i] : vec4(0.0);
+                    [[unroll]] for (uint i = 0u; i < 16u; i++) {
                         uint d = 4u * (d4 + i);
                         if (d < hd) acc += q_s[d] * kk[i].x + q_s[d + 1u] * kk[i].y + q_s[d + 2u] * kk[i].z + q_s[d + 3u] * kk[i].w;
                     }
@@ -230,10 +237,17 @@ void main() {
         uint vs = pc.kv_heads * vhd;
         uint vb = v_at(j0, kh);
         if (halves) {
-            // Positions g, g + 2, ... of the tile, column c0; four loads in flight.
+            // Positions g, g + 2, ... of the tile, column c0; eight loads in flight, then four.
             if (c0 < vhd) {
                 float acc = 0.0;
                 uint t = g;
+                for (; t + 14u < cnt; t += 16u) {
+                    float vx[8];
+                    [[unroll]] for (uint i = 0u; i < 8u; i++) vx[i] = vv[vb + (t + 2u * i) * vs + c0];
+                    float a = 0.0;
+                    [[unroll]] for (uint i = 0u; i < 8u; i++) a += p_s[t + 2u * i] * vx[i];
+                    acc += a;
+                }
                 for (; t + 6u < cnt; t += 8u) {
                     acc += p_s[t] * vv[vb + t * vs + c0] + p_s[t + 2u] * vv[vb + (t + 2u) * vs + c0]
                          + p_s[t + 4u] * vv[vb + (t + 4u) * vs + c0] + p_s[t + 6u] * vv[vb + (t + 6u) * vs + c0];
@@ -247,6 +261,17 @@ void main() {
                 if (d >= vhd) break;
                 float acc = 0.0;
                 uint t = 0u;
+                // Sixteen positions' loads in flight.
+                for (; t + 15u < cnt; t += 16u) {
+                    float vx[16];
+                    [[unroll]] for (uint i = 0u; i < 16u; i++) vx[i] = vv[vb + (t + i) * vs + d];
+                    float a = 0.0, b = 0.0;
+                    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                        a += p_s[t + i] * vx[i];
+                        b += p_s[t + 8u + i] * vx[8u + i];
+                    }
+                    acc += a + b;
+                }
                 for (; t + 7u < cnt; t += 8u) {
                     float a = p_s[t] * vv[vb + t * vs + d] + p_s[t + 1u] * vv[vb + (t + 1u) * vs + d]
                             + p_s[t + 2u] * vv[vb + (t + 2u) * vs + d] + p_s[t + 3u] * vv[vb + (t + 3u) * vs + d];
@@ -303,23 +328,30 @@ void main() {
     if (!s_last) return;
     memoryBarrierBuffer();
     uint base = (row * pc.heads + h) * g_splits;
+    // The splits' (m, l) read once into shared memory, each split's factor computed once.
+    if (tid < g_splits) {
+        vec2 ml = part_ml[base + tid];
+        red_max[tid] = ml.x;
+        red_sum[tid] = ml.y;
+    }
+    barrier();
     float mx = NEG_INF;
-    for (uint s2 = 0u; s2 < g_splits; s2++) mx = max(mx, part_ml[base + s2].x);
+    for (uint s2 = 0u; s2 < g_splits; s2++) mx = max(mx, red_max[s2]);
     float sink = has_sink() ? sinks[h] : NEG_INF;
     mx = max(mx, sink);
     float lt = 0.0;
     for (uint s2 = 0u; s2 < g_splits; s2++) {
-        vec2 ml = part_ml[base + s2];
-        if (ml.y > 0.0) lt += ml.y * exp(ml.x - mx);
+        if (red_sum[s2] > 0.0) lt += red_sum[s2] * exp(red_max[s2] - mx);
     }
     if (has_sink()) lt += exp(sink - mx);
+    if (tid < g_splits) p_s[tid] = exp(red_max[tid] - mx);
+    barrier();
     float inv = pc.value_scale / lt;
     bool q8 = rope && cst[10] != 0u;
     for (uint d = tid; d < vhd; d += T) {
         float acc = 0.0;
         for (uint s2 = 0u; s2 < g_splits; s2++) {
-            vec2 ml = part_ml[base + s2];
-            if (ml.y > 0.0) acc += part_o[(base + s2) * vhd + d] * exp(ml.x - mx);
+            if (red_sum[s2] > 0.0) acc += part_o[(base + s2) * vhd + d] * p_s[s2];
         }
         float o = acc * inv;
         outv[pc.o_off + row * pc.heads * vhd + h * vhd + d] = o;

@@ -62,27 +62,3 @@ void sincos_rr(float a, out float s, out float c) {
     else if (q == 2) { s = -sr; c = -cr; }
     else { s = -cr; c = sr; }
 }
-
-// One block of 32 activations to 8 bits, bit for bit the CPU's QuantizedActs: d = amax / 127,
-// q = round_half_even(x * (1 / d)), s = d * sum(q); q as two uvec4 (lo: bytes 0..15), (d, s).
-void q8_block(float v[32], out uvec4 lo, out uvec4 hi, out vec2 ds) {
-    float amax = 0.0;
-    for (uint i = 0u; i < 32u; i++) amax = max(amax, abs(v[i]));
-    float d = div_rn(amax, 127.0);
-    float id = d > 0.0 ? div_rn(1.0, d) : 0.0;
-    uint words[8];
-    int sum = 0;
-    for (uint w = 0u; w < 8u; w++) {
-        uint packed = 0u;
-        for (uint j = 0u; j < 4u; j++) {
-            precise float t = v[4u * w + j] * id;
-            int q = clamp(int(roundEven(t)), -128, 127);
-            sum += q;
-            packed |= (uint(q) & 0xffu) << (8u * j);
-        }
-        words[w] = packed;
-    }
-    lo = uvec4(words[0], words[1], words[2], words[3]);
-    hi = uvec4(words[4], words[5], words[6], words[7]);
-    ds = vec2(d, d * float(sum));
-}

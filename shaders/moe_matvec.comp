@@ -4,14 +4,7 @@
 // stacked in one matrix per role: gate and up as rows e*2F + j and e*2F + F + j (F = ffn),
 // down as rows e*H + i (H = hidden).
 // Mode 0 (gate and up): workgroup y = pair p = r*K + k; h[p][j] = glu(gate_e[j] . x[r] + bg,
-//   up_e[j] . x[r] + bu), the activation rows those of x. Two options (cst[0], bits):
-//   1 (route): the workgroup routes row r itself from the router logits (route.glsl, as
-//     route.comp would) and workgroup x = 0 of rank 0 writes the row's routing for those
-//     after (the down product, the host); the Route dispatch before is saved.
-//   2 (q8 out, F a multiple of 32): h is also written as 8-bit blocks (hq, hd) for the down
-//     product, quantize_q8.comp's arithmetic: each workgroup counts the rows it stored into
-//     their block's counter, and the one that completes a block quantizes it and sets the
-//     counter back to 0 (0 before the first call: the op layer zeroes them in the frame).
+//   up_e[j] . x[r] + bu), the activation rows those of x.
 // Mode 1 (down and sum): workgroup y = row r; out[r][i] = sum over ranks k, in rank order
 //   from 0, of w[r,k] * (down_e[i] . h[r*K + k] + bd): the CPU's order (cpu/experts.rs); with
 //   res_on, res[r][i] + that sum (the residual Add folded into the store).
@@ -31,18 +24,10 @@ layout(std430, binding = 1) readonly buffer WS { uint ws[]; };
 layout(std430, binding = 2) readonly buffer XF { float xf[]; };
 layout(std430, binding = 3) readonly buffer XQ { uvec4 xq[]; };
 layout(std430, binding = 4) readonly buffer XD { vec2 xd[]; };
-layout(std430, binding = 5) coherent buffer OUT { float outv[]; };
-layout(std430, binding = 6) buffer RT { float routing[]; };
+layout(std430, binding = 5) writeonly buffer OUT { float outv[]; };
+layout(std430, binding = 6) readonly buffer RT { float routing[]; };
 layout(std430, binding = 7) readonly buffer BS { float bias[]; };
 layout(std430, binding = 8) readonly buffer RES { float resv[]; };
-layout(std430, binding = 9) readonly buffer RLOG { float rlog[]; };
-layout(std430, binding = 10) readonly buffer RBIAS { float rbias[]; };
-// Mode 0's options: [0] bits (1 route, 2 q8 out); route: [1] sigmoid, [2] renormalize,
-// [3] has_bias, [4] n_group, [5] topk_group, [6] scale (bits), [7] the logits' first element.
-layout(std430, binding = 11) readonly buffer CST { uint cst[]; };
-layout(std430, binding = 12) writeonly buffer HQ { uvec4 hq[]; };
-layout(std430, binding = 13) writeonly buffer HD { vec2 hd[]; };
-layout(std430, binding = 14) coherent buffer CNT { uint counter[]; };
 
 layout(push_constant) uniform PC {
     uint rows; uint cols; uint qs; uint ss;
@@ -61,13 +46,6 @@ layout(push_constant) uniform PC {
 #define TOP_K pc.top_k
 #include "wformat.glsl"
 #include "moe.glsl"
-uint g_lb;
-#define ROUTE_LOGIT(e) rlog[g_lb + (e)]
-#define ROUTE_BIAS(e) rbias[e]
-#include "route.glsl"
-
-shared uint s_done[8];
-shared uint s_ndone;
 
 // Ranks whose down rows one subgroup reads at once (mode 1).
 #define KB 8u
@@ -83,79 +61,25 @@ void main() {
     uint step = gl_NumWorkGroups.x * gl_NumSubgroups;
     uint first = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID;
     if (pc.mode == 0u) {
-        uint p = gl_WorkGroupID.y, r = p / pc.top_k, k = p % pc.top_k, f = pc.rows;
-        uint opts = cst[0];
-        uint e;
-        if ((opts & 1u) != 0u) {
-            g_lb = cst[7] + r * pc.experts;
-            RouteArgs a = RouteArgs(pc.experts, pc.top_k, cst[1], cst[2], cst[3], cst[4], cst[5], uintBitsToFloat(cst[6]));
-            route_row(a);
-            e = r_chosen[k];
-            if (gl_WorkGroupID.x == 0u && k == 0u) {
-                for (uint kk = gl_LocalInvocationID.x; kk < pc.top_k; kk += gl_WorkGroupSize.x) {
-                    routing[R_OFF + r * 2u * pc.top_k + 2u * kk] = float(r_chosen[kk]);
-                    routing[R_OFF + r * 2u * pc.top_k + 2u * kk + 1u] = route_weight(a, kk);
-                }
-            }
-        } else {
-            e = moe_expert(r, k, pc.experts);
-        }
-        // A pair whose expert id is not valid computes nothing (the down product skips it);
-        // none of its workgroups counts, so its counters stay 0.
+        uint p = gl_WorkGroupID.y, r = p / pc.top_k, k = p % pc.top_k;
+        uint e = moe_expert(r, k, pc.experts);
         if (e >= pc.experts) return;
-        bool q8 = (opts & 2u) != 0u;
-        uint per = gl_NumSubgroups;
-        // Rounds of `per` consecutive rows, the same for the whole workgroup (the barriers).
-        for (uint base = gl_WorkGroupID.x * per; base < f; base += step) {
-            uint j = base + gl_SubgroupID;
-            if (j < f) {
-                uint rg = e * 2u * f + j, ru = rg + f;
-                // Gate and up rows read together (their loads in flight at once).
-                float ga = 0.0, ua = 0.0;
-                uint units = units_per_row();
-                for (uint t = gl_SubgroupInvocationID; t < units; t += gl_SubgroupSize) {
-                    ga += unit_dot(rg, t, r);
-                    ua += unit_dot(ru, t, r);
-                }
-                float g = row_finish(rg, subgroupAdd(ga)), u = row_finish(ru, subgroupAdd(ua));
-                if (pc.bias_off != NONE) {
-                    g += bias[pc.bias_off + rg];
-                    u += bias[pc.bias_off + ru];
-                }
-                if (subgroupElect()) outv[pc.out_off + p * f + j] = moe_glu(pc.glu, g, u, pc.limit, pc.alpha);
+        uint f = pc.rows;
+        for (uint j = first; j < f; j += step) {
+            uint rg = e * 2u * f + j, ru = rg + f;
+            // Gate and up rows read together (their loads in flight at once).
+            float ga = 0.0, ua = 0.0;
+            uint units = units_per_row();
+            for (uint t = gl_SubgroupInvocationID; t < units; t += gl_SubgroupSize) {
+                ga += unit_dot(rg, t, r);
+                ua += unit_dot(ru, t, r);
             }
-            if (!q8) continue;
-            // This round's rows counted into their blocks; a block's last rows quantize it.
-            memoryBarrierBuffer();
-            barrier();
-            uint nb = f >> 5;
-            if (gl_LocalInvocationID.x == 0u) {
-                uint lo = base, hi = min(base + per, f), nd = 0u;
-                for (uint b = lo >> 5; b <= (hi - 1u) >> 5; b++) {
-                    uint cnt = min(hi, 32u * b + 32u) - max(lo, 32u * b);
-                    if (atomicAdd(counter[p * nb + b], cnt) + cnt == 32u) {
-                        counter[p * nb + b] = 0u;
-                        s_done[nd++] = b;
-                    }
-                }
-                s_ndone = nd;
+            float g = row_finish(rg, subgroupAdd(ga)), u = row_finish(ru, subgroupAdd(ua));
+            if (pc.bias_off != NONE) {
+                g += bias[pc.bias_off + rg];
+                u += bias[pc.bias_off + ru];
             }
-            barrier();
-            memoryBarrierBuffer();
-            uint nd = s_ndone;
-            if (gl_LocalInvocationID.x < nd) {
-                uint b = s_done[gl_LocalInvocationID.x];
-                float v[32];
-                for (uint i = 0u; i < 32u; i++) v[i] = outv[pc.out_off + p * f + 32u * b + i];
-                uvec4 lo4, hi4;
-                vec2 ds;
-                q8_block(v, lo4, hi4, ds);
-                uint blk = p * nb + b;
-                hq[2u * blk] = lo4;
-                hq[2u * blk + 1u] = hi4;
-                hd[blk] = ds;
-            }
-            barrier();
+            if (subgroupElect()) outv[pc.out_off + p * f + j] = moe_glu(pc.glu, g, u, pc.limit, pc.alpha);
         }
     } else if (pc.mode == 2u) {
         uint p = gl_WorkGroupID.y, r = p / pc.top_k, k = p % pc.top_k, hdim = pc.rows;

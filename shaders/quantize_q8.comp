@@ -17,12 +17,23 @@ void main() {
     if (b >= pc.blocks) return;
     uint nb = pc.cols >> 5;
     uint base = pc.x_off + (b / nb) * pc.cols + (b % nb) * 32u;
-    float v[32];
-    for (uint i = 0u; i < 32u; i++) v[i] = xf[base + i];
-    uvec4 lo, hi;
-    vec2 ds;
-    q8_block(v, lo, hi, ds);
-    xq[2u * b] = lo;
-    xq[2u * b + 1u] = hi;
-    xd[b] = ds;
+    float amax = 0.0;
+    for (uint i = 0u; i < 32u; i++) amax = max(amax, abs(xf[base + i]));
+    float d = div_rn(amax, 127.0);
+    float id = d > 0.0 ? div_rn(1.0, d) : 0.0;
+    uint words[8];
+    int sum = 0;
+    for (uint w = 0u; w < 8u; w++) {
+        uint packed = 0u;
+        for (uint j = 0u; j < 4u; j++) {
+            precise float v = xf[base + 4u * w + j] * id;
+            int q = clamp(int(roundEven(v)), -128, 127);
+            sum += q;
+            packed |= (uint(q) & 0xffu) << (8u * j);
+        }
+        words[w] = packed;
+    }
+    xq[2u * b] = uvec4(words[0], words[1], words[2], words[3]);
+    xq[2u * b + 1u] = uvec4(words[4], words[5], words[6], words[7]);
+    xd[b] = vec2(d, d * float(sum));
 }

@@ -1,11 +1,17 @@
 #version 450
-// route.comp: a row's router logits to its top-k (expert, weight) pairs (route.glsl, the
-// CPU's route_row). One workgroup per row. Output per row: 2 * top_k floats, (expert as
-// float, weight) by rank.
+// route.comp: a row's router logits to its top-k (expert, weight) pairs, as the CPU's
+// route_row (runtime/src/cpu/route.rs): softmax or sigmoid scores; a correction bias that
+// steers the choice only; group-limited top-k (a group scores the sum of its two best
+// choices); ties toward the lower index; renormalization; a scale. One workgroup per row;
+// the top-k by ranks (each expert counts who beats it), not by rounds of arg-max.
+// Output per row: 2 * top_k floats, (expert as float, weight) by rank.
 // Must not: take more than MAX_E experts or MAX_K ranks (the host checks).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 
+#define MAX_E 1024
+#define MAX_K 64
+#define MAX_G 64
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer L { float logits[]; };
 layout(std430, binding = 1) readonly buffer BIAS { float bias[]; };
@@ -16,21 +22,98 @@ layout(push_constant) uniform PC {
     uint l_off; uint o_off; uint pad0; uint pad1;
 } pc;
 
-uint g_lb;
-#define ROUTE_LOGIT(e) logits[g_lb + (e)]
-#define ROUTE_BIAS(e) bias[e]
-#include "route.glsl"
+shared float scores[MAX_E];
+shared float choice[MAX_E];
+shared float red_v[64];
+shared uint chosen[MAX_K];
+shared float gscore[MAX_G];
+shared uint keep[MAX_G];
+
+bool better(float v1, uint i1, float v2, uint i2) { return v1 > v2 || (v1 == v2 && i1 < i2); }
 
 void main() {
-    uint r = gl_WorkGroupID.x;
-    g_lb = pc.l_off + r * pc.n;
-    RouteArgs a = RouteArgs(pc.n, pc.top_k, pc.sigmoid_, pc.renormalize, pc.has_bias, pc.n_group, pc.topk_group, pc.scale);
-    route_row(a);
-    if (gl_LocalInvocationID.x == 0u) {
+    uint r = gl_WorkGroupID.x, tid = gl_LocalInvocationID.x;
+    uint lb = pc.l_off + r * pc.n;
+    // 1. scores
+    float m = NEG_INF;
+    for (uint e = tid; e < pc.n; e += 64u) m = max(m, logits[lb + e]);
+    red_v[tid] = m;
+    barrier();
+    if (tid == 0u) {
+        float mm = NEG_INF;
+        for (uint t = 0u; t < 64u; t++) mm = max(mm, red_v[t]);
+        red_v[0] = mm;
+    }
+    barrier();
+    m = red_v[0];
+    barrier();
+    for (uint e = tid; e < pc.n; e += 64u) {
+        float l = logits[lb + e];
+        scores[e] = pc.sigmoid_ != 0u ? 1.0 / (1.0 + exp(-l)) : exp(l - m);
+    }
+    barrier();
+    if (pc.sigmoid_ == 0u) {
+        if (tid == 0u) {
+            float s = 0.0;
+            for (uint e = 0u; e < pc.n; e++) s += scores[e];
+            red_v[0] = s;
+        }
+        barrier();
+        float s = red_v[0];
+        for (uint e = tid; e < pc.n; e += 64u) scores[e] = div_rn(scores[e], s);
+        barrier();
+    }
+    for (uint e = tid; e < pc.n; e += 64u) choice[e] = pc.has_bias != 0u ? scores[e] + bias[e] : scores[e];
+    barrier();
+    // 2. group limit
+    if (pc.n_group > 0u) {
+        uint per = pc.n / pc.n_group;
+        for (uint g = tid; g < pc.n_group; g += 64u) {
+            float b1 = NEG_INF, b2 = NEG_INF;
+            for (uint e = g * per; e < (g + 1u) * per; e++) {
+                float v = choice[e];
+                if (v > b1) { b2 = b1; b1 = v; } else if (v > b2) { b2 = v; }
+            }
+            gscore[g] = per >= 2u ? b1 + b2 : b1;
+            keep[g] = 0u;
+        }
+        barrier();
+        if (tid == 0u) {
+            for (uint t = 0u; t < pc.topk_group; t++) {
+                uint bi = 0xffffffffu; float bv = NEG_INF;
+                for (uint g = 0u; g < pc.n_group; g++) {
+                    if (keep[g] == 0u && (bi == 0xffffffffu || better(gscore[g], g, bv, bi))) { bv = gscore[g]; bi = g; }
+                }
+                keep[bi] = 1u;
+            }
+        }
+        barrier();
+        for (uint e = tid; e < pc.n; e += 64u) if (keep[e / per] == 0u) choice[e] = NEG_INF;
+        barrier();
+    }
+    // 3. top-k: an expert's rank is how many experts beat it in a strict order (by value,
+    //    then the lower index), so the k best are the ranks below k: the same choice as k
+    //    rounds of arg-max, in one pass and one barrier (a count stops at k).
+    for (uint e = tid; e < pc.n; e += 64u) {
+        float v = choice[e];
+        uint rank = 0u;
+        for (uint o = 0u; o < pc.n && rank < pc.top_k; o++) {
+            if (better(choice[o], o, v, e)) rank++;
+        }
+        if (rank < pc.top_k) chosen[rank] = e;
+    }
+    barrier();
+    // 4. weights
+    if (tid == 0u) {
+        float s = 0.0;
+        for (uint k = 0u; k < pc.top_k; k++) s += scores[chosen[k]];
+        if (pc.sigmoid_ != 0u) s += 1e-20;
         uint ob = pc.o_off + r * 2u * pc.top_k;
         for (uint k = 0u; k < pc.top_k; k++) {
-            outv[ob + 2u * k] = float(r_chosen[k]);
-            outv[ob + 2u * k + 1u] = route_weight(a, k);
+            float w = scores[chosen[k]];
+            if (pc.renormalize != 0u) w = div_rn(w, s);
+            outv[ob + 2u * k] = float(chosen[k]);
+            outv[ob + 2u * k + 1u] = w * pc.scale;
         }
     }
 }

@@ -41,7 +41,7 @@ use crate::exec::kv::KvCache;
 use crate::exec::kv_split::{Split, SplitState, SplitStats};
 use crate::oplib::{op_name, OpLib};
 use crate::vk::fuse::{fusions, replayable, Fused};
-use crate::vk::{AttnPath, AttnShape, Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoePath, MoeScratch, RopeShape, MoeIo, RouteIn, RouteParams, VkError, VkOps};
+use crate::vk::{AttnPath, AttnShape, Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoePath, MoeScratch, RopeShape, RouteParams, VkError, VkOps};
 use crate::vk::{Frame as VkFrame, KvShape, MatIn, NormArgs, Pos, QkNorm, QuantizedActs, Recorded, RopeArgs};
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::{DeviceId, Part, Place};
@@ -363,9 +363,9 @@ impl DeviceModel {
                     continue;
                 }
                 (Fused::Experts { .. } | Fused::Alone, Op::RoutedExperts { x, routing, out, layer, glu, .. }) => {
-                    let (input, residual, route) = match fused {
-                        Fused::Experts { input, residual, route } => (input, residual, route),
-                        _ => (None, None, None),
+                    let (input, residual) = match fused {
+                        Fused::Experts { input, residual } => (input, residual),
+                        _ => (None, None),
                     };
                     let ex = self.experts.get(&layer.0).ok_or_else(|| VkError::BadArgument { op: "routed_experts", msg: format!("{layer}: experts not uploaded") })?;
                     let scratch = st.moe.as_ref().expect("scratch allocated with the experts");
@@ -386,15 +386,7 @@ impl DeviceModel {
                         Some(Op::Add { a, b, out: sum }) => (*sum, Some(view(if a == out { *b } else { *a }))),
                         _ => (*out, None),
                     };
-                    let route = route.map(|j| op_of(p, frame.ops[j])).and_then(|r| match r {
-                        Op::Route { logits, correction_bias, .. } => {
-                            let bias = correction_bias.as_ref().map(|b| self.vecs[&b.name].all());
-                            Some(RouteIn { logits: view(*logits), bias, params: route_params(r)? })
-                        }
-                        _ => None,
-                    });
-                    let io = MoeIo { input: src, residual: res, route, routing: view(*routing), out: view(dest) };
-                    f.moe_fused(ex, io, n, w(*routing) / 2, *glu, precision, MoePath::Auto, scratch)?;
+                    f.moe_fused(ex, src, res, view(*routing), view(dest), n, w(*routing) / 2, *glu, precision, MoePath::Auto, scratch)?;
                     continue;
                 }
                 (Fused::NormPair { second }, Op::RmsNorm { x, out, weight, eps, offset, .. }) => {
@@ -509,9 +501,9 @@ impl DeviceModel {
                     let (fb, mscale) = self.freq(*rotary_dim, *theta, *scaling);
                     f.rope_at(view(*x), fb.all(), RopeShape { n, width: w(*x), heads: *heads, head_dim: *head_dim, style: *style, pos0: 0, mscale }, pos)?;
                 }
-                Op::Route { logits, out, correction_bias, .. } => {
+                Op::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale } => {
                     let bias = correction_bias.as_ref().map(|b| self.vecs[&b.name].all());
-                    let params = route_params(op).expect("a Route");
+                    let params = RouteParams { scoring: *scoring, top_k: *top_k, renormalize: *renormalize, groups: *groups, scale: *scale };
                     f.route(view(*logits), bias, view(*out), n, w(*logits), params)?;
                 }
                 Op::Act { x, out, act } => f.act(*act, view(*x), view(*out), n * w(*x))?,
@@ -661,15 +653,5 @@ impl DeviceModel {
             }
         }
         Ok(())
-    }
-}
-
-/// A `Route` op's options as the device's routing takes them.
-fn route_params(op: &Op) -> Option<RouteParams> {
-    match op {
-        Op::Route { scoring, top_k, renormalize, groups, scale, .. } => {
-            Some(RouteParams { scoring: *scoring, top_k: *top_k, renormalize: *renormalize, groups: *groups, scale: *scale })
-        }
-        _ => None,
     }
 }

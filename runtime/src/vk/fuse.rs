@@ -10,9 +10,6 @@
 //!   read by the router and the experts) is `Absorbed` too: the experts' 8-bit activations are
 //!   quantized from the normalized rows (where the experts take float activations the
 //!   executor records the norm after all);
-//! - the `Route` that writes a `RoutedExperts`' routing is `Absorbed` by it when nothing
-//!   between them reads the routing or writes the logits (`MoeIo::route`; the call records
-//!   the route itself where its kernels cannot take it);
 //! - two `RmsNorm`s in a row that do not touch each other's output are one dispatch
 //!   (`NormPair`: a layer's q and k norms);
 //! - an `Attention` takes `rope_kv`: the `Rope`s of its q and k right before it are `Absorbed`
@@ -56,11 +53,9 @@ pub enum Fused {
     /// (as a pair) before the attention.
     Attention { rope: Option<(usize, usize)>, one_kernel: bool, norms: Option<(usize, usize)> },
     /// A `RoutedExperts` whose input is the output of op `input` (an `RmsNorm`, absorbed: the
-    /// experts' activation quantization normalizes as it reads), with `residual`, whose
-    /// summed store adds the other operand of the `Add` at that index (absorbed), and with
-    /// `route`, whose routing is computed by the call from the `Route` at that index
-    /// (absorbed: a decode step's first experts kernel routes its rows itself).
-    Experts { input: Option<usize>, residual: Option<usize>, route: Option<usize> },
+    /// experts' activation quantization normalizes as it reads) and, with `residual`, whose
+    /// summed store adds the other operand of the `Add` at that index (absorbed).
+    Experts { input: Option<usize>, residual: Option<usize> },
     /// An `RmsNorm` recorded with the `RmsNorm` at index `second` (absorbed) in one dispatch
     /// (`Frame::rms_norm_pair`): neither reads what the other writes.
     NormPair { second: usize },
@@ -160,7 +155,7 @@ pub fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
             }
             let dead = flow.readers(frames, program, base + i, *o).is_some_and(|rs| rs == [base + i + 1]);
             if dead && plan[fi][i + 1] == Fused::Alone {
-                plan[fi][i] = Fused::Experts { input: None, residual: Some(i + 1), route: None };
+                plan[fi][i] = Fused::Experts { input: None, residual: Some(i + 1) };
                 plan[fi][i + 1] = Fused::Absorbed;
             }
         }
@@ -209,28 +204,11 @@ pub fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
                 let ti = flow.steps[t].1;
                 plan[fi][ti] = match (plan[fi][ti], op(ti)) {
                     (Fused::Linear { residual, .. }, _) => Fused::Linear { input: Some(i), residual },
-                    (Fused::Experts { residual, .. }, _) => Fused::Experts { input: Some(i), residual, route: None },
-                    (_, Op::RoutedExperts { .. }) => Fused::Experts { input: Some(i), residual: None, route: None },
+                    (Fused::Experts { residual, .. }, _) => Fused::Experts { input: Some(i), residual },
+                    (_, Op::RoutedExperts { .. }) => Fused::Experts { input: Some(i), residual: None },
                     _ => Fused::Linear { input: Some(i), residual: None },
                 };
             }
-        }
-        // A Route into the routed experts that read its output: nothing between them reads
-        // or writes the routing or writes the logits (later readers see what the experts'
-        // kernel wrote).
-        for j in 0..f.ops.len() {
-            let Op::RoutedExperts { routing, .. } = op(j) else { continue };
-            let Some(i) = (0..j).rev().find(|&i| op_io(op(i)).1.contains(routing)) else { continue };
-            let Op::Route { logits, .. } = op(i) else { continue };
-            let between = flow.steps[base + i + 1..base + j].iter().any(|(_, _, r, w)| r.contains(routing) || w.contains(logits) || w.contains(routing));
-            if between || plan[fi][i] != Fused::Alone {
-                continue;
-            }
-            plan[fi][j] = match plan[fi][j] {
-                Fused::Experts { input, residual, .. } => Fused::Experts { input, residual, route: Some(i) },
-                _ => Fused::Experts { input: None, residual: None, route: Some(i) },
-            };
-            plan[fi][i] = Fused::Absorbed;
         }
         // Two norms in a row that do not touch each other's output (a layer's q and k norms):
         // one dispatch. Not in the epilogue (a forward whose last row only is wanted records

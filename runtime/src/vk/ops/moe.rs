@@ -23,7 +23,6 @@
 
 use super::{groups_for, u32_arg};
 use super::matmul::MatIn;
-use super::route::{route_words, RouteIn};
 use crate::cpu::experts::ExpertMats;
 use crate::cpu::Precision;
 use crate::vk::context::{Context, DeviceBuffer, View};
@@ -35,20 +34,6 @@ use crate::vk::layout::{pack, DeviceMatrix, Packed};
 use crate::vk::memory::MemoryUse;
 use crate::vk::shaders::{FormatVariant, Kernel};
 use coli_compiler::ir::GluKind;
-
-/// What a fused routed-experts call (`Frame::moe_fused`) reads and writes besides the experts.
-#[derive(Clone, Copy)]
-pub struct MoeIo<'a> {
-    /// The rows, or a norm of them the experts' 8-bit quantization applies.
-    pub input: MatIn<'a>,
-    /// Added to the sum as it is stored.
-    pub residual: Option<View<'a>>,
-    /// A `Route` the call records itself (into `routing`).
-    pub route: Option<RouteIn<'a>>,
-    /// `n x 2 * top_k`: (expert as f32, weight) by rank.
-    pub routing: View<'a>,
-    pub out: View<'a>,
-}
 
 /// Which kernels `Frame::moe` records.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -325,17 +310,29 @@ impl<'a> Frame<'a> {
         path: MoePath,
         s: &'a MoeScratch,
     ) -> Result<()> {
-        self.moe_with(ex, MoeIo { input: MatIn::Plain(x), residual: None, route: None, routing, out }, n, top_k, glu, precision, path, s, true)
+        self.moe_with(ex, MatIn::Plain(x), None, routing, out, n, top_k, glu, precision, path, s, true)
     }
 
     /// `moe` with its input transformed as it is read (`MatIn::Norm`: a norm absorbed by the
-    /// experts' quantization; only for experts with 8-bit activations at `Precision::Fast`),
-    /// with `io.residual`, `out = residual + the sum` (the residual Add folded into the store;
-    /// `residual` may be `out` itself), and with `io.route` the routing computed first (by the
-    /// decode path's first kernel, which also writes `io.routing`; else by `route`).
+    /// experts' quantization; only for experts with 8-bit activations at `Precision::Fast`)
+    /// and, with `residual`, `out = residual + the sum` (the residual Add folded into the
+    /// store; `residual` may be `out` itself).
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_fused(&mut self, ex: &'a DeviceExperts, io: MoeIo<'a>, n: usize, top_k: usize, glu: GluKind, precision: Precision, path: MoePath, s: &'a MoeScratch) -> Result<()> {
-        self.moe_with(ex, io, n, top_k, glu, precision, path, s, true)
+    pub fn moe_fused(
+        &mut self,
+        ex: &'a DeviceExperts,
+        input: MatIn<'a>,
+        residual: Option<View<'a>>,
+        routing: View<'a>,
+        out: View<'a>,
+        n: usize,
+        top_k: usize,
+        glu: GluKind,
+        precision: Precision,
+        path: MoePath,
+        s: &'a MoeScratch,
+    ) -> Result<()> {
+        self.moe_with(ex, input, residual, routing, out, n, top_k, glu, precision, path, s, true)
     }
 
     /// Whether `moe_fused` takes a `MatIn::Norm` input for these experts at `precision`.
@@ -361,14 +358,17 @@ impl<'a> Frame<'a> {
         path: MoePath,
         s: &'a MoeScratch,
     ) -> Result<()> {
-        self.moe_with(ex, MoeIo { input: MatIn::Plain(x), residual: None, route: None, routing, out: y }, n, top_k, glu, precision, path, s, false)
+        self.moe_with(ex, MatIn::Plain(x), None, routing, y, n, top_k, glu, precision, path, s, false)
     }
 
     #[allow(clippy::too_many_arguments)]
     fn moe_with(
         &mut self,
         ex: &'a DeviceExperts,
-        io: MoeIo<'a>,
+        input: MatIn<'a>,
+        residual: Option<View<'a>>,
+        routing: View<'a>,
+        out: View<'a>,
         n: usize,
         top_k: usize,
         glu: GluKind,
@@ -378,7 +378,6 @@ impl<'a> Frame<'a> {
         sum: bool,
     ) -> Result<()> {
         const OP: &str = "moe";
-        let MoeIo { input, residual, route, routing, out } = io;
         let x = input.base();
         let (hid, ffn, e) = (ex.hidden, ex.ffn, ex.experts);
         match input {
@@ -429,18 +428,6 @@ impl<'a> Frame<'a> {
         let (r_off, x_off, o_off) = (u32_arg(OP, "routing offset", routing.offset)?, u32_arg(OP, "x offset", x.offset)?, u32_arg(OP, "out offset", out.offset)?);
         let (k32, e32) = (top_k as u32, e as u32);
         // 1. Gate and up, the gated unit into h (pairs x ffn).
-        // The routing: the decode path's gate/up kernel computes it; otherwise a Route first.
-        let route_words = match route {
-            Some(ri) if ri.params.top_k != top_k => {
-                return Err(VkError::BadArgument { op: OP, msg: format!("a routing of top {} for top {top_k} experts", ri.params.top_k) });
-            }
-            Some(ri) if gemv && sum => Some(route_words(OP, ri, n, e)?),
-            Some(ri) => {
-                self.route(ri.logits, ri.bias, routing, n, e, ri.params)?;
-                None
-            }
-            None => None,
-        };
         let (xq, xd) = if gv.q8_acts() {
             if let MatIn::Norm { .. } = input {
                 let q = self.quantize_input(input, n, hid)?;
@@ -455,31 +442,10 @@ impl<'a> Frame<'a> {
         let gu = &ex.gate_up;
         let (gqs, gss) = (u32_arg(OP, "row units", gu.qs)?, u32_arg(OP, "row scales", gu.ss)?);
         let (f32_, h32) = (ffn as u32, hid as u32);
-        // The decode path's gate/up also writes h's 8-bit blocks for down (whole blocks only).
-        let q8_out = gemv && dv.q8_acts() && ffn % 32 == 0;
         if gemv {
             let per = self.rows_per_group(gv)?;
             let push: Push = [f32_, h32, gqs, gss, x_off, 0, r_off, k32, e32, 0, glu_kind, limit.to_bits(), alpha.to_bits(), gb, 0, 0];
-            let mut words = [route_words.is_some() as u32 | (q8_out as u32) << 1, 0, 0, 0, 0, 0, 0, 0];
-            let (mut rlog, mut rbias) = (Bind::UNUSED, Bind::UNUSED);
-            if let (Some(w), Some(ri)) = (route_words, route) {
-                words[1..].copy_from_slice(&w);
-                rlog = Bind::buf(ri.logits.buf);
-                rbias = ri.bias.map_or(Bind::UNUSED, |b| Bind::buf(b.buf));
-            }
-            let cst = self.constants(&words)?;
-            let (hq, hd, cnt) = if q8_out {
-                (Bind::buf(&s.hq), Bind::buf(&s.hd), self.counters(pairs * ffn / 32)?)
-            } else {
-                (Bind::UNUSED, Bind::UNUSED, Bind::UNUSED)
-            };
-            let binds = [Bind::buf(&gu.q), Bind::buf(&gu.s), Bind::buf(x.buf), xq, xd, Bind::buf(&s.h), Bind::buf(routing.buf), bias, Bind::UNUSED, rlog, rbias, cst, hq, hd, cnt];
-            self.hint(match (route_words.is_some(), q8_out) {
-                (false, false) => "",
-                (true, false) => "route",
-                (false, true) => "q8",
-                (true, true) => "route+q8",
-            });
+            let binds = [Bind::buf(&gu.q), Bind::buf(&gu.s), Bind::buf(x.buf), xq, xd, Bind::buf(&s.h), Bind::buf(routing.buf), bias];
             self.dispatch(Kernel::MoeMatvec, Some(gv), &binds, &push, [groups_for(ffn, per).min(MAX_GROUPS as u32), pairs as u32, 1])?;
         } else {
             let mut push: Push = [0; 16];
@@ -494,9 +460,7 @@ impl<'a> Frame<'a> {
             }
         }
         // 2. Down, and the rank-ordered sum into out.
-        let (hq, hd) = if q8_out {
-            (Bind::buf(&s.hq), Bind::buf(&s.hd))
-        } else if dv.q8_acts() {
+        let (hq, hd) = if dv.q8_acts() {
             self.moe_quantize(&s.h, 0, pairs, ffn, &s.hq, &s.hd)?;
             (Bind::buf(&s.hq), Bind::buf(&s.hd))
         } else {

@@ -29,52 +29,35 @@ impl<'a> Frame<'a> {
     /// Routes `n` rows of `experts` logits into `out` (`n x 2 * top_k`).
     pub fn route(&mut self, logits: View<'a>, bias: Option<View<'a>>, out: View<'a>, n: usize, experts: usize, p: RouteParams) -> Result<()> {
         const OP: &str = "route";
-        let words = route_words(OP, RouteIn { logits, bias, params: p }, n, experts)?;
+        if experts > MAX_E || p.top_k > MAX_K || p.top_k > experts || p.top_k == 0 {
+            return Err(VkError::BadArgument { op: OP, msg: format!("{experts} experts, top {} (at most {MAX_E}, {MAX_K})", p.top_k) });
+        }
+        let (ng, tg) = p.groups.unwrap_or((0, 0));
+        if p.groups.is_some() && (ng == 0 || ng > MAX_G || experts % ng != 0 || tg == 0 || tg > ng) {
+            return Err(VkError::BadArgument { op: OP, msg: format!("{ng} groups (keep {tg}) over {experts} experts") });
+        }
+        logits.check(OP, "logits", n * experts)?;
         out.check(OP, "out", n * 2 * p.top_k)?;
+        if let Some(b) = bias {
+            b.check(OP, "correction bias", experts)?;
+            if b.offset != 0 {
+                return Err(VkError::BadArgument { op: OP, msg: "bias views must start at element 0".into() });
+            }
+        }
         let mut push: Push = [0; 16];
-        push[..2].copy_from_slice(&[experts as u32, p.top_k as u32]);
-        push[2..9].copy_from_slice(&words);
-        push[9] = u32_arg(OP, "out offset", out.offset)?;
+        push[..10].copy_from_slice(&[
+            experts as u32,
+            p.top_k as u32,
+            (p.scoring == RouterScoring::Sigmoid) as u32,
+            p.renormalize as u32,
+            bias.is_some() as u32,
+            ng as u32,
+            tg as u32,
+            p.scale.to_bits(),
+            u32_arg(OP, "logits offset", logits.offset)?,
+            u32_arg(OP, "out offset", out.offset)?,
+        ]);
         let binds = [Bind::buf(logits.buf), bias.map_or(Bind::UNUSED, |b| Bind::buf(b.buf)), Bind::buf(out.buf)];
         self.dispatch(Kernel::Route, None, &binds, &push, [u32_arg(OP, "n", n)?, 1, 1])
     }
-}
-
-/// A `Route` that a routed-experts call takes into its first kernel (`Frame::moe_fused`):
-/// the router logits, the correction bias and the options.
-#[derive(Clone, Copy, Debug)]
-pub struct RouteIn<'a> {
-    pub logits: View<'a>,
-    pub bias: Option<View<'a>>,
-    pub params: RouteParams,
-}
-
-/// Checks a routing of `n` rows over `experts` and returns what route.glsl reads after the
-/// expert count and top-k: sigmoid, renormalize, has_bias, n_group, topk_group, scale (bits),
-/// the logits' first element.
-pub(crate) fn route_words(op: &'static str, r: RouteIn<'_>, n: usize, experts: usize) -> Result<[u32; 7]> {
-    let p = r.params;
-    if experts > MAX_E || p.top_k > MAX_K || p.top_k > experts || p.top_k == 0 {
-        return Err(VkError::BadArgument { op, msg: format!("{experts} experts, top {} (at most {MAX_E}, {MAX_K})", p.top_k) });
-    }
-    let (ng, tg) = p.groups.unwrap_or((0, 0));
-    if p.groups.is_some() && (ng == 0 || ng > MAX_G || experts % ng != 0 || tg == 0 || tg > ng) {
-        return Err(VkError::BadArgument { op, msg: format!("{ng} groups (keep {tg}) over {experts} experts") });
-    }
-    r.logits.check(op, "logits", n * experts)?;
-    if let Some(b) = r.bias {
-        b.check(op, "correction bias", experts)?;
-        if b.offset != 0 {
-            return Err(VkError::BadArgument { op, msg: "bias views must start at element 0".into() });
-        }
-    }
-    Ok([
-        (p.scoring == RouterScoring::Sigmoid) as u32,
-        p.renormalize as u32,
-        r.bias.is_some() as u32,
-        ng as u32,
-        tg as u32,
-        p.scale.to_bits(),
-        u32_arg(op, "logits offset", r.logits.offset)?,
-    ])
 }
