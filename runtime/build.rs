@@ -69,6 +69,11 @@ const FORMATS: &[(&str, &[&str])] = &[
     ("I4G64Exact", &["FMT_I4G64", "ACTS_F32"]),
 ];
 
+/// The format variants whose shaders take 8-bit activations: compiled a second time with
+/// `HW_DOT` (the device's packed 4x8-bit integer dot product, `GL_EXT_integer_dot_product`)
+/// for devices that have it; `spirv_dot` returns those.
+const DOT_FORMATS: &[&str] = &["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "I8Row", "I4G64"];
+
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shaders");
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
@@ -79,6 +84,7 @@ fn main() {
     let compiler = shaderc::Compiler::new().expect("shaderc initializes");
     let mut failures = Vec::new();
     let mut arms = String::new();
+    let mut dot_arms = String::new();
     for &(kernel, file, per_format) in KERNELS {
         let path = root.join(file);
         let source = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -103,6 +109,18 @@ fn main() {
                     writeln!(arms, "        {pat} => Some(include_bytes!({:?})),", spv.display().to_string()).unwrap();
                 }
                 Err(e) => failures.push(format!("{name}: {e}")),
+            }
+            if variant.is_some_and(|v| DOT_FORMATS.contains(&v)) {
+                let with_dot: Vec<&str> = defines.iter().copied().chain(["HW_DOT"]).collect();
+                match compile(&compiler, &root, file, &source, &with_dot) {
+                    Ok(words) => {
+                        let spv = out.join(format!("{name}_dot.spv"));
+                        std::fs::write(&spv, words).unwrap();
+                        let v = variant.expect("checked");
+                        writeln!(dot_arms, "        (Kernel::{kernel}, Some(FormatVariant::{v})) => Some(include_bytes!({:?})),", spv.display().to_string()).unwrap();
+                    }
+                    Err(e) => failures.push(format!("{name} (HW_DOT): {e}")),
+                }
             }
         }
     }
@@ -131,6 +149,10 @@ fn main() {
     gen.push_str("}\n\n/// The SPIR-V of a kernel (and its variant), as bytes.\n");
     gen.push_str("pub fn spirv(kernel: Kernel, variant: Option<FormatVariant>) -> Option<&'static [u8]> {\n    match (kernel, variant) {\n");
     gen.push_str(&arms);
+    gen.push_str("        _ => None,\n    }\n}\n\n");
+    gen.push_str("/// The SPIR-V of a kernel variant built with `HW_DOT` (the device's integer dot product), if any.\n");
+    gen.push_str("pub fn spirv_dot(kernel: Kernel, variant: Option<FormatVariant>) -> Option<&'static [u8]> {\n    match (kernel, variant) {\n");
+    gen.push_str(&dot_arms);
     gen.push_str("        _ => None,\n    }\n}\n");
     std::fs::write(out.join("shaders.rs"), gen).unwrap();
 }

@@ -5,6 +5,7 @@
 # packages in .gl/ (all git-ignored, carried by the device tool); makes the random-weight
 # checkpoints with tools/make_random_checkpoint.py and appends every result to $OUT/bench.txt.
 # Usage: bash tools/gpu-bench-tier.sh [pymoe] [profile] [olmoe] [chain] [kvsplit] [x2] [gptoss]
+# (NO_COOP=1 / NO_INT_DOT=1 add the profile arm's comparison runs without those device features.)
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
@@ -33,6 +34,7 @@ for what in "$@"; do
     [ -d $M ] || python3 tools/make_random_checkpoint.py olmoe-1b-7b $M >> "$OUT/bench.txt" 2>&1
     log $B bench --model $M --device vulkan --quantize i8 -p 512 -n 128 -r 3
     [ -n "${NO_COOP:-}" ] && log $B bench --model $M --device vulkan --quantize i8 -p 512 -n 128 -r 3 --no-coopmat
+    [ -n "${NO_INT_DOT:-}" ] && log $B bench --model $M --device vulkan --quantize i8 -p 512 -n 128 -r 3 --no-int-dot
     log $B bench --model $M --device vulkan --quantize i8 -p 512 -n 64 -r 1 --profile
     ;;
   olmoe)

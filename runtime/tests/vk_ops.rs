@@ -13,7 +13,7 @@ use coli_compiler::ir::{Activation, GluKind, RopeScaling, RopeStyle, RouterScori
 use coli_runtime::cpu::linear::linear;
 use coli_runtime::cpu::Precision;
 use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
-use coli_runtime::vk::{AttnPath, AttnShape, Broadcast, MatmulPath, RopeShape, RouteParams};
+use coli_runtime::vk::{AttnPath, AttnShape, Broadcast, IntDotUse, MatmulPath, RopeShape, RouteParams, VkOptions};
 use vk_common::{assert_close, assert_close_terms, ctx, random_rows, term_magnitudes, Rng};
 
 /// Columns per format: tails for the formats that take any length, two or more blocks else.
@@ -66,6 +66,42 @@ fn matmul_matches_cpu_for_every_format() {
                 let mag = term_magnitudes(format, &bytes, rows, cols, &x, n);
                 assert_close_terms(&format!("{format} {rows}x{cols} n={n} {path:?} {precision:?}"), &got, &want, &mag, 1e-5);
             }
+        }
+    }
+}
+
+/// The packed integer dot product (`IntDotUse::Auto`, where the device has it: Lavapipe does)
+/// and the byte arithmetic (`IntDotUse::Off`) give the same bits: every integer format with
+/// 8-bit activations, GEMV and GEMM, both against the CPU (1e-5 of the terms) and against
+/// each other exactly (the integer sums are exact, the float steps the same).
+#[test]
+fn packed_dot_product_and_byte_arithmetic_agree_bit_for_bit() {
+    let Some(auto) = ctx() else { return };
+    let Some(off) = vk_common::open(&VkOptions { int_dot: IntDotUse::Off, ..Default::default() }) else { return };
+    assert!(!off.caps().integer_dot_product, "IntDotUse::Off leaves the feature off");
+    let mut rng = Rng(0x5eed_00d0);
+    for format in WeightFormat::ALL.into_iter().filter(|f| f.uses_q8_acts(256)) {
+        let (rows, cols) = (70, if matches!(format, WeightFormat::Q4_K | WeightFormat::Q6_K) { 512 } else { 192 });
+        let bytes = random_rows(format, rows, cols, &mut rng);
+        let m = Matrix::new(format, rows, cols, &bytes).unwrap();
+        for (n, path) in [(1, MatmulPath::Gemv), (5, MatmulPath::Gemm)] {
+            let x = rng.vec(n * cols, 1.0);
+            let mut want = vec![0f32; n * rows];
+            linear(&m, &x, n, &mut want, Precision::Fast);
+            let mag = term_magnitudes(format, &bytes, rows, cols, &x, n);
+            let run = |ctx: &coli_runtime::vk::Context| {
+                let w = ctx.upload_matrix(format, rows, cols, &bytes).unwrap();
+                let (xb, ob) = (ctx.upload_f32(&x).unwrap(), ctx.f32_buffer(n * rows).unwrap());
+                let mut f = ctx.frame().unwrap();
+                f.matmul_with(&w, xb.all(), n, ob.all(), path, Precision::Fast).unwrap();
+                f.run().unwrap();
+                ctx.download_f32(ob.all()).unwrap()
+            };
+            let (a, b) = (run(auto), run(&off));
+            let what = format!("{format} {rows}x{cols} n={n} {path:?}");
+            assert_close_terms(&format!("{what} packed dot"), &a, &want, &mag, 1e-5);
+            assert_close_terms(&format!("{what} byte arithmetic"), &b, &want, &mag, 1e-5);
+            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{what}: the two paths differ");
         }
     }
 }

@@ -17,7 +17,7 @@ use super::error::{Result, VkError, VkResultExt};
 use super::frame::{Frame, FrameRes};
 use super::instance::Instance;
 use super::memory::{place, MemoryProps, MemoryUse, Placement};
-use super::options::{CoopMatUse, DeviceRole, FaultInjection, VkOptions};
+use super::options::{CoopMatUse, DeviceRole, FaultInjection, IntDotUse, VkOptions};
 use super::pipeline::{Pipe, PipelineCache};
 use super::shaders::{FormatVariant, Kernel};
 use ash::vk;
@@ -241,6 +241,9 @@ impl Context {
             let mut caps = device::query_caps(&inst, *pd, cand)?;
             if opts.coopmat == CoopMatUse::Off {
                 caps.coopmat_i8 = None;
+            }
+            if opts.int_dot == IntDotUse::Off {
+                caps.integer_dot_product = false;
             }
             let props = MemoryProps::from_vk(&inst.raw.get_physical_device_memory_properties(*pd));
             let placement = place(&props, opts.upload)?;

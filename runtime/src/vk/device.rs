@@ -182,6 +182,8 @@ pub struct DeviceCaps {
     /// `VK_EXT_subgroup_size_control` (or 1.3) with full subgroups in compute.
     pub subgroup_size_control: bool,
     pub storage_16bit: bool,
+    /// Vulkan 1.3's `shaderIntegerDotProduct` (enabled when set): the kernels with 8-bit
+    /// activations take the variants built with the packed dot product (`spirv_dot`).
     pub integer_dot_product: bool,
     /// `VK_KHR_cooperative_matrix` with its `cooperativeMatrix` feature, for compute shaders.
     pub cooperative_matrix: bool,
@@ -321,8 +323,7 @@ pub(crate) unsafe fn query_caps(inst: &Instance, pd: vk::PhysicalDevice, cand: &
         max_subgroup_size: max_sg,
         subgroup_size_control: api >= vk::API_VERSION_1_3 && f13.subgroup_size_control != 0 && f13.compute_full_subgroups != 0,
         storage_16bit: f11.storage_buffer16_bit_access != 0,
-        integer_dot_product: (api >= vk::API_VERSION_1_3 && f13.shader_integer_dot_product != 0)
-            || has_ext(&exts, c"VK_KHR_shader_integer_dot_product"),
+        integer_dot_product: api >= vk::API_VERSION_1_3 && f13.shader_integer_dot_product != 0,
         cooperative_matrix,
         coopmat_shapes,
         coopmat_i8,
@@ -376,6 +377,9 @@ impl Device {
         let mut f13 = vk::PhysicalDeviceVulkan13Features::default();
         if caps.subgroup_size_control {
             f13 = f13.subgroup_size_control(true).compute_full_subgroups(true);
+        }
+        if caps.integer_dot_product {
+            f13 = f13.shader_integer_dot_product(true);
         }
         let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
         let mut fcm = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();

@@ -48,5 +48,5 @@ pub use ops::elementwise::Broadcast;
 pub use ops::norm::{NormArgs, RopeShape};
 pub use ops::{AttnPath, AttnShape, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceExperts, KvShape, MatIn, MatmulPath, MlaCache, MlaMats, MlaQuery, MlaScratch, MlaShape, MoePath, MoeScratch, PackedExpert, Pos, QkNorm, MOE_MAX_EXPERTS, QuantizedActs, RopeArgs, RouteParams};
 pub use oplib::VkOps;
-pub use options::{CoopMatUse, DeviceRole, FaultInjection, UploadPath, VkOptions};
+pub use options::{CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, VkOptions};
 pub use shaders::{FormatVariant, Kernel};

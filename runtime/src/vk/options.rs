@@ -30,6 +30,18 @@ pub enum CoopMatUse {
     Off,
 }
 
+/// Whether the kernels with 8-bit activations use the device's packed integer dot product.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IntDotUse {
+    /// Where the device has it (Vulkan 1.3's `shaderIntegerDotProduct`): the `HW_DOT`
+    /// variants of the GEMV and GEMM shaders.
+    #[default]
+    Auto,
+    /// Never: the byte arithmetic (comparison benchmarks and tests); the feature is not
+    /// enabled.
+    Off,
+}
+
 /// Make the n-th operation of a kind fail, to test the fallback paths (1-based counts).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FaultInjection {
@@ -76,4 +88,6 @@ pub struct VkOptions {
     pub profile: bool,
     /// Cooperative-matrix GEMMs where the device has them, or never.
     pub coopmat: CoopMatUse,
+    /// The packed integer dot product where the device has it, or never.
+    pub int_dot: IntDotUse,
 }

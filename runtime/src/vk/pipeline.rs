@@ -7,7 +7,7 @@
 
 use super::device::DeviceCaps;
 use super::error::{Result, VkError, VkResultExt};
-use super::shaders::{spirv, FormatVariant, Kernel};
+use super::shaders::{spirv, spirv_dot, FormatVariant, Kernel};
 use ash::vk;
 use std::collections::HashMap;
 
@@ -73,7 +73,8 @@ unsafe fn create(dev: &ash::Device, caps: &DeviceCaps, kernel: Kernel, variant: 
         (true, Some(s)) => Some(s),
         (true, None) => return Err(VkError::MissingShader { kernel }),
     };
-    let bytes = spirv(kernel, variant).ok_or(VkError::MissingShader { kernel })?;
+    let dot = if caps.integer_dot_product { spirv_dot(kernel, variant) } else { None };
+    let bytes = dot.or_else(|| spirv(kernel, variant)).ok_or(VkError::MissingShader { kernel })?;
     let words = ash::util::read_spv(&mut std::io::Cursor::new(bytes)).map_err(|_| VkError::MissingShader { kernel })?;
     let module = dev.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None).ctx("vkCreateShaderModule")?;
     let n = kernel.bindings();

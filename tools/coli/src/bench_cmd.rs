@@ -66,6 +66,10 @@ pub struct BenchArgs {
     /// Prompt GEMMs in f32 tiles even where the device has cooperative matrices (comparison).
     #[arg(long)]
     pub no_coopmat: bool,
+    /// Byte arithmetic for 8-bit dot products even where the device has a packed integer
+    /// dot product (comparison).
+    #[arg(long)]
+    pub no_int_dot: bool,
     /// Device time per kernel (timestamp queries) of the last repetition's prompt and decode
     /// steps; the tok/s then include the queries' small cost.
     #[arg(long)]
@@ -109,7 +113,8 @@ fn request<'a>(a: &'a BenchArgs, path: &'a std::path::Path, kv: &crate::kv_args:
     req.spec = a.spec.as_deref();
     req.load.quantize = a.quantize.map(crate::exec_cmd::QuantChoice::format);
     let coopmat = if a.no_coopmat { coli_runtime::vk::CoopMatUse::Off } else { coli_runtime::vk::CoopMatUse::Auto };
-    let vk = VkOptions { memory_cap: a.device_mem_mib.map(|m| m << 20), profile: a.profile, coopmat, ..Default::default() };
+    let int_dot = if a.no_int_dot { coli_runtime::vk::IntDotUse::Off } else { coli_runtime::vk::IntDotUse::Auto };
+    let vk = VkOptions { memory_cap: a.device_mem_mib.map(|m| m << 20), profile: a.profile, coopmat, int_dot, ..Default::default() };
     req.second_device = a.second.options(&vk);
     req.device = match a.device.as_str() {
         "cpu" => DeviceRequest::Cpu,
