@@ -257,6 +257,7 @@ impl Chain {
         for frame in &self.frames {
             match frame.place {
                 Place::Host => {
+                    let t0 = std::time::Instant::now();
                     let mut env = Env {
                         n,
                         pos0,
@@ -303,6 +304,7 @@ impl Chain {
                         }
                         run_op(op, &mut env)?;
                     }
+                    self.ctx.note_host("host frames", t0);
                 }
                 Place::Device(d) => {
                     let i = d.0 as usize;

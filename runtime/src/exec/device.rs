@@ -37,7 +37,7 @@ use super::Model;
 use crate::cpu::experts::ExpertMats;
 use crate::cpu::rope::inv_freq;
 use crate::cpu::Precision;
-use crate::exec::kv::KvCache;
+use crate::exec::kv::{KvCache, LayerKv};
 use crate::exec::kv_split::{Split, SplitState, SplitStats};
 use crate::oplib::{op_name, OpLib};
 use crate::vk::fuse::{fusions, replayable, Fused};
@@ -48,6 +48,12 @@ use coli_compiler::ids::{DeviceId, Part, Place};
 use coli_compiler::ir::{ExpertBias, Op, Program, RopeScaling, ValueId};
 use coli_compiler::Plan;
 use std::collections::HashMap;
+use rayon::prelude::*;
+use std::time::Instant;
+
+/// Rows of a step from which its K/V read-back runs on every core (a decode step's few rows
+/// are not worth the threads' wake-up).
+const PARALLEL_KV_ROWS: usize = 16;
 
 /// One device's side of a model: the weights its frames read uploaded, and those frames.
 pub struct DeviceModel {
@@ -557,6 +563,7 @@ impl DeviceModel {
         let p = &model.program;
         let ctx = &self.ctx;
         let w = |v: ValueId| widths[v.0 as usize];
+        let mut t = Instant::now();
         // 1. Uploads, and what the frame needs that must outlive it.
         for &v in &frame.uploads {
             let data = &host_values[v.0 as usize][..n * w(v)];
@@ -592,8 +599,13 @@ impl DeviceModel {
         let recurrent = st.recurrent.before_frame(ctx, p, frame, kv, pos0)?;
         // 2. Record and submit; a one-row forward replays its recording when it can.
         let rows_of = |v: ValueId| if last_only && v == p.logits { (n - 1, 1) } else { (0, n) };
+        let phase = |name: &'static str, t: &mut Instant| {
+            ctx.note_host(name, *t);
+            *t = Instant::now();
+        };
         if n == 1 && replayable(p, frame) {
             ctx.write(&st.pos, 0, &(pos0 as u32).to_le_bytes())?;
+            phase("uploads", &mut t);
             let key = (frame.id.0 as usize, last_only, precision);
             let at = match st.replays.iter().position(|r| (r.0, r.1, r.2) == key) {
                 Some(i) => i,
@@ -607,12 +619,16 @@ impl DeviceModel {
                     st.replays.len() - 1
                 }
             };
+            phase("recording", &mut t);
             st.replays[at].3.run()?;
         } else {
+            phase("uploads", &mut t);
             let mut f = ctx.frame()?;
             self.record(&mut f, p, st, frame, widths, n, Pos::Fixed(pos0), precision, last_only)?;
+            phase("recording", &mut t);
             f.run()?;
         }
+        phase("submit and wait", &mut t);
         // 3. Downloads, and the block's K/V rows into the host's canonical cache.
         for &v in &frame.downloads {
             let (r0, rn) = rows_of(v);
@@ -626,22 +642,47 @@ impl DeviceModel {
             let twin = st.twins[v.0 as usize].as_ref().expect("twin allocated");
             ctx.read(twin, r0 * w(v) * 4, as_bytes_mut(&mut hv[r0 * w(v)..(r0 + rn) * w(v)]))?;
         }
-        for l in attn_layers {
-            let (_, _, sk, sv) = st.mirrors[l].as_ref().expect("mirror allocated");
-            let c = &mut kv.layers[l];
+        phase("downloads", &mut t);
+        // The block's K/V rows into the host's cache, read straight into its new rows (what
+        // `append` of the rows would leave). A prompt chunk's are megabytes a layer (the
+        // prompt's largest host cost on the H200: 134 MB for 512 rows of OLMoE-1B-7B): every
+        // layer's K and V are copied at once then.
+        let mirrors = &st.mirrors;
+        let copy = |l: usize, c: &mut LayerKv| -> Result<(), VkError> {
+            let (_, _, sk, sv) = mirrors[l].as_ref().expect("mirror allocated");
             c.truncate(pos0);
             let (kw, vw) = (c.k_width, c.v_width);
-            // Read straight into the cache's new rows (what `append` of the rows would leave).
             let (k0, v0) = (c.k.len(), c.v.len());
             c.k.resize(k0 + n * kw, 0.0);
             c.v.resize(v0 + n * vw, 0.0);
-            ctx.read(sk, 0, as_bytes_mut(&mut c.k[k0..]))?;
-            ctx.read(sv, 0, as_bytes_mut(&mut c.v[v0..]))?;
+            let (k, v) = (&mut c.k[k0..], &mut c.v[v0..]);
+            let (rk, rv) = if n >= PARALLEL_KV_ROWS {
+                rayon::join(|| ctx.read(sk, 0, as_bytes_mut(k)), || ctx.read(sv, 0, as_bytes_mut(v)))
+            } else {
+                (ctx.read(sk, 0, as_bytes_mut(k)), ctx.read(sv, 0, as_bytes_mut(v)))
+            };
+            rk.and(rv)
+        };
+        let mut layers: Vec<(usize, &mut LayerKv)> = kv.layers.iter_mut().enumerate().filter(|(l, _)| attn_layers.contains(l)).collect();
+        // A few rows (decode): room for them first, every layer at once when one must grow
+        // (new pages in one parallel burst). A chunk's copies below run in parallel and take
+        // their pages as they go.
+        let short = |c: &LayerKv| c.k.capacity() < (pos0 + n) * c.k_width || c.v.capacity() < (pos0 + n) * c.v_width;
+        if n < PARALLEL_KV_ROWS && layers.iter().any(|(_, c)| short(c)) {
+            layers.par_iter_mut().for_each(|(_, c)| c.prepare_rows(pos0, n));
+        }
+        if n >= PARALLEL_KV_ROWS {
+            layers.par_iter_mut().try_for_each(|(l, c)| copy(*l, c))?;
+        } else {
+            layers.iter_mut().try_for_each(|(l, c)| copy(*l, c))?;
+        }
+        for l in attn_layers {
             st.watermark[l] = pos0 + n;
             if let (Some(sp), Some(ss)) = (self.kv_split.as_ref(), st.split.as_mut()) {
                 sp.stepped(ss, l, pos0, n);
             }
         }
+        phase("K/V rows into the host's cache", &mut t);
         // Their new states into the host's (the old ones kept to go back to).
         st.recurrent.after_frame(ctx, &recurrent, kv, pos0 + n)?;
         // A split attention ends the frame: the host's part and the merge (`exec::kv_split`).
@@ -652,6 +693,7 @@ impl DeviceModel {
                 host_values[out.0 as usize] = o;
             }
         }
+        phase("recurrent states, the KV split's host part", &mut t);
         Ok(())
     }
 }

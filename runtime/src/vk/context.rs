@@ -56,6 +56,9 @@ pub(crate) struct Shared {
     spares: Mutex<Vec<FrameRes>>,
     /// Per label (kernel and variant, or `copy`): commands timed and device nanoseconds.
     profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
+    /// With the profile: per host phase of a frame's run (`Context::note_host`): times and
+    /// host nanoseconds.
+    host_profile: Option<Mutex<HashMap<&'static str, (u64, f64)>>>,
     // Destroyed last (in `drop`, under the lifecycle lock): everything above is made from it.
     pub inst: std::mem::ManuallyDrop<Instance>,
 }
@@ -269,6 +272,7 @@ impl Context {
                     lost: AtomicBool::new(false),
                     spares: Mutex::new(Vec::new()),
                     profile: opts.profile.then(|| Mutex::new(HashMap::new())),
+                    host_profile: opts.profile.then(|| Mutex::new(HashMap::new())),
                     inst: std::mem::ManuallyDrop::new(inst),
                 }),
             })
@@ -348,6 +352,25 @@ impl Context {
     pub fn take_profile(&self) -> Vec<(String, u64, f64)> {
         let Some(p) = &self.shared.profile else { return Vec::new() };
         let mut v: Vec<_> = std::mem::take(&mut *lock(p)).into_iter().map(|(k, (n, ns))| (k, n, ns * 1e-9)).collect();
+        v.sort_by(|a, b| b.2.total_cmp(&a.2));
+        v
+    }
+
+    /// With `VkOptions::profile`: adds the host time since `since` to `phase` (the executor's
+    /// phases of a frame's run: uploads, recording, the wait, read-backs); nothing otherwise.
+    pub fn note_host(&self, phase: &'static str, since: Instant) {
+        let Some(p) = &self.shared.host_profile else { return };
+        let mut map = lock(p);
+        let e = map.entry(phase).or_insert((0, 0.0));
+        e.0 += 1;
+        e.1 += since.elapsed().as_nanos() as f64;
+    }
+
+    /// The host phases noted since the last call (`note_host`), as `take_profile`: phase,
+    /// times, seconds, largest first; and they start over.
+    pub fn take_host_profile(&self) -> Vec<(String, u64, f64)> {
+        let Some(p) = &self.shared.host_profile else { return Vec::new() };
+        let mut v: Vec<_> = std::mem::take(&mut *lock(p)).into_iter().map(|(k, (n, ns))| (k.to_string(), n, ns * 1e-9)).collect();
         v.sort_by(|a, b| b.2.total_cmp(&a.2));
         v
     }

@@ -158,8 +158,8 @@ fn measure(a: &BenchArgs, path: &std::path::Path, loaded: &crate::load::Loaded, 
     let reps = a.reps.max(1);
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     let prof_ctx = loaded.device.as_ref().map(|d| d.ctx.clone());
-    let take = || prof_ctx.as_ref().map(|c| c.take_profile()).unwrap_or_default();
-    let (mut prompt_prof, mut decode_prof) = (Vec::new(), Vec::new());
+    let take = || prof_ctx.as_ref().map(|c| (c.take_profile(), c.take_host_profile())).unwrap_or_default();
+    let (mut prompt_prof, mut decode_prof) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
     for rep in 0..reps {
         let last = rep + 1 == reps;
         let mut s = session(&loaded, ctx)?;
@@ -224,22 +224,24 @@ fn measure(a: &BenchArgs, path: &std::path::Path, loaded: &crate::load::Loaded, 
     if a.profile {
         match &prof_ctx {
             None => println!("profile: no device ran (--device cpu, or none found)"),
-            Some(_) if prompt_prof.is_empty() && decode_prof.is_empty() => println!("profile: the device's queue has no timestamps"),
+            Some(_) if prompt_prof.0.is_empty() && decode_prof.0.is_empty() => println!("profile: the device's queue has no timestamps"),
             Some(_) => {
-                report(&format!("prompt of {} (the last repetition)", a.prompt), &prompt_prof, 1.0);
-                report(&format!("decode (per token, mean of {})", a.decode), &decode_prof, a.decode.max(1) as f64);
+                report("device", &format!("prompt of {} (the last repetition)", a.prompt), &prompt_prof.0, 1.0);
+                report("host", &format!("prompt of {}, phases of the frames' runs", a.prompt), &prompt_prof.1, 1.0);
+                report("device", &format!("decode (per token, mean of {})", a.decode), &decode_prof.0, a.decode.max(1) as f64);
+                report("host", &format!("decode (per token, mean of {}), phases of the frames' runs", a.decode), &decode_prof.1, a.decode.max(1) as f64);
             }
         }
     }
     Ok(())
 }
 
-/// Device time per kernel, largest first: count, time each and in all per `per` (1 for a
-/// prompt, the steps for decode), share.
-fn report(what: &str, prof: &[(String, u64, f64)], per: f64) {
+/// Device time per kernel (or host time per phase of the frames' runs), largest first: count,
+/// time each and in all per `per` (1 for a prompt, the steps for decode), share.
+fn report(side: &str, what: &str, prof: &[(String, u64, f64)], per: f64) {
     let total: f64 = prof.iter().map(|p| p.2).sum();
-    println!("device time, {what}: {:.1} us", total / per * 1e6);
+    println!("{side} time, {what}: {:.1} us", total / per * 1e6);
     for (k, cnt, t) in prof {
-        println!("  {k:28} {:7.1} x {:8.2} us = {:9.1} us ({:4.1}%)", *cnt as f64 / per, t / *cnt as f64 * 1e6, t / per * 1e6, 100.0 * t / total.max(1e-12));
+        println!("  {k:44} {:7.1} x {:8.2} us = {:9.1} us ({:4.1}%)", *cnt as f64 / per, t / *cnt as f64 * 1e6, t / per * 1e6, 100.0 * t / total.max(1e-12));
     }
 }
