@@ -5,7 +5,12 @@
 //! product, cooperative matrices (the shapes `vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR`
 //! lists, and the one the q8 GEMMs take: `choose_coopmat_i8`), VK_EXT_memory_budget, push descriptors, timestamps, buffer
 //! device address, a transfer-only queue family and a second compute queue. The op layer reads `DeviceCaps`; it never queries
-//! Vulkan itself.
+//! Vulkan itself. Enabled and used: subgroup size control, the packed integer dot product,
+//! an int8 cooperative-matrix shape, the memory budget, push descriptors, timestamps. Queried
+//! and reported only: 16-bit storage (f16/bf16 weights are unpacked from 32-bit words),
+//! buffer device address (descriptors serve every kernel), the transfer and second compute
+//! queues (uploads go through mappings on the devices measured; staged ones share the
+//! compute queue).
 //!
 //! Must not: allocate memory or create pipelines.
 

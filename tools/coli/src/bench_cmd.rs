@@ -70,8 +70,9 @@ pub struct BenchArgs {
     /// dot product (comparison).
     #[arg(long)]
     pub no_int_dot: bool,
-    /// Device time per kernel (timestamp queries) of the last repetition's prompt and decode
-    /// steps; the tok/s then include the queries' small cost.
+    /// Device time per kernel (timestamp queries) and host time per phase of the frames' runs,
+    /// of the last repetition's prompt and decode steps, every device's (the second's named
+    /// "d1 ..."); the tok/s then include the queries' small cost.
     #[arg(long)]
     pub profile: bool,
 }
@@ -157,8 +158,19 @@ fn measure(a: &BenchArgs, path: &std::path::Path, loaded: &crate::load::Loaded, 
     };
     let reps = a.reps.max(1);
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
-    let prof_ctx = loaded.device.as_ref().map(|d| d.ctx.clone());
-    let take = || prof_ctx.as_ref().map(|c| (c.take_profile(), c.take_host_profile())).unwrap_or_default();
+    // Every device's profile: the kernels and phases of device i > 0 named "d<i> ...".
+    let prof_ctx: Option<Vec<_>> = loaded.device.as_ref().map(|d| d.devices().iter().map(|m| m.ctx.clone()).collect());
+    let take = || {
+        let (mut dev, mut host) = (Vec::new(), Vec::new());
+        for (i, c) in prof_ctx.iter().flatten().enumerate() {
+            let name = |(k, n, t): (String, u64, f64)| (if i == 0 { k } else { format!("d{i} {k}") }, n, t);
+            dev.extend(c.take_profile().into_iter().map(name));
+            host.extend(c.take_host_profile().into_iter().map(name));
+        }
+        dev.sort_by(|a, b| b.2.total_cmp(&a.2));
+        host.sort_by(|a, b| b.2.total_cmp(&a.2));
+        (dev, host)
+    };
     let (mut prompt_prof, mut decode_prof) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
     for rep in 0..reps {
         let last = rep + 1 == reps;
