@@ -195,7 +195,8 @@ fn every_spec_under_graphs_is_built_in() {
 }
 
 /// `coli bench --profile` on the device: the speeds, then the device time per kernel of a
-/// prompt and of a decode step, the MoE kernels among them (work ran on the device).
+/// prompt and of a decode step, the MoE kernels among them (work ran on the device), and the
+/// host's time per phase; with two devices, the second's named d1.
 #[test]
 fn bench_profile_lists_device_time_per_kernel() {
     let dir = fixture_dir("olmoe");
@@ -211,6 +212,14 @@ fn bench_profile_lists_device_time_per_kernel() {
     }
     assert!(out.contains("device time, prompt of 8") && out.contains("device time, decode (per token, mean of 2)"), "{out}");
     assert!(out.contains("MoeMatvec") || out.contains("MoeMatmul"), "{out}");
+    // The host's phases of the frames' runs too.
+    assert!(out.contains("host time, prompt of 8, phases") && out.contains("submit and wait") && out.contains("K/V rows into the host's cache"), "{out}");
+    // Two devices (two logical ones here): the second's kernels and phases named d1.
+    let o = coli(&["bench", "--device", "vulkan", "--model", dir.to_str().unwrap(), "-p", "8", "-n", "2", "-r", "1", "--profile", "--devices", "2", "--device-layers", "1"]);
+    assert!(o.status.success(), "coli bench failed: {}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("1 on d0, 1 on d1"), "{out}");
+    assert!(out.contains("  d1 Moe") && out.contains("  d1 submit and wait"), "{out}");
 }
 
 /// `coli bench -d N` runs its tests after N tokens of context (llama-bench's depth), and with a
