@@ -28,7 +28,7 @@ use coli_runtime::cpu::linear::linear;
 use coli_runtime::cpu::Precision;
 use coli_runtime::format::{Matrix, WeightFormat};
 use coli_runtime::vk::ops::COOP_MIN_ROWS;
-use coli_runtime::vk::{Context, CoopMatUse, MatIn, MatmulPath, MoePath, VkOptions};
+use coli_runtime::vk::{Context, CoopMatUse, MatIn, MatmulPath, MoeCall, MoePath, VkOptions};
 use std::sync::OnceLock;
 use vk_common::{open, random_rows, Rng};
 
@@ -207,7 +207,8 @@ fn moe_case(ctx: &Context, layer: &Layer, n: usize, top_k: usize, glu: GluKind, 
         let rb = c.upload_f32(&[vec![3.0; 2], rt.clone()].concat()).unwrap();
         let ob = c.f32_buffer(n * h + 3).unwrap();
         let mut f = c.frame().unwrap();
-        f.moe(&dev, xb.view(5, n * h), rb.view(2, n * 2 * top_k), ob.view(3, n * h), n, top_k, glu, Precision::Fast, MoePath::Grouped, &scratch).unwrap();
+        let call = MoeCall { experts: &dev, scratch: &scratch, n, top_k, glu, precision: Precision::Fast, path: MoePath::Grouped };
+        f.moe(call, xb.view(5, n * h), rb.view(2, n * 2 * top_k), ob.view(3, n * h)).unwrap();
         f.run().unwrap();
         outs.push(c.download_f32(ob.view(3, n * h)).unwrap());
     }
@@ -274,7 +275,8 @@ fn olmoe_sized_chunk() {
         for round in 0..2 {
             let mut f = c.frame().unwrap();
             f.matmul_with(&w, xb.view(0, n * cols), n, ob.view(0, n * rows), MatmulPath::Gemm, Precision::Fast).unwrap();
-            f.moe(&dev, xb.view(0, n * 2048), rb.view(0, n * 16), ob.view(0, n * 2048), n, 8, GluKind::SwiGlu, Precision::Fast, MoePath::Grouped, &scratch).unwrap();
+            let call = MoeCall { experts: &dev, scratch: &scratch, n, top_k: 8, glu: GluKind::SwiGlu, precision: Precision::Fast, path: MoePath::Grouped };
+            f.moe(call, xb.view(0, n * 2048), rb.view(0, n * 16), ob.view(0, n * 2048)).unwrap();
             f.run().unwrap();
             let p = c.take_profile();
             if round == 1 {

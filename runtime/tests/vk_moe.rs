@@ -17,7 +17,7 @@ use coli_runtime::cpu::experts::{routed_experts, ExpertMats};
 use coli_runtime::cpu::route::{route_row, RouteSpec};
 use coli_runtime::cpu::Precision;
 use coli_runtime::format::{Matrix, WeightFormat};
-use coli_runtime::vk::{MatIn, MoePath, RouteParams};
+use coli_runtime::vk::{MatIn, MoeCall, MoePath, RouteParams};
 use vk_common::{assert_close, ctx, random_rows, Rng};
 
 /// One layer's experts in a format: their stored bytes per role, and biases when wanted.
@@ -90,7 +90,8 @@ fn check(layer: &Layer, n: usize, top_k: usize, glu: GluKind, precision: Precisi
     let rb = ctx.upload_f32(&[vec![3.0; 2], rt].concat()).unwrap();
     let ob = ctx.f32_buffer(n * h + 3).unwrap();
     let mut f = ctx.frame().unwrap();
-    f.moe(&dev, xb.view(5, n * h), rb.view(2, n * 2 * top_k), ob.view(3, n * h), n, top_k, glu, precision, path, &scratch).unwrap();
+    let call = MoeCall { experts: &dev, scratch: &scratch, n, top_k, glu, precision, path };
+    f.moe(call, xb.view(5, n * h), rb.view(2, n * 2 * top_k), ob.view(3, n * h)).unwrap();
     f.run().unwrap();
     let got = ctx.download_f32(ob.view(3, n * h)).unwrap();
     let float_acts = precision == Precision::Exact || !layer.format.uses_q8_acts(layer.ffn) && !layer.format.uses_q8_acts(h);
@@ -127,7 +128,8 @@ fn norm_input_and_residual_store_match_cpu() {
             let mut f = ctx.frame().unwrap();
             // In place, as a layer's h += moe(norm(h)).
             let input = MatIn::Norm { x: hb.all(), weight: wb.all(), eps: 1e-5, offset: 0.0 };
-            f.moe_fused(&dev, input, Some(hb.all()), rb.all(), hb.all(), n, top_k, glu, Precision::Fast, path, &scratch).unwrap();
+            let call = MoeCall { experts: &dev, scratch: &scratch, n, top_k, glu, precision: Precision::Fast, path };
+            f.moe_fused(call, input, Some(hb.all()), rb.all(), hb.all()).unwrap();
             f.run().unwrap();
             let got = ctx.download_f32(hb.all()).unwrap();
             assert_close(&format!("{format} {hidden}x{ffn} n={n} {path:?} norm+res"), &got, &want, 1e-4);
@@ -139,7 +141,8 @@ fn norm_input_and_residual_store_match_cpu() {
     let (b, rb) = (ctx.f32_buffer(32).unwrap(), ctx.upload_f32(&routing(1, 2, 4, &mut rng)).unwrap());
     let mut f = ctx.frame().unwrap();
     let input = MatIn::Norm { x: b.all(), weight: b.all(), eps: 1e-5, offset: 0.0 };
-    assert!(f.moe_fused(&dev, input, None, rb.all(), b.all(), 1, 2, glu, Precision::Fast, MoePath::Gemv, &scratch).is_err());
+    let call = MoeCall { experts: &dev, scratch: &scratch, n: 1, top_k: 2, glu, precision: Precision::Fast, path: MoePath::Gemv };
+    assert!(f.moe_fused(call, input, None, rb.all(), b.all()).is_err());
 }
 
 /// (format, hidden, ffn): tails for the formats that take any length, whole blocks else.
@@ -217,7 +220,8 @@ fn routing_on_the_device_feeds_the_experts() {
         let mut f = ctx.frame().unwrap();
         let params = RouteParams { scoring: RouterScoring::Softmax, top_k, renormalize: true, groups: None, scale: 1.0 };
         f.route(lb.all(), None, rb.all(), n, e, params).unwrap();
-        f.moe(&dev, xb.all(), rb.all(), ob.all(), n, top_k, GluKind::SwiGlu, Precision::Fast, MoePath::Auto, &scratch).unwrap();
+        let call = MoeCall { experts: &dev, scratch: &scratch, n, top_k, glu: GluKind::SwiGlu, precision: Precision::Fast, path: MoePath::Auto };
+        f.moe(call, xb.all(), rb.all(), ob.all()).unwrap();
         f.run().unwrap();
         let ids: Vec<f32> = ctx.download_f32(rb.all()).unwrap().iter().step_by(2).copied().collect();
         assert_eq!(ids, rt.iter().step_by(2).copied().collect::<Vec<_>>(), "the device chose the CPU's experts");
@@ -235,8 +239,9 @@ fn bad_operands_are_errors() {
     let b = ctx.f32_buffer(1024).unwrap();
     let mut f = ctx.frame().unwrap();
     // More rows than the scratch holds; more ranks than experts.
-    assert!(f.moe(&dev, b.all(), b.all(), b.all(), 3, 2, GluKind::SwiGlu, Precision::Fast, MoePath::Auto, &scratch).is_err());
-    assert!(f.moe(&dev, b.all(), b.all(), b.all(), 1, 5, GluKind::SwiGlu, Precision::Fast, MoePath::Auto, &scratch).is_err());
+    let call = |n, top_k| MoeCall { experts: &dev, scratch: &scratch, n, top_k, glu: GluKind::SwiGlu, precision: Precision::Fast, path: MoePath::Auto };
+    assert!(f.moe(call(3, 2), b.all(), b.all(), b.all()).is_err());
+    assert!(f.moe(call(1, 5), b.all(), b.all(), b.all()).is_err());
     // Experts of different shapes do not stack.
     let other = Layer::new(WeightFormat::F32, 4, 32, 64, false, &mut rng);
     let mixed = |e: usize| if e == 2 { other.mats(e) } else { layer.mats(e) };
@@ -288,7 +293,8 @@ fn tier_pairs_in_slots_match_cpu_pair_outputs() {
             let (xb, rb) = (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&local).unwrap());
             let yb = ctx.upload_f32(&vec![9.0; n * top_k * hidden]).unwrap();
             let mut f = ctx.frame().unwrap();
-            f.moe_pairs(&dev, xb.all(), rb.all(), yb.all(), n, top_k, GluKind::SwiGlu, Precision::Fast, path, &scratch).unwrap();
+            let call = MoeCall { experts: &dev, scratch: &scratch, n, top_k, glu: GluKind::SwiGlu, precision: Precision::Fast, path };
+            f.moe_pairs(call, xb.all(), rb.all(), yb.all()).unwrap();
             f.run().unwrap();
             let got = ctx.download_f32(yb.all()).unwrap();
             let float_acts = !format.uses_q8_acts(ffn) && !format.uses_q8_acts(hidden);

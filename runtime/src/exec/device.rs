@@ -41,7 +41,7 @@ use crate::exec::kv::{KvCache, LayerKv};
 use crate::exec::kv_split::{Split, SplitState, SplitStats};
 use crate::oplib::{op_name, OpLib};
 use crate::vk::fuse::{fusions, replayable, Fused};
-use crate::vk::{AttnPath, AttnShape, Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoePath, MoeScratch, RopeShape, RouteParams, VkError, VkOps};
+use crate::vk::{AttnPath, AttnShape, Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoeCall, MoePath, MoeScratch, RopeShape, RouteParams, VkError, VkOps};
 use crate::vk::{Frame as VkFrame, KvShape, MatIn, NormArgs, Pos, QkNorm, QuantizedActs, Recorded, RopeArgs};
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::{DeviceId, Part, Place};
@@ -392,7 +392,8 @@ impl DeviceModel {
                         Some(Op::Add { a, b, out: sum }) => (*sum, Some(view(if a == out { *b } else { *a }))),
                         _ => (*out, None),
                     };
-                    f.moe_fused(ex, src, res, view(*routing), view(dest), n, w(*routing) / 2, *glu, precision, MoePath::Auto, scratch)?;
+                    let call = MoeCall { experts: ex, scratch, n, top_k: w(*routing) / 2, glu: *glu, precision, path: MoePath::Auto };
+                    f.moe_fused(call, src, res, view(*routing), view(dest))?;
                     continue;
                 }
                 (Fused::NormPair { second }, Op::RmsNorm { x, out, weight, eps, offset, .. }) => {

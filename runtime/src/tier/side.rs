@@ -15,7 +15,7 @@ use super::{scratch_bytes, STREAM_ROUNDS};
 use crate::cpu::experts::ExpertMats;
 use crate::cpu::Precision;
 use crate::vk::{
-    Context, DeviceBuffer, DeviceExperts, MemoryUse, MoePath, MoeScratch, PackedExpert, VkError,
+    Context, DeviceBuffer, DeviceExperts, MemoryUse, MoeCall, MoePath, MoeScratch, PackedExpert, VkError,
 };
 use coli_compiler::cost::human;
 use coli_compiler::ir::GluKind;
@@ -339,33 +339,13 @@ impl DeviceSide {
             match (round, &self.stream) {
                 (None, _) => {
                     for (p, _) in touched.iter().enumerate().filter(|t| *t.1) {
-                        f.moe_pairs(
-                            &self.pages[p],
-                            xv,
-                            self.routing[p].view(0, n * 2 * top_k),
-                            yv,
-                            n,
-                            top_k,
-                            glu,
-                            precision,
-                            MoePath::Auto,
-                            &self.scratch,
-                        )?;
+                        let call = MoeCall { experts: &self.pages[p], scratch: &self.scratch, n, top_k, glu, precision, path: MoePath::Auto };
+                        f.moe_pairs(call, xv, self.routing[p].view(0, n * 2 * top_k), yv)?;
                     }
                 }
                 (Some(round), Some((page, bufs))) => {
-                    f.moe_pairs(
-                        page,
-                        xv,
-                        bufs[round].view(0, n * 2 * top_k),
-                        yv,
-                        n,
-                        top_k,
-                        glu,
-                        precision,
-                        MoePath::Auto,
-                        &self.scratch,
-                    )?;
+                    let call = MoeCall { experts: page, scratch: &self.scratch, n, top_k, glu, precision, path: MoePath::Auto };
+                    f.moe_pairs(call, xv, bufs[round].view(0, n * 2 * top_k), yv)?;
                 }
                 (Some(_), None) => {}
             }

@@ -46,7 +46,7 @@ pub use layout::{pack, DeviceMatrix, Packed};
 pub use memory::{place, BlockAllocator, MemoryProps, MemoryUse, MemType, Placement};
 pub use ops::elementwise::Broadcast;
 pub use ops::norm::{NormArgs, RopeShape};
-pub use ops::{AttnPath, AttnShape, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceExperts, KvShape, MatIn, MatmulPath, MlaCache, MlaMats, MlaQuery, MlaScratch, MlaShape, MoePath, MoeScratch, PackedExpert, Pos, QkNorm, MOE_MAX_EXPERTS, QuantizedActs, RopeArgs, RouteParams};
+pub use ops::{AttnPath, AttnShape, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceExperts, KvShape, MatIn, MatmulPath, MlaCache, MlaMats, MlaQuery, MlaScratch, MlaShape, MoeCall, MoePath, MoeScratch, PackedExpert, Pos, QkNorm, MOE_MAX_EXPERTS, QuantizedActs, RopeArgs, RouteParams};
 pub use oplib::VkOps;
 pub use options::{CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, VkOptions};
 pub use shaders::{FormatVariant, Kernel};

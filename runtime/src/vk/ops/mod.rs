@@ -18,7 +18,7 @@ pub use attention::{AttnPath, AttnShape, KvShape, Pos, QkNorm, RopeArgs};
 pub use deltanet::{DeltaNetMats, DeltaNetScratch, DeltaNetShape};
 pub use matmul::{MatIn, MatmulPath, QuantizedActs};
 pub use mla::{MlaCache, MlaMats, MlaQuery, MlaScratch, MlaShape};
-pub use moe::{DeviceExperts, MoePath, MoeScratch, PackedExpert, MAX_EXPERTS as MOE_MAX_EXPERTS};
+pub use moe::{DeviceExperts, MoeCall, MoePath, MoeScratch, PackedExpert, MAX_EXPERTS as MOE_MAX_EXPERTS};
 pub use route::RouteParams;
 
 use super::error::{Result, VkError};

@@ -35,6 +35,22 @@ use crate::vk::memory::MemoryUse;
 use crate::vk::shaders::{FormatVariant, Kernel};
 use coli_compiler::ir::GluKind;
 
+/// What every routed-experts call (`Frame::moe`, `moe_fused`, `moe_pairs`) takes besides its
+/// activations: the layer's experts and the scratch, the rows and ranks, the gated unit, the
+/// precision and the kernel path.
+#[derive(Clone, Copy)]
+pub struct MoeCall<'a> {
+    pub experts: &'a DeviceExperts,
+    pub scratch: &'a MoeScratch,
+    /// Activation rows.
+    pub n: usize,
+    /// Ranks a row (the tier's slots may be fewer than the model's top-k).
+    pub top_k: usize,
+    pub glu: GluKind,
+    pub precision: Precision,
+    pub path: MoePath,
+}
+
 /// Which kernels `Frame::moe` records.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MoePath {
@@ -296,43 +312,16 @@ impl<'a> Frame<'a> {
     /// `out[n x hidden] = sum_k w[r,k] * expert_{e[r,k]}(x[r])` over the routing `routing`
     /// (`n x 2 * top_k`: expert as f32, weight) that a `route` in this frame (or an upload)
     /// wrote; reference `cpu::experts::routed_experts(.., precision, ..)`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn moe(
-        &mut self,
-        ex: &'a DeviceExperts,
-        x: View<'a>,
-        routing: View<'a>,
-        out: View<'a>,
-        n: usize,
-        top_k: usize,
-        glu: GluKind,
-        precision: Precision,
-        path: MoePath,
-        s: &'a MoeScratch,
-    ) -> Result<()> {
-        self.moe_with(ex, MatIn::Plain(x), None, routing, out, n, top_k, glu, precision, path, s, true)
+    pub fn moe(&mut self, c: MoeCall<'a>, x: View<'a>, routing: View<'a>, out: View<'a>) -> Result<()> {
+        self.moe_with(c, MatIn::Plain(x), None, routing, out, true)
     }
 
     /// `moe` with its input transformed as it is read (`MatIn::Norm`: a norm absorbed by the
     /// experts' quantization; only for experts with 8-bit activations at `Precision::Fast`)
     /// and, with `residual`, `out = residual + the sum` (the residual Add folded into the
     /// store; `residual` may be `out` itself).
-    #[allow(clippy::too_many_arguments)]
-    pub fn moe_fused(
-        &mut self,
-        ex: &'a DeviceExperts,
-        input: MatIn<'a>,
-        residual: Option<View<'a>>,
-        routing: View<'a>,
-        out: View<'a>,
-        n: usize,
-        top_k: usize,
-        glu: GluKind,
-        precision: Precision,
-        path: MoePath,
-        s: &'a MoeScratch,
-    ) -> Result<()> {
-        self.moe_with(ex, input, residual, routing, out, n, top_k, glu, precision, path, s, true)
+    pub fn moe_fused(&mut self, c: MoeCall<'a>, input: MatIn<'a>, residual: Option<View<'a>>, routing: View<'a>, out: View<'a>) -> Result<()> {
+        self.moe_with(c, input, residual, routing, out, true)
     }
 
     /// Whether `moe_fused` takes a `MatIn::Norm` input for these experts at `precision`.
@@ -344,39 +333,12 @@ impl<'a> Frame<'a> {
     /// expert_{e[r,k]}(x[r])` for every pair whose expert id is valid (other pairs' rows are
     /// left as they were). The expert tier's batches: the host joins each pair to its row in
     /// rank order, beside the pairs the CPU computed.
-    #[allow(clippy::too_many_arguments)]
-    pub fn moe_pairs(
-        &mut self,
-        ex: &'a DeviceExperts,
-        x: View<'a>,
-        routing: View<'a>,
-        y: View<'a>,
-        n: usize,
-        top_k: usize,
-        glu: GluKind,
-        precision: Precision,
-        path: MoePath,
-        s: &'a MoeScratch,
-    ) -> Result<()> {
-        self.moe_with(ex, MatIn::Plain(x), None, routing, y, n, top_k, glu, precision, path, s, false)
+    pub fn moe_pairs(&mut self, c: MoeCall<'a>, x: View<'a>, routing: View<'a>, y: View<'a>) -> Result<()> {
+        self.moe_with(c, MatIn::Plain(x), None, routing, y, false)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn moe_with(
-        &mut self,
-        ex: &'a DeviceExperts,
-        input: MatIn<'a>,
-        residual: Option<View<'a>>,
-        routing: View<'a>,
-        out: View<'a>,
-        n: usize,
-        top_k: usize,
-        glu: GluKind,
-        precision: Precision,
-        path: MoePath,
-        s: &'a MoeScratch,
-        sum: bool,
-    ) -> Result<()> {
+    fn moe_with(&mut self, c: MoeCall<'a>, input: MatIn<'a>, residual: Option<View<'a>>, routing: View<'a>, out: View<'a>, sum: bool) -> Result<()> {
+        let MoeCall { experts: ex, scratch: s, n, top_k, glu, precision, path } = c;
         const OP: &str = "moe";
         let x = input.base();
         let (hid, ffn, e) = (ex.hidden, ex.ffn, ex.experts);
