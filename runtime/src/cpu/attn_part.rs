@@ -82,15 +82,17 @@ pub fn attend_part(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], n: usize, ran
         // SAFETY: each task writes its own `per_task` floats.
         let out = unsafe { std::slice::from_raw_parts_mut(pp.get().add(t * per_task), per_task) };
         let mut scores = vec![f32::NEG_INFINITY; (r1 - r0) * group * TILE];
+        // The block's rows that see position j (none: the position may lie past the cache).
+        let ranges = &ranges;
+        let seeing = |j: usize| (r0..r1).filter(move |&i| ranges[i].0 <= j && j < ranges[i].1).peekable();
         // 1. Scores of the tile's positions each row sees.
         for j in p0..p1 {
-            let mut kr = None;
-            for i in r0..r1 {
-                let (from, to) = ranges[i];
-                if j < from || j >= to {
-                    continue;
-                }
-                let kr = *kr.get_or_insert_with(|| &k[j * kw + kvh * hd..][..hd]);
+            let mut rows = seeing(j);
+            if rows.peek().is_none() {
+                continue;
+            }
+            let kr = &k[j * kw + kvh * hd..][..hd];
+            for i in rows {
                 for g in 0..group {
                     let h = kvh * group + g;
                     scores[((i - r0) * group + g) * TILE + (j - p0)] = dot(&q[(i * s.heads + h) * hd..][..hd], kr) * s.scale;
@@ -106,13 +108,12 @@ pub fn attend_part(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], n: usize, ran
             }
         }
         for j in p0..p1 {
-            let mut vr = None;
-            for i in r0..r1 {
-                let (from, to) = ranges[i];
-                if j < from || j >= to {
-                    continue;
-                }
-                let vr = *vr.get_or_insert_with(|| &v[j * vw + kvh * vhd..][..vhd]);
+            let mut rows = seeing(j);
+            if rows.peek().is_none() {
+                continue;
+            }
+            let vr = &v[j * vw + kvh * vhd..][..vhd];
+            for i in rows {
                 for g in 0..group {
                     let sc = scores[((i - r0) * group + g) * TILE + (j - p0)];
                     let o = &mut out[((i - r0) * group + g) * stride..][..stride];

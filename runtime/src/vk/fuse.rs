@@ -133,29 +133,22 @@ pub fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
             let (tf, ti, _, _) = flow.steps[t];
             tf == fi && matches!(op(ti), Op::Linear { x, .. } if *x == v)
         };
-        // Residual adds first (they look at the Linear's output only).
+        // Residual adds first (they look at the product's output only): a bias-free Linear's,
+        // or the routed experts' summed output.
         for i in 0..f.ops.len().saturating_sub(1) {
-            let (Op::Linear { x, out: o, bias: None, .. }, Op::Add { a, b, out }) = (op(i), op(i + 1)) else { continue };
+            let (x, o, fused) = match op(i) {
+                Op::Linear { x, out, bias: None, .. } => (x, out, Fused::Linear { input: None, residual: Some(i + 1) }),
+                Op::RoutedExperts { x, out, .. } => (x, out, Fused::Experts { input: None, residual: Some(i + 1) }),
+                _ => continue,
+            };
+            let Op::Add { a, b, out } = op(i + 1) else { continue };
             let r = if a == o && b != o { *b } else if b == o && a != o { *a } else { continue };
             if width(r) != width(*o) || out == x {
                 continue;
             }
             let dead = flow.readers(frames, program, base + i, *o).is_some_and(|rs| rs == [base + i + 1]);
             if dead && plan[fi][i + 1] == Fused::Alone {
-                plan[fi][i] = Fused::Linear { input: None, residual: Some(i + 1) };
-                plan[fi][i + 1] = Fused::Absorbed;
-            }
-        }
-        // The same for the routed experts' summed output.
-        for i in 0..f.ops.len().saturating_sub(1) {
-            let (Op::RoutedExperts { x, out: o, .. }, Op::Add { a, b, out }) = (op(i), op(i + 1)) else { continue };
-            let r = if a == o && b != o { *b } else if b == o && a != o { *a } else { continue };
-            if width(r) != width(*o) || out == x {
-                continue;
-            }
-            let dead = flow.readers(frames, program, base + i, *o).is_some_and(|rs| rs == [base + i + 1]);
-            if dead && plan[fi][i + 1] == Fused::Alone {
-                plan[fi][i] = Fused::Experts { input: None, residual: Some(i + 1) };
+                plan[fi][i] = fused;
                 plan[fi][i + 1] = Fused::Absorbed;
             }
         }
