@@ -88,11 +88,8 @@ fn main() {
     for &(kernel, file, per_format) in KERNELS {
         let path = root.join(file);
         let source = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let variants: Vec<(Option<&str>, &[&str])> = if per_format {
-            FORMATS.iter().map(|&(v, d)| (Some(v), d)).collect()
-        } else {
-            vec![(None, &[])]
-        };
+        let variants: Vec<(Option<&str>, &[&str])> =
+            if per_format { FORMATS.iter().map(|&(v, d)| (Some(v), d)).collect() } else { vec![(None, &[])] };
         for (variant, defines) in variants {
             let name = match variant {
                 Some(v) => format!("{}_{}", file.trim_end_matches(".comp"), v.to_lowercase()),
@@ -117,7 +114,12 @@ fn main() {
                         let spv = out.join(format!("{name}_dot.spv"));
                         std::fs::write(&spv, words).unwrap();
                         let v = variant.expect("checked");
-                        writeln!(dot_arms, "        (Kernel::{kernel}, Some(FormatVariant::{v})) => Some(include_bytes!({:?})),", spv.display().to_string()).unwrap();
+                        writeln!(
+                            dot_arms,
+                            "        (Kernel::{kernel}, Some(FormatVariant::{v})) => Some(include_bytes!({:?})),",
+                            spv.display().to_string()
+                        )
+                        .unwrap();
                     }
                     Err(e) => failures.push(format!("{name} (HW_DOT): {e}")),
                 }
@@ -150,14 +152,22 @@ fn main() {
     gen.push_str("pub fn spirv(kernel: Kernel, variant: Option<FormatVariant>) -> Option<&'static [u8]> {\n    match (kernel, variant) {\n");
     gen.push_str(&arms);
     gen.push_str("        _ => None,\n    }\n}\n\n");
-    gen.push_str("/// The SPIR-V of a kernel variant built with `HW_DOT` (the device's integer dot product), if any.\n");
+    gen.push_str(
+        "/// The SPIR-V of a kernel variant built with `HW_DOT` (the device's integer dot product), if any.\n",
+    );
     gen.push_str("pub fn spirv_dot(kernel: Kernel, variant: Option<FormatVariant>) -> Option<&'static [u8]> {\n    match (kernel, variant) {\n");
     gen.push_str(&dot_arms);
     gen.push_str("        _ => None,\n    }\n}\n");
     std::fs::write(out.join("shaders.rs"), gen).unwrap();
 }
 
-fn compile(compiler: &shaderc::Compiler, root: &Path, file: &str, source: &str, defines: &[&str]) -> Result<Vec<u8>, String> {
+fn compile(
+    compiler: &shaderc::Compiler,
+    root: &Path,
+    file: &str,
+    source: &str,
+    defines: &[&str],
+) -> Result<Vec<u8>, String> {
     let mut opts = shaderc::CompileOptions::new().map_err(|e| e.to_string())?;
     opts.set_target_env(shaderc::TargetEnv::Vulkan, shaderc::EnvVersion::Vulkan1_2 as u32);
     opts.set_target_spirv(shaderc::SpirvVersion::V1_5);

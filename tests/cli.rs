@@ -36,7 +36,21 @@ fn exec_logits_out_matches_the_oracle() {
     let out = std::env::temp_dir().join(format!("coli-logits-{}.json", std::process::id()));
     let prompt_arg = prompt.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
     let n = greedy.len().to_string();
-    let o = coli(&["exec", "--device", "cpu", "--model", dir.to_str().unwrap(), "--prompt-ids", &prompt_arg, "-n", &n, "--chunk", "5", "--logits-out", out.to_str().unwrap()]);
+    let o = coli(&[
+        "exec",
+        "--device",
+        "cpu",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        &prompt_arg,
+        "-n",
+        &n,
+        "--chunk",
+        "5",
+        "--logits-out",
+        out.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "coli exec failed: {}", stderr(&o));
     let got = read_json(&out);
     let _ = std::fs::remove_file(&out);
@@ -69,7 +83,21 @@ fn exec_on_vulkan_runs_mimo_v2_flash_as_transformers_does() {
     let out = std::env::temp_dir().join(format!("coli-mimo-logits-{}.json", std::process::id()));
     let prompt_arg = prompt.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
     let n = greedy.len().to_string();
-    let o = coli(&["exec", "--device", "vulkan", "--model", dir.to_str().unwrap(), "--prompt-ids", &prompt_arg, "-n", &n, "--chunk", "3", "--logits-out", out.to_str().unwrap()]);
+    let o = coli(&[
+        "exec",
+        "--device",
+        "vulkan",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        &prompt_arg,
+        "-n",
+        &n,
+        "--chunk",
+        "3",
+        "--logits-out",
+        out.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "coli exec failed: {}", stderr(&o));
     assert!(!stderr(&o).contains("running on the CPU"), "the device ran it: {}", stderr(&o));
     let got = read_json(&out);
@@ -88,7 +116,16 @@ fn exec_chat_answers_on_the_default_model() {
     if default_model_path().is_none() {
         return;
     }
-    let o = coli(&["exec", "--device", "cpu", "--chat", "--prompt", "What is the capital of France? Answer in one sentence.", "-n", "24"]);
+    let o = coli(&[
+        "exec",
+        "--device",
+        "cpu",
+        "--chat",
+        "--prompt",
+        "What is the capital of France? Answer in one sentence.",
+        "-n",
+        "24",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     assert!(text.contains("Paris"), "answer: {text:?}");
@@ -98,7 +135,17 @@ fn exec_chat_answers_on_the_default_model() {
 #[test]
 fn exec_writes_python_with_the_trained_moe() {
     let Some(dir) = shared_model("pymoe-22m") else { return };
-    let o = coli(&["exec", "--device", "cpu", "--model", dir.to_str().unwrap(), "--prompt", "def fibonacci(n):", "-n", "48"]);
+    let o = coli(&[
+        "exec",
+        "--device",
+        "cpu",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "def fibonacci(n):",
+        "-n",
+        "48",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     // Its greedy continuation (checked token by token against transformers in oracle_cpu.rs)
@@ -109,7 +156,19 @@ fn exec_writes_python_with_the_trained_moe() {
 #[test]
 fn stop_string_ends_generation_and_is_not_printed() {
     let Some(dir) = shared_model("pymoe-22m") else { return };
-    let o = coli(&["exec", "--device", "cpu", "--model", dir.to_str().unwrap(), "--prompt", "def fibonacci(n):", "-n", "48", "--stop", "\"\"\""]);
+    let o = coli(&[
+        "exec",
+        "--device",
+        "cpu",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "def fibonacci(n):",
+        "-n",
+        "48",
+        "--stop",
+        "\"\"\"",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(!stdout(&o).contains("\"\"\""), "{:?}", stdout(&o));
 }
@@ -200,7 +259,20 @@ fn every_spec_under_graphs_is_built_in() {
 #[test]
 fn bench_profile_lists_device_time_per_kernel() {
     let dir = fixture_dir("olmoe");
-    let o = coli(&["bench", "--device", "vulkan", "--model", dir.to_str().unwrap(), "-p", "8", "-n", "2", "-r", "1", "--profile"]);
+    let o = coli(&[
+        "bench",
+        "--device",
+        "vulkan",
+        "--model",
+        dir.to_str().unwrap(),
+        "-p",
+        "8",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--profile",
+    ]);
     if stderr(&o).contains("no Vulkan device") {
         return;
     }
@@ -210,12 +282,37 @@ fn bench_profile_lists_device_time_per_kernel() {
     if out.contains("no timestamps") {
         return;
     }
-    assert!(out.contains("device time, prompt of 8") && out.contains("device time, decode (per token, mean of 2)"), "{out}");
+    assert!(
+        out.contains("device time, prompt of 8") && out.contains("device time, decode (per token, mean of 2)"),
+        "{out}"
+    );
     assert!(out.contains("MoeMatvec") || out.contains("MoeMatmul"), "{out}");
     // The host's phases of the frames' runs too.
-    assert!(out.contains("host time, prompt of 8, phases") && out.contains("submit and wait") && out.contains("K/V rows into the host's cache"), "{out}");
+    assert!(
+        out.contains("host time, prompt of 8, phases")
+            && out.contains("submit and wait")
+            && out.contains("K/V rows into the host's cache"),
+        "{out}"
+    );
     // Two devices (two logical ones here): the second's kernels and phases named d1.
-    let o = coli(&["bench", "--device", "vulkan", "--model", dir.to_str().unwrap(), "-p", "8", "-n", "2", "-r", "1", "--profile", "--devices", "2", "--device-layers", "1"]);
+    let o = coli(&[
+        "bench",
+        "--device",
+        "vulkan",
+        "--model",
+        dir.to_str().unwrap(),
+        "-p",
+        "8",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--profile",
+        "--devices",
+        "2",
+        "--device-layers",
+        "1",
+    ]);
     assert!(o.status.success(), "coli bench failed: {}", stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("1 on d0, 1 on d1"), "{out}");
@@ -227,30 +324,108 @@ fn bench_profile_lists_device_time_per_kernel() {
 #[test]
 fn bench_runs_at_a_depth() {
     let dir = fixture_dir("llama");
-    let o = coli(&["bench", "--model", dir.to_str().unwrap(), "-d", "40", "-p", "8", "-n", "3", "-r", "1", "--chunk", "16"]);
+    let o = coli(&[
+        "bench",
+        "--model",
+        dir.to_str().unwrap(),
+        "-d",
+        "40",
+        "-p",
+        "8",
+        "-n",
+        "3",
+        "-r",
+        "1",
+        "--chunk",
+        "16",
+    ]);
     assert!(o.status.success(), "coli bench failed: {}", stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("pp8 @ d40:") && out.contains("tg3 @ d40:"), "{out}");
     // --fill-unsplit with nothing split says it changes nothing.
-    let o = coli(&["bench", "--model", dir.to_str().unwrap(), "-d", "8", "-p", "4", "-n", "2", "-r", "1", "--fill-unsplit"]);
+    let o = coli(&[
+        "bench",
+        "--model",
+        dir.to_str().unwrap(),
+        "-d",
+        "8",
+        "-p",
+        "4",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--fill-unsplit",
+    ]);
     assert!(o.status.success(), "coli bench failed: {}", stderr(&o));
     assert!(stderr(&o).contains("--fill-unsplit: no KV split"), "{}", stderr(&o));
-    let o = coli(&["bench", "--device", "vulkan", "--model", dir.to_str().unwrap(), "-d", "40", "-p", "4", "-n", "3", "-r", "1", "--chunk", "16", "--kv-device-positions", "8", "--kv-block", "4"]);
+    let o = coli(&[
+        "bench",
+        "--device",
+        "vulkan",
+        "--model",
+        dir.to_str().unwrap(),
+        "-d",
+        "40",
+        "-p",
+        "4",
+        "-n",
+        "3",
+        "-r",
+        "1",
+        "--chunk",
+        "16",
+        "--kv-device-positions",
+        "8",
+        "--kv-block",
+        "4",
+    ]);
     if stderr(&o).contains("no Vulkan device") {
         return;
     }
     assert!(o.status.success(), "coli bench failed: {}", stderr(&o));
     let out = stdout(&o);
     let line = out.lines().find(|l| l.starts_with("kv split, all repetitions")).unwrap_or_else(|| panic!("{out}"));
-    let host_steps: u64 = line.split(", ").nth(2).and_then(|w| w.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{line}"));
+    let host_steps: u64 = line
+        .split(", ")
+        .nth(2)
+        .and_then(|w| w.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
     assert!(host_steps > 0, "{line}");
     // The context filled by the model placed without the split; the timed steps still split.
-    let o = coli(&["bench", "--device", "vulkan", "--model", dir.to_str().unwrap(), "-d", "40", "-p", "4", "-n", "3", "-r", "1", "--chunk", "16", "--kv-device-positions", "8", "--kv-block", "4", "--fill-unsplit"]);
+    let o = coli(&[
+        "bench",
+        "--device",
+        "vulkan",
+        "--model",
+        dir.to_str().unwrap(),
+        "-d",
+        "40",
+        "-p",
+        "4",
+        "-n",
+        "3",
+        "-r",
+        "1",
+        "--chunk",
+        "16",
+        "--kv-device-positions",
+        "8",
+        "--kv-block",
+        "4",
+        "--fill-unsplit",
+    ]);
     assert!(o.status.success(), "coli bench failed: {}", stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("context of 40 positions filled without the KV split"), "{out}");
     let line = out.lines().find(|l| l.starts_with("kv split, all repetitions")).unwrap_or_else(|| panic!("{out}"));
-    let host_steps: u64 = line.split(", ").nth(2).and_then(|w| w.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{line}"));
+    let host_steps: u64 = line
+        .split(", ")
+        .nth(2)
+        .and_then(|w| w.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
     assert!(host_steps > 0, "{line}");
 }
 
@@ -266,7 +441,23 @@ fn a_kv_split_of_no_positions_is_refused() {
 #[test]
 fn exec_says_when_the_kv_cache_is_split() {
     let dir = fixture_dir("llama");
-    let o = coli(&["exec", "--device", "vulkan", "--model", dir.to_str().unwrap(), "--prompt-ids", "1,2,3,4,5,6,7,8,9,10,11,12", "-n", "4", "--chunk", "4", "--kv-device-positions", "8", "--kv-block", "4"]);
+    let o = coli(&[
+        "exec",
+        "--device",
+        "vulkan",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3,4,5,6,7,8,9,10,11,12",
+        "-n",
+        "4",
+        "--chunk",
+        "4",
+        "--kv-device-positions",
+        "8",
+        "--kv-block",
+        "4",
+    ]);
     if stderr(&o).contains("no Vulkan device") {
         return;
     }

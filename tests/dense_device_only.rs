@@ -33,18 +33,11 @@ fn load_with(
     req.load.quantize = quantize;
     if device {
         req.device = DeviceRequest::Vulkan(VkOptions {
-            fault: fail_submit.map(|n| FaultInjection {
-                fail_submit: Some(n),
-                fail_alloc: None,
-            }),
+            fault: fail_submit.map(|n| FaultInjection { fail_submit: Some(n), fail_alloc: None }),
             ..Default::default()
         });
     }
-    req.compile = Options {
-        context: CONTEXT,
-        chunk_rows: 8,
-        ..Options::default()
-    };
+    req.compile = Options { context: CONTEXT, chunk_rows: 8, ..Options::default() };
     req.dense_device_only = Some(dense_device_only);
     load(req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
@@ -76,23 +69,10 @@ fn a_released_matrix_comes_back_bit_for_bit() {
         let dir = fixture_dir(name);
         let kept = load_with(&dir, quantize, true, false, None);
         let freed = load_with(&dir, quantize, true, true, None);
-        assert!(
-            freed
-                .device_note
-                .contains("dense weights on the device only"),
-            "{name}: {}",
-            freed.device_note
-        );
+        assert!(freed.device_note.contains("dense weights on the device only"), "{name}: {}", freed.device_note);
         let names = device_only_matrices(&freed.plan, &freed.model.program);
-        let released: Vec<&String> = names
-            .iter()
-            .filter(|n| freed.model.weights.is_released(n))
-            .collect();
-        assert!(
-            !released.is_empty(),
-            "{name}: some host copy released\n{}",
-            freed.device_note
-        );
+        let released: Vec<&String> = names.iter().filter(|n| freed.model.weights.is_released(n)).collect();
+        assert!(!released.is_empty(), "{name}: some host copy released\n{}", freed.device_note);
         assert!(
             released.iter().all(|n| !kept.model.weights.is_released(n)),
             "{name}: a load that keeps its copies releases none"
@@ -100,25 +80,12 @@ fn a_released_matrix_comes_back_bit_for_bit() {
         for n in &released {
             let want = kept.model.weights.tensor(n);
             let got = freed.model.weights.tensor(n);
-            assert!(
-                !freed.model.weights.is_released(n),
-                "{name}: {n} made again"
-            );
-            assert_eq!(
-                (got.format, &got.shape),
-                (want.format, &want.shape),
-                "{name}: {n}"
-            );
-            assert!(
-                got.bytes() == want.bytes(),
-                "{name}: {n} comes back bit for bit"
-            );
+            assert!(!freed.model.weights.is_released(n), "{name}: {n} made again");
+            assert_eq!((got.format, &got.shape), (want.format, &want.shape), "{name}: {n}");
+            assert!(got.bytes() == want.bytes(), "{name}: {n} comes back bit for bit");
         }
         assert_eq!(freed.model.weights.remade(), released.len(), "{name}");
-        eprintln!(
-            "{name}: {} released matrices made again bit for bit",
-            released.len()
-        );
+        eprintln!("{name}: {} released matrices made again bit for bit", released.len());
     }
 }
 
@@ -141,29 +108,17 @@ fn a_lost_device_with_released_copies_is_finished_by_the_cpu_with_the_same_token
         let decode = ctx.submits() - before - prompt_submits;
         assert!(decode > 0, "{name}: the decode runs on the device");
         assert_eq!(toks, want, "{name}: the device's tokens are the CPU's");
-        assert_eq!(
-            clean.model.weights.remade(),
-            0,
-            "{name}: the device run reads no released matrix"
-        );
+        assert_eq!(clean.model.weights.remade(), 0, "{name}: the device run reads no released matrix");
         // A submission in the middle of the decode fails.
         let at = base + prompt_submits + decode / 2;
         let dev = load_with(&dir, q, true, true, Some(at));
         let (got, notice, on) = run(&dev, &prompt, 12);
         assert!(
-            notice
-                .as_deref()
-                .is_some_and(|n| n.contains("continue on the CPU")),
+            notice.as_deref().is_some_and(|n| n.contains("continue on the CPU")),
             "{name}: the fallback says so ({notice:?})"
         );
         assert!(!on, "{name}: the device is off after the loss");
-        assert!(
-            dev.model.weights.remade() > 0,
-            "{name}: the CPU read released matrices back"
-        );
-        assert_eq!(
-            got, want,
-            "{name}: the CPU finishes the run with the CPU's tokens"
-        );
+        assert!(dev.model.weights.remade() > 0, "{name}: the CPU read released matrices back");
+        assert_eq!(got, want, "{name}: the CPU finishes the run with the CPU's tokens");
     }
 }

@@ -62,7 +62,6 @@ fn run(l: &Loaded, prompt: &[u32], chunk: usize, steps: usize) -> (Vec<Vec<f32>>
     (r.rows, r.toks)
 }
 
-
 fn stats(l: &Loaded) -> TierStats {
     l.device.as_ref().and_then(|d| d.with_tier(|t| t.stats().clone())).expect("a tier")
 }
@@ -83,11 +82,18 @@ fn every_moe_model_matches_the_cpu_with_a_handful_of_slots_or_room_for_all() {
             if let Some(k) = slots {
                 assert_eq!(cap, k, "{name}: {line}");
             }
-            assert_eq!(d.with_tier(|t| t.resident()).unwrap(), if warm { cap } else { 0 }, "{name}: the warm start fills every slot");
+            assert_eq!(
+                d.with_tier(|t| t.resident()).unwrap(),
+                if warm { cap } else { 0 },
+                "{name}: the warm start fills every slot"
+            );
             for chunk in [5, 1] {
                 let (got, toks) = run(&dev, &prompt, chunk, 10);
                 let err = max_abs_diff(&got, &want);
-                assert!(err <= 1e-4 * max, "{name} slots {slots:?} warm {warm} chunk {chunk}: max |tier - cpu| = {err} (max |logit| {max})");
+                assert!(
+                    err <= 1e-4 * max,
+                    "{name} slots {slots:?} warm {warm} chunk {chunk}: max |tier - cpu| = {err} (max |logit| {max})"
+                );
                 assert_eq!(toks, want_toks, "{name} slots {slots:?} warm {warm} chunk {chunk}: greedy tokens differ");
             }
             let s = stats(&dev);
@@ -132,7 +138,18 @@ fn the_warm_start_puts_the_historys_hottest_experts_on_the_device() {
         h.add(l, &[0, 40, 90, 0, 0, 200, 0, 0]);
     }
     h.merge_into(&path).unwrap();
-    let with = |warm: bool| load_tier(&dir, TierOptions { max_experts: Some(4), warm_start: warm, history: Some(path.clone()), deterministic: true, ..TierOptions::default() });
+    let with = |warm: bool| {
+        load_tier(
+            &dir,
+            TierOptions {
+                max_experts: Some(4),
+                warm_start: warm,
+                history: Some(path.clone()),
+                deterministic: true,
+                ..TierOptions::default()
+            },
+        )
+    };
     let dev = with(true);
     let d = dev.device.as_ref().unwrap();
     assert!(d.tier_line().unwrap().contains("(4 from the history)"), "{}", d.tier_line().unwrap());
@@ -160,7 +177,10 @@ fn the_warm_start_puts_the_historys_hottest_experts_on_the_device() {
 #[test]
 fn a_stress_run_promotes_and_evicts_and_leaves_no_memory_held() {
     let dir = fixture_dir("olmoe");
-    let dev = load_tier(&dir, TierOptions { max_experts: Some(4), warm_start: false, promotions_per_token: 64, ..TierOptions::default() });
+    let dev = load_tier(
+        &dir,
+        TierOptions { max_experts: Some(4), warm_start: false, promotions_per_token: 64, ..TierOptions::default() },
+    );
     let ctx = dev.device.as_ref().unwrap().ctx.clone();
     let cpu = load_model(&dir);
     // A long prompt a row at a time: every step routes, promotes and evicts.
@@ -186,7 +206,14 @@ fn big_steps_stream_cold_experts_and_match_the_cpu() {
         let (want, want_toks) = run(&cpu, &prompt, prompt.len(), 6);
         let max = max.unwrap_or_else(|| max_abs(&want));
         // Two staging slots (so several rounds), steps of two rows and up stream.
-        let t = TierOptions { max_experts: Some(2), warm_start: false, deterministic: true, stream_slots: 2, stream_min_rows: 2, ..TierOptions::default() };
+        let t = TierOptions {
+            max_experts: Some(2),
+            warm_start: false,
+            deterministic: true,
+            stream_slots: 2,
+            stream_min_rows: 2,
+            ..TierOptions::default()
+        };
         let dev = load_tier(&dir, t);
         let line = dev.device.as_ref().unwrap().tier_line().unwrap().to_string();
         assert!(line.contains("2 staging slots"), "{name}: {line}");

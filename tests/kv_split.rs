@@ -24,7 +24,14 @@ const CHUNK: usize = 8;
 fn load_split(dir: &Path, positions: Option<usize>, block: usize) -> Loaded {
     let mut req = LoadRequest::new(dir);
     req.device = DeviceRequest::Vulkan(VkOptions::default());
-    req.compile = Options { context: CONTEXT, chunk_rows: CHUNK, kv_device_positions: positions, kv_block: block, kv_split: positions.is_some(), ..Options::default() };
+    req.compile = Options {
+        context: CONTEXT,
+        chunk_rows: CHUNK,
+        kv_device_positions: positions,
+        kv_block: block,
+        kv_split: positions.is_some(),
+        ..Options::default()
+    };
     load(req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 

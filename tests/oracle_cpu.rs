@@ -116,7 +116,9 @@ fn smollm2_matches_transformers() {
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|m| coli_runtime::text::ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+                .map(|m| {
+                    coli_runtime::text::ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())
+                })
                 .collect();
             let ours = tok.chat_template().unwrap().render(&msgs, true).unwrap();
             assert_eq!(ours, rendered, "chat template rendering");
@@ -145,7 +147,12 @@ fn smollm2_matches_transformers() {
             let mut last = last;
             for (i, &id) in greedy.iter().enumerate() {
                 if margins[i] > 2.0 * rel * max {
-                    assert_eq!(argmax(&last), id, "smollm2 {precision:?} {text:?}: greedy step {i} (oracle margin {})", margins[i]);
+                    assert_eq!(
+                        argmax(&last),
+                        id,
+                        "smollm2 {precision:?} {text:?}: greedy step {i} (oracle margin {})",
+                        margins[i]
+                    );
                 }
                 last = s.forward(&[id], LogitRows::Last).unwrap();
             }
@@ -165,4 +172,3 @@ fn smollm2_matches_transformers() {
         }
     }
 }
-

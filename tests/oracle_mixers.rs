@@ -67,14 +67,27 @@ fn check_exec(name: &str) {
     let greedy = ids(&oracle["greedy"]);
     let n = greedy.len().to_string();
     let o = Command::new(env!("CARGO_BIN_EXE_coli"))
-        .args(["exec", "--device", "cpu", "--model", dir.to_str().unwrap(), "--prompt-ids", &prompt, "-n", &n, "--chunk", "5"])
+        .args([
+            "exec",
+            "--device",
+            "cpu",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            &prompt,
+            "-n",
+            &n,
+            "--chunk",
+            "5",
+        ])
         .current_dir(root())
         .output()
         .expect("coli runs");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{name}: coli exec failed: {err}");
     let out = String::from_utf8_lossy(&o.stdout);
-    let printed: Vec<u32> = out.split(|c: char| !c.is_ascii_digit()).filter(|t| !t.is_empty()).map(|t| t.parse().unwrap()).collect();
+    let printed: Vec<u32> =
+        out.split(|c: char| !c.is_ascii_digit()).filter(|t| !t.is_empty()).map(|t| t.parse().unwrap()).collect();
     assert_eq!(printed, greedy, "{name}: coli exec printed {out:?}");
 }
 

@@ -59,13 +59,16 @@ fn expert_layers(l: &Loaded) -> (Vec<u32>, Vec<u32>) {
         for id in &f.ops {
             let op = coli_compiler::frames::op_of(&l.plan.program, *id);
             if let (Part::Layer(layer), coli_compiler::ir::Op::RoutedExperts { .. }) = (id.part, op) {
-                if f.place == Place::Host { host.push(layer.0) } else { dev.push(layer.0) }
+                if f.place == Place::Host {
+                    host.push(layer.0)
+                } else {
+                    dev.push(layer.0)
+                }
             }
         }
     }
     (dev, host)
 }
-
 
 #[test]
 fn every_moe_model_routes_in_frame_and_matches_the_cpu() {
@@ -76,7 +79,12 @@ fn every_moe_model_routes_in_frame_and_matches_the_cpu() {
         let dev = load_on_device(&dir, None);
         let d = dev.device.as_ref().unwrap_or_else(|| panic!("{name}: {}", dev.device_note));
         let layers = dev.plan.program.layers.len() as u32;
-        assert_eq!(expert_layers(&dev), ((0..layers).collect(), vec![]), "{name}: every layer's experts in frame\n{}", dev.plan);
+        assert_eq!(
+            expert_layers(&dev),
+            ((0..layers).collect(), vec![]),
+            "{name}: every layer's experts in frame\n{}",
+            dev.plan
+        );
         // The host runs the embedding only: no host step between layers.
         for f in dev.plan.frames.iter().filter(|f| f.place == Place::Host) {
             assert!(f.ops.iter().all(|id| id.part == Part::Prologue), "{name}: host frame {} inside the forward", f.id);
@@ -133,14 +141,20 @@ fn check_budget(name: &str, dir: &Path, prompt: &[u32], max: Option<f32>, cap: b
     assert!(on.is_empty(), "{name} budget {budget}: no layer's experts in frame\n{}", dev.plan);
     assert_eq!(host, (0..layers as u32).collect::<Vec<_>>(), "{name}: every layer through host steps");
     if !cap {
-        assert!(dev.plan.placement.layers.iter().all(|p| *p != Place::Host), "{name}: every dense layer still on the device");
+        assert!(
+            dev.plan.placement.layers.iter().all(|p| *p != Place::Host),
+            "{name}: every dense layer still on the device"
+        );
     }
     let d = dev.device.as_ref().unwrap();
     let line = d.tier_line().unwrap_or_default().to_string();
     assert!(line.starts_with("expert tier on"), "{name}: {line}");
     let slots = d.with_tier(|t| t.capacity()).unwrap() as u64;
     let experts_per_layer = dev.plan.placement.expert_bytes[0].2 as u64;
-    assert!(slots >= keep * experts_per_layer / 2 && slots < layers * experts_per_layer, "{name}: {slots} slots for a budget of {keep} layers' experts and some\n{line}");
+    assert!(
+        slots >= keep * experts_per_layer / 2 && slots < layers * experts_per_layer,
+        "{name}: {slots} slots for a budget of {keep} layers' experts and some\n{line}"
+    );
     let (got, toks, notice) = run(&dev, prompt, 5, 8);
     assert!(notice.is_none(), "{name}: {notice:?}");
     let err = max_abs_diff(&got, &want);
@@ -159,4 +173,3 @@ fn a_budget_short_of_every_layer_runs_the_adaptive_tier_with_the_same_tokens() {
         }
     }
 }
-

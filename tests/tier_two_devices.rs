@@ -23,42 +23,20 @@ use std::path::Path;
 
 const CONTEXT: usize = 256;
 
-const FIXTURES: &[&str] = &[
-    "olmoe",
-    "qwen3_moe",
-    "mixtral",
-    "gpt_oss",
-    "deepseek_v3",
-    "mimo_v2_flash",
-    "qwen3_next",
-];
+const FIXTURES: &[&str] = &["olmoe", "qwen3_moe", "mixtral", "gpt_oss", "deepseek_v3", "mimo_v2_flash", "qwen3_next"];
 
 /// Both devices, every MoE layer through host steps, at most `slots` experts a device.
 fn load_two(dir: &Path, slots: usize, warm_start: bool, fault1: Option<u64>) -> Loaded {
     let mut req = LoadRequest::new(dir);
     req.device = DeviceRequest::Vulkan(VkOptions::default());
     req.second_device = Some(VkOptions {
-        fault: fault1.map(|n| FaultInjection {
-            fail_submit: Some(n),
-            fail_alloc: None,
-        }),
+        fault: fault1.map(|n| FaultInjection { fail_submit: Some(n), fail_alloc: None }),
         ..Default::default()
     });
-    req.compile = Options {
-        context: CONTEXT,
-        chunk_rows: 8,
-        resident_experts: false,
-        ..Options::default()
-    };
-    req.tier = TierOptions {
-        max_experts: Some(slots),
-        warm_start,
-        deterministic: true,
-        ..TierOptions::default()
-    };
+    req.compile = Options { context: CONTEXT, chunk_rows: 8, resident_experts: false, ..Options::default() };
+    req.tier = TierOptions { max_experts: Some(slots), warm_start, deterministic: true, ..TierOptions::default() };
     load(req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
-
 
 /// Logits of every prompt row (in chunks of `chunk`) and of `steps` greedy tokens.
 fn run(l: &Loaded, prompt: &[u32], chunk: usize, steps: usize) -> Run {
@@ -66,10 +44,7 @@ fn run(l: &Loaded, prompt: &[u32], chunk: usize, steps: usize) -> Run {
 }
 
 fn tier_devices(l: &Loaded) -> Vec<TierDeviceStats> {
-    l.device
-        .as_ref()
-        .and_then(|d| d.with_tier(|t| t.devices()))
-        .expect("a tier")
+    l.device.as_ref().and_then(|d| d.with_tier(|t| t.devices())).expect("a tier")
 }
 
 #[test]
@@ -84,17 +59,10 @@ fn every_moe_fixture_with_slots_on_both_devices_matches_the_cpu() {
         let want = run(&cpu, &prompt, 5, 10);
         for warm in [true, false] {
             let dev = load_two(&dir, 3, warm, None);
-            let d = dev
-                .device
-                .as_ref()
-                .unwrap_or_else(|| panic!("{name}: {}", dev.device_note));
+            let d = dev.device.as_ref().unwrap_or_else(|| panic!("{name}: {}", dev.device_note));
             assert_eq!(d.devices().len(), 2, "{name}: two devices opened");
             assert!(
-                dev.plan
-                    .placement
-                    .layers
-                    .iter()
-                    .all(|p| *p == Place::Device(DeviceId(0))),
+                dev.plan.placement.layers.iter().all(|p| *p == Place::Device(DeviceId(0))),
                 "{name}: every layer on d0\n{}",
                 dev.plan
             );
@@ -113,29 +81,18 @@ fn every_moe_fixture_with_slots_on_both_devices_matches_the_cpu() {
             }
             for chunk in [5, 1] {
                 let got = run(&dev, &prompt, chunk, 10);
-                assert!(
-                    got.notice.is_none() && got.on_device,
-                    "{name}: {:?}",
-                    got.notice
-                );
+                assert!(got.notice.is_none() && got.on_device, "{name}: {:?}", got.notice);
                 let err = max_abs_diff(&got.rows, &want.rows);
                 eprintln!(
                     "{name} warm {warm} chunk {chunk}: max |tier on two devices - cpu| = {err:.3e} (bound {:.3e})",
                     1e-4 * max
                 );
                 assert!(err <= 1e-4 * max, "{name} warm {warm} chunk {chunk}: {err}");
-                assert_eq!(
-                    got.toks, want.toks,
-                    "{name} warm {warm} chunk {chunk}: greedy tokens differ"
-                );
+                assert_eq!(got.toks, want.toks, "{name} warm {warm} chunk {chunk}: greedy tokens differ");
             }
             let per = tier_devices(&dev);
             for p in &per {
-                assert!(
-                    p.pairs > 0,
-                    "{name} warm {warm}: d{} served no pair ({per:?})",
-                    p.device
-                );
+                assert!(p.pairs > 0, "{name} warm {warm}: d{} served no pair ({per:?})", p.device);
             }
             let stats = d.with_tier(|t| t.stats().clone()).unwrap();
             assert_eq!(
@@ -163,8 +120,7 @@ fn the_second_device_lost_mid_decode_turns_both_off_and_the_cpu_finishes() {
         let clean = load_two(&dir, 3, true, None);
         let d1 = &clean.device.as_ref().unwrap().devices()[1].ctx;
         let base = d1.submits();
-        let mut s =
-            Session::on_device(&clean.model, clean.device.as_ref().unwrap(), CONTEXT).unwrap();
+        let mut s = Session::on_device(&clean.model, clean.device.as_ref().unwrap(), CONTEXT).unwrap();
         s.forward(&prompt, LogitRows::All).unwrap();
         let prompt_submits = d1.submits() - base;
         drop(s);
@@ -180,20 +136,12 @@ fn the_second_device_lost_mid_decode_turns_both_off_and_the_cpu_finishes() {
         let dev = load_two(&dir, 3, true, Some(at));
         let got = run(&dev, &prompt, prompt.len(), 12);
         assert!(
-            got.notice
-                .as_deref()
-                .is_some_and(|n| n.contains("continue on the CPU")),
+            got.notice.as_deref().is_some_and(|n| n.contains("continue on the CPU")),
             "{name}: the fallback says so ({:?})",
             got.notice
         );
         assert!(!got.on_device, "{name}: both devices off after the loss");
-        assert!(
-            dev.device.as_ref().unwrap().devices()[1].ctx.is_lost(),
-            "{name}: d1 was the one lost"
-        );
-        assert_eq!(
-            got.toks, want.toks,
-            "{name}: the CPU finishes the run with the same tokens"
-        );
+        assert!(dev.device.as_ref().unwrap().devices()[1].ctx.is_lost(), "{name}: d1 was the one lost");
+        assert_eq!(got.toks, want.toks, "{name}: the CPU finishes the run with the same tokens");
     }
 }

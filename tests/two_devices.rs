@@ -17,15 +17,7 @@ use coli_runtime::vk::{FaultInjection, VkOptions};
 use common::*;
 use std::path::Path;
 
-const FIXTURES: &[&str] = &[
-    "llama",
-    "llama_tied",
-    "olmoe",
-    "qwen3_moe",
-    "mixtral",
-    "mimo_v2_flash",
-    "qwen3_next",
-];
+const FIXTURES: &[&str] = &["llama", "llama_tied", "olmoe", "qwen3_moe", "mixtral", "mimo_v2_flash", "qwen3_next"];
 
 /// How the layers are placed: forced counts, or memory caps on each device.
 #[derive(Clone, Copy, Default)]
@@ -38,49 +30,23 @@ struct Split {
 }
 
 fn load_on_two(dir: &Path, s: Split) -> Loaded {
-    let fault = |n: Option<u64>| {
-        n.map(|n| FaultInjection {
-            fail_submit: Some(n),
-            fail_alloc: None,
-        })
-    };
+    let fault = |n: Option<u64>| n.map(|n| FaultInjection { fail_submit: Some(n), fail_alloc: None });
     let mut req = LoadRequest::new(dir);
-    req.device = DeviceRequest::Vulkan(VkOptions {
-        memory_cap: s.cap0,
-        fault: fault(s.fault0),
-        ..Default::default()
-    });
-    req.second_device = Some(VkOptions {
-        fault: fault(s.fault1),
-        ..Default::default()
-    });
-    req.compile = Options {
-        context: 256,
-        chunk_rows: 8,
-        device_layers: s.d0,
-        second_device_layers: s.d1,
-        ..Options::default()
-    };
+    req.device = DeviceRequest::Vulkan(VkOptions { memory_cap: s.cap0, fault: fault(s.fault0), ..Default::default() });
+    req.second_device = Some(VkOptions { fault: fault(s.fault1), ..Default::default() });
+    req.compile =
+        Options { context: 256, chunk_rows: 8, device_layers: s.d0, second_device_layers: s.d1, ..Options::default() };
     load(req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 
 /// Layers the plan puts on device `d`.
 fn on(l: &Loaded, d: u32) -> usize {
-    l.plan
-        .placement
-        .layers
-        .iter()
-        .filter(|p| **p == Place::Device(DeviceId(d)))
-        .count()
+    l.plan.placement.layers.iter().filter(|p| **p == Place::Device(DeviceId(d))).count()
 }
 
 fn frames_on(l: &Loaded, d: u32) -> bool {
-    l.plan
-        .frames
-        .iter()
-        .any(|f| f.place == Place::Device(DeviceId(d)))
+    l.plan.frames.iter().any(|f| f.place == Place::Device(DeviceId(d)))
 }
-
 
 /// Logits of every prompt row (in chunks of `chunk`) and `steps` greedy tokens.
 fn run(l: &Loaded, prompt: &[u32], chunk: usize, steps: usize) -> Run {
@@ -98,23 +64,13 @@ fn oracle(dir: &Path) -> (Oracle, Loaded) {
     let o = read_json(&dir.join("oracle.json"));
     let cpu = load_model(dir);
     let layers = cpu.plan.program.dims.layers;
-    (
-        Oracle {
-            prompt: ids(&o["prompt_ids"]),
-            max: o["max_abs_logit"].as_f64().unwrap() as f32,
-            layers,
-        },
-        cpu,
-    )
+    (Oracle { prompt: ids(&o["prompt_ids"]), max: o["max_abs_logit"].as_f64().unwrap() as f32, layers }, cpu)
 }
 
 fn check(name: &str, got: &Run, want: &Run, max: f32) {
     assert!(got.notice.is_none(), "{name}: {:?}", got.notice);
     let err = max_abs_diff(&got.rows, &want.rows);
-    eprintln!(
-        "{name}: max |devices - cpu| = {err:.3e} (bound {:.3e})",
-        1e-4 * max
-    );
+    eprintln!("{name}: max |devices - cpu| = {err:.3e} (bound {:.3e})", 1e-4 * max);
     assert!(err <= 1e-4 * max, "{name}: max |devices - cpu| = {err}");
     assert_eq!(got.toks, want.toks, "{name}: greedy tokens differ");
 }
@@ -127,25 +83,10 @@ fn every_fixture_split_across_two_devices_matches_the_cpu() {
         let want = run(&cpu, &o.prompt, o.prompt.len(), 12);
         // The first half on d0, the rest on d1 by its own fit (the head too, where it fits).
         let d0 = (o.layers / 2).max(1);
-        let dev = load_on_two(
-            &dir,
-            Split {
-                d0: Some(d0),
-                ..Default::default()
-            },
-        );
+        let dev = load_on_two(&dir, Split { d0: Some(d0), ..Default::default() });
         assert!(dev.device.is_some(), "{name}: {}", dev.device_note);
-        assert_eq!(
-            (on(&dev, 0), on(&dev, 1)),
-            (d0, o.layers - d0),
-            "{name}: {}",
-            dev.plan
-        );
-        assert!(
-            frames_on(&dev, 0) && frames_on(&dev, 1),
-            "{name}: frames on both devices\n{}",
-            dev.plan
-        );
+        assert_eq!((on(&dev, 0), on(&dev, 1)), (d0, o.layers - d0), "{name}: {}", dev.plan);
+        assert!(frames_on(&dev, 0) && frames_on(&dev, 1), "{name}: frames on both devices\n{}", dev.plan);
         assert_eq!(dev.device.as_ref().unwrap().devices().len(), 2);
         for chunk in [o.prompt.len(), 1, 3] {
             let got = run(&dev, &o.prompt, chunk, 12);
@@ -162,14 +103,7 @@ fn chains_of_two_devices_and_the_cpu_match_the_cpu_at_every_split() {
         let want = run(&cpu, &o.prompt, 5, 8);
         for d0 in 1..o.layers {
             for d1 in 1..=o.layers - d0 {
-                let dev = load_on_two(
-                    &dir,
-                    Split {
-                        d0: Some(d0),
-                        d1: Some(d1),
-                        ..Default::default()
-                    },
-                );
+                let dev = load_on_two(&dir, Split { d0: Some(d0), d1: Some(d1), ..Default::default() });
                 assert_eq!((on(&dev, 0), on(&dev, 1)), (d0, d1), "{name}: {}", dev.plan);
                 let got = run(&dev, &o.prompt, 5, 8);
                 check(&format!("{name} d0 {d0} d1 {d1}"), &got, &want, o.max);
@@ -191,26 +125,12 @@ fn a_memory_cap_on_the_primary_sends_the_rest_to_the_second_device() {
         let per_layer: u64 = pl.costs[..k].iter().map(|c| c.total()).sum();
         // Room for k layers and a little more, but not for layer k or the head.
         let cap = pl.fixed + per_layer + pl.costs[k].total() * 9 / 10;
-        let dev = load_on_two(
-            &dir,
-            Split {
-                cap0: Some(cap),
-                ..Default::default()
-            },
-        );
+        let dev = load_on_two(&dir, Split { cap0: Some(cap), ..Default::default() });
         // As on one device, the allocator's blocks may refuse part of layer k-1 at setup; the
         // primary then holds one fewer and the second device the rest.
         let (n0, n1) = (on(&dev, 0), on(&dev, 1));
-        assert!(
-            n0 == k || n0 + 1 == k,
-            "cap {cap}: d0 holds {n0}, the fit counted {k}"
-        );
-        assert_eq!(
-            n0 + n1,
-            o.layers,
-            "k={k}: the second device takes the rest\n{}",
-            dev.plan
-        );
+        assert!(n0 == k || n0 + 1 == k, "cap {cap}: d0 holds {n0}, the fit counted {k}");
+        assert_eq!(n0 + n1, o.layers, "k={k}: the second device takes the rest\n{}", dev.plan);
         let got = run(&dev, &o.prompt, 4, 6);
         assert_eq!(got.toks, want.toks, "k={k}: tokens differ from the CPU");
         assert!(max_abs_diff(&got.rows, &want.rows) <= 1e-4 * o.max, "k={k}");
@@ -223,10 +143,7 @@ fn a_device_lost_mid_decode_turns_both_off_and_the_cpu_finishes() {
         let dir = fixture_dir(name);
         let (o, cpu) = oracle(&dir);
         let want = run(&cpu, &o.prompt, o.prompt.len(), 12);
-        let split = Split {
-            d0: Some((o.layers / 2).max(1)),
-            ..Default::default()
-        };
+        let split = Split { d0: Some((o.layers / 2).max(1)), ..Default::default() };
         // Submissions per device in the prompt and in the whole run, counted on a clean run.
         let clean = load_on_two(&dir, split);
         let devs = clean.device.as_ref().unwrap().devices();
@@ -237,45 +154,22 @@ fn a_device_lost_mid_decode_turns_both_off_and_the_cpu_finishes() {
         let total: Vec<u64> = {
             let r = run(&clean, &o.prompt, o.prompt.len(), 12);
             assert!(r.on_device);
-            devs.iter()
-                .zip(&prompt_submits)
-                .map(|(d, p)| d.ctx.submits() - p)
-                .collect()
+            devs.iter().zip(&prompt_submits).map(|(d, p)| d.ctx.submits() - p).collect()
         };
         for lost in [1, 0] {
             // A submission in the middle of the decode of the device that is lost.
             let at = prompt_submits[lost] + (total[lost] - prompt_submits[lost]) / 2;
-            let split = if lost == 1 {
-                Split {
-                    fault1: Some(at),
-                    ..split
-                }
-            } else {
-                Split {
-                    fault0: Some(at),
-                    ..split
-                }
-            };
+            let split =
+                if lost == 1 { Split { fault1: Some(at), ..split } } else { Split { fault0: Some(at), ..split } };
             let dev = load_on_two(&dir, split);
             let got = run(&dev, &o.prompt, o.prompt.len(), 12);
             assert!(
-                got.notice
-                    .as_deref()
-                    .is_some_and(|n| n.contains("continue on the CPU")),
+                got.notice.as_deref().is_some_and(|n| n.contains("continue on the CPU")),
                 "{name} d{lost}: the fallback says so"
             );
-            assert!(
-                !got.on_device,
-                "{name} d{lost}: both devices are off after the loss"
-            );
-            assert!(
-                dev.device.as_ref().unwrap().devices()[lost].ctx.is_lost(),
-                "{name}: d{lost} was the one lost"
-            );
-            assert_eq!(
-                got.toks, want.toks,
-                "{name} d{lost}: the CPU finishes the run with the same tokens"
-            );
+            assert!(!got.on_device, "{name} d{lost}: both devices are off after the loss");
+            assert!(dev.device.as_ref().unwrap().devices()[lost].ctx.is_lost(), "{name}: d{lost} was the one lost");
+            assert_eq!(got.toks, want.toks, "{name} d{lost}: the CPU finishes the run with the same tokens");
         }
     }
 }
@@ -283,13 +177,7 @@ fn a_device_lost_mid_decode_turns_both_off_and_the_cpu_finishes() {
 #[test]
 fn both_devices_run_dispatches() {
     let dir = fixture_dir("llama");
-    let dev = load_on_two(
-        &dir,
-        Split {
-            d0: Some(1),
-            ..Default::default()
-        },
-    );
+    let dev = load_on_two(&dir, Split { d0: Some(1), ..Default::default() });
     let devs = dev.device.as_ref().expect("devices").devices();
     let before: Vec<u64> = devs.iter().map(|d| d.ctx.dispatches()).collect();
     let r = run(&dev, &[1, 2, 3], 3, 2);
@@ -297,12 +185,7 @@ fn both_devices_run_dispatches() {
     for (d, b) in devs.iter().zip(before) {
         assert!(d.ctx.dispatches() > b, "{}: no dispatch ran", d.device);
     }
-    assert!(
-        dev.device_note
-            .contains("a second logical device of the same physical device"),
-        "{}",
-        dev.device_note
-    );
+    assert!(dev.device_note.contains("a second logical device of the same physical device"), "{}", dev.device_note);
 }
 
 #[test]
@@ -316,39 +199,18 @@ fn coli_exec_on_two_devices_prints_the_cpus_tokens() {
         args.push(&joined);
         args.extend(["-n", "8", "--chunk", "3", "--no-tier-history"]);
         args.extend(extra);
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_coli"))
-            .args(&args)
-            .current_dir(root())
-            .output()
-            .unwrap();
+        let out =
+            std::process::Command::new(env!("CARGO_BIN_EXE_coli")).args(&args).current_dir(root()).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr).to_string();
         assert!(out.status.success(), "{args:?}: {err}");
         (String::from_utf8_lossy(&out.stdout).trim().to_string(), err)
     };
     let (want, _) = exec(&["--device", "cpu"]);
-    let (got, err) = exec(&[
-        "--device",
-        "vulkan",
-        "--devices",
-        "2",
-        "--device-layers",
-        "1",
-        "--device2-layers",
-        "1",
-    ]);
+    let (got, err) = exec(&["--device", "vulkan", "--devices", "2", "--device-layers", "1", "--device2-layers", "1"]);
     assert!(err.contains("1 on d0, 1 on d1"), "{err}");
     assert_eq!(got, want, "{err}");
     // The second device lost at its 5th submission (in the prompt): the CPU finishes.
-    let (got, err) = exec(&[
-        "--device",
-        "vulkan",
-        "--devices",
-        "2",
-        "--device-layers",
-        "1",
-        "--fail-submit2",
-        "5",
-    ]);
+    let (got, err) = exec(&["--device", "vulkan", "--devices", "2", "--device-layers", "1", "--fail-submit2", "5"]);
     assert!(err.contains("continue on the CPU"), "{err}");
     assert_eq!(got, want, "{err}");
 }

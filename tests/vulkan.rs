@@ -20,7 +20,8 @@ use coli_runtime::vk::{FaultInjection, VkOptions};
 use common::*;
 use std::path::Path;
 
-const FIXTURES: &[&str] = &["llama", "llama_tied", "olmoe", "qwen3_moe", "mixtral", "mimo_v2_flash", "qwen3_next", "deepseek_v3"];
+const FIXTURES: &[&str] =
+    &["llama", "llama_tied", "olmoe", "qwen3_moe", "mixtral", "mimo_v2_flash", "qwen3_next", "deepseek_v3"];
 
 fn load_on_device(dir: &Path, device_layers: Option<usize>, fault: Option<FaultInjection>) -> Loaded {
     let mut req = LoadRequest::new(dir);
@@ -61,7 +62,11 @@ fn every_fixture_on_the_device_matches_the_cpu() {
         // Every layer's ops are in device frames (a fixture fits): no Linear, mixer or norm
         // of a layer falls back to the host.
         let host = host_layer_ops(&dev);
-        assert!(host.iter().all(|op| matches!(*op, "route" | "routed_experts")), "{name}: layer ops on the host: {host:?}\n{}", dev.plan);
+        assert!(
+            host.iter().all(|op| matches!(*op, "route" | "routed_experts")),
+            "{name}: layer ops on the host: {host:?}\n{}",
+            dev.plan
+        );
         if name == &"deepseek_v3" {
             let mla = layer_ops(&dev, false).iter().filter(|op| **op == "mla").count();
             assert_eq!(mla, dev.plan.program.dims.layers, "{name}: every layer's MLA in a device frame\n{}", dev.plan);
@@ -126,7 +131,8 @@ fn a_device_lost_mid_decode_of_qwen3_next_is_finished_by_the_cpu() {
     let load_with = |fault: Option<FaultInjection>| {
         let mut req = LoadRequest::new(&dir);
         req.device = DeviceRequest::Vulkan(VkOptions { fault, ..Default::default() });
-        req.compile = Options { context: 256, chunk_rows: 8, expert_tier: false, resident_experts: false, ..Options::default() };
+        req.compile =
+            Options { context: 256, chunk_rows: 8, expert_tier: false, resident_experts: false, ..Options::default() };
         load(req).unwrap()
     };
     // Where the submits fall: count them on a clean run.
@@ -165,7 +171,8 @@ fn a_device_lost_mid_decode_of_deepseek_v3_is_finished_by_the_cpu() {
     let load_with = |fault: Option<FaultInjection>| {
         let mut req = LoadRequest::new(&dir);
         req.device = DeviceRequest::Vulkan(VkOptions { fault, ..Default::default() });
-        req.compile = Options { context: 256, chunk_rows: 8, expert_tier: false, resident_experts: false, ..Options::default() };
+        req.compile =
+            Options { context: 256, chunk_rows: 8, expert_tier: false, resident_experts: false, ..Options::default() };
         load(req).unwrap()
     };
     // Where the submits fall: count them on a clean run.
@@ -291,8 +298,17 @@ fn int8_fast_precision_decode_matches_the_cpu() {
 
 /// The prompt, then `steps` decode steps fed the CPU's argmax on both sessions: each step's
 /// logits within `tol` of the CPU's largest |logit| (and, with `same_argmax`, the same argmax).
-fn forced_steps_match(c: &mut Session, g: &mut Session, prompt: &[u32], steps: usize, tol: f32, same_argmax: bool, what: &str) {
-    let (mut want, mut got) = (c.forward(prompt, LogitRows::Last).unwrap(), g.forward(prompt, LogitRows::Last).unwrap());
+fn forced_steps_match(
+    c: &mut Session,
+    g: &mut Session,
+    prompt: &[u32],
+    steps: usize,
+    tol: f32,
+    same_argmax: bool,
+    what: &str,
+) {
+    let (mut want, mut got) =
+        (c.forward(prompt, LogitRows::Last).unwrap(), g.forward(prompt, LogitRows::Last).unwrap());
     for step in 0..steps {
         let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         let err = want.iter().zip(&got).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
@@ -368,14 +384,35 @@ fn a_memory_cap_aimed_at_k_layers_places_k_layers_and_compile_agrees() {
         assert_eq!(toks, want_toks, "k={k}: tokens differ from the CPU");
         // `coli compile` with a profile of the same budget prints the same N.
         let profile = std::env::temp_dir().join(format!("coli-cap-{}-{k}.ron", std::process::id()));
-        std::fs::write(&profile, format!("Profile(name: \"cap\", devices: [(name: \"llvmpipe\", kind: Cpu, memory_budget: {cap}, reserve: 0)])")).unwrap();
+        std::fs::write(
+            &profile,
+            format!(
+                "Profile(name: \"cap\", devices: [(name: \"llvmpipe\", kind: Cpu, memory_budget: {cap}, reserve: 0)])"
+            ),
+        )
+        .unwrap();
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_coli"))
-            .args(["compile", "graphs/llama.ron", "--config", dir.to_str().unwrap(), "--profile", profile.to_str().unwrap(), "--context", "64", "--chunk-rows", "8"])
+            .args([
+                "compile",
+                "graphs/llama.ron",
+                "--config",
+                dir.to_str().unwrap(),
+                "--profile",
+                profile.to_str().unwrap(),
+                "--context",
+                "64",
+                "--chunk-rows",
+                "8",
+            ])
             .current_dir(root())
             .output()
             .unwrap();
         let _ = std::fs::remove_file(&profile);
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(text.contains(&format!("({k} layer")), "k={k}: coli compile says otherwise:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            text.contains(&format!("({k} layer")),
+            "k={k}: coli compile says otherwise:\n{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

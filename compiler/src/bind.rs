@@ -56,13 +56,15 @@ pub enum BindError {
 impl Bindings {
     /// Bindings from a bare Hugging Face `config.json`: HF naming, no tensor table.
     pub fn from_config_json(path: &std::path::Path) -> Result<Bindings, BindError> {
-        let text = std::fs::read_to_string(path).map_err(|source| BindError::Read { path: path.to_path_buf(), source })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| BindError::Read { path: path.to_path_buf(), source })?;
         Bindings::from_config_text(&text, path)
     }
 
     /// Bindings from the text of a `config.json` (`path` for messages).
     pub fn from_config_text(text: &str, path: &std::path::Path) -> Result<Bindings, BindError> {
-        let value: Value = serde_json::from_str(text).map_err(|source| BindError::Json { path: path.to_path_buf(), source })?;
+        let value: Value =
+            serde_json::from_str(text).map_err(|source| BindError::Json { path: path.to_path_buf(), source })?;
         let Value::Object(config) = value else { return Err(BindError::NotAnObject { path: path.to_path_buf() }) };
         Ok(Bindings { source: path.to_path_buf(), naming: Naming::Hf, config, tensors: None })
     }

@@ -14,7 +14,10 @@ use std::fmt::Write;
 pub fn op_io(op: &Op) -> (Vec<ValueId>, Vec<ValueId>) {
     match op {
         Op::Embed { out, .. } => (vec![], vec![*out]),
-        Op::RmsNorm { x, out, .. } | Op::LayerNorm { x, out, .. } | Op::Linear { x, out, .. } | Op::Act { x, out, .. } => (vec![*x], vec![*out]),
+        Op::RmsNorm { x, out, .. }
+        | Op::LayerNorm { x, out, .. }
+        | Op::Linear { x, out, .. }
+        | Op::Act { x, out, .. } => (vec![*x], vec![*out]),
         Op::Rope { x, .. } => (vec![*x], vec![*x]),
         Op::Attention { q, k, v, out, .. } => (vec![*q, *k, *v], vec![*out]),
         Op::Glu { gate, up, out, .. } => (vec![*gate, *up], vec![*out]),

@@ -150,8 +150,11 @@ fn lex(text: &str, base: usize) -> Result<Vec<Tok>, ExprError> {
             continue;
         }
         if c.is_ascii_digit() || (c == b'.' && b.get(i + 1).is_some_and(u8::is_ascii_digit)) {
-            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'.' || b[i] == b'_'
-                || ((b[i] == b'-' || b[i] == b'+') && matches!(b[i - 1], b'e' | b'E')))
+            while i < b.len()
+                && (b[i].is_ascii_alphanumeric()
+                    || b[i] == b'.'
+                    || b[i] == b'_'
+                    || ((b[i] == b'-' || b[i] == b'+') && matches!(b[i - 1], b'e' | b'E')))
             {
                 i += 1;
             }
@@ -167,7 +170,10 @@ fn lex(text: &str, base: usize) -> Result<Vec<Tok>, ExprError> {
                 i += 1;
             } else {
                 let ch = text[i..].chars().next().unwrap_or('?');
-                return Err(err(Span::new(base + i, base + i + ch.len_utf8()), format!("unexpected character `{ch}` in an expression")));
+                return Err(err(
+                    Span::new(base + i, base + i + ch.len_utf8()),
+                    format!("unexpected character `{ch}` in an expression"),
+                ));
             }
         }
         out.push(Tok { text: text[start..i].to_string(), span: Span::new(base + start, base + i) });
@@ -186,7 +192,11 @@ impl P {
         self.toks.get(self.i).map(|t| t.text.as_str())
     }
     fn next(&mut self) -> Result<Tok, ExprError> {
-        let t = self.toks.get(self.i).cloned().ok_or_else(|| err(Span::new(self.end, self.end), "the expression ends too early"))?;
+        let t = self
+            .toks
+            .get(self.i)
+            .cloned()
+            .ok_or_else(|| err(Span::new(self.end, self.end), "the expression ends too early"))?;
         self.i += 1;
         Ok(t)
     }
@@ -296,8 +306,19 @@ impl P {
 }
 
 /// Functions with their argument count.
-const FUNCTIONS: &[(&str, usize)] =
-    &[("sqrt", 1), ("ln", 1), ("exp", 1), ("pow", 2), ("min", 2), ("max", 2), ("float", 1), ("int", 1), ("contains", 2), ("len", 1), ("if", 3)];
+const FUNCTIONS: &[(&str, usize)] = &[
+    ("sqrt", 1),
+    ("ln", 1),
+    ("exp", 1),
+    ("pow", 2),
+    ("min", 2),
+    ("max", 2),
+    ("float", 1),
+    ("int", 1),
+    ("contains", 2),
+    ("len", 1),
+    ("if", 3),
+];
 
 impl Expr {
     /// Every symbol the expression reads.
@@ -397,13 +418,19 @@ impl Expr {
                     }
                     "contains" | "len" => {
                         if ts[0] != Type::IntList {
-                            return Err(err(args[0].span, format!("`{name}` expects an IntList first, found a {}", ts[0])));
+                            return Err(err(
+                                args[0].span,
+                                format!("`{name}` expects an IntList first, found a {}", ts[0]),
+                            ));
                         }
                         if name == "len" {
                             return Ok(Type::Int);
                         }
                         if ts[1] != Type::Int {
-                            return Err(err(args[1].span, format!("`contains` expects an Int second, found a {}", ts[1])));
+                            return Err(err(
+                                args[1].span,
+                                format!("`contains` expects an Int second, found a {}", ts[1]),
+                            ));
                         }
                         Ok(Type::Bool)
                     }
@@ -525,7 +552,9 @@ impl Expr {
                     }
                 }
                 "contains" | "len" => {
-                    let Value::IntList(l) = args[0].eval(values)? else { return Err(err(args[0].span, "expected an IntList")) };
+                    let Value::IntList(l) = args[0].eval(values)? else {
+                        return Err(err(args[0].span, "expected an IntList"));
+                    };
                     if name == "len" {
                         return Ok(Value::Int(l.len() as i64));
                     }

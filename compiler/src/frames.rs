@@ -105,12 +105,24 @@ pub fn split_frames(program: &Program, placed: &[(OpId, Place)], split: &[OpId])
     // A split attention writes its output on the host (after the frame), not on the device.
     let ios: Vec<Vec<(Vec<ValueId>, Vec<ValueId>)>> = frames
         .iter()
-        .map(|f| f.ops.iter().map(|id| if f.kv_split == Some(*id) { (op_io(op_of(program, *id)).0, vec![]) } else { op_io(op_of(program, *id)) }).collect())
+        .map(|f| {
+            f.ops
+                .iter()
+                .map(|id| {
+                    if f.kv_split == Some(*id) {
+                        (op_io(op_of(program, *id)).0, vec![])
+                    } else {
+                        op_io(op_of(program, *id))
+                    }
+                })
+                .collect()
+        })
         .collect();
     for fi in 0..frames.len() {
         if frames[fi].place != Place::Host {
             let written: BTreeSet<ValueId> = ios[fi].iter().flat_map(|(_, w)| w.iter().copied()).collect();
-            let mut down: BTreeSet<ValueId> = written.into_iter().filter(|v| read_elsewhere_later(&frames, &ios, fi, *v, program)).collect();
+            let mut down: BTreeSet<ValueId> =
+                written.into_iter().filter(|v| read_elsewhere_later(&frames, &ios, fi, *v, program)).collect();
             down.extend(frames[fi].kv_split.and_then(|id| split_query(program, id)));
             frames[fi].downloads = down.into_iter().collect();
         }
@@ -166,7 +178,13 @@ fn io_of(program: &Program, ops: &[OpId]) -> (BTreeSet<ValueId>, BTreeSet<ValueI
 
 /// Whether value `v`, written in frame `fi`, is read in another place before it is written
 /// again (the logits count as read by the host after the last frame).
-fn read_elsewhere_later(frames: &[Frame], ios: &[Vec<(Vec<ValueId>, Vec<ValueId>)>], fi: usize, v: ValueId, program: &Program) -> bool {
+fn read_elsewhere_later(
+    frames: &[Frame],
+    ios: &[Vec<(Vec<ValueId>, Vec<ValueId>)>],
+    fi: usize,
+    v: ValueId,
+    program: &Program,
+) -> bool {
     let place = frames[fi].place;
     for (f, io) in frames.iter().zip(ios).skip(fi + 1) {
         for (reads, writes) in io {

@@ -118,7 +118,9 @@ impl ExpertTensor {
     pub fn name_of(&self, e: usize) -> (String, Option<usize>) {
         match self {
             ExpertTensor::PerExpert { pattern, .. } => (pattern.replace("{e}", &e.to_string()), None),
-            ExpertTensor::Stacked { name, .. } | ExpertTensor::StackedInputMajor { name, .. } => (name.clone(), Some(e)),
+            ExpertTensor::Stacked { name, .. } | ExpertTensor::StackedInputMajor { name, .. } => {
+                (name.clone(), Some(e))
+            }
         }
     }
     /// `[rows, cols]` of one expert's matrix.
@@ -214,9 +216,16 @@ pub enum RopeStyle {
 pub enum RopeScaling {
     None,
     /// Positions divided by `factor`.
-    Linear { factor: f32 },
+    Linear {
+        factor: f32,
+    },
     /// Llama 3's frequency-dependent scaling.
-    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position: u32 },
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position: u32,
+    },
     /// YaRN (DeepSeek-V3 and others); `attention_factor` multiplies cos and sin. `truncate`:
     /// the correction range's bounds are rounded to whole dimensions (transformers' default;
     /// gpt-oss says `truncate: false`).
@@ -279,7 +288,15 @@ pub enum Op {
     /// `out = x W^T (+ bias)`; `weight` is `[out, in]`.
     Linear { x: ValueId, out: ValueId, weight: WeightRef, bias: Option<WeightRef> },
     /// Rotates the first `rotary_dim` columns of each of `heads` heads of `head_dim`, in place.
-    Rope { x: ValueId, heads: usize, head_dim: usize, rotary_dim: usize, style: RopeStyle, theta: f32, scaling: RopeScaling },
+    Rope {
+        x: ValueId,
+        heads: usize,
+        head_dim: usize,
+        rotary_dim: usize,
+        style: RopeStyle,
+        theta: f32,
+        scaling: RopeScaling,
+    },
     /// Causal attention of `q` over this layer's KV cache after appending `k`, `v`.
     Attention { q: ValueId, k: ValueId, v: ValueId, out: ValueId, layer: LayerId, spec: AttentionSpec },
     /// Elementwise activation.
@@ -309,7 +326,16 @@ pub enum Op {
     /// `out = sum_r weight_r * expert_r(x)` over the routing in `routing`: a host step served by
     /// the runtime's expert tier, or in a device frame where the plan makes the layer's
     /// experts resident.
-    RoutedExperts { x: ValueId, routing: ValueId, out: ValueId, layer: LayerId, experts: usize, ffn: usize, weights: ExpertWeights, glu: GluKind },
+    RoutedExperts {
+        x: ValueId,
+        routing: ValueId,
+        out: ValueId,
+        layer: LayerId,
+        experts: usize,
+        ffn: usize,
+        weights: ExpertWeights,
+        glu: GluKind,
+    },
     /// Multi-head latent attention (DeepSeek-V3): the CPU's expanded and absorbed forms, the
     /// device's absorbed form; the cache holds the normed latent and the rotated rope key.
     Mla { x: ValueId, out: ValueId, layer: LayerId, spec: MlaSpec },

@@ -32,7 +32,12 @@ pub use spec::Spec;
 
 /// Compiles `spec` for the checkpoint `bindings` describes, on the devices of `profile`.
 /// Every error found is returned, each located in the spec, the profile or the checkpoint.
-pub fn compile(spec: &Spec, bindings: &Bindings, profile: &DeviceProfile, options: &Options) -> Result<Plan, Diagnostics> {
+pub fn compile(
+    spec: &Spec,
+    bindings: &Bindings,
+    profile: &DeviceProfile,
+    options: &Options,
+) -> Result<Plan, Diagnostics> {
     // 1. The program.
     let program = lower::build_program(spec, bindings)?;
     // 2. Sizes and placement.
@@ -43,7 +48,8 @@ pub fn compile(spec: &Spec, bindings: &Bindings, profile: &DeviceProfile, option
         .filter_map(|(name, t)| cost::Format::from_dtype(&t.dtype).map(|f| (name.clone(), f)))
         .collect();
     let sizer = place::size::Sizer::new(&program, stored, options);
-    let placement = place::place(&program, profile, options, &sizer).map_err(|m| Diagnostics::one(Diagnostic::whole(&spec.path, m)))?;
+    let placement = place::place(&program, profile, options, &sizer)
+        .map_err(|m| Diagnostics::one(Diagnostic::whole(&spec.path, m)))?;
     // 3. Frames.
     let placed = place::op_places(&program, profile, &placement, &sizer);
     let split = place::kv_split::split_ops(&program, &placement, &placed);

@@ -64,7 +64,8 @@ impl fmt::Display for Plan {
         let o = &self.options;
         let pl = &self.placement;
         writeln!(f, "plan {} for profile {}", self.program.family, self.profile.name)?;
-        let upload = o.upload_format.map(|u| format!("matrices up as {u}")).unwrap_or_else(|| "matrices up as stored".into());
+        let upload =
+            o.upload_format.map(|u| format!("matrices up as {u}")).unwrap_or_else(|| "matrices up as stored".into());
         writeln!(
             f,
             "options: context {}, chunk {} rows, dense part {}, expert tier {}, {upload}, unknown formats as {}{}",
@@ -87,10 +88,24 @@ impl fmt::Display for Plan {
         } else {
             writeln!(f, "devices:")?;
             for (d, fit) in self.profile.devices.iter().zip(&pl.fits) {
-                writeln!(f, "  {} {:?} \"{}\": budget {}, reserve {}, usable {}", fit.device, d.kind, d.name, human(d.memory_budget), human(d.reserve), human(fit.usable))?;
+                writeln!(
+                    f,
+                    "  {} {:?} \"{}\": budget {}, reserve {}, usable {}",
+                    fit.device,
+                    d.kind,
+                    d.name,
+                    human(d.memory_budget),
+                    human(d.reserve),
+                    human(fit.usable)
+                )?;
             }
         }
-        writeln!(f, "sizes: fixed {} (scratch of one chunk), tail {} (head and its rows)", human(pl.fixed), human(pl.tail))?;
+        writeln!(
+            f,
+            "sizes: fixed {} (scratch of one chunk), tail {} (head and its rows)",
+            human(pl.fixed),
+            human(pl.tail)
+        )?;
         let mut groups: Vec<(crate::place::size::LayerCost, Vec<u32>)> = Vec::new();
         for (i, c) in pl.costs.iter().enumerate() {
             match groups.iter_mut().find(|(g, _)| g == c) {
@@ -109,7 +124,14 @@ impl fmt::Display for Plan {
                 format!("{} ({} layer{})", layer_ranges(&ids), fit.layers, if fit.layers == 1 { "" } else { "s" })
             };
             let tier = if fit.tier > 0 { format!(", expert tier {}", human(fit.tier)) } else { String::new() };
-            writeln!(f, "fit {}: {took}{}, placed {} of {}{tier}", fit.device, if fit.tail { " and the head" } else { "" }, human(fit.bytes), human(fit.usable))?;
+            writeln!(
+                f,
+                "fit {}: {took}{}, placed {} of {}{tier}",
+                fit.device,
+                if fit.tail { " and the head" } else { "" },
+                human(fit.bytes),
+                human(fit.usable)
+            )?;
         }
         // Placement.
         let mut line = String::from("placement: prologue host");
@@ -139,12 +161,25 @@ impl fmt::Display for Plan {
             // Resident layers: every expert on a device, routing and experts in its frame.
             let res = &pl.resident;
             for (k, fit) in pl.fits.iter().enumerate() {
-                let on: Vec<u32> = ids.iter().copied().filter(|l| res.layers.get(*l as usize).copied().flatten() == Some(fit.device)).collect();
+                let on: Vec<u32> = ids
+                    .iter()
+                    .copied()
+                    .filter(|l| res.layers.get(*l as usize).copied().flatten() == Some(fit.device))
+                    .collect();
                 if let (false, Some((b, s))) = (on.is_empty(), res.bytes.get(k)) {
-                    writeln!(f, "experts {} resident on {} (in-frame routing): {} experts, {}, scratch {}", layer_ranges(&on), fit.device, on.len() * experts, human(*b), human(*s))?;
+                    writeln!(
+                        f,
+                        "experts {} resident on {} (in-frame routing): {} experts, {}, scratch {}",
+                        layer_ranges(&on),
+                        fit.device,
+                        on.len() * experts,
+                        human(*b),
+                        human(*s)
+                    )?;
                 }
             }
-            let host: Vec<u32> = ids.iter().copied().filter(|l| res.layers.get(*l as usize).copied().flatten().is_none()).collect();
+            let host: Vec<u32> =
+                ids.iter().copied().filter(|l| res.layers.get(*l as usize).copied().flatten().is_none()).collect();
             if res.layers.iter().any(Option::is_some) && !host.is_empty() {
                 writeln!(f, "experts {} through host steps", layer_ranges(&host))?;
             }
@@ -165,7 +200,9 @@ impl fmt::Display for Plan {
             if let Some(id) = fr.kv_split {
                 let _ = write!(s, "; the host finishes {id} (kv split)");
             }
-            let names = |vs: &[crate::ir::ValueId]| vs.iter().map(|v| format!("{v} {}", self.program.value(*v).name)).collect::<Vec<_>>().join(", ");
+            let names = |vs: &[crate::ir::ValueId]| {
+                vs.iter().map(|v| format!("{v} {}", self.program.value(*v).name)).collect::<Vec<_>>().join(", ")
+            };
             if !fr.uploads.is_empty() {
                 let _ = write!(s, "; up {}", names(&fr.uploads));
             }

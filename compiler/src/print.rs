@@ -21,7 +21,9 @@ fn ex(t: &ExpertTensor) -> String {
         ExpertTensor::Stacked { name, shape } => format!("{name}{shape:?}"),
         ExpertTensor::StackedInputMajor { name, shape, select } => match select {
             None => format!("{name}{shape:?}(input-major)"),
-            Some(s) => format!("{name}{shape:?}(input-major, rows {}x{}+{} of {})", s.groups, s.take, s.offset, s.stride),
+            Some(s) => {
+                format!("{name}{shape:?}(input-major, rows {}x{}+{} of {})", s.groups, s.take, s.offset, s.stride)
+            }
         },
     }
 }
@@ -150,7 +152,12 @@ fn layer_lines(layer: &Layer) -> Vec<String> {
     layer
         .ops
         .iter()
-        .map(|op| op_text(op).replace(&format!(".{i}."), ".{i}.").replace(&format!(" l{i} "), " l{i} ").replace(&format!(" l{i}"), " l{i}"))
+        .map(|op| {
+            op_text(op)
+                .replace(&format!(".{i}."), ".{i}.")
+                .replace(&format!(" l{i} "), " l{i} ")
+                .replace(&format!(" l{i}"), " l{i}")
+        })
         .collect()
 }
 
@@ -172,7 +179,11 @@ pub fn layer_ranges(ids: &[u32]) -> String {
 impl fmt::Display for Program {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let d = &self.dims;
-        writeln!(f, "program {}: hidden {}, vocab {}, layers {}, max_context {}", self.family, d.hidden, d.vocab, d.layers, d.max_context)?;
+        writeln!(
+            f,
+            "program {}: hidden {}, vocab {}, layers {}, max_context {}",
+            self.family, d.hidden, d.vocab, d.layers, d.max_context
+        )?;
         write!(f, "values:")?;
         for (i, v) in self.values.iter().enumerate() {
             write!(f, " v{i} {}[{}]", v.name, v.width)?;

@@ -110,7 +110,10 @@ impl DeviceProfile {
         let Some(p) = p else { return Err(d.sorted()) };
         for dev in &p.devices {
             if dev.reserve > dev.memory_budget {
-                d.push(Diagnostic::whole(path, format!("device `{}`: reserve {} exceeds the budget {}", dev.name, dev.reserve, dev.memory_budget)));
+                d.push(Diagnostic::whole(
+                    path,
+                    format!("device `{}`: reserve {} exceeds the budget {}", dev.name, dev.reserve, dev.memory_budget),
+                ));
             }
         }
         d.into_result(p)

@@ -39,14 +39,19 @@ pub fn verify(plan: &Plan, sizer: &Sizer) -> Vec<String> {
     let mut errs = Vec::new();
     let p = &plan.program;
     // 1. Coverage and order.
-    let mut expected: Vec<OpId> = (0..p.prologue.len()).map(|i| OpId { part: Part::Prologue, index: i as u32 }).collect();
+    let mut expected: Vec<OpId> =
+        (0..p.prologue.len()).map(|i| OpId { part: Part::Prologue, index: i as u32 }).collect();
     for l in &p.layers {
         expected.extend((0..l.ops.len()).map(|i| OpId { part: Part::Layer(l.id), index: i as u32 }));
     }
     expected.extend((0..p.epilogue.len()).map(|i| OpId { part: Part::Epilogue, index: i as u32 }));
     let got: Vec<OpId> = plan.frames.iter().flat_map(|f| f.ops.iter().copied()).collect();
     if got != expected {
-        errs.push(format!("the frames hold {} ops, the program {}, or not in program order", got.len(), expected.len()));
+        errs.push(format!(
+            "the frames hold {} ops, the program {}, or not in program order",
+            got.len(),
+            expected.len()
+        ));
     }
     for (i, f) in plan.frames.iter().enumerate() {
         if f.id.0 as usize != i {
@@ -61,7 +66,10 @@ pub fn verify(plan: &Plan, sizer: &Sizer) -> Vec<String> {
         for id in &f.ops {
             let op = op_of(p, *id);
             let resident = match id.part {
-                Part::Layer(l) => plan.placement.resident.layers.get(l.0 as usize).copied().flatten().map(Place::Device) == Some(f.place),
+                Part::Layer(l) => {
+                    plan.placement.resident.layers.get(l.0 as usize).copied().flatten().map(Place::Device)
+                        == Some(f.place)
+                }
                 _ => false,
             };
             match f.place {
@@ -69,7 +77,9 @@ pub fn verify(plan: &Plan, sizer: &Sizer) -> Vec<String> {
                 Place::Device(d) => match plan.profile.devices.get(d.0 as usize) {
                     None => errs.push(format!("{} runs on {d}, which the profile lacks", f.id)),
                     Some(dev) if resident && runs_resident(dev, op, sizer) => {}
-                    Some(dev) if !runs_on(dev, op, sizer) => errs.push(format!("{} runs {id} ({}) on {d}, which cannot run it", f.id, op.kind())),
+                    Some(dev) if !runs_on(dev, op, sizer) => {
+                        errs.push(format!("{} runs {id} ({}) on {d}, which cannot run it", f.id, op.kind()))
+                    }
                     Some(_) => {}
                 },
             }
@@ -96,7 +106,12 @@ pub fn verify(plan: &Plan, sizer: &Sizer) -> Vec<String> {
             for v in reads {
                 let h = holders.entry(v).or_insert_with(|| BTreeSet::from([Place::Host]));
                 if !h.contains(&f.place) {
-                    errs.push(format!("{}: {id} reads {v} ({}), which {} does not hold", f.id, p.value(v).name, f.place));
+                    errs.push(format!(
+                        "{}: {id} reads {v} ({}), which {} does not hold",
+                        f.id,
+                        p.value(v).name,
+                        f.place
+                    ));
                 }
             }
             // 7. A split attention's output is the host's (after the frame).
@@ -140,8 +155,15 @@ pub fn verify(plan: &Plan, sizer: &Sizer) -> Vec<String> {
     let pl = &plan.placement;
     let want: BTreeSet<OpId> = match &pl.kv_split {
         Some(k) => {
-            if k.block == 0 || k.positions == 0 || k.positions % k.block != 0 || k.ring < k.positions.min(plan.options.context) {
-                errs.push(format!("kv split: {} positions in blocks of {}, a ring of {}", k.positions, k.block, k.ring));
+            if k.block == 0
+                || k.positions == 0
+                || k.positions % k.block != 0
+                || k.ring < k.positions.min(plan.options.context)
+            {
+                errs.push(format!(
+                    "kv split: {} positions in blocks of {}, a ring of {}",
+                    k.positions, k.block, k.ring
+                ));
             }
             for l in &k.layers {
                 if pl.layers.get(l.0 as usize).is_none_or(|p| *p == Place::Host) {
@@ -152,14 +174,21 @@ pub fn verify(plan: &Plan, sizer: &Sizer) -> Vec<String> {
                 .iter()
                 .filter(|f| f.place != Place::Host)
                 .flat_map(|f| f.ops.iter().copied())
-                .filter(|id| matches!(id.part, Part::Layer(l) if k.layers.contains(&l)) && matches!(op_of(p, *id), crate::ir::Op::Attention { .. }))
+                .filter(|id| {
+                    matches!(id.part, Part::Layer(l) if k.layers.contains(&l))
+                        && matches!(op_of(p, *id), crate::ir::Op::Attention { .. })
+                })
                 .collect()
         }
         None => BTreeSet::new(),
     };
     let got: BTreeSet<OpId> = plan.frames.iter().filter_map(|f| f.kv_split).collect();
     if got != want {
-        errs.push(format!("kv split: {} frames end in a split attention, {} device attention ops of split layers", got.len(), want.len()));
+        errs.push(format!(
+            "kv split: {} frames end in a split attention, {} device attention ops of split layers",
+            got.len(),
+            want.len()
+        ));
     }
     for f in &plan.frames {
         let Some(id) = f.kv_split else { continue };
@@ -194,7 +223,12 @@ pub fn verify(plan: &Plan, sizer: &Sizer) -> Vec<String> {
         }
         let (experts, scratch) = pl.resident.bytes.get(k).copied().unwrap_or((0, 0));
         if experts.saturating_add(scratch) > f.tier {
-            errs.push(format!("{}: resident experts need {} bytes, the tier holds {}", f.device, experts.saturating_add(scratch), f.tier));
+            errs.push(format!(
+                "{}: resident experts need {} bytes, the tier holds {}",
+                f.device,
+                experts.saturating_add(scratch),
+                f.tier
+            ));
         }
         let n = pl.layers.iter().filter(|l| **l == Place::Device(f.device)).count();
         if n != f.layers {

@@ -159,15 +159,25 @@ fn a_missing_required_symbol() {
 #[test]
 fn a_symbol_the_config_lacks() {
     let spec = parse(BASE).unwrap();
-    let d = compile_with(&spec, &bindings(r#"{"hidden_size": 8, "vocab_size": 16, "num_hidden_layers": 2}"#)).unwrap_err();
+    let d =
+        compile_with(&spec, &bindings(r#"{"hidden_size": 8, "vocab_size": 16, "num_hidden_layers": 2}"#)).unwrap_err();
     expect_one(&d, BASE, r#""ffn""#, "symbol `ffn` has no value: the configuration has none of `intermediate_size`");
 }
 
 #[test]
 fn a_config_key_of_the_wrong_type() {
     let spec = parse(BASE).unwrap();
-    let d = compile_with(&spec, &bindings(&CONFIG.replace(r#""intermediate_size": 12"#, r#""intermediate_size": "twelve""#))).unwrap_err();
-    expect_one(&d, BASE, r#""intermediate_size"]"#, "configuration key `intermediate_size` is `\"twelve\"`, the spec expects an Int");
+    let d = compile_with(
+        &spec,
+        &bindings(&CONFIG.replace(r#""intermediate_size": 12"#, r#""intermediate_size": "twelve""#)),
+    )
+    .unwrap_err();
+    expect_one(
+        &d,
+        BASE,
+        r#""intermediate_size"]"#,
+        "configuration key `intermediate_size` is `\"twelve\"`, the spec expects an Int",
+    );
 }
 
 #[test]
@@ -176,13 +186,21 @@ fn shape_disagreement() {
     let text = BASE.replace(r#"Linear(x: "x", out: "u", weight: "up"),"#, r#"Linear(x: "u", out: "u", weight: "up"),"#);
     let spec = parse(&text).unwrap();
     let d = compile_with(&spec, &bindings(CONFIG)).unwrap_err();
-    expect_one(&d, &text, r#""u", out: "u", weight: "up""#, "value `u` has width 12, weight `up` [12, 8] needs 8 (layers l0..l1)");
+    expect_one(
+        &d,
+        &text,
+        r#""u", out: "u", weight: "up""#,
+        "value `u` has width 12, weight `up` [12, 8] needs 8 (layers l0..l1)",
+    );
 }
 
 fn tiny_tensors() -> BTreeMap<String, TensorInfo> {
     let mut t = BTreeMap::new();
     let mut add = |n: &str, s: &[usize]| {
-        t.insert(n.to_string(), TensorInfo { shape: s.to_vec(), dtype: "F32".into(), bytes: 4 * s.iter().product::<usize>() as u64 });
+        t.insert(
+            n.to_string(),
+            TensorInfo { shape: s.to_vec(), dtype: "F32".into(), bytes: 4 * s.iter().product::<usize>() as u64 },
+        );
     };
     add("model.embed_tokens.weight", &[16, 8]);
     add("lm_head.weight", &[16, 8]);
@@ -209,9 +227,17 @@ fn missing_tensor_and_wrong_shape() {
     let (l1, c1) = at(BASE, r#""model.layers.{i}.down.weight""#);
     let (l2, c2) = at(BASE, r#""lm_head.weight""#);
     assert_eq!((d.0[0].line, d.0[0].column), (l1, c1), "{d}");
-    assert!(d.0[0].message.contains("tensor `model.layers.1.down.weight` is not in the checkpoint config.json (layer 1)"), "{d}");
+    assert!(
+        d.0[0].message.contains("tensor `model.layers.1.down.weight` is not in the checkpoint config.json (layer 1)"),
+        "{d}"
+    );
     assert_eq!((d.0[1].line, d.0[1].column), (l2, c2), "{d}");
-    assert!(d.0[1].message.contains("tensor `lm_head.weight` has shape [8, 16] in the checkpoint, the spec expects [16, 8]"), "{d}");
+    assert!(
+        d.0[1]
+            .message
+            .contains("tensor `lm_head.weight` has shape [8, 16] in the checkpoint, the spec expects [16, 8]"),
+        "{d}"
+    );
 }
 
 #[test]

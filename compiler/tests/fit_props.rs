@@ -49,7 +49,10 @@ fn olmoe() -> &'static (Spec, Bindings) {
     static S: OnceLock<(Spec, Bindings)> = OnceLock::new();
     S.get_or_init(|| {
         let g = Path::new(env!("CARGO_MANIFEST_DIR")).join("../graphs");
-        (Spec::load(&g.join("olmoe.ron")).unwrap(), Bindings::from_config_json(&g.join("configs/olmoe-1b-7b.json")).unwrap())
+        (
+            Spec::load(&g.join("olmoe.ron")).unwrap(),
+            Bindings::from_config_json(&g.join("configs/olmoe-1b-7b.json")).unwrap(),
+        )
     })
 }
 
@@ -57,7 +60,13 @@ fn plan_with(budgets: &[u64]) -> Plan {
     let devices = budgets
         .iter()
         .enumerate()
-        .map(|(i, &b)| Device { name: format!("gpu{i}"), kind: DeviceKind::Discrete, memory_budget: b, reserve: 0, features: Features::default() })
+        .map(|(i, &b)| Device {
+            name: format!("gpu{i}"),
+            kind: DeviceKind::Discrete,
+            memory_budget: b,
+            reserve: 0,
+            features: Features::default(),
+        })
         .collect();
     let (spec, b) = olmoe();
     compile(spec, b, &DeviceProfile { name: "prop".into(), devices }, &Options::default()).unwrap()

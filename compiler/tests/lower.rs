@@ -21,7 +21,16 @@ fn program(spec: &str, config: Option<&str>) -> Program {
 
 #[test]
 fn every_spec_compiles_with_its_default_config() {
-    for s in ["llama.ron", "olmoe.ron", "qwen3_moe.ron", "mixtral.ron", "deepseek_v3.ron", "qwen3_next.ron", "gpt_oss.ron", "mimo_v2_flash.ron"] {
+    for s in [
+        "llama.ron",
+        "olmoe.ron",
+        "qwen3_moe.ron",
+        "mixtral.ron",
+        "deepseek_v3.ron",
+        "qwen3_next.ron",
+        "gpt_oss.ron",
+        "mimo_v2_flash.ron",
+    ] {
         let p = program(s, None);
         println!("{p}");
     }
@@ -62,7 +71,8 @@ fn pymoe_bindings() -> Bindings {
 fn pymoe_binds_against_its_tensor_table() {
     let spec = Spec::load(&graphs().join("olmoe.ron")).unwrap();
     let b = pymoe_bindings();
-    let p = compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).unwrap_or_else(|d| panic!("{d}")).program;
+    let p =
+        compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).unwrap_or_else(|d| panic!("{d}")).program;
     assert_eq!((p.dims.hidden, p.dims.vocab, p.dims.layers), (256, 4096, 6));
     let l = &p.layers[2];
     assert_eq!(l.ffn, FfnKind::Moe);
@@ -71,7 +81,8 @@ fn pymoe_binds_against_its_tensor_table() {
     // norm_topk_prob false: no renormalization; top-4 of 32.
     assert!(l.ops.iter().any(|op| matches!(op, Op::Route { top_k: 4, renormalize: false, .. })));
     // OLMoE's q/k norms are over the whole projection.
-    let groups: Vec<usize> = l.ops.iter().filter_map(|op| if let Op::RmsNorm { group, .. } = op { Some(*group) } else { None }).collect();
+    let groups: Vec<usize> =
+        l.ops.iter().filter_map(|op| if let Op::RmsNorm { group, .. } = op { Some(*group) } else { None }).collect();
     assert_eq!(groups, [256, 256, 256, 256]);
     assert!(matches!(&p.epilogue[1], Op::Linear { weight, .. } if weight.name == "lm_head.weight"));
 
@@ -136,10 +147,14 @@ fn smollm2_gguf_uses_interleaved_rope_and_a_tied_head() {
     let l = &p.layers[7];
     assert!(matches!(&l.ops[1], Op::Linear { weight, .. } if weight.name == "blk.7.attn_q.weight"));
     assert!(l.ops.iter().any(|op| matches!(op, Op::Rope { style: RopeStyle::Interleaved, heads: 9, head_dim: 64, theta, .. } if *theta == 100000.0)));
-    assert!(l.ops.iter().any(|op| matches!(op, Op::Attention { spec, .. } if spec.kv_heads == 3 && spec.scale == 0.125)));
+    assert!(l
+        .ops
+        .iter()
+        .any(|op| matches!(op, Op::Attention { spec, .. } if spec.kv_heads == 3 && spec.scale == 0.125)));
     assert!(matches!(&p.epilogue[1], Op::Linear { weight, .. } if weight.name == "token_embd.weight"));
     // With `output.weight` present, the head is untied.
-    let p = compile(&spec, &smollm2_gguf_bindings(true), &DeviceProfile::cpu_only(), &Options::default()).unwrap().program;
+    let p =
+        compile(&spec, &smollm2_gguf_bindings(true), &DeviceProfile::cpu_only(), &Options::default()).unwrap().program;
     assert!(matches!(&p.epilogue[1], Op::Linear { weight, .. } if weight.name == "output.weight"));
 }
 
@@ -167,13 +182,18 @@ fn mimo_v2_flash_layers_follow_their_types() {
     let mut b = Bindings::from_config_json(&d.join("config.json")).unwrap();
     b.tensors = Some(safetensors_table(&d.join("model.safetensors")));
     let spec = Spec::load(&graphs().join("mimo_v2_flash.ron")).unwrap();
-    let p = compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).unwrap_or_else(|d| panic!("{d}")).program;
+    let p =
+        compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).unwrap_or_else(|d| panic!("{d}")).program;
     use FfnKind::*;
     use MixerKind::*;
     let kinds: Vec<(MixerKind, FfnKind)> = p.layers.iter().map(|l| (l.mixer, l.ffn)).collect();
     assert_eq!(kinds, [(Attention, Dense), (SlidingAttention, Moe), (SlidingAttention, Moe), (Attention, Moe)]);
     let attn = |l: usize| {
-        p.layers[l].ops.iter().find_map(|op| if let Op::Attention { spec, .. } = op { Some(spec.clone()) } else { None }).unwrap()
+        p.layers[l]
+            .ops
+            .iter()
+            .find_map(|op| if let Op::Attention { spec, .. } = op { Some(spec.clone()) } else { None })
+            .unwrap()
     };
     let (full, swa) = (attn(0), attn(1));
     assert_eq!((full.heads, full.kv_heads, full.head_dim, full.v_head_dim, full.window), (4, 1, 32, 16, None));
@@ -182,7 +202,17 @@ fn mimo_v2_flash_layers_follow_their_types() {
     assert_eq!(swa.sinks.unwrap().name, "model.layers.1.self_attn.attention_sink_bias");
     assert_eq!((full.value_scale, swa.value_scale), (0.707, 0.707));
     let ropes = |l: usize| -> Vec<(usize, usize, f32)> {
-        p.layers[l].ops.iter().filter_map(|op| if let Op::Rope { heads, rotary_dim, theta, .. } = op { Some((*heads, *rotary_dim, *theta)) } else { None }).collect()
+        p.layers[l]
+            .ops
+            .iter()
+            .filter_map(|op| {
+                if let Op::Rope { heads, rotary_dim, theta, .. } = op {
+                    Some((*heads, *rotary_dim, *theta))
+                } else {
+                    None
+                }
+            })
+            .collect()
     };
     assert_eq!(ropes(0), [(4, 10, 5e6), (1, 10, 5e6)]);
     assert_eq!(ropes(2), [(4, 10, 1e4), (2, 10, 1e4)]);
@@ -190,7 +220,11 @@ fn mimo_v2_flash_layers_follow_their_types() {
     // The scale is the configuration's, and transformers' default without the key.
     let value_scale = |b: &Bindings| {
         let p = compile(&spec, b, &DeviceProfile::cpu_only(), &Options::default()).unwrap().program;
-        p.layers[0].ops.iter().find_map(|op| if let Op::Attention { spec, .. } = op { Some(spec.value_scale) } else { None }).unwrap()
+        p.layers[0]
+            .ops
+            .iter()
+            .find_map(|op| if let Op::Attention { spec, .. } = op { Some(spec.value_scale) } else { None })
+            .unwrap()
     };
     b.config.insert("attention_value_scale".into(), serde_json::json!(0.5));
     assert_eq!(value_scale(&b), 0.5);
@@ -200,7 +234,15 @@ fn mimo_v2_flash_layers_follow_their_types() {
     // the configuration alone (the fixture's tensors follow its own types).
     b.tensors = None;
     b.config.insert("mlp_layer_types".into(), serde_json::json!(["sparse", "dense", "sparse", "sparse"]));
-    let ffn = |b: &Bindings| compile(&spec, b, &DeviceProfile::cpu_only(), &Options::default()).unwrap().program.layers.iter().map(|l| l.ffn).collect::<Vec<_>>();
+    let ffn = |b: &Bindings| {
+        compile(&spec, b, &DeviceProfile::cpu_only(), &Options::default())
+            .unwrap()
+            .program
+            .layers
+            .iter()
+            .map(|l| l.ffn)
+            .collect::<Vec<_>>()
+    };
     assert_eq!(ffn(&b), [Moe, Dense, Moe, Moe]);
     b.config.remove("mlp_layer_types");
     assert_eq!(ffn(&b), [Dense, Moe, Moe, Moe]);
@@ -228,7 +270,14 @@ fn safetensors_table(path: &Path) -> BTreeMap<String, TensorInfo> {
 #[test]
 fn transformers_fixtures_bind_to_their_specs() {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
-    for (dir, spec) in [("llama", "llama"), ("llama_tied", "llama"), ("mixtral", "mixtral"), ("olmoe", "olmoe"), ("qwen3_moe", "qwen3_moe"), ("mimo_v2_flash", "mimo_v2_flash")] {
+    for (dir, spec) in [
+        ("llama", "llama"),
+        ("llama_tied", "llama"),
+        ("mixtral", "mixtral"),
+        ("olmoe", "olmoe"),
+        ("qwen3_moe", "qwen3_moe"),
+        ("mimo_v2_flash", "mimo_v2_flash"),
+    ] {
         let d = fixtures.join(dir);
         if !d.join("model.safetensors").exists() {
             continue;
@@ -237,7 +286,8 @@ fn transformers_fixtures_bind_to_their_specs() {
         let table = safetensors_table(&d.join("model.safetensors"));
         b.tensors = Some(table.clone());
         let spec = Spec::load(&graphs().join(format!("{spec}.ron"))).unwrap();
-        let plan = compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).unwrap_or_else(|e| panic!("{dir}: {e}"));
+        let plan = compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default())
+            .unwrap_or_else(|e| panic!("{dir}: {e}"));
         let p = &plan.program;
         let mut read = std::collections::BTreeSet::new();
         for op in p.prologue.iter().chain(p.layers.iter().flat_map(|l| &l.ops)).chain(&p.epilogue) {
@@ -260,7 +310,8 @@ fn transformers_fixtures_bind_to_their_specs() {
 /// SmolLM2-135M-Instruct.Q4_1.gguf as its header describes it (metadata without the
 /// tokenizer, tensor table outermost-first), extracted once into tests/data.
 pub fn smollm2_real_gguf() -> Bindings {
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(data("smollm2-135m-q4_1.gguf.json")).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data("smollm2-135m-q4_1.gguf.json")).unwrap()).unwrap();
     let config = v["config"].as_object().unwrap().clone();
     let tensors = v["tensors"]
         .as_object()
@@ -268,7 +319,10 @@ pub fn smollm2_real_gguf() -> Bindings {
         .iter()
         .map(|(k, t)| {
             let shape = t["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
-            (k.clone(), TensorInfo { shape, dtype: t["dtype"].as_str().unwrap().into(), bytes: t["bytes"].as_u64().unwrap() })
+            (
+                k.clone(),
+                TensorInfo { shape, dtype: t["dtype"].as_str().unwrap().into(), bytes: t["bytes"].as_u64().unwrap() },
+            )
         })
         .collect();
     Bindings { source: "SmolLM2-135M-Instruct.Q4_1.gguf".into(), naming: Naming::Gguf, config, tensors: Some(tensors) }

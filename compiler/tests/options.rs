@@ -57,7 +57,8 @@ fn forced_layers_on_two_devices() {
     let two = profile("two-gpu-1gb");
     let dev = |p: &Plan, d: u32| p.placement.layers.iter().filter(|x| **x == Place::Device(DeviceId(d))).count();
     // A forced primary: the second device fits the layers after it (8 fit each).
-    let p = compile_with("olmoe", "olmoe-1b-7b", &two, &Options { device_layers: Some(3), ..Options::default() }).unwrap();
+    let p =
+        compile_with("olmoe", "olmoe-1b-7b", &two, &Options { device_layers: Some(3), ..Options::default() }).unwrap();
     assert_eq!((dev(&p, 0), dev(&p, 1)), (3, 8));
     assert_eq!(p.placement.fits[1].first_layer, 3);
     // Both forced.
@@ -130,9 +131,15 @@ fn profile_errors_are_located() {
     let text = "Profile(\n  name: \"x\",\n  devices: [(name: \"g\", kind: Discreet, memory_budget: 10)],\n)";
     let d = DeviceProfile::parse(text, Path::new("p.ron")).unwrap_err();
     let s = d.to_string();
-    assert!(s.starts_with("p.ron:3:31: error: unknown variant `Discreet`, expected one of `Discrete`, `Integrated`, `Cpu`"), "{s}");
+    assert!(
+        s.starts_with("p.ron:3:31: error: unknown variant `Discreet`, expected one of `Discrete`, `Integrated`, `Cpu`"),
+        "{s}"
+    );
     let text = "Profile(name: \"x\", devices: [(name: \"g\", kind: Discrete, memory_budget: 10, reserve: 20)])";
-    assert!(DeviceProfile::parse(text, Path::new("p.ron")).unwrap_err().to_string().contains("reserve 20 exceeds the budget 10"));
+    assert!(DeviceProfile::parse(text, Path::new("p.ron"))
+        .unwrap_err()
+        .to_string()
+        .contains("reserve 20 exceeds the budget 10"));
 }
 
 #[test]

@@ -35,7 +35,8 @@ fn plan(spec: &str, config: &str, profile: &str) -> Plan {
 fn plan_with(spec: &str, config: &str, profile: &str, options: &Options) -> Plan {
     let spec = Spec::load(&graphs().join(format!("{spec}.ron"))).unwrap_or_else(|d| panic!("{d}"));
     let b = Bindings::from_config_json(&graphs().join("configs").join(format!("{config}.json"))).unwrap();
-    let profile = DeviceProfile::load(&graphs().join("profiles").join(format!("{profile}.ron"))).unwrap_or_else(|d| panic!("{d}"));
+    let profile = DeviceProfile::load(&graphs().join("profiles").join(format!("{profile}.ron")))
+        .unwrap_or_else(|d| panic!("{d}"));
     compile(&spec, &b, &profile, options).unwrap_or_else(|d| panic!("{d}"))
 }
 
@@ -52,7 +53,9 @@ fn plan_snapshots() {
             match kind {
                 "cpu" => assert_eq!(on(&p, 0), 0),
                 "large" => assert_eq!(on(&p, 0), layers, "{spec} on {profile}"),
-                "small" => assert!(on(&p, 0) > 0 && on(&p, 0) < layers, "{spec} on {profile}: {} of {layers}", on(&p, 0)),
+                "small" => {
+                    assert!(on(&p, 0) > 0 && on(&p, 0) < layers, "{spec} on {profile}: {} of {layers}", on(&p, 0))
+                }
                 _ => assert!(on(&p, 0) > 0 && on(&p, 1) > 0, "{spec} on {profile}: {} and {}", on(&p, 0), on(&p, 1)),
             }
             insta::assert_snapshot!(format!("{spec}@{kind}-{profile}"), p.to_string());
@@ -74,8 +77,16 @@ fn kv_split_snapshots() {
         let p = plan_with(spec, config, profile, &options);
         let split = p.placement.kv_split.as_ref().unwrap_or_else(|| panic!("{spec} on {profile}: no split"));
         assert!(split.positions % split.block == 0 && split.positions < p.options.context, "{spec}: {split}");
-        assert!(p.frames.iter().filter(|f| f.kv_split.is_some()).count() == split.layers.len(), "{spec}: a split attention ends each split layer's frame");
-        let unsplit = plan_with(spec, config, profile, &Options { kv_split: false, kv_device_positions: None, ..options.clone() });
+        assert!(
+            p.frames.iter().filter(|f| f.kv_split.is_some()).count() == split.layers.len(),
+            "{spec}: a split attention ends each split layer's frame"
+        );
+        let unsplit = plan_with(
+            spec,
+            config,
+            profile,
+            &Options { kv_split: false, kv_device_positions: None, ..options.clone() },
+        );
         assert!(on(&p, 0) >= on(&unsplit, 0), "{spec} on {profile}: the split placed fewer layers");
         insta::assert_snapshot!(format!("kv_split@{spec}-{name}-{profile}"), p.to_string());
     }

@@ -90,7 +90,18 @@ fn no_resident_experts_with_the_tier_off_or_a_device_that_does_not_list_them() {
     assert!(resident(&off).is_empty());
     assert!(expert_places(&off).iter().all(|(_, place)| *place == Place::Host));
     let mut p = h200(150_000_000_000);
-    let kinds = [OpKind::Embed, OpKind::RmsNorm, OpKind::Linear, OpKind::Rope, OpKind::Attention, OpKind::Act, OpKind::Glu, OpKind::Add, OpKind::Mul, OpKind::Route];
+    let kinds = [
+        OpKind::Embed,
+        OpKind::RmsNorm,
+        OpKind::Linear,
+        OpKind::Rope,
+        OpKind::Attention,
+        OpKind::Act,
+        OpKind::Glu,
+        OpKind::Add,
+        OpKind::Mul,
+        OpKind::Route,
+    ];
     p.devices[0].features.ops = Some(kinds.to_vec());
     let plan = olmoe(&p, &Options::default());
     assert!(resident(&plan).is_empty(), "RoutedExperts is not listed");

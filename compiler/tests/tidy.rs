@@ -35,7 +35,10 @@ fn every_file_opens_with_a_doc_paragraph_and_stays_small() {
 fn no_gpu_or_thread_pool_dependency() {
     let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
     for banned in ["ash", "shaderc", "rayon"] {
-        assert!(!manifest.lines().any(|l| l.trim_start().starts_with(banned)), "compiler/Cargo.toml depends on {banned}");
+        assert!(
+            !manifest.lines().any(|l| l.trim_start().starts_with(banned)),
+            "compiler/Cargo.toml depends on {banned}"
+        );
     }
 }
 

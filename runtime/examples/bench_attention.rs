@@ -25,7 +25,11 @@ fn main() {
             best = best.min(t.elapsed().as_secs_f64());
         }
         let pairs: usize = (0..n).map(|i| pos0 + i + 1).sum::<usize>() * 9;
-        println!("attention n={n} pos0={pos0}: {:.1} us, {:.2} ns per (row, head, key)", best * 1e6, best * 1e9 / pairs as f64);
+        println!(
+            "attention n={n} pos0={pos0}: {:.1} us, {:.2} ns per (row, head, key)",
+            best * 1e6,
+            best * 1e9 / pairs as f64
+        );
     }
     let (n, len) = (64usize, 4096usize);
     let q: Vec<f32> = (0..n * 576).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0).collect();

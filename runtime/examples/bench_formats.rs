@@ -6,7 +6,9 @@
 //! Run: `cargo run --release -p coli-runtime --example bench_formats [-- [--model-only] [model.gguf]]`
 //! Must not: be used by tests; it only prints.
 
-use coli_runtime::format::{dot_row, dot_row_q8, kernel_level, matmul, matmul_q, quantize, Matrix, QuantizedActs, WeightFormat};
+use coli_runtime::format::{
+    dot_row, dot_row_q8, kernel_level, matmul, matmul_q, quantize, Matrix, QuantizedActs, WeightFormat,
+};
 use coli_runtime::model::{Checkpoint, LoadOptions};
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -35,7 +37,9 @@ fn values(n: usize, seed: u32) -> Vec<f32> {
 fn rows_of(format: WeightFormat, rows: usize, cols: usize) -> Vec<u8> {
     match format {
         WeightFormat::Q4_K | WeightFormat::Q6_K => {
-            let mut b: Vec<u8> = (0..rows * format.row_bytes(cols).unwrap()).map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[3]).collect();
+            let mut b: Vec<u8> = (0..rows * format.row_bytes(cols).unwrap())
+                .map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[3])
+                .collect();
             let (size, at) = if format == WeightFormat::Q4_K { (144, 0) } else { (210, 208) };
             for blk in b.chunks_exact_mut(size) {
                 blk[at..at + 2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
@@ -81,7 +85,12 @@ fn main() {
 fn dram() {
     println!("\n## decode from DRAM: one matrix of 64 MB and more, n = 1 (GB/s of weight bytes)");
     let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-    for (f, cols) in [(WeightFormat::Q4_1, 576usize), (WeightFormat::Q8_0, 576), (WeightFormat::Q4_1, 2048), (WeightFormat::I8Row, 576)] {
+    for (f, cols) in [
+        (WeightFormat::Q4_1, 576usize),
+        (WeightFormat::Q8_0, 576),
+        (WeightFormat::Q4_1, 2048),
+        (WeightFormat::I8Row, 576),
+    ] {
         let rows = (64usize << 20) / f.row_bytes(cols).unwrap();
         let bytes = rows_of(f, rows, cols);
         let m = Matrix::new(f, rows, cols, &bytes).unwrap();
@@ -89,12 +98,16 @@ fn dram() {
         let mut out = vec![0f32; rows];
         let t1 = one.install(|| time(Duration::from_millis(300), || matmul(&m, black_box(&x), 1, &mut out)));
         let t2 = time(Duration::from_millis(300), || matmul(&m, black_box(&x), 1, &mut out));
-        println!("{:<6} {rows}x{cols}: 1 thread {:.1} GB/s, all threads {:.1} GB/s", f.name(), gbs(bytes.len(), t1), gbs(bytes.len(), t2));
+        println!(
+            "{:<6} {rows}x{cols}: 1 thread {:.1} GB/s, all threads {:.1} GB/s",
+            f.name(),
+            gbs(bytes.len(), t1),
+            gbs(bytes.len(), t2)
+        );
     }
 }
 
 fn synthetic(formats: &[WeightFormat], short: Duration) {
-
     println!("\n## single thread, one 576 x 1536 matrix (GB/s of weight bytes, ns per row)");
     println!("{:<6} {:>16} {:>16} {:>16}", "format", "dot_row f32", "dot_row_q8", "matmul 1 thread");
     let (rows, cols) = (576, 1536);
@@ -117,12 +130,28 @@ fn synthetic(formats: &[WeightFormat], short: Duration) {
         let mut out = vec![0f32; rows];
         let tm = one.install(|| time(short, || matmul(&m, black_box(&x), 1, &mut out)));
         let per = |t: Duration| t.as_nanos() as f64 / rows as f64;
-        println!("{:<6} {:>7.2} {:>6.0}ns {:>7.2} {:>6.0}ns {:>7.2} {:>6.0}ns", f.name(), gbs(bytes.len(), tf), per(tf), gbs(bytes.len(), tq), per(tq), gbs(bytes.len(), tm), per(tm));
+        println!(
+            "{:<6} {:>7.2} {:>6.0}ns {:>7.2} {:>6.0}ns {:>7.2} {:>6.0}ns",
+            f.name(),
+            gbs(bytes.len(), tf),
+            per(tf),
+            gbs(bytes.len(), tq),
+            per(tq),
+            gbs(bytes.len(), tm),
+            per(tm)
+        );
     }
 
     println!("\n## matmul (all threads): microseconds per call, GB/s of weight bytes");
     println!("{:<6} {:>12} {:>18} {:>18} {:>18}", "format", "shape", "n=1", "n=8", "n=64");
-    for f in [WeightFormat::Q4_1, WeightFormat::Q8_0, WeightFormat::I8Row, WeightFormat::I4G64, WeightFormat::Q4_K, WeightFormat::BF16] {
+    for f in [
+        WeightFormat::Q4_1,
+        WeightFormat::Q8_0,
+        WeightFormat::I8Row,
+        WeightFormat::I4G64,
+        WeightFormat::Q4_K,
+        WeightFormat::BF16,
+    ] {
         for &(rows, cols) in &[(576usize, 576usize), (1536, 576), (576, 1536), (8192, 576)] {
             if f.row_bytes(cols).is_err() {
                 continue;
@@ -139,12 +168,12 @@ fn synthetic(formats: &[WeightFormat], short: Duration) {
             println!("{line}");
         }
     }
-
 }
 
 fn model_budget(path_arg: Option<PathBuf>) {
     let path = path_arg.or_else(|| {
-        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/coli/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"))
+        std::env::var_os("HOME")
+            .map(|h| PathBuf::from(h).join(".cache/coli/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"))
     });
     let Some(ck) = path.filter(|p| p.is_file()).and_then(|p| Checkpoint::open(&p, &LoadOptions::default()).ok()) else {
         println!("\n(SmolLM2 GGUF absent: skipping the real-model decode budget)");
@@ -165,7 +194,12 @@ fn model_budget(path_arg: Option<PathBuf>) {
     for t in &mats {
         *counts.entry(t.format.name()).or_insert(0usize) += 1;
     }
-    println!("\n## {}: one decode token's {} matmuls ({:.1} MB of weights; formats {counts:?})", ck.path().display(), mats.len(), total_bytes as f64 / 1e6);
+    println!(
+        "\n## {}: one decode token's {} matmuls ({:.1} MB of weights; formats {counts:?})",
+        ck.path().display(),
+        mats.len(),
+        total_bytes as f64 / 1e6
+    );
     for n in [1usize, 16] {
         let xs: Vec<Vec<f32>> = mats.iter().map(|t| values(n * t.as_matrix().cols, 9)).collect();
         let mut outs: Vec<Vec<f32>> = mats.iter().map(|t| vec![0f32; n * t.as_matrix().rows]).collect();
@@ -193,5 +227,9 @@ fn model_budget(path_arg: Option<PathBuf>) {
             black_box(&o);
         }
     });
-    println!("matmul_q over the {} 576-column matrices with shared activations: {:.3} ms", mats.iter().filter(|t| t.as_matrix().cols == 576).count(), t.as_secs_f64() * 1e3);
+    println!(
+        "matmul_q over the {} 576-column matrices with shared activations: {:.3} ms",
+        mats.iter().filter(|t| t.as_matrix().cols == 576).count(),
+        t.as_secs_f64() * 1e3
+    );
 }

@@ -50,16 +50,29 @@ struct Loaded {
     ctx: Context,
 }
 
-fn load(dir: &Path, quant: Option<WeightFormat>, context: usize, chunk: usize, profile: bool) -> Result<Loaded, Box<dyn std::error::Error>> {
+fn load(
+    dir: &Path,
+    quant: Option<WeightFormat>,
+    context: usize,
+    chunk: usize,
+    profile: bool,
+) -> Result<Loaded, Box<dyn std::error::Error>> {
     let ckpt = Checkpoint::open(dir, &LoadOptions { quantize: quant, ..Default::default() })?;
     let bindings = ckpt.bindings();
     let arch = bindings.architecture().ok_or("the checkpoint names no architecture")?.to_string();
     let graphs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../graphs");
     let graphs = if graphs.is_dir() { graphs } else { PathBuf::from("graphs") };
-    let spec_path = coli_compiler::spec::spec_for_architecture(&graphs, &arch).ok_or(format!("no spec under graphs/ serves {arch}"))?;
+    let spec_path = coli_compiler::spec::spec_for_architecture(&graphs, &arch)
+        .ok_or(format!("no spec under graphs/ serves {arch}"))?;
     let spec = Spec::load(&spec_path).map_err(|d| d.to_string())?;
     let ctx = Context::new(&VkOptions { profile, ..Default::default() })?;
-    let plan = compile(&spec, &bindings, &profile_of(&ctx, None), &Options { context, chunk_rows: chunk, ..Options::default() }).map_err(|d| d.to_string())?;
+    let plan = compile(
+        &spec,
+        &bindings,
+        &profile_of(&ctx, None),
+        &Options { context, chunk_rows: chunk, ..Options::default() },
+    )
+    .map_err(|d| d.to_string())?;
     let model = Model::load(&ckpt, plan.program.clone(), &mut |_, _| {})?;
     let dev = Chain::load(vec![ctx.clone()], &plan, &model, &Default::default(), &mut |_, _| {})?;
     Ok(Loaded { model, dev, ctx })
@@ -78,7 +91,15 @@ fn model(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let l = load(&dir, quant, ctx_len, p.max(1), false)?;
     println!("device: {}", l.ctx.describe());
     let prog = &l.model.program;
-    println!("model {} ({}, {} layers, hidden {}, vocab {}), {:.0} MB of weights on the device", dir.display(), prog.family, prog.dims.layers, prog.dims.hidden, prog.dims.vocab, l.dev.weight_bytes() as f64 / 1e6);
+    println!(
+        "model {} ({}, {} layers, hidden {}, vocab {}), {:.0} MB of weights on the device",
+        dir.display(),
+        prog.family,
+        prog.dims.layers,
+        prog.dims.hidden,
+        prog.dims.vocab,
+        l.dev.weight_bytes() as f64 / 1e6
+    );
     let vocab = prog.dims.vocab as u32;
     let ids: Vec<u32> = (0..p.max(1) as u32).map(|i| 10 + (i * 7919) % (vocab - 10)).collect();
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
@@ -116,7 +137,10 @@ fn model(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     println!("pp{p}: {:.1} tok/s, tg{n}: {:.1} tok/s (medians of {reps})", median(pp), median(tg));
-    println!("prompt forward: {:.1} ms, of which host {:.1} ms recording + {:.1} ms waiting", prompt_host.0, prompt_host.1, prompt_host.2);
+    println!(
+        "prompt forward: {:.1} ms, of which host {:.1} ms recording + {:.1} ms waiting",
+        prompt_host.0, prompt_host.1, prompt_host.2
+    );
     if let Some((d, sub, rec, wait, all)) = per_token {
         println!("per decode token: {d:.0} dispatches, {sub:.1} submits, host {rec:.0} us recording + {wait:.0} us waiting of {all:.0} us");
     }
@@ -142,7 +166,13 @@ fn report(what: &str, prof: &[(String, u64, f64)], per: f64) {
     let total: f64 = prof.iter().map(|p| p.2).sum();
     println!("device time, {what}: {:.1} us", total / per * 1e6);
     for (k, cnt, t) in prof.iter().take(14) {
-        println!("  {k:28} {:6.1} x {:8.2} us = {:8.1} us ({:4.1}%)", *cnt as f64 / per, t / *cnt as f64 * 1e6, t / per * 1e6, 100.0 * t / total);
+        println!(
+            "  {k:28} {:6.1} x {:8.2} us = {:8.1} us ({:4.1}%)",
+            *cnt as f64 / per,
+            t / *cnt as f64 * 1e6,
+            t / per * 1e6,
+            100.0 * t / total
+        );
     }
 }
 
@@ -152,7 +182,8 @@ fn random(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let layers: usize = args.get(1).and_then(|v| v.parse().ok()).unwrap_or(30);
     let (hidden, ffn, heads, kv_heads, vocab) = (576usize, 1536usize, 9usize, 3usize, 49152usize);
     let hd = hidden / heads;
-    let mut tensors: Vec<(String, Vec<usize>)> = vec![("model.embed_tokens.weight".into(), vec![vocab, hidden]), ("model.norm.weight".into(), vec![hidden])];
+    let mut tensors: Vec<(String, Vec<usize>)> =
+        vec![("model.embed_tokens.weight".into(), vec![vocab, hidden]), ("model.norm.weight".into(), vec![hidden])];
     for i in 0..layers {
         let l = format!("model.layers.{i}");
         tensors.push((format!("{l}.input_layernorm.weight"), vec![hidden]));
@@ -170,7 +201,10 @@ fn random(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     for (i, (name, shape)) in tensors.iter().enumerate() {
         let bytes = shape.iter().product::<usize>() * 2;
         let sep = if i == 0 { "" } else { "," };
-        header += &format!("{sep}\"{name}\":{{\"dtype\":\"BF16\",\"shape\":{shape:?},\"data_offsets\":[{off},{}]}}", off + bytes);
+        header += &format!(
+            "{sep}\"{name}\":{{\"dtype\":\"BF16\",\"shape\":{shape:?},\"data_offsets\":[{off},{}]}}",
+            off + bytes
+        );
         off += bytes;
     }
     header += "}";
@@ -219,7 +253,8 @@ fn random_rows(format: WeightFormat, rows: usize, cols: usize, seed: &mut u64) -
     match format {
         WeightFormat::Q4_K | WeightFormat::Q6_K => {
             let mut b: Vec<u8> = (0..rows * format.row_bytes(cols).unwrap()).map(|_| next() as u8).collect();
-            let (size, at): (usize, &[usize]) = if format == WeightFormat::Q4_K { (144, &[0, 2]) } else { (210, &[208]) };
+            let (size, at): (usize, &[usize]) =
+                if format == WeightFormat::Q4_K { (144, &[0, 2]) } else { (210, &[208]) };
             for block in b.chunks_exact_mut(size) {
                 for &a in at {
                     block[a..a + 2].copy_from_slice(&fp16::f32_to_f16(0.01).to_le_bytes());
@@ -256,7 +291,10 @@ fn kernels(name: Option<String>) -> Result<(), Box<dyn std::error::Error>> {
             if pass == 1 {
                 let s = t.elapsed().as_secs_f64();
                 let gbs = (w.device_bytes() * reps) as f64 / s / 1e9;
-                println!("{format:6} GEMV {rows}x{cols}: {:8.1} us/op, {gbs:7.1} GB/s of weights", s / reps as f64 * 1e6);
+                println!(
+                    "{format:6} GEMV {rows}x{cols}: {:8.1} us/op, {gbs:7.1} GB/s of weights",
+                    s / reps as f64 * 1e6
+                );
             }
         }
         for n in [32usize, 512] {
@@ -271,7 +309,10 @@ fn kernels(name: Option<String>) -> Result<(), Box<dyn std::error::Error>> {
                 if pass == 1 {
                     let s = t.elapsed().as_secs_f64();
                     let gflops = 2.0 * (rows * cols * n * reps) as f64 / s / 1e9;
-                    println!("{format:6} GEMM {rows}x{cols} n={n:3}: {:8.1} us/op, {gflops:7.1} GFLOP/s", s / reps as f64 * 1e6);
+                    println!(
+                        "{format:6} GEMM {rows}x{cols} n={n:3}: {:8.1} us/op, {gflops:7.1} GFLOP/s",
+                        s / reps as f64 * 1e6
+                    );
                 }
             }
         }

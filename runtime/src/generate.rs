@@ -25,7 +25,14 @@ pub struct GenerateOptions {
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        GenerateOptions { max_new_tokens: 128, chunk_rows: 64, stop_strings: Vec::new(), record_logits: false, penalty_window: 64, stop_at_eos: true }
+        GenerateOptions {
+            max_new_tokens: 128,
+            chunk_rows: 64,
+            stop_strings: Vec::new(),
+            record_logits: false,
+            penalty_window: 64,
+            stop_at_eos: true,
+        }
     }
 }
 
@@ -89,7 +96,14 @@ pub fn generate(
     if session.pos() + prompt.len() > context {
         return Err(GenerateError::PromptTooLong { prompt: session.pos() + prompt.len(), context });
     }
-    let mut out = Generation { prompt_ids: prompt.to_vec(), generated: Vec::new(), logits: Vec::new(), prompt_secs: 0.0, decode_secs: 0.0, stop: StopReason::MaxTokens };
+    let mut out = Generation {
+        prompt_ids: prompt.to_vec(),
+        generated: Vec::new(),
+        logits: Vec::new(),
+        prompt_secs: 0.0,
+        decode_secs: 0.0,
+        stop: StopReason::MaxTokens,
+    };
     let rows = if opts.record_logits { LogitRows::All } else { LogitRows::Last };
 
     // 1. The prompt, in chunks.

@@ -38,7 +38,9 @@ fn the_device_part_over_a_ring_matches_the_cpu_and_merges_to_the_full_attention(
         (4, 4, 16, 16, None, true, 8, 8, 3, 9, false),
     ];
     for (heads, kv_heads, head_dim, v_head_dim, window, with_sinks, positions, block, pos0, n, dynamic) in cases {
-        let what = format!("{heads}/{kv_heads}/{head_dim}/{v_head_dim} window {window:?} share {positions}/{block} pos0 {pos0} n {n}");
+        let what = format!(
+            "{heads}/{kv_heads}/{head_dim}/{v_head_dim} window {window:?} share {positions}/{block} pos0 {pos0} n {n}"
+        );
         let (kw, vw) = (kv_heads * head_dim, kv_heads * v_head_dim);
         let len = pos0 + n;
         let ring = positions + n.max(4);
@@ -61,15 +63,28 @@ fn the_device_part_over_a_ring_matches_the_cpu_and_merges_to_the_full_attention(
         let pos = if dynamic { Pos::Dynamic(pb.all()) } else { Pos::Fixed(pos0) };
         let cs = CpuShape { heads, kv_heads, head_dim, v_head_dim, scale, window };
         let mut f = ctx.frame().unwrap();
-        f.attn_part(cs, SplitShape { positions, block, ring }, qb.all(), kb.all(), vb.all(), acc.all(), ml.all(), n, pos).unwrap();
+        f.attn_part(
+            cs,
+            SplitShape { positions, block, ring },
+            qb.all(),
+            kb.all(),
+            vb.all(),
+            acc.all(),
+            ml.all(),
+            n,
+            pos,
+        )
+        .unwrap();
         f.run().unwrap();
         let lo = |p: usize| window.map_or(0, |w| (p + 1).saturating_sub(w));
         let dev_from = |i: usize| device_from(pos0 + i, positions, block).max(lo(pos0 + i));
         let want = attend_part(&cs, &q, &k, &v, n, &|i| (dev_from(i), pos0 + i + 1), None);
         let (got_acc, got_ml) = (ctx.download_f32(acc.all()).unwrap(), ctx.download_f32(ml.all()).unwrap());
         assert!(worst(&got_acc, &want.acc) <= 1e-5, "{what}: acc off by {}", worst(&got_acc, &want.acc));
-        let (gm, wm): (Vec<f32>, Vec<f32>) = (got_ml.iter().step_by(2).copied().collect(), want.ml.iter().step_by(2).copied().collect());
-        let (gl, wl): (Vec<f32>, Vec<f32>) = (got_ml.iter().skip(1).step_by(2).copied().collect(), want.ml.iter().skip(1).step_by(2).copied().collect());
+        let (gm, wm): (Vec<f32>, Vec<f32>) =
+            (got_ml.iter().step_by(2).copied().collect(), want.ml.iter().step_by(2).copied().collect());
+        let (gl, wl): (Vec<f32>, Vec<f32>) =
+            (got_ml.iter().skip(1).step_by(2).copied().collect(), want.ml.iter().skip(1).step_by(2).copied().collect());
         assert!(gm.iter().zip(&wm).all(|(a, b)| (a - b).abs() <= 1e-5), "{what}: m {gm:?} vs {wm:?}");
         assert!(worst(&gl, &wl) <= 1e-5, "{what}: l {gl:?} vs {wl:?}");
         // Merged with the host's part (the older positions and the sinks): the full attention.
@@ -107,7 +122,20 @@ fn rope_kv_ring_wraps() {
         let rope = Some(RopeArgs { freq: fb.all(), style: RopeStyle::RotateHalf, mscale });
         let mut f = ctx.frame().unwrap();
         let shape = KvShape { n, heads, kv_heads, head_dim, v_head_dim };
-        f.rope_kv_ring(rope, qb.all(), kb.all(), vb.all(), shape, mk.all(), mv.all(), sk.all(), sv.all(), Pos::Fixed(pos0), ring).unwrap();
+        f.rope_kv_ring(
+            rope,
+            qb.all(),
+            kb.all(),
+            vb.all(),
+            shape,
+            mk.all(),
+            mv.all(),
+            sk.all(),
+            sv.all(),
+            Pos::Fixed(pos0),
+            ring,
+        )
+        .unwrap();
         f.run().unwrap();
         let (mut want_k, mut want_v) = (old_k.clone(), old_v.clone());
         for i in 0..n {

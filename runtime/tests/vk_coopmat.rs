@@ -64,7 +64,10 @@ fn coop() -> Option<&'static Context> {
 /// The same device with the f32 tiles only (profiling on, for the times).
 fn plain() -> &'static Context {
     static CTX: OnceLock<Context> = OnceLock::new();
-    CTX.get_or_init(|| open(&VkOptions { coopmat: CoopMatUse::Off, profile: true, ..Default::default() }).expect("the device opened once already"))
+    CTX.get_or_init(|| {
+        open(&VkOptions { coopmat: CoopMatUse::Off, profile: true, ..Default::default() })
+            .expect("the device opened once already")
+    })
 }
 
 /// The worst `|got - want|` over the largest |want| (at least 1e-3); panics past `tol`.
@@ -123,7 +126,16 @@ fn dense_matches_cpu() {
                 let ob = c.f32_buffer(n * rows + 5).unwrap();
                 let mut f = c.frame().unwrap();
                 let r = residual.then(|| rb.view(7, n * rows));
-                f.matmul_fused(&w, MatIn::Plain(xb.view(3, n * cols)), n, ob.view(5, n * rows), r, MatmulPath::Gemm, Precision::Fast).unwrap();
+                f.matmul_fused(
+                    &w,
+                    MatIn::Plain(xb.view(3, n * cols)),
+                    n,
+                    ob.view(5, n * rows),
+                    r,
+                    MatmulPath::Gemm,
+                    Precision::Fast,
+                )
+                .unwrap();
                 f.run().unwrap();
                 outs.push(c.download_f32(ob.view(5, n * rows)).unwrap());
             }
@@ -147,9 +159,11 @@ struct Layer {
 
 impl Layer {
     fn new(experts: usize, hidden: usize, ffn: usize, bias: bool, rng: &mut Rng) -> Layer {
-        let mut mk = |rows, cols| (0..experts).map(|_| random_rows(WeightFormat::I8Row, rows, cols, rng)).collect::<Vec<_>>();
+        let mut mk =
+            |rows, cols| (0..experts).map(|_| random_rows(WeightFormat::I8Row, rows, cols, rng)).collect::<Vec<_>>();
         let (gate, up, down) = (mk(ffn, hidden), mk(ffn, hidden), mk(hidden, ffn));
-        let bias = bias.then(|| (rng.vec(experts * ffn, 0.5), rng.vec(experts * ffn, 0.5), rng.vec(experts * hidden, 0.5)));
+        let bias =
+            bias.then(|| (rng.vec(experts * ffn, 0.5), rng.vec(experts * ffn, 0.5), rng.vec(experts * hidden, 0.5)));
         Layer { experts, hidden, ffn, gate, up, down, bias }
     }
 
@@ -198,7 +212,13 @@ fn moe_case(ctx: &Context, layer: &Layer, n: usize, top_k: usize, glu: GluKind, 
     let rt = skewed_routing(n, top_k, layer.experts, rng);
     let mut want = vec![0f32; n * h];
     routed_experts(&x, n, h, &rt, top_k, glu, Precision::Fast, &|e| layer.mats(e), &mut want);
-    let what = format!("experts E={} {}x{} n={n} top {top_k} {glu:?} bias={}", layer.experts, h, layer.ffn, layer.bias.is_some());
+    let what = format!(
+        "experts E={} {}x{} n={n} top {top_k} {glu:?} bias={}",
+        layer.experts,
+        h,
+        layer.ffn,
+        layer.bias.is_some()
+    );
     let mut outs = Vec::new();
     for c in [ctx, plain()] {
         let dev = c.upload_experts(layer.experts, &|e| layer.mats(e)).unwrap();
@@ -207,7 +227,15 @@ fn moe_case(ctx: &Context, layer: &Layer, n: usize, top_k: usize, glu: GluKind, 
         let rb = c.upload_f32(&[vec![3.0; 2], rt.clone()].concat()).unwrap();
         let ob = c.f32_buffer(n * h + 3).unwrap();
         let mut f = c.frame().unwrap();
-        let call = MoeCall { experts: &dev, scratch: &scratch, n, top_k, glu, precision: Precision::Fast, path: MoePath::Grouped };
+        let call = MoeCall {
+            experts: &dev,
+            scratch: &scratch,
+            n,
+            top_k,
+            glu,
+            precision: Precision::Fast,
+            path: MoePath::Grouped,
+        };
         f.moe(call, xb.view(5, n * h), rb.view(2, n * 2 * top_k), ob.view(3, n * h)).unwrap();
         f.run().unwrap();
         outs.push(c.download_f32(ob.view(3, n * h)).unwrap());
@@ -274,8 +302,17 @@ fn olmoe_sized_chunk() {
         let ob = c.f32_buffer(n * rows).unwrap();
         for round in 0..2 {
             let mut f = c.frame().unwrap();
-            f.matmul_with(&w, xb.view(0, n * cols), n, ob.view(0, n * rows), MatmulPath::Gemm, Precision::Fast).unwrap();
-            let call = MoeCall { experts: &dev, scratch: &scratch, n, top_k: 8, glu: GluKind::SwiGlu, precision: Precision::Fast, path: MoePath::Grouped };
+            f.matmul_with(&w, xb.view(0, n * cols), n, ob.view(0, n * rows), MatmulPath::Gemm, Precision::Fast)
+                .unwrap();
+            let call = MoeCall {
+                experts: &dev,
+                scratch: &scratch,
+                n,
+                top_k: 8,
+                glu: GluKind::SwiGlu,
+                precision: Precision::Fast,
+                path: MoePath::Grouped,
+            };
             f.moe(call, xb.view(0, n * 2048), rb.view(0, n * 16), ob.view(0, n * 2048)).unwrap();
             f.run().unwrap();
             let p = c.take_profile();

@@ -73,8 +73,21 @@ fn run_case(c: &Case, seed: u64) {
     let dq = ctx.upload_matrix(c.format, pw, c.hidden, &qkvz).unwrap();
     let dba = ctx.upload_matrix(c.format, 2 * c.nv, c.hidden, &ba).unwrap();
     let dout = ctx.upload_matrix(c.format, c.hidden, hw, &outw).unwrap();
-    let (dtaps, ddt, dal, dnorm) = (ctx.upload_f32(&taps).unwrap(), ctx.upload_f32(&dt).unwrap(), ctx.upload_f32(&alog).unwrap(), ctx.upload_f32(&norm).unwrap());
-    let mats = DeltaNetMats { qkvz: &dq, ba: &dba, out: &dout, conv: dtaps.all(), dt_bias: ddt.all(), a_log: dal.all(), norm: dnorm.all() };
+    let (dtaps, ddt, dal, dnorm) = (
+        ctx.upload_f32(&taps).unwrap(),
+        ctx.upload_f32(&dt).unwrap(),
+        ctx.upload_f32(&alog).unwrap(),
+        ctx.upload_f32(&norm).unwrap(),
+    );
+    let mats = DeltaNetMats {
+        qkvz: &dq,
+        ba: &dba,
+        out: &dout,
+        conv: dtaps.all(),
+        dt_bias: ddt.all(),
+        a_log: dal.all(),
+        norm: dnorm.all(),
+    };
     // A random state (as after some positions): heads small enough to stay stable, a full ring.
     let mut state = rng.vec(s.heads_floats(), 0.3);
     state.extend(rng.vec(s.state_floats() - s.heads_floats(), 1.0));
@@ -89,7 +102,10 @@ fn run_case(c: &Case, seed: u64) {
     let scratch = DeltaNetScratch::new(ctx, 17, s).unwrap();
     let (dx, dy) = (ctx.f32_buffer(17 * c.hidden).unwrap(), ctx.f32_buffer(17 * c.hidden).unwrap());
     for n in rows {
-        let what = format!("{}/{} heads of {}/{}, kernel {}, hidden {}, {:?}, {n} rows", c.nk, c.nv, c.dk, c.dv, c.kk, c.hidden, c.format);
+        let what = format!(
+            "{}/{} heads of {}/{}, kernel {}, hidden {}, {:?}, {n} rows",
+            c.nk, c.nv, c.dk, c.dv, c.kk, c.hidden, c.format
+        );
         let x = rng.vec(n * c.hidden, 1.0);
         let mut want = vec![0f32; n * c.hidden];
         gated_deltanet(&spec, &cw, &x, n, &mut state, spec.norm_eps, precision, &mut want);
@@ -106,7 +122,11 @@ fn run_case(c: &Case, seed: u64) {
         let er = worst(&gs[s.heads_floats()..], &state[s.heads_floats()..]);
         assert!(er <= tol, "{what}: the ring off by {er} of its largest value");
         // The words before the state's view are untouched.
-        assert_eq!(ctx.download_f32(dstate.view(0, lead)).unwrap(), padded[..lead].to_vec(), "{what}: outside the view");
+        assert_eq!(
+            ctx.download_f32(dstate.view(0, lead)).unwrap(),
+            padded[..lead].to_vec(),
+            "{what}: outside the view"
+        );
     }
 }
 
@@ -137,10 +157,24 @@ fn out_of_range_geometries_are_typed_errors() {
     let Some(ctx) = ctx() else { return };
     let b = ctx.f32_buffer(1 << 16).unwrap();
     for (dk, dv, kk) in [(300, 16, 4), (16, 300, 4), (16, 16, 9), (16, 16, 0)] {
-        let s = DeltaNetShape { key_heads: 1, value_heads: 1, key_head_dim: dk, value_head_dim: dv, conv_kernel: kk, eps: 1e-6 };
+        let s = DeltaNetShape {
+            key_heads: 1,
+            value_heads: 1,
+            key_head_dim: dk,
+            value_head_dim: dv,
+            conv_kernel: kk,
+            eps: 1e-6,
+        };
         let mut f = ctx.frame().unwrap();
         let ring = b.view(0, s.channels() * kk.saturating_sub(1));
-        let e = f.deltanet_conv(s, b.view(0, s.proj_width()), b.view(0, s.channels() * kk), ring, b.view(0, s.channels()), 1);
+        let e = f.deltanet_conv(
+            s,
+            b.view(0, s.proj_width()),
+            b.view(0, s.channels() * kk),
+            ring,
+            b.view(0, s.channels()),
+            1,
+        );
         assert!(e.is_err(), "heads of {dk}/{dv}, a kernel of {kk}: refused");
     }
 }

@@ -10,7 +10,9 @@ mod vk_common;
 
 use coli_compiler::ir::{GluKind, RopeScaling, RopeStyle};
 use coli_runtime::cpu::linear::linear;
-use coli_runtime::cpu::{attention as cpu_attention, elementwise as cpu_elementwise, norm as cpu_norm, rope as cpu_rope, Precision};
+use coli_runtime::cpu::{
+    attention as cpu_attention, elementwise as cpu_elementwise, norm as cpu_norm, rope as cpu_rope, Precision,
+};
 use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
 use coli_runtime::vk::{AttnPath, AttnShape, KvShape, MatIn, MatmulPath, Pos, QkNorm, RopeArgs, VkOptions};
 use vk_common::{assert_close, ctx, open, random_rows, Rng};
@@ -91,7 +93,8 @@ fn fused_products_match_the_cpu_ops() {
                     Input::Norm { eps, offset } => cpu_norm::rms_norm(&x, &mut xin, &aux, eps, offset),
                     Input::Glu(kind) => cpu_elementwise::glu(kind, &x, &aux, &mut xin),
                 }
-                let (xb, ab, rb) = (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&aux).unwrap(), ctx.upload_f32(&res).unwrap());
+                let (xb, ab, rb) =
+                    (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&aux).unwrap(), ctx.upload_f32(&res).unwrap());
                 for precision in [Precision::Fast, Precision::Exact] {
                     let mut want = vec![0f32; n * rows];
                     linear(&m, &xin, n, &mut want, precision);
@@ -100,13 +103,19 @@ fn fused_products_match_the_cpu_ops() {
                     }
                     let mut mag = vec![0f32; n * rows];
                     let mut slack = vec![0f32; n * rows];
-                    let q8 = precision == Precision::Fast && !matches!(format, WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16) && !matches!(input, Input::Plain);
+                    let q8 = precision == Precision::Fast
+                        && !matches!(format, WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16)
+                        && !matches!(input, Input::Plain);
                     for i in 0..n {
                         let xr = &xin[i * cols..(i + 1) * cols];
-                        let step = xr.chunks(32).map(|b| b.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0).fold(0f32, f32::max);
+                        let step = xr
+                            .chunks(32)
+                            .map(|b| b.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0)
+                            .fold(0f32, f32::max);
                         for r in 0..rows {
                             dequant_row(format, m.row(r), &mut wrow);
-                            mag[i * rows + r] = wrow.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum::<f32>() + res[i * rows + r].abs();
+                            mag[i * rows + r] =
+                                wrow.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum::<f32>() + res[i * rows + r].abs();
                             if q8 {
                                 slack[i * rows + r] = 2.0 * step * wmax[r];
                             }
@@ -122,7 +131,10 @@ fn fused_products_match_the_cpu_ops() {
                     let mut f = ctx.frame().unwrap();
                     f.matmul_fused(&w, fused, n, ob.all(), Some(ob.all()), path, precision).unwrap();
                     f.run().unwrap();
-                    let what = format!("{format} {} n {n} {path:?} {precision:?}", ["norm", "norm+1", "swiglu", "geglu", "clamped", "plain"][ii]);
+                    let what = format!(
+                        "{format} {} n {n} {path:?} {precision:?}",
+                        ["norm", "norm+1", "swiglu", "geglu", "clamped", "plain"][ii]
+                    );
                     check(&format!("{what} (in place)"), &ctx.download_f32(ob.all()).unwrap(), &want, &mag, &slack);
                     // Into another buffer, and through shared quantized activations.
                     if precision == Precision::Fast {
@@ -131,7 +143,13 @@ fn fused_products_match_the_cpu_ops() {
                         let q = f.quantize_input(fused, n, cols).unwrap();
                         f.matmul_q_fused(&w, fused, &q, ob.all(), Some(rb.all()), path).unwrap();
                         f.run().unwrap();
-                        check(&format!("{what} (shared q8)"), &ctx.download_f32(ob.all()).unwrap(), &want, &mag, &slack);
+                        check(
+                            &format!("{what} (shared q8)"),
+                            &ctx.download_f32(ob.all()).unwrap(),
+                            &want,
+                            &mag,
+                            &slack,
+                        );
                     }
                 }
             }
@@ -149,9 +167,15 @@ fn fused_products_refuse_bad_operands() {
     let nw = ctx.upload_f32(&rng.vec(32, 1.0)).unwrap();
     let mut f = ctx.frame().unwrap();
     let norm = MatIn::Norm { x: x.view(0, 64), weight: nw.all(), eps: 1e-5, offset: 0.0 };
-    assert!(f.matmul_fused(&w, norm, 1, x.view(64, 64), None, MatmulPath::Auto, Precision::Fast).is_err(), "a norm over half a row");
+    assert!(
+        f.matmul_fused(&w, norm, 1, x.view(64, 64), None, MatmulPath::Auto, Precision::Fast).is_err(),
+        "a norm over half a row"
+    );
     let glu = MatIn::Glu { gate: x.view(0, 64), up: x.view(64, 64), kind: GluKind::SwiGlu };
-    assert!(f.matmul_fused(&w, glu, 1, x.view(64, 64), None, MatmulPath::Auto, Precision::Fast).is_err(), "output over the up rows");
+    assert!(
+        f.matmul_fused(&w, glu, 1, x.view(64, 64), None, MatmulPath::Auto, Precision::Fast).is_err(),
+        "output over the up rows"
+    );
 }
 
 /// RoPE of q and k with the KV append in one kernel: q and k rotated in place as
@@ -165,10 +189,17 @@ fn rope_kv_matches_cpu() {
     let (heads, kv_heads, head_dim, v_head_dim) = (6, 2, 32, 24);
     let (kw, vw) = (kv_heads * head_dim, kv_heads * v_head_dim);
     let cap = 64;
-    let scaling = RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 };
-    for (style, rotary, dynamic) in [(RopeStyle::RotateHalf, 32, false), (RopeStyle::Interleaved, 16, true), (RopeStyle::RotateHalf, 0, false), (RopeStyle::RotateHalf, 24, true)] {
+    let scaling =
+        RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 };
+    for (style, rotary, dynamic) in [
+        (RopeStyle::RotateHalf, 32, false),
+        (RopeStyle::Interleaved, 16, true),
+        (RopeStyle::RotateHalf, 0, false),
+        (RopeStyle::RotateHalf, 24, true),
+    ] {
         for (n, pos0) in [(1, 40), (5, 7)] {
-            let (freq, mscale) = if rotary > 0 { cpu_rope::inv_freq(rotary, 10000.0, scaling) } else { (Vec::new(), 1.0) };
+            let (freq, mscale) =
+                if rotary > 0 { cpu_rope::inv_freq(rotary, 10000.0, scaling) } else { (Vec::new(), 1.0) };
             let (q, k, v) = (rng.vec(n * heads * head_dim, 1.0), rng.vec(n * kw, 1.0), rng.vec(n * vw, 1.0));
             let (mut wq, mut wk) = (q.clone(), k.clone());
             if rotary > 0 {
@@ -225,9 +256,12 @@ fn attention_decode_matches_cpu() {
         // MiMo-V2-Flash: value heads narrower than key heads, partial RoPE, window, sinks, values scaled.
         (4, 2, 32, 16, 10, RopeStyle::RotateHalf, Some(4), true, true, 33, 0.707),
     ];
-    let scaling = RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 };
+    let scaling =
+        RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 };
     // q and k norms absorbed: none, over the whole projected rows (OLMoE), per head (Qwen3).
-    for (ci, (heads, kv_heads, head_dim, v_head_dim, rotary, style, window, with_sinks, dynamic, p, value_scale)) in cases.into_iter().enumerate().flat_map(|(i, c)| (0..3).map(move |m| ((i, m), c))) {
+    for (ci, (heads, kv_heads, head_dim, v_head_dim, rotary, style, window, with_sinks, dynamic, p, value_scale)) in
+        cases.into_iter().enumerate().flat_map(|(i, c)| (0..3).map(move |m| ((i, m), c)))
+    {
         let norm_mode = ci.1;
         let (kw, vw, qw) = (kv_heads * head_dim, kv_heads * v_head_dim, heads * head_dim);
         let cap = p + 3;
@@ -253,11 +287,20 @@ fn attention_decode_matches_cpu() {
         want_v[p * vw..(p + 1) * vw].copy_from_slice(&v);
         let cs = cpu_attention::AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window };
         let mut want = vec![0f32; heads * v_head_dim];
-        cpu_attention::attend(cs, &rq, &want_k[..(p + 1) * kw], &want_v[..(p + 1) * vw], p, with_sinks.then_some(&sinks[..]), &mut want);
+        cpu_attention::attend(
+            cs,
+            &rq,
+            &want_k[..(p + 1) * kw],
+            &want_v[..(p + 1) * vw],
+            p,
+            with_sinks.then_some(&sinks[..]),
+            &mut want,
+        );
         want.iter_mut().for_each(|x| *x *= value_scale);
         let (qb, kb, vb) = (ctx.upload_f32(&q).unwrap(), ctx.upload_f32(&k).unwrap(), ctx.upload_f32(&v).unwrap());
         let (mk, mv) = (ctx.upload_f32(&old_k).unwrap(), ctx.upload_f32(&old_v).unwrap());
-        let (sk, sv, ob) = (ctx.f32_buffer(kw).unwrap(), ctx.f32_buffer(vw).unwrap(), ctx.f32_buffer(heads * v_head_dim).unwrap());
+        let (sk, sv, ob) =
+            (ctx.f32_buffer(kw).unwrap(), ctx.f32_buffer(vw).unwrap(), ctx.f32_buffer(heads * v_head_dim).unwrap());
         let fb = ctx.upload_f32(&freq.iter().copied().chain([0.0]).collect::<Vec<_>>()).unwrap();
         let (sb, pb) = (ctx.upload_f32(&sinks).unwrap(), ctx.upload_u32(&[p as u32]).unwrap());
         let rope = (rotary > 0).then(|| RopeArgs { freq: fb.view(0, freq.len()), style, mscale });
@@ -268,12 +311,38 @@ fn attention_decode_matches_cpu() {
         // equals the same product over `quantize_acts` of the float output, bit for bit.
         let q8 = v_head_dim % 32 == 0;
         let ow = heads * v_head_dim;
-        let w8 = ctx.upload_matrix(WeightFormat::I8Row, 5, ow, &random_rows(WeightFormat::I8Row, 5, ow, &mut rng)).unwrap();
+        let w8 =
+            ctx.upload_matrix(WeightFormat::I8Row, 5, ow, &random_rows(WeightFormat::I8Row, 5, ow, &mut rng)).unwrap();
         let (y1, y2) = (ctx.f32_buffer(5).unwrap(), ctx.f32_buffer(5).unwrap());
         let mut f = ctx.frame().unwrap();
-        let (mkv, mvv) = if dynamic { (mk.all(), mv.all()) } else { (mk.view(0, (p + 1) * kw), mv.view(0, (p + 1) * vw)) };
-        let norm = (norm_mode > 0).then(|| QkNorm { q_weight: qnb.all(), k_weight: knb.all(), q_group: qg, k_group: kg, eps: 1e-5, offset });
-        let acts = f.attention_decode(vs, rope, qb.all(), kb.all(), vb.all(), mkv, mvv, sk.all(), sv.all(), with_sinks.then(|| sb.all()), ob.all(), pos, norm, q8).unwrap();
+        let (mkv, mvv) =
+            if dynamic { (mk.all(), mv.all()) } else { (mk.view(0, (p + 1) * kw), mv.view(0, (p + 1) * vw)) };
+        let norm = (norm_mode > 0).then(|| QkNorm {
+            q_weight: qnb.all(),
+            k_weight: knb.all(),
+            q_group: qg,
+            k_group: kg,
+            eps: 1e-5,
+            offset,
+        });
+        let acts = f
+            .attention_decode(
+                vs,
+                rope,
+                qb.all(),
+                kb.all(),
+                vb.all(),
+                mkv,
+                mvv,
+                sk.all(),
+                sv.all(),
+                with_sinks.then(|| sb.all()),
+                ob.all(),
+                pos,
+                norm,
+                q8,
+            )
+            .unwrap();
         assert_eq!(f.dispatch_count(), 1);
         assert_eq!(acts.is_some(), q8);
         if let Some(a) = acts {
@@ -283,7 +352,11 @@ fn attention_decode_matches_cpu() {
         }
         f.run().unwrap();
         if q8 {
-            assert_eq!(ctx.download_f32(y1.all()).unwrap(), ctx.download_f32(y2.all()).unwrap(), "8-bit output of the attention kernel");
+            assert_eq!(
+                ctx.download_f32(y1.all()).unwrap(),
+                ctx.download_f32(y2.all()).unwrap(),
+                "8-bit output of the attention kernel"
+            );
         }
         let what = format!("attention_decode norm {norm_mode} {heads}/{kv_heads}x{head_dim}/{v_head_dim} rotary {rotary} {style:?} window {window:?} sinks {with_sinks} x{value_scale} dynamic {dynamic} p {p}");
         assert_close(&what, &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
@@ -321,7 +394,19 @@ fn a_recording_replays_at_every_position() {
         let mut f = ctx.recording().unwrap();
         let shape = KvShape { n: 1, heads, kv_heads, head_dim, v_head_dim: head_dim };
         let pos = Pos::Dynamic(pb.all());
-        f.rope_kv(Some(RopeArgs { freq: fb.all(), style: RopeStyle::RotateHalf, mscale }), qb.all(), kb.all(), vb.all(), shape, mk.all(), mv.all(), sk.all(), sv.all(), pos).unwrap();
+        f.rope_kv(
+            Some(RopeArgs { freq: fb.all(), style: RopeStyle::RotateHalf, mscale }),
+            qb.all(),
+            kb.all(),
+            vb.all(),
+            shape,
+            mk.all(),
+            mv.all(),
+            sk.all(),
+            sv.all(),
+            pos,
+        )
+        .unwrap();
         f.attention_at(vs, qb.all(), mk.all(), mv.all(), None, ob.all(), 1, pos, AttnPath::Auto).unwrap();
         let rec = f.finish().unwrap();
         assert!(rec.dispatch_count() == 2 && rec.barrier_count() >= 1, "{rec:?}");
@@ -340,7 +425,12 @@ fn a_recording_replays_at_every_position() {
             if p % 7 == 0 || p + 1 == cap {
                 let mut want = vec![0f32; qw];
                 cpu_attention::attend(cs, &q, &keys, &vals, p, None, &mut want);
-                assert_close(&format!("window {window:?} position {p}"), &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
+                assert_close(
+                    &format!("window {window:?} position {p}"),
+                    &ctx.download_f32(ob.all()).unwrap(),
+                    &want,
+                    1e-5,
+                );
             }
         }
     }

@@ -72,7 +72,11 @@ fn a_cap_is_usable_to_its_last_bytes() {
     while let Ok(b) = ctx.buffer(MemoryUse::Device, piece) {
         held.push(b);
     }
-    assert_eq!(held.len() - 1, (cap as usize - (3 << 19)) / piece, "pieces of {piece} B beside 1.5 MiB under a cap of {cap} B");
+    assert_eq!(
+        held.len() - 1,
+        (cap as usize - (3 << 19)) / piece,
+        "pieces of {piece} B beside 1.5 MiB under a cap of {cap} B"
+    );
     let back = ctx.buffer(MemoryUse::Readback, 1 << 20).expect("read-backs are not counted against the cap");
     let up = ctx.buffer(MemoryUse::Upload, 1 << 20).expect("uploads are not counted against the cap");
     assert!(ctx.memory_stats().device_bytes <= cap, "{:?}", ctx.memory_stats());
@@ -118,7 +122,9 @@ fn injected_allocation_failure_is_an_error_and_leaks_nothing() {
 #[test]
 fn injected_submit_failure_loses_the_device_and_leaks_nothing() {
     let fault = FaultInjection { fail_submit: Some(2), ..Default::default() };
-    let Some(ctx) = open(&VkOptions { fault: Some(fault), upload: UploadPath::Mapped, ..Default::default() }) else { return };
+    let Some(ctx) = open(&VkOptions { fault: Some(fault), upload: UploadPath::Mapped, ..Default::default() }) else {
+        return;
+    };
     let x = ctx.upload_f32(&[1.0, 2.0]).unwrap();
     let mut f = ctx.frame().unwrap();
     f.add(x.all(), x.all(), x.all(), 1, 2, Broadcast::None).unwrap();
@@ -147,6 +153,8 @@ fn context_describes_itself() {
         assert!(!ctx.memory_budget().unwrap().is_empty());
     }
     // A device named like nothing is a clear error.
-    let err = coli_runtime::vk::Context::new(&VkOptions { device_name: Some("no such gpu".into()), ..Default::default() }).unwrap_err();
+    let err =
+        coli_runtime::vk::Context::new(&VkOptions { device_name: Some("no such gpu".into()), ..Default::default() })
+            .unwrap_err();
     assert!(matches!(err, VkError::NoDevice { .. }), "{err}");
 }

@@ -30,10 +30,7 @@ use vk_common::*;
 fn worst(got: &[f32], want: &[f32]) -> f32 {
     assert_eq!(got.len(), want.len());
     let scale = want.iter().fold(1e-30f32, |a, b| a.max(b.abs()));
-    got.iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs() / scale)
-        .fold(0.0, f32::max)
+    got.iter().zip(want).map(|(a, b)| (a - b).abs() / scale).fold(0.0, f32::max)
 }
 
 struct Case {
@@ -74,11 +71,7 @@ fn run_case(c: &Case, seed: u64) {
     };
     let s = MlaShape::of(&spec);
     let exact = c.format == WeightFormat::F32;
-    let precision = if exact {
-        Precision::Exact
-    } else {
-        Precision::Fast
-    };
+    let precision = if exact { Precision::Exact } else { Precision::Fast };
     let tol = if exact { 1e-5 } else { 1e-4 };
     let (h, dq) = (c.heads, c.nope + c.rope);
     // Stored rows of every matrix, (rows, cols).
@@ -89,29 +82,15 @@ fn run_case(c: &Case, seed: u64) {
         (h * (c.nope + c.v), c.latent),
         (c.hidden, h * c.v),
     ];
-    let stored: Vec<Vec<u8>> = dims
-        .iter()
-        .map(|&(r, k)| random_rows(c.format, r, k, &mut rng))
-        .collect();
+    let stored: Vec<Vec<u8>> = dims.iter().map(|&(r, k)| random_rows(c.format, r, k, &mut rng)).collect();
     let m = |i: usize| Matrix::new(c.format, dims[i].0, dims[i].1, &stored[i]).unwrap();
-    let qn: Vec<f32> = rng
-        .vec(c.q_lora.unwrap_or(1), 0.5)
-        .iter()
-        .map(|v| 1.0 + v)
-        .collect();
+    let qn: Vec<f32> = rng.vec(c.q_lora.unwrap_or(1), 0.5).iter().map(|v| 1.0 + v).collect();
     let kn: Vec<f32> = rng.vec(c.latent, 0.5).iter().map(|v| 1.0 + v).collect();
     let bias = |rng: &mut Rng, n: usize| c.biases.then(|| rng.vec(n, 0.3));
-    let (qab, kvab, ob) = (
-        bias(&mut rng, c.q_lora.unwrap_or(1)),
-        bias(&mut rng, c.latent + c.rope),
-        bias(&mut rng, c.hidden),
-    );
+    let (qab, kvab, ob) =
+        (bias(&mut rng, c.q_lora.unwrap_or(1)), bias(&mut rng, c.latent + c.rope), bias(&mut rng, c.hidden));
     let q = match c.q_lora {
-        Some(_) => QueryWeights::Lora {
-            q_a: m(0),
-            q_a_norm: &qn,
-            q_b: m(1),
-        },
+        Some(_) => QueryWeights::Lora { q_a: m(0), q_a_norm: &qn, q_b: m(1) },
         None => QueryWeights::Direct(m(0)),
     };
     let cw = MlaWeights {
@@ -125,28 +104,18 @@ fn run_case(c: &Case, seed: u64) {
         o_bias: ob.as_deref(),
     };
     // The device's copies.
-    let dm: Vec<_> = dims
-        .iter()
-        .zip(&stored)
-        .map(|(&(r, k), b)| ctx.upload_matrix(c.format, r, k, b).unwrap())
-        .collect();
+    let dm: Vec<_> =
+        dims.iter().zip(&stored).map(|(&(r, k), b)| ctx.upload_matrix(c.format, r, k, b).unwrap()).collect();
     let (dqn, dkn) = (ctx.upload_f32(&qn).unwrap(), ctx.upload_f32(&kn).unwrap());
     let up = |b: &Option<Vec<f32>>| b.as_ref().map(|b| ctx.upload_f32(b).unwrap());
     let (dqab, dkvab, dob) = (up(&qab), up(&kvab), up(&ob));
     let dq_ = match c.q_lora {
-        Some(_) => MlaQuery::Lora {
-            q_a: &dm[0],
-            q_a_norm: dqn.all(),
-            q_b: &dm[1],
-        },
+        Some(_) => MlaQuery::Lora { q_a: &dm[0], q_a_norm: dqn.all(), q_b: &dm[1] },
         None => MlaQuery::Direct(&dm[0]),
     };
     let mats = MlaMats {
         q: dq_,
-        q_a_bias: dqab
-            .as_ref()
-            .filter(|_| c.q_lora.is_some())
-            .map(|b| b.all()),
+        q_a_bias: dqab.as_ref().filter(|_| c.q_lora.is_some()).map(|b| b.all()),
         kv_a: &dm[2],
         kv_a_bias: dkvab.as_ref().map(|b| b.all()),
         kv_a_norm: dkn.all(),
@@ -156,44 +125,18 @@ fn run_case(c: &Case, seed: u64) {
     };
     let (freq, mscale) = inv_freq(c.rope, spec.rope_theta, spec.rope_scaling);
     let dfreq = ctx.upload_f32(&freq).unwrap();
-    let style = if c.interleave {
-        RopeStyle::Interleaved
-    } else {
-        RopeStyle::RotateHalf
-    };
-    let rope = RopeArgs {
-        freq: dfreq.all(),
-        style,
-        mscale,
-    };
+    let style = if c.interleave { RopeStyle::Interleaved } else { RopeStyle::RotateHalf };
+    let rope = RopeArgs { freq: dfreq.all(), style, mscale };
     let total: usize = c.blocks.iter().sum();
     let most = *c.blocks.iter().max().unwrap();
-    let (ml, mr) = (
-        ctx.f32_buffer(total * c.latent).unwrap(),
-        ctx.f32_buffer(total * c.rope).unwrap(),
-    );
-    let (sl, sr) = (
-        ctx.f32_buffer(most * c.latent).unwrap(),
-        ctx.f32_buffer(most * c.rope).unwrap(),
-    );
-    let cache = MlaCache {
-        latent: ml.all(),
-        rope: mr.all(),
-        latent_back: sl.all(),
-        rope_back: sr.all(),
-    };
+    let (ml, mr) = (ctx.f32_buffer(total * c.latent).unwrap(), ctx.f32_buffer(total * c.rope).unwrap());
+    let (sl, sr) = (ctx.f32_buffer(most * c.latent).unwrap(), ctx.f32_buffer(most * c.rope).unwrap());
+    let cache = MlaCache { latent: ml.all(), rope: mr.all(), latent_back: sl.all(), rope_back: sr.all() };
     let scratch = MlaScratch::new(ctx, most, s).unwrap();
     // The input in the middle of a larger buffer: the op honours its views' offsets.
     let lead = 3;
-    let (dx, dy) = (
-        ctx.f32_buffer(lead + most * c.hidden).unwrap(),
-        ctx.f32_buffer(lead + most * c.hidden).unwrap(),
-    );
-    let mut kv = LayerKv {
-        k_width: c.latent,
-        v_width: c.rope,
-        ..Default::default()
-    };
+    let (dx, dy) = (ctx.f32_buffer(lead + most * c.hidden).unwrap(), ctx.f32_buffer(lead + most * c.hidden).unwrap());
+    let mut kv = LayerKv { k_width: c.latent, v_width: c.rope, ..Default::default() };
     let mut pos0 = 0;
     for &n in c.blocks {
         let what = format!(
@@ -202,11 +145,7 @@ fn run_case(c: &Case, seed: u64) {
         );
         let x = rng.vec(n * c.hidden, 1.0);
         let mut want = vec![0f32; n * c.hidden];
-        let form = if exact {
-            MlaForm::for_rows(n)
-        } else {
-            MlaForm::Absorbed
-        };
+        let form = if exact { MlaForm::for_rows(n) } else { MlaForm::Absorbed };
         mla(&spec, &cw, &x, n, pos0, &mut kv, precision, form, &mut want);
         ctx.write(&dx, lead * 4, &bytes(&x)).unwrap();
         let mut f = ctx.frame().unwrap();
@@ -226,10 +165,8 @@ fn run_case(c: &Case, seed: u64) {
         f.run().unwrap();
         let got = ctx.download_f32(dy.view(lead, n * c.hidden)).unwrap();
         let eo = worst(&got, &want);
-        let (gl, gr) = (
-            ctx.download_f32(sl.view(0, n * c.latent)).unwrap(),
-            ctx.download_f32(sr.view(0, n * c.rope)).unwrap(),
-        );
+        let (gl, gr) =
+            (ctx.download_f32(sl.view(0, n * c.latent)).unwrap(), ctx.download_f32(sr.view(0, n * c.rope)).unwrap());
         let (wl, wr) = (&kv.k[pos0 * c.latent..], &kv.v[pos0 * c.rope..]);
         let (el, er) = (worst(&gl, wl), worst(&gr, wr));
         let (ml_, mr_) = (
@@ -239,14 +176,8 @@ fn run_case(c: &Case, seed: u64) {
         let (eml, emr) = (worst(&ml_, &kv.k), worst(&mr_, &kv.v));
         eprintln!("{what}: output {eo:.2e}, latents {el:.2e}, rope keys {er:.2e}");
         assert!(eo <= tol, "{what}: output off by {eo} of its largest value");
-        assert!(
-            el <= tol && er <= tol,
-            "{what}: read-back rows off by {el} / {er}"
-        );
-        assert!(
-            eml <= tol && emr <= tol,
-            "{what}: mirrors off by {eml} / {emr}"
-        );
+        assert!(el <= tol && er <= tol, "{what}: read-back rows off by {el} / {er}");
+        assert!(eml <= tol && emr <= tol, "{what}: mirrors off by {eml} / {emr}");
         pos0 += n;
     }
 }
@@ -358,21 +289,9 @@ fn out_of_range_geometries_are_typed_errors() {
     let Some(ctx) = ctx() else { return };
     let b = ctx.f32_buffer(1 << 16).unwrap();
     for (latent, rope) in [(2048, 8), (32, 7), (32, 256), (0, 8)] {
-        let s = MlaShape {
-            heads: 1,
-            q_lora: None,
-            latent,
-            nope: 4,
-            rope,
-            v_head_dim: 4,
-            scale: 1.0,
-            eps: 1e-6,
-        };
+        let s = MlaShape { heads: 1, q_lora: None, latent, nope: 4, rope, v_head_dim: 4, scale: 1.0, eps: 1e-6 };
         let mut f = ctx.frame().unwrap();
         let e = f.mla_attn(s, b.view(0, 64), b.view(0, 4096), b.all(), b.all(), 1, 0);
-        assert!(
-            e.is_err(),
-            "a latent of {latent}, a rope part of {rope}: refused"
-        );
+        assert!(e.is_err(), "a latent of {latent}, a rope part of {rope}: refused");
     }
 }

@@ -36,7 +36,8 @@ impl Layer {
     fn new(format: WeightFormat, experts: usize, hidden: usize, ffn: usize, bias: bool, rng: &mut Rng) -> Layer {
         let mut mk = |rows, cols| (0..experts).map(|_| random_rows(format, rows, cols, rng)).collect::<Vec<_>>();
         let (gate, up, down) = (mk(ffn, hidden), mk(ffn, hidden), mk(hidden, ffn));
-        let bias = bias.then(|| (rng.vec(experts * ffn, 0.5), rng.vec(experts * ffn, 0.5), rng.vec(experts * hidden, 0.5)));
+        let bias =
+            bias.then(|| (rng.vec(experts * ffn, 0.5), rng.vec(experts * ffn, 0.5), rng.vec(experts * hidden, 0.5)));
         Layer { format, experts, hidden, ffn, gate, up, down, bias }
     }
 
@@ -94,9 +95,18 @@ fn check(layer: &Layer, n: usize, top_k: usize, glu: GluKind, precision: Precisi
     f.moe(call, xb.view(5, n * h), rb.view(2, n * 2 * top_k), ob.view(3, n * h)).unwrap();
     f.run().unwrap();
     let got = ctx.download_f32(ob.view(3, n * h)).unwrap();
-    let float_acts = precision == Precision::Exact || !layer.format.uses_q8_acts(layer.ffn) && !layer.format.uses_q8_acts(h);
+    let float_acts =
+        precision == Precision::Exact || !layer.format.uses_q8_acts(layer.ffn) && !layer.format.uses_q8_acts(h);
     let tol = if float_acts { 1e-5 } else { 1e-4 };
-    assert_close(&format!("{} E={} {}x{} n={n} top {top_k} {glu:?} {precision:?} {path:?}", layer.format, layer.experts, h, layer.ffn), &got, &want, tol);
+    assert_close(
+        &format!(
+            "{} E={} {}x{} n={n} top {top_k} {glu:?} {precision:?} {path:?}",
+            layer.format, layer.experts, h, layer.ffn
+        ),
+        &got,
+        &want,
+        tol,
+    );
 }
 
 /// A MoE layer's FFN norm absorbed into the experts' 8-bit activations and the residual Add
@@ -141,7 +151,15 @@ fn norm_input_and_residual_store_match_cpu() {
     let (b, rb) = (ctx.f32_buffer(32).unwrap(), ctx.upload_f32(&routing(1, 2, 4, &mut rng)).unwrap());
     let mut f = ctx.frame().unwrap();
     let input = MatIn::Norm { x: b.all(), weight: b.all(), eps: 1e-5, offset: 0.0 };
-    let call = MoeCall { experts: &dev, scratch: &scratch, n: 1, top_k: 2, glu, precision: Precision::Fast, path: MoePath::Gemv };
+    let call = MoeCall {
+        experts: &dev,
+        scratch: &scratch,
+        n: 1,
+        top_k: 2,
+        glu,
+        precision: Precision::Fast,
+        path: MoePath::Gemv,
+    };
     assert!(f.moe_fused(call, input, None, rb.all(), b.all()).is_err());
 }
 
@@ -165,7 +183,14 @@ fn decode_and_chunks_match_cpu_for_every_format() {
     let mut rng = Rng(0x5eed_0e01);
     for &(format, hidden, ffn) in SHAPES {
         let layer = Layer::new(format, 10, hidden, ffn, false, &mut rng);
-        for (n, top_k, path) in [(1, 1, MoePath::Auto), (1, 8, MoePath::Auto), (3, 2, MoePath::Auto), (37, 4, MoePath::Auto), (2, 8, MoePath::Grouped), (6, 3, MoePath::Gemv)] {
+        for (n, top_k, path) in [
+            (1, 1, MoePath::Auto),
+            (1, 8, MoePath::Auto),
+            (3, 2, MoePath::Auto),
+            (37, 4, MoePath::Auto),
+            (2, 8, MoePath::Grouped),
+            (6, 3, MoePath::Gemv),
+        ] {
             check(&layer, n, top_k, GluKind::SwiGlu, Precision::Fast, path, &mut rng);
         }
         for (n, path) in [(1, MoePath::Auto), (9, MoePath::Auto)] {
@@ -206,7 +231,14 @@ fn routing_on_the_device_feeds_the_experts() {
         let (h, e) = (layer.hidden, layer.experts);
         let x = rng.vec(n * h, 1.0);
         let logits = rng.vec(n * e, 2.0);
-        let spec = RouteSpec { scoring: RouterScoring::Softmax, top_k, renormalize: true, correction_bias: None, groups: None, scale: 1.0 };
+        let spec = RouteSpec {
+            scoring: RouterScoring::Softmax,
+            top_k,
+            renormalize: true,
+            correction_bias: None,
+            groups: None,
+            scale: 1.0,
+        };
         let mut rt = vec![0f32; n * 2 * top_k];
         for r in 0..n {
             route_row(&spec, &logits[r * e..(r + 1) * e], &mut rt[r * 2 * top_k..(r + 1) * 2 * top_k]);
@@ -218,9 +250,18 @@ fn routing_on_the_device_feeds_the_experts() {
         let (xb, lb) = (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&logits).unwrap());
         let (rb, ob) = (ctx.f32_buffer(n * 2 * top_k).unwrap(), ctx.f32_buffer(n * h).unwrap());
         let mut f = ctx.frame().unwrap();
-        let params = RouteParams { scoring: RouterScoring::Softmax, top_k, renormalize: true, groups: None, scale: 1.0 };
+        let params =
+            RouteParams { scoring: RouterScoring::Softmax, top_k, renormalize: true, groups: None, scale: 1.0 };
         f.route(lb.all(), None, rb.all(), n, e, params).unwrap();
-        let call = MoeCall { experts: &dev, scratch: &scratch, n, top_k, glu: GluKind::SwiGlu, precision: Precision::Fast, path: MoePath::Auto };
+        let call = MoeCall {
+            experts: &dev,
+            scratch: &scratch,
+            n,
+            top_k,
+            glu: GluKind::SwiGlu,
+            precision: Precision::Fast,
+            path: MoePath::Auto,
+        };
         f.moe(call, xb.all(), rb.all(), ob.all()).unwrap();
         f.run().unwrap();
         let ids: Vec<f32> = ctx.download_f32(rb.all()).unwrap().iter().step_by(2).copied().collect();
@@ -239,7 +280,15 @@ fn bad_operands_are_errors() {
     let b = ctx.f32_buffer(1024).unwrap();
     let mut f = ctx.frame().unwrap();
     // More rows than the scratch holds; more ranks than experts.
-    let call = |n, top_k| MoeCall { experts: &dev, scratch: &scratch, n, top_k, glu: GluKind::SwiGlu, precision: Precision::Fast, path: MoePath::Auto };
+    let call = |n, top_k| MoeCall {
+        experts: &dev,
+        scratch: &scratch,
+        n,
+        top_k,
+        glu: GluKind::SwiGlu,
+        precision: Precision::Fast,
+        path: MoePath::Auto,
+    };
     assert!(f.moe(call(3, 2), b.all(), b.all(), b.all()).is_err());
     assert!(f.moe(call(1, 5), b.all(), b.all(), b.all()).is_err());
     // Experts of different shapes do not stack.
@@ -258,7 +307,9 @@ fn tier_pairs_in_slots_match_cpu_pair_outputs() {
     use coli_runtime::cpu::experts::pair_outputs;
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(0x5eed_0e09);
-    for &(format, hidden, ffn, bias) in &[(WeightFormat::F32, 45, 40, true), (WeightFormat::Q8_0, 96, 64, false), (WeightFormat::I8Row, 96, 64, false)] {
+    for &(format, hidden, ffn, bias) in
+        &[(WeightFormat::F32, 45, 40, true), (WeightFormat::Q8_0, 96, 64, false), (WeightFormat::I8Row, 96, 64, false)]
+    {
         let layer = Layer::new(format, 8, hidden, ffn, bias, &mut rng);
         let slots = 5;
         // Slot s holds expert held[s].
@@ -288,19 +339,45 @@ fn tier_pairs_in_slots_match_cpu_pair_outputs() {
                 }
             }
             let mut want = vec![0f32; n * top_k * hidden];
-            pair_outputs(&x, n, hidden, &rt, top_k, &all, GluKind::SwiGlu, Precision::Fast, &|e| layer.mats(e), &mut want);
+            pair_outputs(
+                &x,
+                n,
+                hidden,
+                &rt,
+                top_k,
+                &all,
+                GluKind::SwiGlu,
+                Precision::Fast,
+                &|e| layer.mats(e),
+                &mut want,
+            );
             let scratch = ctx.moe_scratch(n, top_k, hidden, ffn, slots).unwrap();
             let (xb, rb) = (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&local).unwrap());
             let yb = ctx.upload_f32(&vec![9.0; n * top_k * hidden]).unwrap();
             let mut f = ctx.frame().unwrap();
-            let call = MoeCall { experts: &dev, scratch: &scratch, n, top_k, glu: GluKind::SwiGlu, precision: Precision::Fast, path };
+            let call = MoeCall {
+                experts: &dev,
+                scratch: &scratch,
+                n,
+                top_k,
+                glu: GluKind::SwiGlu,
+                precision: Precision::Fast,
+                path,
+            };
             f.moe_pairs(call, xb.all(), rb.all(), yb.all()).unwrap();
             f.run().unwrap();
             let got = ctx.download_f32(yb.all()).unwrap();
             let float_acts = !format.uses_q8_acts(ffn) && !format.uses_q8_acts(hidden);
             let tol = if float_acts { 1e-5 } else { 1e-4 };
-            let rows = |pairs: &[(usize, usize)], v: &[f32]| pairs.iter().flat_map(|&(r, k)| v[(r * top_k + k) * hidden..][..hidden].to_vec()).collect::<Vec<f32>>();
-            assert_close(&format!("{format} n={n} top {top_k} {path:?}: device pairs"), &rows(&on_dev, &got), &rows(&on_dev, &want), tol);
+            let rows = |pairs: &[(usize, usize)], v: &[f32]| {
+                pairs.iter().flat_map(|&(r, k)| v[(r * top_k + k) * hidden..][..hidden].to_vec()).collect::<Vec<f32>>()
+            };
+            assert_close(
+                &format!("{format} n={n} top {top_k} {path:?}: device pairs"),
+                &rows(&on_dev, &got),
+                &rows(&on_dev, &want),
+                tol,
+            );
             let absent: Vec<(usize, usize)> = all.iter().copied().filter(|p| !on_dev.contains(p)).collect();
             assert!(rows(&absent, &got).iter().all(|&v| v == 9.0), "{format} n={n}: an absent pair's row was written");
             assert!(!on_dev.is_empty(), "the case routes to some slot");

@@ -8,10 +8,12 @@
 mod vk_common;
 
 // The CPU op library is the reference.
-use coli_runtime::cpu::{attention as cpu_attention, elementwise as cpu_elementwise, norm as cpu_norm, rope as cpu_rope, route as cpu_route};
 use coli_compiler::ir::{Activation, GluKind, RopeScaling, RopeStyle, RouterScoring};
 use coli_runtime::cpu::linear::linear;
 use coli_runtime::cpu::Precision;
+use coli_runtime::cpu::{
+    attention as cpu_attention, elementwise as cpu_elementwise, norm as cpu_norm, rope as cpu_rope, route as cpu_route,
+};
 use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
 use coli_runtime::vk::{AttnPath, AttnShape, Broadcast, IntDotUse, MatmulPath, RopeShape, RouteParams, VkOptions};
 use vk_common::{assert_close, assert_close_terms, ctx, random_rows, term_magnitudes, Rng};
@@ -64,7 +66,13 @@ fn matmul_matches_cpu_for_every_format() {
                 f.run().unwrap();
                 let got = ctx.download_f32(ob.view(5, n * rows)).unwrap();
                 let mag = term_magnitudes(format, &bytes, rows, cols, &x, n);
-                assert_close_terms(&format!("{format} {rows}x{cols} n={n} {path:?} {precision:?}"), &got, &want, &mag, 1e-5);
+                assert_close_terms(
+                    &format!("{format} {rows}x{cols} n={n} {path:?} {precision:?}"),
+                    &got,
+                    &want,
+                    &mag,
+                    1e-5,
+                );
             }
         }
     }
@@ -145,7 +153,8 @@ fn shared_quantized_activations_match_cpu() {
     let acts = coli_runtime::format::QuantizedActs::new(&x, n, cols).unwrap();
     let xb = ctx.upload_f32(&x).unwrap();
     for format in [WeightFormat::Q8_0, WeightFormat::Q4_K, WeightFormat::I4G64, WeightFormat::F16] {
-        let mats: Vec<(usize, Vec<u8>)> = [40usize, 24, 24].iter().map(|&r| (r, random_rows(format, r, cols, &mut rng))).collect();
+        let mats: Vec<(usize, Vec<u8>)> =
+            [40usize, 24, 24].iter().map(|&r| (r, random_rows(format, r, cols, &mut rng))).collect();
         let dev: Vec<_> = mats.iter().map(|(r, b)| ctx.upload_matrix(format, *r, cols, b).unwrap()).collect();
         let outs: Vec<_> = mats.iter().map(|(r, _)| ctx.f32_buffer(n * r).unwrap()).collect();
         let mut f = ctx.frame().unwrap();
@@ -212,7 +221,8 @@ fn rms_norm_matches_cpu() {
         let w = rng.vec(group, 1.0);
         let mut want = vec![0f32; n * width];
         cpu_norm::rms_norm(&x, &mut want, &w, 1e-6, offset);
-        let (xb, wb, ob) = (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&w).unwrap(), ctx.f32_buffer(n * width).unwrap());
+        let (xb, wb, ob) =
+            (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&w).unwrap(), ctx.f32_buffer(n * width).unwrap());
         let mut f = ctx.frame().unwrap();
         f.rms_norm(xb.all(), wb.all(), ob.all(), n, width, 1e-6, offset).unwrap();
         // In place as well.
@@ -236,7 +246,8 @@ fn rms_norm_pair_matches_two_cpu_norms() {
         let (mut want_a, mut want_b) = (vec![0f32; n * wa], vec![0f32; n * wb]);
         cpu_norm::rms_norm(&xa, &mut want_a, &wa_, 1e-6, 0.0);
         cpu_norm::rms_norm(&xb, &mut want_b, &wb_, 1e-6, 0.0);
-        let (xab, wab, oab) = (ctx.upload_f32(&xa).unwrap(), ctx.upload_f32(&wa_).unwrap(), ctx.f32_buffer(n * wa).unwrap());
+        let (xab, wab, oab) =
+            (ctx.upload_f32(&xa).unwrap(), ctx.upload_f32(&wa_).unwrap(), ctx.f32_buffer(n * wa).unwrap());
         let (xbb, wbb) = (ctx.upload_f32(&xb).unwrap(), ctx.upload_f32(&wb_).unwrap());
         let mut f = ctx.frame().unwrap();
         let a = coli_runtime::vk::NormArgs { x: xab.all(), weight: wab.all(), out: oab.all(), width: wa };
@@ -259,7 +270,14 @@ fn rope_matches_cpu() {
     let scalings = [
         RopeScaling::None,
         RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 },
-        RopeScaling::Yarn { factor: 4.0, original_max_position: 64, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.2, truncate: true },
+        RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position: 64,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: 1.2,
+            truncate: true,
+        },
     ];
     for style in [RopeStyle::RotateHalf, RopeStyle::Interleaved] {
         for (rotary, scaling) in [(32, scalings[0]), (16, scalings[1]), (32, scalings[2])] {
@@ -335,7 +353,12 @@ fn add_and_mul_match_cpu() {
                 f.add(ab.all(), bb.all(), ob.all(), n, width, bmode).unwrap();
             }
             f.run().unwrap();
-            assert_close(&format!("{} {bmode:?}", if mul { "mul" } else { "add" }), &ctx.download_f32(ob.all()).unwrap(), &want, 0.0);
+            assert_close(
+                &format!("{} {bmode:?}", if mul { "mul" } else { "add" }),
+                &ctx.download_f32(ob.all()).unwrap(),
+                &want,
+                0.0,
+            );
         }
     }
 }
@@ -363,12 +386,24 @@ fn route_matches_cpu() {
             }
         }
         let bias = rng.vec(experts, 0.1);
-        let spec = cpu_route::RouteSpec { scoring, top_k, renormalize, correction_bias: with_bias.then_some(&bias[..]), groups, scale };
+        let spec = cpu_route::RouteSpec {
+            scoring,
+            top_k,
+            renormalize,
+            correction_bias: with_bias.then_some(&bias[..]),
+            groups,
+            scale,
+        };
         let mut want = vec![0f32; n * 2 * top_k];
         for r in 0..n {
-            cpu_route::route_row(&spec, &logits[r * experts..(r + 1) * experts], &mut want[r * 2 * top_k..(r + 1) * 2 * top_k]);
+            cpu_route::route_row(
+                &spec,
+                &logits[r * experts..(r + 1) * experts],
+                &mut want[r * 2 * top_k..(r + 1) * 2 * top_k],
+            );
         }
-        let (lb, bb, ob) = (ctx.upload_f32(&logits).unwrap(), ctx.upload_f32(&bias).unwrap(), ctx.f32_buffer(want.len()).unwrap());
+        let (lb, bb, ob) =
+            (ctx.upload_f32(&logits).unwrap(), ctx.upload_f32(&bias).unwrap(), ctx.f32_buffer(want.len()).unwrap());
         let p = RouteParams { scoring, top_k, renormalize, groups, scale };
         let mut f = ctx.frame().unwrap();
         f.route(lb.all(), with_bias.then(|| bb.all()), ob.all(), n, experts, p).unwrap();
@@ -409,11 +444,17 @@ fn attention_matches_cpu() {
             let mut want = vec![0f32; n * heads * v_head_dim];
             cpu_attention::attend(cs, &q, &k, &v, pos0, with_sinks.then_some(&sinks[..]), &mut want);
             want.iter_mut().for_each(|x| *x *= value_scale);
-            let (qb, kb, vb, sb) = (ctx.upload_f32(&q).unwrap(), ctx.upload_f32(&k).unwrap(), ctx.upload_f32(&v).unwrap(), ctx.upload_f32(&sinks).unwrap());
+            let (qb, kb, vb, sb) = (
+                ctx.upload_f32(&q).unwrap(),
+                ctx.upload_f32(&k).unwrap(),
+                ctx.upload_f32(&v).unwrap(),
+                ctx.upload_f32(&sinks).unwrap(),
+            );
             for path in [AttnPath::Split, AttnPath::Block] {
                 let ob = ctx.f32_buffer(want.len()).unwrap();
                 let mut f = ctx.frame().unwrap();
-                f.attention(vs, qb.all(), kb.all(), vb.all(), with_sinks.then(|| sb.all()), ob.all(), n, pos0, path).unwrap();
+                f.attention(vs, qb.all(), kb.all(), vb.all(), with_sinks.then(|| sb.all()), ob.all(), n, pos0, path)
+                    .unwrap();
                 f.run().unwrap();
                 let what = format!("attention {heads}/{kv_heads}x{head_dim}/{v_head_dim} window {window:?} sinks {with_sinks} x{value_scale} n {n} pos0 {pos0} {path:?}");
                 assert_close(&what, &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);

@@ -59,10 +59,13 @@ pub fn matrix(v: &Value) -> Vec<Vec<f32>> {
 
 pub fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     assert_eq!(a.len(), b.len(), "row counts differ");
-    a.iter().zip(b).flat_map(|(x, y)| {
-        assert_eq!(x.len(), y.len(), "row widths differ");
-        x.iter().zip(y).map(|(p, q)| (p - q).abs())
-    }).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| {
+            assert_eq!(x.len(), y.len(), "row widths differ");
+            x.iter().zip(y).map(|(p, q)| (p - q).abs())
+        })
+        .fold(0.0, f32::max)
 }
 
 pub fn argmax(v: &[f32]) -> u32 {

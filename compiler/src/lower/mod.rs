@@ -4,5 +4,6 @@
 
 pub mod program;
 pub mod symbols;
+mod weights;
 
 pub use program::build_program;

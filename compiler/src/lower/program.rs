@@ -13,7 +13,7 @@ use crate::diag::{Diagnostics, Span};
 use crate::expr::Value;
 use crate::ir::*;
 use crate::spec::de::Spanned;
-use crate::spec::{GluSpec, OpItem, ScalingSpec, Spec, StyleSpec, Text};
+use crate::spec::{OpItem, Spec, StyleSpec, Text};
 use std::collections::BTreeMap;
 
 /// Builds the program of `spec` for the checkpoint described by `bindings`.
@@ -39,27 +39,27 @@ pub fn build_program(spec: &Spec, bindings: &Bindings) -> Result<Program, Diagno
     }
 }
 
-struct Lowerer<'a> {
-    spec: &'a Spec,
-    b: &'a Bindings,
-    syms: Symbols<'a>,
-    values: Vec<ValueInfo>,
-    ids: BTreeMap<String, ValueId>,
-    diags: Diagnostics,
+pub(super) struct Lowerer<'a> {
+    pub(super) spec: &'a Spec,
+    pub(super) b: &'a Bindings,
+    pub(super) syms: Symbols<'a>,
+    pub(super) values: Vec<ValueInfo>,
+    pub(super) ids: BTreeMap<String, ValueId>,
+    pub(super) diags: Diagnostics,
     /// The layer being expanded (`i`), if any.
-    layer: Option<usize>,
+    pub(super) layer: Option<usize>,
     /// Errors met while expanding layers, with the layers they were met in.
-    layer_errors: BTreeMap<(Span, String), Vec<u32>>,
+    pub(super) layer_errors: BTreeMap<(Span, String), Vec<u32>>,
 }
 
-fn has_e(s: &str) -> bool {
+pub(super) fn has_e(s: &str) -> bool {
     s.contains("{e}")
 }
 
 impl<'a> Lowerer<'a> {
     /// Reports an error at `span`; the same error in several layers is reported once, with
     /// the list of layers.
-    fn err(&mut self, span: Span, msg: impl Into<String>) {
+    pub(super) fn err(&mut self, span: Span, msg: impl Into<String>) {
         let m = msg.into();
         match self.layer {
             Some(i) => {
@@ -73,14 +73,18 @@ impl<'a> Lowerer<'a> {
     }
 
     /// The per-layer errors, as diagnostics.
-    fn flush_layer_errors(&mut self) {
+    pub(super) fn flush_layer_errors(&mut self) {
         for ((span, m), layers) in std::mem::take(&mut self.layer_errors) {
-            let which = if layers.len() == 1 { format!("layer {}", layers[0]) } else { format!("layers {}", crate::print::layer_ranges(&layers)) };
+            let which = if layers.len() == 1 {
+                format!("layer {}", layers[0])
+            } else {
+                format!("layers {}", crate::print::layer_ranges(&layers))
+            };
             self.diags.push(self.spec.diag(span, format!("{m} ({which})")));
         }
     }
 
-    fn program(&mut self) -> Option<Program> {
+    pub(super) fn program(&mut self) -> Option<Program> {
         let file = &self.spec.file;
         // 1. Dimensions and values.
         let dims_vals: Vec<Option<usize>> = ["hidden", "vocab", "layers", "max_context"]
@@ -88,7 +92,15 @@ impl<'a> Lowerer<'a> {
             .map(|n| match self.syms.get(n) {
                 Some(Value::Int(v)) if v >= 0 => Some(v as usize),
                 Some(v) => {
-                    let span = self.spec.file.symbols.0.iter().find(|(k, _)| k.value == *n).map(|(k, _)| k.span).unwrap_or_default();
+                    let span = self
+                        .spec
+                        .file
+                        .symbols
+                        .0
+                        .iter()
+                        .find(|(k, _)| k.value == *n)
+                        .map(|(k, _)| k.span)
+                        .unwrap_or_default();
                     self.err(span, format!("symbol `{n}` must be a non-negative Int, it is {v}"));
                     None
                 }
@@ -99,10 +111,20 @@ impl<'a> Lowerer<'a> {
         let residual = self.val(&file.residual)?;
         let logits = self.val(&file.logits)?;
         if self.width(residual) != hidden {
-            self.err(file.residual.span, format!("the residual `{}` has width {}, `hidden` is {hidden}", file.residual.value, self.width(residual)));
+            self.err(
+                file.residual.span,
+                format!(
+                    "the residual `{}` has width {}, `hidden` is {hidden}",
+                    file.residual.value,
+                    self.width(residual)
+                ),
+            );
         }
         if self.width(logits) != vocab {
-            self.err(file.logits.span, format!("the logits `{}` have width {}, `vocab` is {vocab}", file.logits.value, self.width(logits)));
+            self.err(
+                file.logits.span,
+                format!("the logits `{}` have width {}, `vocab` is {vocab}", file.logits.value, self.width(logits)),
+            );
         }
         // 2. Prologue, layers, epilogue.
         let prologue = self.items(&file.prologue.0, 0);
@@ -120,7 +142,8 @@ impl<'a> Lowerer<'a> {
                     _ => None,
                 })
                 .unwrap_or(MixerKind::Attention);
-            let ffn = if ops.iter().any(|op| matches!(op, Op::RoutedExperts { .. })) { FfnKind::Moe } else { FfnKind::Dense };
+            let ffn =
+                if ops.iter().any(|op| matches!(op, Op::RoutedExperts { .. })) { FfnKind::Moe } else { FfnKind::Dense };
             out_layers.push(Layer { id: LayerId(i as u32), mixer, ffn, ops });
         }
         self.layer = None;
@@ -139,7 +162,7 @@ impl<'a> Lowerer<'a> {
 
     // ---- expressions and names -------------------------------------------------------------
 
-    fn eval(&mut self, t: &Text) -> Option<Value> {
+    pub(super) fn eval(&mut self, t: &Text) -> Option<Value> {
         let e = match self.spec.expr(t) {
             Ok(e) => e,
             Err(d) => {
@@ -163,7 +186,7 @@ impl<'a> Lowerer<'a> {
 
     /// A non-negative Int expression, at most 2^32 (a size past that is a mistake, and
     /// products of two sizes then cannot overflow).
-    fn int(&mut self, t: &Text) -> Option<usize> {
+    pub(super) fn int(&mut self, t: &Text) -> Option<usize> {
         match self.eval(t)? {
             Value::Int(i) if (0..=1 << 32).contains(&i) => Some(i as usize),
             Value::Int(i) if i > 0 => {
@@ -177,7 +200,7 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    fn float(&mut self, t: &Text) -> Option<f32> {
+    pub(super) fn float(&mut self, t: &Text) -> Option<f32> {
         match self.eval(t)? {
             v @ (Value::Int(_) | Value::Float(_)) => v.as_f64().map(|f| f as f32),
             v => {
@@ -187,14 +210,14 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    fn float_or(&mut self, t: &Option<Text>, dflt: f32) -> Option<f32> {
+    pub(super) fn float_or(&mut self, t: &Option<Text>, dflt: f32) -> Option<f32> {
         match t {
             Some(t) => self.float(t),
             None => Some(dflt),
         }
     }
 
-    fn boolean(&mut self, t: &Text) -> Option<bool> {
+    pub(super) fn boolean(&mut self, t: &Text) -> Option<bool> {
         match self.eval(t)? {
             Value::Bool(b) => Some(b),
             v => {
@@ -206,7 +229,7 @@ impl<'a> Lowerer<'a> {
 
     /// The id of value `t`, allocated on first use (so a program holds only the values its
     /// ops use, numbered in order of first use).
-    fn val(&mut self, t: &Text) -> Option<ValueId> {
+    pub(super) fn val(&mut self, t: &Text) -> Option<ValueId> {
         if let Some(v) = self.ids.get(&t.value) {
             return Some(*v);
         }
@@ -224,189 +247,21 @@ impl<'a> Lowerer<'a> {
         Some(id)
     }
 
-    fn width(&self, v: ValueId) -> usize {
+    pub(super) fn width(&self, v: ValueId) -> usize {
         self.values.get(v.0 as usize).map(|x| x.width).unwrap_or(0)
     }
 
     /// Reports unless value `t` has width `want`.
-    fn expect_width(&mut self, t: &Text, v: ValueId, want: usize, why: &str) {
+    pub(super) fn expect_width(&mut self, t: &Text, v: ValueId, want: usize, why: &str) {
         let got = self.width(v);
         if got != want {
             self.err(t.span, format!("value `{}` has width {got}, {why} needs {want}", t.value));
         }
     }
 
-    fn scheme(&self) -> &'static str {
-        match self.b.naming {
-            Naming::Hf => "HF",
-            Naming::Gguf => "GGUF",
-        }
-    }
-
-    /// The pattern of weight `name` for this checkpoint's naming scheme.
-    fn pattern(&self, name: &str) -> Option<&'a Text> {
-        let def = self.spec.weight(name)?;
-        match self.b.naming {
-            Naming::Hf => def.hf.as_ref(),
-            Naming::Gguf => def.gguf.as_ref(),
-        }
-    }
-
-    /// Resolves weight `t` (following `tied`), checking it against the checkpoint.
-    fn weight(&mut self, t: &Text) -> Option<WeightRef> {
-        let (name, shape, pattern, rows) = self.weight_def(&t.value, t.span, 0)?;
-        if has_e(&name) {
-            self.err(t.span, format!("weight `{}` is per expert (`{{e}}` in its name); only `RoutedExperts` can read it", t.value));
-            return None;
-        }
-        if self.spec.weight(&t.value).is_some_and(|d| d.input_major) {
-            self.err(t.span, format!("weight `{}` is input-major; only `RoutedExperts` can read it", t.value));
-            return None;
-        }
-        let w = WeightRef { name, shape, rows };
-        self.check_tensor(&w.name, &w.tensor_shape(), pattern.span);
-        Some(w)
-    }
-
-    /// A per-expert bias: one stacked `[experts, width]` tensor, possibly selecting entries.
-    fn expert_bias(&mut self, t: &Text, experts: usize, width: usize) -> Option<ExpertBias> {
-        let (name, shape, pattern, select) = self.weight_def(&t.value, t.span, 0)?;
-        if has_e(&name) {
-            self.err(t.span, format!("expert bias `{}` must be one stacked [experts, width] tensor (no `{{e}}` in its name)", t.value));
-            return None;
-        }
-        if shape != [width] {
-            self.err(t.span, format!("expert bias `{}` has shape {shape:?}, the experts need [{width}]", t.value));
-            return None;
-        }
-        let b = ExpertBias { name, shape: vec![experts, width], select };
-        self.check_tensor(&b.name, &b.tensor_shape(), pattern.span);
-        Some(b)
-    }
-
-    /// `(tensor name, spec shape, pattern, row selection)` of a weight, following `tied`.
-    fn weight_def(&mut self, name: &str, span: Span, depth: usize) -> Option<(String, Vec<usize>, &'a Text, Option<RowSelect>)> {
-        let def = self.spec.weight(name)?;
-        if depth > 4 {
-            self.err(span, format!("weight `{name}` is tied in a cycle"));
-            return None;
-        }
-        let shape = def.shape.iter().map(|s| self.int(s)).collect::<Option<Vec<_>>>()?;
-        let pattern = self.pattern(name);
-        let layer = self.layer.unwrap_or(0);
-        if let Some(tied) = &def.tied {
-            let when = self.boolean(&tied.when)?;
-            let absent = match (pattern, &self.b.tensors) {
-                (None, _) => true,
-                (Some(p), Some(t)) => !t.contains_key(&self.syms.tensor_name(&p.value, layer)),
-                (Some(_), None) => false,
-            };
-            if when || absent {
-                return self.weight_def(&tied.to.value, tied.to.span, depth + 1);
-            }
-        }
-        let Some(p) = pattern else {
-            let scheme = self.scheme();
-            let key = self.spec.file.weights.0.iter().find(|(k, _)| k.value == name).map(|(k, _)| k.span).unwrap_or(span);
-            self.err(key, format!("weight `{name}` has no {scheme} tensor name, and this checkpoint uses {scheme} names"));
-            return None;
-        };
-        let rows = match &def.rows {
-            None => None,
-            Some(r) => {
-                let sel = RowSelect { groups: self.int(&r.groups)?, stride: self.int(&r.stride)?, offset: self.int(&r.offset)?, take: self.int(&r.take)? };
-                if shape.first() != Some(&(sel.groups * sel.take)) || sel.offset + sel.take > sel.stride {
-                    self.err(r.groups.span, format!("rows {sel:?} do not fit: the shape's first dimension must be groups x take and offset + take at most stride"));
-                    return None;
-                }
-                Some(sel)
-            }
-        };
-        Some((self.syms.tensor_name(&p.value, layer), shape, p, rows))
-    }
-
-    fn check_tensor(&mut self, name: &str, want: &[usize], span: Span) {
-        let Some(tensors) = &self.b.tensors else { return };
-        match tensors.get(name) {
-            None => {
-                let src = self.b.source.display().to_string();
-                self.err(span, format!("tensor `{name}` is not in the checkpoint {src}"));
-            }
-            Some(t) if t.shape != want => {
-                let got = t.shape.clone();
-                self.err(span, format!("tensor `{name}` has shape {got:?} in the checkpoint, the spec expects {want:?}"));
-            }
-            Some(_) => {}
-        }
-    }
-
-    /// An expert matrix: per-expert (`{e}` in the name) or stacked `[experts, rows, cols]`.
-    fn expert(&mut self, t: &Text, experts: usize, rows: usize, cols: usize) -> Option<ExpertTensor> {
-        let (name, shape, pattern, sel) = self.weight_def(&t.value, t.span, 0)?;
-        if shape != [rows, cols] {
-            self.err(t.span, format!("expert weight `{}` has shape {shape:?}, the experts need [{rows}, {cols}]", t.value));
-        }
-        if self.spec.weight(&t.value).is_some_and(|d| d.input_major) {
-            if has_e(&name) {
-                self.err(t.span, format!("input-major expert weight `{}` must be one stacked tensor (no `{{e}}` in its name)", t.value));
-                return None;
-            }
-            let e = ExpertTensor::StackedInputMajor { name, shape: vec![experts, rows, cols], select: sel };
-            if let ExpertTensor::StackedInputMajor { name, .. } = &e {
-                self.check_tensor(name, &e.tensor_shape(), pattern.span);
-            }
-            return Some(e);
-        }
-        if sel.is_some() {
-            self.err(t.span, "expert weights select rows only when input-major");
-            return None;
-        }
-        if has_e(&name) {
-            if let Some(tensors) = &self.b.tensors {
-                let bad: Vec<usize> = (0..experts)
-                    .filter(|e| tensors.get(&name.replace("{e}", &e.to_string())).map(|x| x.shape != shape).unwrap_or(true))
-                    .collect();
-                if let Some(first) = bad.first() {
-                    let one = name.replace("{e}", &first.to_string());
-                    let how = match tensors.get(&one) {
-                        None => "missing".to_string(),
-                        Some(x) => format!("of shape {:?}", x.shape),
-                    };
-                    self.err(pattern.span, format!("tensor `{name}` is {how} for {} of {experts} experts (first: `{one}`); the spec expects {shape:?}", bad.len()));
-                }
-            }
-            Some(ExpertTensor::PerExpert { pattern: name, shape })
-        } else {
-            let stacked = vec![experts, shape[0], shape[1]];
-            self.check_tensor(&name, &stacked, pattern.span);
-            Some(ExpertTensor::Stacked { name, shape: stacked })
-        }
-    }
-
-    fn glu(&mut self, g: &GluSpec) -> Option<GluKind> {
-        Some(match g {
-            GluSpec::SwiGlu => GluKind::SwiGlu,
-            GluSpec::GeGlu => GluKind::GeGlu,
-            GluSpec::ClampedSwiGlu { limit, alpha } => GluKind::ClampedSwiGlu { limit: self.float(limit)?, alpha: self.float(alpha)? },
-        })
-    }
-
-    fn scaling(&mut self, s: &ScalingSpec, span: Span) -> Option<RopeScaling> {
-        match s {
-            ScalingSpec::None => Some(RopeScaling::None),
-            ScalingSpec::FromConfig => match self.syms.rope_scaling() {
-                Ok(r) => Some(r),
-                Err(m) => {
-                    self.err(span, m);
-                    None
-                }
-            },
-        }
-    }
-
     // ---- ops --------------------------------------------------------------------------------
 
-    fn items(&mut self, items: &'a [Spanned<OpItem>], depth: usize) -> Vec<Op> {
+    pub(super) fn items(&mut self, items: &'a [Spanned<OpItem>], depth: usize) -> Vec<Op> {
         let mut out = Vec::new();
         for item in items {
             match &item.value {
@@ -434,7 +289,7 @@ impl<'a> Lowerer<'a> {
         out
     }
 
-    fn op(&mut self, op: &OpItem, span: Span) -> Option<Op> {
+    pub(super) fn op(&mut self, op: &OpItem, span: Span) -> Option<Op> {
         Some(match op {
             OpItem::Embed { out, table, scale } => {
                 let (o, table, scale) = (self.val(out), self.weight(table), self.float_or(scale, 1.0));
@@ -445,7 +300,8 @@ impl<'a> Lowerer<'a> {
                 Op::Embed { out: o, table, scale }
             }
             OpItem::RmsNorm { x, out, weight, eps, group, offset } => {
-                let (xv, ov, w, eps, offset) = (self.val(x), self.val(out), self.weight(weight), self.float(eps), self.float_or(offset, 0.0));
+                let (xv, ov, w, eps, offset) =
+                    (self.val(x), self.val(out), self.weight(weight), self.float(eps), self.float_or(offset, 0.0));
                 let (xv, ov, weight, eps, offset) = (xv?, ov?, w?, eps?, offset?);
                 let xw = self.width(xv);
                 let group = match group {
@@ -456,7 +312,10 @@ impl<'a> Lowerer<'a> {
                     self.err(span, format!("RmsNorm groups of {group} do not divide the width {xw} of `{}`", x.value));
                 }
                 if weight.shape != [group] {
-                    self.err(span, format!("RmsNorm weight has shape {:?}, groups of {group} need [{group}]", weight.shape));
+                    self.err(
+                        span,
+                        format!("RmsNorm weight has shape {:?}, groups of {group} need [{group}]", weight.shape),
+                    );
                 }
                 self.expect_width(out, ov, xw, "the normed input's width");
                 Op::RmsNorm { x: xv, out: ov, weight, eps, group, offset }
@@ -483,7 +342,10 @@ impl<'a> Lowerer<'a> {
                 };
                 let (xv, ov, weight) = (xv?, ov?, w?);
                 if weight.shape.len() != 2 {
-                    self.err(span, format!("a Linear weight is [out, in]; `{}` has shape {:?}", weight.name, weight.shape));
+                    self.err(
+                        span,
+                        format!("a Linear weight is [out, in]; `{}` has shape {:?}", weight.name, weight.shape),
+                    );
                     return None;
                 }
                 let why = format!("weight `{}` {:?}", wname.value, weight.shape);
@@ -491,7 +353,10 @@ impl<'a> Lowerer<'a> {
                 self.expect_width(out, ov, weight.shape[0], &why);
                 if let Some(b) = &bias {
                     if b.shape != [weight.shape[0]] {
-                        self.err(span, format!("the bias has shape {:?}, the Linear needs [{}]", b.shape, weight.shape[0]));
+                        self.err(
+                            span,
+                            format!("the bias has shape {:?}, the Linear needs [{}]", b.shape, weight.shape[0]),
+                        );
                     }
                 }
                 Op::Linear { x: xv, out: ov, weight, bias }
@@ -505,7 +370,10 @@ impl<'a> Lowerer<'a> {
                 };
                 self.expect_width(x, xv, heads * head_dim, "RoPE over heads x head_dim");
                 if rotary_dim > head_dim || rotary_dim % 2 != 0 {
-                    self.err(span, format!("the rotary dimension {rotary_dim} must be even and at most head_dim {head_dim}"));
+                    self.err(
+                        span,
+                        format!("the rotary dimension {rotary_dim} must be even and at most head_dim {head_dim}"),
+                    );
                 }
                 let style = match (style, self.b.naming) {
                     (StyleSpec::RotateHalf, _) => RopeStyle::RotateHalf,
@@ -516,7 +384,20 @@ impl<'a> Lowerer<'a> {
                 let scaling = self.scaling(scaling, span)?;
                 Op::Rope { x: xv, heads, head_dim, rotary_dim, style, theta, scaling }
             }
-            OpItem::Attention { q, k, v, out, heads, kv_heads, head_dim, v_head_dim, scale, window, sinks, value_scale } => {
+            OpItem::Attention {
+                q,
+                k,
+                v,
+                out,
+                heads,
+                kv_heads,
+                head_dim,
+                v_head_dim,
+                scale,
+                window,
+                sinks,
+                value_scale,
+            } => {
                 let (qv, kv, vv, ov) = (self.val(q), self.val(k), self.val(v), self.val(out));
                 let (h, kvh, hd, sc) = (self.int(heads), self.int(kv_heads), self.int(head_dim), self.float(scale));
                 let (qv, kv, vv, ov, heads, kv_heads, head_dim, scale) = (qv?, kv?, vv?, ov?, h?, kvh?, hd?, sc?);
@@ -547,7 +428,14 @@ impl<'a> Lowerer<'a> {
                     }
                 }
                 let layer = LayerId(self.layer.unwrap_or(0) as u32);
-                Op::Attention { q: qv, k: kv, v: vv, out: ov, layer, spec: AttentionSpec { heads, kv_heads, head_dim, v_head_dim, scale, window, sinks, value_scale } }
+                Op::Attention {
+                    q: qv,
+                    k: kv,
+                    v: vv,
+                    out: ov,
+                    layer,
+                    spec: AttentionSpec { heads, kv_heads, head_dim, v_head_dim, scale, window, sinks, value_scale },
+                }
             }
             OpItem::Act { x, out, act } => {
                 let (xv, ov) = (self.val(x)?, self.val(out)?);
@@ -577,7 +465,13 @@ impl<'a> Lowerer<'a> {
                 }
             }
             OpItem::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale } => {
-                let (lv, ov, k, rn, sc) = (self.val(logits), self.val(out), self.int(top_k), self.boolean(renormalize), self.float_or(scale, 1.0));
+                let (lv, ov, k, rn, sc) = (
+                    self.val(logits),
+                    self.val(out),
+                    self.int(top_k),
+                    self.boolean(renormalize),
+                    self.float_or(scale, 1.0),
+                );
                 let (lv, ov, top_k, renormalize, scale) = (lv?, ov?, k?, rn?, sc?);
                 let experts = self.width(lv);
                 let correction_bias = match correction_bias {
@@ -594,25 +488,52 @@ impl<'a> Lowerer<'a> {
                 self.expect_width(out, ov, 2 * top_k, "routing (index, weight) pairs for top_k");
                 if let Some(b) = &correction_bias {
                     if b.shape != [experts] {
-                        self.err(span, format!("the correction bias has shape {:?}, the router needs [{experts}]", b.shape));
+                        self.err(
+                            span,
+                            format!("the correction bias has shape {:?}, the router needs [{experts}]", b.shape),
+                        );
                     }
                 }
                 if let Some((g, t)) = groups {
                     if g == 0 || !experts.is_multiple_of(g) || t == 0 || t > g {
-                        self.err(span, format!("groups ({g}, {t}): {g} groups must divide {experts} experts and 1 <= {t} <= {g}"));
+                        self.err(
+                            span,
+                            format!("groups ({g}, {t}): {g} groups must divide {experts} experts and 1 <= {t} <= {g}"),
+                        );
                     }
                 }
                 Op::Route { logits: lv, out: ov, scoring: *scoring, top_k, renormalize, correction_bias, groups, scale }
             }
-            OpItem::RoutedExperts { x, routing, out, experts, ffn, gate, up, down, glu, gate_bias, up_bias, down_bias } => {
-                let (xv, rv, ov, e, f, g) = (self.val(x), self.val(routing), self.val(out), self.int(experts), self.int(ffn), self.glu(glu));
+            OpItem::RoutedExperts {
+                x,
+                routing,
+                out,
+                experts,
+                ffn,
+                gate,
+                up,
+                down,
+                glu,
+                gate_bias,
+                up_bias,
+                down_bias,
+            } => {
+                let (xv, rv, ov, e, f, g) =
+                    (self.val(x), self.val(routing), self.val(out), self.int(experts), self.int(ffn), self.glu(glu));
                 let (xv, rv, ov, experts, ffn, glu) = (xv?, rv?, ov?, e?, f?, g?);
                 let (xw, ow) = (self.width(xv), self.width(ov));
                 let gate = self.expert(gate, experts, ffn, xw);
                 let upw = self.expert(up, experts, ffn, xw);
                 let downw = self.expert(down, experts, ow, ffn);
                 if !self.width(rv).is_multiple_of(2) || self.width(rv) == 0 {
-                    self.err(routing.span, format!("routing `{}` must hold (index, weight) pairs; its width is {}", routing.value, self.width(rv)));
+                    self.err(
+                        routing.span,
+                        format!(
+                            "routing `{}` must hold (index, weight) pairs; its width is {}",
+                            routing.value,
+                            self.width(rv)
+                        ),
+                    );
                 }
                 let mut bias = |b: &Option<Text>, width: usize| -> Option<Option<ExpertBias>> {
                     match b {
@@ -622,10 +543,26 @@ impl<'a> Lowerer<'a> {
                 };
                 let (gb, ub, db) = (bias(gate_bias, ffn), bias(up_bias, ffn), bias(down_bias, ow));
                 let layer = LayerId(self.layer.unwrap_or(0) as u32);
-                let weights = ExpertWeights { gate: gate?, up: upw?, down: downw?, gate_bias: gb?, up_bias: ub?, down_bias: db? };
+                let weights =
+                    ExpertWeights { gate: gate?, up: upw?, down: downw?, gate_bias: gb?, up_bias: ub?, down_bias: db? };
                 Op::RoutedExperts { x: xv, routing: rv, out: ov, layer, experts, ffn, weights, glu }
             }
-            OpItem::Mla { x, out, heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, scale, weights, theta, scaling, norm_eps, rope_interleave } => {
+            OpItem::Mla {
+                x,
+                out,
+                heads,
+                q_lora_rank,
+                kv_lora_rank,
+                qk_nope_head_dim,
+                qk_rope_head_dim,
+                v_head_dim,
+                scale,
+                weights,
+                theta,
+                scaling,
+                norm_eps,
+                rope_interleave,
+            } => {
                 let (xv, ov) = (self.val(x)?, self.val(out)?);
                 // A q LoRA rank of 0 means none (configurations say `q_lora_rank: null`).
                 let q_lora_rank = match q_lora_rank {
@@ -653,7 +590,18 @@ impl<'a> Lowerer<'a> {
                 self.expect_width(out, ov, self.width(xv), "MLA's input width");
                 Op::Mla { x: xv, out: ov, layer: LayerId(self.layer.unwrap_or(0) as u32), spec }
             }
-            OpItem::LinearAttention { x, out, kind, key_heads, value_heads, key_head_dim, value_head_dim, conv_kernel, weights, norm_eps } => {
+            OpItem::LinearAttention {
+                x,
+                out,
+                kind,
+                key_heads,
+                value_heads,
+                key_head_dim,
+                value_head_dim,
+                conv_kernel,
+                weights,
+                norm_eps,
+            } => {
                 let (xv, ov) = (self.val(x)?, self.val(out)?);
                 let spec = LinearAttentionSpec {
                     kind: *kind,
@@ -666,7 +614,10 @@ impl<'a> Lowerer<'a> {
                     norm_eps: self.float_or(norm_eps, 1e-6)?,
                 };
                 if spec.key_heads == 0 || !spec.value_heads.is_multiple_of(spec.key_heads) {
-                    self.err(span, format!("{} value heads cannot share {} key heads evenly", spec.value_heads, spec.key_heads));
+                    self.err(
+                        span,
+                        format!("{} value heads cannot share {} key heads evenly", spec.value_heads, spec.key_heads),
+                    );
                 } else if spec.kind == LinearAttentionKind::GatedDeltaNet {
                     self.deltanet_roles(&spec, self.width(xv), span);
                 }
@@ -675,90 +626,6 @@ impl<'a> Lowerer<'a> {
             }
             OpItem::Block(_) | OpItem::If { .. } => return None,
         })
-    }
-
-    /// Reports unless an MLA op's weights are the roles it knows, in the shapes its geometry
-    /// needs (so the runtime can rely on them): `q` or `q_a`, `q_a_norm`, `q_b` (as
-    /// `q_lora_rank` says); `kv_a`, `kv_a_norm`, `kv_b`, `o`; optional biases `q_a_bias`,
-    /// `kv_a_bias`, `o_bias`.
-    fn mla_roles(&mut self, s: &MlaSpec, hidden: usize, span: Span) {
-        let (h, dn, dr, dv, c) = (s.heads, s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim, s.kv_lora_rank);
-        let mut want: Vec<(&str, Vec<usize>, bool)> = vec![
-            ("kv_a", vec![c + dr, hidden], true),
-            ("kv_a_norm", vec![c], true),
-            ("kv_b", vec![h * (dn + dv), c], true),
-            ("o", vec![hidden, h * dv], true),
-            ("kv_a_bias", vec![c + dr], false),
-            ("o_bias", vec![hidden], false),
-        ];
-        match s.q_lora_rank {
-            Some(r) => want.extend([
-                ("q_a", vec![r, hidden], true),
-                ("q_a_norm", vec![r], true),
-                ("q_b", vec![h * (dn + dr), r], true),
-                ("q_a_bias", vec![r], false),
-            ]),
-            None => want.push(("q", vec![h * (dn + dr), hidden], true)),
-        }
-        for (role, w) in &s.weights {
-            match want.iter().find(|(r, _, _)| r == role) {
-                None => self.err(span, format!("MLA has no weight role `{role}` here (roles: {})", want.iter().map(|w| w.0).collect::<Vec<_>>().join(", "))),
-                Some((_, shape, _)) if &w.shape != shape => self.err(span, format!("MLA weight `{role}` has shape {:?}, the geometry needs {shape:?}", w.shape)),
-                Some(_) => {}
-            }
-        }
-        for (role, _, required) in &want {
-            if *required && !s.weights.iter().any(|(r, _)| r == role) {
-                self.err(span, format!("MLA needs weight role `{role}`"));
-            }
-        }
-        if dr % 2 != 0 || h == 0 || c == 0 {
-            self.err(span, format!("MLA needs heads and a latent rank above 0 and an even rope head dim (heads {h}, kv_lora_rank {c}, qk_rope_head_dim {dr})"));
-        }
-    }
-
-    /// Reports unless a Gated DeltaNet's weights are the roles it knows in the shapes its
-    /// geometry needs: `in_proj_qkvz`, `in_proj_ba`, `conv1d` ([channels, 1, kernel]),
-    /// `dt_bias`, `a_log`, `norm` ([value_head_dim]), `out_proj`.
-    fn deltanet_roles(&mut self, s: &LinearAttentionSpec, hidden: usize, span: Span) {
-        let (nk, nv, dk, dv, k) = (s.key_heads, s.value_heads, s.key_head_dim, s.value_head_dim, s.conv_kernel);
-        let channels = 2 * nk * dk + nv * dv;
-        let want: [(&str, Vec<usize>); 7] = [
-            ("in_proj_qkvz", vec![2 * nk * dk + 2 * nv * dv, hidden]),
-            ("in_proj_ba", vec![2 * nv, hidden]),
-            ("conv1d", vec![channels, 1, k]),
-            ("dt_bias", vec![nv]),
-            ("a_log", vec![nv]),
-            ("norm", vec![dv]),
-            ("out_proj", vec![hidden, nv * dv]),
-        ];
-        for (role, w) in &s.weights {
-            match want.iter().find(|(r, _)| r == role) {
-                None => self.err(span, format!("Gated DeltaNet has no weight role `{role}` (roles: {})", want.iter().map(|w| w.0).collect::<Vec<_>>().join(", "))),
-                Some((_, shape)) if &w.shape != shape => self.err(span, format!("Gated DeltaNet weight `{role}` has shape {:?}, the geometry needs {shape:?}", w.shape)),
-                Some(_) => {}
-            }
-        }
-        for (role, _) in &want {
-            if !s.weights.iter().any(|(r, _)| r == role) {
-                self.err(span, format!("Gated DeltaNet needs weight role `{role}`"));
-            }
-        }
-        if k == 0 {
-            self.err(span, "the convolution kernel must be at least 1 wide");
-        }
-    }
-
-    fn roles(&mut self, weights: &crate::spec::de::Entries<Text, Text>) -> Option<Vec<(String, WeightRef)>> {
-        let mut out = Vec::new();
-        let mut ok = true;
-        for (role, w) in &weights.0 {
-            match self.weight(w) {
-                Some(w) => out.push((role.value.clone(), w)),
-                None => ok = false,
-            }
-        }
-        ok.then_some(out)
     }
 }
 

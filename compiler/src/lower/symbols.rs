@@ -79,7 +79,10 @@ impl<'a> Symbols<'a> {
                             Some(_) => "a list of strings".to_string(),
                             None => article(ty).to_string(),
                         };
-                        self.report(self.spec.diag(k.span, format!("configuration key `{}` is `{j}`, the spec expects {want}", k.value)));
+                        self.report(self.spec.diag(
+                            k.span,
+                            format!("configuration key `{}` is `{j}`, the spec expects {want}", k.value),
+                        ));
                         None
                     }
                 };
@@ -119,7 +122,11 @@ impl<'a> Symbols<'a> {
             Naming::Hf => "HF",
             Naming::Gguf => "GGUF",
         };
-        let what = if tried.is_empty() { format!("the spec names no {scheme} configuration key") } else { format!("the configuration has none of {}", tried.join(", ")) };
+        let what = if tried.is_empty() {
+            format!("the spec names no {scheme} configuration key")
+        } else {
+            format!("the configuration has none of {}", tried.join(", "))
+        };
         self.report(self.spec.diag(key.span, format!("symbol `{name}` has no value: {what}, and it has no default")));
         None
     }
@@ -200,7 +207,9 @@ fn f(b: &Bindings, keys: &[&str]) -> Option<f64> {
 pub fn rope_scaling(b: &Bindings) -> Result<RopeScaling, String> {
     let (kind, prefix) = match b.naming {
         Naming::Hf => {
-            let obj = ["rope_scaling", "rope_parameters"].into_iter().find_map(|k| config_value(b, k).filter(|v| v.is_object()).map(|v| (k, v)));
+            let obj = ["rope_scaling", "rope_parameters"]
+                .into_iter()
+                .find_map(|k| config_value(b, k).filter(|v| v.is_object()).map(|v| (k, v)));
             let Some((k, obj)) = obj else { return Ok(RopeScaling::None) };
             let t = obj.get("rope_type").or_else(|| obj.get("type")).and_then(Json::as_str).unwrap_or("default");
             (t.to_string(), format!("{k}."))
@@ -224,11 +233,12 @@ pub fn rope_scaling(b: &Bindings) -> Result<RopeScaling, String> {
         }),
         "yarn" => {
             let mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
-            let attention_factor = match (f(b, &[&key("attention_factor")]), f(b, &[&key("mscale")]), f(b, &[&key("mscale_all_dim")])) {
-                (Some(a), _, _) => a,
-                (None, Some(m), Some(all)) => mscale(factor, m) / mscale(factor, all),
-                _ => mscale(factor, 1.0),
-            };
+            let attention_factor =
+                match (f(b, &[&key("attention_factor")]), f(b, &[&key("mscale")]), f(b, &[&key("mscale_all_dim")])) {
+                    (Some(a), _, _) => a,
+                    (None, Some(m), Some(all)) => mscale(factor, m) / mscale(factor, all),
+                    _ => mscale(factor, 1.0),
+                };
             Ok(RopeScaling::Yarn {
                 factor: factor as f32,
                 original_max_position: original.unwrap_or(4096.0) as u32,

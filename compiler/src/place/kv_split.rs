@@ -107,7 +107,12 @@ pub fn forced_positions(options: &Options) -> Option<usize> {
 
 /// The split layers of a placement: device layers whose mirror would pass the ring.
 pub fn split_layers(program: &Program, layers: &[Place], ring: usize, context: usize) -> Vec<LayerId> {
-    (0..layers.len()).map(|i| LayerId(i as u32)).filter(|l| layers[l.0 as usize] != Place::Host && mirror_positions(program, *l, context).is_some_and(|p| p > ring)).collect()
+    (0..layers.len())
+        .map(|i| LayerId(i as u32))
+        .filter(|l| {
+            layers[l.0 as usize] != Place::Host && mirror_positions(program, *l, context).is_some_and(|p| p > ring)
+        })
+        .collect()
 }
 
 /// The attention ops of a placement's split layers that run on a device.
@@ -116,7 +121,9 @@ pub fn split_ops(program: &Program, placement: &super::Placement, placed: &[(OpI
     placed
         .iter()
         .filter(|(id, place)| {
-            *place != Place::Host && matches!(id.part, Part::Layer(l) if split.layers.contains(&l)) && matches!(crate::frames::op_of(program, *id), Op::Attention { .. })
+            *place != Place::Host
+                && matches!(id.part, Part::Layer(l) if split.layers.contains(&l))
+                && matches!(crate::frames::op_of(program, *id), Op::Attention { .. })
         })
         .map(|(id, _)| *id)
         .collect()
@@ -130,7 +137,11 @@ pub fn choose(options: &Options, context: usize, layers_at: &mut dyn FnMut(Optio
     if let Some(d) = forced_positions(options) {
         return Some(d);
     }
-    if !options.kv_split || !options.dense_on_device || options.device_layers.is_some() || options.second_device_layers.is_some() {
+    if !options.kv_split
+        || !options.dense_on_device
+        || options.device_layers.is_some()
+        || options.second_device_layers.is_some()
+    {
         return None;
     }
     let min = MIN_BLOCKS * b;

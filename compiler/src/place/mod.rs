@@ -69,15 +69,22 @@ pub struct Placement {
 
 /// Whether `device` runs `op`: not a host step, an op kind it runs, matrices in formats it reads.
 pub fn runs_on(device: &Device, op: &Op, sizer: &Sizer) -> bool {
-    device.features.runs(op.kind()) && op_weights(op).iter().all(|w| !size::is_matrix(w) || device.features.reads(sizer.upload_format(w)))
+    device.features.runs(op.kind())
+        && op_weights(op).iter().all(|w| !size::is_matrix(w) || device.features.reads(sizer.upload_format(w)))
 }
 
 /// Places `program` on the devices of `profile`. Errors are messages about the options.
-pub fn place(program: &Program, profile: &DeviceProfile, options: &Options, sizer: &Sizer) -> Result<Placement, String> {
+pub fn place(
+    program: &Program,
+    profile: &DeviceProfile,
+    options: &Options,
+    sizer: &Sizer,
+) -> Result<Placement, String> {
     // 6. The KV split, if any: the chain again with the mirrors capped at the ring.
     let context = sizer.context();
     let on_devices = |p: &Placement| p.layers.iter().filter(|l| **l != Place::Host).count();
-    let mut layers_at = |cap: Option<usize>| chain(program, profile, options, &sizer.with_kv_cap(cap)).map_or(0, |p| on_devices(&p));
+    let mut layers_at =
+        |cap: Option<usize>| chain(program, profile, options, &sizer.with_kv_cap(cap)).map_or(0, |p| on_devices(&p));
     let Some(positions) = kv_split::choose(options, context, &mut layers_at) else {
         return chain(program, profile, options, sizer);
     };
@@ -88,10 +95,19 @@ pub fn place(program: &Program, profile: &DeviceProfile, options: &Options, size
     if layers.is_empty() {
         return chain(program, profile, options, sizer);
     }
-    let kv = |s: &Sizer| layers.iter().map(|l| s.layer(&program.layers[l.0 as usize]).kv).fold(0u64, u64::saturating_add);
+    let kv =
+        |s: &Sizer| layers.iter().map(|l| s.layer(&program.layers[l.0 as usize]).kv).fold(0u64, u64::saturating_add);
     let (whole_bytes, split_bytes) = (kv(sizer), kv(&capped));
     let forced = options.kv_device_positions.is_some();
-    placement.kv_split = Some(kv_split::KvSplit { positions, block: options.kv_block.max(1), ring, layers, forced, whole_bytes, split_bytes });
+    placement.kv_split = Some(kv_split::KvSplit {
+        positions,
+        block: options.kv_block.max(1),
+        ring,
+        layers,
+        forced,
+        whole_bytes,
+        split_bytes,
+    });
     Ok(placement)
 }
 
@@ -102,7 +118,9 @@ fn chain(program: &Program, profile: &DeviceProfile, options: &Options, sizer: &
         program.layers.iter().map(|layer| sizer.ops_cost(layer.ops.iter().filter(|op| runs_on(d, op, sizer)))).collect()
     };
     let fixed = sizer.fixed();
-    let tail_on = |d: &Device| sizer.ops_cost(program.epilogue.iter().filter(|op| runs_on(d, op, sizer))).total() + sizer.tail_rows();
+    let tail_on = |d: &Device| {
+        sizer.ops_cost(program.epilogue.iter().filter(|op| runs_on(d, op, sizer))).total() + sizer.tail_rows()
+    };
     let mut costs = match profile.devices.first() {
         Some(d) => cost_on(d),
         None => program.layers.iter().map(|layer| sizer.layer(layer)).collect(),
@@ -122,7 +140,12 @@ fn chain(program: &Program, profile: &DeviceProfile, options: &Options, sizer: &
         } else if let Some((flag, n)) = forced(k, options) {
             fit::forced_chain(fixed, &totals, tail, dev.usable(), n).ok_or_else(|| {
                 let need = totals[..n.min(totals.len())].iter().fold(fixed, |a, b| a.saturating_add(*b));
-                format!("{flag} {n}: the layers need {} on {id} ({}), which holds {}", human(need), dev.name, human(dev.usable()))
+                format!(
+                    "{flag} {n}: the layers need {} on {id} ({}), which holds {}",
+                    human(need),
+                    dev.name,
+                    human(dev.usable())
+                )
             })?
         } else {
             fit::fit_chain(fixed, &totals, tail, dev.usable())
@@ -134,7 +157,16 @@ fn chain(program: &Program, profile: &DeviceProfile, options: &Options, sizer: &
         if fit.tail {
             head = Place::Device(id);
         }
-        fits.push(DeviceFit { device: id, usable: dev.usable(), fixed: if fit.layers > 0 { fixed } else { 0 }, first_layer: start, layers: fit.layers, tail: fit.tail, bytes: fit.bytes, tier: 0 });
+        fits.push(DeviceFit {
+            device: id,
+            usable: dev.usable(),
+            fixed: if fit.layers > 0 { fixed } else { 0 },
+            first_layer: start,
+            layers: fit.layers,
+            tail: fit.tail,
+            bytes: fit.bytes,
+            tier: 0,
+        });
         start += fit.layers;
     }
     // 5. The expert tier takes what is left.
@@ -167,7 +199,12 @@ fn forced(k: usize, options: &Options) -> Option<(&'static str, usize)> {
 }
 
 /// Where each op runs, in program order.
-pub fn op_places(program: &Program, profile: &DeviceProfile, placement: &Placement, sizer: &Sizer) -> Vec<(OpId, Place)> {
+pub fn op_places(
+    program: &Program,
+    profile: &DeviceProfile,
+    placement: &Placement,
+    sizer: &Sizer,
+) -> Vec<(OpId, Place)> {
     let on = |place: Place, op: &Op| match place {
         Place::Device(d) if runs_on(&profile.devices[d.0 as usize], op, sizer) => place,
         _ => Place::Host,

@@ -34,7 +34,10 @@ pub fn runs_resident(device: &Device, op: &Op, sizer: &Sizer) -> bool {
     match op {
         Op::Route { .. } => listed(OpKind::Route),
         Op::RoutedExperts { weights, .. } => {
-            listed(OpKind::RoutedExperts) && [&weights.gate, &weights.up, &weights.down].iter().all(|t| device.features.reads(expert_format(t, sizer)))
+            listed(OpKind::RoutedExperts)
+                && [&weights.gate, &weights.up, &weights.down]
+                    .iter()
+                    .all(|t| device.features.reads(expert_format(t, sizer)))
         }
         _ => false,
     }
@@ -67,7 +70,14 @@ pub struct Residency {
 }
 
 /// Applies the rule to the devices of `fits` (after the dense fit and the tier's budgets).
-pub fn resident_layers(program: &Program, profile: &DeviceProfile, options: &Options, layers: &[Place], fits: &[DeviceFit], sizer: &Sizer) -> Residency {
+pub fn resident_layers(
+    program: &Program,
+    profile: &DeviceProfile,
+    options: &Options,
+    layers: &[Place],
+    fits: &[DeviceFit],
+    sizer: &Sizer,
+) -> Residency {
     let mut r = Residency { layers: vec![None; program.layers.len()], bytes: vec![(0, 0); fits.len()] };
     if !options.expert_tier || !options.resident_experts {
         return r;
@@ -83,7 +93,8 @@ pub fn resident_layers(program: &Program, profile: &DeviceProfile, options: &Opt
             }
             let Some(moe) = layer.ops.iter().find(|op| matches!(op, Op::RoutedExperts { .. })) else { continue };
             let Op::RoutedExperts { experts, .. } = moe else { continue };
-            let route_ok = layer.ops.iter().filter(|op| matches!(op, Op::Route { .. })).all(|op| runs_resident(dev, op, sizer));
+            let route_ok =
+                layer.ops.iter().filter(|op| matches!(op, Op::Route { .. })).all(|op| runs_resident(dev, op, sizer));
             let Some(one) = sizer.expert(moe) else {
                 all = false;
                 break;

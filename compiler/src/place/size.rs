@@ -34,7 +34,15 @@ impl LayerCost {
 impl fmt::Display for LayerCost {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use crate::cost::human;
-        write!(f, "{} (matrices {}, vectors {}, kv {}, state {})", human(self.total()), human(self.matrices), human(self.vectors), human(self.kv), human(self.state))
+        write!(
+            f,
+            "{} (matrices {}, vectors {}, kv {}, state {})",
+            human(self.total()),
+            human(self.matrices),
+            human(self.vectors),
+            human(self.kv),
+            human(self.state)
+        )
     }
 }
 
@@ -43,19 +51,32 @@ pub fn op_weights(op: &Op) -> Vec<&WeightRef> {
     match op {
         Op::Embed { table, .. } => vec![table],
         Op::RmsNorm { weight, .. } => vec![weight],
-        Op::LayerNorm { weight, bias, .. } | Op::Linear { weight, bias, .. } => std::iter::once(weight).chain(bias.iter()).collect(),
+        Op::LayerNorm { weight, bias, .. } | Op::Linear { weight, bias, .. } => {
+            std::iter::once(weight).chain(bias.iter()).collect()
+        }
         Op::Attention { spec, .. } => spec.sinks.iter().collect(),
         Op::Route { correction_bias, .. } => correction_bias.iter().collect(),
         Op::Mla { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
         Op::LinearAttention { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
-        Op::RoutedExperts { .. } | Op::Rope { .. } | Op::Act { .. } | Op::Glu { .. } | Op::Add { .. } | Op::Mul { .. } => vec![],
+        Op::RoutedExperts { .. }
+        | Op::Rope { .. }
+        | Op::Act { .. }
+        | Op::Glu { .. }
+        | Op::Add { .. }
+        | Op::Mul { .. } => vec![],
     }
 }
 
 /// f32 entries of a linear-attention mixer's state (as `LinearAttentionSpec::state_floats`,
 /// without overflow on absurd sizes).
 fn state_floats(s: &crate::ir::LinearAttentionSpec) -> u64 {
-    let (kh, kd, vh, vd, k) = (s.key_heads as u64, s.key_head_dim as u64, s.value_heads as u64, s.value_head_dim as u64, s.conv_kernel as u64);
+    let (kh, kd, vh, vd, k) = (
+        s.key_heads as u64,
+        s.key_head_dim as u64,
+        s.value_heads as u64,
+        s.value_head_dim as u64,
+        s.conv_kernel as u64,
+    );
     let conv_channels = (2 * kh).saturating_mul(kd).saturating_add(vh.saturating_mul(vd));
     vh.saturating_mul(kd).saturating_mul(vd).saturating_add(conv_channels.saturating_mul(k.saturating_sub(1)))
 }
@@ -158,7 +179,9 @@ impl Sizer {
                     let per_position = (spec.kv_lora_rank + spec.qk_rope_head_dim) as u64;
                     c.kv = c.kv.saturating_add(self.context.saturating_mul(per_position).saturating_mul(F32));
                 }
-                Op::LinearAttention { spec, .. } => c.state = c.state.saturating_add(state_floats(spec).saturating_mul(F32)),
+                Op::LinearAttention { spec, .. } => {
+                    c.state = c.state.saturating_add(state_floats(spec).saturating_mul(F32))
+                }
                 _ => {}
             }
         }

@@ -52,8 +52,30 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
             f.extend([(x, Value), (heads, int), (head_dim, int), (theta, float)]);
             f.extend(rotary_dim.iter().map(|s| (s, int)));
         }
-        OpItem::Attention { q, k, v, out, heads, kv_heads, head_dim, v_head_dim, scale, window, sinks, value_scale } => {
-            f.extend([(q, Value), (k, Value), (v, Value), (out, Value), (heads, int), (kv_heads, int), (head_dim, int), (scale, float)]);
+        OpItem::Attention {
+            q,
+            k,
+            v,
+            out,
+            heads,
+            kv_heads,
+            head_dim,
+            v_head_dim,
+            scale,
+            window,
+            sinks,
+            value_scale,
+        } => {
+            f.extend([
+                (q, Value),
+                (k, Value),
+                (v, Value),
+                (out, Value),
+                (heads, int),
+                (kv_heads, int),
+                (head_dim, int),
+                (scale, float),
+            ]);
             f.extend(v_head_dim.iter().map(|s| (s, int)));
             f.extend(window.iter().map(|s| (s, int)));
             f.extend(sinks.iter().map(|s| (s, Weight)));
@@ -73,12 +95,49 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
             }
             f.extend(scale.iter().map(|s| (s, float)));
         }
-        OpItem::RoutedExperts { x, routing, out, experts, ffn, gate, up, down, glu: g, gate_bias, up_bias, down_bias } => {
-            f.extend([(x, Value), (routing, Value), (out, Value), (experts, int), (ffn, int), (gate, Weight), (up, Weight), (down, Weight)]);
+        OpItem::RoutedExperts {
+            x,
+            routing,
+            out,
+            experts,
+            ffn,
+            gate,
+            up,
+            down,
+            glu: g,
+            gate_bias,
+            up_bias,
+            down_bias,
+        } => {
+            f.extend([
+                (x, Value),
+                (routing, Value),
+                (out, Value),
+                (experts, int),
+                (ffn, int),
+                (gate, Weight),
+                (up, Weight),
+                (down, Weight),
+            ]);
             glu(g, &mut f);
             f.extend(gate_bias.iter().chain(up_bias).chain(down_bias).map(|s| (s, Weight)));
         }
-        OpItem::Mla { x, out, heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, scale, weights, theta, norm_eps, rope_interleave, .. } => {
+        OpItem::Mla {
+            x,
+            out,
+            heads,
+            q_lora_rank,
+            kv_lora_rank,
+            qk_nope_head_dim,
+            qk_rope_head_dim,
+            v_head_dim,
+            scale,
+            weights,
+            theta,
+            norm_eps,
+            rope_interleave,
+            ..
+        } => {
             f.extend(norm_eps.iter().map(|s| (s, float)));
             f.extend(rope_interleave.iter().map(|s| (s, Expr(Type::Bool))));
             f.extend([
@@ -95,9 +154,28 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
             f.extend(q_lora_rank.iter().map(|s| (s, int)));
             f.extend(weights.0.iter().map(|(_, w)| (w, Weight)));
         }
-        OpItem::LinearAttention { x, out, key_heads, value_heads, key_head_dim, value_head_dim, conv_kernel, weights, norm_eps, .. } => {
+        OpItem::LinearAttention {
+            x,
+            out,
+            key_heads,
+            value_heads,
+            key_head_dim,
+            value_head_dim,
+            conv_kernel,
+            weights,
+            norm_eps,
+            ..
+        } => {
             f.extend(norm_eps.iter().map(|s| (s, float)));
-            f.extend([(x, Value), (out, Value), (key_heads, int), (value_heads, int), (key_head_dim, int), (value_head_dim, int), (conv_kernel, int)]);
+            f.extend([
+                (x, Value),
+                (out, Value),
+                (key_heads, int),
+                (value_heads, int),
+                (key_head_dim, int),
+                (value_head_dim, int),
+                (conv_kernel, int),
+            ]);
             f.extend(weights.0.iter().map(|(_, w)| (w, Weight)));
         }
         OpItem::Block(_) | OpItem::If { .. } => {}
@@ -121,7 +199,9 @@ pub fn check(spec: &Spec) -> Diagnostics {
         Err(e) => d.push(e),
         Ok(e) => match e.check(&|n| symbol_type(n, layer)) {
             Err(x) => d.push(spec.diag(x.span, x.message)),
-            Ok(got) if !got.fits(want) => d.push(spec.diag(t.span, format!("expected an expression of type {want}, this one is a {got}"))),
+            Ok(got) if !got.fits(want) => {
+                d.push(spec.diag(t.span, format!("expected an expression of type {want}, this one is a {got}")))
+            }
             Ok(_) => {}
         },
     };
@@ -143,7 +223,10 @@ pub fn check(spec: &Spec) -> Diagnostics {
     // 2. Required symbols.
     for r in REQUIRED_SYMBOLS {
         if spec.symbol(r).is_none() {
-            d.push(spec.diag(file.family.span, format!("the spec must declare symbol `{r}` (it becomes the program's dimensions)")));
+            d.push(spec.diag(
+                file.family.span,
+                format!("the spec must declare symbol `{r}` (it becomes the program's dimensions)"),
+            ));
         }
     }
     // 3. Symbols: sources name weights; defaults have the declared type; no cycles.
@@ -161,11 +244,17 @@ pub fn check(spec: &Spec) -> Diagnostics {
         }
         if let Some(w) = &s.indices_of {
             if s.ty() != Type::IntList {
-                d.push(spec.diag(w.span, format!("`indices_of` makes an IntList; symbol `{}` is declared {}", name.value, s.ty())));
+                d.push(spec.diag(
+                    w.span,
+                    format!("`indices_of` makes an IntList; symbol `{}` is declared {}", name.value, s.ty()),
+                ));
             }
         }
         if s.hf.is_empty() && s.gguf.is_empty() && s.tensor.is_none() && s.default.is_none() {
-            d.push(spec.diag(name.span, format!("symbol `{}` has no source: give `hf`, `gguf`, `tensor` or `default`", name.value)));
+            d.push(spec.diag(
+                name.span,
+                format!("symbol `{}` has no source: give `hf`, `gguf`, `tensor` or `default`", name.value),
+            ));
         }
     }
     for (name, _) in &file.symbols.0 {
@@ -177,7 +266,9 @@ pub fn check(spec: &Spec) -> Diagnostics {
     // 4. Weights.
     for (name, w) in &file.weights.0 {
         if w.hf.is_none() && w.gguf.is_none() && w.tied.is_none() {
-            d.push(spec.diag(name.span, format!("weight `{}` has no tensor name: give `hf` and/or `gguf`", name.value)));
+            d.push(
+                spec.diag(name.span, format!("weight `{}` has no tensor name: give `hf` and/or `gguf`", name.value)),
+            );
         }
         for s in &w.shape {
             expr(s, Type::Int, true, &mut d);
@@ -225,12 +316,12 @@ pub fn check(spec: &Spec) -> Diagnostics {
             op => {
                 for (t, role) in op_fields(op) {
                     match role {
-                        Role::Value if !file.values.0.iter().any(|(k, _)| k.value == t.value) => {
-                            d.push(spec.diag(t.span, format!("unknown value `{}` (declare it under `values`)", t.value)))
-                        }
-                        Role::Weight if spec.weight(&t.value).is_none() => {
-                            d.push(spec.diag(t.span, format!("unknown weight `{}` (declare it under `weights`)", t.value)))
-                        }
+                        Role::Value if !file.values.0.iter().any(|(k, _)| k.value == t.value) => d.push(
+                            spec.diag(t.span, format!("unknown value `{}` (declare it under `values`)", t.value)),
+                        ),
+                        Role::Weight if spec.weight(&t.value).is_none() => d.push(
+                            spec.diag(t.span, format!("unknown weight `{}` (declare it under `weights`)", t.value)),
+                        ),
                         Role::Expr(ty) => expr(t, ty, layer, &mut d),
                         _ => {}
                     }
@@ -248,7 +339,11 @@ pub fn check(spec: &Spec) -> Diagnostics {
 }
 
 /// Every item of `list`, `If` branches included (not `Block` contents).
-fn collect_items<'a>(list: &'a [super::Spanned<OpItem>], layer: bool, out: &mut Vec<(&'a super::Spanned<OpItem>, bool)>) {
+fn collect_items<'a>(
+    list: &'a [super::Spanned<OpItem>],
+    layer: bool,
+    out: &mut Vec<(&'a super::Spanned<OpItem>, bool)>,
+) {
     for item in list {
         out.push((item, layer));
         if let OpItem::If { then, otherwise, .. } = &item.value {

@@ -11,9 +11,9 @@
 use super::syntax::{Body, Node, NodeKind};
 use crate::diag::Span;
 use serde::de::{self, DeserializeSeed, IntoDeserializer, Visitor};
-use std::marker::PhantomData;
 use std::cell::{Cell, RefCell};
 use std::fmt;
+use std::marker::PhantomData;
 
 /// An error while reading a node, with the span it is about (the innermost known).
 #[derive(Clone, Debug, PartialEq)]
@@ -88,7 +88,11 @@ impl<'de, 's> NodeDe<'de, 's> {
     }
 
     fn wrong(&self, expected: &str) -> DeError {
-        DeError { span: Some(self.node.span), message: format!("expected {expected}, found {}", describe(self.node)), suppressed: false }
+        DeError {
+            span: Some(self.node.span),
+            message: format!("expected {expected}, found {}", describe(self.node)),
+            suppressed: false,
+        }
     }
 }
 
@@ -132,7 +136,9 @@ impl<'de, 's> de::Deserializer<'de> for NodeDe<'de, 's> {
             NodeKind::Str(s) => visitor.visit_borrowed_str(s),
             NodeKind::Bool(b) => visitor.visit_bool(*b),
             NodeKind::List(items) => visitor.visit_seq(Seq { items: items.iter(), sink: self.sink, tolerant: true }),
-            NodeKind::Map(entries) => visitor.visit_map(MapEntries { entries: entries.iter(), value: None, sink: self.sink }),
+            NodeKind::Map(entries) => {
+                visitor.visit_map(MapEntries { entries: entries.iter(), value: None, sink: self.sink })
+            }
             NodeKind::Named { name, body } => match body {
                 Body::Unit => match name.as_ref().map(|n| n.0.as_str()) {
                     Some("None") => visitor.visit_none(),
@@ -148,7 +154,13 @@ impl<'de, 's> de::Deserializer<'de> for NodeDe<'de, 's> {
                 }
                 Body::Fields(fields) => {
                     let failed = Cell::new(false);
-                    let r = visitor.visit_map(Fields { fields: fields.iter(), known: None, value: None, sink: self.sink, failed: &failed });
+                    let r = visitor.visit_map(Fields {
+                        fields: fields.iter(),
+                        known: None,
+                        value: None,
+                        sink: self.sink,
+                        failed: &failed,
+                    });
                     if failed.get() {
                         r.map_err(|_| DeError::suppressed())
                     } else {
@@ -257,7 +269,12 @@ impl<'de, 's> de::Deserializer<'de> for NodeDe<'de, 's> {
         r.map_err(|e: DeError| e.at(self.node.span))
     }
 
-    fn deserialize_tuple_struct<V: Visitor<'de>>(self, _name: &'static str, len: usize, visitor: V) -> Result<V::Value, DeError> {
+    fn deserialize_tuple_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        len: usize,
+        visitor: V,
+    ) -> Result<V::Value, DeError> {
         self.deserialize_tuple(len, visitor)
     }
 
@@ -284,7 +301,11 @@ impl<'de, 's> de::Deserializer<'de> for NodeDe<'de, 's> {
             NodeKind::Named { name: n, body: Body::Fields(f) } => {
                 if let Some((n, nspan)) = n {
                     if n != name {
-                        return Err(DeError { span: Some(*nspan), message: format!("expected `{name}(...)`, found `{n}`"), suppressed: false });
+                        return Err(DeError {
+                            span: Some(*nspan),
+                            message: format!("expected `{name}(...)`, found `{n}`"),
+                            suppressed: false,
+                        });
                     }
                 }
                 f
@@ -295,7 +316,11 @@ impl<'de, 's> de::Deserializer<'de> for NodeDe<'de, 's> {
             {
                 if let Some((n, nspan)) = n {
                     if n != name {
-                        return Err(DeError { span: Some(*nspan), message: format!("expected `{name}(...)`, found `{n}`"), suppressed: false });
+                        return Err(DeError {
+                            span: Some(*nspan),
+                            message: format!("expected `{name}(...)`, found `{n}`"),
+                            suppressed: false,
+                        });
                     }
                 }
                 &[]
@@ -303,7 +328,13 @@ impl<'de, 's> de::Deserializer<'de> for NodeDe<'de, 's> {
             _ => return Err(self.wrong(&format!("a struct `{name}(field: ...)`"))),
         };
         let failed = Cell::new(false);
-        let r = visitor.visit_map(Fields { fields: fields.iter(), known: Some(known), value: None, sink: self.sink, failed: &failed });
+        let r = visitor.visit_map(Fields {
+            fields: fields.iter(),
+            known: Some(known),
+            value: None,
+            sink: self.sink,
+            failed: &failed,
+        });
         match r {
             Err(_) if failed.get() => Err(DeError::suppressed()),
             r => r.map_err(|e: DeError| e.at(span)),
@@ -422,7 +453,8 @@ impl<'de, 's, 'f> de::MapAccess<'de> for Fields<'de, 's, 'f> {
                 }
             }
             self.value = Some(v);
-            let key = seed.deserialize(de::value::BorrowedStrDeserializer::<DeError>::new(k)).map_err(|e| e.at(*kspan))?;
+            let key =
+                seed.deserialize(de::value::BorrowedStrDeserializer::<DeError>::new(k)).map_err(|e| e.at(*kspan))?;
             return Ok(Some(key));
         }
     }
@@ -490,19 +522,31 @@ impl<'de, 's> de::VariantAccess<'de> for Enum<'de, 's> {
         match self.body {
             Body::Unit => Ok(()),
             Body::Tuple(t) if t.is_empty() => Ok(()),
-            _ => Err(DeError { span: Some(self.node.span), message: format!("`{}` takes no fields", self.variant), suppressed: false }),
+            _ => Err(DeError {
+                span: Some(self.node.span),
+                message: format!("`{}` takes no fields", self.variant),
+                suppressed: false,
+            }),
         }
     }
     fn newtype_variant_seed<T: DeserializeSeed<'de>>(self, seed: T) -> Result<T::Value, DeError> {
         match self.body {
             Body::Tuple(items) if items.len() == 1 => seed.deserialize(NodeDe { node: &items[0], sink: self.sink }),
-            _ => Err(DeError { span: Some(self.node.span), message: format!("expected `{}(value)`", self.variant), suppressed: false }),
+            _ => Err(DeError {
+                span: Some(self.node.span),
+                message: format!("expected `{}(value)`", self.variant),
+                suppressed: false,
+            }),
         }
     }
     fn tuple_variant<V: Visitor<'de>>(self, _len: usize, visitor: V) -> Result<V::Value, DeError> {
         match self.body {
             Body::Tuple(items) => visitor.visit_seq(Seq { items: items.iter(), sink: self.sink, tolerant: false }),
-            _ => Err(DeError { span: Some(self.node.span), message: format!("expected `{}(a, b, ...)`", self.variant), suppressed: false }),
+            _ => Err(DeError {
+                span: Some(self.node.span),
+                message: format!("expected `{}(a, b, ...)`", self.variant),
+                suppressed: false,
+            }),
         }
     }
     fn struct_variant<V: Visitor<'de>>(self, known: &'static [&'static str], visitor: V) -> Result<V::Value, DeError> {
@@ -511,11 +555,21 @@ impl<'de, 's> de::VariantAccess<'de> for Enum<'de, 's> {
             Body::Unit => &[],
             Body::Tuple(t) if t.is_empty() => &[],
             Body::Tuple(_) => {
-                return Err(DeError { span: Some(self.node.span), message: format!("expected `{}(field: value, ...)`", self.variant), suppressed: false })
+                return Err(DeError {
+                    span: Some(self.node.span),
+                    message: format!("expected `{}(field: value, ...)`", self.variant),
+                    suppressed: false,
+                })
             }
         };
         let failed = Cell::new(false);
-        let r = visitor.visit_map(Fields { fields: fields.iter(), known: Some(known), value: None, sink: self.sink, failed: &failed });
+        let r = visitor.visit_map(Fields {
+            fields: fields.iter(),
+            known: Some(known),
+            value: None,
+            sink: self.sink,
+            failed: &failed,
+        });
         match r {
             Err(_) if failed.get() => Err(DeError::suppressed()),
             r => r.map_err(|e: DeError| e.at(self.node.span)),

@@ -157,10 +157,37 @@ pub enum GluSpec {
 /// expressions (everything else).
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub enum OpItem {
-    Embed { out: Text, table: Text, #[serde(default)] scale: Option<Text> },
-    RmsNorm { x: Text, out: Text, weight: Text, eps: Text, #[serde(default)] group: Option<Text>, #[serde(default)] offset: Option<Text> },
-    LayerNorm { x: Text, out: Text, weight: Text, #[serde(default)] bias: Option<Text>, eps: Text },
-    Linear { x: Text, out: Text, weight: Text, #[serde(default)] bias: Option<Text> },
+    Embed {
+        out: Text,
+        table: Text,
+        #[serde(default)]
+        scale: Option<Text>,
+    },
+    RmsNorm {
+        x: Text,
+        out: Text,
+        weight: Text,
+        eps: Text,
+        #[serde(default)]
+        group: Option<Text>,
+        #[serde(default)]
+        offset: Option<Text>,
+    },
+    LayerNorm {
+        x: Text,
+        out: Text,
+        weight: Text,
+        #[serde(default)]
+        bias: Option<Text>,
+        eps: Text,
+    },
+    Linear {
+        x: Text,
+        out: Text,
+        weight: Text,
+        #[serde(default)]
+        bias: Option<Text>,
+    },
     Rope {
         x: Text,
         heads: Text,
@@ -192,10 +219,27 @@ pub enum OpItem {
         #[serde(default)]
         value_scale: Option<Text>,
     },
-    Act { x: Text, out: Text, act: Activation },
-    Glu { gate: Text, up: Text, out: Text, kind: GluSpec },
-    Add { a: Text, b: Text, out: Text },
-    Mul { a: Text, b: Text, out: Text },
+    Act {
+        x: Text,
+        out: Text,
+        act: Activation,
+    },
+    Glu {
+        gate: Text,
+        up: Text,
+        out: Text,
+        kind: GluSpec,
+    },
+    Add {
+        a: Text,
+        b: Text,
+        out: Text,
+    },
+    Mul {
+        a: Text,
+        b: Text,
+        out: Text,
+    },
     Route {
         logits: Text,
         out: Text,

@@ -25,7 +25,10 @@ pub enum NodeKind {
     List(Vec<Node>),
     Map(Vec<(Node, Node)>),
     /// `Ident`, `Ident(...)` or `(...)`: a struct, a tuple or an enum value.
-    Named { name: Option<(String, Span)>, body: Body },
+    Named {
+        name: Option<(String, Span)>,
+        body: Body,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -184,7 +187,10 @@ impl<'a> Parser<'a> {
                     self.pos = save;
                     Body::Unit
                 };
-                Ok(Node { span: Span::new(start, self.pos), kind: NodeKind::Named { name: Some((ident, ident_span)), body } })
+                Ok(Node {
+                    span: Span::new(start, self.pos),
+                    kind: NodeKind::Named { name: Some((ident, ident_span)), body },
+                })
             }
             Some(_) => Err(self.err_here("expected a value (a number, a string, `[`, `{`, `(` or a name)")),
         }

@@ -48,7 +48,9 @@ pub fn attend(s: AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, sinks:
             let sc = &mut sc.borrow_mut();
             for i in rows.clone() {
                 // SAFETY: task `(set, b)` writes only heads `hs` of rows in block `b`: disjoint.
-                let o = unsafe { std::slice::from_raw_parts_mut(o.get().add(i * ow + hs.start * s.v_head_dim), per * s.v_head_dim) };
+                let o = unsafe {
+                    std::slice::from_raw_parts_mut(o.get().add(i * ow + hs.start * s.v_head_dim), per * s.v_head_dim)
+                };
                 #[cfg(target_arch = "x86_64")]
                 if wide {
                     // SAFETY: `wide_simd` reported AVX2+FMA.
@@ -69,7 +71,18 @@ thread_local! {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn heads_row_avx2(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, i: usize, hs: std::ops::Range<usize>, sinks: Option<&[f32]>, scores: &mut Vec<f32>, o: &mut [f32]) {
+unsafe fn heads_row_avx2(
+    s: &AttnShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    pos0: usize,
+    i: usize,
+    hs: std::ops::Range<usize>,
+    sinks: Option<&[f32]>,
+    scores: &mut Vec<f32>,
+    o: &mut [f32],
+) {
     heads_row::<avx2::Avx2>(s, q, k, v, pos0, i, hs, sinks, scores, o)
 }
 
@@ -189,7 +202,18 @@ const KEY_BLOCK: usize = 32;
 /// heads' outputs, `v_head_dim` each). `scores` is scratch.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn heads_row<K: Chunk>(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, i: usize, hs: std::ops::Range<usize>, sinks: Option<&[f32]>, scores: &mut Vec<f32>, o: &mut [f32]) {
+fn heads_row<K: Chunk>(
+    s: &AttnShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    pos0: usize,
+    i: usize,
+    hs: std::ops::Range<usize>,
+    sinks: Option<&[f32]>,
+    scores: &mut Vec<f32>,
+    o: &mut [f32],
+) {
     let (hd, vhd) = (s.head_dim, s.v_head_dim);
     let g = hs.len();
     let kvh = hs.start / (s.heads / s.kv_heads);
@@ -236,7 +260,12 @@ fn heads_row<K: Chunk>(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usi
     // Softmax of each head's scores.
     let mut inv = [0f32; 64];
     let mut invs = Vec::new();
-    let inv: &mut [f32] = if g <= 64 { &mut inv[..g] } else { invs.resize(g, 0.0); &mut invs };
+    let inv: &mut [f32] = if g <= 64 {
+        &mut inv[..g]
+    } else {
+        invs.resize(g, 0.0);
+        &mut invs
+    };
     for (t, h) in hs.clone().enumerate() {
         let sc = &mut scores[t * len..(t + 1) * len];
         // Scale and running maximum in eight lanes (so they vectorize).
@@ -350,7 +379,15 @@ mod tests {
     }
 
     /// The plain definition, in f64.
-    fn reference(s: AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, sinks: Option<&[f32]>, n: usize) -> Vec<f32> {
+    fn reference(
+        s: AttnShape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        pos0: usize,
+        sinks: Option<&[f32]>,
+        n: usize,
+    ) -> Vec<f32> {
         let (hd, vhd) = (s.head_dim, s.v_head_dim);
         let mut out = vec![0f32; n * s.heads * vhd];
         for i in 0..n {
@@ -360,13 +397,22 @@ mod tests {
                 let lo = s.window.map_or(0, |w| (p + 1).saturating_sub(w));
                 let qh = &q[(i * s.heads + h) * hd..][..hd];
                 let sc: Vec<f64> = (lo..=p)
-                    .map(|j| qh.iter().zip(&k[(j * s.kv_heads + kvh) * hd..][..hd]).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * s.scale as f64)
+                    .map(|j| {
+                        qh.iter()
+                            .zip(&k[(j * s.kv_heads + kvh) * hd..][..hd])
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>()
+                            * s.scale as f64
+                    })
                     .collect();
                 let sink = sinks.map(|sk| sk[h] as f64);
                 let m = sc.iter().cloned().chain(sink).fold(f64::NEG_INFINITY, f64::max);
                 let l: f64 = sc.iter().chain(sink.as_ref()).map(|x| (x - m).exp()).sum();
                 for d in 0..vhd {
-                    let acc: f64 = (lo..=p).zip(&sc).map(|(j, x)| (x - m).exp() * v[(j * s.kv_heads + kvh) * vhd + d] as f64).sum();
+                    let acc: f64 = (lo..=p)
+                        .zip(&sc)
+                        .map(|(j, x)| (x - m).exp() * v[(j * s.kv_heads + kvh) * vhd + d] as f64)
+                        .sum();
                     out[(i * s.heads + h) * vhd + d] = (acc / l) as f32;
                 }
             }
@@ -405,7 +451,10 @@ mod tests {
             let want = reference(s, &q, &k, &v, pos0, sinks, n);
             for (j, (a, b)) in out.iter().zip(&want).enumerate() {
                 // Values are within [-1, 1]: f32 sums of a few hundred terms stay within 1e-5.
-                assert!((a - b).abs() <= 1e-5, "case {heads}/{kv_heads}/{head_dim}/{v_head_dim} n={n} [{j}]: {a} vs {b}");
+                assert!(
+                    (a - b).abs() <= 1e-5,
+                    "case {heads}/{kv_heads}/{head_dim}/{v_head_dim} n={n} [{j}]: {a} vs {b}"
+                );
             }
         }
     }

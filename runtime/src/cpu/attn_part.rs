@@ -37,7 +37,15 @@ impl Parts {
 /// `k`, `v`: position-major rows from position 0 (`kv_heads * head_dim`, `kv_heads *
 /// v_head_dim` wide); `sinks`: one logit per head, folded into this part (only one of two
 /// merged parts may hold them). The window of `s` is the caller's: `range` already honours it.
-pub fn attend_part(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], n: usize, range: &(dyn Fn(usize) -> (usize, usize) + Sync), sinks: Option<&[f32]>) -> Parts {
+pub fn attend_part(
+    s: &AttnShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    range: &(dyn Fn(usize) -> (usize, usize) + Sync),
+    sinks: Option<&[f32]>,
+) -> Parts {
     let mut out = Parts::empty(s, n);
     if n == 0 {
         return out;
@@ -95,7 +103,8 @@ pub fn attend_part(s: &AttnShape, q: &[f32], k: &[f32], v: &[f32], n: usize, ran
             for i in rows {
                 for g in 0..group {
                     let h = kvh * group + g;
-                    scores[((i - r0) * group + g) * TILE + (j - p0)] = dot(&q[(i * s.heads + h) * hd..][..hd], kr) * s.scale;
+                    scores[((i - r0) * group + g) * TILE + (j - p0)] =
+                        dot(&q[(i * s.heads + h) * hd..][..hd], kr) * s.scale;
                 }
             }
         }
@@ -224,7 +233,11 @@ mod tests {
     fn a_merge_of_two_parts_is_the_full_attention() {
         let mut seed = 99u64;
         // (heads, kv_heads, head_dim, v_head_dim, window, sinks, pos0, n)
-        let cases = [(4, 2, 16, 16, None, false, 0, 24), (3, 1, 8, 12, Some(9), true, 5, 17), (2, 2, 32, 32, None, true, 30, 3)];
+        let cases = [
+            (4, 2, 16, 16, None, false, 0, 24),
+            (3, 1, 8, 12, Some(9), true, 5, 17),
+            (2, 2, 32, 32, None, true, 30, 3),
+        ];
         for (heads, kv_heads, head_dim, v_head_dim, window, with_sinks, pos0, n) in cases {
             let s = AttnShape { heads, kv_heads, head_dim, v_head_dim, scale: 1.0 / (head_dim as f32).sqrt(), window };
             let len = pos0 + n;
@@ -238,8 +251,10 @@ mod tests {
             let lo = |p: usize| window.map_or(0, |w| (p + 1).saturating_sub(w));
             for cut in 0..=len {
                 // The host's part holds the sinks and the positions below the cut.
-                let low = attend_part(&s, &q, &k, &v, n, &|i| (lo(pos0 + i), cut.clamp(lo(pos0 + i), pos0 + i + 1)), sinks);
-                let high = attend_part(&s, &q, &k, &v, n, &|i| (cut.clamp(lo(pos0 + i), pos0 + i + 1), pos0 + i + 1), None);
+                let low =
+                    attend_part(&s, &q, &k, &v, n, &|i| (lo(pos0 + i), cut.clamp(lo(pos0 + i), pos0 + i + 1)), sinks);
+                let high =
+                    attend_part(&s, &q, &k, &v, n, &|i| (cut.clamp(lo(pos0 + i), pos0 + i + 1), pos0 + i + 1), None);
                 let mut got = vec![f32::NAN; want.len()];
                 merge(&s, &high, &low, &mut got);
                 for (j, (a, b)) in got.iter().zip(&want).enumerate() {

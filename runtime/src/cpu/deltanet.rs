@@ -40,7 +40,13 @@ pub struct MissingRole(pub String);
 impl<'a> DeltaNetWeights<'a> {
     /// The op's weights from the store, by role.
     pub fn resolve(spec: &LinearAttentionSpec, ws: &'a WeightStore) -> Result<DeltaNetWeights<'a>, MissingRole> {
-        let find = |r: &str| spec.weights.iter().find(|(role, _)| role == r).map(|(_, w)| w.name.as_str()).ok_or_else(|| MissingRole(r.to_string()));
+        let find = |r: &str| {
+            spec.weights
+                .iter()
+                .find(|(role, _)| role == r)
+                .map(|(_, w)| w.name.as_str())
+                .ok_or_else(|| MissingRole(r.to_string()))
+        };
         Ok(DeltaNetWeights {
             qkvz: ws.matrix(find("in_proj_qkvz")?),
             ba: ws.matrix(find("in_proj_ba")?),
@@ -79,7 +85,16 @@ fn l2norm(x: &mut [f32]) {
 /// Runs the mixer over `x` (`n x hidden`), advancing `state` by `n` positions, and writes `out`
 /// (`n x hidden`). `eps`: the gated norm's epsilon.
 #[allow(clippy::too_many_arguments)]
-pub fn gated_deltanet(s: &LinearAttentionSpec, w: &DeltaNetWeights, x: &[f32], n: usize, state: &mut [f32], eps: f32, precision: Precision, out: &mut [f32]) {
+pub fn gated_deltanet(
+    s: &LinearAttentionSpec,
+    w: &DeltaNetWeights,
+    x: &[f32],
+    n: usize,
+    state: &mut [f32],
+    eps: f32,
+    precision: Precision,
+    out: &mut [f32],
+) {
     let (nk, nv, dk, dv, kk) = (s.key_heads, s.value_heads, s.key_head_dim, s.value_head_dim, s.conv_kernel);
     let r = nv / nk;
     let key_dim = nk * dk;
@@ -128,7 +143,11 @@ pub fn gated_deltanet(s: &LinearAttentionSpec, w: &DeltaNetWeights, x: &[f32], n
     let mut new_ring = vec![0f32; hist * channels];
     for i in 0..hist {
         let src = total - hist + i;
-        let row = if src < hist { &ring[src * channels..(src + 1) * channels] } else { &mixed[(src - hist) * channels..(src - hist + 1) * channels] };
+        let row = if src < hist {
+            &ring[src * channels..(src + 1) * channels]
+        } else {
+            &mixed[(src - hist) * channels..(src - hist + 1) * channels]
+        };
         new_ring[i * channels..(i + 1) * channels].copy_from_slice(row);
     }
     ring.copy_from_slice(&new_ring);
@@ -186,8 +205,8 @@ pub fn gated_deltanet(s: &LinearAttentionSpec, w: &DeltaNetWeights, x: &[f32], n
 #[cfg(test)]
 mod tests {
     use super::*;
-    use coli_compiler::ir::LinearAttentionKind;
     use crate::format::WeightFormat;
+    use coli_compiler::ir::LinearAttentionKind;
 
     fn rnd(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
@@ -244,7 +263,16 @@ mod tests {
             for start in (0..n).step_by(chunk) {
                 let m = chunk.min(n - start);
                 let mut o = vec![0f32; m * hidden];
-                gated_deltanet(&spec, &w, &x[start * hidden..(start + m) * hidden], m, &mut state, 1e-6, Precision::Exact, &mut o);
+                gated_deltanet(
+                    &spec,
+                    &w,
+                    &x[start * hidden..(start + m) * hidden],
+                    m,
+                    &mut state,
+                    1e-6,
+                    Precision::Exact,
+                    &mut o,
+                );
                 all.extend(o);
             }
             (all, state)

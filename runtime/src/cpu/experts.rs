@@ -30,7 +30,15 @@ fn add_bias(rows: &mut [f32], bias: Option<&[f32]>) {
 
 /// Runs one expert over `rows` (row indices into `x`, width `hidden`), writing its output
 /// (not yet weighted) for each row into `outs` (`rows.len() x hidden`).
-pub fn expert_ffn(m: &ExpertMats, kind: GluKind, precision: Precision, x: &[f32], hidden: usize, rows: &[usize], outs: &mut [f32]) {
+pub fn expert_ffn(
+    m: &ExpertMats,
+    kind: GluKind,
+    precision: Precision,
+    x: &[f32],
+    hidden: usize,
+    rows: &[usize],
+    outs: &mut [f32],
+) {
     let n = rows.len();
     let ffn = m.gate.rows;
     let mut xs = vec![0.0f32; n * hidden];
@@ -51,7 +59,11 @@ pub fn expert_ffn(m: &ExpertMats, kind: GluKind, precision: Precision, x: &[f32]
 
 impl<'a> ExpertMats<'a> {
     /// Expert `e` of a `RoutedExperts` op's weights.
-    pub fn of(ws: &'a crate::exec::weights::WeightStore, w: &coli_compiler::ir::ExpertWeights, e: usize) -> ExpertMats<'a> {
+    pub fn of(
+        ws: &'a crate::exec::weights::WeightStore,
+        w: &coli_compiler::ir::ExpertWeights,
+        e: usize,
+    ) -> ExpertMats<'a> {
         let bias = |b: &Option<coli_compiler::ir::ExpertBias>| b.as_ref().map(|b| ws.expert_bias(b, e));
         ExpertMats {
             gate: ws.expert(&w.gate, e),

@@ -103,7 +103,17 @@ fn add_bias(rows: &mut [f32], bias: Option<&[f32]>) {
 /// (which must hold exactly the positions before `pos0`; later ones are dropped), and writes
 /// `out` (`n x hidden`).
 #[allow(clippy::too_many_arguments)]
-pub fn mla(s: &MlaSpec, w: &MlaWeights, x: &[f32], n: usize, pos0: usize, kv: &mut LayerKv, precision: Precision, form: MlaForm, out: &mut [f32]) {
+pub fn mla(
+    s: &MlaSpec,
+    w: &MlaWeights,
+    x: &[f32],
+    n: usize,
+    pos0: usize,
+    kv: &mut LayerKv,
+    precision: Precision,
+    form: MlaForm,
+    out: &mut [f32],
+) {
     let (h, dn, dr, dv, c) = (s.heads, s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim, s.kv_lora_rank);
     let dq = dn + dr;
     // 1. Queries: n x h x (nope, rope).
@@ -160,7 +170,17 @@ pub fn mla(s: &MlaSpec, w: &MlaWeights, x: &[f32], n: usize, pos0: usize, kv: &m
 
 /// Keys and values of every cached position through `kv_b`, then causal attention.
 #[allow(clippy::too_many_arguments)]
-fn expanded(s: &MlaSpec, kv_b: &Matrix, q: &[f32], lat: &[f32], kr: &[f32], len: usize, pos0: usize, precision: Precision, attn: &mut [f32]) {
+fn expanded(
+    s: &MlaSpec,
+    kv_b: &Matrix,
+    q: &[f32],
+    lat: &[f32],
+    kr: &[f32],
+    len: usize,
+    pos0: usize,
+    precision: Precision,
+    attn: &mut [f32],
+) {
     let (h, dn, dr, dv, c) = (s.heads, s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim, s.kv_lora_rank);
     let dq = dn + dr;
     let bw = h * (dn + dv);
@@ -184,7 +204,16 @@ fn expanded(s: &MlaSpec, kv_b: &Matrix, q: &[f32], lat: &[f32], kr: &[f32], len:
 /// Queries absorbed into latent space through `kv_b`'s key rows; scores on the latents; the
 /// weighted latent through `kv_b`'s value rows.
 #[allow(clippy::too_many_arguments)]
-fn absorbed(s: &MlaSpec, kv_b: &Matrix, q: &[f32], lat: &[f32], kr: &[f32], pos0: usize, precision: Precision, attn: &mut [f32]) {
+fn absorbed(
+    s: &MlaSpec,
+    kv_b: &Matrix,
+    q: &[f32],
+    lat: &[f32],
+    kr: &[f32],
+    pos0: usize,
+    precision: Precision,
+    attn: &mut [f32],
+) {
     let (h, dn, dr, dv, c) = (s.heads, s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim, s.kv_lora_rank);
     let dq = dn + dr;
     let n = q.len() / (h * dq);
@@ -279,11 +308,12 @@ mod tests {
             norm_eps: 1e-6,
             rope_interleave: true,
         };
-        let mats: Vec<(usize, usize, Vec<u8>)> = [(r, hidden), (h * (dn + dr), r), (c + dr, hidden), (h * (dn + dv), c), (hidden, h * dv)]
-            .iter()
-            .enumerate()
-            .map(|(i, &(rows, cols))| (rows, cols, bytes(&rnd(rows * cols, 7 + i as u32))))
-            .collect();
+        let mats: Vec<(usize, usize, Vec<u8>)> =
+            [(r, hidden), (h * (dn + dr), r), (c + dr, hidden), (h * (dn + dv), c), (hidden, h * dv)]
+                .iter()
+                .enumerate()
+                .map(|(i, &(rows, cols))| (rows, cols, bytes(&rnd(rows * cols, 7 + i as u32))))
+                .collect();
         let m = |i: usize| Matrix::new(WeightFormat::F32, mats[i].0, mats[i].1, &mats[i].2).unwrap();
         let qn = vec![1.0f32; r];
         let kn = vec![1.1f32; c];
@@ -302,13 +332,25 @@ mod tests {
         let mut kv = LayerKv { k_width: c, v_width: dr, ..Default::default() };
         let mut want = vec![0f32; n * hidden];
         mla(&spec, &w, &x, n, 0, &mut kv, Precision::Exact, MlaForm::Expanded, &mut want);
-        for (form, chunk) in [(MlaForm::Absorbed, 1), (MlaForm::Absorbed, 3), (MlaForm::Expanded, 1), (MlaForm::Expanded, 2)] {
+        for (form, chunk) in
+            [(MlaForm::Absorbed, 1), (MlaForm::Absorbed, 3), (MlaForm::Expanded, 1), (MlaForm::Expanded, 2)]
+        {
             let mut kv = LayerKv { k_width: c, v_width: dr, ..Default::default() };
             let mut got = Vec::new();
             for start in (0..n).step_by(chunk) {
                 let m = chunk.min(n - start);
                 let mut o = vec![0f32; m * hidden];
-                mla(&spec, &w, &x[start * hidden..(start + m) * hidden], m, start, &mut kv, Precision::Exact, form, &mut o);
+                mla(
+                    &spec,
+                    &w,
+                    &x[start * hidden..(start + m) * hidden],
+                    m,
+                    start,
+                    &mut kv,
+                    Precision::Exact,
+                    form,
+                    &mut o,
+                );
                 got.extend(o);
             }
             let err = got.iter().zip(&want).fold(0f32, |a, (x, y)| a.max((x - y).abs()));

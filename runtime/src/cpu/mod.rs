@@ -18,10 +18,10 @@ pub mod route;
 use crate::exec::kv::KvCache;
 use crate::exec::weights::WeightStore;
 use crate::format::{dequant_row, matmul_multi, Matrix, QuantizedActs, WeightFormat};
-use std::cell::RefCell;
-pub use linear::Precision;
 use crate::oplib::{op_name, OpLib};
 use coli_compiler::ir::{Op, ValueId};
+pub use linear::Precision;
+use std::cell::RefCell;
 
 /// The CPU backend.
 #[derive(Clone, Copy, Debug, Default)]
@@ -257,7 +257,15 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             let mut o = std::mem::take(&mut env.values[out.0 as usize]);
             o.resize(n * spec.heads * spec.v_head_dim, 0.0);
             let kv = &env.kv.layers[l];
-            attention::attend(shape, &env.values[q.0 as usize][..n * spec.heads * spec.head_dim], &kv.k, &kv.v, env.pos0, sinks, &mut o);
+            attention::attend(
+                shape,
+                &env.values[q.0 as usize][..n * spec.heads * spec.head_dim],
+                &kv.k,
+                &kv.v,
+                env.pos0,
+                sinks,
+                &mut o,
+            );
             // Scaled values (MiMo's `attention_value_scale`) scale the output alike; the cache
             // keeps the projections as they are.
             if spec.value_scale != 1.0 {
@@ -266,7 +274,9 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             env.values[out.0 as usize] = o;
         }
         Op::Act { x, out, act } => {
-            env.with_input(*x, *out, |xs, o| o.iter_mut().zip(xs).for_each(|(o, &v)| *o = elementwise::activate(*act, v)));
+            env.with_input(*x, *out, |xs, o| {
+                o.iter_mut().zip(xs).for_each(|(o, &v)| *o = elementwise::activate(*act, v))
+            });
         }
         Op::Glu { gate, up, out, kind } => {
             if out != gate && out != up {
@@ -306,7 +316,14 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
         }
         Op::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale } => {
             let bias = correction_bias.as_ref().map(|b| env.weights.vector(&b.name));
-            let spec = route::RouteSpec { scoring: *scoring, top_k: *top_k, renormalize: *renormalize, correction_bias: bias, groups: *groups, scale: *scale };
+            let spec = route::RouteSpec {
+                scoring: *scoring,
+                top_k: *top_k,
+                renormalize: *renormalize,
+                correction_bias: bias,
+                groups: *groups,
+                scale: *scale,
+            };
             let lw = env.width(*logits);
             env.with_input(*logits, *out, |lg, o| {
                 for r in 0..n {
@@ -325,18 +342,30 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             env.put(*out, o);
         }
         Op::Mla { x, out, layer, spec } => {
-            let w = mla::MlaWeights::resolve(spec, env.weights).map_err(|m| CpuError::MissingRole { op: op_name(op), role: m.0 })?;
+            let w = mla::MlaWeights::resolve(spec, env.weights)
+                .map_err(|m| CpuError::MissingRole { op: op_name(op), role: m.0 })?;
             let xs = env.get(*x).to_vec();
             let mut o = env.take(*out);
             let (pos0, precision) = (env.pos0, env.precision);
-            mla::mla(spec, &w, &xs, n, pos0, &mut env.kv.layers[layer.0 as usize], precision, mla::MlaForm::for_rows(n), &mut o);
+            mla::mla(
+                spec,
+                &w,
+                &xs,
+                n,
+                pos0,
+                &mut env.kv.layers[layer.0 as usize],
+                precision,
+                mla::MlaForm::for_rows(n),
+                &mut o,
+            );
             env.put(*out, o);
         }
         Op::LinearAttention { x, out, layer, spec } => {
             if spec.kind != coli_compiler::ir::LinearAttentionKind::GatedDeltaNet {
                 return Err(CpuError::Unsupported(op_name(op)));
             }
-            let w = deltanet::DeltaNetWeights::resolve(spec, env.weights).map_err(|m| CpuError::MissingRole { op: op_name(op), role: m.0 })?;
+            let w = deltanet::DeltaNetWeights::resolve(spec, env.weights)
+                .map_err(|m| CpuError::MissingRole { op: op_name(op), role: m.0 })?;
             let (l, pos0) = (layer.0 as usize, env.pos0);
             let xs = env.get(*x).to_vec();
             let mut o = env.take(*out);

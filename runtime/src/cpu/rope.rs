@@ -161,7 +161,8 @@ mod tests {
 
     #[test]
     fn cached_angles_match_per_row_application() {
-        let s = RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 };
+        let s =
+            RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 };
         let (f, m) = inv_freq(16, 10000.0, s);
         let mut cache = AngleCache::default();
         for style in [RopeStyle::RotateHalf, RopeStyle::Interleaved] {
@@ -189,7 +190,12 @@ mod tests {
 
     #[test]
     fn llama3_scaling_keeps_high_frequencies() {
-        let s = RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 8192 };
+        let s = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position: 8192,
+        };
         let (plain, _) = inv_freq(64, 500000.0, RopeScaling::None);
         let (scaled, _) = inv_freq(64, 500000.0, s);
         assert_eq!(plain[0], scaled[0]);

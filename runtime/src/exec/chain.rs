@@ -76,35 +76,24 @@ impl Chain {
         for f in &plan.frames {
             if let Place::Device(d) = f.place {
                 if d.0 as usize >= ctxs.len() {
-                    return Err(ChainError {
-                        device: d,
-                        error: DeviceError::NotOpened { opened: ctxs.len() },
-                    });
+                    return Err(ChainError { device: d, error: DeviceError::NotOpened { opened: ctxs.len() } });
                 }
             }
         }
         let Some(primary) = ctxs.first().cloned() else {
-            return Err(ChainError {
-                device: DeviceId(0),
-                error: DeviceError::NotOpened { opened: 0 },
-            });
+            return Err(ChainError { device: DeviceId(0), error: DeviceError::NotOpened { opened: 0 } });
         };
         // 2. Each device uploads what its own frames read.
         let mut devices = Vec::with_capacity(ctxs.len());
         for (i, ctx) in ctxs.into_iter().enumerate() {
             let device = DeviceId(i as u32);
             devices.push(
-                DeviceModel::load(ctx, plan, model, device, progress)
-                    .map_err(|error| ChainError { device, error })?,
+                DeviceModel::load(ctx, plan, model, device, progress).map_err(|error| ChainError { device, error })?,
             );
         }
         // 3. The adaptive tier: every routed-experts op that runs as a host step.
         let program = &plan.program;
-        let resident = |l: u32| {
-            devices
-                .iter()
-                .any(|d| d.resident_experts().contains_key(&l))
-        };
+        let resident = |l: u32| devices.iter().any(|d| d.resident_experts().contains_key(&l));
         let mut tier_line = tier_line(plan, &devices);
         let mut tier_service = None;
         let host_moe: Vec<&Op> = program
@@ -116,17 +105,9 @@ impl Chain {
         if plan.options.expert_tier && !host_moe.is_empty() {
             let tier_devices = tier_devices(plan, &devices, tier);
             if !tier_devices.is_empty() {
-                let setup = ExpertTier::new(
-                    &tier_devices,
-                    model,
-                    &host_moe,
-                    plan.options.chunk_rows.max(1),
-                    tier.clone(),
-                );
-                match setup.map_err(|e| ChainError {
-                    device: DeviceId(0),
-                    error: e.into(),
-                })? {
+                let setup =
+                    ExpertTier::new(&tier_devices, model, &host_moe, plan.options.chunk_rows.max(1), tier.clone());
+                match setup.map_err(|e| ChainError { device: DeviceId(0), error: e.into() })? {
                     TierSetup::Ready(t) => {
                         tier_line = Some(t.line().to_string());
                         tier_service = Some(Mutex::new(*t));
@@ -162,23 +143,16 @@ impl Chain {
 
     /// The most positions a session holds (the plan's context).
     pub fn max_context(&self) -> usize {
-        self.devices
-            .iter()
-            .map(DeviceModel::max_context)
-            .min()
-            .unwrap_or(1)
+        self.devices.iter().map(DeviceModel::max_context).min().unwrap_or(1)
     }
 
     /// What the KV split's layers did so far, over every device (`None` without a split).
     pub fn kv_split_stats(&self) -> Option<SplitStats> {
-        self.devices
-            .iter()
-            .filter_map(DeviceModel::kv_split_stats)
-            .reduce(|a, b| SplitStats {
-                steps: a.steps + b.steps,
-                host_steps: a.host_steps + b.host_steps,
-                host_positions: a.host_positions + b.host_positions,
-            })
+        self.devices.iter().filter_map(DeviceModel::kv_split_stats).reduce(|a, b| SplitStats {
+            steps: a.steps + b.steps,
+            host_steps: a.host_steps + b.host_steps,
+            host_positions: a.host_positions + b.host_positions,
+        })
     }
 
     /// One line for the user: the expert tier's budget, how many experts of which size are
@@ -198,9 +172,7 @@ impl Chain {
     }
 
     /// Merges the run's routings into the tier's history file; the path written, if any.
-    pub fn save_tier_history(
-        &self,
-    ) -> Result<Option<std::path::PathBuf>, crate::tier::history::HistoryError> {
+    pub fn save_tier_history(&self) -> Result<Option<std::path::PathBuf>, crate::tier::history::HistoryError> {
         match &self.tier {
             Some(t) => lock(t).save_history(),
             None => Ok(None),
@@ -209,11 +181,7 @@ impl Chain {
 
     /// Buffers for one sequence of at most `context` positions, on every device.
     pub fn new_state(&self, model: &Model, context: usize) -> Result<ChainState, VkError> {
-        let states = self
-            .devices
-            .iter()
-            .map(|d| d.new_state(model, context))
-            .collect::<Result<Vec<_>, _>>()?;
+        let states = self.devices.iter().map(|d| d.new_state(model, context)).collect::<Result<Vec<_>, _>>()?;
         Ok(ChainState { states })
     }
 
@@ -221,10 +189,7 @@ impl Chain {
     /// freed); the error names the device that refused.
     pub fn check_state(&self, model: &Model, context: usize) -> Result<(), ChainError> {
         for d in &self.devices {
-            d.new_state(model, context).map_err(|e| ChainError {
-                device: d.device,
-                error: e.into(),
-            })?;
+            d.new_state(model, context).map_err(|e| ChainError { device: d.device, error: e.into() })?;
         }
         Ok(())
     }
@@ -258,47 +223,20 @@ impl Chain {
             match frame.place {
                 Place::Host => {
                     let t0 = std::time::Instant::now();
-                    let mut env = Env {
-                        n,
-                        pos0,
-                        tokens,
-                        values: host_values,
-                        widths,
-                        kv,
-                        weights: &model.weights,
-                        precision,
-                    };
+                    let mut env =
+                        Env { n, pos0, tokens, values: host_values, widths, kv, weights: &model.weights, precision };
                     for &id in &frame.ops {
                         let op = op_of(p, id);
-                        if let (
-                            Some(t),
-                            Op::RoutedExperts {
-                                layer,
-                                x,
-                                routing,
-                                out,
-                                ..
-                            },
-                        ) = (&self.tier, op)
-                        {
+                        if let (Some(t), Op::RoutedExperts { layer, x, routing, out, .. }) = (&self.tier, op) {
                             let mut t = lock(t);
                             if t.serves(layer.0 as usize) {
                                 let v = &mut *env.values;
                                 let xs = v[x.0 as usize][..n * widths[x.0 as usize]].to_vec();
-                                let rt = v[routing.0 as usize][..n * widths[routing.0 as usize]]
-                                    .to_vec();
+                                let rt = v[routing.0 as usize][..n * widths[routing.0 as usize]].to_vec();
                                 let o = &mut v[out.0 as usize];
                                 o.resize(n * widths[out.0 as usize], 0.0);
-                                t.run(
-                                    model,
-                                    op,
-                                    &xs,
-                                    &rt,
-                                    n,
-                                    &mut o[..n * widths[out.0 as usize]],
-                                    precision,
-                                )
-                                .map_err(ExecError::Device)?;
+                                t.run(model, op, &xs, &rt, n, &mut o[..n * widths[out.0 as usize]], precision)
+                                    .map_err(ExecError::Device)?;
                                 continue;
                             }
                         }
@@ -309,19 +247,8 @@ impl Chain {
                 Place::Device(d) => {
                     let i = d.0 as usize;
                     let (dev, s) = (&self.devices[i], &mut st.states[i]);
-                    dev.run_frame(
-                        model,
-                        s,
-                        frame,
-                        host_values,
-                        widths,
-                        kv,
-                        tokens,
-                        pos0,
-                        precision,
-                        last_only,
-                    )
-                    .map_err(ExecError::Device)?;
+                    dev.run_frame(model, s, frame, host_values, widths, kv, tokens, pos0, precision, last_only)
+                        .map_err(ExecError::Device)?;
                 }
             }
         }
@@ -345,12 +272,7 @@ fn tier_devices(plan: &Plan, devices: &[DeviceModel], tier: &TierOptions) -> Vec
             0 => "what the plan left on d0 beside its layers and reserve".to_string(),
             _ => format!("what the plan left on d{i}, which holds no layers"),
         };
-        out.push(TierDevice {
-            ctx: d.ctx.clone(),
-            device: i,
-            budget: fit.tier.saturating_sub(b + sc),
-            rule,
-        });
+        out.push(TierDevice { ctx: d.ctx.clone(), device: i, budget: fit.tier.saturating_sub(b + sc), rule });
     }
     out
 }
@@ -363,9 +285,7 @@ fn tier_line(plan: &Plan, devices: &[DeviceModel]) -> Option<String> {
     let budget: u64 = pl.fits.iter().map(|f| f.tier).sum();
     let names: Vec<&str> = devices.iter().map(|d| d.ctx.caps().name.as_str()).collect();
     if !plan.options.expert_tier || plan.profile.devices.is_empty() {
-        return Some(format!(
-            "expert tier off: every routed expert on the CPU ({per_layer} experts a layer)"
-        ));
+        return Some(format!("expert tier off: every routed expert on the CPU ({per_layer} experts a layer)"));
     }
     let mut held = Vec::new();
     let mut all: Vec<u32> = Vec::new();
@@ -380,11 +300,7 @@ fn tier_line(plan: &Plan, devices: &[DeviceModel]) -> Option<String> {
         let count: usize = experts.values().map(|e| e.experts).sum();
         let bytes: usize = experts.values().map(DeviceExperts::device_bytes).sum();
         let each = bytes.checked_div(count).unwrap_or(0);
-        let on = if devices.len() > 1 {
-            format!(" on {}", d.device)
-        } else {
-            String::new()
-        };
+        let on = if devices.len() > 1 { format!(" on {}", d.device) } else { String::new() };
         held.push(format!(
             "{count} experts of {} resident{on} ({}, {} in all)",
             human(each as u64),
@@ -392,29 +308,13 @@ fn tier_line(plan: &Plan, devices: &[DeviceModel]) -> Option<String> {
             human(bytes as u64)
         ));
     }
-    let host: Vec<u32> = pl
-        .expert_bytes
-        .iter()
-        .map(|(l, _, _)| l.0)
-        .filter(|l| !all.contains(l))
-        .collect();
+    let host: Vec<u32> = pl.expert_bytes.iter().map(|(l, _, _)| l.0).filter(|l| !all.contains(l)).collect();
     let rule = "the budget holds every expert of every MoE layer, routed in the frames";
     let rest = if host.is_empty() {
         String::new()
     } else {
-        format!(
-            "; experts of {} on the CPU (host steps)",
-            coli_compiler::print::layer_ranges(&host)
-        )
+        format!("; experts of {} on the CPU (host steps)", coli_compiler::print::layer_ranges(&host))
     };
-    let held = if held.is_empty() {
-        "no layer's experts resident".to_string()
-    } else {
-        held.join(", ")
-    };
-    Some(format!(
-        "expert tier on {}: budget {}; {held}; rule: {rule}{rest}",
-        names.join(" and "),
-        human(budget)
-    ))
+    let held = if held.is_empty() { "no layer's experts resident".to_string() } else { held.join(", ") };
+    Some(format!("expert tier on {}: budget {}; {held}; rule: {rule}{rest}", names.join(" and "), human(budget)))
 }

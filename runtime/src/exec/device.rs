@@ -31,9 +31,9 @@
 //! (`exec::chain` does), or run an op the device library does not claim (`DeviceModel::load`
 //! refuses such a plan with a typed error).
 
-use crate::bytes::{as_bytes, as_bytes_mut};
 use super::weights::visit_weights;
 use super::Model;
+use crate::bytes::{as_bytes, as_bytes_mut};
 use crate::cpu::experts::ExpertMats;
 use crate::cpu::rope::inv_freq;
 use crate::cpu::Precision;
@@ -41,14 +41,17 @@ use crate::exec::kv::{KvCache, LayerKv};
 use crate::exec::kv_split::{Split, SplitState, SplitStats};
 use crate::oplib::{op_name, OpLib};
 use crate::vk::fuse::{fusions, replayable, Fused};
-use crate::vk::{AttnPath, AttnShape, Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoeCall, MoePath, MoeScratch, RopeShape, RouteParams, VkError, VkOps};
+use crate::vk::{
+    AttnPath, AttnShape, Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoeCall,
+    MoePath, MoeScratch, RopeShape, RouteParams, VkError, VkOps,
+};
 use crate::vk::{Frame as VkFrame, KvShape, MatIn, NormArgs, Pos, QkNorm, QuantizedActs, Recorded, RopeArgs};
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::{DeviceId, Part, Place};
 use coli_compiler::ir::{ExpertBias, Op, Program, RopeScaling, ValueId};
 use coli_compiler::Plan;
-use std::collections::HashMap;
 use rayon::prelude::*;
+use std::collections::HashMap;
 use std::time::Instant;
 
 /// Rows of a step from which its K/V read-back runs on every core (a decode step's few rows
@@ -110,7 +113,9 @@ pub struct DeviceState {
 pub enum DeviceError {
     #[error(transparent)]
     Vk(#[from] VkError),
-    #[error("the device library cannot run op {op} ({place}); recompile the plan with a profile that keeps it on the host")]
+    #[error(
+        "the device library cannot run op {op} ({place}); recompile the plan with a profile that keeps it on the host"
+    )]
     Unsupported { op: &'static str, place: String },
     #[error("the plan places frames on this device, but only {opened} device(s) were opened")]
     NotOpened { opened: usize },
@@ -118,7 +123,13 @@ pub enum DeviceError {
 
 impl DeviceModel {
     /// Uploads what the plan's frames on `device` read. `progress(done, total)` per tensor.
-    pub fn load(ctx: Context, plan: &Plan, model: &Model, device: DeviceId, progress: &mut dyn FnMut(usize, usize)) -> Result<DeviceModel, DeviceError> {
+    pub fn load(
+        ctx: Context,
+        plan: &Plan,
+        model: &Model,
+        device: DeviceId,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<DeviceModel, DeviceError> {
         // The model's program: row selections of fused tensors (Qwen3-Next's query and gate)
         // named as the tensors of their rows the weight store made at load.
         let program = &model.program;
@@ -183,13 +194,16 @@ impl DeviceModel {
             weight_bytes += d.device_bytes() as u64;
             let top_k = program.value(*routing).width / 2;
             let dims = (top_k, program.value(*x).width, d.ffn, d.experts);
-            moe_dims = Some(moe_dims.map_or(dims, |m| (m.0.max(dims.0), m.1.max(dims.1), m.2.max(dims.2), m.3.max(dims.3))));
+            moe_dims =
+                Some(moe_dims.map_or(dims, |m| (m.0.max(dims.0), m.1.max(dims.1), m.2.max(dims.2), m.3.max(dims.3))));
             experts.insert(layer.0, d);
         }
         progress(total, total);
         let mut fbufs = Vec::new();
         for (rd, theta, scaling) in freqs {
-            if fbufs.iter().any(|(r, t, s, _, _): &(usize, f32, RopeScaling, DeviceBuffer, f32)| *r == rd && *t == theta && *s == scaling) {
+            if fbufs.iter().any(|(r, t, s, _, _): &(usize, f32, RopeScaling, DeviceBuffer, f32)| {
+                *r == rd && *t == theta && *s == scaling
+            }) {
                 continue;
             }
             let (f, mscale) = inv_freq(rd, theta, scaling);
@@ -250,14 +264,21 @@ impl DeviceModel {
                 touched[v.0 as usize] = true;
             }
         }
-        let values = p.values.iter().zip(&touched).map(|(v, &t)| ctx.f32_buffer(if t { (v.width * self.cap_rows).max(1) } else { 1 })).collect::<Result<Vec<_>, _>>()?;
+        let values = p
+            .values
+            .iter()
+            .zip(&touched)
+            .map(|(v, &t)| ctx.f32_buffer(if t { (v.width * self.cap_rows).max(1) } else { 1 }))
+            .collect::<Result<Vec<_>, _>>()?;
         let context = context.min(self.max_context);
         let mut mirrors: Vec<Option<_>> = (0..p.layers.len()).map(|_| None).collect();
         for f in &self.frames {
             for &id in &f.ops {
                 // An MLA layer's mirror holds its latents and rope keys (`exec::mla_mirror`).
                 let (layer, (kw, vw)) = match op_of(p, id) {
-                    Op::Attention { layer, spec, .. } => (layer, (spec.kv_heads * spec.head_dim, spec.kv_heads * spec.v_head_dim)),
+                    Op::Attention { layer, spec, .. } => {
+                        (layer, (spec.kv_heads * spec.head_dim, spec.kv_heads * spec.v_head_dim))
+                    }
                     Op::Mla { layer, spec, .. } => (layer, super::mla_mirror::mirror_widths(spec)),
                     _ => continue,
                 };
@@ -282,7 +303,9 @@ impl DeviceModel {
         for f in &self.frames {
             for &v in &f.downloads {
                 if twins[v.0 as usize].is_none() {
-                    twins[v.0 as usize] = Some(ctx.buffer(MemoryUse::Readback, (p.values[v.0 as usize].width * self.cap_rows).max(1) * 4)?);
+                    twins[v.0 as usize] = Some(
+                        ctx.buffer(MemoryUse::Readback, (p.values[v.0 as usize].width * self.cap_rows).max(1) * 4)?,
+                    );
                 }
             }
         }
@@ -297,11 +320,27 @@ impl DeviceModel {
         };
         let recurrent = super::recurrent::Recurrent::new(ctx, p, &self.frames, self.cap_rows)?;
         let mla = super::mla_mirror::scratch(ctx, p, &self.frames, self.cap_rows)?;
-        Ok(DeviceState { values, twins, watermark: vec![0; mirrors.len()], mirrors, moe, tokens, pos, replays: Vec::new(), split, recurrent, mla })
+        Ok(DeviceState {
+            values,
+            twins,
+            watermark: vec![0; mirrors.len()],
+            mirrors,
+            moe,
+            tokens,
+            pos,
+            replays: Vec::new(),
+            split,
+            recurrent,
+            mla,
+        })
     }
 
     fn freq(&self, rd: usize, theta: f32, scaling: RopeScaling) -> (&DeviceBuffer, f32) {
-        let (_, _, _, b, m) = self.freqs.iter().find(|(r, t, s, _, _)| *r == rd && *t == theta && *s == scaling).expect("frequencies uploaded at load");
+        let (_, _, _, b, m) = self
+            .freqs
+            .iter()
+            .find(|(r, t, s, _, _)| *r == rd && *t == theta && *s == scaling)
+            .expect("frequencies uploaded at load");
         (b, *m)
     }
 
@@ -316,7 +355,18 @@ impl DeviceModel {
     /// Records `frame`'s ops (as `fused` plans them) and the copies of its downloads into
     /// their read-back twins, for `n` rows at `pos`.
     #[allow(clippy::too_many_arguments)]
-    fn record<'a>(&'a self, f: &mut VkFrame<'a>, p: &Program, st: &'a DeviceState, frame: &Frame, widths: &[usize], n: usize, pos: Pos<'a>, precision: Precision, last_only: bool) -> Result<(), VkError> {
+    fn record<'a>(
+        &'a self,
+        f: &mut VkFrame<'a>,
+        p: &Program,
+        st: &'a DeviceState,
+        frame: &Frame,
+        widths: &[usize],
+        n: usize,
+        pos: Pos<'a>,
+        precision: Precision,
+        last_only: bool,
+    ) -> Result<(), VkError> {
         let w = |v: ValueId| widths[v.0 as usize];
         let vals = &st.values;
         let view = |v: ValueId| vals[v.0 as usize].view(0, n * w(v));
@@ -337,13 +387,17 @@ impl DeviceModel {
                 (Fused::Linear { input, residual }, Op::Linear { x, out, weight, bias }) => {
                     // The epilogue of a forward whose last row only is wanted runs on that row.
                     let tail = last_only && n > 1 && id.part == Part::Epilogue;
-                    let (rows, pick) = if tail { (1, &last as &dyn Fn(ValueId) -> _) } else { (n, &view as &dyn Fn(ValueId) -> _) };
+                    let (rows, pick) =
+                        if tail { (1, &last as &dyn Fn(ValueId) -> _) } else { (n, &view as &dyn Fn(ValueId) -> _) };
                     let mat = &self.mats[&weight.name];
                     let (src, sources) = match input.map(|j| op_of(p, frame.ops[j])) {
-                        Some(Op::RmsNorm { x: nx, weight: nw, eps, offset, .. }) => {
-                            (MatIn::Norm { x: pick(*nx), weight: self.vecs[&nw.name].all(), eps: *eps, offset: *offset }, vec![*nx])
+                        Some(Op::RmsNorm { x: nx, weight: nw, eps, offset, .. }) => (
+                            MatIn::Norm { x: pick(*nx), weight: self.vecs[&nw.name].all(), eps: *eps, offset: *offset },
+                            vec![*nx],
+                        ),
+                        Some(Op::Glu { gate, up, kind, .. }) => {
+                            (MatIn::Glu { gate: pick(*gate), up: pick(*up), kind: *kind }, vec![*gate, *up])
                         }
-                        Some(Op::Glu { gate, up, kind, .. }) => (MatIn::Glu { gate: pick(*gate), up: pick(*up), kind: *kind }, vec![*gate, *up]),
                         _ => (MatIn::Plain(pick(*x)), vec![*x]),
                     };
                     let (dest, res) = match residual.map(|j| op_of(p, frame.ops[j])) {
@@ -352,7 +406,11 @@ impl DeviceModel {
                     };
                     if precision == Precision::Fast && mat.variant.q8_acts() {
                         let q = match shared_q {
-                            Some((kx, ki, q)) if kx == *x && ki == input && q.cols() == mat.cols && q.rows() == rows => q,
+                            Some((kx, ki, q))
+                                if kx == *x && ki == input && q.cols() == mat.cols && q.rows() == rows =>
+                            {
+                                q
+                            }
                             _ => f.quantize_input(src, rows, mat.cols)?,
                         };
                         f.matmul_q_fused(mat, src, &q, pick(dest), res, MatmulPath::Auto)?;
@@ -373,11 +431,19 @@ impl DeviceModel {
                         Fused::Experts { input, residual } => (input, residual),
                         _ => (None, None),
                     };
-                    let ex = self.experts.get(&layer.0).ok_or_else(|| VkError::BadArgument { op: "routed_experts", msg: format!("{layer}: experts not uploaded") })?;
+                    let ex = self.experts.get(&layer.0).ok_or_else(|| VkError::BadArgument {
+                        op: "routed_experts",
+                        msg: format!("{layer}: experts not uploaded"),
+                    })?;
                     let scratch = st.moe.as_ref().expect("scratch allocated with the experts");
                     let src = match input.map(|j| op_of(p, frame.ops[j])) {
                         Some(Op::RmsNorm { x: nx, weight: nw, eps, offset, .. }) => {
-                            let norm = MatIn::Norm { x: view(*nx), weight: self.vecs[&nw.name].all(), eps: *eps, offset: *offset };
+                            let norm = MatIn::Norm {
+                                x: view(*nx),
+                                weight: self.vecs[&nw.name].all(),
+                                eps: *eps,
+                                offset: *offset,
+                            };
                             if VkFrame::moe_takes_norm(ex, precision) {
                                 norm
                             } else {
@@ -392,15 +458,27 @@ impl DeviceModel {
                         Some(Op::Add { a, b, out: sum }) => (*sum, Some(view(if a == out { *b } else { *a }))),
                         _ => (*out, None),
                     };
-                    let call = MoeCall { experts: ex, scratch, n, top_k: w(*routing) / 2, glu: *glu, precision, path: MoePath::Auto };
+                    let call = MoeCall {
+                        experts: ex,
+                        scratch,
+                        n,
+                        top_k: w(*routing) / 2,
+                        glu: *glu,
+                        precision,
+                        path: MoePath::Auto,
+                    };
                     f.moe_fused(call, src, res, view(*routing), view(dest))?;
                     continue;
                 }
                 (Fused::NormPair { second }, Op::RmsNorm { x, out, weight, eps, offset, .. }) => {
                     let Op::RmsNorm { x: x2, out: o2, weight: w2, .. } = op_of(p, frame.ops[second]) else {
-                        return Err(VkError::BadArgument { op: "rms_norm", msg: "a norm pair's second op is not a norm".into() });
+                        return Err(VkError::BadArgument {
+                            op: "rms_norm",
+                            msg: "a norm pair's second op is not a norm".into(),
+                        });
                     };
-                    let a = NormArgs { x: view(*x), weight: self.vecs[&weight.name].all(), out: view(*out), width: w(*x) };
+                    let a =
+                        NormArgs { x: view(*x), weight: self.vecs[&weight.name].all(), out: view(*out), width: w(*x) };
                     let b = NormArgs { x: view(*x2), weight: self.vecs[&w2.name].all(), out: view(*o2), width: w(*x2) };
                     f.rms_norm_pair(a, b, n, *eps, *offset)?;
                     continue;
@@ -412,13 +490,34 @@ impl DeviceModel {
                     let norm_ops = norms.map(|(qi, ki)| (op_of(p, frame.ops[qi]), op_of(p, frame.ops[ki])));
                     let mut qk_norm = None;
                     let (mut qsrc, mut ksrc) = (*q, *k);
-                    if let Some((Op::RmsNorm { x: qx, out: qo, weight: qw, eps, offset, group: qg }, Op::RmsNorm { x: kx, out: ko, weight: kw, group: kg, .. })) = norm_ops {
+                    if let Some((
+                        Op::RmsNorm { x: qx, out: qo, weight: qw, eps, offset, group: qg },
+                        Op::RmsNorm { x: kx, out: ko, weight: kw, group: kg, .. },
+                    )) = norm_ops
+                    {
                         if n == 1 && one_kernel && !split {
-                            qk_norm = Some(QkNorm { q_weight: self.vecs[&qw.name].all(), k_weight: self.vecs[&kw.name].all(), q_group: *qg, k_group: *kg, eps: *eps, offset: *offset });
+                            qk_norm = Some(QkNorm {
+                                q_weight: self.vecs[&qw.name].all(),
+                                k_weight: self.vecs[&kw.name].all(),
+                                q_group: *qg,
+                                k_group: *kg,
+                                eps: *eps,
+                                offset: *offset,
+                            });
                             (qsrc, ksrc) = (*qx, *kx);
                         } else {
-                            let a = NormArgs { x: view(*qx), weight: self.vecs[&qw.name].all(), out: view(*qo), width: w(*qx) };
-                            let b = NormArgs { x: view(*kx), weight: self.vecs[&kw.name].all(), out: view(*ko), width: w(*kx) };
+                            let a = NormArgs {
+                                x: view(*qx),
+                                weight: self.vecs[&qw.name].all(),
+                                out: view(*qo),
+                                width: w(*qx),
+                            };
+                            let b = NormArgs {
+                                x: view(*kx),
+                                weight: self.vecs[&kw.name].all(),
+                                out: view(*ko),
+                                width: w(*kx),
+                            };
                             f.rms_norm_pair(a, b, n, *eps, *offset)?;
                         }
                     }
@@ -430,16 +529,61 @@ impl DeviceModel {
                         }
                         _ => None,
                     };
-                    let shape = AttnShape { heads: spec.heads, kv_heads: spec.kv_heads, head_dim: spec.head_dim, v_head_dim: spec.v_head_dim, scale: spec.scale, window: spec.window, value_scale: spec.value_scale };
+                    let shape = AttnShape {
+                        heads: spec.heads,
+                        kv_heads: spec.kv_heads,
+                        head_dim: spec.head_dim,
+                        v_head_dim: spec.v_head_dim,
+                        scale: spec.scale,
+                        window: spec.window,
+                        value_scale: spec.value_scale,
+                    };
                     let sinks = spec.sinks.as_ref().map(|s| self.vecs[&s.name].all());
                     // A split layer: the append into its ring, the device's part, and the part
                     // into its read-back buffers (the host finishes after the frame).
-                    if let (Some(sp), Some(ss)) = (self.kv_split.as_ref().filter(|s| s.splits(*layer)), st.split.as_ref()) {
-                        let kv_shape = KvShape { n, heads: spec.heads, kv_heads: spec.kv_heads, head_dim: spec.head_dim, v_head_dim: spec.v_head_dim };
-                        f.rope_kv_ring(args, view(*q), view(*k), view(*v), kv_shape, mk.all(), mv.all(), sk.all(), sv.all(), pos, sp.plan.ring)?;
-                        let cs = crate::cpu::attention::AttnShape { heads: spec.heads, kv_heads: spec.kv_heads, head_dim: spec.head_dim, v_head_dim: spec.v_head_dim, scale: spec.scale, window: spec.window };
+                    if let (Some(sp), Some(ss)) =
+                        (self.kv_split.as_ref().filter(|s| s.splits(*layer)), st.split.as_ref())
+                    {
+                        let kv_shape = KvShape {
+                            n,
+                            heads: spec.heads,
+                            kv_heads: spec.kv_heads,
+                            head_dim: spec.head_dim,
+                            v_head_dim: spec.v_head_dim,
+                        };
+                        f.rope_kv_ring(
+                            args,
+                            view(*q),
+                            view(*k),
+                            view(*v),
+                            kv_shape,
+                            mk.all(),
+                            mv.all(),
+                            sk.all(),
+                            sv.all(),
+                            pos,
+                            sp.plan.ring,
+                        )?;
+                        let cs = crate::cpu::attention::AttnShape {
+                            heads: spec.heads,
+                            kv_heads: spec.kv_heads,
+                            head_dim: spec.head_dim,
+                            v_head_dim: spec.v_head_dim,
+                            scale: spec.scale,
+                            window: spec.window,
+                        };
                         let (aw, mw) = (n * spec.heads * spec.v_head_dim, n * spec.heads * 2);
-                        f.attn_part(cs, sp.shape(), view(*q), mk.all(), mv.all(), ss.acc.view(0, aw), ss.ml.view(0, mw), n, pos)?;
+                        f.attn_part(
+                            cs,
+                            sp.shape(),
+                            view(*q),
+                            mk.all(),
+                            mv.all(),
+                            ss.acc.view(0, aw),
+                            ss.ml.view(0, mw),
+                            n,
+                            pos,
+                        )?;
                         f.copy(ss.acc.view(0, aw), ss.acc_back.view(0, aw))?;
                         f.copy(ss.ml.view(0, mw), ss.ml_back.view(0, mw))?;
                         continue;
@@ -454,17 +598,51 @@ impl DeviceModel {
                         let q8 = precision == Precision::Fast
                             && spec.v_head_dim % 32 == 0
                             && frame.ops.get(i + 1).is_some_and(|&nid| match (plan.get(i + 1), op_of(p, nid)) {
-                                (Some(Fused::Linear { input: None, .. }), Op::Linear { x, weight, .. }) => x == out && self.mats[&weight.name].variant.q8_acts(),
+                                (Some(Fused::Linear { input: None, .. }), Op::Linear { x, weight, .. }) => {
+                                    x == out && self.mats[&weight.name].variant.q8_acts()
+                                }
                                 _ => false,
                             });
-                        let acts = f.attention_decode(shape, args, view(qsrc), view(ksrc), view(*v), keys, vals_, sk.all(), sv.all(), sinks, view(*out), pos, qk_norm, q8)?;
+                        let acts = f.attention_decode(
+                            shape,
+                            args,
+                            view(qsrc),
+                            view(ksrc),
+                            view(*v),
+                            keys,
+                            vals_,
+                            sk.all(),
+                            sv.all(),
+                            sinks,
+                            view(*out),
+                            pos,
+                            qk_norm,
+                            q8,
+                        )?;
                         if let Some(q) = acts {
                             shared_q = Some((*out, None, q));
                         }
                         continue;
                     }
-                    let kv_shape = KvShape { n, heads: spec.heads, kv_heads: spec.kv_heads, head_dim: spec.head_dim, v_head_dim: spec.v_head_dim };
-                    f.rope_kv(args, view(*q), view(*k), view(*v), kv_shape, mk.all(), mv.all(), sk.all(), sv.all(), pos)?;
+                    let kv_shape = KvShape {
+                        n,
+                        heads: spec.heads,
+                        kv_heads: spec.kv_heads,
+                        head_dim: spec.head_dim,
+                        v_head_dim: spec.v_head_dim,
+                    };
+                    f.rope_kv(
+                        args,
+                        view(*q),
+                        view(*k),
+                        view(*v),
+                        kv_shape,
+                        mk.all(),
+                        mv.all(),
+                        sk.all(),
+                        sv.all(),
+                        pos,
+                    )?;
                     let (kw, vw) = (w(*k), w(*v));
                     let (keys, vals_) = match pos {
                         Pos::Fixed(p0) => (mk.view(0, (p0 + n) * kw), mv.view(0, (p0 + n) * vw)),
@@ -506,11 +684,30 @@ impl DeviceModel {
                 }
                 Op::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling } => {
                     let (fb, mscale) = self.freq(*rotary_dim, *theta, *scaling);
-                    f.rope_at(view(*x), fb.all(), RopeShape { n, width: w(*x), heads: *heads, head_dim: *head_dim, style: *style, pos0: 0, mscale }, pos)?;
+                    f.rope_at(
+                        view(*x),
+                        fb.all(),
+                        RopeShape {
+                            n,
+                            width: w(*x),
+                            heads: *heads,
+                            head_dim: *head_dim,
+                            style: *style,
+                            pos0: 0,
+                            mscale,
+                        },
+                        pos,
+                    )?;
                 }
                 Op::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale } => {
                     let bias = correction_bias.as_ref().map(|b| self.vecs[&b.name].all());
-                    let params = RouteParams { scoring: *scoring, top_k: *top_k, renormalize: *renormalize, groups: *groups, scale: *scale };
+                    let params = RouteParams {
+                        scoring: *scoring,
+                        top_k: *top_k,
+                        renormalize: *renormalize,
+                        groups: *groups,
+                        scale: *scale,
+                    };
                     f.route(view(*logits), bias, view(*out), n, w(*logits), params)?;
                 }
                 Op::Act { x, out, act } => f.act(*act, view(*x), view(*out), n * w(*x))?,
@@ -526,10 +723,21 @@ impl DeviceModel {
                 Op::Mla { x, out, layer, spec } => {
                     let mirror = st.mirrors[layer.0 as usize].as_ref().expect("mirror allocated");
                     let (fb, mscale) = self.freq(spec.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling);
-                    let inp = super::mla_mirror::MlaInputs { mats: &self.mats, vecs: &self.vecs, freq: (fb, mscale), mirror, scratch: st.mla.as_ref() };
+                    let inp = super::mla_mirror::MlaInputs {
+                        mats: &self.mats,
+                        vecs: &self.vecs,
+                        freq: (fb, mscale),
+                        mirror,
+                        scratch: st.mla.as_ref(),
+                    };
                     super::mla_mirror::record(f, inp, spec, view(*x), view(*out), n, pos, precision)?;
                 }
-                op => return Err(VkError::BadArgument { op: op_name(op), msg: "not a device op; the plan placed it on a device".into() }),
+                op => {
+                    return Err(VkError::BadArgument {
+                        op: op_name(op),
+                        msg: "not a device op; the plan placed it on a device".into(),
+                    })
+                }
             }
         }
         // What the host reads goes to the read-back twins in the same submission. The logits of
@@ -592,7 +800,10 @@ impl DeviceModel {
         }
         if frame.ops.iter().any(|&id| matches!(op_of(p, id), Op::Embed { .. })) {
             if let Some(&id) = tokens.iter().find(|&&t| t as usize >= p.dims.vocab) {
-                return Err(VkError::BadArgument { op: "embed", msg: format!("token id {id} is outside the vocabulary of {}", p.dims.vocab) });
+                return Err(VkError::BadArgument {
+                    op: "embed",
+                    msg: format!("token id {id} is outside the vocabulary of {}", p.dims.vocab),
+                });
             }
             ctx.write(&st.tokens, 0, as_bytes(tokens))?;
         }
@@ -613,7 +824,17 @@ impl DeviceModel {
                 None => {
                     let rec = {
                         let mut f = ctx.recording()?;
-                        self.record(&mut f, p, st, frame, widths, n, Pos::Dynamic(st.pos.view(0, 1)), precision, last_only)?;
+                        self.record(
+                            &mut f,
+                            p,
+                            st,
+                            frame,
+                            widths,
+                            n,
+                            Pos::Dynamic(st.pos.view(0, 1)),
+                            precision,
+                            last_only,
+                        )?;
                         f.finish()?
                     };
                     st.replays.push((key.0, key.1, key.2, rec));
@@ -664,7 +885,8 @@ impl DeviceModel {
             };
             rk.and(rv)
         };
-        let mut layers: Vec<(usize, &mut LayerKv)> = kv.layers.iter_mut().enumerate().filter(|(l, _)| attn_layers.contains(l)).collect();
+        let mut layers: Vec<(usize, &mut LayerKv)> =
+            kv.layers.iter_mut().enumerate().filter(|(l, _)| attn_layers.contains(l)).collect();
         // A few rows (decode): room for them first, every layer at once when one must grow
         // (new pages in one parallel burst). A chunk's copies below run in parallel and take
         // their pages as they go.
@@ -690,7 +912,17 @@ impl DeviceModel {
         if let (Some(id), Some(sp), Some(ss)) = (frame.kv_split, self.kv_split.as_ref(), st.split.as_ref()) {
             if let Op::Attention { q, out, layer, spec, .. } = op_of(p, id) {
                 let mut o = std::mem::take(&mut host_values[out.0 as usize]);
-                sp.finish(ctx, ss, spec, &model.weights, &host_values[q.0 as usize], &kv.layers[layer.0 as usize], n, pos0, &mut o)?;
+                sp.finish(
+                    ctx,
+                    ss,
+                    spec,
+                    &model.weights,
+                    &host_values[q.0 as usize],
+                    &kv.layers[layer.0 as usize],
+                    n,
+                    pos0,
+                    &mut o,
+                )?;
                 host_values[out.0 as usize] = o;
             }
         }

@@ -130,7 +130,12 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(widths: &[(usize, usize)]) -> KvCache {
-        KvCache { layers: widths.iter().map(|&(k_width, v_width)| LayerKv { k_width, v_width, ..Default::default() }).collect() }
+        KvCache {
+            layers: widths
+                .iter()
+                .map(|&(k_width, v_width)| LayerKv { k_width, v_width, ..Default::default() })
+                .collect(),
+        }
     }
 
     pub fn truncate(&mut self, len: usize) {

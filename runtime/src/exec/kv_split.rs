@@ -12,8 +12,8 @@
 //! Must not: decide the split (the plan did), or write the host's cache (the frame's read-back
 //! rows do, as for every device layer).
 
-use crate::bytes::{as_bytes, as_bytes_mut};
 use super::kv::LayerKv;
+use crate::bytes::{as_bytes, as_bytes_mut};
 use crate::cpu::attention::AttnShape as CpuShape;
 use crate::cpu::attn_part::{attend_part, merge, Parts};
 use crate::exec::weights::WeightStore;
@@ -71,7 +71,11 @@ impl Split {
     }
 
     pub fn stats(&self) -> SplitStats {
-        SplitStats { steps: self.steps.load(Ordering::Relaxed), host_steps: self.host_steps.load(Ordering::Relaxed), host_positions: self.host_positions.load(Ordering::Relaxed) }
+        SplitStats {
+            steps: self.steps.load(Ordering::Relaxed),
+            host_steps: self.host_steps.load(Ordering::Relaxed),
+            host_positions: self.host_positions.load(Ordering::Relaxed),
+        }
     }
 
     /// A session's state for `layers` layers, partial buffers for `cap_rows` rows of the
@@ -100,7 +104,17 @@ impl Split {
     /// shares below `pos0` that it lacks (from the host's cache `c`); `mark` (the layer's
     /// watermark, at most `pos0`) becomes `pos0`.
     #[allow(clippy::too_many_arguments)]
-    pub fn upload(&self, ctx: &Context, st: &mut SplitState, l: usize, mk: &DeviceBuffer, mv: &DeviceBuffer, c: &LayerKv, mark: &mut usize, pos0: usize) -> Result<(), VkError> {
+    pub fn upload(
+        &self,
+        ctx: &Context,
+        st: &mut SplitState,
+        l: usize,
+        mk: &DeviceBuffer,
+        mv: &DeviceBuffer,
+        c: &LayerKv,
+        mark: &mut usize,
+        pos0: usize,
+    ) -> Result<(), VkError> {
         let need = self.plan.device_from(pos0).min(pos0);
         let lo = &mut st.ring_lo[l];
         let from = if *lo > need || *mark < need {
@@ -146,7 +160,14 @@ impl Split {
         pos0: usize,
         out: &mut Vec<f32>,
     ) -> Result<(), VkError> {
-        let s = CpuShape { heads: spec.heads, kv_heads: spec.kv_heads, head_dim: spec.head_dim, v_head_dim: spec.v_head_dim, scale: spec.scale, window: spec.window };
+        let s = CpuShape {
+            heads: spec.heads,
+            kv_heads: spec.kv_heads,
+            head_dim: spec.head_dim,
+            v_head_dim: spec.v_head_dim,
+            scale: spec.scale,
+            window: spec.window,
+        };
         let ow = spec.heads * spec.v_head_dim;
         let mut device = Parts { acc: vec![0.0; n * ow], ml: vec![0.0; n * spec.heads * 2] };
         ctx.read(&st.acc_back, 0, as_bytes_mut(&mut device.acc))?;

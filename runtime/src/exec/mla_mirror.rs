@@ -14,8 +14,8 @@
 
 use crate::cpu::Precision;
 use crate::vk::{
-    Context, DeviceBuffer, DeviceMatrix, Frame, MlaCache, MlaMats, MlaQuery, MlaScratch, MlaShape,
-    Pos, RopeArgs, View, VkError,
+    Context, DeviceBuffer, DeviceMatrix, Frame, MlaCache, MlaMats, MlaQuery, MlaScratch, MlaShape, Pos, RopeArgs, View,
+    VkError,
 };
 use coli_compiler::frames::{op_of, Frame as PlanFrame};
 use coli_compiler::ir::{MlaSpec, Op, Program, RopeStyle};
@@ -70,21 +70,10 @@ pub fn record<'a>(
     precision: Precision,
 ) -> Result<(), VkError> {
     const OP: &str = "mla";
-    let missing = |role: &str| VkError::BadArgument {
-        op: OP,
-        msg: format!("the weight of role {role} was not uploaded"),
-    };
-    let name = |role: &str| {
-        spec.weights
-            .iter()
-            .find(|(r, _)| r == role)
-            .map(|(_, w)| w.name.as_str())
-    };
-    let mat = |role: &str| {
-        name(role)
-            .and_then(|n| inp.mats.get(n))
-            .ok_or_else(|| missing(role))
-    };
+    let missing =
+        |role: &str| VkError::BadArgument { op: OP, msg: format!("the weight of role {role} was not uploaded") };
+    let name = |role: &str| spec.weights.iter().find(|(r, _)| r == role).map(|(_, w)| w.name.as_str());
+    let mat = |role: &str| name(role).and_then(|n| inp.mats.get(n)).ok_or_else(|| missing(role));
     let vec = |role: &str| name(role).and_then(|n| inp.vecs.get(n)).map(|b| b.all());
     let q = match spec.q_lora_rank {
         Some(_) => MlaQuery::Lora {
@@ -104,37 +93,11 @@ pub fn record<'a>(
         o: mat("o")?,
         o_bias: vec("o_bias"),
     };
-    let style = if spec.rope_interleave {
-        RopeStyle::Interleaved
-    } else {
-        RopeStyle::RotateHalf
-    };
-    let rope = RopeArgs {
-        freq: inp.freq.0.all(),
-        style,
-        mscale: inp.freq.1,
-    };
+    let style = if spec.rope_interleave { RopeStyle::Interleaved } else { RopeStyle::RotateHalf };
+    let rope = RopeArgs { freq: inp.freq.0.all(), style, mscale: inp.freq.1 };
     let (ml, mr, sl, sr) = inp.mirror;
-    let cache = MlaCache {
-        latent: ml.all(),
-        rope: mr.all(),
-        latent_back: sl.all(),
-        rope_back: sr.all(),
-    };
-    let scratch = inp.scratch.ok_or_else(|| VkError::BadArgument {
-        op: OP,
-        msg: "no MLA scratch for this session".into(),
-    })?;
-    f.mla_at(
-        MlaShape::of(spec),
-        w,
-        rope,
-        x,
-        n,
-        pos,
-        cache,
-        scratch,
-        out,
-        precision,
-    )
+    let cache = MlaCache { latent: ml.all(), rope: mr.all(), latent_back: sl.all(), rope_back: sr.all() };
+    let scratch =
+        inp.scratch.ok_or_else(|| VkError::BadArgument { op: OP, msg: "no MLA scratch for this session".into() })?;
+    f.mla_at(MlaShape::of(spec), w, rope, x, n, pos, cache, scratch, out, precision)
 }

@@ -15,8 +15,8 @@ pub mod weights;
 use crate::cpu::{run_ops, CpuError, CpuOps, Env, Precision};
 use crate::model::Checkpoint;
 use crate::oplib::{op_name, OpLib};
-use coli_compiler::ir::{Op, Program};
 use chain::{Chain, ChainState};
+use coli_compiler::ir::{Op, Program};
 use kv::KvCache;
 use weights::{WeightError, WeightStore};
 
@@ -26,7 +26,9 @@ pub enum ExecError {
     Weights(#[from] WeightError),
     #[error(transparent)]
     Cpu(#[from] CpuError),
-    #[error("{lib} cannot run op {op} of layer {layer}; this architecture's mixer is not supported by the runtime yet")]
+    #[error(
+        "{lib} cannot run op {op} of layer {layer}; this architecture's mixer is not supported by the runtime yet"
+    )]
     Unsupported { lib: String, op: &'static str, layer: String },
     #[error("device: {0}")]
     Device(crate::vk::VkError),
@@ -46,7 +48,11 @@ pub struct Model {
 
 impl Model {
     /// Checks that the CPU library runs every op, then resolves every weight.
-    pub fn load(ckpt: &Checkpoint, mut program: Program, progress: &mut dyn FnMut(usize, usize)) -> Result<Model, ExecError> {
+    pub fn load(
+        ckpt: &Checkpoint,
+        mut program: Program,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Model, ExecError> {
         let cpu = CpuOps;
         let check = |ops: &[Op], layer: String| -> Result<(), ExecError> {
             for op in ops {
@@ -117,7 +123,11 @@ impl<'m> Session<'m> {
     }
 
     /// A new sequence whose plan's device frames run on `device` (every device of the plan).
-    pub fn on_device(model: &'m Model, device: &'m Chain, max_context: usize) -> Result<Session<'m>, crate::vk::VkError> {
+    pub fn on_device(
+        model: &'m Model,
+        device: &'m Chain,
+        max_context: usize,
+    ) -> Result<Session<'m>, crate::vk::VkError> {
         // The device's KV mirrors hold the plan's context: the session holds no more.
         let max_context = max_context.min(device.max_context());
         let state = device.new_state(model, max_context)?;
@@ -204,7 +214,9 @@ impl<'m> Session<'m> {
             match self.forward_device(tokens, rows) {
                 Ok(l) => return Ok(l),
                 Err(ExecError::Device(e)) => {
-                    self.notice = Some(format!("the device failed ({e}); this forward and the rest of the run continue on the CPU"));
+                    self.notice = Some(format!(
+                        "the device failed ({e}); this forward and the rest of the run continue on the CPU"
+                    ));
                     self.device = None;
                     self.truncate(start);
                 }
@@ -221,7 +233,17 @@ impl<'m> Session<'m> {
         let vocab = self.widths[lv];
         let mut out = Vec::new();
         for chunk in tokens.chunks(dev.cap_rows) {
-            dev.forward(self.model, state, &mut self.values, &self.widths, &mut self.kv, chunk, self.pos, self.precision, rows == LogitRows::Last)?;
+            dev.forward(
+                self.model,
+                state,
+                &mut self.values,
+                &self.widths,
+                &mut self.kv,
+                chunk,
+                self.pos,
+                self.precision,
+                rows == LogitRows::Last,
+            )?;
             self.pos += chunk.len();
             let l = &self.values[lv][..chunk.len() * vocab];
             match rows {

@@ -79,7 +79,12 @@ pub fn profile_of(ctx: &Context, memory_cap: Option<u64>) -> DeviceProfile {
             kind,
             memory_budget: budget,
             reserve,
-            features: Features { ops: Some(ops), formats: None, subgroup_size: caps.subgroup_size, coopmat: caps.cooperative_matrix },
+            features: Features {
+                ops: Some(ops),
+                formats: None,
+                subgroup_size: caps.subgroup_size,
+                coopmat: caps.cooperative_matrix,
+            },
         }],
     }
 }

@@ -15,10 +15,13 @@
 //! error; the CPU would refuse it too), or keep a device copy the host's state may have moved
 //! away from.
 
-use crate::bytes::{as_bytes, as_bytes_mut};
 use super::kv::KvCache;
+use crate::bytes::{as_bytes, as_bytes_mut};
 use crate::cpu::Precision;
-use crate::vk::{Context, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceBuffer, DeviceMatrix, Frame as VkFrame, MemoryUse, View, VkError};
+use crate::vk::{
+    Context, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceBuffer, DeviceMatrix, Frame as VkFrame, MemoryUse,
+    View, VkError,
+};
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::Place;
 use coli_compiler::ir::{LayerId, LinearAttentionSpec, Op, Program};
@@ -56,8 +59,16 @@ impl Recurrent {
                 let Op::LinearAttention { layer, spec, .. } = op_of(program, id) else { continue };
                 let s = DeltaNetShape::of(spec);
                 let floats = s.state_floats();
-                let slot = layers.get_mut(layer.0 as usize).ok_or_else(|| bad(format!("{layer} is not a layer of the program")))?;
-                *slot = Some(Layer { state: ctx.f32_buffer(floats.max(1))?, back: ctx.buffer(MemoryUse::Readback, floats.max(1) * 4)?, floats, at: None, staged: Vec::new() });
+                let slot = layers
+                    .get_mut(layer.0 as usize)
+                    .ok_or_else(|| bad(format!("{layer} is not a layer of the program")))?;
+                *slot = Some(Layer {
+                    state: ctx.f32_buffer(floats.max(1))?,
+                    back: ctx.buffer(MemoryUse::Readback, floats.max(1) * 4)?,
+                    floats,
+                    at: None,
+                    staged: Vec::new(),
+                });
                 widest = Some(match widest {
                     None => s,
                     Some(w) => DeltaNetShape {
@@ -76,12 +87,23 @@ impl Recurrent {
 
     /// Before `frame` runs from `pos0`: the device state of each of its recurrent layers made
     /// the host's (zeros at position 0). Returns those layers, for `after_frame`.
-    pub fn before_frame(&mut self, ctx: &Context, program: &Program, frame: &Frame, kv: &KvCache, pos0: usize) -> Result<Vec<usize>, VkError> {
+    pub fn before_frame(
+        &mut self,
+        ctx: &Context,
+        program: &Program,
+        frame: &Frame,
+        kv: &KvCache,
+        pos0: usize,
+    ) -> Result<Vec<usize>, VkError> {
         let mut touched = Vec::new();
         for &id in &frame.ops {
             let Op::LinearAttention { layer, .. } = op_of(program, id) else { continue };
             let l = layer.0 as usize;
-            let m = self.layers.get_mut(l).and_then(Option::as_mut).ok_or_else(|| bad(format!("{layer}: no device state")))?;
+            let m = self
+                .layers
+                .get_mut(l)
+                .and_then(Option::as_mut)
+                .ok_or_else(|| bad(format!("{layer}: no device state")))?;
             if pos0 == 0 {
                 if m.at != Some(0) {
                     ctx.write(&m.state, 0, &vec![0u8; m.floats * 4])?;
@@ -116,21 +138,51 @@ impl Recurrent {
         n: usize,
         precision: Precision,
     ) -> Result<(), VkError> {
-        let m = self.layers.get(layer.0 as usize).and_then(Option::as_ref).ok_or_else(|| bad(format!("{layer}: no device state")))?;
+        let m = self
+            .layers
+            .get(layer.0 as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| bad(format!("{layer}: no device state")))?;
         let scratch = self.scratch.as_ref().ok_or_else(|| bad("no scratch".into()))?;
-        let name = |role: &str| spec.weights.iter().find(|(r, _)| r == role).map(|(_, w)| w.name.as_str()).ok_or_else(|| bad(format!("{layer}: no weight for role {role}")));
-        let mat = |role: &str| name(role).and_then(|n| mats.get(n).ok_or_else(|| bad(format!("{layer}: {n} not uploaded"))));
-        let vec = |role: &str| name(role).and_then(|n| vecs.get(n).map(DeviceBuffer::all).ok_or_else(|| bad(format!("{layer}: {n} not uploaded"))));
-        let w = DeltaNetMats { qkvz: mat("in_proj_qkvz")?, ba: mat("in_proj_ba")?, out: mat("out_proj")?, conv: vec("conv1d")?, dt_bias: vec("dt_bias")?, a_log: vec("a_log")?, norm: vec("norm")? };
+        let name = |role: &str| {
+            spec.weights
+                .iter()
+                .find(|(r, _)| r == role)
+                .map(|(_, w)| w.name.as_str())
+                .ok_or_else(|| bad(format!("{layer}: no weight for role {role}")))
+        };
+        let mat =
+            |role: &str| name(role).and_then(|n| mats.get(n).ok_or_else(|| bad(format!("{layer}: {n} not uploaded"))));
+        let vec = |role: &str| {
+            name(role).and_then(|n| {
+                vecs.get(n).map(DeviceBuffer::all).ok_or_else(|| bad(format!("{layer}: {n} not uploaded")))
+            })
+        };
+        let w = DeltaNetMats {
+            qkvz: mat("in_proj_qkvz")?,
+            ba: mat("in_proj_ba")?,
+            out: mat("out_proj")?,
+            conv: vec("conv1d")?,
+            dt_bias: vec("dt_bias")?,
+            a_log: vec("a_log")?,
+            norm: vec("norm")?,
+        };
         let state = m.state.view(0, m.floats);
         f.deltanet(DeltaNetShape::of(spec), w, x, n, state, scratch, out, precision)?;
         f.copy(state, m.back.view(0, m.floats))
     }
 
     /// After the frame ran: each touched layer's new state (position `len`) into the host's.
-    pub fn after_frame(&mut self, ctx: &Context, touched: &[usize], kv: &mut KvCache, len: usize) -> Result<(), VkError> {
+    pub fn after_frame(
+        &mut self,
+        ctx: &Context,
+        touched: &[usize],
+        kv: &mut KvCache,
+        len: usize,
+    ) -> Result<(), VkError> {
         for &l in touched {
-            let m = self.layers.get_mut(l).and_then(Option::as_mut).ok_or_else(|| bad(format!("l{l}: no device state")))?;
+            let m =
+                self.layers.get_mut(l).and_then(Option::as_mut).ok_or_else(|| bad(format!("l{l}: no device state")))?;
             let host = kv.layers.get_mut(l).ok_or_else(|| bad(format!("l{l}: no host state")))?;
             m.staged.resize(m.floats, 0.0);
             ctx.read(&m.back, 0, as_bytes_mut(&mut m.staged))?;

@@ -110,10 +110,18 @@ pub enum WeightError {
 
 impl WeightStore {
     /// Resolves every weight `program` reads. `progress(done, total)` is called per tensor.
-    pub fn load(ckpt: &Checkpoint, program: &Program, progress: &mut dyn FnMut(usize, usize)) -> Result<WeightStore, WeightError> {
+    pub fn load(
+        ckpt: &Checkpoint,
+        program: &Program,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<WeightStore, WeightError> {
         let mut wanted: Vec<(String, Vec<usize>, bool)> = Vec::new();
         let mut selections: Vec<(WeightRef, bool)> = Vec::new();
-        let ops = program.prologue.iter().chain(program.layers.iter().flat_map(|l| l.ops.iter())).chain(program.epilogue.iter());
+        let ops = program
+            .prologue
+            .iter()
+            .chain(program.layers.iter().flat_map(|l| l.ops.iter()))
+            .chain(program.epilogue.iter());
         let mut expert_tensors: Vec<(ExpertTensor, usize)> = Vec::new();
         let mut derived: Vec<ExpertTensor> = Vec::new();
         let mut biases: Vec<ExpertBias> = Vec::new();
@@ -127,9 +135,7 @@ impl WeightStore {
                 None => wanted.push((w.name.clone(), w.shape.clone(), is_vector)),
                 Some(_) => selections.push((w.clone(), is_vector)),
             };
-            visit_weights(op, &mut weight, &mut |e: &ExpertTensor, n| {
-                expert_tensors.push((e.clone(), n))
-            });
+            visit_weights(op, &mut weight, &mut |e: &ExpertTensor, n| expert_tensors.push((e.clone(), n)));
         }
         for (e, experts) in expert_tensors {
             match e {
@@ -151,7 +157,12 @@ impl WeightStore {
             }
             let t = ckpt.tensor(&name)?;
             if t.shape != shape {
-                return Err(WeightError::Shape { source_path: ckpt.path().display().to_string(), name, got: t.shape.clone(), want: shape });
+                return Err(WeightError::Shape {
+                    source_path: ckpt.path().display().to_string(),
+                    name,
+                    got: t.shape.clone(),
+                    want: shape,
+                });
             }
             if is_vector {
                 store.vectors.insert(name.clone(), t.to_f32_vec()?);
@@ -190,7 +201,12 @@ impl WeightStore {
         let t = ckpt.tensor(name)?;
         let want = e.tensor_shape();
         if t.shape != want {
-            return Err(WeightError::Shape { source_path: ckpt.path().display().to_string(), name: name.clone(), got: t.shape.clone(), want });
+            return Err(WeightError::Shape {
+                source_path: ckpt.path().display().to_string(),
+                name: name.clone(),
+                got: t.shape.clone(),
+                want,
+            });
         }
         let owned = relayout(&t, e)?;
         self.insert(key, owned, Remake::Relayout(Source::of(ckpt, name)?, e.clone()));
@@ -207,7 +223,12 @@ impl WeightStore {
         let t = ckpt.tensor(&w.name)?;
         let want = w.tensor_shape();
         if t.shape != want {
-            return Err(WeightError::Shape { source_path: ckpt.path().display().to_string(), name: w.name.clone(), got: t.shape.clone(), want });
+            return Err(WeightError::Shape {
+                source_path: ckpt.path().display().to_string(),
+                name: w.name.clone(),
+                got: t.shape.clone(),
+                want,
+            });
         }
         if is_vector {
             // A vector's "rows" are its entries.
@@ -216,7 +237,13 @@ impl WeightStore {
             let v: Vec<f32> = (0..rows).map(|i| all[w.tensor_row(i)]).collect();
             let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
             self.vectors.insert(key.clone(), v);
-            let owned = Tensor::owned(key.clone(), WeightFormat::F32, w.shape.clone(), bytes, Arc::new(t.source().to_path_buf()));
+            let owned = Tensor::owned(
+                key.clone(),
+                WeightFormat::F32,
+                w.shape.clone(),
+                bytes,
+                Arc::new(t.source().to_path_buf()),
+            );
             // Vectors are never released; the remake is what the matrix path would do.
             self.insert(key, owned, Remake::Rows(Source::of(ckpt, &w.name)?, w.clone()));
             return Ok(());
@@ -235,11 +262,18 @@ impl WeightStore {
         let t = ckpt.tensor(&b.name)?;
         let want = b.tensor_shape();
         if t.shape != want {
-            return Err(WeightError::Shape { source_path: ckpt.path().display().to_string(), name: b.name.clone(), got: t.shape.clone(), want });
+            return Err(WeightError::Shape {
+                source_path: ckpt.path().display().to_string(),
+                name: b.name.clone(),
+                got: t.shape.clone(),
+                want,
+            });
         }
         let all = t.to_f32_vec()?;
         let (experts, width, total) = (b.shape[0], b.shape[1], want[1]);
-        let v: Vec<f32> = (0..experts * width).map(|i| all[(i / width) * total + b.select.map_or(i % width, |s| s.index(i % width))]).collect();
+        let v: Vec<f32> = (0..experts * width)
+            .map(|i| all[(i / width) * total + b.select.map_or(i % width, |s| s.index(i % width))])
+            .collect();
         self.vectors.insert(key, v);
         Ok(())
     }
@@ -256,7 +290,9 @@ impl WeightStore {
         h.tensor.get_or_init(|| {
             self.remade.fetch_add(1, Ordering::Relaxed);
             // The same bytes of the same file went through the same steps at load.
-            h.remake.make().unwrap_or_else(|e| panic!("{name}: making a released matrix again failed, where the same steps succeeded at load: {e}"))
+            h.remake.make().unwrap_or_else(|e| {
+                panic!("{name}: making a released matrix again failed, where the same steps succeeded at load: {e}")
+            })
         })
     }
 
@@ -411,7 +447,8 @@ fn select(t: &Tensor, w: &WeightRef) -> Tensor {
     let rows = w.shape.first().copied().unwrap_or(1);
     if w.shape.len() == 1 {
         let all = t.to_f32_vec().unwrap_or_default();
-        let bytes: Vec<u8> = (0..rows).flat_map(|i| all.get(w.tensor_row(i)).copied().unwrap_or(0.0).to_le_bytes()).collect();
+        let bytes: Vec<u8> =
+            (0..rows).flat_map(|i| all.get(w.tensor_row(i)).copied().unwrap_or(0.0).to_le_bytes()).collect();
         return Tensor::owned(key, WeightFormat::F32, w.shape.clone(), bytes, Arc::new(t.source().to_path_buf()));
     }
     let mut bytes = Vec::with_capacity(rows * m.bytes().len() / m.rows.max(1));
@@ -430,7 +467,11 @@ pub fn name_row_selections(program: &mut Program) {
             w.rows = None;
         }
     };
-    let ops = program.prologue.iter_mut().chain(program.layers.iter_mut().flat_map(|l| l.ops.iter_mut())).chain(program.epilogue.iter_mut());
+    let ops = program
+        .prologue
+        .iter_mut()
+        .chain(program.layers.iter_mut().flat_map(|l| l.ops.iter_mut()))
+        .chain(program.epilogue.iter_mut());
     for op in ops {
         match op {
             Op::Embed { table: w, .. } | Op::RmsNorm { weight: w, .. } => rename(w),
@@ -442,7 +483,12 @@ pub fn name_row_selections(program: &mut Program) {
             Op::Route { correction_bias, .. } => correction_bias.iter_mut().for_each(&mut rename),
             Op::Mla { spec, .. } => spec.weights.iter_mut().for_each(|(_, w)| rename(w)),
             Op::LinearAttention { spec, .. } => spec.weights.iter_mut().for_each(|(_, w)| rename(w)),
-            Op::RoutedExperts { .. } | Op::Rope { .. } | Op::Act { .. } | Op::Glu { .. } | Op::Add { .. } | Op::Mul { .. } => {}
+            Op::RoutedExperts { .. }
+            | Op::Rope { .. }
+            | Op::Act { .. }
+            | Op::Glu { .. }
+            | Op::Add { .. }
+            | Op::Mul { .. } => {}
         }
     }
 }
@@ -490,7 +536,9 @@ pub fn visit_weights(op: &Op, weight: &mut dyn FnMut(&WeightRef, bool), experts:
         }
         Op::Mla { spec, .. } => spec.weights.iter().for_each(|(_, w)| weight(w, w.shape.len() == 1)),
         // The convolution's taps (`[channels, 1, kernel]`) are read as f32 too.
-        Op::LinearAttention { spec, .. } => spec.weights.iter().for_each(|(role, w)| weight(w, w.shape.len() == 1 || role == "conv1d")),
+        Op::LinearAttention { spec, .. } => {
+            spec.weights.iter().for_each(|(role, w)| weight(w, w.shape.len() == 1 || role == "conv1d"))
+        }
         Op::Rope { .. } | Op::Act { .. } | Op::Glu { .. } | Op::Add { .. } | Op::Mul { .. } => {}
     }
 }

@@ -24,7 +24,9 @@ unsafe fn load8<const F: u8>(row: *const u8, col: usize) -> __m256 {
     match F {
         F32 => _mm256_loadu_ps(row.cast::<f32>().add(col)),
         F16 => _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * col).cast())),
-        _ => _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(row.add(2 * col).cast())), 16)),
+        _ => {
+            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(row.add(2 * col).cast())), 16))
+        }
     }
 }
 
@@ -46,7 +48,11 @@ unsafe fn hsum(v: __m256) -> f32 {
 
 /// `out[r][c] = row_r . x_c` over `cols` columns.
 #[inline(always)]
-unsafe fn kernel<const F: u8, const R: usize, const C: usize>(rows: [*const u8; R], xs: [*const f32; C], cols: usize) -> [[f32; C]; R] {
+unsafe fn kernel<const F: u8, const R: usize, const C: usize>(
+    rows: [*const u8; R],
+    xs: [*const f32; C],
+    cols: usize,
+) -> [[f32; C]; R] {
     let mut acc = [[_mm256_setzero_ps(); C]; R];
     let c8 = cols / 8 * 8;
     let mut j = 0;
@@ -96,7 +102,11 @@ unsafe fn tile_f<const F: u8, const WIDE: bool>(w: &Matrix, x: &[f32], n: usize,
             let mut i = 0;
             if WIDE && r + 4 <= r1 {
                 while i + 4 <= n {
-                    let t = kernel::<F, 4, 4>([rp(r), rp(r + 1), rp(r + 2), rp(r + 3)], [xp(i), xp(i + 1), xp(i + 2), xp(i + 3)], cols);
+                    let t = kernel::<F, 4, 4>(
+                        [rp(r), rp(r + 1), rp(r + 2), rp(r + 3)],
+                        [xp(i), xp(i + 1), xp(i + 2), xp(i + 3)],
+                        cols,
+                    );
                     for k in 0..4 {
                         for c in 0..4 {
                             put(i + c, r + k, t[k][c]);
@@ -143,7 +153,14 @@ unsafe fn tile_f<const F: u8, const WIDE: bool>(w: &Matrix, x: &[f32], n: usize,
 /// The register-tiled float matmul tile for `w.format` (rows `r0..r1`, output layout as in
 /// `tile_f`); `false` when the format is not a float format.
 #[inline(always)]
-pub unsafe fn tile_float<const WIDE: bool>(w: &Matrix, x: &[f32], n: usize, r0: usize, r1: usize, out: *mut f32) -> bool {
+pub unsafe fn tile_float<const WIDE: bool>(
+    w: &Matrix,
+    x: &[f32],
+    n: usize,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+) -> bool {
     match w.format {
         WeightFormat::F32 => tile_f::<F32, WIDE>(w, x, n, r0, r1, out),
         WeightFormat::F16 => tile_f::<F16, WIDE>(w, x, n, r0, r1, out),

@@ -63,7 +63,11 @@ impl<'a> Matrix<'a> {
     /// Row `r` expanded to f32 (`out.len() == cols`); an error past the end or for a wrong
     /// `out` length.
     pub fn dequant_row(&self, r: usize, out: &mut [f32]) -> Result<(), FormatError> {
-        let row = self.get_row(r).ok_or(FormatError::Length { what: "matrix row index below", expected: self.rows, found: r })?;
+        let row = self.get_row(r).ok_or(FormatError::Length {
+            what: "matrix row index below",
+            expected: self.rows,
+            found: r,
+        })?;
         super::try_dequant_row(self.format, row, out)
     }
 
@@ -131,7 +135,11 @@ pub fn try_matmul_q_multi(mats: &mut [(Matrix, &mut [f32])], acts: &QuantizedAct
     let n = acts.n();
     for (w, out) in mats.iter() {
         if acts.cols() != w.cols {
-            return Err(FormatError::Length { what: "quantized activation columns", expected: w.cols, found: acts.cols() });
+            return Err(FormatError::Length {
+                what: "quantized activation columns",
+                expected: w.cols,
+                found: acts.cols(),
+            });
         }
         check_out(w, n, out)?;
     }
@@ -154,7 +162,12 @@ pub fn try_matmul_q_multi(mats: &mut [(Matrix, &mut [f32])], acts: &QuantizedAct
 /// Several matmuls of one f32 input `x` (`n x cols`) in one parallel pass, as `matmul` would
 /// compute each: integer formats against `x` quantized once (into `acts`, reused scratch),
 /// float formats against `x` itself.
-pub fn try_matmul_multi(mats: &mut [(Matrix, &mut [f32])], x: &[f32], n: usize, acts: &mut QuantizedActs) -> Result<(), FormatError> {
+pub fn try_matmul_multi(
+    mats: &mut [(Matrix, &mut [f32])],
+    x: &[f32],
+    n: usize,
+    acts: &mut QuantizedActs,
+) -> Result<(), FormatError> {
     for (w, out) in mats.iter() {
         if x.len() != n * w.cols {
             return Err(FormatError::Length { what: "matmul input (n x cols)", expected: n * w.cols, found: x.len() });
@@ -266,7 +279,8 @@ fn level() -> Level {
         #[cfg(target_arch = "x86_64")]
         {
             let forced = std::env::var("COLI_CPU_LEVEL").ok();
-            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
+            let avx2 =
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
             let avx512 = avx2
                 && is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bw")
@@ -313,7 +327,13 @@ fn tile_q8_body<const LEVEL: u8>(w: &Matrix, acts: &QuantizedActs, r0: usize, r1
         // SAFETY: LEVEL > 0 runs only inside the `#[target_feature]` wrappers below, after
         // `level()` detected AVX2+FMA+F16C (and AVX-512 VNNI+VL for 2); `acts.cols == w.cols`,
         // `r0 <= r1 <= w.rows` and `out` holds `n x w.rows` (checked by `try_matmul*`, `drive`).
-        let done = unsafe { if LEVEL == 2 { super::simd::tile_q8::<true>(w, acts, r0, r1, out) } else { super::simd::tile_q8::<false>(w, acts, r0, r1, out) } };
+        let done = unsafe {
+            if LEVEL == 2 {
+                super::simd::tile_q8::<true>(w, acts, r0, r1, out)
+            } else {
+                super::simd::tile_q8::<false>(w, acts, r0, r1, out)
+            }
+        };
         if done {
             return;
         }
@@ -332,7 +352,13 @@ fn tile_f32_body<const LEVEL: u8>(w: &Matrix, x: &[f32], n: usize, r0: usize, r1
     #[cfg(target_arch = "x86_64")]
     if LEVEL > 0 {
         // SAFETY: as in `tile_q8_body`; `x` holds `n x cols`.
-        let done = unsafe { if LEVEL == 2 { super::fsimd::tile_float::<true>(w, x, n, r0, r1, out) } else { super::fsimd::tile_float::<false>(w, x, n, r0, r1, out) } };
+        let done = unsafe {
+            if LEVEL == 2 {
+                super::fsimd::tile_float::<true>(w, x, n, r0, r1, out)
+            } else {
+                super::fsimd::tile_float::<false>(w, x, n, r0, r1, out)
+            }
+        };
         if done {
             return;
         }

@@ -37,7 +37,10 @@ mod simd;
 #[cfg(test)]
 mod tests;
 
-pub use matmul::{kernel_level, matmul, matmul_multi, matmul_q, matmul_q_multi, try_matmul, try_matmul_multi, try_matmul_q, try_matmul_q_multi, wide_simd, Matrix};
+pub use matmul::{
+    kernel_level, matmul, matmul_multi, matmul_q, matmul_q_multi, try_matmul, try_matmul_multi, try_matmul_q,
+    try_matmul_q_multi, wide_simd, Matrix,
+};
 pub use q8::{BlockQ8, QuantizedActs};
 pub use quantize::quantize;
 

@@ -21,11 +21,8 @@ pub fn quantize(format: WeightFormat, rows: &[f32], cols: usize) -> Result<Vec<u
     if cols == 0 || rows.len() % cols != 0 {
         return Err(FormatError::Length { what: "rows (a multiple of cols)", expected: cols, found: rows.len() });
     }
-    let limit = if matches!(format, WeightFormat::F32 | WeightFormat::BF16 | WeightFormat::I8Row) {
-        f32::MAX
-    } else {
-        F16_MAX
-    };
+    let limit =
+        if matches!(format, WeightFormat::F32 | WeightFormat::BF16 | WeightFormat::I8Row) { f32::MAX } else { F16_MAX };
     if let Some((index, &value)) = rows.iter().enumerate().find(|(_, v)| !v.is_finite() || v.abs() > limit) {
         return Err(FormatError::NonFinite { format, index, value });
     }

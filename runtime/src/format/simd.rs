@@ -151,7 +151,10 @@ unsafe fn unit_scalar<const F: u8, const VNNI: bool>(row: *const u8, k: usize) -
                 2 => _mm256_srli_epi16(qh, 4),
                 _ => _mm256_srli_epi16(qh, 6),
             };
-            let q = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi8(0x0f)), _mm256_slli_epi16(_mm256_and_si256(hi, _mm256_set1_epi8(3)), 4));
+            let q = _mm256_or_si256(
+                _mm256_and_si256(lo, _mm256_set1_epi8(0x0f)),
+                _mm256_slli_epi16(_mm256_and_si256(hi, _mm256_set1_epi8(3)), 4),
+            );
             (_mm256_sub_epi8(q, _mm256_set1_epi8(32)), 0.0, 0.0)
         }
         _ => {
@@ -178,7 +181,11 @@ unsafe fn a_q6k(row: *const u8, k: usize) -> __m256 {
 
 /// `out[r][c] = row_r . x_c` for `R` weight rows and `C` activation rows.
 #[inline(always)]
-unsafe fn kernel<const F: u8, const R: usize, const C: usize, const VNNI: bool>(rows: [*const u8; R], xs: [*const BlockQ8; C], units: usize) -> [[f32; C]; R] {
+unsafe fn kernel<const F: u8, const R: usize, const C: usize, const VNNI: bool>(
+    rows: [*const u8; R],
+    xs: [*const BlockQ8; C],
+    units: usize,
+) -> [[f32; C]; R] {
     let mut acc = [[_mm256_setzero_ps(); C]; R];
     let mut accb = [[0f32; C]; R];
     for k in 0..units {
@@ -194,7 +201,11 @@ unsafe fn kernel<const F: u8, const R: usize, const C: usize, const VNNI: bool>(
         for r in 0..R {
             let (wu, a, b) = unit::<F, VNNI>(rows[r], k);
             for c in 0..C {
-                let s = if always_signed(F) || (signed(F) && !VNNI) { dot_i8i8::<VNNI>(wu, xq[c]) } else { dot_u8i8::<VNNI>(wu, xq[c]) };
+                let s = if always_signed(F) || (signed(F) && !VNNI) {
+                    dot_i8i8::<VNNI>(wu, xq[c])
+                } else {
+                    dot_u8i8::<VNNI>(wu, xq[c])
+                };
                 acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(a, xd[c]), s, acc[r][c]);
                 accb[r][c] += b * xsum[c];
             }
@@ -214,7 +225,12 @@ unsafe fn kernel<const F: u8, const R: usize, const C: usize, const VNNI: bool>(
 /// accumulated as vectors: lanes 0-3 of `accb[p]` are pair `p`'s first row against the four
 /// activation rows, lanes 4-7 its second row. `sx[k]` holds the four rows' `s` of unit `k`.
 #[inline(always)]
-unsafe fn kernel4<const F: u8, const P: usize, const VNNI: bool>(rows: [[*const u8; 2]; P], xs: [*const BlockQ8; 4], sx: *const [f32; 4], units: usize) -> [[[f32; 4]; 2]; P] {
+unsafe fn kernel4<const F: u8, const P: usize, const VNNI: bool>(
+    rows: [[*const u8; 2]; P],
+    xs: [*const BlockQ8; 4],
+    sx: *const [f32; 4],
+    units: usize,
+) -> [[[f32; 4]; 2]; P] {
     let mut acc = [[[_mm256_setzero_ps(); 4]; 2]; P];
     let mut accb = [_mm256_setzero_ps(); P];
     for k in 0..units {
@@ -235,7 +251,11 @@ unsafe fn kernel4<const F: u8, const P: usize, const VNNI: bool>(rows: [[*const 
             for h in 0..2 {
                 let (wu, a, _) = u[h];
                 for c in 0..4 {
-                    let s = if always_signed(F) || (signed(F) && !VNNI) { dot_i8i8::<VNNI>(wu, xq[c]) } else { dot_u8i8::<VNNI>(wu, xq[c]) };
+                    let s = if always_signed(F) || (signed(F) && !VNNI) {
+                        dot_i8i8::<VNNI>(wu, xq[c])
+                    } else {
+                        dot_u8i8::<VNNI>(wu, xq[c])
+                    };
                     acc[p][h][c] = _mm256_fmadd_ps(_mm256_mul_ps(a, xd[c]), s, acc[p][h][c]);
                 }
             }
@@ -246,7 +266,8 @@ unsafe fn kernel4<const F: u8, const P: usize, const VNNI: bool>(rows: [[*const 
         let mut b = [0f32; 8];
         _mm256_storeu_ps(b.as_mut_ptr(), accb[p]);
         for h in 0..2 {
-            let scale = if F == F_I8ROW { f32::from_le_bytes(rows[p][h].cast::<[u8; 4]>().read_unaligned()) } else { 1.0 };
+            let scale =
+                if F == F_I8ROW { f32::from_le_bytes(rows[p][h].cast::<[u8; 4]>().read_unaligned()) } else { 1.0 };
             for c in 0..4 {
                 out[p][h][c] = scale * (hsum(acc[p][h][c]) + b[4 * h + c]);
             }
@@ -309,22 +330,35 @@ unsafe fn dot_acc<const F: u8, const VNNI: bool>(acc: __m256i, w: __m256i, x: __
 /// scales and the `b` terms (four lanes each). `k + 1 < units` unless `LAST`, where the second
 /// unit is absent and contributes zeros.
 #[inline(always)]
-unsafe fn pair_unit<const F: u8, const VNNI: bool, const LAST: bool>(row: *const u8, k: usize) -> (__m256i, __m256i, __m256, __m256) {
+unsafe fn pair_unit<const F: u8, const VNNI: bool, const LAST: bool>(
+    row: *const u8,
+    k: usize,
+) -> (__m256i, __m256i, __m256, __m256) {
     if !LAST && (F == F_Q4_1 || F == F_Q4_0) {
         // Nibble formats: both units' 16 bytes in one register give both halves directly.
         let (size, qs) = if F == F_Q4_1 { (20, 4) } else { (18, 2) };
         let (p0, p1) = (row.add(size * k), row.add(size * (k + 1)));
-        let raw = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(p0.add(qs).cast())), _mm_loadu_si128(p1.add(qs).cast()), 1);
+        let raw = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(p0.add(qs).cast())),
+            _mm_loadu_si128(p1.add(qs).cast()),
+            1,
+        );
         let m = _mm256_set1_epi8(0x0f);
-        let hdr = _mm_cvtph_ps(_mm_setr_epi32(p0.cast::<i32>().read_unaligned(), p1.cast::<i32>().read_unaligned(), 0, 0));
+        let hdr =
+            _mm_cvtph_ps(_mm_setr_epi32(p0.cast::<i32>().read_unaligned(), p1.cast::<i32>().read_unaligned(), 0, 0));
         let hdr = _mm256_castps128_ps256(hdr);
         // Q4_1: lanes d0, m0, d1, m1; Q4_0: d0, (q bytes), d1, (q bytes), with b = -8 d.
         let av = _mm256_permutevar8x32_ps(hdr, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
-        let bv = if F == F_Q4_1 { _mm256_permutevar8x32_ps(hdr, _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3)) } else { _mm256_mul_ps(av, _mm256_set1_ps(-8.0)) };
+        let bv = if F == F_Q4_1 {
+            _mm256_permutevar8x32_ps(hdr, _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3))
+        } else {
+            _mm256_mul_ps(av, _mm256_set1_ps(-8.0))
+        };
         return (_mm256_and_si256(raw, m), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m), av, bv);
     }
     let (u0, a0, b0) = unit::<F, VNNI>(row, k);
-    let (u1, a1, b1) = if LAST { (_mm256_setzero_si256(), _mm256_setzero_ps(), 0.0) } else { unit::<F, VNNI>(row, k + 1) };
+    let (u1, a1, b1) =
+        if LAST { (_mm256_setzero_si256(), _mm256_setzero_ps(), 0.0) } else { unit::<F, VNNI>(row, k + 1) };
     let wlo = _mm256_permute2x128_si256(u0, u1, 0x20);
     let whi = _mm256_permute2x128_si256(u0, u1, 0x31);
     (wlo, whi, _mm256_blend_ps(a0, a1, 0xf0), _mm256_blend_ps(_mm256_set1_ps(b0), _mm256_set1_ps(b1), 0xf0))
@@ -332,7 +366,13 @@ unsafe fn pair_unit<const F: u8, const VNNI: bool, const LAST: bool>(row: *const
 
 /// One step of `kernel_pair`: units `k` and `k + 1` (only `k` when `LAST`).
 #[inline(always)]
-unsafe fn pair_step<const F: u8, const R: usize, const VNNI: bool, const LAST: bool>(rows: [*const u8; R], a: &PairActs, k: usize, acc: &mut [[__m256; 4]; R], accb: &mut [__m256; R]) {
+unsafe fn pair_step<const F: u8, const R: usize, const VNNI: bool, const LAST: bool>(
+    rows: [*const u8; R],
+    a: &PairActs,
+    k: usize,
+    acc: &mut [[__m256; 4]; R],
+    accb: &mut [__m256; R],
+) {
     let xlo: [__m256i; 4] = std::array::from_fn(|c| load(&a.lo[c]));
     let xhi: [__m256i; 4] = std::array::from_fn(|c| load(&a.hi[c]));
     let xd: [__m256; 4] = std::array::from_fn(|c| _mm256_load_ps(a.d[c].as_ptr()));
@@ -351,7 +391,11 @@ unsafe fn pair_step<const F: u8, const R: usize, const VNNI: bool, const LAST: b
 /// step: per (row, activation row) one conversion, one scale product and one FMA cover 64
 /// byte products. Not for `Q6_K` (its scale changes inside a unit).
 #[inline(always)]
-unsafe fn kernel_pair<const F: u8, const R: usize, const VNNI: bool>(rows: [*const u8; R], pa: &[PairActs], units: usize) -> [[f32; 4]; R] {
+unsafe fn kernel_pair<const F: u8, const R: usize, const VNNI: bool>(
+    rows: [*const u8; R],
+    pa: &[PairActs],
+    units: usize,
+) -> [[f32; 4]; R] {
     let mut acc = [[_mm256_setzero_ps(); 4]; R];
     let mut accb = [_mm256_setzero_ps(); R];
     for p in 0..units / 2 {
@@ -445,7 +489,12 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
             let mut r = r0;
             // With AVX-512's 32 registers, two pairs of weight rows share each activation load.
             while VNNI && r + 4 <= pairs_end {
-                let t = kernel4::<F, 2, VNNI>([[rp(r), rp(r + 1)], [rp(r + 2), rp(r + 3)]], [xp(i), xp(i + 1), xp(i + 2), xp(i + 3)], sx.as_ptr(), units);
+                let t = kernel4::<F, 2, VNNI>(
+                    [[rp(r), rp(r + 1)], [rp(r + 2), rp(r + 3)]],
+                    [xp(i), xp(i + 1), xp(i + 2), xp(i + 3)],
+                    sx.as_ptr(),
+                    units,
+                );
                 for p in 0..2 {
                     for j in 0..2 {
                         for c in 0..4 {
@@ -456,7 +505,12 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
                 r += 4;
             }
             while r < pairs_end {
-                let t = kernel4::<F, 1, VNNI>([[rp(r), rp(r + 1)]], [xp(i), xp(i + 1), xp(i + 2), xp(i + 3)], sx.as_ptr(), units);
+                let t = kernel4::<F, 1, VNNI>(
+                    [[rp(r), rp(r + 1)]],
+                    [xp(i), xp(i + 1), xp(i + 2), xp(i + 3)],
+                    sx.as_ptr(),
+                    units,
+                );
                 for j in 0..2 {
                     for c in 0..4 {
                         put(i + c, r + j, t[0][j][c]);

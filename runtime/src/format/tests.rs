@@ -34,7 +34,8 @@ fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng) ->
     match format {
         WeightFormat::Q4_K | WeightFormat::Q6_K => {
             let mut b = rng.bytes(rows * format.row_bytes(cols).unwrap());
-            let (size, at) = if format == WeightFormat::Q4_K { (144, [0usize, 2].as_slice()) } else { (210, [208usize].as_slice()) };
+            let (size, at) =
+                if format == WeightFormat::Q4_K { (144, [0usize, 2].as_slice()) } else { (210, [208usize].as_slice()) };
             for block in b.chunks_exact_mut(size) {
                 for &a in at {
                     let v = 0.001 + 0.02 * rng.unit().abs();
@@ -101,9 +102,13 @@ fn q8_dot_is_within_the_activation_quantization_bound() {
             let acts = QuantizedActs::new(&x, 1, cols).unwrap();
             let w = dequant(format, &row, cols);
             let (want, mag) = ref_dot(&w, &x);
-            let bound: f32 = w.chunks(32).zip(acts.row(0)).map(|(ws, b)| ws.iter().map(|v| v.abs()).sum::<f32>() * b.d / 2.0).sum();
+            let bound: f32 =
+                w.chunks(32).zip(acts.row(0)).map(|(ws, b)| ws.iter().map(|v| v.abs()).sum::<f32>() * b.d / 2.0).sum();
             let got = dot_row_q8(format, &row, acts.row(0));
-            assert!((got - want).abs() <= bound + 1e-5 * mag + 1e-6, "{format} cols {cols}: {got} vs {want} (bound {bound})");
+            assert!(
+                (got - want).abs() <= bound + 1e-5 * mag + 1e-6,
+                "{format} cols {cols}: {got} vs {want} (bound {bound})"
+            );
         }
     }
 }
@@ -230,7 +235,10 @@ fn matmul_checks_its_sizes() {
 #[test]
 fn kernels_reject_rows_of_the_wrong_length() {
     let mut out = vec![0f32; 32];
-    assert!(matches!(try_dequant_row(WeightFormat::Q4_1, &[0u8; 19], &mut out), Err(FormatError::RowBytes { expected: 20, found: 19, .. })));
+    assert!(matches!(
+        try_dequant_row(WeightFormat::Q4_1, &[0u8; 19], &mut out),
+        Err(FormatError::RowBytes { expected: 20, found: 19, .. })
+    ));
     assert!(matches!(try_dot_row(WeightFormat::Q6_K, &[0u8; 210], &out), Err(FormatError::RaggedRow { .. })));
     assert!(matches!(try_dot_row(WeightFormat::F16, &[0u8; 3], &[0.0; 2]), Err(FormatError::RowBytes { .. })));
     let caught = std::panic::catch_unwind(|| dot_row(WeightFormat::Q8_0, &[0u8; 33], &[0.0; 32]));
@@ -273,7 +281,8 @@ fn block_decoders_match_gguf_py() {
     let mut seen = Vec::new();
     for r in &v.rows {
         let format = WeightFormat::ALL.into_iter().find(|f| f.name() == r.format).unwrap();
-        let bytes: Vec<u8> = (0..r.hex.len()).step_by(2).map(|i| u8::from_str_radix(&r.hex[i..i + 2], 16).unwrap()).collect();
+        let bytes: Vec<u8> =
+            (0..r.hex.len()).step_by(2).map(|i| u8::from_str_radix(&r.hex[i..i + 2], 16).unwrap()).collect();
         let got = dequant(format, &bytes, r.cols);
         for (i, (a, b)) in got.iter().zip(&r.values).enumerate() {
             assert!((a - b).abs() <= 1e-6 * b.abs().max(1e-3), "{format}[{i}]: {a} vs gguf-py {b}");
@@ -321,7 +330,10 @@ fn float_matmul_handles_ragged_columns_and_tiles() {
                 for r in 0..rows {
                     let (want, mag) = ref_dot(&dequant(format, w.row(r), cols), &x[i * cols..(i + 1) * cols]);
                     let got = out[i * rows + r];
-                    assert!((got - want).abs() <= 1e-5 * mag + 1e-6, "{format} {rows}x{cols} n={n} [{i},{r}]: {got} vs {want}");
+                    assert!(
+                        (got - want).abs() <= 1e-5 * mag + 1e-6,
+                        "{format} {rows}x{cols} n={n} [{i},{r}]: {got} vs {want}"
+                    );
                 }
             }
         }
@@ -361,10 +373,12 @@ fn matmul_multi_matches_one_matmul_per_matrix() {
     let formats = [WeightFormat::Q4_1, WeightFormat::BF16, WeightFormat::Q8_0, WeightFormat::F32];
     let rows = [96usize, 40, 33, 8];
     let bytes: Vec<Vec<u8>> = formats.iter().zip(rows).map(|(&f, r)| random_rows(f, r, cols, &mut rng)).collect();
-    let ws: Vec<Matrix> = formats.iter().zip(rows).zip(&bytes).map(|((&f, r), b)| Matrix::new(f, r, cols, b).unwrap()).collect();
+    let ws: Vec<Matrix> =
+        formats.iter().zip(rows).zip(&bytes).map(|((&f, r), b)| Matrix::new(f, r, cols, b).unwrap()).collect();
     let mut outs: Vec<Vec<f32>> = rows.iter().map(|&r| vec![f32::NAN; n * r]).collect();
     let mut acts = QuantizedActs::default();
-    let mut mats: Vec<(Matrix, &mut [f32])> = ws.iter().zip(outs.iter_mut()).map(|(w, o)| (*w, o.as_mut_slice())).collect();
+    let mut mats: Vec<(Matrix, &mut [f32])> =
+        ws.iter().zip(outs.iter_mut()).map(|(w, o)| (*w, o.as_mut_slice())).collect();
     matmul_multi(&mut mats, &x, n, &mut acts);
     for (w, got) in ws.iter().zip(&outs) {
         let mut want = vec![0f32; n * w.rows];
@@ -372,5 +386,8 @@ fn matmul_multi_matches_one_matmul_per_matrix() {
         assert_eq!(got, &want, "{}", w.format);
     }
     let mut short = vec![0f32; 3];
-    assert!(matches!(try_matmul_multi(&mut [(ws[3], short.as_mut_slice())], &x, n, &mut acts), Err(FormatError::Length { .. })));
+    assert!(matches!(
+        try_matmul_multi(&mut [(ws[3], short.as_mut_slice())], &x, n, &mut acts),
+        Err(FormatError::Length { .. })
+    ));
 }

@@ -321,7 +321,11 @@ impl<'a> Reader<'a> {
     fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8], LoadError> {
         let end = usize::try_from(n).ok().and_then(|n| self.pos.checked_add(n)).filter(|&e| e <= self.buf.len());
         let Some(end) = end else {
-            return Err(LoadError::TruncatedHeader { path: self.path.to_path_buf(), offset: self.pos as u64, what: what.to_string() });
+            return Err(LoadError::TruncatedHeader {
+                path: self.path.to_path_buf(),
+                offset: self.pos as u64,
+                what: what.to_string(),
+            });
         };
         let s = &self.buf[self.pos..end];
         self.pos = end;
@@ -384,7 +388,9 @@ impl<'a> Reader<'a> {
             ($variant:ident, $t:ty) => {{
                 let size = std::mem::size_of::<$t>();
                 let bytes = self.take(n.saturating_mul(size as u64), key)?;
-                GgufArray::$variant(bytes.chunks_exact(size).map(|c| <$t>::from_le_bytes(c.try_into().unwrap())).collect())
+                GgufArray::$variant(
+                    bytes.chunks_exact(size).map(|c| <$t>::from_le_bytes(c.try_into().unwrap())).collect(),
+                )
             }};
         }
         Ok(match ty {
@@ -476,13 +482,25 @@ pub fn parse(path: &Path, buf: &[u8]) -> Result<(GgufMetadata, Vec<GgufTensor>),
 }
 
 #[allow(clippy::too_many_arguments)]
-fn check_tensor(path: &Path, name: String, shape: Vec<usize>, type_id: u32, offset: u64, data_start: u64, alignment: u64, file_len: u64) -> Result<GgufTensor, LoadError> {
+fn check_tensor(
+    path: &Path,
+    name: String,
+    shape: Vec<usize>,
+    type_id: u32,
+    offset: u64,
+    data_start: u64,
+    alignment: u64,
+    file_len: u64,
+) -> Result<GgufTensor, LoadError> {
     let p = || path.to_path_buf();
     let Some((dtype, block, block_bytes)) = ggml_type(type_id) else {
         return Err(LoadError::UnknownGgufType { path: p(), name, id: type_id });
     };
     if offset % alignment != 0 {
-        return Err(LoadError::BadHeader { path: p(), msg: format!("tensor {name} offset {offset} is not a multiple of the alignment {alignment}") });
+        return Err(LoadError::BadHeader {
+            path: p(),
+            msg: format!("tensor {name} offset {offset} is not a multiple of the alignment {alignment}"),
+        });
     }
     let cols = shape.last().copied().unwrap_or(1) as u64;
     let numel = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));

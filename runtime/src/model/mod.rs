@@ -91,7 +91,10 @@ pub struct LoadOptions {
 
 impl fmt::Debug for LoadOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LoadOptions").field("quantize", &self.quantize).field("progress", &self.progress.is_some()).finish()
+        f.debug_struct("LoadOptions")
+            .field("quantize", &self.quantize)
+            .field("progress", &self.progress.is_some())
+            .finish()
     }
 }
 
@@ -130,7 +133,13 @@ pub struct Checkpoint {
 
 impl fmt::Debug for Checkpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Checkpoint({}, {} tensors, {} quantized at load)", self.path.display(), self.entries.len(), self.quantized.len())
+        write!(
+            f,
+            "Checkpoint({}, {} tensors, {} quantized at load)",
+            self.path.display(),
+            self.entries.len(),
+            self.quantized.len()
+        )
     }
 }
 
@@ -161,13 +170,27 @@ impl Checkpoint {
         let (meta, tensors) = gguf::parse(path, &map)?;
         let mut entries = BTreeMap::new();
         for t in tensors {
-            let e = Entry { shape: t.shape, dtype: t.dtype.to_string(), format: t.format, file: 0, start: t.start, len: t.len };
+            let e = Entry {
+                shape: t.shape,
+                dtype: t.dtype.to_string(),
+                format: t.format,
+                file: 0,
+                start: t.start,
+                len: t.len,
+            };
             if entries.insert(t.name.clone(), e).is_some() {
                 return Err(LoadError::DuplicateTensor { path: path.to_path_buf(), name: t.name });
             }
         }
         let files = vec![(Arc::new(path.to_path_buf()), Arc::new(map))];
-        Ok(Checkpoint { path: path.to_path_buf(), kind: Kind::Gguf(meta), files, entries, quantized: HashMap::new(), released: HashMap::new() })
+        Ok(Checkpoint {
+            path: path.to_path_buf(),
+            kind: Kind::Gguf(meta),
+            files,
+            entries,
+            quantized: HashMap::new(),
+            released: HashMap::new(),
+        })
     }
 
     fn open_dir(dir: &Path) -> Result<Checkpoint, LoadError> {
@@ -183,11 +206,16 @@ impl Checkpoint {
             };
         };
         let config_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&config_path).map_err(|source| LoadError::Io { path: config_path.clone(), source })?;
+        let text = std::fs::read_to_string(&config_path)
+            .map_err(|source| LoadError::Io { path: config_path.clone(), source })?;
         let config = match serde_json::from_str(&text) {
             Ok(Value::Object(m)) => m,
-            Ok(_) => return Err(LoadError::BadHeader { path: config_path, msg: "config.json is not a JSON object".into() }),
-            Err(source) => return Err(LoadError::InvalidJson { path: config_path, what: "model configuration", source }),
+            Ok(_) => {
+                return Err(LoadError::BadHeader { path: config_path, msg: "config.json is not a JSON object".into() })
+            }
+            Err(source) => {
+                return Err(LoadError::InvalidJson { path: config_path, what: "model configuration", source })
+            }
         };
         let mut files = Vec::new();
         let mut entries = BTreeMap::new();
@@ -208,7 +236,14 @@ impl Checkpoint {
             files.push((Arc::new(shard), Arc::new(map)));
         }
         let kind = Kind::Safetensors { dir: dir.to_path_buf(), config };
-        Ok(Checkpoint { path: dir.to_path_buf(), kind, files, entries, quantized: HashMap::new(), released: HashMap::new() })
+        Ok(Checkpoint {
+            path: dir.to_path_buf(),
+            kind,
+            files,
+            entries,
+            quantized: HashMap::new(),
+            released: HashMap::new(),
+        })
     }
 
     /// The file or directory this checkpoint was opened from.
@@ -294,9 +329,21 @@ impl Checkpoint {
         };
         let (path, map) = &self.files[e.file];
         let Some(format) = e.format else {
-            return Err(LoadError::UnsupportedType { path: path.to_path_buf(), name: name.to_string(), dtype: e.dtype.clone() });
+            return Err(LoadError::UnsupportedType {
+                path: path.to_path_buf(),
+                name: name.to_string(),
+                dtype: e.dtype.clone(),
+            });
         };
-        Ok(Tensor::mapped(name.to_string(), format, e.shape.clone(), map.clone(), e.start as usize, e.len as usize, path.clone()))
+        Ok(Tensor::mapped(
+            name.to_string(),
+            format,
+            e.shape.clone(),
+            map.clone(),
+            e.start as usize,
+            e.len as usize,
+            path.clone(),
+        ))
     }
 
     /// What the compiler needs to know: configuration, naming, and the tensor table (after
@@ -311,8 +358,16 @@ impl Checkpoint {
             .iter()
             .map(|(name, e)| {
                 let info = match (self.quantized.get(name), self.released.get(name)) {
-                    (Some(t), _) => TensorInfo { shape: t.shape.clone(), dtype: t.format.name().to_string(), bytes: t.bytes().len() as u64 },
-                    (None, Some(&f)) => TensorInfo { shape: e.shape.clone(), dtype: f.name().to_string(), bytes: tensor_bytes(f, &e.shape).unwrap_or(0) as u64 },
+                    (Some(t), _) => TensorInfo {
+                        shape: t.shape.clone(),
+                        dtype: t.format.name().to_string(),
+                        bytes: t.bytes().len() as u64,
+                    },
+                    (None, Some(&f)) => TensorInfo {
+                        shape: e.shape.clone(),
+                        dtype: f.name().to_string(),
+                        bytes: tensor_bytes(f, &e.shape).unwrap_or(0) as u64,
+                    },
                     (None, None) => TensorInfo { shape: e.shape.clone(), dtype: e.dtype.clone(), bytes: e.len },
                 };
                 (name.clone(), info)

@@ -62,9 +62,17 @@ pub fn parse(path: &Path, buf: &[u8]) -> Result<Vec<StTensor>, LoadError> {
         return Err(LoadError::BadHeader { path: p(), msg: format!("header length {n} exceeds {MAX_HEADER}") });
     }
     if 8 + n > file_len {
-        return Err(LoadError::TruncatedHeader { path: p(), offset: file_len, what: format!("a JSON header of {n} bytes") });
+        return Err(LoadError::TruncatedHeader {
+            path: p(),
+            offset: file_len,
+            what: format!("a JSON header of {n} bytes"),
+        });
     }
-    let header: Value = serde_json::from_slice(&buf[8..8 + n as usize]).map_err(|source| LoadError::InvalidJson { path: p(), what: "safetensors header", source })?;
+    let header: Value = serde_json::from_slice(&buf[8..8 + n as usize]).map_err(|source| LoadError::InvalidJson {
+        path: p(),
+        what: "safetensors header",
+        source,
+    })?;
     let Value::Object(entries) = header else {
         return Err(LoadError::BadHeader { path: p(), msg: "the JSON header is not an object".into() });
     };
@@ -80,7 +88,9 @@ pub fn parse(path: &Path, buf: &[u8]) -> Result<Vec<StTensor>, LoadError> {
         let shape = v
             .get("shape")
             .and_then(Value::as_array)
-            .and_then(|a| a.iter().map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok())).collect::<Option<Vec<usize>>>())
+            .and_then(|a| {
+                a.iter().map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok())).collect::<Option<Vec<usize>>>()
+            })
             .ok_or_else(|| bad("no \"shape\" array of sizes"))?;
         let offsets = v
             .get("data_offsets")
@@ -116,14 +126,22 @@ pub fn shard_files(dir: &Path) -> Result<Option<Vec<Shard>>, LoadError> {
     let index = dir.join("model.safetensors.index.json");
     if index.is_file() {
         let text = std::fs::read_to_string(&index).map_err(|source| LoadError::Io { path: index.clone(), source })?;
-        let json: Value = serde_json::from_str(&text).map_err(|source| LoadError::InvalidJson { path: index.clone(), what: "shard index", source })?;
+        let json: Value = serde_json::from_str(&text).map_err(|source| LoadError::InvalidJson {
+            path: index.clone(),
+            what: "shard index",
+            source,
+        })?;
         let Some(map) = json.get("weight_map").and_then(Value::as_object) else {
             return Err(LoadError::BadHeader { path: index, msg: "no \"weight_map\" object".into() });
         };
         let mut shards: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (name, file) in map {
-            let Some(file) = file.as_str().filter(|f| !f.contains('/') && !f.contains('\\') && !f.starts_with('.')) else {
-                return Err(LoadError::BadHeader { path: index, msg: format!("tensor {name}: shard {file} is not a file name in the directory") });
+            let Some(file) = file.as_str().filter(|f| !f.contains('/') && !f.contains('\\') && !f.starts_with('.'))
+            else {
+                return Err(LoadError::BadHeader {
+                    path: index,
+                    msg: format!("tensor {name}: shard {file} is not a file name in the directory"),
+                });
             };
             shards.entry(file.to_string()).or_default().push(name.clone());
         }

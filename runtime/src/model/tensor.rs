@@ -46,14 +46,28 @@ pub fn tensor_bytes(format: WeightFormat, shape: &[usize]) -> Option<usize> {
 
 impl Tensor {
     /// A view of `len` bytes at `start` of `map`; the caller has checked the range and the size.
-    pub(crate) fn mapped(name: String, format: WeightFormat, shape: Vec<usize>, map: Arc<Mmap>, start: usize, len: usize, source: Arc<PathBuf>) -> Tensor {
+    pub(crate) fn mapped(
+        name: String,
+        format: WeightFormat,
+        shape: Vec<usize>,
+        map: Arc<Mmap>,
+        start: usize,
+        len: usize,
+        source: Arc<PathBuf>,
+    ) -> Tensor {
         debug_assert!(start + len <= map.len());
         debug_assert_eq!(tensor_bytes(format, &shape), Some(len));
         Tensor { name, format, shape, data: Data::Mapped { map, start, len }, source }
     }
 
     /// A tensor owning its bytes (quantize-at-load); the caller has checked the size.
-    pub(crate) fn owned(name: String, format: WeightFormat, shape: Vec<usize>, bytes: Vec<u8>, source: Arc<PathBuf>) -> Tensor {
+    pub(crate) fn owned(
+        name: String,
+        format: WeightFormat,
+        shape: Vec<usize>,
+        bytes: Vec<u8>,
+        source: Arc<PathBuf>,
+    ) -> Tensor {
         debug_assert_eq!(tensor_bytes(format, &shape), Some(bytes.len()));
         Tensor { name, format, shape, data: Data::Owned(Arc::new(bytes)), source }
     }

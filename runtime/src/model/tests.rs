@@ -10,7 +10,12 @@ use crate::format::{dot_row, matmul, quantize};
 use std::path::PathBuf;
 
 /// Bytes of a GGUF file: `tensors` are (name, shape outermost first, type id, data).
-fn gguf_bytes(version: u32, kv: &[(&str, GgufValue)], tensors: &[(&str, Vec<usize>, u32, Vec<u8>)], alignment: usize) -> Vec<u8> {
+fn gguf_bytes(
+    version: u32,
+    kv: &[(&str, GgufValue)],
+    tensors: &[(&str, Vec<usize>, u32, Vec<u8>)],
+    alignment: usize,
+) -> Vec<u8> {
     fn s(b: &mut Vec<u8>, x: &str) {
         b.extend((x.len() as u64).to_le_bytes());
         b.extend(x.as_bytes());
@@ -122,7 +127,8 @@ fn open(p: &Path) -> Result<Checkpoint, LoadError> {
 }
 
 fn sample_gguf() -> Vec<u8> {
-    let q8 = quantize(WeightFormat::Q8_0, &(0..4 * 8 * 32).map(|i| (i as f32 * 0.37).sin()).collect::<Vec<_>>(), 32).unwrap();
+    let q8 = quantize(WeightFormat::Q8_0, &(0..4 * 8 * 32).map(|i| (i as f32 * 0.37).sin()).collect::<Vec<_>>(), 32)
+        .unwrap();
     let kv = vec![
         ("general.architecture", GgufValue::String("llama".into())),
         ("general.alignment", GgufValue::U32(64)),
@@ -164,7 +170,10 @@ fn gguf_round_trip_metadata_tensors_and_bindings() {
     assert_eq!(m.get_str_array("tokenizer.ggml.tokens").unwrap(), ["<s>", "a", "b"]);
     assert_eq!(m.get_i32_array("tokenizer.ggml.token_type"), Some(vec![3, 1, 1]));
     assert_eq!(m.get_f32_array("tokenizer.ggml.scores"), Some(vec![0.0, -1.0, -2.0]));
-    assert_eq!(m.get("nested"), Some(&GgufValue::Array(GgufArray::Array(vec![GgufArray::U16(vec![1, 2]), GgufArray::Bool(vec![true])]))));
+    assert_eq!(
+        m.get("nested"),
+        Some(&GgufValue::Array(GgufArray::Array(vec![GgufArray::U16(vec![1, 2]), GgufArray::Bool(vec![true])])))
+    );
     assert!(ck.dir().is_none());
 
     let b = ck.bindings();
@@ -174,7 +183,10 @@ fn gguf_round_trip_metadata_tensors_and_bindings() {
     assert_eq!(b.config["tokenizer.ggml.bos_token_id"], serde_json::json!(0));
     assert_eq!(b.config["nested"], serde_json::json!([[1, 2], [true]]));
     let t = &b.tensors.as_ref().unwrap();
-    assert_eq!(t["blk.0.ffn_up_exps.weight"], TensorInfo { shape: vec![4, 8, 32], dtype: "Q8_0".into(), bytes: 4 * 8 * 34 });
+    assert_eq!(
+        t["blk.0.ffn_up_exps.weight"],
+        TensorInfo { shape: vec![4, 8, 32], dtype: "Q8_0".into(), bytes: 4 * 8 * 34 }
+    );
     assert_eq!(t["odd.weight"].dtype, "Q5_K");
 
     let norm = ck.tensor("norm.weight").unwrap();
@@ -197,7 +209,9 @@ fn gguf_round_trip_metadata_tensors_and_bindings() {
     assert!((out[3] - want).abs() < 0.05);
 
     match ck.tensor("odd.weight") {
-        Err(e @ LoadError::UnsupportedType { .. }) => assert!(e.to_string().contains("odd.weight") && e.to_string().contains("m.gguf")),
+        Err(e @ LoadError::UnsupportedType { .. }) => {
+            assert!(e.to_string().contains("odd.weight") && e.to_string().contains("m.gguf"))
+        }
         other => panic!("{other:?}"),
     }
     assert!(matches!(ck.tensor("nope"), Err(LoadError::NoSuchTensor { .. })));
@@ -293,7 +307,10 @@ fn st_bytes(tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
     header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
     let mut data: Vec<u8> = Vec::new();
     for (name, dtype, shape, bytes) in tensors {
-        header.insert(name.to_string(), serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [data.len(), data.len() + bytes.len()]}));
+        header.insert(
+            name.to_string(),
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [data.len(), data.len() + bytes.len()]}),
+        );
         data.extend(bytes);
     }
     let h = serde_json::to_vec(&header).unwrap();
@@ -334,7 +351,10 @@ fn safetensors_single_file_round_trip() {
     assert_eq!(b.naming, Naming::Hf);
     assert_eq!(b.architecture(), Some("LlamaForCausalLM"));
     assert_eq!(b.config["hidden_size"], 128);
-    assert_eq!(b.tensors.as_ref().unwrap()["model.layers.0.self_attn.q_proj.weight"], TensorInfo { shape: vec![64, 128], dtype: "BF16".into(), bytes: 64 * 128 * 2 });
+    assert_eq!(
+        b.tensors.as_ref().unwrap()["model.layers.0.self_attn.q_proj.weight"],
+        TensorInfo { shape: vec![64, 128], dtype: "BF16".into(), bytes: 64 * 128 * 2 }
+    );
     let q = ck.tensor("model.layers.0.self_attn.q_proj.weight").unwrap();
     assert_eq!(q.format, WeightFormat::BF16);
     let back = q.to_f32_vec().unwrap();
@@ -342,7 +362,10 @@ fn safetensors_single_file_round_trip() {
     assert_eq!(q.row_f32(1).unwrap(), back[128..256]);
     assert_eq!(ck.tensor("model.norm.weight").unwrap().to_f32_vec().unwrap(), [1.0, 2.0, 3.0, 4.0]);
     let e = ck.tensor("model.ids").unwrap_err();
-    assert!(matches!(&e, LoadError::UnsupportedType { dtype, name, .. } if dtype == "I64" && name == "model.ids"), "{e}");
+    assert!(
+        matches!(&e, LoadError::UnsupportedType { dtype, name, .. } if dtype == "I64" && name == "model.ids"),
+        "{e}"
+    );
     assert!(e.to_string().contains("model.safetensors"));
 }
 
@@ -350,7 +373,11 @@ fn safetensors_single_file_round_trip() {
 fn safetensors_sharded_and_missing_shard() {
     let d = tmp();
     write(d.path(), "config.json", CONFIG.as_bytes());
-    write(d.path(), "model-00001-of-00002.safetensors", &st_bytes(&[("a.weight", "F32", vec![2], f32_bytes(&[1.0, 2.0]))]));
+    write(
+        d.path(),
+        "model-00001-of-00002.safetensors",
+        &st_bytes(&[("a.weight", "F32", vec![2], f32_bytes(&[1.0, 2.0]))]),
+    );
     write(d.path(), "model-00002-of-00002.safetensors", &st_bytes(&[("b.weight", "F16", vec![1], vec![0, 0x3c])]));
     let index = r#"{"metadata": {}, "weight_map": {"a.weight": "model-00001-of-00002.safetensors", "b.weight": "model-00002-of-00002.safetensors"}}"#;
     write(d.path(), "model.safetensors.index.json", index.as_bytes());
@@ -360,7 +387,10 @@ fn safetensors_sharded_and_missing_shard() {
     assert!(ck.tensor("b.weight").unwrap().source().ends_with("model-00002-of-00002.safetensors"));
     std::fs::remove_file(d.path().join("model-00002-of-00002.safetensors")).unwrap();
     let e = open(d.path()).unwrap_err();
-    assert!(matches!(&e, LoadError::MissingShard { name, shard, .. } if name == "b.weight" && shard == "model-00002-of-00002.safetensors"), "{e}");
+    assert!(
+        matches!(&e, LoadError::MissingShard { name, shard, .. } if name == "b.weight" && shard == "model-00002-of-00002.safetensors"),
+        "{e}"
+    );
     assert!(e.to_string().contains("model.safetensors.index.json"));
 }
 
@@ -419,7 +449,10 @@ fn quantize_at_load_converts_eligible_matrices_only() {
     for target in [WeightFormat::I8Row, WeightFormat::I4G64] {
         let calls: Arc<std::sync::Mutex<Vec<(u64, u64)>>> = Arc::default();
         let c = calls.clone();
-        let opts = LoadOptions { quantize: Some(target), progress: Some(Arc::new(move |a, b| c.lock().unwrap().push((a, b)))) };
+        let opts = LoadOptions {
+            quantize: Some(target),
+            progress: Some(Arc::new(move |a, b| c.lock().unwrap().push((a, b)))),
+        };
         let ck = Checkpoint::open(d.path(), &opts).unwrap();
         let up = ck.tensor("model.layers.0.mlp.experts.3.up_proj.weight").unwrap();
         assert_eq!(up.format, target);
@@ -427,7 +460,12 @@ fn quantize_at_load_converts_eligible_matrices_only() {
         let back = up.to_f32_vec().unwrap();
         let tol = if target == WeightFormat::I8Row { 1.0 / 127.0 } else { 2.0 / 15.0 / 2.0 + 2e-3 };
         assert!(back.iter().zip(&w).all(|(a, b)| (a - b).abs() <= tol), "{target}");
-        for keep in ["model.layers.0.mlp.gate.weight", "model.embed_tokens.weight", "model.layers.0.input_layernorm.weight", "lm_head.weight"] {
+        for keep in [
+            "model.layers.0.mlp.gate.weight",
+            "model.embed_tokens.weight",
+            "model.layers.0.input_layernorm.weight",
+            "lm_head.weight",
+        ] {
             assert!(ck.tensor(keep).unwrap().is_mapped(), "{keep} kept as stored");
         }
         let info = &ck.bindings().tensors.unwrap()["model.layers.0.mlp.experts.3.up_proj.weight"];
@@ -445,7 +483,10 @@ fn home() -> Option<PathBuf> {
 
 #[test]
 fn real_smollm2_gguf() {
-    let Some(p) = home().map(|h| h.join(".cache/coli/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")) else { return };
+    let Some(p) = home().map(|h| h.join(".cache/coli/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    else {
+        return;
+    };
     if !p.is_file() {
         eprintln!("note: skipping real_smollm2_gguf: {} is absent (tools/fetch-model.sh fetches it)", p.display());
         return;
@@ -477,7 +518,11 @@ fn real_smollm2_gguf() {
 /// workspace root, else `/work/shared/models`.
 fn shared_models() -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?;
-    let candidates = [std::env::var_os("COLI_SHARED").map(|s| PathBuf::from(s).join("models")), Some(root.join("../shared/models")), Some(PathBuf::from("/work/shared/models"))];
+    let candidates = [
+        std::env::var_os("COLI_SHARED").map(|s| PathBuf::from(s).join("models")),
+        Some(root.join("../shared/models")),
+        Some(PathBuf::from("/work/shared/models")),
+    ];
     candidates.into_iter().flatten().find(|p| p.is_dir())
 }
 

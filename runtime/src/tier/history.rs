@@ -70,7 +70,9 @@ impl History {
         let bad = |line: usize, msg: &str| HistoryError::Parse { path: path.into(), line, msg: msg.into() };
         let mut lines = text.lines().enumerate();
         let experts = match lines.next().map(|(_, l)| l.split_whitespace().collect::<Vec<_>>()) {
-            Some(h) if h.len() == 4 && h[0] == "coli-usage" && h[1] == "1" && h[2] == "experts" => h[3].parse::<usize>().map_err(|_| bad(1, "expert count is not a number"))?,
+            Some(h) if h.len() == 4 && h[0] == "coli-usage" && h[1] == "1" && h[2] == "experts" => {
+                h[3].parse::<usize>().map_err(|_| bad(1, "expert count is not a number"))?
+            }
             _ => return Err(bad(1, "expected `coli-usage 1 experts <n>`")),
         };
         let mut h = History::new(experts);
@@ -82,7 +84,10 @@ impl History {
             let nums: Result<Vec<u64>, _> = line.split_whitespace().map(str::parse::<u64>).collect();
             let nums = nums.map_err(|_| bad(i + 1, "expected numbers"))?;
             if nums.len() != experts + 1 {
-                return Err(bad(i + 1, &format!("expected a layer index and {experts} counts, found {} numbers", nums.len())));
+                return Err(bad(
+                    i + 1,
+                    &format!("expected a layer index and {experts} counts, found {} numbers", nums.len()),
+                ));
             }
             h.add(nums[0] as usize, &nums[1..]);
         }

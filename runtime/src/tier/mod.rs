@@ -42,8 +42,8 @@
 
 pub mod heat;
 pub mod history;
-pub mod slots;
 mod side;
+pub mod slots;
 
 use crate::cpu::experts::{join_ranks, pair_expert, pair_outputs, ExpertMats};
 use crate::cpu::Precision;
@@ -86,7 +86,16 @@ pub struct TierOptions {
 
 impl Default for TierOptions {
     fn default() -> TierOptions {
-        TierOptions { budget: None, max_experts: None, promotions_per_token: 16, warm_start: true, history: None, deterministic: false, stream_slots: 0, stream_min_rows: 32 }
+        TierOptions {
+            budget: None,
+            max_experts: None,
+            promotions_per_token: 16,
+            warm_start: true,
+            history: None,
+            deterministic: false,
+            stream_slots: 0,
+            stream_min_rows: 32,
+        }
     }
 }
 
@@ -193,7 +202,13 @@ impl ExpertTier {
     /// overrides the primary's): per device pages of slots and scratch for `cap_rows` rows, at
     /// most `opts.max_experts` slots a device and never more than the devices before it leave
     /// of the experts; then the warm start, the primary's slots first.
-    pub fn new(devices: &[TierDevice], model: &Model, ops: &[&Op], cap_rows: usize, opts: TierOptions) -> Result<TierSetup, VkError> {
+    pub fn new(
+        devices: &[TierDevice],
+        model: &Model,
+        ops: &[&Op],
+        cap_rows: usize,
+        opts: TierOptions,
+    ) -> Result<TierSetup, VkError> {
         let ws = &model.weights;
         let mut layers = Vec::new();
         let mut shape: Option<(ExpertMats, usize, GluKind)> = None;
@@ -206,7 +221,9 @@ impl ExpertTier {
                 None => shape = Some((m, *experts, *glu)),
                 Some((like, _, g)) => {
                     // One slot shape: a layer whose experts differ (a quant mix) stays on the CPU.
-                    let same = (m.gate.format, m.gate.rows, m.gate.cols, m.down.format) == (like.gate.format, like.gate.rows, like.gate.cols, like.down.format) && g == glu;
+                    let same = (m.gate.format, m.gate.rows, m.gate.cols, m.down.format)
+                        == (like.gate.format, like.gate.rows, like.gate.cols, like.down.format)
+                        && g == glu;
                     if !same {
                         other.push(layer.0);
                         continue;
@@ -216,7 +233,9 @@ impl ExpertTier {
             top_k = top_k.max(model.program.value(*routing).width / 2);
             layers.push(TierLayer { layer: layer.0 as usize, weights: weights.clone(), experts: *experts });
         }
-        let Some((like, _, _)) = shape else { return Ok(TierSetup::Off("expert tier: no routed experts through host steps".into())) };
+        let Some((like, _, _)) = shape else {
+            return Ok(TierSetup::Off("expert tier: no routed experts through host steps".into()));
+        };
         let (hidden, ffn) = (like.gate.cols, like.gate.rows);
         let experts = layers.iter().map(|l| l.experts).max().unwrap_or(0);
         let with_bias = has_bias(&like);
@@ -318,16 +337,24 @@ impl ExpertTier {
             line.push_str(&format!("; {n}"));
         }
         match &tier.sides[0].stream {
-            Some((p, _)) => line.push_str(&format!("; streams big steps' cold experts through {} staging slots", p.experts)),
+            Some((p, _)) => {
+                line.push_str(&format!("; streams big steps' cold experts through {} staging slots", p.experts))
+            }
             None => line.push_str("; no streaming"),
         }
         if !other.is_empty() {
-            line.push_str(&format!("; experts of {} differ in shape and stay on the CPU", coli_compiler::print::layer_ranges(&other)));
+            line.push_str(&format!(
+                "; experts of {} differ in shape and stay on the CPU",
+                coli_compiler::print::layer_ranges(&other)
+            ));
         }
         if tier.opts.warm_start {
             let t = Instant::now();
             let (from_history, filled) = tier.warm_start(model)?;
-            line.push_str(&format!("; warm start: {filled} experts ({from_history} from the history) in {:.1} s", t.elapsed().as_secs_f64()));
+            line.push_str(&format!(
+                "; warm start: {filled} experts ({from_history} from the history) in {:.1} s",
+                t.elapsed().as_secs_f64()
+            ));
         }
         tier.line = line;
         Ok(TierSetup::Ready(Box::new(tier)))
@@ -358,8 +385,16 @@ impl ExpertTier {
         self.sides
             .iter()
             .map(|d| {
-                let serving = (d.first..d.first + d.slots()).filter(|&s| matches!(self.slots.state(s), SlotState::Serving(..))).count();
-                TierDeviceStats { device: d.device, slots: d.slots(), resident: serving, pairs: d.pairs, uploads: d.uploads }
+                let serving = (d.first..d.first + d.slots())
+                    .filter(|&s| matches!(self.slots.state(s), SlotState::Serving(..)))
+                    .count();
+                TierDeviceStats {
+                    device: d.device,
+                    slots: d.slots(),
+                    resident: serving,
+                    pairs: d.pairs,
+                    uploads: d.uploads,
+                }
             })
             .collect()
     }
@@ -395,7 +430,12 @@ impl ExpertTier {
                         }
                     }
                 }
-                Ok(Some(h)) => eprintln!("expert tier: {} counts {} experts a layer, the model has {}; ignored", path.display(), h.experts, self.experts),
+                Ok(Some(h)) => eprintln!(
+                    "expert tier: {} counts {} experts a layer, the model has {}; ignored",
+                    path.display(),
+                    h.experts,
+                    self.experts
+                ),
                 Ok(None) => {}
                 Err(e) => eprintln!("expert tier: {e}; the history is ignored and rewritten at the end of the run"),
             }
@@ -423,7 +463,8 @@ impl ExpertTier {
         }
         // Packing is CPU work: in parallel, a page's worth at a time (bounded memory).
         for chunk in placed.chunks(self.sides[0].per_page.max(8)) {
-            let packed: Vec<Result<PackedExpert, VkError>> = chunk.par_iter().map(|&(_, t, e)| self.pack(model, t, e)).collect();
+            let packed: Vec<Result<PackedExpert, VkError>> =
+                chunk.par_iter().map(|&(_, t, e)| self.pack(model, t, e)).collect();
             for (&(s, _, _), p) in chunk.iter().zip(packed) {
                 self.upload(s, &p?)?;
                 self.slots.settle(s);
@@ -451,7 +492,10 @@ impl ExpertTier {
 
     /// The index of the side holding global slot `s`.
     fn side_index(&self, s: usize) -> Result<usize, VkError> {
-        self.sides.iter().position(|d| d.owns(s)).ok_or_else(|| VkError::BadArgument { op: "tier", msg: format!("slot {s} of {}", self.slots.len()) })
+        self.sides
+            .iter()
+            .position(|d| d.owns(s))
+            .ok_or_else(|| VkError::BadArgument { op: "tier", msg: format!("slot {s} of {}", self.slots.len()) })
     }
 
     fn side_of(&mut self, s: usize) -> Result<&mut DeviceSide, VkError> {
@@ -462,15 +506,37 @@ impl ExpertTier {
     /// Runs a `RoutedExperts` op of a layer the tier serves over `n` rows: `x` (`n x hidden`),
     /// `routing` (`n x 2 top_k`), the sum into `out` (`n x hidden`).
     #[allow(clippy::too_many_arguments)]
-    pub fn run(&mut self, model: &Model, op: &Op, x: &[f32], routing: &[f32], n: usize, out: &mut [f32], precision: Precision) -> Result<(), VkError> {
+    pub fn run(
+        &mut self,
+        model: &Model,
+        op: &Op,
+        x: &[f32],
+        routing: &[f32],
+        n: usize,
+        out: &mut [f32],
+        precision: Precision,
+    ) -> Result<(), VkError> {
         let Op::RoutedExperts { layer, glu, .. } = op else {
             return Err(VkError::BadArgument { op: "tier", msg: "not a routed-experts op".into() });
         };
         let l = layer.0 as usize;
-        let t = self.index.get(l).copied().flatten().ok_or_else(|| VkError::BadArgument { op: "tier", msg: format!("{layer} is not a tier layer") })?;
+        let t = self
+            .index
+            .get(l)
+            .copied()
+            .flatten()
+            .ok_or_else(|| VkError::BadArgument { op: "tier", msg: format!("{layer} is not a tier layer") })?;
         let (hidden, top_k) = (self.hidden, routing.len() / n.max(1) / 2);
         if n > self.cap_rows || top_k > self.top_k || x.len() != n * hidden || out.len() != n * hidden {
-            return Err(VkError::BadArgument { op: "tier", msg: format!("{n} rows of {} (top {top_k}) exceed the tier's {} rows of {hidden} (top {})", x.len() / n.max(1), self.cap_rows, self.top_k) });
+            return Err(VkError::BadArgument {
+                op: "tier",
+                msg: format!(
+                    "{n} rows of {} (top {top_k}) exceed the tier's {} rows of {hidden} (top {})",
+                    x.len() / n.max(1),
+                    self.cap_rows,
+                    self.top_k
+                ),
+            });
         }
         if self.opts.deterministic {
             self.upload_pending(model)?;
@@ -482,7 +548,10 @@ impl ExpertTier {
             for k in 0..top_k {
                 let e = pair_expert(routing, top_k, r, k);
                 if e >= self.layers[t].experts {
-                    return Err(VkError::BadArgument { op: "tier", msg: format!("{layer}: routed to expert {e} of {}", self.layers[t].experts) });
+                    return Err(VkError::BadArgument {
+                        op: "tier",
+                        msg: format!("{layer}: routed to expert {e} of {}", self.layers[t].experts),
+                    });
                 }
                 self.heat.route(t, e);
                 self.counts[t * self.experts + e] += 1;
@@ -499,7 +568,8 @@ impl ExpertTier {
         let streamed = self.stream_plan(routing, top_k, n, &cpu_pairs);
         let mut stream_pairs: Vec<(usize, usize, usize, usize)> = Vec::new();
         if !streamed.is_empty() {
-            let at: std::collections::HashMap<usize, (usize, usize)> = streamed.iter().map(|&(e, r, sl)| (e, (r, sl))).collect();
+            let at: std::collections::HashMap<usize, (usize, usize)> =
+                streamed.iter().map(|&(e, r, sl)| (e, (r, sl))).collect();
             cpu_pairs.retain(|&(r, k)| match at.get(&pair_expert(routing, top_k, r, k)) {
                 Some(&(round, slot)) => {
                     stream_pairs.push((r, k, round, slot));
@@ -531,7 +601,11 @@ impl ExpertTier {
                 streamed: if i == 0 { streamed.clone() } else { Vec::new() },
                 stream_pairs: if i == 0 { stream_pairs.clone() } else { Vec::new() },
                 rounds: if i == 0 { rounds } else { 0 },
-                pending: pending.iter().filter(|p| mine(&p.0)).map(|&(s, pl, pe)| (s, s - side.first, ExpertMats::of(ws, &self.layers[pl].weights, pe))).collect(),
+                pending: pending
+                    .iter()
+                    .filter(|p| mine(&p.0))
+                    .map(|&(s, pl, pe)| (s, s - side.first, ExpertMats::of(ws, &self.layers[pl].weights, pe)))
+                    .collect(),
             });
         }
         let mut touched = Vec::with_capacity(jobs.len());
@@ -569,7 +643,8 @@ impl ExpertTier {
         let mut done_all = Vec::new();
         let (mut batch_time, mut stream_time) = (Duration::ZERO, Duration::ZERO);
         for r in results {
-            let (b, st, done) = r.map_err(|_| VkError::BadArgument { op: "tier", msg: "the tier's worker panicked".into() })??;
+            let (b, st, done) =
+                r.map_err(|_| VkError::BadArgument { op: "tier", msg: "the tier's worker panicked".into() })??;
             batch_time = batch_time.max(b);
             stream_time += st;
             done_all.extend(done);
@@ -611,7 +686,8 @@ impl ExpertTier {
                 continue;
             }
             let dev_table = side.read_outputs(n, top_k, hidden)?;
-            let rows = job.pairs.iter().map(|&(r, k, _)| (r, k)).chain(job.stream_pairs.iter().map(|&(r, k, _, _)| (r, k)));
+            let rows =
+                job.pairs.iter().map(|&(r, k, _)| (r, k)).chain(job.stream_pairs.iter().map(|&(r, k, _, _)| (r, k)));
             let mut served = 0;
             for (r, k) in rows {
                 let at = (r * top_k + k) * hidden;
@@ -664,7 +740,13 @@ impl ExpertTier {
     /// upload), the CPU's its rows at the measured time per pair; no measurement yet, no
     /// streaming. In deterministic mode the routing alone decides: every expert of two rows
     /// or more, while slots last.
-    fn stream_plan(&self, routing: &[f32], top_k: usize, n: usize, cpu_pairs: &[(usize, usize)]) -> Vec<(usize, usize, usize)> {
+    fn stream_plan(
+        &self,
+        routing: &[f32],
+        top_k: usize,
+        n: usize,
+        cpu_pairs: &[(usize, usize)],
+    ) -> Vec<(usize, usize, usize)> {
         let Some((page, _)) = self.sides.first().and_then(|d| d.stream.as_ref()) else { return Vec::new() };
         if n < self.opts.stream_min_rows || cpu_pairs.is_empty() {
             return Vec::new();
@@ -743,7 +825,16 @@ impl ExpertTier {
             s.streamed_pairs,
         );
         if self.sides.len() > 1 {
-            let per: Vec<String> = self.devices().iter().map(|d| format!("d{}: {} pairs, resident {} of {} slots, {} uploads", d.device, d.pairs, d.resident, d.slots, d.uploads)).collect();
+            let per: Vec<String> = self
+                .devices()
+                .iter()
+                .map(|d| {
+                    format!(
+                        "d{}: {} pairs, resident {} of {} slots, {} uploads",
+                        d.device, d.pairs, d.resident, d.slots, d.uploads
+                    )
+                })
+                .collect();
             line.push_str(&format!(" | {}", per.join("; ")));
         }
         line

@@ -10,13 +10,11 @@
 //! do), touch another device's buffers, or let a batch outlive the step that made it (the tier
 //! joins every side's worker within the step).
 
-use crate::bytes::{as_bytes, as_bytes_mut};
 use super::{scratch_bytes, STREAM_ROUNDS};
+use crate::bytes::{as_bytes, as_bytes_mut};
 use crate::cpu::experts::ExpertMats;
 use crate::cpu::Precision;
-use crate::vk::{
-    Context, DeviceBuffer, DeviceExperts, MemoryUse, MoeCall, MoePath, MoeScratch, PackedExpert, VkError,
-};
+use crate::vk::{Context, DeviceBuffer, DeviceExperts, MemoryUse, MoeCall, MoePath, MoeScratch, PackedExpert, VkError};
 use coli_compiler::cost::human;
 use coli_compiler::ir::GluKind;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -106,43 +104,19 @@ impl DeviceSide {
         max_slots: usize,
         stream_slots: usize,
     ) -> Result<SideSetup, VkError> {
-        let SlotShape {
-            like,
-            hidden,
-            ffn,
-            top_k,
-            cap_rows,
-            packed_bytes,
-            expert_bytes,
-        } = shape;
-        let (hidden, ffn, top_k, cap_rows, expert_bytes) =
-            (*hidden, *ffn, *top_k, *cap_rows, *expert_bytes);
+        let SlotShape { like, hidden, ffn, top_k, cap_rows, packed_bytes, expert_bytes } = shape;
+        let (hidden, ffn, top_k, cap_rows, expert_bytes) = (*hidden, *ffn, *top_k, *cap_rows, *expert_bytes);
         let pairs = cap_rows * top_k;
         let buffers = (cap_rows * hidden + 2 * pairs * hidden) as u64 * 4;
         let caps = ctx.caps();
-        let max_buf = caps
-            .max_storage_buffer_range
-            .min(caps.max_allocation_size.max(1 << 20))
-            .min(1 << 30) as usize;
+        let max_buf = caps.max_storage_buffer_range.min(caps.max_allocation_size.max(1 << 20)).min(1 << 30) as usize;
         let gate_up_each = (packed_bytes * 2 / 3).max(1);
         let per_page_max = (max_buf / gate_up_each).clamp(1, crate::vk::MOE_MAX_EXPERTS);
-        let room = budget.saturating_sub(
-            buffers
-                + scratch_bytes(
-                    cap_rows,
-                    top_k,
-                    hidden,
-                    ffn,
-                    per_page_max.min(max_slots.max(1)),
-                ),
-        );
+        let room = budget
+            .saturating_sub(buffers + scratch_bytes(cap_rows, top_k, hidden, ffn, per_page_max.min(max_slots.max(1))));
         let stream_slots = stream_slots.min(crate::vk::MOE_MAX_EXPERTS);
         let stream_bytes = (stream_slots * expert_bytes) as u64;
-        let stream_slots = if stream_slots > 0 && room >= 4 * stream_bytes {
-            stream_slots
-        } else {
-            0
-        };
+        let stream_slots = if stream_slots > 0 && room >= 4 * stream_bytes { stream_slots } else { 0 };
         let room = room - (stream_slots * expert_bytes) as u64;
         let want = ((room / expert_bytes.max(1) as u64) as usize).min(max_slots);
         if want == 0 {
@@ -156,9 +130,7 @@ impl DeviceSide {
         let oom = |e: &VkError| matches!(e, VkError::OutOfMemory { .. });
         let off = |e: VkError| -> Result<SideSetup, VkError> {
             if oom(&e) {
-                Ok(SideSetup::Off(format!(
-                    "the device refused its buffers ({e})"
-                )))
+                Ok(SideSetup::Off(format!("the device refused its buffers ({e})")))
             } else {
                 Err(e)
             }
@@ -180,9 +152,7 @@ impl DeviceSide {
         let mut refused = false;
         while pages.len() * per_page < want {
             let slots = per_page.min(want - pages.len() * per_page);
-            let page = ctx
-                .expert_slots(slots, like)
-                .and_then(|p| Ok((p, ctx.f32_buffer(cap_rows * 2 * top_k)?)));
+            let page = ctx.expert_slots(slots, like).and_then(|p| Ok((p, ctx.f32_buffer(cap_rows * 2 * top_k)?)));
             match page {
                 Ok((p, r)) => {
                     pages.push(p);
@@ -199,9 +169,8 @@ impl DeviceSide {
         // Staging slots for streaming (reserved above); refused: no streaming.
         let stream = if stream_slots > 0 {
             let page = ctx.expert_slots(stream_slots, like).and_then(|p| {
-                let r = (0..STREAM_ROUNDS)
-                    .map(|_| ctx.f32_buffer(cap_rows * 2 * top_k))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let r =
+                    (0..STREAM_ROUNDS).map(|_| ctx.f32_buffer(cap_rows * 2 * top_k)).collect::<Result<Vec<_>, _>>()?;
                 Ok((p, r))
             });
             match page {
@@ -250,8 +219,7 @@ impl DeviceSide {
 
     /// Writes a packed expert into local slot `local`.
     pub fn write(&self, local: usize, p: &PackedExpert) -> Result<(), VkError> {
-        self.ctx
-            .write_expert(&self.pages[local / self.per_page], local % self.per_page, p)
+        self.ctx.write_expert(&self.pages[local / self.per_page], local % self.per_page, p)
     }
 
     /// Writes the step's inputs: the rows, and per page touched (and per streamed round) the
@@ -321,10 +289,7 @@ impl DeviceSide {
         let mut stream_time = Duration::ZERO;
         let batch = !job.pairs.is_empty();
         let jobs = usize::from(batch) + job.rounds;
-        let (xv, yv) = (
-            self.xs.view(0, n * hidden),
-            self.y.view(0, n * top_k * hidden),
-        );
+        let (xv, yv) = (self.xs.view(0, n * hidden), self.y.view(0, n * top_k * hidden));
         for j in 0..jobs {
             let round = if batch { j.checked_sub(1) } else { Some(j) };
             if let (Some(round), Some((page, _))) = (round, &self.stream) {
@@ -339,12 +304,28 @@ impl DeviceSide {
             match (round, &self.stream) {
                 (None, _) => {
                     for (p, _) in touched.iter().enumerate().filter(|t| *t.1) {
-                        let call = MoeCall { experts: &self.pages[p], scratch: &self.scratch, n, top_k, glu, precision, path: MoePath::Auto };
+                        let call = MoeCall {
+                            experts: &self.pages[p],
+                            scratch: &self.scratch,
+                            n,
+                            top_k,
+                            glu,
+                            precision,
+                            path: MoePath::Auto,
+                        };
                         f.moe_pairs(call, xv, self.routing[p].view(0, n * 2 * top_k), yv)?;
                     }
                 }
                 (Some(round), Some((page, bufs))) => {
-                    let call = MoeCall { experts: page, scratch: &self.scratch, n, top_k, glu, precision, path: MoePath::Auto };
+                    let call = MoeCall {
+                        experts: page,
+                        scratch: &self.scratch,
+                        n,
+                        top_k,
+                        glu,
+                        precision,
+                        path: MoePath::Auto,
+                    };
                     f.moe_pairs(call, xv, bufs[round].view(0, n * 2 * top_k), yv)?;
                 }
                 (Some(_), None) => {}

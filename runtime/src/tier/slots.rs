@@ -33,7 +33,12 @@ pub struct Slots {
 impl Slots {
     /// `slots` free slots for `layers x experts` experts.
     pub fn new(slots: usize, layers: usize, experts: usize) -> Slots {
-        Slots { experts, state: vec![SlotState::Free; slots], slot_of: vec![None; layers * experts], free: (0..slots as u32).collect() }
+        Slots {
+            experts,
+            state: vec![SlotState::Free; slots],
+            slot_of: vec![None; layers * experts],
+            free: (0..slots as u32).collect(),
+        }
     }
 
     pub fn len(&self) -> usize {

@@ -71,7 +71,14 @@ fn arena_index(u: MemoryUse) -> usize {
 }
 
 impl Allocator {
-    pub fn new(placement: Placement, props: MemoryProps, cap: Option<u64>, align: u64, max_range: u64, fail_at: Option<u64>) -> Allocator {
+    pub fn new(
+        placement: Placement,
+        props: MemoryProps,
+        cap: Option<u64>,
+        align: u64,
+        max_range: u64,
+        fail_at: Option<u64>,
+    ) -> Allocator {
         let heap = props.heaps[props.types[placement.device as usize].heap as usize].0;
         let limit = cap.map_or(heap, |c| c.min(heap));
         // A small cap gets small blocks, so that the cap means what it says.
@@ -177,15 +184,19 @@ impl Allocator {
         let type_index = self.placement.type_of(usage);
         let counted = if self.counts_against_cap(usage) { size } else { 0 };
         self.allocations += 1;
-        let oom = |injected| VkError::OutOfMemory { requested: size, in_use: self.device_bytes, limit: self.limit, injected };
+        let oom =
+            |injected| VkError::OutOfMemory { requested: size, in_use: self.device_bytes, limit: self.limit, injected };
         if self.fail_at == Some(self.allocations) {
             return Err(oom(true));
         }
         if self.device_bytes + counted > self.limit {
             return Err(oom(false));
         }
-        let usage_flags = vk::BufferUsageFlags::STORAGE_BUFFER | vk::BufferUsageFlags::TRANSFER_SRC | vk::BufferUsageFlags::TRANSFER_DST;
-        let bci = vk::BufferCreateInfo::default().size(size).usage(usage_flags).sharing_mode(vk::SharingMode::EXCLUSIVE);
+        let usage_flags = vk::BufferUsageFlags::STORAGE_BUFFER
+            | vk::BufferUsageFlags::TRANSFER_SRC
+            | vk::BufferUsageFlags::TRANSFER_DST;
+        let bci =
+            vk::BufferCreateInfo::default().size(size).usage(usage_flags).sharing_mode(vk::SharingMode::EXCLUSIVE);
         let buffer = dev.create_buffer(&bci, None).ctx("vkCreateBuffer")?;
         let req = dev.get_buffer_memory_requirements(buffer);
         if req.memory_type_bits & (1 << type_index) == 0 {
@@ -210,9 +221,12 @@ impl Allocator {
         };
         dev.bind_buffer_memory(buffer, memory, 0).ctx("vkBindBufferMemory").map_err(cleanup)?;
         let flags = self.props.types[type_index as usize].flags;
-        let map = flags.contains(vk::MemoryPropertyFlags::HOST_VISIBLE) && (usage != MemoryUse::Device || self.placement.device_mapped);
+        let map = flags.contains(vk::MemoryPropertyFlags::HOST_VISIBLE)
+            && (usage != MemoryUse::Device || self.placement.device_mapped);
         let mapped = if map {
-            dev.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()).ctx("vkMapMemory").map_err(cleanup)? as *mut u8
+            dev.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
+                .ctx("vkMapMemory")
+                .map_err(cleanup)? as *mut u8
         } else {
             std::ptr::null_mut()
         };
@@ -239,7 +253,12 @@ impl Allocator {
         b.alloc.free(a.offset, a.size);
         if b.alloc.is_empty() {
             let keep = !b.dedicated
-                && self.arenas[ai].iter().enumerate().filter(|(i, x)| *i != a.block && x.as_ref().is_some_and(|x| x.alloc.is_empty())).count() == 0;
+                && self.arenas[ai]
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, x)| *i != a.block && x.as_ref().is_some_and(|x| x.alloc.is_empty()))
+                    .count()
+                    == 0;
             if !keep {
                 let b = self.arenas[ai][a.block].take().unwrap();
                 self.release(dev, b);

@@ -30,7 +30,12 @@ impl Commands {
     /// `dev` must be live; the result must be `destroy`ed on the same device.
     pub unsafe fn new(dev: &ash::Device, family: u32) -> Result<Commands> {
         let pool = dev
-            .create_command_pool(&vk::CommandPoolCreateInfo::default().queue_family_index(family).flags(vk::CommandPoolCreateFlags::TRANSIENT), None)
+            .create_command_pool(
+                &vk::CommandPoolCreateInfo::default()
+                    .queue_family_index(family)
+                    .flags(vk::CommandPoolCreateFlags::TRANSIENT),
+                None,
+            )
             .ctx("vkCreateCommandPool")?;
         let mut c = Commands {
             pool,
@@ -42,7 +47,10 @@ impl Commands {
             query_cap: 0,
         };
         let r = (|| {
-            let ai = vk::CommandBufferAllocateInfo::default().command_pool(pool).level(vk::CommandBufferLevel::PRIMARY).command_buffer_count(1);
+            let ai = vk::CommandBufferAllocateInfo::default()
+                .command_pool(pool)
+                .level(vk::CommandBufferLevel::PRIMARY)
+                .command_buffer_count(1);
             c.cmd = dev.allocate_command_buffers(&ai).ctx("vkAllocateCommandBuffers")?[0];
             c.fence = dev.create_fence(&vk::FenceCreateInfo::default(), None).ctx("vkCreateFence")?;
             Ok(())
@@ -67,27 +75,40 @@ impl Commands {
             dev.reset_descriptor_pool(p, vk::DescriptorPoolResetFlags::empty()).ctx("vkResetDescriptorPool")?;
         }
         self.desc_current = 0;
-        let flags = if once { vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT } else { vk::CommandBufferUsageFlags::empty() };
-        dev.begin_command_buffer(self.cmd, &vk::CommandBufferBeginInfo::default().flags(flags)).ctx("vkBeginCommandBuffer")
+        let flags =
+            if once { vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT } else { vk::CommandBufferUsageFlags::empty() };
+        dev.begin_command_buffer(self.cmd, &vk::CommandBufferBeginInfo::default().flags(flags))
+            .ctx("vkBeginCommandBuffer")
     }
 
     /// A descriptor set of `layout` from the frame's pools.
     ///
     /// # Safety
     /// `layout` must be live on `dev`.
-    pub unsafe fn descriptor_set(&mut self, dev: &ash::Device, layout: vk::DescriptorSetLayout) -> Result<vk::DescriptorSet> {
+    pub unsafe fn descriptor_set(
+        &mut self,
+        dev: &ash::Device,
+        layout: vk::DescriptorSetLayout,
+    ) -> Result<vk::DescriptorSet> {
         let layouts = [layout];
         while let Some(&pool) = self.desc_pools.get(self.desc_current) {
             let ai = vk::DescriptorSetAllocateInfo::default().descriptor_pool(pool).set_layouts(&layouts);
             match dev.allocate_descriptor_sets(&ai) {
                 Ok(s) => return Ok(s[0]),
-                Err(vk::Result::ERROR_OUT_OF_POOL_MEMORY) | Err(vk::Result::ERROR_FRAGMENTED_POOL) => self.desc_current += 1,
+                Err(vk::Result::ERROR_OUT_OF_POOL_MEMORY) | Err(vk::Result::ERROR_FRAGMENTED_POOL) => {
+                    self.desc_current += 1
+                }
                 Err(r) => return Err(super::error::VkError::from_vk("vkAllocateDescriptorSets", r)),
             }
         }
-        let sizes = [vk::DescriptorPoolSize::default().ty(vk::DescriptorType::STORAGE_BUFFER).descriptor_count(SETS_PER_POOL * 8)];
+        let sizes = [vk::DescriptorPoolSize::default()
+            .ty(vk::DescriptorType::STORAGE_BUFFER)
+            .descriptor_count(SETS_PER_POOL * 8)];
         let pool = dev
-            .create_descriptor_pool(&vk::DescriptorPoolCreateInfo::default().max_sets(SETS_PER_POOL).pool_sizes(&sizes), None)
+            .create_descriptor_pool(
+                &vk::DescriptorPoolCreateInfo::default().max_sets(SETS_PER_POOL).pool_sizes(&sizes),
+                None,
+            )
             .ctx("vkCreateDescriptorPool")?;
         self.desc_pools.push(pool);
         self.desc_current = self.desc_pools.len() - 1;
@@ -121,13 +142,18 @@ impl Commands {
     /// # Safety
     /// The command buffer must be recording.
     pub unsafe fn barrier(&self, dev: &ash::Device, to_host: bool) {
-        let all = vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE;
+        let all = vk::AccessFlags::SHADER_READ
+            | vk::AccessFlags::SHADER_WRITE
+            | vk::AccessFlags::TRANSFER_READ
+            | vk::AccessFlags::TRANSFER_WRITE;
         let (dst_stage, dst_access) = if to_host {
             (vk::PipelineStageFlags::HOST, vk::AccessFlags::HOST_READ)
         } else {
             (vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER, all)
         };
-        let mb = [vk::MemoryBarrier::default().src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE).dst_access_mask(dst_access)];
+        let mb = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
+            .dst_access_mask(dst_access)];
         dev.cmd_pipeline_barrier(
             self.cmd,
             vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER,

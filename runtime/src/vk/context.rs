@@ -9,7 +9,6 @@
 //!
 //! Must not: know about ops or tensors beyond bytes (ops.rs and layout.rs do).
 
-use crate::bytes::as_bytes;
 use super::arena::{Allocation, Allocator, MemoryStats};
 use super::command::Commands;
 use super::device::{self, Device, DeviceCaps};
@@ -20,9 +19,10 @@ use super::memory::{place, MemoryProps, MemoryUse, Placement};
 use super::options::{CoopMatUse, DeviceRole, FaultInjection, IntDotUse, VkOptions};
 use super::pipeline::{Pipe, PipelineCache};
 use super::shaders::{FormatVariant, Kernel};
+use crate::bytes::as_bytes;
 use ash::vk;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -370,7 +370,8 @@ impl Context {
     /// times, seconds, largest first; and they start over.
     pub fn take_host_profile(&self) -> Vec<(String, u64, f64)> {
         let Some(p) = &self.shared.host_profile else { return Vec::new() };
-        let mut v: Vec<_> = std::mem::take(&mut *lock(p)).into_iter().map(|(k, (n, ns))| (k.to_string(), n, ns * 1e-9)).collect();
+        let mut v: Vec<_> =
+            std::mem::take(&mut *lock(p)).into_iter().map(|(k, (n, ns))| (k.to_string(), n, ns * 1e-9)).collect();
         v.sort_by(|a, b| b.2.total_cmp(&a.2));
         v
     }
@@ -424,7 +425,10 @@ impl Context {
 
     fn check_range(buf: &DeviceBuffer, offset: usize, len: usize) -> Result<()> {
         if offset + len > buf.len_bytes() {
-            return Err(VkError::BadArgument { op: "buffer access", msg: format!("bytes {offset}..{} of a {}-byte buffer", offset + len, buf.len_bytes()) });
+            return Err(VkError::BadArgument {
+                op: "buffer access",
+                msg: format!("bytes {offset}..{} of a {}-byte buffer", offset + len, buf.len_bytes()),
+            });
         }
         Ok(())
     }
@@ -444,7 +448,8 @@ impl Context {
             return Ok(());
         }
         let staging = self.buffer(MemoryUse::Upload, data.len())?;
-        let (ptr, _, _) = self.shared.mem().mapping(&staging.inner.alloc).ok_or(VkError::NoMemoryType("mapped staging"))?;
+        let (ptr, _, _) =
+            self.shared.mem().mapping(&staging.inner.alloc).ok_or(VkError::NoMemoryType("mapped staging"))?;
         // SAFETY: the staging allocation is ours, mapped and coherent (upload types are).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, data.len()) };
         let mut f = self.frame()?;
@@ -569,7 +574,15 @@ impl View<'_> {
     /// Checks that the view lies inside its buffer and holds at least `needed` elements.
     pub(crate) fn check(&self, op: &'static str, what: &'static str, needed: usize) -> Result<()> {
         if self.offset + self.len > self.buf.len() {
-            return Err(VkError::BadArgument { op, msg: format!("{what}: view {}..{} past a buffer of {}", self.offset, self.offset + self.len, self.buf.len()) });
+            return Err(VkError::BadArgument {
+                op,
+                msg: format!(
+                    "{what}: view {}..{} past a buffer of {}",
+                    self.offset,
+                    self.offset + self.len,
+                    self.buf.len()
+                ),
+            });
         }
         if self.len < needed {
             return Err(VkError::ViewTooSmall { op, what, needed, have: self.len });

@@ -58,7 +58,9 @@ pub fn choose_device(candidates: &[Candidate], wanted: Option<&str>) -> Result<u
             let w = w.to_lowercase();
             candidates.iter().position(|c| usable(c) && c.name.to_lowercase().contains(&w))
         }
-        None => candidates.iter().enumerate().filter(|(_, c)| usable(c)).min_by_key(|(i, c)| (c.kind, *i)).map(|(i, _)| i),
+        None => {
+            candidates.iter().enumerate().filter(|(_, c)| usable(c)).min_by_key(|(i, c)| (c.kind, *i)).map(|(i, _)| i)
+        }
     };
     found.ok_or_else(|| VkError::NoDevice {
         wanted: wanted.map(str::to_string),
@@ -78,11 +80,19 @@ pub fn choose_second(candidates: &[Candidate], primary: usize, wanted: Option<&s
         Some(w) => {
             let w = w.to_lowercase();
             let named = |c: &Candidate| c.name.to_lowercase().contains(&w);
-            others().find(|(_, c)| named(c)).map(|(i, _)| i).or_else(|| candidates.get(primary).filter(|c| named(c)).map(|_| primary))
+            others()
+                .find(|(_, c)| named(c))
+                .map(|(i, _)| i)
+                .or_else(|| candidates.get(primary).filter(|c| named(c)).map(|_| primary))
         }
         None => {
-            let gpu = |c: &Candidate| matches!(c.kind, DeviceKind::Discrete | DeviceKind::Integrated | DeviceKind::Virtual);
-            others().filter(|(_, c)| gpu(c)).min_by_key(|(i, c)| (c.kind, *i)).map(|(i, _)| i).or((primary < candidates.len()).then_some(primary))
+            let gpu =
+                |c: &Candidate| matches!(c.kind, DeviceKind::Discrete | DeviceKind::Integrated | DeviceKind::Virtual);
+            others()
+                .filter(|(_, c)| gpu(c))
+                .min_by_key(|(i, c)| (c.kind, *i))
+                .map(|(i, _)| i)
+                .or((primary < candidates.len()).then_some(primary))
         }
     };
     found.ok_or_else(|| VkError::NoDevice {
@@ -296,12 +306,14 @@ pub(crate) unsafe fn query_caps(inst: &Instance, pd: vk::PhysicalDevice, cand: &
     } else {
         Vec::new()
     };
-    let cooperative_matrix = has_coopmat_ext && fcm.cooperative_matrix != 0 && cm_stages.contains(vk::ShaderStageFlags::COMPUTE);
+    let cooperative_matrix =
+        has_coopmat_ext && fcm.cooperative_matrix != 0 && cm_stages.contains(vk::ShaderStageFlags::COMPUTE);
     let families = inst.raw.get_physical_device_queue_family_properties(pd);
     let compute_family = families
         .iter()
         .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
-        .ok_or(VkError::NoDevice { wanted: Some(format!("{} with a compute queue", cand.name)), available: vec![] })? as u32;
+        .ok_or(VkError::NoDevice { wanted: Some(format!("{} with a compute queue", cand.name)), available: vec![] })?
+        as u32;
     let transfer_family = families
         .iter()
         .position(|f| {
@@ -314,7 +326,12 @@ pub(crate) unsafe fn query_caps(inst: &Instance, pd: vk::PhysicalDevice, cand: &
     } else {
         (sg.subgroup_size, sg.subgroup_size)
     };
-    let coopmat_i8 = if cooperative_matrix && f12.shader_int8 != 0 && f12.vulkan_memory_model != 0 && min_sg == max_sg && sg.subgroup_size * 4 <= p.limits.max_compute_work_group_invocations {
+    let coopmat_i8 = if cooperative_matrix
+        && f12.shader_int8 != 0
+        && f12.vulkan_memory_model != 0
+        && min_sg == max_sg
+        && sg.subgroup_size * 4 <= p.limits.max_compute_work_group_invocations
+    {
         choose_coopmat_i8(&coopmat_shapes)
     } else {
         None
@@ -326,7 +343,9 @@ pub(crate) unsafe fn query_caps(inst: &Instance, pd: vk::PhysicalDevice, cand: &
         subgroup_size: sg.subgroup_size,
         min_subgroup_size: min_sg,
         max_subgroup_size: max_sg,
-        subgroup_size_control: api >= vk::API_VERSION_1_3 && f13.subgroup_size_control != 0 && f13.compute_full_subgroups != 0,
+        subgroup_size_control: api >= vk::API_VERSION_1_3
+            && f13.subgroup_size_control != 0
+            && f13.compute_full_subgroups != 0,
         storage_16bit: f11.storage_buffer16_bit_access != 0,
         integer_dot_product: api >= vk::API_VERSION_1_3 && f13.shader_integer_dot_product != 0,
         cooperative_matrix,
@@ -368,7 +387,8 @@ impl Device {
     /// the instance.
     pub unsafe fn new(inst: &Instance, pd: vk::PhysicalDevice, caps: &DeviceCaps) -> Result<Device> {
         let prio = [1.0f32];
-        let queues = [vk::DeviceQueueCreateInfo::default().queue_family_index(caps.compute_family).queue_priorities(&prio)];
+        let queues =
+            [vk::DeviceQueueCreateInfo::default().queue_family_index(caps.compute_family).queue_priorities(&prio)];
         let mut exts = Vec::new();
         if caps.memory_budget {
             exts.push(c"VK_EXT_memory_budget".as_ptr());
@@ -437,7 +457,12 @@ mod tests {
 
     #[test]
     fn a_second_device_is_another_gpu_else_the_primary_again() {
-        let list = [c("H200 #0", DeviceKind::Discrete), c("llvmpipe", DeviceKind::Cpu), c("iGPU", DeviceKind::Integrated), c("H200 #1", DeviceKind::Discrete)];
+        let list = [
+            c("H200 #0", DeviceKind::Discrete),
+            c("llvmpipe", DeviceKind::Cpu),
+            c("iGPU", DeviceKind::Integrated),
+            c("H200 #1", DeviceKind::Discrete),
+        ];
         assert_eq!(choose_second(&list, 0, None).unwrap(), 3);
         assert_eq!(choose_second(&list, 3, None).unwrap(), 0);
         assert_eq!(choose_second(&list[..3], 0, None).unwrap(), 2);
@@ -476,7 +501,10 @@ mod tests {
         let k16 = shape(32, 32, 16, S8, S32);
         assert_eq!(choose_coopmat_i8(&[k16, shape(8, 8, 32, S8, S32)]), Some(CoopMatI8 { m: 8, n: 8, k: 32 }));
         assert_eq!(choose_coopmat_i8(&[k16]), Some(CoopMatI8 { m: 32, n: 32, k: 16 }));
-        assert_eq!(choose_coopmat_i8(&[shape(16, 16, 64, S8, S32), shape(12, 16, 32, S8, S32), shape(16, 64, 32, S8, S32)]), None);
+        assert_eq!(
+            choose_coopmat_i8(&[shape(16, 16, 64, S8, S32), shape(12, 16, 32, S8, S32), shape(16, 64, 32, S8, S32)]),
+            None
+        );
         // Saturating-only, workgroup scope, or a 16-bit result: none.
         let mut sat = shape(16, 16, 32, S8, S32);
         sat.saturating = true;
@@ -486,7 +514,10 @@ mod tests {
         mixed.result = S16;
         assert_eq!(choose_coopmat_i8(&[sat, wg, mixed]), None);
         // A type this crate does not name is passed over.
-        assert_eq!(choose_coopmat_i8(&[shape(16, 16, 32, Other(1000491000), S32), shape(16, 8, 32, S8, S32)]), Some(CoopMatI8 { m: 16, n: 8, k: 32 }));
+        assert_eq!(
+            choose_coopmat_i8(&[shape(16, 16, 32, Other(1000491000), S32), shape(16, 8, 32, S8, S32)]),
+            Some(CoopMatI8 { m: 16, n: 8, k: 32 })
+        );
     }
 
     #[test]

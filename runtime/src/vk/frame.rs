@@ -76,7 +76,8 @@ fn overlaps(set: &[Range], r: Range) -> bool {
 impl Hazards {
     /// Whether a command reading `reads` and writing `writes` must wait for earlier ones.
     fn conflicts(&self, reads: &[Range], writes: &[Range]) -> bool {
-        reads.iter().any(|&r| overlaps(&self.written, r)) || writes.iter().any(|&w| overlaps(&self.written, w) || overlaps(&self.read, w))
+        reads.iter().any(|&r| overlaps(&self.written, r))
+            || writes.iter().any(|&w| overlaps(&self.written, w) || overlaps(&self.read, w))
     }
 
     fn note(&mut self, reads: &[Range], writes: &[Range]) {
@@ -172,7 +173,13 @@ impl<'a> Frame<'a> {
         let mut res = match shared.take_spare() {
             Some(r) => r,
             // SAFETY: the device is live (the context holds it); destroyed through FrameRes.
-            None => FrameRes { cmds: unsafe { Commands::new(dev, shared.caps.compute_family)? }, arena: None, extra: Vec::new(), want: 0, want_queries: 0 },
+            None => FrameRes {
+                cmds: unsafe { Commands::new(dev, shared.caps.compute_family)? },
+                arena: None,
+                extra: Vec::new(),
+                want: 0,
+                want_queries: 0,
+            },
         };
         let prepared = (|| {
             // Fold the last recording's overflow into one arena big enough for it.
@@ -342,20 +349,37 @@ impl<'a> Frame<'a> {
         let i = st.labels.len() as u32 + 1;
         if i < res.cmds.query_cap {
             // SAFETY: the command buffer is recording and the query was reset at its start.
-            unsafe { self.ctx.shared.dev.raw.cmd_write_timestamp(res.cmds.cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, res.cmds.queries, i) };
+            unsafe {
+                self.ctx.shared.dev.raw.cmd_write_timestamp(
+                    res.cmds.cmd,
+                    vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                    res.cmds.queries,
+                    i,
+                )
+            };
         }
         st.labels.push(label());
     }
 
     /// Records `kernel` over `groups` workgroups with `binds` in binding order.
-    pub(crate) fn dispatch(&mut self, kernel: Kernel, variant: Option<FormatVariant>, binds: &[Bind<'a>], push: &Push, groups: [u32; 3]) -> Result<()> {
+    pub(crate) fn dispatch(
+        &mut self,
+        kernel: Kernel,
+        variant: Option<FormatVariant>,
+        binds: &[Bind<'a>],
+        push: &Push,
+        groups: [u32; 3],
+    ) -> Result<()> {
         if groups.iter().any(|&g| g == 0) {
             return Ok(());
         }
         let pipe = self.ctx.shared.pipe(kernel, variant)?;
         let n = pipe.bindings as usize;
         if n > MAX_BINDINGS || binds.len() > n {
-            return Err(VkError::BadArgument { op: "dispatch", msg: format!("{kernel:?}: {} bindings for {n} slots", binds.len()) });
+            return Err(VkError::BadArgument {
+                op: "dispatch",
+                msg: format!("{kernel:?}: {} bindings for {n} slots", binds.len()),
+            });
         }
         let dummy = match self.dummy {
             Some(d) => d,
@@ -455,9 +479,19 @@ impl<'a> Frame<'a> {
     }
 
     /// Copies `len` bytes between buffers.
-    pub fn copy_bytes(&mut self, src: &'a DeviceBuffer, src_off: usize, dst: &'a DeviceBuffer, dst_off: usize, len: usize) -> Result<()> {
+    pub fn copy_bytes(
+        &mut self,
+        src: &'a DeviceBuffer,
+        src_off: usize,
+        dst: &'a DeviceBuffer,
+        dst_off: usize,
+        len: usize,
+    ) -> Result<()> {
         if src_off + len > src.len_bytes() || dst_off + len > dst.len_bytes() {
-            return Err(VkError::BadArgument { op: "copy", msg: format!("{len} bytes from {src_off} of {} to {dst_off} of {}", src.len_bytes(), dst.len_bytes()) });
+            return Err(VkError::BadArgument {
+                op: "copy",
+                msg: format!("{len} bytes from {src_off} of {} to {dst_off} of {}", src.len_bytes(), dst.len_bytes()),
+            });
         }
         let (sb, so, _) = src.binding();
         let (db, doff, _) = dst.binding();
@@ -514,7 +548,10 @@ impl<'a> Frame<'a> {
     /// Ends a recording made with `Context::recording` for submitting as often as wanted.
     pub fn finish(mut self) -> Result<Recorded> {
         if !self.retain {
-            return Err(VkError::BadArgument { op: "finish", msg: "a frame from Context::frame runs once; record with Context::recording".into() });
+            return Err(VkError::BadArgument {
+                op: "finish",
+                msg: "a frame from Context::frame runs once; record with Context::recording".into(),
+            });
         }
         self.end()?;
         Ok(Recorded {

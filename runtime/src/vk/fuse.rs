@@ -122,7 +122,8 @@ impl Flow {
 pub fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
     let flow = Flow::new(program, frames);
     let width = |v: ValueId| program.value(v).width;
-    let mut plan: Vec<Vec<Fused>> = frames.iter().map(|f| vec![Fused::Alone; if f.place == Place::Host { 0 } else { f.ops.len() }]).collect();
+    let mut plan: Vec<Vec<Fused>> =
+        frames.iter().map(|f| vec![Fused::Alone; if f.place == Place::Host { 0 } else { f.ops.len() }]).collect();
     for (fi, f) in frames.iter().enumerate() {
         if f.place == Place::Host {
             continue;
@@ -142,7 +143,13 @@ pub fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
                 _ => continue,
             };
             let Op::Add { a, b, out } = op(i + 1) else { continue };
-            let r = if a == o && b != o { *b } else if b == o && a != o { *a } else { continue };
+            let r = if a == o && b != o {
+                *b
+            } else if b == o && a != o {
+                *a
+            } else {
+                continue;
+            };
             if width(r) != width(*o) || out == x {
                 continue;
             }
@@ -209,8 +216,17 @@ pub fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
         let mut i = 0;
         while i + 1 < f.ops.len() {
             let pairable = match (op(i), op(i + 1)) {
-                (Op::RmsNorm { x: xa, out: oa, eps: ea, offset: fa, .. }, Op::RmsNorm { x: xb, out: ob, eps: eb, offset: fb, .. }) => {
-                    ea == eb && fa == fb && xb != oa && xa != ob && oa != ob && f.ops[i].part != Part::Epilogue && f.ops[i + 1].part != Part::Epilogue
+                (
+                    Op::RmsNorm { x: xa, out: oa, eps: ea, offset: fa, .. },
+                    Op::RmsNorm { x: xb, out: ob, eps: eb, offset: fb, .. },
+                ) => {
+                    ea == eb
+                        && fa == fb
+                        && xb != oa
+                        && xa != ob
+                        && oa != ob
+                        && f.ops[i].part != Part::Epilogue
+                        && f.ops[i + 1].part != Part::Epilogue
                 }
                 _ => false,
             };
@@ -231,7 +247,17 @@ pub fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
                     (
                         Op::Rope { x: xa, heads: ha, head_dim: da, rotary_dim: ra, style: sa, theta: ta, scaling: ca },
                         Op::Rope { x: xb, heads: hb, head_dim: db, rotary_dim: rb, style: sb, theta: tb, scaling: cb },
-                    ) if xa == q && xb == k && ha == &spec.heads && hb == &spec.kv_heads && da == &spec.head_dim && db == da && ra == rb && sa == sb && ta == tb && ca == cb => {
+                    ) if xa == q
+                        && xb == k
+                        && ha == &spec.heads
+                        && hb == &spec.kv_heads
+                        && da == &spec.head_dim
+                        && db == da
+                        && ra == rb
+                        && sa == sb
+                        && ta == tb
+                        && ca == cb =>
+                    {
                         Some((a, b))
                     }
                     _ => None,
@@ -259,12 +285,32 @@ pub fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
                         _ => None,
                     };
                     if let (Some(a), Some(b)) = (norm_of(x), norm_of(y)) {
-                        let (qi, ki, qn, kn) = if a.1 == *q && b.1 == *k { (x, y, a, b) } else if a.1 == *k && b.1 == *q { (y, x, b, a) } else { (x, x, a, a) };
-                        let groups_ok = (qn.2 == width(*q) || qn.2 == spec.head_dim) && (kn.2 == width(*k) || kn.2 == spec.head_dim);
-                        let paired = matches!((plan[fi][x], plan[fi][y]), (Fused::NormPair { second }, Fused::Absorbed) if second == y) || (plan[fi][x] == Fused::Alone && plan[fi][y] == Fused::Alone);
+                        let (qi, ki, qn, kn) = if a.1 == *q && b.1 == *k {
+                            (x, y, a, b)
+                        } else if a.1 == *k && b.1 == *q {
+                            (y, x, b, a)
+                        } else {
+                            (x, x, a, a)
+                        };
+                        let groups_ok = (qn.2 == width(*q) || qn.2 == spec.head_dim)
+                            && (kn.2 == width(*k) || kn.2 == spec.head_dim);
+                        let paired = matches!((plan[fi][x], plan[fi][y]), (Fused::NormPair { second }, Fused::Absorbed) if second == y)
+                            || (plan[fi][x] == Fused::Alone && plan[fi][y] == Fused::Alone);
                         // Between the norms and this op, q and k are read only by the ropes.
-                        let only_ropes = |v: ValueId, i: usize| flow.readers(frames, program, base + i, v).is_some_and(|rs| rs.iter().all(|&t| t == base + ra || t == base + rb || t == base + j));
-                        if qi != ki && groups_ok && paired && qn.3 == kn.3 && qn.4 == kn.4 && qn.0 != *k && kn.0 != *q && only_ropes(*q, qi) && only_ropes(*k, ki) {
+                        let only_ropes = |v: ValueId, i: usize| {
+                            flow.readers(frames, program, base + i, v)
+                                .is_some_and(|rs| rs.iter().all(|&t| t == base + ra || t == base + rb || t == base + j))
+                        };
+                        if qi != ki
+                            && groups_ok
+                            && paired
+                            && qn.3 == kn.3
+                            && qn.4 == kn.4
+                            && qn.0 != *k
+                            && kn.0 != *q
+                            && only_ropes(*q, qi)
+                            && only_ropes(*k, ki)
+                        {
                             norms = Some((qi, ki));
                         }
                     }

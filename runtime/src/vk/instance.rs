@@ -37,7 +37,8 @@ impl Instance {
             )));
         }
         let api_version = loader.min(vk::API_VERSION_1_3);
-        let app = vk::ApplicationInfo::default().application_name(c"coli").engine_name(c"coli").api_version(api_version);
+        let app =
+            vk::ApplicationInfo::default().application_name(c"coli").engine_name(c"coli").api_version(api_version);
         let mut layers = Vec::new();
         if validation {
             // SAFETY: a global-level query.

@@ -84,12 +84,20 @@ pub fn place(props: &MemoryProps, upload: UploadPath) -> Result<Placement> {
     let vendor = vk::MemoryPropertyFlags::DEVICE_COHERENT_AMD
         | vk::MemoryPropertyFlags::DEVICE_UNCACHED_AMD
         | vk::MemoryPropertyFlags::PROTECTED;
-    let ok: Vec<(u32, MemType)> =
-        props.types.iter().enumerate().filter(|(_, t)| !t.flags.intersects(vendor)).map(|(i, t)| (i as u32, *t)).collect();
+    let ok: Vec<(u32, MemType)> = props
+        .types
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| !t.flags.intersects(vendor))
+        .map(|(i, t)| (i as u32, *t))
+        .collect();
     let heap_size = |t: &MemType| props.heaps[t.heap as usize].0;
     // The best type among those with `need`, by (preference score, heap size).
     let pick = |need: vk::MemoryPropertyFlags, score: &dyn Fn(vk::MemoryPropertyFlags) -> u32| {
-        ok.iter().filter(|(_, t)| t.flags.contains(need)).max_by_key(|(i, t)| (score(t.flags), heap_size(t), u32::MAX - i)).map(|(i, _)| *i)
+        ok.iter()
+            .filter(|(_, t)| t.flags.contains(need))
+            .max_by_key(|(i, t)| (score(t.flags), heap_size(t), u32::MAX - i))
+            .map(|(i, _)| *i)
     };
     let largest_dl = props.heaps.iter().filter(|h| h.1).map(|h| h.0).max().unwrap_or(0);
     let hv_dl = pick(DL | HV | HC, &|_| 0);
@@ -107,7 +115,8 @@ pub fn place(props: &MemoryProps, upload: UploadPath) -> Result<Placement> {
     }
     .ok_or(VkError::NoMemoryType("device-local buffers"))?;
     let upload_t = pick(HV | HC, &|f| if f.contains(DL) { 0 } else { 1 }).ok_or(VkError::NoMemoryType("uploads"))?;
-    let readback = pick(HV, &|f| (f.contains(CACHED) as u32) * 2 + f.contains(HC) as u32).ok_or(VkError::NoMemoryType("read-backs"))?;
+    let readback = pick(HV, &|f| (f.contains(CACHED) as u32) * 2 + f.contains(HC) as u32)
+        .ok_or(VkError::NoMemoryType("read-backs"))?;
     // Staged placement never maps device memory, even where the type would allow it (so a
     // forced `Staged` exercises the copy path on Lavapipe too).
     let device_mapped = !staged && props.types[device as usize].flags.contains(HV | HC);
@@ -198,7 +207,10 @@ mod tests {
     use super::*;
 
     fn props(types: &[(vk::MemoryPropertyFlags, u32)], heaps: &[(u64, bool)]) -> MemoryProps {
-        MemoryProps { types: types.iter().map(|&(flags, heap)| MemType { flags, heap }).collect(), heaps: heaps.to_vec() }
+        MemoryProps {
+            types: types.iter().map(|&(flags, heap)| MemType { flags, heap }).collect(),
+            heaps: heaps.to_vec(),
+        }
     }
 
     const GB: u64 = 1 << 30;
@@ -243,7 +255,8 @@ mod tests {
     #[test]
     fn amd_vendor_types_are_passed_over() {
         let amd = vk::MemoryPropertyFlags::DEVICE_COHERENT_AMD | vk::MemoryPropertyFlags::DEVICE_UNCACHED_AMD;
-        let p = props(&[(DL | HV | HC | amd, 0), (DL | HV | HC, 0), (HV | HC, 1)], &[(16 * GB, true), (32 * GB, false)]);
+        let p =
+            props(&[(DL | HV | HC | amd, 0), (DL | HV | HC, 0), (HV | HC, 1)], &[(16 * GB, true), (32 * GB, false)]);
         assert_eq!(place(&p, UploadPath::Auto).unwrap().device, 1);
     }
 

@@ -31,22 +31,29 @@ pub mod fuse;
 mod instance;
 mod layout;
 mod memory;
+mod oplib;
 pub mod ops;
 mod options;
-mod oplib;
 mod pipeline;
 mod shaders;
 
 pub use arena::MemoryStats;
 pub use context::{Context, DeviceBuffer, View};
-pub use device::{choose_coopmat_i8, choose_device, choose_second, Candidate, CoopMatI8, CoopMatShape, CoopType, DeviceCaps, DeviceKind};
+pub use device::{
+    choose_coopmat_i8, choose_device, choose_second, Candidate, CoopMatI8, CoopMatShape, CoopType, DeviceCaps,
+    DeviceKind,
+};
 pub use error::VkError;
 pub use frame::{Frame, Recorded};
 pub use layout::{pack, DeviceMatrix, Packed};
-pub use memory::{place, BlockAllocator, MemoryProps, MemoryUse, MemType, Placement};
+pub use memory::{place, BlockAllocator, MemType, MemoryProps, MemoryUse, Placement};
+pub use oplib::VkOps;
 pub use ops::elementwise::Broadcast;
 pub use ops::norm::{NormArgs, RopeShape};
-pub use ops::{AttnPath, AttnShape, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceExperts, KvShape, MatIn, MatmulPath, MlaCache, MlaMats, MlaQuery, MlaScratch, MlaShape, MoeCall, MoePath, MoeScratch, PackedExpert, Pos, QkNorm, MOE_MAX_EXPERTS, QuantizedActs, RopeArgs, RouteParams};
-pub use oplib::VkOps;
+pub use ops::{
+    AttnPath, AttnShape, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceExperts, KvShape, MatIn, MatmulPath,
+    MlaCache, MlaMats, MlaQuery, MlaScratch, MlaShape, MoeCall, MoePath, MoeScratch, PackedExpert, Pos, QkNorm,
+    QuantizedActs, RopeArgs, RouteParams, MOE_MAX_EXPERTS,
+};
 pub use options::{CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, VkOptions};
 pub use shaders::{FormatVariant, Kernel};

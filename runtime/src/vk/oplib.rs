@@ -36,7 +36,9 @@ impl OpLib for VkOps {
             Op::Linear { .. } => true,
             Op::Embed { .. } | Op::RmsNorm { .. } | Op::Rope { .. } => true,
             Op::Act { .. } | Op::Glu { .. } | Op::Add { .. } | Op::Mul { .. } => true,
-            Op::Attention { spec, .. } => spec.head_dim <= 256 && spec.v_head_dim <= 256 && spec.kv_heads > 0 && spec.heads % spec.kv_heads == 0,
+            Op::Attention { spec, .. } => {
+                spec.head_dim <= 256 && spec.v_head_dim <= 256 && spec.kv_heads > 0 && spec.heads % spec.kv_heads == 0
+            }
             Op::Route { top_k, groups, .. } => *top_k <= 64 && groups.is_none_or(|(g, _)| g <= 64),
             // Routed experts in a frame (`ops/moe.rs`): the layer's experts stacked on the device.
             Op::RoutedExperts { experts, .. } => *experts <= super::ops::moe::MAX_EXPERTS,

@@ -46,7 +46,13 @@ impl PipelineCache {
     ///
     /// # Safety
     /// `dev` must be the device the cache belongs to, `caps` its capabilities.
-    pub unsafe fn get(&mut self, dev: &ash::Device, caps: &DeviceCaps, kernel: Kernel, variant: Option<FormatVariant>) -> Result<Pipe> {
+    pub unsafe fn get(
+        &mut self,
+        dev: &ash::Device,
+        caps: &DeviceCaps,
+        kernel: Kernel,
+        variant: Option<FormatVariant>,
+    ) -> Result<Pipe> {
         if let Some(p) = self.pipes.get(&(kernel, variant)) {
             return Ok(*p);
         }
@@ -76,7 +82,9 @@ unsafe fn create(dev: &ash::Device, caps: &DeviceCaps, kernel: Kernel, variant: 
     let dot = if caps.integer_dot_product { spirv_dot(kernel, variant) } else { None };
     let bytes = dot.or_else(|| spirv(kernel, variant)).ok_or(VkError::MissingShader { kernel })?;
     let words = ash::util::read_spv(&mut std::io::Cursor::new(bytes)).map_err(|_| VkError::MissingShader { kernel })?;
-    let module = dev.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None).ctx("vkCreateShaderModule")?;
+    let module = dev
+        .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None)
+        .ctx("vkCreateShaderModule")?;
     let n = kernel.bindings();
     let binds: Vec<vk::DescriptorSetLayoutBinding> = (0..n)
         .map(|b| {
@@ -87,8 +95,15 @@ unsafe fn create(dev: &ash::Device, caps: &DeviceCaps, kernel: Kernel, variant: 
                 .stage_flags(vk::ShaderStageFlags::COMPUTE)
         })
         .collect();
-    let flags = if caps.push_descriptor { vk::DescriptorSetLayoutCreateFlags::PUSH_DESCRIPTOR_KHR } else { vk::DescriptorSetLayoutCreateFlags::empty() };
-    let set_layout = dev.create_descriptor_set_layout(&vk::DescriptorSetLayoutCreateInfo::default().flags(flags).bindings(&binds), None);
+    let flags = if caps.push_descriptor {
+        vk::DescriptorSetLayoutCreateFlags::PUSH_DESCRIPTOR_KHR
+    } else {
+        vk::DescriptorSetLayoutCreateFlags::empty()
+    };
+    let set_layout = dev.create_descriptor_set_layout(
+        &vk::DescriptorSetLayoutCreateInfo::default().flags(flags).bindings(&binds),
+        None,
+    );
     let set_layout = match set_layout {
         Ok(s) => s,
         Err(r) => {
@@ -96,9 +111,13 @@ unsafe fn create(dev: &ash::Device, caps: &DeviceCaps, kernel: Kernel, variant: 
             return Err(VkError::from_vk("vkCreateDescriptorSetLayout", r));
         }
     };
-    let ranges = [vk::PushConstantRange::default().stage_flags(vk::ShaderStageFlags::COMPUTE).offset(0).size(PUSH_BYTES)];
+    let ranges =
+        [vk::PushConstantRange::default().stage_flags(vk::ShaderStageFlags::COMPUTE).offset(0).size(PUSH_BYTES)];
     let sets = [set_layout];
-    let layout = match dev.create_pipeline_layout(&vk::PipelineLayoutCreateInfo::default().set_layouts(&sets).push_constant_ranges(&ranges), None) {
+    let layout = match dev.create_pipeline_layout(
+        &vk::PipelineLayoutCreateInfo::default().set_layouts(&sets).push_constant_ranges(&ranges),
+        None,
+    ) {
         Ok(l) => l,
         Err(r) => {
             dev.destroy_descriptor_set_layout(set_layout, None);
@@ -121,7 +140,8 @@ unsafe fn create(dev: &ash::Device, caps: &DeviceCaps, kernel: Kernel, variant: 
         (0..4u32).map(|i| vk::SpecializationMapEntry::default().constant_id(i).offset(4 * i).size(4)).collect();
     let spec_len = if coop.is_some() { 4 } else { 1 };
     let spec = vk::SpecializationInfo::default().map_entries(&entries[..spec_len]).data(&spec_data[..4 * spec_len]);
-    let mut stage = vk::PipelineShaderStageCreateInfo::default().stage(vk::ShaderStageFlags::COMPUTE).module(module).name(c"main");
+    let mut stage =
+        vk::PipelineShaderStageCreateInfo::default().stage(vk::ShaderStageFlags::COMPUTE).module(module).name(c"main");
     if kernel.sized_by_device() || coop.is_some() {
         stage = stage.specialization_info(&spec);
         if caps.subgroup_size_control {

@@ -27,7 +27,9 @@ pub fn open(opts: &VkOptions) -> Option<Context> {
             eprintln!("skipping Vulkan test: {e}");
             None
         }
-        Err(e) => panic!("no Vulkan device for the tests ({e}); install Lavapipe (tools/setup.sh) or set COLI_VK_TESTS=skip"),
+        Err(e) => {
+            panic!("no Vulkan device for the tests ({e}); install Lavapipe (tools/setup.sh) or set COLI_VK_TESTS=skip")
+        }
     }
 }
 
@@ -60,7 +62,8 @@ pub fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng
         WeightFormat::Q4_K | WeightFormat::Q6_K => {
             let n = rows * format.row_bytes(cols).unwrap();
             let mut b: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
-            let (size, at): (usize, &[usize]) = if format == WeightFormat::Q4_K { (144, &[0, 2]) } else { (210, &[208]) };
+            let (size, at): (usize, &[usize]) =
+                if format == WeightFormat::Q4_K { (144, &[0, 2]) } else { (210, &[208]) };
             for block in b.chunks_exact_mut(size) {
                 for &a in at {
                     let v = 0.001 + 0.02 * rng.unit().abs();
@@ -101,7 +104,14 @@ pub fn assert_close_terms(what: &str, got: &[f32], want: &[f32], mag: &[f32], to
 
 /// `sum_k |W[r][k] x[i][k]|` for every (activation row i, weight row r), from the dequantized
 /// weights.
-pub fn term_magnitudes(format: coli_runtime::format::WeightFormat, bytes: &[u8], rows: usize, cols: usize, x: &[f32], n: usize) -> Vec<f32> {
+pub fn term_magnitudes(
+    format: coli_runtime::format::WeightFormat,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+) -> Vec<f32> {
     let m = coli_runtime::format::Matrix::new(format, rows, cols, bytes).unwrap();
     let mut w = vec![0f32; cols];
     let mut mag = vec![0f32; n * rows];

@@ -5,10 +5,10 @@
 use crate::default_model;
 use crate::load::{load, DeviceRequest, LoadRequest};
 use crate::tier_args::TierArgs;
-use coli_compiler::Options;
-use coli_runtime::vk::VkOptions;
 use clap::Args;
+use coli_compiler::Options;
 use coli_runtime::exec::{LogitRows, Session};
+use coli_runtime::vk::VkOptions;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -96,26 +96,39 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     };
     let loaded = load(request(&a, &path, &a.kv)?)?;
     // The filler: the same model without a KV split (`--fill-unsplit`).
-    let filler = if a.fill_unsplit && a.depth > 0 && loaded.device.is_some() && loaded.plan.placement.kv_split.is_some() {
+    let filler = if a.fill_unsplit && a.depth > 0 && loaded.device.is_some() && loaded.plan.placement.kv_split.is_some()
+    {
         let unsplit = crate::kv_args::KvSplitArgs { no_kv_split: true, ..Default::default() };
         Some(load(request(&a, &path, &unsplit)?)?)
     } else {
         None
     };
     if a.fill_unsplit && filler.is_none() {
-        eprintln!("coli: --fill-unsplit: no KV split on a device with a depth (-d) to fill; the context is filled as usual");
+        eprintln!(
+            "coli: --fill-unsplit: no KV split on a device with a depth (-d) to fill; the context is filled as usual"
+        );
     }
     measure(&a, &path, &loaded, filler.as_ref())
 }
 
 /// The load request of the bench's flags, with `kv` for the KV split.
-fn request<'a>(a: &'a BenchArgs, path: &'a std::path::Path, kv: &crate::kv_args::KvSplitArgs) -> Result<LoadRequest<'a>, String> {
+fn request<'a>(
+    a: &'a BenchArgs,
+    path: &'a std::path::Path,
+    kv: &crate::kv_args::KvSplitArgs,
+) -> Result<LoadRequest<'a>, String> {
     let mut req = LoadRequest::new(path);
     req.spec = a.spec.as_deref();
     req.load.quantize = a.quantize.map(crate::exec_cmd::QuantChoice::format);
     let coopmat = if a.no_coopmat { coli_runtime::vk::CoopMatUse::Off } else { coli_runtime::vk::CoopMatUse::Auto };
     let int_dot = if a.no_int_dot { coli_runtime::vk::IntDotUse::Off } else { coli_runtime::vk::IntDotUse::Auto };
-    let vk = VkOptions { memory_cap: a.device_mem_mib.map(|m| m << 20), profile: a.profile, coopmat, int_dot, ..Default::default() };
+    let vk = VkOptions {
+        memory_cap: a.device_mem_mib.map(|m| m << 20),
+        profile: a.profile,
+        coopmat,
+        int_dot,
+        ..Default::default()
+    };
     req.second_device = a.second.options(&vk);
     req.device = match a.device.as_str() {
         "cpu" => DeviceRequest::Cpu,
@@ -123,14 +136,26 @@ fn request<'a>(a: &'a BenchArgs, path: &'a std::path::Path, kv: &crate::kv_args:
         "auto" => DeviceRequest::Auto(vk),
         d => return Err(format!("--device {d}: expected cpu, vulkan or auto")),
     };
-    req.compile = a.second.apply(kv.apply(Options { context: a.depth + a.prompt + a.decode + 8, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, expert_tier: !a.no_expert_tier, resident_experts: !a.tier.sized(), ..Options::default() }));
+    req.compile = a.second.apply(kv.apply(Options {
+        context: a.depth + a.prompt + a.decode + 8,
+        chunk_rows: a.chunk.max(1),
+        device_layers: a.device_layers,
+        expert_tier: !a.no_expert_tier,
+        resident_experts: !a.tier.sized(),
+        ..Options::default()
+    }));
     // The bench reads a history only when given one, and never writes it.
     req.tier = a.tier.options(&path, false);
     req.dense_device_only = a.dense.choice();
     Ok(req)
 }
 
-fn measure(a: &BenchArgs, path: &std::path::Path, loaded: &crate::load::Loaded, filler: Option<&crate::load::Loaded>) -> Result<(), String> {
+fn measure(
+    a: &BenchArgs,
+    path: &std::path::Path,
+    loaded: &crate::load::Loaded,
+    filler: Option<&crate::load::Loaded>,
+) -> Result<(), String> {
     let vocab = loaded.plan.program.dims.vocab as u32;
     // Deterministic ids spread over the vocabulary (avoiding the first few specials).
     let id = |i: u32| 10 + (i.wrapping_mul(7919)) % (vocab - 10);
@@ -212,7 +237,10 @@ fn measure(a: &BenchArgs, path: &std::path::Path, loaded: &crate::load::Loaded, 
         println!("context of {} positions filled without the KV split, the timed tests with it", a.depth);
     }
     if let Some(st) = loaded.device.as_ref().and_then(|d| d.kv_split_stats()) {
-        println!("kv split, all repetitions: {} layer steps, {} with a host part, {} (row, position) pairs on the host", st.steps, st.host_steps, st.host_positions);
+        println!(
+            "kv split, all repetitions: {} layer steps, {} with a host part, {} (row, position) pairs on the host",
+            st.steps, st.host_steps, st.host_positions
+        );
     }
     if let Some(t) = loaded.device.as_ref().and_then(|d| d.tier_line()) {
         println!("{t}");
@@ -236,12 +264,24 @@ fn measure(a: &BenchArgs, path: &std::path::Path, loaded: &crate::load::Loaded, 
     if a.profile {
         match &prof_ctx {
             None => println!("profile: no device ran (--device cpu, or none found)"),
-            Some(_) if prompt_prof.0.is_empty() && decode_prof.0.is_empty() => println!("profile: the device's queue has no timestamps"),
+            Some(_) if prompt_prof.0.is_empty() && decode_prof.0.is_empty() => {
+                println!("profile: the device's queue has no timestamps")
+            }
             Some(_) => {
                 report("device", &format!("prompt of {} (the last repetition)", a.prompt), &prompt_prof.0, 1.0);
                 report("host", &format!("prompt of {}, phases of the frames' runs", a.prompt), &prompt_prof.1, 1.0);
-                report("device", &format!("decode (per token, mean of {})", a.decode), &decode_prof.0, a.decode.max(1) as f64);
-                report("host", &format!("decode (per token, mean of {}), phases of the frames' runs", a.decode), &decode_prof.1, a.decode.max(1) as f64);
+                report(
+                    "device",
+                    &format!("decode (per token, mean of {})", a.decode),
+                    &decode_prof.0,
+                    a.decode.max(1) as f64,
+                );
+                report(
+                    "host",
+                    &format!("decode (per token, mean of {}), phases of the frames' runs", a.decode),
+                    &decode_prof.1,
+                    a.decode.max(1) as f64,
+                );
             }
         }
     }
@@ -254,6 +294,12 @@ fn report(side: &str, what: &str, prof: &[(String, u64, f64)], per: f64) {
     let total: f64 = prof.iter().map(|p| p.2).sum();
     println!("{side} time, {what}: {:.1} us", total / per * 1e6);
     for (k, cnt, t) in prof {
-        println!("  {k:44} {:7.1} x {:8.2} us = {:9.1} us ({:4.1}%)", *cnt as f64 / per, t / *cnt as f64 * 1e6, t / per * 1e6, 100.0 * t / total.max(1e-12));
+        println!(
+            "  {k:44} {:7.1} x {:8.2} us = {:9.1} us ({:4.1}%)",
+            *cnt as f64 / per,
+            t / *cnt as f64 * 1e6,
+            t / per * 1e6,
+            100.0 * t / total.max(1e-12)
+        );
     }
 }

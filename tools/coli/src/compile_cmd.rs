@@ -103,7 +103,10 @@ pub fn compile_to_string(args: &CompileArgs) -> Result<String, String> {
                 // No spec file there serves it: the specs built into the binary.
                 None => crate::specs::for_architecture(&arch).ok_or_else(|| {
                     let served = crate::specs::served().join(", ");
-                    format!("no spec under {} or built in serves architecture `{arch}` (served: {served})", args.graphs.display())
+                    format!(
+                        "no spec under {} or built in serves architecture `{arch}` (served: {served})",
+                        args.graphs.display()
+                    )
                 })?,
             };
             (spec, bindings)
@@ -205,7 +208,8 @@ mod tests {
         let e = compile_to_string(&args(None, None)).unwrap_err();
         assert!(e.contains("give a spec"));
         // DeepSeek-V3's configuration names its experts `n_routed_experts`: OLMoE's spec says where.
-        let e = compile_to_string(&args(Some("graphs/olmoe.ron"), Some("graphs/configs/deepseek-v3.json"))).unwrap_err();
+        let e =
+            compile_to_string(&args(Some("graphs/olmoe.ron"), Some("graphs/configs/deepseek-v3.json"))).unwrap_err();
         assert!(e.contains("olmoe.ron:") && e.contains("symbol `experts` has no value"), "{e}");
     }
 }

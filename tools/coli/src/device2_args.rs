@@ -34,19 +34,13 @@ impl SecondDeviceArgs {
         (self.devices > 1).then(|| VkOptions {
             device_name: self.device2_name.clone(),
             memory_cap: self.device2_mem_mib.map(|m| m << 20).or(primary.memory_cap),
-            fault: self.fail_submit2.map(|n| FaultInjection {
-                fail_submit: Some(n),
-                fail_alloc: None,
-            }),
+            fault: self.fail_submit2.map(|n| FaultInjection { fail_submit: Some(n), fail_alloc: None }),
             ..primary.clone()
         })
     }
 
     /// `o` with the second device's forced layers.
     pub fn apply(&self, o: Options) -> Options {
-        Options {
-            second_device_layers: self.device2_layers.or(o.second_device_layers),
-            ..o
-        }
+        Options { second_device_layers: self.device2_layers.or(o.second_device_layers), ..o }
     }
 }

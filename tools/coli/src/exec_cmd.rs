@@ -4,16 +4,16 @@
 use crate::default_model;
 use crate::load::{load, DeviceRequest, LoadRequest};
 use crate::tier_args::TierArgs;
-use coli_runtime::cpu::Precision;
-use coli_runtime::vk::{FaultInjection, VkOptions};
 use clap::{Args, ValueEnum};
 use coli_compiler::Options;
+use coli_runtime::cpu::Precision;
 use coli_runtime::exec::Session;
 use coli_runtime::format::WeightFormat;
 use coli_runtime::generate::{generate, GenerateOptions, StopReason};
 use coli_runtime::model::LoadOptions;
 use coli_runtime::sample::{Sampler, SamplerConfig};
 use coli_runtime::text::ChatMessage;
+use coli_runtime::vk::{FaultInjection, VkOptions};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -147,10 +147,7 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
             }
         }
     };
-    let load_opts = LoadOptions {
-        quantize: a.quantize.map(QuantChoice::format),
-        ..Default::default()
-    };
+    let load_opts = LoadOptions { quantize: a.quantize.map(QuantChoice::format), ..Default::default() };
     let vk = VkOptions {
         device_name: a.device_name.clone(),
         memory_cap: a.device_mem_mib.map(|m| m << 20),
@@ -164,7 +161,13 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         DeviceChoice::Auto => DeviceRequest::Auto(vk),
     };
     let ctx_len = a.ctx.unwrap_or(8192);
-    let compile = a.second.apply(a.kv.apply(Options { context: ctx_len, chunk_rows: a.chunk.max(1), device_layers: a.device_layers, resident_experts: !a.tier.sized(), ..Options::default() }));
+    let compile = a.second.apply(a.kv.apply(Options {
+        context: ctx_len,
+        chunk_rows: a.chunk.max(1),
+        device_layers: a.device_layers,
+        resident_experts: !a.tier.sized(),
+        ..Options::default()
+    }));
     let loaded = load(LoadRequest {
         model: &model_path,
         spec: a.spec.as_deref(),
@@ -201,7 +204,12 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         ids.clone()
     } else {
         let text = a.prompt.clone().unwrap_or_default();
-        let t = tok.ok_or_else(|| format!("--prompt needs a tokenizer: {}; use --prompt-ids", loaded.tokenizer_note.clone().unwrap_or_default()))?;
+        let t = tok.ok_or_else(|| {
+            format!(
+                "--prompt needs a tokenizer: {}; use --prompt-ids",
+                loaded.tokenizer_note.clone().unwrap_or_default()
+            )
+        })?;
         let text = if a.chat {
             let tmpl = t.chat_template().map_err(|e| format!("--chat: {e}"))?;
             let mut msgs = Vec::new();
@@ -285,7 +293,8 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
     // 4. Logits for other tools.
     if let Some(path) = &a.logits_out {
         let json = serde_json::json!({ "prompt_ids": g.prompt_ids, "logits": g.logits, "generated": g.generated });
-        std::fs::write(path, serde_json::to_vec(&json).map_err(|e| e.to_string())?).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        std::fs::write(path, serde_json::to_vec(&json).map_err(|e| e.to_string())?)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     Ok(())
 }

@@ -13,10 +13,10 @@ use coli_runtime::exec::device::DeviceError;
 use coli_runtime::exec::probe::profile_of_devices;
 use coli_runtime::exec::weights::device_only_matrices;
 use coli_runtime::exec::Model;
-use coli_runtime::vk::{Context, DeviceKind, DeviceRole, VkError, VkOptions};
 use coli_runtime::model::{Checkpoint, LoadOptions};
 use coli_runtime::text::{GgufVocab, Tokenizer};
 use coli_runtime::tier::TierOptions;
+use coli_runtime::vk::{Context, DeviceKind, DeviceRole, VkError, VkOptions};
 use std::path::Path;
 
 /// Everything `coli exec` needs to run.
@@ -70,7 +70,18 @@ pub struct LoadRequest<'a> {
 impl<'a> LoadRequest<'a> {
     /// The defaults for the checkpoint at `model`: its architecture's built-in spec, CPU only.
     pub fn new(model: &'a Path) -> LoadRequest<'a> {
-        LoadRequest { model, spec: None, load: LoadOptions::default(), compile: Options::default(), profile: None, device: DeviceRequest::Cpu, second_device: None, tier: TierOptions::default(), dense_device_only: None, progress: None }
+        LoadRequest {
+            model,
+            spec: None,
+            load: LoadOptions::default(),
+            compile: Options::default(),
+            profile: None,
+            device: DeviceRequest::Cpu,
+            second_device: None,
+            tier: TierOptions::default(),
+            dense_device_only: None,
+            progress: None,
+        }
     }
 }
 
@@ -81,9 +92,15 @@ pub fn load(req: LoadRequest) -> Result<Loaded, String> {
     let spec = match req.spec {
         Some(p) => specs::load(p).map_err(|d| d.to_string())?,
         None => {
-            let arch = bindings.architecture().ok_or_else(|| format!("{}: the checkpoint does not name its architecture; pass --spec", req.model.display()))?;
+            let arch = bindings.architecture().ok_or_else(|| {
+                format!("{}: the checkpoint does not name its architecture; pass --spec", req.model.display())
+            })?;
             specs::for_architecture(arch).ok_or_else(|| {
-                format!("{}: no built-in spec serves architecture {arch:?} (served: {}); pass --spec", req.model.display(), specs::served().join(", "))
+                format!(
+                    "{}: no built-in spec serves architecture {arch:?} (served: {}); pass --spec",
+                    req.model.display(),
+                    specs::served().join(", ")
+                )
             })?
         }
     };
@@ -96,14 +113,37 @@ pub fn load(req: LoadRequest) -> Result<Loaded, String> {
                 // A CPU Vulkan device (Lavapipe) is slower than the CPU op library: `auto`
                 // takes GPUs only.
                 Ok(c) if !required && c.caps().kind == coli_runtime::vk::DeviceKind::Cpu => {
-                    let note = format!("the only Vulkan device is a CPU device ({}); running on the CPU", c.caps().name);
-                    return finish(req.model, checkpoint, spec, req.profile.unwrap_or_else(DeviceProfile::cpu_only), &req.compile, &req.tier, req.dense_device_only, req.progress, Vec::new(), note);
+                    let note =
+                        format!("the only Vulkan device is a CPU device ({}); running on the CPU", c.caps().name);
+                    return finish(
+                        req.model,
+                        checkpoint,
+                        spec,
+                        req.profile.unwrap_or_else(DeviceProfile::cpu_only),
+                        &req.compile,
+                        &req.tier,
+                        req.dense_device_only,
+                        req.progress,
+                        Vec::new(),
+                        note,
+                    );
                 }
                 Ok(c) => (Some(c), Some(o.clone()), required),
                 Err(e) if required => return Err(format!("--device vulkan: {e}")),
                 Err(e) => {
                     let note = format!("no Vulkan device ({e}); running on the CPU");
-                    return finish(req.model, checkpoint, spec, req.profile.unwrap_or_else(DeviceProfile::cpu_only), &req.compile, &req.tier, req.dense_device_only, req.progress, Vec::new(), note);
+                    return finish(
+                        req.model,
+                        checkpoint,
+                        spec,
+                        req.profile.unwrap_or_else(DeviceProfile::cpu_only),
+                        &req.compile,
+                        &req.tier,
+                        req.dense_device_only,
+                        req.progress,
+                        Vec::new(),
+                        note,
+                    );
                 }
             }
         }
@@ -124,7 +164,8 @@ pub fn load(req: LoadRequest) -> Result<Loaded, String> {
         }
         _ => None,
     };
-    let mut ctxs: Vec<(Context, Option<u64>)> = ctx.into_iter().map(|c| (c, vk_opts.as_ref().and_then(|o| o.memory_cap))).collect();
+    let mut ctxs: Vec<(Context, Option<u64>)> =
+        ctx.into_iter().map(|c| (c, vk_opts.as_ref().and_then(|o| o.memory_cap))).collect();
     ctxs.extend(second);
     let profile = match req.profile {
         Some(p) => p,
@@ -135,7 +176,11 @@ pub fn load(req: LoadRequest) -> Result<Loaded, String> {
         [] => "running on the CPU".to_string(),
         [(c, _)] => format!("running on {}", c.describe()),
         [(c, _), (s, _), ..] => {
-            let same = if c.physical_index() == s.physical_index() { " (a second logical device of the same physical device)" } else { "" };
+            let same = if c.physical_index() == s.physical_index() {
+                " (a second logical device of the same physical device)"
+            } else {
+                ""
+            };
             format!("running on {} and {}{same}", c.describe(), s.describe())
         }
     };
@@ -143,7 +188,18 @@ pub fn load(req: LoadRequest) -> Result<Loaded, String> {
         note = format!("{note}; {n}");
     }
     let ctxs = ctxs.into_iter().map(|(c, _)| c).collect();
-    let mut loaded = finish(req.model, checkpoint, spec, profile, &req.compile, &req.tier, req.dense_device_only, req.progress, ctxs, note)?;
+    let mut loaded = finish(
+        req.model,
+        checkpoint,
+        spec,
+        profile,
+        &req.compile,
+        &req.tier,
+        req.dense_device_only,
+        req.progress,
+        ctxs,
+        note,
+    )?;
     if required && loaded.device.is_none() {
         return Err(format!("--device vulkan: {}", loaded.device_note));
     }
@@ -170,7 +226,8 @@ fn finish(
     let mut plan = compile(&spec, &bindings, &profile, options).map_err(|d| d.to_string())?;
     let mut noop = |_: usize, _: usize| {};
     let progress = progress.unwrap_or(&mut noop);
-    let mut model = Model::load(&checkpoint, plan.program.clone(), progress).map_err(|e| format!("{}: {e}", model_path.display()))?;
+    let mut model = Model::load(&checkpoint, plan.program.clone(), progress)
+        .map_err(|e| format!("{}: {e}", model_path.display()))?;
     let layers = plan.program.dims.layers;
     let device = match ctxs.first() {
         None => None,
@@ -188,7 +245,11 @@ fn finish(
                 match attempt {
                     Ok(d) if d.has_device_frames() => {
                         let on: Vec<String> = (0..ctxs.len()).map(|k| format!("{} on d{k}", held(k))).collect();
-                        let on = if ctxs.len() == 1 { format!("{} of {layers} layers on the device", held(0)) } else { format!("{} of {layers} layers", on.join(", ")) };
+                        let on = if ctxs.len() == 1 {
+                            format!("{} of {layers} layers on the device", held(0))
+                        } else {
+                            format!("{} of {layers} layers", on.join(", "))
+                        };
                         device_note = format!("{device_note}; {on}");
                         break Some(d);
                     }
@@ -196,7 +257,9 @@ fn finish(
                         device_note = format!("{name} holds none of the layers (the plan keeps everything on the CPU)");
                         break None;
                     }
-                    Err(ChainError { device, error: DeviceError::Vk(e) }) if matches!(e, VkError::OutOfMemory { .. }) && held(device.0 as usize) > 0 => {
+                    Err(ChainError { device, error: DeviceError::Vk(e) })
+                        if matches!(e, VkError::OutOfMemory { .. }) && held(device.0 as usize) > 0 =>
+                    {
                         let (k, n) = (device.0 as usize, held(device.0 as usize));
                         let dev_name = ctxs.get(k).map_or(name.clone(), |c| c.caps().name.clone());
                         eprintln!("coli: layer {} did not fit on {device} ({dev_name}) at setup ({e}); placing {} layers there", plan.placement.fits[k].first_layer + n - 1, n - 1);
@@ -219,7 +282,8 @@ fn finish(
         }
     };
     // 3. The dense weights on the devices only: the host copies they hold are released.
-    let shared = !ctxs.is_empty() && ctxs.iter().all(|c| matches!(c.caps().kind, DeviceKind::Integrated | DeviceKind::Cpu));
+    let shared =
+        !ctxs.is_empty() && ctxs.iter().all(|c| matches!(c.caps().kind, DeviceKind::Integrated | DeviceKind::Cpu));
     if device.is_some() && dense_device_only.unwrap_or(shared) {
         let names = device_only_matrices(&plan, &model.program);
         let r = model.weights.release(names.iter().map(String::as_str));

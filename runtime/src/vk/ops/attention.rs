@@ -11,8 +11,8 @@
 //!
 //! Must not: write the KV cache in `attention` (`rope_kv`, or the executor, appends rows first).
 
-use super::u32_arg;
 use super::matmul::QuantizedActs;
+use super::u32_arg;
 use crate::vk::context::View;
 use crate::vk::error::{Result, VkError};
 use crate::vk::frame::{Bind, Frame, Push};
@@ -100,13 +100,35 @@ impl<'a> Frame<'a> {
     /// values `0..pos0 + n` of `k`, `v` (`len x kv_heads * head_dim`, `len x kv_heads *
     /// v_head_dim`); `sinks`: one logit per head.
     #[allow(clippy::too_many_arguments)]
-    pub fn attention(&mut self, s: AttnShape, q: View<'a>, k: View<'a>, v: View<'a>, sinks: Option<View<'a>>, out: View<'a>, n: usize, pos0: usize, path: AttnPath) -> Result<()> {
+    pub fn attention(
+        &mut self,
+        s: AttnShape,
+        q: View<'a>,
+        k: View<'a>,
+        v: View<'a>,
+        sinks: Option<View<'a>>,
+        out: View<'a>,
+        n: usize,
+        pos0: usize,
+        path: AttnPath,
+    ) -> Result<()> {
         self.attention_at(s, q, k, v, sinks, out, n, Pos::Fixed(pos0), path)
     }
 
     /// `attention` with the block's position fixed or read on the device (`Pos`).
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_at(&mut self, s: AttnShape, q: View<'a>, k: View<'a>, v: View<'a>, sinks: Option<View<'a>>, out: View<'a>, n: usize, pos: Pos<'a>, path: AttnPath) -> Result<()> {
+    pub fn attention_at(
+        &mut self,
+        s: AttnShape,
+        q: View<'a>,
+        k: View<'a>,
+        v: View<'a>,
+        sinks: Option<View<'a>>,
+        out: View<'a>,
+        n: usize,
+        pos: Pos<'a>,
+        path: AttnPath,
+    ) -> Result<()> {
         self.attention_inner(s, q, k, v, sinks, out, n, pos, path, None)
     }
 
@@ -139,13 +161,22 @@ impl<'a> Frame<'a> {
     ) -> Result<Option<QuantizedActs>> {
         const OP: &str = "attention_decode";
         if q8 && s.v_head_dim % 32 != 0 {
-            return Err(VkError::BadArgument { op: OP, msg: format!("8-bit output of value heads of {} (not a multiple of 32)", s.v_head_dim) });
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: format!("8-bit output of value heads of {} (not a multiple of 32)", s.v_head_dim),
+            });
         }
         if let Some(nm) = norm {
             let (qw, kw) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
             let ok = |g: usize, w: usize| g == w || g == s.head_dim;
             if !ok(nm.q_group, qw) || !ok(nm.k_group, kw) {
-                return Err(VkError::BadArgument { op: OP, msg: format!("q/k norm groups {} / {}: a whole row or one head of {}", nm.q_group, nm.k_group, s.head_dim) });
+                return Err(VkError::BadArgument {
+                    op: OP,
+                    msg: format!(
+                        "q/k norm groups {} / {}: a whole row or one head of {}",
+                        nm.q_group, nm.k_group, s.head_dim
+                    ),
+                });
             }
             nm.q_weight.check(OP, "q norm weight", nm.q_group)?;
             nm.k_weight.check(OP, "k norm weight", nm.k_group)?;
@@ -155,7 +186,10 @@ impl<'a> Frame<'a> {
         }
         let half = rope.map_or(0, |r| r.freq.len);
         if 2 * half > s.head_dim {
-            return Err(VkError::BadArgument { op: OP, msg: format!("rotary dim {} over head_dim {}", 2 * half, s.head_dim) });
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: format!("rotary dim {} over head_dim {}", 2 * half, s.head_dim),
+            });
         }
         k.check(OP, "k", s.kv_heads * s.head_dim)?;
         v.check(OP, "v", s.kv_heads * s.v_head_dim)?;
@@ -178,7 +212,19 @@ impl<'a> Frame<'a> {
             Some(nm) => (3u32, nm.q_group as u32, nm.k_group as u32, nm.eps.to_bits(), nm.offset.to_bits()),
             None => (0, 0, 0, 0, 0),
         };
-        let cst = self.constants(&[half as u32, style, mscale, u32_arg(OP, "k offset", k.offset)?, u32_arg(OP, "v offset", v.offset)?, nflags, qg, kg, eps, off, q8 as u32])?;
+        let cst = self.constants(&[
+            half as u32,
+            style,
+            mscale,
+            u32_arg(OP, "k offset", k.offset)?,
+            u32_arg(OP, "v offset", v.offset)?,
+            nflags,
+            qg,
+            kg,
+            eps,
+            off,
+            q8 as u32,
+        ])?;
         let acts = if q8 {
             let blocks = s.heads * s.v_head_dim / 32;
             let (xq, xd) = (self.scratch(blocks * 8)?, self.scratch(blocks * 2)?);
@@ -191,7 +237,18 @@ impl<'a> Frame<'a> {
             None => (Bind::UNUSED, Bind::UNUSED),
         };
         let (oxq, oxd) = acts.map_or((Bind::UNUSED, Bind::UNUSED), |a| (a.xq, a.xd));
-        let extra = Decode { k: Bind::buf(k.buf), v: Bind::buf(v.buf), freq: rope.map_or(Bind::UNUSED, |r| Bind::buf(r.freq.buf)), sk: Bind::buf(sk.buf), sv: Bind::buf(sv.buf), cst, qn, kn, oxq, oxd };
+        let extra = Decode {
+            k: Bind::buf(k.buf),
+            v: Bind::buf(v.buf),
+            freq: rope.map_or(Bind::UNUSED, |r| Bind::buf(r.freq.buf)),
+            sk: Bind::buf(sk.buf),
+            sv: Bind::buf(sv.buf),
+            cst,
+            qn,
+            kn,
+            oxq,
+            oxd,
+        };
         self.attention_inner(s, q, mk, mv, sinks, out, 1, pos, AttnPath::Split, Some(extra))?;
         Ok(acts)
     }
@@ -213,10 +270,14 @@ impl<'a> Frame<'a> {
         const OP: &str = "attention";
         let (pos0, dyn_, params) = pos.parts(OP)?;
         let pos0 = pos0 as usize;
-        if s.kv_heads == 0 || s.heads % s.kv_heads != 0 || s.head_dim > MAX_D || s.v_head_dim > MAX_D || s.head_dim == 0 {
+        if s.kv_heads == 0 || s.heads % s.kv_heads != 0 || s.head_dim > MAX_D || s.v_head_dim > MAX_D || s.head_dim == 0
+        {
             return Err(VkError::BadArgument {
                 op: OP,
-                msg: format!("{} heads over {} kv heads, head_dim {} / {} (at most {MAX_D})", s.heads, s.kv_heads, s.head_dim, s.v_head_dim),
+                msg: format!(
+                    "{} heads over {} kv heads, head_dim {} / {} (at most {MAX_D})",
+                    s.heads, s.kv_heads, s.head_dim, s.v_head_dim
+                ),
             });
         }
         if s.window == Some(0) {
@@ -278,8 +339,39 @@ impl<'a> Frame<'a> {
             let (ml, o) = (self.scratch(slots * 2)?, self.scratch(slots * s.v_head_dim)?);
             let (ml, o) = (self.scratch_bind(ml), self.scratch_bind(o));
             let counters = self.counters(n * s.heads)?;
-            let d = decode.unwrap_or(Decode { k: Bind::UNUSED, v: Bind::UNUSED, freq: Bind::UNUSED, sk: Bind::UNUSED, sv: Bind::UNUSED, cst: Bind::UNUSED, qn: Bind::UNUSED, kn: Bind::UNUSED, oxq: Bind::UNUSED, oxd: Bind::UNUSED });
-            let binds = [base[0], base[1], base[2], base[3], ml, o, Bind::buf(out.buf), params, counters, d.k, d.v, d.freq, d.sk, d.sv, d.cst, d.qn, d.kn, d.oxq, d.oxd];
+            let d = decode.unwrap_or(Decode {
+                k: Bind::UNUSED,
+                v: Bind::UNUSED,
+                freq: Bind::UNUSED,
+                sk: Bind::UNUSED,
+                sv: Bind::UNUSED,
+                cst: Bind::UNUSED,
+                qn: Bind::UNUSED,
+                kn: Bind::UNUSED,
+                oxq: Bind::UNUSED,
+                oxd: Bind::UNUSED,
+            });
+            let binds = [
+                base[0],
+                base[1],
+                base[2],
+                base[3],
+                ml,
+                o,
+                Bind::buf(out.buf),
+                params,
+                counters,
+                d.k,
+                d.v,
+                d.freq,
+                d.sk,
+                d.sv,
+                d.cst,
+                d.qn,
+                d.kn,
+                d.oxq,
+                d.oxd,
+            ];
             let rows = u32_arg(OP, "n", n)?;
             self.dispatch(Kernel::AttnSplit, None, &binds, &push, [heads, rows, splits as u32])
         } else {
@@ -325,12 +417,27 @@ impl<'a> Frame<'a> {
     /// element 0) and to rows `0..n` of the read-back rows `sk`, `sv`. One dispatch
     /// (`rope_kv.comp`); references `cpu::rope::apply_row` and the CPU's cache append.
     #[allow(clippy::too_many_arguments)]
-    pub fn rope_kv(&mut self, rope: Option<RopeArgs<'a>>, q: View<'a>, k: View<'a>, v: View<'a>, s: KvShape, mk: View<'a>, mv: View<'a>, sk: View<'a>, sv: View<'a>, pos: Pos<'a>) -> Result<()> {
+    pub fn rope_kv(
+        &mut self,
+        rope: Option<RopeArgs<'a>>,
+        q: View<'a>,
+        k: View<'a>,
+        v: View<'a>,
+        s: KvShape,
+        mk: View<'a>,
+        mv: View<'a>,
+        sk: View<'a>,
+        sv: View<'a>,
+        pos: Pos<'a>,
+    ) -> Result<()> {
         const OP: &str = "rope_kv";
         let (pos0, dyn_, params) = pos.parts(OP)?;
         let half = rope.map_or(0, |r| r.freq.len);
         if s.kv_heads == 0 || 2 * half > s.head_dim {
-            return Err(VkError::BadArgument { op: OP, msg: format!("rotary dim {} over head_dim {} ({} kv heads)", 2 * half, s.head_dim, s.kv_heads) });
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: format!("rotary dim {} over head_dim {} ({} kv heads)", 2 * half, s.head_dim, s.kv_heads),
+            });
         }
         let (kw, vw) = (s.kv_heads * s.head_dim, s.kv_heads * s.v_head_dim);
         q.check(OP, "q", s.n * s.heads * s.head_dim)?;

@@ -52,7 +52,15 @@ impl<'a> Frame<'a> {
         let (pos0, dyn_, params) = pos.parts(OP)?;
         let half = rope.map_or(0, |r| r.freq.len);
         if s.kv_heads == 0 || 2 * half > s.head_dim || ring == 0 {
-            return Err(VkError::BadArgument { op: OP, msg: format!("rotary dim {} over head_dim {} ({} kv heads), a ring of {ring}", 2 * half, s.head_dim, s.kv_heads) });
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: format!(
+                    "rotary dim {} over head_dim {} ({} kv heads), a ring of {ring}",
+                    2 * half,
+                    s.head_dim,
+                    s.kv_heads
+                ),
+            });
         }
         let (kw, vw) = (s.kv_heads * s.head_dim, s.kv_heads * s.v_head_dim);
         q.check(OP, "q", s.n * s.heads * s.head_dim)?;
@@ -114,24 +122,50 @@ impl<'a> Frame<'a> {
     /// its sinks are not this part's, nor is a value scale (the host's merge applies it). The
     /// geometry is the CPU reference's own `AttnShape`.
     #[allow(clippy::too_many_arguments)]
-    pub fn attn_part(&mut self, s: AttnShape, split: SplitShape, q: View<'a>, mk: View<'a>, mv: View<'a>, acc: View<'a>, ml: View<'a>, n: usize, pos: Pos<'a>) -> Result<()> {
+    pub fn attn_part(
+        &mut self,
+        s: AttnShape,
+        split: SplitShape,
+        q: View<'a>,
+        mk: View<'a>,
+        mv: View<'a>,
+        acc: View<'a>,
+        ml: View<'a>,
+        n: usize,
+        pos: Pos<'a>,
+    ) -> Result<()> {
         const OP: &str = "attn_part";
         let (pos0, dyn_, params) = pos.parts(OP)?;
-        if s.kv_heads == 0 || s.heads % s.kv_heads != 0 || s.head_dim == 0 || s.head_dim > MAX_D || s.v_head_dim > MAX_D {
+        if s.kv_heads == 0 || s.heads % s.kv_heads != 0 || s.head_dim == 0 || s.head_dim > MAX_D || s.v_head_dim > MAX_D
+        {
             return Err(VkError::BadArgument {
                 op: OP,
-                msg: format!("{} heads over {} kv heads, head_dim {} / {} (at most {MAX_D})", s.heads, s.kv_heads, s.head_dim, s.v_head_dim),
+                msg: format!(
+                    "{} heads over {} kv heads, head_dim {} / {} (at most {MAX_D})",
+                    s.heads, s.kv_heads, s.head_dim, s.v_head_dim
+                ),
             });
         }
-        if split.block == 0 || split.positions < split.block || split.positions % split.block != 0 || split.ring == 0 || s.window == Some(0) {
+        if split.block == 0
+            || split.positions < split.block
+            || split.positions % split.block != 0
+            || split.ring == 0
+            || s.window == Some(0)
+        {
             return Err(VkError::BadArgument {
                 op: OP,
-                msg: format!("a share of {} positions in blocks of {}, a ring of {}, window {:?}", split.positions, split.block, split.ring, s.window),
+                msg: format!(
+                    "a share of {} positions in blocks of {}, a ring of {}, window {:?}",
+                    split.positions, split.block, split.ring, s.window
+                ),
             });
         }
         // A step's shares span at most positions + n - 1 positions: the ring must hold them.
         if dyn_ == 0 && split.ring < (pos0 as usize + n).min(split.positions + n - 1) {
-            return Err(VkError::BadArgument { op: OP, msg: format!("a ring of {} holds less than a step of {n} rows' shares", split.ring) });
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: format!("a ring of {} holds less than a step of {n} rows' shares", split.ring),
+            });
         }
         q.check(OP, "q", n * s.heads * s.head_dim)?;
         mk.check(OP, "k ring", split.ring * s.kv_heads * s.head_dim)?;
@@ -162,7 +196,8 @@ impl<'a> Frame<'a> {
             u32_arg(OP, "ml offset", ml.offset)?,
             0,
         ];
-        let binds = [Bind::buf(q.buf), Bind::buf(mk.buf), Bind::buf(mv.buf), Bind::buf(acc.buf), Bind::buf(ml.buf), params];
+        let binds =
+            [Bind::buf(q.buf), Bind::buf(mk.buf), Bind::buf(mv.buf), Bind::buf(acc.buf), Bind::buf(ml.buf), params];
         self.dispatch(Kernel::AttnPart, None, &binds, &push, [s.heads as u32, u32_arg(OP, "n", n)?, 1])
     }
 }

@@ -83,8 +83,17 @@ impl DeltaNetShape {
     }
 
     fn check(&self) -> Result<()> {
-        let (nk, nv, dk, dv, kk) = (self.key_heads, self.value_heads, self.key_head_dim, self.value_head_dim, self.conv_kernel);
-        if nk == 0 || nv % nk != 0 || dk == 0 || dv == 0 || dk > MAX_HEAD_DIM || dv > MAX_HEAD_DIM || kk == 0 || kk > MAX_KERNEL {
+        let (nk, nv, dk, dv, kk) =
+            (self.key_heads, self.value_heads, self.key_head_dim, self.value_head_dim, self.conv_kernel);
+        if nk == 0
+            || nv % nk != 0
+            || dk == 0
+            || dv == 0
+            || dk > MAX_HEAD_DIM
+            || dv > MAX_HEAD_DIM
+            || kk == 0
+            || kk > MAX_KERNEL
+        {
             return Err(VkError::BadArgument {
                 op: "deltanet",
                 msg: format!(
@@ -139,7 +148,11 @@ impl DeltaNetScratch {
     /// Whether steps of `n` rows of `s` fit.
     fn fits(&self, s: &DeltaNetShape, n: usize) -> bool {
         let c = &self.shape;
-        n <= self.rows && s.proj_width() <= c.proj_width() && s.value_heads <= c.value_heads && s.channels() <= c.channels() && s.out_heads() <= c.out_heads()
+        n <= self.rows
+            && s.proj_width() <= c.proj_width()
+            && s.value_heads <= c.value_heads
+            && s.channels() <= c.channels()
+            && s.out_heads() <= c.out_heads()
     }
 }
 
@@ -148,21 +161,50 @@ impl<'a> Frame<'a> {
     /// (`s.state_floats()` floats) by `n` positions, into `out` (`n x hidden`). Five
     /// dispatches and the projections' activation quantization (`precision`, as `matmul_with`).
     #[allow(clippy::too_many_arguments)]
-    pub fn deltanet(&mut self, s: DeltaNetShape, w: DeltaNetMats<'a>, x: View<'a>, n: usize, state: View<'a>, scratch: &'a DeltaNetScratch, out: View<'a>, precision: Precision) -> Result<()> {
+    pub fn deltanet(
+        &mut self,
+        s: DeltaNetShape,
+        w: DeltaNetMats<'a>,
+        x: View<'a>,
+        n: usize,
+        state: View<'a>,
+        scratch: &'a DeltaNetScratch,
+        out: View<'a>,
+        precision: Precision,
+    ) -> Result<()> {
         const OP: &str = "deltanet";
         s.check()?;
         if !scratch.fits(&s, n) {
-            return Err(VkError::BadArgument { op: OP, msg: format!("{n} rows of {s:?} do not fit a scratch of {} rows of {:?}", scratch.rows, scratch.shape) });
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: format!("{n} rows of {s:?} do not fit a scratch of {} rows of {:?}", scratch.rows, scratch.shape),
+            });
         }
-        if w.qkvz.rows != s.proj_width() || w.ba.rows != 2 * s.value_heads || w.out.cols != s.out_heads() || w.qkvz.cols != w.ba.cols || w.out.rows != w.qkvz.cols {
-            return Err(VkError::BadArgument { op: OP, msg: format!("projections {}x{}, {}x{}, {}x{} for {s:?}", w.qkvz.rows, w.qkvz.cols, w.ba.rows, w.ba.cols, w.out.rows, w.out.cols) });
+        if w.qkvz.rows != s.proj_width()
+            || w.ba.rows != 2 * s.value_heads
+            || w.out.cols != s.out_heads()
+            || w.qkvz.cols != w.ba.cols
+            || w.out.rows != w.qkvz.cols
+        {
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: format!(
+                    "projections {}x{}, {}x{}, {}x{} for {s:?}",
+                    w.qkvz.rows, w.qkvz.cols, w.ba.rows, w.ba.cols, w.out.rows, w.out.cols
+                ),
+            });
         }
         let (proj, ba) = (scratch.proj.view(0, n * s.proj_width()), scratch.ba.view(0, n * 2 * s.value_heads));
         let (conv, heads) = (scratch.conv.view(0, n * s.channels()), scratch.heads.view(0, n * s.out_heads()));
         self.matmul_with(w.qkvz, x, n, proj, MatmulPath::Auto, precision)?;
         self.matmul_with(w.ba, x, n, ba, MatmulPath::Auto, precision)?;
-        let ring = state.len.checked_sub(s.heads_floats()).map(|len| View { buf: state.buf, offset: state.offset + s.heads_floats(), len });
-        let ring = ring.ok_or(VkError::ViewTooSmall { op: OP, what: "state", needed: s.state_floats(), have: state.len })?;
+        let ring = state.len.checked_sub(s.heads_floats()).map(|len| View {
+            buf: state.buf,
+            offset: state.offset + s.heads_floats(),
+            len,
+        });
+        let ring =
+            ring.ok_or(VkError::ViewTooSmall { op: OP, what: "state", needed: s.state_floats(), have: state.len })?;
         self.deltanet_conv(s, proj, w.conv, ring, conv, n)?;
         self.deltanet_rule(s, conv, proj, ba, w, state, heads, n)?;
         self.matmul_with(w.out, heads, n, out, MatmulPath::Auto, precision)
@@ -171,7 +213,15 @@ impl<'a> Frame<'a> {
     /// The causal convolution of `n` rows with SiLU: the q/k/v channels of the fused
     /// projection `proj` (`n x proj_width`) after the `ring` (`(kernel - 1) x channels`,
     /// oldest first; left holding the last inputs) into `conv` (`n x channels`).
-    pub fn deltanet_conv(&mut self, s: DeltaNetShape, proj: View<'a>, taps: View<'a>, ring: View<'a>, conv: View<'a>, n: usize) -> Result<()> {
+    pub fn deltanet_conv(
+        &mut self,
+        s: DeltaNetShape,
+        proj: View<'a>,
+        taps: View<'a>,
+        ring: View<'a>,
+        conv: View<'a>,
+        n: usize,
+    ) -> Result<()> {
         const OP: &str = "deltanet_conv";
         s.check()?;
         let ch = s.channels();
@@ -202,7 +252,17 @@ impl<'a> Frame<'a> {
     /// matrices at the start of `state`, then the gated RMSNorm with the output gates of
     /// `proj` into `heads` (`n x value_heads * value_head_dim`).
     #[allow(clippy::too_many_arguments)]
-    pub fn deltanet_rule(&mut self, s: DeltaNetShape, conv: View<'a>, proj: View<'a>, ba: View<'a>, w: DeltaNetMats<'a>, state: View<'a>, heads: View<'a>, n: usize) -> Result<()> {
+    pub fn deltanet_rule(
+        &mut self,
+        s: DeltaNetShape,
+        conv: View<'a>,
+        proj: View<'a>,
+        ba: View<'a>,
+        w: DeltaNetMats<'a>,
+        state: View<'a>,
+        heads: View<'a>,
+        n: usize,
+    ) -> Result<()> {
         const OP: &str = "deltanet_rule";
         s.check()?;
         conv.check(OP, "conv", n * s.channels())?;
@@ -214,7 +274,10 @@ impl<'a> Frame<'a> {
         state.check(OP, "state", s.heads_floats())?;
         heads.check(OP, "heads", n * s.out_heads())?;
         if w.a_log.offset != 0 || w.dt_bias.offset != 0 || w.norm.offset != 0 {
-            return Err(VkError::BadArgument { op: OP, msg: "A_log, dt_bias and norm views must start at element 0".into() });
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: "A_log, dt_bias and norm views must start at element 0".into(),
+            });
         }
         let mut push: Push = [0; 16];
         push[..11].copy_from_slice(&[
@@ -230,7 +293,16 @@ impl<'a> Frame<'a> {
             u32_arg(OP, "ba offset", ba.offset)?,
             u32_arg(OP, "heads offset", heads.offset)?,
         ]);
-        let binds = [Bind::buf(conv.buf), Bind::buf(proj.buf), Bind::buf(ba.buf), Bind::buf(w.a_log.buf), Bind::buf(w.dt_bias.buf), Bind::buf(w.norm.buf), Bind::buf(state.buf), Bind::buf(heads.buf)];
+        let binds = [
+            Bind::buf(conv.buf),
+            Bind::buf(proj.buf),
+            Bind::buf(ba.buf),
+            Bind::buf(w.a_log.buf),
+            Bind::buf(w.dt_bias.buf),
+            Bind::buf(w.norm.buf),
+            Bind::buf(state.buf),
+            Bind::buf(heads.buf),
+        ];
         self.dispatch(Kernel::DeltanetRule, None, &binds, &push, [s.value_heads as u32, 1, 1])
     }
 }

@@ -46,7 +46,17 @@ impl<'a> Frame<'a> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn elementwise(&mut self, op: &'static str, kind: u32, limit: f32, alpha: f32, g: View<'a>, u: Option<View<'a>>, out: View<'a>, count: usize) -> Result<()> {
+    fn elementwise(
+        &mut self,
+        op: &'static str,
+        kind: u32,
+        limit: f32,
+        alpha: f32,
+        g: View<'a>,
+        u: Option<View<'a>>,
+        out: View<'a>,
+        count: usize,
+    ) -> Result<()> {
         g.check(op, "input", count)?;
         out.check(op, "out", count)?;
         let mut push: Push = [0; 16];
@@ -64,17 +74,43 @@ impl<'a> Frame<'a> {
     }
 
     /// `out = a + b` over `n` rows of `width` (`b` broadcast as `bmode` says).
-    pub fn add(&mut self, a: View<'a>, b: View<'a>, out: View<'a>, n: usize, width: usize, bmode: Broadcast) -> Result<()> {
+    pub fn add(
+        &mut self,
+        a: View<'a>,
+        b: View<'a>,
+        out: View<'a>,
+        n: usize,
+        width: usize,
+        bmode: Broadcast,
+    ) -> Result<()> {
         self.binary("add", 0, a, b, out, n, width, bmode)
     }
 
     /// `out = a * b` over `n` rows of `width` (`b` broadcast as `bmode` says).
-    pub fn mul(&mut self, a: View<'a>, b: View<'a>, out: View<'a>, n: usize, width: usize, bmode: Broadcast) -> Result<()> {
+    pub fn mul(
+        &mut self,
+        a: View<'a>,
+        b: View<'a>,
+        out: View<'a>,
+        n: usize,
+        width: usize,
+        bmode: Broadcast,
+    ) -> Result<()> {
         self.binary("mul", 1, a, b, out, n, width, bmode)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn binary(&mut self, op: &'static str, code: u32, a: View<'a>, b: View<'a>, out: View<'a>, n: usize, width: usize, bmode: Broadcast) -> Result<()> {
+    fn binary(
+        &mut self,
+        op: &'static str,
+        code: u32,
+        a: View<'a>,
+        b: View<'a>,
+        out: View<'a>,
+        n: usize,
+        width: usize,
+        bmode: Broadcast,
+    ) -> Result<()> {
         let count = n * width;
         if width == 0 {
             return Err(VkError::BadArgument { op, msg: "zero width".into() });
@@ -88,7 +124,15 @@ impl<'a> Frame<'a> {
         };
         b.check(op, "b", blen)?;
         let mut push: Push = [0; 16];
-        push[..7].copy_from_slice(&[u32_arg(op, "count", count)?, width as u32, code, mode, a.offset as u32, b.offset as u32, out.offset as u32]);
+        push[..7].copy_from_slice(&[
+            u32_arg(op, "count", count)?,
+            width as u32,
+            code,
+            mode,
+            a.offset as u32,
+            b.offset as u32,
+            out.offset as u32,
+        ]);
         let binds = [Bind::buf(a.buf), Bind::buf(b.buf), Bind::buf(out.buf)];
         self.dispatch(Kernel::Binary, None, &binds, &push, [groups_for(count, 64), 1, 1])
     }

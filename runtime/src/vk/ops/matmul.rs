@@ -16,12 +16,12 @@
 //! Must not: accept operands that do not fit (typed errors instead).
 
 use super::{groups_for, u32_arg};
+use crate::cpu::Precision;
 use crate::vk::context::{Context, DeviceBuffer, View};
 use crate::vk::error::{Result, VkError};
 use crate::vk::frame::{Bind, Frame, Push};
 use crate::vk::layout::DeviceMatrix;
 use crate::vk::memory::MemoryUse;
-use crate::cpu::Precision;
 use crate::vk::shaders::Kernel;
 use coli_compiler::ir::GluKind;
 
@@ -80,7 +80,10 @@ impl<'a> MatIn<'a> {
             MatIn::Norm { weight, .. } => {
                 weight.check(op, "norm weight", cols)?;
                 if weight.len != cols {
-                    return Err(VkError::BadArgument { op, msg: format!("a fused norm is over whole rows: {} weights for rows of {cols}", weight.len) });
+                    return Err(VkError::BadArgument {
+                        op,
+                        msg: format!("a fused norm is over whole rows: {} weights for rows of {cols}", weight.len),
+                    });
                 }
                 Ok(())
             }
@@ -142,7 +145,15 @@ impl<'a> Frame<'a> {
 
     /// `matmul` with the kernel and the precision chosen by the caller; reference
     /// `cpu::linear::linear(.., precision)`.
-    pub fn matmul_with(&mut self, w: &'a DeviceMatrix, x: View<'a>, n: usize, out: View<'a>, path: MatmulPath, precision: Precision) -> Result<()> {
+    pub fn matmul_with(
+        &mut self,
+        w: &'a DeviceMatrix,
+        x: View<'a>,
+        n: usize,
+        out: View<'a>,
+        path: MatmulPath,
+        precision: Precision,
+    ) -> Result<()> {
         self.matmul_inner(w, x, None, n, out, path, precision)
     }
 
@@ -157,7 +168,10 @@ impl<'a> Frame<'a> {
     pub fn quantize_input(&mut self, input: MatIn<'a>, n: usize, cols: usize) -> Result<QuantizedActs> {
         const OP: &str = "quantize";
         if cols % 32 != 0 {
-            return Err(VkError::BadArgument { op: OP, msg: format!("{cols} columns are not a whole number of 32-blocks") });
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: format!("{cols} columns are not a whole number of 32-blocks"),
+            });
         }
         input.check(OP, n, cols)?;
         let blocks = n * cols / 32;
@@ -188,15 +202,35 @@ impl<'a> Frame<'a> {
     /// another (`rms_norm` or `glu`, `linear(.., precision)`, the `Add`). `residual` may be
     /// `out` itself (an in-place residual stream); `out` must not overlap the inputs.
     #[allow(clippy::too_many_arguments)]
-    pub fn matmul_fused(&mut self, w: &'a DeviceMatrix, input: MatIn<'a>, n: usize, out: View<'a>, residual: Option<View<'a>>, path: MatmulPath, precision: Precision) -> Result<()> {
+    pub fn matmul_fused(
+        &mut self,
+        w: &'a DeviceMatrix,
+        input: MatIn<'a>,
+        n: usize,
+        out: View<'a>,
+        residual: Option<View<'a>>,
+        path: MatmulPath,
+        precision: Precision,
+    ) -> Result<()> {
         self.matmul_full(w, input, None, n, out, residual, path, precision)
     }
 
     /// `matmul_q` with a fused input (the one `q` was quantized from, for the float formats
     /// that read it directly) and residual.
-    pub fn matmul_q_fused(&mut self, w: &'a DeviceMatrix, input: MatIn<'a>, q: &QuantizedActs, out: View<'a>, residual: Option<View<'a>>, path: MatmulPath) -> Result<()> {
+    pub fn matmul_q_fused(
+        &mut self,
+        w: &'a DeviceMatrix,
+        input: MatIn<'a>,
+        q: &QuantizedActs,
+        out: View<'a>,
+        residual: Option<View<'a>>,
+        path: MatmulPath,
+    ) -> Result<()> {
         if q.cols != w.cols {
-            return Err(VkError::BadArgument { op: "matmul", msg: format!("activations of {} columns for a matrix of {}", q.cols, w.cols) });
+            return Err(VkError::BadArgument {
+                op: "matmul",
+                msg: format!("activations of {} columns for a matrix of {}", q.cols, w.cols),
+            });
         }
         self.matmul_full(w, input, Some(q), q.n, out, residual, path, Precision::Fast)
     }
@@ -204,15 +238,34 @@ impl<'a> Frame<'a> {
     /// `matmul` (`Precision::Fast`) with the activations quantized already (`quantize_acts`
     /// of the same `x`): integer formats agree with `format::matmul_q`; float formats read
     /// `x` in f32, as `format::matmul` does (the CPU's `matmul_q` would take the q8 values).
-    pub fn matmul_q(&mut self, w: &'a DeviceMatrix, x: View<'a>, q: &QuantizedActs, out: View<'a>, path: MatmulPath) -> Result<()> {
+    pub fn matmul_q(
+        &mut self,
+        w: &'a DeviceMatrix,
+        x: View<'a>,
+        q: &QuantizedActs,
+        out: View<'a>,
+        path: MatmulPath,
+    ) -> Result<()> {
         if q.cols != w.cols {
-            return Err(VkError::BadArgument { op: "matmul", msg: format!("activations of {} columns for a matrix of {}", q.cols, w.cols) });
+            return Err(VkError::BadArgument {
+                op: "matmul",
+                msg: format!("activations of {} columns for a matrix of {}", q.cols, w.cols),
+            });
         }
         self.matmul_full(w, MatIn::Plain(x), Some(q), q.n, out, None, path, Precision::Fast)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn matmul_inner(&mut self, w: &'a DeviceMatrix, x: View<'a>, pre: Option<&QuantizedActs>, n: usize, out: View<'a>, path: MatmulPath, precision: Precision) -> Result<()> {
+    fn matmul_inner(
+        &mut self,
+        w: &'a DeviceMatrix,
+        x: View<'a>,
+        pre: Option<&QuantizedActs>,
+        n: usize,
+        out: View<'a>,
+        path: MatmulPath,
+        precision: Precision,
+    ) -> Result<()> {
         self.matmul_full(w, MatIn::Plain(x), pre, n, out, None, path, precision)
     }
 
@@ -305,13 +358,25 @@ impl<'a> Frame<'a> {
             if gy > MAX_GROUPS {
                 return Err(VkError::BadArgument { op: OP, msg: format!("{n} rows exceed one dispatch") });
             }
-            self.dispatch(Kernel::MatmulCoop, None, &binds, &push, [groups_for(w.rows, COOP_BO).min(MAX_GROUPS as u32), gy as u32, 1])
+            self.dispatch(
+                Kernel::MatmulCoop,
+                None,
+                &binds,
+                &push,
+                [groups_for(w.rows, COOP_BO).min(MAX_GROUPS as u32), gy as u32, 1],
+            )
         } else if gemm {
             let gy = n.div_ceil(GEMM_BR);
             if gy > MAX_GROUPS {
                 return Err(VkError::BadArgument { op: OP, msg: format!("{n} rows exceed one dispatch") });
             }
-            self.dispatch(Kernel::Matmul, variant, &binds, &push, [groups_for(w.rows, GEMM_BO).min(MAX_GROUPS as u32), gy as u32, 1])
+            self.dispatch(
+                Kernel::Matmul,
+                variant,
+                &binds,
+                &push,
+                [groups_for(w.rows, GEMM_BO).min(MAX_GROUPS as u32), gy as u32, 1],
+            )
         } else {
             if n > MAX_GROUPS {
                 return Err(VkError::BadArgument { op: OP, msg: format!("{n} rows exceed one dispatch") });
@@ -322,14 +387,27 @@ impl<'a> Frame<'a> {
             let ks = if w.rows <= KSPLIT_ROWS { per.min(4) } else { 1 };
             let mut push = push;
             push[14] = ks as u32;
-            self.dispatch(Kernel::Matvec, variant, &binds, &push, [groups_for(w.rows, (per / ks).max(1)).min(MAX_GROUPS as u32), n as u32, 1])
+            self.dispatch(
+                Kernel::Matvec,
+                variant,
+                &binds,
+                &push,
+                [groups_for(w.rows, (per / ks).max(1)).min(MAX_GROUPS as u32), n as u32, 1],
+            )
         }
     }
 
     /// `out[i] = scale * table[tokens[i]]` for `n` tokens; reference: the CPU's `Embed`
     /// (`dequant_row`, then the scale when it is not 1). Token ids past the table give zeros;
     /// `Context::upload_tokens` checks them on the host.
-    pub fn embed(&mut self, table: &'a DeviceMatrix, tokens: View<'a>, n: usize, scale: f32, out: View<'a>) -> Result<()> {
+    pub fn embed(
+        &mut self,
+        table: &'a DeviceMatrix,
+        tokens: View<'a>,
+        n: usize,
+        scale: f32,
+        out: View<'a>,
+    ) -> Result<()> {
         const OP: &str = "embed";
         tokens.check(OP, "tokens", n)?;
         out.check(OP, "out (n x cols)", n * table.cols)?;
@@ -358,7 +436,10 @@ impl Context {
     /// Token ids checked against the vocabulary and uploaded for `Frame::embed`.
     pub fn upload_tokens(&self, tokens: &[u32], vocab: usize) -> Result<DeviceBuffer> {
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(VkError::BadArgument { op: "embed", msg: format!("token id {id} is outside the vocabulary of {vocab}") });
+            return Err(VkError::BadArgument {
+                op: "embed",
+                msg: format!("token id {id} is outside the vocabulary of {vocab}"),
+            });
         }
         let b = self.buffer(MemoryUse::Device, tokens.len().max(1) * 4)?;
         self.write(&b, 0, crate::bytes::as_bytes(tokens))?;

@@ -83,13 +83,7 @@ impl MlaShape {
     }
 
     fn check(&self) -> Result<()> {
-        let (h, c, dn, dr, dv) = (
-            self.heads,
-            self.latent,
-            self.nope,
-            self.rope,
-            self.v_head_dim,
-        );
+        let (h, c, dn, dr, dv) = (self.heads, self.latent, self.nope, self.rope, self.v_head_dim);
         if h == 0
             || c == 0
             || c > MAX_LATENT
@@ -112,11 +106,7 @@ impl MlaShape {
 /// The query's weights on the device.
 #[derive(Clone, Copy)]
 pub enum MlaQuery<'a> {
-    Lora {
-        q_a: &'a DeviceMatrix,
-        q_a_norm: View<'a>,
-        q_b: &'a DeviceMatrix,
-    },
+    Lora { q_a: &'a DeviceMatrix, q_a_norm: View<'a>, q_b: &'a DeviceMatrix },
     Direct(&'a DeviceMatrix),
 }
 
@@ -242,19 +232,13 @@ impl<'a> Frame<'a> {
         if !scratch.fits(&s, n) {
             return Err(VkError::BadArgument {
                 op: OP,
-                msg: format!(
-                    "{n} rows of {s:?} do not fit a scratch of {} rows of {:?}",
-                    scratch.rows, scratch.shape
-                ),
+                msg: format!("{n} rows of {s:?} do not fit a scratch of {} rows of {:?}", scratch.rows, scratch.shape),
             });
         }
         let hidden = w.kv_a.cols;
         let q_ok = match w.q {
             MlaQuery::Lora { q_a, q_b, .. } => {
-                Some(q_a.rows) == s.q_lora
-                    && q_a.cols == hidden
-                    && q_b.cols == q_a.rows
-                    && q_b.rows == s.q_width()
+                Some(q_a.rows) == s.q_lora && q_a.cols == hidden && q_b.cols == q_a.rows && q_b.rows == s.q_width()
             }
             MlaQuery::Direct(q) => s.q_lora.is_none() && q.cols == hidden && q.rows == s.q_width(),
         };
@@ -266,7 +250,10 @@ impl<'a> Frame<'a> {
         if !q_ok || !shapes_ok {
             return Err(VkError::BadArgument {
                 op: OP,
-                msg: format!("kv_a {}x{}, kv_b {}x{}, o {}x{} (or the query's) for {s:?} and rows of {hidden}", w.kv_a.rows, w.kv_a.cols, w.kv_b.rows, w.kv_b.cols, w.o.rows, w.o.cols),
+                msg: format!(
+                    "kv_a {}x{}, kv_b {}x{}, o {}x{} (or the query's) for {s:?} and rows of {hidden}",
+                    w.kv_a.rows, w.kv_a.cols, w.kv_b.rows, w.kv_b.cols, w.o.rows, w.o.cols
+                ),
             });
         }
         x.check(OP, "x", n * hidden)?;
@@ -286,12 +273,7 @@ impl<'a> Frame<'a> {
                 if let Some(b) = w.q_a_bias {
                     self.add(qa, b, qa, n, q_a.rows, Broadcast::Row)?;
                 }
-                let normed = MatIn::Norm {
-                    x: qa,
-                    weight: q_a_norm,
-                    eps: s.eps,
-                    offset: 0.0,
-                };
+                let normed = MatIn::Norm { x: qa, weight: q_a_norm, eps: s.eps, offset: 0.0 };
                 self.matmul_fused(q_b, normed, n, q, None, MatmulPath::Auto, precision)?;
             }
             MlaQuery::Direct(wq) => self.matmul_with(wq, x, n, q, MatmulPath::Auto, precision)?,
@@ -305,7 +287,9 @@ impl<'a> Frame<'a> {
         self.mla_kv_at(s, rope, kv, w.kv_a_norm, q, n, pos, cache)?;
         // 5. The absorbed attention.
         let (ml, mr) = match pos {
-            Pos::Fixed(pos0) => (cache.latent.view_prefix((pos0 + n) * s.latent), cache.rope.view_prefix((pos0 + n) * s.rope)),
+            Pos::Fixed(pos0) => {
+                (cache.latent.view_prefix((pos0 + n) * s.latent), cache.rope.view_prefix((pos0 + n) * s.rope))
+            }
             Pos::Dynamic(_) => (cache.latent, cache.rope),
         };
         self.mla_absorb(s, w.kv_b, q, lat, n)?;
@@ -357,13 +341,9 @@ impl<'a> Frame<'a> {
         norm.check(OP, "latent norm", s.latent)?;
         q.check(OP, "q", n * s.q_width())?;
         rope.freq.check(OP, "frequencies", s.rope / 2)?;
-        cache
-            .latent
-            .check(OP, "latent mirror", (pos0 + n) * s.latent)?;
+        cache.latent.check(OP, "latent mirror", (pos0 + n) * s.latent)?;
         cache.rope.check(OP, "rope mirror", (pos0 + n) * s.rope)?;
-        cache
-            .latent_back
-            .check(OP, "latent read-back", n * s.latent)?;
+        cache.latent_back.check(OP, "latent read-back", n * s.latent)?;
         cache.rope_back.check(OP, "rope read-back", n * s.rope)?;
         let starts = [
             (norm, "latent norm"),
@@ -375,10 +355,7 @@ impl<'a> Frame<'a> {
         ];
         for (v, what) in starts {
             if v.offset != 0 {
-                return Err(VkError::BadArgument {
-                    op: OP,
-                    msg: format!("{what} views must start at element 0"),
-                });
+                return Err(VkError::BadArgument { op: OP, msg: format!("{what} views must start at element 0") });
             }
         }
         let push: Push = [
@@ -410,13 +387,7 @@ impl<'a> Frame<'a> {
             Bind::buf(cache.rope_back.buf),
             pos_bind,
         ];
-        self.dispatch(
-            Kernel::MlaKv,
-            None,
-            &binds,
-            &push,
-            [u32_arg(OP, "n", n)?, 1, 1],
-        )
+        self.dispatch(Kernel::MlaKv, None, &binds, &push, [u32_arg(OP, "n", n)?, 1, 1])
     }
 
     /// Each head's no-position query of `q` through `kv_b`'s key rows: `lat` (`n x heads x
@@ -451,12 +422,7 @@ impl<'a> Frame<'a> {
             0,
             0,
         ];
-        let binds = [
-            Bind::buf(&kv_b.q),
-            Bind::buf(&kv_b.s),
-            Bind::buf(q.buf),
-            Bind::buf(lat.buf),
-        ];
+        let binds = [Bind::buf(&kv_b.q), Bind::buf(&kv_b.s), Bind::buf(q.buf), Bind::buf(lat.buf)];
         self.dispatch(
             Kernel::MlaAbsorb,
             Some(kv_b.variant),
@@ -503,10 +469,7 @@ impl<'a> Frame<'a> {
         ml.check(OP, "latent mirror", (pos0 + n) * s.latent)?;
         mr.check(OP, "rope mirror", (pos0 + n) * s.rope)?;
         if ml.offset != 0 || mr.offset != 0 {
-            return Err(VkError::BadArgument {
-                op: OP,
-                msg: "mirror views must start at element 0".into(),
-            });
+            return Err(VkError::BadArgument { op: OP, msg: "mirror views must start at element 0".into() });
         }
         let push: Push = [
             u32_arg(OP, "n", n)?,
@@ -526,20 +489,8 @@ impl<'a> Frame<'a> {
             0,
             0,
         ];
-        let binds = [
-            Bind::buf(lat.buf),
-            Bind::buf(q.buf),
-            Bind::buf(ml.buf),
-            Bind::buf(mr.buf),
-            pos_bind,
-        ];
-        self.dispatch(
-            Kernel::MlaAttn,
-            None,
-            &binds,
-            &push,
-            [s.heads as u32, u32_arg(OP, "n", n)?, 1],
-        )
+        let binds = [Bind::buf(lat.buf), Bind::buf(q.buf), Bind::buf(ml.buf), Bind::buf(mr.buf), pos_bind];
+        self.dispatch(Kernel::MlaAttn, None, &binds, &push, [s.heads as u32, u32_arg(OP, "n", n)?, 1])
     }
 
     /// `kv_b`'s value rows of each head on its weighted latent in `lat`: `heads` (`n x heads x
@@ -557,11 +508,7 @@ impl<'a> Frame<'a> {
         s.check()?;
         lat.check(OP, "latents", n * s.heads * s.latent)?;
         heads.check(OP, "heads", n * s.out_heads())?;
-        let variant = if precision == Precision::Exact {
-            kv_b.variant.exact()
-        } else {
-            kv_b.variant
-        };
+        let variant = if precision == Precision::Exact { kv_b.variant.exact() } else { kv_b.variant };
         let (xq, xd) = if variant.q8_acts() {
             let q = self.quantize_acts(lat, n * s.heads, s.latent)?;
             (q.xq, q.xd)
@@ -586,32 +533,16 @@ impl<'a> Frame<'a> {
             0,
             0,
         ];
-        let binds = [
-            Bind::buf(&kv_b.q),
-            Bind::buf(&kv_b.s),
-            Bind::buf(lat.buf),
-            xq,
-            xd,
-            Bind::buf(heads.buf),
-        ];
+        let binds = [Bind::buf(&kv_b.q), Bind::buf(&kv_b.s), Bind::buf(lat.buf), xq, xd, Bind::buf(heads.buf)];
         let per = (64 / self.ctx.caps().min_subgroup_size.max(1) as usize).max(1);
         let groups = groups_for(s.out_heads(), per).min(65535);
-        self.dispatch(
-            Kernel::MlaValue,
-            Some(variant),
-            &binds,
-            &push,
-            [groups, u32_arg(OP, "n", n)?, 1],
-        )
+        self.dispatch(Kernel::MlaValue, Some(variant), &binds, &push, [groups, u32_arg(OP, "n", n)?, 1])
     }
 }
 
 impl<'a> View<'a> {
     /// The first `len` elements of this view (at most its length).
     fn view_prefix(self, len: usize) -> View<'a> {
-        View {
-            len: len.min(self.len),
-            ..self
-        }
+        View { len: len.min(self.len), ..self }
     }
 }

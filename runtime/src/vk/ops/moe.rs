@@ -21,15 +21,15 @@
 //!
 //! Must not: read an expert id on the host, or accept operands that do not fit (typed errors).
 
-use super::{groups_for, u32_arg};
 use super::matmul::MatIn;
+use super::{groups_for, u32_arg};
+use crate::bytes::as_bytes;
 use crate::cpu::experts::ExpertMats;
 use crate::cpu::Precision;
+use crate::format::WeightFormat;
 use crate::vk::context::{Context, DeviceBuffer, View};
 use crate::vk::error::{Result, VkError};
 use crate::vk::frame::{Bind, Frame, Push};
-use crate::format::WeightFormat;
-use crate::bytes::as_bytes;
 use crate::vk::layout::{pack, DeviceMatrix, Packed};
 use crate::vk::memory::MemoryUse;
 use crate::vk::shaders::{FormatVariant, Kernel};
@@ -207,7 +207,10 @@ impl Context {
             s: self.buffer(MemoryUse::Device, (d.s.len() * slots).max(16))?,
         };
         let bias = if has_bias { Some(self.f32_buffer(slots * (2 * ffn + hidden))?) } else { None };
-        let units = [(like.gate.format, ffn, hidden, g.q.len(), g.s.len()), (like.down.format, hidden, ffn, d.q.len(), d.s.len())];
+        let units = [
+            (like.gate.format, ffn, hidden, g.q.len(), g.s.len()),
+            (like.down.format, hidden, ffn, d.q.len(), d.s.len()),
+        ];
         Ok(DeviceExperts { experts: slots, ffn, hidden, gate_up, down, bias, units })
     }
 
@@ -217,8 +220,19 @@ impl Context {
         const OP: &str = "write_expert";
         let [(_, _, _, gq, gs), (_, _, _, dq, ds)] = d.units;
         let fits = |x: &Packed, q: usize, s: usize| x.q.len() == q && x.s.len() == s;
-        if slot >= d.experts || !fits(&p.gate, gq, gs) || !fits(&p.up, gq, gs) || !fits(&p.down, dq, ds) || p.bias.is_some() != d.bias.is_some() {
-            return Err(VkError::BadArgument { op: OP, msg: format!("slot {slot} of {}: the expert's shape, format or biases differ from the slots'", d.experts) });
+        if slot >= d.experts
+            || !fits(&p.gate, gq, gs)
+            || !fits(&p.up, gq, gs)
+            || !fits(&p.down, dq, ds)
+            || p.bias.is_some() != d.bias.is_some()
+        {
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: format!(
+                    "slot {slot} of {}: the expert's shape, format or biases differ from the slots'",
+                    d.experts
+                ),
+            });
         }
         self.write(&d.gate_up.q, 2 * slot * gq, &p.gate.q)?;
         self.write(&d.gate_up.q, (2 * slot + 1) * gq, &p.up.q)?;
@@ -233,7 +247,10 @@ impl Context {
         if let (Some(b), Some((gb, ub, db))) = (&d.bias, &p.bias) {
             let (f, h) = (d.ffn, d.hidden);
             if gb.len() != f || ub.len() != f || db.len() != h {
-                return Err(VkError::BadArgument { op: OP, msg: format!("biases of {}, {}, {} entries for {f}, {f}, {h} rows", gb.len(), ub.len(), db.len()) });
+                return Err(VkError::BadArgument {
+                    op: OP,
+                    msg: format!("biases of {}, {}, {} entries for {f}, {f}, {h} rows", gb.len(), ub.len(), db.len()),
+                });
             }
             self.write(b, slot * 2 * f * 4, as_bytes(gb))?;
             self.write(b, (slot * 2 * f + f) * 4, as_bytes(ub))?;
@@ -245,9 +262,16 @@ impl Context {
     /// Uploads a layer's `experts` experts (`expert(e)`: its matrices, as the CPU reads them)
     /// into slots 0..experts. Every expert's gate and up must share a format and shape, and so
     /// must every expert's down.
-    pub fn upload_experts<'m>(&self, experts: usize, expert: &dyn Fn(usize) -> ExpertMats<'m>) -> Result<DeviceExperts> {
+    pub fn upload_experts<'m>(
+        &self,
+        experts: usize,
+        expert: &dyn Fn(usize) -> ExpertMats<'m>,
+    ) -> Result<DeviceExperts> {
         if experts == 0 || experts > MAX_EXPERTS {
-            return Err(VkError::BadArgument { op: "upload_experts", msg: format!("{experts} experts (at most {MAX_EXPERTS})") });
+            return Err(VkError::BadArgument {
+                op: "upload_experts",
+                msg: format!("{experts} experts (at most {MAX_EXPERTS})"),
+            });
         }
         let first = expert(0);
         let d = self.expert_slots(experts, &first)?;
@@ -255,7 +279,11 @@ impl Context {
         let (ffn, hidden) = (d.ffn, d.hidden);
         for e in 0..experts {
             let m = expert(e);
-            let shapes = [(m.gate.format, m.gate.rows, m.gate.cols), (m.up.format, m.up.rows, m.up.cols), (m.down.format, m.down.rows, m.down.cols)];
+            let shapes = [
+                (m.gate.format, m.gate.rows, m.gate.cols),
+                (m.up.format, m.up.rows, m.up.cols),
+                (m.down.format, m.down.rows, m.down.cols),
+            ];
             if shapes != [(fgu, ffn, hidden), (fgu, ffn, hidden), (fd, hidden, ffn)] {
                 return Err(VkError::BadArgument {
                     op: "upload_experts",
@@ -269,7 +297,14 @@ impl Context {
 
     /// Scratch for `Frame::moe` over chunks of up to `rows` rows, for layers of at most
     /// `experts` experts of `hidden` x `ffn`, `top_k` ranks.
-    pub fn moe_scratch(&self, rows: usize, top_k: usize, hidden: usize, ffn: usize, experts: usize) -> Result<MoeScratch> {
+    pub fn moe_scratch(
+        &self,
+        rows: usize,
+        top_k: usize,
+        hidden: usize,
+        ffn: usize,
+        experts: usize,
+    ) -> Result<MoeScratch> {
         let pairs = rows.max(1) * top_k.max(1);
         let (xq, xd) = q8_bytes(rows.max(1) * hidden);
         let (hq, hd) = q8_bytes(pairs * ffn);
@@ -301,12 +336,30 @@ fn glu_args(kind: GluKind) -> (u32, f32, f32) {
 
 impl<'a> Frame<'a> {
     /// Quantizes `n` rows of `cols` (from element `off` of `x`) into `q`/`d` (`quantize_q8.comp`).
-    fn moe_quantize(&mut self, x: &'a DeviceBuffer, off: usize, n: usize, cols: usize, q: &'a DeviceBuffer, d: &'a DeviceBuffer) -> Result<()> {
+    fn moe_quantize(
+        &mut self,
+        x: &'a DeviceBuffer,
+        off: usize,
+        n: usize,
+        cols: usize,
+        q: &'a DeviceBuffer,
+        d: &'a DeviceBuffer,
+    ) -> Result<()> {
         const OP: &str = "moe";
         let blocks = n * cols / 32;
         let mut push: Push = [0; 16];
-        push[..3].copy_from_slice(&[u32_arg(OP, "blocks", blocks)?, u32_arg(OP, "cols", cols)?, u32_arg(OP, "x offset", off)?]);
-        self.dispatch(Kernel::QuantizeQ8, None, &[Bind::buf(x), Bind::buf(q), Bind::buf(d)], &push, [groups_for(blocks, 64), 1, 1])
+        push[..3].copy_from_slice(&[
+            u32_arg(OP, "blocks", blocks)?,
+            u32_arg(OP, "cols", cols)?,
+            u32_arg(OP, "x offset", off)?,
+        ]);
+        self.dispatch(
+            Kernel::QuantizeQ8,
+            None,
+            &[Bind::buf(x), Bind::buf(q), Bind::buf(d)],
+            &push,
+            [groups_for(blocks, 64), 1, 1],
+        )
     }
 
     /// `out[n x hidden] = sum_k w[r,k] * expert_{e[r,k]}(x[r])` over the routing `routing`
@@ -320,7 +373,14 @@ impl<'a> Frame<'a> {
     /// experts' quantization; only for experts with 8-bit activations at `Precision::Fast`)
     /// and, with `residual`, `out = residual + the sum` (the residual Add folded into the
     /// store; `residual` may be `out` itself).
-    pub fn moe_fused(&mut self, c: MoeCall<'a>, input: MatIn<'a>, residual: Option<View<'a>>, routing: View<'a>, out: View<'a>) -> Result<()> {
+    pub fn moe_fused(
+        &mut self,
+        c: MoeCall<'a>,
+        input: MatIn<'a>,
+        residual: Option<View<'a>>,
+        routing: View<'a>,
+        out: View<'a>,
+    ) -> Result<()> {
         self.moe_with(c, input, residual, routing, out, true)
     }
 
@@ -337,7 +397,15 @@ impl<'a> Frame<'a> {
         self.moe_with(c, MatIn::Plain(x), None, routing, y, false)
     }
 
-    fn moe_with(&mut self, c: MoeCall<'a>, input: MatIn<'a>, residual: Option<View<'a>>, routing: View<'a>, out: View<'a>, sum: bool) -> Result<()> {
+    fn moe_with(
+        &mut self,
+        c: MoeCall<'a>,
+        input: MatIn<'a>,
+        residual: Option<View<'a>>,
+        routing: View<'a>,
+        out: View<'a>,
+        sum: bool,
+    ) -> Result<()> {
         let MoeCall { experts: ex, scratch: s, n, top_k, glu, precision, path } = c;
         const OP: &str = "moe";
         let x = input.base();
@@ -345,7 +413,12 @@ impl<'a> Frame<'a> {
         match input {
             MatIn::Plain(_) => {}
             MatIn::Norm { .. } if Self::moe_takes_norm(ex, precision) => {}
-            _ => return Err(VkError::BadArgument { op: OP, msg: "the experts take a norm only into 8-bit activations".into() }),
+            _ => {
+                return Err(VkError::BadArgument {
+                    op: OP,
+                    msg: "the experts take a norm only into 8-bit activations".into(),
+                })
+            }
         }
         if let Some(r) = residual {
             if !sum {
@@ -355,12 +428,18 @@ impl<'a> Frame<'a> {
         }
         // Slots of the tier (`!sum`) may be fewer than a row's ranks.
         if top_k == 0 || top_k > MAX_TOP_K || (sum && top_k > e) {
-            return Err(VkError::BadArgument { op: OP, msg: format!("top {top_k} of {e} experts (at most {MAX_TOP_K})") });
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: format!("top {top_k} of {e} experts (at most {MAX_TOP_K})"),
+            });
         }
         if n > s.rows || top_k > s.top_k || hid > s.hidden || ffn > s.ffn || e > s.experts {
             return Err(VkError::BadArgument {
                 op: OP,
-                msg: format!("{n} rows, top {top_k}, {hid}x{ffn}, {e} experts exceed the scratch ({} rows, top {}, {}x{}, {})", s.rows, s.top_k, s.hidden, s.ffn, s.experts),
+                msg: format!(
+                    "{n} rows, top {top_k}, {hid}x{ffn}, {e} experts exceed the scratch ({} rows, top {}, {}x{}, {})",
+                    s.rows, s.top_k, s.hidden, s.ffn, s.experts
+                ),
             });
         }
         x.check(OP, "x (n x hidden)", n * hid)?;
@@ -387,7 +466,11 @@ impl<'a> Frame<'a> {
         let (glu_kind, limit, alpha) = glu_args(glu);
         let bias = ex.bias.as_ref().map_or(Bind::UNUSED, Bind::buf);
         let (gb, db) = if ex.bias.is_some() { (0u32, u32_arg(OP, "bias offset", e * 2 * ffn)?) } else { (NONE, NONE) };
-        let (r_off, x_off, o_off) = (u32_arg(OP, "routing offset", routing.offset)?, u32_arg(OP, "x offset", x.offset)?, u32_arg(OP, "out offset", out.offset)?);
+        let (r_off, x_off, o_off) = (
+            u32_arg(OP, "routing offset", routing.offset)?,
+            u32_arg(OP, "x offset", x.offset)?,
+            u32_arg(OP, "out offset", out.offset)?,
+        );
         let (k32, e32) = (top_k as u32, e as u32);
         // 1. Gate and up, the gated unit into h (pairs x ffn).
         let (xq, xd) = if gv.q8_acts() {
@@ -406,19 +489,73 @@ impl<'a> Frame<'a> {
         let (f32_, h32) = (ffn as u32, hid as u32);
         if gemv {
             let per = self.rows_per_group(gv)?;
-            let push: Push = [f32_, h32, gqs, gss, x_off, 0, r_off, k32, e32, 0, glu_kind, limit.to_bits(), alpha.to_bits(), gb, 0, 0];
-            let binds = [Bind::buf(&gu.q), Bind::buf(&gu.s), Bind::buf(x.buf), xq, xd, Bind::buf(&s.h), Bind::buf(routing.buf), bias];
-            self.dispatch(Kernel::MoeMatvec, Some(gv), &binds, &push, [groups_for(ffn, per).min(MAX_GROUPS as u32), pairs as u32, 1])?;
+            let push: Push = [
+                f32_,
+                h32,
+                gqs,
+                gss,
+                x_off,
+                0,
+                r_off,
+                k32,
+                e32,
+                0,
+                glu_kind,
+                limit.to_bits(),
+                alpha.to_bits(),
+                gb,
+                0,
+                0,
+            ];
+            let binds = [
+                Bind::buf(&gu.q),
+                Bind::buf(&gu.s),
+                Bind::buf(x.buf),
+                xq,
+                xd,
+                Bind::buf(&s.h),
+                Bind::buf(routing.buf),
+                bias,
+            ];
+            self.dispatch(
+                Kernel::MoeMatvec,
+                Some(gv),
+                &binds,
+                &push,
+                [groups_for(ffn, per).min(MAX_GROUPS as u32), pairs as u32, 1],
+            )?;
         } else {
             let mut push: Push = [0; 16];
             push[..4].copy_from_slice(&[n as u32, k32, e32, r_off]);
             self.dispatch(Kernel::MoeGroup, None, &[Bind::buf(routing.buf), Bind::buf(&s.groups)], &push, [1, 1, 1])?;
-            let push: Push = [f32_, h32, gqs, gss, x_off, 0, k32, e32, 0, glu_kind, limit.to_bits(), alpha.to_bits(), gb, 0, 0, 0];
-            let binds = [Bind::buf(&gu.q), Bind::buf(&gu.s), Bind::buf(x.buf), xq, xd, Bind::buf(&s.h), Bind::buf(&s.groups), bias];
+            let push: Push =
+                [f32_, h32, gqs, gss, x_off, 0, k32, e32, 0, glu_kind, limit.to_bits(), alpha.to_bits(), gb, 0, 0, 0];
+            let binds = [
+                Bind::buf(&gu.q),
+                Bind::buf(&gu.s),
+                Bind::buf(x.buf),
+                xq,
+                xd,
+                Bind::buf(&s.h),
+                Bind::buf(&s.groups),
+                bias,
+            ];
             if self.coop_i8(gv, n) {
-                self.dispatch(Kernel::MoeMatmulCoop, None, &binds, &push, [groups_for(ffn, COOP_BO).min(MAX_GROUPS as u32), n.div_ceil(COOP_BR) as u32, e32])?;
+                self.dispatch(
+                    Kernel::MoeMatmulCoop,
+                    None,
+                    &binds,
+                    &push,
+                    [groups_for(ffn, COOP_BO).min(MAX_GROUPS as u32), n.div_ceil(COOP_BR) as u32, e32],
+                )?;
             } else {
-                self.dispatch(Kernel::MoeMatmul, Some(gv), &binds, &push, [groups_for(ffn, GEMM_BO).min(MAX_GROUPS as u32), n.div_ceil(GEMM_BR) as u32, e32])?;
+                self.dispatch(
+                    Kernel::MoeMatmul,
+                    Some(gv),
+                    &binds,
+                    &push,
+                    [groups_for(ffn, GEMM_BO).min(MAX_GROUPS as u32), n.div_ceil(GEMM_BR) as u32, e32],
+                )?;
             }
         }
         // 2. Down, and the rank-ordered sum into out.
@@ -434,28 +571,65 @@ impl<'a> Frame<'a> {
             let per = self.rows_per_group(dv)?;
             // Mode 1: down and the rank-ordered sum per row; mode 2: down per pair.
             let (mode, wgs) = if sum { (1, n) } else { (2, pairs) };
-            let (res_on, res_off) = (residual.is_some() as u32, u32_arg(OP, "residual offset", residual.map_or(0, |r| r.offset))?);
+            let (res_on, res_off) =
+                (residual.is_some() as u32, u32_arg(OP, "residual offset", residual.map_or(0, |r| r.offset))?);
             let push: Push = [h32, f32_, dqs, dss, 0, o_off, r_off, k32, e32, mode, 0, 0, 0, db, res_on, res_off];
             let res = residual.map_or(Bind::UNUSED, |r| Bind::buf(r.buf));
-            let binds = [Bind::buf(&dm.q), Bind::buf(&dm.s), Bind::buf(&s.h), hq, hd, Bind::buf(out.buf), Bind::buf(routing.buf), bias, res];
-            self.dispatch(Kernel::MoeMatvec, Some(dv), &binds, &push, [groups_for(hid, per).min(MAX_GROUPS as u32), wgs as u32, 1])
+            let binds = [
+                Bind::buf(&dm.q),
+                Bind::buf(&dm.s),
+                Bind::buf(&s.h),
+                hq,
+                hd,
+                Bind::buf(out.buf),
+                Bind::buf(routing.buf),
+                bias,
+                res,
+            ];
+            self.dispatch(
+                Kernel::MoeMatvec,
+                Some(dv),
+                &binds,
+                &push,
+                [groups_for(hid, per).min(MAX_GROUPS as u32), wgs as u32, 1],
+            )
         } else {
             let (y, y_off) = if sum { (&s.y, 0) } else { (out.buf, o_off) };
             let push: Push = [h32, f32_, dqs, dss, 0, y_off, k32, e32, 1, 0, 0, 0, db, 0, 0, 0];
-            let binds = [Bind::buf(&dm.q), Bind::buf(&dm.s), Bind::buf(&s.h), hq, hd, Bind::buf(y), Bind::buf(&s.groups), bias];
+            let binds =
+                [Bind::buf(&dm.q), Bind::buf(&dm.s), Bind::buf(&s.h), hq, hd, Bind::buf(y), Bind::buf(&s.groups), bias];
             if self.coop_i8(dv, n) {
-                self.dispatch(Kernel::MoeMatmulCoop, None, &binds, &push, [groups_for(hid, COOP_BO).min(MAX_GROUPS as u32), n.div_ceil(COOP_BR) as u32, e32])?;
+                self.dispatch(
+                    Kernel::MoeMatmulCoop,
+                    None,
+                    &binds,
+                    &push,
+                    [groups_for(hid, COOP_BO).min(MAX_GROUPS as u32), n.div_ceil(COOP_BR) as u32, e32],
+                )?;
             } else {
-                self.dispatch(Kernel::MoeMatmul, Some(dv), &binds, &push, [groups_for(hid, GEMM_BO).min(MAX_GROUPS as u32), n.div_ceil(GEMM_BR) as u32, e32])?;
+                self.dispatch(
+                    Kernel::MoeMatmul,
+                    Some(dv),
+                    &binds,
+                    &push,
+                    [groups_for(hid, GEMM_BO).min(MAX_GROUPS as u32), n.div_ceil(GEMM_BR) as u32, e32],
+                )?;
             }
             if !sum {
                 return Ok(());
             }
             let mut push: Push = [0; 16];
-            let (res_on, res_off) = (residual.is_some() as u32, u32_arg(OP, "residual offset", residual.map_or(0, |r| r.offset))?);
+            let (res_on, res_off) =
+                (residual.is_some() as u32, u32_arg(OP, "residual offset", residual.map_or(0, |r| r.offset))?);
             push[..8].copy_from_slice(&[n as u32, h32, k32, e32, r_off, o_off, res_on, res_off]);
             let res = residual.map_or(Bind::UNUSED, |r| Bind::buf(r.buf));
-            self.dispatch(Kernel::MoeSum, None, &[Bind::buf(&s.y), Bind::buf(routing.buf), Bind::buf(out.buf), res], &push, [groups_for(n * hid, 64), 1, 1])
+            self.dispatch(
+                Kernel::MoeSum,
+                None,
+                &[Bind::buf(&s.y), Bind::buf(routing.buf), Bind::buf(out.buf), res],
+                &push,
+                [groups_for(n * hid, 64), 1, 1],
+            )
         }
     }
 

@@ -4,11 +4,11 @@
 //!
 //! Must not: compute frequencies on the device.
 
+use super::attention::Pos;
 use super::{groups_for, u32_arg};
 use crate::vk::context::View;
 use crate::vk::error::{Result, VkError};
 use crate::vk::frame::{Bind, Frame, Push};
-use super::attention::Pos;
 use crate::vk::shaders::Kernel;
 use coli_compiler::ir::RopeStyle;
 
@@ -40,7 +40,16 @@ pub struct RopeShape {
 impl<'a> Frame<'a> {
     /// `out = x / rms(x) * (weight + offset)` over groups of `weight.len` columns of `n` rows
     /// of `width`; `x` and `out` may be the same view.
-    pub fn rms_norm(&mut self, x: View<'a>, weight: View<'a>, out: View<'a>, n: usize, width: usize, eps: f32, offset: f32) -> Result<()> {
+    pub fn rms_norm(
+        &mut self,
+        x: View<'a>,
+        weight: View<'a>,
+        out: View<'a>,
+        n: usize,
+        width: usize,
+        eps: f32,
+        offset: f32,
+    ) -> Result<()> {
         self.rms_norms(NormArgs { x, weight, out, width }, None, n, eps, offset)
     }
 
@@ -55,7 +64,10 @@ impl<'a> Frame<'a> {
         let check = |t: &NormArgs| -> Result<(u32, u32, u32, u32)> {
             let group = t.weight.len;
             if group == 0 || t.width % group != 0 {
-                return Err(VkError::BadArgument { op: OP, msg: format!("row width {} is not a multiple of the group {group}", t.width) });
+                return Err(VkError::BadArgument {
+                    op: OP,
+                    msg: format!("row width {} is not a multiple of the group {group}", t.width),
+                });
             }
             t.x.check(OP, "x", n * t.width)?;
             t.out.check(OP, "out", n * t.width)?;
@@ -63,7 +75,12 @@ impl<'a> Frame<'a> {
             if t.weight.offset != 0 {
                 return Err(VkError::BadArgument { op: OP, msg: "weight views must start at element 0".into() });
             }
-            Ok((u32_arg(OP, "width", t.width)?, group as u32, u32_arg(OP, "x offset", t.x.offset)?, u32_arg(OP, "out offset", t.out.offset)?))
+            Ok((
+                u32_arg(OP, "width", t.width)?,
+                group as u32,
+                u32_arg(OP, "x offset", t.x.offset)?,
+                u32_arg(OP, "out offset", t.out.offset)?,
+            ))
         };
         let (w1, g1, x1, o1) = check(&a)?;
         let (w2, g2, x2, o2) = match &b {
@@ -77,7 +94,13 @@ impl<'a> Frame<'a> {
             binds.extend([Bind::buf(t.x.buf), Bind::buf(t.weight.buf), Bind::buf(t.out.buf)]);
         }
         let groups = (w1 / g1).max(w2 / g2);
-        self.dispatch(Kernel::RmsNorm, None, &binds, &push, [groups, u32_arg(OP, "n", n)?, if b.is_some() { 2 } else { 1 }])
+        self.dispatch(
+            Kernel::RmsNorm,
+            None,
+            &binds,
+            &push,
+            [groups, u32_arg(OP, "n", n)?, if b.is_some() { 2 } else { 1 }],
+        )
     }
 
     /// Rotates the first `2 * freq.len` columns of each head in place (`freq`: the inverse
@@ -92,7 +115,16 @@ impl<'a> Frame<'a> {
         let (pos0, dyn_, params) = pos.parts(OP)?;
         let half = freq.len;
         if 2 * half > s.head_dim || s.heads * s.head_dim > s.width {
-            return Err(VkError::BadArgument { op: OP, msg: format!("rotary dim {} / head_dim {} / heads {} / width {}", 2 * half, s.head_dim, s.heads, s.width) });
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: format!(
+                    "rotary dim {} / head_dim {} / heads {} / width {}",
+                    2 * half,
+                    s.head_dim,
+                    s.heads,
+                    s.width
+                ),
+            });
         }
         x.check(OP, "x", s.n * s.width)?;
         freq.check(OP, "frequencies", half)?;
@@ -113,6 +145,12 @@ impl<'a> Frame<'a> {
             dyn_,
         ]);
         let count = s.n * s.heads * half;
-        self.dispatch(Kernel::Rope, None, &[Bind::buf(x.buf), Bind::buf(freq.buf), params], &push, [groups_for(count, 64), 1, 1])
+        self.dispatch(
+            Kernel::Rope,
+            None,
+            &[Bind::buf(x.buf), Bind::buf(freq.buf), params],
+            &push,
+            [groups_for(count, 64), 1, 1],
+        )
     }
 }

@@ -27,14 +27,28 @@ const MAX_G: usize = 64;
 
 impl<'a> Frame<'a> {
     /// Routes `n` rows of `experts` logits into `out` (`n x 2 * top_k`).
-    pub fn route(&mut self, logits: View<'a>, bias: Option<View<'a>>, out: View<'a>, n: usize, experts: usize, p: RouteParams) -> Result<()> {
+    pub fn route(
+        &mut self,
+        logits: View<'a>,
+        bias: Option<View<'a>>,
+        out: View<'a>,
+        n: usize,
+        experts: usize,
+        p: RouteParams,
+    ) -> Result<()> {
         const OP: &str = "route";
         if experts > MAX_E || p.top_k > MAX_K || p.top_k > experts || p.top_k == 0 {
-            return Err(VkError::BadArgument { op: OP, msg: format!("{experts} experts, top {} (at most {MAX_E}, {MAX_K})", p.top_k) });
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: format!("{experts} experts, top {} (at most {MAX_E}, {MAX_K})", p.top_k),
+            });
         }
         let (ng, tg) = p.groups.unwrap_or((0, 0));
         if p.groups.is_some() && (ng == 0 || ng > MAX_G || experts % ng != 0 || tg == 0 || tg > ng) {
-            return Err(VkError::BadArgument { op: OP, msg: format!("{ng} groups (keep {tg}) over {experts} experts") });
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: format!("{ng} groups (keep {tg}) over {experts} experts"),
+            });
         }
         logits.check(OP, "logits", n * experts)?;
         out.check(OP, "out", n * 2 * p.top_k)?;

@@ -1,0 +1,320 @@
+//! The weight side of lowering: a weight name resolved for the checkpoint's naming scheme
+//! (following `tied`), its shape checked against the tensor table, routed-expert tensors and
+//! their biases, and the weight roles of the fused ops (MLA, Gated DeltaNet) checked against
+//! the geometry the runtime relies on. Must not: decide widths of values (that is `program`).
+
+use super::program::{has_e, Lowerer};
+use crate::bind::Naming;
+use crate::diag::Span;
+use crate::ir::*;
+use crate::spec::{GluSpec, ScalingSpec, Text};
+
+impl<'a> Lowerer<'a> {
+    pub(super) fn scheme(&self) -> &'static str {
+        match self.b.naming {
+            Naming::Hf => "HF",
+            Naming::Gguf => "GGUF",
+        }
+    }
+
+    /// The pattern of weight `name` for this checkpoint's naming scheme.
+    pub(super) fn pattern(&self, name: &str) -> Option<&'a Text> {
+        let def = self.spec.weight(name)?;
+        match self.b.naming {
+            Naming::Hf => def.hf.as_ref(),
+            Naming::Gguf => def.gguf.as_ref(),
+        }
+    }
+
+    /// Resolves weight `t` (following `tied`), checking it against the checkpoint.
+    pub(super) fn weight(&mut self, t: &Text) -> Option<WeightRef> {
+        let (name, shape, pattern, rows) = self.weight_def(&t.value, t.span, 0)?;
+        if has_e(&name) {
+            self.err(
+                t.span,
+                format!("weight `{}` is per expert (`{{e}}` in its name); only `RoutedExperts` can read it", t.value),
+            );
+            return None;
+        }
+        if self.spec.weight(&t.value).is_some_and(|d| d.input_major) {
+            self.err(t.span, format!("weight `{}` is input-major; only `RoutedExperts` can read it", t.value));
+            return None;
+        }
+        let w = WeightRef { name, shape, rows };
+        self.check_tensor(&w.name, &w.tensor_shape(), pattern.span);
+        Some(w)
+    }
+
+    /// A per-expert bias: one stacked `[experts, width]` tensor, possibly selecting entries.
+    pub(super) fn expert_bias(&mut self, t: &Text, experts: usize, width: usize) -> Option<ExpertBias> {
+        let (name, shape, pattern, select) = self.weight_def(&t.value, t.span, 0)?;
+        if has_e(&name) {
+            self.err(
+                t.span,
+                format!(
+                    "expert bias `{}` must be one stacked [experts, width] tensor (no `{{e}}` in its name)",
+                    t.value
+                ),
+            );
+            return None;
+        }
+        if shape != [width] {
+            self.err(t.span, format!("expert bias `{}` has shape {shape:?}, the experts need [{width}]", t.value));
+            return None;
+        }
+        let b = ExpertBias { name, shape: vec![experts, width], select };
+        self.check_tensor(&b.name, &b.tensor_shape(), pattern.span);
+        Some(b)
+    }
+
+    /// `(tensor name, spec shape, pattern, row selection)` of a weight, following `tied`.
+    pub(super) fn weight_def(
+        &mut self,
+        name: &str,
+        span: Span,
+        depth: usize,
+    ) -> Option<(String, Vec<usize>, &'a Text, Option<RowSelect>)> {
+        let def = self.spec.weight(name)?;
+        if depth > 4 {
+            self.err(span, format!("weight `{name}` is tied in a cycle"));
+            return None;
+        }
+        let shape = def.shape.iter().map(|s| self.int(s)).collect::<Option<Vec<_>>>()?;
+        let pattern = self.pattern(name);
+        let layer = self.layer.unwrap_or(0);
+        if let Some(tied) = &def.tied {
+            let when = self.boolean(&tied.when)?;
+            let absent = match (pattern, &self.b.tensors) {
+                (None, _) => true,
+                (Some(p), Some(t)) => !t.contains_key(&self.syms.tensor_name(&p.value, layer)),
+                (Some(_), None) => false,
+            };
+            if when || absent {
+                return self.weight_def(&tied.to.value, tied.to.span, depth + 1);
+            }
+        }
+        let Some(p) = pattern else {
+            let scheme = self.scheme();
+            let key =
+                self.spec.file.weights.0.iter().find(|(k, _)| k.value == name).map(|(k, _)| k.span).unwrap_or(span);
+            self.err(
+                key,
+                format!("weight `{name}` has no {scheme} tensor name, and this checkpoint uses {scheme} names"),
+            );
+            return None;
+        };
+        let rows = match &def.rows {
+            None => None,
+            Some(r) => {
+                let sel = RowSelect {
+                    groups: self.int(&r.groups)?,
+                    stride: self.int(&r.stride)?,
+                    offset: self.int(&r.offset)?,
+                    take: self.int(&r.take)?,
+                };
+                if shape.first() != Some(&(sel.groups * sel.take)) || sel.offset + sel.take > sel.stride {
+                    self.err(r.groups.span, format!("rows {sel:?} do not fit: the shape's first dimension must be groups x take and offset + take at most stride"));
+                    return None;
+                }
+                Some(sel)
+            }
+        };
+        Some((self.syms.tensor_name(&p.value, layer), shape, p, rows))
+    }
+
+    pub(super) fn check_tensor(&mut self, name: &str, want: &[usize], span: Span) {
+        let Some(tensors) = &self.b.tensors else { return };
+        match tensors.get(name) {
+            None => {
+                let src = self.b.source.display().to_string();
+                self.err(span, format!("tensor `{name}` is not in the checkpoint {src}"));
+            }
+            Some(t) if t.shape != want => {
+                let got = t.shape.clone();
+                self.err(
+                    span,
+                    format!("tensor `{name}` has shape {got:?} in the checkpoint, the spec expects {want:?}"),
+                );
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// An expert matrix: per-expert (`{e}` in the name) or stacked `[experts, rows, cols]`.
+    pub(super) fn expert(&mut self, t: &Text, experts: usize, rows: usize, cols: usize) -> Option<ExpertTensor> {
+        let (name, shape, pattern, sel) = self.weight_def(&t.value, t.span, 0)?;
+        if shape != [rows, cols] {
+            self.err(
+                t.span,
+                format!("expert weight `{}` has shape {shape:?}, the experts need [{rows}, {cols}]", t.value),
+            );
+        }
+        if self.spec.weight(&t.value).is_some_and(|d| d.input_major) {
+            if has_e(&name) {
+                self.err(
+                    t.span,
+                    format!(
+                        "input-major expert weight `{}` must be one stacked tensor (no `{{e}}` in its name)",
+                        t.value
+                    ),
+                );
+                return None;
+            }
+            let e = ExpertTensor::StackedInputMajor { name, shape: vec![experts, rows, cols], select: sel };
+            if let ExpertTensor::StackedInputMajor { name, .. } = &e {
+                self.check_tensor(name, &e.tensor_shape(), pattern.span);
+            }
+            return Some(e);
+        }
+        if sel.is_some() {
+            self.err(t.span, "expert weights select rows only when input-major");
+            return None;
+        }
+        if has_e(&name) {
+            if let Some(tensors) = &self.b.tensors {
+                let bad: Vec<usize> = (0..experts)
+                    .filter(|e| {
+                        tensors.get(&name.replace("{e}", &e.to_string())).map(|x| x.shape != shape).unwrap_or(true)
+                    })
+                    .collect();
+                if let Some(first) = bad.first() {
+                    let one = name.replace("{e}", &first.to_string());
+                    let how = match tensors.get(&one) {
+                        None => "missing".to_string(),
+                        Some(x) => format!("of shape {:?}", x.shape),
+                    };
+                    self.err(pattern.span, format!("tensor `{name}` is {how} for {} of {experts} experts (first: `{one}`); the spec expects {shape:?}", bad.len()));
+                }
+            }
+            Some(ExpertTensor::PerExpert { pattern: name, shape })
+        } else {
+            let stacked = vec![experts, shape[0], shape[1]];
+            self.check_tensor(&name, &stacked, pattern.span);
+            Some(ExpertTensor::Stacked { name, shape: stacked })
+        }
+    }
+
+    pub(super) fn glu(&mut self, g: &GluSpec) -> Option<GluKind> {
+        Some(match g {
+            GluSpec::SwiGlu => GluKind::SwiGlu,
+            GluSpec::GeGlu => GluKind::GeGlu,
+            GluSpec::ClampedSwiGlu { limit, alpha } => {
+                GluKind::ClampedSwiGlu { limit: self.float(limit)?, alpha: self.float(alpha)? }
+            }
+        })
+    }
+
+    pub(super) fn scaling(&mut self, s: &ScalingSpec, span: Span) -> Option<RopeScaling> {
+        match s {
+            ScalingSpec::None => Some(RopeScaling::None),
+            ScalingSpec::FromConfig => match self.syms.rope_scaling() {
+                Ok(r) => Some(r),
+                Err(m) => {
+                    self.err(span, m);
+                    None
+                }
+            },
+        }
+    }
+
+    /// Reports unless an MLA op's weights are the roles it knows, in the shapes its geometry
+    /// needs (so the runtime can rely on them): `q` or `q_a`, `q_a_norm`, `q_b` (as
+    /// `q_lora_rank` says); `kv_a`, `kv_a_norm`, `kv_b`, `o`; optional biases `q_a_bias`,
+    /// `kv_a_bias`, `o_bias`.
+    pub(super) fn mla_roles(&mut self, s: &MlaSpec, hidden: usize, span: Span) {
+        let (h, dn, dr, dv, c) = (s.heads, s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim, s.kv_lora_rank);
+        let mut want: Vec<(&str, Vec<usize>, bool)> = vec![
+            ("kv_a", vec![c + dr, hidden], true),
+            ("kv_a_norm", vec![c], true),
+            ("kv_b", vec![h * (dn + dv), c], true),
+            ("o", vec![hidden, h * dv], true),
+            ("kv_a_bias", vec![c + dr], false),
+            ("o_bias", vec![hidden], false),
+        ];
+        match s.q_lora_rank {
+            Some(r) => want.extend([
+                ("q_a", vec![r, hidden], true),
+                ("q_a_norm", vec![r], true),
+                ("q_b", vec![h * (dn + dr), r], true),
+                ("q_a_bias", vec![r], false),
+            ]),
+            None => want.push(("q", vec![h * (dn + dr), hidden], true)),
+        }
+        for (role, w) in &s.weights {
+            match want.iter().find(|(r, _, _)| r == role) {
+                None => self.err(
+                    span,
+                    format!(
+                        "MLA has no weight role `{role}` here (roles: {})",
+                        want.iter().map(|w| w.0).collect::<Vec<_>>().join(", ")
+                    ),
+                ),
+                Some((_, shape, _)) if &w.shape != shape => {
+                    self.err(span, format!("MLA weight `{role}` has shape {:?}, the geometry needs {shape:?}", w.shape))
+                }
+                Some(_) => {}
+            }
+        }
+        for (role, _, required) in &want {
+            if *required && !s.weights.iter().any(|(r, _)| r == role) {
+                self.err(span, format!("MLA needs weight role `{role}`"));
+            }
+        }
+        if dr % 2 != 0 || h == 0 || c == 0 {
+            self.err(span, format!("MLA needs heads and a latent rank above 0 and an even rope head dim (heads {h}, kv_lora_rank {c}, qk_rope_head_dim {dr})"));
+        }
+    }
+
+    /// Reports unless a Gated DeltaNet's weights are the roles it knows in the shapes its
+    /// geometry needs: `in_proj_qkvz`, `in_proj_ba`, `conv1d` ([channels, 1, kernel]),
+    /// `dt_bias`, `a_log`, `norm` ([value_head_dim]), `out_proj`.
+    pub(super) fn deltanet_roles(&mut self, s: &LinearAttentionSpec, hidden: usize, span: Span) {
+        let (nk, nv, dk, dv, k) = (s.key_heads, s.value_heads, s.key_head_dim, s.value_head_dim, s.conv_kernel);
+        let channels = 2 * nk * dk + nv * dv;
+        let want: [(&str, Vec<usize>); 7] = [
+            ("in_proj_qkvz", vec![2 * nk * dk + 2 * nv * dv, hidden]),
+            ("in_proj_ba", vec![2 * nv, hidden]),
+            ("conv1d", vec![channels, 1, k]),
+            ("dt_bias", vec![nv]),
+            ("a_log", vec![nv]),
+            ("norm", vec![dv]),
+            ("out_proj", vec![hidden, nv * dv]),
+        ];
+        for (role, w) in &s.weights {
+            match want.iter().find(|(r, _)| r == role) {
+                None => self.err(
+                    span,
+                    format!(
+                        "Gated DeltaNet has no weight role `{role}` (roles: {})",
+                        want.iter().map(|w| w.0).collect::<Vec<_>>().join(", ")
+                    ),
+                ),
+                Some((_, shape)) if &w.shape != shape => self.err(
+                    span,
+                    format!("Gated DeltaNet weight `{role}` has shape {:?}, the geometry needs {shape:?}", w.shape),
+                ),
+                Some(_) => {}
+            }
+        }
+        for (role, _) in &want {
+            if !s.weights.iter().any(|(r, _)| r == role) {
+                self.err(span, format!("Gated DeltaNet needs weight role `{role}`"));
+            }
+        }
+        if k == 0 {
+            self.err(span, "the convolution kernel must be at least 1 wide");
+        }
+    }
+
+    pub(super) fn roles(&mut self, weights: &crate::spec::de::Entries<Text, Text>) -> Option<Vec<(String, WeightRef)>> {
+        let mut out = Vec::new();
+        let mut ok = true;
+        for (role, w) in &weights.0 {
+            match self.weight(w) {
+                Some(w) => out.push((role.value.clone(), w)),
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+}
