@@ -7,6 +7,6 @@ bash tools/setup.sh
 bash tools/fetch-model.sh >/dev/null
 prompt="${1:-What is the capital of France? Answer in one sentence.}"
 shift || true
-echo "coli: building (the first build also compiles the shader compiler's glslang: 8-16 minutes on two cores)" >&2
+echo "coli: building (the first build takes a few minutes on two cores)" >&2
 cargo build --release -q
 exec "${CARGO_TARGET_DIR:-target}/release/coli" exec --chat --prompt "$prompt" "$@"

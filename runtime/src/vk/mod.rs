@@ -1,7 +1,7 @@
 //! The Vulkan op library: a thin, unsafe Vulkan layer split by concern (`instance`, `device`,
 //! `memory`/`arena`, `pipeline`, `command`, `context`, `frame`) under a safe op layer (`ops`,
 //! `layout`) whose every op agrees with the CPU reference within a stated tolerance.
-//! Shaders are GLSL under `shaders/`, compiled at build time (`runtime/build.rs`).
+//! Shaders are GLSL under `shaders/`, committed as SPIR-V (`shaders/spirv/`) and embedded by `runtime/build.rs`.
 //!
 //! Typical use:
 //! ```no_run

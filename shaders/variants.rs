@@ -1,0 +1,127 @@
+// The shader variant table: which GLSL sources under `shaders/` are compiled, once per
+// weight-format define where a kernel is per-format, and a second time with `HW_DOT` for the
+// formats with 8-bit activations. Included (`include!`) by `runtime/build.rs`, which embeds
+// the committed SPIR-V under `shaders/spirv/`, by `tools/shaders` (the generator, which
+// compiles it with shaderc) and by the runtime's staleness test. Plain constants and one
+// hash function: no dependencies, nothing that touches the file system but `sources_hash`.
+
+/// Shader sources: (Rust variant, file under shaders/, compiled once per weight-format variant).
+pub const KERNELS: &[(&str, &str, bool)] = &[
+    ("Matvec", "matvec.comp", true),
+    ("Matmul", "matmul.comp", true),
+    ("Embed", "embed.comp", true),
+    ("QuantizeQ8", "quantize_q8.comp", false),
+    ("QuantizeRows", "quantize_rows.comp", false),
+    ("RmsNorm", "rms_norm.comp", false),
+    ("Rope", "rope.comp", false),
+    ("RopeKv", "rope_kv.comp", false),
+    ("Glu", "glu.comp", false),
+    ("Binary", "binary.comp", false),
+    ("Route", "route.comp", false),
+    ("AttnSplit", "attn_split.comp", false),
+    ("AttnBlock", "attn_block.comp", false),
+    ("AttnPart", "attn_part.comp", false),
+    ("MoeMatvec", "moe_matvec.comp", true),
+    ("MoeMatmul", "moe_matmul.comp", true),
+    ("MoeGroup", "moe_group.comp", false),
+    ("MoeSum", "moe_sum.comp", false),
+    ("DeltanetConv", "deltanet_conv.comp", false),
+    ("DeltanetRule", "deltanet_rule.comp", false),
+    ("MlaKv", "mla_kv.comp", false),
+    ("MlaAbsorb", "mla_absorb.comp", true),
+    ("MlaAttn", "mla_attn.comp", false),
+    ("MlaValue", "mla_value.comp", true),
+    ("MatmulCoop", "matmul_coop.comp", false),
+    ("MoeMatmulCoop", "moe_matmul_coop.comp", false),
+];
+
+/// Weight-format variants: (Rust variant of `FormatVariant`, the defines the sources test).
+/// `I8RowF` is `I8Row` with f32 activations (rows whose length is not a multiple of 32, which
+/// the CPU also multiplies in f32). The `*Exact` variants keep f32 activations for an integer
+/// format (the CPU's `Precision::Exact`).
+pub const FORMATS: &[(&str, &[&str])] = &[
+    ("F32", &["FMT_F32"]),
+    ("F16", &["FMT_F16"]),
+    ("BF16", &["FMT_BF16"]),
+    ("Q8_0", &["FMT_Q8_0"]),
+    ("Q4_0", &["FMT_Q4_0"]),
+    ("Q4_1", &["FMT_Q4_1"]),
+    ("Q4_K", &["FMT_Q4_K"]),
+    ("Q6_K", &["FMT_Q6_K"]),
+    ("I8Row", &["FMT_I8ROW"]),
+    ("I8RowF", &["FMT_I8ROW_F"]),
+    ("I4G64", &["FMT_I4G64"]),
+    ("Q8_0Exact", &["FMT_Q8_0", "ACTS_F32"]),
+    ("Q4_0Exact", &["FMT_Q4_0", "ACTS_F32"]),
+    ("Q4_1Exact", &["FMT_Q4_1", "ACTS_F32"]),
+    ("Q4_KExact", &["FMT_Q4_K", "ACTS_F32"]),
+    ("Q6_KExact", &["FMT_Q6_K", "ACTS_F32"]),
+    ("I8RowExact", &["FMT_I8ROW", "ACTS_F32"]),
+    ("I4G64Exact", &["FMT_I4G64", "ACTS_F32"]),
+];
+
+/// The format variants whose shaders take 8-bit activations: compiled a second time with
+/// `HW_DOT` (the device's packed 4x8-bit integer dot product, `GL_EXT_integer_dot_product`)
+/// for devices that have it.
+pub const DOT_FORMATS: &[&str] = &["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "I8Row", "I4G64"];
+
+/// One compiled blob: its file stem under `shaders/spirv/`, the kernel, the format variant
+/// (per-format kernels), the defines it is compiled with, and whether it is the `HW_DOT` build.
+pub struct Blob {
+    pub name: String,
+    pub kernel: &'static str,
+    pub file: &'static str,
+    pub variant: Option<&'static str>,
+    pub defines: Vec<&'static str>,
+    pub dot: bool,
+}
+
+/// Every blob of the table, in table order.
+pub fn blobs() -> Vec<Blob> {
+    let mut out = Vec::new();
+    for &(kernel, file, per_format) in KERNELS {
+        let stem = file.trim_end_matches(".comp");
+        if !per_format {
+            out.push(Blob { name: stem.to_string(), kernel, file, variant: None, defines: Vec::new(), dot: false });
+            continue;
+        }
+        for &(v, defines) in FORMATS {
+            let name = format!("{stem}_{}", v.to_lowercase());
+            out.push(Blob { name: name.clone(), kernel, file, variant: Some(v), defines: defines.to_vec(), dot: false });
+            if DOT_FORMATS.contains(&v) {
+                let defines = defines.iter().copied().chain(["HW_DOT"]).collect();
+                out.push(Blob { name: format!("{name}_dot"), kernel, file, variant: Some(v), defines, dot: true });
+            }
+        }
+    }
+    out
+}
+
+/// FNV-1a (64 bits) over the names and contents of every `.comp` and `.glsl` file in `dir`
+/// and of this table, in name order: what the committed SPIR-V was compiled from. Line ends
+/// are normalized (`\r\n` counts as `\n`) so a checkout's conversion does not change it.
+pub fn sources_hash(dir: &std::path::Path) -> std::io::Result<u64> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".comp") || name.ends_with(".glsl") || name == "variants.rs" {
+            names.push(name);
+        }
+    }
+    names.sort();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    for name in names {
+        let text = std::fs::read_to_string(dir.join(&name))?.replace("\r\n", "\n");
+        feed(name.as_bytes());
+        feed(&[0]);
+        feed(text.as_bytes());
+        feed(&[0]);
+    }
+    Ok(h)
+}
