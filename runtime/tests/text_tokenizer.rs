@@ -595,3 +595,21 @@ fn stop_matcher_over_a_stream() {
     assert_eq!(shown, "Sure.");
     assert!(m.stopped());
 }
+
+/// A syntax error inside `decoder` is an error naming the file (the tokenizers crate panics on
+/// it when handed the bytes unchecked).
+#[test]
+fn malformed_decoder_json_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fuzz/corpus/tokenizer/bpe_byte_level.json"),
+    )
+    .unwrap();
+    assert!(good.contains("\"decoder\": {"));
+    let bad = good.replacen("\"decoder\": {", "\"decoder\": {\"type\": \"Byte\u{1}Level\",", 1);
+    std::fs::write(dir.path().join("tokenizer.json"), bad).unwrap();
+    let err = Tokenizer::from_hf_dir(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("tokenizer.json") && err.contains("control character"), "{err}");
+    std::fs::write(dir.path().join("tokenizer.json"), good).unwrap();
+    assert!(Tokenizer::from_hf_dir(dir.path()).is_ok());
+}

@@ -119,7 +119,8 @@ fn strip_generation_tags(src: &str) -> String {
     while let Some(at) = rest.find("{%") {
         out.push_str(&rest[..at]);
         let tag = &rest[at..];
-        let Some(end) = tag.find("%}") else {
+        // The closing `%}` comes after the opening `{%` (in `{%}` they share the `%`).
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
             out.push_str(tag);
             return out;
         };
@@ -175,5 +176,12 @@ mod tests {
         assert!(strip_generation_tags(src).contains("{%- if true -%}"));
         let t = ChatTemplate::new(src, "", "").unwrap();
         assert_eq!(t.render(&[ChatMessage::user("a"), ChatMessage::assistant("b")], false).unwrap(), "[a][b]");
+    }
+
+    #[test]
+    fn a_tag_closed_by_its_own_percent_is_an_error_not_a_panic() {
+        for src in ["{%}", "a{%}b{% endif %}", "{%-}", "{%"] {
+            assert!(ChatTemplate::new(src, "", "").is_err(), "{src}");
+        }
     }
 }

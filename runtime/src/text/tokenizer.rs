@@ -71,6 +71,10 @@ impl Tokenizer {
         let dir = dir.as_ref();
         let path = dir.join("tokenizer.json");
         let bytes = std::fs::read(&path).map_err(|source| TextError::Io { path: path.clone(), source })?;
+        // The JSON's syntax is checked first: the tokenizers crate panics on a syntax error
+        // inside the `decoder` object instead of returning it.
+        serde_json::from_slice::<serde_json::Value>(&bytes)
+            .map_err(|e| TextError::Tokenizers(format!("{}: {e}", path.display())))?;
         let tok = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| TextError::Tokenizers(format!("{}: {e}", path.display())))?;
         let settings = HfSettings::read(dir)?;
