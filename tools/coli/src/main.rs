@@ -8,6 +8,12 @@ use coli::{bench_cmd, compile_cmd, exec_cmd};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// More messages on stderr (-v debug, -vv trace); `COLI_LOG` (a tracing filter) overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Only warnings and errors on stderr.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
 }
 
 #[derive(Subcommand)]
@@ -22,6 +28,7 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    coli::log::init(cli.verbose, cli.quiet);
     let result = match cli.command {
         Command::Compile(a) => compile_cmd::run(a),
         Command::Exec(a) => exec_cmd::run(a),
