@@ -76,7 +76,9 @@ fn main() {
     gen.push_str("pub fn spirv(kernel: Kernel, variant: Option<FormatVariant>) -> Option<&'static [u8]> {\n    match (kernel, variant) {\n");
     gen.push_str(&arms);
     gen.push_str("        _ => None,\n    }\n}\n\n");
-    gen.push_str("/// The SPIR-V of a kernel variant built with `HW_DOT` (the device's integer dot product), if any.\n");
+    gen.push_str(
+        "/// The SPIR-V of a kernel variant built with `HW_DOT` (the device's integer dot product), if any.\n",
+    );
     gen.push_str("pub fn spirv_dot(kernel: Kernel, variant: Option<FormatVariant>) -> Option<&'static [u8]> {\n    match (kernel, variant) {\n");
     gen.push_str(&dot_arms);
     gen.push_str("        _ => None,\n    }\n}\n");

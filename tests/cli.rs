@@ -183,10 +183,125 @@ fn compile_prints_a_plan_for_a_checkpoint() {
     assert!(o.status.success() && stdout(&o).contains("digraph"), "{}", stderr(&o));
 }
 
+/// A path that is not there is one line naming the flag and what was looked for, the path
+/// printed once, for each subcommand and path flag.
 #[test]
 fn missing_model_is_a_clear_error() {
-    let o = coli(&["exec", "--model", "no/such/model", "--prompt", "hi"]);
-    assert_clean_error(&o, "no/such/model");
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["exec", "--model", "no/such/model", "--prompt", "hi"],
+            "no model at no/such/model: pass a .gguf file or a directory with config.json (--model)",
+        ),
+        (
+            &["bench", "--model", "no/such/model"],
+            "no model at no/such/model: pass a .gguf file or a directory with config.json (--model)",
+        ),
+        (
+            &["compile", "--config", "no/such/model"],
+            "no checkpoint at no/such/model: pass a config.json, a .gguf file or a model directory (--config)",
+        ),
+        (
+            &["exec", "--model", "tests/fixtures/llama", "--spec", "no/such/model", "--prompt-ids", "1"],
+            "no spec at no/such/model: pass an architecture spec such as graphs/llama.ron (--spec)",
+        ),
+        (
+            &["compile", "no/such/model"],
+            "no spec at no/such/model: pass an architecture spec such as graphs/llama.ron (the spec argument)",
+        ),
+    ];
+    for (args, want) in cases {
+        let o = coli(args);
+        assert_clean_error(&o, want);
+        assert_eq!(stderr(&o), format!("coli: error: {want}\n"), "{args:?}");
+    }
+}
+
+/// `--logits-out` to a path that cannot be written fails before the model loads (no load
+/// line, no generation), and a run that fails after the load leaves no empty file behind.
+#[test]
+fn an_unwritable_logits_file_fails_before_the_run() {
+    let dir = std::env::temp_dir().join(format!("coli-unwritable-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let args = |out: &std::path::Path, ids: &str| {
+        let out = out.to_str().unwrap().to_string();
+        let ids = ids.to_string();
+        move || coli(&["exec", "--model", "tests/fixtures/llama", "--prompt-ids", &ids, "--logits-out", &out])
+    };
+    for bad in [dir.join("missing/x.json"), dir.clone()] {
+        let o = args(&bad, "1,2")();
+        assert_clean_error(&o, "--logits-out");
+        let e = stderr(&o);
+        assert!(!e.contains("loaded in") && !e.contains("tok/s"), "the model ran: {e}");
+    }
+    let fresh = dir.join("fresh.json");
+    let o = args(&fresh, "1,99999")();
+    assert_clean_error(&o, "99999");
+    assert!(!fresh.exists(), "a failed run left {}", fresh.display());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Sampler settings out of range are refused before the model loads (here, a model that is
+/// not there), naming the flag.
+#[test]
+fn sampler_settings_are_checked_before_the_model_loads() {
+    let o = coli(&["exec", "--model", "no/such/model", "--prompt-ids", "1", "--top-p=1.5"]);
+    assert_clean_error(&o, "--top-p: top_p must be in (0, 1]");
+    let o = coli(&["exec", "--model", "no/such/model", "--prompt-ids", "1", "--temperature=-1"]);
+    assert_clean_error(&o, "--temperature");
+}
+
+/// Counts where 0 means nothing, and figures that would overflow what they become, are
+/// refused by the argument parser with the flag and the reason (exit 2), not adjusted.
+#[test]
+fn meaningless_numbers_are_refused() {
+    let llama = ["--model", "tests/fixtures/llama"];
+    let exec = |extra: &[&'static str]| [&["exec"][..], &llama, &["--prompt-ids", "1"], extra].concat();
+    let bench = |extra: &[&'static str]| [&["bench"][..], &llama, extra].concat();
+    let compile = |extra: &[&'static str]| [&["compile", "graphs/llama.ron"][..], extra].concat();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (exec(&["--ctx", "0"]), "'0' for '--ctx <CTX>': at least 1 position"),
+        (exec(&["--ctx", "4294967296"]), "32-bit"),
+        (exec(&["--chunk", "0"]), "'0' for '--chunk <CHUNK>': at least 1 row"),
+        (exec(&["--kv-block", "0"]), "'0' for '--kv-block <N>': at least 1 position"),
+        (exec(&["--device-mem-mib", "0"]), "at least 1 MiB"),
+        (exec(&["--device-mem-mib", "17592186044416"]), "at most 17592186044415 MiB"),
+        (exec(&["--tier-mib", "17592186044416"]), "at most 17592186044415 MiB"),
+        (exec(&["--device2-mem-mib", "17592186044416"]), "at most 17592186044415 MiB"),
+        (bench(&["-p", "0"]), "'0' for '--prompt <PROMPT>': at least 1 token"),
+        (bench(&["-n", "0"]), "'0' for '--decode <DECODE>': at least 1 token"),
+        (bench(&["-r", "0"]), "at least 1 repetition"),
+        (bench(&["--chunk", "0"]), "at least 1 row"),
+        (bench(&["--ctx", "0"]), "at least 1 position"),
+        (compile(&["--context", "0"]), "at least 1 position"),
+        (compile(&["--chunk-rows", "0"]), "at least 1 row"),
+        (compile(&["--kv-block", "0"]), "at least 1 position"),
+    ];
+    for (args, want) in cases {
+        let o = coli(&args);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert!(e.contains("invalid value") && e.contains(want), "{args:?}: expected {want:?}; stderr: {e}");
+    }
+}
+
+/// `coli bench -d/-p/-n` must fit the context: past what a context can hold, past `--ctx`, or
+/// (without it) past the model's, a clear error naming the flags before anything is
+/// allocated; with a `--ctx` that holds them, the bench runs past the model's context.
+#[test]
+fn bench_positions_are_bounded_by_the_context() {
+    let llama = ["bench", "--model", "tests/fixtures/llama"];
+    let t = std::time::Instant::now();
+    let o = coli(&[&llama[..], &["-d", "1000000000000"]].concat());
+    assert_clean_error(&o, "-d 1000000000000 + -p 128 + -n 64 take more positions than a context holds");
+    assert!(t.elapsed().as_secs() < 30, "refused only after {:?}", t.elapsed());
+    let o = coli(&[&llama[..], &["-d", "1000", "-p", "4", "-n", "2", "-r", "1"]].concat());
+    assert_clean_error(&o, "the model's context of 256 positions is too small for -d 1000 + -p 4 + -n 2");
+    assert!(stderr(&o).contains("--ctx"), "{}", stderr(&o));
+    let o = coli(&[&llama[..], &["-d", "10", "--ctx", "12"]].concat());
+    assert_clean_error(&o, "the context of 12 positions (--ctx) is too small for -d 10 + -p 128 + -n 64");
+    let o = coli(&[&llama[..], &["-d", "300", "-p", "4", "-n", "2", "-r", "1", "--ctx", "307"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("pp4 @ d300:"), "{}", stdout(&o));
 }
 
 #[test]

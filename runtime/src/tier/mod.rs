@@ -421,7 +421,7 @@ impl ExpertTier {
     fn warm_start(&mut self, model: &Model) -> Result<(usize, usize), VkError> {
         let mut named = Vec::new();
         if let Some(path) = &self.opts.history {
-            match History::load(path) {
+            match History::load(path, self.index.len()) {
                 Ok(Some(h)) if h.experts == self.experts => {
                     for (t, l) in self.layers.iter().enumerate() {
                         if let Some(c) = h.layers.get(&l.layer) {
@@ -847,7 +847,8 @@ impl ExpertTier {
         for (t, l) in self.layers.iter().enumerate() {
             h.add(l.layer, &self.counts[t * self.experts..(t + 1) * self.experts]);
         }
-        h.merge_into(path)?;
+        // `index` spans the model's layers: a line past them in the file is dropped.
+        h.merge_into(path, self.index.len())?;
         Ok(Some(path.clone()))
     }
 }

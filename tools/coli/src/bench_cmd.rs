@@ -1,7 +1,10 @@
 //! `coli bench`: prompt and decode tokens/s of a model on synthetic token ids, repeated, with
 //! the median reported (llama-bench style: `-p` prompt tokens, `-n` decode tokens). Prints one
 //! line per test and the kernel level, so a number in docs/BENCHMARKS.md says what ran.
+//! `-d`, `-p` and `-n` are checked against the context (`--ctx`, else the model's) before any
+//! weight is read.
 
+use crate::checks;
 use crate::default_model;
 use crate::load::{load, DeviceRequest, LoadRequest};
 use crate::tier_args::TierArgs;
@@ -20,31 +23,35 @@ pub struct BenchArgs {
     #[arg(long)]
     pub spec: Option<PathBuf>,
     /// Prompt tokens per prompt test.
-    #[arg(short = 'p', long, default_value_t = 128)]
+    #[arg(short = 'p', long, default_value_t = 128, value_parser = checks::tokens)]
     pub prompt: usize,
     /// Decode tokens per decode test.
-    #[arg(short = 'n', long, default_value_t = 64)]
+    #[arg(short = 'n', long, default_value_t = 64, value_parser = checks::tokens)]
     pub decode: usize,
     /// Context already filled before the tests (llama-bench's `-d`): the prompt test runs after
     /// this many tokens, which are not timed, and the decode test right after it.
     #[arg(short = 'd', long, default_value_t = 0)]
     pub depth: usize,
+    /// Context length (default: -d + -p + -n + 8, within the model's context); the tests must
+    /// fit it.
+    #[arg(long, value_parser = checks::context)]
+    pub ctx: Option<usize>,
     /// With `-d` and a KV split: fill the context with the same model placed without the split
     /// (the split's host part makes a long fill take minutes), then run the timed tests with
     /// the split over that context.
     #[arg(long)]
     pub fill_unsplit: bool,
     /// Repetitions (the median is reported).
-    #[arg(short = 'r', long, default_value_t = 3)]
+    #[arg(short = 'r', long, default_value_t = 3, value_parser = checks::reps)]
     pub reps: usize,
     /// Prompt rows per forward.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = checks::rows)]
     pub chunk: usize,
     /// cpu, vulkan (fails without a device) or auto.
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Use at most this many MiB of device memory.
-    #[arg(long)]
+    #[arg(long, value_parser = checks::device_mib)]
     pub device_mem_mib: Option<u64>,
     /// Keep this many layers on the device.
     #[arg(long)]
@@ -89,17 +96,68 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The positions a bench's tests take and the context they run in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Positions {
+    /// `-d + -p + -n + 1`: the depth, the prompt test, the decode test after its first token.
+    need: usize,
+    /// The context the plan is compiled for (`--ctx`, else `need + 7`).
+    compile: usize,
+    /// The sessions' context (`--ctx`, else `need`).
+    session: usize,
+}
+
+/// Checks `-d`, `-p` and `-n` against `--ctx` (or, without it, the most positions a context
+/// holds; the model's own context is checked on its plan), without wrapping.
+fn positions(a: &BenchArgs) -> Result<Positions, String> {
+    let (d, p, n) = (a.depth, a.prompt, a.decode);
+    let need = checks::sum(&[d, p, n, 1]).filter(|&x| x <= checks::MAX_POSITIONS).ok_or_else(|| {
+        format!(
+            "-d {d} + -p {p} + -n {n} take more positions than a context holds ({}); lower -d, -p or -n",
+            checks::MAX_POSITIONS
+        )
+    })?;
+    match a.ctx {
+        Some(c) if need > c => Err(format!(
+            "the context of {c} positions (--ctx) is too small for -d {d} + -p {p} + -n {n} (+1: {need} positions); raise --ctx or lower -d, -p or -n"
+        )),
+        Some(c) => Ok(Positions { need, compile: c, session: c }),
+        None => Ok(Positions { need, compile: need.saturating_add(7).min(checks::MAX_POSITIONS), session: need }),
+    }
+}
+
 pub fn run(a: BenchArgs) -> Result<(), String> {
+    let pos = positions(&a)?;
+    if let Some(s) = &a.spec {
+        checks::spec_path(s, "--spec")?;
+    }
     let path = match &a.model {
-        Some(p) => p.clone(),
+        Some(p) => {
+            checks::model_path(p)?;
+            p.clone()
+        }
         None => default_model::ensure()?,
     };
-    let loaded = load(request(&a, &path, &a.kv)?)?;
+    // Without --ctx the tests must fit the model's context: checked on the plan, before any
+    // weight is read.
+    let fits_model = |plan: &coli_compiler::Plan| {
+        let m = plan.program.dims.max_context;
+        if a.ctx.is_none() && pos.need > m {
+            return Err(format!(
+                "the model's context of {m} positions is too small for -d {} + -p {} + -n {} (+1: {} positions); lower them, or run past it with --ctx",
+                a.depth, a.prompt, a.decode, pos.need
+            ));
+        }
+        Ok(())
+    };
+    let mut req = request(&a, &path, &a.kv, pos)?;
+    req.check_plan = Some(&fits_model);
+    let loaded = load(req)?;
     // The filler: the same model without a KV split (`--fill-unsplit`).
     let filler = if a.fill_unsplit && a.depth > 0 && loaded.device.is_some() && loaded.plan.placement.kv_split.is_some()
     {
         let unsplit = crate::kv_args::KvSplitArgs { no_kv_split: true, ..Default::default() };
-        Some(load(request(&a, &path, &unsplit)?)?)
+        Some(load(request(&a, &path, &unsplit, pos)?)?)
     } else {
         None
     };
@@ -108,7 +166,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             "--fill-unsplit: no KV split on a device with a depth (-d) to fill; the context is filled as usual"
         );
     }
-    measure(&a, &path, &loaded, filler.as_ref())
+    measure(&a, &path, &loaded, filler.as_ref(), pos.session)
 }
 
 /// The load request of the bench's flags, with `kv` for the KV split.
@@ -116,6 +174,7 @@ fn request<'a>(
     a: &'a BenchArgs,
     path: &'a std::path::Path,
     kv: &crate::kv_args::KvSplitArgs,
+    pos: Positions,
 ) -> Result<LoadRequest<'a>, String> {
     let mut req = LoadRequest::new(path);
     req.spec = a.spec.as_deref();
@@ -137,8 +196,8 @@ fn request<'a>(
         d => return Err(format!("--device {d}: expected cpu, vulkan or auto")),
     };
     req.compile = a.second.apply(kv.apply(Options {
-        context: a.depth + a.prompt + a.decode + 8,
-        chunk_rows: a.chunk.max(1),
+        context: pos.compile,
+        chunk_rows: a.chunk,
         device_layers: a.device_layers,
         expert_tier: !a.no_expert_tier,
         resident_experts: !a.tier.sized(),
@@ -155,14 +214,22 @@ fn measure(
     path: &std::path::Path,
     loaded: &crate::load::Loaded,
     filler: Option<&crate::load::Loaded>,
+    ctx: usize,
 ) -> Result<(), String> {
-    let vocab = loaded.plan.program.dims.vocab as u32;
-    // Deterministic ids spread over the vocabulary (avoiding the first few specials).
-    let id = |i: u32| 10 + (i.wrapping_mul(7919)) % (vocab - 10);
-    let ids: Vec<u32> = (0..a.prompt.max(1) as u32).map(id).collect();
-    let fill_ids: Vec<u32> = (0..a.depth as u32).map(|i| id(i + 1_000_003)).collect();
-    let ctx = a.depth + a.prompt + a.decode + 1;
-    let chunk = a.chunk.max(1);
+    let vocab = u32::try_from(loaded.plan.program.dims.vocab)
+        .map_err(|_| format!("a vocabulary of {} ids does not fit 32-bit ids", loaded.plan.program.dims.vocab))?;
+    // Deterministic ids spread over the vocabulary (avoiding the first few specials when
+    // there are more).
+    let (first, span) = if vocab > 10 { (10, vocab - 10) } else { (0, vocab.max(1)) };
+    let id = |i: u32| first + (i.wrapping_mul(7919)) % span;
+    // Positions fit 32 bits (`positions`), so every index does.
+    let ids_of = |n: usize, from: u32| -> Result<Vec<u32>, String> {
+        let n = u32::try_from(n).map_err(|_| format!("{n} tokens do not fit 32-bit positions"))?;
+        Ok((0..n).map(|i| id(i.wrapping_add(from))).collect())
+    };
+    let ids = ids_of(a.prompt, 0)?;
+    let fill_ids = ids_of(a.depth, 1_000_003)?;
+    let chunk = a.chunk;
     // A session with the depth's tokens already in its context (filled by the unsplit twin
     // when there is one).
     let fill = |s: &mut Session| -> Result<(), String> {
@@ -181,7 +248,7 @@ fn measure(
             None => fill(s),
         }
     };
-    let reps = a.reps.max(1);
+    let reps = a.reps;
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     // Every device's profile: the kernels and phases of device i > 0 named "d<i> ...".
     let prof_ctx: Option<Vec<_>> = loaded.device.as_ref().map(|d| d.devices().iter().map(|m| m.ctx.clone()).collect());
@@ -270,17 +337,12 @@ fn measure(
             Some(_) => {
                 report("device", &format!("prompt of {} (the last repetition)", a.prompt), &prompt_prof.0, 1.0);
                 report("host", &format!("prompt of {}, phases of the frames' runs", a.prompt), &prompt_prof.1, 1.0);
-                report(
-                    "device",
-                    &format!("decode (per token, mean of {})", a.decode),
-                    &decode_prof.0,
-                    a.decode.max(1) as f64,
-                );
+                report("device", &format!("decode (per token, mean of {})", a.decode), &decode_prof.0, a.decode as f64);
                 report(
                     "host",
                     &format!("decode (per token, mean of {}), phases of the frames' runs", a.decode),
                     &decode_prof.1,
-                    a.decode.max(1) as f64,
+                    a.decode as f64,
                 );
             }
         }

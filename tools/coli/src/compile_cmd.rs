@@ -46,10 +46,10 @@ pub struct CompileArgs {
     #[arg(long)]
     pub device2_layers: Option<usize>,
     /// Context length the KV cache is sized for.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::checks::context)]
     pub context: Option<usize>,
     /// Rows of one prompt chunk.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::checks::rows)]
     pub chunk_rows: Option<usize>,
     /// Weight format assumed when only a config.json is given (`bf16`, `q4_k`, ...).
     #[arg(long)]
@@ -80,6 +80,15 @@ pub fn run(args: CompileArgs) -> Result<(), String> {
 
 /// Does what `run` does and returns the output instead of printing it.
 pub fn compile_to_string(args: &CompileArgs) -> Result<String, String> {
+    if let Some(s) = &args.spec {
+        crate::checks::spec_path(s, "the spec argument")?;
+    }
+    if let Some(c) = args.config.as_deref().filter(|c| !c.exists()) {
+        return Err(format!(
+            "no checkpoint at {}: pass a config.json, a .gguf file or a model directory (--config)",
+            c.display()
+        ));
+    }
     // 1. The checkpoint's bindings and the spec.
     let (spec, bindings) = match (&args.spec, &args.config) {
         (Some(spec_path), config) => {

@@ -17,7 +17,7 @@ pub struct SecondDeviceArgs {
     #[arg(long)]
     pub device2_name: Option<String>,
     /// Use at most this many MiB of the second device's memory (default: --device-mem-mib).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::checks::device_mib)]
     pub device2_mem_mib: Option<u64>,
     /// Keep this many layers on the second device (instead of the most that fit).
     #[arg(long)]

@@ -1,6 +1,7 @@
 //! `coli exec`: load a model, run a prompt, stream the generated text to stdout, and report
 //! prompt and decode tokens/s on stderr. Only the generated text goes to stdout.
 
+use crate::checks::{self, OutputFile};
 use crate::default_model;
 use crate::load::{load, DeviceRequest, LoadRequest};
 use crate::progress::Progress;
@@ -12,7 +13,7 @@ use coli_runtime::exec::Session;
 use coli_runtime::format::WeightFormat;
 use coli_runtime::generate::{generate, GenerateOptions, StopReason};
 use coli_runtime::model::LoadOptions;
-use coli_runtime::sample::{Sampler, SamplerConfig};
+use coli_runtime::sample::{SampleError, Sampler, SamplerConfig};
 use coli_runtime::text::ChatMessage;
 use coli_runtime::vk::{FaultInjection, VkOptions};
 use std::io::Write;
@@ -90,16 +91,16 @@ pub struct ExecArgs {
     #[arg(long)]
     pub logits_out: Option<PathBuf>,
     /// Context length (default: the checkpoint's, at most 8192).
-    #[arg(long)]
+    #[arg(long, value_parser = checks::context)]
     pub ctx: Option<usize>,
     /// Prompt rows per forward.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = checks::rows)]
     pub chunk: usize,
     /// Quantize f32/f16/bf16 matrices at load.
     #[arg(long, value_enum)]
     pub quantize: Option<QuantChoice>,
     /// Use at most this many MiB of device memory (a big device behaves like a small one).
-    #[arg(long)]
+    #[arg(long, value_parser = checks::device_mib)]
     pub device_mem_mib: Option<u64>,
     /// Pick the Vulkan device whose name contains this.
     #[arg(long)]
@@ -127,13 +128,40 @@ pub struct ExecArgs {
 }
 
 pub fn run(a: ExecArgs) -> Result<(), String> {
-    let model_path = match &a.model {
-        Some(p) => p.clone(),
-        None => default_model::ensure()?,
-    };
+    // 0. What can be checked before anything loads: the prompt, the sampler's settings, the
+    //    logits file (opened now, written at the end), the model's path.
     if a.prompt.is_none() && a.prompt_ids.is_none() {
         return Err("give a prompt: --prompt \"...\" or --prompt-ids 1,2,3".into());
     }
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repetition_penalty: a.repeat_penalty,
+        seed: a.seed,
+    })
+    .map_err(|e| {
+        let flag = match e {
+            SampleError::Temperature(_) => "--temperature",
+            SampleError::TopP(_) => "--top-p",
+            SampleError::MinP(_) => "--min-p",
+            SampleError::RepetitionPenalty(_) => "--repeat-penalty",
+            SampleError::Empty => "sampling",
+        };
+        format!("{flag}: {e}")
+    })?;
+    let logits_out = a.logits_out.as_deref().map(|p| OutputFile::open(p, "--logits-out")).transpose()?;
+    if let Some(s) = &a.spec {
+        checks::spec_path(s, "--spec")?;
+    }
+    let model_path = match &a.model {
+        Some(p) => {
+            checks::model_path(p)?;
+            p.clone()
+        }
+        None => default_model::ensure()?,
+    };
 
     // 1. Load, with a progress bar on a terminal.
     let t0 = Instant::now();
@@ -156,7 +184,7 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
     let ctx_len = a.ctx.unwrap_or(8192);
     let compile = a.second.apply(a.kv.apply(Options {
         context: ctx_len,
-        chunk_rows: a.chunk.max(1),
+        chunk_rows: a.chunk,
         device_layers: a.device_layers,
         resident_experts: !a.tier.sized(),
         ..Options::default()
@@ -172,6 +200,7 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         tier: a.tier.options(&model_path, true),
         dense_device_only: a.dense.choice(),
         progress: Some(&mut progress),
+        check_plan: None,
     })?;
     tracing::info!("{}", loaded.device_note);
     if let (Some(_), Some(k)) = (&loaded.device, &loaded.plan.placement.kv_split) {
@@ -230,20 +259,11 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
     if a.exact {
         session.set_precision(Precision::Exact);
     }
-    let mut sampler = Sampler::new(SamplerConfig {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repetition_penalty: a.repeat_penalty,
-        seed: a.seed,
-    })
-    .map_err(|e| e.to_string())?;
     let opts = GenerateOptions {
         max_new_tokens: a.max_tokens,
-        chunk_rows: a.chunk.max(1),
+        chunk_rows: a.chunk,
         stop_strings: a.stop.clone(),
-        record_logits: a.logits_out.is_some(),
+        record_logits: logits_out.is_some(),
         stop_at_eos: !a.ignore_eos,
         ..Default::default()
     };
@@ -286,10 +306,9 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
     );
 
     // 4. Logits for other tools.
-    if let Some(path) = &a.logits_out {
+    if let Some(out) = logits_out {
         let json = serde_json::json!({ "prompt_ids": g.prompt_ids, "logits": g.logits, "generated": g.generated });
-        std::fs::write(path, serde_json::to_vec(&json).map_err(|e| e.to_string())?)
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        out.write(&serde_json::to_vec(&json).map_err(|e| e.to_string())?)?;
     }
     Ok(())
 }

@@ -12,7 +12,7 @@ pub struct KvSplitArgs {
     #[arg(long, value_name = "N", value_parser = positive)]
     pub kv_device_positions: Option<usize>,
     /// Positions per block of a KV split (default 64).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = crate::checks::block)]
     pub kv_block: Option<usize>,
     /// Never split the KV mirrors past the device's budget (fewer layers on the device instead).
     #[arg(long)]
@@ -33,7 +33,7 @@ impl KvSplitArgs {
     pub fn apply(&self, o: Options) -> Options {
         Options {
             kv_device_positions: self.kv_device_positions.or(o.kv_device_positions),
-            kv_block: self.kv_block.unwrap_or(o.kv_block).max(1),
+            kv_block: self.kv_block.unwrap_or(o.kv_block),
             kv_split: o.kv_split && !self.no_kv_split,
             ..o
         }

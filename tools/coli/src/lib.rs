@@ -3,6 +3,7 @@
 //! Must not hold engine logic: that lives in `coli-compiler` and `coli-runtime`.
 
 pub mod bench_cmd;
+pub mod checks;
 pub mod compile_cmd;
 pub mod default_model;
 pub mod dense_args;

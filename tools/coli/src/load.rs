@@ -47,6 +47,9 @@ pub enum DeviceRequest {
     Auto(VkOptions),
 }
 
+/// A check of the compiled plan before any weight is read; its error ends the load.
+pub type PlanCheck<'a> = &'a dyn Fn(&Plan) -> Result<(), String>;
+
 /// How to load.
 pub struct LoadRequest<'a> {
     pub model: &'a Path,
@@ -65,6 +68,9 @@ pub struct LoadRequest<'a> {
     pub dense_device_only: Option<bool>,
     /// Called with (done, total) while weights resolve.
     pub progress: Option<&'a mut dyn FnMut(usize, usize)>,
+    /// Called with the plan before any weight is read: an error ends the load (a run the
+    /// plan cannot take, such as more positions than the model's context).
+    pub check_plan: Option<PlanCheck<'a>>,
 }
 
 impl<'a> LoadRequest<'a> {
@@ -81,6 +87,7 @@ impl<'a> LoadRequest<'a> {
             tier: TierOptions::default(),
             dense_device_only: None,
             progress: None,
+            check_plan: None,
         }
     }
 }
@@ -124,6 +131,7 @@ pub fn load(req: LoadRequest) -> Result<Loaded, String> {
                         &req.tier,
                         req.dense_device_only,
                         req.progress,
+                        req.check_plan,
                         Vec::new(),
                         note,
                     );
@@ -141,6 +149,7 @@ pub fn load(req: LoadRequest) -> Result<Loaded, String> {
                         &req.tier,
                         req.dense_device_only,
                         req.progress,
+                        req.check_plan,
                         Vec::new(),
                         note,
                     );
@@ -197,6 +206,7 @@ pub fn load(req: LoadRequest) -> Result<Loaded, String> {
         &req.tier,
         req.dense_device_only,
         req.progress,
+        req.check_plan,
         ctxs,
         note,
     )?;
@@ -219,11 +229,15 @@ fn finish(
     tier: &TierOptions,
     dense_device_only: Option<bool>,
     progress: Option<&mut dyn FnMut(usize, usize)>,
+    check_plan: Option<PlanCheck>,
     ctxs: Vec<Context>,
     mut device_note: String,
 ) -> Result<Loaded, String> {
     let bindings = checkpoint.bindings();
     let mut plan = compile(&spec, &bindings, &profile, options).map_err(|d| d.to_string())?;
+    if let Some(check) = check_plan {
+        check(&plan)?;
+    }
     let mut noop = |_: usize, _: usize| {};
     let progress = progress.unwrap_or(&mut noop);
     let mut model = Model::load(&checkpoint, plan.program.clone(), progress)

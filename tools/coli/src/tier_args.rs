@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 #[derive(Args, Debug, Clone)]
 pub struct TierArgs {
     /// The expert tier's device budget in MiB (default: what the plan leaves on the device).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::checks::mib)]
     pub tier_mib: Option<u64>,
     /// At most this many experts in the tier on each device, whatever the budget.
     #[arg(long)]
