@@ -78,6 +78,45 @@ fn a_provoked_error_is_counted_and_fails_the_next_submission() {
     run_copy(&ctx).expect("a clean submission after the errors were taken");
 }
 
+/// Synchronization validation is on: two fills of one range with no barrier between them, in a
+/// command buffer of the test's own (recorded, never submitted), are a write-after-write hazard.
+#[test]
+fn a_missing_barrier_is_a_synchronization_error() {
+    let Some(ctx) = validated() else { return };
+    let dev = ctx.ash_device();
+    let bci = vk::BufferCreateInfo::default()
+        .size(256)
+        .usage(vk::BufferUsageFlags::TRANSFER_DST)
+        .sharing_mode(vk::SharingMode::EXCLUSIVE);
+    let pci = vk::CommandPoolCreateInfo::default().queue_family_index(ctx.caps().compute_family);
+    // SAFETY: every object is made on the live device, recorded into a command buffer that is
+    // never submitted, and destroyed before the test ends.
+    unsafe {
+        let buf = dev.create_buffer(&bci, None).unwrap();
+        let req = dev.get_buffer_memory_requirements(buf);
+        let mai = vk::MemoryAllocateInfo::default()
+            .allocation_size(req.size)
+            .memory_type_index(req.memory_type_bits.trailing_zeros());
+        let mem = dev.allocate_memory(&mai, None).unwrap();
+        dev.bind_buffer_memory(buf, mem, 0).unwrap();
+        let pool = dev.create_command_pool(&pci, None).unwrap();
+        let cai = vk::CommandBufferAllocateInfo::default()
+            .command_pool(pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        let cmd = dev.allocate_command_buffers(&cai).unwrap()[0];
+        dev.begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default()).unwrap();
+        dev.cmd_fill_buffer(cmd, buf, 0, 256, 1);
+        dev.cmd_fill_buffer(cmd, buf, 0, 256, 2);
+        dev.end_command_buffer(cmd).unwrap();
+        dev.destroy_command_pool(pool, None);
+        dev.destroy_buffer(buf, None);
+        dev.free_memory(mem, None);
+    }
+    let taken = ctx.take_validation_errors();
+    assert!(taken.iter().any(|t| t.contains("SYNC-HAZARD-WRITE-AFTER-WRITE")), "{taken:?}");
+}
+
 #[test]
 fn a_bad_environment_value_is_a_typed_error() {
     let opts = VkOptions { validation: Validation::BadEnv("yes".into()), ..Default::default() };
