@@ -82,7 +82,7 @@ impl Shared {
 
     pub fn pipe(&self, kernel: Kernel, variant: Option<FormatVariant>) -> Result<Pipe> {
         // SAFETY: the cache belongs to this device.
-        unsafe { lock(&self.pipes).get(&self.dev.raw, &self.caps, kernel, variant) }
+        unsafe { lock(&self.pipes).get(&self.dev, &self.caps, kernel, variant) }
     }
 
     pub fn is_lost(&self) -> bool {
