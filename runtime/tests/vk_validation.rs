@@ -3,7 +3,11 @@
 //! provokes one on purpose takes it (`take_validation_errors`), so it fails neither later
 //! submissions nor the process. Skips, saying why, where the layer is not installed.
 //!
-//! Must not: leave an error untaken (the process would exit with status 1 under the layer).
+//! The process's exit status is checked in a child: this binary run again on one test
+//! (`untaken_error_child`, which does its work only with `CHILD` set) that leaves an error
+//! untaken.
+//!
+//! Must not: leave an error untaken in this process (it would exit with status 1).
 
 mod vk_common;
 
@@ -12,6 +16,9 @@ use coli_runtime::vk::{validation_counts, Context, Validation, VkError, VkOption
 
 /// The error the provoking call makes: a buffer created with no usage bit.
 const VUID: &str = "VUID-VkBufferCreateInfo-usage-requiredbitmask";
+
+/// Set in the child process of `an_untaken_error_fails_the_process`.
+const CHILD: &str = "COLI_VK_VALIDATION_TEST_CHILD";
 
 /// A context under the layer, or `None` (printed) where the layer or Vulkan is missing.
 fn validated() -> Option<Context> {
@@ -23,6 +30,22 @@ fn validated() -> Option<Context> {
         }
         // No Vulkan at all: the suite's rule (fail, unless COLI_VK_TESTS=skip).
         Err(_) => vk_common::open(&VkOptions::default()).and(None),
+    }
+}
+
+/// Creates (and destroys) a buffer with no usage bit: error `VUID`.
+fn provoke(ctx: &Context) {
+    let dev = ctx.ash_device();
+    let bad = vk::BufferCreateInfo::default()
+        .size(256)
+        .usage(vk::BufferUsageFlags::empty())
+        .sharing_mode(vk::SharingMode::EXCLUSIVE);
+    // SAFETY: the device is live; the buffer (if the driver makes one) is destroyed at once and
+    // never bound or used.
+    unsafe {
+        if let Ok(b) = dev.create_buffer(&bad, None) {
+            dev.destroy_buffer(b, None);
+        }
     }
 }
 
@@ -49,18 +72,7 @@ fn clean_work_reports_no_error() {
 fn a_provoked_error_is_counted_and_fails_the_next_submission() {
     let Some(ctx) = validated() else { return };
     let before = validation_counts();
-    let dev = ctx.ash_device();
-    let bad = vk::BufferCreateInfo::default()
-        .size(256)
-        .usage(vk::BufferUsageFlags::empty())
-        .sharing_mode(vk::SharingMode::EXCLUSIVE);
-    // SAFETY: the device is live; the buffer (if the driver makes one) is destroyed at once and
-    // never bound or used.
-    unsafe {
-        if let Ok(b) = dev.create_buffer(&bad, None) {
-            dev.destroy_buffer(b, None);
-        }
-    }
+    provoke(&ctx);
     let counts = ctx.validation_counts().expect("validation is on");
     assert!(counts.errors >= 1, "the layer reported nothing for a buffer with no usage");
     assert!(validation_counts().errors > before.errors, "the process-wide count did not move");
@@ -115,6 +127,33 @@ fn a_missing_barrier_is_a_synchronization_error() {
     }
     let taken = ctx.take_validation_errors();
     assert!(taken.iter().any(|t| t.contains("SYNC-HAZARD-WRITE-AFTER-WRITE")), "{taken:?}");
+}
+
+/// The child's work: an error nobody takes (the test itself passes).
+#[test]
+fn untaken_error_child() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let Some(ctx) = validated() else { return };
+    provoke(&ctx);
+}
+
+#[test]
+fn an_untaken_error_fails_the_process() {
+    if std::env::var_os(CHILD).is_some() || validated().is_none() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args(["--exact", "untaken_error_child", "--nocapture"])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "child: {stderr}");
+    assert!(stderr.contains("vulkan validation: 1 error(s) in this process") && stderr.contains(VUID), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the child's test itself passes");
 }
 
 #[test]
