@@ -3,7 +3,9 @@
 //! (`DeviceBuffer`, viewed as `View`s of f32/u32 elements) are sub-allocations that free
 //! themselves on drop; `write`/`read` go through a mapping where the memory is mapped and
 //! through staging copies where it is not. Submission counts submits (fault injection) and
-//! turns a lost device into a sticky `VkError::DeviceLost`. The context keeps frames' spare
+//! turns a lost device into a sticky `VkError::DeviceLost`; under the validation layer
+//! (`Validation::On`) a submission after the layer reported errors fails with
+//! `VkError::Validation`. The context keeps frames' spare
 //! recording resources (`trim` releases them), the host time spent recording and waiting, and,
 //! when profiling, the device time of every kernel.
 //!
