@@ -3,7 +3,9 @@
 //! (`DeviceBuffer`, viewed as `View`s of f32/u32 elements) are sub-allocations that free
 //! themselves on drop; `write`/`read` go through a mapping where the memory is mapped and
 //! through staging copies where it is not. Submission counts submits (fault injection) and
-//! turns a lost device into a sticky `VkError::DeviceLost`. The context keeps frames' spare
+//! turns a lost device into a sticky `VkError::DeviceLost`; under the validation layer
+//! (`Validation::On`) a submission after the layer reported errors fails with
+//! `VkError::Validation`. The context keeps frames' spare
 //! recording resources (`trim` releases them), the host time spent recording and waiting, and,
 //! when profiling, the device time of every kernel.
 //!
@@ -19,6 +21,7 @@ use super::memory::{place, MemoryProps, MemoryUse, Placement};
 use super::options::{CoopMatUse, DeviceRole, FaultInjection, IntDotUse, VkOptions};
 use super::pipeline::{Pipe, PipelineCache};
 use super::shaders::{FormatVariant, Kernel};
+use super::validation::ValidationCounts;
 use crate::bytes::as_bytes;
 use ash::vk;
 use std::collections::HashMap;
@@ -81,7 +84,7 @@ impl Shared {
 
     pub fn pipe(&self, kernel: Kernel, variant: Option<FormatVariant>) -> Result<Pipe> {
         // SAFETY: the cache belongs to this device.
-        unsafe { lock(&self.pipes).get(&self.dev.raw, &self.caps, kernel, variant) }
+        unsafe { lock(&self.pipes).get(&self.dev, &self.caps, kernel, variant) }
     }
 
     pub fn is_lost(&self) -> bool {
@@ -181,7 +184,16 @@ impl Shared {
             Err(e) => Err(self.note("vkWaitForFences", e)),
         };
         self.wait_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        r
+        r?;
+        self.check_validation()
+    }
+
+    /// `VkError::Validation` when the validation layer reported errors since the last check.
+    fn check_validation(&self) -> Result<()> {
+        match self.inst.log.as_ref().and_then(|l| l.new_errors()) {
+            Some((errors, first)) => Err(VkError::Validation { errors, first }),
+            None => Ok(()),
+        }
     }
 
     fn note(&self, call: &'static str, r: vk::Result) -> VkError {
@@ -227,7 +239,7 @@ impl Context {
     /// Vulkan, which the caller reports in one line.
     pub fn new(opts: &VkOptions) -> Result<Context> {
         let _serial = lock(&LIFECYCLE);
-        let inst = Instance::new(opts.validation)?;
+        let inst = Instance::new(&opts.validation)?;
         // SAFETY: the instance is live for these calls; the device made here is stored in
         // `Shared`, which destroys it before the instance.
         unsafe {
@@ -374,6 +386,25 @@ impl Context {
             std::mem::take(&mut *lock(p)).into_iter().map(|(k, (n, ns))| (k.to_string(), n, ns * 1e-9)).collect();
         v.sort_by(|a, b| b.2.total_cmp(&a.2));
         v
+    }
+
+    /// With `Validation::On`: the validation layer's messages about this context so far.
+    pub fn validation_counts(&self) -> Option<ValidationCounts> {
+        self.shared.inst.log.as_ref().map(|l| l.counts())
+    }
+
+    /// With `Validation::On`: the texts of the validation errors not taken yet, which then
+    /// neither fail a submission nor the process (a test that provokes errors on purpose takes
+    /// them). Empty otherwise.
+    pub fn take_validation_errors(&self) -> Vec<String> {
+        self.shared.inst.log.as_ref().map(|l| l.take()).unwrap_or_default()
+    }
+
+    /// The raw device, for tests that drive it with Vulkan calls of their own (the validation
+    /// test provokes an error through it). What is made through it is the caller's to destroy
+    /// before the context drops.
+    pub fn ash_device(&self) -> &ash::Device {
+        &self.shared.dev.raw
     }
 
     /// Dispatches recorded so far (a test that work ran on the device reads this).

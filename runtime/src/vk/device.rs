@@ -374,6 +374,9 @@ pub(crate) struct Device {
     pub queue: vk::Queue,
     /// `VK_KHR_push_descriptor`'s entry points, where the device has it.
     pub push: Option<ash::khr::push_descriptor::Device>,
+    /// `VK_EXT_debug_utils`' object names, under the validation layer (its messages then name
+    /// the kernel and the buffer).
+    names: Option<ash::ext::debug_utils::Device>,
 }
 
 impl Device {
@@ -420,7 +423,20 @@ impl Device {
         let raw = inst.raw.create_device(pd, &ci, None).ctx("vkCreateDevice")?;
         let queue = raw.get_device_queue(caps.compute_family, 0);
         let push = caps.push_descriptor.then(|| ash::khr::push_descriptor::Device::new(&inst.raw, &raw));
-        Ok(Device { raw, queue, push })
+        let names = inst.log.is_some().then(|| ash::ext::debug_utils::Device::new(&inst.raw, &raw));
+        Ok(Device { raw, queue, push, names })
+    }
+
+    /// Names `handle` for the validation layer's messages (nothing without the layer).
+    ///
+    /// # Safety
+    /// `handle` must be a live object of this device.
+    pub unsafe fn name<H: vk::Handle>(&self, handle: H, name: impl FnOnce() -> String) {
+        let Some(n) = &self.names else { return };
+        let Ok(name) = std::ffi::CString::new(name()) else { return };
+        let info = vk::DebugUtilsObjectNameInfoEXT::default().object_handle(handle).object_name(&name);
+        // A name is a help for reading messages: failing to set one is not an error.
+        let _ = n.set_debug_utils_object_name(&info);
     }
 
     /// # Safety

@@ -31,6 +31,12 @@ pub enum VkError {
     MissingShader { kernel: Kernel },
     #[error("a buffer of {size} bytes exceeds the device's storage-buffer range of {max}")]
     TooLarge { size: u64, max: u64 },
+    #[error("the Vulkan validation layer (VK_LAYER_KHRONOS_validation with VK_EXT_debug_utils) is not installed: install `vulkan-validationlayers` (Debian, Ubuntu), or run without validation")]
+    NoValidationLayer,
+    #[error("{var}={value:?}: expected 1 (on) or 0 (off)")]
+    BadEnvironment { var: &'static str, value: String },
+    #[error("Vulkan validation: {errors} error(s) before this submission completed; the first: {first}")]
+    Validation { errors: u64, first: String },
     #[error(transparent)]
     Format(#[from] FormatError),
 }

@@ -2,7 +2,9 @@
 //! recorded once and submitted as often as wanted (`Context::recording`, `finish`, then
 //! `Recorded::run`). Ops (ops/*.rs) record dispatches here; each dispatch binds whole-buffer
 //! ranges (pushed into the command buffer where the device has `VK_KHR_push_descriptor`, else
-//! a descriptor set from the frame's pools) and 64 bytes of push constants. A memory barrier
+//! a descriptor set from the frame's pools) and 64 bytes of push constants; a slot the op leaves
+//! unused binds a small scratch range (one shared by read-only slots, one per writable slot
+//! since the last barrier, so unused slots are never a hazard). A memory barrier
 //! goes in only before a command that touches a range an earlier command since the last
 //! barrier wrote (read after write, write after write) or that it writes a range read since
 //! then (write after read), so independent kernels (q, k and v projections; a quantization
@@ -148,7 +150,14 @@ pub struct Frame<'a> {
     /// Scratch bytes asked for (arena and overflow).
     asked: u64,
     scratch: Vec<Range>,
+    /// The range every unused slot a kernel only reads binds (reads never conflict).
     dummy: Option<Range>,
+    /// Ranges unused slots a kernel may write bind, one per slot since the last barrier
+    /// (`dummies_used` of them taken): a kernel that writes a slot only in some modes (the
+    /// second output of two norms in one dispatch) still declares the write, so two dispatches
+    /// that shared one range would be a write-after-write hazard to the validation layer.
+    write_dummies: Vec<Range>,
+    dummies_used: usize,
     /// Zeroed u32 counters kernels share (each returns them to 0 when done), and how many.
     counters: Option<(Range, usize)>,
     /// Constants recorded so far, for reuse by later kernels that want the same words.
@@ -233,6 +242,8 @@ impl<'a> Frame<'a> {
             asked: 0,
             scratch: Vec::new(),
             dummy: None,
+            write_dummies: Vec::new(),
+            dummies_used: 0,
             counters: None,
             constants: Vec::new(),
             retain: !once,
@@ -268,6 +279,7 @@ impl<'a> Frame<'a> {
             unsafe { self.res.as_ref().expect("recording").cmds.barrier(dev, false) };
             self.hazards.clear();
             self.barriers += 1;
+            self.dummies_used = 0;
         }
         self.hazards.note(reads, writes);
     }
@@ -381,42 +393,39 @@ impl<'a> Frame<'a> {
                 msg: format!("{kernel:?}: {} bindings for {n} slots", binds.len()),
             });
         }
-        let dummy = match self.dummy {
-            Some(d) => d,
-            None => {
-                let d = self.scratch_range(16)?;
-                self.dummy = Some(d);
-                d
-            }
-        };
         let written = kernel.written_bindings();
         let none = (vk::Buffer::null(), 0, 0);
         let (mut reads, mut writes) = ([none; MAX_BINDINGS], [none; MAX_BINDINGS]);
         let (mut nr, mut nw) = (0, 0);
+        let mut ranges = [None; MAX_BINDINGS];
+        for (i, range) in ranges.iter_mut().enumerate().take(n) {
+            let b = binds.get(i).copied().unwrap_or(Bind::UNUSED);
+            let Some(r) = b.range else { continue };
+            if written.contains(&(i as u32)) {
+                writes[nw] = (r.0, r.1, r.1 + r.2);
+                nw += 1;
+            } else {
+                reads[nr] = (r.0, r.1, r.1 + r.2);
+                nr += 1;
+            }
+            if self.retain {
+                if let Some(o) = b.owner {
+                    self.keep.push(o.inner.clone());
+                }
+            }
+            *range = Some(r);
+        }
+        self.order(&reads[..nr], &writes[..nw]);
+        // Unused slots, after the barrier (if any) that resets the write dummies.
         let mut infos = [vk::DescriptorBufferInfo::default(); MAX_BINDINGS];
         for (i, info) in infos.iter_mut().enumerate().take(n) {
-            let b = binds.get(i).copied().unwrap_or(Bind::UNUSED);
-            let r = match b.range {
-                Some(r) => {
-                    if written.contains(&(i as u32)) {
-                        writes[nw] = (r.0, r.1, r.1 + r.2);
-                        nw += 1;
-                    } else {
-                        reads[nr] = (r.0, r.1, r.1 + r.2);
-                        nr += 1;
-                    }
-                    if self.retain {
-                        if let Some(o) = b.owner {
-                            self.keep.push(o.inner.clone());
-                        }
-                    }
-                    r
-                }
-                None => dummy,
+            let r = match ranges[i] {
+                Some(r) => r,
+                None if written.contains(&(i as u32)) => self.write_dummy()?,
+                None => self.read_dummy()?,
             };
             *info = vk::DescriptorBufferInfo::default().buffer(r.0).offset(r.1).range(r.2);
         }
-        self.order(&reads[..nr], &writes[..nw]);
         let shared = &self.ctx.shared;
         let dev = &shared.dev.raw;
         let res = self.res.as_mut().expect("recording");
@@ -464,6 +473,27 @@ impl<'a> Frame<'a> {
             }
         });
         Ok(())
+    }
+
+    /// The range unused read-only slots bind.
+    fn read_dummy(&mut self) -> Result<Range> {
+        if let Some(d) = self.dummy {
+            return Ok(d);
+        }
+        let d = self.scratch_range(16)?;
+        self.dummy = Some(d);
+        Ok(d)
+    }
+
+    /// A range for an unused slot the kernel may write that no other dispatch since the last
+    /// barrier binds.
+    fn write_dummy(&mut self) -> Result<Range> {
+        if self.dummies_used == self.write_dummies.len() {
+            let d = self.scratch_range(16)?;
+            self.write_dummies.push(d);
+        }
+        self.dummies_used += 1;
+        Ok(self.write_dummies[self.dummies_used - 1])
     }
 
     /// Names what the next dispatch does beyond its kernel, for the profile.

@@ -36,6 +36,7 @@ pub mod ops;
 mod options;
 mod pipeline;
 mod shaders;
+mod validation;
 
 pub use arena::MemoryStats;
 pub use context::{Context, DeviceBuffer, View};
@@ -55,5 +56,8 @@ pub use ops::{
     MlaCache, MlaMats, MlaQuery, MlaScratch, MlaShape, MoeCall, MoePath, MoeScratch, PackedExpert, Pos, QkNorm,
     QuantizedActs, RopeArgs, RouteParams, MOE_MAX_EXPERTS,
 };
-pub use options::{CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, VkOptions};
+pub use options::{
+    CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, Validation, VkOptions, VALIDATION_ENV,
+};
 pub use shaders::{FormatVariant, Kernel};
+pub use validation::{validation_counts, ValidationCounts};

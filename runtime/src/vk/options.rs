@@ -1,7 +1,13 @@
 //! The options of a Vulkan context, as one typed struct the caller passes explicitly
-//! (command-line flags map onto it; nothing here reads the environment).
+//! (command-line flags map onto it).
 //!
-//! Must not: read environment variables or files.
+//! One environment override, read here and nowhere else in the Vulkan layer:
+//!
+//! | variable | values | effect |
+//! |---|---|---|
+//! | `COLI_VK_VALIDATION` | `1` (on), `0` or unset (off) | `Validation::default()`: every context made with the default option runs under `VK_LAYER_KHRONOS_validation` (so CI runs the device tests under it without editing them: `COLI_VK_VALIDATION=1 cargo test -p coli-runtime --test 'vk_*'`); another value is `VkError::BadEnvironment` at `Context::new` |
+//!
+//! Must not: read other environment variables, or files.
 
 /// How resident data (weights) reaches device memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -40,6 +46,39 @@ pub enum IntDotUse {
     /// Never: the byte arithmetic (comparison benchmarks and tests); the feature is not
     /// enabled.
     Off,
+}
+
+/// The variable `Validation::default()` reads.
+pub const VALIDATION_ENV: &str = "COLI_VK_VALIDATION";
+
+/// Whether a context runs under the Khronos validation layer (`VK_LAYER_KHRONOS_validation`,
+/// Debian's `vulkan-validationlayers`), a development and CI mode: every message of severity
+/// error or warning is counted (`Context::validation_counts`) and logged to stderr in one line,
+/// the first submission after an error fails with `VkError::Validation`, and a process that saw
+/// an error nobody took (`Context::take_validation_errors`) exits with status 1 at its end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Validation {
+    /// No layer (the default when `COLI_VK_VALIDATION` is unset or `0`).
+    Off,
+    /// The layer's default checks plus synchronization validation (missing or wrong
+    /// barriers); `Context::new` fails with `VkError::NoValidationLayer` when the layer is not
+    /// installed.
+    On,
+    /// `COLI_VK_VALIDATION` held a value other than `0` or `1` (refused by `Context::new`).
+    BadEnv(String),
+}
+
+impl Default for Validation {
+    /// `On` when `COLI_VK_VALIDATION=1`, `Off` when it is unset, empty or `0`.
+    fn default() -> Validation {
+        match std::env::var(VALIDATION_ENV) {
+            Err(std::env::VarError::NotPresent) => Validation::Off,
+            Ok(v) if v.is_empty() || v == "0" => Validation::Off,
+            Ok(v) if v == "1" => Validation::On,
+            Ok(v) => Validation::BadEnv(v),
+            Err(std::env::VarError::NotUnicode(v)) => Validation::BadEnv(v.to_string_lossy().into_owned()),
+        }
+    }
 }
 
 /// Make the n-th operation of a kind fail, to test the fallback paths (1-based counts).
@@ -81,8 +120,9 @@ pub struct VkOptions {
     pub fault: Option<FaultInjection>,
     /// How weights are uploaded.
     pub upload: UploadPath,
-    /// Enable the Khronos validation layer when it is installed (development).
-    pub validation: bool,
+    /// The Khronos validation layer, counted and logged messages (default: from
+    /// `COLI_VK_VALIDATION`).
+    pub validation: Validation,
     /// Time every command on the device (timestamp queries) and sum the times per kernel
     /// (`Context::profile`); costs a little on each command.
     pub profile: bool,

@@ -5,7 +5,7 @@
 //!
 //! Must not: record or submit commands.
 
-use super::device::DeviceCaps;
+use super::device::{Device, DeviceCaps};
 use super::error::{Result, VkError, VkResultExt};
 use super::shaders::{spirv, spirv_dot, FormatVariant, Kernel};
 use ash::vk;
@@ -48,7 +48,7 @@ impl PipelineCache {
     /// `dev` must be the device the cache belongs to, `caps` its capabilities.
     pub unsafe fn get(
         &mut self,
-        dev: &ash::Device,
+        dev: &Device,
         caps: &DeviceCaps,
         kernel: Kernel,
         variant: Option<FormatVariant>,
@@ -56,7 +56,11 @@ impl PipelineCache {
         if let Some(p) = self.pipes.get(&(kernel, variant)) {
             return Ok(*p);
         }
-        let p = create(dev, caps, kernel, variant)?;
+        let p = create(&dev.raw, caps, kernel, variant)?;
+        dev.name(p.pipeline, || match variant {
+            Some(v) => format!("{kernel:?} {v:?}"),
+            None => format!("{kernel:?}"),
+        });
         self.pipes.insert((kernel, variant), p);
         Ok(p)
     }

@@ -1,13 +1,16 @@
 //! Shared by the Vulkan tests: the context (a missing device fails loudly unless
 //! `COLI_VK_TESTS=skip` opts out), a seeded generator, random weights in every format, and
-//! the closeness check with its stated tolerance.
+//! the closeness check with its stated tolerance. `COLI_VK_VALIDATION=1` runs every context
+//! made here under the Khronos validation layer (`VkOptions::default()` reads it; see
+//! `coli_runtime::vk::Validation`): a validation error fails the test whose submission follows
+//! it, and the test binary's exit status.
 //!
 //! Must not: compare a device path with itself (references are the CPU's).
 
 #![allow(dead_code)]
 
 use coli_runtime::format::{fp16, quantize, WeightFormat};
-use coli_runtime::vk::{Context, VkOptions};
+use coli_runtime::vk::{Context, VkError, VkOptions};
 use std::sync::OnceLock;
 
 /// The shared context, or `None` when the run opted out of Vulkan tests. CI installs Lavapipe,
@@ -21,8 +24,10 @@ pub fn ctx() -> Option<&'static Context> {
 pub fn open(opts: &VkOptions) -> Option<Context> {
     match Context::new(opts) {
         Ok(c) => Some(c),
-        // The one environment variable of the suite: an explicit opt-out on machines without
-        // any Vulkan driver (never set in CI).
+        // Asked for (COLI_VK_VALIDATION=1) and missing: a setup bug whatever the opt-out says.
+        Err(e @ (VkError::NoValidationLayer | VkError::BadEnvironment { .. })) => panic!("{e}"),
+        // The suite's own environment variable: an explicit opt-out on machines without any
+        // Vulkan driver (never set in CI).
         Err(e) if std::env::var("COLI_VK_TESTS").as_deref() == Ok("skip") => {
             eprintln!("skipping Vulkan test: {e}");
             None
