@@ -12,6 +12,7 @@ pub mod exec_cmd;
 pub mod kv_args;
 pub mod load;
 pub mod log;
+pub mod probe_cmd;
 pub mod progress;
 pub mod specs;
 pub mod tier_args;

@@ -1,7 +1,7 @@
 //! The `coli` command line: `compile` prints a plan, `exec` runs a model.
 
 use clap::{Parser, Subcommand};
-use coli::{bench_cmd, compile_cmd, exec_cmd};
+use coli::{bench_cmd, compile_cmd, exec_cmd, probe_cmd};
 
 #[derive(Parser)]
 #[command(name = "coli", version, about = "Runs Mixture-of-Experts language models on Vulkan GPUs and on the CPU")]
@@ -24,6 +24,8 @@ enum Command {
     Exec(exec_cmd::ExecArgs),
     /// Measure prompt and decode tokens/s of a model.
     Bench(bench_cmd::BenchArgs),
+    /// Open the Vulkan device(s) and print their profile as RON (for `coli compile --profile`).
+    Probe(probe_cmd::ProbeArgs),
 }
 
 fn main() {
@@ -33,6 +35,7 @@ fn main() {
         Command::Compile(a) => compile_cmd::run(a),
         Command::Exec(a) => exec_cmd::run(a),
         Command::Bench(a) => bench_cmd::run(a),
+        Command::Probe(a) => probe_cmd::run(a),
     };
     if let Err(e) = result {
         eprintln!("coli: error: {e}");
