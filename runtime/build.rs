@@ -15,7 +15,10 @@ use std::path::Path;
 include!("../shaders/variants.rs");
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shaders");
+    // Read when the script runs, not when it is compiled: one compiled script may serve checkouts
+    // at other paths that share a target directory.
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let root = Path::new(&manifest).join("../shaders");
     let spirv = root.join("spirv");
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     println!("cargo:rerun-if-changed={}", root.display());

@@ -437,7 +437,9 @@ impl ExpertTier {
                     self.experts
                 ),
                 Ok(None) => {}
-                Err(e) => tracing::warn!("expert tier: {e}; the history is ignored and rewritten at the end of the run"),
+                Err(e) => {
+                    tracing::warn!("expert tier: {e}; the history is ignored and rewritten at the end of the run")
+                }
             }
         }
         named.sort_by(|a, b| self.heat.get(b.0, b.1).total_cmp(&self.heat.get(a.0, a.1)).then(a.cmp(b)));
