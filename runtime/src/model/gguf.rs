@@ -513,7 +513,7 @@ fn check_tensor(
     };
     let start = data_start.checked_add(offset).filter(|s| s.checked_add(len).is_some());
     let Some(start) = start.filter(|s| s + len <= file_len) else {
-        let end = data_start.saturating_add(offset).saturating_add(len);
+        let end = data_start as u128 + offset as u128 + len as u128;
         return Err(LoadError::TensorPastEnd { path: p(), name, end, file_len });
     };
     let format = WeightFormat::from_gguf_type(type_id).ok();

@@ -15,12 +15,14 @@
 //! Safety note: tensors borrow from `memmap2` maps; as with any memory-mapped reader, a file
 //! truncated or rewritten by another process while open is undefined behaviour.
 
+mod error;
 pub mod gguf;
 mod safetensors;
 mod tensor;
 #[cfg(test)]
 mod tests;
 
+pub use error::{shown, LoadError};
 pub use gguf::{GgufArray, GgufMetadata, GgufValue};
 pub use tensor::{tensor_bytes, Tensor};
 
@@ -33,47 +35,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// A reason a checkpoint could not be opened or a tensor not read.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("{}: not a checkpoint: expected a .gguf file, or a directory with model.safetensors or model.safetensors.index.json", path.display())]
-    NotACheckpoint { path: PathBuf },
-    #[error("{}: bad magic {found:?}, expected {expected:?} (is this a GGUF file?)", path.display())]
-    BadMagic { path: PathBuf, found: [u8; 4], expected: [u8; 4] },
-    #[error("{}: GGUF version {version} is not supported (2 and 3 are, little-endian)", path.display())]
-    UnsupportedVersion { path: PathBuf, version: u32 },
-    #[error("{}: header truncated at byte {offset} while reading {what}", path.display())]
-    TruncatedHeader { path: PathBuf, offset: u64, what: String },
-    #[error("{}: malformed header: {msg}", path.display())]
-    BadHeader { path: PathBuf, msg: String },
-    #[error("{}: invalid JSON in the {what}: {source}", path.display())]
-    InvalidJson { path: PathBuf, what: &'static str, source: serde_json::Error },
-    #[error("{}: tensor {name} ends at byte {end}, past the end of the file ({file_len} bytes)", path.display())]
-    TensorPastEnd { path: PathBuf, name: String, end: u64, file_len: u64 },
-    #[error("{}: tensor {name}: shape {shape:?} of {dtype} takes {expected} bytes, but the file gives it {found}", path.display())]
-    TensorSize { path: PathBuf, name: String, shape: Vec<usize>, dtype: String, expected: u64, found: u64 },
-    #[error("{}: tensor {name}: shape {shape:?} is not a whole number of {dtype} blocks per row (or overflows)", path.display())]
-    RaggedTensor { path: PathBuf, name: String, shape: Vec<usize>, dtype: String },
-    #[error("{}: tensor {name} has type {dtype}, which coli does not compute with", path.display())]
-    UnsupportedType { path: PathBuf, name: String, dtype: String },
-    #[error("{}: tensor {name} has unknown GGUF type id {id}", path.display())]
-    UnknownGgufType { path: PathBuf, name: String, id: u32 },
-    #[error("{}: tensor {name} is in shard {shard}, which is missing", path.display())]
-    MissingShard { path: PathBuf, name: String, shard: String },
-    #[error("{}: tensor {name} appears twice", path.display())]
-    DuplicateTensor { path: PathBuf, name: String },
-    #[error("{}: no tensor named {name}", path.display())]
-    NoSuchTensor { path: PathBuf, name: String },
-    #[error("{}: tensor {name} of shape {shape:?} {what}", path.display())]
-    Shape { path: PathBuf, name: String, shape: Vec<usize>, what: &'static str },
-    #[error("{}: tensor {name}: {source}", path.display())]
-    Format { path: PathBuf, name: String, source: FormatError },
-    #[error("cannot quantize at load to {format}: only I8Row and I4G64 are load-time formats")]
-    BadQuantizeTarget { format: WeightFormat },
-}
 
 /// `progress(done, total)` in bytes of work.
 pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;

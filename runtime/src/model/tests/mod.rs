@@ -2,12 +2,16 @@
 //! directories (round trips, and one test per kind of bad file, each checking the typed error
 //! names the file and tensor), quantize-at-load, and the real checkpoints when present
 //! (SmolLM2-135M GGUF in `~/.cache/coli/models`, pymoe-22m in the shared models directory).
+//! `bad_files.rs` holds the hostile files: overlapping ranges, huge counts and names, files
+//! that are not regular, truncated, changed after opening, or holding non-finite weights.
 //!
 //! Must not: download anything; a missing real checkpoint skips its test with a note.
 
 use super::*;
 use crate::format::{dot_row, matmul, quantize};
 use std::path::PathBuf;
+
+mod bad_files;
 
 /// Bytes of a GGUF file: `tensors` are (name, shape outermost first, type id, data).
 fn gguf_bytes(
@@ -259,7 +263,7 @@ fn gguf_tensor_past_end_of_file() {
     match &e {
         LoadError::TensorPastEnd { name, end, file_len, .. } => {
             assert_eq!(name, "odd.weight");
-            assert_eq!(*end, *file_len + 1);
+            assert_eq!(*end, *file_len as u128 + 1);
         }
         _ => panic!("{e}"),
     }
