@@ -10,19 +10,21 @@ use std::path::PathBuf;
 /// Longest name, in characters, that an error message shows (longer ones are cut, with `...`).
 const SHOWN_CHARS: usize = 200;
 
-/// `name` as a message shows it: at most 200 characters, control and other non-printable
-/// characters escaped (`\n`, `\u{1b}`), and `...(N bytes)` after a name that was cut.
+/// `name` as a message shows it: control and other non-printable characters escaped (`\n`,
+/// `\u{1b}`), cut after 200 characters of that, with `...(N bytes)` after a name that was cut.
 pub fn shown(name: &str) -> String {
-    let mut out = String::new();
-    let mut chars = name.char_indices();
-    for (n, (_, c)) in chars.by_ref().enumerate() {
-        if n == SHOWN_CHARS {
+    let (mut out, mut chars) = (String::new(), 0);
+    for c in name.chars() {
+        if chars >= SHOWN_CHARS {
             out.push_str(&format!("...({} bytes)", name.len()));
             break;
         }
         if c.is_control() || c == '\u{fffd}' || (c.is_whitespace() && c != ' ') {
-            out.extend(c.escape_default());
+            let e = c.escape_default();
+            chars += e.len();
+            out.extend(e);
         } else {
+            chars += 1;
             out.push(c);
         }
     }
@@ -85,5 +87,6 @@ mod tests {
         let s = shown(&long);
         assert_eq!(s, format!("{}...({} bytes)", "x".repeat(200), 58 << 20));
         assert_eq!(shown(&"é".repeat(200)), "é".repeat(200), "200 characters are not cut");
+        assert_eq!(shown(&"\u{7}".repeat(100)).len(), 200 + "...(100 bytes)".len(), "escapes count");
     }
 }

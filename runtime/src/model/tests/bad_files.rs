@@ -64,3 +64,88 @@ fn safetensors_end_offset_near_2_64_is_reported_unwrapped() {
     }
     assert!(e.to_string().contains(&(header_len + u64::MAX as u128).to_string()), "{e}");
 }
+
+/// The byte offset of the tensor info of `name` (its name's length field) in a GGUF file.
+fn info_at(b: &[u8], name: &str) -> usize {
+    let mut pat = (name.len() as u64).to_le_bytes().to_vec();
+    pat.extend(name.as_bytes());
+    b.windows(pat.len()).position(|w| w == pat).unwrap()
+}
+
+/// A message fit to print: one short line of printable characters.
+fn assert_sane(e: &LoadError) {
+    let m = e.to_string();
+    assert!(m.len() < 600, "{} bytes: {}...", m.len(), &m[..300]);
+    assert!(!m.chars().any(|c| c.is_control()), "{m:?}");
+}
+
+#[test]
+fn gguf_misread_tensor_info_gives_a_short_message() {
+    // Tensor `a` says it has no dimensions but its writer put one: every field after it is
+    // read one step off, and `c`'s name length is read from `a`'s offset (600000), which the
+    // file can hold. Before, that made a 600 kB "name" of raw bytes, printed in the error.
+    let big = vec![0x1bu8; 600_000];
+    let tensors =
+        [("big", vec![600_000], 24u32, big), ("a", vec![16], 0, vec![0u8; 64]), ("c", vec![4], 0, vec![0; 16])];
+    let mut b = gguf_bytes(3, &[], &tensors, 32);
+    let n_dims_at = info_at(&b, "a") + 8 + 1;
+    b[n_dims_at..n_dims_at + 4].copy_from_slice(&0u32.to_le_bytes());
+    let d = tmp();
+    let e = open(&write(d.path(), "misread.gguf", &b)).unwrap_err();
+    assert!(matches!(&e, LoadError::BadHeader { msg, .. } if msg.contains("600000 bytes long")), "{e}");
+    assert!(e.to_string().contains("misread.gguf"));
+    assert_sane(&e);
+}
+
+#[test]
+fn gguf_names_and_keys_have_length_limits() {
+    let d = tmp();
+    let long = "n".repeat(300);
+    let b = gguf_bytes(3, &[], &[(long.as_str(), vec![4], 0, vec![0u8; 16])], 32);
+    let e = open(&write(d.path(), "long.gguf", &b)).unwrap_err();
+    assert!(matches!(&e, LoadError::BadHeader { msg, .. } if msg.contains("tensor info 0")), "{e}");
+    assert_sane(&e);
+    // A key may be long (up to 2^16 - 1 bytes) but is cut in messages.
+    let key = "k\u{7}".repeat(30_000);
+    let b = gguf_bytes(3, &[(key.as_str(), GgufValue::U32(1)), (key.as_str(), GgufValue::U32(2))], &[], 32);
+    let e = open(&write(d.path(), "twice.gguf", &b)).unwrap_err();
+    assert!(matches!(&e, LoadError::BadHeader { msg, .. } if msg.contains("appears twice")), "{e}");
+    assert_sane(&e);
+    let key = "k".repeat(70_000);
+    let b = gguf_bytes(3, &[(key.as_str(), GgufValue::U32(1))], &[], 32);
+    let e = open(&write(d.path(), "key.gguf", &b)).unwrap_err();
+    assert!(matches!(&e, LoadError::BadHeader { msg, .. } if msg.contains("70000 bytes long")), "{e}");
+}
+
+#[test]
+fn gguf_counts_are_checked_against_the_file_before_allocating() {
+    let d = tmp();
+    let b = gguf_bytes(3, &[("k", GgufValue::U32(1))], &[("w", vec![4], 0, vec![0u8; 16])], 32);
+    for (at, what) in [(8, "tensor count"), (16, "metadata count")] {
+        let mut c = b.clone();
+        c[at..at + 8].copy_from_slice(&(1u64 << 60).to_le_bytes());
+        let e = open(&write(d.path(), "count.gguf", &c)).unwrap_err();
+        assert!(
+            matches!(&e, LoadError::BadHeader { msg, .. } if msg.contains(what) && msg.contains("cannot fit")),
+            "{e}"
+        );
+    }
+    // An array of 2^58 strings, each at least its 8-byte length: refused before a vector of them.
+    let arr = GgufValue::Array(GgufArray::String(vec!["x".into()]));
+    let mut c = gguf_bytes(3, &[("tokens", arr)], &[], 32);
+    let len_at = info_at(&c, "tokens") + 8 + 6 + 4 + 4;
+    c[len_at..len_at + 8].copy_from_slice(&(1u64 << 58).to_le_bytes());
+    let e = open(&write(d.path(), "array.gguf", &c)).unwrap_err();
+    assert!(
+        matches!(&e, LoadError::BadHeader { msg, .. } if msg.contains("tokens") && msg.contains("cannot fit")),
+        "{e}"
+    );
+    // Nested arrays and fixed-size elements alike.
+    for a in [GgufArray::Array(vec![GgufArray::U8(vec![1])]), GgufArray::U64(vec![1])] {
+        let mut c = gguf_bytes(3, &[("nest", GgufValue::Array(a))], &[], 32);
+        let len_at = info_at(&c, "nest") + 8 + 4 + 4 + 4;
+        c[len_at..len_at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        let e = open(&write(d.path(), "nest.gguf", &c)).unwrap_err();
+        assert!(matches!(&e, LoadError::BadHeader { msg, .. } if msg.contains("nest")), "{e}");
+    }
+}

@@ -250,7 +250,9 @@ fn gguf_truncated_header() {
     let b = sample_gguf();
     for cut in [0usize, 3, 10, 30, 200] {
         let e = open(&write(d.path(), "t.gguf", &b[..cut])).unwrap_err();
-        assert!(matches!(e, LoadError::TruncatedHeader { .. }), "cut {cut}: {e}");
+        // A count the rest of the file cannot hold is refused before the items are read.
+        let too_many = matches!(&e, LoadError::BadHeader { msg, .. } if msg.contains("cannot fit"));
+        assert!(matches!(e, LoadError::TruncatedHeader { .. }) || too_many, "cut {cut}: {e}");
         assert!(e.to_string().contains("t.gguf"));
     }
 }
