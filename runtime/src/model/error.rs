@@ -71,6 +71,12 @@ pub enum LoadError {
     Shape { path: PathBuf, name: String, shape: Vec<usize>, what: &'static str },
     #[error("{}: tensor {}: {source}", path.display(), shown(name))]
     Format { path: PathBuf, name: String, source: FormatError },
+    #[error("{}: is {kind}, not a regular file (a checkpoint's files must be)", path.display())]
+    NotARegularFile { path: PathBuf, kind: &'static str },
+    #[error("{}: {len} bytes, more than the {max} read from a file of its kind", path.display())]
+    TooLarge { path: PathBuf, len: u64, max: u64 },
+    #[error("{}: the file shrank from {was} to {now} bytes since it was opened (truncated or rewritten by another program)", path.display())]
+    FileChanged { path: PathBuf, was: u64, now: u64 },
     #[error("cannot quantize at load to {format}: only I8Row and I4G64 are load-time formats")]
     BadQuantizeTarget { format: WeightFormat },
 }

@@ -12,23 +12,31 @@
 //! nothing here panics on file contents. Must not: interpret tensor names beyond the
 //! quantize-at-load eligibility rule, or know model architectures.
 //!
-//! Safety note: tensors borrow from `memmap2` maps; as with any memory-mapped reader, a file
-//! truncated or rewritten by another process while open is undefined behaviour.
+//! Files (`file.rs`): every checkpoint file is checked to be a regular file before it is
+//! opened, opened read-only, and mapped read-only. Tensors borrow from the maps; as with any
+//! memory-mapped reader, another process truncating or rewriting a file while it is open
+//! takes bytes from under them. The file's size is re-checked whenever a tensor is handed out
+//! (`FileChanged`), and a read of a page lost in between raises SIGBUS, which the guard
+//! (`guard.rs`) turns into a one-line error naming the file and exit code 74.
 
 mod error;
+mod file;
 pub mod gguf;
+mod guard;
 mod safetensors;
 mod tensor;
 #[cfg(test)]
 mod tests;
 
 pub use error::{shown, LoadError};
+pub use file::check_regular;
 pub use gguf::{GgufArray, GgufMetadata, GgufValue};
+pub use guard::EXIT_CODE as SIGBUS_EXIT_CODE;
 pub use tensor::{tensor_bytes, Tensor};
 
 use crate::format::{quantize, FormatError, WeightFormat};
 use coli_compiler::bind::{Bindings, Naming, TensorInfo};
-use memmap2::Mmap;
+use file::MappedFile;
 use rayon::prelude::*;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -85,7 +93,7 @@ enum Kind {
 pub struct Checkpoint {
     path: PathBuf,
     kind: Kind,
-    files: Vec<(Arc<PathBuf>, Arc<Mmap>)>,
+    files: Vec<Arc<MappedFile>>,
     entries: BTreeMap<String, Entry>,
     quantized: HashMap<String, Tensor>,
     /// Tensors quantized at load whose copies were released, with their load-time format.
@@ -104,13 +112,6 @@ impl fmt::Debug for Checkpoint {
     }
 }
 
-fn map_file(path: &Path) -> Result<Mmap, LoadError> {
-    let io = |source| LoadError::Io { path: path.to_path_buf(), source };
-    let file = std::fs::File::open(path).map_err(io)?;
-    // SAFETY: the map is read-only; see the module's safety note on concurrent modification.
-    unsafe { Mmap::map(&file) }.map_err(io)
-}
-
 impl Checkpoint {
     /// Opens a `.gguf` file, or a directory holding safetensors (`model.safetensors` or a
     /// sharded set with `model.safetensors.index.json`) and `config.json`. A directory holding
@@ -124,11 +125,8 @@ impl Checkpoint {
     }
 
     fn open_gguf(path: &Path) -> Result<Checkpoint, LoadError> {
-        if !path.exists() {
-            return Err(LoadError::Io { path: path.to_path_buf(), source: std::io::ErrorKind::NotFound.into() });
-        }
-        let map = map_file(path)?;
-        let (meta, tensors) = gguf::parse(path, &map)?;
+        let map = MappedFile::open(path)?;
+        let (meta, tensors) = gguf::parse(path, map.bytes())?;
         let mut entries = BTreeMap::new();
         for t in tensors {
             let e = Entry {
@@ -143,7 +141,7 @@ impl Checkpoint {
                 return Err(LoadError::DuplicateTensor { path: path.to_path_buf(), name: t.name });
             }
         }
-        let files = vec![(Arc::new(path.to_path_buf()), Arc::new(map))];
+        let files = vec![Arc::new(map)];
         Ok(Checkpoint {
             path: path.to_path_buf(),
             kind: Kind::Gguf(meta),
@@ -167,8 +165,7 @@ impl Checkpoint {
             };
         };
         let config_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&config_path)
-            .map_err(|source| LoadError::Io { path: config_path.clone(), source })?;
+        let text = file::read_text(&config_path, file::MAX_JSON)?;
         let config = match serde_json::from_str(&text) {
             Ok(Value::Object(m)) => m,
             Ok(_) => {
@@ -181,8 +178,8 @@ impl Checkpoint {
         let mut files = Vec::new();
         let mut entries = BTreeMap::new();
         for (file, (shard, expected)) in shards.into_iter().enumerate() {
-            let map = map_file(&shard)?;
-            let tensors = safetensors::parse(&shard, &map)?;
+            let map = MappedFile::open(&shard)?;
+            let tensors = safetensors::parse(&shard, map.bytes())?;
             let names: std::collections::HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
             if let Some(name) = expected.iter().find(|n| !names.contains(n.as_str())) {
                 let msg = format!("the shard index puts tensor {name} in this file, which lacks it");
@@ -194,7 +191,7 @@ impl Checkpoint {
                     return Err(LoadError::DuplicateTensor { path: shard, name: t.name });
                 }
             }
-            files.push((Arc::new(shard), Arc::new(map)));
+            files.push(Arc::new(map));
         }
         let kind = Kind::Safetensors { dir: dir.to_path_buf(), config };
         Ok(Checkpoint {
@@ -288,7 +285,8 @@ impl Checkpoint {
         let Some(e) = self.entries.get(name) else {
             return Err(LoadError::NoSuchTensor { path: self.path.clone(), name: name.to_string() });
         };
-        let (path, map) = &self.files[e.file];
+        let map = &self.files[e.file];
+        let path = map.path();
         let Some(format) = e.format else {
             return Err(LoadError::UnsupportedType {
                 path: path.to_path_buf(),
@@ -296,6 +294,7 @@ impl Checkpoint {
                 dtype: e.dtype.clone(),
             });
         };
+        map.check_unchanged()?;
         Ok(Tensor::mapped(
             name.to_string(),
             format,

@@ -10,6 +10,7 @@
 //! whose size is known). Types coli does not compute with (I8, F8_E4M3, ...) are listed with
 //! their name and refused only when asked for. Must not: copy tensor data.
 
+use super::file::{read_text, regular_if_present, MAX_JSON};
 use super::LoadError;
 use crate::format::WeightFormat;
 use serde_json::Value;
@@ -146,8 +147,8 @@ pub type Shard = (PathBuf, Vec<String>);
 /// The files of a safetensors checkpoint directory, or `None` when it has none.
 pub fn shard_files(dir: &Path) -> Result<Option<Vec<Shard>>, LoadError> {
     let index = dir.join("model.safetensors.index.json");
-    if index.is_file() {
-        let text = std::fs::read_to_string(&index).map_err(|source| LoadError::Io { path: index.clone(), source })?;
+    if regular_if_present(&index)? {
+        let text = read_text(&index, MAX_JSON)?;
         let json: Value = serde_json::from_str(&text).map_err(|source| LoadError::InvalidJson {
             path: index.clone(),
             what: "shard index",
@@ -168,14 +169,14 @@ pub fn shard_files(dir: &Path) -> Result<Option<Vec<Shard>>, LoadError> {
             shards.entry(file.to_string()).or_default().push(name.clone());
         }
         for (file, names) in &shards {
-            if !dir.join(file).is_file() {
+            if !regular_if_present(&dir.join(file))? {
                 return Err(LoadError::MissingShard { path: index, name: names[0].clone(), shard: file.clone() });
             }
         }
         return Ok(Some(shards.into_iter().map(|(f, names)| (dir.join(f), names)).collect()));
     }
     let single = dir.join("model.safetensors");
-    if single.is_file() {
+    if regular_if_present(&single)? {
         return Ok(Some(vec![(single, Vec::new())]));
     }
     Ok(None)

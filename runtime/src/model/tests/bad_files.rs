@@ -149,3 +149,82 @@ fn gguf_counts_are_checked_against_the_file_before_allocating() {
         assert!(matches!(&e, LoadError::BadHeader { msg, .. } if msg.contains("nest")), "{e}");
     }
 }
+
+fn mkfifo(p: &Path) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", p.display());
+}
+
+/// `open(p)` on another thread, failing the test (instead of hanging it) after 20 s.
+fn open_or_hang(p: &Path) -> Result<Checkpoint, LoadError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = p.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(open(&p));
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(20)).expect("opening blocked")
+}
+
+fn assert_not_regular(r: Result<Checkpoint, LoadError>, file: &str, kind: &str) {
+    let e = r.unwrap_err();
+    assert!(
+        matches!(&e, LoadError::NotARegularFile { path, kind: k } if path.ends_with(file) && k.contains(kind)),
+        "{e}"
+    );
+    assert!(e.to_string().contains(file) && e.to_string().contains("not a regular file"), "{e}");
+}
+
+#[test]
+fn fifos_and_devices_are_refused_without_blocking() {
+    let d = tmp();
+    let p = d.path().join("m.gguf");
+    mkfifo(&p);
+    assert_not_regular(open_or_hang(&p), "m.gguf", "FIFO");
+    // A directory holding one .gguf, which is a FIFO.
+    assert_not_regular(open_or_hang(d.path()), "m.gguf", "FIFO");
+    let dev = d.path().join("zero.gguf");
+    std::os::unix::fs::symlink("/dev/zero", &dev).unwrap();
+    assert_not_regular(open_or_hang(&dev), "zero.gguf", "character device");
+
+    // Each file of a safetensors directory in turn.
+    let index = r#"{"weight_map": {"w": "model-1.safetensors"}}"#;
+    for fifo in ["config.json", "model.safetensors.index.json", "model-1.safetensors"] {
+        let d = tmp();
+        write(d.path(), "config.json", CONFIG.as_bytes());
+        write(d.path(), "model.safetensors.index.json", index.as_bytes());
+        write(d.path(), "model-1.safetensors", &st_bytes(&[("w", "F32", vec![1], vec![0; 4])]));
+        std::fs::remove_file(d.path().join(fifo)).unwrap();
+        mkfifo(&d.path().join(fifo));
+        assert_not_regular(open_or_hang(d.path()), fifo, "FIFO");
+    }
+    let d = st_dir(&[]);
+    std::fs::remove_file(d.path().join("model.safetensors")).unwrap();
+    mkfifo(&d.path().join("model.safetensors"));
+    assert_not_regular(open_or_hang(d.path()), "model.safetensors", "FIFO");
+    // The check other readers use (the tokenizer's files).
+    assert!(matches!(check_regular(&d.path().join("model.safetensors")), Err(LoadError::NotARegularFile { .. })));
+    assert!(check_regular(&d.path().join("config.json")).is_ok());
+}
+
+#[test]
+fn json_files_have_a_size_bound() {
+    let d = tmp();
+    let p = write(d.path(), "config.json", &[b' '; 100]);
+    assert_eq!(crate::model::file::read_text(&p, 100).unwrap().len(), 100);
+    let e = crate::model::file::read_text(&p, 99).unwrap_err();
+    assert!(matches!(e, LoadError::TooLarge { len: 100, max: 99, .. }), "{e}");
+}
+
+#[test]
+fn a_file_that_shrank_after_opening_is_an_error_before_its_bytes_are_read() {
+    let w = weights(4096);
+    let d = st_dir(&[("a", "F32", vec![4096], f32_bytes(&w)), ("b", "F32", vec![4096], f32_bytes(&w))]);
+    let ck = open(d.path()).unwrap();
+    assert_eq!(ck.tensor("a").unwrap().to_f32_vec().unwrap(), w);
+    let f = std::fs::OpenOptions::new().write(true).open(d.path().join("model.safetensors")).unwrap();
+    f.set_len(100).unwrap();
+    let e = ck.tensor("b").unwrap_err();
+    assert!(matches!(&e, LoadError::FileChanged { now: 100, was, .. } if *was > 100), "{e}");
+    assert!(e.to_string().contains("model.safetensors") && e.to_string().contains("shrank"), "{e}");
+}
