@@ -4,7 +4,7 @@
 //!
 //! Must not: hold file contents beyond names and numbers.
 
-use crate::format::{FormatError, WeightFormat};
+use crate::format::{FormatError, NonFinite, WeightFormat};
 use std::path::PathBuf;
 
 /// Longest name, in characters, that an error message shows (longer ones are cut, with `...`).
@@ -77,6 +77,8 @@ pub enum LoadError {
     TooLarge { path: PathBuf, len: u64, max: u64 },
     #[error("{}: the file shrank from {was} to {now} bytes since it was opened (truncated or rewritten by another program)", path.display())]
     FileChanged { path: PathBuf, was: u64, now: u64 },
+    #[error("{}: tensor {}: {found}; weights must be finite", path.display(), shown(name))]
+    NonFinite { path: PathBuf, name: String, found: NonFinite },
     #[error("cannot quantize at load to {format}: only I8Row and I4G64 are load-time formats")]
     BadQuantizeTarget { format: WeightFormat },
 }

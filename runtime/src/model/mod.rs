@@ -9,7 +9,8 @@
 //! asked for, with the same bytes.
 //!
 //! Every malformed file is a `LoadError` naming the file (and the tensor, where there is one);
-//! nothing here panics on file contents. Must not: interpret tensor names beyond the
+//! nothing here panics on file contents. A weight holding a NaN or an infinity is one too
+//! (`NonFinite`), found the first time the tensor is handed out (`file_tensor`). Must not: interpret tensor names beyond the
 //! quantize-at-load eligibility rule, or know model architectures.
 //!
 //! Files (`file.rs`): every checkpoint file is checked to be a regular file before it is
@@ -34,7 +35,7 @@ pub use gguf::{GgufArray, GgufMetadata, GgufValue};
 pub use guard::EXIT_CODE as SIGBUS_EXIT_CODE;
 pub use tensor::{tensor_bytes, Tensor};
 
-use crate::format::{quantize, FormatError, WeightFormat};
+use crate::format::{first_non_finite, quantize, FormatError, NonFinite, WeightFormat};
 use coli_compiler::bind::{Bindings, Naming, TensorInfo};
 use file::MappedFile;
 use rayon::prelude::*;
@@ -42,7 +43,7 @@ use serde_json::{Map, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// `progress(done, total)` in bytes of work.
 pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
@@ -82,6 +83,8 @@ struct Entry {
     file: usize,
     start: u64,
     len: u64,
+    /// The first non-finite value, found when the tensor is first handed out.
+    non_finite: OnceLock<Option<NonFinite>>,
 }
 
 enum Kind {
@@ -136,6 +139,7 @@ impl Checkpoint {
                 file: 0,
                 start: t.start,
                 len: t.len,
+                non_finite: OnceLock::new(),
             };
             if entries.insert(t.name.clone(), e).is_some() {
                 return Err(LoadError::DuplicateTensor { path: path.to_path_buf(), name: t.name });
@@ -186,7 +190,15 @@ impl Checkpoint {
                 return Err(LoadError::BadHeader { path: shard, msg });
             }
             for t in tensors {
-                let e = Entry { shape: t.shape, dtype: t.dtype, format: t.format, file, start: t.start, len: t.len };
+                let e = Entry {
+                    shape: t.shape,
+                    dtype: t.dtype,
+                    format: t.format,
+                    file,
+                    start: t.start,
+                    len: t.len,
+                    non_finite: OnceLock::new(),
+                };
                 if entries.insert(t.name.clone(), e).is_some() {
                     return Err(LoadError::DuplicateTensor { path: shard, name: t.name });
                 }
@@ -280,7 +292,9 @@ impl Checkpoint {
     }
 
     /// The tensor `name` as the file holds it (a view of the map), whether or not it was
-    /// quantized at load.
+    /// quantized at load. Its first use scans it for NaN and infinities (`NonFinite`; every
+    /// element of a float format, the scales and mins of a block format) and re-checks the
+    /// file's size (`FileChanged`).
     pub fn file_tensor(&self, name: &str) -> Result<Tensor, LoadError> {
         let Some(e) = self.entries.get(name) else {
             return Err(LoadError::NoSuchTensor { path: self.path.clone(), name: name.to_string() });
@@ -295,7 +309,7 @@ impl Checkpoint {
             });
         };
         map.check_unchanged()?;
-        Ok(Tensor::mapped(
+        let t = Tensor::mapped(
             name.to_string(),
             format,
             e.shape.clone(),
@@ -303,7 +317,13 @@ impl Checkpoint {
             e.start as usize,
             e.len as usize,
             path.clone(),
-        ))
+        );
+        // Scanned once, in parallel, on first use: the pages are read now rather than by the
+        // first forward.
+        if let Some(found) = *e.non_finite.get_or_init(|| first_non_finite(format, t.bytes(), t.cols())) {
+            return Err(LoadError::NonFinite { path: path.to_path_buf(), name: name.to_string(), found });
+        }
+        Ok(t)
     }
 
     /// What the compiler needs to know: configuration, naming, and the tensor table (after

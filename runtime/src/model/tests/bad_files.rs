@@ -228,3 +228,51 @@ fn a_file_that_shrank_after_opening_is_an_error_before_its_bytes_are_read() {
     assert!(matches!(&e, LoadError::FileChanged { now: 100, was, .. } if *was > 100), "{e}");
     assert!(e.to_string().contains("model.safetensors") && e.to_string().contains("shrank"), "{e}");
 }
+
+#[test]
+fn a_nan_or_inf_weight_is_an_error_naming_the_tensor_on_first_use() {
+    let mut w = weights(64 * 128);
+    w[5 * 128 + 7] = f32::NAN;
+    let d = st_dir(&[
+        ("model.layers.0.self_attn.q_proj.weight", "BF16", vec![64, 128], bf16_bytes(&w)),
+        ("model.norm.weight", "F32", vec![4], f32_bytes(&[1.0, f32::NEG_INFINITY, 3.0, 4.0])),
+        ("model.ok.weight", "F16", vec![2], vec![0, 0x3c, 0, 0xbc]),
+    ]);
+    let ck = open(d.path()).unwrap();
+    let e = ck.tensor("model.layers.0.self_attn.q_proj.weight").unwrap_err();
+    match &e {
+        LoadError::NonFinite { name, found, .. } => {
+            assert_eq!(name, "model.layers.0.self_attn.q_proj.weight");
+            assert_eq!((found.row, found.col), (5, 7));
+            assert!(found.value.is_nan());
+        }
+        _ => panic!("{e}"),
+    }
+    let m = e.to_string();
+    assert!(m.contains("model.safetensors") && m.contains("q_proj") && m.contains("row 5, column 7 is NaN"), "{m}");
+    // Found again on a later use (the scan's result is kept), and for vectors too.
+    assert!(matches!(ck.tensor("model.layers.0.self_attn.q_proj.weight"), Err(LoadError::NonFinite { .. })));
+    let e = ck.tensor("model.norm.weight").unwrap_err();
+    assert!(e.to_string().contains("column 1 is -inf"), "{e}");
+    assert_eq!(ck.tensor("model.ok.weight").unwrap().to_f32_vec().unwrap(), [1.0, -1.0]);
+    // Quantize-at-load reads the tensor first, so it reports the same.
+    let opts = LoadOptions { quantize: Some(WeightFormat::I8Row), progress: None };
+    assert!(matches!(Checkpoint::open(d.path(), &opts), Err(LoadError::NonFinite { .. })));
+}
+
+#[test]
+fn a_non_finite_block_scale_is_an_error_naming_the_tensor() {
+    let q8 = quantize(WeightFormat::Q8_0, &weights(4 * 64), 64).unwrap();
+    let mut bad = q8.clone();
+    // Row 3's second block: its f16 scale d becomes +inf.
+    bad[3 * 68 + 34..3 * 68 + 36].copy_from_slice(&0x7c00u16.to_le_bytes());
+    let b =
+        gguf_bytes(3, &[], &[("good.weight", vec![4, 64], 8, q8), ("blk.0.ffn_down.weight", vec![4, 64], 8, bad)], 32);
+    let d = tmp();
+    let ck = open(&write(d.path(), "scale.gguf", &b)).unwrap();
+    assert!(ck.tensor("good.weight").is_ok());
+    let e = ck.tensor("blk.0.ffn_down.weight").unwrap_err();
+    assert!(matches!(&e, LoadError::NonFinite { found, .. } if (found.row, found.col) == (3, 32)), "{e}");
+    let m = e.to_string();
+    assert!(m.contains("scale.gguf") && m.contains("blk.0.ffn_down.weight") && m.contains("scale d"), "{m}");
+}
