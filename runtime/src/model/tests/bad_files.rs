@@ -276,3 +276,39 @@ fn a_non_finite_block_scale_is_an_error_naming_the_tensor() {
     let m = e.to_string();
     assert!(m.contains("scale.gguf") && m.contains("blk.0.ffn_down.weight") && m.contains("scale d"), "{m}");
 }
+
+#[test]
+fn a_file_cut_anywhere_is_a_typed_error_naming_it() {
+    let d = tmp();
+    let b = sample_gguf();
+    // Every one of the first 64 bytes, then every 7th (each 8-byte count, length and offset
+    // is cut inside at least once) and the last few.
+    let cuts = (0..64).chain((64..b.len()).step_by(7)).chain(b.len() - 3..b.len());
+    for cut in cuts {
+        let e = open(&write(d.path(), "cut.gguf", &b[..cut])).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                LoadError::TruncatedHeader { .. } | LoadError::TensorPastEnd { .. } | LoadError::BadHeader { .. }
+            ),
+            "cut {cut}: {e}"
+        );
+        assert!(e.to_string().contains("cut.gguf"), "cut {cut}: {e}");
+        assert_sane(&e);
+    }
+    let b =
+        st_bytes(&[("a", "F32", vec![3], f32_bytes(&[1.0, 2.0, 3.0])), ("b", "F16", vec![2], vec![0, 0x3c, 0, 0x3c])]);
+    let d = st_dir(&[]);
+    for cut in 0..b.len() {
+        write(d.path(), "model.safetensors", &b[..cut]);
+        let e = open(d.path()).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                LoadError::TruncatedHeader { .. } | LoadError::InvalidJson { .. } | LoadError::TensorPastEnd { .. }
+            ),
+            "cut {cut}: {e}"
+        );
+        assert!(e.to_string().contains("model.safetensors"), "cut {cut}: {e}");
+    }
+}
