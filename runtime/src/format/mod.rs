@@ -2,7 +2,8 @@
 //! how to expand it (`dequant_row`), how to take its dot product with f32 activations without
 //! expanding it (`dot_row`), the quantized-activation fast path (`QuantizedActs`), the
 //! parallel `matmul` every Linear and every expert goes through, and quantization of f32 rows
-//! into coli's own load-time formats (`I8Row`, `I4G64`).
+//! into coli's own load-time formats (`I8Row`, `I4G64`); `first_non_finite` finds a NaN or an
+//! infinity in stored weights (elements of float formats, scale and min fields of block formats).
 //!
 //! Byte layouts (all little-endian; one row is a whole number of blocks, blocks never span rows):
 //! - `F32` 4 bytes, `F16` 2, `BF16` 2 per element.
@@ -26,6 +27,7 @@
 
 mod dequant;
 mod dot;
+mod finite;
 pub mod fp16;
 mod fsimd;
 mod kquant;
@@ -37,6 +39,7 @@ mod simd;
 #[cfg(test)]
 mod tests;
 
+pub use finite::{first_non_finite, NonFinite};
 pub use matmul::{
     kernel_level, matmul, matmul_multi, matmul_q, matmul_q_multi, try_matmul, try_matmul_multi, try_matmul_q,
     try_matmul_q_multi, wide_simd, Matrix,

@@ -391,3 +391,52 @@ fn matmul_multi_matches_one_matmul_per_matrix() {
         Err(FormatError::Length { .. })
     ));
 }
+
+#[test]
+fn first_non_finite_finds_nan_and_inf_in_elements_and_block_fields() {
+    use super::{first_non_finite, NonFinite};
+    let cols = 256;
+    for format in WeightFormat::ALL {
+        let mut b = random_rows(format, 4, cols, &mut Rng(7));
+        assert_eq!(first_non_finite(format, &b, cols), None, "{format}");
+        // Row 2's first float field (an element, or its first block's scale) becomes +inf, and
+        // a later one NaN: the first is reported.
+        let row = format.row_bytes(cols).unwrap();
+        let (at, width) = match format {
+            WeightFormat::F32 | WeightFormat::I8Row => (0, 4),
+            WeightFormat::Q6_K => (208, 2),
+            _ => (0, 2),
+        };
+        let inf: &[u8] = match (format, width) {
+            (WeightFormat::BF16, _) => &[0x80, 0x7f],
+            (_, 4) => &[0, 0, 0x80, 0x7f],
+            _ => &[0, 0x7c],
+        };
+        b[2 * row + at..2 * row + at + width].copy_from_slice(inf);
+        let nan: Vec<u8> = inf.iter().enumerate().map(|(i, &v)| if i == 0 { v | 1 } else { v }).collect();
+        b[3 * row + at..3 * row + at + width].copy_from_slice(&nan);
+        let found = first_non_finite(format, &b, cols).unwrap_or_else(|| panic!("{format}: not found"));
+        assert_eq!((found.row, found.col, found.value), (2, 0, f32::INFINITY), "{format}: {found}");
+        b[2 * row + at..2 * row + at + width].fill(0);
+        let found: NonFinite = first_non_finite(format, &b, cols).unwrap();
+        assert_eq!((found.row, found.col), (3, 0), "{format}: {found}");
+        assert!(found.value.is_nan(), "{format}: {found}");
+        assert!(found.to_string().contains("row 3, column 0 is NaN"), "{found}");
+    }
+}
+
+#[test]
+fn first_non_finite_spans_parallel_pieces_and_reports_the_first() {
+    use super::first_non_finite;
+    // 3 MiB of f32 over several 1 MiB pieces: the first bad element is in the second piece.
+    let cols = 1024;
+    let mut b = vec![0u8; 3 << 20];
+    let at = |e: usize| e * 4 + 3;
+    for e in [300_000usize, 700_000] {
+        b[at(e) - 1] = 0x80;
+        b[at(e)] = 0x7f;
+    }
+    let found = first_non_finite(WeightFormat::F32, &b, cols).unwrap();
+    assert_eq!((found.row, found.col), (300_000 / cols, 300_000 % cols), "{found}");
+    assert_eq!(found.field, "the value");
+}

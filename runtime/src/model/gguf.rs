@@ -8,9 +8,13 @@
 //! the innermost first, u32 `ggml_type`, u64 offset into the data section); padding to the
 //! alignment; the data section. Strings are a u64 length and bytes.
 //!
+//! Every count is checked against the bytes left in the file before anything is allocated for
+//! it (a tensor count of 2^60 in a small file is an error, not an allocation); keys and tensor
+//! names have length limits, so no error message carries megabytes of misread bytes.
+//!
 //! Must not: copy tensor data, trust any count or offset before checking it against the file.
 
-use super::LoadError;
+use super::{shown, LoadError};
 use crate::format::WeightFormat;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -18,6 +22,15 @@ use std::path::{Path, PathBuf};
 
 pub const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
+/// Longest metadata key: the GGUF specification's limit (2^16 - 1 bytes).
+const MAX_KEY: u64 = u16::MAX as u64;
+/// Longest tensor name. The specification says 64 bytes and llama.cpp refuses 64 or more;
+/// coli allows some slack, and no more: a name is only ever short.
+const MAX_TENSOR_NAME: u64 = 256;
+/// Fewest bytes a metadata entry takes (key length, an empty key, value type, a one-byte value).
+const MIN_KV_BYTES: u64 = 8 + 4 + 1;
+/// Fewest bytes a tensor info takes (name length, an empty name, no dimensions, type, offset).
+const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 4 + 8;
 
 /// One metadata value.
 #[derive(Clone, Debug, PartialEq)]
@@ -310,6 +323,12 @@ fn ggml_type(id: u32) -> Option<(&'static str, u64, u64)> {
     })
 }
 
+/// The capacity reserved up front for `count` items the file says it holds: the count has been
+/// checked against the bytes left, and beyond 2^16 a vector grows as the items are read.
+fn initial(count: u64) -> usize {
+    count.min(1 << 16) as usize
+}
+
 /// A bounds-checked reader over the header.
 struct Reader<'a> {
     buf: &'a [u8],
@@ -346,17 +365,42 @@ impl<'a> Reader<'a> {
 
     fn string(&mut self, what: &str) -> Result<String, LoadError> {
         let n = self.u64(what)?;
+        self.string_of(n, what)
+    }
+
+    /// A string of at most `max` bytes (a key or a tensor name), refused before it is read.
+    fn name(&mut self, max: u64, what: &str) -> Result<String, LoadError> {
+        let at = self.pos;
+        let n = self.u64(what)?;
+        if n > max {
+            return Err(self.bad(format!("{what} at byte {at} is {n} bytes long, more than the {max} allowed")));
+        }
+        self.string_of(n, what)
+    }
+
+    fn string_of(&mut self, n: u64, what: &str) -> Result<String, LoadError> {
         Ok(String::from_utf8_lossy(self.take(n, what)?).into_owned())
+    }
+
+    fn left(&self) -> u64 {
+        (self.buf.len() - self.pos) as u64
+    }
+
+    /// Checks that `count` items of at least `min_size` bytes each can fit in what is left of
+    /// the file, before anything is allocated for them.
+    fn fits(&self, count: u64, min_size: u64, what: &str) -> Result<(), LoadError> {
+        if count.checked_mul(min_size).is_some_and(|n| n <= self.left()) {
+            return Ok(());
+        }
+        Err(self.bad(format!(
+            "{what}: {count} items of at least {min_size} bytes each cannot fit in the {} bytes left after byte {}",
+            self.left(),
+            self.pos
+        )))
     }
 
     fn bad(&self, msg: String) -> LoadError {
         LoadError::BadHeader { path: self.path.to_path_buf(), msg }
-    }
-
-    /// Capacity for `count` items of at least `min_size` bytes each, bounded by what is left.
-    fn cap(&self, count: u64, min_size: usize) -> usize {
-        let left = (self.buf.len() - self.pos) / min_size.max(1);
-        (count.min(left as u64)) as usize
     }
 
     fn value(&mut self, ty: u32, key: &str, depth: u32) -> Result<GgufValue, LoadError> {
@@ -374,20 +418,30 @@ impl<'a> Reader<'a> {
             10 => GgufValue::U64(self.u64(key)?),
             11 => GgufValue::I64(i64::from_le_bytes(self.arr(key)?)),
             12 => GgufValue::F64(f64::from_le_bytes(self.arr(key)?)),
-            _ => return Err(self.bad(format!("metadata {key} has unknown value type {ty}"))),
+            _ => return Err(self.bad(format!("metadata {} has unknown value type {ty}", shown(key)))),
         })
     }
 
     fn array(&mut self, key: &str, depth: u32) -> Result<GgufArray, LoadError> {
         if depth > 8 {
-            return Err(self.bad(format!("metadata {key} nests arrays more than 8 deep")));
+            return Err(self.bad(format!("metadata {} nests arrays more than 8 deep", shown(key))));
         }
         let ty = self.u32(key)?;
         let n = self.u64(key)?;
+        // Strings take at least their length; arrays their type and length.
+        let min_size = match ty {
+            0 | 1 | 7 => 1,
+            2 | 3 => 2,
+            4..=6 => 4,
+            8 | 10..=12 => 8,
+            9 => 12,
+            _ => 0,
+        };
+        self.fits(n, min_size, &format!("metadata {} (an array)", shown(key)))?;
         macro_rules! fixed {
             ($variant:ident, $t:ty) => {{
                 let size = std::mem::size_of::<$t>();
-                let bytes = self.take(n.saturating_mul(size as u64), key)?;
+                let bytes = self.take(n * size as u64, key)?;
                 GgufArray::$variant(
                     bytes.chunks_exact(size).map(|c| <$t>::from_le_bytes(c.try_into().unwrap())).collect(),
                 )
@@ -406,20 +460,20 @@ impl<'a> Reader<'a> {
             11 => fixed!(I64, i64),
             12 => fixed!(F64, f64),
             8 => {
-                let mut v = Vec::with_capacity(self.cap(n, 8));
+                let mut v = Vec::with_capacity(initial(n));
                 for _ in 0..n {
                     v.push(self.string(key)?);
                 }
                 GgufArray::String(v)
             }
             9 => {
-                let mut v = Vec::with_capacity(self.cap(n, 12));
+                let mut v = Vec::with_capacity(initial(n));
                 for _ in 0..n {
                     v.push(self.array(key, depth + 1)?);
                 }
                 GgufArray::Array(v)
             }
-            _ => return Err(self.bad(format!("metadata {key} is an array of unknown value type {ty}"))),
+            _ => return Err(self.bad(format!("metadata {} is an array of unknown value type {ty}", shown(key)))),
         })
     }
 }
@@ -437,13 +491,15 @@ pub fn parse(path: &Path, buf: &[u8]) -> Result<(GgufMetadata, Vec<GgufTensor>),
     }
     let n_tensors = r.u64("tensor count")?;
     let n_kv = r.u64("metadata count")?;
-    let mut meta = GgufMetadata { version, entries: Vec::with_capacity(r.cap(n_kv, 13)), index: HashMap::new() };
+    r.fits(n_kv, MIN_KV_BYTES, "the metadata count")?;
+    r.fits(n_tensors, MIN_TENSOR_INFO_BYTES, "the tensor count")?;
+    let mut meta = GgufMetadata { version, entries: Vec::with_capacity(initial(n_kv)), index: HashMap::new() };
     for i in 0..n_kv {
-        let key = r.string(&format!("metadata key {i}"))?;
+        let key = r.name(MAX_KEY, &format!("metadata key {i}"))?;
         let ty = r.u32(&key)?;
         let value = r.value(ty, &key, 0)?;
         if meta.index.insert(key.clone(), meta.entries.len()).is_some() {
-            return Err(r.bad(format!("metadata key {key} appears twice")));
+            return Err(r.bad(format!("metadata key {} appears twice", shown(&key))));
         }
         meta.entries.push((key, value));
     }
@@ -454,17 +510,19 @@ pub fn parse(path: &Path, buf: &[u8]) -> Result<(GgufMetadata, Vec<GgufTensor>),
             _ => return Err(r.bad(format!("general.alignment {v:?} is not a positive power of two"))),
         },
     };
-    let mut infos = Vec::with_capacity(r.cap(n_tensors, 24));
+    r.fits(n_tensors, MIN_TENSOR_INFO_BYTES, "the tensor count")?;
+    let mut infos = Vec::with_capacity(initial(n_tensors));
     for i in 0..n_tensors {
-        let name = r.string(&format!("tensor info {i}"))?;
+        let name = r.name(MAX_TENSOR_NAME, &format!("the name of tensor info {i}"))?;
         let n_dims = r.u32(&name)?;
         if n_dims > 8 {
-            return Err(r.bad(format!("tensor {name} has {n_dims} dimensions")));
+            return Err(r.bad(format!("tensor {} has {n_dims} dimensions (at most 8)", shown(&name))));
         }
         let mut shape = Vec::with_capacity(n_dims as usize);
         for _ in 0..n_dims {
             let d = r.u64(&name)?;
-            shape.push(usize::try_from(d).map_err(|_| r.bad(format!("tensor {name} has dimension {d}")))?);
+            let d = usize::try_from(d).map_err(|_| r.bad(format!("tensor {} has dimension {d}", shown(&name))))?;
+            shape.push(d);
         }
         shape.reverse();
         let type_id = r.u32(&name)?;
@@ -499,7 +557,7 @@ fn check_tensor(
     if offset % alignment != 0 {
         return Err(LoadError::BadHeader {
             path: p(),
-            msg: format!("tensor {name} offset {offset} is not a multiple of the alignment {alignment}"),
+            msg: format!("tensor {} offset {offset} is not a multiple of the alignment {alignment}", shown(&name)),
         });
     }
     let cols = shape.last().copied().unwrap_or(1) as u64;
@@ -513,7 +571,7 @@ fn check_tensor(
     };
     let start = data_start.checked_add(offset).filter(|s| s.checked_add(len).is_some());
     let Some(start) = start.filter(|s| s + len <= file_len) else {
-        let end = data_start.saturating_add(offset).saturating_add(len);
+        let end = data_start as u128 + offset as u128 + len as u128;
         return Err(LoadError::TensorPastEnd { path: p(), name, end, file_len });
     };
     let format = WeightFormat::from_gguf_type(type_id).ok();

@@ -9,71 +9,41 @@
 //! asked for, with the same bytes.
 //!
 //! Every malformed file is a `LoadError` naming the file (and the tensor, where there is one);
-//! nothing here panics on file contents. Must not: interpret tensor names beyond the
+//! nothing here panics on file contents. A weight holding a NaN or an infinity is one too
+//! (`NonFinite`), found the first time the tensor is handed out (`file_tensor`). Must not: interpret tensor names beyond the
 //! quantize-at-load eligibility rule, or know model architectures.
 //!
-//! Safety note: tensors borrow from `memmap2` maps; as with any memory-mapped reader, a file
-//! truncated or rewritten by another process while open is undefined behaviour.
+//! Files (`file.rs`): every checkpoint file is checked to be a regular file before it is
+//! opened, opened read-only, and mapped read-only. Tensors borrow from the maps; as with any
+//! memory-mapped reader, another process truncating or rewriting a file while it is open
+//! takes bytes from under them. The file's size is re-checked whenever a tensor is handed out
+//! (`FileChanged`), and a read of a page lost in between raises SIGBUS, which the guard
+//! (`guard.rs`) turns into a one-line error naming the file and exit code 74.
 
+mod error;
+mod file;
 pub mod gguf;
+mod guard;
 mod safetensors;
 mod tensor;
 #[cfg(test)]
 mod tests;
 
+pub use error::{shown, LoadError};
+pub use file::check_regular;
 pub use gguf::{GgufArray, GgufMetadata, GgufValue};
+pub use guard::EXIT_CODE as SIGBUS_EXIT_CODE;
 pub use tensor::{tensor_bytes, Tensor};
 
-use crate::format::{quantize, FormatError, WeightFormat};
+use crate::format::{first_non_finite, quantize, FormatError, NonFinite, WeightFormat};
 use coli_compiler::bind::{Bindings, Naming, TensorInfo};
-use memmap2::Mmap;
+use file::MappedFile;
 use rayon::prelude::*;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-
-/// A reason a checkpoint could not be opened or a tensor not read.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("{}: not a checkpoint: expected a .gguf file, or a directory with model.safetensors or model.safetensors.index.json", path.display())]
-    NotACheckpoint { path: PathBuf },
-    #[error("{}: bad magic {found:?}, expected {expected:?} (is this a GGUF file?)", path.display())]
-    BadMagic { path: PathBuf, found: [u8; 4], expected: [u8; 4] },
-    #[error("{}: GGUF version {version} is not supported (2 and 3 are, little-endian)", path.display())]
-    UnsupportedVersion { path: PathBuf, version: u32 },
-    #[error("{}: header truncated at byte {offset} while reading {what}", path.display())]
-    TruncatedHeader { path: PathBuf, offset: u64, what: String },
-    #[error("{}: malformed header: {msg}", path.display())]
-    BadHeader { path: PathBuf, msg: String },
-    #[error("{}: invalid JSON in the {what}: {source}", path.display())]
-    InvalidJson { path: PathBuf, what: &'static str, source: serde_json::Error },
-    #[error("{}: tensor {name} ends at byte {end}, past the end of the file ({file_len} bytes)", path.display())]
-    TensorPastEnd { path: PathBuf, name: String, end: u64, file_len: u64 },
-    #[error("{}: tensor {name}: shape {shape:?} of {dtype} takes {expected} bytes, but the file gives it {found}", path.display())]
-    TensorSize { path: PathBuf, name: String, shape: Vec<usize>, dtype: String, expected: u64, found: u64 },
-    #[error("{}: tensor {name}: shape {shape:?} is not a whole number of {dtype} blocks per row (or overflows)", path.display())]
-    RaggedTensor { path: PathBuf, name: String, shape: Vec<usize>, dtype: String },
-    #[error("{}: tensor {name} has type {dtype}, which coli does not compute with", path.display())]
-    UnsupportedType { path: PathBuf, name: String, dtype: String },
-    #[error("{}: tensor {name} has unknown GGUF type id {id}", path.display())]
-    UnknownGgufType { path: PathBuf, name: String, id: u32 },
-    #[error("{}: tensor {name} is in shard {shard}, which is missing", path.display())]
-    MissingShard { path: PathBuf, name: String, shard: String },
-    #[error("{}: tensor {name} appears twice", path.display())]
-    DuplicateTensor { path: PathBuf, name: String },
-    #[error("{}: no tensor named {name}", path.display())]
-    NoSuchTensor { path: PathBuf, name: String },
-    #[error("{}: tensor {name} of shape {shape:?} {what}", path.display())]
-    Shape { path: PathBuf, name: String, shape: Vec<usize>, what: &'static str },
-    #[error("{}: tensor {name}: {source}", path.display())]
-    Format { path: PathBuf, name: String, source: FormatError },
-    #[error("cannot quantize at load to {format}: only I8Row and I4G64 are load-time formats")]
-    BadQuantizeTarget { format: WeightFormat },
-}
+use std::sync::{Arc, OnceLock};
 
 /// `progress(done, total)` in bytes of work.
 pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
@@ -113,6 +83,8 @@ struct Entry {
     file: usize,
     start: u64,
     len: u64,
+    /// The first non-finite value, found when the tensor is first handed out.
+    non_finite: OnceLock<Option<NonFinite>>,
 }
 
 enum Kind {
@@ -124,7 +96,7 @@ enum Kind {
 pub struct Checkpoint {
     path: PathBuf,
     kind: Kind,
-    files: Vec<(Arc<PathBuf>, Arc<Mmap>)>,
+    files: Vec<Arc<MappedFile>>,
     entries: BTreeMap<String, Entry>,
     quantized: HashMap<String, Tensor>,
     /// Tensors quantized at load whose copies were released, with their load-time format.
@@ -143,13 +115,6 @@ impl fmt::Debug for Checkpoint {
     }
 }
 
-fn map_file(path: &Path) -> Result<Mmap, LoadError> {
-    let io = |source| LoadError::Io { path: path.to_path_buf(), source };
-    let file = std::fs::File::open(path).map_err(io)?;
-    // SAFETY: the map is read-only; see the module's safety note on concurrent modification.
-    unsafe { Mmap::map(&file) }.map_err(io)
-}
-
 impl Checkpoint {
     /// Opens a `.gguf` file, or a directory holding safetensors (`model.safetensors` or a
     /// sharded set with `model.safetensors.index.json`) and `config.json`. A directory holding
@@ -163,11 +128,8 @@ impl Checkpoint {
     }
 
     fn open_gguf(path: &Path) -> Result<Checkpoint, LoadError> {
-        if !path.exists() {
-            return Err(LoadError::Io { path: path.to_path_buf(), source: std::io::ErrorKind::NotFound.into() });
-        }
-        let map = map_file(path)?;
-        let (meta, tensors) = gguf::parse(path, &map)?;
+        let map = MappedFile::open(path)?;
+        let (meta, tensors) = gguf::parse(path, map.bytes())?;
         let mut entries = BTreeMap::new();
         for t in tensors {
             let e = Entry {
@@ -177,12 +139,13 @@ impl Checkpoint {
                 file: 0,
                 start: t.start,
                 len: t.len,
+                non_finite: OnceLock::new(),
             };
             if entries.insert(t.name.clone(), e).is_some() {
                 return Err(LoadError::DuplicateTensor { path: path.to_path_buf(), name: t.name });
             }
         }
-        let files = vec![(Arc::new(path.to_path_buf()), Arc::new(map))];
+        let files = vec![Arc::new(map)];
         Ok(Checkpoint {
             path: path.to_path_buf(),
             kind: Kind::Gguf(meta),
@@ -206,8 +169,7 @@ impl Checkpoint {
             };
         };
         let config_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&config_path)
-            .map_err(|source| LoadError::Io { path: config_path.clone(), source })?;
+        let text = file::read_text(&config_path, file::MAX_JSON)?;
         let config = match serde_json::from_str(&text) {
             Ok(Value::Object(m)) => m,
             Ok(_) => {
@@ -220,20 +182,28 @@ impl Checkpoint {
         let mut files = Vec::new();
         let mut entries = BTreeMap::new();
         for (file, (shard, expected)) in shards.into_iter().enumerate() {
-            let map = map_file(&shard)?;
-            let tensors = safetensors::parse(&shard, &map)?;
+            let map = MappedFile::open(&shard)?;
+            let tensors = safetensors::parse(&shard, map.bytes())?;
             let names: std::collections::HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
             if let Some(name) = expected.iter().find(|n| !names.contains(n.as_str())) {
                 let msg = format!("the shard index puts tensor {name} in this file, which lacks it");
                 return Err(LoadError::BadHeader { path: shard, msg });
             }
             for t in tensors {
-                let e = Entry { shape: t.shape, dtype: t.dtype, format: t.format, file, start: t.start, len: t.len };
+                let e = Entry {
+                    shape: t.shape,
+                    dtype: t.dtype,
+                    format: t.format,
+                    file,
+                    start: t.start,
+                    len: t.len,
+                    non_finite: OnceLock::new(),
+                };
                 if entries.insert(t.name.clone(), e).is_some() {
                     return Err(LoadError::DuplicateTensor { path: shard, name: t.name });
                 }
             }
-            files.push((Arc::new(shard), Arc::new(map)));
+            files.push(Arc::new(map));
         }
         let kind = Kind::Safetensors { dir: dir.to_path_buf(), config };
         Ok(Checkpoint {
@@ -322,12 +292,15 @@ impl Checkpoint {
     }
 
     /// The tensor `name` as the file holds it (a view of the map), whether or not it was
-    /// quantized at load.
+    /// quantized at load. Its first use scans it for NaN and infinities (`NonFinite`; every
+    /// element of a float format, the scales and mins of a block format) and re-checks the
+    /// file's size (`FileChanged`).
     pub fn file_tensor(&self, name: &str) -> Result<Tensor, LoadError> {
         let Some(e) = self.entries.get(name) else {
             return Err(LoadError::NoSuchTensor { path: self.path.clone(), name: name.to_string() });
         };
-        let (path, map) = &self.files[e.file];
+        let map = &self.files[e.file];
+        let path = map.path();
         let Some(format) = e.format else {
             return Err(LoadError::UnsupportedType {
                 path: path.to_path_buf(),
@@ -335,7 +308,8 @@ impl Checkpoint {
                 dtype: e.dtype.clone(),
             });
         };
-        Ok(Tensor::mapped(
+        map.check_unchanged()?;
+        let t = Tensor::mapped(
             name.to_string(),
             format,
             e.shape.clone(),
@@ -343,7 +317,13 @@ impl Checkpoint {
             e.start as usize,
             e.len as usize,
             path.clone(),
-        ))
+        );
+        // Scanned once, in parallel, on first use: the pages are read now rather than by the
+        // first forward.
+        if let Some(found) = *e.non_finite.get_or_init(|| first_non_finite(format, t.bytes(), t.cols())) {
+            return Err(LoadError::NonFinite { path: path.to_path_buf(), name: name.to_string(), found });
+        }
+        Ok(t)
     }
 
     /// What the compiler needs to know: configuration, naming, and the tensor table (after

@@ -5,11 +5,12 @@
 //! to `{"dtype", "shape", "data_offsets": [begin, end]}` (offsets relative to the byte after
 //! the header; an optional `__metadata__` entry of strings), then the data.
 //!
-//! Every tensor is checked against the file: its range inside the data section, and its byte
-//! length against shape times dtype size (for every dtype whose size is known). Types coli does
-//! not compute with (I8, F8_E4M3, ...) are listed with their name and refused only when asked
-//! for. Must not: copy tensor data.
+//! Every tensor is checked against the file: its range inside the data section and apart from
+//! every other tensor's, and its byte length against shape times dtype size (for every dtype
+//! whose size is known). Types coli does not compute with (I8, F8_E4M3, ...) are listed with
+//! their name and refused only when asked for. Must not: copy tensor data.
 
+use super::file::{read_text, regular_if_present, MAX_JSON};
 use super::LoadError;
 use crate::format::WeightFormat;
 use serde_json::Value;
@@ -100,7 +101,8 @@ pub fn parse(path: &Path, buf: &[u8]) -> Result<Vec<StTensor>, LoadError> {
             .ok_or_else(|| bad("no \"data_offsets\" [begin, end] with begin <= end"))?;
         let (begin, end) = (offsets[0], offsets[1]);
         if end > data_len {
-            return Err(LoadError::TensorPastEnd { path: p(), name, end: data_start + end, file_len });
+            // In u128: an end offset near 2^64 is reported as written, not wrapped.
+            return Err(LoadError::TensorPastEnd { path: p(), name, end: data_start as u128 + end as u128, file_len });
         }
         let len = end - begin;
         if let Some(size) = dtype_size(&dtype) {
@@ -115,7 +117,28 @@ pub fn parse(path: &Path, buf: &[u8]) -> Result<Vec<StTensor>, LoadError> {
         let format = dtype_format(&dtype);
         tensors.push(StTensor { name, shape, dtype, format, start: data_start + begin, len });
     }
+    check_overlaps(path, &tensors)?;
     Ok(tensors)
+}
+
+/// No two tensors share a byte: a range that overlaps another would let one tensor read the
+/// other's bytes. Empty tensors take no bytes and overlap nothing.
+fn check_overlaps(path: &Path, tensors: &[StTensor]) -> Result<(), LoadError> {
+    let mut order: Vec<&StTensor> = tensors.iter().filter(|t| t.len > 0).collect();
+    order.sort_by_key(|t| (t.start, t.len));
+    for w in order.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        if a.start + a.len > b.start {
+            return Err(LoadError::Overlap {
+                path: path.to_path_buf(),
+                name: a.name.clone(),
+                range: (a.start, a.start + a.len),
+                other: b.name.clone(),
+                other_range: (b.start, b.start + b.len),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A shard file and the tensor names the index assigns to it (empty for a single file).
@@ -124,8 +147,8 @@ pub type Shard = (PathBuf, Vec<String>);
 /// The files of a safetensors checkpoint directory, or `None` when it has none.
 pub fn shard_files(dir: &Path) -> Result<Option<Vec<Shard>>, LoadError> {
     let index = dir.join("model.safetensors.index.json");
-    if index.is_file() {
-        let text = std::fs::read_to_string(&index).map_err(|source| LoadError::Io { path: index.clone(), source })?;
+    if regular_if_present(&index)? {
+        let text = read_text(&index, MAX_JSON)?;
         let json: Value = serde_json::from_str(&text).map_err(|source| LoadError::InvalidJson {
             path: index.clone(),
             what: "shard index",
@@ -146,14 +169,14 @@ pub fn shard_files(dir: &Path) -> Result<Option<Vec<Shard>>, LoadError> {
             shards.entry(file.to_string()).or_default().push(name.clone());
         }
         for (file, names) in &shards {
-            if !dir.join(file).is_file() {
+            if !regular_if_present(&dir.join(file))? {
                 return Err(LoadError::MissingShard { path: index, name: names[0].clone(), shard: file.clone() });
             }
         }
         return Ok(Some(shards.into_iter().map(|(f, names)| (dir.join(f), names)).collect()));
     }
     let single = dir.join("model.safetensors");
-    if single.is_file() {
+    if regular_if_present(&single)? {
         return Ok(Some(vec![(single, Vec::new())]));
     }
     Ok(None)

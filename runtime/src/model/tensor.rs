@@ -6,16 +6,16 @@
 //! hold exactly its shape in its format; the accessors rely on that (a matrix view cannot
 //! fail to build). Must not: copy mapped bytes, or know about file formats.
 
+use super::file::MappedFile;
 use super::LoadError;
 use crate::format::{dequant_row, Matrix, WeightFormat};
-use memmap2::Mmap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[derive(Clone)]
 enum Data {
-    Mapped { map: Arc<Mmap>, start: usize, len: usize },
+    Mapped { map: Arc<MappedFile>, start: usize, len: usize },
     Owned(Arc<Vec<u8>>),
 }
 
@@ -50,12 +50,12 @@ impl Tensor {
         name: String,
         format: WeightFormat,
         shape: Vec<usize>,
-        map: Arc<Mmap>,
+        map: Arc<MappedFile>,
         start: usize,
         len: usize,
         source: Arc<PathBuf>,
     ) -> Tensor {
-        debug_assert!(start + len <= map.len());
+        debug_assert!(start + len <= map.bytes().len());
         debug_assert_eq!(tensor_bytes(format, &shape), Some(len));
         Tensor { name, format, shape, data: Data::Mapped { map, start, len }, source }
     }
@@ -75,7 +75,7 @@ impl Tensor {
     /// The stored bytes.
     pub fn bytes(&self) -> &[u8] {
         match &self.data {
-            Data::Mapped { map, start, len } => &map[*start..*start + *len],
+            Data::Mapped { map, start, len } => &map.bytes()[*start..*start + *len],
             Data::Owned(v) => v,
         }
     }
@@ -86,11 +86,7 @@ impl Tensor {
     /// for an owned tensor, or where the kernel declines: it is advice).
     pub fn advise_not_needed(&self) -> usize {
         let Data::Mapped { map, start, len } = &self.data else { return 0 };
-        // SAFETY: the map is a read-only shared mapping of a file nobody writes (the module's
-        // safety note): dropping its pages changes no byte any reference sees, it only makes
-        // the next read fault them in from the file again.
-        let r = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, *start, *len) };
-        if r.is_ok() {
+        if map.advise_not_needed(*start, *len) {
             *len
         } else {
             0
