@@ -137,7 +137,7 @@ fn the_warm_start_puts_the_historys_hottest_experts_on_the_device() {
     for l in 0..2 {
         h.add(l, &[0, 40, 90, 0, 0, 200, 0, 0]);
     }
-    h.merge_into(&path).unwrap();
+    h.merge_into(&path, 2).unwrap();
     let with = |warm: bool| {
         load_tier(
             &dir,
@@ -164,9 +164,9 @@ fn the_warm_start_puts_the_historys_hottest_experts_on_the_device() {
     assert!(max_abs_diff(&got, &want) <= 1e-4 * oracle["max_abs_logit"].as_f64().unwrap() as f32);
     assert_eq!(toks, want_toks);
     // The run's routings are merged into the file.
-    let before: u64 = History::load(&path).unwrap().unwrap().layers.values().flatten().sum();
+    let before: u64 = History::load(&path, 2).unwrap().unwrap().layers.values().flatten().sum();
     d.save_tier_history().unwrap();
-    let after: u64 = History::load(&path).unwrap().unwrap().layers.values().flatten().sum();
+    let after: u64 = History::load(&path, 2).unwrap().unwrap().layers.values().flatten().sum();
     assert_eq!(after - before, stats(&dev).routed, "every routed pair counted once");
     // Without the warm start the slots start empty.
     let cold = with(false);
