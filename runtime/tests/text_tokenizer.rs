@@ -613,3 +613,23 @@ fn malformed_decoder_json_is_an_error_not_a_panic() {
     std::fs::write(dir.path().join("tokenizer.json"), good).unwrap();
     assert!(Tokenizer::from_hf_dir(dir.path()).is_ok());
 }
+
+/// A FIFO where tokenizer.json or a settings file should be is refused at once (reading it
+/// would block forever).
+#[test]
+fn tokenizer_files_that_are_fifos_are_refused() {
+    let good = std::fs::read(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fuzz/corpus/tokenizer/bpe_byte_level.json"),
+    )
+    .unwrap();
+    for name in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"] {
+        let dir = tempfile::tempdir().unwrap();
+        if name != "tokenizer.json" {
+            std::fs::write(dir.path().join("tokenizer.json"), &good).unwrap();
+        }
+        let fifo = dir.path().join(name);
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let err = Tokenizer::from_hf_dir(dir.path()).unwrap_err().to_string();
+        assert!(err.contains(name) && err.contains("not a regular file"), "{name}: {err}");
+    }
+}

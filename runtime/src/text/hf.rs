@@ -26,7 +26,20 @@ pub(crate) struct HfSettings {
     pub chat_template: Option<String>,
 }
 
+/// Refuses a path that exists but is not a regular file (a FIFO would block the read forever,
+/// a device would never end); a missing path is left to the read.
+pub(crate) fn refuse_special(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => Err(TextError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::other("not a regular file (a FIFO, a device or a directory)"),
+        }),
+        _ => Ok(()),
+    }
+}
+
 fn read_json(path: &Path) -> Result<Option<Value>> {
+    refuse_special(path)?;
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -86,6 +99,7 @@ impl HfSettings {
             }
         }
         let jinja: PathBuf = dir.join("chat_template.jinja");
+        refuse_special(&jinja)?;
         match std::fs::read_to_string(&jinja) {
             Ok(t) => s.chat_template = Some(t),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -70,6 +70,7 @@ impl Tokenizer {
     pub fn from_hf_dir(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
         let path = dir.join("tokenizer.json");
+        super::hf::refuse_special(&path)?;
         let bytes = std::fs::read(&path).map_err(|source| TextError::Io { path: path.clone(), source })?;
         // The JSON's syntax is checked first: the tokenizers crate panics on a syntax error
         // inside the `decoder` object instead of returning it.
