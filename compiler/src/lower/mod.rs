@@ -2,6 +2,7 @@
 //! `program`), with symbol binding in `symbols`. Placement and frames are `place` and
 //! `frames`' business; this module must not know about devices.
 
+mod flow;
 pub mod program;
 pub mod symbols;
 mod weights;
