@@ -591,3 +591,25 @@ fn an_expression_nested_too_deep() {
     assert_eq!(d.len(), 1, "{d}");
     assert!(d.0[0].message.contains("the expression nests too deep (at most 256 levels"), "{d}");
 }
+
+#[test]
+fn a_layer_keeps_one_mixer_state_and_one_set_of_experts() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../graphs/llama.ron");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let attn = text.lines().find(|l| l.trim_start().starts_with("Attention(")).unwrap();
+    let twice = text.replacen(attn, &format!("{attn}\n{attn}"), 1);
+    let spec = Spec::parse(&twice, path()).unwrap();
+    let b = llama_gguf(&[]).1;
+    let d = compile_with(&spec, &b).unwrap_err();
+    assert_eq!(d.len(), 1, "{d}");
+    let second = twice.find(attn).unwrap() + attn.len() + 1 + (attn.len() - attn.trim_start().len());
+    assert_eq!((d.0[0].line, d.0[0].column), coli_compiler::diag::line_column(&twice, second), "{d}");
+    assert!(d.0[0].message.contains("a layer keeps one mixer state"), "{d}");
+    assert!(d.0[0].message.contains("this `Attention` would be its second, after `Attention` (layers l0..l1)"), "{d}");
+    let moe = text.lines().find(|l| l.trim_start().starts_with("RoutedExperts(")).unwrap();
+    let twice = text.replacen(moe, &format!("{moe}\n{moe}"), 1);
+    let spec = Spec::parse(&twice, path()).unwrap();
+    let d = compile_with(&spec, &llama_gguf(&[("llama.expert_count", serde_json::json!(4))]).1).unwrap_err();
+    assert_eq!(d.len(), 1, "{d}");
+    assert!(d.0[0].message.contains("this `RoutedExperts` would be its second (layers l0..l1)"), "{d}");
+}

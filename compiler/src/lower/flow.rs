@@ -5,14 +5,17 @@
 //! reads was written by an earlier op (a layer may read what an earlier layer wrote); the
 //! residual is written before the epilogue; the epilogue, which runs on the rows whose logits
 //! are wanted only (the last row, in decoding), reads from before it the residual alone, and
-//! writes the logits. Each breach is a diagnostic at the field that names the value.
+//! writes the logits. A layer keeps one mixer state (a KV cache, a latent cache or a recurrent
+//! state: one `Attention`, `Mla` or `LinearAttention`) and one set of routed experts (the expert
+//! tier keys experts by layer). Each breach is a diagnostic at the field that names the value,
+//! or at the op.
 //! This module must not evaluate expressions or resolve weights.
 
 use super::program::Lowerer;
 use crate::diag::Span;
 use crate::dot::op_io;
 use crate::ir::{Op, ValueId};
-use crate::spec::check::{op_fields, Role};
+use crate::spec::check::{op_fields, op_name, Role};
 use crate::spec::OpItem;
 use std::collections::BTreeSet;
 
@@ -22,9 +25,18 @@ pub(crate) struct Flow {
     written: BTreeSet<ValueId>,
     /// Once the epilogue is being lowered: the residual and what the epilogue wrote so far.
     epilogue: Option<(ValueId, BTreeSet<ValueId>)>,
+    /// The layer's op with mixer state and its op with routed experts, once met.
+    mixer: Option<&'static str>,
+    experts: bool,
 }
 
 impl Flow {
+    /// From here on, ops are a new layer's.
+    pub(super) fn enter_layer(&mut self) {
+        self.mixer = None;
+        self.experts = false;
+    }
+
     /// From here on, ops are the epilogue's.
     pub(super) fn enter_epilogue(&mut self, residual: ValueId) {
         self.epilogue = Some((residual, BTreeSet::new()));
@@ -56,9 +68,33 @@ impl<'a> Lowerer<'a> {
             .unwrap_or_default()
     }
 
-    /// Checks what lowered op `op` (from `item`) reads against what was written before it,
-    /// then notes what it writes.
-    pub(super) fn follow(&mut self, item: &OpItem, op: &Op) {
+    /// Checks what lowered op `op` (from `item`, at `span`) reads against what was written
+    /// before it, then notes what it writes.
+    pub(super) fn follow(&mut self, item: &OpItem, span: Span, op: &Op) {
+        if self.layer.is_some() {
+            match op {
+                Op::Attention { .. } | Op::Mla { .. } | Op::LinearAttention { .. } => {
+                    if let Some(first) = self.flow.mixer {
+                        let m = format!(
+                            "a layer keeps one mixer state (a KV cache, a latent cache or a recurrent state); this `{}` would be its second, after `{first}`",
+                            op_name(item)
+                        );
+                        self.err(span, m);
+                    }
+                    self.flow.mixer = Some(op_name(item));
+                }
+                Op::RoutedExperts { .. } => {
+                    if self.flow.experts {
+                        self.err(
+                            span,
+                            "a layer has one set of routed experts (the expert tier keys them by layer); this `RoutedExperts` would be its second",
+                        );
+                    }
+                    self.flow.experts = true;
+                }
+                _ => {}
+            }
+        }
         let (reads, writes) = op_io(op);
         for v in reads {
             let name = self.values.get(v.0 as usize).map(|x| x.name.clone()).unwrap_or_default();

@@ -159,6 +159,7 @@ impl<'a> Lowerer<'a> {
         let mut out_layers = Vec::with_capacity(layers);
         for i in 0..layers {
             self.layer = Some(i);
+            self.flow.enter_layer();
             let ops = self.items(&file.layer.0, 0);
             let mixer = ops
                 .iter()
@@ -380,7 +381,7 @@ impl<'a> Lowerer<'a> {
                 },
                 op => match self.op(op, item.span) {
                     Some(lowered) => {
-                        self.follow(op, &lowered);
+                        self.follow(op, item.span, &lowered);
                         out.push(lowered);
                     }
                     // Its errors are reported; its outputs count as written, so that they
