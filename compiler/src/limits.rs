@@ -35,6 +35,30 @@ impl fmt::Display for Limit {
     }
 }
 
+/// A bound on the magnitude of a Float.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Magnitude {
+    /// What is bounded (for messages).
+    pub what: &'static str,
+    pub max: f64,
+}
+
+impl Magnitude {
+    /// `Ok(x)` when `|x| <= max`, else the message saying so.
+    pub fn check(self, x: f64) -> Result<f64, String> {
+        if x.abs() <= self.max {
+            Ok(x)
+        } else {
+            Err(format!("{x:?} is past the limit of {} ({})", self.max, self.what))
+        }
+    }
+}
+
+/// A multiplier of activations (an attention, embedding, routing or value scale, a norm's
+/// offset, a GLU's alpha): real ones lie within about 0.01..100; past the bound, activations
+/// of ordinary size overflow f32.
+pub const SCALE: Magnitude = Magnitude { what: "the magnitude of a scale", max: 65536.0 };
+
 /// Layers of a model (the largest dense models have about 130).
 pub const LAYERS: Limit = Limit { what: "layers", max: 4096 };
 /// Routed experts of one MoE layer (DeepSeek-V3 has 256).
@@ -72,5 +96,7 @@ mod tests {
         let e = LAYERS.check(4097).unwrap_err();
         assert_eq!(e, "4097 is past the limit of 4096 (layers)");
         assert_eq!(LAYERS.to_string(), "at most 4096 layers");
+        assert_eq!(SCALE.check(-65536.0), Ok(-65536.0));
+        assert_eq!(SCALE.check(1e39).unwrap_err(), "1e39 is past the limit of 65536 (the magnitude of a scale)");
     }
 }

@@ -504,9 +504,9 @@ fn a_rope_base_must_be_above_zero() {
 #[test]
 fn a_scale_must_be_finite() {
     // Past f32's range: refused, not made infinite.
-    let text = BASE.replace(r#"Embed(out: "h", table: "embed")"#, r#"Embed(out: "h", table: "embed", scale: "1e39")"#);
+    let text = BASE.replace(r#"default: "1e-5""#, r#"default: "1e39""#);
     let d = compile_with(&parse(&text).unwrap(), &bindings(CONFIG)).unwrap_err();
-    expect_one(&d, &text, r#""1e39""#, "`1e39` is 1000000000000000000000000000000000000000, not a finite 32-bit float");
+    expect_one(&d, &text, r#""eps"),"#, "`eps` is 1e39, not a finite 32-bit float (layers l0..l1)");
     // An expression whose result is not finite, at the sub-expression that made it.
     let text = BASE
         .replace(r#"Embed(out: "h", table: "embed")"#, r#"Embed(out: "h", table: "embed", scale: "2.0 * (1.0 / 0)")"#);
@@ -612,4 +612,27 @@ fn a_layer_keeps_one_mixer_state_and_one_set_of_experts() {
     let d = compile_with(&spec, &llama_gguf(&[("llama.expert_count", serde_json::json!(4))]).1).unwrap_err();
     assert_eq!(d.len(), 1, "{d}");
     assert!(d.0[0].message.contains("this `RoutedExperts` would be its second (layers l0..l1)"), "{d}");
+}
+
+#[test]
+fn a_scale_past_the_limit_and_a_clamp_limit_not_above_zero() {
+    // Finite, but q.k times it overflows f32 for activations of ordinary size.
+    let text = BASE.replace(r#"Embed(out: "h", table: "embed")"#, r#"Embed(out: "h", table: "embed", scale: "1e30")"#);
+    let d = compile_with(&parse(&text).unwrap(), &bindings(CONFIG)).unwrap_err();
+    expect_one(&d, &text, r#""1e30""#, "`1e30`: 1e30 is past the limit of 65536 (the magnitude of a scale)");
+    // gpt-oss's clamped SwiGLU: a limit of 0 or below would clamp [limit, -limit].
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../graphs/gpt_oss.ron");
+    let spec = Spec::load(&file).unwrap();
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/gpt_oss/config.json");
+    let mut b = Bindings::from_config_json(&config).unwrap();
+    compile_with(&spec, &b).unwrap_or_else(|d| panic!("{d}"));
+    b.config.insert("swiglu_limit".into(), serde_json::json!(-7.0));
+    let d = compile_with(&spec, &b).unwrap_err();
+    assert_eq!(d.len(), 1, "{d}");
+    assert!(
+        d.0[0].message.contains(
+            "the SwiGLU clamp limit `limit` is -7 (from configuration key `swiglu_limit`); it must be above 0"
+        ),
+        "{d}"
+    );
 }

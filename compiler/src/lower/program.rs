@@ -11,12 +11,12 @@
 //! This module must not place, size or cost anything.
 
 use super::flow::Flow;
-use super::symbols::{Origin, Symbols};
+use super::symbols::Symbols;
 use crate::bind::{Bindings, Naming};
 use crate::diag::{Diagnostics, Span};
 use crate::expr::Value;
 use crate::ir::*;
-use crate::limits::{self, Limit};
+use crate::limits;
 use crate::spec::de::Spanned;
 use crate::spec::{OpItem, Spec, StyleSpec, Text};
 use std::collections::{BTreeMap, BTreeSet};
@@ -202,121 +202,7 @@ impl<'a> Lowerer<'a> {
         })
     }
 
-    // ---- expressions and names -------------------------------------------------------------
-
-    pub(super) fn eval(&mut self, t: &Text) -> Option<Value> {
-        let e = match self.spec.expr(t) {
-            Ok(e) => e,
-            Err(d) => {
-                self.diags.push(d);
-                return None;
-            }
-        };
-        let layer = self.layer;
-        let r = e.eval(&|n| if n == "i" { layer.map(|i| Value::Int(i as i64)) } else { self.syms.get(n) });
-        match r {
-            Ok(v) => Some(v),
-            Err(x) => {
-                // A symbol without a value was reported where it is declared.
-                if !x.message.contains("has no value") {
-                    self.err(x.span, x.message);
-                }
-                None
-            }
-        }
-    }
-
-    /// A non-negative Int expression, at most 2^32 (a size past that is a mistake, and
-    /// products of two sizes then cannot overflow).
-    pub(super) fn int(&mut self, t: &Text) -> Option<usize> {
-        match self.eval(t)? {
-            Value::Int(i) if (0..=1 << 32).contains(&i) => Some(i as usize),
-            Value::Int(i) if i > 0 => {
-                self.err(t.span, format!("`{}` is {i}, too large for a size (at most 2^32)", t.value));
-                None
-            }
-            v => {
-                self.err(t.span, format!("expected a non-negative Int, `{}` is {v}", t.value));
-                None
-            }
-        }
-    }
-
-    /// A size within `limit`.
-    pub(super) fn sized(&mut self, t: &Text, limit: Limit) -> Option<usize> {
-        let v = self.int(t)?;
-        match limit.check(v) {
-            Ok(v) => Some(v),
-            Err(m) => {
-                let from = self.origin_of(t);
-                self.err(t.span, format!("`{}`{from}: {m}", t.value));
-                None
-            }
-        }
-    }
-
-    /// ` (from configuration key `k`)` when `t` is a symbol the configuration gave, else empty.
-    pub(super) fn origin_of(&self, t: &Text) -> String {
-        match self.syms.origin(t.value.trim()) {
-            Some(o @ (Origin::Config(_) | Origin::Tensor(..))) => format!(" (from {o})"),
-            _ => String::new(),
-        }
-    }
-
-    /// A finite f32 (a Float past f32's range is refused, not made infinite).
-    pub(super) fn float(&mut self, t: &Text) -> Option<f32> {
-        match self.eval(t)? {
-            v @ (Value::Int(_) | Value::Float(_)) => {
-                let x = v.as_f64().unwrap_or(f64::NAN);
-                if (x as f32).is_finite() {
-                    Some(x as f32)
-                } else {
-                    let from = self.origin_of(t);
-                    self.err(t.span, format!("`{}` is {x}{from}, not a finite 32-bit float", t.value));
-                    None
-                }
-            }
-            v => {
-                self.err(t.span, format!("expected a number, `{}` is {v}", t.value));
-                None
-            }
-        }
-    }
-
-    /// A finite f32 above 0: an epsilon, a RoPE base (`what` names it in the message).
-    pub(super) fn positive(&mut self, t: &Text, what: &str) -> Option<f32> {
-        let x = self.float(t)?;
-        if x > 0.0 {
-            return Some(x);
-        }
-        let from = self.origin_of(t);
-        self.err(t.span, format!("{what} `{}` is {x}{from}; it must be above 0", t.value));
-        None
-    }
-
-    pub(super) fn positive_or(&mut self, t: &Option<Text>, dflt: f32, what: &str) -> Option<f32> {
-        match t {
-            Some(t) => self.positive(t, what),
-            None => Some(dflt),
-        }
-    }
-
-    pub(super) fn float_or(&mut self, t: &Option<Text>, dflt: f32) -> Option<f32> {
-        match t {
-            Some(t) => self.float(t),
-            None => Some(dflt),
-        }
-    }
-
-    pub(super) fn boolean(&mut self, t: &Text) -> Option<bool> {
-        match self.eval(t)? {
-            Value::Bool(b) => Some(b),
-            v => {
-                self.err(t.span, format!("expected a Bool, `{}` is {v}", t.value));
-                None
-            }
-        }
-    }
+    // ---- names -------------------------------------------------------------------------------
 
     /// The id of value `t`, allocated on first use (so a program holds only the values its
     /// ops use, numbered in order of first use).
@@ -396,7 +282,7 @@ impl<'a> Lowerer<'a> {
     pub(super) fn op(&mut self, op: &OpItem, span: Span) -> Option<Op> {
         Some(match op {
             OpItem::Embed { out, table, scale } => {
-                let (o, table, scale) = (self.val(out), self.weight(table), self.float_or(scale, 1.0));
+                let (o, table, scale) = (self.val(out), self.weight(table), self.scale_or(scale, 1.0));
                 let (o, table, scale) = (o?, table?, scale?);
                 if table.shape.len() == 2 {
                     self.expect_width(out, o, table.shape[1], "the embedding table's width");
@@ -409,7 +295,7 @@ impl<'a> Lowerer<'a> {
                     self.val(out),
                     self.weight(weight),
                     self.positive(eps, "RmsNorm's epsilon"),
-                    self.float_or(offset, 0.0),
+                    self.scale_or(offset, 0.0),
                 );
                 let (xv, ov, weight, eps, offset) = (xv?, ov?, w?, eps?, offset?);
                 let xw = self.width(xv);
@@ -518,7 +404,7 @@ impl<'a> Lowerer<'a> {
                     self.sized(heads, limits::HEADS),
                     self.sized(kv_heads, limits::HEADS),
                     self.sized(head_dim, limits::HEAD_DIM),
-                    self.float(scale),
+                    self.scale(scale),
                 );
                 let (qv, kv, vv, ov, heads, kv_heads, head_dim, scale) = (qv?, kv?, vv?, ov?, h?, kvh?, hd?, sc?);
                 let v_head_dim = match v_head_dim {
@@ -534,7 +420,7 @@ impl<'a> Lowerer<'a> {
                     Some(s) => Some(self.weight(s)?),
                     None => None,
                 };
-                let value_scale = self.float_or(value_scale, 1.0)?;
+                let value_scale = self.scale_or(value_scale, 1.0)?;
                 if kv_heads == 0 || heads % kv_heads != 0 {
                     self.err(span, format!("{heads} query heads cannot share {kv_heads} KV heads evenly"));
                 }
@@ -590,7 +476,7 @@ impl<'a> Lowerer<'a> {
                     self.val(out),
                     self.sized(top_k, limits::TOP_K),
                     self.boolean(renormalize),
-                    self.float_or(scale, 1.0),
+                    self.scale_or(scale, 1.0),
                 );
                 let (lv, ov, top_k, renormalize, scale) = (lv?, ov?, k?, rn?, sc?);
                 let experts = self.width(lv);
@@ -702,7 +588,7 @@ impl<'a> Lowerer<'a> {
                     qk_nope_head_dim: self.sized(qk_nope_head_dim, limits::HEAD_DIM)?,
                     qk_rope_head_dim: self.sized(qk_rope_head_dim, limits::HEAD_DIM)?,
                     v_head_dim: self.sized(v_head_dim, limits::HEAD_DIM)?,
-                    scale: self.float(scale)?,
+                    scale: self.scale(scale)?,
                     weights: self.roles(weights)?,
                     rope_theta: self.positive(theta, "the RoPE base")?,
                     rope_scaling: self.scaling(scaling, span)?,

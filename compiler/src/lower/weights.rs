@@ -228,7 +228,8 @@ impl<'a> Lowerer<'a> {
             GluSpec::SwiGlu => GluKind::SwiGlu,
             GluSpec::GeGlu => GluKind::GeGlu,
             GluSpec::ClampedSwiGlu { limit, alpha } => {
-                GluKind::ClampedSwiGlu { limit: self.float(limit)?, alpha: self.float(alpha)? }
+                let limit = self.positive(limit, "the SwiGLU clamp limit");
+                GluKind::ClampedSwiGlu { limit: limit?, alpha: self.scale(alpha)? }
             }
         })
     }
