@@ -5,6 +5,7 @@
 //! are computed from the source text the span points into, once, when a diagnostic is made.
 //! This module must not decide what is an error; it only says where and prints it.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -22,7 +23,7 @@ impl Span {
 }
 
 /// One error, located.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Diagnostic {
     pub file: PathBuf,
     /// 1-based line; 0 when the error has no position in a file (a whole-file problem).
@@ -73,18 +74,29 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
 }
 
 /// All the errors a stage found, in file and position order. Never empty when returned as an error.
-#[derive(Clone, Debug, Default, PartialEq, Eq, thiserror::Error)]
-pub struct Diagnostics(pub Vec<Diagnostic>);
+/// An error pushed twice is kept once (a set lookup, so a stage may report thousands).
+#[derive(Clone, Debug, Default, thiserror::Error)]
+pub struct Diagnostics(pub Vec<Diagnostic>, HashSet<Diagnostic>);
+
+impl PartialEq for Diagnostics {
+    fn eq(&self, other: &Diagnostics) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for Diagnostics {}
 
 impl Diagnostics {
     pub fn new() -> Diagnostics {
-        Diagnostics(Vec::new())
+        Diagnostics::default()
     }
     pub fn one(d: Diagnostic) -> Diagnostics {
-        Diagnostics(vec![d])
+        let mut all = Diagnostics::new();
+        all.push(d);
+        all
     }
     pub fn push(&mut self, d: Diagnostic) {
-        if !self.0.contains(&d) {
+        if self.1.insert(d.clone()) {
             self.0.push(d);
         }
     }
@@ -140,5 +152,19 @@ mod tests {
         assert_eq!(line_column(s, 3), (2, 1));
         // 'é' is two bytes; the space after it is the third character of line 2.
         assert_eq!(line_column(s, 6), (2, 3));
+    }
+
+    #[test]
+    fn a_diagnostic_pushed_twice_is_kept_once_and_many_push_in_linear_time() {
+        let mut d = Diagnostics::new();
+        let e = |i: usize| Diagnostic::whole(Path::new("x.ron"), format!("error {i}"));
+        d.push(e(1));
+        d.push(e(1));
+        assert_eq!(d.len(), 1);
+        // 200,000 distinct errors: a scan of the earlier ones per push would take minutes.
+        for i in 0..200_000 {
+            d.push(e(i));
+        }
+        assert_eq!(d.len(), 200_000);
     }
 }

@@ -5,9 +5,13 @@
 //! `IntList`); `Int` widens to `Float` where a `Float` is expected and in mixed arithmetic;
 //! `/` of two `Int`s is floor division. Functions: `sqrt ln exp pow min max float int
 //! contains len if`. Expressions are checked against the symbols' declared types when a spec
-//! is loaded and evaluated when it is compiled. This module must not know spec or model names.
+//! is loaded and evaluated when it is compiled. An expression nests at most
+//! `limits::EXPR_DEPTH` deep (the parser, the checker and the evaluator descend recursively),
+//! and a Float result that is not finite (`1.0 / 0`, `sqrt(-1.0)`) is an error where it is made.
+//! This module must not know spec or model names.
 
 use crate::diag::Span;
+use crate::limits;
 use std::fmt;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
@@ -119,12 +123,30 @@ pub enum ExprKind {
 pub struct Expr {
     pub kind: ExprKind,
     pub span: Span,
+    /// Levels of the tree from here down (a leaf is 1); at most `limits::EXPR_DEPTH`.
+    height: usize,
+}
+
+impl Expr {
+    /// A node over its children, refused past `limits::EXPR_DEPTH` levels.
+    fn node(kind: ExprKind, span: Span) -> Result<Expr, ExprError> {
+        let below = match &kind {
+            ExprKind::Lit(_) | ExprKind::Sym(_) => 0,
+            ExprKind::Neg(x) | ExprKind::Not(x) => x.height,
+            ExprKind::Bin(_, a, b) => a.height.max(b.height),
+            ExprKind::Call(_, args) | ExprKind::List(args) => args.iter().map(|a| a.height).max().unwrap_or(0),
+        };
+        if below >= limits::EXPR_DEPTH.max {
+            return Err(err(span, format!("the expression nests too deep ({})", limits::EXPR_DEPTH)));
+        }
+        Ok(Expr { kind, span, height: below + 1 })
+    }
 }
 
 /// Parses `text`, which starts at byte `base` of its file.
 pub fn parse(text: &str, base: usize) -> Result<Expr, ExprError> {
     let toks = lex(text, base)?;
-    let mut p = P { toks, i: 0, end: base + text.len() };
+    let mut p = P { toks, i: 0, end: base + text.len(), nest: 0 };
     let e = p.or()?;
     if let Some(t) = p.toks.get(p.i) {
         return Err(err(t.span, format!("unexpected `{}` after the expression", t.text)));
@@ -185,6 +207,8 @@ struct P {
     toks: Vec<Tok>,
     i: usize,
     end: usize,
+    /// Sub-expressions open around the one being parsed.
+    nest: usize,
 }
 
 impl P {
@@ -213,12 +237,24 @@ impl P {
             self.i += 1;
             let r = sub(self)?;
             let span = Span::new(l.span.start, r.span.end);
-            l = Expr { kind: ExprKind::Bin(op, Box::new(l), Box::new(r)), span };
+            l = Expr::node(ExprKind::Bin(op, Box::new(l), Box::new(r)), span)?;
         }
         Ok(l)
     }
+    /// Enters one more level of nesting, refused past `limits::EXPR_DEPTH`.
+    fn enter(&mut self) -> Result<(), ExprError> {
+        if self.nest >= limits::EXPR_DEPTH.max {
+            let span = self.toks.get(self.i).map(|t| t.span).unwrap_or(Span::new(self.end, self.end));
+            return Err(err(span, format!("the expression nests too deep here ({})", limits::EXPR_DEPTH)));
+        }
+        self.nest += 1;
+        Ok(())
+    }
     fn or(&mut self) -> Result<Expr, ExprError> {
-        self.bin(&[("||", BinOp::Or)], P::and)
+        self.enter()?;
+        let r = self.bin(&[("||", BinOp::Or)], P::and);
+        self.nest -= 1;
+        r
     }
     fn and(&mut self) -> Result<Expr, ExprError> {
         self.bin(&[("&&", BinOp::And)], P::cmp)
@@ -237,10 +273,13 @@ impl P {
         match self.peek() {
             Some("-") | Some("!") => {
                 let t = self.next()?;
-                let x = self.unary()?;
+                self.enter()?;
+                let x = self.unary();
+                self.nest -= 1;
+                let x = x?;
                 let span = Span::new(t.span.start, x.span.end);
                 let kind = if t.text == "-" { ExprKind::Neg(Box::new(x)) } else { ExprKind::Not(Box::new(x)) };
-                Ok(Expr { kind, span })
+                Expr::node(kind, span)
             }
             _ => self.primary(),
         }
@@ -251,7 +290,7 @@ impl P {
         if t.text == "(" {
             let e = self.or()?;
             let close = self.expect(")")?;
-            return Ok(Expr { kind: e.kind, span: Span::new(t.span.start, close.span.end) });
+            return Ok(Expr { span: Span::new(t.span.start, close.span.end), ..e });
         }
         if t.text == "[" {
             let mut items = Vec::new();
@@ -266,21 +305,25 @@ impl P {
                 }
             }
             let close = self.expect("]")?;
-            return Ok(Expr { kind: ExprKind::List(items), span: Span::new(t.span.start, close.span.end) });
+            return Expr::node(ExprKind::List(items), Span::new(t.span.start, close.span.end));
         }
         if c.is_ascii_digit() || c == b'.' {
             let s: String = t.text.chars().filter(|&c| c != '_').collect();
             let v = if s.contains(['.', 'e', 'E']) {
-                Value::Float(s.parse().map_err(|_| err(t.span, format!("`{}` is not a number", t.text)))?)
+                let f: f64 = s.parse().map_err(|_| err(t.span, format!("`{}` is not a number", t.text)))?;
+                if !f.is_finite() {
+                    return Err(err(t.span, format!("`{}` is not a finite number", t.text)));
+                }
+                Value::Float(f)
             } else {
                 Value::Int(s.parse().map_err(|_| err(t.span, format!("`{}` is not an integer", t.text)))?)
             };
-            return Ok(Expr { kind: ExprKind::Lit(v), span: t.span });
+            return Expr::node(ExprKind::Lit(v), t.span);
         }
         if c.is_ascii_alphabetic() || c == b'_' {
             match t.text.as_str() {
-                "true" => return Ok(Expr { kind: ExprKind::Lit(Value::Bool(true)), span: t.span }),
-                "false" => return Ok(Expr { kind: ExprKind::Lit(Value::Bool(false)), span: t.span }),
+                "true" => return Expr::node(ExprKind::Lit(Value::Bool(true)), t.span),
+                "false" => return Expr::node(ExprKind::Lit(Value::Bool(false)), t.span),
                 _ => {}
             }
             if self.peek() == Some("(") {
@@ -297,9 +340,9 @@ impl P {
                     }
                 }
                 let close = self.expect(")")?;
-                return Ok(Expr { kind: ExprKind::Call(t.text, args), span: Span::new(t.span.start, close.span.end) });
+                return Expr::node(ExprKind::Call(t.text, args), Span::new(t.span.start, close.span.end));
             }
-            return Ok(Expr { kind: ExprKind::Sym(t.text), span: t.span });
+            return Expr::node(ExprKind::Sym(t.text), t.span);
         }
         Err(err(t.span, format!("expected a number, a name or `(`, found `{}`", t.text)))
     }
@@ -452,8 +495,18 @@ impl Expr {
         }
     }
 
-    /// The value of the expression, given the values of the symbols.
+    /// The value of the expression, given the values of the symbols. A Float that is not
+    /// finite is an error at the (sub-)expression that made it.
     pub fn eval(&self, values: &dyn Fn(&str) -> Option<Value>) -> Result<Value, ExprError> {
+        match self.eval_here(values)? {
+            Value::Float(x) if !x.is_finite() => {
+                Err(err(self.span, format!("this expression is {x}, not a finite number")))
+            }
+            v => Ok(v),
+        }
+    }
+
+    fn eval_here(&self, values: &dyn Fn(&str) -> Option<Value>) -> Result<Value, ExprError> {
         let f = |e: &Expr| -> Result<f64, ExprError> {
             e.eval(values)?.as_f64().ok_or_else(|| err(e.span, "expected a number"))
         };
@@ -471,7 +524,7 @@ impl Expr {
             }
             ExprKind::Sym(s) => values(s).ok_or_else(|| err(self.span, format!("symbol `{s}` has no value"))),
             ExprKind::Neg(x) => match x.eval(values)? {
-                Value::Int(i) => Ok(Value::Int(-i)),
+                Value::Int(i) => Ok(Value::Int(i.checked_neg().ok_or_else(|| err(self.span, "integer overflow"))?)),
                 v => Ok(Value::Float(-v.as_f64().ok_or_else(|| err(x.span, "expected a number"))?)),
             },
             ExprKind::Not(x) => match x.eval(values)? {
@@ -503,8 +556,8 @@ impl Expr {
                         Sub => Value::Int(x.checked_sub(y).ok_or_else(|| err(self.span, "integer overflow"))?),
                         Mul => Value::Int(x.checked_mul(y).ok_or_else(|| err(self.span, "integer overflow"))?),
                         Div | Rem if y == 0 => return Err(err(b.span, "division by zero")),
-                        Div => Value::Int(x.div_euclid(y)),
-                        Rem => Value::Int(x.rem_euclid(y)),
+                        Div => Value::Int(x.checked_div_euclid(y).ok_or_else(|| err(self.span, "integer overflow"))?),
+                        Rem => Value::Int(x.checked_rem_euclid(y).ok_or_else(|| err(self.span, "integer overflow"))?),
                         Eq => Value::Bool(x == y),
                         Ne => Value::Bool(x != y),
                         Lt => Value::Bool(x < y),
@@ -537,7 +590,14 @@ impl Expr {
                 "exp" => Ok(Value::Float(f(&args[0])?.exp())),
                 "pow" => Ok(Value::Float(f(&args[0])?.powf(f(&args[1])?))),
                 "float" => Ok(Value::Float(f(&args[0])?)),
-                "int" => Ok(Value::Int(f(&args[0])? as i64)),
+                "int" => {
+                    let x = f(&args[0])?;
+                    // Within ±2^63 (the cast would saturate silently past it).
+                    if x.abs() >= 9.223_372_036_854_775e18 {
+                        return Err(err(self.span, format!("int({x}) is too large for an Int")));
+                    }
+                    Ok(Value::Int(x as i64))
+                }
                 "min" | "max" => {
                     let (a, b) = (args[0].eval(values)?, args[1].eval(values)?);
                     let pick_a = match (&a, &b) {
@@ -605,6 +665,45 @@ mod tests {
         let e = parse("contains([], i) || len([1, 2]) == 2", 0).unwrap();
         assert_eq!(e.check(&types), Ok(Type::Bool));
         assert_eq!(e.eval(&env), Ok(Value::Bool(true)));
+    }
+
+    #[test]
+    fn results_that_are_not_finite_are_located_errors() {
+        let e = parse("hidden + 1.0 / 0", 0).unwrap().eval(&env).unwrap_err();
+        assert_eq!(e.span, Span::new(9, 16), "{e}");
+        assert!(e.message.contains("is inf, not a finite number"), "{e}");
+        let e = parse("2 * sqrt(0.0 - eps)", 0).unwrap().eval(&env).unwrap_err();
+        assert_eq!(e.span, Span::new(4, 19), "{e}");
+        assert!(e.message.contains("is NaN"), "{e}");
+        assert!(parse("exp(1000.0)", 0).unwrap().eval(&env).is_err());
+        assert!(parse("1e400", 0).unwrap_err().message.contains("not a finite number"));
+        assert!(parse("int(1e30)", 0).unwrap().eval(&env).unwrap_err().message.contains("too large"));
+    }
+
+    #[test]
+    fn integer_division_by_zero_and_overflow_are_errors() {
+        let e = parse("hidden / (heads - 9)", 0).unwrap().eval(&env).unwrap_err();
+        assert_eq!((e.span, e.message.as_str()), (Span::new(9, 20), "division by zero"));
+        let e = parse("(0 - 9223372036854775807 - 1) / (0 - 1)", 0).unwrap().eval(&env).unwrap_err();
+        assert_eq!(e.message, "integer overflow");
+        assert!(parse("-(0 - 9223372036854775807 - 1)", 0).unwrap().eval(&env).is_err());
+    }
+
+    #[test]
+    fn nesting_past_the_limit_is_an_error_not_a_stack_overflow() {
+        let ok = format!("{}1{}", "(".repeat(200), ")".repeat(200));
+        assert_eq!(parse(&ok, 0).unwrap().eval(&env), Ok(Value::Int(1)));
+        let deep = format!("{}1{}", "(".repeat(5000), ")".repeat(5000));
+        let e = parse(&deep, 0).unwrap_err();
+        assert!(e.message.contains("nests too deep here (at most 256 levels"), "{e}");
+        assert_eq!(e.span.start, 256);
+        let e = parse(&"-".repeat(5000), 0).unwrap_err();
+        assert!(e.message.contains("nests too deep"), "{e}");
+        // A long chain is a deep tree: refused, not evaluated recursively.
+        let chain = vec!["1"; 10_000].join(" + ");
+        let e = parse(&chain, 0).unwrap_err();
+        assert!(e.message.contains("nests too deep (at most 256"), "{e}");
+        assert!(parse(&vec!["1"; 200].join(" + "), 0).is_ok());
     }
 
     #[test]

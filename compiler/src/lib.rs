@@ -15,6 +15,7 @@ pub mod expr;
 pub mod frames;
 pub mod ids;
 pub mod ir;
+pub mod limits;
 pub mod lower;
 pub mod ops;
 pub mod place;

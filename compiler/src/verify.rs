@@ -7,8 +7,9 @@
 //! 2. A frame runs in one place; host steps (`Route`, `RoutedExperts`) only on the host, or on
 //!    the device that holds every routed expert of their layer; an op in a device frame is one
 //!    that device runs, in formats it reads.
-//! 3. Every value a frame reads is there when it runs: written earlier in the frame, uploaded
-//!    before it (device frames), or already held there; a value is uploaded only when the
+//! 3. Every value a frame reads is there when it runs: written by an earlier op (none is read
+//!    before one writes it), and written earlier in the frame, uploaded before it (device
+//!    frames), or already held there; a value is uploaded only when the
 //!    host holds its newest copy; the host reads only what it wrote or a device downloaded.
 //!    The logits end up on the host.
 //! 4. A frame not waited for directly follows the host frame it runs beside, reads nothing
@@ -104,6 +105,9 @@ pub fn verify(plan: &Plan, sizer: &Sizer) -> Vec<String> {
         for id in &f.ops {
             let (reads, writes) = op_io(op_of(p, *id));
             for v in reads {
+                if !holders.contains_key(&v) {
+                    errs.push(format!("{}: {id} reads {v} ({}) before any op writes it", f.id, p.value(v).name));
+                }
                 let h = holders.entry(v).or_insert_with(|| BTreeSet::from([Place::Host]));
                 if !h.contains(&f.place) {
                     errs.push(format!(

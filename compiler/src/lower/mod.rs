@@ -1,7 +1,10 @@
 //! Lowering: a checked spec and a checkpoint's bindings to the `ir::Program` (this module's
-//! `program`), with symbol binding in `symbols`. Placement and frames are `place` and
-//! `frames`' business; this module must not know about devices.
+//! `program`), with symbol binding in `symbols`, numbers in `numbers`, weights in `weights` and
+//! data flow in `flow`. Placement and frames are `place` and `frames`' business; this module
+//! must not know about devices.
 
+mod flow;
+mod numbers;
 pub mod program;
 pub mod symbols;
 mod weights;

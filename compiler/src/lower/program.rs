@@ -2,19 +2,24 @@
 //! value widths evaluated, the layer body expanded once per layer (with `If` decided and
 //! `Block`s inlined), tensor names resolved for the naming scheme, every op's widths and
 //! weight shapes checked against each other and, when the tensor table is known, against the
-//! checkpoint.
+//! checkpoint. Every size is checked against its `limits` entry when it is evaluated, before
+//! anything is allocated or iterated by it; every Float is finite, epsilons and RoPE bases
+//! above 0. What the ops read and write is followed in program order (`flow`).
 //!
 //! Pre: `spec::check` passed. Post: a `Program` whose every op reads values of consistent
-//! widths, or all the diagnostics found. This module must not place, size or cost anything.
+//! widths, written before they are read, within the limits; or all the diagnostics found.
+//! This module must not place, size or cost anything.
 
+use super::flow::Flow;
 use super::symbols::Symbols;
 use crate::bind::{Bindings, Naming};
 use crate::diag::{Diagnostics, Span};
 use crate::expr::Value;
 use crate::ir::*;
+use crate::limits;
 use crate::spec::de::Spanned;
 use crate::spec::{OpItem, Spec, StyleSpec, Text};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Builds the program of `spec` for the checkpoint described by `bindings`.
 pub fn build_program(spec: &Spec, bindings: &Bindings) -> Result<Program, Diagnostics> {
@@ -27,6 +32,8 @@ pub fn build_program(spec: &Spec, bindings: &Bindings) -> Result<Program, Diagno
         diags: Diagnostics::new(),
         layer: None,
         layer_errors: BTreeMap::new(),
+        flow: Flow::default(),
+        bad_values: BTreeSet::new(),
     };
     let program = l.program();
     l.flush_layer_errors();
@@ -50,6 +57,10 @@ pub(super) struct Lowerer<'a> {
     pub(super) layer: Option<usize>,
     /// Errors met while expanding layers, with the layers they were met in.
     pub(super) layer_errors: BTreeMap<(Span, String), Vec<u32>>,
+    /// Which values the ops lowered so far write.
+    pub(super) flow: Flow,
+    /// Values whose width could not be evaluated (reported).
+    pub(super) bad_values: BTreeSet<String>,
 }
 
 pub(super) fn has_e(s: &str) -> bool {
@@ -64,7 +75,8 @@ impl<'a> Lowerer<'a> {
         match self.layer {
             Some(i) => {
                 let layers = self.layer_errors.entry((span, m)).or_default();
-                if !layers.contains(&(i as u32)) {
+                // Layers are expanded in order: the last one noted is the only possible repeat.
+                if layers.last() != Some(&(i as u32)) {
                     layers.push(i as u32);
                 }
             }
@@ -87,24 +99,40 @@ impl<'a> Lowerer<'a> {
     pub(super) fn program(&mut self) -> Option<Program> {
         let file = &self.spec.file;
         // 1. Dimensions and values.
-        let dims_vals: Vec<Option<usize>> = ["hidden", "vocab", "layers", "max_context"]
+        // The limits are checked here, before anything is allocated by these sizes.
+        let required = [
+            ("hidden", limits::HIDDEN),
+            ("vocab", limits::VOCAB),
+            ("layers", limits::LAYERS),
+            ("max_context", limits::CONTEXT),
+        ];
+        let dims_vals: Vec<Option<usize>> = required
             .iter()
-            .map(|n| match self.syms.get(n) {
-                Some(Value::Int(v)) if v >= 0 => Some(v as usize),
-                Some(v) => {
-                    let span = self
-                        .spec
-                        .file
-                        .symbols
-                        .0
-                        .iter()
-                        .find(|(k, _)| k.value == *n)
-                        .map(|(k, _)| k.span)
-                        .unwrap_or_default();
-                    self.err(span, format!("symbol `{n}` must be a non-negative Int, it is {v}"));
-                    None
+            .map(|(n, limit)| {
+                let v = self.syms.get(n)?;
+                let span = self
+                    .spec
+                    .file
+                    .symbols
+                    .0
+                    .iter()
+                    .find(|(k, _)| k.value == *n)
+                    .map(|(k, _)| k.span)
+                    .unwrap_or_default();
+                let from = self.syms.origin(n).map(|o| format!(" (from {o})")).unwrap_or_default();
+                match v {
+                    Value::Int(v) if v >= 0 => match limit.check(v as usize) {
+                        Ok(v) => Some(v),
+                        Err(m) => {
+                            self.err(span, format!("symbol `{n}`{from}: {m}"));
+                            None
+                        }
+                    },
+                    v => {
+                        self.err(span, format!("symbol `{n}` must be a non-negative Int, it is {v}{from}"));
+                        None
+                    }
                 }
-                None => None,
             })
             .collect();
         let [Some(hidden), Some(vocab), Some(layers), Some(max_context)] = dims_vals[..] else { return None };
@@ -126,11 +154,12 @@ impl<'a> Lowerer<'a> {
                 format!("the logits `{}` have width {}, `vocab` is {vocab}", file.logits.value, self.width(logits)),
             );
         }
-        // 2. Prologue, layers, epilogue.
+        // 2. Prologue, layers, epilogue, what they read and write followed in that order.
         let prologue = self.items(&file.prologue.0, 0);
         let mut out_layers = Vec::with_capacity(layers);
         for i in 0..layers {
             self.layer = Some(i);
+            self.flow.enter_layer();
             let ops = self.items(&file.layer.0, 0);
             let mixer = ops
                 .iter()
@@ -147,7 +176,20 @@ impl<'a> Lowerer<'a> {
             out_layers.push(Layer { id: LayerId(i as u32), mixer, ffn, ops });
         }
         self.layer = None;
+        self.flow.enter_epilogue(residual);
+        if !self.flow.written(residual) {
+            self.err(
+                file.residual.span,
+                format!(
+                    "the residual `{}` is not written before the epilogue (by the prologue or the layers)",
+                    file.residual.value
+                ),
+            );
+        }
         let epilogue = self.items(&file.epilogue.0, 0);
+        if !self.flow.written_in_epilogue(logits) {
+            self.err(file.logits.span, format!("no op of the epilogue writes the logits `{}`", file.logits.value));
+        }
         Some(Program {
             family: file.family.value.clone(),
             dims: Dims { hidden, vocab, layers, max_context },
@@ -160,72 +202,7 @@ impl<'a> Lowerer<'a> {
         })
     }
 
-    // ---- expressions and names -------------------------------------------------------------
-
-    pub(super) fn eval(&mut self, t: &Text) -> Option<Value> {
-        let e = match self.spec.expr(t) {
-            Ok(e) => e,
-            Err(d) => {
-                self.diags.push(d);
-                return None;
-            }
-        };
-        let layer = self.layer;
-        let r = e.eval(&|n| if n == "i" { layer.map(|i| Value::Int(i as i64)) } else { self.syms.get(n) });
-        match r {
-            Ok(v) => Some(v),
-            Err(x) => {
-                // A symbol without a value was reported where it is declared.
-                if !x.message.contains("has no value") {
-                    self.err(x.span, x.message);
-                }
-                None
-            }
-        }
-    }
-
-    /// A non-negative Int expression, at most 2^32 (a size past that is a mistake, and
-    /// products of two sizes then cannot overflow).
-    pub(super) fn int(&mut self, t: &Text) -> Option<usize> {
-        match self.eval(t)? {
-            Value::Int(i) if (0..=1 << 32).contains(&i) => Some(i as usize),
-            Value::Int(i) if i > 0 => {
-                self.err(t.span, format!("`{}` is {i}, too large for a size (at most 2^32)", t.value));
-                None
-            }
-            v => {
-                self.err(t.span, format!("expected a non-negative Int, `{}` is {v}", t.value));
-                None
-            }
-        }
-    }
-
-    pub(super) fn float(&mut self, t: &Text) -> Option<f32> {
-        match self.eval(t)? {
-            v @ (Value::Int(_) | Value::Float(_)) => v.as_f64().map(|f| f as f32),
-            v => {
-                self.err(t.span, format!("expected a number, `{}` is {v}", t.value));
-                None
-            }
-        }
-    }
-
-    pub(super) fn float_or(&mut self, t: &Option<Text>, dflt: f32) -> Option<f32> {
-        match t {
-            Some(t) => self.float(t),
-            None => Some(dflt),
-        }
-    }
-
-    pub(super) fn boolean(&mut self, t: &Text) -> Option<bool> {
-        match self.eval(t)? {
-            Value::Bool(b) => Some(b),
-            v => {
-                self.err(t.span, format!("expected a Bool, `{}` is {v}", t.value));
-                None
-            }
-        }
-    }
+    // ---- names -------------------------------------------------------------------------------
 
     /// The id of value `t`, allocated on first use (so a program holds only the values its
     /// ops use, numbered in order of first use).
@@ -238,12 +215,21 @@ impl<'a> Lowerer<'a> {
             return None;
         };
         // Widths do not depend on the layer.
+        if self.bad_values.contains(&t.value) {
+            return None;
+        }
         let layer = self.layer.take();
-        let w = self.int(width);
+        let w = self.sized(width, limits::WIDTH);
         self.layer = layer;
+        let Some(w) = w else {
+            // Reported once; the ops that use the value are left out, not checked against a
+            // width it does not have.
+            self.bad_values.insert(t.value.clone());
+            return None;
+        };
         let id = ValueId(self.values.len() as u32);
         self.ids.insert(t.value.clone(), id);
-        self.values.push(ValueInfo { name: t.value.clone(), width: w.unwrap_or(0) });
+        self.values.push(ValueInfo { name: t.value.clone(), width: w });
         Some(id)
     }
 
@@ -266,8 +252,8 @@ impl<'a> Lowerer<'a> {
         for item in items {
             match &item.value {
                 OpItem::Block(name) => {
-                    if depth > 16 {
-                        self.err(name.span, "blocks nest too deep");
+                    if depth >= limits::BLOCK_DEPTH.max {
+                        self.err(name.span, format!("blocks nest too deep ({})", limits::BLOCK_DEPTH));
                         continue;
                     }
                     if let Some(b) = self.spec.block(&name.value) {
@@ -279,11 +265,15 @@ impl<'a> Lowerer<'a> {
                     Some(false) => out.extend(self.items(&otherwise.0, depth)),
                     None => {}
                 },
-                op => {
-                    if let Some(op) = self.op(op, item.span) {
-                        out.push(op);
+                op => match self.op(op, item.span) {
+                    Some(lowered) => {
+                        self.follow(op, item.span, &lowered);
+                        out.push(lowered);
                     }
-                }
+                    // Its errors are reported; its outputs count as written, so that they
+                    // are not reported again as read before written.
+                    None => self.follow_failed(op),
+                },
             }
         }
         out
@@ -292,7 +282,7 @@ impl<'a> Lowerer<'a> {
     pub(super) fn op(&mut self, op: &OpItem, span: Span) -> Option<Op> {
         Some(match op {
             OpItem::Embed { out, table, scale } => {
-                let (o, table, scale) = (self.val(out), self.weight(table), self.float_or(scale, 1.0));
+                let (o, table, scale) = (self.val(out), self.weight(table), self.scale_or(scale, 1.0));
                 let (o, table, scale) = (o?, table?, scale?);
                 if table.shape.len() == 2 {
                     self.expect_width(out, o, table.shape[1], "the embedding table's width");
@@ -300,12 +290,17 @@ impl<'a> Lowerer<'a> {
                 Op::Embed { out: o, table, scale }
             }
             OpItem::RmsNorm { x, out, weight, eps, group, offset } => {
-                let (xv, ov, w, eps, offset) =
-                    (self.val(x), self.val(out), self.weight(weight), self.float(eps), self.float_or(offset, 0.0));
+                let (xv, ov, w, eps, offset) = (
+                    self.val(x),
+                    self.val(out),
+                    self.weight(weight),
+                    self.positive(eps, "RmsNorm's epsilon"),
+                    self.scale_or(offset, 0.0),
+                );
                 let (xv, ov, weight, eps, offset) = (xv?, ov?, w?, eps?, offset?);
                 let xw = self.width(xv);
                 let group = match group {
-                    Some(g) => self.int(g)?,
+                    Some(g) => self.sized(g, limits::WIDTH)?,
                     None => xw,
                 };
                 if group == 0 || !xw.is_multiple_of(group) {
@@ -321,7 +316,8 @@ impl<'a> Lowerer<'a> {
                 Op::RmsNorm { x: xv, out: ov, weight, eps, group, offset }
             }
             OpItem::LayerNorm { x, out, weight, bias, eps } => {
-                let (xv, ov, w, eps) = (self.val(x), self.val(out), self.weight(weight), self.float(eps));
+                let (xv, ov, w, eps) =
+                    (self.val(x), self.val(out), self.weight(weight), self.positive(eps, "LayerNorm's epsilon"));
                 let bias = match bias {
                     Some(b) => Some(self.weight(b)?),
                     None => None,
@@ -362,10 +358,15 @@ impl<'a> Lowerer<'a> {
                 Op::Linear { x: xv, out: ov, weight, bias }
             }
             OpItem::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling } => {
-                let (xv, h, hd, theta) = (self.val(x), self.int(heads), self.int(head_dim), self.float(theta));
+                let (xv, h, hd, theta) = (
+                    self.val(x),
+                    self.sized(heads, limits::HEADS),
+                    self.sized(head_dim, limits::HEAD_DIM),
+                    self.positive(theta, "the RoPE base"),
+                );
                 let (xv, heads, head_dim, theta) = (xv?, h?, hd?, theta?);
                 let rotary_dim = match rotary_dim {
-                    Some(r) => self.int(r)?,
+                    Some(r) => self.sized(r, limits::HEAD_DIM)?,
                     None => head_dim,
                 };
                 self.expect_width(x, xv, heads * head_dim, "RoPE over heads x head_dim");
@@ -399,22 +400,27 @@ impl<'a> Lowerer<'a> {
                 value_scale,
             } => {
                 let (qv, kv, vv, ov) = (self.val(q), self.val(k), self.val(v), self.val(out));
-                let (h, kvh, hd, sc) = (self.int(heads), self.int(kv_heads), self.int(head_dim), self.float(scale));
+                let (h, kvh, hd, sc) = (
+                    self.sized(heads, limits::HEADS),
+                    self.sized(kv_heads, limits::HEADS),
+                    self.sized(head_dim, limits::HEAD_DIM),
+                    self.scale(scale),
+                );
                 let (qv, kv, vv, ov, heads, kv_heads, head_dim, scale) = (qv?, kv?, vv?, ov?, h?, kvh?, hd?, sc?);
                 let v_head_dim = match v_head_dim {
-                    Some(t) => self.int(t)?,
+                    Some(t) => self.sized(t, limits::HEAD_DIM)?,
                     None => head_dim,
                 };
                 // A window of 0 means none (configurations say `sliding_window: null`).
                 let window = match window {
-                    Some(w) => Some(self.int(w)?).filter(|&w| w > 0),
+                    Some(w) => Some(self.sized(w, limits::CONTEXT)?).filter(|&w| w > 0),
                     None => None,
                 };
                 let sinks = match sinks {
                     Some(s) => Some(self.weight(s)?),
                     None => None,
                 };
-                let value_scale = self.float_or(value_scale, 1.0)?;
+                let value_scale = self.scale_or(value_scale, 1.0)?;
                 if kv_heads == 0 || heads % kv_heads != 0 {
                     self.err(span, format!("{heads} query heads cannot share {kv_heads} KV heads evenly"));
                 }
@@ -468,9 +474,9 @@ impl<'a> Lowerer<'a> {
                 let (lv, ov, k, rn, sc) = (
                     self.val(logits),
                     self.val(out),
-                    self.int(top_k),
+                    self.sized(top_k, limits::TOP_K),
                     self.boolean(renormalize),
-                    self.float_or(scale, 1.0),
+                    self.scale_or(scale, 1.0),
                 );
                 let (lv, ov, top_k, renormalize, scale) = (lv?, ov?, k?, rn?, sc?);
                 let experts = self.width(lv);
@@ -479,7 +485,7 @@ impl<'a> Lowerer<'a> {
                     None => None,
                 };
                 let groups = match groups {
-                    Some((g, t)) => Some((self.int(g)?, self.int(t)?)),
+                    Some((g, t)) => Some((self.sized(g, limits::EXPERTS)?, self.sized(t, limits::EXPERTS)?)),
                     None => None,
                 };
                 if top_k == 0 || top_k > experts {
@@ -518,8 +524,14 @@ impl<'a> Lowerer<'a> {
                 up_bias,
                 down_bias,
             } => {
-                let (xv, rv, ov, e, f, g) =
-                    (self.val(x), self.val(routing), self.val(out), self.int(experts), self.int(ffn), self.glu(glu));
+                let (xv, rv, ov, e, f, g) = (
+                    self.val(x),
+                    self.val(routing),
+                    self.val(out),
+                    self.sized(experts, limits::EXPERTS),
+                    self.sized(ffn, limits::WIDTH),
+                    self.glu(glu),
+                );
                 let (xv, rv, ov, experts, ffn, glu) = (xv?, rv?, ov?, e?, f?, g?);
                 let (xw, ow) = (self.width(xv), self.width(ov));
                 let gate = self.expert(gate, experts, ffn, xw);
@@ -566,21 +578,21 @@ impl<'a> Lowerer<'a> {
                 let (xv, ov) = (self.val(x)?, self.val(out)?);
                 // A q LoRA rank of 0 means none (configurations say `q_lora_rank: null`).
                 let q_lora_rank = match q_lora_rank {
-                    Some(t) => Some(self.int(t)?).filter(|&r| r > 0),
+                    Some(t) => Some(self.sized(t, limits::HEAD_DIM)?).filter(|&r| r > 0),
                     None => None,
                 };
                 let spec = MlaSpec {
-                    heads: self.int(heads)?,
+                    heads: self.sized(heads, limits::HEADS)?,
                     q_lora_rank,
-                    kv_lora_rank: self.int(kv_lora_rank)?,
-                    qk_nope_head_dim: self.int(qk_nope_head_dim)?,
-                    qk_rope_head_dim: self.int(qk_rope_head_dim)?,
-                    v_head_dim: self.int(v_head_dim)?,
-                    scale: self.float(scale)?,
+                    kv_lora_rank: self.sized(kv_lora_rank, limits::HEAD_DIM)?,
+                    qk_nope_head_dim: self.sized(qk_nope_head_dim, limits::HEAD_DIM)?,
+                    qk_rope_head_dim: self.sized(qk_rope_head_dim, limits::HEAD_DIM)?,
+                    v_head_dim: self.sized(v_head_dim, limits::HEAD_DIM)?,
+                    scale: self.scale(scale)?,
                     weights: self.roles(weights)?,
-                    rope_theta: self.float(theta)?,
+                    rope_theta: self.positive(theta, "the RoPE base")?,
                     rope_scaling: self.scaling(scaling, span)?,
-                    norm_eps: self.float_or(norm_eps, 1e-6)?,
+                    norm_eps: self.positive_or(norm_eps, 1e-6, "MLA's epsilon")?,
                     rope_interleave: match rope_interleave {
                         Some(t) => self.boolean(t)?,
                         None => true,
@@ -605,13 +617,13 @@ impl<'a> Lowerer<'a> {
                 let (xv, ov) = (self.val(x)?, self.val(out)?);
                 let spec = LinearAttentionSpec {
                     kind: *kind,
-                    key_heads: self.int(key_heads)?,
-                    value_heads: self.int(value_heads)?,
-                    key_head_dim: self.int(key_head_dim)?,
-                    value_head_dim: self.int(value_head_dim)?,
-                    conv_kernel: self.int(conv_kernel)?,
+                    key_heads: self.sized(key_heads, limits::HEADS)?,
+                    value_heads: self.sized(value_heads, limits::HEADS)?,
+                    key_head_dim: self.sized(key_head_dim, limits::HEAD_DIM)?,
+                    value_head_dim: self.sized(value_head_dim, limits::HEAD_DIM)?,
+                    conv_kernel: self.sized(conv_kernel, limits::CONV_KERNEL)?,
                     weights: self.roles(weights)?,
-                    norm_eps: self.float_or(norm_eps, 1e-6)?,
+                    norm_eps: self.positive_or(norm_eps, 1e-6, "the output norm's epsilon")?,
                 };
                 if spec.key_heads == 0 || !spec.value_heads.is_multiple_of(spec.key_heads) {
                     self.err(

@@ -3,8 +3,10 @@
 //! expression (which may read other symbols). Also RoPE scaling parameters from the
 //! configuration, which every family reads the same way.
 //!
-//! Errors (a symbol with no value, a key of the wrong JSON type) are diagnostics at the
-//! symbol's place in the spec. This module must not know any model family.
+//! Errors (a symbol with no value, a key of the wrong JSON type, an Int a JSON float cannot hold
+//! exactly) are diagnostics at the symbol's place in the spec. Each value remembers where it
+//! came from (`Origin`), for messages and for a tied weight's rule. This module must not know
+//! any model family.
 
 use crate::bind::{Bindings, Naming};
 use crate::diag::{Diagnostic, Diagnostics};
@@ -14,19 +16,49 @@ use crate::spec::Spec;
 use serde_json::Value as Json;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::fmt;
+
+/// Where a symbol's value came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A configuration key of the checkpoint (`{arch}` substituted).
+    Config(String),
+    /// A dimension of a checkpoint tensor.
+    Tensor(String, usize),
+    /// The symbol's default expression.
+    Default,
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::Config(k) => write!(f, "configuration key `{k}`"),
+            Origin::Tensor(t, d) => write!(f, "dimension {d} of tensor `{t}`"),
+            Origin::Default => f.write_str("its default"),
+        }
+    }
+}
 
 /// The symbols of one spec bound to one checkpoint; resolved on first use.
 pub struct Symbols<'a> {
     spec: &'a Spec,
     bindings: &'a Bindings,
     memo: RefCell<BTreeMap<String, Option<Value>>>,
+    origins: RefCell<BTreeMap<String, Origin>>,
     active: RefCell<Vec<String>>,
     diags: RefCell<Diagnostics>,
 }
 
 impl<'a> Symbols<'a> {
     pub fn new(spec: &'a Spec, bindings: &'a Bindings) -> Symbols<'a> {
-        Symbols { spec, bindings, memo: RefCell::default(), active: RefCell::default(), diags: RefCell::default() }
+        Symbols {
+            spec,
+            bindings,
+            memo: RefCell::default(),
+            origins: RefCell::default(),
+            active: RefCell::default(),
+            diags: RefCell::default(),
+        }
     }
 
     /// The errors found while resolving.
@@ -54,6 +86,15 @@ impl<'a> Symbols<'a> {
         v
     }
 
+    /// Where the value of symbol `name` came from, once it has one.
+    pub fn origin(&self, name: &str) -> Option<Origin> {
+        self.origins.borrow().get(name).cloned()
+    }
+
+    fn note(&self, name: &str, origin: Origin) {
+        self.origins.borrow_mut().insert(name.to_string(), origin);
+    }
+
     fn report(&self, d: Diagnostic) {
         self.diags.borrow_mut().push(d);
     }
@@ -73,7 +114,10 @@ impl<'a> Symbols<'a> {
                     None => from_json(j, ty),
                 };
                 return match v {
-                    Some(v) => Some(v),
+                    Some(v) => {
+                        self.note(name, Origin::Config(self.arch_key(&k.value)));
+                        Some(v)
+                    }
                     None => {
                         let want = match &def.indices_of {
                             Some(_) => "a list of strings".to_string(),
@@ -96,7 +140,8 @@ impl<'a> Symbols<'a> {
             }) {
                 let tname = self.tensor_name(&pattern.value, 0);
                 if let Some(d) = tensors.get(&tname).and_then(|t| t.shape.get(*dim)) {
-                    return Some(Value::Int(*d as i64));
+                    self.note(name, Origin::Tensor(tname, *dim));
+                    return Some(Value::Int(i64::try_from(*d).unwrap_or(i64::MAX)));
                 }
             }
         }
@@ -110,7 +155,10 @@ impl<'a> Symbols<'a> {
                 }
             };
             return match e.eval(&|n| self.get(n)) {
-                Ok(v) => Some(coerce(v, ty)),
+                Ok(v) => {
+                    self.note(name, Origin::Default);
+                    Some(coerce(v, ty))
+                }
                 Err(x) => {
                     self.report(self.spec.diag(x.span, format!("symbol `{name}`: {}", x.message)));
                     None
@@ -182,9 +230,14 @@ pub fn indices_of(j: &Json, wanted: &str) -> Option<Value> {
     Some(Value::IntList(items.iter().enumerate().filter(|(_, s)| **s == wanted).map(|(i, _)| i as i64).collect()))
 }
 
+/// A JSON value as a value of type `ty`; an Int written as a float must be whole and within
+/// ±2^53 (past that a float does not hold an integer exactly, and `1e30` would saturate).
 fn from_json(j: &Json, ty: Type) -> Option<Value> {
     match ty {
-        Type::Int => j.as_i64().or_else(|| j.as_f64().filter(|f| f.fract() == 0.0).map(|f| f as i64)).map(Value::Int),
+        Type::Int => j
+            .as_i64()
+            .or_else(|| j.as_f64().filter(|f| f.fract() == 0.0 && f.abs() <= 9_007_199_254_740_992.0).map(|f| f as i64))
+            .map(Value::Int),
         Type::Float => j.as_f64().map(Value::Float),
         Type::Bool => j.as_bool().map(Value::Bool),
         Type::IntList => j.as_array()?.iter().map(|x| x.as_i64()).collect::<Option<Vec<_>>>().map(Value::IntList),
@@ -197,6 +250,10 @@ fn coerce(v: Value, ty: Type) -> Value {
         (Value::Int(i), Type::Float) => Value::Float(i as f64),
         (v, _) => v,
     }
+}
+
+fn b_key(b: &Bindings, key: &str) -> String {
+    key.replace("{arch}", b.architecture().unwrap_or("{arch}"))
 }
 
 fn f(b: &Bindings, keys: &[&str]) -> Option<f64> {
@@ -221,6 +278,9 @@ pub fn rope_scaling(b: &Bindings) -> Result<RopeScaling, String> {
     };
     let key = |s: &str| format!("{prefix}{s}");
     let factor = f(b, &[&key("factor")]).unwrap_or(1.0);
+    if !(factor > 0.0 && (factor as f32).is_finite()) {
+        return Err(format!("the RoPE scaling factor `{}` is {factor}; it must be above 0", b_key(b, &key("factor"))));
+    }
     let original = f(b, &[&key("original_max_position_embeddings"), &key("original_context_length")]);
     match kind.as_str() {
         "default" | "none" => Ok(RopeScaling::None),

@@ -1,9 +1,11 @@
 //! The weight side of lowering: a weight name resolved for the checkpoint's naming scheme
-//! (following `tied`), its shape checked against the tensor table, routed-expert tensors and
-//! their biases, and the weight roles of the fused ops (MLA, Gated DeltaNet) checked against
+//! (following `tied`: the other weight when `when` holds, or when the tensor is absent and no
+//! configuration key says it is untied), its shape checked against the tensor table,
+//! routed-expert tensors and their biases, and the weight roles of the fused ops (MLA, Gated DeltaNet) checked against
 //! the geometry the runtime relies on. Must not: decide widths of values (that is `program`).
 
 use super::program::{has_e, Lowerer};
+use super::symbols::Origin;
 use crate::bind::Naming;
 use crate::diag::Span;
 use crate::ir::*;
@@ -89,6 +91,23 @@ impl<'a> Lowerer<'a> {
                 (Some(p), Some(t)) => !t.contains_key(&self.syms.tensor_name(&p.value, layer)),
                 (Some(_), None) => false,
             };
+            if !when && absent {
+                // A tensor that is absent is read as tied only when the configuration does not
+                // say otherwise (GGUF files drop `output.weight` for a tied head and have no key
+                // for it); a configuration that says untied while the tensor is absent is an error.
+                if let (Some(p), Some(key)) = (pattern, self.stated_by_config(&tied.when)) {
+                    let tname = self.syms.tensor_name(&p.value, layer);
+                    let src = self.b.source.display().to_string();
+                    self.err(
+                        p.span,
+                        format!(
+                            "tensor `{tname}` is not in the checkpoint {src}, and weight `{name}` is not tied to `{}` (`{}` is false, from configuration key `{key}`)",
+                            tied.to.value, tied.when.value
+                        ),
+                    );
+                    return None;
+                }
+            }
             if when || absent {
                 return self.weight_def(&tied.to.value, tied.to.span, depth + 1);
             }
@@ -112,7 +131,8 @@ impl<'a> Lowerer<'a> {
                     offset: self.int(&r.offset)?,
                     take: self.int(&r.take)?,
                 };
-                if shape.first() != Some(&(sel.groups * sel.take)) || sel.offset + sel.take > sel.stride {
+                let (rows, end) = (sel.groups.checked_mul(sel.take), sel.offset.checked_add(sel.take));
+                if rows.is_none() || shape.first() != rows.as_ref() || end.is_none_or(|e| e > sel.stride) {
                     self.err(r.groups.span, format!("rows {sel:?} do not fit: the shape's first dimension must be groups x take and offset + take at most stride"));
                     return None;
                 }
@@ -120,6 +140,15 @@ impl<'a> Lowerer<'a> {
             }
         };
         Some((self.syms.tensor_name(&p.value, layer), shape, p, rows))
+    }
+
+    /// The configuration key of the first symbol of expression `t` that the configuration gave.
+    fn stated_by_config(&self, t: &Text) -> Option<String> {
+        let e = self.spec.expr(t).ok()?;
+        e.symbols().into_iter().find_map(|(s, _)| match self.syms.origin(s) {
+            Some(Origin::Config(k)) => Some(k),
+            _ => None,
+        })
     }
 
     pub(super) fn check_tensor(&mut self, name: &str, want: &[usize], span: Span) {
@@ -199,7 +228,8 @@ impl<'a> Lowerer<'a> {
             GluSpec::SwiGlu => GluKind::SwiGlu,
             GluSpec::GeGlu => GluKind::GeGlu,
             GluSpec::ClampedSwiGlu { limit, alpha } => {
-                GluKind::ClampedSwiGlu { limit: self.float(limit)?, alpha: self.float(alpha)? }
+                let limit = self.positive(limit, "the SwiGLU clamp limit");
+                GluKind::ClampedSwiGlu { limit: limit?, alpha: self.scale(alpha)? }
             }
         })
     }

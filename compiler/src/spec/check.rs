@@ -1,6 +1,7 @@
 //! Static checks of a spec, before any configuration is bound: every name an op uses is a
 //! declared value, weight or block; every expression parses and has the type its place wants;
-//! the required symbols exist; symbol defaults and blocks do not form cycles.
+//! the required symbols exist; symbol defaults and blocks do not form cycles; the ops that keep
+//! per-layer state (`layer_state`) stand in the layer body only.
 //!
 //! All errors are collected, each at the line and column of the offending text. This module
 //! must not evaluate anything that needs a configuration.
@@ -183,6 +184,41 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
     f
 }
 
+/// What an op keeps per layer, for the ops that keep something: the runtime indexes it by the
+/// layer the op is in, so these ops belong in the layer body (the prologue and the epilogue run
+/// outside any layer).
+pub fn layer_state(op: &OpItem) -> Option<&'static str> {
+    match op {
+        OpItem::Attention { .. } => Some("its layer's KV cache"),
+        OpItem::Mla { .. } => Some("its layer's latent cache"),
+        OpItem::LinearAttention { .. } => Some("its layer's recurrent state"),
+        OpItem::RoutedExperts { .. } => Some("its layer's experts in the expert tier"),
+        _ => None,
+    }
+}
+
+/// The name of an op item as the spec writes it.
+pub fn op_name(op: &OpItem) -> &'static str {
+    match op {
+        OpItem::Embed { .. } => "Embed",
+        OpItem::RmsNorm { .. } => "RmsNorm",
+        OpItem::LayerNorm { .. } => "LayerNorm",
+        OpItem::Linear { .. } => "Linear",
+        OpItem::Rope { .. } => "Rope",
+        OpItem::Attention { .. } => "Attention",
+        OpItem::Act { .. } => "Act",
+        OpItem::Glu { .. } => "Glu",
+        OpItem::Add { .. } => "Add",
+        OpItem::Mul { .. } => "Mul",
+        OpItem::Route { .. } => "Route",
+        OpItem::RoutedExperts { .. } => "RoutedExperts",
+        OpItem::Mla { .. } => "Mla",
+        OpItem::LinearAttention { .. } => "LinearAttention",
+        OpItem::Block(_) => "Block",
+        OpItem::If { .. } => "If",
+    }
+}
+
 /// Every static check; the errors found, none when the spec is sound.
 pub fn check(spec: &Spec) -> Diagnostics {
     let mut d = Diagnostics::new();
@@ -295,10 +331,26 @@ pub fn check(spec: &Spec) -> Diagnostics {
         }
     }
     // 6. Ops.
-    let lists = [(&file.prologue, false), (&file.layer, true), (&file.epilogue, false)];
+    let lists =
+        [(&file.prologue, false, "prologue"), (&file.layer, true, "layer"), (&file.epilogue, false, "epilogue")];
     let mut items: Vec<(&super::Spanned<OpItem>, bool)> = Vec::new();
-    for (list, layer) in lists {
+    for (list, layer, part) in lists {
+        let from = items.len();
         collect_items(&list.0, layer, &mut items);
+        if layer {
+            continue;
+        }
+        for (item, _) in &items[from..] {
+            if let Some(state) = layer_state(&item.value) {
+                d.push(spec.diag(
+                    item.span,
+                    format!(
+                        "`{}` keeps {state}, so it belongs in the layer body (or a block), not the {part}",
+                        op_name(&item.value)
+                    ),
+                ));
+            }
+        }
     }
     for (_, list) in &file.blocks.0 {
         collect_items(&list.0, true, &mut items);

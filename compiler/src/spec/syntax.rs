@@ -4,10 +4,12 @@
 //! Accepted: `//` and `/* */` comments; integers (with `_`, `0x`), floats, `"strings"` with
 //! escapes, `true`/`false`; `[lists]`, `{maps}`, `(tuples)`, `(field: value, ...)` structs,
 //! `Ident`, `Ident(...)` enum and struct forms; trailing commas. Not accepted: raw strings,
-//! chars, bytes and `#![enable]` attributes. This module must not know any spec type: it
-//! produces `Node`s, and `de` turns them into types.
+//! chars, bytes and `#![enable]` attributes. Values nest at most `limits::RON_DEPTH` deep (the
+//! reader descends recursively, and so do the readers of its `Node`s). This module must not know
+//! any spec type: it produces `Node`s, and `de` turns them into types.
 
 use crate::diag::Span;
+use crate::limits;
 
 /// A value of the file with its span.
 #[derive(Clone, Debug, PartialEq)]
@@ -50,7 +52,7 @@ pub struct SyntaxError {
 
 /// Parses one value (the whole file).
 pub fn parse(src: &str) -> Result<Node, SyntaxError> {
-    let mut p = Parser { src, pos: 0 };
+    let mut p = Parser { src, pos: 0, depth: 0 };
     let node = p.value()?;
     p.skip_ws()?;
     if p.pos < src.len() {
@@ -62,6 +64,8 @@ pub fn parse(src: &str) -> Result<Node, SyntaxError> {
 struct Parser<'a> {
     src: &'a str,
     pos: usize,
+    /// Values open around the one being read.
+    depth: usize,
 }
 
 impl<'a> Parser<'a> {
@@ -117,8 +121,19 @@ impl<'a> Parser<'a> {
         }
     }
 
+    /// One value, at most `limits::RON_DEPTH` values deep.
     fn value(&mut self) -> Result<Node, SyntaxError> {
         self.skip_ws()?;
+        if self.depth >= limits::RON_DEPTH.max {
+            return Err(self.err_here(&format!("values nest too deep here ({})", limits::RON_DEPTH)));
+        }
+        self.depth += 1;
+        let r = self.value_here();
+        self.depth -= 1;
+        r
+    }
+
+    fn value_here(&mut self) -> Result<Node, SyntaxError> {
         let start = self.pos;
         match self.peek() {
             None => Err(self.err_here("expected a value, found the end of the file")),
@@ -373,6 +388,18 @@ mod tests {
         let src = "Spec(\n  a: [1 2],\n)";
         let e = parse(src).unwrap_err();
         assert_eq!(crate::diag::line_column(src, e.span.start), (2, 9));
+    }
+
+    #[test]
+    fn nesting_past_the_limit_is_an_error_not_a_stack_overflow() {
+        let ok = format!("{}{}", "[".repeat(128), "]".repeat(128));
+        assert!(parse(&ok).is_ok());
+        let deep = format!("{}{}", "[".repeat(20_000), "]".repeat(20_000));
+        let e = parse(&deep).unwrap_err();
+        assert_eq!(e.span.start, 128, "{e:?}");
+        assert!(e.message.contains("values nest too deep here (at most 128 levels of nesting"), "{e:?}");
+        let deep = format!("{}1{}", "Some(".repeat(500), ")".repeat(500));
+        assert!(parse(&deep).is_err());
     }
 
     #[test]
