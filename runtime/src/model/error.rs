@@ -31,6 +31,10 @@ pub fn shown(name: &str) -> String {
     out
 }
 
+/// What an unsupported-type error lists: the weight types coli computes with.
+pub const COMPUTED: &str = "coli computes with F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K and Q6_K, \
+     and I8Row or I4G64 made at load by --quantize i8|i4";
+
 /// A reason a checkpoint could not be opened or a tensor not read.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -57,9 +61,9 @@ pub enum LoadError {
     TensorSize { path: PathBuf, name: String, shape: Vec<usize>, dtype: String, expected: u64, found: u64 },
     #[error("{}: tensor {}: shape {shape:?} is not a whole number of {} blocks per row (or overflows)", path.display(), shown(name), shown(dtype))]
     RaggedTensor { path: PathBuf, name: String, shape: Vec<usize>, dtype: String },
-    #[error("{}: tensor {} has type {}, which coli does not compute with", path.display(), shown(name), shown(dtype))]
+    #[error("{}: tensor {} has type {}, which coli does not compute with ({COMPUTED})", path.display(), shown(name), shown(dtype))]
     UnsupportedType { path: PathBuf, name: String, dtype: String },
-    #[error("{}: tensor {} has unknown GGUF type id {id}", path.display(), shown(name))]
+    #[error("{}: tensor {} has unknown GGUF type id {id} ({COMPUTED})", path.display(), shown(name))]
     UnknownGgufType { path: PathBuf, name: String, id: u32 },
     #[error("{}: tensor {} is in shard {}, which is missing", path.display(), shown(name), shown(shard))]
     MissingShard { path: PathBuf, name: String, shard: String },

@@ -295,6 +295,7 @@ fn gguf_unknown_type_id() {
     let b = gguf_bytes(3, &[], &[("w", vec![4], 99, vec![0u8; 16])], 32);
     let e = open(&write(d.path(), "u.gguf", &b)).unwrap_err();
     assert!(matches!(&e, LoadError::UnknownGgufType { id: 99, name, .. } if name == "w"), "{e}");
+    assert!(e.to_string().contains("coli computes with F32, F16, BF16, Q8_0"), "the message lists what runs: {e}");
 }
 
 #[test]
