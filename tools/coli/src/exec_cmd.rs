@@ -168,7 +168,11 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
     let bar = Progress::new("tensors");
     bar.step("loading");
     let mut progress = |done: usize, total: usize| bar.update(done, total);
-    let load_opts = LoadOptions { quantize: a.quantize.map(QuantChoice::format), ..Default::default() };
+    let quantizing = Progress::bytes("quantizing");
+    let load_opts = LoadOptions {
+        quantize: a.quantize.map(QuantChoice::format),
+        progress: a.quantize.is_some().then(|| quantizing.hook()),
+    };
     let vk = VkOptions {
         device_name: a.device_name.clone(),
         memory_cap: a.device_mem_mib.map(|m| m << 20),

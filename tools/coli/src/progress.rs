@@ -16,12 +16,39 @@ impl Progress {
         Progress::with_target(what, std::io::stderr().is_terminal())
     }
 
+    /// A bar for bytes of work (quantizing at load), with rate and time left.
+    pub fn bytes(msg: &'static str) -> Progress {
+        let p = Progress::styled(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left)".into(),
+            std::io::stderr().is_terminal(),
+        );
+        p.step(msg);
+        p
+    }
+
+    /// The bar as a hook the runtime calls from its worker threads: `(done, total)`.
+    pub fn hook(&self) -> std::sync::Arc<dyn Fn(u64, u64) + Send + Sync> {
+        let bar = self.bar.clone();
+        std::sync::Arc::new(move |done, total| {
+            if let Some(b) = &bar {
+                b.set_length(total);
+                b.set_position(done);
+                if total > 0 && done >= total {
+                    b.finish_and_clear();
+                }
+            }
+        })
+    }
+
     fn with_target(what: &str, visible: bool) -> Progress {
+        Progress::styled(format!("{{msg}} [{{bar:30}}] {{pos}}/{{len}} {what} ({{per_sec}}, {{eta}} left)"), visible)
+    }
+
+    fn styled(template: String, visible: bool) -> Progress {
         if !visible {
             return Progress { bar: None };
         }
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-        let template = format!("{{msg}} [{{bar:30}}] {{pos}}/{{len}} {what} ({{per_sec}}, {{eta}} left)");
         if let Ok(style) = ProgressStyle::with_template(&template) {
             bar.set_style(style.progress_chars("#>-"));
         }
@@ -70,5 +97,7 @@ mod tests {
         p.step("loading");
         p.update(3, 10);
         p.update(10, 10);
+        let hook = Progress { bar: None }.hook();
+        hook(5, 10);
     }
 }
