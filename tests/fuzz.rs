@@ -154,7 +154,12 @@ fn campaign(target: &str, run: impl Fn(&[u8], &Path)) {
             return;
         }
         if at > 0 && epoch.elapsed().as_millis() as u64 > at + HANG.as_millis() as u64 {
-            eprintln!("fuzz {name}: one input ran past {HANG:?} (a hang); the input is under target/fuzz-findings/");
+            // Written past the test harness's capture, so that the reason reaches the log.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "fuzz {name}: one input ran past {HANG:?} (a hang); it is target/fuzz-findings/{name}-pending"
+            );
             std::process::exit(3);
         }
     });

@@ -633,3 +633,25 @@ fn tokenizer_files_that_are_fifos_are_refused() {
         assert!(err.contains(name) && err.contains("not a regular file"), "{name}: {err}");
     }
 }
+
+/// A token id far past the vocabulary's size is refused instead of sizing tables by it, and a
+/// vocabulary with a gap in its ids loads with the gap decoding to nothing.
+#[test]
+fn a_huge_token_id_is_refused_and_a_gap_is_harmless() {
+    let good = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fuzz/corpus/tokenizer/bpe_byte_level.json"),
+    )
+    .unwrap();
+    assert!(good.contains("\"\\u0120a\": 15"));
+    let dir = tempfile::tempdir().unwrap();
+    let huge = good.replacen("\"\\u0120a\": 15", "\"\\u0120a\": 184467440", 1);
+    std::fs::write(dir.path().join("tokenizer.json"), huge).unwrap();
+    let err = Tokenizer::from_hf_dir(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("largest token id") && err.contains("past the limit"), "{err}");
+    let gap = good.replacen("\"\\u0120a\": 15", "\"\\u0120a\": 40", 1);
+    std::fs::write(dir.path().join("tokenizer.json"), gap).unwrap();
+    let tok = Tokenizer::from_hf_dir(dir.path()).unwrap();
+    let ids = tok.encode("ab a", false).unwrap();
+    assert!(ids.contains(&40), "{ids:?}");
+    assert_eq!(tok.decode(&ids), "ab a");
+}

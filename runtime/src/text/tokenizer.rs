@@ -82,8 +82,17 @@ impl Tokenizer {
         let decoder = tok.get_decoder().and_then(|d| serde_json::to_value(d).ok());
         let (spelling, strip) = decoder_spelling(decoder.as_ref());
 
-        let n = tok.get_vocab(true).values().map(|&id| id as usize + 1).max().unwrap_or(0);
-        let tokens: Vec<Option<String>> = (0..n as u32).map(|id| tok.id_to_token(id)).collect();
+        // Ids come from the file: the largest is bounded before anything is sized by it, and only
+        // the ids present are looked up (a vocabulary may have gaps).
+        let vocab = tok.get_vocab(true);
+        let n = vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0);
+        coli_compiler::limits::VOCAB
+            .check(n)
+            .map_err(|e| TextError::BadVocab(format!("{}: the largest token id + 1: {e}", path.display())))?;
+        let mut tokens: Vec<Option<String>> = vec![None; n];
+        for &id in vocab.values() {
+            tokens[id as usize] = tok.id_to_token(id);
+        }
         let pieces = Pieces::build(tokens.iter().map(|t| t.as_deref()), spelling, strip);
         let mut special = vec![false; n];
         for (id, added) in tok.get_added_tokens_decoder() {
