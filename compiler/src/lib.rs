@@ -22,6 +22,7 @@ pub mod place;
 pub mod plan;
 pub mod print;
 pub mod profile;
+pub mod schedule;
 pub mod spec;
 pub mod verify;
 

@@ -8,7 +8,7 @@
 use crate::ir::*;
 use std::fmt::{self, Write};
 
-fn w(r: &WeightRef) -> String {
+pub(crate) fn w(r: &WeightRef) -> String {
     match r.rows {
         None => format!("{}{:?}", r.name, r.shape),
         Some(s) => format!("{}{:?}(rows {}x{}+{} of {})", r.name, r.shape, s.groups, s.take, s.offset, s.stride),
@@ -38,7 +38,7 @@ fn exb(b: &Option<ExpertBias>) -> String {
     }
 }
 
-fn g(x: f32) -> String {
+pub(crate) fn g(x: f32) -> String {
     // Shortest text that reads back as the same f32.
     format!("{x:?}")
 }

@@ -20,6 +20,7 @@ use crate::exec::weights::WeightStore;
 use crate::format::{dequant_row, matmul_multi, Matrix, QuantizedActs, WeightFormat};
 use crate::oplib::{op_name, OpLib};
 use coli_compiler::ir::{Op, ValueId};
+use coli_compiler::schedule::LinearOut;
 pub use linear::Precision;
 use std::cell::RefCell;
 
@@ -111,71 +112,29 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
-/// Runs a sequence of ops on the CPU, as `run_op` on each in turn, except that consecutive
-/// `Linear`s reading the same input (q/k/v, gate/up) share one quantization of that input and
-/// one parallel pass over their matrices.
-pub fn run_ops(ops: &[Op], env: &mut Env) -> Result<(), CpuError> {
-    let mut i = 0;
-    while i < ops.len() {
-        let g = linear_group(&ops[i..], env);
-        if g > 0 {
-            run_linears(&ops[i..i + g], env);
-            i += g;
-        } else {
-            run_op(&ops[i], env)?;
-            i += 1;
-        }
-    }
-    Ok(())
-}
-
-/// How many ops from the start of `ops` are `Linear`s that `run_linears` can run together:
-/// same input, distinct outputs that are not the input, `Fast` precision (`Exact` goes through
-/// `linear::linear` one op at a time). 0 when the first op is not such a `Linear`.
-fn linear_group(ops: &[Op], env: &Env) -> usize {
-    if env.precision != Precision::Fast || env.n == 0 {
-        return 0;
-    }
-    let mut outs: Vec<ValueId> = Vec::new();
-    let mut x0 = None;
-    for op in ops {
-        let Op::Linear { x, out, .. } = op else { break };
-        if *out == *x || outs.contains(out) || x0.is_some_and(|x0| x0 != *x) {
-            break;
-        }
-        x0 = Some(*x);
-        outs.push(*out);
-    }
-    outs.len()
-}
-
-/// Runs a `linear_group`: at most one quantization of the shared input, one parallel pass
-/// over all matrices.
-fn run_linears(ops: &[Op], env: &mut Env) {
+/// Runs `Linear`s reading the same input `x` (q/k/v, gate/up; the schedule's
+/// `Kernel::Linears`) at `Precision::Fast`: one quantization of `x`, one parallel pass over all
+/// matrices.
+pub fn run_linears(x: ValueId, outs: &[LinearOut], env: &mut Env) {
     let n = env.n;
-    let mut mats: Vec<(Matrix, Vec<f32>, Option<&[f32]>)> = Vec::with_capacity(ops.len());
-    let mut x = None;
-    for op in ops {
-        let Op::Linear { x: xv, out, weight, bias } = op else { unreachable!("linear_group takes Linears only") };
-        x = Some(*xv);
-        let m = env.weights.matrix(&weight.name);
-        let b = bias.as_ref().map(|b| env.weights.vector(&b.name));
-        mats.push((m, env.take(*out), b));
+    let mut mats: Vec<(Matrix, Vec<f32>, Option<&[f32]>)> = Vec::with_capacity(outs.len());
+    for o in outs {
+        let m = env.weights.matrix(&o.weight.name);
+        let b = o.bias.as_ref().map(|b| env.weights.vector(&b.name));
+        mats.push((m, env.take(o.out), b));
     }
-    let x = x.expect("a group has at least one Linear");
     SCRATCH.with(|sc| {
         let acts = &mut sc.borrow_mut().acts;
         let mut outs: Vec<(Matrix, &mut [f32])> = mats.iter_mut().map(|(m, o, _)| (*m, o.as_mut_slice())).collect();
         matmul_multi(&mut outs, env.get(x), n, acts);
     });
-    for (op, (_, mut o, b)) in ops.iter().zip(mats) {
+    for (o, (_, mut rows, b)) in outs.iter().zip(mats) {
         if let Some(b) = b {
-            for row in o.chunks_exact_mut(b.len()) {
+            for row in rows.chunks_exact_mut(b.len()) {
                 row.iter_mut().zip(b).for_each(|(v, bb)| *v += bb);
             }
         }
-        let Op::Linear { out, .. } = op else { unreachable!() };
-        env.put(*out, o);
+        env.put(o.out, rows);
     }
 }
 

@@ -17,18 +17,19 @@
 use super::device::{DeviceError, DeviceModel, DeviceState};
 use super::kv::KvCache;
 use super::kv_split::SplitStats;
+use super::run::{HostRows, Step};
 use super::{ExecError, Model};
-use crate::cpu::{run_op, Env, Precision};
 use crate::tier::{ExpertTier, TierDevice, TierOptions, TierSetup};
 use crate::vk::{Context, DeviceExperts, VkError};
 use coli_compiler::cost::human;
-use coli_compiler::frames::{op_of, Frame};
+use coli_compiler::frames::Frame;
 use coli_compiler::ids::{DeviceId, Place};
 use coli_compiler::ir::Op;
+use coli_compiler::schedule::{FrameCalls, Schedule};
 use coli_compiler::Plan;
 use std::sync::{Mutex, MutexGuard};
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -39,6 +40,8 @@ pub struct Chain {
     pub ctx: Context,
     devices: Vec<DeviceModel>,
     frames: Vec<Frame>,
+    /// The plan's frames as calls (`coli_compiler::schedule`).
+    schedule: Schedule,
     /// The most rows one forward takes.
     pub cap_rows: usize,
     tier_line: Option<String>,
@@ -84,6 +87,8 @@ impl Chain {
             return Err(ChainError { device: DeviceId(0), error: DeviceError::NotOpened { opened: 0 } });
         };
         // 2. Each device uploads what its own frames read.
+        // From the model's program: its weight names are the weight store's (row selections named).
+        let schedule = Schedule::build(&model.program, &plan.frames);
         let mut devices = Vec::with_capacity(ctxs.len());
         for (i, ctx) in ctxs.into_iter().enumerate() {
             let device = DeviceId(i as u32);
@@ -120,6 +125,7 @@ impl Chain {
             ctx: primary,
             devices,
             frames: plan.frames.clone(),
+            schedule,
             cap_rows: plan.options.chunk_rows.max(1),
             tier_line,
             tier: tier_service,
@@ -194,65 +200,42 @@ impl Chain {
         Ok(())
     }
 
-    /// Runs the plan's frames over `tokens` at positions `pos0..`, `tokens.len() <= cap_rows`:
-    /// each device frame on its device, each host frame on the CPU (routed experts through the
-    /// tier where it serves the layer). Host values and the host KV cache are updated as the
-    /// CPU path would leave them.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward(
-        &self,
-        model: &Model,
-        st: &mut ChainState,
-        host_values: &mut [Vec<f32>],
-        widths: &[usize],
-        kv: &mut KvCache,
-        tokens: &[u32],
-        pos0: usize,
-        precision: Precision,
-        last_only: bool,
-    ) -> Result<(), ExecError> {
-        let n = tokens.len();
-        let p = &model.program;
+    /// The schedule of the plan's frames.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// The expert tier, when there is one.
+    pub(crate) fn tier(&self) -> Option<&Mutex<ExpertTier>> {
+        self.tier.as_ref()
+    }
+
+    /// Before a forward: every device's mirrors checked against the host's cache, the tier's
+    /// heat aged.
+    pub(crate) fn begin_forward(&self, st: &mut ChainState, kv: &KvCache, step: &Step) {
         for (d, s) in self.devices.iter().zip(&mut st.states) {
-            d.begin_forward(s, kv, pos0);
+            d.begin_forward(s, kv, step.pos0);
         }
         if let Some(t) = &self.tier {
-            lock(t).begin_forward(n);
+            lock(t).begin_forward(step.tokens.len());
         }
-        for frame in &self.frames {
-            match frame.place {
-                Place::Host => {
-                    let t0 = std::time::Instant::now();
-                    let mut env =
-                        Env { n, pos0, tokens, values: host_values, widths, kv, weights: &model.weights, precision };
-                    for &id in &frame.ops {
-                        let op = op_of(p, id);
-                        if let (Some(t), Op::RoutedExperts { layer, x, routing, out, .. }) = (&self.tier, op) {
-                            let mut t = lock(t);
-                            if t.serves(layer.0 as usize) {
-                                let v = &mut *env.values;
-                                let xs = v[x.0 as usize][..n * widths[x.0 as usize]].to_vec();
-                                let rt = v[routing.0 as usize][..n * widths[routing.0 as usize]].to_vec();
-                                let o = &mut v[out.0 as usize];
-                                o.resize(n * widths[out.0 as usize], 0.0);
-                                t.run(model, op, &xs, &rt, n, &mut o[..n * widths[out.0 as usize]], precision)
-                                    .map_err(ExecError::Device)?;
-                                continue;
-                            }
-                        }
-                        run_op(op, &mut env)?;
-                    }
-                    self.ctx.note_host("host frames", t0);
-                }
-                Place::Device(d) => {
-                    let i = d.0 as usize;
-                    let (dev, s) = (&self.devices[i], &mut st.states[i]);
-                    dev.run_frame(model, s, frame, host_values, widths, kv, tokens, pos0, precision, last_only)
-                        .map_err(ExecError::Device)?;
-                }
-            }
-        }
-        Ok(())
+    }
+
+    /// Runs one device frame's calls on device `d` (its uploads from the host's rows before,
+    /// its downloads into them after).
+    pub(crate) fn run_device_frame(
+        &self,
+        d: DeviceId,
+        model: &Model,
+        st: &mut ChainState,
+        calls: &FrameCalls,
+        host: &mut HostRows,
+        step: &Step,
+    ) -> Result<(), ExecError> {
+        let i = d.0 as usize;
+        let frame = self.frames.iter().find(|f| f.id == calls.frame).ok_or(ExecError::NoDevice(calls.frame.0))?;
+        let (dev, s) = (&self.devices[i], &mut st.states[i]);
+        dev.run_frame(model, s, frame, calls, host, step).map_err(ExecError::Device)
     }
 }
 

@@ -9,12 +9,12 @@
 //! (`Context::upload_experts`), and runs `route` and `moe` in the frame; one scratch serves
 //! every such layer.
 //!
-//! Recording: ops the plan chains are recorded as one kernel where `vk::fuse` says so (a
-//! norm or gated unit into the product that reads it, the residual add into the product's
-//! store, RoPE and the KV append into one kernel before attention). A one-row forward of a
-//! frame `vk::fuse::replayable` accepts is recorded once per session (positions read on the
-//! device) and replayed at every decode step; the token and the position are written into
-//! the session's buffers before each submit.
+//! Recording: the frame's calls as the schedule lowered them (`coli_compiler::schedule`: a norm
+//! or gated unit into the product that reads it, the residual add into the product's store,
+//! RoPE and the KV append into one kernel before attention). A one-row forward of a frame the
+//! schedule marks replayable is recorded once per session (positions read on the device) and
+//! replayed at every decode step; the token and the position are written into the session's
+//! buffers before each submit.
 //!
 //! The KV cache: the host's copy stays canonical. Each device layer keeps a mirror of its K/V
 //! rows on the device (an MLA layer: its normalized latents and rope keys, `exec::mla_mirror`,
@@ -31,8 +31,9 @@
 //! (`exec::chain` does), or run an op the device library does not claim (`DeviceModel::load`
 //! refuses such a plan with a typed error).
 
+use super::run::{HostRows, Step};
 use super::weights::visit_weights;
-use super::Model;
+use super::{LogitRows, Model};
 use crate::bytes::{as_bytes, as_bytes_mut};
 use crate::cpu::experts::ExpertMats;
 use crate::cpu::rope::inv_freq;
@@ -40,15 +41,15 @@ use crate::cpu::Precision;
 use crate::exec::kv::{KvCache, LayerKv};
 use crate::exec::kv_split::{Split, SplitState, SplitStats};
 use crate::oplib::{op_name, OpLib};
-use crate::vk::fuse::{fusions, replayable, Fused};
 use crate::vk::{
     AttnPath, AttnShape, Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoeCall,
     MoePath, MoeScratch, RopeShape, RouteParams, VkError, VkOps,
 };
-use crate::vk::{Frame as VkFrame, KvShape, MatIn, NormArgs, Pos, QkNorm, QuantizedActs, Recorded, RopeArgs};
+use crate::vk::{Frame as VkFrame, KvShape, MatIn, NormArgs, Pos, QkNorm, QuantizedActs, Recorded, RopeArgs, View};
 use coli_compiler::frames::{op_of, Frame};
-use coli_compiler::ids::{DeviceId, Part, Place};
+use coli_compiler::ids::{DeviceId, Place};
 use coli_compiler::ir::{ExpertBias, Op, Program, RopeScaling, ValueId};
+use coli_compiler::schedule::{AttentionCall, Call, FrameCalls, Kernel, MatSrc, Norm, Rows};
 use coli_compiler::Plan;
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -72,8 +73,6 @@ pub struct DeviceModel {
     /// The most rows one device forward takes.
     pub cap_rows: usize,
     max_context: usize,
-    /// How each op of each frame is recorded (`vk::fuse`).
-    fused: Vec<Vec<Fused>>,
     /// Bytes of weights uploaded.
     pub weight_bytes: u64,
     /// Resident routed experts, by layer index.
@@ -119,6 +118,19 @@ pub enum DeviceError {
     Unsupported { op: &'static str, place: String },
     #[error("the plan places frames on this device, but only {opened} device(s) were opened")]
     NotOpened { opened: usize },
+}
+
+/// What one recording of a frame runs against.
+#[derive(Clone, Copy)]
+struct Rec<'a, 'p> {
+    program: &'p Program,
+    st: &'a DeviceState,
+    widths: &'p [usize],
+    n: usize,
+    pos: Pos<'a>,
+    precision: Precision,
+    /// Only the last row's logits are wanted.
+    last_only: bool,
 }
 
 impl DeviceModel {
@@ -218,7 +230,6 @@ impl DeviceModel {
             freqs: fbufs,
             cap_rows: plan.options.chunk_rows.max(1),
             max_context: plan.options.context.max(1),
-            fused: fusions(program, &plan.frames),
             weight_bytes,
             experts,
             moe_dims,
@@ -352,392 +363,116 @@ impl DeviceModel {
         }
     }
 
-    /// Records `frame`'s ops (as `fused` plans them) and the copies of its downloads into
-    /// their read-back twins, for `n` rows at `pos`.
-    #[allow(clippy::too_many_arguments)]
+    /// Records `calls` (the schedule's for `frame`) and the copies of the frame's downloads
+    /// into their read-back twins, for `n` rows at `pos`.
     fn record<'a>(
         &'a self,
         f: &mut VkFrame<'a>,
-        p: &Program,
-        st: &'a DeviceState,
+        rec: Rec<'a, '_>,
         frame: &Frame,
-        widths: &[usize],
-        n: usize,
-        pos: Pos<'a>,
-        precision: Precision,
-        last_only: bool,
+        calls: &[Call],
     ) -> Result<(), VkError> {
+        let Rec { program: p, st, widths, n, precision, last_only, .. } = rec;
         let w = |v: ValueId| widths[v.0 as usize];
         let vals = &st.values;
         let view = |v: ValueId| vals[v.0 as usize].view(0, n * w(v));
         // The head of a forward whose last row only is wanted runs on that row.
         let last = |v: ValueId| vals[v.0 as usize].view((n - 1) * w(v), w(v));
-        let plan = &self.fused[frame.id.0 as usize];
+        let norm_in = |m: &Norm, pick: &dyn Fn(ValueId) -> View<'a>| MatIn::Norm {
+            x: pick(m.x),
+            weight: self.vecs[&m.weight.name].all(),
+            eps: m.eps,
+            offset: m.offset,
+        };
         // q8 activations quantized for the products before, shared by the next one that
-        // reads the same input: (value, fused input op, activations).
-        let mut shared_q: Option<(ValueId, Option<usize>, QuantizedActs)> = None;
-        for (i, &id) in frame.ops.iter().enumerate() {
-            let op = op_of(p, id);
-            let fused = plan.get(i).copied().unwrap_or(Fused::Alone);
-            if !matches!(fused, Fused::Linear { .. }) {
+        // reads the same input: (value, its transform, activations).
+        let mut shared_q: Option<(ValueId, &MatSrc, QuantizedActs)> = None;
+        const PLAIN: &MatSrc = &MatSrc::Plain;
+        for (i, call) in calls.iter().enumerate() {
+            let tail = call.rows == Rows::Tail && last_only && n > 1;
+            if !matches!(call.kernel, Kernel::Matmul(_)) {
                 shared_q = None;
             }
-            match (fused, op) {
-                (Fused::Absorbed, _) => continue,
-                (Fused::Linear { input, residual }, Op::Linear { x, out, weight, bias }) => {
-                    // The epilogue of a forward whose last row only is wanted runs on that row.
-                    let tail = last_only && n > 1 && id.part == Part::Epilogue;
+            match &call.kernel {
+                Kernel::Matmul(m) => {
                     let (rows, pick) =
                         if tail { (1, &last as &dyn Fn(ValueId) -> _) } else { (n, &view as &dyn Fn(ValueId) -> _) };
-                    let mat = &self.mats[&weight.name];
-                    let (src, sources) = match input.map(|j| op_of(p, frame.ops[j])) {
-                        Some(Op::RmsNorm { x: nx, weight: nw, eps, offset, .. }) => (
-                            MatIn::Norm { x: pick(*nx), weight: self.vecs[&nw.name].all(), eps: *eps, offset: *offset },
-                            vec![*nx],
-                        ),
-                        Some(Op::Glu { gate, up, kind, .. }) => {
-                            (MatIn::Glu { gate: pick(*gate), up: pick(*up), kind: *kind }, vec![*gate, *up])
-                        }
-                        _ => (MatIn::Plain(pick(*x)), vec![*x]),
+                    let mat = &self.mats[&m.weight.name];
+                    let src = match &m.src {
+                        MatSrc::Norm(nm) => norm_in(nm, pick),
+                        MatSrc::Glu { gate, up, kind } => MatIn::Glu { gate: pick(*gate), up: pick(*up), kind: *kind },
+                        MatSrc::Plain => MatIn::Plain(pick(m.x)),
                     };
-                    let (dest, res) = match residual.map(|j| op_of(p, frame.ops[j])) {
-                        Some(Op::Add { a, b, out: sum }) => (*sum, Some(pick(if a == out { *b } else { *a }))),
-                        _ => (*out, None),
-                    };
+                    let dest = m.dest();
+                    let res = m.residual.map(|r| pick(r.other));
                     if precision == Precision::Fast && mat.variant.q8_acts() {
-                        let q = match shared_q {
-                            Some((kx, ki, q))
-                                if kx == *x && ki == input && q.cols() == mat.cols && q.rows() == rows =>
+                        let q = match shared_q.take() {
+                            Some((kx, ks, q))
+                                if kx == m.x && *ks == m.src && q.cols() == mat.cols && q.rows() == rows =>
                             {
                                 q
                             }
                             _ => f.quantize_input(src, rows, mat.cols)?,
                         };
                         f.matmul_q_fused(mat, src, &q, pick(dest), res, MatmulPath::Auto)?;
-                        shared_q = Some((*x, input, q));
+                        shared_q = Some((m.x, &m.src, q));
                     } else {
                         f.matmul_fused(mat, src, rows, pick(dest), res, MatmulPath::Auto, precision)?;
                     }
-                    if sources.contains(&dest) || dest == *x {
+                    if m.src.sources().contains(&dest) || dest == m.x {
                         shared_q = None;
                     }
-                    if let Some(b) = bias {
+                    if let Some(b) = &m.bias {
                         f.add(pick(dest), self.vecs[&b.name].all(), pick(dest), rows, w(dest), Broadcast::Row)?;
                     }
-                    continue;
                 }
-                (Fused::Experts { .. } | Fused::Alone, Op::RoutedExperts { x, routing, out, layer, glu, .. }) => {
-                    let (input, residual) = match fused {
-                        Fused::Experts { input, residual } => (input, residual),
-                        _ => (None, None),
-                    };
-                    let ex = self.experts.get(&layer.0).ok_or_else(|| VkError::BadArgument {
+                Kernel::Experts(e) => {
+                    let ex = self.experts.get(&e.layer.0).ok_or_else(|| VkError::BadArgument {
                         op: "routed_experts",
-                        msg: format!("{layer}: experts not uploaded"),
+                        msg: format!("{}: experts not uploaded", e.layer),
                     })?;
                     let scratch = st.moe.as_ref().expect("scratch allocated with the experts");
-                    let src = match input.map(|j| op_of(p, frame.ops[j])) {
-                        Some(Op::RmsNorm { x: nx, weight: nw, eps, offset, .. }) => {
-                            let norm = MatIn::Norm {
-                                x: view(*nx),
-                                weight: self.vecs[&nw.name].all(),
-                                eps: *eps,
-                                offset: *offset,
-                            };
-                            if VkFrame::moe_takes_norm(ex, precision) {
-                                norm
-                            } else {
-                                // Float activations: the norm's rows after all.
-                                f.rms_norm(view(*nx), self.vecs[&nw.name].all(), view(*x), n, w(*x), *eps, *offset)?;
-                                MatIn::Plain(view(*x))
-                            }
+                    let src = match &e.norm {
+                        Some(nm) if VkFrame::moe_takes_norm(ex, precision) => norm_in(nm, &view),
+                        Some(nm) => {
+                            // Float activations: the norm's rows after all.
+                            let weight = self.vecs[&nm.weight.name].all();
+                            f.rms_norm(view(nm.x), weight, view(e.x), n, w(e.x), nm.eps, nm.offset)?;
+                            MatIn::Plain(view(e.x))
                         }
-                        _ => MatIn::Plain(view(*x)),
+                        None => MatIn::Plain(view(e.x)),
                     };
-                    let (dest, res) = match residual.map(|j| op_of(p, frame.ops[j])) {
-                        Some(Op::Add { a, b, out: sum }) => (*sum, Some(view(if a == out { *b } else { *a }))),
-                        _ => (*out, None),
-                    };
+                    let res = e.residual.map(|r| view(r.other));
                     let call = MoeCall {
                         experts: ex,
                         scratch,
                         n,
-                        top_k: w(*routing) / 2,
-                        glu: *glu,
+                        top_k: w(e.routing) / 2,
+                        glu: e.glu,
                         precision,
                         path: MoePath::Auto,
                     };
-                    f.moe_fused(call, src, res, view(*routing), view(dest))?;
-                    continue;
+                    f.moe_fused(call, src, res, view(e.routing), view(e.dest()))?;
                 }
-                (Fused::NormPair { second }, Op::RmsNorm { x, out, weight, eps, offset, .. }) => {
-                    let Op::RmsNorm { x: x2, out: o2, weight: w2, .. } = op_of(p, frame.ops[second]) else {
-                        return Err(VkError::BadArgument {
-                            op: "rms_norm",
-                            msg: "a norm pair's second op is not a norm".into(),
-                        });
+                Kernel::NormPair(a, b) => {
+                    let args = |m: &Norm| NormArgs {
+                        x: view(m.x),
+                        weight: self.vecs[&m.weight.name].all(),
+                        out: view(m.out),
+                        width: w(m.x),
                     };
-                    let a =
-                        NormArgs { x: view(*x), weight: self.vecs[&weight.name].all(), out: view(*out), width: w(*x) };
-                    let b = NormArgs { x: view(*x2), weight: self.vecs[&w2.name].all(), out: view(*o2), width: w(*x2) };
-                    f.rms_norm_pair(a, b, n, *eps, *offset)?;
-                    continue;
+                    f.rms_norm_pair(args(a), args(b), n, a.eps, a.offset)?;
                 }
-                (Fused::Attention { rope, one_kernel, norms }, Op::Attention { q, k, v, out, layer, spec }) => {
-                    let l = layer.0 as usize;
-                    let split = self.kv_split.as_ref().is_some_and(|s| s.splits(*layer)) && st.split.is_some();
-                    // The absorbed q and k norms: the one-row kernel's, else recorded here.
-                    let norm_ops = norms.map(|(qi, ki)| (op_of(p, frame.ops[qi]), op_of(p, frame.ops[ki])));
-                    let mut qk_norm = None;
-                    let (mut qsrc, mut ksrc) = (*q, *k);
-                    if let Some((
-                        Op::RmsNorm { x: qx, out: qo, weight: qw, eps, offset, group: qg },
-                        Op::RmsNorm { x: kx, out: ko, weight: kw, group: kg, .. },
-                    )) = norm_ops
-                    {
-                        if n == 1 && one_kernel && !split {
-                            qk_norm = Some(QkNorm {
-                                q_weight: self.vecs[&qw.name].all(),
-                                k_weight: self.vecs[&kw.name].all(),
-                                q_group: *qg,
-                                k_group: *kg,
-                                eps: *eps,
-                                offset: *offset,
-                            });
-                            (qsrc, ksrc) = (*qx, *kx);
-                        } else {
-                            let a = NormArgs {
-                                x: view(*qx),
-                                weight: self.vecs[&qw.name].all(),
-                                out: view(*qo),
-                                width: w(*qx),
-                            };
-                            let b = NormArgs {
-                                x: view(*kx),
-                                weight: self.vecs[&kw.name].all(),
-                                out: view(*ko),
-                                width: w(*kx),
-                            };
-                            f.rms_norm_pair(a, b, n, *eps, *offset)?;
-                        }
-                    }
-                    let (mk, mv, sk, sv) = st.mirrors[l].as_ref().expect("mirror allocated");
-                    let args = match rope.map(|(a, _)| op_of(p, frame.ops[a])) {
-                        Some(Op::Rope { rotary_dim, style, theta, scaling, .. }) => {
-                            let (fb, mscale) = self.freq(*rotary_dim, *theta, *scaling);
-                            Some(RopeArgs { freq: fb.all(), style: *style, mscale })
-                        }
-                        _ => None,
-                    };
-                    let shape = AttnShape {
-                        heads: spec.heads,
-                        kv_heads: spec.kv_heads,
-                        head_dim: spec.head_dim,
-                        v_head_dim: spec.v_head_dim,
-                        scale: spec.scale,
-                        window: spec.window,
-                        value_scale: spec.value_scale,
-                    };
-                    let sinks = spec.sinks.as_ref().map(|s| self.vecs[&s.name].all());
-                    // A split layer: the append into its ring, the device's part, and the part
-                    // into its read-back buffers (the host finishes after the frame).
-                    if let (Some(sp), Some(ss)) =
-                        (self.kv_split.as_ref().filter(|s| s.splits(*layer)), st.split.as_ref())
-                    {
-                        let kv_shape = KvShape {
-                            n,
-                            heads: spec.heads,
-                            kv_heads: spec.kv_heads,
-                            head_dim: spec.head_dim,
-                            v_head_dim: spec.v_head_dim,
-                        };
-                        f.rope_kv_ring(
-                            args,
-                            view(*q),
-                            view(*k),
-                            view(*v),
-                            kv_shape,
-                            mk.all(),
-                            mv.all(),
-                            sk.all(),
-                            sv.all(),
-                            pos,
-                            sp.plan.ring,
-                        )?;
-                        let cs = crate::cpu::attention::AttnShape {
-                            heads: spec.heads,
-                            kv_heads: spec.kv_heads,
-                            head_dim: spec.head_dim,
-                            v_head_dim: spec.v_head_dim,
-                            scale: spec.scale,
-                            window: spec.window,
-                        };
-                        let (aw, mw) = (n * spec.heads * spec.v_head_dim, n * spec.heads * 2);
-                        f.attn_part(
-                            cs,
-                            sp.shape(),
-                            view(*q),
-                            mk.all(),
-                            mv.all(),
-                            ss.acc.view(0, aw),
-                            ss.ml.view(0, mw),
-                            n,
-                            pos,
-                        )?;
-                        f.copy(ss.acc.view(0, aw), ss.acc_back.view(0, aw))?;
-                        f.copy(ss.ml.view(0, mw), ss.ml_back.view(0, mw))?;
-                        continue;
-                    }
-                    if n == 1 && one_kernel {
-                        let (keys, vals_) = match pos {
-                            Pos::Fixed(p0) => (mk.view(0, (p0 + 1) * w(*k)), mv.view(0, (p0 + 1) * w(*v))),
-                            Pos::Dynamic(_) => (mk.all(), mv.all()),
-                        };
-                        // The product right after that reads the output in 8-bit blocks takes
-                        // them from the attention kernel (one quantization dispatch fewer).
-                        let q8 = precision == Precision::Fast
-                            && spec.v_head_dim % 32 == 0
-                            && frame.ops.get(i + 1).is_some_and(|&nid| match (plan.get(i + 1), op_of(p, nid)) {
-                                (Some(Fused::Linear { input: None, .. }), Op::Linear { x, weight, .. }) => {
-                                    x == out && self.mats[&weight.name].variant.q8_acts()
-                                }
-                                _ => false,
-                            });
-                        let acts = f.attention_decode(
-                            shape,
-                            args,
-                            view(qsrc),
-                            view(ksrc),
-                            view(*v),
-                            keys,
-                            vals_,
-                            sk.all(),
-                            sv.all(),
-                            sinks,
-                            view(*out),
-                            pos,
-                            qk_norm,
-                            q8,
-                        )?;
-                        if let Some(q) = acts {
-                            shared_q = Some((*out, None, q));
-                        }
-                        continue;
-                    }
-                    let kv_shape = KvShape {
-                        n,
-                        heads: spec.heads,
-                        kv_heads: spec.kv_heads,
-                        head_dim: spec.head_dim,
-                        v_head_dim: spec.v_head_dim,
-                    };
-                    f.rope_kv(
-                        args,
-                        view(*q),
-                        view(*k),
-                        view(*v),
-                        kv_shape,
-                        mk.all(),
-                        mv.all(),
-                        sk.all(),
-                        sv.all(),
-                        pos,
-                    )?;
-                    let (kw, vw) = (w(*k), w(*v));
-                    let (keys, vals_) = match pos {
-                        Pos::Fixed(p0) => (mk.view(0, (p0 + n) * kw), mv.view(0, (p0 + n) * vw)),
-                        Pos::Dynamic(_) => (mk.all(), mv.all()),
-                    };
-                    f.attention_at(shape, view(*q), keys, vals_, sinks, view(*out), n, pos, AttnPath::Auto)?;
-                    continue;
-                }
-                _ => {}
-            }
-            if last_only && n > 1 && id.part == Part::Epilogue {
-                match op {
-                    Op::RmsNorm { x, out, weight, eps, offset, .. } => {
-                        f.rms_norm(last(*x), self.vecs[&weight.name].all(), last(*out), 1, w(*x), *eps, *offset)?;
-                        continue;
-                    }
-                    Op::Linear { x, out, weight, bias } => {
-                        f.matmul_with(&self.mats[&weight.name], last(*x), 1, last(*out), MatmulPath::Auto, precision)?;
-                        if let Some(b) = bias {
-                            f.add(last(*out), self.vecs[&b.name].all(), last(*out), 1, w(*out), Broadcast::Row)?;
-                        }
-                        continue;
-                    }
-                    _ => {}
-                }
-            }
-            match op {
-                Op::Embed { out, table, scale } => {
-                    f.embed(&self.mats[&table.name], st.tokens.view(0, n), n, *scale, view(*out))?;
-                }
-                Op::RmsNorm { x, out, weight, eps, offset, .. } => {
-                    f.rms_norm(view(*x), self.vecs[&weight.name].all(), view(*out), n, w(*x), *eps, *offset)?;
-                }
-                Op::Linear { x, out, weight, bias } => {
-                    f.matmul_with(&self.mats[&weight.name], view(*x), n, view(*out), MatmulPath::Auto, precision)?;
-                    if let Some(b) = bias {
-                        f.add(view(*out), self.vecs[&b.name].all(), view(*out), n, w(*out), Broadcast::Row)?;
+                Kernel::Attention(a) => {
+                    let next = calls.get(i + 1).map(|c| &c.kernel);
+                    if let Some(q) = self.record_attention(f, &rec, a, next)? {
+                        shared_q = Some((a.out, PLAIN, q));
                     }
                 }
-                Op::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling } => {
-                    let (fb, mscale) = self.freq(*rotary_dim, *theta, *scaling);
-                    f.rope_at(
-                        view(*x),
-                        fb.all(),
-                        RopeShape {
-                            n,
-                            width: w(*x),
-                            heads: *heads,
-                            head_dim: *head_dim,
-                            style: *style,
-                            pos0: 0,
-                            mscale,
-                        },
-                        pos,
-                    )?;
+                Kernel::Linears { .. } => {
+                    return Err(VkError::BadArgument { op: "linears", msg: "a host call in a device frame".into() })
                 }
-                Op::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale } => {
-                    let bias = correction_bias.as_ref().map(|b| self.vecs[&b.name].all());
-                    let params = RouteParams {
-                        scoring: *scoring,
-                        top_k: *top_k,
-                        renormalize: *renormalize,
-                        groups: *groups,
-                        scale: *scale,
-                    };
-                    f.route(view(*logits), bias, view(*out), n, w(*logits), params)?;
-                }
-                Op::Act { x, out, act } => f.act(*act, view(*x), view(*out), n * w(*x))?,
-                Op::Glu { gate, up, out, kind } => f.glu(*kind, view(*gate), view(*up), view(*out), n * w(*out))?,
-                Op::Add { a, b, out } => f.add(view(*a), view(*b), view(*out), n, w(*a), Broadcast::None)?,
-                Op::Mul { a, b, out } => {
-                    let mode = if w(*b) == 1 && w(*a) != 1 { Broadcast::PerRow } else { Broadcast::None };
-                    f.mul(view(*a), view(*b), view(*out), n, w(*a), mode)?
-                }
-                Op::LinearAttention { x, out, layer, spec } => {
-                    st.recurrent.record(f, &self.mats, &self.vecs, spec, *layer, view(*x), view(*out), n, precision)?;
-                }
-                Op::Mla { x, out, layer, spec } => {
-                    let mirror = st.mirrors[layer.0 as usize].as_ref().expect("mirror allocated");
-                    let (fb, mscale) = self.freq(spec.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling);
-                    let inp = super::mla_mirror::MlaInputs {
-                        mats: &self.mats,
-                        vecs: &self.vecs,
-                        freq: (fb, mscale),
-                        mirror,
-                        scratch: st.mla.as_ref(),
-                    };
-                    super::mla_mirror::record(f, inp, spec, view(*x), view(*out), n, pos, precision)?;
-                }
-                op => {
-                    return Err(VkError::BadArgument {
-                        op: op_name(op),
-                        msg: "not a device op; the plan placed it on a device".into(),
-                    })
-                }
+                Kernel::Op(op) => self.record_op(f, &rec, op, tail)?,
             }
         }
         // What the host reads goes to the read-back twins in the same submission. The logits of
@@ -751,23 +486,211 @@ impl DeviceModel {
         Ok(())
     }
 
-    /// Runs one of this device's frames over `tokens` at positions `pos0..` (`tokens.len() <=
-    /// cap_rows`): its uploads from `host_values`, the frame, its downloads into `host_values`
-    /// and the block's K/V rows into the host's cache (a KV split's host part after it).
-    #[allow(clippy::too_many_arguments)]
+    /// Records an attention call: its q/k norms (as a pair, unless a one-row kernel applies
+    /// them), RoPE and the KV append, and attention over the mirror (a split layer's part, or
+    /// one kernel for one row). Returns the 8-bit blocks of its output when the product right
+    /// after (`next`) takes them from the one-row kernel.
+    fn record_attention<'a>(
+        &'a self,
+        f: &mut VkFrame<'a>,
+        rec: &Rec<'a, '_>,
+        a: &AttentionCall,
+        next: Option<&Kernel>,
+    ) -> Result<Option<QuantizedActs>, VkError> {
+        let Rec { st, widths, n, pos, precision, .. } = *rec;
+        let w = |v: ValueId| widths[v.0 as usize];
+        let view = |v: ValueId| st.values[v.0 as usize].view(0, n * w(v));
+        let (q, k, v, out, spec) = (a.q, a.k, a.v, a.out, &a.spec);
+        let l = a.layer.0 as usize;
+        let split = self.kv_split.as_ref().filter(|s| s.splits(a.layer)).zip(st.split.as_ref());
+        // The absorbed q and k norms: the one-row kernel's, else recorded here.
+        let mut qk_norm = None;
+        let (mut qsrc, mut ksrc) = (q, k);
+        if let Some((qn, kn)) = &a.norms {
+            if n == 1 && a.one_kernel && split.is_none() {
+                qk_norm = Some(QkNorm {
+                    q_weight: self.vecs[&qn.weight.name].all(),
+                    k_weight: self.vecs[&kn.weight.name].all(),
+                    q_group: qn.group,
+                    k_group: kn.group,
+                    eps: qn.eps,
+                    offset: qn.offset,
+                });
+                (qsrc, ksrc) = (qn.x, kn.x);
+            } else {
+                let args = |m: &Norm| NormArgs {
+                    x: view(m.x),
+                    weight: self.vecs[&m.weight.name].all(),
+                    out: view(m.out),
+                    width: w(m.x),
+                };
+                f.rms_norm_pair(args(qn), args(kn), n, qn.eps, qn.offset)?;
+            }
+        }
+        let (mk, mv, sk, sv) = st.mirrors[l].as_ref().expect("mirror allocated");
+        let args = a.rope.map(|r| {
+            let (fb, mscale) = self.freq(r.rotary_dim, r.theta, r.scaling);
+            RopeArgs { freq: fb.all(), style: r.style, mscale }
+        });
+        let shape = AttnShape {
+            heads: spec.heads,
+            kv_heads: spec.kv_heads,
+            head_dim: spec.head_dim,
+            v_head_dim: spec.v_head_dim,
+            scale: spec.scale,
+            window: spec.window,
+            value_scale: spec.value_scale,
+        };
+        let kv_shape = KvShape {
+            n,
+            heads: spec.heads,
+            kv_heads: spec.kv_heads,
+            head_dim: spec.head_dim,
+            v_head_dim: spec.v_head_dim,
+        };
+        let sinks = spec.sinks.as_ref().map(|s| self.vecs[&s.name].all());
+        // A split layer: the append into its ring, the device's part, and the part into its
+        // read-back buffers (the host finishes after the frame).
+        if let Some((sp, ss)) = split {
+            let (kk, vv) = (view(k), view(v));
+            f.rope_kv_ring(args, view(q), kk, vv, kv_shape, mk.all(), mv.all(), sk.all(), sv.all(), pos, sp.plan.ring)?;
+            let cs = crate::cpu::attention::AttnShape {
+                heads: spec.heads,
+                kv_heads: spec.kv_heads,
+                head_dim: spec.head_dim,
+                v_head_dim: spec.v_head_dim,
+                scale: spec.scale,
+                window: spec.window,
+            };
+            let (aw, mw) = (n * spec.heads * spec.v_head_dim, n * spec.heads * 2);
+            f.attn_part(cs, sp.shape(), view(q), mk.all(), mv.all(), ss.acc.view(0, aw), ss.ml.view(0, mw), n, pos)?;
+            f.copy(ss.acc.view(0, aw), ss.acc_back.view(0, aw))?;
+            f.copy(ss.ml.view(0, mw), ss.ml_back.view(0, mw))?;
+            return Ok(None);
+        }
+        if n == 1 && a.one_kernel {
+            let (keys, values) = match pos {
+                Pos::Fixed(p0) => (mk.view(0, (p0 + 1) * w(k)), mv.view(0, (p0 + 1) * w(v))),
+                Pos::Dynamic(_) => (mk.all(), mv.all()),
+            };
+            // The product right after that reads the output in 8-bit blocks takes them from
+            // the attention kernel (one quantization dispatch fewer).
+            let q8 = precision == Precision::Fast
+                && spec.v_head_dim % 32 == 0
+                && matches!(next, Some(Kernel::Matmul(m))
+                    if m.src == MatSrc::Plain && m.x == out && self.mats[&m.weight.name].variant.q8_acts());
+            return f.attention_decode(
+                shape,
+                args,
+                view(qsrc),
+                view(ksrc),
+                view(v),
+                keys,
+                values,
+                sk.all(),
+                sv.all(),
+                sinks,
+                view(out),
+                pos,
+                qk_norm,
+                q8,
+            );
+        }
+        f.rope_kv(args, view(q), view(k), view(v), kv_shape, mk.all(), mv.all(), sk.all(), sv.all(), pos)?;
+        let (keys, values) = match pos {
+            Pos::Fixed(p0) => (mk.view(0, (p0 + n) * w(k)), mv.view(0, (p0 + n) * w(v))),
+            Pos::Dynamic(_) => (mk.all(), mv.all()),
+        };
+        f.attention_at(shape, view(q), keys, values, sinks, view(out), n, pos, AttnPath::Auto)?;
+        Ok(None)
+    }
+
+    /// Records one op on its own (`tail`: on the last row, for the epilogue's norm and head).
+    fn record_op<'a>(&'a self, f: &mut VkFrame<'a>, rec: &Rec<'a, '_>, op: &Op, tail: bool) -> Result<(), VkError> {
+        let Rec { st, widths, n, pos, precision, .. } = *rec;
+        let w = |v: ValueId| widths[v.0 as usize];
+        let (rows, r0) = if tail { (1, n - 1) } else { (n, 0) };
+        let view = |v: ValueId| st.values[v.0 as usize].view(r0 * w(v), rows * w(v));
+        match op {
+            Op::Embed { out, table, scale } => {
+                f.embed(&self.mats[&table.name], st.tokens.view(0, n), n, *scale, view(*out))?;
+            }
+            Op::RmsNorm { x, out, weight, eps, offset, .. } => {
+                f.rms_norm(view(*x), self.vecs[&weight.name].all(), view(*out), rows, w(*x), *eps, *offset)?;
+            }
+            Op::Linear { x, out, weight, bias } => {
+                f.matmul_with(&self.mats[&weight.name], view(*x), rows, view(*out), MatmulPath::Auto, precision)?;
+                if let Some(b) = bias {
+                    f.add(view(*out), self.vecs[&b.name].all(), view(*out), rows, w(*out), Broadcast::Row)?;
+                }
+            }
+            // The other ops run on every row (only the norm and the head are cut to the last).
+            _ if tail => return self.record_op(f, rec, op, false),
+            Op::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling } => {
+                let (fb, mscale) = self.freq(*rotary_dim, *theta, *scaling);
+                let shape =
+                    RopeShape { n, width: w(*x), heads: *heads, head_dim: *head_dim, style: *style, pos0: 0, mscale };
+                f.rope_at(view(*x), fb.all(), shape, pos)?;
+            }
+            Op::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale } => {
+                let bias = correction_bias.as_ref().map(|b| self.vecs[&b.name].all());
+                let params = RouteParams {
+                    scoring: *scoring,
+                    top_k: *top_k,
+                    renormalize: *renormalize,
+                    groups: *groups,
+                    scale: *scale,
+                };
+                f.route(view(*logits), bias, view(*out), n, w(*logits), params)?;
+            }
+            Op::Act { x, out, act } => f.act(*act, view(*x), view(*out), n * w(*x))?,
+            Op::Glu { gate, up, out, kind } => f.glu(*kind, view(*gate), view(*up), view(*out), n * w(*out))?,
+            Op::Add { a, b, out } => f.add(view(*a), view(*b), view(*out), n, w(*a), Broadcast::None)?,
+            Op::Mul { a, b, out } => {
+                let mode = if w(*b) == 1 && w(*a) != 1 { Broadcast::PerRow } else { Broadcast::None };
+                f.mul(view(*a), view(*b), view(*out), n, w(*a), mode)?
+            }
+            Op::LinearAttention { x, out, layer, spec } => {
+                st.recurrent.record(f, &self.mats, &self.vecs, spec, *layer, view(*x), view(*out), n, precision)?;
+            }
+            Op::Mla { x, out, layer, spec } => {
+                let mirror = st.mirrors[layer.0 as usize].as_ref().expect("mirror allocated");
+                let (fb, mscale) = self.freq(spec.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling);
+                let inp = super::mla_mirror::MlaInputs {
+                    mats: &self.mats,
+                    vecs: &self.vecs,
+                    freq: (fb, mscale),
+                    mirror,
+                    scratch: st.mla.as_ref(),
+                };
+                super::mla_mirror::record(f, inp, spec, view(*x), view(*out), n, pos, precision)?;
+            }
+            op => {
+                return Err(VkError::BadArgument {
+                    op: op_name(op),
+                    msg: "not a device op; the plan placed it on a device".into(),
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one of this device's frames, `calls` being its schedule, for `step` (`step.tokens.len()
+    /// <= cap_rows`): its uploads from the host's rows, the frame, its downloads into the host's
+    /// rows and the block's K/V rows into the host's cache (a KV split's host part after it).
     pub(crate) fn run_frame(
         &self,
         model: &Model,
         st: &mut DeviceState,
         frame: &Frame,
-        host_values: &mut [Vec<f32>],
-        widths: &[usize],
-        kv: &mut KvCache,
-        tokens: &[u32],
-        pos0: usize,
-        precision: Precision,
-        last_only: bool,
+        calls: &FrameCalls,
+        host: &mut HostRows,
+        step: &Step,
     ) -> Result<(), VkError> {
+        let HostRows { values: host_values, widths, kv } = host;
+        let (widths, kv) = (*widths, &mut **kv);
+        let (tokens, pos0, precision) = (step.tokens, step.pos0, step.precision);
+        let last_only = step.logits == LogitRows::Last;
         let n = tokens.len();
         let p = &model.program;
         let ctx = &self.ctx;
@@ -815,7 +738,7 @@ impl DeviceModel {
             ctx.note_host(name, *t);
             *t = Instant::now();
         };
-        if n == 1 && replayable(p, frame) {
+        if n == 1 && calls.replayable {
             ctx.write(&st.pos, 0, &(pos0 as u32).to_le_bytes())?;
             phase("uploads", &mut t);
             let key = (frame.id.0 as usize, last_only, precision);
@@ -824,17 +747,9 @@ impl DeviceModel {
                 None => {
                     let rec = {
                         let mut f = ctx.recording()?;
-                        self.record(
-                            &mut f,
-                            p,
-                            st,
-                            frame,
-                            widths,
-                            n,
-                            Pos::Dynamic(st.pos.view(0, 1)),
-                            precision,
-                            last_only,
-                        )?;
+                        let pos = Pos::Dynamic(st.pos.view(0, 1));
+                        let rec = Rec { program: p, st, widths, n, pos, precision, last_only };
+                        self.record(&mut f, rec, frame, &calls.calls)?;
                         f.finish()?
                     };
                     st.replays.push((key.0, key.1, key.2, rec));
@@ -846,7 +761,8 @@ impl DeviceModel {
         } else {
             phase("uploads", &mut t);
             let mut f = ctx.frame()?;
-            self.record(&mut f, p, st, frame, widths, n, Pos::Fixed(pos0), precision, last_only)?;
+            let rec = Rec { program: p, st, widths, n, pos: Pos::Fixed(pos0), precision, last_only };
+            self.record(&mut f, rec, frame, &calls.calls)?;
             phase("recording", &mut t);
             f.run()?;
         }

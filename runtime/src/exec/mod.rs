@@ -1,23 +1,28 @@
 //! The executor: runs a compiled program's forward pass over a block of tokens, keeping the
-//! KV cache between calls. The CPU op library runs every op; a plan's device frames run on its
-//! devices (`chain`) behind the same `Session::forward`, and any device failure sends the
-//! forward back to the CPU from the host's cache.
+//! KV cache between calls. Every forward is a schedule run by one loop (`run`): the model's
+//! own schedule of one host frame on the CPU, or a device plan's (`chain`) behind the same
+//! `Session::forward`; any device failure sends the forward back to the CPU's schedule from
+//! the host's cache.
 
 pub mod chain;
 pub mod device;
+mod host;
 pub mod kv;
 pub mod kv_split;
 pub mod mla_mirror;
 pub mod probe;
 pub mod recurrent;
+pub mod run;
 pub mod weights;
 
-use crate::cpu::{run_ops, CpuError, CpuOps, Env, Precision};
+use crate::cpu::{CpuError, CpuOps, Precision};
 use crate::model::Checkpoint;
 use crate::oplib::{op_name, OpLib};
 use chain::{Chain, ChainState};
 use coli_compiler::ir::{Op, Program};
+use coli_compiler::schedule::Schedule;
 use kv::KvCache;
+pub use run::Step;
 use weights::{WeightError, WeightStore};
 
 #[derive(Debug, thiserror::Error)]
@@ -38,12 +43,15 @@ pub enum ExecError {
     CannotRewind { layer: usize, from: usize, to: usize },
     #[error("cannot take another session's context: {0}")]
     Adopt(&'static str),
+    #[error("the schedule runs frame {0} on a device, and this session has none")]
+    NoDevice(u32),
 }
 
-/// A program with its weights resolved.
+/// A program with its weights resolved, and its schedule on the CPU alone.
 pub struct Model {
     pub program: Program,
     pub weights: WeightStore,
+    cpu: Schedule,
 }
 
 impl Model {
@@ -69,7 +77,13 @@ impl Model {
         check(&program.epilogue, "epilogue".into())?;
         let weights = WeightStore::load(ckpt, &program, progress)?;
         weights::name_row_selections(&mut program);
-        Ok(Model { program, weights })
+        let cpu = Schedule::host_only(&program);
+        Ok(Model { program, weights, cpu })
+    }
+
+    /// The schedule of a run on the CPU alone: every op in one host frame.
+    pub fn cpu_schedule(&self) -> &Schedule {
+        &self.cpu
     }
 }
 
@@ -211,7 +225,7 @@ impl<'m> Session<'m> {
         }
         if self.device.is_some() {
             let start = self.pos;
-            match self.forward_device(tokens, rows) {
+            match self.run(tokens, rows) {
                 Ok(l) => return Ok(l),
                 Err(ExecError::Device(e)) => {
                     self.notice = Some(format!(
@@ -223,27 +237,23 @@ impl<'m> Session<'m> {
                 Err(e) => return Err(e),
             }
         }
-        self.forward_cpu(tokens, rows)
+        self.run(tokens, rows)
     }
 
-    fn forward_device(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Vec<f32>, ExecError> {
-        let (dev, state) = self.device.as_mut().expect("on a device");
-        let p = &self.model.program;
-        let lv = p.logits.0 as usize;
+    /// Runs the session's schedule (the chain's, or the model's on the CPU) over `tokens`, in
+    /// steps of at most the chain's rows.
+    fn run(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Vec<f32>, ExecError> {
+        let lv = self.model.program.logits.0 as usize;
         let vocab = self.widths[lv];
+        let cap = self.device.as_ref().map_or(tokens.len(), |(c, _)| c.cap_rows).max(1);
         let mut out = Vec::new();
-        for chunk in tokens.chunks(dev.cap_rows) {
-            dev.forward(
-                self.model,
-                state,
-                &mut self.values,
-                &self.widths,
-                &mut self.kv,
-                chunk,
-                self.pos,
-                self.precision,
-                rows == LogitRows::Last,
-            )?;
+        for chunk in tokens.chunks(cap) {
+            let step = Step { tokens: chunk, pos0: self.pos, precision: self.precision, logits: rows };
+            let mut host = run::HostRows { values: &mut self.values, widths: &self.widths, kv: &mut self.kv };
+            match self.device.as_mut() {
+                Some((c, st)) => run::forward(c.schedule(), self.model, &mut host, &step, Some((*c, st)))?,
+                None => run::forward(&self.model.cpu, self.model, &mut host, &step, None)?,
+            }
             self.pos += chunk.len();
             let l = &self.values[lv][..chunk.len() * vocab];
             match rows {
@@ -252,46 +262,5 @@ impl<'m> Session<'m> {
             }
         }
         Ok(out)
-    }
-
-    fn forward_cpu(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Vec<f32>, ExecError> {
-        let n = tokens.len();
-        let p = &self.model.program;
-        let mut env = Env {
-            n,
-            pos0: self.pos,
-            tokens,
-            values: &mut self.values,
-            widths: &self.widths,
-            kv: &mut self.kv,
-            weights: &self.model.weights,
-            precision: self.precision,
-        };
-        run_ops(&p.prologue, &mut env)?;
-        for l in &p.layers {
-            run_ops(&l.ops, &mut env)?;
-        }
-        // The head runs on the rows whose logits are wanted only.
-        if rows == LogitRows::Last && n > 1 {
-            let r = p.residual.0 as usize;
-            let w = self.widths[r];
-            let last = self.values[r][(n - 1) * w..n * w].to_vec();
-            self.values[r] = last;
-        }
-        let head_rows = if rows == LogitRows::Last { 1 } else { n };
-        let mut env = Env {
-            n: head_rows,
-            pos0: self.pos + n - head_rows,
-            tokens: &tokens[n - head_rows..],
-            values: &mut self.values,
-            widths: &self.widths,
-            kv: &mut self.kv,
-            weights: &self.model.weights,
-            precision: self.precision,
-        };
-        run_ops(&p.epilogue, &mut env)?;
-        self.pos += n;
-        let lw = self.widths[p.logits.0 as usize];
-        Ok(self.values[p.logits.0 as usize][..head_rows * lw].to_vec())
     }
 }

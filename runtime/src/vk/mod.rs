@@ -27,7 +27,6 @@ mod context;
 mod device;
 mod error;
 mod frame;
-pub mod fuse;
 mod instance;
 mod layout;
 mod memory;

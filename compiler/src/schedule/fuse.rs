@@ -1,5 +1,5 @@
-//! Which ops of a plan's device frames the executor records as one kernel. Computed once per
-//! plan (`fusions`), per op of each device frame:
+//! Which ops of a plan's device frames run as one kernel, decided once per plan (`fusions`,
+//! per op of each device frame) and turned into the frame's calls (`device_calls`):
 //! - an `RmsNorm` over whole rows whose every reader is a `Linear` of the same frame is
 //!   `Absorbed`: each of those products normalizes its input as it reads it (`MatIn::Norm`);
 //! - a `Glu` read only by `Linear`s of its frame likewise (`MatIn::Glu`);
@@ -28,14 +28,15 @@
 //!
 //! Must not: change what a frame computes, only how many kernels compute it.
 
-use coli_compiler::dot::op_io;
-use coli_compiler::frames::{op_of, Frame};
-use coli_compiler::ids::{Part, Place};
-use coli_compiler::ir::{Op, Program, ValueId};
+use super::{AttentionCall, Call, ExpertsCall, Kernel, MatSrc, Matmul, Norm, Residual, RopeArgs, Rows};
+use crate::dot::op_io;
+use crate::frames::{op_of, Frame};
+use crate::ids::{Part, Place};
+use crate::ir::{Op, Program, ValueId};
 
 /// How the executor records one op of a device frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fused {
+pub(super) enum Fused {
     /// As its own kernel(s).
     Alone,
     /// Inside another op's kernel.
@@ -119,7 +120,7 @@ impl Flow {
 
 /// The recording plan of every frame (empty for host frames): `fusions(..)[f][i]` says how
 /// op `i` of frame `f` is recorded.
-pub fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
+pub(super) fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
     let flow = Flow::new(program, frames);
     let width = |v: ValueId| program.value(v).width;
     let mut plan: Vec<Vec<Fused>> =
@@ -330,7 +331,7 @@ pub fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
 /// (so one recording can be replayed at every decode step): every op is one the executor
 /// records with fixed shapes. Routing and resident experts qualify: the experts a step uses
 /// are read on the device from the routing buffer, never recorded.
-pub fn replayable(program: &Program, frame: &Frame) -> bool {
+pub(super) fn replayable(program: &Program, frame: &Frame) -> bool {
     frame.place != Place::Host
         && frame.ops.iter().all(|&id| {
             matches!(
@@ -350,4 +351,88 @@ pub fn replayable(program: &Program, frame: &Frame) -> bool {
                     | Op::LinearAttention { .. }
             )
         })
+}
+
+/// A device frame's calls, from its ops and their fusion plan (`fusions`).
+pub(super) fn device_calls(program: &Program, frame: &Frame, plan: &[Fused]) -> Vec<Call> {
+    let op = |i: usize| op_of(program, frame.ops[i]);
+    let norm = |i: usize| match op(i) {
+        Op::RmsNorm { x, out, weight, eps, group, offset } => {
+            Some(Norm { x: *x, out: *out, weight: weight.clone(), eps: *eps, group: *group, offset: *offset })
+        }
+        _ => None,
+    };
+    let residual = |j: Option<usize>, product: ValueId| match j.map(op) {
+        Some(Op::Add { a, b, out }) => Some(Residual { other: if *a == product { *b } else { *a }, sum: *out }),
+        _ => None,
+    };
+    let mut calls = Vec::new();
+    for (i, &id) in frame.ops.iter().enumerate() {
+        let rows = if id.part == Part::Epilogue { Rows::Tail } else { Rows::All };
+        let kernel = match (plan.get(i).copied().unwrap_or(Fused::Alone), op(i)) {
+            (Fused::Absorbed, _) => continue,
+            (Fused::Linear { input, residual: r }, Op::Linear { x, out, weight, bias }) => {
+                let src = match input.map(op) {
+                    Some(Op::RmsNorm { .. }) => MatSrc::Norm(norm(input.expect("an input")).expect("a norm")),
+                    Some(Op::Glu { gate, up, kind, .. }) => MatSrc::Glu { gate: *gate, up: *up, kind: *kind },
+                    _ => MatSrc::Plain,
+                };
+                Kernel::Matmul(Matmul {
+                    x: *x,
+                    src,
+                    weight: weight.clone(),
+                    bias: bias.clone(),
+                    out: *out,
+                    residual: residual(r, *out),
+                })
+            }
+            (
+                f @ (Fused::Experts { .. } | Fused::Alone),
+                Op::RoutedExperts { x, routing, out, layer, experts, ffn, weights, glu },
+            ) => {
+                let (input, r) = match f {
+                    Fused::Experts { input, residual } => (input, residual),
+                    _ => (None, None),
+                };
+                Kernel::Experts(Box::new(ExpertsCall {
+                    x: *x,
+                    routing: *routing,
+                    out: *out,
+                    layer: *layer,
+                    experts: *experts,
+                    ffn: *ffn,
+                    weights: weights.clone(),
+                    glu: *glu,
+                    norm: input.and_then(norm),
+                    residual: residual(r, *out),
+                }))
+            }
+            (Fused::NormPair { second }, Op::RmsNorm { .. }) => {
+                Kernel::NormPair(norm(i).expect("a norm"), norm(second).expect("a norm pair's second op is a norm"))
+            }
+            (Fused::Attention { rope, one_kernel, norms }, Op::Attention { q, k, v, out, layer, spec }) => {
+                let rope = match rope.map(|(a, _)| op(a)) {
+                    Some(Op::Rope { rotary_dim, style, theta, scaling, .. }) => {
+                        Some(RopeArgs { rotary_dim: *rotary_dim, style: *style, theta: *theta, scaling: *scaling })
+                    }
+                    _ => None,
+                };
+                let norms = norms.and_then(|(qi, ki)| Some((norm(qi)?, norm(ki)?)));
+                Kernel::Attention(Box::new(AttentionCall {
+                    q: *q,
+                    k: *k,
+                    v: *v,
+                    out: *out,
+                    layer: *layer,
+                    spec: spec.clone(),
+                    rope,
+                    one_kernel,
+                    norms,
+                }))
+            }
+            (_, o) => Kernel::Op(o.clone()),
+        };
+        calls.push(Call { kernel, rows });
+    }
+    calls
 }

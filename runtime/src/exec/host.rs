@@ -1,0 +1,144 @@
+//! Runs a host frame's calls on the CPU op library: each `Kernel::Op` through `cpu::run_op`, a
+//! `Linears` group through `cpu::run_linears` (one by one at `Precision::Exact`), and the routed
+//! experts of a layer the expert tier serves through the tier. A call of the epilogue
+//! (`Rows::Tail`) runs on the step's last row alone when only that row's logits are wanted:
+//! its inputs' last rows go into a table of one-row buffers, and its outputs come back into
+//! the last row of the step's buffers, so every buffer keeps the step's rows (a later device
+//! frame may upload them) and the logits sit in the last row, as a device leaves them.
+//!
+//! Must not: run a fused kernel (the schedule gives host frames none) or decide placement.
+
+use super::run::{HostRows, Step};
+use super::{ExecError, LogitRows, Model};
+use crate::cpu::{run_linears, run_op, Env, Precision};
+use crate::tier::ExpertTier;
+use coli_compiler::dot::op_io;
+use coli_compiler::ir::{Op, ValueId};
+use coli_compiler::schedule::{Call, Kernel, Rows};
+use std::sync::Mutex;
+
+/// The values a host call reads and writes.
+fn call_io(kernel: &Kernel) -> (Vec<ValueId>, Vec<ValueId>) {
+    match kernel {
+        Kernel::Op(op) => op_io(op),
+        Kernel::Linears { x, outs } => (vec![*x], outs.iter().map(|o| o.out).collect()),
+        _ => (vec![], vec![]),
+    }
+}
+
+/// Runs `calls` (a host frame's) for `step`.
+pub(crate) fn run_frame(
+    calls: &[Call],
+    model: &Model,
+    host: &mut HostRows,
+    step: &Step,
+    tier: Option<&Mutex<ExpertTier>>,
+) -> Result<(), ExecError> {
+    let n = step.tokens.len();
+    for call in calls {
+        if call.rows == Rows::Tail && step.logits == LogitRows::Last && n > 1 {
+            run_on_last_row(call, model, host, step, tier)?;
+        } else {
+            let mut env = Env {
+                n,
+                pos0: step.pos0,
+                tokens: step.tokens,
+                values: host.values,
+                widths: host.widths,
+                kv: host.kv,
+                weights: &model.weights,
+                precision: step.precision,
+            };
+            run_call(&call.kernel, model, &mut env, tier)?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs `call` on the step's last row (see the module doc).
+fn run_on_last_row(
+    call: &Call,
+    model: &Model,
+    host: &mut HostRows,
+    step: &Step,
+    tier: Option<&Mutex<ExpertTier>>,
+) -> Result<(), ExecError> {
+    let n = step.tokens.len();
+    let (reads, writes) = call_io(&call.kernel);
+    let w = |v: ValueId| host.widths[v.0 as usize];
+    let mut table: Vec<Vec<f32>> = vec![Vec::new(); host.values.len()];
+    for &v in &reads {
+        let rows = &host.values[v.0 as usize];
+        if rows.len() >= n * w(v) {
+            table[v.0 as usize] = rows[(n - 1) * w(v)..n * w(v)].to_vec();
+        }
+    }
+    let mut env = Env {
+        n: 1,
+        pos0: step.pos0 + n - 1,
+        tokens: &step.tokens[n - 1..],
+        values: &mut table,
+        widths: host.widths,
+        kv: host.kv,
+        weights: &model.weights,
+        precision: step.precision,
+    };
+    run_call(&call.kernel, model, &mut env, tier)?;
+    for v in writes {
+        let hv = &mut host.values[v.0 as usize];
+        if hv.capacity() < n * w(v) {
+            // A fresh zeroed allocation maps its pages lazily: the rows not computed cost nothing.
+            *hv = vec![0.0; n * w(v)];
+        }
+        hv.resize(n * w(v), 0.0);
+        hv[(n - 1) * w(v)..].copy_from_slice(&table[v.0 as usize][..w(v)]);
+    }
+    Ok(())
+}
+
+/// Runs one call on `env`'s rows.
+fn run_call(kernel: &Kernel, model: &Model, env: &mut Env, tier: Option<&Mutex<ExpertTier>>) -> Result<(), ExecError> {
+    match kernel {
+        Kernel::Linears { x, outs } => {
+            if env.precision == Precision::Fast && env.n > 0 {
+                run_linears(*x, outs, env);
+            } else {
+                for o in outs {
+                    let op = Op::Linear { x: *x, out: o.out, weight: o.weight.clone(), bias: o.bias.clone() };
+                    run_op(&op, env)?;
+                }
+            }
+        }
+        Kernel::Op(op @ Op::RoutedExperts { layer, x, routing, out, .. }) => {
+            if let Some(t) = tier {
+                let mut t = super::chain::lock(t);
+                if t.serves(layer.0 as usize) {
+                    let (n, widths) = (env.n, env.widths);
+                    let v = &mut *env.values;
+                    let xs = v[x.0 as usize][..n * widths[x.0 as usize]].to_vec();
+                    let rt = v[routing.0 as usize][..n * widths[routing.0 as usize]].to_vec();
+                    let o = &mut v[out.0 as usize];
+                    o.resize(n * widths[out.0 as usize], 0.0);
+                    t.run(model, op, &xs, &rt, n, &mut o[..n * widths[out.0 as usize]], env.precision)
+                        .map_err(ExecError::Device)?;
+                    return Ok(());
+                }
+            }
+            run_op(op, env)?;
+        }
+        Kernel::Op(op) => run_op(op, env)?,
+        other => {
+            return Err(ExecError::Unsupported {
+                lib: "cpu".into(),
+                op: match other {
+                    Kernel::Matmul(_) => "matmul (fused)",
+                    Kernel::NormPair(..) => "rms_norm_pair",
+                    Kernel::Attention(_) => "attention (fused)",
+                    _ => "experts (fused)",
+                },
+                layer: "a host frame".into(),
+            })
+        }
+    }
+    Ok(())
+}
