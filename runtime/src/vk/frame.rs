@@ -2,9 +2,10 @@
 //! recorded once and submitted as often as wanted (`Context::recording`, `finish`, then
 //! `Recorded::run`). Ops (ops/*.rs) record dispatches here; each dispatch binds whole-buffer
 //! ranges (pushed into the command buffer where the device has `VK_KHR_push_descriptor`, else
-//! a descriptor set from the frame's pools) and 64 bytes of push constants; a slot the op leaves
-//! unused binds a small scratch range (one shared by read-only slots, one per writable slot
-//! since the last barrier, so unused slots are never a hazard). A memory barrier
+//! a descriptor set from the frame's pools) and 64 bytes of push constants (the kernel's
+//! struct of `push.rs`, zero-extended); a slot the op leaves unused binds a small scratch
+//! range (one shared by read-only slots, one per writable slot since the last barrier, so
+//! unused slots are never a hazard). A memory barrier
 //! goes in only before a command that touches a range an earlier command since the last
 //! barrier wrote (read after write, write after write) or that it writes a range read since
 //! then (write after read), so independent kernels (q, k and v projections; a quantization
@@ -23,14 +24,13 @@ use super::command::Commands;
 use super::context::{BufInner, Context, DeviceBuffer, Shared, View};
 use super::error::{Result, VkError};
 use super::memory::MemoryUse;
+use super::pipeline::PUSH_BYTES;
+use super::push::PushConstants;
 use super::shaders::{FormatVariant, Kernel};
 use ash::vk;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// Push constants: 16 words; floats go in as their bits.
-pub(crate) type Push = [u32; 16];
 
 /// The most storage-buffer bindings a kernel declares.
 const MAX_BINDINGS: usize = 20;
@@ -373,18 +373,28 @@ impl<'a> Frame<'a> {
         st.labels.push(label());
     }
 
-    /// Records `kernel` over `groups` workgroups with `binds` in binding order.
-    pub(crate) fn dispatch(
+    /// Records `kernel` over `groups` workgroups with `binds` in binding order and `push` (one
+    /// of the structs `push.rs` declares for `kernel`) as its push constants.
+    pub(crate) fn dispatch<P: PushConstants>(
         &mut self,
         kernel: Kernel,
         variant: Option<FormatVariant>,
         binds: &[Bind<'a>],
-        push: &Push,
+        push: &P,
         groups: [u32; 3],
     ) -> Result<()> {
-        if groups.iter().any(|&g| g == 0) {
+        if !P::LAYOUT.kernels.contains(&kernel) {
+            return Err(VkError::BadArgument {
+                op: "dispatch",
+                msg: format!("{kernel:?} does not take {} push constants", P::LAYOUT.name),
+            });
+        }
+        if groups.contains(&0) {
             return Ok(());
         }
+        // The pipeline layout declares `PUSH_BYTES`; a shorter block is zero-extended to it.
+        let mut constants = [0u8; PUSH_BYTES as usize];
+        constants[..P::LAYOUT.size].copy_from_slice(push.bytes());
         let pipe = self.ctx.shared.pipe(kernel, variant)?;
         let n = pipe.bindings as usize;
         if n > MAX_BINDINGS || binds.len() > n {
@@ -456,8 +466,7 @@ impl<'a> Frame<'a> {
                     dev.cmd_bind_descriptor_sets(cmd, vk::PipelineBindPoint::COMPUTE, pipe.layout, 0, &[set], &[]);
                 }
             }
-            let bytes = std::slice::from_raw_parts(push.as_ptr() as *const u8, std::mem::size_of::<Push>());
-            dev.cmd_push_constants(cmd, pipe.layout, vk::ShaderStageFlags::COMPUTE, 0, bytes);
+            dev.cmd_push_constants(cmd, pipe.layout, vk::ShaderStageFlags::COMPUTE, 0, &constants);
             dev.cmd_dispatch(cmd, groups[0], groups[1], groups[2]);
         }
         self.dispatches += 1;

@@ -34,6 +34,7 @@ mod oplib;
 pub mod ops;
 mod options;
 mod pipeline;
+mod push;
 mod shaders;
 mod validation;
 
@@ -58,5 +59,6 @@ pub use ops::{
 pub use options::{
     CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, Validation, VkOptions, VALIDATION_ENV,
 };
+pub use push::{PushLayout, PUSH_LAYOUTS};
 pub use shaders::{FormatVariant, Kernel};
 pub use validation::{validation_counts, ValidationCounts};

@@ -11,11 +11,15 @@
 //!
 //! Must not: write the KV cache in `attention` (`rope_kv`, or the executor, appends rows first).
 
+// `is_multiple_of` (Rust 1.87) is newer than the workspace's rust-version (1.85).
+#![allow(clippy::manual_is_multiple_of)]
+
 use super::matmul::QuantizedActs;
 use super::u32_arg;
 use crate::vk::context::View;
 use crate::vk::error::{Result, VkError};
-use crate::vk::frame::{Bind, Frame, Push};
+use crate::vk::frame::{Bind, Frame};
+use crate::vk::push::{AttnPush, RopeKvPush};
 use crate::vk::shaders::Kernel;
 use coli_compiler::ir::RopeStyle;
 
@@ -308,24 +312,24 @@ impl<'a> Frame<'a> {
             let splits = span.div_ceil(MIN_CHUNK).clamp(1, MAX_SPLITS);
             (splits, span.div_ceil(splits))
         };
-        let mut push: Push = [
-            n as u32,
-            s.heads as u32,
-            s.kv_heads as u32,
-            s.head_dim as u32,
-            s.v_head_dim as u32,
-            u32_arg(OP, "pos0", pos0)?,
-            u32_arg(OP, "window", s.window.unwrap_or(0))?,
-            sinks.is_some() as u32 | (decode.is_some() as u32) << 1 | dyn_ << 2,
-            s.scale.to_bits(),
-            u32_arg(OP, "q offset", q.offset)?,
-            u32_arg(OP, "k offset", k.offset)?,
-            u32_arg(OP, "v offset", v.offset)?,
-            u32_arg(OP, "out offset", out.offset)?,
-            splits as u32,
-            chunk as u32,
-            s.value_scale.to_bits(),
-        ];
+        let mut push = AttnPush {
+            n: n as u32,
+            heads: s.heads as u32,
+            kv_heads: s.kv_heads as u32,
+            head_dim: s.head_dim as u32,
+            v_head_dim: s.v_head_dim as u32,
+            pos0: u32_arg(OP, "pos0", pos0)?,
+            window: u32_arg(OP, "window", s.window.unwrap_or(0))?,
+            flags: sinks.is_some() as u32 | (decode.is_some() as u32) << 1 | dyn_ << 2,
+            scale: s.scale,
+            q_off: u32_arg(OP, "q offset", q.offset)?,
+            k_off: u32_arg(OP, "k offset", k.offset)?,
+            v_off: u32_arg(OP, "v offset", v.offset)?,
+            o_off: u32_arg(OP, "out offset", out.offset)?,
+            splits: splits as u32,
+            chunk: chunk as u32,
+            value_scale: s.value_scale,
+        };
         let sink = sinks.map_or(Bind::UNUSED, |b| Bind::buf(b.buf));
         let base = [Bind::buf(q.buf), Bind::buf(k.buf), Bind::buf(v.buf), sink];
         let heads = s.heads as u32;
@@ -375,7 +379,7 @@ impl<'a> Frame<'a> {
             let rows = u32_arg(OP, "n", n)?;
             self.dispatch(Kernel::AttnSplit, None, &binds, &push, [heads, rows, splits as u32])
         } else {
-            push[13] = 1;
+            push.splits = 1;
             let binds = [base[0], base[1], base[2], base[3], Bind::UNUSED, Bind::UNUSED, Bind::buf(out.buf), params];
             self.dispatch(Kernel::AttnBlock, None, &binds, &push, [heads, u32_arg(OP, "blocks", n.div_ceil(BQ))?, 1])
         }
@@ -460,24 +464,24 @@ impl<'a> Frame<'a> {
             }
         }
         let per_row = s.heads * half + s.kv_heads * half + s.kv_heads * (s.head_dim - 2 * half) + vw;
-        let push: Push = [
-            u32_arg(OP, "n", s.n)?,
-            s.heads as u32,
-            s.kv_heads as u32,
-            s.head_dim as u32,
-            s.v_head_dim as u32,
-            half as u32,
-            rope.is_some_and(|r| r.style == RopeStyle::Interleaved) as u32,
+        let push = RopeKvPush {
+            n: u32_arg(OP, "n", s.n)?,
+            heads: s.heads as u32,
+            kv_heads: s.kv_heads as u32,
+            head_dim: s.head_dim as u32,
+            v_head_dim: s.v_head_dim as u32,
+            half_: half as u32,
+            interleaved: rope.is_some_and(|r| r.style == RopeStyle::Interleaved) as u32,
             pos0,
-            rope.map_or(1.0f32, |r| r.mscale).to_bits(),
-            u32_arg(OP, "q offset", q.offset)?,
-            u32_arg(OP, "k offset", k.offset)?,
-            u32_arg(OP, "v offset", v.offset)?,
-            dyn_,
-            1,
-            0,
-            0,
-        ];
+            mscale: rope.map_or(1.0f32, |r| r.mscale),
+            q_off: u32_arg(OP, "q offset", q.offset)?,
+            k_off: u32_arg(OP, "k offset", k.offset)?,
+            v_off: u32_arg(OP, "v offset", v.offset)?,
+            r#dyn: dyn_,
+            has_q: 1,
+            ring: 0,
+            pad1: 0,
+        };
         let binds = [
             Bind::buf(q.buf),
             Bind::buf(k.buf),

@@ -8,12 +8,16 @@
 //! Must not: normalize, add the sinks (the host's part holds them), or read positions outside a
 //! row's share (the ring holds nothing else for sure).
 
+// `is_multiple_of` (Rust 1.87) is newer than the workspace's rust-version (1.85).
+#![allow(clippy::manual_is_multiple_of)]
+
 use super::attention::{KvShape, Pos, RopeArgs};
 use super::u32_arg;
 use crate::cpu::attention::AttnShape;
 use crate::vk::context::View;
 use crate::vk::error::{Result, VkError};
-use crate::vk::frame::{Bind, Frame, Push};
+use crate::vk::frame::{Bind, Frame};
+use crate::vk::push::{AttnPartPush, RopeKvPush};
 use crate::vk::shaders::Kernel;
 use coli_compiler::ir::RopeStyle;
 
@@ -82,24 +86,24 @@ impl<'a> Frame<'a> {
             }
         }
         let per_row = s.heads * half + s.kv_heads * half + s.kv_heads * (s.head_dim - 2 * half) + vw;
-        let push: Push = [
-            u32_arg(OP, "n", s.n)?,
-            s.heads as u32,
-            s.kv_heads as u32,
-            s.head_dim as u32,
-            s.v_head_dim as u32,
-            half as u32,
-            rope.is_some_and(|r| r.style == RopeStyle::Interleaved) as u32,
+        let push = RopeKvPush {
+            n: u32_arg(OP, "n", s.n)?,
+            heads: s.heads as u32,
+            kv_heads: s.kv_heads as u32,
+            head_dim: s.head_dim as u32,
+            v_head_dim: s.v_head_dim as u32,
+            half_: half as u32,
+            interleaved: rope.is_some_and(|r| r.style == RopeStyle::Interleaved) as u32,
             pos0,
-            rope.map_or(1.0f32, |r| r.mscale).to_bits(),
-            u32_arg(OP, "q offset", q.offset)?,
-            u32_arg(OP, "k offset", k.offset)?,
-            u32_arg(OP, "v offset", v.offset)?,
-            dyn_,
-            1,
-            u32_arg(OP, "ring", ring)?,
-            0,
-        ];
+            mscale: rope.map_or(1.0f32, |r| r.mscale),
+            q_off: u32_arg(OP, "q offset", q.offset)?,
+            k_off: u32_arg(OP, "k offset", k.offset)?,
+            v_off: u32_arg(OP, "v offset", v.offset)?,
+            r#dyn: dyn_,
+            has_q: 1,
+            ring: u32_arg(OP, "ring", ring)?,
+            pad1: 0,
+        };
         let binds = [
             Bind::buf(q.buf),
             Bind::buf(k.buf),
@@ -178,24 +182,24 @@ impl<'a> Frame<'a> {
         if n == 0 {
             return Ok(());
         }
-        let push: Push = [
-            u32_arg(OP, "n", n)?,
-            s.heads as u32,
-            s.kv_heads as u32,
-            s.head_dim as u32,
-            s.v_head_dim as u32,
+        let push = AttnPartPush {
+            n: u32_arg(OP, "n", n)?,
+            heads: s.heads as u32,
+            kv_heads: s.kv_heads as u32,
+            head_dim: s.head_dim as u32,
+            v_head_dim: s.v_head_dim as u32,
             pos0,
-            u32_arg(OP, "window", s.window.unwrap_or(0))?,
-            dyn_,
-            s.scale.to_bits(),
-            u32_arg(OP, "q offset", q.offset)?,
-            u32_arg(OP, "ring", split.ring)?,
-            u32_arg(OP, "positions", split.positions)?,
-            u32_arg(OP, "block", split.block)?,
-            u32_arg(OP, "acc offset", acc.offset)?,
-            u32_arg(OP, "ml offset", ml.offset)?,
-            0,
-        ];
+            window: u32_arg(OP, "window", s.window.unwrap_or(0))?,
+            r#dyn: dyn_,
+            scale: s.scale,
+            q_off: u32_arg(OP, "q offset", q.offset)?,
+            ring: u32_arg(OP, "ring", split.ring)?,
+            positions: u32_arg(OP, "positions", split.positions)?,
+            block: u32_arg(OP, "block", split.block)?,
+            acc_off: u32_arg(OP, "acc offset", acc.offset)?,
+            ml_off: u32_arg(OP, "ml offset", ml.offset)?,
+            pad0: 0,
+        };
         let binds =
             [Bind::buf(q.buf), Bind::buf(mk.buf), Bind::buf(mv.buf), Bind::buf(acc.buf), Bind::buf(ml.buf), params];
         self.dispatch(Kernel::AttnPart, None, &binds, &push, [s.heads as u32, u32_arg(OP, "n", n)?, 1])

@@ -17,9 +17,10 @@ use super::{groups_for, u32_arg};
 use crate::cpu::Precision;
 use crate::vk::context::{Context, DeviceBuffer, View};
 use crate::vk::error::{Result, VkError};
-use crate::vk::frame::{Bind, Frame, Push};
+use crate::vk::frame::{Bind, Frame};
 use crate::vk::layout::DeviceMatrix;
 use crate::vk::ops::MatmulPath;
+use crate::vk::push::{DeltanetConvPush, DeltanetRulePush};
 use crate::vk::shaders::Kernel;
 use coli_compiler::ir::{LinearAttentionKind, LinearAttentionSpec};
 
@@ -232,18 +233,20 @@ impl<'a> Frame<'a> {
         if taps.offset != 0 {
             return Err(VkError::BadArgument { op: OP, msg: "tap views must start at element 0".into() });
         }
-        let mut push: Push = [0; 16];
-        push[..9].copy_from_slice(&[
-            u32_arg(OP, "n", n)?,
-            s.key_heads as u32,
-            s.value_heads as u32,
-            s.key_head_dim as u32,
-            s.value_head_dim as u32,
-            s.conv_kernel as u32,
-            u32_arg(OP, "projection offset", proj.offset)?,
-            u32_arg(OP, "ring offset", ring.offset)?,
-            u32_arg(OP, "conv offset", conv.offset)?,
-        ]);
+        let push = DeltanetConvPush {
+            n: u32_arg(OP, "n", n)?,
+            nk: s.key_heads as u32,
+            nv: s.value_heads as u32,
+            dk: s.key_head_dim as u32,
+            dv: s.value_head_dim as u32,
+            kk: s.conv_kernel as u32,
+            p_off: u32_arg(OP, "projection offset", proj.offset)?,
+            ring_off: u32_arg(OP, "ring offset", ring.offset)?,
+            conv_off: u32_arg(OP, "conv offset", conv.offset)?,
+            pad0: 0,
+            pad1: 0,
+            pad2: 0,
+        };
         let binds = [Bind::buf(proj.buf), Bind::buf(taps.buf), Bind::buf(ring.buf), Bind::buf(conv.buf)];
         self.dispatch(Kernel::DeltanetConv, None, &binds, &push, [groups_for(ch, 64), 1, 1])
     }
@@ -279,20 +282,20 @@ impl<'a> Frame<'a> {
                 msg: "A_log, dt_bias and norm views must start at element 0".into(),
             });
         }
-        let mut push: Push = [0; 16];
-        push[..11].copy_from_slice(&[
-            u32_arg(OP, "n", n)?,
-            s.key_heads as u32,
-            s.value_heads as u32,
-            s.key_head_dim as u32,
-            s.value_head_dim as u32,
-            s.eps.to_bits(),
-            u32_arg(OP, "state offset", state.offset)?,
-            u32_arg(OP, "conv offset", conv.offset)?,
-            u32_arg(OP, "projection offset", proj.offset)?,
-            u32_arg(OP, "ba offset", ba.offset)?,
-            u32_arg(OP, "heads offset", heads.offset)?,
-        ]);
+        let push = DeltanetRulePush {
+            n: u32_arg(OP, "n", n)?,
+            nk: s.key_heads as u32,
+            nv: s.value_heads as u32,
+            dk: s.key_head_dim as u32,
+            dv: s.value_head_dim as u32,
+            eps: s.eps,
+            state_off: u32_arg(OP, "state offset", state.offset)?,
+            conv_off: u32_arg(OP, "conv offset", conv.offset)?,
+            p_off: u32_arg(OP, "projection offset", proj.offset)?,
+            ba_off: u32_arg(OP, "ba offset", ba.offset)?,
+            out_off: u32_arg(OP, "heads offset", heads.offset)?,
+            pad0: 0,
+        };
         let binds = [
             Bind::buf(conv.buf),
             Bind::buf(proj.buf),

@@ -6,7 +6,8 @@
 use super::{groups_for, u32_arg};
 use crate::vk::context::View;
 use crate::vk::error::{Result, VkError};
-use crate::vk::frame::{Bind, Frame, Push};
+use crate::vk::frame::{Bind, Frame};
+use crate::vk::push::{BinaryPush, GluPush};
 use crate::vk::shaders::Kernel;
 use coli_compiler::ir::{Activation, GluKind};
 
@@ -59,16 +60,16 @@ impl<'a> Frame<'a> {
     ) -> Result<()> {
         g.check(op, "input", count)?;
         out.check(op, "out", count)?;
-        let mut push: Push = [0; 16];
-        push[..7].copy_from_slice(&[
-            u32_arg(op, "count", count)?,
+        let push = GluPush {
+            count: u32_arg(op, "count", count)?,
             kind,
-            limit.to_bits(),
-            alpha.to_bits(),
-            g.offset as u32,
-            u.map_or(0, |u| u.offset as u32),
-            out.offset as u32,
-        ]);
+            limit,
+            alpha,
+            g_off: g.offset as u32,
+            u_off: u.map_or(0, |u| u.offset as u32),
+            o_off: out.offset as u32,
+            pad: 0,
+        };
         let binds = [Bind::buf(g.buf), u.map_or(Bind::UNUSED, |u| Bind::buf(u.buf)), Bind::buf(out.buf)];
         self.dispatch(Kernel::Glu, None, &binds, &push, [groups_for(count, 64), 1, 1])
     }
@@ -123,16 +124,16 @@ impl<'a> Frame<'a> {
             Broadcast::Row => (width, 2),
         };
         b.check(op, "b", blen)?;
-        let mut push: Push = [0; 16];
-        push[..7].copy_from_slice(&[
-            u32_arg(op, "count", count)?,
-            width as u32,
-            code,
-            mode,
-            a.offset as u32,
-            b.offset as u32,
-            out.offset as u32,
-        ]);
+        let push = BinaryPush {
+            count: u32_arg(op, "count", count)?,
+            width: width as u32,
+            op: code,
+            bmode: mode,
+            a_off: a.offset as u32,
+            b_off: b.offset as u32,
+            o_off: out.offset as u32,
+            pad: 0,
+        };
         let binds = [Bind::buf(a.buf), Bind::buf(b.buf), Bind::buf(out.buf)];
         self.dispatch(Kernel::Binary, None, &binds, &push, [groups_for(count, 64), 1, 1])
     }

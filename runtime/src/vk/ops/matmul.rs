@@ -15,13 +15,17 @@
 //!
 //! Must not: accept operands that do not fit (typed errors instead).
 
+// `is_multiple_of` (Rust 1.87) is newer than the workspace's rust-version (1.85).
+#![allow(clippy::manual_is_multiple_of)]
+
 use super::{groups_for, u32_arg};
 use crate::cpu::Precision;
 use crate::vk::context::{Context, DeviceBuffer, View};
 use crate::vk::error::{Result, VkError};
-use crate::vk::frame::{Bind, Frame, Push};
+use crate::vk::frame::{Bind, Frame};
 use crate::vk::layout::DeviceMatrix;
 use crate::vk::memory::MemoryUse;
+use crate::vk::push::{EmbedPush, MatmulPush, MatvecPush, QuantizeRowsPush};
 use crate::vk::shaders::Kernel;
 use coli_compiler::ir::GluKind;
 
@@ -179,16 +183,16 @@ impl<'a> Frame<'a> {
         let (xq, xd) = (self.scratch_bind(xq), self.scratch_bind(xd));
         let (mode, aux, p0, p1) = input.mode();
         let x = input.base();
-        let mut push: Push = [0; 16];
-        push[..7].copy_from_slice(&[
-            u32_arg(OP, "rows", n)?,
-            u32_arg(OP, "cols", cols)?,
-            u32_arg(OP, "x offset", x.offset)?,
-            mode,
-            u32_arg(OP, "aux offset", aux.map_or(0, |a| a.offset))?,
-            p0.to_bits(),
-            p1.to_bits(),
-        ]);
+        let push = QuantizeRowsPush {
+            rows: u32_arg(OP, "rows", n)?,
+            cols: u32_arg(OP, "cols", cols)?,
+            x_off: u32_arg(OP, "x offset", x.offset)?,
+            in_mode: mode,
+            aux_off: u32_arg(OP, "aux offset", aux.map_or(0, |a| a.offset))?,
+            p0,
+            p1,
+            pad: 0,
+        };
         let binds = [Bind::buf(x.buf), xq, xd, aux.map_or(Bind::UNUSED, |a| Bind::buf(a.buf))];
         if n > MAX_GROUPS {
             return Err(VkError::BadArgument { op: OP, msg: format!("{n} rows exceed one dispatch") });
@@ -314,25 +318,26 @@ impl<'a> Frame<'a> {
         };
         // q8 activations carry the input transform already.
         let (mode, aux, p0, p1) = if variant.q8_acts() { (0, None, 0.0, 0.0) } else { input.mode() };
-        let mut push: Push = [0; 16];
-        push[8..14].copy_from_slice(&[
-            mode,
-            u32_arg(OP, "aux offset", aux.map_or(0, |a| a.offset))?,
-            p0.to_bits(),
-            p1.to_bits(),
-            residual.is_some() as u32,
-            u32_arg(OP, "residual offset", residual.map_or(0, |r| r.offset))?,
-        ]);
-        push[..8].copy_from_slice(&[
+        let aux_off = u32_arg(OP, "aux offset", aux.map_or(0, |a| a.offset))?;
+        let res_off = u32_arg(OP, "residual offset", residual.map_or(0, |r| r.offset))?;
+        let push = MatmulPush {
             rows,
             cols,
-            u32_arg(OP, "row units", w.qs)?,
-            u32_arg(OP, "row scales", w.ss)?,
-            u32_arg(OP, "x offset", x.offset)?,
-            u32_arg(OP, "out offset", out.offset)?,
-            rows,
-            u32_arg(OP, "n", n)?,
-        ]);
+            qs: u32_arg(OP, "row units", w.qs)?,
+            ss: u32_arg(OP, "row scales", w.ss)?,
+            x_off: u32_arg(OP, "x offset", x.offset)?,
+            out_off: u32_arg(OP, "out offset", out.offset)?,
+            out_stride: rows,
+            n: u32_arg(OP, "n", n)?,
+            in_mode: mode,
+            aux_off,
+            p0,
+            p1,
+            res_on: residual.is_some() as u32,
+            res_off,
+            pad0: 0,
+            pad1: 0,
+        };
         let binds = [
             Bind::buf(&w.q),
             Bind::buf(&w.s),
@@ -385,8 +390,25 @@ impl<'a> Frame<'a> {
             let per = (wg / self.ctx.caps().min_subgroup_size.max(1) as usize).max(1);
             // Few rows (a router's): subgroups share a row, so more of the device reads it.
             let ks = if w.rows <= KSPLIT_ROWS { per.min(4) } else { 1 };
-            let mut push = push;
-            push[14] = ks as u32;
+            let p = push;
+            let push = MatvecPush {
+                rows: p.rows,
+                cols: p.cols,
+                qs: p.qs,
+                ss: p.ss,
+                x_off: p.x_off,
+                out_off: p.out_off,
+                out_stride: p.out_stride,
+                n: p.n,
+                in_mode: p.in_mode,
+                aux_off: p.aux_off,
+                p0: p.p0,
+                p1: p.p1,
+                res_on: p.res_on,
+                res_off: p.res_off,
+                ksplit: ks as u32,
+                pad1: 0,
+            };
             self.dispatch(
                 Kernel::Matvec,
                 variant,
@@ -414,15 +436,16 @@ impl<'a> Frame<'a> {
         if n > MAX_GROUPS {
             return Err(VkError::BadArgument { op: OP, msg: format!("{n} tokens exceed one dispatch") });
         }
-        let mut push: Push = [0; 16];
-        push[..6].copy_from_slice(&[
-            u32_arg(OP, "rows", table.rows)?,
-            u32_arg(OP, "cols", table.cols)?,
-            table.qs as u32,
-            table.ss as u32,
-            u32_arg(OP, "out offset", out.offset)?,
-            scale.to_bits(),
-        ]);
+        let push = EmbedPush {
+            rows: u32_arg(OP, "rows", table.rows)?,
+            cols: u32_arg(OP, "cols", table.cols)?,
+            qs: table.qs as u32,
+            ss: table.ss as u32,
+            out_off: u32_arg(OP, "out offset", out.offset)?,
+            scale,
+            pad0: 0,
+            pad1: 0,
+        };
         // The tokens are read from element `tokens.offset`: bind through a shifted push.
         if tokens.offset != 0 {
             return Err(VkError::BadArgument { op: OP, msg: "token views must start at element 0".into() });

@@ -21,9 +21,10 @@ use super::{groups_for, u32_arg, MatIn, MatmulPath, Pos, RopeArgs};
 use crate::cpu::Precision;
 use crate::vk::context::{Context, DeviceBuffer, View};
 use crate::vk::error::{Result, VkError};
-use crate::vk::frame::{Bind, Frame, Push};
+use crate::vk::frame::{Bind, Frame};
 use crate::vk::layout::DeviceMatrix;
 use crate::vk::ops::elementwise::Broadcast;
+use crate::vk::push::{MlaAbsorbPush, MlaAttnPush, MlaKvPush, MlaValuePush};
 use crate::vk::shaders::Kernel;
 use coli_compiler::ir::{MlaSpec, RopeStyle};
 
@@ -358,24 +359,20 @@ impl<'a> Frame<'a> {
                 return Err(VkError::BadArgument { op: OP, msg: format!("{what} views must start at element 0") });
             }
         }
-        let push: Push = [
-            u32_arg(OP, "n", n)?,
-            s.heads as u32,
-            s.nope as u32,
-            s.rope as u32,
-            s.latent as u32,
-            s.eps.to_bits(),
-            (rope.style == RopeStyle::Interleaved) as u32,
-            u32_arg(OP, "pos0", pos0)?,
-            rope.mscale.to_bits(),
-            u32_arg(OP, "kv offset", kv.offset)?,
-            u32_arg(OP, "q offset", q.offset)?,
+        let push = MlaKvPush {
+            n: u32_arg(OP, "n", n)?,
+            heads: s.heads as u32,
+            dn: s.nope as u32,
+            dr: s.rope as u32,
+            c: s.latent as u32,
+            eps: s.eps,
+            interleaved: (rope.style == RopeStyle::Interleaved) as u32,
+            pos0: u32_arg(OP, "pos0", pos0)?,
+            mscale: rope.mscale,
+            ckv_off: u32_arg(OP, "kv offset", kv.offset)?,
+            q_off: u32_arg(OP, "q offset", q.offset)?,
             dyn_pos,
-            0,
-            0,
-            0,
-            0,
-        ];
+        };
         let binds = [
             Bind::buf(kv.buf),
             Bind::buf(norm.buf),
@@ -404,24 +401,20 @@ impl<'a> Frame<'a> {
         s.check()?;
         q.check(OP, "q", n * s.q_width())?;
         lat.check(OP, "latent queries", n * s.heads * s.latent)?;
-        let push: Push = [
-            u32_arg(OP, "n", n)?,
-            s.heads as u32,
-            s.nope as u32,
-            s.rope as u32,
-            s.v_head_dim as u32,
-            s.latent as u32,
-            u32_arg(OP, "row units", kv_b.qs)?,
-            u32_arg(OP, "row scales", kv_b.ss)?,
-            u32_arg(OP, "q offset", q.offset)?,
-            u32_arg(OP, "latent offset", lat.offset)?,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-        ];
+        let push = MlaAbsorbPush {
+            n: u32_arg(OP, "n", n)?,
+            heads: s.heads as u32,
+            dn: s.nope as u32,
+            dr: s.rope as u32,
+            dv: s.v_head_dim as u32,
+            c: s.latent as u32,
+            qs: u32_arg(OP, "row units", kv_b.qs)?,
+            ss: u32_arg(OP, "row scales", kv_b.ss)?,
+            q_off: u32_arg(OP, "q offset", q.offset)?,
+            out_off: u32_arg(OP, "latent offset", lat.offset)?,
+            pad0: 0,
+            pad1: 0,
+        };
         let binds = [Bind::buf(&kv_b.q), Bind::buf(&kv_b.s), Bind::buf(q.buf), Bind::buf(lat.buf)];
         self.dispatch(
             Kernel::MlaAbsorb,
@@ -471,24 +464,20 @@ impl<'a> Frame<'a> {
         if ml.offset != 0 || mr.offset != 0 {
             return Err(VkError::BadArgument { op: OP, msg: "mirror views must start at element 0".into() });
         }
-        let push: Push = [
-            u32_arg(OP, "n", n)?,
-            s.heads as u32,
-            s.nope as u32,
-            s.rope as u32,
-            s.latent as u32,
-            u32_arg(OP, "pos0", pos0)?,
-            s.scale.to_bits(),
-            u32_arg(OP, "q offset", q.offset)?,
-            u32_arg(OP, "latent offset", lat.offset)?,
+        let push = MlaAttnPush {
+            n: u32_arg(OP, "n", n)?,
+            heads: s.heads as u32,
+            dn: s.nope as u32,
+            dr: s.rope as u32,
+            c: s.latent as u32,
+            pos0: u32_arg(OP, "pos0", pos0)?,
+            scale: s.scale,
+            q_off: u32_arg(OP, "q offset", q.offset)?,
+            l_off: u32_arg(OP, "latent offset", lat.offset)?,
             dyn_pos,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-        ];
+            pad1: 0,
+            pad2: 0,
+        };
         let binds = [Bind::buf(lat.buf), Bind::buf(q.buf), Bind::buf(ml.buf), Bind::buf(mr.buf), pos_bind];
         self.dispatch(Kernel::MlaAttn, None, &binds, &push, [s.heads as u32, u32_arg(OP, "n", n)?, 1])
     }
@@ -515,24 +504,20 @@ impl<'a> Frame<'a> {
         } else {
             (Bind::UNUSED, Bind::UNUSED)
         };
-        let push: Push = [
-            u32_arg(OP, "n", n)?,
-            s.heads as u32,
-            s.nope as u32,
-            s.v_head_dim as u32,
-            s.latent as u32,
-            u32_arg(OP, "row units", kv_b.qs)?,
-            u32_arg(OP, "row scales", kv_b.ss)?,
-            u32_arg(OP, "latent offset", lat.offset)?,
-            u32_arg(OP, "heads offset", heads.offset)?,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-        ];
+        let push = MlaValuePush {
+            n: u32_arg(OP, "n", n)?,
+            heads: s.heads as u32,
+            dn: s.nope as u32,
+            dv: s.v_head_dim as u32,
+            c: s.latent as u32,
+            qs: u32_arg(OP, "row units", kv_b.qs)?,
+            ss: u32_arg(OP, "row scales", kv_b.ss)?,
+            x_off: u32_arg(OP, "latent offset", lat.offset)?,
+            out_off: u32_arg(OP, "heads offset", heads.offset)?,
+            pad0: 0,
+            pad1: 0,
+            pad2: 0,
+        };
         let binds = [Bind::buf(&kv_b.q), Bind::buf(&kv_b.s), Bind::buf(lat.buf), xq, xd, Bind::buf(heads.buf)];
         let per = (64 / self.ctx.caps().min_subgroup_size.max(1) as usize).max(1);
         let groups = groups_for(s.out_heads(), per).min(65535);

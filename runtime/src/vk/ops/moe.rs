@@ -29,9 +29,10 @@ use crate::cpu::Precision;
 use crate::format::WeightFormat;
 use crate::vk::context::{Context, DeviceBuffer, View};
 use crate::vk::error::{Result, VkError};
-use crate::vk::frame::{Bind, Frame, Push};
+use crate::vk::frame::{Bind, Frame};
 use crate::vk::layout::{pack, DeviceMatrix, Packed};
 use crate::vk::memory::MemoryUse;
+use crate::vk::push::{MoeGroupPush, MoeMatmulPush, MoeMatvecPush, MoeSumPush, QuantizeQ8Push};
 use crate::vk::shaders::{FormatVariant, Kernel};
 use coli_compiler::ir::GluKind;
 
@@ -347,12 +348,12 @@ impl<'a> Frame<'a> {
     ) -> Result<()> {
         const OP: &str = "moe";
         let blocks = n * cols / 32;
-        let mut push: Push = [0; 16];
-        push[..3].copy_from_slice(&[
-            u32_arg(OP, "blocks", blocks)?,
-            u32_arg(OP, "cols", cols)?,
-            u32_arg(OP, "x offset", off)?,
-        ]);
+        let push = QuantizeQ8Push {
+            blocks: u32_arg(OP, "blocks", blocks)?,
+            cols: u32_arg(OP, "cols", cols)?,
+            x_off: u32_arg(OP, "x offset", off)?,
+            pad: 0,
+        };
         self.dispatch(
             Kernel::QuantizeQ8,
             None,
@@ -489,24 +490,24 @@ impl<'a> Frame<'a> {
         let (f32_, h32) = (ffn as u32, hid as u32);
         if gemv {
             let per = self.rows_per_group(gv)?;
-            let push: Push = [
-                f32_,
-                h32,
-                gqs,
-                gss,
+            let push = MoeMatvecPush {
+                rows: f32_,
+                cols: h32,
+                qs: gqs,
+                ss: gss,
                 x_off,
-                0,
+                out_off: 0,
                 r_off,
-                k32,
-                e32,
-                0,
-                glu_kind,
-                limit.to_bits(),
-                alpha.to_bits(),
-                gb,
-                0,
-                0,
-            ];
+                top_k: k32,
+                experts: e32,
+                mode: 0,
+                glu: glu_kind,
+                limit,
+                alpha,
+                bias_off: gb,
+                res_on: 0,
+                res_off: 0,
+            };
             let binds = [
                 Bind::buf(&gu.q),
                 Bind::buf(&gu.s),
@@ -525,11 +526,26 @@ impl<'a> Frame<'a> {
                 [groups_for(ffn, per).min(MAX_GROUPS as u32), pairs as u32, 1],
             )?;
         } else {
-            let mut push: Push = [0; 16];
-            push[..4].copy_from_slice(&[n as u32, k32, e32, r_off]);
+            let push = MoeGroupPush { n: n as u32, top_k: k32, experts: e32, r_off };
             self.dispatch(Kernel::MoeGroup, None, &[Bind::buf(routing.buf), Bind::buf(&s.groups)], &push, [1, 1, 1])?;
-            let push: Push =
-                [f32_, h32, gqs, gss, x_off, 0, k32, e32, 0, glu_kind, limit.to_bits(), alpha.to_bits(), gb, 0, 0, 0];
+            let push = MoeMatmulPush {
+                rows: f32_,
+                cols: h32,
+                qs: gqs,
+                ss: gss,
+                x_off,
+                out_off: 0,
+                top_k: k32,
+                experts: e32,
+                mode: 0,
+                glu: glu_kind,
+                limit,
+                alpha,
+                bias_off: gb,
+                pad0: 0,
+                pad1: 0,
+                pad2: 0,
+            };
             let binds = [
                 Bind::buf(&gu.q),
                 Bind::buf(&gu.s),
@@ -573,7 +589,24 @@ impl<'a> Frame<'a> {
             let (mode, wgs) = if sum { (1, n) } else { (2, pairs) };
             let (res_on, res_off) =
                 (residual.is_some() as u32, u32_arg(OP, "residual offset", residual.map_or(0, |r| r.offset))?);
-            let push: Push = [h32, f32_, dqs, dss, 0, o_off, r_off, k32, e32, mode, 0, 0, 0, db, res_on, res_off];
+            let push = MoeMatvecPush {
+                rows: h32,
+                cols: f32_,
+                qs: dqs,
+                ss: dss,
+                x_off: 0,
+                out_off: o_off,
+                r_off,
+                top_k: k32,
+                experts: e32,
+                mode,
+                glu: 0,
+                limit: 0.0,
+                alpha: 0.0,
+                bias_off: db,
+                res_on,
+                res_off,
+            };
             let res = residual.map_or(Bind::UNUSED, |r| Bind::buf(r.buf));
             let binds = [
                 Bind::buf(&dm.q),
@@ -595,7 +628,24 @@ impl<'a> Frame<'a> {
             )
         } else {
             let (y, y_off) = if sum { (&s.y, 0) } else { (out.buf, o_off) };
-            let push: Push = [h32, f32_, dqs, dss, 0, y_off, k32, e32, 1, 0, 0, 0, db, 0, 0, 0];
+            let push = MoeMatmulPush {
+                rows: h32,
+                cols: f32_,
+                qs: dqs,
+                ss: dss,
+                x_off: 0,
+                out_off: y_off,
+                top_k: k32,
+                experts: e32,
+                mode: 1,
+                glu: 0,
+                limit: 0.0,
+                alpha: 0.0,
+                bias_off: db,
+                pad0: 0,
+                pad1: 0,
+                pad2: 0,
+            };
             let binds =
                 [Bind::buf(&dm.q), Bind::buf(&dm.s), Bind::buf(&s.h), hq, hd, Bind::buf(y), Bind::buf(&s.groups), bias];
             if self.coop_i8(dv, n) {
@@ -618,10 +668,18 @@ impl<'a> Frame<'a> {
             if !sum {
                 return Ok(());
             }
-            let mut push: Push = [0; 16];
             let (res_on, res_off) =
                 (residual.is_some() as u32, u32_arg(OP, "residual offset", residual.map_or(0, |r| r.offset))?);
-            push[..8].copy_from_slice(&[n as u32, h32, k32, e32, r_off, o_off, res_on, res_off]);
+            let push = MoeSumPush {
+                n: n as u32,
+                hidden: h32,
+                top_k: k32,
+                experts: e32,
+                r_off,
+                out_off: o_off,
+                res_on,
+                res_off,
+            };
             let res = residual.map_or(Bind::UNUSED, |r| Bind::buf(r.buf));
             self.dispatch(
                 Kernel::MoeSum,

@@ -4,11 +4,15 @@
 //!
 //! Must not: compute frequencies on the device.
 
+// `is_multiple_of` (Rust 1.87) is newer than the workspace's rust-version (1.85).
+#![allow(clippy::manual_is_multiple_of)]
+
 use super::attention::Pos;
 use super::{groups_for, u32_arg};
 use crate::vk::context::View;
 use crate::vk::error::{Result, VkError};
-use crate::vk::frame::{Bind, Frame, Push};
+use crate::vk::frame::{Bind, Frame};
+use crate::vk::push::{RmsNormPush, RopePush};
 use crate::vk::shaders::Kernel;
 use coli_compiler::ir::RopeStyle;
 
@@ -40,6 +44,7 @@ pub struct RopeShape {
 impl<'a> Frame<'a> {
     /// `out = x / rms(x) * (weight + offset)` over groups of `weight.len` columns of `n` rows
     /// of `width`; `x` and `out` may be the same view.
+    #[allow(clippy::too_many_arguments)]
     pub fn rms_norm(
         &mut self,
         x: View<'a>,
@@ -87,8 +92,20 @@ impl<'a> Frame<'a> {
             Some(t) => check(t)?,
             None => (0, 1, 0, 0),
         };
-        let mut push: Push = [0; 16];
-        push[..10].copy_from_slice(&[w1, g1, eps.to_bits(), offset.to_bits(), x1, o1, w2, g2, x2, o2]);
+        let push = RmsNormPush {
+            width: w1,
+            group: g1,
+            eps,
+            offset,
+            x_off: x1,
+            out_off: o1,
+            width2: w2,
+            group2: g2,
+            x2_off: x2,
+            out2_off: o2,
+            pad0: 0,
+            pad1: 0,
+        };
         let mut binds = vec![Bind::buf(a.x.buf), Bind::buf(a.weight.buf), Bind::buf(a.out.buf)];
         if let Some(t) = &b {
             binds.extend([Bind::buf(t.x.buf), Bind::buf(t.weight.buf), Bind::buf(t.out.buf)]);
@@ -131,19 +148,20 @@ impl<'a> Frame<'a> {
         if freq.offset != 0 {
             return Err(VkError::BadArgument { op: OP, msg: "frequency views must start at element 0".into() });
         }
-        let mut push: Push = [0; 16];
-        push[..10].copy_from_slice(&[
-            u32_arg(OP, "n", s.n)?,
-            u32_arg(OP, "width", s.width)?,
-            s.heads as u32,
-            s.head_dim as u32,
-            half as u32,
-            (s.style == RopeStyle::Interleaved) as u32,
+        let push = RopePush {
+            n: u32_arg(OP, "n", s.n)?,
+            width: u32_arg(OP, "width", s.width)?,
+            heads: s.heads as u32,
+            head_dim: s.head_dim as u32,
+            half_: half as u32,
+            interleaved: (s.style == RopeStyle::Interleaved) as u32,
             pos0,
-            s.mscale.to_bits(),
-            u32_arg(OP, "x offset", x.offset)?,
-            dyn_,
-        ]);
+            mscale: s.mscale,
+            x_off: u32_arg(OP, "x offset", x.offset)?,
+            r#dyn: dyn_,
+            pad1: 0,
+            pad2: 0,
+        };
         let count = s.n * s.heads * half;
         self.dispatch(
             Kernel::Rope,

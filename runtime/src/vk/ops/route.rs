@@ -3,10 +3,14 @@
 //!
 //! Must not: take more experts, ranks or groups than the shader holds (typed errors).
 
+// `is_multiple_of` (Rust 1.87) is newer than the workspace's rust-version (1.85).
+#![allow(clippy::manual_is_multiple_of)]
+
 use super::u32_arg;
 use crate::vk::context::View;
 use crate::vk::error::{Result, VkError};
-use crate::vk::frame::{Bind, Frame, Push};
+use crate::vk::frame::{Bind, Frame};
+use crate::vk::push::RoutePush;
 use crate::vk::shaders::Kernel;
 use coli_compiler::ir::RouterScoring;
 
@@ -58,19 +62,20 @@ impl<'a> Frame<'a> {
                 return Err(VkError::BadArgument { op: OP, msg: "bias views must start at element 0".into() });
             }
         }
-        let mut push: Push = [0; 16];
-        push[..10].copy_from_slice(&[
-            experts as u32,
-            p.top_k as u32,
-            (p.scoring == RouterScoring::Sigmoid) as u32,
-            p.renormalize as u32,
-            bias.is_some() as u32,
-            ng as u32,
-            tg as u32,
-            p.scale.to_bits(),
-            u32_arg(OP, "logits offset", logits.offset)?,
-            u32_arg(OP, "out offset", out.offset)?,
-        ]);
+        let push = RoutePush {
+            n: experts as u32,
+            top_k: p.top_k as u32,
+            sigmoid_: (p.scoring == RouterScoring::Sigmoid) as u32,
+            renormalize: p.renormalize as u32,
+            has_bias: bias.is_some() as u32,
+            n_group: ng as u32,
+            topk_group: tg as u32,
+            scale: p.scale,
+            l_off: u32_arg(OP, "logits offset", logits.offset)?,
+            o_off: u32_arg(OP, "out offset", out.offset)?,
+            pad0: 0,
+            pad1: 0,
+        };
         let binds = [Bind::buf(logits.buf), bias.map_or(Bind::UNUSED, |b| Bind::buf(b.buf)), Bind::buf(out.buf)];
         self.dispatch(Kernel::Route, None, &binds, &push, [u32_arg(OP, "n", n)?, 1, 1])
     }
