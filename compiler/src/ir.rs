@@ -276,6 +276,9 @@ fn one() -> f32 {
 }
 
 /// One op of the program. Reads and writes `ValueId`s; weights by `WeightRef`.
+// A program holds a few ops per layer, built once per plan: the size of `RoutedExperts`
+// costs nothing, and boxing its weights would change the contract the runtime matches on.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Op {
     /// Token ids -> rows of the embedding table (`[vocab, width]`), times `scale`.
