@@ -347,6 +347,24 @@ pub enum Op {
     LinearAttention { x: ValueId, out: ValueId, layer: LayerId, spec: LinearAttentionSpec },
 }
 
+/// The values an op reads and writes.
+pub fn op_io(op: &Op) -> (Vec<ValueId>, Vec<ValueId>) {
+    match op {
+        Op::Embed { out, .. } => (vec![], vec![*out]),
+        Op::RmsNorm { x, out, .. }
+        | Op::LayerNorm { x, out, .. }
+        | Op::Linear { x, out, .. }
+        | Op::Act { x, out, .. } => (vec![*x], vec![*out]),
+        Op::Rope { x, .. } => (vec![*x], vec![*x]),
+        Op::Attention { q, k, v, out, .. } => (vec![*q, *k, *v], vec![*out]),
+        Op::Glu { gate, up, out, .. } => (vec![*gate, *up], vec![*out]),
+        Op::Add { a, b, out } | Op::Mul { a, b, out } => (vec![*a, *b], vec![*out]),
+        Op::Route { logits, out, .. } => (vec![*logits], vec![*out]),
+        Op::RoutedExperts { x, routing, out, .. } => (vec![*x, *routing], vec![*out]),
+        Op::Mla { x, out, .. } | Op::LinearAttention { x, out, .. } => (vec![*x], vec![*out]),
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MlaSpec {
     pub heads: usize,
