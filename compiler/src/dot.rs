@@ -3,30 +3,15 @@
 //!
 //! This module must not be read back: DOT is for looking at, the text format is the record.
 
-use crate::ir::{Op, ValueId};
+use crate::ir::ValueId;
 use crate::plan::Plan;
 use crate::print::op_text;
 use petgraph::graph::{DiGraph, NodeIndex};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-/// The values an op reads and writes.
-pub fn op_io(op: &Op) -> (Vec<ValueId>, Vec<ValueId>) {
-    match op {
-        Op::Embed { out, .. } => (vec![], vec![*out]),
-        Op::RmsNorm { x, out, .. }
-        | Op::LayerNorm { x, out, .. }
-        | Op::Linear { x, out, .. }
-        | Op::Act { x, out, .. } => (vec![*x], vec![*out]),
-        Op::Rope { x, .. } => (vec![*x], vec![*x]),
-        Op::Attention { q, k, v, out, .. } => (vec![*q, *k, *v], vec![*out]),
-        Op::Glu { gate, up, out, .. } => (vec![*gate, *up], vec![*out]),
-        Op::Add { a, b, out } | Op::Mul { a, b, out } => (vec![*a, *b], vec![*out]),
-        Op::Route { logits, out, .. } => (vec![*logits], vec![*out]),
-        Op::RoutedExperts { x, routing, out, .. } => (vec![*x, *routing], vec![*out]),
-        Op::Mla { x, out, .. } | Op::LinearAttention { x, out, .. } => (vec![*x], vec![*out]),
-    }
-}
+/// Kept for callers outside the crate that still name it here; it lives in `ir`.
+pub use crate::ir::op_io;
 
 /// The op graph: nodes carry (frame label, op text, host step), in execution order; an edge
 /// goes from the op that last wrote a value to each op reading it.
@@ -57,6 +42,13 @@ pub fn op_graph(plan: &Plan) -> DiGraph<(String, String, bool), ValueId> {
 
 fn esc(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+impl Plan {
+    /// The plan as a Graphviz digraph (`to_dot`).
+    pub fn to_dot(&self) -> String {
+        to_dot(self)
+    }
 }
 
 /// The plan as a Graphviz digraph.

@@ -19,9 +19,8 @@
 //! Pre: every op placed. Post: no frame spans two places; frames are in execution order and
 //! cover every op once. This module must not place anything.
 
-use crate::dot::op_io;
 use crate::ids::{FrameId, OpId, Part, Place};
-use crate::ir::{Op, Program, ValueId};
+use crate::ir::{op_io, Op, Program, ValueId};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// One span of ops in one place.

@@ -276,6 +276,9 @@ fn one() -> f32 {
 }
 
 /// One op of the program. Reads and writes `ValueId`s; weights by `WeightRef`.
+// A program holds a few ops per layer, built once per plan: the size of `RoutedExperts`
+// costs nothing, and boxing its weights would change the contract the runtime matches on.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Op {
     /// Token ids -> rows of the embedding table (`[vocab, width]`), times `scale`.
@@ -342,6 +345,24 @@ pub enum Op {
     /// A linear-attention mixer with recurrent state (Gated DeltaNet): the causal convolution's
     /// ring and the delta rule, on the CPU and the device (the host's state canonical).
     LinearAttention { x: ValueId, out: ValueId, layer: LayerId, spec: LinearAttentionSpec },
+}
+
+/// The values an op reads and writes.
+pub fn op_io(op: &Op) -> (Vec<ValueId>, Vec<ValueId>) {
+    match op {
+        Op::Embed { out, .. } => (vec![], vec![*out]),
+        Op::RmsNorm { x, out, .. }
+        | Op::LayerNorm { x, out, .. }
+        | Op::Linear { x, out, .. }
+        | Op::Act { x, out, .. } => (vec![*x], vec![*out]),
+        Op::Rope { x, .. } => (vec![*x], vec![*x]),
+        Op::Attention { q, k, v, out, .. } => (vec![*q, *k, *v], vec![*out]),
+        Op::Glu { gate, up, out, .. } => (vec![*gate, *up], vec![*out]),
+        Op::Add { a, b, out } | Op::Mul { a, b, out } => (vec![*a, *b], vec![*out]),
+        Op::Route { logits, out, .. } => (vec![*logits], vec![*out]),
+        Op::RoutedExperts { x, routing, out, .. } => (vec![*x, *routing], vec![*out]),
+        Op::Mla { x, out, .. } | Op::LinearAttention { x, out, .. } => (vec![*x], vec![*out]),
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -43,11 +43,6 @@ impl Plan {
     pub fn frame_of(&self, op: OpId) -> Option<&Frame> {
         self.frames.iter().find(|f| f.ops.contains(&op))
     }
-
-    /// The plan as a Graphviz digraph.
-    pub fn to_dot(&self) -> String {
-        crate::dot::to_dot(self)
-    }
 }
 
 /// `l0:3..l1:2` for a frame's ops.

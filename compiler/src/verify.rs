@@ -25,10 +25,9 @@
 //!
 //! This module must not change a plan.
 
-use crate::dot::op_io;
 use crate::frames::op_of;
 use crate::ids::{OpId, Part, Place};
-use crate::ir::ValueId;
+use crate::ir::{op_io, ValueId};
 use crate::place::resident::runs_resident;
 use crate::place::runs_on;
 use crate::place::size::Sizer;

@@ -76,7 +76,7 @@ fn kv_split_snapshots() {
     ] {
         let p = plan_with(spec, config, profile, &options);
         let split = p.placement.kv_split.as_ref().unwrap_or_else(|| panic!("{spec} on {profile}: no split"));
-        assert!(split.positions % split.block == 0 && split.positions < p.options.context, "{spec}: {split}");
+        assert!(split.positions.is_multiple_of(split.block) && split.positions < p.options.context, "{spec}: {split}");
         assert!(
             p.frames.iter().filter(|f| f.kv_split.is_some()).count() == split.layers.len(),
             "{spec}: a split attention ends each split layer's frame"

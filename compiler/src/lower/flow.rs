@@ -11,13 +11,11 @@
 //! or at the op.
 //! This module must not evaluate expressions or resolve weights.
 
-use super::program::Lowerer;
 use crate::diag::Span;
-use crate::dot::op_io;
-use crate::ir::{Op, ValueId};
+use crate::ir::{op_io, Op, ValueId, ValueInfo};
 use crate::spec::check::{op_fields, op_name, Role};
 use crate::spec::OpItem;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The values written so far.
 #[derive(Debug, Default)]
@@ -58,76 +56,87 @@ impl Flow {
     }
 }
 
-impl<'a> Lowerer<'a> {
-    /// The span of the field of `item` that names value `name`.
-    fn value_field(item: &OpItem, name: &str) -> Span {
-        op_fields(item)
-            .into_iter()
-            .find(|(t, r)| *r == Role::Value && t.value == name)
-            .map(|(t, _)| t.span)
-            .unwrap_or_default()
-    }
+/// The span of the field of `item` that names value `name`.
+fn value_field(item: &OpItem, name: &str) -> Span {
+    op_fields(item)
+        .into_iter()
+        .find(|(t, r)| *r == Role::Value && t.value == name)
+        .map(|(t, _)| t.span)
+        .unwrap_or_default()
+}
 
-    /// Checks what lowered op `op` (from `item`, at `span`) reads against what was written
-    /// before it, then notes what it writes.
-    pub(super) fn follow(&mut self, item: &OpItem, span: Span, op: &Op) {
-        if self.layer.is_some() {
+impl Flow {
+    /// Checks what lowered op `op` (from `item`, at `span`; a layer's when `in_layer`) reads
+    /// against what was written before it, then notes what it writes. Returns the breaches in
+    /// order, each at its span; `values` names the values.
+    pub(super) fn follow(
+        &mut self,
+        item: &OpItem,
+        span: Span,
+        op: &Op,
+        in_layer: bool,
+        values: &[ValueInfo],
+    ) -> Vec<(Span, String)> {
+        let mut errs = Vec::new();
+        if in_layer {
             match op {
                 Op::Attention { .. } | Op::Mla { .. } | Op::LinearAttention { .. } => {
-                    if let Some(first) = self.flow.mixer {
+                    if let Some(first) = self.mixer {
                         let m = format!(
                             "a layer keeps one mixer state (a KV cache, a latent cache or a recurrent state); this `{}` would be its second, after `{first}`",
                             op_name(item)
                         );
-                        self.err(span, m);
+                        errs.push((span, m));
                     }
-                    self.flow.mixer = Some(op_name(item));
+                    self.mixer = Some(op_name(item));
                 }
                 Op::RoutedExperts { .. } => {
-                    if self.flow.experts {
-                        self.err(
+                    if self.experts {
+                        errs.push((
                             span,
-                            "a layer has one set of routed experts (the expert tier keys them by layer); this `RoutedExperts` would be its second",
-                        );
+                            "a layer has one set of routed experts (the expert tier keys them by layer); this `RoutedExperts` would be its second".into(),
+                        ));
                     }
-                    self.flow.experts = true;
+                    self.experts = true;
                 }
                 _ => {}
             }
         }
+        let name_of = |v: ValueId| values.get(v.0 as usize).map(|x| x.name.clone()).unwrap_or_default();
         let (reads, writes) = op_io(op);
         for v in reads {
-            let name = self.values.get(v.0 as usize).map(|x| x.name.clone()).unwrap_or_default();
-            if !self.flow.written(v) {
-                self.err(Self::value_field(item, &name), format!("value `{name}` is read before any op writes it"));
+            let name = name_of(v);
+            if !self.written(v) {
+                errs.push((value_field(item, &name), format!("value `{name}` is read before any op writes it")));
                 // Reported once, at its first read.
-                self.flow.write(v);
+                self.write(v);
                 continue;
             }
-            if let Some((residual, wrote)) = &self.flow.epilogue {
+            if let Some((residual, wrote)) = &self.epilogue {
                 if v != *residual && !wrote.contains(&v) {
-                    let r = self.values.get(residual.0 as usize).map(|x| x.name.clone()).unwrap_or_default();
-                    self.err(
-                        Self::value_field(item, &name),
+                    let r = name_of(*residual);
+                    errs.push((
+                        value_field(item, &name),
                         format!(
                             "the epilogue runs on the last row only, so from before it it reads only the residual `{r}`; `{name}` is written before it"
                         ),
-                    );
+                    ));
                 }
             }
         }
         for v in writes {
-            self.flow.write(v);
+            self.write(v);
         }
+        errs
     }
 
     /// An op that did not lower (its errors are reported): the values it names as outputs count
-    /// as written, so that their readers are not reported as well.
-    pub(super) fn follow_failed(&mut self, item: &OpItem) {
+    /// as written (`ids`: the values by name), so that their readers are not reported as well.
+    pub(super) fn follow_failed(&mut self, item: &OpItem, ids: &BTreeMap<String, ValueId>) {
         for (t, role) in op_fields(item) {
             if role == Role::Value {
-                if let Some(v) = self.ids.get(&t.value).copied() {
-                    self.flow.write(v);
+                if let Some(v) = ids.get(&t.value).copied() {
+                    self.write(v);
                 }
             }
         }

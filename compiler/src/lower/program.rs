@@ -267,12 +267,14 @@ impl<'a> Lowerer<'a> {
                 },
                 op => match self.op(op, item.span) {
                     Some(lowered) => {
-                        self.follow(op, item.span, &lowered);
+                        for (span, m) in self.flow.follow(op, item.span, &lowered, self.layer.is_some(), &self.values) {
+                            self.err(span, m);
+                        }
                         out.push(lowered);
                     }
                     // Its errors are reported; its outputs count as written, so that they
                     // are not reported again as read before written.
-                    None => self.follow_failed(op),
+                    None => self.flow.follow_failed(op, &self.ids),
                 },
             }
         }

@@ -120,7 +120,7 @@ impl Sizer {
         let mut used = BTreeSet::new();
         for l in &program.layers {
             for op in &l.ops {
-                let (r, w) = crate::dot::op_io(op);
+                let (r, w) = crate::ir::op_io(op);
                 used.extend(r);
                 used.extend(w);
             }

@@ -92,8 +92,8 @@ unsafe fn tile_f<const F: u8, const WIDE: bool>(w: &Matrix, x: &[f32], n: usize,
     if n == 1 {
         while r + 4 <= r1 {
             let t = kernel::<F, 4, 1>([rp(r), rp(r + 1), rp(r + 2), rp(r + 3)], [xp(0)], cols);
-            for k in 0..4 {
-                put(0, r + k, t[k][0]);
+            for (k, row) in t.iter().enumerate() {
+                put(0, r + k, row[0]);
             }
             r += 4;
         }
@@ -107,17 +107,17 @@ unsafe fn tile_f<const F: u8, const WIDE: bool>(w: &Matrix, x: &[f32], n: usize,
                         [xp(i), xp(i + 1), xp(i + 2), xp(i + 3)],
                         cols,
                     );
-                    for k in 0..4 {
-                        for c in 0..4 {
-                            put(i + c, r + k, t[k][c]);
+                    for (k, row) in t.iter().enumerate() {
+                        for (c, &v) in row.iter().enumerate() {
+                            put(i + c, r + k, v);
                         }
                     }
                     i += 4;
                 }
                 while i < n {
                     let t = kernel::<F, 4, 1>([rp(r), rp(r + 1), rp(r + 2), rp(r + 3)], [xp(i)], cols);
-                    for k in 0..4 {
-                        put(i, r + k, t[k][0]);
+                    for (k, row) in t.iter().enumerate() {
+                        put(i, r + k, row[0]);
                     }
                     i += 1;
                 }
@@ -126,9 +126,9 @@ unsafe fn tile_f<const F: u8, const WIDE: bool>(w: &Matrix, x: &[f32], n: usize,
             }
             while i + 4 <= n {
                 let t = kernel::<F, 2, 4>([rp(r), rp(r + 1)], [xp(i), xp(i + 1), xp(i + 2), xp(i + 3)], cols);
-                for k in 0..2 {
-                    for c in 0..4 {
-                        put(i + c, r + k, t[k][c]);
+                for (k, row) in t.iter().enumerate() {
+                    for (c, &v) in row.iter().enumerate() {
+                        put(i + c, r + k, v);
                     }
                 }
                 i += 4;

@@ -151,7 +151,7 @@ impl WeightFormat {
     /// Bytes of one row of `cols` elements; an error when `cols` is not a whole number of blocks.
     pub fn row_bytes(self, cols: usize) -> Result<usize, FormatError> {
         let block = self.block_size();
-        if cols % block != 0 {
+        if !cols.is_multiple_of(block) {
             return Err(FormatError::RaggedRow { format: self, cols, block });
         }
         let body = cols / block * self.block_bytes();
@@ -193,7 +193,7 @@ impl WeightFormat {
     pub fn uses_q8_acts(self, cols: usize) -> bool {
         match self {
             WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 => false,
-            WeightFormat::I8Row => cols % 32 == 0,
+            WeightFormat::I8Row => cols.is_multiple_of(32),
             _ => true,
         }
     }

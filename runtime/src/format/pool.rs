@@ -151,7 +151,7 @@ fn helper(t: &'static Team) {
                 seen = e;
             }
             polls += 1;
-            if polls % 256 != 0 {
+            if !polls.is_multiple_of(256) {
                 std::hint::spin_loop();
                 continue;
             }
@@ -207,7 +207,7 @@ pub fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     let mut polls = 0u32;
     while finished < tasks {
         polls += 1;
-        if polls % 1024 == 0 {
+        if polls.is_multiple_of(1024) {
             // A helper was descheduled mid-task: let it run.
             std::thread::yield_now();
         } else {

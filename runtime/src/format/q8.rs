@@ -37,7 +37,7 @@ impl QuantizedActs {
 
     /// Re-fills this buffer from `x`, reusing its allocation.
     pub fn requantize(&mut self, x: &[f32], n: usize, cols: usize) -> Result<(), FormatError> {
-        if cols % 32 != 0 {
+        if !cols.is_multiple_of(32) {
             return Err(FormatError::RaggedRow { format: WeightFormat::Q8_0, cols, block: 32 });
         }
         if x.len() != n * cols {

@@ -18,7 +18,7 @@ pub fn quantize(format: WeightFormat, rows: &[f32], cols: usize) -> Result<Vec<u
         return Err(FormatError::NotAQuantizeTarget { format });
     }
     let row_bytes = format.row_bytes(cols)?;
-    if cols == 0 || rows.len() % cols != 0 {
+    if cols == 0 || !rows.len().is_multiple_of(cols) {
         return Err(FormatError::Length { what: "rows (a multiple of cols)", expected: cols, found: rows.len() });
     }
     let limit =

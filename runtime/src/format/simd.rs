@@ -135,7 +135,7 @@ unsafe fn unit_scalar<const F: u8, const VNNI: bool>(row: *const u8, k: usize) -
                 ((*s.add(j + 4) & 0x0f) | ((*s.add(j - 4) >> 6) << 4), (*s.add(j + 4) >> 4) | ((*s.add(j) >> 6) << 4))
             };
             let qs = _mm256_loadu_si256(b.add(16 + 32 * (j / 2)).cast());
-            let q = if j % 2 == 0 { qs } else { _mm256_srli_epi16(qs, 4) };
+            let q = if j.is_multiple_of(2) { qs } else { _mm256_srli_epi16(qs, 4) };
             (_mm256_and_si256(q, _mm256_set1_epi8(0x0f)), d * sc as f32, -dmin * m as f32)
         }
         F_Q6K => {
@@ -161,7 +161,7 @@ unsafe fn unit_scalar<const F: u8, const VNNI: bool>(row: *const u8, k: usize) -
             let b = row.add(36 * (k / 2));
             let (d, m) = f16x2(b);
             let qs = _mm256_loadu_si256(b.add(4).cast());
-            let q = if k % 2 == 0 { qs } else { _mm256_srli_epi16(qs, 4) };
+            let q = if k.is_multiple_of(2) { qs } else { _mm256_srli_epi16(qs, 4) };
             (_mm256_and_si256(q, _mm256_set1_epi8(0x0f)), d, m)
         }
     }
@@ -303,8 +303,8 @@ unsafe fn pair_acts(xs: [*const BlockQ8; 4], units: usize, out: &mut Vec<PairAct
             if k == units {
                 break;
             }
-            for c in 0..4 {
-                let b = &*xs[c].add(k);
+            for (c, x) in xs.iter().enumerate() {
+                let b = &*x.add(k);
                 pa.lo[c][16 * h..16 * h + 16].copy_from_slice(&b.q[..16]);
                 pa.hi[c][16 * h..16 * h + 16].copy_from_slice(&b.q[16..]);
                 pa.d[c][4 * h..4 * h + 4].fill(b.d);
@@ -398,8 +398,8 @@ unsafe fn kernel_pair<const F: u8, const R: usize, const VNNI: bool>(
 ) -> [[f32; 4]; R] {
     let mut acc = [[_mm256_setzero_ps(); 4]; R];
     let mut accb = [_mm256_setzero_ps(); R];
-    for p in 0..units / 2 {
-        pair_step::<F, R, VNNI, false>(rows, &pa[p], 2 * p, &mut acc, &mut accb);
+    for (p, pair) in pa[..units / 2].iter().enumerate() {
+        pair_step::<F, R, VNNI, false>(rows, pair, 2 * p, &mut acc, &mut accb);
     }
     if units % 2 == 1 {
         pair_step::<F, R, VNNI, true>(rows, &pa[units / 2], units - 1, &mut acc, &mut accb);
@@ -445,8 +445,8 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
         while r + 4 <= r1 {
             prefetch(r + ahead, 4);
             let t = kernel::<F, 4, 1, VNNI>([rp(r), rp(r + 1), rp(r + 2), rp(r + 3)], [xp(0)], units);
-            for j in 0..4 {
-                put(0, r + j, t[j][0]);
+            for (j, row) in t.iter().enumerate() {
+                put(0, r + j, row[0]);
             }
             r += 4;
         }
@@ -463,18 +463,18 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
                 let mut r = r0;
                 while VNNI && r + 4 <= pairs_end {
                     let t = kernel_pair::<F, 4, VNNI>([rp(r), rp(r + 1), rp(r + 2), rp(r + 3)], &pa, units);
-                    for j in 0..4 {
-                        for c in 0..4 {
-                            put(i + c, r + j, t[j][c]);
+                    for (j, row) in t.iter().enumerate() {
+                        for (c, &v) in row.iter().enumerate() {
+                            put(i + c, r + j, v);
                         }
                     }
                     r += 4;
                 }
                 while r < pairs_end {
                     let t = kernel_pair::<F, 2, VNNI>([rp(r), rp(r + 1)], &pa, units);
-                    for j in 0..2 {
-                        for c in 0..4 {
-                            put(i + c, r + j, t[j][c]);
+                    for (j, row) in t.iter().enumerate() {
+                        for (c, &v) in row.iter().enumerate() {
+                            put(i + c, r + j, v);
                         }
                     }
                     r += 2;
@@ -495,10 +495,10 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
                     sx.as_ptr(),
                     units,
                 );
-                for p in 0..2 {
-                    for j in 0..2 {
-                        for c in 0..4 {
-                            put(i + c, r + 2 * p + j, t[p][j][c]);
+                for (p, pair) in t.iter().enumerate() {
+                    for (j, row) in pair.iter().enumerate() {
+                        for (c, &v) in row.iter().enumerate() {
+                            put(i + c, r + 2 * p + j, v);
                         }
                     }
                 }
@@ -511,9 +511,9 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
                     sx.as_ptr(),
                     units,
                 );
-                for j in 0..2 {
-                    for c in 0..4 {
-                        put(i + c, r + j, t[0][j][c]);
+                for (j, row) in t[0].iter().enumerate() {
+                    for (c, &v) in row.iter().enumerate() {
+                        put(i + c, r + j, v);
                     }
                 }
                 r += 2;

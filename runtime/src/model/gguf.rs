@@ -554,7 +554,7 @@ fn check_tensor(
     let Some((dtype, block, block_bytes)) = ggml_type(type_id) else {
         return Err(LoadError::UnknownGgufType { path: p(), name, id: type_id });
     };
-    if offset % alignment != 0 {
+    if !offset.is_multiple_of(alignment) {
         return Err(LoadError::BadHeader {
             path: p(),
             msg: format!("tensor {} offset {offset} is not a multiple of the alignment {alignment}", shown(&name)),
@@ -563,7 +563,7 @@ fn check_tensor(
     let cols = shape.last().copied().unwrap_or(1) as u64;
     let numel = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
     let len = match numel {
-        Some(numel) if cols % block == 0 => (numel / block).checked_mul(block_bytes),
+        Some(numel) if cols.is_multiple_of(block) => (numel / block).checked_mul(block_bytes),
         _ => None,
     };
     let Some(len) = len else {
