@@ -10,8 +10,7 @@ use petgraph::graph::{DiGraph, NodeIndex};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-/// Kept for callers outside the crate that still name it here; it lives in `ir`.
-pub use crate::ir::op_io;
+use crate::ir::op_io;
 
 /// The op graph: nodes carry (frame label, op text, host step), in execution order; an edge
 /// goes from the op that last wrote a value to each op reading it.

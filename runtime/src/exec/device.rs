@@ -266,7 +266,7 @@ impl DeviceModel {
         let mut touched = vec![false; p.values.len()];
         for f in &self.frames {
             for &id in &f.ops {
-                let (r, w) = coli_compiler::dot::op_io(op_of(p, id));
+                let (r, w) = coli_compiler::ir::op_io(op_of(p, id));
                 for v in r.into_iter().chain(w) {
                     touched[v.0 as usize] = true;
                 }

@@ -12,7 +12,7 @@ use super::run::{HostRows, Step};
 use super::{ExecError, LogitRows, Model};
 use crate::cpu::{run_linears, run_op, Env, Precision};
 use crate::tier::ExpertTier;
-use coli_compiler::dot::op_io;
+use coli_compiler::ir::op_io;
 use coli_compiler::ir::{Op, ValueId};
 use coli_compiler::schedule::{Call, Kernel, Rows};
 use std::sync::Mutex;

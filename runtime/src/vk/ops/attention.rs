@@ -11,8 +11,6 @@
 //!
 //! Must not: write the KV cache in `attention` (`rope_kv`, or the executor, appends rows first).
 
-// `is_multiple_of` (Rust 1.87) is newer than the workspace's rust-version (1.85).
-#![allow(clippy::manual_is_multiple_of)]
 
 use super::matmul::QuantizedActs;
 use super::u32_arg;

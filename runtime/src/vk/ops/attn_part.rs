@@ -8,8 +8,6 @@
 //! Must not: normalize, add the sinks (the host's part holds them), or read positions outside a
 //! row's share (the ring holds nothing else for sure).
 
-// `is_multiple_of` (Rust 1.87) is newer than the workspace's rust-version (1.85).
-#![allow(clippy::manual_is_multiple_of)]
 
 use super::attention::{KvShape, Pos, RopeArgs};
 use super::u32_arg;

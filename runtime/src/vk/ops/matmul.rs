@@ -15,8 +15,6 @@
 //!
 //! Must not: accept operands that do not fit (typed errors instead).
 
-// `is_multiple_of` (Rust 1.87) is newer than the workspace's rust-version (1.85).
-#![allow(clippy::manual_is_multiple_of)]
 
 use super::{groups_for, u32_arg};
 use crate::cpu::Precision;

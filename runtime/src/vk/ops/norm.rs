@@ -4,8 +4,6 @@
 //!
 //! Must not: compute frequencies on the device.
 
-// `is_multiple_of` (Rust 1.87) is newer than the workspace's rust-version (1.85).
-#![allow(clippy::manual_is_multiple_of)]
 
 use super::attention::Pos;
 use super::{groups_for, u32_arg};

@@ -3,8 +3,6 @@
 //!
 //! Must not: take more experts, ranks or groups than the shader holds (typed errors).
 
-// `is_multiple_of` (Rust 1.87) is newer than the workspace's rust-version (1.85).
-#![allow(clippy::manual_is_multiple_of)]
 
 use super::u32_arg;
 use crate::vk::context::View;
