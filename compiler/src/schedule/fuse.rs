@@ -29,9 +29,9 @@
 //! Must not: change what a frame computes, only how many kernels compute it.
 
 use super::{AttentionCall, Call, ExpertsCall, Kernel, MatSrc, Matmul, Norm, Residual, RopeArgs, Rows};
-use crate::ir::op_io;
 use crate::frames::{op_of, Frame};
 use crate::ids::{Part, Place};
+use crate::ir::op_io;
 use crate::ir::{Op, Program, ValueId};
 
 /// How the executor records one op of a device frame.

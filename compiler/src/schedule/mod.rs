@@ -60,6 +60,9 @@ pub enum Rows {
 }
 
 /// A kernel with its operands.
+// `Op` is as large as the IR's largest op (the routed experts' tensors); a schedule is made once
+// per plan and holds a few calls per layer, so no variant is boxed for size alone.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Kernel {
     /// One op of the program as its op library's kernel(s).

@@ -177,12 +177,12 @@ mod avx2 {
             for (j, &wj) in w.iter().enumerate() {
                 let wv = _mm256_set1_ps(wj);
                 let vr = v.add(j * stride);
-                for c in 0..NV {
-                    acc[c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vr.add(8 * c)), acc[c]);
+                for (c, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vr.add(8 * c)), *a);
                 }
             }
-            for c in 0..NV {
-                _mm256_storeu_ps(out.as_mut_ptr().add(8 * c), acc[c]);
+            for (c, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.as_mut_ptr().add(8 * c), *a);
             }
         }
     }

@@ -59,6 +59,9 @@ pub fn exp8(x: [f32; 8]) -> [f32; 8] {
     const SHIFT: f32 = 12_582_912.0;
     let mut out = [0f32; 8];
     for l in 0..8 {
+        // Not `clamp`: a NaN input becomes LO here (as the SIMD path's max/min do), where
+        // `clamp` would keep it.
+        #[allow(clippy::manual_clamp)]
         let v = x[l].max(LO).min(HI);
         let t = v * LOG2E + SHIFT;
         let n = t - SHIFT;
@@ -103,10 +106,8 @@ fn exp_shifted_sum_body(xs: &mut [f32], m: f32) -> f32 {
     for c in &mut chunks {
         let v: [f32; 8] = std::array::from_fn(|l| c[l] - m);
         let e = exp8(v);
-        for l in 0..8 {
-            c[l] = e[l];
-            acc[l] += e[l];
-        }
+        c.copy_from_slice(&e);
+        acc.iter_mut().zip(&e).for_each(|(a, v)| *a += v);
     }
     let rest = chunks.into_remainder();
     let mut v = [f32::NEG_INFINITY; 8];

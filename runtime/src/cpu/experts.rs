@@ -81,6 +81,9 @@ pub fn pair_expert(routing: &[f32], top_k: usize, r: usize, k: usize) -> usize {
     routing[r * 2 * top_k + 2 * k] as usize
 }
 
+/// One expert's pairs (row, rank) and their output rows.
+type GroupRows = (Vec<(usize, usize)>, Vec<f32>);
+
 /// `out[r] = sum over ranks k of weight[r,k] * expert[r,k](x[r])`. `routing` holds per row
 /// `top_k` pairs `(expert, weight)`. `expert(e)` gives expert `e`'s matrices.
 #[allow(clippy::too_many_arguments)]
@@ -122,7 +125,7 @@ pub fn pair_outputs<'a>(
         by_expert.entry(pair_expert(routing, top_k, r, k)).or_default().push((r, k));
     }
     let groups: Vec<(usize, Vec<(usize, usize)>)> = by_expert.into_iter().collect();
-    let results: Vec<(Vec<(usize, usize)>, Vec<f32>)> = if n == 1 {
+    let results: Vec<GroupRows> = if n == 1 {
         // Decode: the matmuls inside are parallel already.
         groups.into_iter().map(|(e, pairs)| run_group(e, pairs, x, hidden, kind, precision, expert)).collect()
     } else {

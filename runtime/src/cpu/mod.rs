@@ -117,7 +117,9 @@ thread_local! {
 /// matrices.
 pub fn run_linears(x: ValueId, outs: &[LinearOut], env: &mut Env) {
     let n = env.n;
-    let mut mats: Vec<(Matrix, Vec<f32>, Option<&[f32]>)> = Vec::with_capacity(outs.len());
+    // Each product's matrix, output rows and bias.
+    type Product<'w> = (Matrix<'w>, Vec<f32>, Option<&'w [f32]>);
+    let mut mats: Vec<Product> = Vec::with_capacity(outs.len());
     for o in outs {
         let m = env.weights.matrix(&o.weight.name);
         let b = o.bias.as_ref().map(|b| env.weights.vector(&b.name));

@@ -111,7 +111,7 @@ impl Chain {
             let tier_devices = tier_devices(plan, &devices, tier);
             if !tier_devices.is_empty() {
                 let setup =
-                    ExpertTier::new(&tier_devices, model, &host_moe, plan.options.chunk_rows.max(1), tier.clone());
+                    ExpertTier::setup(&tier_devices, model, &host_moe, plan.options.chunk_rows.max(1), tier.clone());
                 match setup.map_err(|e| ChainError { device: DeviceId(0), error: e.into() })? {
                     TierSetup::Ready(t) => {
                         tier_line = Some(t.line().to_string());

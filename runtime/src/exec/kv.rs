@@ -34,11 +34,7 @@ pub struct LayerKv {
 
 impl LayerKv {
     pub fn len(&self) -> usize {
-        if self.k_width == 0 {
-            0
-        } else {
-            self.k.len() / self.k_width
-        }
+        self.k.len().checked_div(self.k_width).unwrap_or(0)
     }
 
     pub fn is_empty(&self) -> bool {

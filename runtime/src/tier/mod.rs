@@ -202,7 +202,7 @@ impl ExpertTier {
     /// overrides the primary's): per device pages of slots and scratch for `cap_rows` rows, at
     /// most `opts.max_experts` slots a device and never more than the devices before it leave
     /// of the experts; then the warm start, the primary's slots first.
-    pub fn new(
+    pub fn setup(
         devices: &[TierDevice],
         model: &Model,
         ops: &[&Op],
@@ -263,7 +263,7 @@ impl ExpertTier {
             }
             // Streaming's staging slots stay on the primary.
             let stream = if sides.is_empty() { opts.stream_slots } else { 0 };
-            match DeviceSide::new(&d.ctx, d.device, b, &d.rule, &shape, left, stream)? {
+            match DeviceSide::size(&d.ctx, d.device, b, &d.rule, &shape, left, stream)? {
                 SideSetup::Ready(mut side) => {
                     side.first = held;
                     sides.push(*side);

@@ -95,7 +95,7 @@ impl DeviceSide {
     /// first, then `stream_slots` staging slots when they take at most a quarter of the room,
     /// then pages of slots. A device that refuses what the budget counted gets smaller pages,
     /// or fewer, or no side.
-    pub fn new(
+    pub fn size(
         ctx: &Context,
         device: usize,
         budget: u64,

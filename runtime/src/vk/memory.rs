@@ -299,7 +299,7 @@ mod tests {
         let mut s = 12345u64;
         for _ in 0..2000 {
             s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            if live.is_empty() || (s >> 33) % 3 != 0 {
+            if live.is_empty() || !(s >> 33).is_multiple_of(3) {
                 let len = 1 + (s >> 40) % 5000;
                 if let Some(off) = b.alloc(len, 256) {
                     assert!(live.iter().all(|&(o, l)| off + len <= o || o + l <= off), "overlap");

@@ -85,7 +85,7 @@ impl FormatVariant {
             WeightFormat::Q4_1 => FormatVariant::Q4_1,
             WeightFormat::Q4_K => FormatVariant::Q4_K,
             WeightFormat::Q6_K => FormatVariant::Q6_K,
-            WeightFormat::I8Row if cols % 32 == 0 => FormatVariant::I8Row,
+            WeightFormat::I8Row if cols.is_multiple_of(32) => FormatVariant::I8Row,
             WeightFormat::I8Row => FormatVariant::I8RowF,
             WeightFormat::I4G64 => FormatVariant::I4G64,
         }

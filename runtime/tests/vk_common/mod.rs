@@ -88,7 +88,7 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     let (mut worst, mut at) = (0f32, 0);
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let d = (g - w).abs();
-        if !(d <= worst) {
+        if d.is_nan() || d > worst {
             worst = d;
             at = i;
         }

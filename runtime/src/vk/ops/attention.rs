@@ -11,7 +11,6 @@
 //!
 //! Must not: write the KV cache in `attention` (`rope_kv`, or the executor, appends rows first).
 
-
 use super::matmul::QuantizedActs;
 use super::u32_arg;
 use crate::vk::context::View;
@@ -162,7 +161,7 @@ impl<'a> Frame<'a> {
         q8: bool,
     ) -> Result<Option<QuantizedActs>> {
         const OP: &str = "attention_decode";
-        if q8 && s.v_head_dim % 32 != 0 {
+        if q8 && !s.v_head_dim.is_multiple_of(32) {
             return Err(VkError::BadArgument {
                 op: OP,
                 msg: format!("8-bit output of value heads of {} (not a multiple of 32)", s.v_head_dim),
@@ -272,7 +271,11 @@ impl<'a> Frame<'a> {
         const OP: &str = "attention";
         let (pos0, dyn_, params) = pos.parts(OP)?;
         let pos0 = pos0 as usize;
-        if s.kv_heads == 0 || s.heads % s.kv_heads != 0 || s.head_dim > MAX_D || s.v_head_dim > MAX_D || s.head_dim == 0
+        if s.kv_heads == 0
+            || !s.heads.is_multiple_of(s.kv_heads)
+            || s.head_dim > MAX_D
+            || s.v_head_dim > MAX_D
+            || s.head_dim == 0
         {
             return Err(VkError::BadArgument {
                 op: OP,

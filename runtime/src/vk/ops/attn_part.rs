@@ -8,7 +8,6 @@
 //! Must not: normalize, add the sinks (the host's part holds them), or read positions outside a
 //! row's share (the ring holds nothing else for sure).
 
-
 use super::attention::{KvShape, Pos, RopeArgs};
 use super::u32_arg;
 use crate::cpu::attention::AttnShape;
@@ -138,7 +137,11 @@ impl<'a> Frame<'a> {
     ) -> Result<()> {
         const OP: &str = "attn_part";
         let (pos0, dyn_, params) = pos.parts(OP)?;
-        if s.kv_heads == 0 || s.heads % s.kv_heads != 0 || s.head_dim == 0 || s.head_dim > MAX_D || s.v_head_dim > MAX_D
+        if s.kv_heads == 0
+            || !s.heads.is_multiple_of(s.kv_heads)
+            || s.head_dim == 0
+            || s.head_dim > MAX_D
+            || s.v_head_dim > MAX_D
         {
             return Err(VkError::BadArgument {
                 op: OP,
@@ -150,7 +153,7 @@ impl<'a> Frame<'a> {
         }
         if split.block == 0
             || split.positions < split.block
-            || split.positions % split.block != 0
+            || !split.positions.is_multiple_of(split.block)
             || split.ring == 0
             || s.window == Some(0)
         {

@@ -15,7 +15,6 @@
 //!
 //! Must not: accept operands that do not fit (typed errors instead).
 
-
 use super::{groups_for, u32_arg};
 use crate::cpu::Precision;
 use crate::vk::context::{Context, DeviceBuffer, View};
@@ -169,7 +168,7 @@ impl<'a> Frame<'a> {
     /// gated unit, computed in one dispatch (`quantize_rows.comp`, an invocation per element).
     pub fn quantize_input(&mut self, input: MatIn<'a>, n: usize, cols: usize) -> Result<QuantizedActs> {
         const OP: &str = "quantize";
-        if cols % 32 != 0 {
+        if !cols.is_multiple_of(32) {
             return Err(VkError::BadArgument {
                 op: OP,
                 msg: format!("{cols} columns are not a whole number of 32-blocks"),

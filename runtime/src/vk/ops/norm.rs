@@ -4,7 +4,6 @@
 //!
 //! Must not: compute frequencies on the device.
 
-
 use super::attention::Pos;
 use super::{groups_for, u32_arg};
 use crate::vk::context::View;
@@ -66,7 +65,7 @@ impl<'a> Frame<'a> {
         const OP: &str = "rms_norm";
         let check = |t: &NormArgs| -> Result<(u32, u32, u32, u32)> {
             let group = t.weight.len;
-            if group == 0 || t.width % group != 0 {
+            if group == 0 || !t.width.is_multiple_of(group) {
                 return Err(VkError::BadArgument {
                     op: OP,
                     msg: format!("row width {} is not a multiple of the group {group}", t.width),

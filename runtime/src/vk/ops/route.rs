@@ -3,7 +3,6 @@
 //!
 //! Must not: take more experts, ranks or groups than the shader holds (typed errors).
 
-
 use super::u32_arg;
 use crate::vk::context::View;
 use crate::vk::error::{Result, VkError};
@@ -46,7 +45,7 @@ impl<'a> Frame<'a> {
             });
         }
         let (ng, tg) = p.groups.unwrap_or((0, 0));
-        if p.groups.is_some() && (ng == 0 || ng > MAX_G || experts % ng != 0 || tg == 0 || tg > ng) {
+        if p.groups.is_some() && (ng == 0 || ng > MAX_G || !experts.is_multiple_of(ng) || tg == 0 || tg > ng) {
             return Err(VkError::BadArgument {
                 op: OP,
                 msg: format!("{ng} groups (keep {tg}) over {experts} experts"),
