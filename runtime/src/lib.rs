@@ -12,6 +12,7 @@ pub mod generate;
 pub mod model;
 pub mod oplib;
 pub mod sample;
+pub mod store;
 pub mod text;
 pub mod tier;
 pub mod vk;

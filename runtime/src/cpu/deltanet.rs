@@ -16,8 +16,8 @@
 //! not: keep state of its own, or decide when the state may be reset (the executor does).
 
 use super::linear::{linear, Precision};
-use crate::exec::weights::WeightStore;
 use crate::format::Matrix;
+use crate::store::weights::WeightStore;
 use coli_compiler::ir::LinearAttentionSpec;
 use rayon::prelude::*;
 

@@ -60,7 +60,7 @@ pub fn expert_ffn(
 impl<'a> ExpertMats<'a> {
     /// Expert `e` of a `RoutedExperts` op's weights.
     pub fn of(
-        ws: &'a crate::exec::weights::WeightStore,
+        ws: &'a crate::store::weights::WeightStore,
         w: &coli_compiler::ir::ExpertWeights,
         e: usize,
     ) -> ExpertMats<'a> {

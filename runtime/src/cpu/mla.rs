@@ -20,9 +20,9 @@ use super::attention::{attend, AttnShape};
 use super::linear::{linear, Precision};
 use super::norm::rms_norm;
 use super::rope;
-use crate::exec::kv::LayerKv;
-use crate::exec::weights::WeightStore;
 use crate::format::{dequant_row, Matrix};
+use crate::store::kv::LayerKv;
+use crate::store::weights::WeightStore;
 use coli_compiler::ir::{MlaSpec, RopeStyle};
 use rayon::prelude::*;
 

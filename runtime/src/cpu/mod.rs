@@ -15,10 +15,10 @@ pub mod norm;
 pub mod rope;
 pub mod route;
 
-use crate::exec::kv::KvCache;
-use crate::exec::weights::WeightStore;
 use crate::format::{dequant_row, matmul_multi, Matrix, QuantizedActs, WeightFormat};
 use crate::oplib::{op_name, OpLib};
+use crate::store::kv::KvCache;
+use crate::store::weights::WeightStore;
 use coli_compiler::ir::{Op, ValueId};
 use coli_compiler::schedule::LinearOut;
 pub use linear::Precision;

@@ -17,7 +17,7 @@
 use super::device::{DeviceError, DeviceModel, DeviceState};
 use super::kv::KvCache;
 use super::kv_split::SplitStats;
-use super::run::{HostRows, Step};
+use super::step::{HostRows, Step};
 use super::{ExecError, Model};
 use crate::tier::{ExpertTier, TierDevice, TierOptions, TierSetup};
 use crate::vk::{Context, DeviceExperts, VkError};
@@ -29,8 +29,8 @@ use coli_compiler::schedule::{FrameCalls, Schedule};
 use coli_compiler::Plan;
 use std::sync::{Mutex, MutexGuard};
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+fn lock(m: &Mutex<ExpertTier>) -> MutexGuard<'_, ExpertTier> {
+    ExpertTier::locked(m)
 }
 
 /// The device side of a model: one `DeviceModel` per device of the plan, the plan's frames,
@@ -110,8 +110,14 @@ impl Chain {
         if plan.options.expert_tier && !host_moe.is_empty() {
             let tier_devices = tier_devices(plan, &devices, tier);
             if !tier_devices.is_empty() {
-                let setup =
-                    ExpertTier::setup(&tier_devices, model, &host_moe, plan.options.chunk_rows.max(1), tier.clone());
+                let setup = ExpertTier::setup(
+                    &tier_devices,
+                    &model.weights,
+                    &model.program,
+                    &host_moe,
+                    plan.options.chunk_rows.max(1),
+                    tier.clone(),
+                );
                 match setup.map_err(|e| ChainError { device: DeviceId(0), error: e.into() })? {
                     TierSetup::Ready(t) => {
                         tier_line = Some(t.line().to_string());

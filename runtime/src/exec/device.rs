@@ -31,7 +31,7 @@
 //! (`exec::chain` does), or run an op the device library does not claim (`DeviceModel::load`
 //! refuses such a plan with a typed error).
 
-use super::run::{HostRows, Step};
+use super::step::{HostRows, Step};
 use super::weights::visit_weights;
 use super::{LogitRows, Model};
 use crate::bytes::{as_bytes, as_bytes_mut};

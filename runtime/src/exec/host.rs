@@ -8,7 +8,7 @@
 //!
 //! Must not: run a fused kernel (the schedule gives host frames none) or decide placement.
 
-use super::run::{HostRows, Step};
+use super::step::{HostRows, Step};
 use super::{ExecError, LogitRows, Model};
 use crate::cpu::{run_linears, run_op, Env, Precision};
 use crate::tier::ExpertTier;
@@ -111,7 +111,7 @@ fn run_call(kernel: &Kernel, model: &Model, env: &mut Env, tier: Option<&Mutex<E
         }
         Kernel::Op(op @ Op::RoutedExperts { layer, x, routing, out, .. }) => {
             if let Some(t) = tier {
-                let mut t = super::chain::lock(t);
+                let mut t = ExpertTier::locked(t);
                 if t.serves(layer.0 as usize) {
                     let (n, widths) = (env.n, env.widths);
                     let v = &mut *env.values;
@@ -119,7 +119,7 @@ fn run_call(kernel: &Kernel, model: &Model, env: &mut Env, tier: Option<&Mutex<E
                     let rt = v[routing.0 as usize][..n * widths[routing.0 as usize]].to_vec();
                     let o = &mut v[out.0 as usize];
                     o.resize(n * widths[out.0 as usize], 0.0);
-                    t.run(model, op, &xs, &rt, n, &mut o[..n * widths[out.0 as usize]], env.precision)
+                    t.run(&model.weights, op, &xs, &rt, n, &mut o[..n * widths[out.0 as usize]], env.precision)
                         .map_err(ExecError::Device)?;
                     return Ok(());
                 }

@@ -4,16 +4,17 @@
 //! `Session::forward`; any device failure sends the forward back to the CPU's schedule from
 //! the host's cache.
 
+pub use crate::store::{kv, weights};
+
 pub mod chain;
 pub mod device;
 mod host;
-pub mod kv;
 pub mod kv_split;
 pub mod mla_mirror;
 pub mod probe;
 pub mod recurrent;
 pub mod run;
-pub mod weights;
+pub mod step;
 
 use crate::cpu::{CpuError, CpuOps, Precision};
 use crate::model::Checkpoint;
@@ -22,7 +23,7 @@ use chain::{Chain, ChainState};
 use coli_compiler::ir::{Op, Program};
 use coli_compiler::schedule::Schedule;
 use kv::KvCache;
-pub use run::Step;
+pub use step::Step;
 use weights::{WeightError, WeightStore};
 
 #[derive(Debug, thiserror::Error)]
@@ -249,7 +250,7 @@ impl<'m> Session<'m> {
         let mut out = Vec::new();
         for chunk in tokens.chunks(cap) {
             let step = Step { tokens: chunk, pos0: self.pos, precision: self.precision, logits: rows };
-            let mut host = run::HostRows { values: &mut self.values, widths: &self.widths, kv: &mut self.kv };
+            let mut host = step::HostRows { values: &mut self.values, widths: &self.widths, kv: &mut self.kv };
             match self.device.as_mut() {
                 Some((c, st)) => run::forward(c.schedule(), self.model, &mut host, &step, Some((*c, st)))?,
                 None => run::forward(&self.model.cpu, self.model, &mut host, &step, None)?,

@@ -7,28 +7,10 @@
 //! (the session does, by running the CPU's schedule).
 
 use super::chain::{Chain, ChainState};
-use super::kv::KvCache;
-use super::{ExecError, LogitRows, Model};
-use crate::cpu::Precision;
+use super::step::{HostRows, Step};
+use super::{ExecError, Model};
 use coli_compiler::ids::Place;
 use coli_compiler::schedule::Schedule;
-
-/// One forward's rows: `tokens` at positions `pos0..pos0 + tokens.len()` of one sequence, the
-/// precision of the CPU's products, and which rows' logits are wanted.
-#[derive(Clone, Copy, Debug)]
-pub struct Step<'a> {
-    pub tokens: &'a [u32],
-    pub pos0: usize,
-    pub precision: Precision,
-    pub logits: LogitRows,
-}
-
-/// The host's side of a sequence: every value's rows and the canonical KV cache.
-pub(crate) struct HostRows<'a> {
-    pub values: &'a mut [Vec<f32>],
-    pub widths: &'a [usize],
-    pub kv: &'a mut KvCache,
-}
 
 /// Runs `schedule` for `step`: host frames on the CPU, device frames on `chain`'s devices (a
 /// schedule with device frames needs the chain it was built for).

@@ -42,99 +42,25 @@
 
 pub mod heat;
 pub mod history;
+mod options;
 mod side;
 pub mod slots;
 
 use crate::cpu::experts::{join_ranks, pair_expert, pair_outputs, ExpertMats};
 use crate::cpu::Precision;
-use crate::exec::Model;
+use crate::store::weights::WeightStore;
 use crate::vk::{Context, PackedExpert, VkError};
 use coli_compiler::cost::human;
-use coli_compiler::ir::{ExpertWeights, GluKind, Op};
+use coli_compiler::ir::{ExpertWeights, GluKind, Op, Program};
 use heat::{beats, Heat};
 use history::History;
+pub use options::{TierDeviceStats, TierOptions, TierStats};
 use rayon::prelude::*;
 use side::{DeviceSide, SideJob, SideSetup, SlotShape};
 use slots::{SlotState, Slots};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-
-/// How the tier behaves (the CLI's tier flags).
-#[derive(Clone, Debug)]
-pub struct TierOptions {
-    /// The primary device's budget in bytes; `None`: what the plan left on it for the tier (a
-    /// second device's budget is always what the plan left there).
-    pub budget: Option<u64>,
-    /// At most this many experts resident on each device, whatever the budget.
-    pub max_experts: Option<usize>,
-    /// Promotions per token of a forward at most.
-    pub promotions_per_token: usize,
-    /// Fill the budget at startup (from the history, then one expert of each layer in turn).
-    pub warm_start: bool,
-    /// The routing history file (read at startup, merged at `save_history`); `None`: none.
-    pub history: Option<PathBuf>,
-    /// Uploads complete before the next step starts (instead of beside it), and streaming
-    /// follows the routing alone (not measured times).
-    pub deterministic: bool,
-    /// Staging slots for streaming a big step's cold experts to the device (0, the default: no
-    /// streaming; measured on the H200 it did not yet shorten a prompt).
-    pub stream_slots: usize,
-    /// Rows from which a step may stream.
-    pub stream_min_rows: usize,
-}
-
-impl Default for TierOptions {
-    fn default() -> TierOptions {
-        TierOptions {
-            budget: None,
-            max_experts: None,
-            promotions_per_token: 16,
-            warm_start: true,
-            history: None,
-            deterministic: false,
-            stream_slots: 0,
-            stream_min_rows: 32,
-        }
-    }
-}
-
-/// What the tier did, for the per-run line.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct TierStats {
-    /// Routed (row, rank) pairs, and those the device served.
-    pub routed: u64,
-    pub device: u64,
-    pub uploads: u64,
-    pub upload_bytes: u64,
-    /// Uploads of the warm start (part of `uploads`).
-    pub warm: u64,
-    pub evictions: u64,
-    /// Promotions not made because the forward's rate was spent.
-    pub skipped: u64,
-    /// Uploads the device refused (their slots went back to free).
-    pub failed: u64,
-    /// Host time of the device batches (submit to fence), of the CPU's share, and what the
-    /// join waited for the device after the CPU was done.
-    pub batch: Duration,
-    pub cpu: Duration,
-    pub waited: Duration,
-    /// Experts streamed through the staging slots (and their pairs, part of `device`).
-    pub streamed: u64,
-    pub streamed_pairs: u64,
-}
-
-/// One device's share of the tier, for reports and tests.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TierDeviceStats {
-    /// The chain's index of the device (0: the primary).
-    pub device: usize,
-    pub slots: usize,
-    pub resident: usize,
-    /// Pairs it served (streamed ones included) and experts written into its slots.
-    pub pairs: u64,
-    pub uploads: u64,
-}
 
 /// One MoE layer the tier serves.
 struct TierLayer {
@@ -197,6 +123,12 @@ pub enum TierSetup {
 }
 
 impl ExpertTier {
+    /// The tier behind its mutex; a panic that poisoned it left no half-made slot (a slot
+    /// serves only after its upload completed), so the tier is used as it stands.
+    pub fn locked(m: &std::sync::Mutex<ExpertTier>) -> std::sync::MutexGuard<'_, ExpertTier> {
+        m.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Sets up the tier for the `RoutedExperts` ops of `ops` (the MoE host steps of the plan's
     /// device layers) on `devices` (the primary first, each within its own budget; `opts.budget`
     /// overrides the primary's): per device pages of slots and scratch for `cap_rows` rows, at
@@ -204,12 +136,12 @@ impl ExpertTier {
     /// of the experts; then the warm start, the primary's slots first.
     pub fn setup(
         devices: &[TierDevice],
-        model: &Model,
+        ws: &WeightStore,
+        program: &Program,
         ops: &[&Op],
         cap_rows: usize,
         opts: TierOptions,
     ) -> Result<TierSetup, VkError> {
-        let ws = &model.weights;
         let mut layers = Vec::new();
         let mut shape: Option<(ExpertMats, usize, GluKind)> = None;
         let mut top_k = 0;
@@ -230,7 +162,7 @@ impl ExpertTier {
                     }
                 }
             }
-            top_k = top_k.max(model.program.value(*routing).width / 2);
+            top_k = top_k.max(program.value(*routing).width / 2);
             layers.push(TierLayer { layer: layer.0 as usize, weights: weights.clone(), experts: *experts });
         }
         let Some((like, _, _)) = shape else {
@@ -278,7 +210,7 @@ impl ExpertTier {
         };
         let first_name = first.ctx.caps().name.clone();
         let slots_n: usize = sides.iter().map(DeviceSide::slots).sum();
-        let mut index = vec![None; model.program.layers.len()];
+        let mut index = vec![None; program.layers.len()];
         for (i, l) in layers.iter().enumerate() {
             index[l.layer] = Some(i);
         }
@@ -350,7 +282,7 @@ impl ExpertTier {
         }
         if tier.opts.warm_start {
             let t = Instant::now();
-            let (from_history, filled) = tier.warm_start(model)?;
+            let (from_history, filled) = tier.warm_start(ws)?;
             line.push_str(&format!(
                 "; warm start: {filled} experts ({from_history} from the history) in {:.1} s",
                 t.elapsed().as_secs_f64()
@@ -418,7 +350,7 @@ impl ExpertTier {
     /// 1. Seeds the heat from the history; 2. orders the experts: the history's by seeded heat
     ///    (hottest first), then the rest one of each layer in turn; 3. packs them in parallel
     ///    and writes them into the slots. Returns (experts from the history, experts filled).
-    fn warm_start(&mut self, model: &Model) -> Result<(usize, usize), VkError> {
+    fn warm_start(&mut self, ws: &WeightStore) -> Result<(usize, usize), VkError> {
         let mut named = Vec::new();
         if let Some(path) = &self.opts.history {
             match History::load(path, self.index.len()) {
@@ -466,7 +398,7 @@ impl ExpertTier {
         // Packing is CPU work: in parallel, a page's worth at a time (bounded memory).
         for chunk in placed.chunks(self.sides[0].per_page.max(8)) {
             let packed: Vec<Result<PackedExpert, VkError>> =
-                chunk.par_iter().map(|&(_, t, e)| self.pack(model, t, e)).collect();
+                chunk.par_iter().map(|&(_, t, e)| self.pack(ws, t, e)).collect();
             for (&(s, _, _), p) in chunk.iter().zip(packed) {
                 self.upload(s, &p?)?;
                 self.slots.settle(s);
@@ -476,9 +408,9 @@ impl ExpertTier {
         Ok((from_history, placed.len()))
     }
 
-    fn pack(&self, model: &Model, t: usize, e: usize) -> Result<PackedExpert, VkError> {
+    fn pack(&self, ws: &WeightStore, t: usize, e: usize) -> Result<PackedExpert, VkError> {
         let l = &self.layers[t];
-        let m = ExpertMats::of(&model.weights, &l.weights, e);
+        let m = ExpertMats::of(ws, &l.weights, e);
         Context::pack_expert(&m, self.with_bias)
     }
 
@@ -510,7 +442,7 @@ impl ExpertTier {
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &mut self,
-        model: &Model,
+        ws: &WeightStore,
         op: &Op,
         x: &[f32],
         routing: &[f32],
@@ -541,7 +473,7 @@ impl ExpertTier {
             });
         }
         if self.opts.deterministic {
-            self.upload_pending(model)?;
+            self.upload_pending(ws)?;
         }
         // 1. Heat, and who computes each pair: the device holding its expert's slot, or the CPU.
         let mut dev_pairs = Vec::new();
@@ -587,7 +519,6 @@ impl ExpertTier {
         // 3. Each side's job (its pairs in local slot ids, the promotions waiting for its slots)
         //    and inputs.
         let tl = &self.layers[t];
-        let ws = &model.weights;
         let pending: Vec<(usize, usize, usize)> = std::mem::take(&mut self.pending)
             .into_iter()
             .filter_map(|s| match self.slots.state(s) {
@@ -783,10 +714,10 @@ impl ExpertTier {
     }
 
     /// Uploads every pending promotion now (deterministic mode, and the end of a run).
-    fn upload_pending(&mut self, model: &Model) -> Result<(), VkError> {
+    fn upload_pending(&mut self, ws: &WeightStore) -> Result<(), VkError> {
         for s in std::mem::take(&mut self.pending) {
             let SlotState::Loading(l, e) = self.slots.state(s) else { continue };
-            let p = self.pack(model, l as usize, e as usize)?;
+            let p = self.pack(ws, l as usize, e as usize)?;
             match self.upload(s, &p) {
                 Ok(()) => self.slots.settle(s),
                 Err(VkError::OutOfMemory { .. }) => {

@@ -1,0 +1,81 @@
+//! The expert tier's options (what the CLI's tier flags set) and what it reports: its totals
+//! for the per-run line and each device's share.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How the tier behaves (the CLI's tier flags).
+#[derive(Clone, Debug)]
+pub struct TierOptions {
+    /// The primary device's budget in bytes; `None`: what the plan left on it for the tier (a
+    /// second device's budget is always what the plan left there).
+    pub budget: Option<u64>,
+    /// At most this many experts resident on each device, whatever the budget.
+    pub max_experts: Option<usize>,
+    /// Promotions per token of a forward at most.
+    pub promotions_per_token: usize,
+    /// Fill the budget at startup (from the history, then one expert of each layer in turn).
+    pub warm_start: bool,
+    /// The routing history file (read at startup, merged at `save_history`); `None`: none.
+    pub history: Option<PathBuf>,
+    /// Uploads complete before the next step starts (instead of beside it), and streaming
+    /// follows the routing alone (not measured times).
+    pub deterministic: bool,
+    /// Staging slots for streaming a big step's cold experts to the device (0, the default: no
+    /// streaming; measured on the H200 it did not yet shorten a prompt).
+    pub stream_slots: usize,
+    /// Rows from which a step may stream.
+    pub stream_min_rows: usize,
+}
+
+impl Default for TierOptions {
+    fn default() -> TierOptions {
+        TierOptions {
+            budget: None,
+            max_experts: None,
+            promotions_per_token: 16,
+            warm_start: true,
+            history: None,
+            deterministic: false,
+            stream_slots: 0,
+            stream_min_rows: 32,
+        }
+    }
+}
+
+/// What the tier did, for the per-run line.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TierStats {
+    /// Routed (row, rank) pairs, and those the device served.
+    pub routed: u64,
+    pub device: u64,
+    pub uploads: u64,
+    pub upload_bytes: u64,
+    /// Uploads of the warm start (part of `uploads`).
+    pub warm: u64,
+    pub evictions: u64,
+    /// Promotions not made because the forward's rate was spent.
+    pub skipped: u64,
+    /// Uploads the device refused (their slots went back to free).
+    pub failed: u64,
+    /// Host time of the device batches (submit to fence), of the CPU's share, and what the
+    /// join waited for the device after the CPU was done.
+    pub batch: Duration,
+    pub cpu: Duration,
+    pub waited: Duration,
+    /// Experts streamed through the staging slots (and their pairs, part of `device`).
+    pub streamed: u64,
+    pub streamed_pairs: u64,
+}
+
+/// One device's share of the tier, for reports and tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TierDeviceStats {
+    /// The chain's index of the device (0: the primary).
+    pub device: usize,
+    pub slots: usize,
+    pub resident: usize,
+    /// Pairs it served (streamed ones included) and experts written into its slots.
+    pub pairs: u64,
+    pub uploads: u64,
+}
