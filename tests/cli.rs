@@ -198,7 +198,7 @@ fn missing_model_is_a_clear_error() {
         ),
         (
             &["compile", "--config", "no/such/model"],
-            "no checkpoint at no/such/model: pass a config.json, a .gguf file or a model directory (--config)",
+            "no checkpoint at no/such/model: pass a config.json, a .gguf file or a model directory (--model)",
         ),
         (
             &["exec", "--model", "tests/fixtures/llama", "--spec", "no/such/model", "--prompt-ids", "1"],
@@ -362,7 +362,7 @@ fn every_spec_under_graphs_is_built_in() {
     on_disk.sort();
     let mut built: Vec<String> = coli::specs::BUILTIN.iter().map(|(n, _)| n.to_string()).collect();
     built.sort();
-    assert_eq!(built, on_disk, "add new specs to tools/coli/src/specs.rs");
+    assert_eq!(built, on_disk, "add new specs to runtime/src/engine/specs.rs");
     for (n, t) in coli::specs::BUILTIN {
         coli::specs::builtin(n, t).unwrap_or_else(|d| panic!("{n}: {d}"));
     }

@@ -11,11 +11,12 @@
 
 mod common;
 
-use coli::load::{load, DeviceRequest, LoadRequest, Loaded};
 use coli_compiler::Options;
+use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions, HostCopies};
 use coli_runtime::exec::weights::device_only_matrices;
 use coli_runtime::exec::{LogitRows, Session};
 use coli_runtime::format::WeightFormat;
+use coli_runtime::model::LoadOptions;
 use coli_runtime::vk::{FaultInjection, VkOptions};
 use common::*;
 use std::path::Path;
@@ -28,25 +29,29 @@ fn load_with(
     device: bool,
     dense_device_only: bool,
     fail_submit: Option<u64>,
-) -> Loaded {
-    let mut req = LoadRequest::new(dir);
-    req.load.quantize = quantize;
-    if device {
-        req.device = DeviceRequest::Vulkan(VkOptions {
+) -> Engine {
+    let device = match device {
+        true => DeviceRequest::Vulkan(VkOptions {
             fault: fail_submit.map(|n| FaultInjection { fail_submit: Some(n), fail_alloc: None }),
             ..Default::default()
-        });
-    }
-    req.compile = Options { context: CONTEXT, chunk_rows: 8, ..Options::default() };
-    req.dense_device_only = Some(dense_device_only);
-    load(req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        }),
+        false => DeviceRequest::Cpu,
+    };
+    let req = EngineOptions {
+        load: LoadOptions { quantize, ..Default::default() },
+        device,
+        compile: Options { context: CONTEXT, chunk_rows: 8, ..Options::default() },
+        host_copies: if dense_device_only { HostCopies::Release } else { HostCopies::Keep },
+        ..EngineOptions::default()
+    };
+    Engine::load(dir, &req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 
 /// Greedy tokens after the prompt (one forward), and the session's notice.
-fn run(l: &Loaded, prompt: &[u32], steps: usize) -> (Vec<u32>, Option<String>, bool) {
-    let mut s = match &l.device {
-        Some(d) => Session::on_device(&l.model, d, CONTEXT).unwrap(),
-        None => Session::new(&l.model, CONTEXT),
+fn run(l: &Engine, prompt: &[u32], steps: usize) -> (Vec<u32>, Option<String>, bool) {
+    let mut s = match l.device() {
+        Some(d) => Session::on_device(l.model(), d, CONTEXT).unwrap(),
+        None => Session::new(l.model(), CONTEXT),
     };
     let mut last = s.forward(prompt, LogitRows::Last).unwrap();
     let mut toks = Vec::new();
@@ -69,22 +74,22 @@ fn a_released_matrix_comes_back_bit_for_bit() {
         let dir = fixture_dir(name);
         let kept = load_with(&dir, quantize, true, false, None);
         let freed = load_with(&dir, quantize, true, true, None);
-        assert!(freed.device_note.contains("dense weights on the device only"), "{name}: {}", freed.device_note);
-        let names = device_only_matrices(&freed.plan, &freed.model.program);
-        let released: Vec<&String> = names.iter().filter(|n| freed.model.weights.is_released(n)).collect();
-        assert!(!released.is_empty(), "{name}: some host copy released\n{}", freed.device_note);
+        assert!(freed.device_note().contains("dense weights on the device only"), "{name}: {}", freed.device_note());
+        let names = device_only_matrices(freed.plan(), &freed.model().program);
+        let released: Vec<&String> = names.iter().filter(|n| freed.model().weights.is_released(n)).collect();
+        assert!(!released.is_empty(), "{name}: some host copy released\n{}", freed.device_note());
         assert!(
-            released.iter().all(|n| !kept.model.weights.is_released(n)),
+            released.iter().all(|n| !kept.model().weights.is_released(n)),
             "{name}: a load that keeps its copies releases none"
         );
         for n in &released {
-            let want = kept.model.weights.tensor(n);
-            let got = freed.model.weights.tensor(n);
-            assert!(!freed.model.weights.is_released(n), "{name}: {n} made again");
+            let want = kept.model().weights.tensor(n);
+            let got = freed.model().weights.tensor(n);
+            assert!(!freed.model().weights.is_released(n), "{name}: {n} made again");
             assert_eq!((got.format, &got.shape), (want.format, &want.shape), "{name}: {n}");
             assert!(got.bytes() == want.bytes(), "{name}: {n} comes back bit for bit");
         }
-        assert_eq!(freed.model.weights.remade(), released.len(), "{name}");
+        assert_eq!(freed.model().weights.remade(), released.len(), "{name}");
         eprintln!("{name}: {} released matrices made again bit for bit", released.len());
     }
 }
@@ -98,7 +103,7 @@ fn a_lost_device_with_released_copies_is_finished_by_the_cpu_with_the_same_token
         let (want, _, _) = run(&load_with(&dir, q, false, false, None), &prompt, 12);
         // The device's submissions in the prompt and in the whole run, on a clean run.
         let clean = load_with(&dir, q, true, true, None);
-        let ctx = clean.device.as_ref().unwrap().ctx.clone();
+        let ctx = clean.device().unwrap().ctx.clone();
         let base = ctx.submits();
         let (_, notice, on) = run(&clean, &prompt, 0);
         assert!(on && notice.is_none(), "{name}: {notice:?}");
@@ -108,7 +113,7 @@ fn a_lost_device_with_released_copies_is_finished_by_the_cpu_with_the_same_token
         let decode = ctx.submits() - before - prompt_submits;
         assert!(decode > 0, "{name}: the decode runs on the device");
         assert_eq!(toks, want, "{name}: the device's tokens are the CPU's");
-        assert_eq!(clean.model.weights.remade(), 0, "{name}: the device run reads no released matrix");
+        assert_eq!(clean.model().weights.remade(), 0, "{name}: the device run reads no released matrix");
         // A submission in the middle of the decode fails.
         let at = base + prompt_submits + decode / 2;
         let dev = load_with(&dir, q, true, true, Some(at));
@@ -118,7 +123,7 @@ fn a_lost_device_with_released_copies_is_finished_by_the_cpu_with_the_same_token
             "{name}: the fallback says so ({notice:?})"
         );
         assert!(!on, "{name}: the device is off after the loss");
-        assert!(dev.model.weights.remade() > 0, "{name}: the CPU read released matrices back");
+        assert!(dev.model().weights.remade() > 0, "{name}: the CPU read released matrices back");
         assert_eq!(got, want, "{name}: the CPU finishes the run with the CPU's tokens");
     }
 }

@@ -17,8 +17,8 @@
 
 mod common;
 
-use coli::load::{load, DeviceRequest, LoadRequest, Loaded};
 use coli_compiler::Options;
+use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
 use coli_runtime::tier::history::History;
 use coli_runtime::tier::{TierOptions, TierStats};
 use coli_runtime::vk::VkOptions;
@@ -47,23 +47,25 @@ fn tier(max_experts: Option<usize>, warm_start: bool, deterministic: bool) -> Ti
     TierOptions { max_experts, warm_start, deterministic, ..TierOptions::default() }
 }
 
-fn load_tier(dir: &Path, t: TierOptions) -> Loaded {
-    let mut req = LoadRequest::new(dir);
-    req.device = DeviceRequest::Vulkan(VkOptions::default());
-    req.compile = Options { context: CONTEXT, chunk_rows: 8, resident_experts: false, ..Options::default() };
-    req.tier = t;
-    load(req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+fn load_tier(dir: &Path, t: TierOptions) -> Engine {
+    let req = EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions::default()),
+        compile: Options { context: CONTEXT, chunk_rows: 8, resident_experts: false, ..Options::default() },
+        tier: t,
+        ..EngineOptions::default()
+    };
+    Engine::load(dir, &req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 
 /// Logits of every prompt row (in chunks of `chunk`) and of `steps` greedy tokens.
-fn run(l: &Loaded, prompt: &[u32], chunk: usize, steps: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
+fn run(l: &Engine, prompt: &[u32], chunk: usize, steps: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
     let r = run_greedy(l, prompt, chunk, steps, CONTEXT, true);
-    assert_eq!(r.on_device, l.device.is_some(), "the run stayed on the device: {:?}", r.notice);
+    assert_eq!(r.on_device, l.device().is_some(), "the run stayed on the device: {:?}", r.notice);
     (r.rows, r.toks)
 }
 
-fn stats(l: &Loaded) -> TierStats {
-    l.device.as_ref().and_then(|d| d.with_tier(|t| t.stats().clone())).expect("a tier")
+fn stats(l: &Engine) -> TierStats {
+    l.device().and_then(|d| d.with_tier(|t| t.stats().clone())).expect("a tier")
 }
 
 #[test]
@@ -75,7 +77,7 @@ fn every_moe_model_matches_the_cpu_with_a_handful_of_slots_or_room_for_all() {
         let max = max.unwrap_or_else(|| max_abs(&want));
         for (slots, warm) in [(Some(3), false), (Some(3), true), (None, true)] {
             let dev = load_tier(&dir, tier(slots, warm, true));
-            let d = dev.device.as_ref().unwrap_or_else(|| panic!("{name}: {}", dev.device_note));
+            let d = dev.device().unwrap_or_else(|| panic!("{name}: {}", dev.device_note()));
             let line = d.tier_line().unwrap_or_default().to_string();
             assert!(line.starts_with("expert tier on"), "{name}: {line}");
             let cap = d.with_tier(|t| t.capacity()).unwrap();
@@ -151,7 +153,7 @@ fn the_warm_start_puts_the_historys_hottest_experts_on_the_device() {
         )
     };
     let dev = with(true);
-    let d = dev.device.as_ref().unwrap();
+    let d = dev.device().unwrap();
     assert!(d.tier_line().unwrap().contains("(4 from the history)"), "{}", d.tier_line().unwrap());
     for l in 0..2 {
         for e in [5, 2] {
@@ -170,7 +172,7 @@ fn the_warm_start_puts_the_historys_hottest_experts_on_the_device() {
     assert_eq!(after - before, stats(&dev).routed, "every routed pair counted once");
     // Without the warm start the slots start empty.
     let cold = with(false);
-    assert_eq!(cold.device.as_ref().unwrap().with_tier(|t| t.resident()).unwrap(), 0);
+    assert_eq!(cold.device().unwrap().with_tier(|t| t.resident()).unwrap(), 0);
     std::fs::remove_dir_all(&tmp).unwrap();
 }
 
@@ -181,7 +183,7 @@ fn a_stress_run_promotes_and_evicts_and_leaves_no_memory_held() {
         &dir,
         TierOptions { max_experts: Some(4), warm_start: false, promotions_per_token: 64, ..TierOptions::default() },
     );
-    let ctx = dev.device.as_ref().unwrap().ctx.clone();
+    let ctx = dev.device().unwrap().ctx.clone();
     let cpu = load_model(&dir);
     // A long prompt a row at a time: every step routes, promotes and evicts.
     let prompt: Vec<u32> = (0..120).map(|i| (i * 37 + 11) % 100).collect();
@@ -215,7 +217,7 @@ fn big_steps_stream_cold_experts_and_match_the_cpu() {
             ..TierOptions::default()
         };
         let dev = load_tier(&dir, t);
-        let line = dev.device.as_ref().unwrap().tier_line().unwrap().to_string();
+        let line = dev.device().unwrap().tier_line().unwrap().to_string();
         assert!(line.contains("2 staging slots"), "{name}: {line}");
         for chunk in [prompt.len(), 3] {
             let (got, toks) = run(&dev, &prompt, chunk, 6);
@@ -238,7 +240,7 @@ fn a_tier_of_no_experts_says_why_and_matches_the_cpu() {
     let dir = fixture_dir("olmoe");
     let prompt = ids(&read_json(&dir.join("oracle.json"))["prompt_ids"]);
     let dev = load_tier(&dir, tier(Some(0), true, true));
-    let line = dev.device.as_ref().unwrap().tier_line().unwrap().to_string();
+    let line = dev.device().unwrap().tier_line().unwrap().to_string();
     assert!(line.contains("expert tier off") && line.contains("asked for no experts"), "{line}");
     let (got, toks) = run(&dev, &prompt, 5, 4);
     let (want, want_toks) = run(&load_model(&dir), &prompt, 5, 4);

@@ -11,8 +11,8 @@
 
 mod common;
 
-use coli::load::{load, DeviceRequest, LoadRequest, Loaded};
 use coli_compiler::Options;
+use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
 use coli_runtime::exec::{LogitRows, Session};
 use coli_runtime::vk::VkOptions;
 use common::*;
@@ -21,26 +21,28 @@ use std::path::Path;
 const CONTEXT: usize = 256;
 const CHUNK: usize = 8;
 
-fn load_split(dir: &Path, positions: Option<usize>, block: usize) -> Loaded {
-    let mut req = LoadRequest::new(dir);
-    req.device = DeviceRequest::Vulkan(VkOptions::default());
-    req.compile = Options {
-        context: CONTEXT,
-        chunk_rows: CHUNK,
-        kv_device_positions: positions,
-        kv_block: block,
-        kv_split: positions.is_some(),
-        ..Options::default()
+fn load_split(dir: &Path, positions: Option<usize>, block: usize) -> Engine {
+    let req = EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions::default()),
+        compile: Options {
+            context: CONTEXT,
+            chunk_rows: CHUNK,
+            kv_device_positions: positions,
+            kv_block: block,
+            kv_split: positions.is_some(),
+            ..Options::default()
+        },
+        ..EngineOptions::default()
     };
-    load(req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+    Engine::load(dir, &req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 
 /// Logits of every prompt row (`step` rows a forward; 0: whole chunks) and `decode` greedy
 /// tokens with their logits.
-fn run(l: &Loaded, prompt: &[u32], step: usize, decode: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
-    let d = l.device.as_ref().expect("on the device");
-    let mut s = Session::on_device(&l.model, d, CONTEXT).unwrap();
-    let vocab = l.plan.program.dims.vocab;
+fn run(l: &Engine, prompt: &[u32], step: usize, decode: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
+    let d = l.device().expect("on the device");
+    let mut s = Session::on_device(l.model(), d, CONTEXT).unwrap();
+    let vocab = l.plan().program.dims.vocab;
     let mut rows = Vec::new();
     let step = if step == 0 { prompt.len() } else { step };
     for c in prompt.chunks(step) {
@@ -63,14 +65,14 @@ fn check(name: &str, positions: usize, block: usize, prompt_len: usize, decode: 
     // Deterministic ids spread over the vocabulary.
     let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| 3 + (i * 7919 + 13) % (vocab - 3)).collect();
     let whole = load_split(&dir, None, block);
-    assert!(whole.plan.placement.kv_split.is_none(), "{name}: the reference must not split");
+    assert!(whole.plan().placement.kv_split.is_none(), "{name}: the reference must not split");
     let (want, want_toks) = run(&whole, &prompt, 0, decode);
     let max = want.iter().flatten().fold(0f32, |a, b| a.max(b.abs()));
     let split = load_split(&dir, Some(positions), block);
-    let plan = split.plan.placement.kv_split.as_ref().unwrap_or_else(|| panic!("{name}: no split in the plan"));
+    let plan = split.plan().placement.kv_split.as_ref().unwrap_or_else(|| panic!("{name}: no split in the plan"));
     assert_eq!((plan.positions, plan.block, plan.ring), (positions, block, positions + CHUNK), "{name}: {plan}");
     assert!(!plan.layers.is_empty());
-    let dev = split.device.as_ref().unwrap();
+    let dev = split.device().unwrap();
     for step in [1, 2, 3, 0] {
         let before = dev.kv_split_stats().unwrap();
         let (got, toks) = run(&split, &prompt, step, decode);
@@ -107,8 +109,8 @@ fn a_rewind_refills_the_rings() {
     let dir = fixture_dir("llama");
     let prompt: Vec<u32> = (0..90u32).map(|i| 3 + (i * 7919 + 13) % 317).collect();
     let other: Vec<u32> = (0..40u32).map(|i| 5 + (i * 104729 + 7) % 311).collect();
-    let logits = |l: &Loaded| {
-        let mut s = Session::on_device(&l.model, l.device.as_ref().unwrap(), CONTEXT).unwrap();
+    let logits = |l: &Engine| {
+        let mut s = Session::on_device(l.model(), l.device().unwrap(), CONTEXT).unwrap();
         for c in prompt.chunks(5) {
             s.forward(c, LogitRows::All).unwrap();
         }
@@ -135,8 +137,8 @@ fn a_rewind_refills_the_rings() {
 fn a_short_session_keeps_the_plans_ring() {
     let dir = fixture_dir("llama");
     let prompt: Vec<u32> = (0..20u32).map(|i| 3 + (i * 7919 + 13) % 317).collect();
-    let logits = |l: &Loaded| {
-        let mut s = Session::on_device(&l.model, l.device.as_ref().unwrap(), 20).unwrap();
+    let logits = |l: &Engine| {
+        let mut s = Session::on_device(l.model(), l.device().unwrap(), 20).unwrap();
         let rows: Vec<Vec<f32>> = prompt.chunks(3).map(|c| s.forward(c, LogitRows::Last).unwrap()).collect();
         assert!(s.take_notice().is_none());
         rows
@@ -157,11 +159,11 @@ fn a_split_session_continues_an_adopted_context() {
     let dir = fixture_dir("llama");
     let prompt: Vec<u32> = (0..40u32).map(|i| 3 + (i * 7919 + 13) % 300).collect();
     let (whole, split) = (load_split(&dir, None, 4), load_split(&dir, Some(8), 4));
-    assert!(split.plan.placement.kv_split.is_some());
+    assert!(split.plan().placement.kv_split.is_some());
     let (want, want_toks) = run(&split, &prompt, 0, 6);
-    let mut filler = Session::on_device(&whole.model, whole.device.as_ref().unwrap(), CONTEXT).unwrap();
+    let mut filler = Session::on_device(whole.model(), whole.device().unwrap(), CONTEXT).unwrap();
     filler.forward(&prompt, LogitRows::Last).unwrap();
-    let mut s = Session::on_device(&split.model, split.device.as_ref().unwrap(), CONTEXT).unwrap();
+    let mut s = Session::on_device(split.model(), split.device().unwrap(), CONTEXT).unwrap();
     s.adopt_context(&filler).unwrap();
     assert_eq!(s.pos(), prompt.len());
     let max = want.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));

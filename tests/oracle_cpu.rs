@@ -23,7 +23,7 @@ fn check_fixture(name: &str) {
 
     // Every prompt position, in one block and in chunks of 1 and 3.
     for chunk in [prompt.len(), 1, 3] {
-        let mut s = Session::new(&loaded.model, 256);
+        let mut s = Session::new(loaded.model(), 256);
         let mut got = Vec::new();
         for c in prompt.chunks(chunk) {
             let l = s.forward(c, LogitRows::All).unwrap();
@@ -35,7 +35,7 @@ fn check_fixture(name: &str) {
 
     // Greedy continuation.
     let greedy = ids(&oracle["greedy"]);
-    let mut s = Session::new(&loaded.model, 256);
+    let mut s = Session::new(loaded.model(), 256);
     let mut last = s.forward(&prompt, LogitRows::Last).unwrap();
     let mut got = Vec::new();
     for _ in 0..greedy.len() {
@@ -76,14 +76,14 @@ fn pymoe_matches_transformers() {
     let Some(dir) = shared_model("pymoe-22m") else { return };
     let oracle = read_json(&fixture_dir("pymoe_ref").join("oracle.json"));
     let loaded = load_model(&dir);
-    let tok = loaded.tokenizer.as_ref().expect("pymoe has a tokenizer.json");
+    let tok = loaded.tokenizer().expect("pymoe has a tokenizer.json");
     for p in oracle["prompts"].as_array().unwrap() {
         let text = p["text"].as_str().unwrap();
         let prompt = ids(&p["prompt_ids"]);
         assert_eq!(tok.encode(text, true).unwrap(), prompt, "tokenizer ids for {text:?}");
         let want = matrix(&p["logits"]);
         let max = p["max_abs_logit"].as_f64().unwrap() as f32;
-        let mut s = Session::new(&loaded.model, 512);
+        let mut s = Session::new(loaded.model(), 512);
         let l = s.forward(&prompt, LogitRows::All).unwrap();
         let got: Vec<Vec<f32>> = l.chunks_exact(want[0].len()).map(|r| r.to_vec()).collect();
         let err = max_abs_diff(&got, &want);
@@ -107,7 +107,7 @@ fn smollm2_matches_transformers() {
     let Some(path) = default_model_path() else { return };
     let oracle = read_json(&fixture_dir("smollm2_ref").join("oracle.json"));
     let loaded = load_model(&path);
-    let tok = loaded.tokenizer.as_ref().expect("the GGUF carries a tokenizer");
+    let tok = loaded.tokenizer().expect("the GGUF carries a tokenizer");
     for p in oracle["prompts"].as_array().unwrap() {
         let prompt = ids(&p["prompt_ids"]);
         let text = if p["chat_template_applied"].as_bool().unwrap() {
@@ -136,7 +136,7 @@ fn smollm2_matches_transformers() {
         let greedy = ids(&p["greedy"]);
         let margins = floats(&p["greedy_margins"]);
         for (precision, rel) in [(Precision::Exact, 1e-4), (Precision::Fast, 0.05)] {
-            let mut s = Session::new(&loaded.model, 512);
+            let mut s = Session::new(loaded.model(), 512);
             s.set_precision(precision);
             let last = s.forward(&prompt, LogitRows::Last).unwrap();
             let err = want.iter().zip(&last).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
@@ -158,7 +158,7 @@ fn smollm2_matches_transformers() {
             }
             if precision == Precision::Exact {
                 // Free-running greedy decode gives the oracle's tokens exactly.
-                let mut s = Session::new(&loaded.model, 512);
+                let mut s = Session::new(loaded.model(), 512);
                 s.set_precision(precision);
                 let mut last = s.forward(&prompt, LogitRows::Last).unwrap();
                 let mut out = Vec::new();

@@ -30,7 +30,7 @@ fn check_fixture(name: &str) -> f32 {
     let tol = 1e-4 * max;
     let mut worst = 0f32;
     for chunk in [prompt.len(), 1, 3] {
-        let mut s = Session::new(&loaded.model, 256);
+        let mut s = Session::new(loaded.model(), 256);
         let mut got = Vec::new();
         for c in prompt.chunks(chunk) {
             let l = s.forward(c, LogitRows::All).unwrap();
@@ -44,7 +44,7 @@ fn check_fixture(name: &str) -> f32 {
     // Greedy continuation, each step's logits against the oracle's too.
     let greedy = ids(&oracle["greedy"]);
     let greedy_logits = matrix(&oracle["greedy_logits"]);
-    let mut s = Session::new(&loaded.model, 256);
+    let mut s = Session::new(loaded.model(), 256);
     let mut last = s.forward(&prompt, LogitRows::Last).unwrap();
     let mut got = Vec::new();
     for (i, _) in greedy.iter().enumerate() {
@@ -145,7 +145,7 @@ fn qwen3_next_recurrent_state_goes_back_only_to_the_start() {
     let greedy = ids(&oracle["greedy"]);
     let want = matrix(&oracle["greedy_logits"]);
     let tol = 1e-4 * oracle["max_abs_logit"].as_f64().unwrap() as f32;
-    let mut s = Session::new(&loaded.model, 256);
+    let mut s = Session::new(loaded.model(), 256);
     let first = s.forward(&prompt, LogitRows::Last).unwrap();
     assert!(matches!(s.try_truncate(5), Err(ExecError::CannotRewind { .. })));
     assert_eq!(s.pos(), prompt.len());

@@ -13,9 +13,9 @@
 
 mod common;
 
-use coli::load::{load, DeviceRequest, LoadRequest, Loaded};
 use coli_compiler::ids::{Part, Place};
 use coli_compiler::Options;
+use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
 use coli_runtime::vk::VkOptions;
 use common::*;
 use std::path::{Path, PathBuf};
@@ -38,26 +38,28 @@ fn models() -> Vec<(String, PathBuf, Vec<u32>, Option<f32>)> {
     out
 }
 
-fn load_on_device(dir: &Path, memory_cap: Option<u64>) -> Loaded {
-    let mut req = LoadRequest::new(dir);
-    req.device = DeviceRequest::Vulkan(VkOptions { memory_cap, ..Default::default() });
-    req.compile = Options { context: CONTEXT, chunk_rows: 8, ..Options::default() };
-    load(req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+fn load_on_device(dir: &Path, memory_cap: Option<u64>) -> Engine {
+    let req = EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions { memory_cap, ..Default::default() }),
+        compile: Options { context: CONTEXT, chunk_rows: 8, ..Options::default() },
+        ..EngineOptions::default()
+    };
+    Engine::load(dir, &req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 
 /// Logits of every prompt row (in chunks of `chunk`) and `steps` greedy tokens.
-fn run(l: &Loaded, prompt: &[u32], chunk: usize, steps: usize) -> (Vec<Vec<f32>>, Vec<u32>, Option<String>) {
+fn run(l: &Engine, prompt: &[u32], chunk: usize, steps: usize) -> (Vec<Vec<f32>>, Vec<u32>, Option<String>) {
     let r = run_greedy(l, prompt, chunk, steps, CONTEXT, false);
     (r.rows, r.toks, r.notice)
 }
 
 /// Layers whose routing and experts the plan runs in a device frame, and those it leaves to
 /// host steps, from the frames themselves.
-fn expert_layers(l: &Loaded) -> (Vec<u32>, Vec<u32>) {
+fn expert_layers(l: &Engine) -> (Vec<u32>, Vec<u32>) {
     let (mut dev, mut host) = (Vec::new(), Vec::new());
-    for f in &l.plan.frames {
+    for f in &l.plan().frames {
         for id in &f.ops {
-            let op = coli_compiler::frames::op_of(&l.plan.program, *id);
+            let op = coli_compiler::frames::op_of(&l.plan().program, *id);
             if let (Part::Layer(layer), coli_compiler::ir::Op::RoutedExperts { .. }) = (id.part, op) {
                 if f.place == Place::Host {
                     host.push(layer.0)
@@ -77,16 +79,16 @@ fn every_moe_model_routes_in_frame_and_matches_the_cpu() {
         let (want, want_toks, _) = run(&cpu, &prompt, prompt.len(), 12);
         let max = max.unwrap_or_else(|| max_abs(&want));
         let dev = load_on_device(&dir, None);
-        let d = dev.device.as_ref().unwrap_or_else(|| panic!("{name}: {}", dev.device_note));
-        let layers = dev.plan.program.layers.len() as u32;
+        let d = dev.device().unwrap_or_else(|| panic!("{name}: {}", dev.device_note()));
+        let layers = dev.plan().program.layers.len() as u32;
         assert_eq!(
             expert_layers(&dev),
             ((0..layers).collect(), vec![]),
             "{name}: every layer's experts in frame\n{}",
-            dev.plan
+            dev.plan()
         );
         // The host runs the embedding only: no host step between layers.
-        for f in dev.plan.frames.iter().filter(|f| f.place == Place::Host) {
+        for f in dev.plan().frames.iter().filter(|f| f.place == Place::Host) {
             assert!(f.ops.iter().all(|id| id.part == Part::Prologue), "{name}: host frame {} inside the forward", f.id);
         }
         let line = d.tier_line().unwrap_or_default();
@@ -113,9 +115,9 @@ fn check_budget(name: &str, dir: &Path, prompt: &[u32], max: Option<f32>, cap: b
     let max = max.unwrap_or_else(|| max_abs(&want));
     // What the uncapped plan places: the dense part, and per layer its experts.
     let full = load_on_device(dir, None);
-    let layers = full.plan.program.layers.len() as u64;
-    let fit = &full.plan.placement.fits[0];
-    let (experts, scratch) = full.plan.placement.resident.bytes[0];
+    let layers = full.plan().program.layers.len() as u64;
+    let fit = &full.plan().placement.fits[0];
+    let (experts, scratch) = full.plan().placement.resident.bytes[0];
     let per_layer = experts / layers;
     let keep = layers / 2;
     // Room for `keep` layers' experts and three quarters of another: with a cap, the runtime
@@ -125,32 +127,34 @@ fn check_budget(name: &str, dir: &Path, prompt: &[u32], max: Option<f32>, cap: b
     let dev = if cap {
         load_on_device(dir, Some(budget))
     } else {
-        let mut profile = full.plan.profile.clone();
+        let mut profile = full.plan().profile.clone();
         profile.devices[0].memory_budget = budget;
         profile.devices[0].reserve = 0;
-        let mut req = LoadRequest::new(dir);
-        req.device = DeviceRequest::Vulkan(VkOptions::default());
-        req.profile = Some(profile);
-        req.compile = Options { context: CONTEXT, chunk_rows: 8, ..Options::default() };
-        load(req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        let req = EngineOptions {
+            device: DeviceRequest::Vulkan(VkOptions::default()),
+            profile: Some(profile),
+            compile: Options { context: CONTEXT, chunk_rows: 8, ..Options::default() },
+            ..EngineOptions::default()
+        };
+        Engine::load(dir, &req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
     };
-    assert!(dev.device.is_some(), "{name} budget {budget}: {}", dev.device_note);
+    assert!(dev.device().is_some(), "{name} budget {budget}: {}", dev.device_note());
     let (on, host) = expert_layers(&dev);
     // All or nothing: a budget short of every layer's experts makes no layer resident in
     // frame; every layer goes through host steps, served by the adaptive tier.
-    assert!(on.is_empty(), "{name} budget {budget}: no layer's experts in frame\n{}", dev.plan);
+    assert!(on.is_empty(), "{name} budget {budget}: no layer's experts in frame\n{}", dev.plan());
     assert_eq!(host, (0..layers as u32).collect::<Vec<_>>(), "{name}: every layer through host steps");
     if !cap {
         assert!(
-            dev.plan.placement.layers.iter().all(|p| *p != Place::Host),
+            dev.plan().placement.layers.iter().all(|p| *p != Place::Host),
             "{name}: every dense layer still on the device"
         );
     }
-    let d = dev.device.as_ref().unwrap();
+    let d = dev.device().unwrap();
     let line = d.tier_line().unwrap_or_default().to_string();
     assert!(line.starts_with("expert tier on"), "{name}: {line}");
     let slots = d.with_tier(|t| t.capacity()).unwrap() as u64;
-    let experts_per_layer = dev.plan.placement.expert_bytes[0].2 as u64;
+    let experts_per_layer = dev.plan().placement.expert_bytes[0].2 as u64;
     assert!(
         slots >= keep * experts_per_layer / 2 && slots < layers * experts_per_layer,
         "{name}: {slots} slots for a budget of {keep} layers' experts and some\n{line}"

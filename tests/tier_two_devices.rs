@@ -12,9 +12,9 @@
 
 mod common;
 
-use coli::load::{load, DeviceRequest, LoadRequest, Loaded};
 use coli_compiler::ids::{DeviceId, Place};
 use coli_compiler::Options;
+use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
 use coli_runtime::exec::{LogitRows, Session};
 use coli_runtime::tier::{TierDeviceStats, TierOptions};
 use coli_runtime::vk::{FaultInjection, VkOptions};
@@ -26,25 +26,27 @@ const CONTEXT: usize = 256;
 const FIXTURES: &[&str] = &["olmoe", "qwen3_moe", "mixtral", "gpt_oss", "deepseek_v3", "mimo_v2_flash", "qwen3_next"];
 
 /// Both devices, every MoE layer through host steps, at most `slots` experts a device.
-fn load_two(dir: &Path, slots: usize, warm_start: bool, fault1: Option<u64>) -> Loaded {
-    let mut req = LoadRequest::new(dir);
-    req.device = DeviceRequest::Vulkan(VkOptions::default());
-    req.second_device = Some(VkOptions {
-        fault: fault1.map(|n| FaultInjection { fail_submit: Some(n), fail_alloc: None }),
-        ..Default::default()
-    });
-    req.compile = Options { context: CONTEXT, chunk_rows: 8, resident_experts: false, ..Options::default() };
-    req.tier = TierOptions { max_experts: Some(slots), warm_start, deterministic: true, ..TierOptions::default() };
-    load(req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+fn load_two(dir: &Path, slots: usize, warm_start: bool, fault1: Option<u64>) -> Engine {
+    let req = EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions::default()),
+        second_device: Some(VkOptions {
+            fault: fault1.map(|n| FaultInjection { fail_submit: Some(n), fail_alloc: None }),
+            ..Default::default()
+        }),
+        compile: Options { context: CONTEXT, chunk_rows: 8, resident_experts: false, ..Options::default() },
+        tier: TierOptions { max_experts: Some(slots), warm_start, deterministic: true, ..TierOptions::default() },
+        ..EngineOptions::default()
+    };
+    Engine::load(dir, &req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 
 /// Logits of every prompt row (in chunks of `chunk`) and of `steps` greedy tokens.
-fn run(l: &Loaded, prompt: &[u32], chunk: usize, steps: usize) -> Run {
+fn run(l: &Engine, prompt: &[u32], chunk: usize, steps: usize) -> Run {
     run_greedy(l, prompt, chunk, steps, CONTEXT, true)
 }
 
-fn tier_devices(l: &Loaded) -> Vec<TierDeviceStats> {
-    l.device.as_ref().and_then(|d| d.with_tier(|t| t.devices())).expect("a tier")
+fn tier_devices(l: &Engine) -> Vec<TierDeviceStats> {
+    l.device().and_then(|d| d.with_tier(|t| t.devices())).expect("a tier")
 }
 
 #[test]
@@ -59,14 +61,14 @@ fn every_moe_fixture_with_slots_on_both_devices_matches_the_cpu() {
         let want = run(&cpu, &prompt, 5, 10);
         for warm in [true, false] {
             let dev = load_two(&dir, 3, warm, None);
-            let d = dev.device.as_ref().unwrap_or_else(|| panic!("{name}: {}", dev.device_note));
+            let d = dev.device().unwrap_or_else(|| panic!("{name}: {}", dev.device_note()));
             assert_eq!(d.devices().len(), 2, "{name}: two devices opened");
             assert!(
-                dev.plan.placement.layers.iter().all(|p| *p == Place::Device(DeviceId(0))),
+                dev.plan().placement.layers.iter().all(|p| *p == Place::Device(DeviceId(0))),
                 "{name}: every layer on d0\n{}",
-                dev.plan
+                dev.plan()
             );
-            assert_eq!(dev.plan.placement.fits[1].layers, 0, "{name}");
+            assert_eq!(dev.plan().placement.fits[1].layers, 0, "{name}");
             let line = d.tier_line().unwrap_or_default().to_string();
             assert!(line.contains("and on d1"), "{name}: {line}");
             let per = tier_devices(&dev);
@@ -118,9 +120,9 @@ fn the_second_device_lost_mid_decode_turns_both_off_and_the_cpu_finishes() {
         let want = run(&cpu, &prompt, prompt.len(), 12);
         // The second device's submissions in the prompt and in the whole run, on a clean run.
         let clean = load_two(&dir, 3, true, None);
-        let d1 = &clean.device.as_ref().unwrap().devices()[1].ctx;
+        let d1 = &clean.device().unwrap().devices()[1].ctx;
         let base = d1.submits();
-        let mut s = Session::on_device(&clean.model, clean.device.as_ref().unwrap(), CONTEXT).unwrap();
+        let mut s = Session::on_device(clean.model(), clean.device().unwrap(), CONTEXT).unwrap();
         s.forward(&prompt, LogitRows::All).unwrap();
         let prompt_submits = d1.submits() - base;
         drop(s);
@@ -141,7 +143,7 @@ fn the_second_device_lost_mid_decode_turns_both_off_and_the_cpu_finishes() {
             got.notice
         );
         assert!(!got.on_device, "{name}: both devices off after the loss");
-        assert!(dev.device.as_ref().unwrap().devices()[1].ctx.is_lost(), "{name}: d1 was the one lost");
+        assert!(dev.device().unwrap().devices()[1].ctx.is_lost(), "{name}: d1 was the one lost");
         assert_eq!(got.toks, want.toks, "{name}: the CPU finishes the run with the same tokens");
     }
 }

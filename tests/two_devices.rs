@@ -9,9 +9,9 @@
 
 mod common;
 
-use coli::load::{load, DeviceRequest, LoadRequest, Loaded};
 use coli_compiler::ids::{DeviceId, Place};
 use coli_compiler::Options;
+use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
 use coli_runtime::exec::{LogitRows, Session};
 use coli_runtime::vk::{FaultInjection, VkOptions};
 use common::*;
@@ -29,27 +29,34 @@ struct Split {
     fault1: Option<u64>,
 }
 
-fn load_on_two(dir: &Path, s: Split) -> Loaded {
+fn load_on_two(dir: &Path, s: Split) -> Engine {
     let fault = |n: Option<u64>| n.map(|n| FaultInjection { fail_submit: Some(n), fail_alloc: None });
-    let mut req = LoadRequest::new(dir);
-    req.device = DeviceRequest::Vulkan(VkOptions { memory_cap: s.cap0, fault: fault(s.fault0), ..Default::default() });
-    req.second_device = Some(VkOptions { fault: fault(s.fault1), ..Default::default() });
-    req.compile =
-        Options { context: 256, chunk_rows: 8, device_layers: s.d0, second_device_layers: s.d1, ..Options::default() };
-    load(req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+    let req = EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions { memory_cap: s.cap0, fault: fault(s.fault0), ..Default::default() }),
+        second_device: Some(VkOptions { fault: fault(s.fault1), ..Default::default() }),
+        compile: Options {
+            context: 256,
+            chunk_rows: 8,
+            device_layers: s.d0,
+            second_device_layers: s.d1,
+            ..Options::default()
+        },
+        ..EngineOptions::default()
+    };
+    Engine::load(dir, &req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 
 /// Layers the plan puts on device `d`.
-fn on(l: &Loaded, d: u32) -> usize {
-    l.plan.placement.layers.iter().filter(|p| **p == Place::Device(DeviceId(d))).count()
+fn on(l: &Engine, d: u32) -> usize {
+    l.plan().placement.layers.iter().filter(|p| **p == Place::Device(DeviceId(d))).count()
 }
 
-fn frames_on(l: &Loaded, d: u32) -> bool {
-    l.plan.frames.iter().any(|f| f.place == Place::Device(DeviceId(d)))
+fn frames_on(l: &Engine, d: u32) -> bool {
+    l.plan().frames.iter().any(|f| f.place == Place::Device(DeviceId(d)))
 }
 
 /// Logits of every prompt row (in chunks of `chunk`) and `steps` greedy tokens.
-fn run(l: &Loaded, prompt: &[u32], chunk: usize, steps: usize) -> Run {
+fn run(l: &Engine, prompt: &[u32], chunk: usize, steps: usize) -> Run {
     run_greedy(l, prompt, chunk, steps, 256, false)
 }
 
@@ -60,10 +67,10 @@ struct Oracle {
 }
 
 /// The fixture's prompt and largest |logit|, its layer count, and its CPU model.
-fn oracle(dir: &Path) -> (Oracle, Loaded) {
+fn oracle(dir: &Path) -> (Oracle, Engine) {
     let o = read_json(&dir.join("oracle.json"));
     let cpu = load_model(dir);
-    let layers = cpu.plan.program.dims.layers;
+    let layers = cpu.plan().program.dims.layers;
     (Oracle { prompt: ids(&o["prompt_ids"]), max: o["max_abs_logit"].as_f64().unwrap() as f32, layers }, cpu)
 }
 
@@ -84,10 +91,10 @@ fn every_fixture_split_across_two_devices_matches_the_cpu() {
         // The first half on d0, the rest on d1 by its own fit (the head too, where it fits).
         let d0 = (o.layers / 2).max(1);
         let dev = load_on_two(&dir, Split { d0: Some(d0), ..Default::default() });
-        assert!(dev.device.is_some(), "{name}: {}", dev.device_note);
-        assert_eq!((on(&dev, 0), on(&dev, 1)), (d0, o.layers - d0), "{name}: {}", dev.plan);
-        assert!(frames_on(&dev, 0) && frames_on(&dev, 1), "{name}: frames on both devices\n{}", dev.plan);
-        assert_eq!(dev.device.as_ref().unwrap().devices().len(), 2);
+        assert!(dev.device().is_some(), "{name}: {}", dev.device_note());
+        assert_eq!((on(&dev, 0), on(&dev, 1)), (d0, o.layers - d0), "{name}: {}", dev.plan());
+        assert!(frames_on(&dev, 0) && frames_on(&dev, 1), "{name}: frames on both devices\n{}", dev.plan());
+        assert_eq!(dev.device().unwrap().devices().len(), 2);
         for chunk in [o.prompt.len(), 1, 3] {
             let got = run(&dev, &o.prompt, chunk, 12);
             check(&format!("{name} d0 {d0} chunk {chunk}"), &got, &want, o.max);
@@ -104,7 +111,7 @@ fn chains_of_two_devices_and_the_cpu_match_the_cpu_at_every_split() {
         for d0 in 1..o.layers {
             for d1 in 1..=o.layers - d0 {
                 let dev = load_on_two(&dir, Split { d0: Some(d0), d1: Some(d1), ..Default::default() });
-                assert_eq!((on(&dev, 0), on(&dev, 1)), (d0, d1), "{name}: {}", dev.plan);
+                assert_eq!((on(&dev, 0), on(&dev, 1)), (d0, d1), "{name}: {}", dev.plan());
                 let got = run(&dev, &o.prompt, 5, 8);
                 check(&format!("{name} d0 {d0} d1 {d1}"), &got, &want, o.max);
             }
@@ -119,8 +126,8 @@ fn a_memory_cap_on_the_primary_sends_the_rest_to_the_second_device() {
     let want = run(&cpu, &o.prompt, 4, 6);
     // The sizes the compiler counts, from a plan with room for everything.
     let full = load_on_two(&dir, Split::default());
-    let pl = &full.plan.placement;
-    assert_eq!(on(&full, 0), o.layers, "{}", full.plan);
+    let pl = &full.plan().placement;
+    assert_eq!(on(&full, 0), o.layers, "{}", full.plan());
     for k in 1..o.layers {
         let per_layer: u64 = pl.costs[..k].iter().map(|c| c.total()).sum();
         // Room for k layers and a little more, but not for layer k or the head.
@@ -130,7 +137,7 @@ fn a_memory_cap_on_the_primary_sends_the_rest_to_the_second_device() {
         // primary then holds one fewer and the second device the rest.
         let (n0, n1) = (on(&dev, 0), on(&dev, 1));
         assert!(n0 == k || n0 + 1 == k, "cap {cap}: d0 holds {n0}, the fit counted {k}");
-        assert_eq!(n0 + n1, o.layers, "k={k}: the second device takes the rest\n{}", dev.plan);
+        assert_eq!(n0 + n1, o.layers, "k={k}: the second device takes the rest\n{}", dev.plan());
         let got = run(&dev, &o.prompt, 4, 6);
         assert_eq!(got.toks, want.toks, "k={k}: tokens differ from the CPU");
         assert!(max_abs_diff(&got.rows, &want.rows) <= 1e-4 * o.max, "k={k}");
@@ -146,8 +153,8 @@ fn a_device_lost_mid_decode_turns_both_off_and_the_cpu_finishes() {
         let split = Split { d0: Some((o.layers / 2).max(1)), ..Default::default() };
         // Submissions per device in the prompt and in the whole run, counted on a clean run.
         let clean = load_on_two(&dir, split);
-        let devs = clean.device.as_ref().unwrap().devices();
-        let mut s = Session::on_device(&clean.model, clean.device.as_ref().unwrap(), 256).unwrap();
+        let devs = clean.device().unwrap().devices();
+        let mut s = Session::on_device(clean.model(), clean.device().unwrap(), 256).unwrap();
         s.forward(&o.prompt, LogitRows::All).unwrap();
         let prompt_submits: Vec<u64> = devs.iter().map(|d| d.ctx.submits()).collect();
         drop(s);
@@ -168,7 +175,7 @@ fn a_device_lost_mid_decode_turns_both_off_and_the_cpu_finishes() {
                 "{name} d{lost}: the fallback says so"
             );
             assert!(!got.on_device, "{name} d{lost}: both devices are off after the loss");
-            assert!(dev.device.as_ref().unwrap().devices()[lost].ctx.is_lost(), "{name}: d{lost} was the one lost");
+            assert!(dev.device().unwrap().devices()[lost].ctx.is_lost(), "{name}: d{lost} was the one lost");
             assert_eq!(got.toks, want.toks, "{name} d{lost}: the CPU finishes the run with the same tokens");
         }
     }
@@ -178,14 +185,14 @@ fn a_device_lost_mid_decode_turns_both_off_and_the_cpu_finishes() {
 fn both_devices_run_dispatches() {
     let dir = fixture_dir("llama");
     let dev = load_on_two(&dir, Split { d0: Some(1), ..Default::default() });
-    let devs = dev.device.as_ref().expect("devices").devices();
+    let devs = dev.device().expect("devices").devices();
     let before: Vec<u64> = devs.iter().map(|d| d.ctx.dispatches()).collect();
     let r = run(&dev, &[1, 2, 3], 3, 2);
     assert!(r.notice.is_none() && r.on_device);
     for (d, b) in devs.iter().zip(before) {
         assert!(d.ctx.dispatches() > b, "{}: no dispatch ran", d.device);
     }
-    assert!(dev.device_note.contains("a second logical device of the same physical device"), "{}", dev.device_note);
+    assert!(dev.device_note().contains("a second logical device of the same physical device"), "{}", dev.device_note());
 }
 
 #[test]

@@ -10,11 +10,12 @@
 
 mod common;
 
-use coli::load::{load, DeviceRequest, LoadRequest, Loaded};
 use coli_compiler::frames::op_of;
 use coli_compiler::ids::{Part, Place};
 use coli_compiler::Options;
+use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
 use coli_runtime::exec::{LogitRows, Session};
+use coli_runtime::model::LoadOptions;
 use coli_runtime::oplib::op_name;
 use coli_runtime::vk::{FaultInjection, VkOptions};
 use common::*;
@@ -23,27 +24,29 @@ use std::path::Path;
 const FIXTURES: &[&str] =
     &["llama", "llama_tied", "olmoe", "qwen3_moe", "mixtral", "mimo_v2_flash", "qwen3_next", "deepseek_v3"];
 
-fn load_on_device(dir: &Path, device_layers: Option<usize>, fault: Option<FaultInjection>) -> Loaded {
-    let mut req = LoadRequest::new(dir);
-    req.device = DeviceRequest::Vulkan(VkOptions { fault, ..Default::default() });
-    req.compile = Options { context: 256, chunk_rows: 8, device_layers, ..Options::default() };
-    load(req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+fn load_on_device(dir: &Path, device_layers: Option<usize>, fault: Option<FaultInjection>) -> Engine {
+    let req = EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions { fault, ..Default::default() }),
+        compile: Options { context: 256, chunk_rows: 8, device_layers, ..Options::default() },
+        ..EngineOptions::default()
+    };
+    Engine::load(dir, &req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 
 /// The names of the layer ops the plan runs in host frames.
-fn host_layer_ops(l: &Loaded) -> Vec<&'static str> {
+fn host_layer_ops(l: &Engine) -> Vec<&'static str> {
     layer_ops(l, true)
 }
 
 /// The names of the layer ops the plan runs in host frames (`host`) or in device frames.
-fn layer_ops(l: &Loaded, host: bool) -> Vec<&'static str> {
-    let p = &l.plan.program;
-    let ops = l.plan.frames.iter().filter(|f| (f.place == Place::Host) == host).flat_map(|f| &f.ops);
+fn layer_ops(l: &Engine, host: bool) -> Vec<&'static str> {
+    let p = &l.plan().program;
+    let ops = l.plan().frames.iter().filter(|f| (f.place == Place::Host) == host).flat_map(|f| &f.ops);
     ops.filter(|id| matches!(id.part, Part::Layer(_))).map(|&id| op_name(op_of(p, id))).collect()
 }
 
 /// Logits of every prompt row (in chunks of `chunk`) and `steps` greedy tokens.
-fn run(l: &Loaded, prompt: &[u32], chunk: usize, steps: usize) -> (Vec<Vec<f32>>, Vec<u32>, Option<String>) {
+fn run(l: &Engine, prompt: &[u32], chunk: usize, steps: usize) -> (Vec<Vec<f32>>, Vec<u32>, Option<String>) {
     let r = run_greedy(l, prompt, chunk, steps, 256, false);
     (r.rows, r.toks, r.notice)
 }
@@ -58,18 +61,23 @@ fn every_fixture_on_the_device_matches_the_cpu() {
         let cpu = load_model(&dir);
         let (want, want_toks, _) = run(&cpu, &prompt, prompt.len(), 12);
         let dev = load_on_device(&dir, None, None);
-        assert!(dev.device.is_some(), "{name}: {}", dev.device_note);
+        assert!(dev.device().is_some(), "{name}: {}", dev.device_note());
         // Every layer's ops are in device frames (a fixture fits): no Linear, mixer or norm
         // of a layer falls back to the host.
         let host = host_layer_ops(&dev);
         assert!(
             host.iter().all(|op| matches!(*op, "route" | "routed_experts")),
             "{name}: layer ops on the host: {host:?}\n{}",
-            dev.plan
+            dev.plan()
         );
         if name == &"deepseek_v3" {
             let mla = layer_ops(&dev, false).iter().filter(|op| **op == "mla").count();
-            assert_eq!(mla, dev.plan.program.dims.layers, "{name}: every layer's MLA in a device frame\n{}", dev.plan);
+            assert_eq!(
+                mla,
+                dev.plan().program.dims.layers,
+                "{name}: every layer's MLA in a device frame\n{}",
+                dev.plan()
+            );
         }
         for chunk in [prompt.len(), 1, 3] {
             let (got, toks, notice) = run(&dev, &prompt, chunk, 12);
@@ -93,8 +101,8 @@ fn partial_chains_of_every_length_match_the_cpu() {
         let layers = oracle["hidden_after_layer"].as_array().map_or(2, |a| a.len());
         for n in 1..=layers {
             let dev = load_on_device(&dir, Some(n), None);
-            assert!(dev.device.is_some(), "{name} N={n}: {}", dev.device_note);
-            let text = dev.plan.to_string();
+            assert!(dev.device().is_some(), "{name} N={n}: {}", dev.device_note());
+            let text = dev.plan().to_string();
             assert!(text.contains(&format!("({n} layer")), "{name}: the plan should place {n} layers:\n{text}");
             let (got, toks, _) = run(&dev, &prompt, 5, 8);
             let err = max_abs_diff(&got, &want);
@@ -129,17 +137,24 @@ fn a_device_lost_mid_decode_of_qwen3_next_is_finished_by_the_cpu() {
     let prompt = ids(&oracle["prompt_ids"]);
     let (_, want_toks, _) = run(&load_model(&dir), &prompt, prompt.len(), 12);
     let load_with = |fault: Option<FaultInjection>| {
-        let mut req = LoadRequest::new(&dir);
-        req.device = DeviceRequest::Vulkan(VkOptions { fault, ..Default::default() });
-        req.compile =
-            Options { context: 256, chunk_rows: 8, expert_tier: false, resident_experts: false, ..Options::default() };
-        load(req).unwrap()
+        let req = EngineOptions {
+            device: DeviceRequest::Vulkan(VkOptions { fault, ..Default::default() }),
+            compile: Options {
+                context: 256,
+                chunk_rows: 8,
+                expert_tier: false,
+                resident_experts: false,
+                ..Options::default()
+            },
+            ..EngineOptions::default()
+        };
+        Engine::load(&dir, &req).unwrap()
     };
     // Where the submits fall: count them on a clean run.
     let clean = load_with(None);
-    let d = clean.device.as_ref().expect("a device");
-    assert!(host_layer_ops(&clean).iter().all(|op| matches!(*op, "route" | "routed_experts")), "{}", clean.plan);
-    let mut s = Session::on_device(&clean.model, d, 256).unwrap();
+    let d = clean.device().expect("a device");
+    assert!(host_layer_ops(&clean).iter().all(|op| matches!(*op, "route" | "routed_experts")), "{}", clean.plan());
+    let mut s = Session::on_device(clean.model(), d, 256).unwrap();
     let mut last = s.forward(&prompt, LogitRows::Last).unwrap();
     let mut starts = Vec::new();
     for _ in 0..6 {
@@ -169,17 +184,24 @@ fn a_device_lost_mid_decode_of_deepseek_v3_is_finished_by_the_cpu() {
     let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
     let (_, want_toks, _) = run(&load_model(&dir), &prompt, prompt.len(), 12);
     let load_with = |fault: Option<FaultInjection>| {
-        let mut req = LoadRequest::new(&dir);
-        req.device = DeviceRequest::Vulkan(VkOptions { fault, ..Default::default() });
-        req.compile =
-            Options { context: 256, chunk_rows: 8, expert_tier: false, resident_experts: false, ..Options::default() };
-        load(req).unwrap()
+        let req = EngineOptions {
+            device: DeviceRequest::Vulkan(VkOptions { fault, ..Default::default() }),
+            compile: Options {
+                context: 256,
+                chunk_rows: 8,
+                expert_tier: false,
+                resident_experts: false,
+                ..Options::default()
+            },
+            ..EngineOptions::default()
+        };
+        Engine::load(&dir, &req).unwrap()
     };
     // Where the submits fall: count them on a clean run.
     let clean = load_with(None);
-    let d = clean.device.as_ref().expect("a device");
-    assert!(layer_ops(&clean, false).contains(&"mla"), "MLA in device frames:\n{}", clean.plan);
-    let mut s = Session::on_device(&clean.model, d, 256).unwrap();
+    let d = clean.device().expect("a device");
+    assert!(layer_ops(&clean, false).contains(&"mla"), "MLA in device frames:\n{}", clean.plan());
+    let mut s = Session::on_device(clean.model(), d, 256).unwrap();
     let first = s.forward(&prompt, LogitRows::Last).unwrap();
     let mut last = first.clone();
     let mut starts = Vec::new();
@@ -216,13 +238,13 @@ fn qwen3_next_device_state_follows_the_host() {
     let prompt = ids(&oracle["prompt_ids"]);
     let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
     let dev = load_on_device(&dir, None, None);
-    let mut s = Session::on_device(&dev.model, dev.device.as_ref().expect("a device"), 256).unwrap();
+    let mut s = Session::on_device(dev.model(), dev.device().expect("a device"), 256).unwrap();
     let first = s.forward(&prompt, LogitRows::Last).unwrap();
     let a = s.forward(&[argmax(&first)], LogitRows::Last).unwrap();
     let b = s.forward(&[argmax(&a)], LogitRows::Last).unwrap();
     s.try_truncate(prompt.len() + 1).expect("back by the last step");
     let b2 = s.forward(&[argmax(&a)], LogitRows::Last).unwrap();
-    assert!(max_abs_diff(&[b2], &[b.clone()]) <= 1e-5 * max, "the step again");
+    assert!(max_abs_diff(&[b2], std::slice::from_ref(&b)) <= 1e-5 * max, "the step again");
     s.truncate(0);
     let again = s.forward(&prompt, LogitRows::Last).unwrap();
     assert!(max_abs_diff(&[again], &[first]) <= 1e-5 * max, "the prompt again from a fresh state");
@@ -232,7 +254,7 @@ fn qwen3_next_device_state_follows_the_host() {
 #[test]
 fn work_runs_on_the_device() {
     let dev = load_on_device(&fixture_dir("llama"), None, None);
-    let d = dev.device.as_ref().expect("a device");
+    let d = dev.device().expect("a device");
     let before = d.ctx.dispatches();
     let (_, _, notice) = run(&dev, &[1, 2, 3], 3, 2);
     assert!(notice.is_none());
@@ -246,17 +268,19 @@ fn smollm2_on_the_device_matches_the_cpu() {
     let p = &oracle["prompts"][0];
     let prompt = ids(&p["prompt_ids"]);
     let greedy = ids(&p["greedy"]);
-    let mut req = LoadRequest::new(&path);
-    req.device = DeviceRequest::Vulkan(VkOptions::default());
-    req.compile = Options { context: 64, chunk_rows: 16, ..Options::default() };
-    let dev = load(req).unwrap();
-    assert!(dev.device.is_some(), "{}", dev.device_note);
+    let req = EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions::default()),
+        compile: Options { context: 64, chunk_rows: 16, ..Options::default() },
+        ..EngineOptions::default()
+    };
+    let dev = Engine::load(&path, &req).unwrap();
+    assert!(dev.device().is_some(), "{}", dev.device_note());
     let cpu = load_model(&path);
     // Both sides multiply the Q4_1/Q8_0 blocks with f32 activations here (Exact), so they
     // differ only in the order of float operations.
-    let mut c = Session::new(&cpu.model, 64);
+    let mut c = Session::new(cpu.model(), 64);
     c.set_precision(coli_runtime::cpu::Precision::Exact);
-    let mut g = Session::on_device(&dev.model, dev.device.as_ref().unwrap(), 64).unwrap();
+    let mut g = Session::on_device(dev.model(), dev.device().unwrap(), 64).unwrap();
     g.set_precision(coli_runtime::cpu::Precision::Exact);
     let want = c.forward(&prompt, LogitRows::Last).unwrap();
     let mut got = g.forward(&prompt, LogitRows::Last).unwrap();
@@ -281,17 +305,19 @@ fn smollm2_on_the_device_matches_the_cpu() {
 fn int8_fast_precision_decode_matches_the_cpu() {
     for name in ["llama_tied", "qwen3_moe"] {
         let dir = fixture_dir(name);
-        let mut req = LoadRequest::new(&dir);
-        req.load.quantize = Some(coli_runtime::format::WeightFormat::I8Row);
-        req.device = DeviceRequest::Vulkan(VkOptions::default());
-        req.compile = Options { context: 64, chunk_rows: 16, ..Options::default() };
-        let dev = load(req).unwrap();
-        assert!(dev.device.is_some(), "{}", dev.device_note);
-        let mut req = LoadRequest::new(&dir);
-        req.load.quantize = Some(coli_runtime::format::WeightFormat::I8Row);
-        let cpu = load(req).unwrap();
-        let mut c = Session::new(&cpu.model, 64);
-        let mut g = Session::on_device(&dev.model, dev.device.as_ref().unwrap(), 64).unwrap();
+        let load = LoadOptions { quantize: Some(coli_runtime::format::WeightFormat::I8Row), ..Default::default() };
+        let req = EngineOptions {
+            load: load.clone(),
+            device: DeviceRequest::Vulkan(VkOptions::default()),
+            compile: Options { context: 64, chunk_rows: 16, ..Options::default() },
+            ..EngineOptions::default()
+        };
+        let dev = Engine::load(&dir, &req).unwrap();
+        assert!(dev.device().is_some(), "{}", dev.device_note());
+        let req = EngineOptions { load, ..EngineOptions::default() };
+        let cpu = Engine::load(&dir, &req).unwrap();
+        let mut c = Session::new(cpu.model(), 64);
+        let mut g = Session::on_device(dev.model(), dev.device().unwrap(), 64).unwrap();
         forced_steps_match(&mut c, &mut g, &[1, 5, 17, 42, 9], 6, 1e-3, false, name);
     }
 }
@@ -328,25 +354,29 @@ fn forced_steps_match(
 fn a_memory_cap_aimed_at_half_of_smollm2_places_half() {
     let Some(path) = default_model_path() else { return };
     let opts = Options { context: 640, chunk_rows: 512, ..Options::default() };
-    let mut req = LoadRequest::new(&path);
-    req.device = DeviceRequest::Vulkan(VkOptions::default());
-    req.compile = opts.clone();
-    let full = load(req).unwrap();
-    let pl = &full.plan.placement;
-    let half = full.plan.program.dims.layers / 2;
+    let req = EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions::default()),
+        compile: opts.clone(),
+        ..EngineOptions::default()
+    };
+    let full = Engine::load(&path, &req).unwrap();
+    let pl = &full.plan().placement;
+    let half = full.plan().program.dims.layers / 2;
     let cap = pl.fixed + pl.costs[..half].iter().map(|c| c.total()).sum::<u64>() + pl.costs[half].total() * 9 / 10;
-    let mut req = LoadRequest::new(&path);
-    req.device = DeviceRequest::Vulkan(VkOptions { memory_cap: Some(cap), ..Default::default() });
-    req.compile = opts;
-    let dev = load(req).unwrap();
-    assert_eq!(dev.plan.placement.fits[0].layers, half, "cap {cap}: {}", dev.device_note);
-    assert!(dev.device.is_some(), "{}", dev.device_note);
+    let req = EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions { memory_cap: Some(cap), ..Default::default() }),
+        compile: opts,
+        ..EngineOptions::default()
+    };
+    let dev = Engine::load(&path, &req).unwrap();
+    assert_eq!(dev.plan().placement.fits[0].layers, half, "cap {cap}: {}", dev.device_note());
+    assert!(dev.device().is_some(), "{}", dev.device_note());
     // Both sides in f32 activations (as `smollm2_on_the_device_matches_the_cpu`): they differ
     // only in the order of float operations.
     let cpu = load_model(&path);
-    let mut c = Session::new(&cpu.model, 64);
+    let mut c = Session::new(cpu.model(), 64);
     c.set_precision(coli_runtime::cpu::Precision::Exact);
-    let mut g = Session::on_device(&dev.model, dev.device.as_ref().unwrap(), 64).unwrap();
+    let mut g = Session::on_device(dev.model(), dev.device().unwrap(), 64).unwrap();
     g.set_precision(coli_runtime::cpu::Precision::Exact);
     forced_steps_match(&mut c, &mut g, &[1, 504, 3458, 314, 260, 1345, 282], 4, 1e-4, true, "half chain");
 }
@@ -360,26 +390,30 @@ fn a_memory_cap_aimed_at_k_layers_places_k_layers_and_compile_agrees() {
     let opts = Options { context: 64, chunk_rows: 8, ..Options::default() };
     // What the compiler's fit says for a budget is what `coli compile` prints for it.
     // The sizes the compiler counts, from a plan with room for everything.
-    let mut req = LoadRequest::new(&dir);
-    req.device = DeviceRequest::Vulkan(VkOptions::default());
-    req.compile = opts.clone();
-    let full = load(req).unwrap();
-    let pl = &full.plan.placement;
-    let layers = full.plan.program.dims.layers;
+    let req = EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions::default()),
+        compile: opts.clone(),
+        ..EngineOptions::default()
+    };
+    let full = Engine::load(&dir, &req).unwrap();
+    let pl = &full.plan().placement;
+    let layers = full.plan().program.dims.layers;
     for k in 1..layers {
         let per_layer: u64 = pl.costs[..k].iter().map(|c| c.total()).sum();
         // Room for k layers and a little more, but not for layer k or the head.
         let slack = pl.costs[k].total() * 9 / 10;
         let cap = pl.fixed + per_layer + slack;
-        let mut req = LoadRequest::new(&dir);
-        req.device = DeviceRequest::Vulkan(VkOptions { memory_cap: Some(cap), ..Default::default() });
-        req.compile = opts.clone();
-        let dev = load(req).unwrap();
+        let req = EngineOptions {
+            device: DeviceRequest::Vulkan(VkOptions { memory_cap: Some(cap), ..Default::default() }),
+            compile: opts.clone(),
+            ..EngineOptions::default()
+        };
+        let dev = Engine::load(&dir, &req).unwrap();
         // The fit counts k layers and the device holds them (the allocator's last blocks are
         // sized to what the cap has left).
-        let placed = dev.plan.placement.fits[0].layers;
+        let placed = dev.plan().placement.fits[0].layers;
         assert_eq!(placed, k, "cap {cap}: placed {placed}, the fit counted {k}");
-        assert!(dev.device.is_some() || placed == 0, "k={k}: {}", dev.device_note);
+        assert!(dev.device().is_some() || placed == 0, "k={k}: {}", dev.device_note());
         let (_, toks, _) = run(&dev, &prompt, 4, 6);
         assert_eq!(toks, want_toks, "k={k}: tokens differ from the CPU");
         // `coli compile` with a profile of the same budget prints the same N.

@@ -3,9 +3,11 @@
 //! Data flows one way: a checkpoint (`model`) and a compiled program (from `coli-compiler`)
 //! make an `exec::Model`; a `exec::Session` runs forwards over it with the op libraries
 //! (`cpu`, later `vk`); `generate` drives sessions with a tokenizer (`text`) and a sampler.
+//! `engine` puts it together: `Engine::load` from a checkpoint's path to a runnable model.
 
 pub mod bytes;
 pub mod cpu;
+pub mod engine;
 pub mod exec;
 pub mod format;
 pub mod generate;

@@ -1,7 +1,7 @@
 //! Helpers shared by the end-to-end tests: fixture paths, JSON readers, comparisons.
 #![allow(dead_code)]
 
-use coli::load::{load, LoadRequest, Loaded};
+use coli_runtime::engine::{Engine, EngineOptions};
 use coli_runtime::exec::{LogitRows, Session};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -37,8 +37,8 @@ pub fn default_model_path() -> Option<PathBuf> {
     }
 }
 
-pub fn load_model(path: &Path) -> Loaded {
-    load(LoadRequest::new(path)).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+pub fn load_model(path: &Path) -> Engine {
+    Engine::load(path, &EngineOptions::default()).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
 }
 
 pub fn read_json(p: &Path) -> Value {
@@ -90,12 +90,12 @@ pub struct Run {
 /// Runs `prompt` in chunks of `chunk` (on `l`'s device when it has one, else the CPU, with a
 /// context of `context`), then `steps` greedy tokens; `step_rows`: the decode steps' logits
 /// join `rows`.
-pub fn run_greedy(l: &Loaded, prompt: &[u32], chunk: usize, steps: usize, context: usize, step_rows: bool) -> Run {
-    let mut s = match &l.device {
-        Some(d) => Session::on_device(&l.model, d, context).unwrap(),
-        None => Session::new(&l.model, context),
+pub fn run_greedy(l: &Engine, prompt: &[u32], chunk: usize, steps: usize, context: usize, step_rows: bool) -> Run {
+    let mut s = match l.device() {
+        Some(d) => Session::on_device(l.model(), d, context).unwrap(),
+        None => Session::new(l.model(), context),
     };
-    let vocab = l.plan.program.dims.vocab;
+    let vocab = l.plan().program.dims.vocab;
     let mut rows = Vec::new();
     for c in prompt.chunks(chunk) {
         rows.extend(s.forward(c, LogitRows::All).unwrap().chunks_exact(vocab).map(|r| r.to_vec()));

@@ -5,90 +5,73 @@
 //! weight is read.
 
 use crate::checks;
-use crate::default_model;
-use crate::load::{load, DeviceRequest, LoadRequest};
+use crate::engine_args::{heading, message, DeviceArgs, ModelArgs, DEFAULT_CHUNK};
 use crate::tier_args::TierArgs;
 use clap::Args;
 use coli_compiler::Options;
+use coli_runtime::engine::{Engine, EngineError, EngineOptions};
 use coli_runtime::exec::{LogitRows, Session};
-use coli_runtime::vk::VkOptions;
-use std::path::PathBuf;
+use coli_runtime::model::LoadOptions;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// A model directory or .gguf file; default: SmolLM2-135M-Instruct.
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    #[arg(long)]
-    pub spec: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Prompt tokens per prompt test.
-    #[arg(short = 'p', long, default_value_t = 128, value_parser = checks::tokens)]
+    #[arg(short = 'p', long, default_value_t = 128, value_parser = checks::tokens, help_heading = heading::BENCHMARK)]
     pub prompt: usize,
     /// Decode tokens per decode test.
-    #[arg(short = 'n', long, default_value_t = 64, value_parser = checks::tokens)]
+    #[arg(short = 'n', long, default_value_t = 64, value_parser = checks::tokens, help_heading = heading::BENCHMARK)]
     pub decode: usize,
     /// Context already filled before the tests (llama-bench's `-d`): the prompt test runs after
     /// this many tokens, which are not timed, and the decode test right after it.
-    #[arg(short = 'd', long, default_value_t = 0)]
+    #[arg(short = 'd', long, default_value_t = 0, help_heading = heading::BENCHMARK)]
     pub depth: usize,
-    /// Context length (default: -d + -p + -n + 8, within the model's context); the tests must
-    /// fit it.
-    #[arg(long, value_parser = checks::context)]
-    pub ctx: Option<usize>,
+    /// Repetitions (the median is reported).
+    #[arg(short = 'r', long, default_value_t = 3, value_parser = checks::reps, help_heading = heading::BENCHMARK)]
+    pub reps: usize,
     /// With `-d` and a KV split: fill the context with the same model placed without the split
     /// (the split's host part makes a long fill take minutes), then run the timed tests with
     /// the split over that context.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::BENCHMARK)]
     pub fill_unsplit: bool,
-    /// Repetitions (the median is reported).
-    #[arg(short = 'r', long, default_value_t = 3, value_parser = checks::reps)]
-    pub reps: usize,
+    /// Context length (default: -d + -p + -n + 8, within the model's context); the tests must
+    /// fit it.
+    #[arg(long, value_parser = checks::context, help_heading = heading::GENERATION)]
+    pub ctx: Option<usize>,
     /// Prompt rows per forward.
-    #[arg(long, default_value_t = 512, value_parser = checks::rows)]
+    #[arg(long, default_value_t = DEFAULT_CHUNK, value_parser = checks::rows, help_heading = heading::GENERATION)]
     pub chunk: usize,
-    /// cpu, vulkan (fails without a device) or auto.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    /// Use at most this many MiB of device memory.
-    #[arg(long, value_parser = checks::device_mib)]
-    pub device_mem_mib: Option<u64>,
-    /// Keep this many layers on the device.
-    #[arg(long)]
-    pub device_layers: Option<usize>,
-    /// Quantize f32/f16/bf16 matrices at load (as `coli exec --quantize`).
-    #[arg(long, value_enum)]
-    pub quantize: Option<crate::exec_cmd::QuantChoice>,
-    /// Routed experts on the CPU (no expert tier), for comparison.
-    #[arg(long)]
-    pub no_expert_tier: bool,
     #[command(flatten)]
-    pub kv: crate::kv_args::KvSplitArgs,
+    pub device: DeviceArgs,
     #[command(flatten)]
     pub second: crate::device2_args::SecondDeviceArgs,
     #[command(flatten)]
     pub dense: crate::dense_args::DenseArgs,
     #[command(flatten)]
     pub tier: TierArgs,
-    /// Prompt GEMMs in f32 tiles even where the device has cooperative matrices (comparison).
-    #[arg(long)]
-    pub no_coopmat: bool,
-    /// Byte arithmetic for 8-bit dot products even where the device has a packed integer
-    /// dot product (comparison).
-    #[arg(long)]
-    pub no_int_dot: bool,
+    /// Routed experts on the CPU (no expert tier), for comparison.
+    #[arg(long, help_heading = heading::EXPERT_TIER)]
+    pub no_expert_tier: bool,
+    #[command(flatten)]
+    pub kv: crate::kv_args::KvSplitArgs,
     /// Device time per kernel (timestamp queries) and host time per phase of the frames' runs,
     /// of the last repetition's prompt and decode steps, every device's (the second's named
     /// "d1 ..."); the tok/s then include the queries' small cost.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::DIAGNOSTICS)]
     pub profile: bool,
+    /// Prompt GEMMs in f32 tiles even where the device has cooperative matrices (comparison).
+    #[arg(long, help_heading = heading::DIAGNOSTICS)]
+    pub no_coopmat: bool,
+    /// Byte arithmetic for 8-bit dot products even where the device has a packed integer
+    /// dot product (comparison).
+    #[arg(long, help_heading = heading::DIAGNOSTICS)]
+    pub no_int_dot: bool,
 }
 
-fn session(l: &crate::load::Loaded, ctx: usize) -> Result<Session<'_>, String> {
-    match &l.device {
-        Some(d) => Session::on_device(&l.model, d, ctx).map_err(|e| e.to_string()),
-        None => Ok(Session::new(&l.model, ctx)),
-    }
+fn session(e: &Engine, ctx: usize) -> Result<Session<'_>, String> {
+    e.session_with_context(ctx).map_err(message)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -128,36 +111,22 @@ fn positions(a: &BenchArgs) -> Result<Positions, String> {
 
 pub fn run(a: BenchArgs) -> Result<(), String> {
     let pos = positions(&a)?;
-    if let Some(s) = &a.spec {
-        checks::spec_path(s, "--spec")?;
-    }
-    let path = match &a.model {
-        Some(p) => {
-            checks::model_path(p)?;
-            p.clone()
-        }
-        None => default_model::ensure()?,
-    };
+    let path = a.model.resolve()?;
     // Without --ctx the tests must fit the model's context: checked on the plan, before any
     // weight is read.
-    let fits_model = |plan: &coli_compiler::Plan| {
-        let m = plan.program.dims.max_context;
-        if a.ctx.is_none() && pos.need > m {
-            return Err(format!(
-                "the model's context of {m} positions is too small for -d {} + -p {} + -n {} (+1: {} positions); lower them, or run past it with --ctx",
+    let load = |kv: &crate::kv_args::KvSplitArgs| {
+        Engine::load(&path, &options(&a, &path, kv, pos)).map_err(|e| match e {
+            EngineError::ContextTooSmall { max, .. } => format!(
+                "the model's context of {max} positions is too small for -d {} + -p {} + -n {} (+1: {} positions); lower them, or run past it with --ctx",
                 a.depth, a.prompt, a.decode, pos.need
-            ));
-        }
-        Ok(())
+            ),
+            e => message(e),
+        })
     };
-    let mut req = request(&a, &path, &a.kv, pos)?;
-    req.check_plan = Some(&fits_model);
-    let loaded = load(req)?;
+    let engine = load(&a.kv)?;
     // The filler: the same model without a KV split (`--fill-unsplit`).
-    let filler = if a.fill_unsplit && a.depth > 0 && loaded.device.is_some() && loaded.plan.placement.kv_split.is_some()
-    {
-        let unsplit = crate::kv_args::KvSplitArgs { no_kv_split: true, ..Default::default() };
-        Some(load(request(&a, &path, &unsplit, pos)?)?)
+    let filler = if a.fill_unsplit && a.depth > 0 && engine.kv_split().is_some() {
+        Some(load(&crate::kv_args::KvSplitArgs { no_kv_split: true, ..Default::default() })?)
     } else {
         None
     };
@@ -166,58 +135,44 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             "--fill-unsplit: no KV split on a device with a depth (-d) to fill; the context is filled as usual"
         );
     }
-    measure(&a, &path, &loaded, filler.as_ref(), pos.session)
+    measure(&a, &path, &engine, filler.as_ref(), pos.session)
 }
 
-/// The load request of the bench's flags, with `kv` for the KV split.
-fn request<'a>(
-    a: &'a BenchArgs,
-    path: &'a std::path::Path,
-    kv: &crate::kv_args::KvSplitArgs,
-    pos: Positions,
-) -> Result<LoadRequest<'a>, String> {
-    let mut req = LoadRequest::new(path);
-    req.spec = a.spec.as_deref();
-    req.load.quantize = a.quantize.map(crate::exec_cmd::QuantChoice::format);
+/// The engine options of the bench's flags, with `kv` for the KV split.
+fn options(a: &BenchArgs, path: &std::path::Path, kv: &crate::kv_args::KvSplitArgs, pos: Positions) -> EngineOptions {
     let coopmat = if a.no_coopmat { coli_runtime::vk::CoopMatUse::Off } else { coli_runtime::vk::CoopMatUse::Auto };
     let int_dot = if a.no_int_dot { coli_runtime::vk::IntDotUse::Off } else { coli_runtime::vk::IntDotUse::Auto };
-    let vk = VkOptions {
-        memory_cap: a.device_mem_mib.map(|m| m << 20),
-        profile: a.profile,
-        coopmat,
-        int_dot,
-        ..Default::default()
-    };
-    req.second_device = a.second.options(&vk);
-    req.device = match a.device.as_str() {
-        "cpu" => DeviceRequest::Cpu,
-        "vulkan" => DeviceRequest::Vulkan(vk),
-        "auto" => DeviceRequest::Auto(vk),
-        d => return Err(format!("--device {d}: expected cpu, vulkan or auto")),
-    };
-    req.compile = a.second.apply(kv.apply(Options {
-        context: pos.compile,
-        chunk_rows: a.chunk,
-        device_layers: a.device_layers,
-        expert_tier: !a.no_expert_tier,
-        resident_experts: !a.tier.sized(),
-        ..Options::default()
-    }));
-    // The bench reads a history only when given one, and never writes it.
-    req.tier = a.tier.options(&path, false);
-    req.dense_device_only = a.dense.choice();
-    Ok(req)
+    let vk = coli_runtime::vk::VkOptions { profile: a.profile, coopmat, int_dot, ..a.device.vk_options() };
+    EngineOptions {
+        spec: a.model.spec.clone(),
+        load: LoadOptions { quantize: a.model.quantize.map(|q| q.format()), ..LoadOptions::default() },
+        compile: a.second.apply(kv.apply(Options {
+            context: pos.compile,
+            chunk_rows: a.chunk,
+            device_layers: a.device.device_layers,
+            expert_tier: !a.no_expert_tier,
+            resident_experts: !a.tier.sized(),
+            ..Options::default()
+        })),
+        second_device: a.second.options(&vk),
+        device: a.device.request(vk),
+        // The bench reads a history only when given one, and never writes it.
+        tier: a.tier.options(path, false),
+        host_copies: a.dense.host_copies(),
+        min_model_context: a.ctx.is_none().then_some(pos.need),
+        ..EngineOptions::default()
+    }
 }
 
 fn measure(
     a: &BenchArgs,
     path: &std::path::Path,
-    loaded: &crate::load::Loaded,
-    filler: Option<&crate::load::Loaded>,
+    loaded: &Engine,
+    filler: Option<&Engine>,
     ctx: usize,
 ) -> Result<(), String> {
-    let vocab = u32::try_from(loaded.plan.program.dims.vocab)
-        .map_err(|_| format!("a vocabulary of {} ids does not fit 32-bit ids", loaded.plan.program.dims.vocab))?;
+    let vocab = u32::try_from(loaded.plan().program.dims.vocab)
+        .map_err(|_| format!("a vocabulary of {} ids does not fit 32-bit ids", loaded.plan().program.dims.vocab))?;
     // Deterministic ids spread over the vocabulary (avoiding the first few specials when
     // there are more).
     let (first, span) = if vocab > 10 { (10, vocab - 10) } else { (0, vocab.max(1)) };
@@ -251,7 +206,7 @@ fn measure(
     let reps = a.reps;
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     // Every device's profile: the kernels and phases of device i > 0 named "d<i> ...".
-    let prof_ctx: Option<Vec<_>> = loaded.device.as_ref().map(|d| d.devices().iter().map(|m| m.ctx.clone()).collect());
+    let prof_ctx: Option<Vec<_>> = loaded.device().map(|d| d.devices().iter().map(|m| m.ctx.clone()).collect());
     let take = || {
         let (mut dev, mut host) = (Vec::new(), Vec::new());
         for (i, c) in prof_ctx.iter().flatten().enumerate() {
@@ -266,7 +221,7 @@ fn measure(
     let (mut prompt_prof, mut decode_prof) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
     for rep in 0..reps {
         let last = rep + 1 == reps;
-        let mut s = session(&loaded, ctx)?;
+        let mut s = session(loaded, ctx)?;
         filled(&mut s)?;
         take();
         let t = Instant::now();
@@ -282,7 +237,7 @@ fn measure(
         if a.depth == 0 {
             // The old session's device state goes first: under a memory cap two do not fit.
             drop(s);
-            s = session(&loaded, ctx)?;
+            s = session(loaded, ctx)?;
         }
         s.forward(&ids[..1], LogitRows::Last).map_err(|e| e.to_string())?;
         take();
@@ -295,21 +250,21 @@ fn measure(
             decode_prof = take();
         }
     }
-    let p = &loaded.plan.program;
-    println!("{}", loaded.device_note);
-    if let (Some(_), Some(k)) = (&loaded.device, &loaded.plan.placement.kv_split) {
+    let p = &loaded.plan().program;
+    println!("{}", loaded.device_note());
+    if let Some(k) = loaded.kv_split() {
         println!("{k}");
     }
     if filler.is_some() {
         println!("context of {} positions filled without the KV split, the timed tests with it", a.depth);
     }
-    if let Some(st) = loaded.device.as_ref().and_then(|d| d.kv_split_stats()) {
+    if let Some(st) = loaded.device().and_then(|d| d.kv_split_stats()) {
         println!(
             "kv split, all repetitions: {} layer steps, {} with a host part, {} (row, position) pairs on the host",
             st.steps, st.host_steps, st.host_positions
         );
     }
-    if let Some(t) = loaded.device.as_ref().and_then(|d| d.tier_line()) {
+    if let Some(t) = loaded.tier_line() {
         println!("{t}");
     }
     println!(
@@ -322,7 +277,7 @@ fn measure(
         rayon::current_num_threads(),
         coli_runtime::format::kernel_level()
     );
-    if let Some(line) = loaded.device.as_ref().and_then(|d| d.tier_summary()) {
+    if let Some(line) = loaded.device().and_then(|d| d.tier_summary()) {
         println!("{line} (all repetitions)");
     }
     let at = if a.depth > 0 { format!(" @ d{}", a.depth) } else { String::new() };

@@ -1,17 +1,20 @@
 //! `coli compile`: compiles an architecture spec for a checkpoint and a device profile, and
 //! prints the plan (text, or Graphviz with `--format dot`).
 //!
-//! `coli compile graphs/olmoe.ron --config <config.json | model dir | model.gguf>
+//! `coli compile graphs/olmoe.ron --model <config.json | model dir | model.gguf>
 //! [--profile p.ron] [--format text|dot] [options]`; `coli compile graphs/olmoe.ron` alone uses
-//! the spec's default configuration; `coli compile --config <checkpoint>` alone finds the spec
+//! the spec's default configuration; `coli compile --model <checkpoint>` alone finds the spec
 //! that serves the checkpoint's architecture under `--graphs` (default `graphs`), else among
-//! the specs built into the binary.
+//! the specs built into the runtime (`coli_runtime::engine::specs`). `--config`, `--context`
+//! and `--chunk-rows` are the older spellings of `--model`, `--ctx` and `--chunk`.
 //! This file only parses arguments, reads inputs and prints; it must not hold compiler logic.
 
+use crate::engine_args::{heading, DEFAULT_CHUNK};
 use coli_compiler::bind::Bindings;
 use coli_compiler::cost::Format;
 use coli_compiler::spec::{spec_for_architecture, Spec};
 use coli_compiler::{compile, DeviceProfile, Options};
+use coli_runtime::engine::specs;
 use std::path::{Path, PathBuf};
 
 /// Arguments of `coli compile`.
@@ -19,51 +22,54 @@ use std::path::{Path, PathBuf};
 pub struct CompileArgs {
     /// The architecture spec (`graphs/olmoe.ron`). Absent: the spec under `--graphs` that
     /// serves the checkpoint's architecture.
+    #[arg(help_heading = heading::MODEL)]
     pub spec: Option<PathBuf>,
     /// The checkpoint: a `config.json`, a model directory or a `.gguf` file. Absent: the
     /// spec's `default_config`.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// A device profile (`graphs/profiles/*.ron`, or what `coli probe` prints). Absent: CPU only.
-    #[arg(long)]
-    pub profile: Option<PathBuf>,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
-    pub format: OutputFormat,
+    #[arg(short = 'm', long, visible_alias = "config", help_heading = heading::MODEL)]
+    pub model: Option<PathBuf>,
     /// Where to look for specs when none is given.
-    #[arg(long, default_value = "graphs")]
+    #[arg(long, default_value = "graphs", help_heading = heading::MODEL)]
     pub graphs: PathBuf,
+    /// Weight format assumed when only a config.json is given (`bf16`, `q4_k`, ...).
+    #[arg(long, help_heading = heading::MODEL)]
+    pub assume_format: Option<Format>,
+    /// Context length the KV cache is sized for (default: 4096).
+    #[arg(long, visible_alias = "context", value_parser = crate::checks::context, help_heading = heading::GENERATION)]
+    pub ctx: Option<usize>,
+    /// Prompt rows per forward (one prompt chunk).
+    #[arg(long, visible_alias = "chunk-rows", default_value_t = DEFAULT_CHUNK, value_parser = crate::checks::rows, help_heading = heading::GENERATION)]
+    pub chunk: usize,
+    /// A device profile (`graphs/profiles/*.ron`, or what `coli probe` prints). Absent: CPU only.
+    #[arg(long, help_heading = heading::DEVICES)]
+    pub profile: Option<PathBuf>,
     /// Keep the dense part on the CPU.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::DEVICES)]
     pub dense_on_cpu: bool,
-    /// Run routed experts on the CPU instead of through the device expert tier.
-    #[arg(long)]
-    pub no_expert_tier: bool,
     /// Force the number of layers on the primary device instead of the most that fit.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::DEVICES)]
     pub device_layers: Option<usize>,
     /// Force the number of layers on the second device (a profile with two devices).
-    #[arg(long)]
+    #[arg(long, help_heading = heading::DEVICES)]
     pub device2_layers: Option<usize>,
-    /// Context length the KV cache is sized for.
-    #[arg(long, value_parser = crate::checks::context)]
-    pub context: Option<usize>,
-    /// Rows of one prompt chunk.
-    #[arg(long, value_parser = crate::checks::rows)]
-    pub chunk_rows: Option<usize>,
-    /// Weight format assumed when only a config.json is given (`bf16`, `q4_k`, ...).
-    #[arg(long)]
-    pub assume_format: Option<Format>,
     /// Format matrices are uploaded to devices in (default: as stored).
-    #[arg(long)]
+    #[arg(long, help_heading = heading::DEVICES)]
     pub upload_format: Option<Format>,
+    /// Run routed experts on the CPU instead of through the device expert tier.
+    #[arg(long, help_heading = heading::EXPERT_TIER)]
+    pub no_expert_tier: bool,
     #[command(flatten)]
     pub kv: crate::kv_args::KvSplitArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text, help_heading = heading::OUTPUT)]
+    pub format: OutputFormat,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputFormat {
+    /// The plan's text form.
     Text,
+    /// Graphviz.
     Dot,
 }
 
@@ -83,20 +89,20 @@ pub fn compile_to_string(args: &CompileArgs) -> Result<String, String> {
     if let Some(s) = &args.spec {
         crate::checks::spec_path(s, "the spec argument")?;
     }
-    if let Some(c) = args.config.as_deref().filter(|c| !c.exists()) {
+    if let Some(c) = args.model.as_deref().filter(|c| !c.exists()) {
         return Err(format!(
-            "no checkpoint at {}: pass a config.json, a .gguf file or a model directory (--config)",
+            "no checkpoint at {}: pass a config.json, a .gguf file or a model directory (--model)",
             c.display()
         ));
     }
     // 1. The checkpoint's bindings and the spec.
-    let (spec, bindings) = match (&args.spec, &args.config) {
+    let (spec, bindings) = match (&args.spec, &args.model) {
         (Some(spec_path), config) => {
             let spec = Spec::load(spec_path).map_err(|d| d.to_string())?;
             let config = match config {
                 Some(c) => c.clone(),
                 None => spec.default_config().ok_or_else(|| {
-                    format!("{}: the spec names no default configuration; give --config", spec_path.display())
+                    format!("{}: the spec names no default configuration; give --model", spec_path.display())
                 })?,
             };
             (spec, read_bindings(&config)?)
@@ -110,8 +116,8 @@ pub fn compile_to_string(args: &CompileArgs) -> Result<String, String> {
             let spec = match spec_for_architecture(&args.graphs, &arch) {
                 Some(path) => Spec::load(&path).map_err(|d| d.to_string())?,
                 // No spec file there serves it: the specs built into the binary.
-                None => crate::specs::for_architecture(&arch).ok_or_else(|| {
-                    let served = crate::specs::served().join(", ");
+                None => specs::for_architecture(&arch).ok_or_else(|| {
+                    let served = specs::served().join(", ");
                     format!(
                         "no spec under {} or built in serves architecture `{arch}` (served: {served})",
                         args.graphs.display()
@@ -120,7 +126,7 @@ pub fn compile_to_string(args: &CompileArgs) -> Result<String, String> {
             };
             (spec, bindings)
         }
-        (None, None) => return Err("give a spec, a --config, or both".into()),
+        (None, None) => return Err("give a spec, a --model, or both".into()),
     };
     // 2. The profile and options.
     let profile = match &args.profile {
@@ -143,8 +149,8 @@ fn options(args: &CompileArgs) -> Options {
         expert_tier: !args.no_expert_tier,
         device_layers: args.device_layers,
         second_device_layers: args.device2_layers,
-        context: args.context.unwrap_or(d.context),
-        chunk_rows: args.chunk_rows.unwrap_or(d.chunk_rows),
+        context: args.ctx.unwrap_or(d.context),
+        chunk_rows: args.chunk,
         assumed_format: args.assume_format.unwrap_or(d.assumed_format),
         upload_format: args.upload_format.or(d.upload_format),
         ..d
@@ -172,11 +178,11 @@ fn checkpoint_bindings(path: &Path) -> Result<Bindings, String> {
 mod tests {
     use super::*;
 
-    fn args(spec: Option<&str>, config: Option<&str>) -> CompileArgs {
+    fn args(spec: Option<&str>, model: Option<&str>) -> CompileArgs {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         CompileArgs {
             spec: spec.map(|s| root.join(s)),
-            config: config.map(|c| root.join(c)),
+            model: model.map(|c| root.join(c)),
             profile: None,
             format: OutputFormat::Text,
             graphs: root.join("graphs"),
@@ -184,8 +190,8 @@ mod tests {
             no_expert_tier: false,
             device_layers: None,
             device2_layers: None,
-            context: None,
-            chunk_rows: None,
+            ctx: None,
+            chunk: DEFAULT_CHUNK,
             assume_format: None,
             upload_format: None,
             kv: Default::default(),

@@ -1,7 +1,8 @@
 //! The second-device flags `coli exec` and `coli bench` share, and what they become: the
-//! second device's `VkOptions` (opened beside the primary by `load`) and the compile option
+//! second device's `VkOptions` (opened beside the primary by `Engine::load`) and the compile option
 //! that forces its layers. This file only maps flags to options.
 
+use crate::engine_args::heading;
 use coli_compiler::Options;
 use coli_runtime::vk::{FaultInjection, VkOptions};
 
@@ -10,17 +11,17 @@ use coli_runtime::vk::{FaultInjection, VkOptions};
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct SecondDeviceArgs {
     /// Devices to run on: 1, or 2 for a second device beside the primary.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2), help_heading = heading::DEVICES)]
     pub devices: u32,
     /// Pick the second device whose name contains this (default: the best other GPU, else the
     /// primary's device opened again).
-    #[arg(long)]
+    #[arg(long, help_heading = heading::DEVICES)]
     pub device2_name: Option<String>,
     /// Use at most this many MiB of the second device's memory (default: --device-mem-mib).
-    #[arg(long, value_parser = crate::checks::device_mib)]
+    #[arg(long, value_parser = crate::checks::device_mib, help_heading = heading::DEVICES)]
     pub device2_mem_mib: Option<u64>,
     /// Keep this many layers on the second device (instead of the most that fit).
-    #[arg(long)]
+    #[arg(long, help_heading = heading::DEVICES)]
     pub device2_layers: Option<usize>,
     /// Fault injection for tests: the second device fails at its n-th submit.
     #[arg(long, hide = true)]

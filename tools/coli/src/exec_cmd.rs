@@ -1,130 +1,89 @@
 //! `coli exec`: load a model, run a prompt, stream the generated text to stdout, and report
-//! prompt and decode tokens/s on stderr. Only the generated text goes to stdout.
+//! prompt and decode tokens/s on stderr. Only the generated text goes to stdout. This file
+//! parses flags and prints; loading and generating are `coli_runtime::engine::Engine`'s.
 
 use crate::checks::{self, OutputFile};
-use crate::default_model;
-use crate::load::{load, DeviceRequest, LoadRequest};
+use crate::engine_args::{heading, message, DeviceArgs, ModelArgs, DEFAULT_CHUNK};
 use crate::progress::Progress;
 use crate::tier_args::TierArgs;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use coli_compiler::Options;
 use coli_runtime::cpu::Precision;
-use coli_runtime::exec::Session;
-use coli_runtime::format::WeightFormat;
-use coli_runtime::generate::{generate, GenerateOptions, StopReason};
+use coli_runtime::engine::{Engine, EngineOptions, Prompt, Stage};
+use coli_runtime::generate::{GenerateOptions, StopReason};
 use coli_runtime::model::LoadOptions;
 use coli_runtime::sample::{SampleError, Sampler, SamplerConfig};
-use coli_runtime::text::ChatMessage;
-use coli_runtime::vk::{FaultInjection, VkOptions};
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::Instant;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum DeviceChoice {
-    Cpu,
-    Vulkan,
-    Auto,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum QuantChoice {
-    /// int8 rows, one scale per row
-    I8,
-    /// int4 in groups of 64
-    I4,
-}
-
-impl QuantChoice {
-    /// The load-time format the choice names.
-    pub fn format(self) -> WeightFormat {
-        match self {
-            QuantChoice::I8 => WeightFormat::I8Row,
-            QuantChoice::I4 => WeightFormat::I4G64,
-        }
-    }
-}
+/// The context compiled for without `--ctx`; sessions take the model's own when shorter.
+const DEFAULT_CONTEXT: usize = 8192;
 
 #[derive(Args, Debug)]
 pub struct ExecArgs {
-    /// A model directory (safetensors + config.json) or a .gguf file; default: SmolLM2-135M-Instruct.
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    /// The architecture spec; default: the built-in spec serving the checkpoint's architecture.
-    #[arg(long)]
-    pub spec: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// The prompt text.
-    #[arg(long, conflicts_with = "prompt_ids")]
+    #[arg(short = 'p', long, conflicts_with = "prompt_ids", help_heading = heading::GENERATION)]
     pub prompt: Option<String>,
     /// The prompt as token ids, comma separated (no tokenizer involved).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', help_heading = heading::GENERATION)]
     pub prompt_ids: Option<Vec<u32>>,
     /// Tokens to generate at most.
-    #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 128, help_heading = heading::GENERATION)]
     pub max_tokens: usize,
     /// Wrap the prompt in the checkpoint's chat template as a user message.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::GENERATION)]
     pub chat: bool,
     /// A system message for --chat.
-    #[arg(long, requires = "chat")]
+    #[arg(long, requires = "chat", help_heading = heading::GENERATION)]
     pub system: Option<String>,
-    /// Where to run: the CPU, a Vulkan GPU, or a GPU when there is one.
-    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
-    pub device: DeviceChoice,
-    #[arg(long, default_value_t = 0)]
+    /// The sampler's random seed.
+    #[arg(long, default_value_t = 0, help_heading = heading::GENERATION)]
     pub seed: u64,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.0, help_heading = heading::GENERATION)]
     pub temperature: f32,
-    #[arg(long, default_value_t = 40)]
+    /// Sample among the k most likely tokens only; 0 = all.
+    #[arg(long, default_value_t = 40, help_heading = heading::GENERATION)]
     pub top_k: usize,
-    #[arg(long, default_value_t = 0.95)]
+    /// Sample among the most likely tokens whose probabilities reach this; 1 = all.
+    #[arg(long, default_value_t = 0.95, help_heading = heading::GENERATION)]
     pub top_p: f32,
-    #[arg(long, default_value_t = 0.05)]
+    /// Drop tokens less likely than this times the most likely one; 0 = none.
+    #[arg(long, default_value_t = 0.05, help_heading = heading::GENERATION)]
     pub min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
+    /// Above 1, discourages repeating the recent tokens; 1 = off.
+    #[arg(long, default_value_t = 1.0, help_heading = heading::GENERATION)]
     pub repeat_penalty: f32,
     /// Stop when this text appears (repeatable); it is not printed.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::GENERATION)]
     pub stop: Vec<String>,
-    /// Write the logits of every prompt position and generated step as JSON.
-    #[arg(long)]
-    pub logits_out: Option<PathBuf>,
+    /// Keep generating past the end-of-sequence token.
+    #[arg(long, help_heading = heading::GENERATION)]
+    pub ignore_eos: bool,
     /// Context length (default: the checkpoint's, at most 8192).
-    #[arg(long, value_parser = checks::context)]
+    #[arg(long, value_parser = checks::context, help_heading = heading::GENERATION)]
     pub ctx: Option<usize>,
     /// Prompt rows per forward.
-    #[arg(long, default_value_t = 64, value_parser = checks::rows)]
+    #[arg(long, default_value_t = DEFAULT_CHUNK, value_parser = checks::rows, help_heading = heading::GENERATION)]
     pub chunk: usize,
-    /// Quantize f32/f16/bf16 matrices at load.
-    #[arg(long, value_enum)]
-    pub quantize: Option<QuantChoice>,
-    /// Use at most this many MiB of device memory (a big device behaves like a small one).
-    #[arg(long, value_parser = checks::device_mib)]
-    pub device_mem_mib: Option<u64>,
-    /// Pick the Vulkan device whose name contains this.
-    #[arg(long)]
-    pub device_name: Option<String>,
-    /// Keep this many layers on the device (instead of the most that fit).
-    #[arg(long)]
-    pub device_layers: Option<usize>,
+    /// Multiply quantized weights with f32 activations (slower; matches dequantized references).
+    #[arg(long, help_heading = heading::GENERATION)]
+    pub exact: bool,
     #[command(flatten)]
-    pub kv: crate::kv_args::KvSplitArgs,
+    pub device: DeviceArgs,
     #[command(flatten)]
     pub second: crate::device2_args::SecondDeviceArgs,
     #[command(flatten)]
     pub dense: crate::dense_args::DenseArgs,
-    /// Fault injection for tests: the device fails at its n-th submit.
-    #[arg(long, hide = true)]
-    pub fail_submit: Option<u64>,
-    /// Multiply quantized weights with f32 activations (slower; matches dequantized references).
-    #[arg(long)]
-    pub exact: bool,
-    /// Keep generating past the end-of-sequence token.
-    #[arg(long)]
-    pub ignore_eos: bool,
     #[command(flatten)]
     pub tier: TierArgs,
+    #[command(flatten)]
+    pub kv: crate::kv_args::KvSplitArgs,
+    /// Write the logits of every prompt position and generated step as JSON.
+    #[arg(long, help_heading = heading::DIAGNOSTICS)]
+    pub logits_out: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: ExecArgs) -> Result<(), String> {
@@ -152,118 +111,74 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         format!("{flag}: {e}")
     })?;
     let logits_out = a.logits_out.as_deref().map(|p| OutputFile::open(p, "--logits-out")).transpose()?;
-    if let Some(s) = &a.spec {
-        checks::spec_path(s, "--spec")?;
-    }
-    let model_path = match &a.model {
-        Some(p) => {
-            checks::model_path(p)?;
-            p.clone()
-        }
-        None => default_model::ensure()?,
-    };
+    let model_path = a.model.resolve()?;
 
-    // 1. Load, with a progress bar on a terminal.
+    // 1. Load, with progress bars on a terminal.
     let t0 = Instant::now();
-    let bar = Progress::new("tensors");
-    bar.step("loading");
-    let mut progress = |done: usize, total: usize| bar.update(done, total);
+    let reading = Progress::new("tensors");
+    reading.step("loading");
+    // One upload bar per device (and per retry with a layer fewer), each made when it starts.
+    let mut uploading: Option<Progress> = None;
+    let mut progress = |stage: Stage, done: usize, total: usize| match stage {
+        Stage::ReadWeights => reading.update(done, total),
+        Stage::Upload => {
+            let bar = uploading.get_or_insert_with(|| {
+                let p = Progress::new("tensors");
+                p.step("uploading");
+                p
+            });
+            bar.update(done, total);
+            if done >= total {
+                uploading = None;
+            }
+        }
+    };
     let quantizing = Progress::bytes("quantizing");
-    let load_opts = LoadOptions {
-        quantize: a.quantize.map(QuantChoice::format),
-        progress: a.quantize.is_some().then(|| quantizing.hook()),
-    };
-    let vk = VkOptions {
-        device_name: a.device_name.clone(),
-        memory_cap: a.device_mem_mib.map(|m| m << 20),
-        fault: a.fail_submit.map(|n| FaultInjection { fail_submit: Some(n), fail_alloc: None }),
-        ..Default::default()
-    };
-    let second_device = a.second.options(&vk);
-    let device = match a.device {
-        DeviceChoice::Cpu => DeviceRequest::Cpu,
-        DeviceChoice::Vulkan => DeviceRequest::Vulkan(vk),
-        DeviceChoice::Auto => DeviceRequest::Auto(vk),
-    };
-    let ctx_len = a.ctx.unwrap_or(8192);
-    let compile = a.second.apply(a.kv.apply(Options {
-        context: ctx_len,
-        chunk_rows: a.chunk,
-        device_layers: a.device_layers,
-        resident_experts: !a.tier.sized(),
-        ..Options::default()
-    }));
-    let loaded = load(LoadRequest {
-        model: &model_path,
-        spec: a.spec.as_deref(),
-        load: load_opts,
-        compile,
-        profile: None,
-        device,
-        second_device,
+    let vk = a.device.vk_options();
+    let opts = EngineOptions {
+        spec: a.model.spec.clone(),
+        load: LoadOptions {
+            quantize: a.model.quantize.map(|q| q.format()),
+            progress: a.model.quantize.is_some().then(|| quantizing.hook()),
+        },
+        compile: a.second.apply(a.kv.apply(Options {
+            context: a.ctx.unwrap_or(DEFAULT_CONTEXT),
+            chunk_rows: a.chunk,
+            device_layers: a.device.device_layers,
+            resident_experts: !a.tier.sized(),
+            ..Options::default()
+        })),
+        second_device: a.second.options(&vk),
+        device: a.device.request(vk),
         tier: a.tier.options(&model_path, true),
-        dense_device_only: a.dense.choice(),
-        progress: Some(&mut progress),
-        check_plan: None,
-    })?;
-    tracing::info!("{}", loaded.device_note);
-    if let (Some(_), Some(k)) = (&loaded.device, &loaded.plan.placement.kv_split) {
+        host_copies: a.dense.host_copies(),
+        ..EngineOptions::default()
+    };
+    let engine = Engine::load_with_progress(&model_path, &opts, &mut progress).map_err(message)?;
+    tracing::info!("{}", engine.device_note());
+    if let Some(k) = engine.kv_split() {
         tracing::info!("{k}");
     }
-    if let Some(t) = loaded.device.as_ref().and_then(|d| d.tier_line()) {
+    if let Some(t) = engine.tier_line() {
         tracing::info!("{t}");
     }
-    let p = &loaded.plan.program;
-    tracing::info!(
-        "{} ({}, {} layers, hidden {}, vocab {}) loaded in {:.2}s",
-        model_path.display(),
-        p.family,
-        p.dims.layers,
-        p.dims.hidden,
-        p.dims.vocab,
-        t0.elapsed().as_secs_f64()
-    );
+    tracing::info!("{} ({}) loaded in {:.2}s", model_path.display(), engine.summary(), t0.elapsed().as_secs_f64());
 
     // 2. The prompt's ids.
-    let tok = loaded.tokenizer.as_ref();
-    let ids: Vec<u32> = if let Some(ids) = &a.prompt_ids {
-        ids.clone()
-    } else {
-        let text = a.prompt.clone().unwrap_or_default();
-        let t = tok.ok_or_else(|| {
-            format!(
-                "--prompt needs a tokenizer: {}; use --prompt-ids",
-                loaded.tokenizer_note.clone().unwrap_or_default()
-            )
-        })?;
-        let text = if a.chat {
-            let tmpl = t.chat_template().map_err(|e| format!("--chat: {e}"))?;
-            let mut msgs = Vec::new();
-            if let Some(s) = &a.system {
-                msgs.push(ChatMessage::system(s.clone()));
-            }
-            msgs.push(ChatMessage::user(text));
-            tmpl.render(&msgs, true).map_err(|e| format!("--chat: {e}"))?
-        } else {
-            text
-        };
-        // A chat template writes its own BOS; plain prompts get one when the tokenizer adds it.
-        t.encode(&text, !a.chat).map_err(|e| e.to_string())?
+    let prompt = match (&a.prompt_ids, &a.prompt) {
+        (Some(ids), _) => Prompt::Ids(ids),
+        (None, Some(text)) if a.chat => Prompt::Chat { system: a.system.as_deref(), user: text },
+        (None, text) => Prompt::Text(text.as_deref().unwrap_or_default()),
     };
-    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= p.dims.vocab) {
-        return Err(format!("token id {bad} is outside the vocabulary of {}", p.dims.vocab));
-    }
+    let ids = engine.prompt_ids(&prompt).map_err(message)?;
 
     // 3. Generate.
-    let ctx = a.ctx.unwrap_or_else(|| p.dims.max_context.min(ctx_len)).max(1);
-    let mut session = match &loaded.device {
-        Some(d) => Session::on_device(&loaded.model, d, ctx).map_err(|e| format!("device: {e}"))?,
-        None => Session::new(&loaded.model, ctx),
-    };
+    let ctx = a.ctx.unwrap_or_else(|| engine.default_context());
+    let mut session = engine.session_with_context(ctx).map_err(message)?;
     if a.exact {
         session.set_precision(Precision::Exact);
     }
-    let opts = GenerateOptions {
+    let gen = GenerateOptions {
         max_new_tokens: a.max_tokens,
         chunk_rows: a.chunk,
         stop_strings: a.stop.clone(),
@@ -278,24 +193,24 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         let _ = o.flush();
         crate::log::note_stdout(s);
     };
-    let g = generate(&mut session, tok, &mut sampler, &ids, &opts, &mut on_text).map_err(|e| e.to_string())?;
-    if tok.is_some() {
+    let g = engine.generate(&mut session, &mut sampler, &ids, &gen, &mut on_text).map_err(message)?;
+    let has_tokenizer = engine.tokenizer().is_some();
+    if has_tokenizer {
         println!();
         crate::log::note_stdout("\n");
     }
     if let Some(n) = session.take_notice() {
         tracing::warn!("{n}");
     }
-    if tok.is_none() {
+    if !has_tokenizer {
         println!("{}", g.generated.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","));
     }
-    if let Some(d) = &loaded.device {
+    if let Some(d) = engine.device() {
         if let Some(line) = d.tier_summary() {
             tracing::info!("{line}");
         }
-        match d.save_tier_history() {
-            Ok(_) => {}
-            Err(e) => tracing::warn!("the routing history was not saved: {e}"),
+        if let Err(e) = d.save_tier_history() {
+            tracing::warn!("the routing history was not saved: {e}");
         }
     }
     if g.stop == StopReason::ContextFull {

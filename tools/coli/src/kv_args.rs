@@ -2,6 +2,7 @@
 //! compile options (`Options::kv_device_positions`, `kv_block`, `kv_split`). This file only
 //! maps flags to options; the split itself is the compiler's and the runtime's.
 
+use crate::engine_args::heading;
 use coli_compiler::Options;
 
 /// How the KV mirrors of device layers may split between the device and host RAM.
@@ -9,13 +10,13 @@ use coli_compiler::Options;
 pub struct KvSplitArgs {
     /// Force a KV split: each device layer keeps a row's newest N positions on the device
     /// (whole blocks), the older ones in host RAM.
-    #[arg(long, value_name = "N", value_parser = positive)]
+    #[arg(long, value_name = "N", value_parser = positive, help_heading = heading::KV_CACHE)]
     pub kv_device_positions: Option<usize>,
     /// Positions per block of a KV split (default 64).
-    #[arg(long, value_name = "N", value_parser = crate::checks::block)]
+    #[arg(long, value_name = "N", value_parser = crate::checks::block, help_heading = heading::KV_CACHE)]
     pub kv_block: Option<usize>,
     /// Never split the KV mirrors past the device's budget (fewer layers on the device instead).
-    #[arg(long)]
+    #[arg(long, help_heading = heading::KV_CACHE)]
     pub no_kv_split: bool,
 }
 

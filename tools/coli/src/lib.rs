@@ -1,6 +1,7 @@
-//! The `coli` product's library half: the glue between the command line and the crates
-//! (built-in specs, the default model, loading), shared by the binary and the end-to-end tests.
-//! Must not hold engine logic: that lives in `coli-compiler` and `coli-runtime`.
+//! The `coli` product's library half: the command line's flags and what they become (options
+//! of `coli_runtime::engine::Engine`), the default model, progress bars and logging, shared by
+//! the binary and the end-to-end tests. Must not hold engine logic: that lives in
+//! `coli-compiler` and `coli-runtime` (loading a model is `coli_runtime::engine`).
 
 pub mod bench_cmd;
 pub mod checks;
@@ -8,11 +9,13 @@ pub mod compile_cmd;
 pub mod default_model;
 pub mod dense_args;
 pub mod device2_args;
+pub mod engine_args;
 pub mod exec_cmd;
 pub mod kv_args;
-pub mod load;
 pub mod log;
 pub mod probe_cmd;
 pub mod progress;
-pub mod specs;
 pub mod tier_args;
+
+/// The built-in architecture specs (kept here for the tests that list them).
+pub use coli_runtime::engine::specs;

@@ -9,10 +9,10 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// More messages on stderr (-v debug, -vv trace); `COLI_LOG` (a tracing filter) overrides.
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, help_heading = coli::engine_args::heading::DIAGNOSTICS)]
     verbose: u8,
     /// Only warnings and errors on stderr.
-    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    #[arg(short, long, global = true, conflicts_with = "verbose", help_heading = coli::engine_args::heading::DIAGNOSTICS)]
     quiet: bool,
 }
 

@@ -4,6 +4,7 @@
 //! The profile goes to stdout; what was opened goes to stderr. Must not: load a checkpoint.
 
 use crate::device2_args::SecondDeviceArgs;
+use crate::engine_args::heading;
 use clap::Args;
 use coli_compiler::DeviceProfile;
 use coli_runtime::exec::probe::profile_of_devices;
@@ -12,10 +13,10 @@ use coli_runtime::vk::{Context, DeviceRole, VkOptions};
 #[derive(Args, Debug)]
 pub struct ProbeArgs {
     /// Pick the Vulkan device whose name contains this (default: the best one).
-    #[arg(long)]
+    #[arg(long, help_heading = heading::DEVICES)]
     pub device_name: Option<String>,
     /// Use at most this many MiB of the device's memory (the profile's budget).
-    #[arg(long, value_parser = crate::checks::device_mib)]
+    #[arg(long, value_parser = crate::checks::device_mib, help_heading = heading::DEVICES)]
     pub device_mem_mib: Option<u64>,
     #[command(flatten)]
     pub second: SecondDeviceArgs,

@@ -3,6 +3,7 @@
 //!
 //! Must not: hold tier logic (the runtime's `tier` module does).
 
+use crate::engine_args::heading;
 use clap::Args;
 use coli_runtime::tier::{history, TierOptions};
 use std::path::{Path, PathBuf};
@@ -10,32 +11,32 @@ use std::path::{Path, PathBuf};
 #[derive(Args, Debug, Clone)]
 pub struct TierArgs {
     /// The expert tier's device budget in MiB (default: what the plan leaves on the device).
-    #[arg(long, value_parser = crate::checks::mib)]
+    #[arg(long, value_parser = crate::checks::mib, help_heading = heading::EXPERT_TIER)]
     pub tier_mib: Option<u64>,
     /// At most this many experts in the tier on each device, whatever the budget.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::EXPERT_TIER)]
     pub tier_experts: Option<usize>,
     /// Promotions into the tier per token at most.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, help_heading = heading::EXPERT_TIER)]
     pub tier_promotions: usize,
     /// Start with an empty tier instead of filling it (history first) at startup.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::EXPERT_TIER)]
     pub no_warm_start: bool,
     /// The routing history file (default for `exec`: `<checkpoint>.coli_usage` beside it).
-    #[arg(long)]
+    #[arg(long, help_heading = heading::EXPERT_TIER)]
     pub tier_history: Option<PathBuf>,
     /// Neither read nor write a routing history.
-    #[arg(long, conflicts_with = "tier_history")]
+    #[arg(long, conflicts_with = "tier_history", help_heading = heading::EXPERT_TIER)]
     pub no_tier_history: bool,
     /// Each step's uploads complete before the next step (reproducible runs, tests).
-    #[arg(long)]
+    #[arg(long, help_heading = heading::EXPERT_TIER)]
     pub tier_deterministic: bool,
     /// Staging slots through which big prompt steps stream cold experts (0, the default: no
     /// streaming; on the H200 it has not yet made a prompt faster, docs/BENCHMARKS.md).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, help_heading = heading::EXPERT_TIER)]
     pub tier_stream_slots: usize,
     /// Rows from which a step may stream.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, help_heading = heading::EXPERT_TIER)]
     pub tier_stream_rows: usize,
 }
 

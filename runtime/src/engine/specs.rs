@@ -1,5 +1,5 @@
-//! The architecture specs built into the binary (the files under `graphs/`, embedded at build
-//! time), so `coli` runs from any directory. A spec given on the command line wins.
+//! The architecture specs built into the runtime (the files under `graphs/`, embedded at build
+//! time), so a model loads from any directory. A spec file given in `EngineOptions::spec` wins.
 
 use coli_compiler::{Diagnostics, Spec};
 use std::path::{Path, PathBuf};
