@@ -1,8 +1,8 @@
 //! `coli compile`: compiles an architecture spec for a checkpoint and a device profile, and
-//! prints the plan (text, or Graphviz with `--format dot`).
+//! prints the plan (text, or Graphviz with `--format dot`), or its schedule (`--schedule`).
 //!
 //! `coli compile graphs/olmoe.ron --model <config.json | model dir | model.gguf>
-//! [--profile p.ron] [--format text|dot] [options]`; `coli compile graphs/olmoe.ron` alone uses
+//! [--profile p.ron] [--format text|dot|schedule] [--schedule] [options]`; `coli compile graphs/olmoe.ron` alone uses
 //! the spec's default configuration; `coli compile --model <checkpoint>` alone finds the spec
 //! that serves the checkpoint's architecture under `--graphs` (default `graphs`), else among
 //! the specs built into the runtime (`coli_runtime::engine::specs`). `--config`, `--context`
@@ -12,6 +12,7 @@
 use crate::engine_args::{heading, DEFAULT_CHUNK};
 use coli_compiler::bind::Bindings;
 use coli_compiler::cost::Format;
+use coli_compiler::schedule::{print, Schedule};
 use coli_compiler::spec::{spec_for_architecture, Spec};
 use coli_compiler::{compile, DeviceProfile, Options};
 use coli_runtime::engine::specs;
@@ -63,6 +64,10 @@ pub struct CompileArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text, help_heading = heading::OUTPUT)]
     pub format: OutputFormat,
+    /// Print the schedule (each frame's kernel calls, fused as the runtime runs them) instead
+    /// of the plan; the same as `--format schedule`.
+    #[arg(long, help_heading = heading::OUTPUT)]
+    pub schedule: bool,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +76,8 @@ pub enum OutputFormat {
     Text,
     /// Graphviz.
     Dot,
+    /// The schedule: each frame's kernel calls.
+    Schedule,
 }
 
 /// Runs `coli compile`; the plan goes to stdout. Errors are printable messages.
@@ -136,9 +143,10 @@ pub fn compile_to_string(args: &CompileArgs) -> Result<String, String> {
     let options = options(args);
     // 3. Compile and print.
     let plan = compile(&spec, &bindings, &profile, &options).map_err(|d| d.to_string())?;
-    Ok(match args.format {
-        OutputFormat::Text => plan.to_string(),
-        OutputFormat::Dot => plan.to_dot(),
+    Ok(match (args.schedule, args.format) {
+        (true, _) | (_, OutputFormat::Schedule) => print(&Schedule::build(&plan.program, &plan.frames)),
+        (_, OutputFormat::Text) => plan.to_string(),
+        (_, OutputFormat::Dot) => plan.to_dot(),
     })
 }
 
@@ -185,6 +193,7 @@ mod tests {
             model: model.map(|c| root.join(c)),
             profile: None,
             format: OutputFormat::Text,
+            schedule: false,
             graphs: root.join("graphs"),
             dense_on_cpu: false,
             no_expert_tier: false,
@@ -216,6 +225,20 @@ mod tests {
         a.format = OutputFormat::Text;
         let out = compile_to_string(&a).unwrap();
         assert!(out.contains("placement: prologue host, l0..l4 d0, l5..l47 host, head host"), "{out}");
+    }
+
+    #[test]
+    fn the_schedule_prints_each_frames_calls() {
+        let mut a = args(Some("graphs/olmoe.ron"), None);
+        a.profile = Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/profiles/h200.ron"));
+        a.schedule = true;
+        let out = compile_to_string(&a).unwrap();
+        assert!(out.starts_with("frame 0 on "), "{}", &out[..200]);
+        assert!(out.contains(" = matmul rms_norm("), "{out}");
+        assert!(out.contains("lm_head.weight") && out.contains("[tail]"), "{out}");
+        a.schedule = false;
+        a.format = OutputFormat::Schedule;
+        assert_eq!(compile_to_string(&a).unwrap(), out);
     }
 
     #[test]
