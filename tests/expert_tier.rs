@@ -247,3 +247,29 @@ fn a_tier_of_no_experts_says_why_and_matches_the_cpu() {
     assert_eq!(toks, want_toks);
     assert!(max_abs_diff(&got, &want) <= 1e-4 * max_abs(&want));
 }
+
+/// The load reports the warm start's progress: it starts at 0, never goes back, and ends with
+/// every expert the tier filled (the tier's resident count), after the weights' uploads.
+#[test]
+fn the_warm_start_reports_its_progress_to_the_last_expert() {
+    use coli_runtime::engine::Stage;
+    let dir = fixture_dir("olmoe");
+    let req = EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions::default()),
+        compile: Options { context: CONTEXT, chunk_rows: 8, resident_experts: false, ..Options::default() },
+        tier: tier(Some(5), true, true),
+        ..EngineOptions::default()
+    };
+    let mut events: Vec<(Stage, usize, usize)> = Vec::new();
+    let l = Engine::load_with_progress(&dir, &req, &mut |s, d, t| events.push((s, d, t)))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let warm: Vec<(usize, usize)> =
+        events.iter().filter(|e| e.0 == Stage::WarmStart).map(|&(_, d, t)| (d, t)).collect();
+    let resident = l.device().and_then(|d| d.with_tier(|t| t.resident())).expect("a tier");
+    assert!(resident > 0, "the warm start filled no slot");
+    assert_eq!(warm.first(), Some(&(0, resident)), "{warm:?}");
+    assert_eq!(warm.last(), Some(&(resident, resident)), "{warm:?}");
+    assert!(warm.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 == w[1].1), "{warm:?}");
+    let first_warm = events.iter().position(|e| e.0 == Stage::WarmStart).unwrap();
+    assert!(events[..first_warm].iter().any(|e| e.0 == Stage::Upload), "the weights go up first");
+}

@@ -74,7 +74,7 @@ fn load(
     )
     .map_err(|d| d.to_string())?;
     let model = Model::load(&ckpt, plan.program.clone(), &mut |_, _| {})?;
-    let dev = Chain::load(vec![ctx.clone()], &plan, &model, &Default::default(), &mut |_, _| {})?;
+    let dev = Chain::load(vec![ctx.clone()], &plan, &model, &Default::default(), &mut |_, _, _| {})?;
     Ok(Loaded { model, dev, ctx })
 }
 

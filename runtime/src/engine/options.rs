@@ -61,6 +61,8 @@ pub enum Stage {
     /// Uploading what the devices' frames read (tensors, per device; again after a retry with
     /// one layer fewer).
     Upload,
+    /// The expert tier's warm start writing experts into its device slots (experts).
+    WarmStart,
 }
 
 /// How to load a model. `EngineOptions::default()`: the checkpoint's built-in spec, the

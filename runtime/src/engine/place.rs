@@ -5,7 +5,7 @@
 //! Must not: open devices or read the checkpoint's tensors beyond what `Chain::load` uploads.
 
 use super::{EngineError, HostCopies, Stage};
-use crate::exec::chain::{Chain, ChainError};
+use crate::exec::chain::{Chain, ChainError, Uploading};
 use crate::exec::device::DeviceError;
 use crate::exec::weights::device_only_matrices;
 use crate::exec::Model;
@@ -42,7 +42,7 @@ pub(super) fn load_chain(
     let mut options = from.options.clone();
     loop {
         let held = |d: usize| plan.placement.fits.get(d).map_or(0, |f| f.layers);
-        let attempt = Chain::load(ctxs.to_vec(), plan, model, tier, &mut |d, t| progress(Stage::Upload, d, t))
+        let attempt = Chain::load(ctxs.to_vec(), plan, model, tier, &mut |what, d, t| progress(stage_of(what), d, t))
             .and_then(|d| {
                 d.check_state(model, options.context)?;
                 Ok(d)
@@ -121,4 +121,12 @@ pub(super) fn release_host_copies(
         r.views,
         if policy == HostCopies::ByDevice { " (a device sharing the CPU's RAM)" } else { "" }
     );
+}
+
+/// The engine's stage of a chain's upload.
+fn stage_of(what: Uploading) -> Stage {
+    match what {
+        Uploading::Weights => Stage::Upload,
+        Uploading::TierExperts => Stage::WarmStart,
+    }
 }

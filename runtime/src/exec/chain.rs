@@ -33,6 +33,15 @@ fn lock(m: &Mutex<ExpertTier>) -> MutexGuard<'_, ExpertTier> {
     ExpertTier::locked(m)
 }
 
+/// What `Chain::load` reports progress on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Uploading {
+    /// The tensors the frames of a device read (per device, each from 0).
+    Weights,
+    /// The experts the tier's warm start writes into its slots.
+    TierExperts,
+}
+
 /// The device side of a model: one `DeviceModel` per device of the plan, the plan's frames,
 /// and the expert tier.
 pub struct Chain {
@@ -66,14 +75,14 @@ pub struct ChainError {
 impl Chain {
     /// Loads the plan's device frames: `ctxs[d]` runs the frames on `d` (the primary first).
     /// Then the expert tier for the MoE host steps within what the plan left on the primary
-    /// and on a second device that holds no layers (`tier`: its options). `progress(done,
-    /// total)` per tensor, per device.
+    /// and on a second device that holds no layers (`tier`: its options). `progress(what,
+    /// done, total)`: per tensor, per device, then per expert of the tier's warm start.
     pub fn load(
         ctxs: Vec<Context>,
         plan: &Plan,
         model: &Model,
         tier: &TierOptions,
-        progress: &mut dyn FnMut(usize, usize),
+        progress: &mut dyn FnMut(Uploading, usize, usize),
     ) -> Result<Chain, ChainError> {
         // 1. Every device the plan places frames on has a context.
         for f in &plan.frames {
@@ -93,7 +102,8 @@ impl Chain {
         for (i, ctx) in ctxs.into_iter().enumerate() {
             let device = DeviceId(i as u32);
             devices.push(
-                DeviceModel::load(ctx, plan, model, device, progress).map_err(|error| ChainError { device, error })?,
+                DeviceModel::load(ctx, plan, model, device, &mut |d, t| progress(Uploading::Weights, d, t))
+                    .map_err(|error| ChainError { device, error })?,
             );
         }
         // 3. The adaptive tier: every routed-experts op that runs as a host step.
@@ -117,6 +127,7 @@ impl Chain {
                     &host_moe,
                     plan.options.chunk_rows.max(1),
                     tier.clone(),
+                    &mut |d, t| progress(Uploading::TierExperts, d, t),
                 );
                 match setup.map_err(|e| ChainError { device: DeviceId(0), error: e.into() })? {
                     TierSetup::Ready(t) => {

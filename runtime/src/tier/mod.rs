@@ -141,6 +141,7 @@ impl ExpertTier {
         ops: &[&Op],
         cap_rows: usize,
         opts: TierOptions,
+        progress: &mut dyn FnMut(usize, usize),
     ) -> Result<TierSetup, VkError> {
         let mut layers = Vec::new();
         let mut shape: Option<(ExpertMats, usize, GluKind)> = None;
@@ -282,7 +283,7 @@ impl ExpertTier {
         }
         if tier.opts.warm_start {
             let t = Instant::now();
-            let (from_history, filled) = tier.warm_start(ws)?;
+            let (from_history, filled) = tier.warm_start(ws, progress)?;
             line.push_str(&format!(
                 "; warm start: {filled} experts ({from_history} from the history) in {:.1} s",
                 t.elapsed().as_secs_f64()
@@ -350,7 +351,11 @@ impl ExpertTier {
     /// 1. Seeds the heat from the history; 2. orders the experts: the history's by seeded heat
     ///    (hottest first), then the rest one of each layer in turn; 3. packs them in parallel
     ///    and writes them into the slots. Returns (experts from the history, experts filled).
-    fn warm_start(&mut self, ws: &WeightStore) -> Result<(usize, usize), VkError> {
+    fn warm_start(
+        &mut self,
+        ws: &WeightStore,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<(usize, usize), VkError> {
         let mut named = Vec::new();
         if let Some(path) = &self.opts.history {
             match History::load(path, self.index.len()) {
@@ -396,6 +401,8 @@ impl ExpertTier {
             }
         }
         // Packing is CPU work: in parallel, a page's worth at a time (bounded memory).
+        let mut done = 0;
+        progress(0, placed.len());
         for chunk in placed.chunks(self.sides[0].per_page.max(8)) {
             let packed: Vec<Result<PackedExpert, VkError>> =
                 chunk.par_iter().map(|&(_, t, e)| self.pack(ws, t, e)).collect();
@@ -404,6 +411,8 @@ impl ExpertTier {
                 self.slots.settle(s);
                 self.stats.warm += 1;
             }
+            done += chunk.len();
+            progress(done, placed.len());
         }
         Ok((from_history, placed.len()))
     }

@@ -121,10 +121,15 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
     let mut uploading: Option<Progress> = None;
     let mut progress = |stage: Stage, done: usize, total: usize| match stage {
         Stage::ReadWeights => reading.update(done, total),
-        Stage::Upload => {
+        Stage::Upload | Stage::WarmStart => {
             let bar = uploading.get_or_insert_with(|| {
-                let p = Progress::new("tensors");
-                p.step("uploading");
+                let (unit, step) = if stage == Stage::Upload {
+                    ("tensors", "uploading")
+                } else {
+                    ("experts", "warming the expert tier")
+                };
+                let p = Progress::new(unit);
+                p.step(step);
                 p
             });
             bar.update(done, total);
