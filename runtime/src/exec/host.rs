@@ -39,20 +39,23 @@ pub(crate) fn run_frame(
         if call.rows == Rows::Tail && step.logits == LogitRows::Last && n > 1 {
             run_on_last_row(call, model, host, step, tier)?;
         } else {
-            let mut env = Env {
-                n,
-                pos0: step.pos0,
-                tokens: step.tokens,
-                values: host.values,
-                widths: host.widths,
-                kv: host.kv,
-                weights: &model.weights,
-                precision: step.precision,
-            };
+            let mut env = env(model, host.values, host.widths, host.kv, step, (step.pos0, step.tokens));
             run_call(&call.kernel, model, &mut env, tier)?;
         }
     }
     Ok(())
+}
+
+/// The CPU library's view of `rows`: the tokens at positions `pos0..` of `rows`.
+fn env<'e>(
+    model: &'e Model,
+    values: &'e mut [Vec<f32>],
+    widths: &'e [usize],
+    kv: &'e mut crate::store::kv::KvCache,
+    step: &Step,
+    (pos0, tokens): (usize, &'e [u32]),
+) -> Env<'e> {
+    Env { n: tokens.len(), pos0, tokens, values, widths, kv, weights: &model.weights, precision: step.precision }
 }
 
 /// Runs `call` on the step's last row (see the module doc).
@@ -73,16 +76,7 @@ fn run_on_last_row(
             table[v.0 as usize] = rows[(n - 1) * w(v)..n * w(v)].to_vec();
         }
     }
-    let mut env = Env {
-        n: 1,
-        pos0: step.pos0 + n - 1,
-        tokens: &step.tokens[n - 1..],
-        values: &mut table,
-        widths: host.widths,
-        kv: host.kv,
-        weights: &model.weights,
-        precision: step.precision,
-    };
+    let mut env = env(model, &mut table, host.widths, host.kv, step, (step.pos0 + n - 1, &step.tokens[n - 1..]));
     run_call(&call.kernel, model, &mut env, tier)?;
     for v in writes {
         let hv = &mut host.values[v.0 as usize];

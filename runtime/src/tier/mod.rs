@@ -54,7 +54,7 @@ use coli_compiler::cost::human;
 use coli_compiler::ir::{ExpertWeights, GluKind, Op, Program};
 use heat::{beats, Heat};
 use history::History;
-pub use options::{TierDeviceStats, TierOptions, TierStats};
+pub use options::{TierDevice, TierDeviceStats, TierOptions, TierStats};
 use rayon::prelude::*;
 use side::{DeviceSide, SideJob, SideSetup, SlotShape};
 use slots::{SlotState, Slots};
@@ -74,16 +74,6 @@ const MAX_PENDING: usize = 64;
 
 /// Rounds of staging slots a step streams at most.
 const STREAM_ROUNDS: usize = 4;
-
-/// A device the tier may hold slots on: its context, its budget and where that came from.
-#[derive(Clone)]
-pub struct TierDevice {
-    pub ctx: Context,
-    /// The chain's index of the device (0: the primary).
-    pub device: usize,
-    pub budget: u64,
-    pub rule: String,
-}
 
 /// The expert tier over one or two devices.
 pub struct ExpertTier {

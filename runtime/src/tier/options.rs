@@ -1,6 +1,7 @@
-//! The expert tier's options (what the CLI's tier flags set) and what it reports: its totals
-//! for the per-run line and each device's share.
+//! The expert tier's options (what the CLI's tier flags set), the devices it is given, and
+//! what it reports: its totals for the per-run line and each device's share.
 
+use crate::vk::Context;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -78,4 +79,14 @@ pub struct TierDeviceStats {
     /// Pairs it served (streamed ones included) and experts written into its slots.
     pub pairs: u64,
     pub uploads: u64,
+}
+
+/// A device the tier may hold slots on: its context, its budget and where that came from.
+#[derive(Clone)]
+pub struct TierDevice {
+    pub ctx: Context,
+    /// The chain's index of the device (0: the primary).
+    pub device: usize,
+    pub budget: u64,
+    pub rule: String,
 }
