@@ -14,6 +14,7 @@ pub mod generate;
 pub mod model;
 pub mod oplib;
 pub mod sample;
+pub mod slots;
 pub mod store;
 pub mod text;
 pub mod tier;

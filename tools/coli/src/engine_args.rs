@@ -21,6 +21,7 @@ pub mod heading {
     pub const KV_CACHE: &str = "KV cache";
     pub const DIAGNOSTICS: &str = "Diagnostics";
     pub const OUTPUT: &str = "Output";
+    pub const SERVER: &str = "Server";
 }
 
 /// Prompt rows per forward when `--chunk` is not given (every subcommand).

@@ -12,9 +12,11 @@ pub mod device2_args;
 pub mod engine_args;
 pub mod exec_cmd;
 pub mod kv_args;
+pub mod load_args;
 pub mod log;
 pub mod probe_cmd;
 pub mod progress;
+pub mod serve;
 pub mod tier_args;
 
 /// The built-in architecture specs (kept here for the tests that list them).

@@ -1,7 +1,7 @@
-//! The `coli` command line: `compile` prints a plan, `exec` runs a model.
+//! The `coli` command line: `compile` prints a plan, `exec` runs a model, `serve` serves one.
 
 use clap::{Parser, Subcommand};
-use coli::{bench_cmd, compile_cmd, exec_cmd, probe_cmd};
+use coli::{bench_cmd, compile_cmd, exec_cmd, probe_cmd, serve};
 
 #[derive(Parser)]
 #[command(name = "coli", version, about = "Runs Mixture-of-Experts language models on Vulkan GPUs and on the CPU")]
@@ -26,6 +26,8 @@ enum Command {
     Bench(bench_cmd::BenchArgs),
     /// Open the Vulkan device(s) and print their profile as RON (for `coli compile --profile`).
     Probe(probe_cmd::ProbeArgs),
+    /// Serve a model over an OpenAI-compatible HTTP API, several conversations at once.
+    Serve(serve::ServeArgs),
 }
 
 fn main() {
@@ -36,6 +38,7 @@ fn main() {
         Command::Exec(a) => exec_cmd::run(a),
         Command::Bench(a) => bench_cmd::run(a),
         Command::Probe(a) => probe_cmd::run(a),
+        Command::Serve(a) => serve::run(a),
     };
     if let Err(e) = result {
         eprintln!("coli: error: {e}");

@@ -1,0 +1,267 @@
+//! Several sequences over one engine, for front ends that serve many requests at once: a fixed
+//! number of slots, each a `Session` that remembers the ids its cache holds. `admit` starts a
+//! request in the free slot whose cached ids share the longest prefix with the request's prompt
+//! (the next turn of a conversation, a shared system prompt), and that prefix is not computed
+//! again; `step` advances every active request by one forward (a chunk of its prompt, or one
+//! token) and returns what each produced (`Event`s). Requests are independent: each has its own
+//! cache, positions and sampler, so a request's tokens do not depend on what else runs.
+//!
+//! A slot whose model keeps a recurrent state (Gated DeltaNet) cannot go back to a prefix: it
+//! is reused only when the new prompt extends everything it holds, else it starts again at 0.
+//!
+//! Must not: know about HTTP, threads or clocks (the front end drives `step`), or panic on a
+//! bad request (`AdmitError`).
+
+mod turn;
+
+pub use turn::Request;
+
+use crate::engine::{Engine, EngineError};
+use crate::exec::{LogitRows, Session};
+use crate::generate::StopReason;
+use crate::sample::SampleError;
+use turn::Turn;
+
+/// A front end's name for a request.
+pub type RequestId = u64;
+
+/// What a step produced for one request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// Text now safe to show.
+    Text(String),
+    /// The request is over; its slot is free again.
+    Done(Finish),
+    /// The request failed (its slot is free again and its cache forgotten).
+    Failed(String),
+}
+
+/// How a request ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finish {
+    pub reason: StopReason,
+    pub prompt_tokens: usize,
+    /// Prompt tokens taken from the slot's cache instead of computed.
+    pub cached_tokens: usize,
+    /// The generated ids (an EOS that ended the generation included).
+    pub generated: Vec<u32>,
+}
+
+/// Why a request was not admitted.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum AdmitError {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the prompt has {prompt} tokens; the context holds {context}")]
+    PromptTooLong { prompt: usize, context: usize },
+    #[error("token id {id} is not in the vocabulary of {vocab}")]
+    TokenOutOfVocab { id: u32, vocab: usize },
+    #[error("every slot is busy")]
+    Busy,
+    #[error(transparent)]
+    Sampler(#[from] SampleError),
+}
+
+/// A request in a slot.
+struct Active<'e> {
+    id: RequestId,
+    turn: Turn<'e>,
+    /// Prompt ids in the cache so far (reused ones included).
+    fed: usize,
+    cached_tokens: usize,
+    /// The sampled id the next forward runs.
+    next: Option<u32>,
+}
+
+struct Slot<'e> {
+    session: Session<'e>,
+    /// The ids whose positions the session holds, in order.
+    cached: Vec<u32>,
+    active: Option<Active<'e>>,
+    /// When the slot was last given a request (for the least recently used among equals).
+    used: u64,
+}
+
+/// The slots of one engine.
+pub struct Slots<'e> {
+    engine: &'e Engine,
+    slots: Vec<Slot<'e>>,
+    chunk_rows: usize,
+    clock: u64,
+    notices: Vec<String>,
+}
+
+impl<'e> Slots<'e> {
+    /// `n` slots of `context` positions each (at most the engine's), prompts run `chunk_rows`
+    /// rows per forward.
+    pub fn new(engine: &'e Engine, n: usize, context: usize, chunk_rows: usize) -> Result<Slots<'e>, EngineError> {
+        let slots = (0..n.max(1))
+            .map(|_| {
+                let session = engine.session_with_context(context)?;
+                Ok(Slot { session, cached: Vec::new(), active: None, used: 0 })
+            })
+            .collect::<Result<Vec<_>, EngineError>>()?;
+        Ok(Slots { engine, slots, chunk_rows: chunk_rows.max(1), clock: 0, notices: Vec::new() })
+    }
+
+    /// Positions a request may use.
+    pub fn context(&self) -> usize {
+        self.slots[0].session.max_context()
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Slots without a request.
+    pub fn free(&self) -> usize {
+        self.slots.iter().filter(|s| s.active.is_none()).count()
+    }
+
+    /// Whether any request is running.
+    pub fn busy(&self) -> bool {
+        self.free() < self.slots.len()
+    }
+
+    /// Starts `req` as `id` in the free slot that holds the longest prefix of its prompt;
+    /// returns how many prompt tokens come from that slot's cache.
+    pub fn admit(&mut self, id: RequestId, req: Request) -> Result<usize, AdmitError> {
+        let context = self.context();
+        let vocab = self.engine.plan().program.dims.vocab;
+        if req.prompt.is_empty() {
+            return Err(AdmitError::EmptyPrompt);
+        }
+        if req.prompt.len() > context {
+            return Err(AdmitError::PromptTooLong { prompt: req.prompt.len(), context });
+        }
+        if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(AdmitError::TokenOutOfVocab { id: bad, vocab });
+        }
+        let prefix = |s: &Slot| common_prefix(&s.cached, &req.prompt);
+        let best = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.active.is_none())
+            .max_by_key(|(_, s)| (prefix(s), std::cmp::Reverse(s.used)))
+            .map(|(i, _)| i)
+            .ok_or(AdmitError::Busy)?;
+        let turn = Turn::new(req, self.engine.tokenizer())?;
+        self.clock += 1;
+        let slot = &mut self.slots[best];
+        // At least the prompt's last position runs again: its logits choose the first token.
+        let keep = common_prefix(&slot.cached, &turn.req.prompt).min(turn.req.prompt.len() - 1);
+        if slot.session.try_truncate(keep).is_err() {
+            slot.session.truncate(0);
+        }
+        slot.cached.truncate(slot.session.pos());
+        let cached_tokens = slot.cached.len();
+        slot.used = self.clock;
+        slot.active = Some(Active { id, turn, fed: cached_tokens, cached_tokens, next: None });
+        Ok(cached_tokens)
+    }
+
+    /// Ends request `id` now (a client that went away); its slot keeps what its cache holds.
+    /// Returns whether it was running.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        for s in &mut self.slots {
+            if s.active.as_ref().is_some_and(|a| a.id == id) {
+                s.active = None;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The requests running, in slot order.
+    pub fn running(&self) -> Vec<RequestId> {
+        self.slots.iter().filter_map(|s| s.active.as_ref().map(|a| a.id)).collect()
+    }
+
+    /// One forward for every running request: the next chunk of its prompt, or the token it
+    /// sampled last. Returns what each produced, in slot order.
+    pub fn step(&mut self) -> Vec<(RequestId, Event)> {
+        let mut out = Vec::new();
+        for slot in &mut self.slots {
+            let Slot { session, cached, active, .. } = slot;
+            let Some(a) = active.as_mut() else { continue };
+            let id = a.id;
+            let events = advance(session, cached, a, self.chunk_rows);
+            if let Some(n) = slot.session.take_notice() {
+                self.notices.push(n);
+            }
+            for e in events {
+                let over = matches!(e, Event::Done(_) | Event::Failed(_));
+                out.push((id, e));
+                if over {
+                    slot.active = None;
+                }
+            }
+        }
+        out
+    }
+
+    /// Notices the sessions raised (a device failure a request survived on the CPU), once.
+    pub fn take_notices(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notices)
+    }
+
+    /// Whether every slot still runs on the devices it was given (false after a device failed).
+    pub fn on_devices(&self) -> bool {
+        self.engine.device().is_none() || self.slots.iter().all(|s| s.session.on_a_device())
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// One forward of a slot's request `a` and what it produced.
+fn advance(session: &mut Session, cached: &mut Vec<u32>, a: &mut Active, chunk_rows: usize) -> Vec<Event> {
+    let prompt_len = a.turn.req.prompt.len();
+    let tokens: Vec<u32> = match a.next {
+        Some(t) => vec![t],
+        None => {
+            let end = (a.fed + chunk_rows).min(prompt_len);
+            a.turn.req.prompt[a.fed..end].to_vec()
+        }
+    };
+    let logits = match session.forward(&tokens, LogitRows::Last) {
+        Ok(l) => l,
+        Err(e) => {
+            session.truncate(0);
+            cached.clear();
+            return vec![Event::Failed(e.to_string())];
+        }
+    };
+    cached.extend_from_slice(&tokens);
+    if a.next.is_none() {
+        a.fed += tokens.len();
+        if a.fed < prompt_len {
+            return Vec::new();
+        }
+    }
+    let room = session.pos() < session.max_context();
+    let taken = match a.turn.take(&logits, room) {
+        Ok(t) => t,
+        Err(e) => return vec![Event::Failed(e.to_string())],
+    };
+    let mut events = Vec::new();
+    if !taken.text.is_empty() {
+        events.push(Event::Text(taken.text));
+    }
+    match taken.next {
+        Ok(t) => a.next = Some(t),
+        Err(reason) => events.push(Event::Done(Finish {
+            reason,
+            prompt_tokens: prompt_len,
+            cached_tokens: a.cached_tokens,
+            generated: std::mem::take(&mut a.turn.generated),
+        })),
+    }
+    events
+}

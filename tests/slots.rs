@@ -1,0 +1,162 @@
+//! Several requests at once through `coli_runtime::slots`, against each request run alone:
+//! - interleaved greedy requests (more than the slots, so some wait) give exactly the tokens
+//!   each gives alone through `run_greedy` (a separate loop over `Session::forward`), on the
+//!   CPU, and on the Vulkan device with the expert tier serving part of the routed experts;
+//! - prefix reuse: a request that extends a finished one takes that prefix from the cache
+//!   (asserted from the cached-token count) and gives the tokens a fresh session gives;
+//! - a request cancelled mid-prompt frees its slot, and bad requests are refused with typed
+//!   errors while the others run on.
+//!
+//! Tokens are compared exactly: greedy decoding over the same forwards.
+
+mod common;
+
+use coli_compiler::Options;
+use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
+use coli_runtime::generate::StopReason;
+use coli_runtime::slots::{AdmitError, Event, Finish, Request, Slots};
+use coli_runtime::tier::TierOptions;
+use coli_runtime::vk::VkOptions;
+use common::{fixture_dir, run_greedy};
+use std::collections::HashMap;
+
+const CONTEXT: usize = 64;
+
+fn prompts() -> Vec<Vec<u32>> {
+    (0..6u32).map(|k| (0..3 + 2 * k as usize).map(|i| (i as u32 * 37 + k * 101 + 5) % 250).collect()).collect()
+}
+
+/// Runs every request through `n` slots (admitting as slots free up), and returns each one's
+/// finish, by request index.
+fn run_all(engine: &Engine, n: usize, requests: &[Request], chunk: usize) -> Vec<Finish> {
+    let mut slots = Slots::new(engine, n, CONTEXT, chunk).unwrap();
+    let mut waiting: Vec<(u64, Request)> =
+        requests.iter().cloned().enumerate().map(|(i, r)| (i as u64, r)).rev().collect();
+    let mut done: HashMap<u64, Finish> = HashMap::new();
+    while done.len() < requests.len() {
+        while slots.free() > 0 {
+            let Some((id, r)) = waiting.pop() else { break };
+            slots.admit(id, r).unwrap();
+        }
+        for (id, e) in slots.step() {
+            match e {
+                Event::Done(f) => {
+                    done.insert(id, f);
+                }
+                Event::Failed(e) => panic!("request {id} failed: {e}"),
+                Event::Text(_) => {}
+            }
+        }
+    }
+    (0..requests.len() as u64).map(|i| done.remove(&i).unwrap()).collect()
+}
+
+fn alone(engine: &Engine, prompt: &[u32], steps: usize) -> Vec<u32> {
+    run_greedy(engine, prompt, 4, steps, CONTEXT, false).toks
+}
+
+fn check_interleaved(engine: &Engine, what: &str) {
+    let steps = 5;
+    let requests: Vec<Request> = prompts().into_iter().map(|p| Request::greedy(p, steps)).collect();
+    let got = run_all(engine, 3, &requests, 4);
+    for (r, f) in requests.iter().zip(&got) {
+        assert_eq!(f.generated, alone(engine, &r.prompt, steps), "{what}: prompt {:?}", r.prompt);
+        assert_eq!((f.reason, f.prompt_tokens), (StopReason::MaxTokens, r.prompt.len()));
+    }
+}
+
+#[test]
+fn interleaved_requests_give_what_each_gives_alone_on_the_cpu() {
+    let engine = common::load_model(&fixture_dir("olmoe"));
+    check_interleaved(&engine, "olmoe on the CPU");
+    let engine = common::load_model(&fixture_dir("llama"));
+    check_interleaved(&engine, "llama on the CPU");
+}
+
+#[test]
+fn interleaved_requests_give_what_each_gives_alone_through_the_expert_tier() {
+    let opts = EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions::default()),
+        compile: Options { context: CONTEXT, chunk_rows: 4, resident_experts: false, ..Options::default() },
+        tier: TierOptions { max_experts: Some(3), deterministic: true, ..TierOptions::default() },
+        ..EngineOptions::default()
+    };
+    let engine = match Engine::load(&fixture_dir("olmoe"), &opts) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("note: no Vulkan device ({e}); skipping");
+            return;
+        }
+    };
+    let d = engine.device().expect("on the device");
+    assert!(d.tier_line().unwrap_or_default().starts_with("expert tier on"), "{:?}", d.tier_line());
+    check_interleaved(&engine, "olmoe through the tier");
+    let routed = d.with_tier(|t| (t.stats().routed, t.stats().device)).unwrap();
+    assert!(routed.1 > 0 && routed.1 < routed.0, "the tier served part of the pairs: {routed:?}");
+}
+
+#[test]
+fn a_request_that_extends_a_finished_one_reuses_its_prefix() {
+    let engine = common::load_model(&fixture_dir("olmoe"));
+    let mut slots = Slots::new(&engine, 2, CONTEXT, 4).unwrap();
+    let first: Vec<u32> = (0..9).map(|i| (i * 13 + 2) % 250).collect();
+    assert_eq!(slots.admit(1, Request::greedy(first.clone(), 4)).unwrap(), 0);
+    let f = drain(&mut slots, 1);
+    // The next turn: the first prompt, its answer, and more.
+    let mut second = first.clone();
+    second.extend_from_slice(&f.generated);
+    second.extend_from_slice(&[7, 8, 9]);
+    let cached = slots.admit(2, Request::greedy(second.clone(), 4)).unwrap();
+    // Everything the slot ran: the prompt and the answer but its last token (never run).
+    assert_eq!(cached, first.len() + f.generated.len() - 1);
+    let g = drain(&mut slots, 2);
+    assert_eq!(g.cached_tokens, cached);
+    assert_eq!(g.generated, alone(&engine, &second, 4));
+    // The same prompt again: all but its last position comes from the cache.
+    assert_eq!(slots.admit(3, Request::greedy(second.clone(), 4)).unwrap(), second.len() - 1);
+    assert_eq!(drain(&mut slots, 3).generated, g.generated);
+    // An unrelated prompt takes the other slot (nothing shared) and starts at 0.
+    assert_eq!(slots.admit(4, Request::greedy(vec![200, 201], 2)).unwrap(), 0);
+}
+
+fn drain(slots: &mut Slots, id: u64) -> Finish {
+    loop {
+        for (i, e) in slots.step() {
+            assert_eq!(i, id);
+            match e {
+                Event::Done(f) => return f,
+                Event::Failed(e) => panic!("{e}"),
+                Event::Text(_) => {}
+            }
+        }
+    }
+}
+
+#[test]
+fn cancelled_and_bad_requests_leave_the_others_running() {
+    let engine = common::load_model(&fixture_dir("olmoe"));
+    let mut slots = Slots::new(&engine, 2, CONTEXT, 2).unwrap();
+    let vocab = engine.plan().program.dims.vocab;
+    assert_eq!(slots.admit(9, Request::greedy(Vec::new(), 3)), Err(AdmitError::EmptyPrompt));
+    assert_eq!(
+        slots.admit(9, Request::greedy(vec![1; CONTEXT + 1], 3)),
+        Err(AdmitError::PromptTooLong { prompt: CONTEXT + 1, context: CONTEXT })
+    );
+    assert_eq!(
+        slots.admit(9, Request::greedy(vec![1, vocab as u32], 3)),
+        Err(AdmitError::TokenOutOfVocab { id: vocab as u32, vocab })
+    );
+    let mut bad = Request::greedy(vec![1, 2], 3);
+    bad.sampler.top_p = 0.0;
+    assert!(matches!(slots.admit(9, bad), Err(AdmitError::Sampler(_))));
+    let keep: Vec<u32> = (0..7).collect();
+    slots.admit(1, Request::greedy(keep.clone(), 3)).unwrap();
+    slots.admit(2, Request::greedy((10..30).collect(), 3)).unwrap();
+    assert_eq!(slots.admit(3, Request::greedy(vec![5], 3)), Err(AdmitError::Busy));
+    slots.step();
+    assert!(slots.cancel(2));
+    assert!(!slots.cancel(2));
+    assert_eq!(slots.running(), vec![1]);
+    assert_eq!(drain(&mut slots, 1).generated, alone(&engine, &keep, 3));
+    assert_eq!(slots.free(), 2);
+}
