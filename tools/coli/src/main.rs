@@ -1,7 +1,8 @@
-//! The `coli` command line: `compile` prints a plan, `exec` runs a model, `serve` serves one.
+//! The `coli` command line: `compile` prints a plan, `exec` runs a model, `serve` serves one,
+//! `chat` talks with one.
 
 use clap::{Parser, Subcommand};
-use coli::{bench_cmd, compile_cmd, exec_cmd, probe_cmd, serve};
+use coli::{bench_cmd, chat_cmd, compile_cmd, exec_cmd, probe_cmd, serve};
 
 #[derive(Parser)]
 #[command(name = "coli", version, about = "Runs Mixture-of-Experts language models on Vulkan GPUs and on the CPU")]
@@ -28,6 +29,8 @@ enum Command {
     Probe(probe_cmd::ProbeArgs),
     /// Serve a model over an OpenAI-compatible HTTP API, several conversations at once.
     Serve(serve::ServeArgs),
+    /// Chat with a model in the terminal (multi-turn, through its chat template).
+    Chat(chat_cmd::ChatArgs),
 }
 
 fn main() {
@@ -39,6 +42,7 @@ fn main() {
         Command::Bench(a) => bench_cmd::run(a),
         Command::Probe(a) => probe_cmd::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Chat(a) => chat_cmd::run(a),
     };
     if let Err(e) = result {
         eprintln!("coli: error: {e}");
