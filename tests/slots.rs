@@ -2,6 +2,8 @@
 //! - interleaved greedy requests (more than the slots, so some wait) give exactly the tokens
 //!   each gives alone through `run_greedy` (a separate loop over `Session::forward`), on the
 //!   CPU, and on the Vulkan device with the expert tier serving part of the routed experts;
+//! - a batched forward (one token for each of several sessions) gives each session the logits
+//!   it gets alone, within `BATCH_TOLERANCE` of the largest |logit|;
 //! - prefix reuse: a request that extends a finished one takes that prefix from the cache
 //!   (asserted from the cached-token count) and gives the tokens a fresh session gives;
 //! - a request cancelled mid-prompt frees its slot, and bad requests are refused with typed
@@ -13,6 +15,7 @@ mod common;
 
 use coli_compiler::Options;
 use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
+use coli_runtime::exec::{LogitRows, Session};
 use coli_runtime::generate::StopReason;
 use coli_runtime::slots::{AdmitError, Event, Finish, Request, Slots};
 use coli_runtime::tier::TierOptions;
@@ -67,10 +70,47 @@ fn check_interleaved(engine: &Engine, what: &str) {
 
 #[test]
 fn interleaved_requests_give_what_each_gives_alone_on_the_cpu() {
-    let engine = common::load_model(&fixture_dir("olmoe"));
-    check_interleaved(&engine, "olmoe on the CPU");
-    let engine = common::load_model(&fixture_dir("llama"));
-    check_interleaved(&engine, "llama on the CPU");
+    // Attention with RoPE, MoE, MLA, Gated DeltaNet's recurrent state, sliding windows with sinks.
+    for name in ["olmoe", "llama", "deepseek_v3", "qwen3_next", "gpt_oss"] {
+        let engine = common::load_model(&fixture_dir(name));
+        check_interleaved(&engine, name);
+    }
+}
+
+/// Tolerance of a batched forward against one forward per session: the rows meet the same
+/// weights in other GEMM tiles, so sums may round differently.
+const BATCH_TOLERANCE: f32 = 1e-4;
+
+#[test]
+fn a_batched_forward_gives_each_session_its_own_logits() {
+    for name in ["olmoe", "qwen3_next"] {
+        let engine = common::load_model(&fixture_dir(name));
+        let prompts = prompts();
+        let mut alone = Vec::new();
+        let mut batched: Vec<Session> = Vec::new();
+        for p in &prompts[..4] {
+            let mut s = Session::new(engine.model(), CONTEXT);
+            s.forward(p, LogitRows::Last).unwrap();
+            let mut t = Session::new(engine.model(), CONTEXT);
+            t.forward(p, LogitRows::Last).unwrap();
+            alone.push(t);
+            batched.push(s);
+        }
+        let next = [7u32, 70, 140, 210];
+        for step in 0..3 {
+            let want: Vec<Vec<f32>> =
+                alone.iter_mut().zip(next).map(|(s, t)| s.forward(&[t + step], LogitRows::Last).unwrap()).collect();
+            let tokens: Vec<u32> = next.iter().map(|t| t + step).collect();
+            let mut refs: Vec<&mut Session> = batched.iter_mut().collect();
+            let got = Session::forward_batch(&mut refs, &tokens).unwrap();
+            let bound = BATCH_TOLERANCE * common::max_abs(&want);
+            let err = common::max_abs_diff(&got, &want);
+            assert!(err <= bound, "{name} step {step}: max |batched - alone| = {err} > {bound}");
+        }
+        assert!(batched.iter().zip(&alone).all(|(b, a)| b.pos() == a.pos()));
+        let mut refs: Vec<&mut Session> = batched.iter_mut().collect();
+        assert!(Session::forward_batch(&mut refs, &[1, 2]).is_err(), "one token per session");
+    }
 }
 
 #[test]

@@ -687,7 +687,7 @@ impl DeviceModel {
         host: &mut HostRows,
         step: &Step,
     ) -> Result<(), VkError> {
-        let HostRows { values: host_values, widths, kv } = host;
+        let HostRows { values: host_values, widths, kv, .. } = host;
         let (widths, kv) = (*widths, &mut **kv);
         let (tokens, pos0, precision) = (step.tokens, step.pos0, step.precision);
         let last_only = step.logits == LogitRows::Last;

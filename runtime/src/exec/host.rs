@@ -6,6 +6,10 @@
 //! the last row of the step's buffers, so every buffer keeps the step's rows (a later device
 //! frame may upload them) and the logits sit in the last row, as a device leaves them.
 //!
+//! A batched step (several sequences' rows, `Step::batch`) runs every call on all rows at once
+//! but those that read a sequence's positions or cache (RoPE, attention, MLA, linear
+//! attention), which run on each sequence's rows in turn, the same way as the last row.
+//!
 //! Must not: run a fused kernel (the schedule gives host frames none) or decide placement.
 
 use super::step::{HostRows, Step};
@@ -36,8 +40,12 @@ pub(crate) fn run_frame(
 ) -> Result<(), ExecError> {
     let n = step.tokens.len();
     for call in calls {
-        if call.rows == Rows::Tail && step.logits == LogitRows::Last && n > 1 {
-            run_on_last_row(call, model, host, step, tier)?;
+        if !step.batch.is_empty() && per_sequence(&call.kernel) {
+            for (i, s) in step.batch.iter().enumerate() {
+                run_on_rows(call, model, host, i, (s.rows.clone(), s.pos0), step, tier)?;
+            }
+        } else if call.rows == Rows::Tail && step.logits == LogitRows::Last && n > 1 && step.batch.is_empty() {
+            run_on_rows(call, model, host, 0, (n - 1..n, step.pos0 + n - 1), step, tier)?;
         } else {
             let mut env = env(model, host.values, host.widths, host.kv, step, (step.pos0, step.tokens));
             run_call(&call.kernel, model, &mut env, tier)?;
@@ -58,11 +66,20 @@ fn env<'e>(
     Env { n: tokens.len(), pos0, tokens, values, widths, kv, weights: &model.weights, precision: step.precision }
 }
 
-/// Runs `call` on the step's last row (see the module doc).
-fn run_on_last_row(
+/// Whether a call reads a sequence's positions or cache (it runs per sequence in a batch).
+fn per_sequence(kernel: &Kernel) -> bool {
+    matches!(kernel, Kernel::Op(Op::Rope { .. } | Op::Attention { .. } | Op::Mla { .. } | Op::LinearAttention { .. }))
+}
+
+/// Runs `call` on `rows` of the step (positions `pos0..`) against the cache of sequence `seq`
+/// of the step: the inputs' rows go into a table of their own, the outputs come back into
+/// those rows (see the module doc).
+fn run_on_rows(
     call: &Call,
     model: &Model,
     host: &mut HostRows,
+    seq: usize,
+    (rows, pos0): (std::ops::Range<usize>, usize),
     step: &Step,
     tier: Option<&Mutex<ExpertTier>>,
 ) -> Result<(), ExecError> {
@@ -71,12 +88,13 @@ fn run_on_last_row(
     let w = |v: ValueId| host.widths[v.0 as usize];
     let mut table: Vec<Vec<f32>> = vec![Vec::new(); host.values.len()];
     for &v in &reads {
-        let rows = &host.values[v.0 as usize];
-        if rows.len() >= n * w(v) {
-            table[v.0 as usize] = rows[(n - 1) * w(v)..n * w(v)].to_vec();
+        let all = &host.values[v.0 as usize];
+        if all.len() >= rows.end * w(v) {
+            table[v.0 as usize] = all[rows.start * w(v)..rows.end * w(v)].to_vec();
         }
     }
-    let mut env = env(model, &mut table, host.widths, host.kv, step, (step.pos0 + n - 1, &step.tokens[n - 1..]));
+    let kv = if seq == 0 { &mut *host.kv } else { &mut *host.rest[seq - 1] };
+    let mut env = env(model, &mut table, host.widths, kv, step, (pos0, &step.tokens[rows.clone()]));
     run_call(&call.kernel, model, &mut env, tier)?;
     for v in writes {
         let hv = &mut host.values[v.0 as usize];
@@ -85,7 +103,7 @@ fn run_on_last_row(
             *hv = vec![0.0; n * w(v)];
         }
         hv.resize(n * w(v), 0.0);
-        hv[(n - 1) * w(v)..].copy_from_slice(&table[v.0 as usize][..w(v)]);
+        hv[rows.start * w(v)..rows.end * w(v)].copy_from_slice(&table[v.0 as usize][..rows.len() * w(v)]);
     }
     Ok(())
 }

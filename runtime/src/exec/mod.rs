@@ -46,6 +46,8 @@ pub enum ExecError {
     Adopt(&'static str),
     #[error("the schedule runs frame {0} on a device, and this session has none")]
     NoDevice(u32),
+    #[error("cannot batch these sessions: {0}")]
+    Batch(&'static str),
 }
 
 /// A program with its weights resolved, and its schedule on the CPU alone.
@@ -241,6 +243,53 @@ impl<'m> Session<'m> {
         self.run(tokens, rows)
     }
 
+    /// One token for each of `sessions` (all of the same model, on the CPU) in one forward:
+    /// their rows go through every matrix together, each row against its own sequence's
+    /// positions and cache. Returns each session's logits (`vocab` floats), in order. The
+    /// precision is the first session's. On an error no session has moved.
+    pub fn forward_batch(sessions: &mut [&mut Session<'m>], tokens: &[u32]) -> Result<Vec<Vec<f32>>, ExecError> {
+        if sessions.len() != tokens.len() {
+            return Err(ExecError::Batch("one token per session"));
+        }
+        let Some((first, rest)) = sessions.split_first_mut() else { return Ok(Vec::new()) };
+        let model = first.model;
+        if rest.iter().any(|s| !std::ptr::eq(s.model, model)) {
+            return Err(ExecError::Batch("the sessions run different models"));
+        }
+        if first.device.is_some() || rest.iter().any(|s| s.device.is_some()) {
+            return Err(ExecError::Batch("a session runs on a device"));
+        }
+        for s in std::iter::once(&**first).chain(rest.iter().map(|s| &**s)) {
+            if s.pos + 1 > s.max_context {
+                return Err(ExecError::ContextFull { need: s.pos + 1, max: s.max_context });
+            }
+        }
+        let batch: Vec<step::SeqRows> = std::iter::once(first.pos)
+            .chain(rest.iter().map(|s| s.pos))
+            .enumerate()
+            .map(|(i, pos0)| step::SeqRows { rows: i..i + 1, pos0 })
+            .collect();
+        let step = Step { tokens, pos0: first.pos, precision: first.precision, logits: LogitRows::All, batch: &batch };
+        let mut rest_kv: Vec<&mut KvCache> = rest.iter_mut().map(|s| &mut s.kv).collect();
+        let mut host =
+            step::HostRows { values: &mut first.values, widths: &first.widths, kv: &mut first.kv, rest: &mut rest_kv };
+        if let Err(e) = run::forward(&model.cpu, model, &mut host, &step, None) {
+            first.kv.truncate(first.pos);
+            for s in rest.iter_mut() {
+                s.kv.truncate(s.pos);
+            }
+            return Err(e);
+        }
+        let lv = model.program.logits.0 as usize;
+        let vocab = first.widths[lv];
+        let out = (0..tokens.len()).map(|i| first.values[lv][i * vocab..(i + 1) * vocab].to_vec()).collect();
+        first.pos += 1;
+        for s in rest.iter_mut() {
+            s.pos += 1;
+        }
+        Ok(out)
+    }
+
     /// Runs the session's schedule (the chain's, or the model's on the CPU) over `tokens`, in
     /// steps of at most the chain's rows.
     fn run(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Vec<f32>, ExecError> {
@@ -249,8 +298,9 @@ impl<'m> Session<'m> {
         let cap = self.device.as_ref().map_or(tokens.len(), |(c, _)| c.cap_rows).max(1);
         let mut out = Vec::new();
         for chunk in tokens.chunks(cap) {
-            let step = Step { tokens: chunk, pos0: self.pos, precision: self.precision, logits: rows };
-            let mut host = step::HostRows { values: &mut self.values, widths: &self.widths, kv: &mut self.kv };
+            let step = Step { tokens: chunk, pos0: self.pos, precision: self.precision, logits: rows, batch: &[] };
+            let mut host =
+                step::HostRows { values: &mut self.values, widths: &self.widths, kv: &mut self.kv, rest: &mut [] };
             match self.device.as_mut() {
                 Some((c, st)) => run::forward(c.schedule(), self.model, &mut host, &step, Some((*c, st)))?,
                 None => run::forward(&self.model.cpu, self.model, &mut host, &step, None)?,

@@ -7,18 +7,31 @@ use crate::cpu::Precision;
 use crate::store::kv::KvCache;
 
 /// One forward's rows: `tokens` at positions `pos0..pos0 + tokens.len()` of one sequence, the
-/// precision of the CPU's products, and which rows' logits are wanted.
+/// precision of the CPU's products, and which rows' logits are wanted. A batched step (`batch`
+/// not empty) holds the rows of several sequences instead, each its own `SeqRows`; its
+/// `pos0` is then the first sequence's, and every row's logits are computed.
 #[derive(Clone, Copy, Debug)]
 pub struct Step<'a> {
     pub tokens: &'a [u32],
     pub pos0: usize,
     pub precision: Precision,
     pub logits: LogitRows,
+    pub batch: &'a [SeqRows],
 }
 
-/// The host's side of a sequence: every value's rows and the canonical KV cache.
-pub(crate) struct HostRows<'a> {
+/// A sequence's rows in a batched step: `rows` of the step are its positions `pos0..`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeqRows {
+    pub rows: std::ops::Range<usize>,
+    pub pos0: usize,
+}
+
+/// The host's side of the step's sequences: every value's rows (all sequences' rows in one
+/// table) and the canonical KV caches: `kv` the first (or only) sequence's, `rest` the other
+/// sequences' of a batched step, in `Step::batch` order.
+pub(crate) struct HostRows<'a, 'k> {
     pub values: &'a mut [Vec<f32>],
     pub widths: &'a [usize],
     pub kv: &'a mut KvCache,
+    pub rest: &'a mut [&'k mut KvCache],
 }

@@ -3,8 +3,10 @@
 //! request in the free slot whose cached ids share the longest prefix with the request's prompt
 //! (the next turn of a conversation, a shared system prompt), and that prefix is not computed
 //! again; `step` advances every active request by one forward (a chunk of its prompt, or one
-//! token) and returns what each produced (`Event`s). Requests are independent: each has its own
-//! cache, positions and sampler, so a request's tokens do not depend on what else runs.
+//! token) and returns what each produced (`Event`s); the decode steps of the requests on the
+//! CPU run as one batched forward (`Session::forward_batch`: every matrix read once for all
+//! their rows). Requests are independent: each has its own cache, positions and sampler, so a
+//! request's tokens do not depend on what else runs.
 //!
 //! A slot whose model keeps a recurrent state (Gated DeltaNet) cannot go back to a prefix: it
 //! is reused only when the new prompt extends everything it holds, else it starts again at 0.
@@ -185,12 +187,16 @@ impl<'e> Slots<'e> {
     /// One forward for every running request: the next chunk of its prompt, or the token it
     /// sampled last. Returns what each produced, in slot order.
     pub fn step(&mut self) -> Vec<(RequestId, Event)> {
+        let batched = self.step_batch();
         let mut out = Vec::new();
-        for slot in &mut self.slots {
+        for (i, slot) in self.slots.iter_mut().enumerate() {
             let Slot { session, cached, active, .. } = slot;
             let Some(a) = active.as_mut() else { continue };
             let id = a.id;
-            let events = advance(session, cached, a, self.chunk_rows);
+            let events = match batched.iter().find(|(j, _)| *j == i) {
+                Some((_, events)) => events.clone(),
+                None => advance(session, cached, a, self.chunk_rows),
+            };
             if let Some(n) = slot.session.take_notice() {
                 self.notices.push(n);
             }
@@ -203,6 +209,42 @@ impl<'e> Slots<'e> {
             }
         }
         out
+    }
+
+    /// The decode steps of the requests on the CPU, two or more, as one batched forward
+    /// (`Session::forward_batch`); returns each batched slot's events by slot index.
+    fn step_batch(&mut self) -> Vec<(usize, Vec<Event>)> {
+        let ready = |s: &Slot| !s.session.on_a_device() && s.active.as_ref().is_some_and(|a| a.next.is_some());
+        if self.slots.iter().filter(|s| ready(s)).count() < 2 {
+            return Vec::new();
+        }
+        let mut picked: Vec<(usize, &mut Slot<'e>)> =
+            self.slots.iter_mut().enumerate().filter(|(_, s)| ready(s)).collect();
+        let tokens: Vec<u32> = picked.iter().filter_map(|(_, s)| s.active.as_ref().and_then(|a| a.next)).collect();
+        let result = {
+            let mut sessions: Vec<&mut Session<'e>> = picked.iter_mut().map(|(_, s)| &mut s.session).collect();
+            Session::forward_batch(&mut sessions, &tokens)
+        };
+        match result {
+            Ok(logits) => picked
+                .into_iter()
+                .zip(logits.iter().zip(&tokens))
+                .filter_map(|((i, s), (l, &t))| {
+                    let Slot { session, cached, active, .. } = s;
+                    let a = active.as_mut()?;
+                    cached.push(t);
+                    Some((i, taken(session, a, l)))
+                })
+                .collect(),
+            Err(e) => picked
+                .into_iter()
+                .map(|(i, s)| {
+                    s.session.truncate(0);
+                    s.cached.clear();
+                    (i, vec![Event::Failed(e.to_string())])
+                })
+                .collect(),
+        }
     }
 
     /// Notices the sessions raised (a device failure a request survived on the CPU), once.
@@ -245,8 +287,13 @@ fn advance(session: &mut Session, cached: &mut Vec<u32>, a: &mut Active, chunk_r
             return Vec::new();
         }
     }
+    taken(session, a, &logits)
+}
+
+/// What a request makes of the logits of its last position.
+fn taken(session: &Session, a: &mut Active, logits: &[f32]) -> Vec<Event> {
     let room = session.pos() < session.max_context();
-    let taken = match a.turn.take(&logits, room) {
+    let taken = match a.turn.take(logits, room) {
         Ok(t) => t,
         Err(e) => return vec![Event::Failed(e.to_string())],
     };
@@ -258,7 +305,7 @@ fn advance(session: &mut Session, cached: &mut Vec<u32>, a: &mut Active, chunk_r
         Ok(t) => a.next = Some(t),
         Err(reason) => events.push(Event::Done(Finish {
             reason,
-            prompt_tokens: prompt_len,
+            prompt_tokens: a.turn.req.prompt.len(),
             cached_tokens: a.cached_tokens,
             generated: std::mem::take(&mut a.turn.generated),
         })),

@@ -118,12 +118,12 @@ pub fn run(
                 }
                 Event::Text(_) => {}
             }
-            if let Some(r) = running.get(&id) {
+            // The gauge first, so a client that has its answer sees itself gone from it.
+            let r = if over { running.remove(&id) } else { running.get(&id).cloned() };
+            metrics.running.store(running.len() as u64, Ordering::Relaxed);
+            if let Some(r) = r {
                 // A closed channel is noticed at the next step.
                 let _ = r.send(Reply::Event(event));
-            }
-            if over {
-                running.remove(&id);
             }
         }
         for n in slots.take_notices() {
