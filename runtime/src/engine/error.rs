@@ -4,6 +4,7 @@
 
 use crate::exec::ExecError;
 use crate::generate::GenerateError;
+use crate::model::hub::HubError;
 use crate::model::LoadError;
 use crate::text::TextError;
 use crate::vk::VkError;
@@ -16,6 +17,9 @@ pub enum EngineError {
     /// The checkpoint could not be opened (its messages carry the path).
     #[error(transparent)]
     Checkpoint(#[from] LoadError),
+    /// A Hugging Face id that names no checkpoint in the cache.
+    #[error(transparent)]
+    Hub(#[from] HubError),
     /// The spec file, or the plan compiled from it, has errors.
     #[error("{0}")]
     Spec(Diagnostics),

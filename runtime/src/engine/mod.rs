@@ -3,14 +3,17 @@
 //! hands out `Session`s and runs generations over it, so every front end (the `coli` command
 //! line, the tests, another program) loads models the same way.
 //!
-//! The load, in order: open the checkpoint; the spec (a given file, else the built-in one
+//! The load, in order: open the checkpoint (a Hugging Face id such as `org/name` that is not
+//! a path is looked for in the hub's cache, `model::hub`); the spec (a given file, else the built-in one
 //! serving the checkpoint's architecture, `specs`); open the devices and probe their profile
 //! (`devices`); compile the plan; resolve the weights; load the device frames, one layer fewer
 //! on a device that refuses a layer at setup, and release the host copies of what the devices
 //! hold when asked (`place`); build the tokenizer (`tokenizer`).
 //!
-//! Must not: parse flags, print, or read environment variables (front ends do); panic on bad
-//! input (every failure is an `EngineError`).
+//! Must not: parse flags, print, or read environment variables (front ends do; the one
+//! exception is the hub cache's location, read by `model::hub` when `EngineOptions::hub_cache`
+//! is `None`, as the hub's own tools read it); panic on bad input (every failure is an
+//! `EngineError`).
 
 mod devices;
 mod error;
@@ -28,7 +31,7 @@ pub use tokenizer::NoTokenizer;
 use crate::exec::chain::Chain;
 use crate::exec::{Model, Session};
 use crate::generate::{generate, GenerateOptions, Generation};
-use crate::model::Checkpoint;
+use crate::model::{hub, Checkpoint};
 use crate::sample::Sampler;
 use crate::text::Tokenizer;
 use coli_compiler::place::kv_split::KvSplit;
@@ -92,8 +95,9 @@ impl Engine {
         opts: &EngineOptions,
         progress: &mut dyn FnMut(Stage, usize, usize),
     ) -> Result<Engine, EngineError> {
-        // 1. The checkpoint and the spec.
-        let mut checkpoint = Checkpoint::open(path, &opts.load)?;
+        // 1. The checkpoint (a hub id found in the cache first) and the spec.
+        let found = hub::locate(path, opts.hub_cache.as_deref())?;
+        let mut checkpoint = Checkpoint::open(&found, &opts.load)?;
         let bindings = checkpoint.bindings();
         let spec = match &opts.spec {
             Some(p) => specs::load(p).map_err(EngineError::Spec)?,
@@ -136,7 +140,8 @@ impl Engine {
         Ok(Engine { path: path.to_path_buf(), checkpoint, spec, plan, model, tokenizer, device, device_note: note })
     }
 
-    /// The checkpoint's path, as given to `load`.
+    /// The checkpoint's path, as given to `load` (a hub id stays one; `checkpoint().path()` is
+    /// where it was found).
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -17,6 +17,9 @@
 //! checkpoint: one tensor table over the shards, each tensor in its own shard's map, the
 //! metadata of shard 1.
 //!
+//! A model named by its Hugging Face id (`org/name`) is found in the hub's cache by `hub.rs`,
+//! which gives the path `Checkpoint::open` is then handed.
+//!
 //! Files (`file.rs`): every checkpoint file is checked to be a regular file before it is
 //! opened, opened read-only, and mapped read-only. Tensors borrow from the maps; as with any
 //! memory-mapped reader, another process truncating or rewriting a file while it is open
@@ -28,6 +31,7 @@ mod error;
 mod file;
 pub mod gguf;
 mod guard;
+pub mod hub;
 mod safetensors;
 mod split;
 mod tensor;

@@ -9,12 +9,12 @@ use super::*;
 use crate::engine::{Engine, EngineOptions};
 use crate::exec::{LogitRows, Session};
 
-type T = (String, Vec<usize>, u32, Vec<u8>);
+pub(super) type T = (String, Vec<usize>, u32, Vec<u8>);
 
 /// Writes `tensors` as `name-0000K-of-0000N.gguf` files in `dir`, shard `k` holding the
 /// tensors `parts[k-1]` says (counts, in order), `kv` in shard 1 and the `split.*` keys in every
 /// shard (`split.tensors.count` as `total`, normally `tensors.len()`). Returns the paths.
-fn write_split(
+pub(super) fn write_split(
     dir: &Path,
     name: &str,
     kv: &[(&str, GgufValue)],
@@ -39,7 +39,7 @@ fn write_split(
     paths
 }
 
-fn small() -> (Vec<(&'static str, GgufValue)>, Vec<T>) {
+pub(super) fn small() -> (Vec<(&'static str, GgufValue)>, Vec<T>) {
     let kv = vec![
         ("general.architecture", GgufValue::String("llama".into())),
         ("llama.block_count", GgufValue::U32(2)),
