@@ -2,6 +2,7 @@
 //! context (the checkpoint's path, the device, the numbers that disagree). Bad input is one of
 //! these, never a panic. The messages name no command-line flag: a front end adds its own.
 
+use super::generation::GenerationConfigError;
 use crate::exec::ExecError;
 use crate::generate::GenerateError;
 use crate::model::hub::HubError;
@@ -20,6 +21,9 @@ pub enum EngineError {
     /// A Hugging Face id that names no checkpoint in the cache.
     #[error(transparent)]
     Hub(#[from] HubError),
+    /// The checkpoint's `generation_config.json` is malformed.
+    #[error(transparent)]
+    GenerationConfig(#[from] GenerationConfigError),
     /// The spec file, or the plan compiled from it, has errors.
     #[error("{0}")]
     Spec(Diagnostics),

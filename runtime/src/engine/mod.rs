@@ -8,7 +8,8 @@
 //! serving the checkpoint's architecture, `specs`); open the devices and probe their profile
 //! (`devices`); compile the plan; resolve the weights; load the device frames, one layer fewer
 //! on a device that refuses a layer at setup, and release the host copies of what the devices
-//! hold when asked (`place`); build the tokenizer (`tokenizer`).
+//! hold when asked (`place`); build the tokenizer (`tokenizer`). Beside the checkpoint, its
+//! `generation_config.json` (`generation`) gives stop ids and sampling defaults.
 //!
 //! Must not: parse flags, print, or read environment variables (front ends do; the one
 //! exception is the hub cache's location, read by `model::hub` when `EngineOptions::hub_cache`
@@ -17,6 +18,7 @@
 
 mod devices;
 mod error;
+pub mod generation;
 mod options;
 mod place;
 mod prompt;
@@ -24,6 +26,7 @@ pub mod specs;
 pub mod tokenizer;
 
 pub use error::EngineError;
+pub use generation::GenerationDefaults;
 pub use options::{DeviceRequest, EngineOptions, HostCopies, Stage};
 pub use prompt::Prompt;
 pub use tokenizer::NoTokenizer;
@@ -79,6 +82,7 @@ pub struct Engine {
     plan: Plan,
     model: Model,
     tokenizer: Result<Tokenizer, NoTokenizer>,
+    generation: GenerationDefaults,
     device: Option<Chain>,
     device_note: String,
 }
@@ -98,6 +102,10 @@ impl Engine {
         // 1. The checkpoint (a hub id found in the cache first) and the spec.
         let found = hub::locate(path, opts.hub_cache.as_deref())?;
         let mut checkpoint = Checkpoint::open(&found, &opts.load)?;
+        let generation = match checkpoint.dir() {
+            Some(dir) => GenerationDefaults::read(dir)?,
+            None => GenerationDefaults::default(),
+        };
         let bindings = checkpoint.bindings();
         let spec = match &opts.spec {
             Some(p) => specs::load(p).map_err(EngineError::Spec)?,
@@ -137,7 +145,17 @@ impl Engine {
         }
         // 4. The tokenizer.
         let tokenizer = tokenizer::for_checkpoint(&checkpoint);
-        Ok(Engine { path: path.to_path_buf(), checkpoint, spec, plan, model, tokenizer, device, device_note: note })
+        Ok(Engine {
+            path: path.to_path_buf(),
+            checkpoint,
+            spec,
+            plan,
+            model,
+            tokenizer,
+            generation,
+            device,
+            device_note: note,
+        })
     }
 
     /// The checkpoint's path, as given to `load` (a hub id stays one; `checkpoint().path()` is
@@ -166,6 +184,13 @@ impl Engine {
     /// `None` when the checkpoint carries no tokenizer (ids in, ids out).
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
         self.tokenizer.as_ref().ok()
+    }
+
+    /// What the checkpoint's `generation_config.json` asks of generation (empty without one):
+    /// its EOS ids end every generation `generate` runs; its sampling settings are a front
+    /// end's defaults (`GenerationDefaults::sampler`).
+    pub fn generation_defaults(&self) -> &GenerationDefaults {
+        &self.generation
     }
 
     /// Why there is no tokenizer, when there is none.
@@ -229,8 +254,8 @@ impl Engine {
     }
 
     /// Generates from `prompt` after what `session` holds (`generate::generate` with this
-    /// model's tokenizer); `on_text` receives the text as it becomes safe to show (nothing
-    /// without a tokenizer).
+    /// model's tokenizer, and `generation_config.json`'s EOS ids among the stop ids);
+    /// `on_text` receives the text as it becomes safe to show (nothing without a tokenizer).
     pub fn generate(
         &self,
         session: &mut Session<'_>,
@@ -239,6 +264,8 @@ impl Engine {
         opts: &GenerateOptions,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Generation, EngineError> {
-        Ok(generate(session, self.tokenizer(), sampler, prompt, opts, on_text)?)
+        let mut opts = opts.clone();
+        opts.stop_ids.extend(&self.generation.eos_ids);
+        Ok(generate(session, self.tokenizer(), sampler, prompt, &opts, on_text)?)
     }
 }

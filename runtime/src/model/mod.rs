@@ -40,6 +40,7 @@ mod tests;
 
 pub use error::{shown, LoadError};
 pub use file::check_regular;
+pub(crate) use file::{read_text, MAX_JSON};
 pub use gguf::{GgufArray, GgufMetadata, GgufValue};
 pub use guard::EXIT_CODE as SIGBUS_EXIT_CODE;
 pub use tensor::{tensor_bytes, Tensor};
