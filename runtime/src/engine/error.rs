@@ -24,6 +24,13 @@ pub enum EngineError {
     /// The checkpoint's `generation_config.json` is malformed.
     #[error(transparent)]
     GenerationConfig(#[from] GenerationConfigError),
+    /// A GGUF names a pre-tokenizer whose split rules are unknown.
+    #[error("{}: {source}", path.display())]
+    PreTokenizer {
+        path: PathBuf,
+        #[source]
+        source: TextError,
+    },
     /// The spec file, or the plan compiled from it, has errors.
     #[error("{0}")]
     Spec(Diagnostics),

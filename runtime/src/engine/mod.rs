@@ -102,6 +102,8 @@ impl Engine {
         // 1. The checkpoint (a hub id found in the cache first) and the spec.
         let found = hub::locate(path, opts.hub_cache.as_deref())?;
         let mut checkpoint = Checkpoint::open(&found, &opts.load)?;
+        tokenizer::check_gguf_pre(&checkpoint)
+            .map_err(|source| EngineError::PreTokenizer { path: path.to_path_buf(), source })?;
         let generation = match checkpoint.dir() {
             Some(dir) => GenerationDefaults::read(dir)?,
             None => GenerationDefaults::default(),

@@ -3,7 +3,8 @@
 //! of the whole file, and the tiny llama fixture made a GGUF and split into three runs to the
 //! same logits and greedy tokens as the one file, on the CPU through `Engine::load`. Each bad
 //! set is its own typed error: a missing shard (named), counts that disagree, a tensor in two
-//! shards, a total that does not add up, a split file whose name hides its siblings.
+//! shards, a total that does not add up, a split file whose name hides its siblings. And a
+//! GGUF naming an unknown pre-tokenizer is refused before its weights are read.
 
 use super::*;
 use crate::engine::{Engine, EngineOptions};
@@ -229,5 +230,31 @@ fn a_split_llama_runs_to_the_logits_and_tokens_of_the_one_file() {
         let (r, t) = run(p, &prompt);
         assert_eq!(r, rows, "{}: the same logits, bit for bit", p.display());
         assert_eq!(t, toks);
+    }
+}
+
+/// A GGUF whose vocabulary names a pre-tokenizer with unknown split rules is refused before
+/// any weight is read: its NaN weight (found when weights are read) is never reached.
+#[test]
+fn an_unknown_pre_tokenizer_is_refused_before_the_weights() {
+    let d = tmp();
+    let (mut kv, mut tensors) = llama_gguf();
+    let tokens: Vec<String> = (0..320).map(|i| format!("t{i}")).collect();
+    kv.push(("tokenizer.ggml.model", GgufValue::String("gpt2".into())));
+    kv.push(("tokenizer.ggml.tokens", GgufValue::Array(GgufArray::String(tokens))));
+    kv.push(("tokenizer.ggml.merges", GgufValue::Array(GgufArray::String(Vec::new()))));
+    let t = tensors.iter_mut().find(|t| t.0 == "output_norm.weight").unwrap();
+    t.3[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let with = |pre: &str| {
+        let mut kv = kv.clone();
+        kv.push(("tokenizer.ggml.pre", GgufValue::String(pre.into())));
+        let p = write(d.path(), &format!("{pre}.gguf"), &unsplit(&kv, &tensors));
+        Engine::load(&p, &EngineOptions::default()).err().map(|e| e.to_string()).unwrap_or_default()
+    };
+    let e = with("nonesuch");
+    assert!(e.contains("unsupported GGUF pre-tokenizer \"nonesuch\"") && e.contains("kimi-k2"), "{e}");
+    for known in ["gpt-4o", "deepseek-v3", "qwen2", "llama-bpe", "kimi-k2", "glm4"] {
+        let e = with(known);
+        assert!(e.contains("output_norm.weight") && e.contains("NaN"), "{known}: {e}");
     }
 }
