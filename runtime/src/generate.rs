@@ -19,8 +19,12 @@ pub struct GenerateOptions {
     pub record_logits: bool,
     /// How many recent tokens the repetition penalty looks at.
     pub penalty_window: usize,
-    /// Stop at the tokenizer's EOS ids.
+    /// Stop at the tokenizer's EOS ids and at `stop_ids`.
     pub stop_at_eos: bool,
+    /// Ids that end the generation beside the tokenizer's EOS ids (a checkpoint's
+    /// `generation_config.json` `eos_token_id`), with `stop_at_eos`; they work without a
+    /// tokenizer too.
+    pub stop_ids: Vec<u32>,
 }
 
 impl Default for GenerateOptions {
@@ -32,6 +36,7 @@ impl Default for GenerateOptions {
             record_logits: false,
             penalty_window: 64,
             stop_at_eos: true,
+            stop_ids: Vec::new(),
         }
     }
 }
@@ -128,7 +133,7 @@ pub fn generate(
         let recent = &history[history.len().saturating_sub(opts.penalty_window)..];
         let id = sampler.sample(&last, recent)?;
         history.push(id);
-        if opts.stop_at_eos && tokenizer.is_some_and(|t| t.is_eos(id)) {
+        if opts.stop_at_eos && (tokenizer.is_some_and(|t| t.is_eos(id)) || opts.stop_ids.contains(&id)) {
             out.generated.push(id);
             out.stop = StopReason::Eos;
             break;

@@ -2,8 +2,10 @@
 //! context (the checkpoint's path, the device, the numbers that disagree). Bad input is one of
 //! these, never a panic. The messages name no command-line flag: a front end adds its own.
 
+use super::generation::GenerationConfigError;
 use crate::exec::ExecError;
 use crate::generate::GenerateError;
+use crate::model::hub::HubError;
 use crate::model::LoadError;
 use crate::text::TextError;
 use crate::vk::VkError;
@@ -16,6 +18,19 @@ pub enum EngineError {
     /// The checkpoint could not be opened (its messages carry the path).
     #[error(transparent)]
     Checkpoint(#[from] LoadError),
+    /// A Hugging Face id that names no checkpoint in the cache.
+    #[error(transparent)]
+    Hub(#[from] HubError),
+    /// The checkpoint's `generation_config.json` is malformed.
+    #[error(transparent)]
+    GenerationConfig(#[from] GenerationConfigError),
+    /// A GGUF names a pre-tokenizer whose split rules are unknown.
+    #[error("{}: {source}", path.display())]
+    PreTokenizer {
+        path: PathBuf,
+        #[source]
+        source: TextError,
+    },
     /// The spec file, or the plan compiled from it, has errors.
     #[error("{0}")]
     Spec(Diagnostics),

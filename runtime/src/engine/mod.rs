@@ -3,17 +3,22 @@
 //! hands out `Session`s and runs generations over it, so every front end (the `coli` command
 //! line, the tests, another program) loads models the same way.
 //!
-//! The load, in order: open the checkpoint; the spec (a given file, else the built-in one
+//! The load, in order: open the checkpoint (a Hugging Face id such as `org/name` that is not
+//! a path is looked for in the hub's cache, `model::hub`); the spec (a given file, else the built-in one
 //! serving the checkpoint's architecture, `specs`); open the devices and probe their profile
 //! (`devices`); compile the plan; resolve the weights; load the device frames, one layer fewer
 //! on a device that refuses a layer at setup, and release the host copies of what the devices
-//! hold when asked (`place`); build the tokenizer (`tokenizer`).
+//! hold when asked (`place`); build the tokenizer (`tokenizer`). Beside the checkpoint, its
+//! `generation_config.json` (`generation`) gives stop ids and sampling defaults.
 //!
-//! Must not: parse flags, print, or read environment variables (front ends do); panic on bad
-//! input (every failure is an `EngineError`).
+//! Must not: parse flags, print, or read environment variables (front ends do; the one
+//! exception is the hub cache's location, read by `model::hub` when `EngineOptions::hub_cache`
+//! is `None`, as the hub's own tools read it); panic on bad input (every failure is an
+//! `EngineError`).
 
 mod devices;
 mod error;
+pub mod generation;
 mod options;
 mod place;
 mod prompt;
@@ -21,6 +26,7 @@ pub mod specs;
 pub mod tokenizer;
 
 pub use error::EngineError;
+pub use generation::GenerationDefaults;
 pub use options::{DeviceRequest, EngineOptions, HostCopies, Stage};
 pub use prompt::Prompt;
 pub use tokenizer::NoTokenizer;
@@ -28,7 +34,7 @@ pub use tokenizer::NoTokenizer;
 use crate::exec::chain::Chain;
 use crate::exec::{Model, Session};
 use crate::generate::{generate, GenerateOptions, Generation};
-use crate::model::Checkpoint;
+use crate::model::{hub, Checkpoint};
 use crate::sample::Sampler;
 use crate::text::Tokenizer;
 use coli_compiler::place::kv_split::KvSplit;
@@ -76,6 +82,7 @@ pub struct Engine {
     plan: Plan,
     model: Model,
     tokenizer: Result<Tokenizer, NoTokenizer>,
+    generation: GenerationDefaults,
     device: Option<Chain>,
     device_note: String,
 }
@@ -92,8 +99,15 @@ impl Engine {
         opts: &EngineOptions,
         progress: &mut dyn FnMut(Stage, usize, usize),
     ) -> Result<Engine, EngineError> {
-        // 1. The checkpoint and the spec.
-        let mut checkpoint = Checkpoint::open(path, &opts.load)?;
+        // 1. The checkpoint (a hub id found in the cache first) and the spec.
+        let found = hub::locate(path, opts.hub_cache.as_deref())?;
+        let mut checkpoint = Checkpoint::open(&found, &opts.load)?;
+        tokenizer::check_gguf_pre(&checkpoint)
+            .map_err(|source| EngineError::PreTokenizer { path: path.to_path_buf(), source })?;
+        let generation = match checkpoint.dir() {
+            Some(dir) => GenerationDefaults::read(dir)?,
+            None => GenerationDefaults::default(),
+        };
         let bindings = checkpoint.bindings();
         let spec = match &opts.spec {
             Some(p) => specs::load(p).map_err(EngineError::Spec)?,
@@ -133,10 +147,21 @@ impl Engine {
         }
         // 4. The tokenizer.
         let tokenizer = tokenizer::for_checkpoint(&checkpoint);
-        Ok(Engine { path: path.to_path_buf(), checkpoint, spec, plan, model, tokenizer, device, device_note: note })
+        Ok(Engine {
+            path: path.to_path_buf(),
+            checkpoint,
+            spec,
+            plan,
+            model,
+            tokenizer,
+            generation,
+            device,
+            device_note: note,
+        })
     }
 
-    /// The checkpoint's path, as given to `load`.
+    /// The checkpoint's path, as given to `load` (a hub id stays one; `checkpoint().path()` is
+    /// where it was found).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -161,6 +186,13 @@ impl Engine {
     /// `None` when the checkpoint carries no tokenizer (ids in, ids out).
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
         self.tokenizer.as_ref().ok()
+    }
+
+    /// What the checkpoint's `generation_config.json` asks of generation (empty without one):
+    /// its EOS ids end every generation `generate` runs; its sampling settings are a front
+    /// end's defaults (`GenerationDefaults::sampler`).
+    pub fn generation_defaults(&self) -> &GenerationDefaults {
+        &self.generation
     }
 
     /// Why there is no tokenizer, when there is none.
@@ -224,8 +256,8 @@ impl Engine {
     }
 
     /// Generates from `prompt` after what `session` holds (`generate::generate` with this
-    /// model's tokenizer); `on_text` receives the text as it becomes safe to show (nothing
-    /// without a tokenizer).
+    /// model's tokenizer, and `generation_config.json`'s EOS ids among the stop ids);
+    /// `on_text` receives the text as it becomes safe to show (nothing without a tokenizer).
     pub fn generate(
         &self,
         session: &mut Session<'_>,
@@ -234,6 +266,8 @@ impl Engine {
         opts: &GenerateOptions,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Generation, EngineError> {
-        Ok(generate(session, self.tokenizer(), sampler, prompt, opts, on_text)?)
+        let mut opts = opts.clone();
+        opts.stop_ids.extend(&self.generation.eos_ids);
+        Ok(generate(session, self.tokenizer(), sampler, prompt, &opts, on_text)?)
     }
 }

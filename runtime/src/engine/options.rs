@@ -92,4 +92,7 @@ pub struct EngineOptions {
     /// The fewest positions the model's own context must hold, checked on the plan before any
     /// weight is read (`EngineError::ContextTooSmall`); `None`: no check.
     pub min_model_context: Option<usize>,
+    /// The Hugging Face cache a hub id (`org/name`, `model::hub`) is looked for in; `None`:
+    /// where the hub's own variables put it (`HF_HUB_CACHE`, `HF_HOME`, `~/.cache/huggingface/hub`).
+    pub hub_cache: Option<PathBuf>,
 }

@@ -1,6 +1,7 @@
 //! The checkpoint's own tokenizer: the GGUF's vocabulary, or `tokenizer.json` beside
 //! safetensors. A checkpoint without one still runs (ids in, ids out); why it has none is kept
-//! as a `NoTokenizer` for the messages.
+//! as a `NoTokenizer` for the messages; a GGUF naming a pre-tokenizer whose split rules are
+//! unknown is refused outright (`check_gguf_pre`), before the weights are read.
 
 use crate::model::Checkpoint;
 use crate::text::{GgufVocab, TextError, Tokenizer};
@@ -19,6 +20,18 @@ pub enum NoTokenizer {
     NoDirectory,
     #[error("{dir} has no tokenizer.json")]
     NoFile { dir: PathBuf },
+}
+
+/// Refuses a GGUF whose byte-level vocabulary names a pre-tokenizer whose split rules are not
+/// known: every prompt would be cut wrongly. Checked before any weight is read.
+pub fn check_gguf_pre(ckpt: &Checkpoint) -> Result<(), TextError> {
+    match ckpt.gguf_metadata() {
+        Some(m) => crate::text::check_pre_tokenizer(
+            m.get_str("tokenizer.ggml.model").unwrap_or(""),
+            m.get_str("tokenizer.ggml.pre"),
+        ),
+        None => Ok(()),
+    }
 }
 
 /// The tokenizer `ckpt` carries.

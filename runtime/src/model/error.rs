@@ -83,6 +83,18 @@ pub enum LoadError {
     FileChanged { path: PathBuf, was: u64, now: u64 },
     #[error("{}: tensor {}: {found}; weights must be finite", path.display(), shown(name))]
     NonFinite { path: PathBuf, name: String, found: NonFinite },
+    #[error("{}: shard {no} of {count} of this split GGUF is missing: {}", path.display(), shard.display())]
+    SplitShardMissing { path: PathBuf, shard: PathBuf, no: usize, count: usize },
+    #[error("{}: split.count says {found} shards, but the set has {expected} (by the file names)", path.display())]
+    SplitCount { path: PathBuf, found: u64, expected: u64 },
+    #[error("{}: split.count says this file is one of {count} shards, but its name does not end in -NNNNN-of-NNNNN.gguf, so the others cannot be found", path.display())]
+    SplitName { path: PathBuf, count: u64 },
+    #[error("{}: tensor {} is also in shard {}", path.display(), shown(name), other.display())]
+    SplitDuplicateTensor { path: PathBuf, name: String, other: PathBuf },
+    #[error("{}: split.tensors.count says {expected} tensors, but the {shards} shards hold {found}", path.display())]
+    SplitTensorCount { path: PathBuf, expected: u64, found: usize, shards: usize },
+    #[error("{}: holds several GGUF checkpoints ({}); name one of them", path.display(), files.join(", "))]
+    SeveralGguf { path: PathBuf, files: Vec<String> },
     #[error("cannot quantize at load to {format}: only I8Row and I4G64 are load-time formats")]
     BadQuantizeTarget { format: WeightFormat },
 }

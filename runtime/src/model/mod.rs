@@ -13,6 +13,13 @@
 //! (`NonFinite`), found the first time the tensor is handed out (`file_tensor`). Must not: interpret tensor names beyond the
 //! quantize-at-load eligibility rule, or know model architectures.
 //!
+//! A GGUF split into shards (`name-00001-of-0000N.gguf`, `split.rs`) opens from any shard as one
+//! checkpoint: one tensor table over the shards, each tensor in its own shard's map, the
+//! metadata of shard 1.
+//!
+//! A model named by its Hugging Face id (`org/name`) is found in the hub's cache by `hub.rs`,
+//! which gives the path `Checkpoint::open` is then handed.
+//!
 //! Files (`file.rs`): every checkpoint file is checked to be a regular file before it is
 //! opened, opened read-only, and mapped read-only. Tensors borrow from the maps; as with any
 //! memory-mapped reader, another process truncating or rewriting a file while it is open
@@ -24,13 +31,16 @@ mod error;
 mod file;
 pub mod gguf;
 mod guard;
+pub mod hub;
 mod safetensors;
+mod split;
 mod tensor;
 #[cfg(test)]
 mod tests;
 
 pub use error::{shown, LoadError};
 pub use file::check_regular;
+pub(crate) use file::{read_text, MAX_JSON};
 pub use gguf::{GgufArray, GgufMetadata, GgufValue};
 pub use guard::EXIT_CODE as SIGBUS_EXIT_CODE;
 pub use tensor::{tensor_bytes, Tensor};
@@ -116,9 +126,10 @@ impl fmt::Debug for Checkpoint {
 }
 
 impl Checkpoint {
-    /// Opens a `.gguf` file, or a directory holding safetensors (`model.safetensors` or a
-    /// sharded set with `model.safetensors.index.json`) and `config.json`. A directory holding
-    /// no safetensors but exactly one `.gguf` file opens that file.
+    /// Opens a `.gguf` file (any shard of a split set opens the whole set, `split.rs`), or a
+    /// directory holding safetensors (`model.safetensors` or a sharded set with
+    /// `model.safetensors.index.json`) and `config.json`. A directory holding no safetensors but
+    /// one `.gguf` file (or one split set) opens that; several are `SeveralGguf`.
     pub fn open(path: &Path, opts: &LoadOptions) -> Result<Checkpoint, LoadError> {
         let mut ck = if path.is_dir() { Self::open_dir(path)? } else { Self::open_gguf(path)? };
         if let Some(format) = opts.quantize {
@@ -130,22 +141,42 @@ impl Checkpoint {
     fn open_gguf(path: &Path) -> Result<Checkpoint, LoadError> {
         let map = MappedFile::open(path)?;
         let (meta, tensors) = gguf::parse(path, map.bytes())?;
-        let mut entries = BTreeMap::new();
-        for t in tensors {
-            let e = Entry {
-                shape: t.shape,
-                dtype: t.dtype.to_string(),
-                format: t.format,
-                file: 0,
-                start: t.start,
-                len: t.len,
-                non_finite: OnceLock::new(),
-            };
-            if entries.insert(t.name.clone(), e).is_some() {
-                return Err(LoadError::DuplicateTensor { path: path.to_path_buf(), name: t.name });
+        let given = split::Shard { map, meta, tensors };
+        let shards = match split::shard_set(path, &given.meta)? {
+            Some(set) => split::open_shards(path, given, &set)?,
+            None => vec![given],
+        };
+        let is_split = shards.len() > 1;
+        let mut entries: BTreeMap<String, Entry> = BTreeMap::new();
+        for (file, shard) in shards.iter().enumerate() {
+            for t in &shard.tensors {
+                let e = Entry {
+                    shape: t.shape.clone(),
+                    dtype: t.dtype.to_string(),
+                    format: t.format,
+                    file,
+                    start: t.start,
+                    len: t.len,
+                    non_finite: OnceLock::new(),
+                };
+                if let Some(old) = entries.insert(t.name.clone(), e) {
+                    let here = shard.map.path();
+                    return Err(match is_split && old.file != file {
+                        true => split::duplicate(&t.name, shards[old.file].map.path(), here),
+                        false => LoadError::DuplicateTensor { path: here.to_path_buf(), name: t.name.clone() },
+                    });
+                }
             }
         }
-        let files = vec![Arc::new(map)];
+        let mut shards = shards.into_iter();
+        let Some(first) = shards.next() else {
+            return Err(LoadError::NotACheckpoint { path: path.to_path_buf() });
+        };
+        if is_split {
+            split::check_total(first.map.path(), &first.meta, entries.len(), shards.len() + 1)?;
+        }
+        let meta = first.meta;
+        let files = std::iter::once(first.map).chain(shards.map(|s| s.map)).map(Arc::new).collect();
         Ok(Checkpoint {
             path: path.to_path_buf(),
             kind: Kind::Gguf(meta),
@@ -163,9 +194,15 @@ impl Checkpoint {
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
                 .collect();
-            return match ggufs.as_slice() {
-                [one] => Self::open_gguf(one),
-                _ => Err(LoadError::NotACheckpoint { path: dir.to_path_buf() }),
+            return match split::single_in(&ggufs) {
+                Some(one) => Self::open_gguf(&one),
+                None if ggufs.is_empty() => Err(LoadError::NotACheckpoint { path: dir.to_path_buf() }),
+                None => {
+                    let mut files: Vec<String> =
+                        ggufs.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
+                    files.sort();
+                    Err(LoadError::SeveralGguf { path: dir.to_path_buf(), files })
+                }
             };
         };
         let config_path = dir.join("config.json");

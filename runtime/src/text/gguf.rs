@@ -147,6 +147,21 @@ const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 const QWEN2_SPLIT: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// GPT-4o's split (tiktoken's o200k): words split before an upper-case run's last capital
+/// (`mixedCase` is `mixed`, `Case`), contractions kept with their word, numbers in 1-3 digit
+/// groups, `/` kept with punctuation before a newline.
+const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Kimi K2's split: GPT-4o's with runs of Han characters split off first and out of words.
+const KIMI_K2_SPLIT: &str = r"\p{Han}+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// DeepSeek-V3's splits, applied one after the other: numbers in 1-3 digit groups; runs of
+/// CJK ideographs and kana; then words (a punctuation mark joins the ASCII word after it),
+/// punctuation and symbols, spaces.
+const DEEPSEEK_V3_SPLITS: [&str; 3] = [
+    r"\p{N}{1,3}",
+    r"[一-龥぀-ゟ゠-ヿ]+",
+    r"[!\x22#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+];
+
 /// How a named pre-tokenizer splits text before BPE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PreSplit {
@@ -156,9 +171,21 @@ pub(crate) enum PreSplit {
     DigitsThenGpt2,
     /// Llama 3's regex; a whole word found in the vocabulary skips merging.
     Llama3,
+    /// Llama 3's regex, merging every word (GLM-4's `glm4`, `chatglm-bpe`).
+    Glm4,
     /// Qwen2's regex.
     Qwen2,
+    /// GPT-4o's regex (also gpt-oss's).
+    Gpt4o,
+    /// Kimi K2's regex.
+    KimiK2,
+    /// DeepSeek-V3's three regexes in turn.
+    DeepseekV3,
 }
+
+/// The names `from_name` knows, for messages.
+pub(crate) const KNOWN_PRE: &str = "default, gpt2, gpt-2, phi-2, olmo, smollm, starcoder, refact, command-r, llama3, \
+     llama-v3, llama-bpe, dbrx, smaug-bpe, glm4, chatglm-bpe, qwen2, deepseek-r1-qwen, gpt-4o, kimi-k2, deepseek-v3";
 
 impl PreSplit {
     pub(crate) fn from_name(pre: Option<&str>) -> Result<Self> {
@@ -166,25 +193,61 @@ impl PreSplit {
             "default" | "gpt2" | "gpt-2" | "phi-2" | "olmo" => PreSplit::Gpt2,
             "smollm" | "starcoder" | "refact" | "command-r" => PreSplit::DigitsThenGpt2,
             "llama3" | "llama-v3" | "llama-bpe" | "dbrx" | "smaug-bpe" => PreSplit::Llama3,
+            "glm4" | "chatglm-bpe" => PreSplit::Glm4,
             "qwen2" | "deepseek-r1-qwen" => PreSplit::Qwen2,
+            "gpt-4o" => PreSplit::Gpt4o,
+            "kimi-k2" => PreSplit::KimiK2,
+            "deepseek-v3" => PreSplit::DeepseekV3,
             other => return Err(TextError::UnsupportedPreTokenizer(other.to_string())),
         })
     }
 
+    /// The regexes that split text, one after the other (`None`: GPT-2's, inside `ByteLevel`).
+    fn regexes(self) -> Option<&'static [&'static str]> {
+        Some(match self {
+            PreSplit::Gpt2 | PreSplit::DigitsThenGpt2 => return None,
+            PreSplit::Llama3 | PreSplit::Glm4 => &[LLAMA3_SPLIT],
+            PreSplit::Qwen2 => &[QWEN2_SPLIT],
+            PreSplit::Gpt4o => &[GPT4O_SPLIT],
+            PreSplit::KimiK2 => &[KIMI_K2_SPLIT],
+            PreSplit::DeepseekV3 => &DEEPSEEK_V3_SPLITS,
+        })
+    }
+
+    /// The regex splits alone, without the bytes' spelling.
+    fn splits(self) -> Result<Vec<PreTokenizerWrapper>> {
+        self.regexes()
+            .unwrap_or_default()
+            .iter()
+            .map(|re| {
+                Split::new(SplitPattern::Regex(re.to_string()), SplitDelimiterBehavior::Isolated, false)
+                    .map(Into::into)
+                    .map_err(|e| TextError::Tokenizers(e.to_string()))
+            })
+            .collect()
+    }
+
     fn pre_tokenizer(self) -> Result<PreTokenizerWrapper> {
-        let regex_then_bytes = |re: &str| -> Result<PreTokenizerWrapper> {
-            let split = Split::new(SplitPattern::Regex(re.to_string()), SplitDelimiterBehavior::Isolated, false)
-                .map_err(|e| TextError::Tokenizers(e.to_string()))?;
-            Ok(Sequence::new(vec![split.into(), ByteLevel::new(false, false, false).into()]).into())
-        };
         match self {
             PreSplit::Gpt2 => Ok(ByteLevel::new(false, true, true).into()),
             PreSplit::DigitsThenGpt2 => {
                 Ok(Sequence::new(vec![Digits::new(true).into(), ByteLevel::new(false, true, true).into()]).into())
             }
-            PreSplit::Llama3 => regex_then_bytes(LLAMA3_SPLIT),
-            PreSplit::Qwen2 => regex_then_bytes(QWEN2_SPLIT),
+            _ => {
+                let mut steps = self.splits()?;
+                steps.push(ByteLevel::new(false, false, false).into());
+                Ok(Sequence::new(steps).into())
+            }
         }
+    }
+}
+
+/// Whether the split rules of a "gpt2" vocabulary's `tokenizer.ggml.pre` are known
+/// (`UnsupportedPreTokenizer` when not), checked before anything else is built.
+pub fn check_pre_tokenizer(model: &str, pre: Option<&str>) -> Result<()> {
+    match model {
+        "gpt2" => PreSplit::from_name(pre).map(|_| ()),
+        _ => Ok(()),
     }
 }
 
@@ -228,9 +291,98 @@ mod tests {
         assert_eq!(PreSplit::from_name(Some("smollm")).unwrap(), PreSplit::DigitsThenGpt2);
         assert_eq!(PreSplit::from_name(None).unwrap(), PreSplit::Gpt2);
         assert!(matches!(PreSplit::from_name(Some("nonesuch")), Err(TextError::UnsupportedPreTokenizer(_))));
-        for s in [PreSplit::Gpt2, PreSplit::DigitsThenGpt2, PreSplit::Llama3, PreSplit::Qwen2] {
+        let all = [
+            PreSplit::Gpt2,
+            PreSplit::DigitsThenGpt2,
+            PreSplit::Llama3,
+            PreSplit::Glm4,
+            PreSplit::Qwen2,
+            PreSplit::Gpt4o,
+            PreSplit::KimiK2,
+            PreSplit::DeepseekV3,
+        ];
+        for s in all {
             s.pre_tokenizer().unwrap();
         }
+        for name in KNOWN_PRE.split(", ") {
+            PreSplit::from_name(Some(name)).unwrap();
+        }
+    }
+
+    /// The pieces the regexes of `pre` cut `text` into.
+    fn pieces(pre: &str, text: &str) -> Vec<String> {
+        use tokenizers::{PreTokenizedString, PreTokenizer};
+        let seq = Sequence::new(PreSplit::from_name(Some(pre)).unwrap().splits().unwrap());
+        let mut p = PreTokenizedString::from(text);
+        seq.pre_tokenize(&mut p).unwrap();
+        p.get_splits(tokenizers::OffsetReferential::Original, tokenizers::OffsetType::Byte)
+            .into_iter()
+            .map(|(s, _, _)| s.to_string())
+            .collect()
+    }
+
+    /// Each named pre-tokenizer against the split its regexes make of one sample (worked out
+    /// by hand from the patterns: case runs, contractions, digit groups, CJK, punctuation
+    /// before a newline).
+    #[test]
+    fn pre_tokenizers_split_a_sample_as_their_models_do() {
+        let text = "I'm HAPPY2024 mixedCase 東京タワー is 12345!!\n ok";
+        let cl100k =
+            ["I", "'m", " HAPPY", "202", "4", " mixedCase", " 東京タワー", " is", " ", "123", "45", "!!\n", " ok"];
+        for pre in ["llama-bpe", "llama3", "glm4"] {
+            assert_eq!(pieces(pre, text), cl100k, "{pre}");
+        }
+        let qwen2 = [
+            "I",
+            "'m",
+            " HAPPY",
+            "2",
+            "0",
+            "2",
+            "4",
+            " mixedCase",
+            " 東京タワー",
+            " is",
+            " ",
+            "1",
+            "2",
+            "3",
+            "4",
+            "5",
+            "!!\n",
+            " ok",
+        ];
+        assert_eq!(pieces("qwen2", text), qwen2);
+        let o200k =
+            ["I'm", " HAPPY", "202", "4", " mixed", "Case", " 東京タワー", " is", " ", "123", "45", "!!\n", " ok"];
+        assert_eq!(pieces("gpt-4o", text), o200k);
+        assert_eq!(pieces("gpt-4o", "a/\nb"), ["a", "/\n", "b"], "o200k keeps / with what ends a line");
+        let kimi = [
+            "I'm",
+            " HAPPY",
+            "202",
+            "4",
+            " mixed",
+            "Case",
+            " ",
+            "東京",
+            "タワー",
+            " is",
+            " ",
+            "123",
+            "45",
+            "!!\n",
+            " ok",
+        ];
+        assert_eq!(pieces("kimi-k2", text), kimi);
+        let deepseek =
+            ["I", "'m", " HAPPY", "202", "4", " mixedCase", " ", "東京タワー", " is", " ", "123", "45", "!!\n", " ok"];
+        assert_eq!(pieces("deepseek-v3", text), deepseek);
+        assert_eq!(
+            pieces("deepseek-v3", "x.foo+1"),
+            ["x", ".foo", "+", "1"],
+            "punctuation joins the ASCII word after it"
+        );
     }
 
     #[test]

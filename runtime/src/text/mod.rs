@@ -20,7 +20,7 @@ mod stream;
 mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
-pub use gguf::{GgufKv, GgufVocab};
+pub use gguf::{check_pre_tokenizer, GgufKv, GgufVocab};
 pub use stop::{StopMatcher, StopStep};
 pub use stream::StreamDecoder;
 pub use tokenizer::Tokenizer;
@@ -49,7 +49,7 @@ pub enum TextError {
     #[error("unsupported GGUF tokenizer model {0:?} (supported: \"gpt2\", \"llama\")")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer whose split rules are not known here.
-    #[error("unsupported GGUF pre-tokenizer {0:?} (known: default, gpt2, gpt-2, phi-2, olmo, smollm, starcoder, refact, command-r, llama3, llama-v3, llama-bpe, dbrx, smaug-bpe, qwen2, deepseek-r1-qwen)")]
+    #[error("unsupported GGUF pre-tokenizer {0:?} (known: {known})", known = gguf::KNOWN_PRE)]
     UnsupportedPreTokenizer(String),
     /// The vocabulary is inconsistent (missing key, lengths that disagree, a malformed merge...).
     #[error("bad vocabulary: {0}")]

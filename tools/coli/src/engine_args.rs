@@ -8,6 +8,7 @@ use crate::default_model;
 use clap::{Args, ValueEnum};
 use coli_runtime::engine::{DeviceRequest, EngineError};
 use coli_runtime::format::WeightFormat;
+use coli_runtime::model::hub::{self, ModelRef};
 use coli_runtime::vk::{FaultInjection, VkOptions};
 use std::path::PathBuf;
 
@@ -59,8 +60,11 @@ impl QuantChoice {
 /// Which checkpoint, which spec, and how its weights are read.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A model directory (safetensors + config.json) or a .gguf file; default:
-    /// SmolLM2-135M-Instruct (fetched on first use).
+    /// A model directory (safetensors + config.json), a .gguf file (any shard of a split
+    /// -00001-of-0000N.gguf set), or a Hugging Face id found in the hub's cache (never
+    /// downloaded): org/name, org/name@REVISION, and either with :FILE to pick a file of the
+    /// snapshot (org/name:model-Q4_K_M.gguf). Default: SmolLM2-135M-Instruct (fetched on
+    /// first use).
     #[arg(short = 'm', long, help_heading = heading::MODEL)]
     pub model: Option<PathBuf>,
     /// The architecture spec; default: the built-in spec serving the checkpoint's architecture.
@@ -72,13 +76,17 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// Checks that the paths given exist, and gives the model's path (the default model's,
-    /// fetched when absent, without `--model`).
+    /// Checks that the paths given exist, and gives the model's path (found in the Hugging
+    /// Face cache for a hub id; the default model's, fetched when absent, without `--model`).
     pub fn resolve(&self) -> Result<PathBuf, String> {
         if let Some(s) = &self.spec {
             checks::spec_path(s, "--spec")?;
         }
         match &self.model {
+            // A hub id that is not a path: the checkpoint it names in the cache.
+            Some(p) if !p.exists() && p.to_str().and_then(ModelRef::parse).is_some() => {
+                hub::locate(p, None).map_err(|e| format!("--model {}: {e}", p.display()))
+            }
             Some(p) => {
                 checks::model_path(p)?;
                 Ok(p.clone())

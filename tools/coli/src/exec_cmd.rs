@@ -41,21 +41,26 @@ pub struct ExecArgs {
     /// The sampler's random seed.
     #[arg(long, default_value_t = 0, help_heading = heading::GENERATION)]
     pub seed: u64,
-    /// Sampling temperature; 0 = greedy.
-    #[arg(long, default_value_t = 0.0, help_heading = heading::GENERATION)]
-    pub temperature: f32,
-    /// Sample among the k most likely tokens only; 0 = all.
-    #[arg(long, default_value_t = 40, help_heading = heading::GENERATION)]
-    pub top_k: usize,
-    /// Sample among the most likely tokens whose probabilities reach this; 1 = all.
-    #[arg(long, default_value_t = 0.95, help_heading = heading::GENERATION)]
-    pub top_p: f32,
-    /// Drop tokens less likely than this times the most likely one; 0 = none.
-    #[arg(long, default_value_t = 0.05, help_heading = heading::GENERATION)]
-    pub min_p: f32,
-    /// Above 1, discourages repeating the recent tokens; 1 = off.
-    #[arg(long, default_value_t = 1.0, help_heading = heading::GENERATION)]
-    pub repeat_penalty: f32,
+    /// Sampling temperature; 0 = greedy. Default: the checkpoint's generation_config.json
+    /// (greedy unless it says do_sample), else 0.
+    #[arg(long, help_heading = heading::GENERATION)]
+    pub temperature: Option<f32>,
+    /// Sample among the k most likely tokens only; 0 = all. Default: the checkpoint's
+    /// generation_config.json, else 40.
+    #[arg(long, help_heading = heading::GENERATION)]
+    pub top_k: Option<usize>,
+    /// Sample among the most likely tokens whose probabilities reach this; 1 = all. Default:
+    /// the checkpoint's generation_config.json, else 0.95.
+    #[arg(long, help_heading = heading::GENERATION)]
+    pub top_p: Option<f32>,
+    /// Drop tokens less likely than this times the most likely one; 0 = none. Default: the
+    /// checkpoint's generation_config.json, else 0.05.
+    #[arg(long, help_heading = heading::GENERATION)]
+    pub min_p: Option<f32>,
+    /// Above 1, discourages repeating the recent tokens; 1 = off. Default: the checkpoint's
+    /// generation_config.json, else 1.
+    #[arg(long, help_heading = heading::GENERATION)]
+    pub repeat_penalty: Option<f32>,
     /// Stop when this text appears (repeatable); it is not printed.
     #[arg(long, help_heading = heading::GENERATION)]
     pub stop: Vec<String>,
@@ -86,30 +91,44 @@ pub struct ExecArgs {
     pub logits_out: Option<std::path::PathBuf>,
 }
 
+/// coli's own sampling defaults (greedy), under the checkpoint's and the flags.
+fn front_defaults() -> SamplerConfig {
+    SamplerConfig { temperature: 0.0, ..SamplerConfig::default() }
+}
+
+impl ExecArgs {
+    /// The sampler: the flags given, over `base`.
+    fn sampler(&self, base: &SamplerConfig) -> Result<Sampler, String> {
+        Sampler::new(SamplerConfig {
+            temperature: self.temperature.unwrap_or(base.temperature),
+            top_k: self.top_k.unwrap_or(base.top_k),
+            top_p: self.top_p.unwrap_or(base.top_p),
+            min_p: self.min_p.unwrap_or(base.min_p),
+            repetition_penalty: self.repeat_penalty.unwrap_or(base.repetition_penalty),
+            seed: self.seed,
+        })
+        .map_err(|e| {
+            let flag = match e {
+                SampleError::Temperature(_) => "--temperature",
+                SampleError::TopP(_) => "--top-p",
+                SampleError::MinP(_) => "--min-p",
+                SampleError::RepetitionPenalty(_) => "--repeat-penalty",
+                SampleError::Empty => "sampling",
+            };
+            format!("{flag}: {e}")
+        })
+    }
+}
+
 pub fn run(a: ExecArgs) -> Result<(), String> {
     // 0. What can be checked before anything loads: the prompt, the sampler's settings, the
     //    logits file (opened now, written at the end), the model's path.
     if a.prompt.is_none() && a.prompt_ids.is_none() {
         return Err("give a prompt: --prompt \"...\" or --prompt-ids 1,2,3".into());
     }
-    let mut sampler = Sampler::new(SamplerConfig {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repetition_penalty: a.repeat_penalty,
-        seed: a.seed,
-    })
-    .map_err(|e| {
-        let flag = match e {
-            SampleError::Temperature(_) => "--temperature",
-            SampleError::TopP(_) => "--top-p",
-            SampleError::MinP(_) => "--min-p",
-            SampleError::RepetitionPenalty(_) => "--repeat-penalty",
-            SampleError::Empty => "sampling",
-        };
-        format!("{flag}: {e}")
-    })?;
+    // The sampler is made again after the load, over the checkpoint's defaults: the flags
+    // are checked now, over coli's.
+    a.sampler(&front_defaults())?;
     let logits_out = a.logits_out.as_deref().map(|p| OutputFile::open(p, "--logits-out")).transpose()?;
     let model_path = a.model.resolve()?;
 
@@ -169,7 +188,12 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
     }
     tracing::info!("{} ({}) loaded in {:.2}s", model_path.display(), engine.summary(), t0.elapsed().as_secs_f64());
 
-    // 2. The prompt's ids.
+    // 2. The sampler: the flags over the checkpoint's generation_config.json, over coli's
+    //    defaults; the prompt's ids.
+    let mut sampler = a.sampler(&engine.generation_defaults().sampler(front_defaults()))?;
+    if let Some(src) = &engine.generation_defaults().source {
+        tracing::debug!("sampling {:?} (defaults from {})", sampler.config(), src.display());
+    }
     let prompt = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), _) => Prompt::Ids(ids),
         (None, Some(text)) if a.chat => Prompt::Chat { system: a.system.as_deref(), user: text },

@@ -12,6 +12,8 @@ use crate::format::{dot_row, matmul, quantize};
 use std::path::PathBuf;
 
 mod bad_files;
+mod hub;
+mod split;
 
 /// Bytes of a GGUF file: `tensors` are (name, shape outermost first, type id, data).
 fn gguf_bytes(
