@@ -152,7 +152,7 @@ impl<'e> Slots<'e> {
             .max_by_key(|(_, s)| (prefix(s), std::cmp::Reverse(s.used)))
             .map(|(i, _)| i)
             .ok_or(AdmitError::Busy)?;
-        let turn = Turn::new(req, self.engine.tokenizer())?;
+        let turn = Turn::new(req, self.engine.tokenizer(), &self.engine.generation_defaults().eos_ids)?;
         self.clock += 1;
         let slot = &mut self.slots[best];
         // At least the prompt's last position runs again: its logits choose the first token.

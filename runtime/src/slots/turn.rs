@@ -19,7 +19,7 @@ pub struct Request {
     pub max_new_tokens: usize,
     /// Text at which the generation ends (not shown).
     pub stop_strings: Vec<String>,
-    /// End at the tokenizer's EOS ids.
+    /// End at the tokenizer's EOS ids and the checkpoint's generation config's.
     pub stop_at_eos: bool,
     /// How many recent tokens the repetition penalty looks at.
     pub penalty_window: usize,
@@ -55,15 +55,17 @@ pub(super) struct Turn<'t> {
     stream: Option<StreamDecoder<'t>>,
     stops: StopMatcher,
     tokenizer: Option<&'t Tokenizer>,
+    /// Ids that end the generation beside the tokenizer's EOS (the checkpoint's generation config).
+    eos: &'t [u32],
     pub generated: Vec<u32>,
 }
 
 impl<'t> Turn<'t> {
-    pub fn new(req: Request, tokenizer: Option<&'t Tokenizer>) -> Result<Turn<'t>, SampleError> {
+    pub fn new(req: Request, tokenizer: Option<&'t Tokenizer>, eos: &'t [u32]) -> Result<Turn<'t>, SampleError> {
         let sampler = Sampler::new(req.sampler)?;
         let stops = StopMatcher::new(req.stop_strings.iter().cloned());
         let stream = tokenizer.map(|t| t.stream_decoder(true));
-        Ok(Turn { req, sampler, stream, stops, tokenizer, generated: Vec::new() })
+        Ok(Turn { req, sampler, stream, stops, tokenizer, eos, generated: Vec::new() })
     }
 
     /// Samples from the last position's `logits`; `room` says whether the context holds one
@@ -85,7 +87,7 @@ impl<'t> Turn<'t> {
             self.sampler.sample(logits, &recent)?
         };
         self.generated.push(id);
-        if self.req.stop_at_eos && self.tokenizer.is_some_and(|t| t.is_eos(id)) {
+        if self.req.stop_at_eos && (self.tokenizer.is_some_and(|t| t.is_eos(id)) || self.eos.contains(&id)) {
             return Ok(Taken { text: self.finish(), next: Err(StopReason::Eos) });
         }
         let mut text = String::new();
@@ -116,5 +118,40 @@ impl<'t> Turn<'t> {
         let mut tail = self.stops.push(&s.finish()).text;
         tail.push_str(&self.stops.finish());
         tail
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits_for(id: usize) -> Vec<f32> {
+        let mut l = vec![0.0; 8];
+        l[id] = 1.0;
+        l
+    }
+
+    #[test]
+    fn a_generation_config_eos_id_ends_the_turn_without_a_tokenizer() {
+        let mut t = Turn::new(Request::greedy(vec![1, 2], 10), None, &[5]).unwrap();
+        assert_eq!(t.take(&logits_for(3), true).unwrap().next, Ok(3));
+        assert_eq!(t.take(&logits_for(5), true).unwrap().next, Err(StopReason::Eos));
+        assert_eq!(t.generated, vec![3, 5]);
+        let mut r = Request::greedy(vec![1], 10);
+        r.stop_at_eos = false;
+        let mut t = Turn::new(r, None, &[5]).unwrap();
+        assert_eq!(t.take(&logits_for(5), true).unwrap().next, Ok(5));
+    }
+
+    #[test]
+    fn the_budget_and_the_context_end_a_turn() {
+        let mut t = Turn::new(Request::greedy(vec![1], 2), None, &[]).unwrap();
+        assert_eq!(t.take(&logits_for(1), true).unwrap().next, Ok(1));
+        assert_eq!(t.take(&logits_for(1), true).unwrap().next, Err(StopReason::MaxTokens));
+        let mut t = Turn::new(Request::greedy(vec![1], 5), None, &[]).unwrap();
+        assert_eq!(t.take(&logits_for(4), false).unwrap().next, Err(StopReason::ContextFull));
+        let mut t = Turn::new(Request::greedy(vec![1], 0), None, &[]).unwrap();
+        assert_eq!(t.take(&logits_for(4), true).unwrap().next, Err(StopReason::MaxTokens));
+        assert!(t.generated.is_empty());
     }
 }

@@ -239,7 +239,7 @@ impl Common {
         }
     }
 
-    fn job(self, input: Input) -> Result<Job, ApiError> {
+    fn job(self, input: Input, defaults: &SamplerConfig) -> Result<Job, ApiError> {
         let refuse =
             |field: &'static str, why: &str| Err(ApiError::bad_request(format!("`{field}`: {why}"), Some(field)));
         if self.n.is_some_and(|n| n != 1) {
@@ -259,7 +259,7 @@ impl Common {
             Some(n) if n >= 1 => Some(n as usize),
             Some(n) => return refuse("max_tokens", &format!("must be at least 1, got {n}")),
         };
-        let d = SamplerConfig::default();
+        let d = defaults;
         let top_k = match self.top_k {
             None => d.top_k,
             Some(k) if k >= 0 => k as usize,
@@ -303,7 +303,8 @@ fn clock_seed() -> u64 {
 }
 
 /// A `POST /v1/chat/completions` body, checked.
-pub fn chat_job(body: &[u8], served: &str) -> Result<Job, ApiError> {
+/// `defaults`: the sampling of a request that gives none.
+pub fn chat_job(body: &[u8], served: &str, defaults: &SamplerConfig) -> Result<Job, ApiError> {
     let b: ChatBody = parse(body)?;
     b.common.check_model(served)?;
     if b.tools.as_ref().is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty())) {
@@ -335,11 +336,11 @@ pub fn chat_job(body: &[u8], served: &str) -> Result<Job, ApiError> {
         };
         messages.push(ChatMessage::new(m.role, content));
     }
-    b.common.job(Input::Chat(messages))
+    b.common.job(Input::Chat(messages), defaults)
 }
 
 /// A `POST /v1/completions` body, checked.
-pub fn completion_job(body: &[u8], served: &str) -> Result<Job, ApiError> {
+pub fn completion_job(body: &[u8], served: &str, defaults: &SamplerConfig) -> Result<Job, ApiError> {
     let b: CompletionBody = parse(body)?;
     b.common.check_model(served)?;
     if b.echo {
@@ -360,7 +361,7 @@ pub fn completion_job(body: &[u8], served: &str) -> Result<Job, ApiError> {
         }
         _ => return Err(bad()),
     };
-    b.common.job(input)
+    b.common.job(input, defaults)
 }
 
 /// OpenAI's name for why a generation ended.

@@ -29,6 +29,9 @@ pub struct AppState {
     /// The name `/v1/models` lists and requests may give.
     pub model_id: String,
     pub api_key: Option<String>,
+    /// The sampling of a request that gives none (the checkpoint's generation config over
+    /// coli's defaults).
+    pub sampling: coli_runtime::sample::SamplerConfig,
     pub metrics: Arc<Metrics>,
     pub slots: usize,
     /// Unix seconds at startup (`created` of the model).
@@ -135,8 +138,8 @@ impl Head {
 async fn run(s: Arc<AppState>, headers: HeaderMap, body: Bytes, kind: Kind) -> Result<Response, ApiError> {
     s.authorize(&headers)?;
     let job = match kind {
-        Kind::Chat => api::chat_job(&body, &s.model_id)?,
-        Kind::Text => api::completion_job(&body, &s.model_id)?,
+        Kind::Chat => api::chat_job(&body, &s.model_id, &s.sampling)?,
+        Kind::Text => api::completion_job(&body, &s.model_id, &s.sampling)?,
     };
     let (stream, include_usage) = (job.stream, job.include_usage);
     let prefix = if kind == Kind::Chat { "chatcmpl" } else { "cmpl" };

@@ -14,6 +14,7 @@ mod worker;
 use crate::engine_args::heading;
 use crate::load_args::LoadArgs;
 use clap::Args;
+use coli_runtime::sample::SamplerConfig;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
@@ -38,7 +39,8 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on the API's routes.
     #[arg(long, help_heading = heading::SERVER)]
     pub api_key: Option<String>,
-    /// The model's name in the API (default: the checkpoint's file or directory name).
+    /// The model's name in the API (default: the hub id given to --model, else the
+    /// checkpoint's file or directory name).
     #[arg(long, help_heading = heading::SERVER)]
     pub alias: Option<String>,
 }
@@ -54,7 +56,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         format!("{}:{}", a.host, a.port).parse().map_err(|e| format!("--host {} --port {}: {e}", a.host, a.port))?;
     let metrics = Arc::new(metrics::Metrics::default());
     let (jobs_tx, jobs_rx) = mpsc::channel::<worker::Submission>();
-    let (ready_tx, ready_rx) = mpsc::channel::<Result<String, String>>();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<(String, SamplerConfig), String>>();
     let slots = usize::from(a.parallel);
     let load = a.load.clone();
     let m = metrics.clone();
@@ -71,18 +73,22 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
                 }
             };
             let cfg = worker::WorkerConfig { slots, context: load.context(&engine), chunk_rows: load.chunk, max_queue };
-            let _ = ready_tx.send(Ok(model_id(&path)));
+            let sampling = engine.generation_defaults().sampler(SamplerConfig::default());
+            let _ = ready_tx.send(Ok((model_id(&path), sampling)));
             if let Err(e) = worker::run(&engine, &cfg, jobs_rx, m) {
                 tracing::error!("the engine thread stopped: {e}");
             }
         })
         .map_err(|e| format!("the engine thread did not start: {e}"))?;
-    let model_id = ready_rx.recv().map_err(|_| "the engine thread stopped while loading".to_string())??;
-    let model_id = a.alias.clone().unwrap_or(model_id);
+    let (model_id, sampling) = ready_rx.recv().map_err(|_| "the engine thread stopped while loading".to_string())??;
+    // A hub id (`org/name`) names the model as the user gave it, not by its snapshot's folder.
+    let given = a.load.model.model.as_ref().filter(|p| !p.exists()).map(|p| p.display().to_string());
+    let model_id = a.alias.clone().or(given).unwrap_or(model_id);
     let state = Arc::new(http::AppState {
         jobs: Mutex::new(jobs_tx),
         model_id: model_id.clone(),
         api_key: a.api_key.clone(),
+        sampling,
         metrics,
         slots,
         started: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
