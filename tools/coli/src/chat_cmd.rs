@@ -7,6 +7,7 @@
 
 use crate::engine_args::{heading, message};
 use crate::load_args::LoadArgs;
+use crate::sampling_args::SamplingArgs;
 use clap::Args;
 use coli_runtime::sample::SamplerConfig;
 use coli_runtime::slots::{Event, Request, Slots};
@@ -26,24 +27,8 @@ pub struct ChatArgs {
     /// Tokens of one answer at most.
     #[arg(short = 'n', long = "max-tokens", default_value_t = 1024, help_heading = heading::GENERATION)]
     pub max_tokens: usize,
-    /// Sampling temperature; 0 = greedy (default: the checkpoint's generation config, else 0.7).
-    #[arg(long, help_heading = heading::GENERATION)]
-    pub temperature: Option<f32>,
-    /// Sample among the k most likely tokens only; 0 = all.
-    #[arg(long, help_heading = heading::GENERATION)]
-    pub top_k: Option<usize>,
-    /// Sample among the most likely tokens whose probabilities reach this; 1 = all.
-    #[arg(long, help_heading = heading::GENERATION)]
-    pub top_p: Option<f32>,
-    /// Drop tokens less likely than this times the most likely one; 0 = none.
-    #[arg(long, help_heading = heading::GENERATION)]
-    pub min_p: Option<f32>,
-    /// Above 1, discourages repeating the recent tokens; 1 = off.
-    #[arg(long, help_heading = heading::GENERATION)]
-    pub repeat_penalty: Option<f32>,
-    /// The sampler's random seed.
-    #[arg(long, default_value_t = 0, help_heading = heading::GENERATION)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
 }
 
 /// Sets a flag on each Ctrl-C (from the first call on, Ctrl-C no longer ends the program).
@@ -84,26 +69,11 @@ fn interrupts() -> Result<Arc<AtomicBool>, String> {
 }
 
 pub fn run(a: ChatArgs) -> Result<(), String> {
-    let given = SamplerConfig {
-        temperature: a.temperature.unwrap_or(0.7),
-        top_k: a.top_k.unwrap_or(40),
-        top_p: a.top_p.unwrap_or(0.95),
-        min_p: a.min_p.unwrap_or(0.05),
-        repetition_penalty: a.repeat_penalty.unwrap_or(1.0),
-        seed: a.seed,
-    };
-    coli_runtime::sample::Sampler::new(given).map_err(|e| format!("sampling: {e}"))?;
+    // coli's chat defaults, under the checkpoint's generation config, under the flags.
+    let front = SamplerConfig { temperature: 0.7, ..SamplerConfig::default() };
+    a.sampling.config(&front)?;
     let (engine, _) = a.load.load()?;
-    // The checkpoint's generation config over coli's defaults, the flags over both.
-    let d = engine.generation_defaults().sampler(SamplerConfig { temperature: 0.7, ..given });
-    let sampler = SamplerConfig {
-        temperature: a.temperature.unwrap_or(d.temperature),
-        top_k: a.top_k.unwrap_or(d.top_k),
-        top_p: a.top_p.unwrap_or(d.top_p),
-        min_p: a.min_p.unwrap_or(d.min_p),
-        repetition_penalty: a.repeat_penalty.unwrap_or(d.repetition_penalty),
-        seed: a.seed,
-    };
+    let sampler = a.sampling.config(&engine.generation_defaults().sampler(front))?;
     let tok = engine.tokenizer().ok_or_else(|| {
         let why = engine.tokenizer_note().map_or_else(String::new, |n| format!(": {n}"));
         format!("chat needs a tokenizer and the model has none{why}")
@@ -141,7 +111,7 @@ pub fn run(a: ChatArgs) -> Result<(), String> {
         turn += 1;
         let request = Request {
             prompt: ids,
-            sampler: SamplerConfig { seed: a.seed.wrapping_add(turn), ..sampler },
+            sampler: SamplerConfig { seed: a.sampling.seed.wrapping_add(turn), ..sampler },
             max_new_tokens: a.max_tokens,
             stop_strings: Vec::new(),
             stop_at_eos: true,

@@ -1,6 +1,6 @@
 //! Every flag that says how a model is loaded (which checkpoint, which devices, the expert
 //! tier, the KV split, the context and prompt chunk), gathered for the subcommands that load
-//! one model and keep it (`serve`, `chat`), and the load itself with its progress bars and
+//! one model and run it (`exec`, `serve`, `chat`), and the load itself with its progress bars and
 //! its lines about where the model runs. This file maps flags to `EngineOptions` and prints;
 //! loading is `Engine::load_with_progress`.
 
@@ -25,7 +25,8 @@ pub const DEFAULT_CONTEXT: usize = 8192;
 pub struct LoadArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Context length of each conversation (default: the checkpoint's, at most 8192).
+    /// Context length (default: the checkpoint's, at most 8192; per conversation in serve
+    /// and chat).
     #[arg(long, value_parser = checks::context, help_heading = heading::GENERATION)]
     pub ctx: Option<usize>,
     /// Prompt rows per forward.

@@ -78,6 +78,14 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
             if let Err(e) = worker::run(&engine, &cfg, jobs_rx, m) {
                 tracing::error!("the engine thread stopped: {e}");
             }
+            if let Some(d) = engine.device() {
+                if let Some(line) = d.tier_summary() {
+                    tracing::info!("{line}");
+                }
+                if let Err(e) = d.save_tier_history() {
+                    tracing::warn!("the routing history was not saved: {e}");
+                }
+            }
         })
         .map_err(|e| format!("the engine thread did not start: {e}"))?;
     let (model_id, sampling) = ready_rx.recv().map_err(|_| "the engine thread stopped while loading".to_string())??;
@@ -111,6 +119,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         };
         axum::serve(listener, http::router(state)).with_graceful_shutdown(shutdown).await.map_err(|e| e.to_string())
     })?;
-    drop(engine_thread);
+    // The router (and with it the last sender of jobs) is gone: the engine thread ends.
+    let _ = engine_thread.join();
     Ok(())
 }
