@@ -8,7 +8,10 @@
 //! - bad requests get 4xx errors in OpenAI's shape and the server keeps serving; a client
 //!   that disconnects mid-stream is counted as cancelled and frees its slot;
 //! - the API key, token-id prompts on a fixture without a tokenizer, and a MoE fixture on the
-//!   Vulkan device with the expert tier.
+//!   Vulkan device with the expert tier;
+//! - load: 32 clients x 10 requests of random lengths, with malformed bodies, oversized prompts
+//!   and clients leaving mid-stream among them: every good answer equals its single-request
+//!   reference, nothing is left running, and resident memory returns near its idle level.
 
 mod common;
 
@@ -283,9 +286,11 @@ fn dechunk_or_plain(response: &str) -> String {
     }
 }
 
-/// Token ids in, token ids out (`return_tokens`), on a fixture without a tokenizer.
+/// Token ids in, token ids out (`return_tokens`), on a fixture without a tokenizer; past the
+/// fixture's EOS id (its generation config's), as the references run.
 fn ids_request(server: &Server, prompt: &[u32], max: usize, key: Option<&str>) -> (u16, Value) {
-    let body = json!({"prompt": prompt, "max_tokens": max, "temperature": 0, "return_tokens": true});
+    let body =
+        json!({"prompt": prompt, "max_tokens": max, "temperature": 0, "return_tokens": true, "ignore_eos": true});
     let (status, text) = server.request("POST", "/v1/completions", Some(&body), key);
     (status, serde_json::from_str(&text).unwrap())
 }
@@ -377,4 +382,90 @@ fn curl_streams_a_completion() {
         server.post("/v1/completions", &json!({"prompt": "One, two,", "max_tokens": 6, "temperature": 0}));
     assert_eq!(non_streamed_status, 200);
     assert_eq!(text, v["choices"][0]["text"].as_str().unwrap());
+}
+
+/// Resident memory of process `pid` in KiB (Linux), or `None`.
+fn rss_kib(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+#[test]
+fn many_clients_with_bad_ones_among_them_all_get_their_own_answers() {
+    let dir = fixture_dir("llama");
+    let server =
+        Server::start(&["--model", dir.to_str().unwrap(), "--device", "cpu", "--parallel", "4", "--ctx", "64"]);
+    let engine = common::load_model(&dir);
+    // Warm up once, then the idle level.
+    assert_eq!(ids_request(&server, &[1, 2, 3], 2, None).0, 200);
+    let idle = rss_kib(server.child.id());
+    let t0 = Instant::now();
+    let clients = 32;
+    let per_client = 10;
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..clients)
+            .map(|c: u32| {
+                let (server, engine) = (&server, &engine);
+                s.spawn(move || {
+                    let mut bad = Vec::new();
+                    for r in 0..per_client {
+                        let k = c * per_client + r;
+                        match k % 10 {
+                            // A malformed body.
+                            3 => {
+                                let (status, text) = server.request("POST", "/v1/completions", None, None);
+                                if status != 400 {
+                                    bad.push(format!("malformed: {status} {text}"));
+                                }
+                            }
+                            // A prompt over the context.
+                            5 => {
+                                let (status, _) = ids_request(server, &[7; 80], 2, None);
+                                if status != 400 {
+                                    bad.push(format!("oversized: {status}"));
+                                }
+                            }
+                            // A client that leaves mid-stream.
+                            7 => {
+                                let mut st = TcpStream::connect(&server.addr).unwrap();
+                                let body = json!({"prompt": [1, 2, 3], "max_tokens": 30, "stream": true}).to_string();
+                                let req = format!(
+                                    "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+                                    body.len()
+                                );
+                                st.write_all(req.as_bytes()).unwrap();
+                                let mut b = [0u8; 16];
+                                let _ = st.read(&mut b);
+                            }
+                            _ => {
+                                let len = 1 + (k as usize * 7) % 20;
+                                let prompt: Vec<u32> = (0..len as u32).map(|i| (i * 13 + k) % 250).collect();
+                                let max = 1 + (k as usize % 6);
+                                let (status, v) = ids_request(server, &prompt, max, None);
+                                let want = run_greedy(engine, &prompt, 4, max, 64, false).toks;
+                                if status != 200 || tokens(&v) != want {
+                                    bad.push(format!("request {k}: {status} {v} (want {want:?})"));
+                                }
+                            }
+                        }
+                    }
+                    bad
+                })
+            })
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    assert!(failures.is_empty(), "{} failures, first: {:?}", failures.len(), failures.first());
+    assert!(t0.elapsed() < Duration::from_secs(120), "320 requests took {:?}", t0.elapsed());
+    let good = clients * per_client * 7 / 10;
+    assert!(server.counter("coli_requests_completed_total") >= f64::from(good));
+    // Nothing runs or waits afterwards, and memory is back near its idle level.
+    let t1 = Instant::now();
+    while server.counter("coli_requests_running") > 0.0 || server.counter("coli_queue_depth") > 0.0 {
+        assert!(t1.elapsed() < Duration::from_secs(30), "requests left running");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if let (Some(before), Some(after)) = (idle, rss_kib(server.child.id())) {
+        assert!(after < before + 64 * 1024, "resident memory grew from {before} KiB to {after} KiB");
+    }
 }
