@@ -159,6 +159,27 @@ fn a_request_that_extends_a_finished_one_reuses_its_prefix() {
     assert_eq!(slots.admit(4, Request::greedy(vec![200, 201], 2)).unwrap(), 0);
 }
 
+#[test]
+fn a_recurrent_model_reuses_a_prefix_it_can_continue_from() {
+    // Gated DeltaNet keeps one state per layer: the next turn continues from it; a prompt that
+    // leaves the cached ids midway starts again at 0.
+    let engine = common::load_model(&fixture_dir("qwen3_next"));
+    let mut slots = Slots::new(&engine, 1, CONTEXT, 4).unwrap();
+    let first: Vec<u32> = (0..7).map(|i| (i * 19 + 3) % 250).collect();
+    slots.admit(1, Request::greedy(first.clone(), 3)).unwrap();
+    let f = drain(&mut slots, 1);
+    let mut second = first.clone();
+    second.extend_from_slice(&f.generated);
+    second.push(42);
+    let cached = slots.admit(2, Request::greedy(second.clone(), 3)).unwrap();
+    assert_eq!(cached, first.len() + f.generated.len() - 1);
+    assert_eq!(drain(&mut slots, 2).generated, alone(&engine, &second, 3));
+    let mut other = first[..4].to_vec();
+    other.push(99);
+    assert_eq!(slots.admit(3, Request::greedy(other.clone(), 3)).unwrap(), 0);
+    assert_eq!(drain(&mut slots, 3).generated, alone(&engine, &other, 3));
+}
+
 fn drain(slots: &mut Slots, id: u64) -> Finish {
     loop {
         for (i, e) in slots.step() {
