@@ -73,11 +73,16 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
                 }
             };
             let cfg = worker::WorkerConfig { slots, context: load.context(&engine), chunk_rows: load.chunk, max_queue };
+            let slots = match worker::slots(&engine, &cfg) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
             let sampling = engine.generation_defaults().sampler(SamplerConfig::default());
             let _ = ready_tx.send(Ok((model_id(&path), sampling)));
-            if let Err(e) = worker::run(&engine, &cfg, jobs_rx, m) {
-                tracing::error!("the engine thread stopped: {e}");
-            }
+            worker::run(&engine, slots, &cfg, jobs_rx, m);
             if let Some(d) = engine.device() {
                 if let Some(line) = d.tier_summary() {
                     tracing::info!("{line}");

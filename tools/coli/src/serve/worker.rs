@@ -52,15 +52,20 @@ pub struct WorkerConfig {
     pub max_queue: usize,
 }
 
-/// Runs until every sender of `jobs` is gone. Errors only when the slots cannot be made
-/// (their sessions' device memory).
+/// The slots `cfg` asks for (their sessions' memory, on the devices too), made before the
+/// server says it is up.
+pub fn slots<'e>(engine: &'e Engine, cfg: &WorkerConfig) -> Result<Slots<'e>, String> {
+    Slots::new(engine, cfg.slots, cfg.context, cfg.chunk_rows).map_err(|e| format!("the {} slots: {e}", cfg.slots))
+}
+
+/// Runs `slots` until every sender of `jobs` is gone.
 pub fn run(
     engine: &Engine,
+    mut slots: Slots,
     cfg: &WorkerConfig,
     jobs: mpsc::Receiver<Submission>,
     metrics: Arc<Metrics>,
-) -> Result<(), String> {
-    let mut slots = Slots::new(engine, cfg.slots, cfg.context, cfg.chunk_rows).map_err(|e| e.to_string())?;
+) {
     let mut queue: VecDeque<Queued> = VecDeque::new();
     let mut running: HashMap<RequestId, UnboundedSender<Reply>> = HashMap::new();
     let mut next_id: RequestId = 0;
@@ -69,7 +74,7 @@ pub fn run(
         if running.is_empty() && queue.is_empty() {
             match jobs.recv() {
                 Ok(s) => take(engine, &slots, cfg, s, &mut queue, &mut next_id, &metrics),
-                Err(_) => return Ok(()),
+                Err(_) => return,
             }
         }
         while let Ok(s) = jobs.try_recv() {
