@@ -113,6 +113,40 @@ fn every_moe_model_matches_the_cpu_with_a_handful_of_slots_or_room_for_all() {
 }
 
 #[test]
+fn the_trunk_on_the_cpu_with_the_experts_through_the_tier_matches_the_cpu() {
+    // `device_layers: 0`: attention and the dense parts on the CPU, the routed experts the
+    // device tier holds on the device (the seed's layout for integrated GPUs).
+    for name in ["olmoe", "qwen3_moe"] {
+        let dir = fixture_dir(name);
+        let prompt = ids(&read_json(&dir.join("oracle.json"))["prompt_ids"]);
+        let cpu = load_model(&dir);
+        let (want, want_toks) = run(&cpu, &prompt, 5, 8);
+        let req = EngineOptions {
+            device: DeviceRequest::Vulkan(VkOptions::default()),
+            compile: Options {
+                context: CONTEXT,
+                chunk_rows: 8,
+                resident_experts: false,
+                device_layers: Some(0),
+                ..Options::default()
+            },
+            tier: tier(Some(3), true, true),
+            ..EngineOptions::default()
+        };
+        let dev = Engine::load(&dir, &req).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let d = dev.device().unwrap_or_else(|| panic!("{name}: {}", dev.device_note()));
+        assert!(!d.has_device_frames(), "{name}: no layer on the device");
+        assert!(dev.device_note().contains("0 of"), "{}", dev.device_note());
+        let (got, toks) = run(&dev, &prompt, 5, 8);
+        let err = max_abs_diff(&got, &want);
+        assert!(err <= 1e-4 * max_abs(&want), "{name}: max |trunk on cpu - cpu| = {err}");
+        assert_eq!(toks, want_toks, "{name}");
+        let s = stats(&dev);
+        assert!(s.device > 0 && s.device < s.routed, "{name}: the device served part of the pairs ({s:?})");
+    }
+}
+
+#[test]
 fn a_deterministic_run_repeats_bit_for_bit() {
     let dir = fixture_dir("olmoe");
     let prompt = ids(&read_json(&dir.join("oracle.json"))["prompt_ids"]);

@@ -58,6 +58,11 @@ pub(super) fn load_chain(
                 *note = format!("{note}; {on}");
                 return Ok(Some(d));
             }
+            // The trunk on the CPU, the routed experts through the tier on the device.
+            Ok(d) if d.tier().is_some() => {
+                *note = format!("{note}; 0 of {layers} layers on the device, routed experts through its expert tier");
+                return Ok(Some(d));
+            }
             Ok(_) => {
                 *note = format!("{name} holds none of the layers (the plan keeps everything on the CPU)");
                 return Ok(None);

@@ -223,7 +223,7 @@ impl Chain {
     }
 
     /// The expert tier, when there is one.
-    pub(crate) fn tier(&self) -> Option<&Mutex<ExpertTier>> {
+    pub fn tier(&self) -> Option<&Mutex<ExpertTier>> {
         self.tier.as_ref()
     }
 
