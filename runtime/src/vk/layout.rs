@@ -32,7 +32,7 @@ fn pad_to(v: &mut Vec<u8>, multiple: usize) {
 /// Repacks `rows` rows of `cols` elements in `format` (`bytes` as the checkpoint stores them).
 pub fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Result<Packed, FormatError> {
     let m = Matrix::new(format, rows, cols, bytes)?;
-    let variant = FormatVariant::of(format, cols);
+    let variant = FormatVariant::of(format, cols).ok_or(FormatError::NoDeviceLayout { format })?;
     let bs = format.block_size();
     let nb = cols / bs;
     // Per format: q bytes and s bytes of one row.
@@ -46,6 +46,7 @@ pub fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Res
         WeightFormat::I4G64 => (2 * nb, nb),
         WeightFormat::Q4_K => (8 * nb, 4 * nb),
         WeightFormat::Q6_K => (12 * nb, 5 * nb),
+        _ => return Err(FormatError::NoDeviceLayout { format }),
     };
     let mut q = Vec::with_capacity(rows * qs * 16);
     let mut s = Vec::with_capacity(rows * ss * 4);
@@ -161,8 +162,8 @@ mod tests {
 
     #[test]
     fn i8row_short_rows_take_the_float_variant() {
-        assert_eq!(FormatVariant::of(WeightFormat::I8Row, 64), FormatVariant::I8Row);
-        assert_eq!(FormatVariant::of(WeightFormat::I8Row, 40), FormatVariant::I8RowF);
+        assert_eq!(FormatVariant::of(WeightFormat::I8Row, 64), Some(FormatVariant::I8Row));
+        assert_eq!(FormatVariant::of(WeightFormat::I8Row, 40), Some(FormatVariant::I8RowF));
         assert!(!FormatVariant::I8RowF.q8_acts() && FormatVariant::Q4_K.q8_acts());
     }
 }
