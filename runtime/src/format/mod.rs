@@ -102,8 +102,6 @@ pub enum FormatError {
     NotAQuantizeTarget { format: WeightFormat },
     #[error("{format}: cannot encode non-finite value {value} at index {index}")]
     NonFinite { format: WeightFormat, index: usize, value: f32 },
-    #[error("{format} has no device layout or kernels (only the CPU computes with it)")]
-    NoDeviceLayout { format: WeightFormat },
 }
 
 impl fmt::Display for WeightFormat {

@@ -74,10 +74,9 @@ impl Kernel {
 
 impl FormatVariant {
     /// The variant a matrix of `format` with rows of `cols` takes: `I8Row` rows whose length
-    /// is not a multiple of 32 are multiplied in f32, as the CPU does. `None` for a format the
-    /// device has no kernels for.
-    pub fn of(format: WeightFormat, cols: usize) -> Option<FormatVariant> {
-        Some(match format {
+    /// is not a multiple of 32 are multiplied in f32, as the CPU does.
+    pub fn of(format: WeightFormat, cols: usize) -> FormatVariant {
+        match format {
             WeightFormat::F32 => FormatVariant::F32,
             WeightFormat::F16 => FormatVariant::F16,
             WeightFormat::BF16 => FormatVariant::BF16,
@@ -89,14 +88,14 @@ impl FormatVariant {
             WeightFormat::I8Row if cols.is_multiple_of(32) => FormatVariant::I8Row,
             WeightFormat::I8Row => FormatVariant::I8RowF,
             WeightFormat::I4G64 => FormatVariant::I4G64,
-            WeightFormat::Q5_0
-            | WeightFormat::Q5_1
-            | WeightFormat::Q2_K
-            | WeightFormat::Q3_K
-            | WeightFormat::Q5_K
-            | WeightFormat::IQ4_NL
-            | WeightFormat::IQ4_XS => return None,
-        })
+            WeightFormat::Q5_0 => FormatVariant::Q5_0,
+            WeightFormat::Q5_1 => FormatVariant::Q5_1,
+            WeightFormat::Q2_K => FormatVariant::Q2_K,
+            WeightFormat::Q3_K => FormatVariant::Q3_K,
+            WeightFormat::Q5_K => FormatVariant::Q5_K,
+            WeightFormat::IQ4_NL => FormatVariant::IQ4_NL,
+            WeightFormat::IQ4_XS => FormatVariant::IQ4_XS,
+        }
     }
 
     /// The variant that keeps f32 activations (the CPU's `Precision::Exact`); itself for the
@@ -110,6 +109,13 @@ impl FormatVariant {
             FormatVariant::Q6_K => FormatVariant::Q6_KExact,
             FormatVariant::I8Row => FormatVariant::I8RowExact,
             FormatVariant::I4G64 => FormatVariant::I4G64Exact,
+            FormatVariant::Q5_0 => FormatVariant::Q5_0Exact,
+            FormatVariant::Q5_1 => FormatVariant::Q5_1Exact,
+            FormatVariant::Q2_K => FormatVariant::Q2_KExact,
+            FormatVariant::Q3_K => FormatVariant::Q3_KExact,
+            FormatVariant::Q5_K => FormatVariant::Q5_KExact,
+            FormatVariant::IQ4_NL => FormatVariant::IQ4_NLExact,
+            FormatVariant::IQ4_XS => FormatVariant::IQ4_XSExact,
             v => v,
         }
     }
@@ -125,6 +131,13 @@ impl FormatVariant {
                 | FormatVariant::Q6_K
                 | FormatVariant::I8Row
                 | FormatVariant::I4G64
+                | FormatVariant::Q5_0
+                | FormatVariant::Q5_1
+                | FormatVariant::Q2_K
+                | FormatVariant::Q3_K
+                | FormatVariant::Q5_K
+                | FormatVariant::IQ4_NL
+                | FormatVariant::IQ4_XS
         )
     }
 }

@@ -90,11 +90,6 @@ pub fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng
     b
 }
 
-/// Whether the device has kernels for `format` (the others are refused at upload).
-pub fn on_device(format: WeightFormat) -> bool {
-    coli_runtime::vk::FormatVariant::of(format, 256).is_some()
-}
-
 /// `max |got - want| <= tol * scale` where `scale` is the largest |want| (at least 1e-3).
 pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
