@@ -51,6 +51,13 @@ pub const FORMATS: &[(&str, &[&str])] = &[
     ("I8Row", &["FMT_I8ROW"]),
     ("I8RowF", &["FMT_I8ROW_F"]),
     ("I4G64", &["FMT_I4G64"]),
+    ("Q5_0", &["FMT_Q5_0"]),
+    ("Q5_1", &["FMT_Q5_1"]),
+    ("Q2_K", &["FMT_Q2_K"]),
+    ("Q3_K", &["FMT_Q3_K"]),
+    ("Q5_K", &["FMT_Q5_K"]),
+    ("IQ4_NL", &["FMT_IQ4_NL"]),
+    ("IQ4_XS", &["FMT_IQ4_XS"]),
     ("Q8_0Exact", &["FMT_Q8_0", "ACTS_F32"]),
     ("Q4_0Exact", &["FMT_Q4_0", "ACTS_F32"]),
     ("Q4_1Exact", &["FMT_Q4_1", "ACTS_F32"]),
@@ -58,12 +65,20 @@ pub const FORMATS: &[(&str, &[&str])] = &[
     ("Q6_KExact", &["FMT_Q6_K", "ACTS_F32"]),
     ("I8RowExact", &["FMT_I8ROW", "ACTS_F32"]),
     ("I4G64Exact", &["FMT_I4G64", "ACTS_F32"]),
+    ("Q5_0Exact", &["FMT_Q5_0", "ACTS_F32"]),
+    ("Q5_1Exact", &["FMT_Q5_1", "ACTS_F32"]),
+    ("Q2_KExact", &["FMT_Q2_K", "ACTS_F32"]),
+    ("Q3_KExact", &["FMT_Q3_K", "ACTS_F32"]),
+    ("Q5_KExact", &["FMT_Q5_K", "ACTS_F32"]),
+    ("IQ4_NLExact", &["FMT_IQ4_NL", "ACTS_F32"]),
+    ("IQ4_XSExact", &["FMT_IQ4_XS", "ACTS_F32"]),
 ];
 
 /// The format variants whose shaders take 8-bit activations: compiled a second time with
 /// `HW_DOT` (the device's packed 4x8-bit integer dot product, `GL_EXT_integer_dot_product`)
 /// for devices that have it.
-pub const DOT_FORMATS: &[&str] = &["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "I8Row", "I4G64"];
+pub const DOT_FORMATS: &[&str] =
+    &["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "I8Row", "I4G64", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS"];
 
 /// One compiled blob: its file stem under `shaders/spirv/`, the kernel, the format variant
 /// (per-format kernels), the defines it is compiled with, and whether it is the `HW_DOT` build.

@@ -250,6 +250,208 @@ float dequant(uint row, uint k) {
     uint sbase = row * SS + 5u * s;
     return uintBitsToFloat(ws[sbase + 4u]) * float(k6_scale(sbase, p >> 4)) * float(int(ql | (qh << 4)) - 32);
 }
+// ---------------------------------------------------------------------------------------
+#elif defined(FMT_Q5_0) || defined(FMT_Q5_1)
+// wq: 1 uvec4 a block (the low four bits, nibbles as in Q4_0). ws: 2 uints a block: f16 d
+// (low; Q5_1: f16 m high, Q5_0: zero), then qh, whose bit i is element i's fifth bit.
+// q5_spread: bits 0..3 of x to bit 4 of bytes 0..3.
+uint q5_spread(uint x) { return ((x & 1u) << 4) | ((x & 2u) << 11) | ((x & 4u) << 18) | ((x & 8u) << 25); }
+uvec4 q5_high(uint qh) { return uvec4(q5_spread(qh), q5_spread(qh >> 4), q5_spread(qh >> 8), q5_spread(qh >> 12)); }
+#ifndef ACTS_F32
+uint units_per_row() { return QS; }
+float unit_dot(uint row, uint u, uint xr) {
+    uint blk = XQ_BLK(xr) + u;
+    uvec4 w = wq[row * QS + u];
+    uint qh = ws[row * SS + 2u * u + 1u];
+    uvec4 x0 = xq16(blk, 0u), x1 = xq16(blk, 1u);
+    int i = dot16_us((w & 0x0f0f0f0fu) | q5_high(qh), x0) + dot16_us(((w >> 4) & 0x0f0f0f0fu) | q5_high(qh >> 16), x1);
+    vec2 dm = unpackHalf2x16(ws[row * SS + 2u * u]);
+#ifdef FMT_Q5_0
+    i -= 16 * (sum16_s(x0) + sum16_s(x1));
+    return dm.x * xd[blk].x * float(i);
+#else
+    return dm.x * xd[blk].x * float(i) + dm.y * xd[blk].y;
+#endif
+}
+float row_finish(uint row, float acc) { return acc; }
+#endif
+float dequant(uint row, uint k) {
+    uint b = k >> 5, i = k & 31u;
+    uint q = ((wbyte(row * QS + b, i & 15u) >> (4u * (i >> 4))) & 15u) | (((ws[row * SS + 2u * b + 1u] >> i) & 1u) << 4);
+    vec2 dm = unpackHalf2x16(ws[row * SS + 2u * b]);
+#ifdef FMT_Q5_0
+    return dm.x * float(int(q) - 16);
+#else
+    return dm.x * float(q) + dm.y;
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+#elif defined(FMT_IQ4_NL) || defined(FMT_IQ4_XS)
+// Nibbles index 16 fixed levels (format/iq4.rs). wq: 1 uvec4 per 32 elements, nibbles as in
+// Q4_0. ws: IQ4_NL: f16 d, two to a uint; IQ4_XS: 2 uints a super-block of 256, f16 d (low)
+// and the u16 high scale bits (high), then the 4 bytes of low scale bits.
+// The levels -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 as
+// signed bytes, four to a uint; picked by selects (no array in private memory).
+uint iq4_level(uint n) {
+    n &= 15u;
+    uint w = n < 8u ? (n < 4u ? 0xbfad9881u : 0xf6eaddcfu) : (n < 12u ? 0x26190d01u : 0x71594535u);
+    return (w >> (8u * (n & 3u))) & 0xffu;
+}
+// Four bytes of nibble values (0..15) to four signed level bytes.
+uint iq4_pack(uint n) {
+    return iq4_level(n) | (iq4_level(n >> 8) << 8) | (iq4_level(n >> 16) << 16) | (iq4_level(n >> 24) << 24);
+}
+uvec4 iq4_levels(uvec4 n) { return uvec4(iq4_pack(n.x), iq4_pack(n.y), iq4_pack(n.z), iq4_pack(n.w)); }
+#ifdef FMT_IQ4_XS
+// Sub-block j's scale of the super-block whose scales start at sbase, -32..31.
+int iq4xs_scale(uint sbase, uint j) {
+    uint lo = (ws[sbase + 1u] >> (8u * (j >> 1) + 4u * (j & 1u))) & 15u;
+    uint hi = (ws[sbase] >> (16u + 2u * j)) & 3u;
+    return int(lo | (hi << 4)) - 32;
+}
+#endif
+#ifndef ACTS_F32
+uint units_per_row() { return QS; }
+float unit_dot(uint row, uint u, uint xr) {
+    uint blk = XQ_BLK(xr) + u;
+    uvec4 w = wq[row * QS + u];
+    int i = dot16_ss(iq4_levels(w & 0x0f0f0f0fu), xq16(blk, 0u)) + dot16_ss(iq4_levels((w >> 4) & 0x0f0f0f0fu), xq16(blk, 1u));
+#ifdef FMT_IQ4_NL
+    return f16_at(row * SS, u) * xd[blk].x * float(i);
+#else
+    uint sbase = row * SS + 2u * (u >> 3);
+    return unpackHalf2x16(ws[sbase]).x * (xd[blk].x * float(iq4xs_scale(sbase, u & 7u) * i));
+#endif
+}
+float row_finish(uint row, float acc) { return acc; }
+#endif
+float dequant(uint row, uint k) {
+    uint b = k >> 5, i = k & 31u;
+    float q = float(int(iq4_level(wbyte(row * QS + b, i & 15u) >> (4u * (i >> 4)))) << 24 >> 24);
+#ifdef FMT_IQ4_NL
+    return f16_at(row * SS, b) * q;
+#else
+    uint sbase = row * SS + 2u * (k >> 8);
+    return (unpackHalf2x16(ws[sbase]).x * float(iq4xs_scale(sbase, b & 7u))) * q;
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+#elif defined(FMT_Q5_K)
+// wq: 10 uvec4 a super-block: the 128 bytes of nibbles (Q4_K's order), then the 32 bytes qh
+// (bit j of byte l: the fifth bit of element 32j + l). ws: 4 uints as Q4_K's. A unit is one
+// 32-byte chunk c of nibbles: sub-blocks 2c and 2c + 1.
+uint k5_byte(uint sbase, uint i) { return (ws[sbase + 1u + (i >> 2)] >> (8u * (i & 3u))) & 0xffu; }
+void k5_scale(uint sbase, uint j, out uint sc, out uint m) {
+    if (j < 4u) {
+        sc = k5_byte(sbase, j) & 63u;
+        m = k5_byte(sbase, j + 4u) & 63u;
+    } else {
+        sc = (k5_byte(sbase, j + 4u) & 15u) | ((k5_byte(sbase, j - 4u) >> 6) << 4);
+        m = (k5_byte(sbase, j + 4u) >> 4) | ((k5_byte(sbase, j) >> 6) << 4);
+    }
+}
+#ifndef ACTS_F32
+uint units_per_row() { return (QS / 10u) * 4u; }
+float unit_dot(uint row, uint u, uint xr) {
+    uint s = u >> 2, c = u & 3u;
+    uint sbase = row * SS + 4u * s, qb = row * QS + 10u * s;
+    uvec4 w0 = wq[qb + 2u * c], w1 = wq[qb + 2u * c + 1u];
+    uvec4 h0 = wq[qb + 8u], h1 = wq[qb + 9u];
+    uint ba = XQ_BLK(xr) + 8u * s + 2u * c, bb = ba + 1u;
+    uint ja = 2u * c, jb = ja + 1u;
+    uvec4 qa0 = (w0 & 0x0f0f0f0fu) | (((h0 >> ja) & 0x01010101u) << 4);
+    uvec4 qa1 = (w1 & 0x0f0f0f0fu) | (((h1 >> ja) & 0x01010101u) << 4);
+    uvec4 qb0 = ((w0 >> 4) & 0x0f0f0f0fu) | (((h0 >> jb) & 0x01010101u) << 4);
+    uvec4 qb1 = ((w1 >> 4) & 0x0f0f0f0fu) | (((h1 >> jb) & 0x01010101u) << 4);
+    int ia = dot16_us(qa0, xq16(ba, 0u)) + dot16_us(qa1, xq16(ba, 1u));
+    int ib = dot16_us(qb0, xq16(bb, 0u)) + dot16_us(qb1, xq16(bb, 1u));
+    uint sca, ma, scb, mb;
+    k5_scale(sbase, ja, sca, ma);
+    k5_scale(sbase, jb, scb, mb);
+    vec2 dd = unpackHalf2x16(ws[sbase]);
+    float a = xd[ba].x * float(int(sca) * ia) + xd[bb].x * float(int(scb) * ib);
+    float mm = float(ma) * xd[ba].y + float(mb) * xd[bb].y;
+    return dd.x * a - dd.y * mm;
+}
+float row_finish(uint row, float acc) { return acc; }
+#endif
+float dequant(uint row, uint k) {
+    uint s = k >> 8, e = k & 255u, c = e >> 6, w = e & 63u, j = 2u * c + (w >> 5), l = w & 31u;
+    uint sbase = row * SS + 4u * s, qb = row * QS + 10u * s;
+    uint q = ((wbyte(qb + 2u * c, l) >> (4u * (w >> 5))) & 15u) | (((wbyte(qb + 8u, l) >> j) & 1u) << 4);
+    uint sc, m;
+    k5_scale(sbase, j, sc, m);
+    vec2 dd = unpackHalf2x16(ws[sbase]);
+    return (dd.x * float(sc)) * float(q) - dd.y * float(m);
+}
+
+// ---------------------------------------------------------------------------------------
+#elif defined(FMT_Q2_K)
+// wq: 4 uvec4 a super-block, the 64 bytes qs (GGUF's order). ws: 5 uints a super-block: the
+// 16 scale bytes (low nibble scale, high nibble min, one per 16 elements), then f16 d (low)
+// and f16 dmin (high). A unit is one 32-element block j of 8.
+uint k2_byte(uint sbase, uint i) { return (ws[sbase + (i >> 2)] >> (8u * (i & 3u))) & 0xffu; }
+#ifndef ACTS_F32
+uint units_per_row() { return QS * 2u; }
+float unit_dot(uint row, uint u, uint xr) {
+    uint s = u >> 3, j = u & 7u, h = j >> 2, sh = 2u * (j & 3u);
+    uint qb = row * QS + 4u * s + 2u * h, sbase = row * SS + 5u * s;
+    uvec4 q0 = (wq[qb] >> sh) & 0x03030303u, q1 = (wq[qb + 1u] >> sh) & 0x03030303u;
+    uint blk = XQ_BLK(xr) + u;
+    uvec4 x0 = xq16(blk, 0u), x1 = xq16(blk, 1u);
+    uint s0 = k2_byte(sbase, 2u * j), s1 = k2_byte(sbase, 2u * j + 1u);
+    int i = int(s0 & 15u) * dot16_us(q0, x0) + int(s1 & 15u) * dot16_us(q1, x1);
+    int mi = int(s0 >> 4) * sum16_s(x0) + int(s1 >> 4) * sum16_s(x1);
+    vec2 dd = unpackHalf2x16(ws[sbase + 4u]);
+    return dd.x * (xd[blk].x * float(i)) - dd.y * (xd[blk].x * float(mi));
+}
+float row_finish(uint row, float acc) { return acc; }
+#endif
+float dequant(uint row, uint k) {
+    uint s = k >> 8, p = k & 255u, h = p >> 7, e = p & 127u, l = e & 31u;
+    uint sbase = row * SS + 5u * s;
+    uint q = (wbyte(row * QS + 4u * s + 2u * h, l) >> (2u * (e >> 5))) & 3u;
+    uint sm = k2_byte(sbase, p >> 4);
+    vec2 dd = unpackHalf2x16(ws[sbase + 4u]);
+    return (dd.x * float(sm & 15u)) * float(q) - dd.y * float(sm >> 4);
+}
+
+// ---------------------------------------------------------------------------------------
+#elif defined(FMT_Q3_K)
+// wq: 6 uvec4 a super-block: the 64 bytes qs (low two bits, as Q2_K's), then the 32 bytes
+// hmask (bit j of byte l: the third bit of element 32j + l). ws: 4 uints a super-block: the
+// 12 packed scale bytes, then f16 d (low). A unit is one 32-element block j of 8.
+uint k3_byte(uint sbase, uint i) { return (ws[sbase + (i >> 2)] >> (8u * (i & 3u))) & 0xffu; }
+// Scale k (one per 16 elements), -32..31.
+int k3_scale(uint sbase, uint k) {
+    uint lo = k < 8u ? k3_byte(sbase, k) & 15u : k3_byte(sbase, k - 8u) >> 4;
+    uint hi = (k3_byte(sbase, 8u + (k & 3u)) >> (2u * (k >> 2))) & 3u;
+    return int(lo | (hi << 4)) - 32;
+}
+#ifndef ACTS_F32
+uint units_per_row() { return (QS / 6u) * 8u; }
+float unit_dot(uint row, uint u, uint xr) {
+    uint s = u >> 3, j = u & 7u, h = j >> 2, sh = 2u * (j & 3u);
+    uint qb = row * QS + 6u * s, sbase = row * SS + 4u * s;
+    uvec4 q0 = ((wq[qb + 2u * h] >> sh) & 0x03030303u) | (((wq[qb + 4u] >> j) & 0x01010101u) << 2);
+    uvec4 q1 = ((wq[qb + 2u * h + 1u] >> sh) & 0x03030303u) | (((wq[qb + 5u] >> j) & 0x01010101u) << 2);
+    uint blk = XQ_BLK(xr) + u;
+    uvec4 x0 = xq16(blk, 0u), x1 = xq16(blk, 1u);
+    int i = k3_scale(sbase, 2u * j) * (dot16_us(q0, x0) - 4 * sum16_s(x0))
+          + k3_scale(sbase, 2u * j + 1u) * (dot16_us(q1, x1) - 4 * sum16_s(x1));
+    return unpackHalf2x16(ws[sbase + 3u]).x * (xd[blk].x * float(i));
+}
+float row_finish(uint row, float acc) { return acc; }
+#endif
+float dequant(uint row, uint k) {
+    uint s = k >> 8, p = k & 255u, h = p >> 7, e = p & 127u, l = e & 31u;
+    uint qb = row * QS + 6u * s, sbase = row * SS + 4u * s;
+    uint lo = (wbyte(qb + 2u * h, l) >> (2u * (e >> 5))) & 3u;
+    uint hb = (wbyte(qb + 4u, l) >> (p >> 5)) & 1u;
+    return unpackHalf2x16(ws[sbase + 3u]).x * float(k3_scale(sbase, p >> 4)) * float(int(lo | (hb << 2)) - 4);
+}
 #else
 #error "no weight format defined"
 #endif

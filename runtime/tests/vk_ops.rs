@@ -24,7 +24,7 @@ fn cols_for(format: WeightFormat) -> &'static [usize] {
         WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 => &[45, 160],
         WeightFormat::I8Row => &[45, 160],
         // 8448 columns: long rows, 264 blocks (many units per GEMV lane, 264 GEMM steps).
-        WeightFormat::Q4_K | WeightFormat::Q6_K => &[512, 8448],
+        f if f.block_size() == 256 => &[512, 8448],
         WeightFormat::I4G64 => &[192],
         _ => &[96, 160],
     }
@@ -89,7 +89,7 @@ fn packed_dot_product_and_byte_arithmetic_agree_bit_for_bit() {
     assert!(!off.caps().integer_dot_product, "IntDotUse::Off leaves the feature off");
     let mut rng = Rng(0x5eed_00d0);
     for format in WeightFormat::ALL.into_iter().filter(|f| f.uses_q8_acts(256)) {
-        let (rows, cols) = (70, if matches!(format, WeightFormat::Q4_K | WeightFormat::Q6_K) { 512 } else { 192 });
+        let (rows, cols) = (70, if format.block_size() == 256 { 512 } else { 192 });
         let bytes = random_rows(format, rows, cols, &mut rng);
         let m = Matrix::new(format, rows, cols, &bytes).unwrap();
         for (n, path) in [(1, MatmulPath::Gemv), (5, MatmulPath::Gemm)] {

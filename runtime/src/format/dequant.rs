@@ -4,8 +4,8 @@
 //! Must not: check lengths (`format::dequant_row` does), or allocate.
 
 use super::fp16::{bf16_to_f32, f16_to_f32, read_f16};
-use super::kquant;
 use super::WeightFormat;
+use super::{iq4, kquant, kquant_lo, q5};
 
 pub fn dequant_row(format: WeightFormat, row: &[u8], out: &mut [f32]) {
     match format {
@@ -52,6 +52,13 @@ pub fn dequant_row(format: WeightFormat, row: &[u8], out: &mut [f32]) {
         }
         WeightFormat::Q4_K => kquant::dequant_q4k(row, out),
         WeightFormat::Q6_K => kquant::dequant_q6k(row, out),
+        WeightFormat::Q5_0 => q5::dequant_q5_0(row, out),
+        WeightFormat::Q5_1 => q5::dequant_q5_1(row, out),
+        WeightFormat::Q2_K => kquant_lo::dequant_q2k(row, out),
+        WeightFormat::Q3_K => kquant_lo::dequant_q3k(row, out),
+        WeightFormat::Q5_K => kquant_lo::dequant_q5k(row, out),
+        WeightFormat::IQ4_NL => iq4::dequant_iq4_nl(row, out),
+        WeightFormat::IQ4_XS => iq4::dequant_iq4_xs(row, out),
         WeightFormat::I8Row => {
             let scale = f32::from_le_bytes(row[0..4].try_into().unwrap());
             for (o, &q) in out.iter_mut().zip(&row[4..]) {

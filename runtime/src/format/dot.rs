@@ -6,19 +6,9 @@
 //! Must not: check lengths (`format::dot_row` does), or allocate.
 
 use super::fp16::{bf16_to_f32, f16_to_f32, read_f16};
-use super::kquant;
+pub use super::prim::fdot;
 use super::WeightFormat;
-
-/// Sum of `w[i] * x[i]` over a fixed-size block, with eight independent accumulators.
-#[inline(always)]
-pub fn fdot<const N: usize>(w: &[f32; N], x: &[f32]) -> f32 {
-    let x: &[f32; N] = x[..N].try_into().unwrap();
-    let mut acc = [0f32; 8];
-    for i in 0..N {
-        acc[i % 8] += w[i] * x[i];
-    }
-    acc.iter().sum()
-}
+use super::{iq4, kquant, kquant_lo, q5};
 
 /// `w . x_c` for `C` activation rows at once, each with eight accumulators (all slices the
 /// same length).
@@ -170,6 +160,13 @@ pub fn dot_row(format: WeightFormat, row: &[u8], x: &[f32]) -> f32 {
         WeightFormat::Q4_1 => dot_q4_1(row, x),
         WeightFormat::Q4_K => kquant::dot_q4k(row, x),
         WeightFormat::Q6_K => kquant::dot_q6k(row, x),
+        WeightFormat::Q5_0 => q5::dot_q5_0(row, x),
+        WeightFormat::Q5_1 => q5::dot_q5_1(row, x),
+        WeightFormat::Q2_K => kquant_lo::dot_q2k(row, x),
+        WeightFormat::Q3_K => kquant_lo::dot_q3k(row, x),
+        WeightFormat::Q5_K => kquant_lo::dot_q5k(row, x),
+        WeightFormat::IQ4_NL => iq4::dot_iq4_nl(row, x),
+        WeightFormat::IQ4_XS => iq4::dot_iq4_xs(row, x),
         WeightFormat::I8Row => dot_i8row(row, x),
         WeightFormat::I4G64 => dot_i4g64(row, x),
     }

@@ -82,6 +82,24 @@ fn layout(format: WeightFormat, cols: usize) -> Layout {
             &[(0, F16, "the f16 scale d of the super-block"), (2, F16, "the f16 min dmin of the super-block")],
         ),
         WeightFormat::Q6_K => (format.block_bytes(), 256, &[(208, F16, "the f16 scale d of the super-block")]),
+        WeightFormat::Q5_0 | WeightFormat::IQ4_NL => {
+            (format.block_bytes(), 32, &[(0, F16, "the f16 scale d of the block")])
+        }
+        WeightFormat::Q5_1 => {
+            (24, 32, &[(0, F16, "the f16 scale d of the block"), (2, F16, "the f16 min m of the block")])
+        }
+        WeightFormat::Q2_K => (
+            format.block_bytes(),
+            256,
+            &[(80, F16, "the f16 scale d of the super-block"), (82, F16, "the f16 min dmin of the super-block")],
+        ),
+        WeightFormat::Q3_K => (format.block_bytes(), 256, &[(108, F16, "the f16 scale d of the super-block")]),
+        WeightFormat::Q5_K => (
+            format.block_bytes(),
+            256,
+            &[(0, F16, "the f16 scale d of the super-block"), (2, F16, "the f16 min dmin of the super-block")],
+        ),
+        WeightFormat::IQ4_XS => (format.block_bytes(), 256, &[(0, F16, "the f16 scale d of the super-block")]),
         WeightFormat::I8Row => (cols + 4, cols, &[(0, F32, "the f32 scale of the row")]),
         WeightFormat::I4G64 => {
             (36, 64, &[(0, F16, "the f16 scale of the group"), (2, F16, "the f16 min of the group")])

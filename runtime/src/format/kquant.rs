@@ -17,9 +17,9 @@
 //!
 //! Must not: check lengths (the callers in `format` do), or allocate.
 
-use super::dot::fdot;
 use super::fp16::read_f16;
-use super::q8::{idot_i8, idot_u8, BlockQ8};
+use super::prim::{fdot, idot_i8, idot_u8};
+use super::BlockQ8;
 
 pub const QK_K: usize = 256;
 pub const Q4K_BYTES: usize = 144;

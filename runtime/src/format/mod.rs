@@ -11,7 +11,14 @@
 //! - `Q4_0`: 32 in 18: f16 `d`, 16 bytes; element `i < 16` is the low nibble of byte `i`,
 //!   element `i + 16` its high nibble; `x = d * (q - 8)`.
 //! - `Q4_1`: 32 in 20: f16 `d`, f16 `m`, 16 bytes as in `Q4_0`; `x = d * q + m`.
-//! - `Q4_K`, `Q6_K`: GGUF's k-quant super-blocks of 256 (see `kquant.rs`).
+//! - `Q5_0`: 32 in 22: f16 `d`, u32 `qh` (bit `i` is element `i`'s fifth bit), 16 bytes of
+//!   nibbles as in `Q4_0`; `x = d * (q - 16)`. `Q5_1`: 32 in 24: f16 `d`, f16 `m`, `qh`, nibbles;
+//!   `x = d * q + m` (see `q5.rs`).
+//! - `IQ4_NL`: 32 in 18: f16 `d`, nibbles as in `Q4_0` indexing 16 fixed levels;
+//!   `x = d * level[q]`. `IQ4_XS`: 256 in 136, eight sub-blocks of 32 with 6-bit scales
+//!   (see `iq4.rs`).
+//! - `Q4_K`, `Q6_K`: GGUF's k-quant super-blocks of 256 (see `kquant.rs`); `Q2_K` (84 bytes),
+//!   `Q3_K` (110) and `Q5_K` (176), the same family (see `kquant_lo.rs`).
 //! - `I8Row` (coli): per row one f32 `scale`, then `cols` x i8; `x = scale * q`, symmetric,
 //!   `scale = max|x| / 127`. Any `cols`.
 //! - `I4G64` (coli): groups of 64 elements in 36 bytes: f16 `scale`, f16 `min`, 32 bytes where
@@ -30,9 +37,13 @@ mod dot;
 mod finite;
 pub mod fp16;
 mod fsimd;
+mod iq4;
 mod kquant;
+mod kquant_lo;
 mod matmul;
 pub mod pool;
+mod prim;
+mod q5;
 mod q8;
 mod quantize;
 mod simd;
@@ -61,6 +72,13 @@ pub enum WeightFormat {
     Q4_1,
     Q4_K,
     Q6_K,
+    Q5_0,
+    Q5_1,
+    Q2_K,
+    Q3_K,
+    Q5_K,
+    IQ4_NL,
+    IQ4_XS,
     /// coli: per-row f32 scale then i8 values.
     I8Row,
     /// coli: groups of 64 with an f16 scale and an f16 min, 4-bit values.
@@ -93,7 +111,7 @@ impl fmt::Display for WeightFormat {
 }
 
 impl WeightFormat {
-    pub const ALL: [WeightFormat; 10] = [
+    pub const ALL: [WeightFormat; 17] = [
         WeightFormat::F32,
         WeightFormat::F16,
         WeightFormat::BF16,
@@ -102,6 +120,13 @@ impl WeightFormat {
         WeightFormat::Q4_1,
         WeightFormat::Q4_K,
         WeightFormat::Q6_K,
+        WeightFormat::Q5_0,
+        WeightFormat::Q5_1,
+        WeightFormat::Q2_K,
+        WeightFormat::Q3_K,
+        WeightFormat::Q5_K,
+        WeightFormat::IQ4_NL,
+        WeightFormat::IQ4_XS,
         WeightFormat::I8Row,
         WeightFormat::I4G64,
     ];
@@ -117,6 +142,13 @@ impl WeightFormat {
             WeightFormat::Q4_1 => "Q4_1",
             WeightFormat::Q4_K => "Q4_K",
             WeightFormat::Q6_K => "Q6_K",
+            WeightFormat::Q5_0 => "Q5_0",
+            WeightFormat::Q5_1 => "Q5_1",
+            WeightFormat::Q2_K => "Q2_K",
+            WeightFormat::Q3_K => "Q3_K",
+            WeightFormat::Q5_K => "Q5_K",
+            WeightFormat::IQ4_NL => "IQ4_NL",
+            WeightFormat::IQ4_XS => "IQ4_XS",
             WeightFormat::I8Row => "I8Row",
             WeightFormat::I4G64 => "I4G64",
         }
@@ -127,8 +159,18 @@ impl WeightFormat {
     pub fn block_size(self) -> usize {
         match self {
             WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 | WeightFormat::I8Row => 1,
-            WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1 => 32,
-            WeightFormat::Q4_K | WeightFormat::Q6_K => 256,
+            WeightFormat::Q8_0
+            | WeightFormat::Q4_0
+            | WeightFormat::Q4_1
+            | WeightFormat::Q5_0
+            | WeightFormat::Q5_1
+            | WeightFormat::IQ4_NL => 32,
+            WeightFormat::Q4_K
+            | WeightFormat::Q6_K
+            | WeightFormat::Q2_K
+            | WeightFormat::Q3_K
+            | WeightFormat::Q5_K
+            | WeightFormat::IQ4_XS => 256,
             WeightFormat::I4G64 => 64,
         }
     }
@@ -143,6 +185,13 @@ impl WeightFormat {
             WeightFormat::Q4_1 => 20,
             WeightFormat::Q4_K => kquant::Q4K_BYTES,
             WeightFormat::Q6_K => kquant::Q6K_BYTES,
+            WeightFormat::Q5_0 => q5::Q5_0_BYTES,
+            WeightFormat::Q5_1 => q5::Q5_1_BYTES,
+            WeightFormat::Q2_K => kquant_lo::Q2K_BYTES,
+            WeightFormat::Q3_K => kquant_lo::Q3K_BYTES,
+            WeightFormat::Q5_K => kquant_lo::Q5K_BYTES,
+            WeightFormat::IQ4_NL => iq4::IQ4_NL_BYTES,
+            WeightFormat::IQ4_XS => iq4::IQ4_XS_BYTES,
             WeightFormat::I8Row => 1,
             WeightFormat::I4G64 => 36,
         }
@@ -165,9 +214,16 @@ impl WeightFormat {
             WeightFormat::F16 => 1,
             WeightFormat::Q4_0 => 2,
             WeightFormat::Q4_1 => 3,
+            WeightFormat::Q5_0 => 6,
+            WeightFormat::Q5_1 => 7,
             WeightFormat::Q8_0 => 8,
+            WeightFormat::Q2_K => 10,
+            WeightFormat::Q3_K => 11,
             WeightFormat::Q4_K => 12,
+            WeightFormat::Q5_K => 13,
             WeightFormat::Q6_K => 14,
+            WeightFormat::IQ4_NL => 20,
+            WeightFormat::IQ4_XS => 23,
             WeightFormat::BF16 => 30,
             WeightFormat::I8Row | WeightFormat::I4G64 => return None,
         })
@@ -180,9 +236,16 @@ impl WeightFormat {
             1 => WeightFormat::F16,
             2 => WeightFormat::Q4_0,
             3 => WeightFormat::Q4_1,
+            6 => WeightFormat::Q5_0,
+            7 => WeightFormat::Q5_1,
             8 => WeightFormat::Q8_0,
+            10 => WeightFormat::Q2_K,
+            11 => WeightFormat::Q3_K,
             12 => WeightFormat::Q4_K,
+            13 => WeightFormat::Q5_K,
             14 => WeightFormat::Q6_K,
+            20 => WeightFormat::IQ4_NL,
+            23 => WeightFormat::IQ4_XS,
             30 => WeightFormat::BF16,
             _ => return Err(FormatError::UnknownGgufType(id)),
         })

@@ -7,7 +7,8 @@
 //! Must not: check lengths (the public entry points in `format` do), or allocate per row.
 
 use super::fp16::read_f16;
-use super::kquant;
+pub use super::prim::{idot_i8, idot_u8};
+use super::{iq4, kquant, kquant_lo, q5};
 use super::{FormatError, WeightFormat};
 
 /// 32 activations quantized to i8: `x[i] ~ d * q[i]`; `s = d * sum(q)` (for formats with a min).
@@ -99,26 +100,6 @@ pub(super) fn quantize_block(x: &[f32; 32]) -> BlockQ8 {
     BlockQ8 { d, s: d * sum as f32, q }
 }
 
-/// Sum of `a[i] * b[i]` over signed bytes.
-#[inline(always)]
-pub fn idot_i8<const N: usize>(a: &[i8; N], b: &[i8; N]) -> i32 {
-    let mut s = 0i32;
-    for i in 0..N {
-        s += a[i] as i16 as i32 * b[i] as i16 as i32;
-    }
-    s
-}
-
-/// Sum of `a[i] * b[i]`, `a` unsigned (nibbles or 6-bit values), `b` signed.
-#[inline(always)]
-pub fn idot_u8<const N: usize>(a: &[u8; N], b: &[i8; N]) -> i32 {
-    let mut s = 0i32;
-    for i in 0..N {
-        s += a[i] as i16 as i32 * b[i] as i16 as i32;
-    }
-    s
-}
-
 /// The 32 nibbles of a 16-byte `Q4_0`/`Q4_1` body in element order.
 #[inline(always)]
 fn nibbles16(qs: &[u8]) -> [u8; 32] {
@@ -196,6 +177,13 @@ pub fn dot_row_q8(format: WeightFormat, row: &[u8], x: &[BlockQ8]) -> f32 {
         WeightFormat::Q4_1 => q4_1(row, x),
         WeightFormat::Q4_K => kquant::dot_q4k_q8(row, x),
         WeightFormat::Q6_K => kquant::dot_q6k_q8(row, x),
+        WeightFormat::Q5_0 => q5::dot_q5_0_q8(row, x),
+        WeightFormat::Q5_1 => q5::dot_q5_1_q8(row, x),
+        WeightFormat::Q2_K => kquant_lo::dot_q2k_q8(row, x),
+        WeightFormat::Q3_K => kquant_lo::dot_q3k_q8(row, x),
+        WeightFormat::Q5_K => kquant_lo::dot_q5k_q8(row, x),
+        WeightFormat::IQ4_NL => iq4::dot_iq4_nl_q8(row, x),
+        WeightFormat::IQ4_XS => iq4::dot_iq4_xs_q8(row, x),
         WeightFormat::I8Row => i8row(row, x),
         WeightFormat::I4G64 => i4g64(row, x),
         WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 => {

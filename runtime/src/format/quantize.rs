@@ -3,7 +3,7 @@
 //! tools). Rows are encoded in parallel. Scales are rounded to their stored precision before the
 //! values are quantized against them, so the stored scale is the one the values were fit to.
 //!
-//! Must not: encode the k-quants (their encoders search scales; coli only reads them), or accept
+//! Must not: encode the k-quants, the 5-bit or the IQ formats (coli only reads them), or accept
 //! values it cannot represent (non-finite, or beyond f16 range where a scale is f16).
 
 use super::fp16::{f16_to_f32, f32_to_f16};
@@ -14,7 +14,17 @@ const F16_MAX: f32 = 65504.0;
 
 /// Encodes `rows` (row-major, `rows.len() / cols` rows of `cols`) into `format`.
 pub fn quantize(format: WeightFormat, rows: &[f32], cols: usize) -> Result<Vec<u8>, FormatError> {
-    if matches!(format, WeightFormat::Q4_K | WeightFormat::Q6_K) {
+    if !matches!(
+        format,
+        WeightFormat::F32
+            | WeightFormat::F16
+            | WeightFormat::BF16
+            | WeightFormat::Q8_0
+            | WeightFormat::Q4_0
+            | WeightFormat::Q4_1
+            | WeightFormat::I8Row
+            | WeightFormat::I4G64
+    ) {
         return Err(FormatError::NotAQuantizeTarget { format });
     }
     let row_bytes = format.row_bytes(cols)?;
@@ -113,6 +123,14 @@ fn encode_row(format: WeightFormat, x: &[f32], o: &mut [u8]) {
                 *b = (v * inv).round().clamp(-127.0, 127.0) as i8 as u8;
             }
         }
-        WeightFormat::Q4_K | WeightFormat::Q6_K => unreachable!("rejected by quantize"),
+        WeightFormat::Q4_K
+        | WeightFormat::Q6_K
+        | WeightFormat::Q5_0
+        | WeightFormat::Q5_1
+        | WeightFormat::Q2_K
+        | WeightFormat::Q3_K
+        | WeightFormat::Q5_K
+        | WeightFormat::IQ4_NL
+        | WeightFormat::IQ4_XS => unreachable!("rejected by quantize"),
     }
 }

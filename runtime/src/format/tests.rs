@@ -28,24 +28,33 @@ impl Rng {
     }
 }
 
-/// Random stored rows in `format`: encoded from random values where coli can encode the
-/// format, random super-blocks with sane f16 scales for the k-quants.
-fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+/// Byte offsets of the f16 scale and min fields in one block of a format coli only reads.
+fn f16_fields(format: WeightFormat) -> &'static [usize] {
     match format {
-        WeightFormat::Q4_K | WeightFormat::Q6_K => {
-            let mut b = rng.bytes(rows * format.row_bytes(cols).unwrap());
-            let (size, at) =
-                if format == WeightFormat::Q4_K { (144, [0usize, 2].as_slice()) } else { (210, [208usize].as_slice()) };
-            for block in b.chunks_exact_mut(size) {
-                for &a in at {
-                    let v = 0.001 + 0.02 * rng.unit().abs();
-                    block[a..a + 2].copy_from_slice(&fp16::f32_to_f16(v).to_le_bytes());
-                }
-            }
-            b
-        }
-        _ => quantize(format, &rng.vec(rows * cols, 0.5), cols).unwrap(),
+        WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q5_1 => &[0, 2],
+        WeightFormat::Q6_K => &[208],
+        WeightFormat::Q2_K => &[80, 82],
+        WeightFormat::Q3_K => &[108],
+        WeightFormat::Q5_0 | WeightFormat::IQ4_NL | WeightFormat::IQ4_XS => &[0],
+        _ => &[],
     }
+}
+
+/// Random stored rows in `format`: encoded from random values where coli can encode the
+/// format, else random blocks (every bit pattern of the values) with sane f16 scales.
+fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let fields = f16_fields(format);
+    if fields.is_empty() {
+        return quantize(format, &rng.vec(rows * cols, 0.5), cols).unwrap();
+    }
+    let mut b = rng.bytes(rows * format.row_bytes(cols).unwrap());
+    for block in b.chunks_exact_mut(format.block_bytes()) {
+        for &a in fields {
+            let v = 0.001 + 0.02 * rng.unit().abs();
+            block[a..a + 2].copy_from_slice(&fp16::f32_to_f16(v).to_le_bytes());
+        }
+    }
+    b
 }
 
 fn dequant(format: WeightFormat, row: &[u8], cols: usize) -> Vec<f32> {
@@ -252,7 +261,20 @@ fn gguf_type_ids_round_trip_and_unknown_ids_are_errors() {
             assert_eq!(WeightFormat::from_gguf_type(id), Ok(format));
         }
     }
-    assert_eq!(WeightFormat::from_gguf_type(13), Err(FormatError::UnknownGgufType(13)));
+    assert_eq!(WeightFormat::from_gguf_type(16), Err(FormatError::UnknownGgufType(16)));
+    assert_eq!(WeightFormat::from_gguf_type(13), Ok(WeightFormat::Q5_K));
+    for (format, block, bytes) in [
+        (WeightFormat::Q5_0, 32, 22),
+        (WeightFormat::Q5_1, 32, 24),
+        (WeightFormat::Q2_K, 256, 84),
+        (WeightFormat::Q3_K, 256, 110),
+        (WeightFormat::Q5_K, 256, 176),
+        (WeightFormat::IQ4_NL, 32, 18),
+        (WeightFormat::IQ4_XS, 256, 136),
+    ] {
+        assert_eq!((format.block_size(), format.block_bytes()), (block, bytes), "{format}");
+        assert!(format.gguf_type().is_some() && format.uses_q8_acts(block), "{format}");
+    }
     assert_eq!(WeightFormat::Q4_K.row_bytes(512), Ok(288));
     assert_eq!(WeightFormat::Q6_K.row_bytes(256), Ok(210));
     assert_eq!(WeightFormat::I8Row.row_bytes(10), Ok(14));
@@ -289,7 +311,7 @@ fn block_decoders_match_gguf_py() {
         }
         seen.push(format);
     }
-    for f in [WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::Q8_0, WeightFormat::Q4_K, WeightFormat::Q6_K] {
+    for f in WeightFormat::ALL.into_iter().filter(|f| f.gguf_type().is_some() && f.block_size() > 1) {
         assert!(seen.contains(&f), "no vector for {f}");
     }
 }
@@ -346,7 +368,7 @@ fn q8_matmul_handles_odd_unit_counts_and_ragged_tiles() {
     // 9 units per row (the prefill kernel pairs units; the last one is alone), 9 activation
     // rows (two groups of four and one left over) and 11 weight rows (tiles of 4, 2 and 1).
     let mut rng = Rng(99);
-    for format in [WeightFormat::Q8_0, WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::I8Row] {
+    for format in WeightFormat::ALL.into_iter().filter(|f| f.uses_q8_acts(288) && 288 % f.block_size() == 0) {
         let (rows, cols, n) = (11, 288, 9);
         let bytes = random_rows(format, rows, cols, &mut rng);
         let w = Matrix::new(format, rows, cols, &bytes).unwrap();
@@ -405,8 +427,7 @@ fn first_non_finite_finds_nan_and_inf_in_elements_and_block_fields() {
         let row = format.row_bytes(cols).unwrap();
         let (at, width) = match format {
             WeightFormat::F32 | WeightFormat::I8Row => (0, 4),
-            WeightFormat::Q6_K => (208, 2),
-            _ => (0, 2),
+            f => (f16_fields(f).first().copied().unwrap_or(0), 2),
         };
         let inf: &[u8] = match (format, width) {
             (WeightFormat::BF16, _) => &[0x80, 0x7f],
@@ -440,4 +461,42 @@ fn first_non_finite_spans_parallel_pieces_and_reports_the_first() {
     let found = first_non_finite(WeightFormat::F32, &b, cols).unwrap();
     assert_eq!((found.row, found.col), (300_000 / cols, 300_000 % cols), "{found}");
     assert_eq!(found.field, "the value");
+}
+
+#[test]
+fn block_formats_multiply_odd_block_counts_and_row_counts() {
+    // Three super-blocks (or 24 blocks of 32) a row, 13 rows (tiles of 4 and a ragged one), one
+    // and five activation rows: `matmul` equals the per-row q8 dot within f32 reassociation
+    // (1e-5 of sum |w x|), and that dot equals the dequantized product within the activation
+    // quantization bound (as in `q8_dot_is_within_the_activation_quantization_bound`).
+    let mut rng = Rng(0xfeed);
+    let (rows, cols) = (13, 768);
+    for format in WeightFormat::ALL.into_iter().filter(|f| !f16_fields(*f).is_empty()) {
+        let bytes = random_rows(format, rows, cols, &mut rng);
+        let w = Matrix::new(format, rows, cols, &bytes).unwrap();
+        for n in [1usize, 5] {
+            let x = rng.vec(n * cols, 1.0);
+            let acts = QuantizedActs::new(&x, n, cols).unwrap();
+            let mut out = vec![f32::NAN; n * rows];
+            matmul(&w, &x, n, &mut out);
+            for i in 0..n {
+                let xi = &x[i * cols..(i + 1) * cols];
+                for r in 0..rows {
+                    let wf = dequant(format, w.row(r), cols);
+                    let (exact, mag) = ref_dot(&wf, xi);
+                    let q8 = dot_row_q8(format, w.row(r), acts.row(i));
+                    let got = out[i * rows + r];
+                    assert!((got - q8).abs() <= 1e-5 * mag + 1e-6, "{format} n={n} [{i},{r}]: {got} vs {q8}");
+                    let bound: f32 = wf
+                        .chunks(32)
+                        .zip(acts.row(i))
+                        .map(|(ws, b)| ws.iter().map(|v| v.abs()).sum::<f32>() * b.d / 2.0)
+                        .sum();
+                    assert!((q8 - exact).abs() <= bound + 1e-5 * mag + 1e-6, "{format} [{i},{r}]: {q8} vs {exact}");
+                    let f = dot_row(format, w.row(r), xi);
+                    assert!((f - exact).abs() <= 1e-5 * mag + 1e-6, "{format} [{i},{r}] f32: {f} vs {exact}");
+                }
+            }
+        }
+    }
 }

@@ -46,6 +46,12 @@ pub fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Res
         WeightFormat::I4G64 => (2 * nb, nb),
         WeightFormat::Q4_K => (8 * nb, 4 * nb),
         WeightFormat::Q6_K => (12 * nb, 5 * nb),
+        WeightFormat::Q5_0 | WeightFormat::Q5_1 => (nb, 2 * nb),
+        WeightFormat::IQ4_NL => (nb, nb.div_ceil(2)),
+        WeightFormat::IQ4_XS => (8 * nb, 2 * nb),
+        WeightFormat::Q5_K => (10 * nb, 4 * nb),
+        WeightFormat::Q2_K => (4 * nb, 5 * nb),
+        WeightFormat::Q3_K => (6 * nb, 4 * nb),
     };
     let mut q = Vec::with_capacity(rows * qs * 16);
     let mut s = Vec::with_capacity(rows * ss * 4);
@@ -87,6 +93,40 @@ pub fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Res
                             s.extend_from_slice(&b[192..208]);
                             let d = fp16::f16_to_f32(u16::from_le_bytes([b[208], b[209]]));
                             s.extend_from_slice(&d.to_le_bytes());
+                        }
+                        WeightFormat::Q5_0 => {
+                            q.extend_from_slice(&b[6..22]);
+                            s.extend_from_slice(&b[0..2]);
+                            s.extend_from_slice(&[0, 0]);
+                            s.extend_from_slice(&b[2..6]);
+                        }
+                        WeightFormat::Q5_1 => {
+                            q.extend_from_slice(&b[8..24]);
+                            s.extend_from_slice(&b[0..8]);
+                        }
+                        WeightFormat::IQ4_NL => {
+                            q.extend_from_slice(&b[2..18]);
+                            s.extend_from_slice(&b[0..2]);
+                        }
+                        WeightFormat::IQ4_XS => {
+                            q.extend_from_slice(&b[8..136]);
+                            s.extend_from_slice(&b[0..8]);
+                        }
+                        WeightFormat::Q5_K => {
+                            q.extend_from_slice(&b[48..176]);
+                            q.extend_from_slice(&b[16..48]);
+                            s.extend_from_slice(&b[0..16]);
+                        }
+                        WeightFormat::Q2_K => {
+                            q.extend_from_slice(&b[16..80]);
+                            s.extend_from_slice(&b[0..16]);
+                            s.extend_from_slice(&b[80..84]);
+                        }
+                        WeightFormat::Q3_K => {
+                            q.extend_from_slice(&b[32..96]);
+                            q.extend_from_slice(&b[0..32]);
+                            s.extend_from_slice(&b[96..110]);
+                            s.extend_from_slice(&[0, 0]);
                         }
                         _ => unreachable!("float formats and I8Row are handled above"),
                     }
@@ -157,6 +197,28 @@ mod tests {
         assert_eq!((p.qs, p.ss), (6, 2));
         assert_eq!(&p.q[32..64], &row[36..68]);
         assert_eq!(&p.s, &[0, 0x3c, 1, 0x3c, 2, 0x3c, 0, 0]);
+    }
+
+    #[test]
+    fn block_formats_keep_every_byte() {
+        // Lossless: the packed values and scales hold every stored byte (each nonzero byte value
+        // as often as the rows do; zeros only added, as padding), whatever the format.
+        for format in WeightFormat::ALL.into_iter().filter(|f| f.block_size() > 1) {
+            let cols = 2 * format.block_size();
+            let n = 3 * format.row_bytes(cols).unwrap();
+            let bytes: Vec<u8> = (0..n).map(|i| (i * 7 + i / 251) as u8 | 1).collect();
+            let p = pack(format, 3, cols, &bytes).unwrap();
+            let mut want = [0usize; 256];
+            bytes.iter().for_each(|&b| want[b as usize] += 1);
+            let mut got = [0usize; 256];
+            p.q.iter().chain(&p.s).for_each(|&b| got[b as usize] += 1);
+            // Q6_K widens its f16 d to f32: its two bytes become four, so count the rest.
+            if format != WeightFormat::Q6_K {
+                assert_eq!(want[1..], got[1..], "{format}");
+            }
+            assert_eq!(p.q.len(), 3 * p.qs * 16, "{format}");
+            assert!(p.s.len() == 3 * p.ss * 4, "{format}");
+        }
     }
 
     #[test]

@@ -88,6 +88,13 @@ impl FormatVariant {
             WeightFormat::I8Row if cols.is_multiple_of(32) => FormatVariant::I8Row,
             WeightFormat::I8Row => FormatVariant::I8RowF,
             WeightFormat::I4G64 => FormatVariant::I4G64,
+            WeightFormat::Q5_0 => FormatVariant::Q5_0,
+            WeightFormat::Q5_1 => FormatVariant::Q5_1,
+            WeightFormat::Q2_K => FormatVariant::Q2_K,
+            WeightFormat::Q3_K => FormatVariant::Q3_K,
+            WeightFormat::Q5_K => FormatVariant::Q5_K,
+            WeightFormat::IQ4_NL => FormatVariant::IQ4_NL,
+            WeightFormat::IQ4_XS => FormatVariant::IQ4_XS,
         }
     }
 
@@ -102,6 +109,13 @@ impl FormatVariant {
             FormatVariant::Q6_K => FormatVariant::Q6_KExact,
             FormatVariant::I8Row => FormatVariant::I8RowExact,
             FormatVariant::I4G64 => FormatVariant::I4G64Exact,
+            FormatVariant::Q5_0 => FormatVariant::Q5_0Exact,
+            FormatVariant::Q5_1 => FormatVariant::Q5_1Exact,
+            FormatVariant::Q2_K => FormatVariant::Q2_KExact,
+            FormatVariant::Q3_K => FormatVariant::Q3_KExact,
+            FormatVariant::Q5_K => FormatVariant::Q5_KExact,
+            FormatVariant::IQ4_NL => FormatVariant::IQ4_NLExact,
+            FormatVariant::IQ4_XS => FormatVariant::IQ4_XSExact,
             v => v,
         }
     }
@@ -117,6 +131,13 @@ impl FormatVariant {
                 | FormatVariant::Q6_K
                 | FormatVariant::I8Row
                 | FormatVariant::I4G64
+                | FormatVariant::Q5_0
+                | FormatVariant::Q5_1
+                | FormatVariant::Q2_K
+                | FormatVariant::Q3_K
+                | FormatVariant::Q5_K
+                | FormatVariant::IQ4_NL
+                | FormatVariant::IQ4_XS
         )
     }
 }

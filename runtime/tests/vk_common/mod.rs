@@ -60,25 +60,34 @@ impl Rng {
     }
 }
 
-/// Random stored rows: encoded from random values where coli encodes the format; random
-/// k-quant super-blocks with sane f16 scales otherwise.
-pub fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+/// Byte offsets of the f16 scale and min fields in one block of a format coli only reads.
+pub fn f16_fields(format: WeightFormat) -> &'static [usize] {
     match format {
-        WeightFormat::Q4_K | WeightFormat::Q6_K => {
-            let n = rows * format.row_bytes(cols).unwrap();
-            let mut b: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
-            let (size, at): (usize, &[usize]) =
-                if format == WeightFormat::Q4_K { (144, &[0, 2]) } else { (210, &[208]) };
-            for block in b.chunks_exact_mut(size) {
-                for &a in at {
-                    let v = 0.001 + 0.02 * rng.unit().abs();
-                    block[a..a + 2].copy_from_slice(&fp16::f32_to_f16(v).to_le_bytes());
-                }
-            }
-            b
-        }
-        _ => quantize(format, &rng.vec(rows * cols, 0.5), cols).unwrap(),
+        WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q5_1 => &[0, 2],
+        WeightFormat::Q6_K => &[208],
+        WeightFormat::Q2_K => &[80, 82],
+        WeightFormat::Q3_K => &[108],
+        WeightFormat::Q5_0 | WeightFormat::IQ4_NL | WeightFormat::IQ4_XS => &[0],
+        _ => &[],
     }
+}
+
+/// Random stored rows: encoded from random values where coli encodes the format; random
+/// blocks (every bit pattern of the values) with sane f16 scales otherwise.
+pub fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let fields = f16_fields(format);
+    if fields.is_empty() {
+        return quantize(format, &rng.vec(rows * cols, 0.5), cols).unwrap();
+    }
+    let n = rows * format.row_bytes(cols).unwrap();
+    let mut b: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+    for block in b.chunks_exact_mut(format.block_bytes()) {
+        for &a in fields {
+            let v = 0.001 + 0.02 * rng.unit().abs();
+            block[a..a + 2].copy_from_slice(&fp16::f32_to_f16(v).to_le_bytes());
+        }
+    }
+    b
 }
 
 /// `max |got - want| <= tol * scale` where `scale` is the largest |want| (at least 1e-3).
