@@ -8,8 +8,9 @@
 //!   fresh session does; 8 concurrent requests over 4 slots each answer as they do alone;
 //! - bad requests get 4xx errors in OpenAI's shape and the server keeps serving; a client
 //!   that disconnects mid-stream is counted as cancelled and frees its slot;
-//! - the API key, token-id prompts on a fixture without a tokenizer, and a MoE fixture on the
-//!   Vulkan device with the expert tier;
+//! - the API key, token-id prompts on a fixture without a tokenizer, a MoE fixture on the
+//!   Vulkan device with the expert tier, and a device that fails mid-request (the answer
+//!   finished on the CPU, `/health` degraded, the server still serving);
 //! - load: 32 clients x 10 requests of random lengths, with malformed bodies, oversized prompts
 //!   and clients leaving mid-stream among them: every good answer equals its single-request
 //!   reference, nothing is left running, and resident memory returns near its idle level.
@@ -537,4 +538,27 @@ fn the_openai_python_client_chats_streams_and_completes() {
     );
     assert_eq!(v["models"], json!(["SmolLM2-135M-Instruct.Q4_1"]));
     assert_eq!(v["error"], 404);
+}
+
+#[test]
+fn a_device_that_fails_mid_request_finishes_it_on_the_cpu_and_health_says_so() {
+    let dir = fixture_dir("llama");
+    if !vulkan_present(&dir) {
+        return;
+    }
+    let args = ["--model", dir.to_str().unwrap(), "--device", "vulkan", "--fail-submit", "4", "--parallel", "2"];
+    let server = Server::start(&args);
+    let prompt: Vec<u32> = (0..6).map(|i| i * 11 + 3).collect();
+    let (status, v) = ids_request(&server, &prompt, 8, None);
+    assert_eq!(status, 200, "{v}");
+    let cpu = common::load_model(&dir);
+    assert_eq!(tokens(&v), run_greedy(&cpu, &prompt, 4, 8, 64, false).toks);
+    let (_, health) = server.get("/health");
+    let h: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(h["status"], "degraded", "{h}");
+    assert_eq!(server.counter("coli_degraded"), 1.0);
+    // It keeps serving, on the CPU.
+    let (status, v) = ids_request(&server, &prompt[..3], 4, None);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(tokens(&v), run_greedy(&cpu, &prompt[..3], 4, 4, 64, false).toks);
 }
