@@ -125,6 +125,23 @@ fn a_device_lost_mid_decode_is_finished_by_the_cpu() {
     assert_eq!(toks, want_toks, "the CPU finishes the run with the same tokens");
 }
 
+/// `dir` on the device with every routed expert on the CPU (no tier, none resident), a
+/// context of 256 and prompt chunks of 8, and `fault` injected.
+fn load_without_tier(dir: &Path, fault: Option<FaultInjection>) -> Engine {
+    let req = EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions { fault, ..Default::default() }),
+        compile: Options {
+            context: 256,
+            chunk_rows: 8,
+            expert_tier: false,
+            resident_experts: false,
+            ..Options::default()
+        },
+        ..EngineOptions::default()
+    };
+    Engine::load(dir, &req).unwrap()
+}
+
 /// Qwen3-Next with its routed experts on the CPU (no tier, none resident), so a decode step is
 /// several device frames with host steps between them: the first ends with layer 0's Gated
 /// DeltaNet state taken by the host. A submit failing later in a decode step (after that
@@ -136,20 +153,7 @@ fn a_device_lost_mid_decode_of_qwen3_next_is_finished_by_the_cpu() {
     let oracle = read_json(&dir.join("oracle.json"));
     let prompt = ids(&oracle["prompt_ids"]);
     let (_, want_toks, _) = run(&load_model(&dir), &prompt, prompt.len(), 12);
-    let load_with = |fault: Option<FaultInjection>| {
-        let req = EngineOptions {
-            device: DeviceRequest::Vulkan(VkOptions { fault, ..Default::default() }),
-            compile: Options {
-                context: 256,
-                chunk_rows: 8,
-                expert_tier: false,
-                resident_experts: false,
-                ..Options::default()
-            },
-            ..EngineOptions::default()
-        };
-        Engine::load(&dir, &req).unwrap()
-    };
+    let load_with = |fault: Option<FaultInjection>| load_without_tier(&dir, fault);
     // Where the submits fall: count them on a clean run.
     let clean = load_with(None);
     let d = clean.device().expect("a device");
@@ -183,20 +187,7 @@ fn a_device_lost_mid_decode_of_deepseek_v3_is_finished_by_the_cpu() {
     let prompt = ids(&oracle["prompt_ids"]);
     let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
     let (_, want_toks, _) = run(&load_model(&dir), &prompt, prompt.len(), 12);
-    let load_with = |fault: Option<FaultInjection>| {
-        let req = EngineOptions {
-            device: DeviceRequest::Vulkan(VkOptions { fault, ..Default::default() }),
-            compile: Options {
-                context: 256,
-                chunk_rows: 8,
-                expert_tier: false,
-                resident_experts: false,
-                ..Options::default()
-            },
-            ..EngineOptions::default()
-        };
-        Engine::load(&dir, &req).unwrap()
-    };
+    let load_with = |fault: Option<FaultInjection>| load_without_tier(&dir, fault);
     // Where the submits fall: count them on a clean run.
     let clean = load_with(None);
     let d = clean.device().expect("a device");

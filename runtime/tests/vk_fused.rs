@@ -42,25 +42,7 @@ fn check(what: &str, got: &[f32], want: &[f32], mag: &[f32], slack: &[f32]) {
 fn fused_products_match_the_cpu_ops() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(0x5eed_f001);
-    let formats = [
-        WeightFormat::F32,
-        WeightFormat::F16,
-        WeightFormat::BF16,
-        WeightFormat::Q8_0,
-        WeightFormat::Q4_0,
-        WeightFormat::Q4_1,
-        WeightFormat::Q4_K,
-        WeightFormat::Q6_K,
-        WeightFormat::I8Row,
-        WeightFormat::I4G64,
-        WeightFormat::Q5_0,
-        WeightFormat::Q5_1,
-        WeightFormat::Q2_K,
-        WeightFormat::Q3_K,
-        WeightFormat::Q5_K,
-        WeightFormat::IQ4_NL,
-        WeightFormat::IQ4_XS,
-    ];
+    let formats = WeightFormat::ALL;
     let inputs = [
         Input::Norm { eps: 1e-5, offset: 0.0 },
         Input::Norm { eps: 1e-6, offset: 1.0 },
