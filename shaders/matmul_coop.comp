@@ -1,12 +1,16 @@
 #version 450
-// matmul_coop.comp: the tiled GEMM of matmul.comp for I8Row weights and q8 activations on
-// cooperative matrices (coop_q8.glsl: shapes, tiles, the per-block scaling). out[r][o] =
-// (residual[r][o] +) scale[o] * sum_b d[r][b] * (W[o] . q[r]) over block b. Input transforms
-// (norm, gated unit) are applied by the quantization before (quantize_rows.comp); the residual
-// add is fused into the store (fuse_in.glsl's res_on). Workgroup (x, y): BO weight rows from
-// x * BO, BN activation rows from y * BN.
-// Must not: run on a format other than I8Row with q8 activations (rows a multiple of 32).
+// matmul_coop.comp: the tiled GEMM of matmul.comp for every weight format with q8 activations
+// on int8 cooperative matrices (coop_q8.glsl: shapes, tiles, the per-block scaling; coop_w.glsl:
+// a weight block as int8 codes and its factors). out[r][o] = (residual[r][o] +)
+// row_scale[o] * sum_b (d[r][b] * wd[o][b] * (W[o] . q[r]) + wm[o][b] * s[r][b]) over blocks b
+// (the halves of a block apart where the format's scales are per 16 elements). Input
+// transforms (norm, gated unit) are applied by the quantization before (quantize_rows.comp);
+// the residual add is fused into the store. Workgroup (x, y): BO weight rows from x * BO, BN
+// activation rows from y * BN.
+// Must not: run on a format without q8 activations or without a coop_w.glsl decoding (rows a
+// multiple of 32).
 #extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
 #include "coop_q8.glsl"
 
 layout(std430, binding = 0) readonly buffer WQ { uvec4 wq[]; };
@@ -23,7 +27,20 @@ layout(push_constant) uniform PC {
     uint res_on; uint res_off; uint pad0; uint pad1;
 } pc;
 
+#define QS pc.qs
+#define SS pc.ss
+#define COLS pc.cols
+#define XQ_BLK(xr) ((xr) * (pc.cols >> 5))
+#include "wformat.glsl"
+#include "coop_w.glsl"
+#include "coop_stage.glsl"
+
 shared i8vec4 ws_t[BO * RS];
+// The blocks' weight factors ([block][half][row]) and offsets ([block][row]).
+shared float wd_t[BLKS * SUBS * BO];
+#ifdef HAS_MIN
+shared float wm_t[BLKS * BO];
+#endif
 
 void put_w(uint o, uint u, uvec4 v) {
     uint b = o * RS + 4u * u;
@@ -43,23 +60,43 @@ void main() {
     MAT_F acc[TM * TN];
     [[unroll]] for (uint t = 0u; t < TM * TN; t++) acc[t] = MAT_F(0.0);
     for (uint k0 = 0u; k0 < nblk; k0 += BLKS) {
-        // 16 bytes an invocation at a time: BK / 16 = 8 units a row.
+        // 16 bytes (half a block) an invocation at a time: BK / 16 = 8 units a row.
         for (uint e = tid; e < BO * 8u; e += NT) {
-            uint o = e >> 3, u = e & 7u, unit = 2u * k0 + u;
-            put_w(o, u, (o0 + o < pc.rows && unit < pc.qs) ? wq[(o0 + o) * pc.qs + unit] : uvec4(0u));
+            uint o = e >> 3, u = e & 7u, blk = k0 + (u >> 1);
+            put_w(o, u, (o0 + o < pc.rows && blk < nblk) ? coop_codes(o0 + o, blk, u & 1u) : uvec4(0u));
+        }
+        for (uint e = tid; e < BLKS * BO; e += NT) {
+            uint b = e / BO, o = e % BO;
+            bool in_ = o0 + o < pc.rows && k0 + b < nblk;
+            [[unroll]] for (uint h = 0u; h < SUBS; h++) wd_t[(b * SUBS + h) * BO + o] = in_ ? coop_wd(o0 + o, k0 + b, h) : 0.0;
+#ifdef HAS_MIN
+            wm_t[e] = in_ ? coop_wm(o0 + o, k0 + b) : 0.0;
+#endif
         }
         for (uint e = tid; e < BN * 8u; e += NT) {
             uint r = e >> 3, u = e & 7u, unit = 2u * k0 + u;
-            put_x(r, u, (r0 + r < pc.n && unit < xunits) ? xq[(r0 + r) * xunits + unit] : uvec4(0u));
+            stage_x(r, u, (r0 + r < pc.n && unit < xunits) ? xq[(r0 + r) * xunits + unit] : uvec4(0u));
         }
         for (uint e = tid; e < BLKS * BN; e += NT) {
             uint b = e / BN, r = e % BN;
-            xd_t[e] = (r0 + r < pc.n && k0 + b < nblk) ? xd[(r0 + r) * nblk + k0 + b].x : 0.0;
+            vec2 d = (r0 + r < pc.n && k0 + b < nblk) ? xd[(r0 + r) * nblk + k0 + b] : vec2(0.0);
+            xd_t[e] = d.x;
+#ifdef HAS_MIN
+            xsum_t[e] = d.y;
+#endif
         }
         barrier();
         for (uint b = 0u; b < BLKS && k0 + b < nblk; b++) {
             MAT_I ci[TM * TN];
-            [[unroll]] for (uint t = 0u; t < TM * TN; t++) ci[t] = MAT_I(0);
+#ifdef HALVES
+            MAT_I ch[TM * TN];
+#endif
+            [[unroll]] for (uint t = 0u; t < TM * TN; t++) {
+                ci[t] = MAT_I(0);
+#ifdef HALVES
+                ch[t] = MAT_I(0);
+#endif
+            }
             for (uint ks = 0u; ks < KS; ks++) {
                 uint kw = 8u * b + ks * (CM_K / 4u);
                 MAT_A a[TM];
@@ -68,12 +105,36 @@ void main() {
                 [[unroll]] for (uint j = 0u; j < TN; j++) coopMatLoad(x[j], xs_t, (sn + j * CM_N) * RS + kw, RS, gl_CooperativeMatrixLayoutColumnMajor);
                 [[unroll]] for (uint i = 0u; i < TM; i++)
                     [[unroll]] for (uint j = 0u; j < TN; j++) ci[i * TN + j] = coopMatMulAdd(a[i], x[j], ci[i * TN + j]);
+#ifdef HALVES
+                [[unroll]] for (uint j = 0u; j < TN; j++) coopMatLoad(x[j], xh_t, (sn + j * CM_N) * RS + kw, RS, gl_CooperativeMatrixLayoutColumnMajor);
+                [[unroll]] for (uint i = 0u; i < TM; i++)
+                    [[unroll]] for (uint j = 0u; j < TN; j++) ch[i * TN + j] = coopMatMulAdd(a[i], x[j], ch[i * TN + j]);
+#endif
             }
             [[unroll]] for (uint i = 0u; i < TM; i++) {
                 [[unroll]] for (uint j = 0u; j < TN; j++) {
-                    MAT_F cf = MAT_F(ci[i * TN + j]);
-                    uint dbase = b * BN + sn + j * CM_N;
-                    for (int c = 0; c < cf.length(); c++) acc[i * TN + j][c] += cf[c] * xd_t[dbase + code_col(code[c])];
+                    uint t = i * TN + j;
+                    MAT_F cf = MAT_F(ci[t]);
+#ifdef HALVES
+                    MAT_F hf = MAT_F(ch[t]);
+#endif
+                    uint dbase = b * BN + sn + j * CM_N, wrow = so + i * CM_M;
+                    for (int c = 0; c < cf.length(); c++) {
+                        uint col = code_col(code[c]), rw = wrow + code_row(code[c]);
+                        float dx = xd_t[dbase + col];
+#ifdef FMT_I8ROW
+                        acc[t][c] += cf[c] * dx;
+#else
+                        float v = cf[c] * (dx * wd_t[b * SUBS * BO + rw]);
+#ifdef HALVES
+                        v += hf[c] * (dx * wd_t[(b * SUBS + 1u) * BO + rw]);
+#endif
+#ifdef HAS_MIN
+                        v += wm_t[b * BO + rw] * xsum_t[dbase + col];
+#endif
+                        acc[t][c] += v;
+#endif
+                    }
                 }
             }
         }
@@ -85,7 +146,7 @@ void main() {
                 uint o = o0 + so + i * CM_M + code_row(code[c]);
                 uint r = r0 + sn + j * CM_N + code_col(code[c]);
                 if (o < pc.rows && r < pc.n) {
-                    float v = uintBitsToFloat(ws[o * pc.ss]) * acc[i * TN + j][c];
+                    float v = coop_row_scale(o) * acc[i * TN + j][c];
                     uint at = r * pc.out_stride + o;
                     outv[pc.out_off + at] = pc.res_on != 0u ? resv[pc.res_off + at] + v : v;
                 }

@@ -1,14 +1,17 @@
 #version 450
-// moe_matmul_coop.comp: moe_matmul.comp for I8Row weights and q8 activations on cooperative
-// matrices (coop_q8.glsl: shapes, tiles, the per-block scaling). Workgroup z is expert e, y a
+// moe_matmul_coop.comp: moe_matmul.comp for every weight format with q8 activations on int8
+// cooperative matrices (coop_q8.glsl: shapes, tiles, the per-block scaling; coop_w.glsl: a
+// weight block as codes and factors, as in matmul_coop.comp). Workgroup z is expert e, y a
 // tile of BN of its pairs (moe_group.comp's list: offsets[0..E] then pair ids p = r*K + k),
 // x a tile of BO output rows.
 // Mode 0 (gate and up): rows e*2F + o and e*2F + F + o against x[r] (two weight tiles, two
 //   accumulators), h[p][o] = glu(scale * gate + bg, scale * up + bu).
 // Mode 1 (down): rows e*H + o against h[p]; y[p][o] = scale * down + bd (moe_sum.comp adds
 //   the ranks in order). Tiles past an expert's pairs exit at once (the whole workgroup).
-// Must not: run on a format other than I8Row with q8 activations (rows a multiple of 32).
+// Must not: run on a format without q8 activations or without a coop_w.glsl decoding (rows a
+// multiple of 32).
 #extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
 #include "coop_q8.glsl"
 
 layout(std430, binding = 0) readonly buffer WQ { uvec4 wq[]; };
@@ -28,10 +31,42 @@ layout(push_constant) uniform PC {
 
 #define NONE 0xffffffffu
 #include "moe.glsl"
+#define QS pc.qs
+#define SS pc.ss
+#define COLS pc.cols
+#define XQ_BLK(xr) ((xr) * (pc.cols >> 5))
+#include "wformat.glsl"
+#include "coop_w.glsl"
+#include "coop_stage.glsl"
 
 shared i8vec4 wg_t[BO * RS];
 shared i8vec4 wu_t[BO * RS];
 shared uint pair_t[BN];
+// The blocks' weight factors of the gate (or down) and up rows ([block][half][row]) and
+// offsets ([block][row]).
+shared float wdg_t[BLKS * SUBS * BO];
+shared float wdu_t[BLKS * SUBS * BO];
+#ifdef HAS_MIN
+shared float wmg_t[BLKS * BO];
+shared float wmu_t[BLKS * BO];
+#endif
+
+// The contribution of block b's products (gate or up) to one accumulator element.
+float block_value(uint b, uint rw, uint col, float dx, float cf, float hf, bool up) {
+#ifdef FMT_I8ROW
+    return cf * dx;
+#else
+    uint wi = b * SUBS * BO + rw;
+    float v = cf * (dx * (up ? wdu_t[wi] : wdg_t[wi]));
+#ifdef HALVES
+    v += hf * (dx * (up ? wdu_t[wi + BO] : wdg_t[wi + BO]));
+#endif
+#ifdef HAS_MIN
+    v += (up ? wmu_t[b * BO + rw] : wmg_t[b * BO + rw]) * xsum_t[b * BN + col];
+#endif
+    return v;
+#endif
+}
 
 void put_g(uint o, uint u, uvec4 v) {
     uint b = o * RS + 4u * u;
@@ -66,50 +101,109 @@ void main() {
     [[unroll]] for (uint t = 0u; t < TM * TN; t++) { accg[t] = MAT_F(0.0); accu[t] = MAT_F(0.0); }
     for (uint k0 = 0u; k0 < nblk; k0 += BLKS) {
         for (uint q = tid; q < BO * 8u; q += NT) {
-            uint o = q >> 3, u = q & 7u, unit = 2u * k0 + u;
-            bool in_ = o0 + o < f && unit < pc.qs;
-            put_g(o, u, in_ ? wq[(wbase + o0 + o) * pc.qs + unit] : uvec4(0u));
-            if (gate_up) put_u(o, u, in_ ? wq[(wbase + f + o0 + o) * pc.qs + unit] : uvec4(0u));
+            uint o = q >> 3, u = q & 7u, blk = k0 + (u >> 1);
+            bool in_ = o0 + o < f && blk < nblk;
+            put_g(o, u, in_ ? coop_codes(wbase + o0 + o, blk, u & 1u) : uvec4(0u));
+            if (gate_up) put_u(o, u, in_ ? coop_codes(wbase + f + o0 + o, blk, u & 1u) : uvec4(0u));
+        }
+        for (uint q = tid; q < BLKS * BO; q += NT) {
+            uint b = q / BO, o = q % BO;
+            bool in_ = o0 + o < f && k0 + b < nblk;
+            [[unroll]] for (uint h = 0u; h < SUBS; h++) {
+                uint wi = (b * SUBS + h) * BO + o;
+                wdg_t[wi] = in_ ? coop_wd(wbase + o0 + o, k0 + b, h) : 0.0;
+                if (gate_up) wdu_t[wi] = in_ ? coop_wd(wbase + f + o0 + o, k0 + b, h) : 0.0;
+            }
+#ifdef HAS_MIN
+            wmg_t[q] = in_ ? coop_wm(wbase + o0 + o, k0 + b) : 0.0;
+            if (gate_up) wmu_t[q] = in_ ? coop_wm(wbase + f + o0 + o, k0 + b) : 0.0;
+#endif
         }
         for (uint q = tid; q < BN * 8u; q += NT) {
             uint r = q >> 3, u = q & 7u, unit = 2u * k0 + u;
             uint p = pair_t[r];
             uint xr = gate_up ? p / pc.top_k : p;
-            put_x(r, u, (r0 + r < count && unit < xunits) ? xq[xr * xunits + unit] : uvec4(0u));
+            stage_x(r, u, (r0 + r < count && unit < xunits) ? xq[xr * xunits + unit] : uvec4(0u));
         }
         for (uint q = tid; q < BLKS * BN; q += NT) {
             uint b = q / BN, r = q % BN;
             uint p = pair_t[r];
             uint xr = gate_up ? p / pc.top_k : p;
-            xd_t[q] = (r0 + r < count && k0 + b < nblk) ? xd[xr * nblk + k0 + b].x : 0.0;
+            vec2 d = (r0 + r < count && k0 + b < nblk) ? xd[xr * nblk + k0 + b] : vec2(0.0);
+            xd_t[q] = d.x;
+#ifdef HAS_MIN
+            xsum_t[q] = d.y;
+#endif
         }
         barrier();
         for (uint b = 0u; b < BLKS && k0 + b < nblk; b++) {
             MAT_I cg[TM * TN], cu[TM * TN];
-            [[unroll]] for (uint t = 0u; t < TM * TN; t++) { cg[t] = MAT_I(0); cu[t] = MAT_I(0); }
+#ifdef HALVES
+            MAT_I hg[TM * TN], hu[TM * TN];
+#endif
+            [[unroll]] for (uint t = 0u; t < TM * TN; t++) {
+                cg[t] = MAT_I(0);
+                cu[t] = MAT_I(0);
+#ifdef HALVES
+                hg[t] = MAT_I(0);
+                hu[t] = MAT_I(0);
+#endif
+            }
             for (uint ks = 0u; ks < KS; ks++) {
                 uint kw = 8u * b + ks * (CM_K / 4u);
                 MAT_B x[TN];
+#ifdef HALVES
+                MAT_B xh[TN];
+                [[unroll]] for (uint j = 0u; j < TN; j++) coopMatLoad(xh[j], xh_t, (sn + j * CM_N) * RS + kw, RS, gl_CooperativeMatrixLayoutColumnMajor);
+#endif
                 [[unroll]] for (uint j = 0u; j < TN; j++) coopMatLoad(x[j], xs_t, (sn + j * CM_N) * RS + kw, RS, gl_CooperativeMatrixLayoutColumnMajor);
                 [[unroll]] for (uint i = 0u; i < TM; i++) {
                     MAT_A a;
                     coopMatLoad(a, wg_t, (so + i * CM_M) * RS + kw, RS, gl_CooperativeMatrixLayoutRowMajor);
                     [[unroll]] for (uint j = 0u; j < TN; j++) cg[i * TN + j] = coopMatMulAdd(a, x[j], cg[i * TN + j]);
+#ifdef HALVES
+                    [[unroll]] for (uint j = 0u; j < TN; j++) hg[i * TN + j] = coopMatMulAdd(a, xh[j], hg[i * TN + j]);
+#endif
                     if (gate_up) {
                         coopMatLoad(a, wu_t, (so + i * CM_M) * RS + kw, RS, gl_CooperativeMatrixLayoutRowMajor);
                         [[unroll]] for (uint j = 0u; j < TN; j++) cu[i * TN + j] = coopMatMulAdd(a, x[j], cu[i * TN + j]);
+#ifdef HALVES
+                        [[unroll]] for (uint j = 0u; j < TN; j++) hu[i * TN + j] = coopMatMulAdd(a, xh[j], hu[i * TN + j]);
+#endif
                     }
                 }
             }
             [[unroll]] for (uint i = 0u; i < TM; i++) {
                 [[unroll]] for (uint j = 0u; j < TN; j++) {
                     uint t = i * TN + j;
-                    uint dbase = b * BN + sn + j * CM_N;
+                    uint wrow = so + i * CM_M;
                     MAT_F gf = MAT_F(cg[t]);
-                    for (int c = 0; c < gf.length(); c++) accg[t][c] += gf[c] * xd_t[dbase + code_col(code[c])];
+#ifdef HALVES
+                    MAT_F ghf = MAT_F(hg[t]);
+#endif
+                    for (int c = 0; c < gf.length(); c++) {
+                        uint col = sn + j * CM_N + code_col(code[c]), rw = wrow + code_row(code[c]);
+#ifdef HALVES
+                        float h = ghf[c];
+#else
+                        float h = 0.0;
+#endif
+                        accg[t][c] += block_value(b, rw, col, xd_t[b * BN + col], gf[c], h, false);
+                    }
                     if (gate_up) {
                         MAT_F uf = MAT_F(cu[t]);
-                        for (int c = 0; c < uf.length(); c++) accu[t][c] += uf[c] * xd_t[dbase + code_col(code[c])];
+#ifdef HALVES
+                        MAT_F uhf = MAT_F(hu[t]);
+#endif
+                        for (int c = 0; c < uf.length(); c++) {
+                            uint col = sn + j * CM_N + code_col(code[c]), rw = wrow + code_row(code[c]);
+#ifdef HALVES
+                            float h = uhf[c];
+#else
+                            float h = 0.0;
+#endif
+                            accu[t][c] += block_value(b, rw, col, xd_t[b * BN + col], uf[c], h, true);
+                        }
                     }
                 }
             }
@@ -124,9 +218,9 @@ void main() {
                 uint r = sn + j * CM_N + code_col(code[c]);
                 if (o >= f || r0 + r >= count) continue;
                 uint p = pair_t[r];
-                float g = uintBitsToFloat(ws[(wbase + o) * pc.ss]) * accg[t][c];
+                float g = coop_row_scale(wbase + o) * accg[t][c];
                 if (gate_up) {
-                    float u = uintBitsToFloat(ws[(wbase + f + o) * pc.ss]) * accu[t][c];
+                    float u = coop_row_scale(wbase + f + o) * accu[t][c];
                     if (pc.bias_off != NONE) {
                         g += bias[pc.bias_off + wbase + o];
                         u += bias[pc.bias_off + wbase + f + o];

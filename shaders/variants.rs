@@ -31,8 +31,8 @@ pub const KERNELS: &[(&str, &str, bool)] = &[
     ("MlaAbsorb", "mla_absorb.comp", true),
     ("MlaAttn", "mla_attn.comp", false),
     ("MlaValue", "mla_value.comp", true),
-    ("MatmulCoop", "matmul_coop.comp", false),
-    ("MoeMatmulCoop", "moe_matmul_coop.comp", false),
+    ("MatmulCoop", "matmul_coop.comp", true),
+    ("MoeMatmulCoop", "moe_matmul_coop.comp", true),
 ];
 
 /// Weight-format variants: (Rust variant of `FormatVariant`, the defines the sources test).
@@ -80,6 +80,16 @@ pub const FORMATS: &[(&str, &[&str])] = &[
 pub const DOT_FORMATS: &[&str] =
     &["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "I8Row", "I4G64", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS"];
 
+/// The cooperative-matrix kernels (int8 tensor cores): per-format, but compiled only for the
+/// formats of `COOP_FORMATS` (`shaders/coop_w.glsl` decodes their blocks), never with `HW_DOT`.
+pub const COOP_KERNELS: &[&str] = &["MatmulCoop", "MoeMatmulCoop"];
+
+/// The format variants the cooperative kernels are compiled for: every format with 8-bit
+/// activations except Q2_K (an offset per 16 elements, which the kernels' per-block sums do
+/// not carry).
+pub const COOP_FORMATS: &[&str] =
+    &["I8Row", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "I4G64", "Q4_K", "Q5_K", "Q6_K", "Q3_K", "IQ4_NL", "IQ4_XS"];
+
 /// One compiled blob: its file stem under `shaders/spirv/`, the kernel, the format variant
 /// (per-format kernels), the defines it is compiled with, and whether it is the `HW_DOT` build.
 pub struct Blob {
@@ -100,10 +110,14 @@ pub fn blobs() -> Vec<Blob> {
             out.push(Blob { name: stem.to_string(), kernel, file, variant: None, defines: Vec::new(), dot: false });
             continue;
         }
+        let coop = COOP_KERNELS.contains(&kernel);
         for &(v, defines) in FORMATS {
+            if coop && !COOP_FORMATS.contains(&v) {
+                continue;
+            }
             let name = format!("{stem}_{}", v.to_lowercase());
             out.push(Blob { name: name.clone(), kernel, file, variant: Some(v), defines: defines.to_vec(), dot: false });
-            if DOT_FORMATS.contains(&v) {
+            if !coop && DOT_FORMATS.contains(&v) {
                 let defines = defines.iter().copied().chain(["HW_DOT"]).collect();
                 out.push(Blob { name: format!("{name}_dot"), kernel, file, variant: Some(v), defines, dot: true });
             }

@@ -1,5 +1,6 @@
-//! The cooperative-matrix GEMMs (`matmul_coop.comp`, `moe_matmul_coop.comp`: I8Row weights
-//! against q8 activations on int8 tensor cores) against the CPU op library's q8 path
+//! The cooperative-matrix GEMMs (`matmul_coop.comp`, `moe_matmul_coop.comp`: the weights of
+//! every format with q8 activations, decoded per block into int8 codes and factors, against q8
+//! activations on int8 tensor cores) against the CPU op library's q8 path
 //! (`cpu::linear::linear(.., Precision::Fast)`, `cpu::experts::routed_experts`), with random
 //! non-zero inputs, odd row counts, tail tiles (weight rows, activation rows and columns not
 //! multiples of the 64 x 64 x 128 tile), several experts with uneven pair counts (some with
@@ -12,7 +13,8 @@
 //!
 //! Tolerance, relative to the largest |reference| of each output: dense 1e-5 (each block's
 //! integer sum is exact; only the f32 sums over blocks may round differently, e.g. a fused
-//! multiply-add); routed experts 1e-3 (`MOE_TOL`): a last-bit difference in a gated hidden
+//! multiply-add); dense block formats `FORMAT_TOL` (the block's factors multiply in another
+//! order than the CPU's, and an offset term may cancel a larger product); routed experts 1e-3 (`MOE_TOL`): a last-bit difference in a gated hidden
 //! value can move its 8-bit quantization by one step before the down matrix (on the H200 the
 //! OLMoE-sized chunk measured 1.8e-4 against the CPU). The worst relative error of each case
 //! is printed.
@@ -21,6 +23,25 @@ mod vk_common;
 
 /// Routed experts' bound (see the module doc).
 const MOE_TOL: f32 = 1e-3;
+/// Dense products of the block formats (see the module doc).
+const FORMAT_TOL: f32 = 1e-4;
+
+/// The formats the cooperative kernels take besides I8Row (`COOP_FORMATS` in
+/// shaders/variants.rs), with the column multiple of each (its super-block).
+const FORMATS: [(WeightFormat, usize); 12] = [
+    (WeightFormat::Q8_0, 32),
+    (WeightFormat::Q4_0, 32),
+    (WeightFormat::Q4_1, 32),
+    (WeightFormat::Q5_0, 32),
+    (WeightFormat::Q5_1, 32),
+    (WeightFormat::I4G64, 64),
+    (WeightFormat::IQ4_NL, 32),
+    (WeightFormat::Q4_K, 256),
+    (WeightFormat::Q5_K, 256),
+    (WeightFormat::Q6_K, 256),
+    (WeightFormat::Q3_K, 256),
+    (WeightFormat::IQ4_XS, 256),
+];
 
 use coli_compiler::ir::GluKind;
 use coli_runtime::cpu::experts::{routed_experts, ExpertMats};
@@ -146,8 +167,56 @@ fn dense_matches_cpu() {
     }
 }
 
-/// One layer of I8Row experts.
+/// Dense products of every other cooperative format: whole super-blocks, tail tiles of
+/// weight and activation rows, a stage tail (768 = 6 blocks of 128 columns), a residual.
+#[test]
+fn dense_formats_match_cpu() {
+    let Some(ctx) = coop() else { return };
+    let mut rng = Rng(0xc00b_0004);
+    for (format, unit) in FORMATS {
+        let cases = [(64, 256usize.max(unit), 64, false), (70, 512, 37, true), (100, 768, 130, false)];
+        for (rows, cols, n, residual) in cases {
+            let bytes = random_rows(format, rows, cols, &mut rng);
+            let m = Matrix::new(format, rows, cols, &bytes).unwrap();
+            let x = rng.vec(n * cols, 1.0);
+            let res = rng.vec(n * rows, 0.5);
+            let mut want = vec![0f32; n * rows];
+            linear(&m, &x, n, &mut want, Precision::Fast);
+            if residual {
+                want.iter_mut().zip(&res).for_each(|(w, r)| *w += r);
+            }
+            let what = format!("dense {format:?} {rows}x{cols} n={n} residual={residual}");
+            let mut outs = Vec::new();
+            for c in [ctx, plain()] {
+                let w = c.upload_matrix(format, rows, cols, &bytes).unwrap();
+                let xb = c.upload_f32(&x).unwrap();
+                let rb = c.upload_f32(&res).unwrap();
+                let ob = c.f32_buffer(n * rows).unwrap();
+                let mut f = c.frame().unwrap();
+                let r = residual.then(|| rb.view(0, n * rows));
+                f.matmul_fused(
+                    &w,
+                    MatIn::Plain(xb.view(0, n * cols)),
+                    n,
+                    ob.view(0, n * rows),
+                    r,
+                    MatmulPath::Gemm,
+                    Precision::Fast,
+                )
+                .unwrap();
+                f.run().unwrap();
+                outs.push(c.download_f32(ob.view(0, n * rows)).unwrap());
+            }
+            ran(ctx, "MatmulCoop", &what);
+            check_close(&format!("{what} (f32 tiles vs CPU)"), &outs[1], &want, FORMAT_TOL);
+            check_close(&format!("{what} (cooperative vs CPU)"), &outs[0], &want, FORMAT_TOL);
+        }
+    }
+}
+
+/// One layer of experts of one format.
 struct Layer {
+    format: WeightFormat,
     experts: usize,
     hidden: usize,
     ffn: usize,
@@ -159,19 +228,20 @@ struct Layer {
 
 impl Layer {
     fn new(experts: usize, hidden: usize, ffn: usize, bias: bool, rng: &mut Rng) -> Layer {
-        let mut mk =
-            |rows, cols| (0..experts).map(|_| random_rows(WeightFormat::I8Row, rows, cols, rng)).collect::<Vec<_>>();
+        Layer::of(WeightFormat::I8Row, experts, hidden, ffn, bias, rng)
+    }
+
+    fn of(format: WeightFormat, experts: usize, hidden: usize, ffn: usize, bias: bool, rng: &mut Rng) -> Layer {
+        let mut mk = |rows, cols| (0..experts).map(|_| random_rows(format, rows, cols, rng)).collect::<Vec<_>>();
         let (gate, up, down) = (mk(ffn, hidden), mk(ffn, hidden), mk(hidden, ffn));
         let bias =
             bias.then(|| (rng.vec(experts * ffn, 0.5), rng.vec(experts * ffn, 0.5), rng.vec(experts * hidden, 0.5)));
-        Layer { experts, hidden, ffn, gate, up, down, bias }
+        Layer { format, experts, hidden, ffn, gate, up, down, bias }
     }
 
-    fn mats(&self, e: usize) -> ExpertMats<'_> {
-        let (f, h) = (self.ffn, self.hidden);
-        fn m(b: &[u8], rows: usize, cols: usize) -> Matrix<'_> {
-            Matrix::new(WeightFormat::I8Row, rows, cols, b).unwrap()
-        }
+    fn mats<'a>(&'a self, e: usize) -> ExpertMats<'a> {
+        let (f, h, fmt) = (self.ffn, self.hidden, self.format);
+        let m = |b: &'a [u8], rows: usize, cols: usize| Matrix::new(fmt, rows, cols, b).unwrap();
         ExpertMats {
             gate: m(&self.gate[e], f, h),
             up: m(&self.up[e], f, h),
@@ -213,7 +283,8 @@ fn moe_case(ctx: &Context, layer: &Layer, n: usize, top_k: usize, glu: GluKind, 
     let mut want = vec![0f32; n * h];
     routed_experts(&x, n, h, &rt, top_k, glu, Precision::Fast, &|e| layer.mats(e), &mut want);
     let what = format!(
-        "experts E={} {}x{} n={n} top {top_k} {glu:?} bias={}",
+        "experts {:?} E={} {}x{} n={n} top {top_k} {glu:?} bias={}",
+        layer.format,
         layer.experts,
         h,
         layer.ffn,
@@ -264,6 +335,20 @@ fn routed_experts_match_cpu() {
     }
 }
 
+/// Routed experts of every other cooperative format (super-block multiples).
+#[test]
+fn routed_expert_formats_match_cpu() {
+    let Some(ctx) = coop() else { return };
+    let mut rng = Rng(0xc00b_0005);
+    for (format, unit) in FORMATS {
+        let (hidden, ffn) = (512usize.max(2 * unit), 256usize.max(unit));
+        let layer = Layer::of(format, 7, hidden, ffn, format == WeightFormat::Q8_0, &mut rng);
+        for (n, top_k) in [(70, 3), (33, 1)] {
+            moe_case(ctx, &layer, n, top_k, GluKind::SwiGlu, &mut rng);
+        }
+    }
+}
+
 /// One prompt chunk of OLMoE's geometry (hidden 2048, expert FFN 1024, 64 experts, top 8,
 /// 512 rows) and its dense projection shape, timed with and without cooperative matrices
 /// (printed, not asserted), and checked like the cases above.
@@ -271,14 +356,22 @@ fn routed_experts_match_cpu() {
 fn olmoe_sized_chunk() {
     let Some(ctx) = coop() else { return };
     let mut rng = Rng(0xc00b_0003);
+    for format in [WeightFormat::I8Row, WeightFormat::Q8_0, WeightFormat::Q4_K, WeightFormat::Q6_K] {
+        olmoe_chunk(ctx, format, &mut rng);
+    }
+}
+
+/// `olmoe_sized_chunk` for the weights of one format.
+fn olmoe_chunk(ctx: &Context, format: WeightFormat, rng: &mut Rng) {
+    let tol = if format == WeightFormat::I8Row { 1e-5 } else { FORMAT_TOL };
     let (rows, cols, n) = (2048, 2048, 512);
-    let bytes = random_rows(WeightFormat::I8Row, rows, cols, &mut rng);
-    let m = Matrix::new(WeightFormat::I8Row, rows, cols, &bytes).unwrap();
+    let bytes = random_rows(format, rows, cols, rng);
+    let m = Matrix::new(format, rows, cols, &bytes).unwrap();
     let x = rng.vec(n * cols, 1.0);
     let mut want = vec![0f32; n * rows];
     linear(&m, &x, n, &mut want, Precision::Fast);
     for c in [ctx, plain()] {
-        let w = c.upload_matrix(WeightFormat::I8Row, rows, cols, &bytes).unwrap();
+        let w = c.upload_matrix(format, rows, cols, &bytes).unwrap();
         let xb = c.upload_f32(&x).unwrap();
         let ob = c.f32_buffer(n * rows).unwrap();
         let mut f = c.frame().unwrap();
@@ -286,15 +379,15 @@ fn olmoe_sized_chunk() {
         f.run().unwrap();
         let got = c.download_f32(ob.view(0, n * rows)).unwrap();
         let which = if std::ptr::eq(c, ctx) { "cooperative" } else { "f32 tiles" };
-        check_close(&format!("dense {rows}x{cols} n={n} ({which})"), &got, &want, 1e-5);
+        check_close(&format!("dense {format:?} {rows}x{cols} n={n} ({which})"), &got, &want, tol);
     }
-    let layer = Layer::new(64, 2048, 1024, false, &mut rng);
-    moe_case(ctx, &layer, 512, 8, GluKind::SwiGlu, &mut rng);
+    let layer = Layer::of(format, 64, 2048, 1024, false, rng);
+    moe_case(ctx, &layer, 512, 8, GluKind::SwiGlu, rng);
     // Timings: run each path again on data already up (first runs pay pipeline creation).
-    let rt = skewed_routing(n, 8, 64, &mut rng);
+    let rt = skewed_routing(n, 8, 64, rng);
     for c in [ctx, plain()] {
         let _ = c.take_profile();
-        let w = c.upload_matrix(WeightFormat::I8Row, rows, cols, &bytes).unwrap();
+        let w = c.upload_matrix(format, rows, cols, &bytes).unwrap();
         let dev = c.upload_experts(64, &|e| layer.mats(e)).unwrap();
         let scratch = c.moe_scratch(n, 8, 2048, 1024, 64).unwrap();
         let xb = c.upload_f32(&x).unwrap();
@@ -318,7 +411,7 @@ fn olmoe_sized_chunk() {
             let p = c.take_profile();
             if round == 1 {
                 let which = if std::ptr::eq(c, ctx) { "cooperative" } else { "f32 tiles" };
-                eprintln!("  times, {which}:");
+                eprintln!("  times, {format:?}, {which}:");
                 for (label, count, ns) in p {
                     eprintln!("    {label}: {count} x, {:.1} us", ns / 1e3);
                 }

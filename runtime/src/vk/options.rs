@@ -26,8 +26,8 @@ pub enum UploadPath {
 /// Whether prompt GEMMs may run on cooperative matrices (tensor cores).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CoopMatUse {
-    /// Where the device has a suitable int8 shape (`DeviceCaps::coopmat_i8`): the I8Row GEMMs
-    /// with q8 activations (`matmul_coop.comp`, `moe_matmul_coop.comp`) from
+    /// Where the device has a suitable int8 shape (`DeviceCaps::coopmat_i8`): the GEMMs of
+    /// the formats with q8 activations (`matmul_coop.comp`, `moe_matmul_coop.comp`) from
     /// `COOP_MIN_ROWS` activation rows.
     #[default]
     Auto,

@@ -3,9 +3,9 @@
 //! formats take the activations quantized to 8 bits per block of 32 exactly as the CPU
 //! quantizes them (`quantize_q8.comp`); with `Precision::Exact`, and for the float formats,
 //! activations stay f32 and each weight is decoded and multiplied in f32. One row (decode) runs the GEMV (`matvec.comp`); from two rows the tiled GEMM
-//! (`matmul.comp`), or for I8Row with q8 activations from `COOP_MIN_ROWS` rows, where the
-//! device has an int8 cooperative-matrix shape, the tensor-core GEMM (`matmul_coop.comp`: each
-//! block's integer products exact, scaled per activation row and block in the CPU's order). `embed` gathers table rows (any format) as `dequant_row` decodes them.
+//! (`matmul.comp`), or for the formats with q8 activations from `COOP_MIN_ROWS` rows, where
+//! the device has an int8 cooperative-matrix shape, the tensor-core GEMM (`matmul_coop.comp`:
+//! each block's integer products exact, scaled per weight and activation block). `embed` gathers table rows (any format) as `dequant_row` decodes them.
 //!
 //! Fused forms (`matmul_fused`): the input may be the RMSNorm of a row or a gated unit of two
 //! rows (`MatIn`), computed as the kernel reads it (float activations) or as it quantizes it
@@ -362,7 +362,7 @@ impl<'a> Frame<'a> {
             }
             self.dispatch(
                 Kernel::MatmulCoop,
-                None,
+                variant,
                 &binds,
                 &push,
                 [groups_for(w.rows, COOP_BO).min(MAX_GROUPS as u32), gy as u32, 1],

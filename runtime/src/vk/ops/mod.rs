@@ -23,19 +23,23 @@ pub use route::RouteParams;
 
 use super::error::{Result, VkError};
 use super::frame::Frame;
-use super::shaders::FormatVariant;
+use super::shaders::{spirv, FormatVariant, Kernel};
 
 /// Activation rows (a dense product's rows, a grouped product's chunk rows) from which the
-/// I8Row GEMMs with q8 activations take the cooperative-matrix kernels (`matmul_coop.comp`,
+/// GEMMs with q8 activations take the cooperative-matrix kernels (`matmul_coop.comp`,
 /// `moe_matmul_coop.comp`) where the device has them; below, a 64 x 64 tile is mostly empty.
 pub const COOP_MIN_ROWS: usize = 32;
 
 impl Frame<'_> {
     /// Whether a GEMM of `variant` over `rows` activation rows takes the cooperative-matrix
-    /// kernel: I8Row with q8 activations, at least `COOP_MIN_ROWS` rows, and an int8 shape on
-    /// the device (`DeviceCaps::coopmat_i8`, absent with `CoopMatUse::Off`).
+    /// kernel: a format with q8 activations whose blocks the kernels decode (a blob compiled
+    /// for it: `COOP_FORMATS` in shaders/variants.rs), at least `COOP_MIN_ROWS` rows, and an
+    /// int8 shape on the device (`DeviceCaps::coopmat_i8`, absent with `CoopMatUse::Off`).
     pub(crate) fn coop_i8(&self, variant: FormatVariant, rows: usize) -> bool {
-        variant == FormatVariant::I8Row && rows >= COOP_MIN_ROWS && self.ctx.caps().coopmat_i8.is_some()
+        variant.q8_acts()
+            && rows >= COOP_MIN_ROWS
+            && self.ctx.caps().coopmat_i8.is_some()
+            && spirv(Kernel::MatmulCoop, Some(variant)).is_some()
     }
 }
 

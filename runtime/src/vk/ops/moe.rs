@@ -12,7 +12,7 @@
 //!   one over (output rows, rows). With q8 activations: a quantization before each.
 //! - a prompt chunk: pairs grouped by expert on the device (`moe_group.comp`), a tiled GEMM
 //!   per expert over its pairs (`moe_matmul.comp`) for gate/up and for down, then the sum
-//!   (`moe_sum.comp`). I8Row experts with q8 activations take the cooperative-matrix GEMM
+//!   (`moe_sum.comp`). Experts of a format with q8 activations take the cooperative-matrix GEMM
 //!   (`moe_matmul_coop.comp`) instead where the device has an int8 shape, from `COOP_MIN_ROWS`
 //!   rows.
 //!
@@ -559,7 +559,7 @@ impl<'a> Frame<'a> {
             if self.coop_i8(gv, n) {
                 self.dispatch(
                     Kernel::MoeMatmulCoop,
-                    None,
+                    Some(gv),
                     &binds,
                     &push,
                     [groups_for(ffn, COOP_BO).min(MAX_GROUPS as u32), n.div_ceil(COOP_BR) as u32, e32],
@@ -651,7 +651,7 @@ impl<'a> Frame<'a> {
             if self.coop_i8(dv, n) {
                 self.dispatch(
                     Kernel::MoeMatmulCoop,
-                    None,
+                    Some(dv),
                     &binds,
                     &push,
                     [groups_for(hid, COOP_BO).min(MAX_GROUPS as u32), n.div_ceil(COOP_BR) as u32, e32],
