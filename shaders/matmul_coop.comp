@@ -47,6 +47,56 @@ void put_w(uint o, uint u, uvec4 v) {
     ws_t[b] = unpack8(int(v.x)); ws_t[b + 1u] = unpack8(int(v.y)); ws_t[b + 2u] = unpack8(int(v.z)); ws_t[b + 3u] = unpack8(int(v.w));
 }
 
+// The next stage's operands, loaded into registers while the current stage computes (so the
+// global loads' latency overlaps the products): up to PU units of each kind an invocation
+// (the workgroup has at least 64 invocations). Activation rows share the weight rows' indices:
+// BN == BO.
+#define PU 8u
+uvec4 pw[PU], px[PU];
+float pd[PU][SUBS], pm[PU];
+vec2 pxd[PU];
+
+void fetch(uint k0, uint tid, uint o0, uint r0, uint nblk, uint xunits) {
+    [[unroll]] for (uint i = 0u; i < PU; i++) {
+        uint e = tid + i * NT;
+        if (e < BO * 8u) {
+            uint o = e >> 3, u = e & 7u, blk = k0 + (u >> 1);
+            pw[i] = (o0 + o < pc.rows && blk < nblk) ? coop_codes(o0 + o, blk, u & 1u) : uvec4(0u);
+            uint unit = 2u * k0 + u;
+            px[i] = (r0 + o < pc.n && unit < xunits) ? xq[(r0 + o) * xunits + unit] : uvec4(0u);
+        }
+        if (e < BLKS * BO) {
+            uint b = e / BO, o = e % BO;
+            bool in_ = o0 + o < pc.rows && k0 + b < nblk;
+            [[unroll]] for (uint h = 0u; h < SUBS; h++) pd[i][h] = in_ ? coop_wd(o0 + o, k0 + b, h) : 0.0;
+#ifdef HAS_MIN
+            pm[i] = in_ ? coop_wm(o0 + o, k0 + b) : 0.0;
+#endif
+            uint r = e % BN;
+            pxd[i] = (r0 + r < pc.n && k0 + b < nblk) ? xd[(r0 + r) * nblk + k0 + b] : vec2(0.0);
+        }
+    }
+}
+
+void store(uint tid) {
+    [[unroll]] for (uint i = 0u; i < PU; i++) {
+        uint e = tid + i * NT;
+        if (e < BO * 8u) {
+            put_w(e >> 3, e & 7u, pw[i]);
+            stage_x(e >> 3, e & 7u, px[i]);
+        }
+        if (e < BLKS * BO) {
+            uint b = e / BO, o = e % BO;
+            [[unroll]] for (uint h = 0u; h < SUBS; h++) wd_t[(b * SUBS + h) * BO + o] = pd[i][h];
+#ifdef HAS_MIN
+            wm_t[e] = pm[i];
+            xsum_t[e] = pxd[i].y;
+#endif
+            xd_t[e] = pxd[i].x;
+        }
+    }
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint o0 = gl_WorkGroupID.x * BO, r0 = gl_WorkGroupID.y * BN;
@@ -59,33 +109,11 @@ void main() {
     coopMatLoad(code, code_t, 0, CM_N, gl_CooperativeMatrixLayoutRowMajor);
     MAT_F acc[TM * TN];
     [[unroll]] for (uint t = 0u; t < TM * TN; t++) acc[t] = MAT_F(0.0);
+    fetch(0u, tid, o0, r0, nblk, xunits);
     for (uint k0 = 0u; k0 < nblk; k0 += BLKS) {
-        // 16 bytes (half a block) an invocation at a time: BK / 16 = 8 units a row.
-        for (uint e = tid; e < BO * 8u; e += NT) {
-            uint o = e >> 3, u = e & 7u, blk = k0 + (u >> 1);
-            put_w(o, u, (o0 + o < pc.rows && blk < nblk) ? coop_codes(o0 + o, blk, u & 1u) : uvec4(0u));
-        }
-        for (uint e = tid; e < BLKS * BO; e += NT) {
-            uint b = e / BO, o = e % BO;
-            bool in_ = o0 + o < pc.rows && k0 + b < nblk;
-            [[unroll]] for (uint h = 0u; h < SUBS; h++) wd_t[(b * SUBS + h) * BO + o] = in_ ? coop_wd(o0 + o, k0 + b, h) : 0.0;
-#ifdef HAS_MIN
-            wm_t[e] = in_ ? coop_wm(o0 + o, k0 + b) : 0.0;
-#endif
-        }
-        for (uint e = tid; e < BN * 8u; e += NT) {
-            uint r = e >> 3, u = e & 7u, unit = 2u * k0 + u;
-            stage_x(r, u, (r0 + r < pc.n && unit < xunits) ? xq[(r0 + r) * xunits + unit] : uvec4(0u));
-        }
-        for (uint e = tid; e < BLKS * BN; e += NT) {
-            uint b = e / BN, r = e % BN;
-            vec2 d = (r0 + r < pc.n && k0 + b < nblk) ? xd[(r0 + r) * nblk + k0 + b] : vec2(0.0);
-            xd_t[e] = d.x;
-#ifdef HAS_MIN
-            xsum_t[e] = d.y;
-#endif
-        }
+        store(tid);
         barrier();
+        if (k0 + BLKS < nblk) fetch(k0 + BLKS, tid, o0, r0, nblk, xunits);
         for (uint b = 0u; b < BLKS && k0 + b < nblk; b++) {
             MAT_I ci[TM * TN];
 #ifdef HALVES

@@ -412,8 +412,8 @@ fn olmoe_chunk(ctx: &Context, format: WeightFormat, rng: &mut Rng) {
             if round == 1 {
                 let which = if std::ptr::eq(c, ctx) { "cooperative" } else { "f32 tiles" };
                 eprintln!("  times, {format:?}, {which}:");
-                for (label, count, ns) in p {
-                    eprintln!("    {label}: {count} x, {:.1} us", ns / 1e3);
+                for (label, count, secs) in p {
+                    eprintln!("    {label}: {count} x, {:.1} us", secs * 1e6);
                 }
             }
         }
