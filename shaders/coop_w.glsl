@@ -146,6 +146,10 @@ float coop_wd(uint row, uint blk, uint sub) {
 }
 #endif
 
+#elif defined(FMT_MXFP4)
+uvec4 coop_codes(uint row, uint blk, uint h) { return mx_levels((wq[row * QS + blk] >> (4u * h)) & 0x0f0f0f0fu); }
+float coop_wd(uint row, uint blk, uint sub) { return uintBitsToFloat(ws[row * SS + blk]); }
+
 #else
 #error "no cooperative decoding for this weight format"
 #endif

@@ -58,6 +58,7 @@ pub const FORMATS: &[(&str, &[&str])] = &[
     ("Q5_K", &["FMT_Q5_K"]),
     ("IQ4_NL", &["FMT_IQ4_NL"]),
     ("IQ4_XS", &["FMT_IQ4_XS"]),
+    ("MXFP4", &["FMT_MXFP4"]),
     ("Q8_0Exact", &["FMT_Q8_0", "ACTS_F32"]),
     ("Q4_0Exact", &["FMT_Q4_0", "ACTS_F32"]),
     ("Q4_1Exact", &["FMT_Q4_1", "ACTS_F32"]),
@@ -72,13 +73,14 @@ pub const FORMATS: &[(&str, &[&str])] = &[
     ("Q5_KExact", &["FMT_Q5_K", "ACTS_F32"]),
     ("IQ4_NLExact", &["FMT_IQ4_NL", "ACTS_F32"]),
     ("IQ4_XSExact", &["FMT_IQ4_XS", "ACTS_F32"]),
+    ("MXFP4Exact", &["FMT_MXFP4", "ACTS_F32"]),
 ];
 
 /// The format variants whose shaders take 8-bit activations: compiled a second time with
 /// `HW_DOT` (the device's packed 4x8-bit integer dot product, `GL_EXT_integer_dot_product`)
 /// for devices that have it.
 pub const DOT_FORMATS: &[&str] =
-    &["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "I8Row", "I4G64", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS"];
+    &["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "I8Row", "I4G64", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS", "MXFP4"];
 
 /// The cooperative-matrix kernels (int8 tensor cores): per-format, but compiled only for the
 /// formats of `COOP_FORMATS` (`shaders/coop_w.glsl` decodes their blocks), never with `HW_DOT`.
@@ -88,7 +90,7 @@ pub const COOP_KERNELS: &[&str] = &["MatmulCoop", "MoeMatmulCoop"];
 /// activations except Q2_K (an offset per 16 elements, which the kernels' per-block sums do
 /// not carry).
 pub const COOP_FORMATS: &[&str] =
-    &["I8Row", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "I4G64", "Q4_K", "Q5_K", "Q6_K", "Q3_K", "IQ4_NL", "IQ4_XS"];
+    &["I8Row", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "I4G64", "Q4_K", "Q5_K", "Q6_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4"];
 
 /// One compiled blob: its file stem under `shaders/spirv/`, the kernel, the format variant
 /// (per-format kernels), the defines it is compiled with, and whether it is the `HW_DOT` build.

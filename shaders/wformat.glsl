@@ -338,6 +338,37 @@ float dequant(uint row, uint k) {
 }
 
 // ---------------------------------------------------------------------------------------
+#elif defined(FMT_MXFP4)
+// Nibbles index the 16 E2M1 values doubled (format/mxfp4.rs). wq: 1 uvec4 per 32 elements,
+// nibbles as in Q4_0. ws: the block's half scale 2^(e - 128) as f32 bits (decoded at upload).
+// The levels 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 as signed bytes, four to
+// a uint; picked by selects (no array in private memory).
+uint mx_level(uint n) {
+    n &= 15u;
+    uint w = n < 8u ? (n < 4u ? 0x03020100u : 0x0c080604u) : (n < 12u ? 0xfdfeff00u : 0xf4f8fafcu);
+    return (w >> (8u * (n & 3u))) & 0xffu;
+}
+uint mx_pack(uint n) {
+    return mx_level(n) | (mx_level(n >> 8) << 8) | (mx_level(n >> 16) << 16) | (mx_level(n >> 24) << 24);
+}
+uvec4 mx_levels(uvec4 n) { return uvec4(mx_pack(n.x), mx_pack(n.y), mx_pack(n.z), mx_pack(n.w)); }
+#ifndef ACTS_F32
+uint units_per_row() { return QS; }
+float unit_dot(uint row, uint u, uint xr) {
+    uint blk = XQ_BLK(xr) + u;
+    uvec4 w = wq[row * QS + u];
+    int i = dot16_ss(mx_levels(w & 0x0f0f0f0fu), xq16(blk, 0u)) + dot16_ss(mx_levels((w >> 4) & 0x0f0f0f0fu), xq16(blk, 1u));
+    return uintBitsToFloat(ws[row * SS + u]) * xd[blk].x * float(i);
+}
+float row_finish(uint row, float acc) { return acc; }
+#endif
+float dequant(uint row, uint k) {
+    uint b = k >> 5, i = k & 31u;
+    float q = float(int(mx_level(wbyte(row * QS + b, i & 15u) >> (4u * (i >> 4)))) << 24 >> 24);
+    return uintBitsToFloat(ws[row * SS + b]) * q;
+}
+
+// ---------------------------------------------------------------------------------------
 #elif defined(FMT_Q5_K)
 // wq: 10 uvec4 a super-block: the 128 bytes of nibbles (Q4_K's order), then the 32 bytes qh
 // (bit j of byte l: the fifth bit of element 32j + l). ws: 4 uints as Q4_K's. A unit is one

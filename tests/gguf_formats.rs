@@ -1,7 +1,7 @@
 //! Every GGUF block type coli reads, end to end, against an oracle nobody here wrote: a tiny
 //! Llama-architecture GGUF (tests/fixtures/gguf_formats/, `tools/make_gguf_formats.py`) whose
 //! tensors are each in another type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
-//! Q6_K, IQ4_NL, IQ4_XS, F16; the embedding Q4_K, the head Q6_K), quantized by llama.cpp's
+//! Q6_K, IQ4_NL, IQ4_XS, MXFP4, F16; the embedding Q4_K, the head Q6_K), quantized by llama.cpp's
 //! llama-quantize, and the logits of a prompt from a numpy forward over gguf-py's
 //! dequantization of the same file.
 //!

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Makes tests/fixtures/gguf_formats/: a tiny Llama-architecture GGUF whose tensors are each in
 another GGUF block type (every type coli reads: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K,
-Q5_K, Q6_K, IQ4_NL, IQ4_XS, F16), quantized by llama.cpp's own llama-quantize from an f32 file
+Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, F16), quantized by llama.cpp's own llama-quantize from an f32 file
 written here, and oracle.json: the logits of a prompt computed by an independent forward in
 numpy from the weights as gguf-py dequantizes them (not by coli).
 
@@ -42,7 +42,7 @@ TYPES = {
     "blk.1.attn_output": "q6_k",
     "blk.1.ffn_gate": "q4_k",
     "blk.1.ffn_up": "f16",
-    "blk.1.ffn_down": "q8_0",
+    "blk.1.ffn_down": "mxfp4",
 }
 
 

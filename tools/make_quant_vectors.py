@@ -2,7 +2,7 @@
 """Writes runtime/tests/data/quant_vectors.json: reference rows for coli's GGUF block decoders.
 
 For Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 it quantizes seeded random values with gguf-py; for the
-k-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_NL, IQ4_XS (which gguf-py only decodes) it makes
+k-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_NL, IQ4_XS, MXFP4 (which gguf-py only decodes) it makes
 seeded random blocks with sane f16 scales. Each entry holds the stored bytes (hex) and gguf-py's
 dequantization, which the Rust test compares against.
 
@@ -73,6 +73,10 @@ def main():
     out.append(entry("Q5_K", T.Q5_K, random_blocks(2, 176, [0, 2]), 512))
     out.append(entry("IQ4_NL", T.IQ4_NL, random_blocks(4, 18, [0]), 128))
     out.append(entry("IQ4_XS", T.IQ4_XS, random_blocks(2, 136, [0]), 512))
+    # MXFP4: random nibbles under E8M0 scales around 1 and the two subnormal exponents.
+    mx = rng.integers(0, 256, size=(6, 17), dtype=np.uint8)
+    mx[:, 0] = [118, 121, 125, 128, 0, 1]
+    out.append(entry("MXFP4", T.MXFP4, mx.reshape(-1), 192))
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({"generator": "tools/make_quant_vectors.py (gguf-py)", "rows": out}, indent=0) + "\n")
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")

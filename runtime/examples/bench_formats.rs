@@ -41,12 +41,17 @@ fn rows_of(format: WeightFormat, rows: usize, cols: usize) -> Vec<u8> {
         WeightFormat::Q2_K => &[80, 82],
         WeightFormat::Q3_K => &[108],
         WeightFormat::Q5_0 | WeightFormat::IQ4_NL | WeightFormat::IQ4_XS => &[0],
+        // The E8M0 scale byte: 2^-7.
+        WeightFormat::MXFP4 => &[],
         _ => return quantize(format, &values(rows * cols, 7), cols).unwrap(),
     };
     let mut b: Vec<u8> = (0..rows * format.row_bytes(cols).unwrap())
         .map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[3])
         .collect();
     for blk in b.chunks_exact_mut(format.block_bytes()) {
+        if format == WeightFormat::MXFP4 {
+            blk[0] = 121;
+        }
         for &at in scales {
             blk[at..at + 2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
         }
@@ -74,6 +79,7 @@ fn main() {
         WeightFormat::Q5_K,
         WeightFormat::IQ4_NL,
         WeightFormat::IQ4_XS,
+        WeightFormat::MXFP4,
         WeightFormat::I8Row,
         WeightFormat::I4G64,
         WeightFormat::BF16,

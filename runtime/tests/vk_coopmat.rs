@@ -28,7 +28,7 @@ const FORMAT_TOL: f32 = 1e-4;
 
 /// The formats the cooperative kernels take besides I8Row (`COOP_FORMATS` in
 /// shaders/variants.rs), with the column multiple of each (its super-block).
-const FORMATS: [(WeightFormat, usize); 12] = [
+const FORMATS: [(WeightFormat, usize); 13] = [
     (WeightFormat::Q8_0, 32),
     (WeightFormat::Q4_0, 32),
     (WeightFormat::Q4_1, 32),
@@ -41,6 +41,7 @@ const FORMATS: [(WeightFormat, usize); 12] = [
     (WeightFormat::Q6_K, 256),
     (WeightFormat::Q3_K, 256),
     (WeightFormat::IQ4_XS, 256),
+    (WeightFormat::MXFP4, 32),
 ];
 
 use coli_compiler::ir::GluKind;

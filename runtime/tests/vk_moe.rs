@@ -185,6 +185,7 @@ const SHAPES: &[(WeightFormat, usize, usize)] = &[
     (WeightFormat::Q3_K, 512, 256),
     (WeightFormat::Q5_K, 256, 256),
     (WeightFormat::IQ4_XS, 256, 256),
+    (WeightFormat::MXFP4, 96, 64),
 ];
 
 #[test]

@@ -8,7 +8,7 @@
 use super::fp16::{bf16_to_f32, f16_to_f32, read_f16};
 pub use super::prim::fdot;
 use super::WeightFormat;
-use super::{iq4, kquant, kquant_lo, q5};
+use super::{iq4, kquant, kquant_lo, mxfp4, q5};
 
 /// `w . x_c` for `C` activation rows at once, each with eight accumulators (all slices the
 /// same length).
@@ -166,6 +166,7 @@ pub fn dot_row(format: WeightFormat, row: &[u8], x: &[f32]) -> f32 {
         WeightFormat::Q3_K => kquant_lo::dot_q3k(row, x),
         WeightFormat::Q5_K => kquant_lo::dot_q5k(row, x),
         WeightFormat::IQ4_NL => iq4::dot_iq4_nl(row, x),
+        WeightFormat::MXFP4 => mxfp4::dot_mxfp4(row, x),
         WeightFormat::IQ4_XS => iq4::dot_iq4_xs(row, x),
         WeightFormat::I8Row => dot_i8row(row, x),
         WeightFormat::I4G64 => dot_i4g64(row, x),

@@ -100,6 +100,8 @@ fn layout(format: WeightFormat, cols: usize) -> Layout {
             &[(0, F16, "the f16 scale d of the super-block"), (2, F16, "the f16 min dmin of the super-block")],
         ),
         WeightFormat::IQ4_XS => (format.block_bytes(), 256, &[(0, F16, "the f16 scale d of the super-block")]),
+        // Every E8M0 byte is a finite power of two (GGUF decodes 255 as 2^127, not NaN).
+        WeightFormat::MXFP4 => (format.block_bytes(), 32, &[]),
         WeightFormat::I8Row => (cols + 4, cols, &[(0, F32, "the f32 scale of the row")]),
         WeightFormat::I4G64 => {
             (36, 64, &[(0, F16, "the f16 scale of the group"), (2, F16, "the f16 min of the group")])

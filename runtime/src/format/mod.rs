@@ -17,6 +17,8 @@
 //! - `IQ4_NL`: 32 in 18: f16 `d`, nibbles as in `Q4_0` indexing 16 fixed levels;
 //!   `x = d * level[q]`. `IQ4_XS`: 256 in 136, eight sub-blocks of 32 with 6-bit scales
 //!   (see `iq4.rs`).
+//! - `MXFP4`: 32 in 17: an E8M0 power-of-two scale, nibbles as in `Q4_0` indexing the E2M1
+//!   values (see `mxfp4.rs`).
 //! - `Q4_K`, `Q6_K`: GGUF's k-quant super-blocks of 256 (see `kquant.rs`); `Q2_K` (84 bytes),
 //!   `Q3_K` (110) and `Q5_K` (176), the same family (see `kquant_lo.rs`).
 //! - `I8Row` (coli): per row one f32 `scale`, then `cols` x i8; `x = scale * q`, symmetric,
@@ -41,6 +43,7 @@ mod iq4;
 mod kquant;
 mod kquant_lo;
 mod matmul;
+pub(crate) mod mxfp4;
 pub mod pool;
 mod prim;
 mod q5;
@@ -79,6 +82,7 @@ pub enum WeightFormat {
     Q5_K,
     IQ4_NL,
     IQ4_XS,
+    MXFP4,
     /// coli: per-row f32 scale then i8 values.
     I8Row,
     /// coli: groups of 64 with an f16 scale and an f16 min, 4-bit values.
@@ -111,7 +115,7 @@ impl fmt::Display for WeightFormat {
 }
 
 impl WeightFormat {
-    pub const ALL: [WeightFormat; 17] = [
+    pub const ALL: [WeightFormat; 18] = [
         WeightFormat::F32,
         WeightFormat::F16,
         WeightFormat::BF16,
@@ -127,6 +131,7 @@ impl WeightFormat {
         WeightFormat::Q5_K,
         WeightFormat::IQ4_NL,
         WeightFormat::IQ4_XS,
+        WeightFormat::MXFP4,
         WeightFormat::I8Row,
         WeightFormat::I4G64,
     ];
@@ -149,6 +154,7 @@ impl WeightFormat {
             WeightFormat::Q5_K => "Q5_K",
             WeightFormat::IQ4_NL => "IQ4_NL",
             WeightFormat::IQ4_XS => "IQ4_XS",
+            WeightFormat::MXFP4 => "MXFP4",
             WeightFormat::I8Row => "I8Row",
             WeightFormat::I4G64 => "I4G64",
         }
@@ -164,7 +170,8 @@ impl WeightFormat {
             | WeightFormat::Q4_1
             | WeightFormat::Q5_0
             | WeightFormat::Q5_1
-            | WeightFormat::IQ4_NL => 32,
+            | WeightFormat::IQ4_NL
+            | WeightFormat::MXFP4 => 32,
             WeightFormat::Q4_K
             | WeightFormat::Q6_K
             | WeightFormat::Q2_K
@@ -192,6 +199,7 @@ impl WeightFormat {
             WeightFormat::Q5_K => kquant_lo::Q5K_BYTES,
             WeightFormat::IQ4_NL => iq4::IQ4_NL_BYTES,
             WeightFormat::IQ4_XS => iq4::IQ4_XS_BYTES,
+            WeightFormat::MXFP4 => mxfp4::MXFP4_BYTES,
             WeightFormat::I8Row => 1,
             WeightFormat::I4G64 => 36,
         }
@@ -225,6 +233,7 @@ impl WeightFormat {
             WeightFormat::IQ4_NL => 20,
             WeightFormat::IQ4_XS => 23,
             WeightFormat::BF16 => 30,
+            WeightFormat::MXFP4 => 39,
             WeightFormat::I8Row | WeightFormat::I4G64 => return None,
         })
     }
@@ -247,6 +256,7 @@ impl WeightFormat {
             20 => WeightFormat::IQ4_NL,
             23 => WeightFormat::IQ4_XS,
             30 => WeightFormat::BF16,
+            39 => WeightFormat::MXFP4,
             _ => return Err(FormatError::UnknownGgufType(id)),
         })
     }

@@ -8,7 +8,7 @@
 
 use super::fp16::read_f16;
 pub use super::prim::{idot_i8, idot_u8};
-use super::{iq4, kquant, kquant_lo, q5};
+use super::{iq4, kquant, kquant_lo, mxfp4, q5};
 use super::{FormatError, WeightFormat};
 
 /// 32 activations quantized to i8: `x[i] ~ d * q[i]`; `s = d * sum(q)` (for formats with a min).
@@ -183,6 +183,7 @@ pub fn dot_row_q8(format: WeightFormat, row: &[u8], x: &[BlockQ8]) -> f32 {
         WeightFormat::Q3_K => kquant_lo::dot_q3k_q8(row, x),
         WeightFormat::Q5_K => kquant_lo::dot_q5k_q8(row, x),
         WeightFormat::IQ4_NL => iq4::dot_iq4_nl_q8(row, x),
+        WeightFormat::MXFP4 => mxfp4::dot_mxfp4_q8(row, x),
         WeightFormat::IQ4_XS => iq4::dot_iq4_xs_q8(row, x),
         WeightFormat::I8Row => i8row(row, x),
         WeightFormat::I4G64 => i4g64(row, x),

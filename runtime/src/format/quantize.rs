@@ -131,6 +131,7 @@ fn encode_row(format: WeightFormat, x: &[f32], o: &mut [u8]) {
         | WeightFormat::Q3_K
         | WeightFormat::Q5_K
         | WeightFormat::IQ4_NL
-        | WeightFormat::IQ4_XS => unreachable!("rejected by quantize"),
+        | WeightFormat::IQ4_XS
+        | WeightFormat::MXFP4 => unreachable!("rejected by quantize"),
     }
 }

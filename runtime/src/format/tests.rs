@@ -43,6 +43,14 @@ fn f16_fields(format: WeightFormat) -> &'static [usize] {
 /// Random stored rows in `format`: encoded from random values where coli can encode the
 /// format, else random blocks (every bit pattern of the values) with sane f16 scales.
 fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    if format == WeightFormat::MXFP4 {
+        // Random nibbles under power-of-two scales 2^-10 .. 2^-3.
+        let mut b: Vec<u8> = (0..rows * format.row_bytes(cols).unwrap()).map(|_| rng.next() as u8).collect();
+        for block in b.chunks_exact_mut(format.block_bytes()) {
+            block[0] = 118 + (rng.next() % 8) as u8;
+        }
+        return b;
+    }
     let fields = f16_fields(format);
     if fields.is_empty() {
         return quantize(format, &rng.vec(rows * cols, 0.5), cols).unwrap();
@@ -271,6 +279,7 @@ fn gguf_type_ids_round_trip_and_unknown_ids_are_errors() {
         (WeightFormat::Q5_K, 256, 176),
         (WeightFormat::IQ4_NL, 32, 18),
         (WeightFormat::IQ4_XS, 256, 136),
+        (WeightFormat::MXFP4, 32, 17),
     ] {
         assert_eq!((format.block_size(), format.block_bytes()), (block, bytes), "{format}");
         assert!(format.gguf_type().is_some() && format.uses_q8_acts(block), "{format}");
@@ -422,6 +431,12 @@ fn first_non_finite_finds_nan_and_inf_in_elements_and_block_fields() {
     for format in WeightFormat::ALL {
         let mut b = random_rows(format, 4, cols, &mut Rng(7));
         assert_eq!(first_non_finite(format, &b, cols), None, "{format}");
+        if format == WeightFormat::MXFP4 {
+            // No bit pattern of an E8M0 scale or an E2M1 value is non-finite.
+            b.fill(0xff);
+            assert_eq!(first_non_finite(format, &b, cols), None);
+            continue;
+        }
         // Row 2's first float field (an element, or its first block's scale) becomes +inf, and
         // a later one NaN: the first is reported.
         let row = format.row_bytes(cols).unwrap();

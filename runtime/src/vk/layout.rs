@@ -49,6 +49,7 @@ pub fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Res
         WeightFormat::Q5_0 | WeightFormat::Q5_1 => (nb, 2 * nb),
         WeightFormat::IQ4_NL => (nb, nb.div_ceil(2)),
         WeightFormat::IQ4_XS => (8 * nb, 2 * nb),
+        WeightFormat::MXFP4 => (nb, nb),
         WeightFormat::Q5_K => (10 * nb, 4 * nb),
         WeightFormat::Q2_K => (4 * nb, 5 * nb),
         WeightFormat::Q3_K => (6 * nb, 4 * nb),
@@ -111,6 +112,10 @@ pub fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Res
                         WeightFormat::IQ4_XS => {
                             q.extend_from_slice(&b[8..136]);
                             s.extend_from_slice(&b[0..8]);
+                        }
+                        WeightFormat::MXFP4 => {
+                            q.extend_from_slice(&b[1..17]);
+                            s.extend_from_slice(&crate::format::mxfp4::half_scale(b[0]).to_le_bytes());
                         }
                         WeightFormat::Q5_K => {
                             q.extend_from_slice(&b[48..176]);
@@ -212,13 +217,27 @@ mod tests {
             bytes.iter().for_each(|&b| want[b as usize] += 1);
             let mut got = [0usize; 256];
             p.q.iter().chain(&p.s).for_each(|&b| got[b as usize] += 1);
-            // Q6_K widens its f16 d to f32: its two bytes become four, so count the rest.
-            if format != WeightFormat::Q6_K {
+            // Q6_K widens its f16 d to f32: its two bytes become four; MXFP4 decodes its
+            // exponent byte into an f32 scale: count the rest.
+            if !matches!(format, WeightFormat::Q6_K | WeightFormat::MXFP4) {
                 assert_eq!(want[1..], got[1..], "{format}");
             }
             assert_eq!(p.q.len(), 3 * p.qs * 16, "{format}");
             assert!(p.s.len() == 3 * p.ss * 4, "{format}");
         }
+    }
+
+    #[test]
+    fn mxfp4_keeps_the_nibbles_and_decodes_the_scale() {
+        let mut row = vec![0u8; 2 * 17];
+        row[0] = 128;
+        row[17] = 3;
+        row[1..17].iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+        let p = pack(WeightFormat::MXFP4, 1, 64, &row).unwrap();
+        assert_eq!((p.qs, p.ss), (2, 2));
+        assert_eq!(&p.q[..16], &row[1..17]);
+        assert_eq!(&p.s[..4], &1f32.to_le_bytes());
+        assert_eq!(&p.s[4..], &2f32.powi(-125).to_le_bytes());
     }
 
     #[test]

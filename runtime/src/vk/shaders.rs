@@ -95,6 +95,7 @@ impl FormatVariant {
             WeightFormat::Q5_K => FormatVariant::Q5_K,
             WeightFormat::IQ4_NL => FormatVariant::IQ4_NL,
             WeightFormat::IQ4_XS => FormatVariant::IQ4_XS,
+            WeightFormat::MXFP4 => FormatVariant::MXFP4,
         }
     }
 
@@ -116,6 +117,7 @@ impl FormatVariant {
             FormatVariant::Q5_K => FormatVariant::Q5_KExact,
             FormatVariant::IQ4_NL => FormatVariant::IQ4_NLExact,
             FormatVariant::IQ4_XS => FormatVariant::IQ4_XSExact,
+            FormatVariant::MXFP4 => FormatVariant::MXFP4Exact,
             v => v,
         }
     }
@@ -138,6 +140,7 @@ impl FormatVariant {
                 | FormatVariant::Q5_K
                 | FormatVariant::IQ4_NL
                 | FormatVariant::IQ4_XS
+                | FormatVariant::MXFP4
         )
     }
 }
