@@ -1,5 +1,5 @@
 //! Every flag that says how a model is loaded (which checkpoint, which devices, the expert
-//! tier, the KV split, the context and prompt chunk), gathered for the subcommands that load
+//! tier, the RAM expert cache, the KV split, the context and prompt chunk), gathered for the subcommands that load
 //! one model and run it (`exec`, `serve`, `chat`), and the load itself with its progress bars and
 //! its lines about where the model runs. This file maps flags to `EngineOptions` and prints;
 //! loading is `Engine::load_with_progress`.
@@ -15,6 +15,7 @@ use clap::Args;
 use coli_compiler::Options;
 use coli_runtime::engine::{Engine, EngineOptions, Stage};
 use coli_runtime::model::LoadOptions;
+use coli_runtime::ramcache::RamOptions;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -42,6 +43,17 @@ pub struct LoadArgs {
     pub tier: TierArgs,
     #[command(flatten)]
     pub kv: KvSplitArgs,
+    /// The RAM expert cache's budget in MiB: the CPU computes routed experts from copies held
+    /// within it and reads the others from the checkpoint file as needed (default: no cache,
+    /// experts read through the file's memory map).
+    #[arg(long, value_parser = checks::mib, help_heading = heading::EXPERT_TIER)]
+    pub ram_mib: Option<u64>,
+    /// Reader threads of the RAM cache's disk reads.
+    #[arg(long, default_value_t = 4, value_parser = checks::rows, help_heading = heading::EXPERT_TIER)]
+    pub ram_readers: usize,
+    /// Buffered reads for the RAM cache (default: direct I/O where the file system takes it).
+    #[arg(long, help_heading = heading::EXPERT_TIER)]
+    pub no_direct_io: bool,
 }
 
 impl LoadArgs {
@@ -91,6 +103,11 @@ impl LoadArgs {
             device: self.device.request(vk),
             tier: self.tier.options(&path, true),
             host_copies: self.dense.host_copies(),
+            ram: RamOptions {
+                budget: self.ram_mib.map(|m| m << 20),
+                readers: self.ram_readers,
+                direct_io: !self.no_direct_io,
+            },
             ..EngineOptions::default()
         };
         let engine = Engine::load_with_progress(&path, &opts, &mut progress).map_err(message)?;
@@ -100,6 +117,9 @@ impl LoadArgs {
         }
         if let Some(t) = engine.tier_line() {
             tracing::info!("{t}");
+        }
+        if let Some(r) = engine.ram_line() {
+            tracing::info!("{r}");
         }
         tracing::info!("{} ({}) loaded in {:.2}s", path.display(), engine.summary(), t0.elapsed().as_secs_f64());
         Ok((engine, path))
