@@ -184,6 +184,7 @@ fn a_checkpoint_truncated_behind_the_cache_is_a_typed_error() {
     let got = run_greedy(&l, &p, 5, 2, CONTEXT, false);
     assert_eq!(got.toks, want.toks);
     // Cut the file a quarter into its experts: every read of a later expert fails.
+    let whole = std::fs::read(&file).unwrap();
     let len = std::fs::metadata(&file).unwrap().len();
     let cut = experts_at + (len - experts_at) / 4;
     std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(cut).unwrap();
@@ -195,8 +196,14 @@ fn a_checkpoint_truncated_behind_the_cache_is_a_typed_error() {
             }
             other => panic!("expected a truncated read, got {:?}", other.map(|l| l.len())),
         }
-        s.truncate(0);
+        assert_eq!(s.pos(), 0, "a failed forward leaves no position behind");
     }
+    // The file whole again: the same session runs on, and gives the plain CPU's tokens.
+    std::fs::write(&file, &whole).unwrap();
+    let vocab = l.plan().program.dims.vocab;
+    let logits = s.forward(&p, LogitRows::All).unwrap();
+    assert_eq!(logits.len(), p.len() * vocab);
+    assert_eq!(argmax(&logits[logits.len() - vocab..]), want.toks[0]);
     books_balance(&l);
     std::fs::remove_dir_all(&tmp).unwrap();
 }

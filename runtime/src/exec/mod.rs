@@ -254,7 +254,12 @@ impl<'m> Session<'m> {
                 Err(e) => return Err(e),
             }
         }
-        self.run(tokens, rows)
+        let r = self.run(tokens, rows);
+        if let Err(ExecError::RamCache(_)) = &r {
+            // A failed read stopped the forward part way: the cache keeps only whole forwards.
+            self.truncate(self.pos);
+        }
+        r
     }
 
     /// One token for each of `sessions` (all of the same model, on the CPU) in one forward:

@@ -480,7 +480,7 @@ impl RamCache {
             line.push_str(&format!("device tier {dev} ({:.1}%), ", pct(dev)));
         }
         line.push_str(&format!(
-            "RAM cache {} ({:.1}%), disk {} ({:.1}%) of {routed} routed pairs | disk: {} experts read, {} ({} per token), {:.1} ms reading, {}/s | RAM: {held} experts held, {} of {}, {} kept, {} evicted, {} served once, {} moved to a device",
+            "RAM cache {} ({:.1}%), disk {} ({:.1}%) of {routed} routed pairs | disk: {} experts read, {} ({} per token), {:.1} ms reading, {}/s, {} | RAM: {held} experts held, {} of {}, {} kept, {} evicted, {} served once, {} moved to a device",
             s.hit_pairs,
             pct(s.hit_pairs),
             s.disk_pairs,
@@ -490,6 +490,7 @@ impl RamCache {
             human(per_token),
             secs * 1e3,
             human(rate as u64),
+            if self.pool.direct() { "direct I/O" } else { "buffered" },
             human(b.held),
             human(self.budget),
             s.kept,
