@@ -10,12 +10,12 @@ use crate::device2_args::SecondDeviceArgs;
 use crate::engine_args::{heading, message, DeviceArgs, ModelArgs, DEFAULT_CHUNK};
 use crate::kv_args::KvSplitArgs;
 use crate::progress::Progress;
+use crate::ram_args::RamArgs;
 use crate::tier_args::TierArgs;
 use clap::Args;
 use coli_compiler::Options;
 use coli_runtime::engine::{Engine, EngineOptions, Stage};
 use coli_runtime::model::LoadOptions;
-use coli_runtime::ramcache::RamOptions;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -43,17 +43,8 @@ pub struct LoadArgs {
     pub tier: TierArgs,
     #[command(flatten)]
     pub kv: KvSplitArgs,
-    /// The RAM expert cache's budget in MiB: the CPU computes routed experts from copies held
-    /// within it and reads the others from the checkpoint file as needed (default: no cache,
-    /// experts read through the file's memory map).
-    #[arg(long, value_parser = checks::mib, help_heading = heading::EXPERT_TIER)]
-    pub ram_mib: Option<u64>,
-    /// Reader threads of the RAM cache's disk reads.
-    #[arg(long, default_value_t = 4, value_parser = checks::rows, help_heading = heading::EXPERT_TIER)]
-    pub ram_readers: usize,
-    /// Buffered reads for the RAM cache (default: direct I/O where the file system takes it).
-    #[arg(long, help_heading = heading::EXPERT_TIER)]
-    pub no_direct_io: bool,
+    #[command(flatten)]
+    pub ram: RamArgs,
 }
 
 impl LoadArgs {
@@ -103,11 +94,7 @@ impl LoadArgs {
             device: self.device.request(vk),
             tier: self.tier.options(&path, true),
             host_copies: self.dense.host_copies(),
-            ram: RamOptions {
-                budget: self.ram_mib.map(|m| m << 20),
-                readers: self.ram_readers,
-                direct_io: !self.no_direct_io,
-            },
+            ram: self.ram.options(),
             ..EngineOptions::default()
         };
         let engine = Engine::load_with_progress(&path, &opts, &mut progress).map_err(message)?;
