@@ -45,7 +45,7 @@ const FORMATS: [(WeightFormat, usize); 13] = [
 ];
 
 use coli_compiler::ir::GluKind;
-use coli_runtime::cpu::experts::{routed_experts, ExpertMats};
+use coli_runtime::cpu::experts::{routed_experts, ExpertMats, Routed};
 use coli_runtime::cpu::linear::linear;
 use coli_runtime::cpu::Precision;
 use coli_runtime::format::{Matrix, WeightFormat};
@@ -282,7 +282,13 @@ fn moe_case(ctx: &Context, layer: &Layer, n: usize, top_k: usize, glu: GluKind, 
     let x = rng.vec(n * h, 1.0);
     let rt = skewed_routing(n, top_k, layer.experts, rng);
     let mut want = vec![0f32; n * h];
-    routed_experts(&x, n, h, &rt, top_k, glu, Precision::Fast, &|e| layer.mats(e), &mut want);
+    routed_experts(
+        Routed { x: &x, n, hidden: h, routing: &rt, top_k },
+        glu,
+        Precision::Fast,
+        &|e| layer.mats(e),
+        &mut want,
+    );
     let what = format!(
         "experts {:?} E={} {}x{} n={n} top {top_k} {glu:?} bias={}",
         layer.format,

@@ -13,7 +13,7 @@
 mod vk_common;
 
 use coli_compiler::ir::{GluKind, RouterScoring};
-use coli_runtime::cpu::experts::{routed_experts, ExpertMats};
+use coli_runtime::cpu::experts::{routed_experts, ExpertMats, Routed};
 use coli_runtime::cpu::route::{route_row, RouteSpec};
 use coli_runtime::cpu::Precision;
 use coli_runtime::format::{Matrix, WeightFormat};
@@ -83,7 +83,7 @@ fn check(layer: &Layer, n: usize, top_k: usize, glu: GluKind, precision: Precisi
     let x = rng.vec(n * h, 1.0);
     let rt = routing(n, top_k, layer.experts, rng);
     let mut want = vec![0f32; n * h];
-    routed_experts(&x, n, h, &rt, top_k, glu, precision, &|e| layer.mats(e), &mut want);
+    routed_experts(Routed { x: &x, n, hidden: h, routing: &rt, top_k }, glu, precision, &|e| layer.mats(e), &mut want);
     let dev = ctx.upload_experts(layer.experts, &|e| layer.mats(e)).unwrap();
     let scratch = ctx.moe_scratch(n, top_k, h, layer.ffn, layer.experts).unwrap();
     // Views at offsets inside larger buffers.
@@ -128,7 +128,13 @@ fn norm_input_and_residual_store_match_cpu() {
                 coli_runtime::cpu::norm::rms_norm(hr, xr, &nw, 1e-5, 0.0);
             }
             let mut moe = vec![0f32; n * hidden];
-            routed_experts(&x, n, hidden, &rt, top_k, glu, Precision::Fast, &|e| layer.mats(e), &mut moe);
+            routed_experts(
+                Routed { x: &x, n, hidden, routing: &rt, top_k },
+                glu,
+                Precision::Fast,
+                &|e| layer.mats(e),
+                &mut moe,
+            );
             let want: Vec<f32> = h.iter().zip(&moe).map(|(a, b)| a + b).collect();
             let dev = ctx.upload_experts(layer.experts, &|e| layer.mats(e)).unwrap();
             let scratch = ctx.moe_scratch(n, top_k, hidden, ffn, layer.experts).unwrap();
@@ -255,7 +261,13 @@ fn routing_on_the_device_feeds_the_experts() {
             route_row(&spec, &logits[r * e..(r + 1) * e], &mut rt[r * 2 * top_k..(r + 1) * 2 * top_k]);
         }
         let mut want = vec![0f32; n * h];
-        routed_experts(&x, n, h, &rt, top_k, GluKind::SwiGlu, Precision::Fast, &|i| layer.mats(i), &mut want);
+        routed_experts(
+            Routed { x: &x, n, hidden: h, routing: &rt, top_k },
+            GluKind::SwiGlu,
+            Precision::Fast,
+            &|i| layer.mats(i),
+            &mut want,
+        );
         let dev = ctx.upload_experts(e, &|i| layer.mats(i)).unwrap();
         let scratch = ctx.moe_scratch(n, top_k, h, layer.ffn, e).unwrap();
         let (xb, lb) = (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&logits).unwrap());
@@ -351,11 +363,7 @@ fn tier_pairs_in_slots_match_cpu_pair_outputs() {
             }
             let mut want = vec![0f32; n * top_k * hidden];
             pair_outputs(
-                &x,
-                n,
-                hidden,
-                &rt,
-                top_k,
+                Routed { x: &x, n, hidden, routing: &rt, top_k },
                 &all,
                 GluKind::SwiGlu,
                 Precision::Fast,

@@ -9,6 +9,7 @@ use coli_compiler::ir::GluKind;
 use rayon::prelude::*;
 
 /// The three matrices of one expert.
+#[derive(Clone, Copy)]
 pub struct ExpertMats<'a> {
     pub gate: Matrix<'a>,
     pub up: Matrix<'a>,
@@ -84,42 +85,45 @@ pub fn pair_expert(routing: &[f32], top_k: usize, r: usize, k: usize) -> usize {
 /// One expert's pairs (row, rank) and their output rows.
 type GroupRows = (Vec<(usize, usize)>, Vec<f32>);
 
-/// `out[r] = sum over ranks k of weight[r,k] * expert[r,k](x[r])`. `routing` holds per row
-/// `top_k` pairs `(expert, weight)`. `expert(e)` gives expert `e`'s matrices.
-#[allow(clippy::too_many_arguments)]
+/// A MoE step's rows: `x` (`n x hidden`) and `routing` (per row `top_k` pairs `(expert,
+/// weight)`).
+#[derive(Clone, Copy)]
+pub struct Routed<'r> {
+    pub x: &'r [f32],
+    pub n: usize,
+    pub hidden: usize,
+    pub routing: &'r [f32],
+    pub top_k: usize,
+}
+
+/// `out[r] = sum over ranks k of weight[r,k] * expert[r,k](x[r])`. `expert(e)` gives expert
+/// `e`'s matrices.
 pub fn routed_experts<'a>(
-    x: &[f32],
-    n: usize,
-    hidden: usize,
-    routing: &[f32],
-    top_k: usize,
+    rows: Routed,
     kind: GluKind,
     precision: Precision,
     expert: &(dyn Fn(usize) -> ExpertMats<'a> + Sync),
     out: &mut [f32],
 ) {
+    let Routed { n, hidden, routing, top_k, .. } = rows;
     let pairs: Vec<(usize, usize)> = (0..n).flat_map(|r| (0..top_k).map(move |k| (r, k))).collect();
     let mut table = vec![0.0f32; n * top_k * hidden];
-    pair_outputs(x, n, hidden, routing, top_k, &pairs, kind, precision, expert, &mut table);
+    pair_outputs(rows, &pairs, kind, precision, expert, &mut table);
     join_ranks(routing, n, top_k, hidden, &table, out);
 }
 
 /// Runs the experts of `pairs` ((row, rank), grouped here by expert, each expert one batched
 /// matmul over its rows) and writes each pair's output, not weighted, into its row of `table`
 /// (`(r * top_k + k) x hidden`). Other rows of the table are left as they were.
-#[allow(clippy::too_many_arguments)]
 pub fn pair_outputs<'a>(
-    x: &[f32],
-    n: usize,
-    hidden: usize,
-    routing: &[f32],
-    top_k: usize,
+    rows: Routed,
     pairs: &[(usize, usize)],
     kind: GluKind,
     precision: Precision,
     expert: &(dyn Fn(usize) -> ExpertMats<'a> + Sync),
     table: &mut [f32],
 ) {
+    let Routed { x, n, hidden, routing, top_k } = rows;
     let mut by_expert: std::collections::BTreeMap<usize, Vec<(usize, usize)>> = Default::default();
     for &(r, k) in pairs {
         by_expert.entry(pair_expert(routing, top_k, r, k)).or_default().push((r, k));

@@ -299,7 +299,8 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             let expert = |e: usize| experts::ExpertMats::of(ws, weights, e);
             let (xs, rt) = (env.get(*x).to_vec(), env.get(*routing).to_vec());
             let mut o = env.take(*out);
-            experts::routed_experts(&xs, n, hidden, &rt, top_k, *glu, env.precision, &expert, &mut o);
+            let rows = experts::Routed { x: &xs, n, hidden, routing: &rt, top_k };
+            experts::routed_experts(rows, *glu, env.precision, &expert, &mut o);
             env.put(*out, o);
         }
         Op::Mla { x, out, layer, spec } => {

@@ -74,6 +74,9 @@ pub enum EngineError {
     /// A prompt id past the vocabulary.
     #[error("token id {id} is outside the vocabulary of {vocab}")]
     TokenOutOfVocab { id: u32, vocab: usize },
+    /// The RAM expert cache could not open the checkpoint's files for its reads.
+    #[error(transparent)]
+    RamCache(#[from] crate::ramcache::RamError),
     /// The generation loop stopped on an error.
     #[error(transparent)]
     Generate(#[from] GenerateError),

@@ -7,8 +7,9 @@
 //! a path is looked for in the hub's cache, `model::hub`); the spec (a given file, else the built-in one
 //! serving the checkpoint's architecture, `specs`); open the devices and probe their profile
 //! (`devices`); compile the plan; resolve the weights; load the device frames, one layer fewer
-//! on a device that refuses a layer at setup, and release the host copies of what the devices
-//! hold when asked (`place`); build the tokenizer (`tokenizer`). Beside the checkpoint, its
+//! on a device that refuses a layer at setup; the RAM expert cache when it has a budget
+//! (`ramcache`); release the host copies of what the devices hold when asked (`place`); build
+//! the tokenizer (`tokenizer`). Beside the checkpoint, its
 //! `generation_config.json` (`generation`) gives stop ids and sampling defaults.
 //!
 //! Must not: parse flags, print, or read environment variables (front ends do; the one
@@ -137,6 +138,9 @@ impl Engine {
         let from =
             place::Compile { spec: &spec, bindings: &bindings, profile: &opened.profile, options: &opts.compile };
         let device = place::load_chain(&opened.ctxs, &mut plan, &model, &from, &opts.tier, &mut note, progress)?;
+        // Before any host copy is released: the cache finds the experts' bytes in the files.
+        let ram = crate::ramcache::RamCache::new(&model.program, &model.weights, &opts.ram)?;
+        model.set_ram_cache(ram);
         if device.is_some() {
             place::release_host_copies(opts.host_copies, &opened.ctxs, &plan, &mut model, &mut checkpoint, &mut note);
         } else if opened.opened {
@@ -213,6 +217,20 @@ impl Engine {
     /// The expert tier's line (its budget and slots, or why there is none), on a device.
     pub fn tier_line(&self) -> Option<&str> {
         self.device.as_ref().and_then(|d| d.tier_line())
+    }
+
+    /// The RAM expert cache's startup line (its budget, how many experts fit, the rule), when
+    /// there is a cache.
+    pub fn ram_line(&self) -> Option<&str> {
+        self.model.ram_cache().map(|r| r.line())
+    }
+
+    /// The per-run line of the routed pairs by where their expert came from (device tier, RAM
+    /// cache, disk), with the bytes read from disk and the read rate; `None` without a cache.
+    pub fn ram_summary(&self) -> Option<String> {
+        let r = self.model.ram_cache()?;
+        let tier = self.device.as_ref().and_then(|d| d.with_tier(|t| (t.stats().device, t.stats().routed)));
+        Some(r.summary(tier))
     }
 
     /// The KV split of the device layers, when they run on a device and split.

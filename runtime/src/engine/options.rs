@@ -1,5 +1,5 @@
 //! What `Engine::load` is asked to do: where to run (`DeviceRequest`), the spec, the compile
-//! and checkpoint options, the expert tier's options, what becomes of the host copies of the
+//! and checkpoint options, the expert tier's options, the RAM expert cache's budget, what becomes of the host copies of the
 //! weights the devices hold (`HostCopies`), and the stages progress is reported for.
 //!
 //! Must not: read flags or environment variables; this is plain data a caller fills in.
@@ -8,6 +8,7 @@ use coli_compiler::{DeviceProfile, Options};
 use std::path::PathBuf;
 
 use crate::model::LoadOptions;
+use crate::ramcache::RamOptions;
 use crate::tier::TierOptions;
 use crate::vk::VkOptions;
 
@@ -87,6 +88,9 @@ pub struct EngineOptions {
     pub second_device: Option<VkOptions>,
     /// The expert tier's options (on a device with routed experts through host steps).
     pub tier: TierOptions,
+    /// The RAM expert cache (`budget: None`, the default: none; the CPU reads routed experts
+    /// from the checkpoint's map).
+    pub ram: RamOptions,
     /// What becomes of the host copies of what the devices hold.
     pub host_copies: HostCopies,
     /// The fewest positions the model's own context must hold, checked on the plan before any

@@ -1,6 +1,7 @@
 //! Runs a host frame's calls on the CPU op library: each `Kernel::Op` through `cpu::run_op`, a
 //! `Linears` group through `cpu::run_linears` (one by one at `Precision::Exact`), and the routed
-//! experts of a layer the expert tier serves through the tier. A call of the epilogue
+//! experts of a layer the expert tier serves through the tier, else of a layer the RAM expert
+//! cache serves through the cache (`ramcache`). A call of the epilogue
 //! (`Rows::Tail`) runs on the step's last row alone when only that row's logits are wanted:
 //! its inputs' last rows go into a table of one-row buffers, and its outputs come back into
 //! the last row of the step's buffers, so every buffer keeps the step's rows (a later device
@@ -14,8 +15,9 @@
 
 use super::step::{HostRows, Step};
 use super::{ExecError, LogitRows, Model};
+use crate::cpu::experts::Routed;
 use crate::cpu::{run_linears, run_op, Env, Precision};
-use crate::tier::ExpertTier;
+use crate::tier::{ExpertTier, TierRunError, TierStep};
 use coli_compiler::ir::op_io;
 use coli_compiler::ir::{Op, ValueId};
 use coli_compiler::schedule::{Call, Kernel, Rows};
@@ -122,21 +124,35 @@ fn run_call(kernel: &Kernel, model: &Model, env: &mut Env, tier: Option<&Mutex<E
             }
         }
         Kernel::Op(op @ Op::RoutedExperts { layer, x, routing, out, .. }) => {
-            if let Some(t) = tier {
-                let mut t = ExpertTier::locked(t);
-                if t.serves(layer.0 as usize) {
-                    let (n, widths) = (env.n, env.widths);
-                    let v = &mut *env.values;
-                    let xs = v[x.0 as usize][..n * widths[x.0 as usize]].to_vec();
-                    let rt = v[routing.0 as usize][..n * widths[routing.0 as usize]].to_vec();
-                    let o = &mut v[out.0 as usize];
-                    o.resize(n * widths[out.0 as usize], 0.0);
-                    t.run(&model.weights, op, &xs, &rt, n, &mut o[..n * widths[out.0 as usize]], env.precision)
-                        .map_err(ExecError::Device)?;
-                    return Ok(());
-                }
+            let l = layer.0 as usize;
+            let ram = model.ram_cache();
+            let mut tier = tier.map(ExpertTier::locked).filter(|t| t.serves(l));
+            if tier.is_none() && !ram.is_some_and(|r| r.serves(l)) {
+                run_op(op, env)?;
+                return Ok(());
             }
-            run_op(op, env)?;
+            let (n, widths) = (env.n, env.widths);
+            let v = &mut *env.values;
+            let xs = v[x.0 as usize][..n * widths[x.0 as usize]].to_vec();
+            let rt = v[routing.0 as usize][..n * widths[routing.0 as usize]].to_vec();
+            let o = &mut v[out.0 as usize];
+            o.resize(n * widths[out.0 as usize], 0.0);
+            let o = &mut o[..n * widths[out.0 as usize]];
+            match (tier.as_mut(), ram) {
+                (Some(t), _) => {
+                    let step = TierStep { op, x: &xs, routing: &rt, n, precision: env.precision };
+                    t.run(&model.weights, ram, step, o).map_err(|e| match e {
+                        TierRunError::Device(e) => ExecError::Device(e),
+                        TierRunError::Ram(e) => ExecError::RamCache(e),
+                    })?;
+                }
+                (None, Some(r)) => {
+                    let top_k = widths[routing.0 as usize] / 2;
+                    let rows = Routed { x: &xs, n, hidden: widths[x.0 as usize], routing: &rt, top_k };
+                    r.run(&model.weights, op, rows, o, env.precision)?;
+                }
+                (None, None) => {}
+            }
         }
         Kernel::Op(op) => run_op(op, env)?,
         other => {

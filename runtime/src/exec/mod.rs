@@ -38,6 +38,8 @@ pub enum ExecError {
     Unsupported { lib: String, op: &'static str, layer: String },
     #[error("device: {0}")]
     Device(crate::vk::VkError),
+    #[error(transparent)]
+    RamCache(#[from] crate::ramcache::RamError),
     #[error("context full: {need} positions needed, the context holds {max}")]
     ContextFull { need: usize, max: usize },
     #[error("cannot go back from position {from} to {to}: layer {layer} keeps a recurrent state, which goes back only to position 0")]
@@ -50,11 +52,13 @@ pub enum ExecError {
     Batch(&'static str),
 }
 
-/// A program with its weights resolved, and its schedule on the CPU alone.
+/// A program with its weights resolved, its schedule on the CPU alone, and the RAM expert
+/// cache the CPU reads routed experts through when the engine gave it one.
 pub struct Model {
     pub program: Program,
     pub weights: WeightStore,
     cpu: Schedule,
+    ram: Option<crate::ramcache::RamCache>,
 }
 
 impl Model {
@@ -81,7 +85,17 @@ impl Model {
         let weights = WeightStore::load(ckpt, &program, progress)?;
         weights::name_row_selections(&mut program);
         let cpu = Schedule::host_only(&program);
-        Ok(Model { program, weights, cpu })
+        Ok(Model { program, weights, cpu, ram: None })
+    }
+
+    /// The RAM expert cache, when there is one.
+    pub fn ram_cache(&self) -> Option<&crate::ramcache::RamCache> {
+        self.ram.as_ref()
+    }
+
+    /// Gives the model a RAM expert cache (`None`: the CPU reads experts from the map).
+    pub fn set_ram_cache(&mut self, ram: Option<crate::ramcache::RamCache>) {
+        self.ram = ram;
     }
 
     /// The schedule of a run on the CPU alone: every op in one host frame.
@@ -240,7 +254,12 @@ impl<'m> Session<'m> {
                 Err(e) => return Err(e),
             }
         }
-        self.run(tokens, rows)
+        let r = self.run(tokens, rows);
+        if let Err(ExecError::RamCache(_)) = &r {
+            // A failed read stopped the forward part way: the cache keeps only whole forwards.
+            self.truncate(self.pos);
+        }
+        r
     }
 
     /// One token for each of `sessions` (all of the same model, on the CPU) in one forward:

@@ -24,6 +24,9 @@ pub(crate) fn forward(
     if let Some((c, st)) = chain.as_mut() {
         c.begin_forward(st, host.kv, step);
     }
+    if let Some(r) = model.ram_cache() {
+        r.begin_forward(step.tokens.len());
+    }
     let tier = chain.as_ref().and_then(|(c, _)| c.tier());
     for f in &schedule.frames {
         match f.place {

@@ -98,6 +98,15 @@ impl Tensor {
         matches!(self.data, Data::Mapped { .. })
     }
 
+    /// Where a mapped tensor's bytes start in its file (`None` for an owned tensor): the RAM
+    /// expert cache reads experts from there with positioned reads instead of the map.
+    pub fn file_offset(&self) -> Option<u64> {
+        match &self.data {
+            Data::Mapped { start, .. } => Some(*start as u64),
+            Data::Owned(_) => None,
+        }
+    }
+
     /// The file the tensor was read from.
     pub fn source(&self) -> &Path {
         &self.source

@@ -40,25 +40,25 @@
 //! (the session drops every device and the tier with them), or let a slot serve before its
 //! upload completed.
 
-pub mod heat;
+pub use crate::heat;
 pub mod history;
 mod options;
+mod report;
 mod side;
 pub mod slots;
 
-use crate::cpu::experts::{join_ranks, pair_expert, pair_outputs, ExpertMats};
-use crate::cpu::Precision;
+use crate::cpu::experts::{join_ranks, pair_expert, pair_outputs, ExpertMats, Routed};
+use crate::heat::{beats, Heat};
+use crate::ramcache::{Fetched, RamCache};
 use crate::store::weights::WeightStore;
 use crate::vk::{Context, PackedExpert, VkError};
 use coli_compiler::cost::human;
 use coli_compiler::ir::{ExpertWeights, GluKind, Op, Program};
-use heat::{beats, Heat};
 use history::History;
-pub use options::{TierDevice, TierDeviceStats, TierOptions, TierStats};
+pub use options::{TierDevice, TierDeviceStats, TierOptions, TierRunError, TierStats, TierStep};
 use rayon::prelude::*;
 use side::{DeviceSide, SideJob, SideSetup, SlotShape};
 use slots::{SlotState, Slots};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -302,26 +302,6 @@ impl ExpertTier {
         self.slots.len()
     }
 
-    /// Per device the tier holds slots on (the primary first): (the chain's device index,
-    /// slots, experts serving, pairs served, uploads).
-    pub fn devices(&self) -> Vec<TierDeviceStats> {
-        self.sides
-            .iter()
-            .map(|d| {
-                let serving = (d.first..d.first + d.slots())
-                    .filter(|&s| matches!(self.slots.state(s), SlotState::Serving(..)))
-                    .count();
-                TierDeviceStats {
-                    device: d.device,
-                    slots: d.slots(),
-                    resident: serving,
-                    pairs: d.pairs,
-                    uploads: d.uploads,
-                }
-            })
-            .collect()
-    }
-
     /// Whether the tier serves layer `layer`'s routed experts.
     pub fn serves(&self, layer: usize) -> bool {
         self.index.get(layer).is_some_and(Option::is_some)
@@ -436,21 +416,20 @@ impl ExpertTier {
         Ok(&mut self.sides[i])
     }
 
-    /// Runs a `RoutedExperts` op of a layer the tier serves over `n` rows: `x` (`n x hidden`),
-    /// `routing` (`n x 2 top_k`), the sum into `out` (`n x hidden`).
-    #[allow(clippy::too_many_arguments)]
+    /// Runs a `RoutedExperts` op of a layer the tier serves over `step`'s rows: `x` (`n x
+    /// hidden`), `routing` (`n x 2 top_k`), the sum into `out` (`n x hidden`). The CPU's pairs
+    /// read their experts from `ram` when it serves the layer (the experts the tier holds are
+    /// not kept there), else from the weight store.
     pub fn run(
         &mut self,
         ws: &WeightStore,
-        op: &Op,
-        x: &[f32],
-        routing: &[f32],
-        n: usize,
+        ram: Option<&RamCache>,
+        step: TierStep,
         out: &mut [f32],
-        precision: Precision,
-    ) -> Result<(), VkError> {
+    ) -> Result<(), TierRunError> {
+        let TierStep { op, x, routing, n, precision } = step;
         let Op::RoutedExperts { layer, glu, .. } = op else {
-            return Err(VkError::BadArgument { op: "tier", msg: "not a routed-experts op".into() });
+            return Err(VkError::BadArgument { op: "tier", msg: "not a routed-experts op".into() }.into());
         };
         let l = layer.0 as usize;
         let t = self
@@ -459,6 +438,8 @@ impl ExpertTier {
             .copied()
             .flatten()
             .ok_or_else(|| VkError::BadArgument { op: "tier", msg: format!("{layer} is not a tier layer") })?;
+        let ram_in = ram;
+        let ram = ram.filter(|r| r.serves(l));
         let (hidden, top_k) = (self.hidden, routing.len() / n.max(1) / 2);
         if n > self.cap_rows || top_k > self.top_k || x.len() != n * hidden || out.len() != n * hidden {
             return Err(VkError::BadArgument {
@@ -469,10 +450,11 @@ impl ExpertTier {
                     self.cap_rows,
                     self.top_k
                 ),
-            });
+            }
+            .into());
         }
         if self.opts.deterministic {
-            self.upload_pending(ws)?;
+            self.upload_pending(ws, ram_in)?;
         }
         // 1. Heat, and who computes each pair: the device holding its expert's slot, or the CPU.
         let mut dev_pairs = Vec::new();
@@ -484,7 +466,8 @@ impl ExpertTier {
                     return Err(VkError::BadArgument {
                         op: "tier",
                         msg: format!("{layer}: routed to expert {e} of {}", self.layers[t].experts),
-                    });
+                    }
+                    .into());
                 }
                 self.heat.route(t, e);
                 self.counts[t * self.experts + e] += 1;
@@ -525,6 +508,19 @@ impl ExpertTier {
                 _ => None,
             })
             .collect();
+        // A promotion packs from the RAM cache's copy when it holds one, else from the store.
+        let from_ram: Vec<Option<Fetched>> =
+            pending.iter().map(|&(_, pl, pe)| ram_in.and_then(|r| r.held(self.layers[pl].layer, pe))).collect();
+        let mut pending_mats = Vec::with_capacity(pending.len());
+        for (&(_, pl, pe), f) in pending.iter().zip(&from_ram) {
+            pending_mats.push(
+                match (ram_in, f) {
+                    (Some(r), Some(f)) => r.mats(ws, f, pe)?,
+                    _ => None,
+                }
+                .unwrap_or_else(|| ExpertMats::of(ws, &self.layers[pl].weights, pe)),
+            );
+        }
         let mut jobs: Vec<SideJob> = Vec::with_capacity(self.sides.len());
         for (i, side) in self.sides.iter().enumerate() {
             let mine = |s: &usize| side.owns(*s);
@@ -535,8 +531,9 @@ impl ExpertTier {
                 rounds: if i == 0 { rounds } else { 0 },
                 pending: pending
                     .iter()
-                    .filter(|p| mine(&p.0))
-                    .map(|&(s, pl, pe)| (s, s - side.first, ExpertMats::of(ws, &self.layers[pl].weights, pe)))
+                    .zip(&pending_mats)
+                    .filter(|(p, _)| mine(&p.0))
+                    .map(|(&(s, _, _), m)| (s, s - side.first, *m))
                     .collect(),
             });
         }
@@ -548,6 +545,20 @@ impl ExpertTier {
         //    flight at once), the CPU's pairs here; then every worker joins.
         let mut table = vec![0.0f32; n * top_k * hidden];
         let expert = |e: usize| ExpertMats::of(ws, &tl.weights, e);
+        // The CPU's experts out of RAM (read from disk on a miss), none kept that the tier holds.
+        let fetched = match ram {
+            Some(r) if !cpu_pairs.is_empty() => {
+                let want = crate::ramcache::pairs_per_expert(routing, top_k, &cpu_pairs);
+                let slots = &self.slots;
+                Some(r.fetch(l, &want, &|e| !slots.holds(t, e))?)
+            }
+            _ => None,
+        };
+        let ram_table = match (ram, &fetched) {
+            (Some(r), Some(f)) => r.table(ws, f)?,
+            _ => Vec::new(),
+        };
+        let cpu_expert = |e: usize| ram_table.get(e).copied().flatten().unwrap_or_else(|| expert(e));
         let cpu_done = AtomicBool::new(false);
         let t0 = Instant::now();
         let (results, cpu_time) = std::thread::scope(|sc| {
@@ -558,11 +569,13 @@ impl ExpertTier {
                 .zip(&touched)
                 .map(|((side, job), touched)| {
                     let (expert, cpu_done) = (&expert, &cpu_done);
-                    sc.spawn(move || side.work(job, touched, expert, n, *glu, precision, cpu_done))
+                    let batch = side::Batch { n, glu: *glu, precision };
+                    sc.spawn(move || side.work(job, touched, expert, batch, cpu_done))
                 })
                 .collect();
             if !cpu_pairs.is_empty() {
-                pair_outputs(x, n, hidden, routing, top_k, &cpu_pairs, *glu, precision, &expert, &mut table);
+                let rows = Routed { x, n, hidden, routing, top_k };
+                pair_outputs(rows, &cpu_pairs, *glu, precision, &cpu_expert, &mut table);
             }
             cpu_done.store(true, Ordering::Release);
             let cpu_time = t0.elapsed();
@@ -599,7 +612,7 @@ impl ExpertTier {
         for (s, r) in done_all {
             match r {
                 Ok(()) => {
-                    self.slots.settle(s);
+                    self.settle(s, ram_in);
                     self.stats.uploads += 1;
                     self.stats.upload_bytes += self.expert_bytes as u64;
                     self.side_of(s)?.uploads += 1;
@@ -608,7 +621,7 @@ impl ExpertTier {
                     self.slots.abandon(s);
                     self.stats.failed += 1;
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
         // The devices' pair outputs come down, each side's pairs into the table beside the
@@ -712,76 +725,37 @@ impl ExpertTier {
         out.into_iter().enumerate().map(|(i, e)| (e, i / page.experts, i % page.experts)).collect()
     }
 
+    /// The upload into slot `s` completed: it serves, and the RAM cache lets its expert go.
+    fn settle(&mut self, s: usize, ram: Option<&RamCache>) {
+        self.slots.settle(s);
+        if let (Some(r), SlotState::Serving(l, e)) = (ram, self.slots.state(s)) {
+            r.forget(self.layers[l as usize].layer, e as usize);
+        }
+    }
+
     /// Uploads every pending promotion now (deterministic mode, and the end of a run).
-    fn upload_pending(&mut self, ws: &WeightStore) -> Result<(), VkError> {
+    fn upload_pending(&mut self, ws: &WeightStore, ram: Option<&RamCache>) -> Result<(), TierRunError> {
         for s in std::mem::take(&mut self.pending) {
             let SlotState::Loading(l, e) = self.slots.state(s) else { continue };
-            let p = self.pack(ws, l as usize, e as usize)?;
+            let (l, e) = (l as usize, e as usize);
+            let held = ram.and_then(|r| r.held(self.layers[l].layer, e));
+            let p = match (ram, &held) {
+                (Some(r), Some(f)) => match r.mats(ws, f, e)? {
+                    Some(m) => Context::pack_expert(&m, self.with_bias)?,
+                    None => self.pack(ws, l, e)?,
+                },
+                _ => self.pack(ws, l, e)?,
+            };
             match self.upload(s, &p) {
-                Ok(()) => self.slots.settle(s),
+                Ok(()) => self.settle(s, ram),
                 Err(VkError::OutOfMemory { .. }) => {
                     self.slots.abandon(s);
                     self.stats.failed += 1;
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(())
-    }
-
-    /// The per-run line: where the routed pairs ran, what is resident, what moved, and the
-    /// time the batches took and the CPU waited for them.
-    pub fn summary(&self) -> String {
-        let s = &self.stats;
-        let share = if s.routed == 0 { 0.0 } else { 100.0 * s.device as f64 / s.routed as f64 };
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let resident = self.slots.resident();
-        let mut line = format!(
-            "expert tier run: device {} of {} routed pairs ({share:.1}%), CPU {} | resident {resident} of {} slots ({} of {}) | uploads {} ({}, {} warm), evictions {}, skipped {} (rate or queue), failed {} | batches {:.1} ms, CPU share {:.1} ms, waited {:.1} ms | streamed {} experts ({} pairs)",
-            s.device,
-            s.routed,
-            s.routed - s.device,
-            self.slots.len(),
-            human((resident * self.expert_bytes) as u64),
-            human(self.budget),
-            s.uploads,
-            human(s.upload_bytes),
-            s.warm,
-            s.evictions,
-            s.skipped,
-            s.failed,
-            ms(s.batch),
-            ms(s.cpu),
-            ms(s.waited),
-            s.streamed,
-            s.streamed_pairs,
-        );
-        if self.sides.len() > 1 {
-            let per: Vec<String> = self
-                .devices()
-                .iter()
-                .map(|d| {
-                    format!(
-                        "d{}: {} pairs, resident {} of {} slots, {} uploads",
-                        d.device, d.pairs, d.resident, d.slots, d.uploads
-                    )
-                })
-                .collect();
-            line.push_str(&format!(" | {}", per.join("; ")));
-        }
-        line
-    }
-
-    /// Merges this run's routings into the history file; `Ok(None)` without one.
-    pub fn save_history(&self) -> Result<Option<PathBuf>, history::HistoryError> {
-        let Some(path) = &self.opts.history else { return Ok(None) };
-        let mut h = History::new(self.experts);
-        for (t, l) in self.layers.iter().enumerate() {
-            h.add(l.layer, &self.counts[t * self.experts..(t + 1) * self.experts]);
-        }
-        // `index` spans the model's layers: a line past them in the file is dropped.
-        h.merge_into(path, self.index.len())?;
-        Ok(Some(path.clone()))
     }
 }
 

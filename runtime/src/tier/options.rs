@@ -1,7 +1,11 @@
-//! The expert tier's options (what the CLI's tier flags set), the devices it is given, and
-//! what it reports: its totals for the per-run line and each device's share.
+//! The expert tier's options (what the CLI's tier flags set), the devices it is given, a step
+//! it is asked to run and how that fails, and what it reports: its totals for the per-run line
+//! and each device's share.
 
-use crate::vk::Context;
+use crate::cpu::Precision;
+use crate::ramcache::RamError;
+use crate::vk::{Context, VkError};
+use coli_compiler::ir::Op;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -89,4 +93,25 @@ pub struct TierDevice {
     pub device: usize,
     pub budget: u64,
     pub rule: String,
+}
+
+/// One MoE step the tier runs (`ExpertTier::run`): the op, its `n` rows `x` and their
+/// routing, and the precision of the CPU's products.
+#[derive(Clone, Copy)]
+pub struct TierStep<'a> {
+    pub op: &'a Op,
+    pub x: &'a [f32],
+    pub routing: &'a [f32],
+    pub n: usize,
+    pub precision: Precision,
+}
+
+/// Why a tier step failed: a device (the session goes on without devices), or the RAM
+/// cache's reads (the forward fails).
+#[derive(Debug, thiserror::Error)]
+pub enum TierRunError {
+    #[error(transparent)]
+    Device(#[from] VkError),
+    #[error(transparent)]
+    Ram(#[from] RamError),
 }

@@ -86,6 +86,14 @@ impl SideJob<'_> {
     }
 }
 
+/// The step's rows and how its experts compute (the kernels' gated unit and precision).
+#[derive(Clone, Copy)]
+pub(super) struct Batch {
+    pub n: usize,
+    pub glu: GluKind,
+    pub precision: Precision,
+}
+
 /// What a side's worker did: the batch's time and the streaming's (host time, submit to
 /// fence), and each promotion it reached with its upload's result.
 pub(super) type SideDone = (Duration, Duration, Vec<(usize, Result<(), VkError>)>);
@@ -272,17 +280,15 @@ impl DeviceSide {
     /// streamed experts (written into the staging slots, then run; the last submission copies
     /// the outputs down), then the promotions waiting for this side's slots while the CPU still
     /// computes (at least one a step, so they drain).
-    #[allow(clippy::too_many_arguments)]
     pub fn work<'m>(
         &self,
         job: &SideJob<'m>,
         touched: &[bool],
         expert: &(dyn Fn(usize) -> ExpertMats<'m> + Sync),
-        n: usize,
-        glu: GluKind,
-        precision: Precision,
+        batch: Batch,
         cpu_done: &AtomicBool,
     ) -> Result<SideDone, VkError> {
+        let Batch { n, glu, precision } = batch;
         let (top_k, hidden) = (self.top_k, self.hidden);
         let with_bias = self.has_bias();
         let tb = Instant::now();

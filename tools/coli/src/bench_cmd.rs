@@ -51,6 +51,8 @@ pub struct BenchArgs {
     pub dense: crate::dense_args::DenseArgs,
     #[command(flatten)]
     pub tier: TierArgs,
+    #[command(flatten)]
+    pub ram: crate::ram_args::RamArgs,
     /// Routed experts on the CPU (no expert tier), for comparison.
     #[arg(long, help_heading = heading::EXPERT_TIER)]
     pub no_expert_tier: bool,
@@ -158,6 +160,7 @@ fn options(a: &BenchArgs, path: &std::path::Path, kv: &crate::kv_args::KvSplitAr
         device: a.device.request(vk),
         // The bench reads a history only when given one, and never writes it.
         tier: a.tier.options(path, false),
+        ram: a.ram.options(),
         host_copies: a.dense.host_copies(),
         min_model_context: a.ctx.is_none().then_some(pos.need),
         ..EngineOptions::default()
@@ -267,6 +270,9 @@ fn measure(
     if let Some(t) = loaded.tier_line() {
         println!("{t}");
     }
+    if let Some(r) = loaded.ram_line() {
+        println!("{r}");
+    }
     println!(
         "model {} ({}, {} layers, hidden {}, vocab {}), host cpu ({} threads, kernels {})",
         path.display(),
@@ -278,6 +284,9 @@ fn measure(
         coli_runtime::format::kernel_level()
     );
     if let Some(line) = loaded.device().and_then(|d| d.tier_summary()) {
+        println!("{line} (all repetitions)");
+    }
+    if let Some(line) = loaded.ram_summary() {
         println!("{line} (all repetitions)");
     }
     let at = if a.depth > 0 { format!(" @ d{}", a.depth) } else { String::new() };

@@ -122,6 +122,9 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
             tracing::warn!("the routing history was not saved: {e}");
         }
     }
+    if let Some(line) = engine.ram_summary() {
+        tracing::info!("{line}");
+    }
     if g.stop == StopReason::ContextFull {
         tracing::warn!("stopped: the context of {ctx} positions is full (raise it with --ctx)");
     }

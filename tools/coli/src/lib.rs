@@ -17,6 +17,7 @@ pub mod load_args;
 pub mod log;
 pub mod probe_cmd;
 pub mod progress;
+pub mod ram_args;
 pub mod sampling_args;
 pub mod serve;
 pub mod tier_args;

@@ -1,5 +1,5 @@
 //! Every flag that says how a model is loaded (which checkpoint, which devices, the expert
-//! tier, the KV split, the context and prompt chunk), gathered for the subcommands that load
+//! tier, the RAM expert cache, the KV split, the context and prompt chunk), gathered for the subcommands that load
 //! one model and run it (`exec`, `serve`, `chat`), and the load itself with its progress bars and
 //! its lines about where the model runs. This file maps flags to `EngineOptions` and prints;
 //! loading is `Engine::load_with_progress`.
@@ -10,6 +10,7 @@ use crate::device2_args::SecondDeviceArgs;
 use crate::engine_args::{heading, message, DeviceArgs, ModelArgs, DEFAULT_CHUNK};
 use crate::kv_args::KvSplitArgs;
 use crate::progress::Progress;
+use crate::ram_args::RamArgs;
 use crate::tier_args::TierArgs;
 use clap::Args;
 use coli_compiler::Options;
@@ -42,6 +43,8 @@ pub struct LoadArgs {
     pub tier: TierArgs,
     #[command(flatten)]
     pub kv: KvSplitArgs,
+    #[command(flatten)]
+    pub ram: RamArgs,
 }
 
 impl LoadArgs {
@@ -91,6 +94,7 @@ impl LoadArgs {
             device: self.device.request(vk),
             tier: self.tier.options(&path, true),
             host_copies: self.dense.host_copies(),
+            ram: self.ram.options(),
             ..EngineOptions::default()
         };
         let engine = Engine::load_with_progress(&path, &opts, &mut progress).map_err(message)?;
@@ -100,6 +104,9 @@ impl LoadArgs {
         }
         if let Some(t) = engine.tier_line() {
             tracing::info!("{t}");
+        }
+        if let Some(r) = engine.ram_line() {
+            tracing::info!("{r}");
         }
         tracing::info!("{} ({}) loaded in {:.2}s", path.display(), engine.summary(), t0.elapsed().as_secs_f64());
         Ok((engine, path))

@@ -83,6 +83,9 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
             let sampling = engine.generation_defaults().sampler(SamplerConfig::default());
             let _ = ready_tx.send(Ok((model_id(&path), sampling)));
             worker::run(&engine, slots, &cfg, jobs_rx, m);
+            if let Some(line) = engine.ram_summary() {
+                tracing::info!("{line}");
+            }
             if let Some(d) = engine.device() {
                 if let Some(line) = d.tier_summary() {
                     tracing::info!("{line}");

@@ -1,4 +1,5 @@
-//! Heat per routed expert and the rule that trades a resident for a newcomer.
+//! Heat per routed expert and the rule that trades a resident for a newcomer: the expert
+//! tier's (`tier`), which the RAM expert cache (`ramcache`) counts its experts with too.
 //!
 //! Heat is one per routing (a (row, rank) pair naming the expert), halved every
 //! `HALVING_TOKENS` tokens, so it follows what the user is doing now. A routing history seeds
@@ -8,7 +9,8 @@
 //! coldest resident when it is hotter by a margin of 25% plus four routings, so two experts of
 //! about the same heat do not trade places back and forth.
 //!
-//! Must not: know about devices or slots (`slots.rs`), or about files (`history.rs`).
+//! Must not: know about devices or slots (`tier::slots`), about files (`tier::history`), or
+//! about what holds the experts.
 
 /// Tokens between two halvings of every heat.
 pub const HALVING_TOKENS: usize = 1024;

@@ -1,0 +1,568 @@
+//! The RAM expert cache: routed experts the CPU computes, held as owned copies within a byte
+//! budget (`RamOptions::budget`, the CLI's `--ram-mib`), and read from the checkpoint's files
+//! on a miss through an I/O pool (`io.rs`: positioned reads of whole expert tensors, direct I/O
+//! where the file system takes it, several in flight), instead of through the memory map. Off
+//! (no budget), the CPU reads experts from the map as before.
+//!
+//! A step (one MoE layer of one forward, `fetch`): each expert the CPU's pairs name counts its
+//! pairs as heat (`heat::Heat`, the tier's, halved every 1024 tokens); the experts held serve from RAM
+//! (hits), the others are read at once, all of the layer's misses in flight together, and the
+//! step computes from the owned copies. A loaded expert is kept when it fits the budget, else
+//! when it is at least as hot as the coldest expert held outside this step's (which it evicts,
+//! as many as it needs); otherwise it serves this step only. Exclusive with the device tier:
+//! the tier passes `keep` false for an expert it holds or is uploading, packs a promoted expert
+//! from its RAM copy when there is one (`held`), and `forget`s it once it serves from a device
+//! slot, so no expert is held on a device and in RAM at once.
+//!
+//! The books (`Books`): the bytes held are the sum of the entries' buffers, checked by
+//! `check_books`; entries are shared (`Arc`), so an eviction during a step frees the copy when
+//! the step drops it.
+//!
+//! Must not: read experts through the memory map (the weight store does that without a
+//! cache), hold an expert a device tier slot holds, or return bytes that are not the file's
+//! (a short read is a typed error, `io::IoError::Truncated`).
+
+pub mod io;
+
+use crate::cpu::experts::{pair_expert, routed_experts, ExpertMats, Routed};
+use crate::cpu::Precision;
+use crate::format::{FormatError, Matrix, WeightFormat};
+use crate::heat::Heat;
+use crate::model::Tensor;
+use crate::store::weights::WeightStore;
+use coli_compiler::cost::human;
+use coli_compiler::ir::{ExpertTensor, ExpertWeights, Op, Program};
+use io::{AlignedBuf, IoError, IoPool, Request};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The RAM level's options (the CLI's `--ram-mib`).
+#[derive(Clone, Debug)]
+pub struct RamOptions {
+    /// The budget in bytes; `None` (the default): no cache, the CPU reads experts from the map.
+    pub budget: Option<u64>,
+    /// Reader threads of the I/O pool.
+    pub readers: usize,
+    /// Direct I/O where the file system takes it (else buffered reads).
+    pub direct_io: bool,
+}
+
+impl Default for RamOptions {
+    fn default() -> RamOptions {
+        RamOptions { budget: None, readers: 4, direct_io: true }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RamError {
+    #[error("RAM expert cache: {0}")]
+    Io(#[from] IoError),
+    #[error("RAM expert cache: layer {layer}, expert {expert}: {source}")]
+    Format { layer: usize, expert: usize, source: FormatError },
+    #[error("RAM expert cache: {0}")]
+    Bad(String),
+}
+
+/// What the cache did, for the per-run line and tests.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RamStats {
+    /// Routed pairs the CPU computed from an expert held in RAM, and from one read this step.
+    pub hit_pairs: u64,
+    pub disk_pairs: u64,
+    /// Experts read, their bytes, and the time the reads of the steps took (wall, all in flight).
+    pub loads: u64,
+    pub disk_bytes: u64,
+    pub read_time: Duration,
+    /// Loaded experts kept, evicted to make room, served one step only (no room or too cold),
+    /// and dropped because a device slot took them (exclusive caching).
+    pub kept: u64,
+    pub evictions: u64,
+    pub transient: u64,
+    pub to_device: u64,
+    /// Tokens of the forwards seen.
+    pub tokens: u64,
+}
+
+/// Where one role's bytes of one expert lie: a file of the pool, offset and length.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    file: usize,
+    offset: u64,
+    len: usize,
+}
+
+/// One role's matrix shape (every expert of a layer alike).
+#[derive(Clone, Copy, Debug)]
+struct Role {
+    format: WeightFormat,
+    rows: usize,
+    cols: usize,
+}
+
+/// A MoE layer the cache serves.
+struct CacheLayer {
+    layer: usize,
+    weights: ExpertWeights,
+    roles: [Role; 3],
+    /// Per expert, gate, up and down.
+    spans: Vec<[Span; 3]>,
+}
+
+/// One expert held in RAM: its gate, up and down bytes.
+pub struct CachedExpert {
+    bufs: [AlignedBuf; 3],
+}
+
+impl CachedExpert {
+    /// Bytes it costs (the buffers allocated).
+    pub fn cost(&self) -> usize {
+        self.bufs.iter().map(AlignedBuf::capacity).sum()
+    }
+}
+
+/// Who holds what, and the heat.
+struct Books {
+    /// Per (cache layer, expert).
+    entries: Vec<Option<Arc<CachedExpert>>>,
+    held: u64,
+    heat: Heat,
+    stats: RamStats,
+}
+
+/// The cache's books at a moment, for tests: entries, the bytes the books say are held and
+/// the sum over the entries, and entries some step still shares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BookCheck {
+    pub entries: usize,
+    pub held: u64,
+    pub sum: u64,
+    pub shared: usize,
+}
+
+/// The experts a step fetched: (expert, its copy), in expert order.
+pub struct Fetched {
+    t: usize,
+    got: Vec<(usize, Arc<CachedExpert>)>,
+}
+
+/// The RAM expert cache over the MoE layers whose experts are views of the checkpoint's files.
+pub struct RamCache {
+    layers: Vec<CacheLayer>,
+    /// Program layer -> cache layer.
+    index: Vec<Option<usize>>,
+    experts: usize,
+    budget: u64,
+    expert_bytes: usize,
+    pool: IoPool,
+    books: Mutex<Books>,
+    line: String,
+}
+
+impl RamCache {
+    /// The cache for `program`'s routed experts within `opts.budget`, or `None` without a
+    /// budget. A layer whose experts are not views of the files (quantized or re-laid at load)
+    /// stays with the weight store. The map's pages of the experts served are advised away.
+    pub fn new(program: &Program, ws: &WeightStore, opts: &RamOptions) -> Result<Option<RamCache>, RamError> {
+        let Some(budget) = opts.budget else { return Ok(None) };
+        let mut files: Vec<PathBuf> = Vec::new();
+        let mut layers = Vec::new();
+        let mut index = vec![None; program.layers.len()];
+        let mut skipped = Vec::new();
+        let mut advised = 0usize;
+        for op in program.layers.iter().flat_map(|l| &l.ops) {
+            let Op::RoutedExperts { layer, experts, weights, .. } = op else { continue };
+            let l = layer.0 as usize;
+            match layer_spans(ws, weights, *experts, &mut files) {
+                Some((roles, spans, tensors)) => {
+                    advised += tensors.iter().map(|t| t.advise_not_needed()).sum::<usize>();
+                    index[l] = Some(layers.len());
+                    layers.push(CacheLayer { layer: l, weights: weights.clone(), roles, spans });
+                }
+                None => skipped.push(layer.0),
+            }
+        }
+        if layers.is_empty() {
+            return Ok(None);
+        }
+        let experts = layers.iter().map(|l| l.spans.len()).max().unwrap_or(0);
+        let expert_bytes = layers
+            .iter()
+            .flat_map(|l| &l.spans)
+            .map(|s| s.iter().map(|x| (x.offset as usize % io::ALIGN + x.len).div_ceil(io::ALIGN) * io::ALIGN).sum())
+            .max()
+            .unwrap_or(0);
+        let total: usize = layers.iter().map(|l| l.spans.len()).sum();
+        let pool = IoPool::new(&files, opts.readers, opts.direct_io)?;
+        let fit = (budget / expert_bytes.max(1) as u64) as usize;
+        let mut line = format!(
+            "RAM expert cache: budget {} (as asked, --ram-mib) = {} experts of {} (of {total} routed experts, {} in all); misses read from disk by {} readers, {}; the map's pages of the experts advised away ({})",
+            human(budget),
+            fit.min(total),
+            human(expert_bytes as u64),
+            human((total * expert_bytes) as u64),
+            pool.readers(),
+            if pool.direct() { "direct I/O" } else { "buffered reads" },
+            human(advised as u64),
+        );
+        if !skipped.is_empty() {
+            line.push_str(&format!(
+                "; experts of {} are not views of the files (quantized or re-laid at load) and stay in the weight store",
+                coli_compiler::print::layer_ranges(&skipped)
+            ));
+        }
+        let n = layers.len();
+        Ok(Some(RamCache {
+            layers,
+            index,
+            experts,
+            budget,
+            expert_bytes,
+            pool,
+            books: Mutex::new(Books {
+                entries: vec![None; n * experts],
+                held: 0,
+                heat: Heat::new(n, experts),
+                stats: RamStats::default(),
+            }),
+            line,
+        }))
+    }
+
+    fn books(&self) -> MutexGuard<'_, Books> {
+        // A panic under the lock left the books as they stood between two whole updates.
+        self.books.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The startup line: the budget, how many experts of which size fit, and the rule.
+    pub fn line(&self) -> &str {
+        &self.line
+    }
+
+    pub fn stats(&self) -> RamStats {
+        self.books().stats.clone()
+    }
+
+    /// Bytes one expert costs in RAM (its three buffers, page-aligned).
+    pub fn expert_bytes(&self) -> usize {
+        self.expert_bytes
+    }
+
+    /// Whether the cache serves layer `layer`'s routed experts.
+    pub fn serves(&self, layer: usize) -> bool {
+        self.index.get(layer).is_some_and(Option::is_some)
+    }
+
+    /// Whether expert `e` of layer `layer` is held now.
+    pub fn holds(&self, layer: usize, e: usize) -> bool {
+        let Some(t) = self.index.get(layer).copied().flatten() else { return false };
+        self.books().entries.get(t * self.experts + e).is_some_and(Option::is_some)
+    }
+
+    /// Expert `e` of layer `layer` as held now, without counting a routing: what a promotion
+    /// to a device packs from (the tier then `forget`s it).
+    pub fn held(&self, layer: usize, e: usize) -> Option<Fetched> {
+        let t = self.index.get(layer).copied().flatten()?;
+        let c = self.books().entries.get(t * self.experts + e)?.clone()?;
+        Some(Fetched { t, got: vec![(e, c)] })
+    }
+
+    /// A forward of `n` rows starts: the heat ages.
+    pub fn begin_forward(&self, n: usize) {
+        let mut b = self.books();
+        b.heat.tokens(n);
+        b.stats.tokens += n as u64;
+    }
+
+    /// Drops expert `e` of layer `layer` (a device slot serves it now: exclusive caching).
+    pub fn forget(&self, layer: usize, e: usize) {
+        let Some(t) = self.index.get(layer).copied().flatten() else { return };
+        let mut b = self.books();
+        if let Some(c) = b.entries.get_mut(t * self.experts + e).and_then(Option::take) {
+            b.held -= c.cost() as u64;
+            b.stats.to_device += 1;
+        }
+    }
+
+    /// The books now (entries, bytes held, their sum, entries a step still shares).
+    pub fn check_books(&self) -> BookCheck {
+        let b = self.books();
+        let live = b.entries.iter().flatten();
+        BookCheck {
+            entries: live.clone().count(),
+            held: b.held,
+            sum: live.clone().map(|c| c.cost() as u64).sum(),
+            shared: live.filter(|c| Arc::strong_count(c) > 1).count(),
+        }
+    }
+
+    /// The experts `want` names for layer `layer` (expert, its pairs this step): the held ones
+    /// from RAM, the rest read from disk all at once; each read one kept as the module doc
+    /// says when `keep(expert)`.
+    pub fn fetch(
+        &self,
+        layer: usize,
+        want: &[(usize, usize)],
+        keep: &dyn Fn(usize) -> bool,
+    ) -> Result<Fetched, RamError> {
+        let t = self
+            .index
+            .get(layer)
+            .copied()
+            .flatten()
+            .ok_or_else(|| RamError::Bad(format!("layer {layer} is not cached")))?;
+        let cl = &self.layers[t];
+        let mut got = Vec::with_capacity(want.len());
+        let mut misses = Vec::new();
+        {
+            let mut b = self.books();
+            for &(e, pairs) in want {
+                if e >= cl.spans.len() {
+                    return Err(RamError::Bad(format!("layer {layer}: routed to expert {e} of {}", cl.spans.len())));
+                }
+                for _ in 0..pairs {
+                    b.heat.route(t, e);
+                }
+                match &b.entries[t * self.experts + e] {
+                    Some(c) => {
+                        got.push((e, c.clone()));
+                        b.stats.hit_pairs += pairs as u64;
+                    }
+                    None => {
+                        misses.push(e);
+                        b.stats.disk_pairs += pairs as u64;
+                    }
+                }
+            }
+        }
+        if misses.is_empty() {
+            got.sort_by_key(|g| g.0);
+            return Ok(Fetched { t, got });
+        }
+        let reqs: Vec<Request> = misses
+            .iter()
+            .flat_map(|&e| cl.spans[e].iter().map(|s| Request { file: s.file, offset: s.offset, len: s.len }))
+            .collect();
+        let t0 = Instant::now();
+        let mut bufs = self.pool.read_all(&reqs)?.into_iter();
+        let took = t0.elapsed();
+        let step: Vec<usize> = want.iter().map(|w| w.0).collect();
+        let mut b = self.books();
+        b.stats.read_time += took;
+        b.stats.loads += misses.len() as u64;
+        b.stats.disk_bytes += reqs.iter().map(|r| r.len as u64).sum::<u64>();
+        for &e in &misses {
+            let (Some(g), Some(u), Some(d)) = (bufs.next(), bufs.next(), bufs.next()) else {
+                return Err(RamError::Bad("the I/O pool returned fewer buffers than asked".into()));
+            };
+            let c = Arc::new(CachedExpert { bufs: [g, u, d] });
+            if keep(e) {
+                self.admit(&mut b, t, e, &c, &step);
+            } else {
+                b.stats.transient += 1;
+            }
+            got.push((e, c));
+        }
+        got.sort_by_key(|g| g.0);
+        Ok(Fetched { t, got })
+    }
+
+    /// Keeps `c` (expert `e` of cache layer `t`) if it fits, evicting the coldest held experts
+    /// outside `step` that are no hotter than it.
+    fn admit(&self, b: &mut Books, t: usize, e: usize, c: &Arc<CachedExpert>, step: &[usize]) {
+        let cost = c.cost() as u64;
+        let heat = b.heat.get(t, e);
+        while b.held + cost > self.budget {
+            let mut coldest: Option<(usize, f32)> = None;
+            for (i, x) in b.entries.iter().enumerate() {
+                let (xt, xe) = (i / self.experts, i % self.experts);
+                if x.is_none() || (xt == t && step.contains(&xe)) {
+                    continue;
+                }
+                let h = b.heat.get(xt, xe);
+                if coldest.is_none_or(|(_, ch)| h < ch) {
+                    coldest = Some((i, h));
+                }
+            }
+            match coldest {
+                Some((i, h)) if h <= heat => {
+                    if let Some(old) = b.entries[i].take() {
+                        b.held -= old.cost() as u64;
+                        b.stats.evictions += 1;
+                    }
+                }
+                _ => {
+                    b.stats.transient += 1;
+                    return;
+                }
+            }
+        }
+        b.entries[t * self.experts + e] = Some(c.clone());
+        b.held += cost;
+        b.stats.kept += 1;
+    }
+
+    /// Expert `e`'s matrices out of `f` (biases from the weight store); `None` when the step
+    /// did not fetch it.
+    pub fn mats<'a>(
+        &'a self,
+        ws: &'a WeightStore,
+        f: &'a Fetched,
+        e: usize,
+    ) -> Result<Option<ExpertMats<'a>>, RamError> {
+        let Ok(i) = f.got.binary_search_by_key(&e, |g| g.0) else { return Ok(None) };
+        let cl = &self.layers[f.t];
+        let c = &f.got[i].1;
+        let m = |r: usize| {
+            let Role { format, rows, cols } = cl.roles[r];
+            Matrix::new(format, rows, cols, c.bufs[r].bytes()).map_err(|source| RamError::Format {
+                layer: cl.layer,
+                expert: e,
+                source,
+            })
+        };
+        let bias = |b: &Option<coli_compiler::ir::ExpertBias>| b.as_ref().map(|b| ws.expert_bias(b, e));
+        Ok(Some(ExpertMats {
+            gate: m(0)?,
+            up: m(1)?,
+            down: m(2)?,
+            gate_bias: bias(&cl.weights.gate_bias),
+            up_bias: bias(&cl.weights.up_bias),
+            down_bias: bias(&cl.weights.down_bias),
+        }))
+    }
+
+    /// The matrices of every expert `f` holds, indexed by expert (`None`: not fetched).
+    pub fn table<'a>(&'a self, ws: &'a WeightStore, f: &'a Fetched) -> Result<Vec<Option<ExpertMats<'a>>>, RamError> {
+        let mut out = vec![None; self.experts];
+        for &(e, _) in &f.got {
+            out[e] = self.mats(ws, f, e)?;
+        }
+        Ok(out)
+    }
+
+    /// Runs a `RoutedExperts` op of a layer the cache serves on the CPU: every pair's expert
+    /// fetched (`fetch`), then `cpu::experts::routed_experts` over the owned copies.
+    pub fn run(
+        &self,
+        ws: &WeightStore,
+        op: &Op,
+        rows: Routed,
+        out: &mut [f32],
+        precision: Precision,
+    ) -> Result<(), RamError> {
+        let Op::RoutedExperts { layer, glu, weights, .. } = op else {
+            return Err(RamError::Bad("not a routed-experts op".into()));
+        };
+        let all: Vec<(usize, usize)> = (0..rows.n).flat_map(|r| (0..rows.top_k).map(move |k| (r, k))).collect();
+        let want = pairs_per_expert(rows.routing, rows.top_k, &all);
+        let f = self.fetch(layer.0 as usize, &want, &|_| true)?;
+        let table = self.table(ws, &f)?;
+        let expert = |e: usize| table.get(e).copied().flatten().unwrap_or_else(|| ExpertMats::of(ws, weights, e));
+        routed_experts(rows, *glu, precision, &expert, out);
+        Ok(())
+    }
+
+    /// The per-run line: the routed pairs by where their expert came from (`device`: pairs a
+    /// device tier served, when there is one), the bytes read from disk and the read rate.
+    pub fn summary(&self, device: Option<(u64, u64)>) -> String {
+        let b = self.books();
+        let s = &b.stats;
+        let cpu = s.hit_pairs + s.disk_pairs;
+        let (dev, routed) = device.unwrap_or((0, cpu));
+        let pct = |x: u64| if routed == 0 { 0.0 } else { 100.0 * x as f64 / routed as f64 };
+        let secs = s.read_time.as_secs_f64();
+        let rate = if secs > 0.0 { s.disk_bytes as f64 / secs } else { 0.0 };
+        let per_token = s.disk_bytes.checked_div(s.tokens).unwrap_or(0);
+        let held = b.entries.iter().flatten().count();
+        let mut line = String::from("experts run: ");
+        if device.is_some() {
+            line.push_str(&format!("device tier {dev} ({:.1}%), ", pct(dev)));
+        }
+        line.push_str(&format!(
+            "RAM cache {} ({:.1}%), disk {} ({:.1}%) of {routed} routed pairs | disk: {} experts read, {} ({} per token), {:.1} ms reading, {}/s, {} | RAM: {held} experts held, {} of {}, {} kept, {} evicted, {} served once, {} moved to a device",
+            s.hit_pairs,
+            pct(s.hit_pairs),
+            s.disk_pairs,
+            pct(s.disk_pairs),
+            s.loads,
+            human(s.disk_bytes),
+            human(per_token),
+            secs * 1e3,
+            human(rate as u64),
+            if self.pool.direct() { "direct I/O" } else { "buffered" },
+            human(b.held),
+            human(self.budget),
+            s.kept,
+            s.evictions,
+            s.transient,
+            s.to_device,
+        ));
+        line
+    }
+}
+
+/// (expert, pairs) of `pairs` ((row, rank)) in a routing of `top_k`, in expert order.
+pub fn pairs_per_expert(routing: &[f32], top_k: usize, pairs: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let mut m: std::collections::BTreeMap<usize, usize> = Default::default();
+    for &(r, k) in pairs {
+        *m.entry(pair_expert(routing, top_k, r, k)).or_default() += 1;
+    }
+    m.into_iter().collect()
+}
+
+/// Where each expert's gate, up and down lie in the files, with the tensors holding them;
+/// `None` when any is not a view of a file.
+#[allow(clippy::type_complexity)]
+fn layer_spans<'a>(
+    ws: &'a WeightStore,
+    w: &ExpertWeights,
+    experts: usize,
+    files: &mut Vec<PathBuf>,
+) -> Option<([Role; 3], Vec<[Span; 3]>, Vec<&'a Tensor>)> {
+    let holder = |t: &ExpertTensor, e: usize| -> Option<&'a Tensor> {
+        match t {
+            ExpertTensor::PerExpert { pattern, .. } => Some(ws.tensor(&pattern.replace("{e}", &e.to_string()))),
+            ExpertTensor::Stacked { name, .. } => Some(ws.tensor(name)),
+            ExpertTensor::StackedInputMajor { .. } => None,
+        }
+    };
+    let roles = [&w.gate, &w.up, &w.down];
+    let mut shape = None;
+    let mut spans = Vec::with_capacity(experts);
+    let mut tensors: Vec<&Tensor> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for e in 0..experts {
+        let mut s = [Span { file: 0, offset: 0, len: 0 }; 3];
+        let mut r = [Role { format: WeightFormat::F32, rows: 0, cols: 0 }; 3];
+        for (i, role) in roles.iter().enumerate() {
+            let t = holder(role, e)?;
+            let base = t.file_offset()?;
+            let m = ws.expert(role, e);
+            let within = (m.bytes().as_ptr() as usize).checked_sub(t.bytes().as_ptr() as usize)?;
+            let file = match files.iter().position(|f| f == t.source()) {
+                Some(f) => f,
+                None => {
+                    files.push(t.source().to_path_buf());
+                    files.len() - 1
+                }
+            };
+            s[i] = Span { file, offset: base + within as u64, len: m.bytes().len() };
+            r[i] = Role { format: m.format, rows: m.rows, cols: m.cols };
+            if seen.insert(t as *const Tensor as usize) {
+                tensors.push(t);
+            }
+        }
+        match &shape {
+            None => shape = Some(r),
+            Some(like) => {
+                let same = like.iter().zip(&r).all(|(a, b)| (a.format, a.rows, a.cols) == (b.format, b.rows, b.cols));
+                if !same {
+                    return None;
+                }
+            }
+        }
+        spans.push(s);
+    }
+    Some((shape?, spans, tensors))
+}

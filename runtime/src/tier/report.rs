@@ -1,0 +1,89 @@
+//! The expert tier's reports: each device's share, the per-run line (where the routed pairs
+//! ran, what is resident, what moved, the batches' times), and the routing history merged at
+//! the end of a run.
+//!
+//! Must not: change what the tier holds (these read it).
+
+use super::history::{self, History};
+use super::slots::SlotState;
+use super::{ExpertTier, TierDeviceStats};
+use coli_compiler::cost::human;
+use std::path::PathBuf;
+use std::time::Duration;
+
+impl ExpertTier {
+    /// Per device the tier holds slots on (the primary first): (the chain's device index,
+    /// slots, experts serving, pairs served, uploads).
+    pub fn devices(&self) -> Vec<TierDeviceStats> {
+        self.sides
+            .iter()
+            .map(|d| {
+                let serving = (d.first..d.first + d.slots())
+                    .filter(|&s| matches!(self.slots.state(s), SlotState::Serving(..)))
+                    .count();
+                TierDeviceStats {
+                    device: d.device,
+                    slots: d.slots(),
+                    resident: serving,
+                    pairs: d.pairs,
+                    uploads: d.uploads,
+                }
+            })
+            .collect()
+    }
+
+    /// The per-run line: where the routed pairs ran, what is resident, what moved, and the
+    /// time the batches took and the CPU waited for them.
+    pub fn summary(&self) -> String {
+        let s = &self.stats;
+        let share = if s.routed == 0 { 0.0 } else { 100.0 * s.device as f64 / s.routed as f64 };
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let resident = self.slots.resident();
+        let mut line = format!(
+            "expert tier run: device {} of {} routed pairs ({share:.1}%), CPU {} | resident {resident} of {} slots ({} of {}) | uploads {} ({}, {} warm), evictions {}, skipped {} (rate or queue), failed {} | batches {:.1} ms, CPU share {:.1} ms, waited {:.1} ms | streamed {} experts ({} pairs)",
+            s.device,
+            s.routed,
+            s.routed - s.device,
+            self.slots.len(),
+            human((resident * self.expert_bytes) as u64),
+            human(self.budget),
+            s.uploads,
+            human(s.upload_bytes),
+            s.warm,
+            s.evictions,
+            s.skipped,
+            s.failed,
+            ms(s.batch),
+            ms(s.cpu),
+            ms(s.waited),
+            s.streamed,
+            s.streamed_pairs,
+        );
+        if self.sides.len() > 1 {
+            let per: Vec<String> = self
+                .devices()
+                .iter()
+                .map(|d| {
+                    format!(
+                        "d{}: {} pairs, resident {} of {} slots, {} uploads",
+                        d.device, d.pairs, d.resident, d.slots, d.uploads
+                    )
+                })
+                .collect();
+            line.push_str(&format!(" | {}", per.join("; ")));
+        }
+        line
+    }
+
+    /// Merges this run's routings into the history file; `Ok(None)` without one.
+    pub fn save_history(&self) -> Result<Option<PathBuf>, history::HistoryError> {
+        let Some(path) = &self.opts.history else { return Ok(None) };
+        let mut h = History::new(self.experts);
+        for (t, l) in self.layers.iter().enumerate() {
+            h.add(l.layer, &self.counts[t * self.experts..(t + 1) * self.experts]);
+        }
+        // `index` spans the model's layers: a line past them in the file is dropped.
+        h.merge_into(path, self.index.len())?;
+        Ok(Some(path.clone()))
+    }
+}
