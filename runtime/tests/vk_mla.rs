@@ -19,7 +19,7 @@ mod vk_common;
 
 use coli_compiler::ir::RopeStyle;
 use coli_compiler::ir::{MlaSpec, RopeScaling};
-use coli_runtime::cpu::mla::{mla, MlaForm, MlaWeights, QueryWeights};
+use coli_runtime::cpu::mla::{mla, MlaCall, MlaForm, MlaWeights, QueryWeights};
 use coli_runtime::cpu::rope::inv_freq;
 use coli_runtime::cpu::Precision;
 use coli_runtime::exec::kv::LayerKv;
@@ -146,7 +146,7 @@ fn run_case(c: &Case, seed: u64) {
         let x = rng.vec(n * c.hidden, 1.0);
         let mut want = vec![0f32; n * c.hidden];
         let form = if exact { MlaForm::for_rows(n) } else { MlaForm::Absorbed };
-        mla(&spec, &cw, &x, n, pos0, &mut kv, precision, form, &mut want);
+        mla(&MlaCall { spec: &spec, weights: &cw, precision, form }, &x, n, pos0, &mut kv, &mut want);
         ctx.write(&dx, lead * 4, &bytes(&x)).unwrap();
         let mut f = ctx.frame().unwrap();
         f.mla(

@@ -307,18 +307,8 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
                 .map_err(|m| CpuError::MissingRole { op: op_name(op), role: m.0 })?;
             let xs = env.get(*x).to_vec();
             let mut o = env.take(*out);
-            let (pos0, precision) = (env.pos0, env.precision);
-            mla::mla(
-                spec,
-                &w,
-                &xs,
-                n,
-                pos0,
-                &mut env.kv.layers[layer.0 as usize],
-                precision,
-                mla::MlaForm::for_rows(n),
-                &mut o,
-            );
+            let call = mla::MlaCall { spec, weights: &w, precision: env.precision, form: mla::MlaForm::for_rows(n) };
+            mla::mla(&call, &xs, n, env.pos0, &mut env.kv.layers[layer.0 as usize], &mut o);
             env.put(*out, o);
         }
         Op::LinearAttention { x, out, layer, spec } => {
@@ -341,7 +331,8 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             }
             // The state this step starts from stays at hand (a failed forward goes back to it).
             lk.keep_back();
-            deltanet::gated_deltanet(spec, &w, &xs, n, &mut lk.state, spec.norm_eps, env.precision, &mut o);
+            let call = deltanet::DeltaNetCall { spec, weights: &w, eps: spec.norm_eps, precision: env.precision };
+            deltanet::gated_deltanet(&call, &xs, n, &mut lk.state, &mut o);
             lk.state_len = Some(pos0 + n);
             env.put(*out, o);
         }
