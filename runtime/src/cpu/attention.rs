@@ -6,6 +6,7 @@
 //! only reads them.
 
 use crate::format::pool::{self, SendPtr};
+use coli_compiler::ir::AttentionSpec;
 use std::cell::RefCell;
 
 /// Geometry and options of one attention call.
@@ -17,6 +18,20 @@ pub struct AttnShape {
     pub v_head_dim: usize,
     pub scale: f32,
     pub window: Option<usize>,
+}
+
+impl AttnShape {
+    /// The geometry and options of an attention op.
+    pub fn of(spec: &AttentionSpec) -> AttnShape {
+        AttnShape {
+            heads: spec.heads,
+            kv_heads: spec.kv_heads,
+            head_dim: spec.head_dim,
+            v_head_dim: spec.v_head_dim,
+            scale: spec.scale,
+            window: spec.window,
+        }
+    }
 }
 
 /// Query rows per task (prefill): enough to amortize a task, few enough to balance.

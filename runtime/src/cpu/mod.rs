@@ -206,14 +206,7 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             }
             let (kw, vw) = (env.widths[k.0 as usize], env.widths[v.0 as usize]);
             kv.append(&env.values[k.0 as usize][..n * kw], &env.values[v.0 as usize][..n * vw]);
-            let shape = attention::AttnShape {
-                heads: spec.heads,
-                kv_heads: spec.kv_heads,
-                head_dim: spec.head_dim,
-                v_head_dim: spec.v_head_dim,
-                scale: spec.scale,
-                window: spec.window,
-            };
+            let shape = attention::AttnShape::of(spec);
             let sinks = spec.sinks.as_ref().map(|s| env.weights.vector(&s.name));
             let mut o = std::mem::take(&mut env.values[out.0 as usize]);
             o.resize(n * spec.heads * spec.v_head_dim, 0.0);

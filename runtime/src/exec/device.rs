@@ -41,11 +41,15 @@ use crate::cpu::Precision;
 use crate::exec::kv::{KvCache, LayerKv};
 use crate::exec::kv_split::{Split, SplitState, SplitStats};
 use crate::oplib::{op_name, OpLib};
+use crate::vk::ops::attn_part::PartArgs;
+use crate::vk::{
+    AttnArgs, DecodeArgs, Frame as VkFrame, KvMirror, KvShape, MatIn, NormArgs, Pos, QkNorm, QuantizedActs, Recorded,
+    RopeArgs, RopeKvArgs, View,
+};
 use crate::vk::{
     AttnPath, AttnShape, Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoeCall,
     MoePath, MoeScratch, RopeShape, RouteParams, VkError, VkOps,
 };
-use crate::vk::{Frame as VkFrame, KvShape, MatIn, NormArgs, Pos, QkNorm, QuantizedActs, Recorded, RopeArgs, View};
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::{DeviceId, Place};
 use coli_compiler::ir::{ExpertBias, Op, Program, RopeScaling, ValueId};
@@ -532,15 +536,7 @@ impl DeviceModel {
             let (fb, mscale) = self.freq(r.rotary_dim, r.theta, r.scaling);
             RopeArgs { freq: fb.all(), style: r.style, mscale }
         });
-        let shape = AttnShape {
-            heads: spec.heads,
-            kv_heads: spec.kv_heads,
-            head_dim: spec.head_dim,
-            v_head_dim: spec.v_head_dim,
-            scale: spec.scale,
-            window: spec.window,
-            value_scale: spec.value_scale,
-        };
+        let shape = AttnShape::of(spec);
         let kv_shape = KvShape {
             n,
             heads: spec.heads,
@@ -549,21 +545,16 @@ impl DeviceModel {
             v_head_dim: spec.v_head_dim,
         };
         let sinks = spec.sinks.as_ref().map(|s| self.vecs[&s.name].all());
+        let mirror = KvMirror { k: mk.all(), v: mv.all(), k_back: sk.all(), v_back: sv.all() };
+        let rope_kv = RopeKvArgs { rope: args, q: view(q), k: view(k), v: view(v), shape: kv_shape, mirror, pos };
         // A split layer: the append into its ring, the device's part, and the part into its
         // read-back buffers (the host finishes after the frame).
         if let Some((sp, ss)) = split {
-            let (kk, vv) = (view(k), view(v));
-            f.rope_kv_ring(args, view(q), kk, vv, kv_shape, mk.all(), mv.all(), sk.all(), sv.all(), pos, sp.plan.ring)?;
-            let cs = crate::cpu::attention::AttnShape {
-                heads: spec.heads,
-                kv_heads: spec.kv_heads,
-                head_dim: spec.head_dim,
-                v_head_dim: spec.v_head_dim,
-                scale: spec.scale,
-                window: spec.window,
-            };
+            f.rope_kv_ring(rope_kv, sp.plan.ring)?;
+            let cs = crate::cpu::attention::AttnShape::of(spec);
             let (aw, mw) = (n * spec.heads * spec.v_head_dim, n * spec.heads * 2);
-            f.attn_part(cs, sp.shape(), view(q), mk.all(), mv.all(), ss.acc.view(0, aw), ss.ml.view(0, mw), n, pos)?;
+            let (acc, ml) = (ss.acc.view(0, aw), ss.ml.view(0, mw));
+            f.attn_part(cs, sp.shape(), PartArgs { q: view(q), k: mk.all(), v: mv.all(), acc, ml, n, pos })?;
             f.copy(ss.acc.view(0, aw), ss.acc_back.view(0, aw))?;
             f.copy(ss.ml.view(0, mw), ss.ml_back.view(0, mw))?;
             return Ok(None);
@@ -579,29 +570,31 @@ impl DeviceModel {
                 && spec.v_head_dim % 32 == 0
                 && matches!(next, Some(Kernel::Matmul(m))
                     if m.src == MatSrc::Plain && m.x == out && self.mats[&m.weight.name].variant.q8_acts());
-            return f.attention_decode(
-                shape,
-                args,
-                view(qsrc),
-                view(ksrc),
-                view(v),
-                keys,
-                values,
-                sk.all(),
-                sv.all(),
+            let decode = DecodeArgs {
+                rope: args,
+                q: view(qsrc),
+                k: view(ksrc),
+                v: view(v),
+                mirror: KvMirror { k: keys, v: values, ..mirror },
                 sinks,
-                view(out),
+                out: view(out),
                 pos,
-                qk_norm,
+                norm: qk_norm,
                 q8,
-            );
+            };
+            return f.attention_decode(shape, decode);
         }
-        f.rope_kv(args, view(q), view(k), view(v), kv_shape, mk.all(), mv.all(), sk.all(), sv.all(), pos)?;
+        f.rope_kv(rope_kv)?;
         let (keys, values) = match pos {
             Pos::Fixed(p0) => (mk.view(0, (p0 + n) * w(k)), mv.view(0, (p0 + n) * w(v))),
             Pos::Dynamic(_) => (mk.all(), mv.all()),
         };
-        f.attention_at(shape, view(q), keys, values, sinks, view(out), n, pos, AttnPath::Auto)?;
+        f.attention_at(
+            shape,
+            AttnArgs { q: view(q), k: keys, v: values, sinks, out: view(out), n },
+            pos,
+            AttnPath::Auto,
+        )?;
         Ok(None)
     }
 

@@ -14,7 +14,7 @@ pub mod moe;
 pub mod norm;
 pub mod route;
 
-pub use attention::{AttnPath, AttnShape, KvShape, Pos, QkNorm, RopeArgs};
+pub use attention::{AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, Pos, QkNorm, RopeArgs, RopeKvArgs};
 pub use deltanet::{DeltaNetMats, DeltaNetScratch, DeltaNetShape};
 pub use matmul::{MatIn, MatmulPath, QuantizedActs};
 pub use mla::{MlaCache, MlaMats, MlaQuery, MlaScratch, MlaShape};
