@@ -16,7 +16,7 @@ use coli_runtime::cpu::{
 };
 use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
 use coli_runtime::vk::{
-    AttnArgs, AttnPath, AttnShape, Broadcast, IntDotUse, MatmulPath, RopeShape, RouteParams, VkOptions,
+    AttnArgs, AttnPath, AttnShape, Broadcast, IntDotUse, MatmulPath, NormArgs, RopeShape, RouteParams, VkOptions,
 };
 use vk_common::{assert_close, assert_close_terms, ctx, random_rows, term_magnitudes, Rng};
 
@@ -226,9 +226,9 @@ fn rms_norm_matches_cpu() {
         let (xb, wb, ob) =
             (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&w).unwrap(), ctx.f32_buffer(n * width).unwrap());
         let mut f = ctx.frame().unwrap();
-        f.rms_norm(xb.all(), wb.all(), ob.all(), n, width, 1e-6, offset).unwrap();
+        f.rms_norm(NormArgs { x: xb.all(), weight: wb.all(), out: ob.all(), width }, n, 1e-6, offset).unwrap();
         // In place as well.
-        f.rms_norm(xb.all(), wb.all(), xb.all(), n, width, 1e-6, offset).unwrap();
+        f.rms_norm(NormArgs { x: xb.all(), weight: wb.all(), out: xb.all(), width }, n, 1e-6, offset).unwrap();
         f.run().unwrap();
         assert_close(&format!("rms_norm group {group}"), &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
         assert_close(&format!("rms_norm in place {group}"), &ctx.download_f32(xb.all()).unwrap(), &want, 1e-5);

@@ -441,7 +441,8 @@ impl DeviceModel {
                         Some(nm) => {
                             // Float activations: the norm's rows after all.
                             let weight = self.vecs[&nm.weight.name].all();
-                            f.rms_norm(view(nm.x), weight, view(e.x), n, w(e.x), nm.eps, nm.offset)?;
+                            let args = NormArgs { x: view(nm.x), weight, out: view(e.x), width: w(e.x) };
+                            f.rms_norm(args, n, nm.eps, nm.offset)?;
                             MatIn::Plain(view(e.x))
                         }
                         None => MatIn::Plain(view(e.x)),
@@ -609,7 +610,9 @@ impl DeviceModel {
                 f.embed(&self.mats[&table.name], st.tokens.view(0, n), n, *scale, view(*out))?;
             }
             Op::RmsNorm { x, out, weight, eps, offset, .. } => {
-                f.rms_norm(view(*x), self.vecs[&weight.name].all(), view(*out), rows, w(*x), *eps, *offset)?;
+                let args =
+                    NormArgs { x: view(*x), weight: self.vecs[&weight.name].all(), out: view(*out), width: w(*x) };
+                f.rms_norm(args, rows, *eps, *offset)?;
             }
             Op::Linear { x, out, weight, bias } => {
                 f.matmul_with(&self.mats[&weight.name], view(*x), rows, view(*out), MatmulPath::Auto, precision)?;

@@ -14,8 +14,8 @@
 
 use crate::cpu::Precision;
 use crate::vk::{
-    Context, DeviceBuffer, DeviceMatrix, Frame, MlaCache, MlaMats, MlaQuery, MlaScratch, MlaShape, Pos, RopeArgs, View,
-    VkError,
+    Context, DeviceBuffer, DeviceMatrix, Frame, MlaCache, MlaCall, MlaMats, MlaQuery, MlaScratch, MlaShape, Pos,
+    RopeArgs, View, VkError,
 };
 use coli_compiler::frames::{op_of, Frame as PlanFrame};
 use coli_compiler::ir::{MlaSpec, Op, Program, RopeStyle};
@@ -99,5 +99,6 @@ pub fn record<'a>(
     let cache = MlaCache { latent: ml.all(), rope: mr.all(), latent_back: sl.all(), rope_back: sr.all() };
     let scratch =
         inp.scratch.ok_or_else(|| VkError::BadArgument { op: OP, msg: "no MLA scratch for this session".into() })?;
-    f.mla_at(MlaShape::of(spec), w, rope, x, n, pos, cache, scratch, out, precision)
+    let call = MlaCall { shape: MlaShape::of(spec), weights: w, rope, cache, scratch, precision };
+    f.mla_at(call, x, n, pos, out)
 }

@@ -19,8 +19,8 @@ use super::kv::KvCache;
 use crate::bytes::{as_bytes, as_bytes_mut};
 use crate::cpu::Precision;
 use crate::vk::{
-    Context, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceBuffer, DeviceMatrix, Frame as VkFrame, MemoryUse,
-    View, VkError,
+    Context, DeltaNetCall, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceBuffer, DeviceMatrix, Frame as VkFrame,
+    MemoryUse, View, VkError,
 };
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::Place;
@@ -168,7 +168,8 @@ impl Recurrent {
             norm: vec("norm")?,
         };
         let state = m.state.view(0, m.floats);
-        f.deltanet(DeltaNetShape::of(spec), w, x, n, state, scratch, out, precision)?;
+        let call = DeltaNetCall { shape: DeltaNetShape::of(spec), weights: w, scratch, precision };
+        f.deltanet(call, x, n, state, out)?;
         f.copy(state, m.back.view(0, m.floats))
     }
 
