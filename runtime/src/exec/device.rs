@@ -33,13 +33,13 @@
 
 use super::step::{HostRows, Step};
 use super::weights::visit_weights;
-use super::{LogitRows, Model};
+use super::{LogitRows, Model, OpRows};
 use crate::bytes::{as_bytes, as_bytes_mut};
 use crate::cpu::experts::ExpertMats;
 use crate::cpu::rope::inv_freq;
 use crate::cpu::Precision;
 use crate::exec::kv::{KvCache, LayerKv};
-use crate::exec::kv_split::{Split, SplitState, SplitStats};
+use crate::exec::kv_split::{HostPart, RingUpload, Split, SplitState, SplitStats};
 use crate::oplib::{op_name, OpLib};
 use crate::vk::ops::attn_part::PartArgs;
 use crate::vk::{
@@ -647,7 +647,8 @@ impl DeviceModel {
                 f.mul(view(*a), view(*b), view(*out), n, w(*a), mode)?
             }
             Op::LinearAttention { x, out, layer, spec } => {
-                st.recurrent.record(f, &self.mats, &self.vecs, spec, *layer, view(*x), view(*out), n, precision)?;
+                let io = OpRows { x: view(*x), out: view(*out), n, precision };
+                st.recurrent.record(f, &self.mats, &self.vecs, spec, *layer, io)?;
             }
             Op::Mla { x, out, layer, spec } => {
                 let mirror = st.mirrors[layer.0 as usize].as_ref().expect("mirror allocated");
@@ -659,7 +660,7 @@ impl DeviceModel {
                     mirror,
                     scratch: st.mla.as_ref(),
                 };
-                super::mla_mirror::record(f, inp, spec, view(*x), view(*out), n, pos, precision)?;
+                super::mla_mirror::record(f, inp, spec, OpRows { x: view(*x), out: view(*out), n, precision }, pos)?;
             }
             op => {
                 return Err(VkError::BadArgument {
@@ -706,7 +707,8 @@ impl DeviceModel {
                 let (mk, mv, _, _) = st.mirrors[l].as_ref().expect("mirror allocated");
                 let c = &kv.layers[l];
                 if let (Some(sp), Some(ss)) = (self.kv_split.as_ref().filter(|s| s.splits(*layer)), st.split.as_mut()) {
-                    sp.upload(ctx, ss, l, mk, mv, c, &mut st.watermark[l], pos0)?;
+                    let up = RingUpload { layer: l, k: mk, v: mv, host: c, mark: &mut st.watermark[l] };
+                    sp.upload(ctx, ss, up, pos0)?;
                     continue;
                 }
                 let mark = st.watermark[l];
@@ -824,17 +826,8 @@ impl DeviceModel {
         if let (Some(id), Some(sp), Some(ss)) = (frame.kv_split, self.kv_split.as_ref(), st.split.as_ref()) {
             if let Op::Attention { q, out, layer, spec, .. } = op_of(p, id) {
                 let mut o = std::mem::take(&mut host_values[out.0 as usize]);
-                sp.finish(
-                    ctx,
-                    ss,
-                    spec,
-                    &model.weights,
-                    &host_values[q.0 as usize],
-                    &kv.layers[layer.0 as usize],
-                    n,
-                    pos0,
-                    &mut o,
-                )?;
+                let (q, cache) = (&host_values[q.0 as usize], &kv.layers[layer.0 as usize]);
+                sp.finish(ctx, ss, HostPart { spec, weights: &model.weights, q, host: cache, n, pos0 }, &mut o)?;
                 host_values[out.0 as usize] = o;
             }
         }
