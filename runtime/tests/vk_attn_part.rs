@@ -15,8 +15,8 @@ use coli_compiler::place::kv_split::device_from;
 use coli_runtime::cpu::attention::{attend, AttnShape as CpuShape};
 use coli_runtime::cpu::attn_part::{attend_part, merge};
 use coli_runtime::cpu::rope as cpu_rope;
-use coli_runtime::vk::ops::attn_part::SplitShape;
-use coli_runtime::vk::{KvShape, Pos, RopeArgs};
+use coli_runtime::vk::ops::attn_part::{PartArgs, SplitShape};
+use coli_runtime::vk::{KvMirror, KvShape, Pos, RopeArgs, RopeKvArgs};
 use vk_common::*;
 
 fn worst(got: &[f32], want: &[f32]) -> f32 {
@@ -63,18 +63,8 @@ fn the_device_part_over_a_ring_matches_the_cpu_and_merges_to_the_full_attention(
         let pos = if dynamic { Pos::Dynamic(pb.all()) } else { Pos::Fixed(pos0) };
         let cs = CpuShape { heads, kv_heads, head_dim, v_head_dim, scale, window };
         let mut f = ctx.frame().unwrap();
-        f.attn_part(
-            cs,
-            SplitShape { positions, block, ring },
-            qb.all(),
-            kb.all(),
-            vb.all(),
-            acc.all(),
-            ml.all(),
-            n,
-            pos,
-        )
-        .unwrap();
+        let part = PartArgs { q: qb.all(), k: kb.all(), v: vb.all(), acc: acc.all(), ml: ml.all(), n, pos };
+        f.attn_part(cs, SplitShape { positions, block, ring }, part).unwrap();
         f.run().unwrap();
         let lo = |p: usize| window.map_or(0, |w| (p + 1).saturating_sub(w));
         let dev_from = |i: usize| device_from(pos0 + i, positions, block).max(lo(pos0 + i));
@@ -122,20 +112,9 @@ fn rope_kv_ring_wraps() {
         let rope = Some(RopeArgs { freq: fb.all(), style: RopeStyle::RotateHalf, mscale });
         let mut f = ctx.frame().unwrap();
         let shape = KvShape { n, heads, kv_heads, head_dim, v_head_dim };
-        f.rope_kv_ring(
-            rope,
-            qb.all(),
-            kb.all(),
-            vb.all(),
-            shape,
-            mk.all(),
-            mv.all(),
-            sk.all(),
-            sv.all(),
-            Pos::Fixed(pos0),
-            ring,
-        )
-        .unwrap();
+        let mirror = KvMirror { k: mk.all(), v: mv.all(), k_back: sk.all(), v_back: sv.all() };
+        let args = RopeKvArgs { rope, q: qb.all(), k: kb.all(), v: vb.all(), shape, mirror, pos: Pos::Fixed(pos0) };
+        f.rope_kv_ring(args, ring).unwrap();
         f.run().unwrap();
         let (mut want_k, mut want_v) = (old_k.clone(), old_v.clone());
         for i in 0..n {

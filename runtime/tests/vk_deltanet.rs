@@ -14,10 +14,10 @@
 mod vk_common;
 
 use coli_compiler::ir::{LinearAttentionKind, LinearAttentionSpec};
-use coli_runtime::cpu::deltanet::{gated_deltanet, DeltaNetWeights};
+use coli_runtime::cpu::deltanet::{gated_deltanet, DeltaNetCall as CpuCall, DeltaNetWeights};
 use coli_runtime::cpu::Precision;
 use coli_runtime::format::{Matrix, WeightFormat};
-use coli_runtime::vk::{DeltaNetMats, DeltaNetScratch, DeltaNetShape};
+use coli_runtime::vk::{DeltaNetCall, DeltaNetMats, DeltaNetScratch, DeltaNetShape};
 use vk_common::*;
 
 fn worst(got: &[f32], want: &[f32]) -> f32 {
@@ -108,10 +108,12 @@ fn run_case(c: &Case, seed: u64) {
         );
         let x = rng.vec(n * c.hidden, 1.0);
         let mut want = vec![0f32; n * c.hidden];
-        gated_deltanet(&spec, &cw, &x, n, &mut state, spec.norm_eps, precision, &mut want);
+        let call = CpuCall { spec: &spec, weights: &cw, eps: spec.norm_eps, precision };
+        gated_deltanet(&call, &x, n, &mut state, &mut want);
         ctx.write(&dx, 0, &x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>()).unwrap();
         let mut f = ctx.frame().unwrap();
-        f.deltanet(s, mats, dx.view(0, n * c.hidden), n, sview, &scratch, dy.view(0, n * c.hidden), precision).unwrap();
+        let call = DeltaNetCall { shape: s, weights: mats, scratch: &scratch, precision };
+        f.deltanet(call, dx.view(0, n * c.hidden), n, sview, dy.view(0, n * c.hidden)).unwrap();
         f.run().unwrap();
         let got = ctx.download_f32(dy.view(0, n * c.hidden)).unwrap();
         let gs = ctx.download_f32(sview).unwrap();

@@ -14,7 +14,10 @@ use coli_runtime::cpu::{
     attention as cpu_attention, elementwise as cpu_elementwise, norm as cpu_norm, rope as cpu_rope, Precision,
 };
 use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
-use coli_runtime::vk::{AttnPath, AttnShape, KvShape, MatIn, MatmulPath, Pos, QkNorm, RopeArgs, VkOptions};
+use coli_runtime::vk::{
+    AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, MatIn, MatmulPath, Pos, QkNorm, RopeArgs, RopeKvArgs,
+    VkOptions,
+};
 use vk_common::{assert_close, ctx, open, random_rows, Rng};
 
 /// The CPU's input of a fused product: the rows as the unfused ops would leave them.
@@ -210,7 +213,8 @@ fn rope_kv_matches_cpu() {
             let pos = if dynamic { Pos::Dynamic(pb.all()) } else { Pos::Fixed(pos0) };
             let shape = KvShape { n, heads, kv_heads, head_dim, v_head_dim };
             let mut f = ctx.frame().unwrap();
-            f.rope_kv(rope, qb.all(), kb.all(), vb.all(), shape, mk.all(), mv.all(), sk.all(), sv.all(), pos).unwrap();
+            let mirror = KvMirror { k: mk.all(), v: mv.all(), k_back: sk.all(), v_back: sv.all() };
+            f.rope_kv(RopeKvArgs { rope, q: qb.all(), k: kb.all(), v: vb.all(), shape, mirror, pos }).unwrap();
             f.run().unwrap();
             let what = format!("rope_kv {style:?} rotary {rotary} dynamic {dynamic} n {n}");
             assert_close(&format!("{what}: q"), &ctx.download_f32(qb.all()).unwrap(), &wq, 1e-5);
@@ -314,24 +318,19 @@ fn attention_decode_matches_cpu() {
             eps: 1e-5,
             offset,
         });
-        let acts = f
-            .attention_decode(
-                vs,
-                rope,
-                qb.all(),
-                kb.all(),
-                vb.all(),
-                mkv,
-                mvv,
-                sk.all(),
-                sv.all(),
-                with_sinks.then(|| sb.all()),
-                ob.all(),
-                pos,
-                norm,
-                q8,
-            )
-            .unwrap();
+        let args = DecodeArgs {
+            rope,
+            q: qb.all(),
+            k: kb.all(),
+            v: vb.all(),
+            mirror: KvMirror { k: mkv, v: mvv, k_back: sk.all(), v_back: sv.all() },
+            sinks: with_sinks.then(|| sb.all()),
+            out: ob.all(),
+            pos,
+            norm,
+            q8,
+        };
+        let acts = f.attention_decode(vs, args).unwrap();
         assert_eq!(f.dispatch_count(), 1);
         assert_eq!(acts.is_some(), q8);
         if let Some(a) = acts {
@@ -383,20 +382,11 @@ fn a_recording_replays_at_every_position() {
         let mut f = ctx.recording().unwrap();
         let shape = KvShape { n: 1, heads, kv_heads, head_dim, v_head_dim: head_dim };
         let pos = Pos::Dynamic(pb.all());
-        f.rope_kv(
-            Some(RopeArgs { freq: fb.all(), style: RopeStyle::RotateHalf, mscale }),
-            qb.all(),
-            kb.all(),
-            vb.all(),
-            shape,
-            mk.all(),
-            mv.all(),
-            sk.all(),
-            sv.all(),
-            pos,
-        )
-        .unwrap();
-        f.attention_at(vs, qb.all(), mk.all(), mv.all(), None, ob.all(), 1, pos, AttnPath::Auto).unwrap();
+        let rope = Some(RopeArgs { freq: fb.all(), style: RopeStyle::RotateHalf, mscale });
+        let mirror = KvMirror { k: mk.all(), v: mv.all(), k_back: sk.all(), v_back: sv.all() };
+        f.rope_kv(RopeKvArgs { rope, q: qb.all(), k: kb.all(), v: vb.all(), shape, mirror, pos }).unwrap();
+        let attn = AttnArgs { q: qb.all(), k: mk.all(), v: mv.all(), sinks: None, out: ob.all(), n: 1 };
+        f.attention_at(vs, attn, pos, AttnPath::Auto).unwrap();
         let rec = f.finish().unwrap();
         assert!(rec.dispatch_count() == 2 && rec.barrier_count() >= 1, "{rec:?}");
         let (mut keys, mut vals) = (Vec::new(), Vec::new());

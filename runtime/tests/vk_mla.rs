@@ -19,12 +19,12 @@ mod vk_common;
 
 use coli_compiler::ir::RopeStyle;
 use coli_compiler::ir::{MlaSpec, RopeScaling};
-use coli_runtime::cpu::mla::{mla, MlaForm, MlaWeights, QueryWeights};
+use coli_runtime::cpu::mla::{mla, MlaCall as CpuCall, MlaForm, MlaWeights, QueryWeights};
 use coli_runtime::cpu::rope::inv_freq;
 use coli_runtime::cpu::Precision;
 use coli_runtime::exec::kv::LayerKv;
 use coli_runtime::format::{Matrix, WeightFormat};
-use coli_runtime::vk::{MlaCache, MlaMats, MlaQuery, MlaScratch, MlaShape, RopeArgs};
+use coli_runtime::vk::{MlaAttnArgs, MlaCache, MlaCall, MlaMats, MlaQuery, MlaScratch, MlaShape, RopeArgs};
 use vk_common::*;
 
 fn worst(got: &[f32], want: &[f32]) -> f32 {
@@ -146,22 +146,11 @@ fn run_case(c: &Case, seed: u64) {
         let x = rng.vec(n * c.hidden, 1.0);
         let mut want = vec![0f32; n * c.hidden];
         let form = if exact { MlaForm::for_rows(n) } else { MlaForm::Absorbed };
-        mla(&spec, &cw, &x, n, pos0, &mut kv, precision, form, &mut want);
+        mla(&CpuCall { spec: &spec, weights: &cw, precision, form }, &x, n, pos0, &mut kv, &mut want);
         ctx.write(&dx, lead * 4, &bytes(&x)).unwrap();
         let mut f = ctx.frame().unwrap();
-        f.mla(
-            s,
-            mats,
-            rope,
-            dx.view(lead, n * c.hidden),
-            n,
-            pos0,
-            cache,
-            &scratch,
-            dy.view(lead, n * c.hidden),
-            precision,
-        )
-        .unwrap();
+        let call = MlaCall { shape: s, weights: mats, rope, cache, scratch: &scratch, precision };
+        f.mla(call, dx.view(lead, n * c.hidden), n, pos0, dy.view(lead, n * c.hidden)).unwrap();
         f.run().unwrap();
         let got = ctx.download_f32(dy.view(lead, n * c.hidden)).unwrap();
         let eo = worst(&got, &want);
@@ -291,7 +280,9 @@ fn out_of_range_geometries_are_typed_errors() {
     for (latent, rope) in [(2048, 8), (32, 7), (32, 256), (0, 8)] {
         let s = MlaShape { heads: 1, q_lora: None, latent, nope: 4, rope, v_head_dim: 4, scale: 1.0, eps: 1e-6 };
         let mut f = ctx.frame().unwrap();
-        let e = f.mla_attn(s, b.view(0, 64), b.view(0, 4096), b.all(), b.all(), 1, 0);
+        let a =
+            MlaAttnArgs { q: b.view(0, 64), lat: b.view(0, 4096), latent_mirror: b.all(), rope_mirror: b.all(), n: 1 };
+        let e = f.mla_attn(s, a, 0);
         assert!(e.is_err(), "a latent of {latent}, a rope part of {rope}: refused");
     }
 }

@@ -76,7 +76,6 @@ fn routing(n: usize, top_k: usize, experts: usize, rng: &mut Rng) -> Vec<f32> {
 }
 
 /// The CPU reference and the device for one case; returns the device's output.
-#[allow(clippy::too_many_arguments)]
 fn check(layer: &Layer, n: usize, top_k: usize, glu: GluKind, precision: Precision, path: MoePath, rng: &mut Rng) {
     let ctx = ctx().unwrap();
     let h = layer.hidden;

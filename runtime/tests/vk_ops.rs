@@ -15,7 +15,9 @@ use coli_runtime::cpu::{
     attention as cpu_attention, elementwise as cpu_elementwise, norm as cpu_norm, rope as cpu_rope, route as cpu_route,
 };
 use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
-use coli_runtime::vk::{AttnPath, AttnShape, Broadcast, IntDotUse, MatmulPath, RopeShape, RouteParams, VkOptions};
+use coli_runtime::vk::{
+    AttnArgs, AttnPath, AttnShape, Broadcast, IntDotUse, MatmulPath, NormArgs, RopeShape, RouteParams, VkOptions,
+};
 use vk_common::{assert_close, assert_close_terms, ctx, random_rows, term_magnitudes, Rng};
 
 /// Columns per format: tails for the formats that take any length, two or more blocks else.
@@ -224,9 +226,9 @@ fn rms_norm_matches_cpu() {
         let (xb, wb, ob) =
             (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&w).unwrap(), ctx.f32_buffer(n * width).unwrap());
         let mut f = ctx.frame().unwrap();
-        f.rms_norm(xb.all(), wb.all(), ob.all(), n, width, 1e-6, offset).unwrap();
+        f.rms_norm(NormArgs { x: xb.all(), weight: wb.all(), out: ob.all(), width }, n, 1e-6, offset).unwrap();
         // In place as well.
-        f.rms_norm(xb.all(), wb.all(), xb.all(), n, width, 1e-6, offset).unwrap();
+        f.rms_norm(NormArgs { x: xb.all(), weight: wb.all(), out: xb.all(), width }, n, 1e-6, offset).unwrap();
         f.run().unwrap();
         assert_close(&format!("rms_norm group {group}"), &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
         assert_close(&format!("rms_norm in place {group}"), &ctx.download_f32(xb.all()).unwrap(), &want, 1e-5);
@@ -453,8 +455,9 @@ fn attention_matches_cpu() {
             for path in [AttnPath::Split, AttnPath::Block] {
                 let ob = ctx.f32_buffer(want.len()).unwrap();
                 let mut f = ctx.frame().unwrap();
-                f.attention(vs, qb.all(), kb.all(), vb.all(), with_sinks.then(|| sb.all()), ob.all(), n, pos0, path)
-                    .unwrap();
+                let sinks = with_sinks.then(|| sb.all());
+                let args = AttnArgs { q: qb.all(), k: kb.all(), v: vb.all(), sinks, out: ob.all(), n };
+                f.attention(vs, args, pos0, path).unwrap();
                 f.run().unwrap();
                 let what = format!("attention {heads}/{kv_heads}x{head_dim}/{v_head_dim} window {window:?} sinks {with_sinks} x{value_scale} n {n} pos0 {pos0} {path:?}");
                 assert_close(&what, &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);

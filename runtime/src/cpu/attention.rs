@@ -6,6 +6,7 @@
 //! only reads them.
 
 use crate::format::pool::{self, SendPtr};
+use coli_compiler::ir::AttentionSpec;
 use std::cell::RefCell;
 
 /// Geometry and options of one attention call.
@@ -17,6 +18,20 @@ pub struct AttnShape {
     pub v_head_dim: usize,
     pub scale: f32,
     pub window: Option<usize>,
+}
+
+impl AttnShape {
+    /// The geometry and options of an attention op.
+    pub fn of(spec: &AttentionSpec) -> AttnShape {
+        AttnShape {
+            heads: spec.heads,
+            kv_heads: spec.kv_heads,
+            head_dim: spec.head_dim,
+            v_head_dim: spec.v_head_dim,
+            scale: spec.scale,
+            window: spec.window,
+        }
+    }
 }
 
 /// Query rows per task (prefill): enough to amortize a task, few enough to balance.
@@ -39,6 +54,7 @@ pub fn attend(s: AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, sinks:
     let sets = s.heads / per;
     let o = SendPtr(out.as_mut_ptr());
     let wide = crate::format::wide_simd();
+    let call = Rows { s: &s, q, k, v, pos0, sinks };
     pool::run(sets * blocks, &|t| {
         // Later rows see more keys: hand out the heaviest blocks first, for balance.
         let (set, b) = (t % sets, blocks - 1 - t / sets);
@@ -54,11 +70,11 @@ pub fn attend(s: AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, sinks:
                 #[cfg(target_arch = "x86_64")]
                 if wide {
                     // SAFETY: `wide_simd` reported AVX2+FMA.
-                    unsafe { heads_row_avx2(&s, q, k, v, pos0, i, hs.clone(), sinks, sc, o) };
+                    unsafe { heads_row_avx2(&call, i, hs.clone(), sc, o) };
                     continue;
                 }
                 let _ = wide;
-                heads_row::<Plain>(&s, q, k, v, pos0, i, hs.clone(), sinks, sc, o);
+                heads_row::<Plain>(&call, i, hs.clone(), sc, o);
             }
         });
     });
@@ -68,22 +84,21 @@ thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// What every row of one `attend` call reads: its geometry, the query rows, the cached keys
+/// and values, the block's first position and the sinks (as `attend` takes them).
+struct Rows<'a> {
+    s: &'a AttnShape,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    pos0: usize,
+    sinks: Option<&'a [f32]>,
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn heads_row_avx2(
-    s: &AttnShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    pos0: usize,
-    i: usize,
-    hs: std::ops::Range<usize>,
-    sinks: Option<&[f32]>,
-    scores: &mut Vec<f32>,
-    o: &mut [f32],
-) {
-    heads_row::<avx2::Avx2>(s, q, k, v, pos0, i, hs, sinks, scores, o)
+unsafe fn heads_row_avx2(call: &Rows, i: usize, hs: std::ops::Range<usize>, scores: &mut Vec<f32>, o: &mut [f32]) {
+    heads_row::<avx2::Avx2>(call, i, hs, scores, o)
 }
 
 /// The two inner loops of a head row over one chunk of `8 * NV` lanes of the head dimension
@@ -201,19 +216,8 @@ const KEY_BLOCK: usize = 32;
 /// keys, softmax (with each head's sink), and the weighted sums of values into `o` (the
 /// heads' outputs, `v_head_dim` each). `scores` is scratch.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn heads_row<K: Chunk>(
-    s: &AttnShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    pos0: usize,
-    i: usize,
-    hs: std::ops::Range<usize>,
-    sinks: Option<&[f32]>,
-    scores: &mut Vec<f32>,
-    o: &mut [f32],
-) {
+fn heads_row<K: Chunk>(call: &Rows, i: usize, hs: std::ops::Range<usize>, scores: &mut Vec<f32>, o: &mut [f32]) {
+    let Rows { s, q, k, v, pos0, sinks } = *call;
     let (hd, vhd) = (s.head_dim, s.v_head_dim);
     let g = hs.len();
     let kvh = hs.start / (s.heads / s.kv_heads);

@@ -82,19 +82,20 @@ fn l2norm(x: &mut [f32]) {
     x.iter_mut().for_each(|v| *v *= inv);
 }
 
+/// One layer's op as a call runs it: the spec, the weights, the gated norm's epsilon and the
+/// precision of the products.
+#[derive(Clone, Copy)]
+pub struct DeltaNetCall<'a> {
+    pub spec: &'a LinearAttentionSpec,
+    pub weights: &'a DeltaNetWeights<'a>,
+    pub eps: f32,
+    pub precision: Precision,
+}
+
 /// Runs the mixer over `x` (`n x hidden`), advancing `state` by `n` positions, and writes `out`
-/// (`n x hidden`). `eps`: the gated norm's epsilon.
-#[allow(clippy::too_many_arguments)]
-pub fn gated_deltanet(
-    s: &LinearAttentionSpec,
-    w: &DeltaNetWeights,
-    x: &[f32],
-    n: usize,
-    state: &mut [f32],
-    eps: f32,
-    precision: Precision,
-    out: &mut [f32],
-) {
+/// (`n x hidden`).
+pub fn gated_deltanet(call: &DeltaNetCall, x: &[f32], n: usize, state: &mut [f32], out: &mut [f32]) {
+    let DeltaNetCall { spec: s, weights: w, eps, precision } = *call;
     let (nk, nv, dk, dv, kk) = (s.key_heads, s.value_heads, s.key_head_dim, s.value_head_dim, s.conv_kernel);
     let r = nv / nk;
     let key_dim = nk * dk;
@@ -263,16 +264,8 @@ mod tests {
             for start in (0..n).step_by(chunk) {
                 let m = chunk.min(n - start);
                 let mut o = vec![0f32; m * hidden];
-                gated_deltanet(
-                    &spec,
-                    &w,
-                    &x[start * hidden..(start + m) * hidden],
-                    m,
-                    &mut state,
-                    1e-6,
-                    Precision::Exact,
-                    &mut o,
-                );
+                let call = DeltaNetCall { spec: &spec, weights: &w, eps: 1e-6, precision: Precision::Exact };
+                gated_deltanet(&call, &x[start * hidden..(start + m) * hidden], m, &mut state, &mut o);
                 all.extend(o);
             }
             (all, state)

@@ -99,21 +99,21 @@ fn add_bias(rows: &mut [f32], bias: Option<&[f32]>) {
     }
 }
 
+/// One layer's op as a call runs it: the spec, the weights, the precision of the products and
+/// the form of the attention.
+#[derive(Clone, Copy)]
+pub struct MlaCall<'a> {
+    pub spec: &'a MlaSpec,
+    pub weights: &'a MlaWeights<'a>,
+    pub precision: Precision,
+    pub form: MlaForm,
+}
+
 /// Runs the op over `x` (`n x hidden`), appending this block's latents and rope keys to `kv`
 /// (which must hold exactly the positions before `pos0`; later ones are dropped), and writes
 /// `out` (`n x hidden`).
-#[allow(clippy::too_many_arguments)]
-pub fn mla(
-    s: &MlaSpec,
-    w: &MlaWeights,
-    x: &[f32],
-    n: usize,
-    pos0: usize,
-    kv: &mut LayerKv,
-    precision: Precision,
-    form: MlaForm,
-    out: &mut [f32],
-) {
+pub fn mla(call: &MlaCall, x: &[f32], n: usize, pos0: usize, kv: &mut LayerKv, out: &mut [f32]) {
+    let MlaCall { spec: s, weights: w, precision, form } = *call;
     let (h, dn, dr, dv, c) = (s.heads, s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim, s.kv_lora_rank);
     let dq = dn + dr;
     // 1. Queries: n x h x (nope, rope).
@@ -159,28 +159,32 @@ pub fn mla(
     let len = kv.len();
     // 5. Attention: n x h x dv.
     let mut attn = vec![0f32; n * h * dv];
+    let cached = Cached { s, kv_b: &w.kv_b, q: &q, lat: &kv.k, kr: &kv.v, pos0, precision };
     match form {
-        MlaForm::Expanded => expanded(s, &w.kv_b, &q, &kv.k, &kv.v, len, pos0, precision, &mut attn),
-        MlaForm::Absorbed => absorbed(s, &w.kv_b, &q, &kv.k, &kv.v, pos0, precision, &mut attn),
+        MlaForm::Expanded => expanded(&cached, len, &mut attn),
+        MlaForm::Absorbed => absorbed(&cached, &mut attn),
     }
     // 6. Output projection.
     linear(&w.o, &attn, n, out, precision);
     add_bias(out, w.o_bias);
 }
 
-/// Keys and values of every cached position through `kv_b`, then causal attention.
-#[allow(clippy::too_many_arguments)]
-fn expanded(
-    s: &MlaSpec,
-    kv_b: &Matrix,
-    q: &[f32],
-    lat: &[f32],
-    kr: &[f32],
-    len: usize,
+/// What both forms attend with: the spec, `kv_b`, the block's rotated queries (`n x heads x
+/// (nope, rope)`), the cached latents and rope keys (the block's included), the block's first
+/// position and the precision of the products.
+struct Cached<'a> {
+    s: &'a MlaSpec,
+    kv_b: &'a Matrix<'a>,
+    q: &'a [f32],
+    lat: &'a [f32],
+    kr: &'a [f32],
     pos0: usize,
     precision: Precision,
-    attn: &mut [f32],
-) {
+}
+
+/// Keys and values of the first `len` cached positions through `kv_b`, then causal attention.
+fn expanded(c: &Cached, len: usize, attn: &mut [f32]) {
+    let Cached { s, kv_b, q, lat, kr, pos0, precision } = *c;
     let (h, dn, dr, dv, c) = (s.heads, s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim, s.kv_lora_rank);
     let dq = dn + dr;
     let bw = h * (dn + dv);
@@ -203,17 +207,8 @@ fn expanded(
 
 /// Queries absorbed into latent space through `kv_b`'s key rows; scores on the latents; the
 /// weighted latent through `kv_b`'s value rows.
-#[allow(clippy::too_many_arguments)]
-fn absorbed(
-    s: &MlaSpec,
-    kv_b: &Matrix,
-    q: &[f32],
-    lat: &[f32],
-    kr: &[f32],
-    pos0: usize,
-    precision: Precision,
-    attn: &mut [f32],
-) {
+fn absorbed(cached: &Cached, attn: &mut [f32]) {
+    let Cached { s, kv_b, q, lat, kr, pos0, precision } = *cached;
     let (h, dn, dr, dv, c) = (s.heads, s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim, s.kv_lora_rank);
     let dq = dn + dr;
     let n = q.len() / (h * dq);
@@ -331,7 +326,8 @@ mod tests {
         let x = rnd(n * hidden, 99);
         let mut kv = LayerKv { k_width: c, v_width: dr, ..Default::default() };
         let mut want = vec![0f32; n * hidden];
-        mla(&spec, &w, &x, n, 0, &mut kv, Precision::Exact, MlaForm::Expanded, &mut want);
+        let call = |form| MlaCall { spec: &spec, weights: &w, precision: Precision::Exact, form };
+        mla(&call(MlaForm::Expanded), &x, n, 0, &mut kv, &mut want);
         for (form, chunk) in
             [(MlaForm::Absorbed, 1), (MlaForm::Absorbed, 3), (MlaForm::Expanded, 1), (MlaForm::Expanded, 2)]
         {
@@ -340,17 +336,7 @@ mod tests {
             for start in (0..n).step_by(chunk) {
                 let m = chunk.min(n - start);
                 let mut o = vec![0f32; m * hidden];
-                mla(
-                    &spec,
-                    &w,
-                    &x[start * hidden..(start + m) * hidden],
-                    m,
-                    start,
-                    &mut kv,
-                    Precision::Exact,
-                    form,
-                    &mut o,
-                );
+                mla(&call(form), &x[start * hidden..(start + m) * hidden], m, start, &mut kv, &mut o);
                 got.extend(o);
             }
             let err = got.iter().zip(&want).fold(0f32, |a, (x, y)| a.max((x - y).abs()));

@@ -206,14 +206,7 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             }
             let (kw, vw) = (env.widths[k.0 as usize], env.widths[v.0 as usize]);
             kv.append(&env.values[k.0 as usize][..n * kw], &env.values[v.0 as usize][..n * vw]);
-            let shape = attention::AttnShape {
-                heads: spec.heads,
-                kv_heads: spec.kv_heads,
-                head_dim: spec.head_dim,
-                v_head_dim: spec.v_head_dim,
-                scale: spec.scale,
-                window: spec.window,
-            };
+            let shape = attention::AttnShape::of(spec);
             let sinks = spec.sinks.as_ref().map(|s| env.weights.vector(&s.name));
             let mut o = std::mem::take(&mut env.values[out.0 as usize]);
             o.resize(n * spec.heads * spec.v_head_dim, 0.0);
@@ -308,18 +301,8 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
                 .map_err(|m| CpuError::MissingRole { op: op_name(op), role: m.0 })?;
             let xs = env.get(*x).to_vec();
             let mut o = env.take(*out);
-            let (pos0, precision) = (env.pos0, env.precision);
-            mla::mla(
-                spec,
-                &w,
-                &xs,
-                n,
-                pos0,
-                &mut env.kv.layers[layer.0 as usize],
-                precision,
-                mla::MlaForm::for_rows(n),
-                &mut o,
-            );
+            let call = mla::MlaCall { spec, weights: &w, precision: env.precision, form: mla::MlaForm::for_rows(n) };
+            mla::mla(&call, &xs, n, env.pos0, &mut env.kv.layers[layer.0 as usize], &mut o);
             env.put(*out, o);
         }
         Op::LinearAttention { x, out, layer, spec } => {
@@ -342,7 +325,8 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             }
             // The state this step starts from stays at hand (a failed forward goes back to it).
             lk.keep_back();
-            deltanet::gated_deltanet(spec, &w, &xs, n, &mut lk.state, spec.norm_eps, env.precision, &mut o);
+            let call = deltanet::DeltaNetCall { spec, weights: &w, eps: spec.norm_eps, precision: env.precision };
+            deltanet::gated_deltanet(&call, &xs, n, &mut lk.state, &mut o);
             lk.state_len = Some(pos0 + n);
             env.put(*out, o);
         }

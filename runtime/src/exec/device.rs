@@ -33,19 +33,23 @@
 
 use super::step::{HostRows, Step};
 use super::weights::visit_weights;
-use super::{LogitRows, Model};
+use super::{LogitRows, Model, OpRows};
 use crate::bytes::{as_bytes, as_bytes_mut};
 use crate::cpu::experts::ExpertMats;
 use crate::cpu::rope::inv_freq;
 use crate::cpu::Precision;
 use crate::exec::kv::{KvCache, LayerKv};
-use crate::exec::kv_split::{Split, SplitState, SplitStats};
+use crate::exec::kv_split::{HostPart, RingUpload, Split, SplitState, SplitStats};
 use crate::oplib::{op_name, OpLib};
+use crate::vk::ops::attn_part::PartArgs;
+use crate::vk::{
+    AttnArgs, DecodeArgs, Frame as VkFrame, KvMirror, KvShape, MatIn, NormArgs, Pos, QkNorm, QuantizedActs, Recorded,
+    RopeArgs, RopeKvArgs, View,
+};
 use crate::vk::{
     AttnPath, AttnShape, Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoeCall,
     MoePath, MoeScratch, RopeShape, RouteParams, VkError, VkOps,
 };
-use crate::vk::{Frame as VkFrame, KvShape, MatIn, NormArgs, Pos, QkNorm, QuantizedActs, Recorded, RopeArgs, View};
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::{DeviceId, Place};
 use coli_compiler::ir::{ExpertBias, Op, Program, RopeScaling, ValueId};
@@ -437,7 +441,8 @@ impl DeviceModel {
                         Some(nm) => {
                             // Float activations: the norm's rows after all.
                             let weight = self.vecs[&nm.weight.name].all();
-                            f.rms_norm(view(nm.x), weight, view(e.x), n, w(e.x), nm.eps, nm.offset)?;
+                            let args = NormArgs { x: view(nm.x), weight, out: view(e.x), width: w(e.x) };
+                            f.rms_norm(args, n, nm.eps, nm.offset)?;
                             MatIn::Plain(view(e.x))
                         }
                         None => MatIn::Plain(view(e.x)),
@@ -532,15 +537,7 @@ impl DeviceModel {
             let (fb, mscale) = self.freq(r.rotary_dim, r.theta, r.scaling);
             RopeArgs { freq: fb.all(), style: r.style, mscale }
         });
-        let shape = AttnShape {
-            heads: spec.heads,
-            kv_heads: spec.kv_heads,
-            head_dim: spec.head_dim,
-            v_head_dim: spec.v_head_dim,
-            scale: spec.scale,
-            window: spec.window,
-            value_scale: spec.value_scale,
-        };
+        let shape = AttnShape::of(spec);
         let kv_shape = KvShape {
             n,
             heads: spec.heads,
@@ -549,21 +546,16 @@ impl DeviceModel {
             v_head_dim: spec.v_head_dim,
         };
         let sinks = spec.sinks.as_ref().map(|s| self.vecs[&s.name].all());
+        let mirror = KvMirror { k: mk.all(), v: mv.all(), k_back: sk.all(), v_back: sv.all() };
+        let rope_kv = RopeKvArgs { rope: args, q: view(q), k: view(k), v: view(v), shape: kv_shape, mirror, pos };
         // A split layer: the append into its ring, the device's part, and the part into its
         // read-back buffers (the host finishes after the frame).
         if let Some((sp, ss)) = split {
-            let (kk, vv) = (view(k), view(v));
-            f.rope_kv_ring(args, view(q), kk, vv, kv_shape, mk.all(), mv.all(), sk.all(), sv.all(), pos, sp.plan.ring)?;
-            let cs = crate::cpu::attention::AttnShape {
-                heads: spec.heads,
-                kv_heads: spec.kv_heads,
-                head_dim: spec.head_dim,
-                v_head_dim: spec.v_head_dim,
-                scale: spec.scale,
-                window: spec.window,
-            };
+            f.rope_kv_ring(rope_kv, sp.plan.ring)?;
+            let cs = crate::cpu::attention::AttnShape::of(spec);
             let (aw, mw) = (n * spec.heads * spec.v_head_dim, n * spec.heads * 2);
-            f.attn_part(cs, sp.shape(), view(q), mk.all(), mv.all(), ss.acc.view(0, aw), ss.ml.view(0, mw), n, pos)?;
+            let (acc, ml) = (ss.acc.view(0, aw), ss.ml.view(0, mw));
+            f.attn_part(cs, sp.shape(), PartArgs { q: view(q), k: mk.all(), v: mv.all(), acc, ml, n, pos })?;
             f.copy(ss.acc.view(0, aw), ss.acc_back.view(0, aw))?;
             f.copy(ss.ml.view(0, mw), ss.ml_back.view(0, mw))?;
             return Ok(None);
@@ -579,29 +571,31 @@ impl DeviceModel {
                 && spec.v_head_dim % 32 == 0
                 && matches!(next, Some(Kernel::Matmul(m))
                     if m.src == MatSrc::Plain && m.x == out && self.mats[&m.weight.name].variant.q8_acts());
-            return f.attention_decode(
-                shape,
-                args,
-                view(qsrc),
-                view(ksrc),
-                view(v),
-                keys,
-                values,
-                sk.all(),
-                sv.all(),
+            let decode = DecodeArgs {
+                rope: args,
+                q: view(qsrc),
+                k: view(ksrc),
+                v: view(v),
+                mirror: KvMirror { k: keys, v: values, ..mirror },
                 sinks,
-                view(out),
+                out: view(out),
                 pos,
-                qk_norm,
+                norm: qk_norm,
                 q8,
-            );
+            };
+            return f.attention_decode(shape, decode);
         }
-        f.rope_kv(args, view(q), view(k), view(v), kv_shape, mk.all(), mv.all(), sk.all(), sv.all(), pos)?;
+        f.rope_kv(rope_kv)?;
         let (keys, values) = match pos {
             Pos::Fixed(p0) => (mk.view(0, (p0 + n) * w(k)), mv.view(0, (p0 + n) * w(v))),
             Pos::Dynamic(_) => (mk.all(), mv.all()),
         };
-        f.attention_at(shape, view(q), keys, values, sinks, view(out), n, pos, AttnPath::Auto)?;
+        f.attention_at(
+            shape,
+            AttnArgs { q: view(q), k: keys, v: values, sinks, out: view(out), n },
+            pos,
+            AttnPath::Auto,
+        )?;
         Ok(None)
     }
 
@@ -616,7 +610,9 @@ impl DeviceModel {
                 f.embed(&self.mats[&table.name], st.tokens.view(0, n), n, *scale, view(*out))?;
             }
             Op::RmsNorm { x, out, weight, eps, offset, .. } => {
-                f.rms_norm(view(*x), self.vecs[&weight.name].all(), view(*out), rows, w(*x), *eps, *offset)?;
+                let args =
+                    NormArgs { x: view(*x), weight: self.vecs[&weight.name].all(), out: view(*out), width: w(*x) };
+                f.rms_norm(args, rows, *eps, *offset)?;
             }
             Op::Linear { x, out, weight, bias } => {
                 f.matmul_with(&self.mats[&weight.name], view(*x), rows, view(*out), MatmulPath::Auto, precision)?;
@@ -651,7 +647,8 @@ impl DeviceModel {
                 f.mul(view(*a), view(*b), view(*out), n, w(*a), mode)?
             }
             Op::LinearAttention { x, out, layer, spec } => {
-                st.recurrent.record(f, &self.mats, &self.vecs, spec, *layer, view(*x), view(*out), n, precision)?;
+                let io = OpRows { x: view(*x), out: view(*out), n, precision };
+                st.recurrent.record(f, &self.mats, &self.vecs, spec, *layer, io)?;
             }
             Op::Mla { x, out, layer, spec } => {
                 let mirror = st.mirrors[layer.0 as usize].as_ref().expect("mirror allocated");
@@ -663,7 +660,7 @@ impl DeviceModel {
                     mirror,
                     scratch: st.mla.as_ref(),
                 };
-                super::mla_mirror::record(f, inp, spec, view(*x), view(*out), n, pos, precision)?;
+                super::mla_mirror::record(f, inp, spec, OpRows { x: view(*x), out: view(*out), n, precision }, pos)?;
             }
             op => {
                 return Err(VkError::BadArgument {
@@ -710,7 +707,8 @@ impl DeviceModel {
                 let (mk, mv, _, _) = st.mirrors[l].as_ref().expect("mirror allocated");
                 let c = &kv.layers[l];
                 if let (Some(sp), Some(ss)) = (self.kv_split.as_ref().filter(|s| s.splits(*layer)), st.split.as_mut()) {
-                    sp.upload(ctx, ss, l, mk, mv, c, &mut st.watermark[l], pos0)?;
+                    let up = RingUpload { layer: l, k: mk, v: mv, host: c, mark: &mut st.watermark[l] };
+                    sp.upload(ctx, ss, up, pos0)?;
                     continue;
                 }
                 let mark = st.watermark[l];
@@ -828,17 +826,8 @@ impl DeviceModel {
         if let (Some(id), Some(sp), Some(ss)) = (frame.kv_split, self.kv_split.as_ref(), st.split.as_ref()) {
             if let Op::Attention { q, out, layer, spec, .. } = op_of(p, id) {
                 let mut o = std::mem::take(&mut host_values[out.0 as usize]);
-                sp.finish(
-                    ctx,
-                    ss,
-                    spec,
-                    &model.weights,
-                    &host_values[q.0 as usize],
-                    &kv.layers[layer.0 as usize],
-                    n,
-                    pos0,
-                    &mut o,
-                )?;
+                let (q, cache) = (&host_values[q.0 as usize], &kv.layers[layer.0 as usize]);
+                sp.finish(ctx, ss, HostPart { spec, weights: &model.weights, q, host: cache, n, pos0 }, &mut o)?;
                 host_values[out.0 as usize] = o;
             }
         }

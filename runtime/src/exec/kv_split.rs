@@ -23,6 +23,28 @@ use coli_compiler::ir::{AttentionSpec, LayerId, Op, Program};
 use coli_compiler::place::kv_split::{device_from, KvSplit};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// A split layer before a step (`Split::upload`): layer `layer`'s ring mirrors `k` and `v`,
+/// the host's cache `host` of the layer, and the layer's watermark `mark`.
+pub struct RingUpload<'a> {
+    pub layer: usize,
+    pub k: &'a DeviceBuffer,
+    pub v: &'a DeviceBuffer,
+    pub host: &'a LayerKv,
+    pub mark: &'a mut usize,
+}
+
+/// What the host's part of a split attention step reads (`Split::finish`): the op's spec, the
+/// weights (its sinks), the step's rotated query rows `q`, the host's cache `host` of the
+/// layer (which holds the step's rows by now), and the step's `n` rows from `pos0`.
+pub struct HostPart<'a> {
+    pub spec: &'a AttentionSpec,
+    pub weights: &'a WeightStore,
+    pub q: &'a [f32],
+    pub host: &'a LayerKv,
+    pub n: usize,
+    pub pos0: usize,
+}
+
 /// A model's split: its numbers and what its steps did.
 #[derive(Debug)]
 pub struct Split {
@@ -100,21 +122,11 @@ impl Split {
         })
     }
 
-    /// Before a step of layer `l` from `pos0`: the ring gets the positions of the step's
-    /// shares below `pos0` that it lacks (from the host's cache `c`); `mark` (the layer's
-    /// watermark, at most `pos0`) becomes `pos0`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn upload(
-        &self,
-        ctx: &Context,
-        st: &mut SplitState,
-        l: usize,
-        mk: &DeviceBuffer,
-        mv: &DeviceBuffer,
-        c: &LayerKv,
-        mark: &mut usize,
-        pos0: usize,
-    ) -> Result<(), VkError> {
+    /// Before a step of layer `u.layer` from `pos0`: the ring gets the positions of the
+    /// step's shares below `pos0` that it lacks (from the host's cache); the watermark (at
+    /// most `pos0`) becomes `pos0`.
+    pub fn upload(&self, ctx: &Context, st: &mut SplitState, u: RingUpload, pos0: usize) -> Result<(), VkError> {
+        let RingUpload { layer: l, k: mk, v: mv, host: c, mark } = u;
         let need = self.plan.device_from(pos0).min(pos0);
         let lo = &mut st.ring_lo[l];
         let from = if *lo > need || *mark < need {
@@ -143,31 +155,12 @@ impl Split {
         *lo = (*lo).max((pos0 + n).saturating_sub(self.plan.ring));
     }
 
-    /// The host's side of a split attention `op` after its frame: the device's part read
+    /// The host's side of a split attention op after its frame: the device's part read
     /// back, the host's part over each row's older positions (and the sinks) from the host's
-    /// cache `c` (which holds the step's rows by now), the merge into `out` (`n x heads *
-    /// v_head_dim`, times the value scale). `q`: the step's rotated query rows.
-    #[allow(clippy::too_many_arguments)]
-    pub fn finish(
-        &self,
-        ctx: &Context,
-        st: &SplitState,
-        spec: &AttentionSpec,
-        weights: &WeightStore,
-        q: &[f32],
-        c: &LayerKv,
-        n: usize,
-        pos0: usize,
-        out: &mut Vec<f32>,
-    ) -> Result<(), VkError> {
-        let s = CpuShape {
-            heads: spec.heads,
-            kv_heads: spec.kv_heads,
-            head_dim: spec.head_dim,
-            v_head_dim: spec.v_head_dim,
-            scale: spec.scale,
-            window: spec.window,
-        };
+    /// cache, the merge into `out` (`n x heads * v_head_dim`, times the value scale).
+    pub fn finish(&self, ctx: &Context, st: &SplitState, part: HostPart, out: &mut Vec<f32>) -> Result<(), VkError> {
+        let HostPart { spec, weights, q, host: c, n, pos0 } = part;
+        let s = CpuShape::of(spec);
         let ow = spec.heads * spec.v_head_dim;
         let mut device = Parts { acc: vec![0.0; n * ow], ml: vec![0.0; n * spec.heads * 2] };
         ctx.read(&st.acc_back, 0, as_bytes_mut(&mut device.acc))?;

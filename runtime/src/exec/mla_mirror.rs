@@ -12,10 +12,10 @@
 //!
 //! Must not: hold cache rows of its own, or record anything but the op it is given.
 
-use crate::cpu::Precision;
+use super::OpRows;
 use crate::vk::{
-    Context, DeviceBuffer, DeviceMatrix, Frame, MlaCache, MlaMats, MlaQuery, MlaScratch, MlaShape, Pos, RopeArgs, View,
-    VkError,
+    Context, DeviceBuffer, DeviceMatrix, Frame, MlaCache, MlaCall, MlaMats, MlaQuery, MlaScratch, MlaShape, Pos,
+    RopeArgs, VkError,
 };
 use coli_compiler::frames::{op_of, Frame as PlanFrame};
 use coli_compiler::ir::{MlaSpec, Op, Program, RopeStyle};
@@ -56,20 +56,17 @@ pub struct MlaInputs<'a> {
     pub scratch: Option<&'a MlaScratch>,
 }
 
-/// Records the op over `n` rows of `x` at `pos` into `out`: a fixed position, or one read on
-/// the device (a decode frame recorded once and replayed).
-#[allow(clippy::too_many_arguments)]
+/// Records the op over `io` at `pos`: a fixed position, or one read on the device (a decode
+/// frame recorded once and replayed).
 pub fn record<'a>(
     f: &mut Frame<'a>,
     inp: MlaInputs<'a>,
     spec: &MlaSpec,
-    x: View<'a>,
-    out: View<'a>,
-    n: usize,
+    io: OpRows<'a>,
     pos: Pos<'a>,
-    precision: Precision,
 ) -> Result<(), VkError> {
     const OP: &str = "mla";
+    let OpRows { x, out, n, precision } = io;
     let missing =
         |role: &str| VkError::BadArgument { op: OP, msg: format!("the weight of role {role} was not uploaded") };
     let name = |role: &str| spec.weights.iter().find(|(r, _)| r == role).map(|(_, w)| w.name.as_str());
@@ -99,5 +96,6 @@ pub fn record<'a>(
     let cache = MlaCache { latent: ml.all(), rope: mr.all(), latent_back: sl.all(), rope_back: sr.all() };
     let scratch =
         inp.scratch.ok_or_else(|| VkError::BadArgument { op: OP, msg: "no MLA scratch for this session".into() })?;
-    f.mla_at(MlaShape::of(spec), w, rope, x, n, pos, cache, scratch, out, precision)
+    let call = MlaCall { shape: MlaShape::of(spec), weights: w, rope, cache, scratch, precision };
+    f.mla_at(call, x, n, pos, out)
 }

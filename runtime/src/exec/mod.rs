@@ -52,6 +52,16 @@ pub enum ExecError {
     Batch(&'static str),
 }
 
+/// The rows a device op records over: `n` rows of `x` into `out`, its products in
+/// `precision` (what `exec::device` hands `recurrent` and `mla_mirror` for their ops).
+#[derive(Clone, Copy)]
+pub struct OpRows<'a> {
+    pub x: crate::vk::View<'a>,
+    pub out: crate::vk::View<'a>,
+    pub n: usize,
+    pub precision: Precision,
+}
+
 /// A program with its weights resolved, its schedule on the CPU alone, and the RAM expert
 /// cache the CPU reads routed experts through when the engine gave it one.
 pub struct Model {

@@ -16,11 +16,11 @@
 //! away from.
 
 use super::kv::KvCache;
+use super::OpRows;
 use crate::bytes::{as_bytes, as_bytes_mut};
-use crate::cpu::Precision;
 use crate::vk::{
-    Context, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceBuffer, DeviceMatrix, Frame as VkFrame, MemoryUse,
-    View, VkError,
+    Context, DeltaNetCall, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceBuffer, DeviceMatrix, Frame as VkFrame,
+    MemoryUse, VkError,
 };
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::Place;
@@ -123,9 +123,8 @@ impl Recurrent {
         Ok(touched)
     }
 
-    /// Records the op of `layer` over `n` rows (its weights from the device's `mats` and
-    /// `vecs`), then the copy of its new state into the read-back buffer.
-    #[allow(clippy::too_many_arguments)]
+    /// Records the op of `layer` over `io` (its weights from the device's `mats` and `vecs`),
+    /// then the copy of its new state into the read-back buffer.
     pub fn record<'a>(
         &'a self,
         f: &mut VkFrame<'a>,
@@ -133,11 +132,9 @@ impl Recurrent {
         vecs: &'a HashMap<String, DeviceBuffer>,
         spec: &LinearAttentionSpec,
         layer: LayerId,
-        x: View<'a>,
-        out: View<'a>,
-        n: usize,
-        precision: Precision,
+        io: OpRows<'a>,
     ) -> Result<(), VkError> {
+        let OpRows { x, out, n, precision } = io;
         let m = self
             .layers
             .get(layer.0 as usize)
@@ -168,7 +165,8 @@ impl Recurrent {
             norm: vec("norm")?,
         };
         let state = m.state.view(0, m.floats);
-        f.deltanet(DeltaNetShape::of(spec), w, x, n, state, scratch, out, precision)?;
+        let call = DeltaNetCall { shape: DeltaNetShape::of(spec), weights: w, scratch, precision };
+        f.deltanet(call, x, n, state, out)?;
         f.copy(state, m.back.view(0, m.floats))
     }
 

@@ -527,29 +527,38 @@ pub fn parse(path: &Path, buf: &[u8]) -> Result<(GgufMetadata, Vec<GgufTensor>),
         shape.reverse();
         let type_id = r.u32(&name)?;
         let offset = r.u64(&name)?;
-        infos.push((name, shape, type_id, offset));
+        infos.push(TensorInfo { name, shape, type_id, offset });
     }
     let data_start = (r.pos as u64).div_ceil(alignment) * alignment;
-    let file_len = buf.len() as u64;
+    let data = DataSection { start: data_start, alignment, file_len: buf.len() as u64 };
     let mut tensors = Vec::with_capacity(infos.len());
-    for (name, shape, type_id, offset) in infos {
-        tensors.push(check_tensor(path, name, shape, type_id, offset, data_start, alignment, file_len)?);
+    for info in infos {
+        tensors.push(check_tensor(path, info, &data)?);
     }
     check_overlaps(path, &mut tensors)?;
     Ok((meta, tensors))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn check_tensor(
-    path: &Path,
+/// A tensor's entry in the header, as read: its name, its shape (outermost first), its ggml
+/// type and its offset into the data section.
+struct TensorInfo {
     name: String,
     shape: Vec<usize>,
     type_id: u32,
     offset: u64,
-    data_start: u64,
+}
+
+/// Where the tensors' data lies: the data section's start in the file and its alignment, and
+/// the file's length.
+struct DataSection {
+    start: u64,
     alignment: u64,
     file_len: u64,
-) -> Result<GgufTensor, LoadError> {
+}
+
+fn check_tensor(path: &Path, info: TensorInfo, data: &DataSection) -> Result<GgufTensor, LoadError> {
+    let TensorInfo { name, shape, type_id, offset } = info;
+    let DataSection { start: data_start, alignment, file_len } = *data;
     let p = || path.to_path_buf();
     let Some((dtype, block, block_bytes)) = ggml_type(type_id) else {
         return Err(LoadError::UnknownGgufType { path: p(), name, id: type_id });

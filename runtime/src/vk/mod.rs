@@ -52,9 +52,10 @@ pub use oplib::VkOps;
 pub use ops::elementwise::Broadcast;
 pub use ops::norm::{NormArgs, RopeShape};
 pub use ops::{
-    AttnPath, AttnShape, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceExperts, KvShape, MatIn, MatmulPath,
-    MlaCache, MlaMats, MlaQuery, MlaScratch, MlaShape, MoeCall, MoePath, MoeScratch, PackedExpert, Pos, QkNorm,
-    QuantizedActs, RopeArgs, RouteParams, MOE_MAX_EXPERTS,
+    AttnArgs, AttnPath, AttnShape, DecodeArgs, DeltaNetCall, DeltaNetMats, DeltaNetScratch, DeltaNetShape,
+    DeviceExperts, KvMirror, KvShape, MatIn, MatmulPath, MlaAttnArgs, MlaCache, MlaCall, MlaKvArgs, MlaMats, MlaQuery,
+    MlaScratch, MlaShape, MoeCall, MoePath, MoeScratch, PackedExpert, Pos, QkNorm, QuantizedActs, RopeArgs, RopeKvArgs,
+    RouteParams, MOE_MAX_EXPERTS,
 };
 pub use options::{
     CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, Validation, VkOptions, VALIDATION_ENV,

@@ -18,7 +18,7 @@ use crate::vk::error::{Result, VkError};
 use crate::vk::frame::{Bind, Frame};
 use crate::vk::push::{AttnPush, RopeKvPush};
 use crate::vk::shaders::Kernel;
-use coli_compiler::ir::RopeStyle;
+use coli_compiler::ir::{AttentionSpec, RopeStyle};
 
 /// Where a kernel takes the position of the block's first row from.
 #[derive(Clone, Copy, Debug)]
@@ -48,6 +48,62 @@ pub struct RopeArgs<'a> {
     pub freq: View<'a>,
     pub style: RopeStyle,
     pub mscale: f32,
+}
+
+/// A layer's KV mirror and the block's read-back rows: the keys `k` and values `v` (row `p`
+/// holds position `p`, or `p % ring` in a ring; from element 0) and `k_back`, `v_back` (row
+/// `i` holds the block's row `i`, from element 0).
+#[derive(Clone, Copy, Debug)]
+pub struct KvMirror<'a> {
+    pub k: View<'a>,
+    pub v: View<'a>,
+    pub k_back: View<'a>,
+    pub v_back: View<'a>,
+}
+
+/// What `rope_kv` (and `rope_kv_ring`) takes: the rotation (`None`: none), the block's
+/// projected rows `q`, `k`, `v`, their geometry, the mirror the k and v rows go to, and the
+/// block's position.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeKvArgs<'a> {
+    pub rope: Option<RopeArgs<'a>>,
+    pub q: View<'a>,
+    pub k: View<'a>,
+    pub v: View<'a>,
+    pub shape: KvShape,
+    pub mirror: KvMirror<'a>,
+    pub pos: Pos<'a>,
+}
+
+/// The operands of one attention call: `n` query rows `q`, the cached keys `k` and values `v`
+/// they attend over (`len x kv_heads * head_dim`, `len x kv_heads * v_head_dim`), one sink
+/// logit per head (or none), and the output rows `out` (`n x heads * v_head_dim`).
+#[derive(Clone, Copy, Debug)]
+pub struct AttnArgs<'a> {
+    pub q: View<'a>,
+    pub k: View<'a>,
+    pub v: View<'a>,
+    pub sinks: Option<View<'a>>,
+    pub out: View<'a>,
+    pub n: usize,
+}
+
+/// What `attention_decode` takes for its one row: the rotation (`None`: none), the row's
+/// projections `q`, `k`, `v`, the layer's mirror (its `k` and `v` from element 0, covering
+/// every position a run sees), the sinks, the output row, the position, the absorbed q and k
+/// norms (or none), and whether the output also comes back as 8-bit activations.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeArgs<'a> {
+    pub rope: Option<RopeArgs<'a>>,
+    pub q: View<'a>,
+    pub k: View<'a>,
+    pub v: View<'a>,
+    pub mirror: KvMirror<'a>,
+    pub sinks: Option<View<'a>>,
+    pub out: View<'a>,
+    pub pos: Pos<'a>,
+    pub norm: Option<QkNorm<'a>>,
+    pub q8: bool,
 }
 
 impl<'a> Pos<'a> {
@@ -81,6 +137,21 @@ pub struct AttnShape {
     pub value_scale: f32,
 }
 
+impl AttnShape {
+    /// The geometry and options of an attention op.
+    pub fn of(spec: &AttentionSpec) -> AttnShape {
+        AttnShape {
+            heads: spec.heads,
+            kv_heads: spec.kv_heads,
+            head_dim: spec.head_dim,
+            v_head_dim: spec.v_head_dim,
+            scale: spec.scale,
+            window: spec.window,
+            value_scale: spec.value_scale,
+        }
+    }
+}
+
 /// Which kernel attention takes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AttnPath {
@@ -98,69 +169,29 @@ const BQ: usize = 16;
 
 impl<'a> Frame<'a> {
     /// `out[n x heads * v_head_dim]`: rows of `q` at positions `pos0..pos0 + n` over keys and
-    /// values `0..pos0 + n` of `k`, `v` (`len x kv_heads * head_dim`, `len x kv_heads *
-    /// v_head_dim`); `sinks`: one logit per head.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention(
-        &mut self,
-        s: AttnShape,
-        q: View<'a>,
-        k: View<'a>,
-        v: View<'a>,
-        sinks: Option<View<'a>>,
-        out: View<'a>,
-        n: usize,
-        pos0: usize,
-        path: AttnPath,
-    ) -> Result<()> {
-        self.attention_at(s, q, k, v, sinks, out, n, Pos::Fixed(pos0), path)
+    /// values `0..pos0 + n` of `k`, `v` (`a`).
+    pub fn attention(&mut self, s: AttnShape, a: AttnArgs<'a>, pos0: usize, path: AttnPath) -> Result<()> {
+        self.attention_at(s, a, Pos::Fixed(pos0), path)
     }
 
     /// `attention` with the block's position fixed or read on the device (`Pos`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention_at(
-        &mut self,
-        s: AttnShape,
-        q: View<'a>,
-        k: View<'a>,
-        v: View<'a>,
-        sinks: Option<View<'a>>,
-        out: View<'a>,
-        n: usize,
-        pos: Pos<'a>,
-        path: AttnPath,
-    ) -> Result<()> {
-        self.attention_inner(s, q, k, v, sinks, out, n, pos, path, None)
+    pub fn attention_at(&mut self, s: AttnShape, a: AttnArgs<'a>, pos: Pos<'a>, path: AttnPath) -> Result<()> {
+        self.attention_inner(s, a, pos, path, None)
     }
 
     /// One row's `rope_kv` and `attention_at` in one kernel (the split path): `q`, `k`, `v`
     /// are the row's projections, read and left as they are; with `norm`, q and the k row are
     /// first normalized (the layer's q and k norms); q and the k row are rotated as `rope_kv`
     /// rotates them (`rope: None`: not at all), and the k and v rows written to row `pos` of
-    /// the mirrors `mk`, `mv` (from element 0, covering every position a run sees) and to the
-    /// read-back rows `sk`, `sv`. With `q8`, the output row also comes back as 8-bit
+    /// the mirror's keys and values (from element 0, covering every position a run sees) and
+    /// to its read-back rows. With `q8`, the output row also comes back as 8-bit
     /// activations (blocks of 32, bit for bit `quantize_acts` of `out`) for the product after
     /// it; `v_head_dim` must then be a multiple of 32. References: `cpu::norm::rms_norm`,
     /// `cpu::rope::apply_row`, `cpu::attention::attend`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention_decode(
-        &mut self,
-        s: AttnShape,
-        rope: Option<RopeArgs<'a>>,
-        q: View<'a>,
-        k: View<'a>,
-        v: View<'a>,
-        mk: View<'a>,
-        mv: View<'a>,
-        sk: View<'a>,
-        sv: View<'a>,
-        sinks: Option<View<'a>>,
-        out: View<'a>,
-        pos: Pos<'a>,
-        norm: Option<QkNorm<'a>>,
-        q8: bool,
-    ) -> Result<Option<QuantizedActs>> {
+    pub fn attention_decode(&mut self, s: AttnShape, a: DecodeArgs<'a>) -> Result<Option<QuantizedActs>> {
         const OP: &str = "attention_decode";
+        let DecodeArgs { rope, q, k, v, mirror, sinks, out, pos, norm, q8 } = a;
+        let KvMirror { k: mk, v: mv, k_back: sk, v_back: sv } = mirror;
         if q8 && !s.v_head_dim.is_multiple_of(32) {
             return Err(VkError::BadArgument {
                 op: OP,
@@ -250,25 +281,21 @@ impl<'a> Frame<'a> {
             oxq,
             oxd,
         };
-        self.attention_inner(s, q, mk, mv, sinks, out, 1, pos, AttnPath::Split, Some(extra))?;
+        let attn = AttnArgs { q, k: mk, v: mv, sinks, out, n: 1 };
+        self.attention_inner(s, attn, pos, AttnPath::Split, Some(extra))?;
         Ok(acts)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn attention_inner(
         &mut self,
         s: AttnShape,
-        q: View<'a>,
-        k: View<'a>,
-        v: View<'a>,
-        sinks: Option<View<'a>>,
-        out: View<'a>,
-        n: usize,
+        a: AttnArgs<'a>,
         pos: Pos<'a>,
         path: AttnPath,
         decode: Option<Decode<'a>>,
     ) -> Result<()> {
         const OP: &str = "attention";
+        let AttnArgs { q, k, v, sinks, out, n } = a;
         let (pos0, dyn_, params) = pos.parts(OP)?;
         let pos0 = pos0 as usize;
         if s.kv_heads == 0
@@ -418,24 +445,13 @@ pub struct QkNorm<'a> {
 impl<'a> Frame<'a> {
     /// RoPE of the block's `q` and `k` rows in place (as `rope`; `rope: None` rotates
     /// nothing), then its `k` and `v` rows appended: written to rows `pos..pos + n` of the
-    /// mirrors `mk`, `mv` (`len x kv_heads * head_dim`, `len x kv_heads * v_head_dim`, from
-    /// element 0) and to rows `0..n` of the read-back rows `sk`, `sv`. One dispatch
+    /// mirror's keys and values (`len x kv_heads * head_dim`, `len x kv_heads * v_head_dim`,
+    /// from element 0) and to rows `0..n` of its read-back rows. One dispatch
     /// (`rope_kv.comp`); references `cpu::rope::apply_row` and the CPU's cache append.
-    #[allow(clippy::too_many_arguments)]
-    pub fn rope_kv(
-        &mut self,
-        rope: Option<RopeArgs<'a>>,
-        q: View<'a>,
-        k: View<'a>,
-        v: View<'a>,
-        s: KvShape,
-        mk: View<'a>,
-        mv: View<'a>,
-        sk: View<'a>,
-        sv: View<'a>,
-        pos: Pos<'a>,
-    ) -> Result<()> {
+    pub fn rope_kv(&mut self, a: RopeKvArgs<'a>) -> Result<()> {
         const OP: &str = "rope_kv";
+        let RopeKvArgs { rope, q, k, v, shape: s, mirror, pos } = a;
+        let KvMirror { k: mk, v: mv, k_back: sk, v_back: sv } = mirror;
         let (pos0, dyn_, params) = pos.parts(OP)?;
         let half = rope.map_or(0, |r| r.freq.len);
         if s.kv_heads == 0 || 2 * half > s.head_dim {

@@ -8,7 +8,7 @@
 //! Must not: normalize, add the sinks (the host's part holds them), or read positions outside a
 //! row's share (the ring holds nothing else for sure).
 
-use super::attention::{KvShape, Pos, RopeArgs};
+use super::attention::{KvMirror, Pos, RopeKvArgs};
 use super::u32_arg;
 use crate::cpu::attention::AttnShape;
 use crate::vk::context::View;
@@ -27,29 +27,31 @@ pub struct SplitShape {
     pub ring: usize,
 }
 
+/// What `attn_part` reads and writes: `n` query rows `q` (rotated) at `pos`, the ring
+/// mirrors `k`, `v` (from element 0), and the part's outputs `acc` (`n x heads *
+/// v_head_dim`) and `ml` (`n x heads x 2`).
+#[derive(Clone, Copy, Debug)]
+pub struct PartArgs<'a> {
+    pub q: View<'a>,
+    pub k: View<'a>,
+    pub v: View<'a>,
+    pub acc: View<'a>,
+    pub ml: View<'a>,
+    pub n: usize,
+    pub pos: Pos<'a>,
+}
+
 const MAX_D: usize = 256;
 
 impl<'a> Frame<'a> {
     /// `rope_kv` into a ring: RoPE of the block's `q` and `k` rows in place (`rope: None`
-    /// rotates nothing), its `k` and `v` rows written to rows `p % ring` of the mirrors `mk`,
-    /// `mv` (`ring` rows, from element 0) and to rows `0..n` of the read-back rows `sk`, `sv`.
+    /// rotates nothing), its `k` and `v` rows written to rows `p % ring` of the mirror's keys
+    /// and values (`ring` rows, from element 0) and to rows `0..n` of its read-back rows.
     /// One dispatch of `rope_kv.comp`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn rope_kv_ring(
-        &mut self,
-        rope: Option<RopeArgs<'a>>,
-        q: View<'a>,
-        k: View<'a>,
-        v: View<'a>,
-        s: KvShape,
-        mk: View<'a>,
-        mv: View<'a>,
-        sk: View<'a>,
-        sv: View<'a>,
-        pos: Pos<'a>,
-        ring: usize,
-    ) -> Result<()> {
+    pub fn rope_kv_ring(&mut self, a: RopeKvArgs<'a>, ring: usize) -> Result<()> {
         const OP: &str = "rope_kv_ring";
+        let RopeKvArgs { rope, q, k, v, shape: s, mirror, pos } = a;
+        let KvMirror { k: mk, v: mv, k_back: sk, v_back: sv } = mirror;
         let (pos0, dyn_, params) = pos.parts(OP)?;
         let half = rope.map_or(0, |r| r.freq.len);
         if s.kv_heads == 0 || 2 * half > s.head_dim || ring == 0 {
@@ -117,25 +119,14 @@ impl<'a> Frame<'a> {
     }
 
     /// The device part of `n` query rows at positions `pos..pos + n` (`q`: `n x heads *
-    /// head_dim`, rotated) over their shares in the ring mirrors `mk`, `mv` (`split.ring` rows,
+    /// head_dim`, rotated) over their shares in the ring mirrors `k`, `v` (`split.ring` rows,
     /// from element 0; the rows of every share present): `acc` gets `n x heads * v_head_dim`
     /// unnormalized sums, `ml` `n x heads x 2` (`m`, `l`). The window of `s` bounds a share;
     /// its sinks are not this part's, nor is a value scale (the host's merge applies it). The
     /// geometry is the CPU reference's own `AttnShape`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attn_part(
-        &mut self,
-        s: AttnShape,
-        split: SplitShape,
-        q: View<'a>,
-        mk: View<'a>,
-        mv: View<'a>,
-        acc: View<'a>,
-        ml: View<'a>,
-        n: usize,
-        pos: Pos<'a>,
-    ) -> Result<()> {
+    pub fn attn_part(&mut self, s: AttnShape, split: SplitShape, a: PartArgs<'a>) -> Result<()> {
         const OP: &str = "attn_part";
+        let PartArgs { q, k: mk, v: mv, acc, ml, n, pos } = a;
         let (pos0, dyn_, params) = pos.parts(OP)?;
         if s.kv_heads == 0
             || !s.heads.is_multiple_of(s.kv_heads)

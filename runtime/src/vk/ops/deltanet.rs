@@ -120,6 +120,28 @@ pub struct DeltaNetMats<'a> {
     pub norm: View<'a>,
 }
 
+/// One layer's op as a call records it: its geometry, its weights, the scratch its kernels
+/// work in, and the precision of its products (as `matmul_with`).
+#[derive(Clone, Copy)]
+pub struct DeltaNetCall<'a> {
+    pub shape: DeltaNetShape,
+    pub weights: DeltaNetMats<'a>,
+    pub scratch: &'a DeltaNetScratch,
+    pub precision: Precision,
+}
+
+/// The rows `deltanet_rule` reads and writes: the convolved channels `conv`, the fused
+/// projection `proj` (for the output gates), `ba`, the `state` (the heads' matrices at its
+/// start) and the heads' outputs `heads`.
+#[derive(Clone, Copy)]
+pub struct RuleViews<'a> {
+    pub conv: View<'a>,
+    pub proj: View<'a>,
+    pub ba: View<'a>,
+    pub state: View<'a>,
+    pub heads: View<'a>,
+}
+
 /// What one op's kernels work in, for steps of at most `rows` rows (one per session serves
 /// every DeltaNet layer of a frame: the layers run one after another).
 pub struct DeltaNetScratch {
@@ -160,20 +182,17 @@ impl DeltaNetScratch {
 impl<'a> Frame<'a> {
     /// The whole Gated DeltaNet op over `n` rows of `x` (`n x hidden`), advancing `state`
     /// (`s.state_floats()` floats) by `n` positions, into `out` (`n x hidden`). Five
-    /// dispatches and the projections' activation quantization (`precision`, as `matmul_with`).
-    #[allow(clippy::too_many_arguments)]
+    /// dispatches and the projections' activation quantization.
     pub fn deltanet(
         &mut self,
-        s: DeltaNetShape,
-        w: DeltaNetMats<'a>,
+        call: DeltaNetCall<'a>,
         x: View<'a>,
         n: usize,
         state: View<'a>,
-        scratch: &'a DeltaNetScratch,
         out: View<'a>,
-        precision: Precision,
     ) -> Result<()> {
         const OP: &str = "deltanet";
+        let DeltaNetCall { shape: s, weights: w, scratch, precision } = call;
         s.check()?;
         if !scratch.fits(&s, n) {
             return Err(VkError::BadArgument {
@@ -207,7 +226,7 @@ impl<'a> Frame<'a> {
         let ring =
             ring.ok_or(VkError::ViewTooSmall { op: OP, what: "state", needed: s.state_floats(), have: state.len })?;
         self.deltanet_conv(s, proj, w.conv, ring, conv, n)?;
-        self.deltanet_rule(s, conv, proj, ba, w, state, heads, n)?;
+        self.deltanet_rule(s, w, RuleViews { conv, proj, ba, state, heads }, n)?;
         self.matmul_with(w.out, heads, n, out, MatmulPath::Auto, precision)
     }
 
@@ -254,19 +273,9 @@ impl<'a> Frame<'a> {
     /// The gated delta rule over `n` rows of `conv` per value head, advancing the heads'
     /// matrices at the start of `state`, then the gated RMSNorm with the output gates of
     /// `proj` into `heads` (`n x value_heads * value_head_dim`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn deltanet_rule(
-        &mut self,
-        s: DeltaNetShape,
-        conv: View<'a>,
-        proj: View<'a>,
-        ba: View<'a>,
-        w: DeltaNetMats<'a>,
-        state: View<'a>,
-        heads: View<'a>,
-        n: usize,
-    ) -> Result<()> {
+    pub fn deltanet_rule(&mut self, s: DeltaNetShape, w: DeltaNetMats<'a>, v: RuleViews<'a>, n: usize) -> Result<()> {
         const OP: &str = "deltanet_rule";
+        let RuleViews { conv, proj, ba, state, heads } = v;
         s.check()?;
         conv.check(OP, "conv", n * s.channels())?;
         proj.check(OP, "projection", n * s.proj_width())?;

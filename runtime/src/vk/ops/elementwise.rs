@@ -31,7 +31,7 @@ impl<'a> Frame<'a> {
             GluKind::ClampedSwiGlu { limit, alpha } => (2, limit, alpha),
         };
         up.check("glu", "up", count)?;
-        self.elementwise("glu", k, limit, alpha, gate, Some(up), out, count)
+        self.elementwise(Unary { op: "glu", kind: k, limit, alpha }, gate, Some(up), out, count)
     }
 
     /// `out[i] = act(x[i])` over `count` elements.
@@ -43,21 +43,11 @@ impl<'a> Frame<'a> {
             Activation::Gelu => 13,
             Activation::GeluTanh => 14,
         };
-        self.elementwise("act", k, 0.0, 0.0, x, None, out, count)
+        self.elementwise(Unary { op: "act", kind: k, limit: 0.0, alpha: 0.0 }, x, None, out, count)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn elementwise(
-        &mut self,
-        op: &'static str,
-        kind: u32,
-        limit: f32,
-        alpha: f32,
-        g: View<'a>,
-        u: Option<View<'a>>,
-        out: View<'a>,
-        count: usize,
-    ) -> Result<()> {
+    fn elementwise(&mut self, f: Unary, g: View<'a>, u: Option<View<'a>>, out: View<'a>, count: usize) -> Result<()> {
+        let Unary { op, kind, limit, alpha } = f;
         g.check(op, "input", count)?;
         out.check(op, "out", count)?;
         let push = GluPush {
@@ -84,7 +74,7 @@ impl<'a> Frame<'a> {
         width: usize,
         bmode: Broadcast,
     ) -> Result<()> {
-        self.binary("add", 0, a, b, out, n, width, bmode)
+        self.binary(Binary { op: "add", code: 0, bmode }, a, b, out, n, width)
     }
 
     /// `out = a * b` over `n` rows of `width` (`b` broadcast as `bmode` says).
@@ -97,21 +87,11 @@ impl<'a> Frame<'a> {
         width: usize,
         bmode: Broadcast,
     ) -> Result<()> {
-        self.binary("mul", 1, a, b, out, n, width, bmode)
+        self.binary(Binary { op: "mul", code: 1, bmode }, a, b, out, n, width)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn binary(
-        &mut self,
-        op: &'static str,
-        code: u32,
-        a: View<'a>,
-        b: View<'a>,
-        out: View<'a>,
-        n: usize,
-        width: usize,
-        bmode: Broadcast,
-    ) -> Result<()> {
+    fn binary(&mut self, f: Binary, a: View<'a>, b: View<'a>, out: View<'a>, n: usize, width: usize) -> Result<()> {
+        let Binary { op, code, bmode } = f;
         let count = n * width;
         if width == 0 {
             return Err(VkError::BadArgument { op, msg: "zero width".into() });
@@ -137,4 +117,23 @@ impl<'a> Frame<'a> {
         let binds = [Bind::buf(a.buf), Bind::buf(b.buf), Bind::buf(out.buf)];
         self.dispatch(Kernel::Binary, None, &binds, &push, [groups_for(count, 64), 1, 1])
     }
+}
+
+/// The function `glu.comp` applies: the op's name (for errors), the shader's kind code and
+/// the clamped SwiGLU's limit and alpha (0 for the others).
+#[derive(Clone, Copy)]
+struct Unary {
+    op: &'static str,
+    kind: u32,
+    limit: f32,
+    alpha: f32,
+}
+
+/// The operation `binary.comp` applies: the op's name (for errors), the shader's code, and
+/// how `b` is broadcast.
+#[derive(Clone, Copy)]
+struct Binary {
+    op: &'static str,
+    code: u32,
+    bmode: Broadcast,
 }

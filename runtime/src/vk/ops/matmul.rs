@@ -138,6 +138,19 @@ const COOP_BO: usize = 64;
 const COOP_BR: usize = 64;
 const MAX_GROUPS: usize = 65535;
 
+/// One product's operands as `matmul_full` takes them: the input (and its transform), its q8
+/// blocks when the caller quantized them already, the rows, the output, the residual to add,
+/// the kernel choice and the precision.
+struct Product<'a, 'q> {
+    input: MatIn<'a>,
+    pre: Option<&'q QuantizedActs>,
+    n: usize,
+    out: View<'a>,
+    residual: Option<View<'a>>,
+    path: MatmulPath,
+    precision: Precision,
+}
+
 impl<'a> Frame<'a> {
     /// `out[n x rows] = x[n x cols] * W^T`; reference `format::matmul` (`Precision::Fast`).
     pub fn matmul(&mut self, w: &'a DeviceMatrix, x: View<'a>, n: usize, out: View<'a>) -> Result<()> {
@@ -155,7 +168,8 @@ impl<'a> Frame<'a> {
         path: MatmulPath,
         precision: Precision,
     ) -> Result<()> {
-        self.matmul_inner(w, x, None, n, out, path, precision)
+        let input = MatIn::Plain(x);
+        self.matmul_full(w, Product { input, pre: None, n, out, residual: None, path, precision })
     }
 
     /// Quantizes `n` rows of `cols` activations to 8 bits per block of 32 once, for several
@@ -202,6 +216,8 @@ impl<'a> Frame<'a> {
     /// the residual add fused into the product's kernels; reference: the CPU's ops one after
     /// another (`rms_norm` or `glu`, `linear(.., precision)`, the `Add`). `residual` may be
     /// `out` itself (an in-place residual stream); `out` must not overlap the inputs.
+    // Seven operands, each a different type that the schedule's call site names, in the order
+    // of the CPU's ops; a struct would only repeat the names.
     #[allow(clippy::too_many_arguments)]
     pub fn matmul_fused(
         &mut self,
@@ -213,7 +229,7 @@ impl<'a> Frame<'a> {
         path: MatmulPath,
         precision: Precision,
     ) -> Result<()> {
-        self.matmul_full(w, input, None, n, out, residual, path, precision)
+        self.matmul_full(w, Product { input, pre: None, n, out, residual, path, precision })
     }
 
     /// `matmul_q` with a fused input (the one `q` was quantized from, for the float formats
@@ -233,7 +249,8 @@ impl<'a> Frame<'a> {
                 msg: format!("activations of {} columns for a matrix of {}", q.cols, w.cols),
             });
         }
-        self.matmul_full(w, input, Some(q), q.n, out, residual, path, Precision::Fast)
+        let n = q.n;
+        self.matmul_full(w, Product { input, pre: Some(q), n, out, residual, path, precision: Precision::Fast })
     }
 
     /// `matmul` (`Precision::Fast`) with the activations quantized already (`quantize_acts`
@@ -253,35 +270,12 @@ impl<'a> Frame<'a> {
                 msg: format!("activations of {} columns for a matrix of {}", q.cols, w.cols),
             });
         }
-        self.matmul_full(w, MatIn::Plain(x), Some(q), q.n, out, None, path, Precision::Fast)
+        let (input, n) = (MatIn::Plain(x), q.n);
+        self.matmul_full(w, Product { input, pre: Some(q), n, out, residual: None, path, precision: Precision::Fast })
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_inner(
-        &mut self,
-        w: &'a DeviceMatrix,
-        x: View<'a>,
-        pre: Option<&QuantizedActs>,
-        n: usize,
-        out: View<'a>,
-        path: MatmulPath,
-        precision: Precision,
-    ) -> Result<()> {
-        self.matmul_full(w, MatIn::Plain(x), pre, n, out, None, path, precision)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_full(
-        &mut self,
-        w: &'a DeviceMatrix,
-        input: MatIn<'a>,
-        pre: Option<&QuantizedActs>,
-        n: usize,
-        out: View<'a>,
-        residual: Option<View<'a>>,
-        path: MatmulPath,
-        precision: Precision,
-    ) -> Result<()> {
+    fn matmul_full(&mut self, w: &'a DeviceMatrix, p: Product<'a, '_>) -> Result<()> {
+        let Product { input, pre, n, out, residual, path, precision } = p;
         const OP: &str = "matmul";
         input.check(OP, n, w.cols)?;
         out.check(OP, "out (n x rows)", n * w.rows)?;

@@ -134,6 +134,44 @@ pub struct MlaCache<'a> {
     pub rope_back: View<'a>,
 }
 
+/// One layer's op as a call records it: its geometry, its weights, `cpu::rope::inv_freq` of
+/// the rope part (YaRN included) and its style, the layer's cache, the scratch its kernels
+/// work in, and the precision of its products (as `matmul_with`).
+#[derive(Clone, Copy)]
+pub struct MlaCall<'a> {
+    pub shape: MlaShape,
+    pub weights: MlaMats<'a>,
+    pub rope: RopeArgs<'a>,
+    pub cache: MlaCache<'a>,
+    pub scratch: &'a MlaScratch,
+    pub precision: Precision,
+}
+
+/// What `mla_kv` reads and writes for `n` rows: `kv` (`kv_a`'s output), the latent norm's
+/// weight `norm`, the queries `q` (their rope parts rotated in place), the rotation `rope`
+/// and the layer's `cache`.
+#[derive(Clone, Copy)]
+pub struct MlaKvArgs<'a> {
+    pub rope: RopeArgs<'a>,
+    pub kv: View<'a>,
+    pub norm: View<'a>,
+    pub q: View<'a>,
+    pub n: usize,
+    pub cache: MlaCache<'a>,
+}
+
+/// What `mla_attn` reads and writes for `n` rows: the queries `q` (for their rope parts), the
+/// absorbed queries `lat` (replaced by the weighted latents), and the cache mirrors of the
+/// latents and the rope keys (from element 0).
+#[derive(Clone, Copy)]
+pub struct MlaAttnArgs<'a> {
+    pub q: View<'a>,
+    pub lat: View<'a>,
+    pub latent_mirror: View<'a>,
+    pub rope_mirror: View<'a>,
+    pub n: usize,
+}
+
 /// What the op's kernels work in, for blocks of at most `rows` rows (one per session serves
 /// every MLA layer of a frame: the layers run one after another).
 pub struct MlaScratch {
@@ -192,43 +230,17 @@ impl MlaScratch {
 
 impl<'a> Frame<'a> {
     /// The whole MLA op over `n` rows of `x` (`n x hidden`) at positions `pos0..pos0 + n`:
-    /// the block's latents and rope keys appended to `cache` (which must hold positions
-    /// `0..pos0`), the output into `out` (`n x hidden`). `rope`: `cpu::rope::inv_freq` of the
-    /// rope part (YaRN included) and its style. Products in `precision`, as `matmul_with`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn mla(
-        &mut self,
-        s: MlaShape,
-        w: MlaMats<'a>,
-        rope: RopeArgs<'a>,
-        x: View<'a>,
-        n: usize,
-        pos0: usize,
-        cache: MlaCache<'a>,
-        scratch: &'a MlaScratch,
-        out: View<'a>,
-        precision: Precision,
-    ) -> Result<()> {
-        self.mla_at(s, w, rope, x, n, Pos::Fixed(pos0), cache, scratch, out, precision)
+    /// the block's latents and rope keys appended to `call.cache` (which must hold positions
+    /// `0..pos0`), the output into `out` (`n x hidden`).
+    pub fn mla(&mut self, call: MlaCall<'a>, x: View<'a>, n: usize, pos0: usize, out: View<'a>) -> Result<()> {
+        self.mla_at(call, x, n, Pos::Fixed(pos0), out)
     }
 
     /// `mla` at a position fixed or read on the device (`Pos`: a recording replayed at every
     /// decode step reads it from a buffer; the whole mirrors are then bound).
-    #[allow(clippy::too_many_arguments)]
-    pub fn mla_at(
-        &mut self,
-        s: MlaShape,
-        w: MlaMats<'a>,
-        rope: RopeArgs<'a>,
-        x: View<'a>,
-        n: usize,
-        pos: Pos<'a>,
-        cache: MlaCache<'a>,
-        scratch: &'a MlaScratch,
-        out: View<'a>,
-        precision: Precision,
-    ) -> Result<()> {
+    pub fn mla_at(&mut self, call: MlaCall<'a>, x: View<'a>, n: usize, pos: Pos<'a>, out: View<'a>) -> Result<()> {
         const OP: &str = "mla";
+        let MlaCall { shape: s, weights: w, rope, cache, scratch, precision } = call;
         s.check()?;
         if !scratch.fits(&s, n) {
             return Err(VkError::BadArgument {
@@ -285,7 +297,7 @@ impl<'a> Frame<'a> {
             self.add(kv, b, kv, n, s.kv_width(), Broadcast::Row)?;
         }
         // 3, 4. The latent norm, RoPE, the cache rows.
-        self.mla_kv_at(s, rope, kv, w.kv_a_norm, q, n, pos, cache)?;
+        self.mla_kv_at(s, MlaKvArgs { rope, kv, norm: w.kv_a_norm, q, n, cache }, pos)?;
         // 5. The absorbed attention.
         let (ml, mr) = match pos {
             Pos::Fixed(pos0) => {
@@ -294,7 +306,7 @@ impl<'a> Frame<'a> {
             Pos::Dynamic(_) => (cache.latent, cache.rope),
         };
         self.mla_absorb(s, w.kv_b, q, lat, n)?;
-        self.mla_attn_at(s, q, lat, ml, mr, n, pos)?;
+        self.mla_attn_at(s, MlaAttnArgs { q, lat, latent_mirror: ml, rope_mirror: mr, n }, pos)?;
         self.mla_value(s, w.kv_b, lat, heads, n, precision)?;
         // 6. The output projection.
         self.matmul_with(w.o, heads, n, out, MatmulPath::Auto, precision)?;
@@ -307,34 +319,13 @@ impl<'a> Frame<'a> {
     /// The latents' RMSNorm and the rotated rope keys of `n` rows of `kv` (`kv_a`'s output)
     /// into rows `pos0..` of the mirrors and rows `0..n` of the read-back rows, and RoPE on the
     /// rope part of every head of `q` in place (`mla_kv.comp`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn mla_kv(
-        &mut self,
-        s: MlaShape,
-        rope: RopeArgs<'a>,
-        kv: View<'a>,
-        norm: View<'a>,
-        q: View<'a>,
-        n: usize,
-        pos0: usize,
-        cache: MlaCache<'a>,
-    ) -> Result<()> {
-        self.mla_kv_at(s, rope, kv, norm, q, n, Pos::Fixed(pos0), cache)
+    pub fn mla_kv(&mut self, s: MlaShape, a: MlaKvArgs<'a>, pos0: usize) -> Result<()> {
+        self.mla_kv_at(s, a, Pos::Fixed(pos0))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn mla_kv_at(
-        &mut self,
-        s: MlaShape,
-        rope: RopeArgs<'a>,
-        kv: View<'a>,
-        norm: View<'a>,
-        q: View<'a>,
-        n: usize,
-        pos: Pos<'a>,
-        cache: MlaCache<'a>,
-    ) -> Result<()> {
+    fn mla_kv_at(&mut self, s: MlaShape, a: MlaKvArgs<'a>, pos: Pos<'a>) -> Result<()> {
         const OP: &str = "mla_kv";
+        let MlaKvArgs { rope, kv, norm, q, n, cache } = a;
         let (pos0, dyn_pos, pos_bind) = pos.parts(OP)?;
         let pos0 = pos0 as usize;
         s.check()?;
@@ -426,34 +417,15 @@ impl<'a> Frame<'a> {
     }
 
     /// The attention core: for each row and head, the absorbed query in `lat` and the rope
-    /// part of `q` against positions `0..=pos0 + row` of the mirrors `ml`, `mr`; the softmax-
-    /// weighted latent replaces the query in `lat` (`mla_attn.comp`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn mla_attn(
-        &mut self,
-        s: MlaShape,
-        q: View<'a>,
-        lat: View<'a>,
-        ml: View<'a>,
-        mr: View<'a>,
-        n: usize,
-        pos0: usize,
-    ) -> Result<()> {
-        self.mla_attn_at(s, q, lat, ml, mr, n, Pos::Fixed(pos0))
+    /// part of `q` against positions `0..=pos0 + row` of the mirrors; the softmax-weighted
+    /// latent replaces the query in `lat` (`mla_attn.comp`).
+    pub fn mla_attn(&mut self, s: MlaShape, a: MlaAttnArgs<'a>, pos0: usize) -> Result<()> {
+        self.mla_attn_at(s, a, Pos::Fixed(pos0))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn mla_attn_at(
-        &mut self,
-        s: MlaShape,
-        q: View<'a>,
-        lat: View<'a>,
-        ml: View<'a>,
-        mr: View<'a>,
-        n: usize,
-        pos: Pos<'a>,
-    ) -> Result<()> {
+    fn mla_attn_at(&mut self, s: MlaShape, a: MlaAttnArgs<'a>, pos: Pos<'a>) -> Result<()> {
         const OP: &str = "mla_attn";
+        let MlaAttnArgs { q, lat, latent_mirror: ml, rope_mirror: mr, n } = a;
         let (pos0, dyn_pos, pos_bind) = pos.parts(OP)?;
         let pos0 = pos0 as usize;
         s.check()?;

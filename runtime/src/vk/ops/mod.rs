@@ -14,10 +14,10 @@ pub mod moe;
 pub mod norm;
 pub mod route;
 
-pub use attention::{AttnPath, AttnShape, KvShape, Pos, QkNorm, RopeArgs};
-pub use deltanet::{DeltaNetMats, DeltaNetScratch, DeltaNetShape};
+pub use attention::{AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, Pos, QkNorm, RopeArgs, RopeKvArgs};
+pub use deltanet::{DeltaNetCall, DeltaNetMats, DeltaNetScratch, DeltaNetShape, RuleViews};
 pub use matmul::{MatIn, MatmulPath, QuantizedActs};
-pub use mla::{MlaCache, MlaMats, MlaQuery, MlaScratch, MlaShape};
+pub use mla::{MlaAttnArgs, MlaCache, MlaCall, MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape};
 pub use moe::{DeviceExperts, MoeCall, MoePath, MoeScratch, PackedExpert, MAX_EXPERTS as MOE_MAX_EXPERTS};
 pub use route::RouteParams;
 

@@ -13,8 +13,8 @@ use crate::vk::push::{RmsNormPush, RopePush};
 use crate::vk::shaders::Kernel;
 use coli_compiler::ir::RopeStyle;
 
-/// One norm of `Frame::rms_norm_pair`: rows of `width` from `x` into `out`, groups of
-/// `weight.len` columns.
+/// One norm of `Frame::rms_norm` or `Frame::rms_norm_pair`: rows of `width` from `x` into
+/// `out`, groups of `weight.len` columns.
 #[derive(Clone, Copy, Debug)]
 pub struct NormArgs<'a> {
     pub x: View<'a>,
@@ -40,19 +40,9 @@ pub struct RopeShape {
 
 impl<'a> Frame<'a> {
     /// `out = x / rms(x) * (weight + offset)` over groups of `weight.len` columns of `n` rows
-    /// of `width`; `x` and `out` may be the same view.
-    #[allow(clippy::too_many_arguments)]
-    pub fn rms_norm(
-        &mut self,
-        x: View<'a>,
-        weight: View<'a>,
-        out: View<'a>,
-        n: usize,
-        width: usize,
-        eps: f32,
-        offset: f32,
-    ) -> Result<()> {
-        self.rms_norms(NormArgs { x, weight, out, width }, None, n, eps, offset)
+    /// of `width` (`a`); `x` and `out` may be the same view.
+    pub fn rms_norm(&mut self, a: NormArgs<'a>, n: usize, eps: f32, offset: f32) -> Result<()> {
+        self.rms_norms(a, None, n, eps, offset)
     }
 
     /// Two independent `rms_norm`s of `n` rows each (the same `eps` and `offset`) in one
