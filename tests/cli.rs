@@ -179,6 +179,8 @@ fn compile_prints_a_plan_for_a_checkpoint() {
     assert!(o.status.success(), "{}", stderr(&o));
     let plan = stdout(&o);
     assert!(plan.contains("l1"), "plan: {plan}");
+    // Without --ctx, the context exec, serve and chat compile for.
+    assert!(plan.contains("options: context 8192,"), "plan: {plan}");
     let o = coli(&["compile", "graphs/olmoe.ron", "--config", "tests/fixtures/olmoe", "--format", "dot"]);
     assert!(o.status.success() && stdout(&o).contains("digraph"), "{}", stderr(&o));
 }

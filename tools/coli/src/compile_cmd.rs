@@ -35,7 +35,8 @@ pub struct CompileArgs {
     /// Weight format assumed when only a config.json is given (`bf16`, `q4_k`, ...).
     #[arg(long, help_heading = heading::MODEL)]
     pub assume_format: Option<Format>,
-    /// Context length the KV cache is sized for (default: 4096).
+    /// Context length the KV cache is sized for (default: 8192, what `exec`, `serve` and `chat`
+    /// compile for).
     #[arg(long, visible_alias = "context", value_parser = crate::checks::context, help_heading = heading::GENERATION)]
     pub ctx: Option<usize>,
     /// Prompt rows per forward (one prompt chunk).
@@ -157,7 +158,7 @@ fn options(args: &CompileArgs) -> Options {
         expert_tier: !args.no_expert_tier,
         device_layers: args.device_layers,
         second_device_layers: args.device2_layers,
-        context: args.ctx.unwrap_or(d.context),
+        context: args.ctx.unwrap_or(crate::load_args::DEFAULT_CONTEXT),
         chunk_rows: args.chunk,
         assumed_format: args.assume_format.unwrap_or(d.assumed_format),
         upload_format: args.upload_format.or(d.upload_format),
