@@ -120,50 +120,56 @@ fn ran(ctx: &Context, kernel: &str, what: &str) -> Vec<(String, u64, f64)> {
     p
 }
 
-/// Dense products: (weight rows, cols, activation rows), residual or not.
+/// One dense product of `format` (views at offsets inside larger buffers, a residual or
+/// not) on the cooperative kernel and on the f32 tiles, each against the CPU's q8 path and
+/// against each other within `tol`.
+fn dense_case(
+    ctx: &Context,
+    format: WeightFormat,
+    (rows, cols, n): (usize, usize, usize),
+    residual: bool,
+    tol: f32,
+    rng: &mut Rng,
+) {
+    let bytes = random_rows(format, rows, cols, rng);
+    let m = Matrix::new(format, rows, cols, &bytes).unwrap();
+    let x = rng.vec(n * cols, 1.0);
+    let res = rng.vec(n * rows, 0.5);
+    let mut want = vec![0f32; n * rows];
+    linear(&m, &x, n, &mut want, Precision::Fast);
+    if residual {
+        want.iter_mut().zip(&res).for_each(|(w, r)| *w += r);
+    }
+    let what = format!("dense {format:?} {rows}x{cols} n={n} residual={residual}");
+    let mut outs = Vec::new();
+    for c in [ctx, plain()] {
+        let w = c.upload_matrix(format, rows, cols, &bytes).unwrap();
+        let xb = c.upload_f32(&[vec![9.0; 3], x.clone()].concat()).unwrap();
+        let rb = c.upload_f32(&[vec![4.0; 7], res.clone()].concat()).unwrap();
+        let ob = c.f32_buffer(n * rows + 5).unwrap();
+        let mut f = c.frame().unwrap();
+        let r = residual.then(|| rb.view(7, n * rows));
+        let input = MatIn::Plain(xb.view(3, n * cols));
+        f.matmul_fused(&w, input, n, ob.view(5, n * rows), r, MatmulPath::Gemm, Precision::Fast).unwrap();
+        f.run().unwrap();
+        outs.push(c.download_f32(ob.view(5, n * rows)).unwrap());
+    }
+    ran(ctx, "MatmulCoop", &what);
+    check_close(&format!("{what} (f32 tiles vs CPU)"), &outs[1], &want, tol);
+    check_close(&format!("{what} (cooperative vs CPU)"), &outs[0], &want, tol);
+    check_close(&format!("{what} (cooperative vs f32 tiles)"), &outs[0], &outs[1], tol);
+}
+
+/// Dense I8Row products: (weight rows, cols, activation rows), residual or not.
 #[test]
 fn dense_matches_cpu() {
     let Some(ctx) = coop() else { return };
     const { assert!(COOP_MIN_ROWS <= 37, "the cases below expect the cooperative path from 37 rows") };
     let mut rng = Rng(0xc00b_0001);
     let cases = [(64, 128, 64), (70, 96, 37), (100, 224, 130), (200, 32, 45), (33, 2048, 64), (130, 160, 257)];
-    for (rows, cols, n) in cases {
+    for shape in cases {
         for residual in [false, true] {
-            let bytes = random_rows(WeightFormat::I8Row, rows, cols, &mut rng);
-            let m = Matrix::new(WeightFormat::I8Row, rows, cols, &bytes).unwrap();
-            let x = rng.vec(n * cols, 1.0);
-            let res = rng.vec(n * rows, 0.5);
-            let mut want = vec![0f32; n * rows];
-            linear(&m, &x, n, &mut want, Precision::Fast);
-            if residual {
-                want.iter_mut().zip(&res).for_each(|(w, r)| *w += r);
-            }
-            let what = format!("dense {rows}x{cols} n={n} residual={residual}");
-            let mut outs = Vec::new();
-            for c in [ctx, plain()] {
-                let w = c.upload_matrix(WeightFormat::I8Row, rows, cols, &bytes).unwrap();
-                // Views at offsets inside larger buffers.
-                let xb = c.upload_f32(&[vec![9.0; 3], x.clone()].concat()).unwrap();
-                let rb = c.upload_f32(&[vec![4.0; 7], res.clone()].concat()).unwrap();
-                let ob = c.f32_buffer(n * rows + 5).unwrap();
-                let mut f = c.frame().unwrap();
-                let r = residual.then(|| rb.view(7, n * rows));
-                f.matmul_fused(
-                    &w,
-                    MatIn::Plain(xb.view(3, n * cols)),
-                    n,
-                    ob.view(5, n * rows),
-                    r,
-                    MatmulPath::Gemm,
-                    Precision::Fast,
-                )
-                .unwrap();
-                f.run().unwrap();
-                outs.push(c.download_f32(ob.view(5, n * rows)).unwrap());
-            }
-            ran(ctx, "MatmulCoop", &what);
-            check_close(&format!("{what} (cooperative vs CPU)"), &outs[0], &want, 1e-5);
-            check_close(&format!("{what} (cooperative vs f32 tiles)"), &outs[0], &outs[1], 1e-5);
+            dense_case(ctx, WeightFormat::I8Row, shape, residual, 1e-5, &mut rng);
         }
     }
 }
@@ -175,42 +181,9 @@ fn dense_formats_match_cpu() {
     let Some(ctx) = coop() else { return };
     let mut rng = Rng(0xc00b_0004);
     for (format, unit) in FORMATS {
-        let cases = [(64, 256usize.max(unit), 64, false), (70, 512, 37, true), (100, 768, 130, false)];
-        for (rows, cols, n, residual) in cases {
-            let bytes = random_rows(format, rows, cols, &mut rng);
-            let m = Matrix::new(format, rows, cols, &bytes).unwrap();
-            let x = rng.vec(n * cols, 1.0);
-            let res = rng.vec(n * rows, 0.5);
-            let mut want = vec![0f32; n * rows];
-            linear(&m, &x, n, &mut want, Precision::Fast);
-            if residual {
-                want.iter_mut().zip(&res).for_each(|(w, r)| *w += r);
-            }
-            let what = format!("dense {format:?} {rows}x{cols} n={n} residual={residual}");
-            let mut outs = Vec::new();
-            for c in [ctx, plain()] {
-                let w = c.upload_matrix(format, rows, cols, &bytes).unwrap();
-                let xb = c.upload_f32(&x).unwrap();
-                let rb = c.upload_f32(&res).unwrap();
-                let ob = c.f32_buffer(n * rows).unwrap();
-                let mut f = c.frame().unwrap();
-                let r = residual.then(|| rb.view(0, n * rows));
-                f.matmul_fused(
-                    &w,
-                    MatIn::Plain(xb.view(0, n * cols)),
-                    n,
-                    ob.view(0, n * rows),
-                    r,
-                    MatmulPath::Gemm,
-                    Precision::Fast,
-                )
-                .unwrap();
-                f.run().unwrap();
-                outs.push(c.download_f32(ob.view(0, n * rows)).unwrap());
-            }
-            ran(ctx, "MatmulCoop", &what);
-            check_close(&format!("{what} (f32 tiles vs CPU)"), &outs[1], &want, FORMAT_TOL);
-            check_close(&format!("{what} (cooperative vs CPU)"), &outs[0], &want, FORMAT_TOL);
+        let cases = [((64, 256usize.max(unit), 64), false), ((70, 512, 37), true), ((100, 768, 130), false)];
+        for (shape, residual) in cases {
+            dense_case(ctx, format, shape, residual, FORMAT_TOL, &mut rng);
         }
     }
 }
