@@ -3,9 +3,15 @@
 //!   each gives alone through `run_greedy` (a separate loop over `Session::forward`), on the
 //!   CPU, and on the Vulkan device with the expert tier serving part of the routed experts;
 //! - a batched forward (one token for each of several sessions) gives each session the logits
-//!   it gets alone, within `BATCH_TOLERANCE` of the largest |logit|;
+//!   it gets alone, within `BATCH_TOLERANCE` of the largest |logit|; on the Vulkan device
+//!   (attention, MLA, routed experts in the frames and through the tier), within
+//!   `DEVICE_TOLERANCE` of what each session gets alone on the CPU;
+//! - 8 requests at once on the device (batched decode steps) give exactly the tokens each gives
+//!   alone, also where the plan cannot batch (a recurrent layer on the device: one forward each);
 //! - prefix reuse: a request that extends a finished one takes that prefix from the cache
 //!   (asserted from the cached-token count) and gives the tokens a fresh session gives;
+//! - a device lost in a batched decode step: every request of the step finishes on the CPU
+//!   with the tokens the CPU gives;
 //! - a request cancelled mid-prompt frees its slot, and bad requests are refused with typed
 //!   errors while the others run on.
 //!
@@ -19,7 +25,7 @@ use coli_runtime::exec::{LogitRows, Session};
 use coli_runtime::generate::StopReason;
 use coli_runtime::slots::{AdmitError, Event, Finish, Request, Slots};
 use coli_runtime::tier::TierOptions;
-use coli_runtime::vk::VkOptions;
+use coli_runtime::vk::{FaultInjection, VkOptions};
 use common::{fixture_dir, run_greedy};
 use std::collections::HashMap;
 
@@ -133,6 +139,138 @@ fn interleaved_requests_give_what_each_gives_alone_through_the_expert_tier() {
     check_interleaved(&engine, "olmoe through the tier");
     let routed = d.with_tier(|t| (t.stats().routed, t.stats().device)).unwrap();
     assert!(routed.1 > 0 && routed.1 < routed.0, "the tier served part of the pairs: {routed:?}");
+}
+
+/// Tolerance of the device's batched forward against the CPU, as the device's other
+/// comparisons with the CPU (tests/vulkan.rs).
+const DEVICE_TOLERANCE: f32 = 1e-4;
+
+/// `name`'s fixture on the Vulkan device, prompts in chunks of `chunk_rows` (`None`: no device).
+fn on_vulkan(name: &str, chunk_rows: usize, tier: Option<TierOptions>) -> Option<Engine> {
+    let opts = EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions::default()),
+        compile: Options { context: CONTEXT, chunk_rows, resident_experts: tier.is_none(), ..Options::default() },
+        tier: tier.unwrap_or_default(),
+        ..EngineOptions::default()
+    };
+    match Engine::load(&fixture_dir(name), &opts) {
+        Ok(e) if e.device().is_some() => Some(e),
+        Ok(e) => {
+            eprintln!("note: {name} not on a device ({}); skipping", e.device_note());
+            None
+        }
+        Err(e) => {
+            eprintln!("note: no Vulkan device ({e}); skipping");
+            None
+        }
+    }
+}
+
+fn tier3() -> Option<TierOptions> {
+    Some(TierOptions { max_experts: Some(3), deterministic: true, ..TierOptions::default() })
+}
+
+#[test]
+fn a_batched_forward_on_the_device_gives_each_session_what_the_cpu_gives() {
+    // Attention with RoPE, MLA, experts resident in the frames, experts through the tier,
+    // sliding windows with sinks.
+    let cases = [("llama", None), ("deepseek_v3", None), ("olmoe", None), ("olmoe", tier3()), ("gpt_oss", None)];
+    for (name, tier) in cases {
+        let what = format!("{name}{}", if tier.is_some() { " through the tier" } else { "" });
+        let Some(engine) = on_vulkan(name, 8, tier) else { return };
+        let prompts: Vec<Vec<u32>> =
+            (0..6u32).map(|k| (0..2 + 3 * k as usize).map(|i| (i as u32 * 29 + k * 53 + 3) % 250).collect()).collect();
+        let mut cpu: Vec<Session> = Vec::new();
+        let mut dev: Vec<Session> = Vec::new();
+        for p in &prompts {
+            let mut c = Session::new(engine.model(), CONTEXT);
+            c.forward(p, LogitRows::Last).unwrap();
+            let mut d = engine.session_with_context(CONTEXT).unwrap();
+            assert!(d.on_a_device() && d.batches(), "{what}: a device session that batches");
+            d.forward(p, LogitRows::Last).unwrap();
+            cpu.push(c);
+            dev.push(d);
+        }
+        for step in 0..4u32 {
+            let tokens: Vec<u32> = (0..prompts.len() as u32).map(|i| (i * 41 + step * 7 + 1) % 250).collect();
+            let want: Vec<Vec<f32>> =
+                cpu.iter_mut().zip(&tokens).map(|(s, &t)| s.forward(&[t], LogitRows::Last).unwrap()).collect();
+            let mut refs: Vec<&mut Session> = dev.iter_mut().collect();
+            let got = Session::forward_batch(&mut refs, &tokens).unwrap();
+            let bound = DEVICE_TOLERANCE * common::max_abs(&want);
+            let err = common::max_abs_diff(&got, &want);
+            eprintln!("{what} step {step}: max |device batched - cpu| = {err:.3e} (bound {bound:.3e})");
+            assert!(err <= bound, "{what} step {step}: max |device batched - cpu| = {err} > {bound}");
+        }
+        assert!(dev.iter_mut().all(|s| s.on_a_device() && s.take_notice().is_none()), "{what}: still on the device");
+        assert!(dev.iter().zip(&cpu).all(|(d, c)| d.pos() == c.pos()));
+    }
+}
+
+#[test]
+fn eight_requests_at_once_on_the_device_give_what_each_gives_alone() {
+    let steps = 6;
+    // qwen3_next keeps a recurrent state on the device: its sessions do not batch, and run
+    // one forward each.
+    for (name, tier) in [("llama", None), ("olmoe", tier3()), ("deepseek_v3", None), ("qwen3_next", None)] {
+        let Some(engine) = on_vulkan(name, 4, tier) else { return };
+        let batches = engine.session_with_context(CONTEXT).unwrap().batches();
+        assert_eq!(batches, name != "qwen3_next", "{name}: whether its device sessions batch");
+        let requests: Vec<Request> = (0..8u32)
+            .map(|k| (0..1 + 2 * k as usize).map(|i| (i as u32 * 31 + k * 67 + 9) % 250).collect())
+            .map(|p| Request::greedy(p, steps))
+            .collect();
+        let got = run_all(&engine, 8, &requests, 4);
+        for (r, f) in requests.iter().zip(&got) {
+            assert_eq!(f.generated, alone(&engine, &r.prompt, steps), "{name}: prompt {:?}", r.prompt);
+        }
+    }
+}
+
+#[test]
+fn a_device_lost_in_a_batched_step_finishes_every_request_on_the_cpu() {
+    let dir = fixture_dir("llama");
+    let steps = 6;
+    let requests: Vec<Request> = (0..4u32)
+        .map(|k| (0..2 + k as usize).map(|i| (i as u32 * 13 + k * 71 + 2) % 250).collect())
+        .map(|p| Request::greedy(p, steps))
+        .collect();
+    // Each prompt is one forward (one submission): the 7th submission is a batched decode step.
+    let fault = FaultInjection { fail_submit: Some(7), fail_alloc: None };
+    let opts = EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions { fault: Some(fault), ..VkOptions::default() }),
+        compile: Options { context: CONTEXT, chunk_rows: 4, ..Options::default() },
+        ..EngineOptions::default()
+    };
+    let engine = match Engine::load(&dir, &opts) {
+        Ok(e) if e.device().is_some() => e,
+        _ => {
+            eprintln!("note: no Vulkan device; skipping");
+            return;
+        }
+    };
+    let mut slots = Slots::new(&engine, 4, CONTEXT, 4).unwrap();
+    for (i, r) in requests.iter().enumerate() {
+        slots.admit(i as u64, r.clone()).unwrap();
+    }
+    let mut done: HashMap<u64, Finish> = HashMap::new();
+    while done.len() < requests.len() {
+        for (id, e) in slots.step() {
+            match e {
+                Event::Done(f) => drop(done.insert(id, f)),
+                Event::Failed(e) => panic!("request {id} failed: {e}"),
+                Event::Text(_) => {}
+            }
+        }
+    }
+    assert!(!slots.on_devices(), "the device failed");
+    let notices = slots.take_notices();
+    assert!(notices.iter().any(|n| n.contains("continue on the CPU")), "{notices:?}");
+    let cpu = common::load_model(&dir);
+    for (i, r) in requests.iter().enumerate() {
+        let want = run_greedy(&cpu, &r.prompt, 4, steps, CONTEXT, false).toks;
+        assert_eq!(done[&(i as u64)].generated, want, "prompt {:?}", r.prompt);
+    }
 }
 
 #[test]

@@ -15,7 +15,6 @@
 //! Must not: decide placement (the plan did), or record device commands (`exec::device` does).
 
 use super::device::{DeviceError, DeviceModel, DeviceState};
-use super::kv::KvCache;
 use super::kv_split::SplitStats;
 use super::step::{HostRows, Step};
 use super::{ExecError, Model};
@@ -227,32 +226,52 @@ impl Chain {
         self.tier.as_ref()
     }
 
-    /// Before a forward: every device's mirrors checked against the host's cache, the tier's
-    /// heat aged.
-    pub(crate) fn begin_forward(&self, st: &mut ChainState, kv: &KvCache, step: &Step) {
-        for (d, s) in self.devices.iter().zip(&mut st.states) {
-            d.begin_forward(s, kv, step.pos0);
+    /// Before a forward: every sequence's mirrors on every device checked against its host
+    /// cache, the tier's heat aged. `st` holds one state per sequence of the step.
+    pub(crate) fn begin_forward(
+        &self,
+        st: &mut [&mut ChainState],
+        host: &HostRows,
+        step: &Step,
+    ) -> Result<(), ExecError> {
+        let seqs = step.sequences();
+        if st.len() != seqs.len() || host.rest.len() + 1 != seqs.len() {
+            return Err(ExecError::Batch("one device state and one cache per sequence"));
+        }
+        let caches = std::iter::once(&*host.kv).chain(host.rest.iter().map(|k| &**k));
+        for ((s, kv), (_, pos0)) in st.iter_mut().zip(caches).zip(&seqs) {
+            for (d, ds) in self.devices.iter().zip(&mut s.states) {
+                d.begin_forward(ds, kv, *pos0);
+            }
         }
         if let Some(t) = &self.tier {
             lock(t).begin_forward(step.tokens.len());
         }
+        Ok(())
+    }
+
+    /// Why sessions of this chain cannot share a forward (`Session::forward_batch`), if they
+    /// cannot: a KV split, or a device layer keeping a recurrent state, runs one sequence a
+    /// frame.
+    pub fn batch_refusal(&self) -> Option<&'static str> {
+        self.devices.iter().find_map(DeviceModel::batch_refusal)
     }
 
     /// Runs one device frame's calls on device `d` (its uploads from the host's rows before,
-    /// its downloads into them after).
+    /// its downloads into them after), with each sequence's state.
     pub(crate) fn run_device_frame(
         &self,
         d: DeviceId,
         model: &Model,
-        st: &mut ChainState,
+        st: &mut [&mut ChainState],
         calls: &FrameCalls,
         host: &mut HostRows,
         step: &Step,
     ) -> Result<(), ExecError> {
         let i = d.0 as usize;
         let frame = self.frames.iter().find(|f| f.id == calls.frame).ok_or(ExecError::NoDevice(calls.frame.0))?;
-        let (dev, s) = (&self.devices[i], &mut st.states[i]);
-        dev.run_frame(model, s, frame, calls, host, step).map_err(ExecError::Device)
+        let mut states: Vec<&mut DeviceState> = st.iter_mut().map(|s| &mut s.states[i]).collect();
+        self.devices[i].run_frame(model, &mut states, frame, calls, host, step).map_err(ExecError::Device)
     }
 }
 

@@ -41,23 +41,21 @@ use crate::cpu::Precision;
 use crate::exec::kv::{KvCache, LayerKv};
 use crate::exec::kv_split::{HostPart, RingUpload, Split, SplitState, SplitStats};
 use crate::oplib::{op_name, OpLib};
-use crate::vk::ops::attn_part::PartArgs;
 use crate::vk::{
-    AttnArgs, DecodeArgs, Frame as VkFrame, KvMirror, KvShape, MatIn, NormArgs, Pos, QkNorm, QuantizedActs, Recorded,
-    RopeArgs, RopeKvArgs, View,
+    Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoeCall, MoePath, MoeScratch,
+    RopeShape, RouteParams, VkError, VkOps,
 };
-use crate::vk::{
-    AttnPath, AttnShape, Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoeCall,
-    MoePath, MoeScratch, RopeShape, RouteParams, VkError, VkOps,
-};
+use crate::vk::{Frame as VkFrame, MatIn, NormArgs, Pos, QuantizedActs, Recorded, View};
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::{DeviceId, Place};
 use coli_compiler::ir::{ExpertBias, Op, Program, RopeScaling, ValueId};
-use coli_compiler::schedule::{AttentionCall, Call, FrameCalls, Kernel, MatSrc, Norm, Rows};
+use coli_compiler::schedule::{Call, FrameCalls, Kernel, MatSrc, Norm, Rows};
 use coli_compiler::Plan;
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::time::Instant;
+
+mod attention;
 
 /// Rows of a step from which its K/V read-back runs on every core (a decode step's few rows
 /// are not worth the threads' wake-up).
@@ -85,6 +83,8 @@ pub struct DeviceModel {
     moe_dims: Option<(usize, usize, usize, usize)>,
     /// The KV split, when the plan has one.
     kv_split: Option<Split>,
+    /// Whether a frame runs a layer with a recurrent state (linear attention).
+    recurrent: bool,
 }
 
 /// Per-session device state: value buffers, KV mirrors and their read-back staging.
@@ -124,11 +124,22 @@ pub enum DeviceError {
     NotOpened { opened: usize },
 }
 
+/// A sequence of a frame's step: its rows of the step, its first position, and its state (the
+/// KV mirrors it appends to and attends over).
+struct SeqState<'a> {
+    rows: std::ops::Range<usize>,
+    pos0: usize,
+    st: &'a DeviceState,
+}
+
 /// What one recording of a frame runs against.
 #[derive(Clone, Copy)]
 struct Rec<'a, 'p> {
     program: &'p Program,
+    /// The state whose value buffers the frame's rows live in (the first sequence's).
     st: &'a DeviceState,
+    /// The step's sequences (one unless the step is batched).
+    seqs: &'p [SeqState<'a>],
     widths: &'p [usize],
     n: usize,
     pos: Pos<'a>,
@@ -153,6 +164,7 @@ impl DeviceModel {
         let mut names: Vec<(String, bool)> = Vec::new();
         let mut freqs = Vec::new();
         let mut moe_ops = Vec::new();
+        let mut recurrent = false;
         let frames: Vec<Frame> = plan.frames.iter().filter(|f| f.place == Place::Device(device)).cloned().collect();
         for f in &frames {
             for &id in &f.ops {
@@ -170,6 +182,7 @@ impl DeviceModel {
                 if let Op::RoutedExperts { .. } = op {
                     moe_ops.push(op);
                 }
+                recurrent |= matches!(op, Op::LinearAttention { .. });
             }
         }
         names.sort();
@@ -238,7 +251,17 @@ impl DeviceModel {
             experts,
             moe_dims,
             kv_split: plan.placement.kv_split.clone().map(Split::new),
+            recurrent,
         })
+    }
+
+    /// Why a step of several sequences cannot run this device's frames, if it cannot: a KV
+    /// split's host part and a recurrent layer's state follow one sequence a frame.
+    pub fn batch_refusal(&self) -> Option<&'static str> {
+        if self.kv_split.is_some() {
+            return Some("the plan splits a KV cache between the device and the host");
+        }
+        self.recurrent.then_some("a device layer keeps a recurrent state")
     }
 
     /// What the KV split's layers did so far (`None` without a split).
@@ -491,114 +514,6 @@ impl DeviceModel {
         Ok(())
     }
 
-    /// Records an attention call: its q/k norms (as a pair, unless a one-row kernel applies
-    /// them), RoPE and the KV append, and attention over the mirror (a split layer's part, or
-    /// one kernel for one row). Returns the 8-bit blocks of its output when the product right
-    /// after (`next`) takes them from the one-row kernel.
-    fn record_attention<'a>(
-        &'a self,
-        f: &mut VkFrame<'a>,
-        rec: &Rec<'a, '_>,
-        a: &AttentionCall,
-        next: Option<&Kernel>,
-    ) -> Result<Option<QuantizedActs>, VkError> {
-        let Rec { st, widths, n, pos, precision, .. } = *rec;
-        let w = |v: ValueId| widths[v.0 as usize];
-        let view = |v: ValueId| st.values[v.0 as usize].view(0, n * w(v));
-        let (q, k, v, out, spec) = (a.q, a.k, a.v, a.out, &a.spec);
-        let l = a.layer.0 as usize;
-        let split = self.kv_split.as_ref().filter(|s| s.splits(a.layer)).zip(st.split.as_ref());
-        // The absorbed q and k norms: the one-row kernel's, else recorded here.
-        let mut qk_norm = None;
-        let (mut qsrc, mut ksrc) = (q, k);
-        if let Some((qn, kn)) = &a.norms {
-            if n == 1 && a.one_kernel && split.is_none() {
-                qk_norm = Some(QkNorm {
-                    q_weight: self.vecs[&qn.weight.name].all(),
-                    k_weight: self.vecs[&kn.weight.name].all(),
-                    q_group: qn.group,
-                    k_group: kn.group,
-                    eps: qn.eps,
-                    offset: qn.offset,
-                });
-                (qsrc, ksrc) = (qn.x, kn.x);
-            } else {
-                let args = |m: &Norm| NormArgs {
-                    x: view(m.x),
-                    weight: self.vecs[&m.weight.name].all(),
-                    out: view(m.out),
-                    width: w(m.x),
-                };
-                f.rms_norm_pair(args(qn), args(kn), n, qn.eps, qn.offset)?;
-            }
-        }
-        let (mk, mv, sk, sv) = st.mirrors[l].as_ref().expect("mirror allocated");
-        let args = a.rope.map(|r| {
-            let (fb, mscale) = self.freq(r.rotary_dim, r.theta, r.scaling);
-            RopeArgs { freq: fb.all(), style: r.style, mscale }
-        });
-        let shape = AttnShape::of(spec);
-        let kv_shape = KvShape {
-            n,
-            heads: spec.heads,
-            kv_heads: spec.kv_heads,
-            head_dim: spec.head_dim,
-            v_head_dim: spec.v_head_dim,
-        };
-        let sinks = spec.sinks.as_ref().map(|s| self.vecs[&s.name].all());
-        let mirror = KvMirror { k: mk.all(), v: mv.all(), k_back: sk.all(), v_back: sv.all() };
-        let rope_kv = RopeKvArgs { rope: args, q: view(q), k: view(k), v: view(v), shape: kv_shape, mirror, pos };
-        // A split layer: the append into its ring, the device's part, and the part into its
-        // read-back buffers (the host finishes after the frame).
-        if let Some((sp, ss)) = split {
-            f.rope_kv_ring(rope_kv, sp.plan.ring)?;
-            let cs = crate::cpu::attention::AttnShape::of(spec);
-            let (aw, mw) = (n * spec.heads * spec.v_head_dim, n * spec.heads * 2);
-            let (acc, ml) = (ss.acc.view(0, aw), ss.ml.view(0, mw));
-            f.attn_part(cs, sp.shape(), PartArgs { q: view(q), k: mk.all(), v: mv.all(), acc, ml, n, pos })?;
-            f.copy(ss.acc.view(0, aw), ss.acc_back.view(0, aw))?;
-            f.copy(ss.ml.view(0, mw), ss.ml_back.view(0, mw))?;
-            return Ok(None);
-        }
-        if n == 1 && a.one_kernel {
-            let (keys, values) = match pos {
-                Pos::Fixed(p0) => (mk.view(0, (p0 + 1) * w(k)), mv.view(0, (p0 + 1) * w(v))),
-                Pos::Dynamic(_) => (mk.all(), mv.all()),
-            };
-            // The product right after that reads the output in 8-bit blocks takes them from
-            // the attention kernel (one quantization dispatch fewer).
-            let q8 = precision == Precision::Fast
-                && spec.v_head_dim % 32 == 0
-                && matches!(next, Some(Kernel::Matmul(m))
-                    if m.src == MatSrc::Plain && m.x == out && self.mats[&m.weight.name].variant.q8_acts());
-            let decode = DecodeArgs {
-                rope: args,
-                q: view(qsrc),
-                k: view(ksrc),
-                v: view(v),
-                mirror: KvMirror { k: keys, v: values, ..mirror },
-                sinks,
-                out: view(out),
-                pos,
-                norm: qk_norm,
-                q8,
-            };
-            return f.attention_decode(shape, decode);
-        }
-        f.rope_kv(rope_kv)?;
-        let (keys, values) = match pos {
-            Pos::Fixed(p0) => (mk.view(0, (p0 + n) * w(k)), mv.view(0, (p0 + n) * w(v))),
-            Pos::Dynamic(_) => (mk.all(), mv.all()),
-        };
-        f.attention_at(
-            shape,
-            AttnArgs { q: view(q), k: keys, v: values, sinks, out: view(out), n },
-            pos,
-            AttnPath::Auto,
-        )?;
-        Ok(None)
-    }
-
     /// Records one op on its own (`tail`: on the last row, for the epilogue's norm and head).
     fn record_op<'a>(&'a self, f: &mut VkFrame<'a>, rec: &Rec<'a, '_>, op: &Op, tail: bool) -> Result<(), VkError> {
         let Rec { st, widths, n, pos, precision, .. } = *rec;
@@ -624,9 +539,23 @@ impl DeviceModel {
             _ if tail => return self.record_op(f, rec, op, false),
             Op::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling } => {
                 let (fb, mscale) = self.freq(*rotary_dim, *theta, *scaling);
-                let shape =
-                    RopeShape { n, width: w(*x), heads: *heads, head_dim: *head_dim, style: *style, pos0: 0, mscale };
-                f.rope_at(view(*x), fb.all(), shape, pos)?;
+                let shape = |n| RopeShape {
+                    n,
+                    width: w(*x),
+                    heads: *heads,
+                    head_dim: *head_dim,
+                    style: *style,
+                    pos0: 0,
+                    mscale,
+                };
+                if rec.seqs.len() > 1 {
+                    for s in rec.seqs {
+                        let rows = st.values[x.0 as usize].view(s.rows.start * w(*x), s.rows.len() * w(*x));
+                        f.rope_at(rows, fb.all(), shape(s.rows.len()), Pos::Fixed(s.pos0))?;
+                    }
+                } else {
+                    f.rope_at(view(*x), fb.all(), shape(n), pos)?;
+                }
             }
             Op::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale } => {
                 let bias = correction_bias.as_ref().map(|b| self.vecs[&b.name].all());
@@ -651,16 +580,23 @@ impl DeviceModel {
                 st.recurrent.record(f, &self.mats, &self.vecs, spec, *layer, io)?;
             }
             Op::Mla { x, out, layer, spec } => {
-                let mirror = st.mirrors[layer.0 as usize].as_ref().expect("mirror allocated");
                 let (fb, mscale) = self.freq(spec.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling);
-                let inp = super::mla_mirror::MlaInputs {
-                    mats: &self.mats,
-                    vecs: &self.vecs,
-                    freq: (fb, mscale),
-                    mirror,
-                    scratch: st.mla.as_ref(),
-                };
-                super::mla_mirror::record(f, inp, spec, OpRows { x: view(*x), out: view(*out), n, precision }, pos)?;
+                // Each sequence of a batched step over its own mirror, at its own positions.
+                for s in rec.seqs {
+                    let inp = super::mla_mirror::MlaInputs {
+                        mats: &self.mats,
+                        vecs: &self.vecs,
+                        freq: (fb, mscale),
+                        mirror: s.st.mirrors[layer.0 as usize].as_ref().expect("mirror allocated"),
+                        scratch: st.mla.as_ref(),
+                    };
+                    let rows = |v: ValueId| st.values[v.0 as usize].view(s.rows.start * w(v), s.rows.len() * w(v));
+                    let (io, at) = match rec.seqs.len() {
+                        1 => (OpRows { x: view(*x), out: view(*out), n, precision }, pos),
+                        _ => (OpRows { x: rows(*x), out: rows(*out), n: s.rows.len(), precision }, Pos::Fixed(s.pos0)),
+                    };
+                    super::mla_mirror::record(f, inp, spec, io, at)?;
+                }
             }
             op => {
                 return Err(VkError::BadArgument {
@@ -673,49 +609,65 @@ impl DeviceModel {
     }
 
     /// Runs one of this device's frames, `calls` being its schedule, for `step` (`step.tokens.len()
-    /// <= cap_rows`): its uploads from the host's rows, the frame, its downloads into the host's
-    /// rows and the block's K/V rows into the host's cache (a KV split's host part after it).
+    /// <= cap_rows`) with each sequence's state (`sts`, in the step's order; the rows' values
+    /// live in the first's): its uploads from the host's rows, the frame, its downloads into
+    /// the host's rows and each sequence's K/V rows into its host cache (a KV split's host part
+    /// after it).
     pub(crate) fn run_frame(
         &self,
         model: &Model,
-        st: &mut DeviceState,
+        sts: &mut [&mut DeviceState],
         frame: &Frame,
         calls: &FrameCalls,
         host: &mut HostRows,
         step: &Step,
     ) -> Result<(), VkError> {
-        let HostRows { values: host_values, widths, kv, .. } = host;
-        let (widths, kv) = (*widths, &mut **kv);
+        let HostRows { values: host_values, widths, kv, rest } = host;
+        let widths = *widths;
         let (tokens, pos0, precision) = (step.tokens, step.pos0, step.precision);
         let last_only = step.logits == LogitRows::Last;
         let n = tokens.len();
         let p = &model.program;
         let ctx = &self.ctx;
         let w = |v: ValueId| widths[v.0 as usize];
+        let seqs = step.sequences();
+        let batched = seqs.len() > 1;
+        if sts.len() != seqs.len() || (batched && self.batch_refusal().is_some()) {
+            let msg = self.batch_refusal().unwrap_or("one state per sequence").to_string();
+            return Err(VkError::BadArgument { op: "frame", msg });
+        }
+        let mut caches: Vec<&mut KvCache> =
+            std::iter::once(&mut **kv).chain(rest.iter_mut().map(|k| &mut **k)).collect();
         let mut t = Instant::now();
         // 1. Uploads, and what the frame needs that must outlive it.
+        let lead = &sts[0];
         for &v in &frame.uploads {
             let data = &host_values[v.0 as usize][..n * w(v)];
-            ctx.write(&st.values[v.0 as usize], 0, as_bytes(data))?;
+            ctx.write(&lead.values[v.0 as usize], 0, as_bytes(data))?;
         }
-        // Mirror rows the device lacks (a host write lowered the watermark) go up first.
+        // Mirror rows a sequence's device state lacks (a host write lowered its watermark) go up
+        // first.
         let mut attn_layers = Vec::new();
         for &id in &frame.ops {
             if let Op::Attention { layer, .. } | Op::Mla { layer, .. } = op_of(p, id) {
-                let l = layer.0 as usize;
-                attn_layers.push(l);
+                attn_layers.push((layer.0 as usize, *layer));
+            }
+        }
+        for ((st, kv), (_, pos0)) in sts.iter_mut().zip(caches.iter()).zip(&seqs) {
+            for &(l, layer) in &attn_layers {
                 let (mk, mv, _, _) = st.mirrors[l].as_ref().expect("mirror allocated");
                 let c = &kv.layers[l];
-                if let (Some(sp), Some(ss)) = (self.kv_split.as_ref().filter(|s| s.splits(*layer)), st.split.as_mut()) {
+                let split = self.kv_split.as_ref().filter(|s| s.splits(layer));
+                if let (Some(sp), Some(ss)) = (split, st.split.as_mut()) {
                     let up = RingUpload { layer: l, k: mk, v: mv, host: c, mark: &mut st.watermark[l] };
-                    sp.upload(ctx, ss, up, pos0)?;
+                    sp.upload(ctx, ss, up, *pos0)?;
                     continue;
                 }
                 let mark = st.watermark[l];
-                if mark < pos0 {
+                if mark < *pos0 {
                     ctx.write(mk, mark * c.k_width * 4, as_bytes(&c.k[mark * c.k_width..pos0 * c.k_width]))?;
                     ctx.write(mv, mark * c.v_width * 4, as_bytes(&c.v[mark * c.v_width..pos0 * c.v_width]))?;
-                    st.watermark[l] = pos0;
+                    st.watermark[l] = *pos0;
                 }
             }
         }
@@ -726,10 +678,11 @@ impl DeviceModel {
                     msg: format!("token id {id} is outside the vocabulary of {}", p.dims.vocab),
                 });
             }
-            ctx.write(&st.tokens, 0, as_bytes(tokens))?;
+            ctx.write(&sts[0].tokens, 0, as_bytes(tokens))?;
         }
-        // The recurrent layers' device states: the host's at pos0 (`exec::recurrent`).
-        let recurrent = st.recurrent.before_frame(ctx, p, frame, kv, pos0)?;
+        // The recurrent layers' device states: the host's at pos0 (`exec::recurrent`; a step of
+        // one sequence, as `batch_refusal` says).
+        let recurrent = sts[0].recurrent.before_frame(ctx, p, frame, caches[0], pos0)?;
         // 2. Record and submit; a one-row forward replays its recording when it can.
         let rows_of = |v: ValueId| if last_only && v == p.logits { (n - 1, 1) } else { (0, n) };
         let phase = |name: &'static str, t: &mut Instant| {
@@ -737,6 +690,7 @@ impl DeviceModel {
             *t = Instant::now();
         };
         if n == 1 && calls.replayable {
+            let st = &mut *sts[0];
             ctx.write(&st.pos, 0, &(pos0 as u32).to_le_bytes())?;
             phase("uploads", &mut t);
             let key = (frame.id.0 as usize, last_only, precision);
@@ -746,7 +700,8 @@ impl DeviceModel {
                     let rec = {
                         let mut f = ctx.recording()?;
                         let pos = Pos::Dynamic(st.pos.view(0, 1));
-                        let rec = Rec { program: p, st, widths, n, pos, precision, last_only };
+                        let seqs = [SeqState { rows: 0..n, pos0, st }];
+                        let rec = Rec { program: p, st, seqs: &seqs, widths, n, pos, precision, last_only };
                         self.record(&mut f, rec, frame, &calls.calls)?;
                         f.finish()?
                     };
@@ -759,13 +714,19 @@ impl DeviceModel {
         } else {
             phase("uploads", &mut t);
             let mut f = ctx.frame()?;
-            let rec = Rec { program: p, st, widths, n, pos: Pos::Fixed(pos0), precision, last_only };
+            let states: Vec<SeqState> = seqs
+                .iter()
+                .zip(sts.iter())
+                .map(|((rows, pos0), st)| SeqState { rows: rows.clone(), pos0: *pos0, st })
+                .collect();
+            let rec =
+                Rec { program: p, st: sts[0], seqs: &states, widths, n, pos: Pos::Fixed(pos0), precision, last_only };
             self.record(&mut f, rec, frame, &calls.calls)?;
             phase("recording", &mut t);
             f.run()?;
         }
         phase("submit and wait", &mut t);
-        // 3. Downloads, and the block's K/V rows into the host's canonical cache.
+        // 3. Downloads, and each sequence's K/V rows into its host cache.
         for &v in &frame.downloads {
             let (r0, rn) = rows_of(v);
             let hv = &mut host_values[v.0 as usize];
@@ -775,14 +736,45 @@ impl DeviceModel {
                 *hv = vec![0.0; n * w(v)];
             }
             hv.resize(n * w(v), 0.0);
-            let twin = st.twins[v.0 as usize].as_ref().expect("twin allocated");
+            let twin = sts[0].twins[v.0 as usize].as_ref().expect("twin allocated");
             ctx.read(twin, r0 * w(v) * 4, as_bytes_mut(&mut hv[r0 * w(v)..(r0 + rn) * w(v)]))?;
         }
         phase("downloads", &mut t);
-        // The block's K/V rows into the host's cache, read straight into its new rows (what
-        // `append` of the rows would leave). A prompt chunk's are megabytes a layer (the
-        // prompt's largest host cost on the H200: 134 MB for 512 rows of OLMoE-1B-7B): every
-        // layer's K and V are copied at once then.
+        let attn_layers: Vec<usize> = attn_layers.into_iter().map(|(l, _)| l).collect();
+        for ((st, kv), (rows, pos0)) in sts.iter_mut().zip(caches.iter_mut()).zip(&seqs) {
+            self.take_kv_rows(st, kv, &attn_layers, *pos0, rows.len())?;
+        }
+        phase("K/V rows into the host's cache", &mut t);
+        let st = &mut *sts[0];
+        // Their new states into the host's (the old ones kept to go back to).
+        st.recurrent.after_frame(ctx, &recurrent, caches[0], pos0 + n)?;
+        // A split attention ends the frame: the host's part and the merge (`exec::kv_split`).
+        if let (Some(id), Some(sp), Some(ss)) = (frame.kv_split, self.kv_split.as_ref(), st.split.as_ref()) {
+            if let Op::Attention { q, out, layer, spec, .. } = op_of(p, id) {
+                let mut o = std::mem::take(&mut host_values[out.0 as usize]);
+                let (q, cache) = (&host_values[q.0 as usize], &caches[0].layers[layer.0 as usize]);
+                sp.finish(ctx, ss, HostPart { spec, weights: &model.weights, q, host: cache, n, pos0 }, &mut o)?;
+                host_values[out.0 as usize] = o;
+            }
+        }
+        phase("recurrent states, the KV split's host part", &mut t);
+        Ok(())
+    }
+
+    /// A sequence's `n` new K/V rows (its frame's read-back buffers) into its host cache, read
+    /// straight into the cache's new rows (what `append` of the rows would leave), and its
+    /// mirrors' watermarks up to them. A prompt chunk's are megabytes a layer (the prompt's
+    /// largest host cost on the H200: 134 MB for 512 rows of OLMoE-1B-7B): every layer's K and
+    /// V are copied at once then.
+    fn take_kv_rows(
+        &self,
+        st: &mut DeviceState,
+        kv: &mut KvCache,
+        attn_layers: &[usize],
+        pos0: usize,
+        n: usize,
+    ) -> Result<(), VkError> {
+        let ctx = &self.ctx;
         let mirrors = &st.mirrors;
         let copy = |l: usize, c: &mut LayerKv| -> Result<(), VkError> {
             let (_, _, sk, sv) = mirrors[l].as_ref().expect("mirror allocated");
@@ -813,25 +805,12 @@ impl DeviceModel {
         } else {
             layers.iter_mut().try_for_each(|(l, c)| copy(*l, c))?;
         }
-        for l in attn_layers {
+        for &l in attn_layers {
             st.watermark[l] = pos0 + n;
             if let (Some(sp), Some(ss)) = (self.kv_split.as_ref(), st.split.as_mut()) {
                 sp.stepped(ss, l, pos0, n);
             }
         }
-        phase("K/V rows into the host's cache", &mut t);
-        // Their new states into the host's (the old ones kept to go back to).
-        st.recurrent.after_frame(ctx, &recurrent, kv, pos0 + n)?;
-        // A split attention ends the frame: the host's part and the merge (`exec::kv_split`).
-        if let (Some(id), Some(sp), Some(ss)) = (frame.kv_split, self.kv_split.as_ref(), st.split.as_ref()) {
-            if let Op::Attention { q, out, layer, spec, .. } = op_of(p, id) {
-                let mut o = std::mem::take(&mut host_values[out.0 as usize]);
-                let (q, cache) = (&host_values[q.0 as usize], &kv.layers[layer.0 as usize]);
-                sp.finish(ctx, ss, HostPart { spec, weights: &model.weights, q, host: cache, n, pos0 }, &mut o)?;
-                host_values[out.0 as usize] = o;
-            }
-        }
-        phase("recurrent states, the KV split's host part", &mut t);
         Ok(())
     }
 }

@@ -272,51 +272,112 @@ impl<'m> Session<'m> {
         r
     }
 
-    /// One token for each of `sessions` (all of the same model, on the CPU) in one forward:
-    /// their rows go through every matrix together, each row against its own sequence's
-    /// positions and cache. Returns each session's logits (`vocab` floats), in order. The
-    /// precision is the first session's. On an error no session has moved.
+    /// One token for each of `sessions` (all of the same model, all on the CPU or all on the
+    /// same devices) in one forward: their rows go through every matrix together (the expert
+    /// tier's MoE step included), each row against its own sequence's positions and cache.
+    /// Returns each session's logits (`vocab` floats), in order. The precision is the first
+    /// session's. A device failure re-runs the step on the CPU, where every session stays, as
+    /// `forward` does. On another error no session has moved (within a device forward's rows:
+    /// more sessions than those run as several steps).
     pub fn forward_batch(sessions: &mut [&mut Session<'m>], tokens: &[u32]) -> Result<Vec<Vec<f32>>, ExecError> {
         if sessions.len() != tokens.len() {
             return Err(ExecError::Batch("one token per session"));
         }
-        let Some((first, rest)) = sessions.split_first_mut() else { return Ok(Vec::new()) };
-        let model = first.model;
-        if rest.iter().any(|s| !std::ptr::eq(s.model, model)) {
+        let Some((first, rest)) = sessions.split_first() else { return Ok(Vec::new()) };
+        if rest.iter().any(|s| !std::ptr::eq(s.model, first.model)) {
             return Err(ExecError::Batch("the sessions run different models"));
         }
-        if first.device.is_some() || rest.iter().any(|s| s.device.is_some()) {
-            return Err(ExecError::Batch("a session runs on a device"));
+        let chain = first.device.as_ref().map(|(c, _)| *c);
+        let same = |s: &Session| match (&s.device, chain) {
+            (None, None) => true,
+            (Some((c, _)), Some(d)) => std::ptr::eq(*c, d),
+            _ => false,
+        };
+        if !rest.iter().all(|s| same(s)) {
+            return Err(ExecError::Batch("the sessions do not all run on the same devices"));
         }
-        for s in std::iter::once(&**first).chain(rest.iter().map(|s| &**s)) {
+        if let Some(why) = chain.and_then(Chain::batch_refusal) {
+            return Err(ExecError::Batch(why));
+        }
+        for s in sessions.iter() {
             if s.pos + 1 > s.max_context {
                 return Err(ExecError::ContextFull { need: s.pos + 1, max: s.max_context });
             }
         }
-        let batch: Vec<step::SeqRows> = std::iter::once(first.pos)
-            .chain(rest.iter().map(|s| s.pos))
-            .enumerate()
-            .map(|(i, pos0)| step::SeqRows { rows: i..i + 1, pos0 })
-            .collect();
+        let cap = chain.map_or(usize::MAX, |c| c.cap_rows.max(1));
+        if sessions.len() > cap {
+            let mut out = Vec::with_capacity(tokens.len());
+            for (group, t) in sessions.chunks_mut(cap).zip(tokens.chunks(cap)) {
+                out.extend(Session::forward_batch(group, t)?);
+            }
+            return Ok(out);
+        }
+        if chain.is_some() {
+            match Session::run_batch(sessions, tokens, true) {
+                Err(ExecError::Device(e)) => {
+                    for s in sessions.iter_mut() {
+                        s.notice = Some(format!(
+                            "the device failed ({e}); this forward and the rest of the run continue on the CPU"
+                        ));
+                        s.device = None;
+                    }
+                }
+                r => return r,
+            }
+        }
+        Session::run_batch(sessions, tokens, false)
+    }
+
+    /// One batched step of `forward_batch` (checked there): on the sessions' devices, or on the
+    /// CPU. On an error every session's cache is back at its position.
+    fn run_batch(
+        sessions: &mut [&mut Session<'m>],
+        tokens: &[u32],
+        on_device: bool,
+    ) -> Result<Vec<Vec<f32>>, ExecError> {
+        let batch: Vec<step::SeqRows> =
+            sessions.iter().enumerate().map(|(i, s)| step::SeqRows { rows: i..i + 1, pos0: s.pos }).collect();
+        let Some((first, rest)) = sessions.split_first_mut() else { return Ok(Vec::new()) };
+        let model = first.model;
         let step = Step { tokens, pos0: first.pos, precision: first.precision, logits: LogitRows::All, batch: &batch };
-        let mut rest_kv: Vec<&mut KvCache> = rest.iter_mut().map(|s| &mut s.kv).collect();
-        let mut host =
-            step::HostRows { values: &mut first.values, widths: &first.widths, kv: &mut first.kv, rest: &mut rest_kv };
-        if let Err(e) = run::forward(&model.cpu, model, &mut host, &step, None) {
-            first.kv.truncate(first.pos);
-            for s in rest.iter_mut() {
+        let Session { values, widths, kv, device, .. } = &mut **first;
+        let chain = device.as_ref().filter(|_| on_device).map(|(c, _)| *c);
+        let mut states: Vec<&mut ChainState> = Vec::new();
+        let mut rest_kv: Vec<&mut KvCache> = Vec::new();
+        if let Some((_, st)) = device.as_mut().filter(|_| on_device) {
+            states.push(st);
+        }
+        for s in rest.iter_mut() {
+            let Session { kv, device, .. } = &mut **s;
+            rest_kv.push(kv);
+            if let Some((_, st)) = device.as_mut().filter(|_| on_device) {
+                states.push(st);
+            }
+        }
+        let mut host = step::HostRows { values, widths, kv, rest: &mut rest_kv };
+        let r = match chain {
+            Some(c) => run::forward(c.schedule(), model, &mut host, &step, Some((c, &mut states[..]))),
+            None => run::forward(&model.cpu, model, &mut host, &step, None),
+        };
+        if let Err(e) = r {
+            for s in sessions.iter_mut() {
                 s.kv.truncate(s.pos);
             }
             return Err(e);
         }
         let lv = model.program.logits.0 as usize;
-        let vocab = first.widths[lv];
-        let out = (0..tokens.len()).map(|i| first.values[lv][i * vocab..(i + 1) * vocab].to_vec()).collect();
-        first.pos += 1;
-        for s in rest.iter_mut() {
+        let vocab = sessions[0].widths[lv];
+        let out = (0..tokens.len()).map(|i| sessions[0].values[lv][i * vocab..(i + 1) * vocab].to_vec()).collect();
+        for s in sessions.iter_mut() {
             s.pos += 1;
         }
         Ok(out)
+    }
+
+    /// Whether this session can share a forward with others of its kind (`forward_batch`): on
+    /// the CPU always, on devices unless the plan runs one sequence a frame.
+    pub fn batches(&self) -> bool {
+        self.device.as_ref().is_none_or(|(c, _)| c.batch_refusal().is_none())
     }
 
     /// Runs the session's schedule (the chain's, or the model's on the CPU) over `tokens`, in
@@ -331,7 +392,7 @@ impl<'m> Session<'m> {
             let mut host =
                 step::HostRows { values: &mut self.values, widths: &self.widths, kv: &mut self.kv, rest: &mut [] };
             match self.device.as_mut() {
-                Some((c, st)) => run::forward(c.schedule(), self.model, &mut host, &step, Some((*c, st)))?,
+                Some((c, st)) => run::forward(c.schedule(), self.model, &mut host, &step, Some((*c, &mut [st])))?,
                 None => run::forward(&self.model.cpu, self.model, &mut host, &step, None)?,
             }
             self.pos += chunk.len();

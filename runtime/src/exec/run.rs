@@ -13,16 +13,17 @@ use coli_compiler::ids::Place;
 use coli_compiler::schedule::Schedule;
 
 /// Runs `schedule` for `step`: host frames on the CPU, device frames on `chain`'s devices (a
-/// schedule with device frames needs the chain it was built for).
+/// schedule with device frames needs the chain it was built for) with each sequence's state,
+/// in the order of the step's sequences (one for a step of one sequence).
 pub(crate) fn forward(
     schedule: &Schedule,
     model: &Model,
     host: &mut HostRows,
     step: &Step,
-    mut chain: Option<(&Chain, &mut ChainState)>,
+    mut chain: Option<(&Chain, &mut [&mut ChainState])>,
 ) -> Result<(), ExecError> {
     if let Some((c, st)) = chain.as_mut() {
-        c.begin_forward(st, host.kv, step);
+        c.begin_forward(st, host, step)?;
     }
     if let Some(r) = model.ram_cache() {
         r.begin_forward(step.tokens.len());

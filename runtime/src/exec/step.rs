@@ -19,6 +19,17 @@ pub struct Step<'a> {
     pub batch: &'a [SeqRows],
 }
 
+impl Step<'_> {
+    /// Each sequence's rows of the step and its first position: the one sequence of a step
+    /// that is not batched.
+    pub fn sequences(&self) -> Vec<(std::ops::Range<usize>, usize)> {
+        if self.batch.is_empty() {
+            return vec![(0..self.tokens.len(), self.pos0)];
+        }
+        self.batch.iter().map(|s| (s.rows.clone(), s.pos0)).collect()
+    }
+}
+
 /// A sequence's rows in a batched step: `rows` of the step are its positions `pos0..`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SeqRows {

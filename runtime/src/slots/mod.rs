@@ -3,9 +3,9 @@
 //! request in the free slot whose cached ids share the longest prefix with the request's prompt
 //! (the next turn of a conversation, a shared system prompt), and that prefix is not computed
 //! again; `step` advances every active request by one forward (a chunk of its prompt, or one
-//! token) and returns what each produced (`Event`s); the decode steps of the requests on the
-//! CPU run as one batched forward (`Session::forward_batch`: every matrix read once for all
-//! their rows). Requests are independent: each has its own cache, positions and sampler, so a
+//! token) and returns what each produced (`Event`s); the decode steps of the requests run as
+//! one batched forward (`Session::forward_batch`: every matrix read once for all their rows),
+//! one for those on the CPU and one for those on the devices. Requests are independent: each has its own cache, positions and sampler, so a
 //! request's tokens do not depend on what else runs.
 //!
 //! A slot whose model keeps a recurrent state (Gated DeltaNet) cannot go back to a prefix: it
@@ -211,40 +211,25 @@ impl<'e> Slots<'e> {
         out
     }
 
-    /// The decode steps of the requests on the CPU, two or more, as one batched forward
-    /// (`Session::forward_batch`); returns each batched slot's events by slot index.
+    /// The decode steps of the requests, two or more on the CPU or on the devices, as one
+    /// batched forward per kind (`Session::forward_batch`); returns each batched slot's events
+    /// by slot index.
     fn step_batch(&mut self) -> Vec<(usize, Vec<Event>)> {
-        let ready = |s: &Slot| !s.session.on_a_device() && s.active.as_ref().is_some_and(|a| a.next.is_some());
-        if self.slots.iter().filter(|s| ready(s)).count() < 2 {
-            return Vec::new();
+        let mut out = Vec::new();
+        for device in [false, true] {
+            let ready = |s: &Slot| {
+                s.session.on_a_device() == device
+                    && s.session.batches()
+                    && s.active.as_ref().is_some_and(|a| a.next.is_some())
+            };
+            if self.slots.iter().filter(|s| ready(s)).count() < 2 {
+                continue;
+            }
+            let picked: Vec<(usize, &mut Slot<'e>)> =
+                self.slots.iter_mut().enumerate().filter(|(_, s)| ready(s)).collect();
+            out.extend(batch(picked));
         }
-        let mut picked: Vec<(usize, &mut Slot<'e>)> =
-            self.slots.iter_mut().enumerate().filter(|(_, s)| ready(s)).collect();
-        let tokens: Vec<u32> = picked.iter().filter_map(|(_, s)| s.active.as_ref().and_then(|a| a.next)).collect();
-        let result = {
-            let mut sessions: Vec<&mut Session<'e>> = picked.iter_mut().map(|(_, s)| &mut s.session).collect();
-            Session::forward_batch(&mut sessions, &tokens)
-        };
-        match result {
-            Ok(logits) => picked
-                .into_iter()
-                .zip(logits.iter().zip(&tokens))
-                .filter_map(|((i, s), (l, &t))| {
-                    let Slot { session, cached, active, .. } = s;
-                    let a = active.as_mut()?;
-                    cached.push(t);
-                    Some((i, taken(session, a, l)))
-                })
-                .collect(),
-            Err(e) => picked
-                .into_iter()
-                .map(|(i, s)| {
-                    s.session.truncate(0);
-                    s.cached.clear();
-                    (i, vec![Event::Failed(e.to_string())])
-                })
-                .collect(),
-        }
+        out
     }
 
     /// Notices the sessions raised (a device failure a request survived on the CPU), once.
@@ -255,6 +240,35 @@ impl<'e> Slots<'e> {
     /// Whether every slot still runs on the devices it was given (false after a device failed).
     pub fn on_devices(&self) -> bool {
         self.engine.device().is_none() || self.slots.iter().all(|s| s.session.on_a_device())
+    }
+}
+
+/// One batched forward of `picked`'s decode steps and what each produced.
+fn batch<'e>(mut picked: Vec<(usize, &mut Slot<'e>)>) -> Vec<(usize, Vec<Event>)> {
+    let tokens: Vec<u32> = picked.iter().filter_map(|(_, s)| s.active.as_ref().and_then(|a| a.next)).collect();
+    let result = {
+        let mut sessions: Vec<&mut Session<'e>> = picked.iter_mut().map(|(_, s)| &mut s.session).collect();
+        Session::forward_batch(&mut sessions, &tokens)
+    };
+    match result {
+        Ok(logits) => picked
+            .into_iter()
+            .zip(logits.iter().zip(&tokens))
+            .filter_map(|((i, s), (l, &t))| {
+                let Slot { session, cached, active, .. } = s;
+                let a = active.as_mut()?;
+                cached.push(t);
+                Some((i, taken(session, a, l)))
+            })
+            .collect(),
+        Err(e) => picked
+            .into_iter()
+            .map(|(i, s)| {
+                s.session.truncate(0);
+                s.cached.clear();
+                (i, vec![Event::Failed(e.to_string())])
+            })
+            .collect(),
     }
 }
 
