@@ -370,8 +370,8 @@ fn every_spec_under_graphs_is_built_in() {
     }
 }
 
-/// `coli bench --profile` on the device: the speeds, then the device time per kernel of a
-/// prompt and of a decode step, the MoE kernels among them (work ran on the device), and the
+/// `coli bench --profile --streams 3` on the device: the speeds (three streams' batched decode
+/// among them), then the device time per kernel of a prompt and of a decode step, the MoE kernels among them (work ran on the device), and the
 /// host's time per phase; with two devices, the second's named d1.
 #[test]
 fn bench_profile_lists_device_time_per_kernel() {
@@ -389,6 +389,8 @@ fn bench_profile_lists_device_time_per_kernel() {
         "-r",
         "1",
         "--profile",
+        "--streams",
+        "3",
     ]);
     if stderr(&o).contains("no Vulkan device") {
         return;
@@ -396,6 +398,8 @@ fn bench_profile_lists_device_time_per_kernel() {
     assert!(o.status.success(), "coli bench failed: {}", stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("pp8:") && out.contains("tg2:"), "{out}");
+    // Three streams' decode steps batched, with their own profile.
+    assert!(out.contains("tg2 x 3 streams: ") && out.contains("tok/s aggregate"), "{out}");
     if out.contains("no timestamps") {
         return;
     }

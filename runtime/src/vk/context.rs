@@ -18,7 +18,7 @@ use super::error::{Result, VkError, VkResultExt};
 use super::frame::{Frame, FrameRes};
 use super::instance::Instance;
 use super::memory::{place, MemoryProps, MemoryUse, Placement};
-use super::options::{CoopMatUse, DeviceRole, FaultInjection, IntDotUse, VkOptions};
+use super::options::{CoopMatUse, DeviceRole, FaultInjection, IntDotUse, VkOptions, DEFAULT_GEMV_ROWS};
 use super::pipeline::{Pipe, PipelineCache};
 use super::shaders::{FormatVariant, Kernel};
 use super::validation::ValidationCounts;
@@ -48,6 +48,8 @@ pub(crate) struct Shared {
     pub pipes: Mutex<PipelineCache>,
     queue: Mutex<()>,
     faults: FaultInjection,
+    /// Dense products of at most this many rows take the GEMV (`VkOptions::gemv_rows`).
+    gemv_rows: usize,
     submits: AtomicU64,
     pub dispatches: AtomicU64,
     /// Host nanoseconds spent recording frames (from the frame's start to its end).
@@ -277,6 +279,7 @@ impl Context {
                     pipes: Mutex::new(PipelineCache::default()),
                     queue: Mutex::new(()),
                     faults: fault,
+                    gemv_rows: opts.gemv_rows.unwrap_or(DEFAULT_GEMV_ROWS).max(1),
                     submits: AtomicU64::new(0),
                     dispatches: AtomicU64::new(0),
                     record_ns: AtomicU64::new(0),
@@ -293,6 +296,11 @@ impl Context {
 
     pub fn caps(&self) -> &DeviceCaps {
         &self.shared.caps
+    }
+
+    /// Dense products of at most this many rows take the GEMV, more the tiled GEMMs.
+    pub fn gemv_rows(&self) -> usize {
+        self.shared.gemv_rows
     }
 
     /// The physical device's place in the loader's enumeration: two contexts with the same

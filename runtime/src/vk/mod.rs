@@ -58,7 +58,8 @@ pub use ops::{
     RouteParams, MOE_MAX_EXPERTS,
 };
 pub use options::{
-    CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, Validation, VkOptions, VALIDATION_ENV,
+    CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, Validation, VkOptions, DEFAULT_GEMV_ROWS,
+    VALIDATION_ENV,
 };
 pub use push::{PushLayout, PUSH_LAYOUTS};
 pub use shaders::{FormatVariant, Kernel};

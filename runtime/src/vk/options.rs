@@ -130,4 +130,11 @@ pub struct VkOptions {
     pub coopmat: CoopMatUse,
     /// The packed integer dot product where the device has it, or never.
     pub int_dot: IntDotUse,
+    /// Dense products of at most this many rows (a batched decode step's) take the GEMV, one
+    /// pass over the weights per row, instead of the tiled GEMMs (default
+    /// `DEFAULT_GEMV_ROWS`).
+    pub gemv_rows: Option<usize>,
 }
+
+/// Rows up to which a dense product takes the GEMV by default.
+pub const DEFAULT_GEMV_ROWS: usize = 1;

@@ -56,6 +56,11 @@ pub struct BenchArgs {
     /// Routed experts on the CPU (no expert tier), for comparison.
     #[arg(long, help_heading = heading::EXPERT_TIER)]
     pub no_expert_tier: bool,
+    /// Also measure aggregate decode of N sequences at once (a list: 4,16,64), each after a
+    /// short prompt of its own, their `-n` decode steps batched into one forward a step, as
+    /// `coli serve`'s slots run them.
+    #[arg(long, value_delimiter = ',', help_heading = heading::BENCHMARK)]
+    pub streams: Vec<usize>,
     #[command(flatten)]
     pub kv: crate::kv_args::KvSplitArgs,
     /// Device time per kernel (timestamp queries) and host time per phase of the frames' runs,
@@ -70,6 +75,10 @@ pub struct BenchArgs {
     /// dot product (comparison).
     #[arg(long, help_heading = heading::DIAGNOSTICS)]
     pub no_int_dot: bool,
+    /// Dense products of at most this many rows take the GEMV instead of the tiled GEMMs
+    /// (comparison; default 1).
+    #[arg(long, help_heading = heading::DIAGNOSTICS)]
+    pub gemv_rows: Option<usize>,
 }
 
 fn session(e: &Engine, ctx: usize) -> Result<Session<'_>, String> {
@@ -96,12 +105,15 @@ struct Positions {
 /// holds; the model's own context is checked on its plan), without wrapping.
 fn positions(a: &BenchArgs) -> Result<Positions, String> {
     let (d, p, n) = (a.depth, a.prompt, a.decode);
-    let need = checks::sum(&[d, p, n, 1]).filter(|&x| x <= checks::MAX_POSITIONS).ok_or_else(|| {
-        format!(
-            "-d {d} + -p {p} + -n {n} take more positions than a context holds ({}); lower -d, -p or -n",
-            checks::MAX_POSITIONS
-        )
-    })?;
+    let streams = if a.streams.is_empty() { 0 } else { crate::bench_streams::positions(n) };
+    let need = checks::sum(&[d, p, n, 1]).map(|x| x.max(streams)).filter(|&x| x <= checks::MAX_POSITIONS).ok_or_else(
+        || {
+            format!(
+                "-d {d} + -p {p} + -n {n} take more positions than a context holds ({}); lower -d, -p or -n",
+                checks::MAX_POSITIONS
+            )
+        },
+    )?;
     match a.ctx {
         Some(c) if need > c => Err(format!(
             "the context of {c} positions (--ctx) is too small for -d {d} + -p {p} + -n {n} (+1: {need} positions); raise --ctx or lower -d, -p or -n"
@@ -144,7 +156,13 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
 fn options(a: &BenchArgs, path: &std::path::Path, kv: &crate::kv_args::KvSplitArgs, pos: Positions) -> EngineOptions {
     let coopmat = if a.no_coopmat { coli_runtime::vk::CoopMatUse::Off } else { coli_runtime::vk::CoopMatUse::Auto };
     let int_dot = if a.no_int_dot { coli_runtime::vk::IntDotUse::Off } else { coli_runtime::vk::IntDotUse::Auto };
-    let vk = coli_runtime::vk::VkOptions { profile: a.profile, coopmat, int_dot, ..a.device.vk_options() };
+    let vk = coli_runtime::vk::VkOptions {
+        profile: a.profile,
+        coopmat,
+        int_dot,
+        gemv_rows: a.gemv_rows,
+        ..a.device.vk_options()
+    };
     EngineOptions {
         spec: a.model.spec.clone(),
         load: LoadOptions { quantize: a.model.quantize.map(|q| q.format()), ..LoadOptions::default() },
@@ -292,6 +310,24 @@ fn measure(
     let at = if a.depth > 0 { format!(" @ d{}", a.depth) } else { String::new() };
     println!("pp{}{at}: {:.1} tok/s (median of {reps})", a.prompt, median(pp));
     println!("tg{}{at}: {:.1} tok/s (median of {reps})", a.decode, median(tg));
+    for &n in &a.streams {
+        if n == 0 {
+            return Err("--streams: a level of 0 streams".into());
+        }
+        let run = crate::bench_streams::run_level(loaded, n, a.decode, ctx, &id, &mut || drop(take()))?;
+        println!(
+            "tg{} x {n} streams: {:.1} tok/s aggregate ({:.1} a stream)",
+            a.decode,
+            run.tok_s,
+            run.tok_s / n as f64
+        );
+        if a.profile && prof_ctx.is_some() {
+            let (dev, host) = take();
+            let steps = a.decode as f64;
+            report("device", &format!("{n} streams' decode (per step, mean of {})", a.decode), &dev, steps);
+            report("host", &format!("{n} streams' decode (per step), phases of the frames' runs"), &host, steps);
+        }
+    }
     if a.profile {
         match &prof_ctx {
             None => println!("profile: no device ran (--device cpu, or none found)"),

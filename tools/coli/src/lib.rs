@@ -4,6 +4,7 @@
 //! `coli-compiler` and `coli-runtime` (loading a model is `coli_runtime::engine`).
 
 pub mod bench_cmd;
+pub mod bench_streams;
 pub mod chat_cmd;
 pub mod checks;
 pub mod compile_cmd;

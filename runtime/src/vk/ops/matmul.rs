@@ -291,7 +291,7 @@ impl<'a> Frame<'a> {
         }
         let x = input.base();
         let gemm = match path {
-            MatmulPath::Auto => n >= 2,
+            MatmulPath::Auto => n > self.ctx.gemv_rows(),
             MatmulPath::Gemv => false,
             MatmulPath::Gemm => true,
         };
