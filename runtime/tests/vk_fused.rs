@@ -357,6 +357,75 @@ fn attention_decode_matches_cpu() {
     }
 }
 
+/// One row of each of several sequences in one call (`attention_decode_rows`, a batched
+/// decode step): each row rotated at its own position, appended to its own mirrors and attended
+/// over them, against the CPU as `attention_decode_matches_cpu` (tolerance 1e-5 of the largest
+/// |reference|); the rows' kernels need no barrier between them (their constants go first and
+/// each has counters of its own).
+#[test]
+fn attention_decode_rows_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_f00d);
+    let (heads, kv_heads, head_dim) = (4, 2, 32);
+    let (kw, qw, ow) = (kv_heads * head_dim, heads * head_dim, heads * head_dim);
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let (freq, mscale) = cpu_rope::inv_freq(head_dim, 10000.0, RopeScaling::None);
+    let fb = ctx.upload_f32(&freq).unwrap();
+    let positions = [0usize, 7, 300, 31, 64];
+    let n = positions.len();
+    let (q, k, v) = (rng.vec(n * qw, 1.0), rng.vec(n * kw, 1.0), rng.vec(n * kw, 1.0));
+    let (qb, kb, vb, ob) = (
+        ctx.upload_f32(&q).unwrap(),
+        ctx.upload_f32(&k).unwrap(),
+        ctx.upload_f32(&v).unwrap(),
+        ctx.f32_buffer(n * ow).unwrap(),
+    );
+    let mut want = Vec::new();
+    let mut mirrors = Vec::new();
+    for (i, &p) in positions.iter().enumerate() {
+        let (old_k, old_v) = (rng.vec((p + 1) * kw, 1.0), rng.vec((p + 1) * kw, 1.0));
+        let (mut rq, mut rk) = (q[i * qw..(i + 1) * qw].to_vec(), k[i * kw..(i + 1) * kw].to_vec());
+        cpu_rope::apply_row(&mut rq, head_dim, RopeStyle::RotateHalf, &freq, mscale, p);
+        cpu_rope::apply_row(&mut rk, head_dim, RopeStyle::RotateHalf, &freq, mscale, p);
+        let (mut wk, mut wv) = (old_k.clone(), old_v.clone());
+        wk[p * kw..].copy_from_slice(&rk);
+        wv[p * kw..].copy_from_slice(&v[i * kw..(i + 1) * kw]);
+        let cs = cpu_attention::AttnShape { heads, kv_heads, head_dim, v_head_dim: head_dim, scale, window: None };
+        let mut out = vec![0f32; ow];
+        cpu_attention::attend(cs, &rq, &wk, &wv, p, None, &mut out);
+        want.push(out);
+        let m = (ctx.upload_f32(&old_k).unwrap(), ctx.upload_f32(&old_v).unwrap());
+        mirrors.push((m.0, m.1, ctx.f32_buffer(kw).unwrap(), ctx.f32_buffer(kw).unwrap()));
+    }
+    let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim: head_dim, scale, window: None, value_scale: 1.0 };
+    let rope = Some(RopeArgs { freq: fb.all(), style: RopeStyle::RotateHalf, mscale });
+    let rows: Vec<DecodeArgs> = positions
+        .iter()
+        .zip(&mirrors)
+        .enumerate()
+        .map(|(i, (&p, (mk, mv, sk, sv)))| DecodeArgs {
+            rope,
+            q: qb.view(i * qw, qw),
+            k: kb.view(i * kw, kw),
+            v: vb.view(i * kw, kw),
+            mirror: KvMirror { k: mk.all(), v: mv.all(), k_back: sk.all(), v_back: sv.all() },
+            sinks: None,
+            out: ob.view(i * ow, ow),
+            pos: Pos::Fixed(p),
+            norm: None,
+            q8: false,
+        })
+        .collect();
+    let mut f = ctx.frame().unwrap();
+    f.attention_decode_rows(vs, &rows).unwrap();
+    assert!(f.barrier_count() <= 1, "{} barriers between the rows' kernels", f.barrier_count());
+    f.run().unwrap();
+    let got = ctx.download_f32(ob.all()).unwrap();
+    for (i, w) in want.iter().enumerate() {
+        assert_close(&format!("row {i} at {}", positions[i]), &got[i * ow..(i + 1) * ow], w, 1e-5);
+    }
+}
+
 /// One recording of a decode step (RoPE and KV append, then attention over the mirror, both
 /// with the position read on the device) replayed at every position of a sequence, the
 /// position written before each run: each step's output equals the CPU's attention over the

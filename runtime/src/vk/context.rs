@@ -18,7 +18,9 @@ use super::error::{Result, VkError, VkResultExt};
 use super::frame::{Frame, FrameRes};
 use super::instance::Instance;
 use super::memory::{place, MemoryProps, MemoryUse, Placement};
-use super::options::{CoopMatUse, DeviceRole, FaultInjection, IntDotUse, VkOptions, DEFAULT_GEMV_ROWS};
+use super::options::{
+    CoopMatUse, DeviceRole, FaultInjection, IntDotUse, VkOptions, DEFAULT_GEMV_ROWS, DEFAULT_MOE_GEMV_ROWS,
+};
 use super::pipeline::{Pipe, PipelineCache};
 use super::shaders::{FormatVariant, Kernel};
 use super::validation::ValidationCounts;
@@ -50,6 +52,8 @@ pub(crate) struct Shared {
     faults: FaultInjection,
     /// Dense products of at most this many rows take the GEMV (`VkOptions::gemv_rows`).
     gemv_rows: usize,
+    /// Routed-expert products of at most this many rows take per-pair GEMVs.
+    moe_gemv_rows: usize,
     submits: AtomicU64,
     pub dispatches: AtomicU64,
     /// Host nanoseconds spent recording frames (from the frame's start to its end).
@@ -280,6 +284,7 @@ impl Context {
                     queue: Mutex::new(()),
                     faults: fault,
                     gemv_rows: opts.gemv_rows.unwrap_or(DEFAULT_GEMV_ROWS).max(1),
+                    moe_gemv_rows: opts.moe_gemv_rows.unwrap_or(DEFAULT_MOE_GEMV_ROWS).max(1),
                     submits: AtomicU64::new(0),
                     dispatches: AtomicU64::new(0),
                     record_ns: AtomicU64::new(0),
@@ -301,6 +306,12 @@ impl Context {
     /// Dense products of at most this many rows take the GEMV, more the tiled GEMMs.
     pub fn gemv_rows(&self) -> usize {
         self.shared.gemv_rows
+    }
+
+    /// Routed-expert products of at most this many rows take per-pair GEMVs, more the grouped
+    /// GEMMs.
+    pub fn moe_gemv_rows(&self) -> usize {
+        self.shared.moe_gemv_rows
     }
 
     /// The physical device's place in the loader's enumeration: two contexts with the same

@@ -49,18 +49,30 @@ type Range = (vk::Buffer, u64, u64);
 pub(crate) struct Bind<'b> {
     range: Option<Range>,
     owner: Option<&'b DeviceBuffer>,
+    /// The bytes the kernel touches through the binding, when not all of it: (start, end).
+    span: Option<(u64, u64)>,
 }
 
 impl<'b> Bind<'b> {
-    pub const UNUSED: Bind<'static> = Bind { range: None, owner: None };
+    pub const UNUSED: Bind<'static> = Bind { range: None, owner: None, span: None };
 
     pub fn buf(b: &'b DeviceBuffer) -> Bind<'b> {
-        Bind { range: Some(b.binding()), owner: Some(b) }
+        Bind { range: Some(b.binding()), owner: Some(b), span: None }
+    }
+
+    /// `v`'s whole buffer bound (the kernel takes the view's offset in its push constants),
+    /// and only the view's elements counted as touched: kernels on disjoint views of one
+    /// buffer need no barrier between them. Only for a kernel that touches no element
+    /// outside the view.
+    pub fn view(v: crate::vk::View<'b>) -> Bind<'b> {
+        let r = v.buf.binding();
+        let start = r.1 + v.offset as u64 * 4;
+        Bind { range: Some(r), owner: Some(v.buf), span: Some((start, start + v.len as u64 * 4)) }
     }
 
     /// A range the frame owns (scratch).
     pub(crate) fn raw(r: Range) -> Bind<'b> {
-        Bind { range: Some(r), owner: None }
+        Bind { range: Some(r), owner: None, span: None }
     }
 }
 
@@ -332,6 +344,16 @@ impl<'a> Frame<'a> {
         Ok(Bind::raw(r))
     }
 
+    /// `count` disjoint runs of at least `each` counters within the frame's shared counters
+    /// (zero, as `counters` says): kernels that run side by side each take their own run, so
+    /// none waits on another.
+    pub(crate) fn counter_runs(&mut self, each: usize, count: usize) -> Result<Vec<Bind<'static>>> {
+        let stride = (each.max(1) as u64 * 4).div_ceil(SCRATCH_ALIGN) * SCRATCH_ALIGN;
+        let all = self.counters((stride / 4) as usize * count.max(1))?;
+        let (buf, start, _) = all.range.expect("counters are a range");
+        Ok((0..count as u64).map(|i| Bind::raw((buf, start + i * stride, each.max(1) as u64 * 4))).collect())
+    }
+
     /// A scratch range holding `words` as recorded (an update in the command buffer, so it
     /// serves every run of a recording): constants a kernel reads beyond its push constants.
     pub(crate) fn constants(&mut self, words: &[u32]) -> Result<Bind<'static>> {
@@ -411,11 +433,12 @@ impl<'a> Frame<'a> {
         for (i, range) in ranges.iter_mut().enumerate().take(n) {
             let b = binds.get(i).copied().unwrap_or(Bind::UNUSED);
             let Some(r) = b.range else { continue };
+            let (start, end) = b.span.unwrap_or((r.1, r.1 + r.2));
             if written.contains(&(i as u32)) {
-                writes[nw] = (r.0, r.1, r.1 + r.2);
+                writes[nw] = (r.0, start, end);
                 nw += 1;
             } else {
-                reads[nr] = (r.0, r.1, r.1 + r.2);
+                reads[nr] = (r.0, start, end);
                 nr += 1;
             }
             if self.retain {

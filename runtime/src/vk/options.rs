@@ -134,7 +134,20 @@ pub struct VkOptions {
     /// pass over the weights per row, instead of the tiled GEMMs (default
     /// `DEFAULT_GEMV_ROWS`).
     pub gemv_rows: Option<usize>,
+    /// Routed-expert products of at most this many rows take per-pair GEMVs instead of the
+    /// grouped GEMMs (default `DEFAULT_MOE_GEMV_ROWS`).
+    pub moe_gemv_rows: Option<usize>,
 }
 
-/// Rows up to which a dense product takes the GEMV by default.
-pub const DEFAULT_GEMV_ROWS: usize = 1;
+/// Rows up to which a dense product takes the GEMV by default: below the cooperative GEMMs'
+/// rows. The f32 tiled GEMM of a few rows has too few workgroups to keep a large device busy
+/// (measured on the H200, docs/BENCHMARKS.md: Llama-3.1-8B Q8_0 at 16 streams 106 tok/s on
+/// the tiles, 416 on the GEMV).
+pub const DEFAULT_GEMV_ROWS: usize = 31;
+
+/// Rows up to which a routed-expert product takes per-pair GEMVs by default: a batched decode
+/// step's. The grouped GEMMs of a few rows per expert are slower (measured on the H200,
+/// docs/BENCHMARKS.md: OLMoE-1B-7B Q8_0 at 16 streams 220 tok/s grouped, 1,385 per pair; at 64
+/// streams 1,034 on the cooperative grouped GEMM, 1,322 per pair); prompt chunks take the
+/// grouped GEMMs.
+pub const DEFAULT_MOE_GEMV_ROWS: usize = 64;

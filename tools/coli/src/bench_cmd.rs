@@ -76,9 +76,13 @@ pub struct BenchArgs {
     #[arg(long, help_heading = heading::DIAGNOSTICS)]
     pub no_int_dot: bool,
     /// Dense products of at most this many rows take the GEMV instead of the tiled GEMMs
-    /// (comparison; default 1).
+    /// (comparison; default 31).
     #[arg(long, help_heading = heading::DIAGNOSTICS)]
     pub gemv_rows: Option<usize>,
+    /// Routed-expert products of at most this many rows take per-pair GEMVs instead of the
+    /// grouped GEMMs (comparison; default 64).
+    #[arg(long, help_heading = heading::DIAGNOSTICS)]
+    pub moe_gemv_rows: Option<usize>,
 }
 
 fn session(e: &Engine, ctx: usize) -> Result<Session<'_>, String> {
@@ -161,6 +165,7 @@ fn options(a: &BenchArgs, path: &std::path::Path, kv: &crate::kv_args::KvSplitAr
         coopmat,
         int_dot,
         gemv_rows: a.gemv_rows,
+        moe_gemv_rows: a.moe_gemv_rows,
         ..a.device.vk_options()
     };
     EngineOptions {

@@ -145,6 +145,8 @@ impl DeviceModel {
         let spec = &a.spec;
         let (q, k, v, out) = (a.q, a.k, a.v, a.out);
         let shape = AttnShape::of(spec);
+        // The one-row sequences' kernels side by side (one call), the others one by one.
+        let mut decodes = Vec::new();
         for s in rec.seqs {
             let (r0, n) = (s.rows.start, s.rows.len());
             let rows = |v: ValueId| st.values[v.0 as usize].view(r0 * w(v), n * w(v));
@@ -152,7 +154,7 @@ impl DeviceModel {
             let (keys, values) = (mk.view(0, (s.pos0 + n) * w(k)), mv.view(0, (s.pos0 + n) * w(v)));
             let pos = Pos::Fixed(s.pos0);
             if n == 1 && a.one_kernel {
-                let decode = DecodeArgs {
+                decodes.push(DecodeArgs {
                     rope,
                     q: rows(q),
                     k: rows(k),
@@ -163,8 +165,7 @@ impl DeviceModel {
                     pos,
                     norm: None,
                     q8: false,
-                };
-                f.attention_decode(shape, decode)?;
+                });
                 continue;
             }
             let kv_shape = KvShape {
@@ -176,13 +177,10 @@ impl DeviceModel {
             };
             let mirror = KvMirror { k: mk.all(), v: mv.all(), k_back: sk.all(), v_back: sv.all() };
             f.rope_kv(RopeKvArgs { rope, q: rows(q), k: rows(k), v: rows(v), shape: kv_shape, mirror, pos })?;
-            f.attention_at(
-                shape,
-                AttnArgs { q: rows(q), k: keys, v: values, sinks, out: rows(out), n },
-                pos,
-                AttnPath::Auto,
-            )?;
+            let args = AttnArgs { q: rows(q), k: keys, v: values, sinks, out: rows(out), n };
+            f.attention_at(shape, args, pos, AttnPath::Auto)?;
         }
+        f.attention_decode_rows(shape, &decodes)?;
         Ok(None)
     }
 }

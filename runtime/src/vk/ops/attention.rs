@@ -189,6 +189,34 @@ impl<'a> Frame<'a> {
     /// it; `v_head_dim` must then be a multiple of 32. References: `cpu::norm::rms_norm`,
     /// `cpu::rope::apply_row`, `cpu::attention::attend`.
     pub fn attention_decode(&mut self, s: AttnShape, a: DecodeArgs<'a>) -> Result<Option<QuantizedActs>> {
+        self.decode_with(s, a, None)
+    }
+
+    /// `attention_decode` for one row of each of several sequences (a batched decode step),
+    /// each over its own mirror at its own position, without a q/k norm or 8-bit output. Their
+    /// constants are recorded before any of their kernels, and each kernel has counters of its
+    /// own, so the kernels run side by side instead of one after another.
+    pub fn attention_decode_rows(&mut self, s: AttnShape, seqs: &[DecodeArgs<'a>]) -> Result<()> {
+        const OP: &str = "attention_decode_rows";
+        if seqs.iter().any(|a| a.norm.is_some() || a.q8) {
+            return Err(VkError::BadArgument { op: OP, msg: "a q/k norm or 8-bit output per sequence".into() });
+        }
+        for a in seqs {
+            self.constants(&decode_words(OP, a)?)?;
+        }
+        let runs = self.counter_runs(s.heads, seqs.len())?;
+        for (a, c) in seqs.iter().zip(runs) {
+            self.decode_with(s, *a, Some(c))?;
+        }
+        Ok(())
+    }
+
+    fn decode_with(
+        &mut self,
+        s: AttnShape,
+        a: DecodeArgs<'a>,
+        counters: Option<Bind<'static>>,
+    ) -> Result<Option<QuantizedActs>> {
         const OP: &str = "attention_decode";
         let DecodeArgs { rope, q, k, v, mirror, sinks, out, pos, norm, q8 } = a;
         let KvMirror { k: mk, v: mv, k_back: sk, v_back: sv } = mirror;
@@ -238,25 +266,7 @@ impl<'a> Frame<'a> {
                 return Err(VkError::BadArgument { op: OP, msg: "frequency views must start at element 0".into() });
             }
         }
-        let style = rope.is_some_and(|r| r.style == RopeStyle::Interleaved) as u32;
-        let mscale = rope.map_or(1.0f32, |r| r.mscale).to_bits();
-        let (nflags, qg, kg, eps, off) = match norm {
-            Some(nm) => (3u32, nm.q_group as u32, nm.k_group as u32, nm.eps.to_bits(), nm.offset.to_bits()),
-            None => (0, 0, 0, 0, 0),
-        };
-        let cst = self.constants(&[
-            half as u32,
-            style,
-            mscale,
-            u32_arg(OP, "k offset", k.offset)?,
-            u32_arg(OP, "v offset", v.offset)?,
-            nflags,
-            qg,
-            kg,
-            eps,
-            off,
-            q8 as u32,
-        ])?;
+        let cst = self.constants(&decode_words(OP, &a)?)?;
         let acts = if q8 {
             let blocks = s.heads * s.v_head_dim / 32;
             let (xq, xd) = (self.scratch(blocks * 8)?, self.scratch(blocks * 2)?);
@@ -282,7 +292,7 @@ impl<'a> Frame<'a> {
             oxd,
         };
         let attn = AttnArgs { q, k: mk, v: mv, sinks, out, n: 1 };
-        self.attention_inner(s, attn, pos, AttnPath::Split, Some(extra))?;
+        self.attention_inner(s, attn, pos, AttnPath::Split, Some((extra, counters)))?;
         Ok(acts)
     }
 
@@ -292,9 +302,10 @@ impl<'a> Frame<'a> {
         a: AttnArgs<'a>,
         pos: Pos<'a>,
         path: AttnPath,
-        decode: Option<Decode<'a>>,
+        decode: Option<(Decode<'a>, Option<Bind<'static>>)>,
     ) -> Result<()> {
         const OP: &str = "attention";
+        let (decode, own_counters) = (decode.map(|d| d.0), decode.and_then(|d| d.1));
         let AttnArgs { q, k, v, sinks, out, n } = a;
         let (pos0, dyn_, params) = pos.parts(OP)?;
         let pos0 = pos0 as usize;
@@ -370,7 +381,10 @@ impl<'a> Frame<'a> {
             let slots = n * s.heads * splits;
             let (ml, o) = (self.scratch(slots * 2)?, self.scratch(slots * s.v_head_dim)?);
             let (ml, o) = (self.scratch_bind(ml), self.scratch_bind(o));
-            let counters = self.counters(n * s.heads)?;
+            let counters = match own_counters {
+                Some(c) => c,
+                None => self.counters(n * s.heads)?,
+            };
             let d = decode.unwrap_or(Decode {
                 k: Bind::UNUSED,
                 v: Bind::UNUSED,
@@ -390,7 +404,7 @@ impl<'a> Frame<'a> {
                 base[3],
                 ml,
                 o,
-                Bind::buf(out.buf),
+                Bind::view(out),
                 params,
                 counters,
                 d.k,
@@ -412,6 +426,31 @@ impl<'a> Frame<'a> {
             self.dispatch(Kernel::AttnBlock, None, &binds, &push, [heads, u32_arg(OP, "blocks", n.div_ceil(BQ))?, 1])
         }
     }
+}
+
+/// The words of `attention_decode`'s constants buffer (rope, new-row offsets, norm, 8-bit
+/// output).
+fn decode_words(op: &'static str, a: &DecodeArgs) -> Result<[u32; 11]> {
+    let half = a.rope.map_or(0, |r| r.freq.len);
+    let style = a.rope.is_some_and(|r| r.style == RopeStyle::Interleaved) as u32;
+    let mscale = a.rope.map_or(1.0f32, |r| r.mscale).to_bits();
+    let (nflags, qg, kg, eps, off) = match a.norm {
+        Some(nm) => (3u32, nm.q_group as u32, nm.k_group as u32, nm.eps.to_bits(), nm.offset.to_bits()),
+        None => (0, 0, 0, 0, 0),
+    };
+    Ok([
+        half as u32,
+        style,
+        mscale,
+        u32_arg(op, "k offset", a.k.offset)?,
+        u32_arg(op, "v offset", a.v.offset)?,
+        nflags,
+        qg,
+        kg,
+        eps,
+        off,
+        a.q8 as u32,
+    ])
 }
 
 /// What `attention_decode` adds to the split kernel's bindings.

@@ -55,7 +55,7 @@ pub struct MoeCall<'a> {
 /// Which kernels `Frame::moe` records.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MoePath {
-    /// Per-pair GEMVs up to `GEMV_ROWS` rows, grouped GEMMs from there.
+    /// Per-pair GEMVs up to `Context::moe_gemv_rows` rows, grouped GEMMs from there.
     #[default]
     Auto,
     /// Per-pair GEMVs whatever the row count.
@@ -64,8 +64,6 @@ pub enum MoePath {
     Grouped,
 }
 
-/// Rows up to which `MoePath::Auto` takes the per-pair GEMVs.
-pub const GEMV_ROWS: usize = 4;
 /// The most experts a layer may have (the grouping kernel's shared arrays).
 pub const MAX_EXPERTS: usize = 1024;
 /// The most ranks a row may have.
@@ -456,7 +454,7 @@ impl<'a> Frame<'a> {
         let exact = |v: FormatVariant| if precision == Precision::Exact { v.exact() } else { v };
         let (gv, dv) = (exact(ex.gate_up.variant), exact(ex.down.variant));
         let gemv = match path {
-            MoePath::Auto => n <= GEMV_ROWS,
+            MoePath::Auto => n <= self.ctx.moe_gemv_rows(),
             MoePath::Gemv => true,
             MoePath::Grouped => false,
         };
