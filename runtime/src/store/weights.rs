@@ -9,7 +9,8 @@
 //! (quantized at load, re-laid, or rows selected) can be dropped once uploaded; each matrix
 //! keeps how it was made from the checkpoint's file (`Remake`) and is made again, bit for bit,
 //! when the CPU first reads it (a lost device), once, whichever thread asks first. A matrix
-//! that is a view of the mapped file has no copy: its pages are only advised away.
+//! that is a view of the mapped file has no copy: its pages are only advised away. An FP8
+//! weight repacked at load stays on the host (one copy, shared with how it is remade).
 //!
 //! Must not: decide which matrices a device holds (the caller names them, from the plan), or
 //! copy a mapped tensor except to re-lay, select or quantize it.
@@ -48,8 +49,12 @@ struct Source {
 }
 
 impl Source {
-    fn of(ckpt: &Checkpoint, name: &str) -> Result<Source, LoadError> {
-        Ok(Source { file: ckpt.file_tensor(name)?, quantize: ckpt.quantized_to(name) })
+    /// `made`: the tensor the store got from `ckpt.tensor(name)`, which is the file's when it
+    /// was not quantized at load (kept rather than made again: an FP8 weight's is a repack).
+    fn of(ckpt: &Checkpoint, name: &str, made: &Tensor) -> Result<Source, LoadError> {
+        let quantize = ckpt.quantized_to(name);
+        let file = if quantize.is_none() { made.clone() } else { ckpt.file_tensor(name)? };
+        Ok(Source { file, quantize })
     }
 
     /// The tensor as the store first had it: the file's view, or quantized again from it.
@@ -81,7 +86,9 @@ impl Remake {
         }
     }
 
-    /// Whether the tensor is a view of the mapped file (nothing of its own to release).
+    /// Whether the tensor is a view of the mapped file (nothing of its own to release). An FP8
+    /// weight's repack (`model/fp8.rs`) counts as one: its `Source` keeps it for the CPU, so
+    /// releasing the store's handle would free nothing.
     fn is_view(&self) -> bool {
         matches!(self, Remake::Plain(Source { quantize: None, .. }))
     }
@@ -167,7 +174,7 @@ impl WeightStore {
             if is_vector {
                 store.vectors.insert(name.clone(), t.to_f32_vec()?);
             }
-            let remake = Remake::Plain(Source::of(ckpt, &name)?);
+            let remake = Remake::Plain(Source::of(ckpt, &name, &t)?);
             store.insert(name, t, remake);
         }
         for e in derived {
@@ -209,7 +216,7 @@ impl WeightStore {
             });
         }
         let owned = relayout(&t, e)?;
-        self.insert(key, owned, Remake::Relayout(Source::of(ckpt, name)?, e.clone()));
+        self.insert(key, owned, Remake::Relayout(Source::of(ckpt, name, &t)?, e.clone()));
         Ok(())
     }
 
@@ -245,11 +252,11 @@ impl WeightStore {
                 Arc::new(t.source().to_path_buf()),
             );
             // Vectors are never released; the remake is what the matrix path would do.
-            self.insert(key, owned, Remake::Rows(Source::of(ckpt, &w.name)?, w.clone()));
+            self.insert(key, owned, Remake::Rows(Source::of(ckpt, &w.name, &t)?, w.clone()));
             return Ok(());
         }
         let owned = select(&t, w);
-        self.insert(key, owned, Remake::Rows(Source::of(ckpt, &w.name)?, w.clone()));
+        self.insert(key, owned, Remake::Rows(Source::of(ckpt, &w.name, &t)?, w.clone()));
         Ok(())
     }
 
