@@ -85,3 +85,20 @@ fn fp8_weights_without_a_usable_scale_are_errors_naming_them() {
     // Unpaired FP8 tensors keep their file dtype in the bindings (the compiler sizes them so).
     assert_eq!(ck.bindings().tensors.unwrap()["none.weight"].dtype, "F8_E4M3");
 }
+
+#[test]
+fn quantize_at_load_leaves_fp8_weights_in_their_block_form() {
+    let w = weights(64 * 128);
+    let d = st_dir(&[
+        ("model.layers.0.mlp.up_proj.weight", "F8_E4M3", vec![64, 128], codes(64, 128)),
+        ("model.layers.0.mlp.up_proj.weight_scale_inv", "F32", vec![1, 1], f32_bytes(&[0.5])),
+        ("lm_head.weight", "BF16", vec![64, 128], bf16_bytes(&w)),
+    ]);
+    let opts = LoadOptions { quantize: Some(WeightFormat::I8Row), ..LoadOptions::default() };
+    let ck = Checkpoint::open(d.path(), &opts).unwrap();
+    assert_eq!(ck.quantized_names(), vec!["lm_head.weight".to_string()]);
+    let up = ck.tensor("model.layers.0.mlp.up_proj.weight").unwrap();
+    assert_eq!(up.format, WeightFormat::FP8_E4M3);
+    assert_eq!(up.row_f32(0).unwrap()[..3], [0.5, 1.0, -0.5]);
+    assert_eq!(ck.tensor("lm_head.weight").unwrap().format, WeightFormat::I8Row);
+}
