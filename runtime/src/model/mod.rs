@@ -301,8 +301,8 @@ impl Checkpoint {
         self.entries.keys().map(String::as_str)
     }
 
-    /// The tensor `name`: a view of the mapped file, or the tensor quantized at load (quantized
-    /// again from the file when its copy was released).
+    /// The tensor `name`: a view of the mapped file, an FP8 weight's repack, or the tensor
+    /// quantized at load (quantized again from the file when its copy was released).
     pub fn tensor(&self, name: &str) -> Result<Tensor, LoadError> {
         if let Some(t) = self.quantized.get(name) {
             return Ok(t.clone());
@@ -338,8 +338,8 @@ impl Checkpoint {
         n
     }
 
-    /// The tensor `name` as the file holds it (a view of the map), whether or not it was
-    /// quantized at load. Its first use scans it for NaN and infinities (`NonFinite`; every
+    /// The tensor `name` as the file holds it (a view of the map; for a paired FP8 weight its
+    /// `FP8_E4M3` repack), whether or not it was quantized at load. Its first use scans it for NaN and infinities (`NonFinite`; every
     /// element of a float format, the scales and mins of a block format) and re-checks the
     /// file's size (`FileChanged`).
     pub fn file_tensor(&self, name: &str) -> Result<Tensor, LoadError> {
