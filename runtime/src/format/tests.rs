@@ -579,3 +579,32 @@ fn block_formats_multiply_odd_block_counts_and_row_counts() {
         }
     }
 }
+
+#[test]
+fn fp8_matmul_decodes_every_code_as_the_table_does() {
+    // One row of every finite code (NaN codes as zero) under scales 1 and 0.5, against one-hot
+    // activation rows: each output is one code's value times its scale, exactly, on whichever
+    // kernel `matmul` picks (the SIMD decode where the CPU has one), for 256 rows and for 1.
+    let format = WeightFormat::FP8_E4M3;
+    let mut row = Vec::new();
+    for (b, scale) in [1f32, 0.5].into_iter().enumerate() {
+        row.extend_from_slice(&scale.to_le_bytes());
+        let sign = 0x80 * b as u8;
+        row.extend((0..128u8).map(|i| if i == 0x7f { 0 } else { i | sign }));
+    }
+    let w = Matrix::new(format, 1, 256, &row).unwrap();
+    let want = dequant(format, &row, 256);
+    let x: Vec<f32> = (0..256 * 256).map(|i| if i / 256 == i % 256 { 1.0 } else { 0.0 }).collect();
+    let mut out = vec![f32::NAN; 256];
+    matmul(&w, &x, 256, &mut out);
+    assert_eq!(out, want);
+    let mut one = [f32::NAN];
+    matmul(&w, &x[200 * 256..201 * 256], 1, &mut one);
+    assert_eq!(one[0], want[200]);
+    // A NaN code reaches the output as NaN.
+    let mut nan_row = row.clone();
+    nan_row[4 + 3] = 0xff;
+    let w = Matrix::new(format, 1, 256, &nan_row).unwrap();
+    matmul(&w, &x[..256], 1, &mut one);
+    assert!(one[0].is_nan());
+}
