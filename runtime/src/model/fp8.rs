@@ -4,15 +4,18 @@
 //! and `w[r][c] = e4m3(X.weight[r][c]) * X.weight_scale_inv[r/128][c/128]`. At open each such
 //! weight is paired with its scale (`pair_all`); when the tensor is asked for it is repacked
 //! into `WeightFormat::FP8_E4M3` rows (`repack`: per 128 elements the tile's f32 scale then the
-//! 128 codes, bit for bit; the same bytes every time). A weight whose scale is missing or
+//! 128 codes, bit for bit; the same bytes every time; `Fp8Source` makes it again from the maps
+//! alone, so a released copy costs no memory). A weight whose scale is missing or
 //! mis-shaped, or whose rows are not whole 128-blocks, opens, and is a `LoadError::Fp8` naming
 //! it when asked for.
 //!
 //! Must not: dequantize (the codes stay codes), or know which tensors a model reads.
 
-use super::Entry;
+use super::file::MappedFile;
+use super::{Entry, LoadError, Tensor};
 use crate::format::{fp16::bf16_to_f32, WeightFormat};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// The safetensors dtype of FP8 weights, and the suffix that names a weight's scale tensor.
 pub const DTYPE: &str = "F8_E4M3";
@@ -94,4 +97,42 @@ pub(super) fn repack(shape: &[usize], codes: &[u8], scales: &[u8], scale_format:
         }
     }
     bytes
+}
+
+/// A paired FP8 weight as the files hold it: its codes and its scales (views of the maps, no
+/// copy), from which `make` repacks its `FP8_E4M3` tensor.
+#[derive(Clone)]
+pub struct Fp8Source {
+    name: String,
+    shape: Vec<usize>,
+    codes: (Arc<MappedFile>, usize, usize),
+    scales: (Arc<MappedFile>, usize, usize),
+    scale_format: WeightFormat,
+}
+
+impl Fp8Source {
+    pub(super) fn new(name: &str, e: &Entry, s: &Entry, files: &[Arc<MappedFile>]) -> Fp8Source {
+        Fp8Source {
+            name: name.to_string(),
+            shape: e.shape.clone(),
+            codes: (files[e.file].clone(), e.start as usize, e.len as usize),
+            scales: (files[s.file].clone(), s.start as usize, s.len as usize),
+            scale_format: s.format.unwrap_or(WeightFormat::F32),
+        }
+    }
+
+    /// The weight's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The weight's `FP8_E4M3` tensor (the same bytes every time), after re-checking that
+    /// neither file changed size (`FileChanged`).
+    pub fn make(&self) -> Result<Tensor, LoadError> {
+        let ((cm, c0, cl), (sm, s0, sl)) = (&self.codes, &self.scales);
+        cm.check_unchanged()?;
+        sm.check_unchanged()?;
+        let bytes = repack(&self.shape, &cm.bytes()[*c0..c0 + cl], &sm.bytes()[*s0..s0 + sl], self.scale_format);
+        Ok(Tensor::owned(self.name.clone(), WeightFormat::FP8_E4M3, self.shape.clone(), bytes, cm.path().clone()))
+    }
 }

@@ -388,22 +388,22 @@ impl Checkpoint {
     /// A paired FP8 weight repacked into `FP8_E4M3` rows (the same bytes every time), scanned
     /// for NaN codes and non-finite scales on first use.
     fn fp8_tensor(&self, name: &str, e: &Entry, scale: &str) -> Result<Tensor, LoadError> {
-        let Some(s) = self.entries.get(scale) else {
+        let Some(src) = self.fp8_source(name) else {
             return Err(LoadError::NoSuchTensor { path: self.path.clone(), name: scale.to_string() });
         };
-        let (map, smap) = (&self.files[e.file], &self.files[s.file]);
-        map.check_unchanged()?;
-        smap.check_unchanged()?;
-        let codes = &map.bytes()[e.start as usize..(e.start + e.len) as usize];
-        let scales = &smap.bytes()[s.start as usize..(s.start + s.len) as usize];
-        let format = s.format.unwrap_or(WeightFormat::F32);
-        let bytes = fp8::repack(&e.shape, codes, scales, format);
-        let path = map.path();
-        let t = Tensor::owned(name.to_string(), WeightFormat::FP8_E4M3, e.shape.clone(), bytes, path.clone());
+        let t = src.make()?;
         if let Some(found) = *e.non_finite.get_or_init(|| first_non_finite(t.format, t.bytes(), t.cols())) {
-            return Err(LoadError::NonFinite { path: path.to_path_buf(), name: name.to_string(), found });
+            return Err(LoadError::NonFinite { path: t.source().to_path_buf(), name: name.to_string(), found });
         }
         Ok(t)
+    }
+
+    /// How to make the paired FP8 weight `name` again from the files (`None` for any other
+    /// tensor). Its tensor must have been read once (`tensor`), which checks it.
+    pub fn fp8_source(&self, name: &str) -> Option<fp8::Fp8Source> {
+        let e = self.entries.get(name)?;
+        let s = self.entries.get(e.scale.as_deref()?)?;
+        Some(fp8::Fp8Source::new(name, e, s, &self.files))
     }
 
     /// What the compiler needs to know: configuration, naming, and the tensor table (after
