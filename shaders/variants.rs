@@ -38,7 +38,8 @@ pub const KERNELS: &[(&str, &str, bool)] = &[
 /// Weight-format variants: (Rust variant of `FormatVariant`, the defines the sources test).
 /// `I8RowF` is `I8Row` with f32 activations (rows whose length is not a multiple of 32, which
 /// the CPU also multiplies in f32). The `*Exact` variants keep f32 activations for an integer
-/// format (the CPU's `Precision::Exact`).
+/// format (the CPU's `Precision::Exact`). `FP8_E4M3` always keeps f32 activations (its codes
+/// are floats, as on the CPU), so it has no `*Exact` twin and no `HW_DOT` or cooperative build.
 pub const FORMATS: &[(&str, &[&str])] = &[
     ("F32", &["FMT_F32"]),
     ("F16", &["FMT_F16"]),
@@ -59,6 +60,7 @@ pub const FORMATS: &[(&str, &[&str])] = &[
     ("IQ4_NL", &["FMT_IQ4_NL"]),
     ("IQ4_XS", &["FMT_IQ4_XS"]),
     ("MXFP4", &["FMT_MXFP4"]),
+    ("FP8_E4M3", &["FMT_FP8_E4M3", "ACTS_F32"]),
     ("Q8_0Exact", &["FMT_Q8_0", "ACTS_F32"]),
     ("Q4_0Exact", &["FMT_Q4_0", "ACTS_F32"]),
     ("Q4_1Exact", &["FMT_Q4_1", "ACTS_F32"]),

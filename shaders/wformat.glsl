@@ -369,6 +369,21 @@ float dequant(uint row, uint k) {
 }
 
 // ---------------------------------------------------------------------------------------
+#elif defined(FMT_FP8_E4M3)
+// E4M3 codes under an f32 scale per 128 elements (format/fp8.rs); always with ACTS_F32 (the
+// codes are floats: f32 activations, as on the CPU). wq: 8 uvec4 a block, the 128 codes in
+// order. ws: one uint a block, the scale's f32 bits. NaN codes (0x7f, 0xff) never reach the
+// device: the loader refuses them (first_non_finite).
+float e4m3(uint c) {
+    uint e = (c >> 3) & 15u, m = c & 7u;
+    float v = e == 0u ? float(m) * (1.0 / 512.0) : uintBitsToFloat(((e + 120u) << 23) | (m << 20));
+    return (c & 128u) != 0u ? -v : v;
+}
+float dequant(uint row, uint k) {
+    return uintBitsToFloat(ws[row * SS + (k >> 7)]) * e4m3(wbyte(row * QS, k));
+}
+
+// ---------------------------------------------------------------------------------------
 #elif defined(FMT_Q5_K)
 // wq: 10 uvec4 a super-block: the 128 bytes of nibbles (Q4_K's order), then the 32 bytes qh
 // (bit j of byte l: the fifth bit of element 32j + l). ws: 4 uints as Q4_K's. A unit is one

@@ -26,6 +26,8 @@ pub enum Format {
     Iq4Nl,
     Iq4Xs,
     Mxfp4,
+    /// coli's block form of FP8 checkpoints: 128 E4M3 codes after their tile's f32 scale.
+    Fp8E4m3,
     /// coli's: per row an f32 scale, then one i8 per element.
     I8Row,
     /// coli's: groups of 64 elements in 36 bytes (f16 scale, f16 min, 4-bit values).
@@ -53,6 +55,7 @@ impl Format {
             Iq4Nl => (32, 18),
             Iq4Xs => (256, 136),
             Mxfp4 => (32, 17),
+            Fp8E4m3 => (128, 132),
             I8Row => (1, 1),
             I4G64 => (64, 36),
         }
@@ -86,6 +89,7 @@ impl Format {
             "IQ4_NL" => Iq4Nl,
             "IQ4_XS" => Iq4Xs,
             "MXFP4" => Mxfp4,
+            "FP8_E4M3" => Fp8E4m3,
             "I8ROW" => I8Row,
             "I4G64" => I4G64,
             _ => return None,
@@ -114,6 +118,7 @@ impl fmt::Display for Format {
             Iq4Nl => "iq4_nl",
             Iq4Xs => "iq4_xs",
             Mxfp4 => "mxfp4",
+            Fp8E4m3 => "fp8_e4m3",
             I8Row => "i8row",
             I4G64 => "i4g64",
         })
@@ -124,7 +129,7 @@ impl std::str::FromStr for Format {
     type Err = String;
     /// Reads the printed name (`bf16`, `q4_k`) or the checkpoint spelling (`BF16`, `Q4_K`).
     fn from_str(s: &str) -> Result<Format, String> {
-        Format::from_dtype(s).ok_or_else(|| format!("unknown weight format `{s}` (known: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k q8_k iq4_nl iq4_xs mxfp4 i8row i4g64)"))
+        Format::from_dtype(s).ok_or_else(|| format!("unknown weight format `{s}` (known: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k q8_k iq4_nl iq4_xs mxfp4 fp8_e4m3 i8row i4g64)"))
     }
 }
 
@@ -156,6 +161,10 @@ mod tests {
         assert_eq!(Format::from_dtype("q4_k"), Some(Format::Q4K));
         assert_eq!(Format::I8Row.bytes(3, 10), 3 * 14);
         assert_eq!(Format::I4G64.bytes(1, 128), 72);
+        // FP8 checkpoints are sized as stored after the load-time repack: 1 byte an element
+        // and an f32 scale per 128 (not as the bf16 a device profile assumes for unknown types).
+        assert_eq!(Format::from_dtype("FP8_E4M3"), Some(Format::Fp8E4m3));
+        assert_eq!(Format::Fp8E4m3.bytes(7168, 2048), 7168 * 16 * 132);
         assert_eq!(human(1536), "1.5 KiB");
     }
 }

@@ -9,8 +9,8 @@
 //!
 //! Tolerance: f32 weights with f32 activations (`Precision::Exact`): each block's output and
 //! its new cache rows (read back and in the mirror) within 1e-5 of their largest |value|.
-//! Q8_0 and BF16 weights with the CPU's activations (`Precision::Fast`: 8-bit blocks for Q8_0):
-//! 1e-4 against the CPU's absorbed form for every block (the form the device runs: with 8-bit
+//! Q8_0, BF16 and FP8_E4M3 weights with the CPU's activations (`Precision::Fast`: 8-bit
+//! blocks for Q8_0): 1e-4 against the CPU's absorbed form for every block (the form the device runs: with 8-bit
 //! activations the CPU's two forms differ by about 1.5e-2 of the output, the expanded one
 //! putting the cached latents through kv_b's key rows in 8 bits where the absorbed one decodes
 //! those rows in f32).
@@ -271,6 +271,27 @@ fn quantized_and_bf16_weights_match_the_cpu() {
         };
         run_case(&c, seed);
     }
+}
+
+#[test]
+fn fp8_weights_match_the_cpu() {
+    // Every projection's columns whole 128-blocks (as DeepSeek-V3's FP8 checkpoint has them);
+    // kv_a's 144 rows end in a short tile. FP8 rows take f32 activations on both sides.
+    let c = Case {
+        hidden: 128,
+        heads: 2,
+        q_lora: Some(128),
+        latent: 128,
+        nope: 32,
+        rope: 16,
+        v: 64,
+        interleave: true,
+        scaling: YARN,
+        biases: false,
+        format: WeightFormat::FP8_E4M3,
+        blocks: &[1, 3, 9],
+    };
+    run_case(&c, 0x31a7);
 }
 
 #[test]

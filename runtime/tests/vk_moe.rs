@@ -191,6 +191,7 @@ const SHAPES: &[(WeightFormat, usize, usize)] = &[
     (WeightFormat::Q5_K, 256, 256),
     (WeightFormat::IQ4_XS, 256, 256),
     (WeightFormat::MXFP4, 96, 64),
+    (WeightFormat::FP8_E4M3, 256, 128),
 ];
 
 #[test]

@@ -28,6 +28,8 @@ fn cols_for(format: WeightFormat) -> &'static [usize] {
         // 8448 columns: long rows, 264 blocks (many units per GEMV lane, 264 GEMM steps).
         f if f.block_size() == 256 => &[512, 8448],
         WeightFormat::I4G64 => &[192],
+        // Blocks of 128: one, and 66 (long rows, many units per GEMV lane).
+        WeightFormat::FP8_E4M3 => &[128, 8448],
         _ => &[96, 160],
     }
 }

@@ -5,7 +5,7 @@
 
 use super::fp16::{bf16_to_f32, f16_to_f32, read_f16};
 use super::WeightFormat;
-use super::{iq4, kquant, kquant_lo, mxfp4, q5};
+use super::{fp8, iq4, kquant, kquant_lo, mxfp4, q5};
 
 pub fn dequant_row(format: WeightFormat, row: &[u8], out: &mut [f32]) {
     match format {
@@ -59,6 +59,7 @@ pub fn dequant_row(format: WeightFormat, row: &[u8], out: &mut [f32]) {
         WeightFormat::Q5_K => kquant_lo::dequant_q5k(row, out),
         WeightFormat::IQ4_NL => iq4::dequant_iq4_nl(row, out),
         WeightFormat::MXFP4 => mxfp4::dequant_mxfp4(row, out),
+        WeightFormat::FP8_E4M3 => fp8::dequant_fp8(row, out),
         WeightFormat::IQ4_XS => iq4::dequant_iq4_xs(row, out),
         WeightFormat::I8Row => {
             let scale = f32::from_le_bytes(row[0..4].try_into().unwrap());

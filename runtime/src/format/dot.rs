@@ -1,6 +1,6 @@
 //! Dot products of one stored row with f32 activations, block by block, for every
 //! `WeightFormat`: the row is never expanded to f32 as a whole; each block's sum is taken over
-//! its stored integers and scaled once. This is the float path of `matmul` (F32, F16, BF16) and
+//! its stored integers and scaled once. This is the float path of `matmul` (F32, F16, BF16, FP8_E4M3) and
 //! the exact reference for the quantized-activation path.
 //!
 //! Must not: check lengths (`format::dot_row` does), or allocate.
@@ -8,7 +8,7 @@
 use super::fp16::{bf16_to_f32, f16_to_f32, read_f16};
 pub use super::prim::fdot;
 use super::WeightFormat;
-use super::{iq4, kquant, kquant_lo, mxfp4, q5};
+use super::{fp8, iq4, kquant, kquant_lo, mxfp4, q5};
 
 /// `w . x_c` for `C` activation rows at once, each with eight accumulators (all slices the
 /// same length).
@@ -167,6 +167,7 @@ pub fn dot_row(format: WeightFormat, row: &[u8], x: &[f32]) -> f32 {
         WeightFormat::Q5_K => kquant_lo::dot_q5k(row, x),
         WeightFormat::IQ4_NL => iq4::dot_iq4_nl(row, x),
         WeightFormat::MXFP4 => mxfp4::dot_mxfp4(row, x),
+        WeightFormat::FP8_E4M3 => fp8::dot_fp8(row, x),
         WeightFormat::IQ4_XS => iq4::dot_iq4_xs(row, x),
         WeightFormat::I8Row => dot_i8row(row, x),
         WeightFormat::I4G64 => dot_i4g64(row, x),

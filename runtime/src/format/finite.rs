@@ -1,7 +1,8 @@
 //! Finding a non-finite value (NaN, +-inf) in stored weights, the first in storage order:
 //! every element of a float format, and every float field of a block format (its scales and
 //! mins; the quantized values are small integers, so a block decodes to non-finite values only
-//! through those). Large tensors are split into 1 MiB pieces scanned in parallel; a piece is
+//! through those), and every E4M3 code of `FP8_E4M3` (its NaN codes `0x7F`/`0xFF`) after its
+//! block's f32 scale. Large tensors are split into 1 MiB pieces scanned in parallel; a piece is
 //! first scanned for any bad bit pattern (a loop the compiler vectorizes), and only a piece
 //! that has one is searched for the first.
 //!
@@ -62,7 +63,11 @@ struct Layout {
     unit: usize,
     elements: usize,
     fields: &'static [(usize, Float, &'static str)],
+    /// Byte offset of a run of `elements` E4M3 codes after the fields (`FP8_E4M3`).
+    codes: Option<usize>,
 }
+
+const CODE_FIELD: &str = "the e4m3 value";
 
 fn layout(format: WeightFormat, cols: usize) -> Layout {
     use Float::*;
@@ -102,16 +107,26 @@ fn layout(format: WeightFormat, cols: usize) -> Layout {
         WeightFormat::IQ4_XS => (format.block_bytes(), 256, &[(0, F16, "the f16 scale d of the super-block")]),
         // Every E8M0 byte is a finite power of two (GGUF decodes 255 as 2^127, not NaN).
         WeightFormat::MXFP4 => (format.block_bytes(), 32, &[]),
+        WeightFormat::FP8_E4M3 => {
+            let l = &[(0, F32, "the f32 scale of the block")];
+            return Layout { unit: format.block_bytes(), elements: format.block_size(), fields: l, codes: Some(4) };
+        }
         WeightFormat::I8Row => (cols + 4, cols, &[(0, F32, "the f32 scale of the row")]),
         WeightFormat::I4G64 => {
             (36, 64, &[(0, F16, "the f16 scale of the group"), (2, F16, "the f16 min of the group")])
         }
     };
-    Layout { unit, elements, fields }
+    Layout { unit, elements, fields, codes: None }
 }
 
 /// Whether any unit of `chunk` (whole units) has a bad field: no early exit, so it vectorizes.
 fn any_bad(l: &Layout, chunk: &[u8]) -> bool {
+    if let Some(at) = l.codes {
+        let codes = |u: &[u8]| u[at..at + l.elements].iter().fold(false, |a, &c| a | super::fp8::is_nan_code(c));
+        return chunk
+            .chunks_exact(l.unit)
+            .fold(false, |a, u| a | codes(u) | l.fields.iter().fold(false, |a, &(at, f, _)| a | f.bad(u, at)));
+    }
     match l.fields {
         // Float formats: the whole chunk is fields of one width.
         &[(0, Float::F32, _)] if l.unit == 4 => chunk.chunks_exact(4).fold(false, |a, c| a | Float::F32.bad(c, 0)),
@@ -137,10 +152,14 @@ pub fn first_non_finite(format: WeightFormat, bytes: &[u8], cols: usize) -> Opti
         }
         let first = p * (piece / l.unit);
         chunk.chunks_exact(l.unit).enumerate().find_map(|(i, u)| {
-            let &(at, f, field) = l.fields.iter().find(|&&(at, f, _)| f.bad(u, at))?;
             let unit = first + i;
             let (row, col) = (unit / per_row, unit % per_row * l.elements);
-            Some(NonFinite { field, row, col, value: f.value(u, at) })
+            if let Some(&(at, f, field)) = l.fields.iter().find(|&&(at, f, _)| f.bad(u, at)) {
+                return Some(NonFinite { field, row, col, value: f.value(u, at) });
+            }
+            let at = l.codes?;
+            let k = u[at..at + l.elements].iter().position(|&c| super::fp8::is_nan_code(c))?;
+            Some(NonFinite { field: CODE_FIELD, row, col: col + k, value: f32::NAN })
         })
     })
 }

@@ -1,7 +1,9 @@
-//! x86-64 kernels for `matmul`'s float path (weights stored as `F32`, `F16` or `BF16`, f32
-//! activations): register tiles of `R` weight rows by `C` activation rows, eight columns per
-//! step, each weight vector converted to f32 once (F16C for `F16`, a 16-bit shift for `BF16`)
-//! and fused-multiply-added into every activation row of the tile. Sums are exact f32
+//! x86-64 kernels for `matmul`'s float path (weights stored as `F32`, `F16`, `BF16` or
+//! `FP8_E4M3`, f32 activations): register tiles of `R` weight rows by `C` activation rows, eight
+//! columns per step, each weight vector converted to f32 once (F16C for `F16`, a 16-bit shift
+//! for `BF16`; for `FP8_E4M3` the E4M3 bit fields moved into f32's, subnormals and NaN codes
+//! blended in, times the block's scale) and fused-multiply-added into every activation row of
+//! the tile. Sums are exact f32
 //! products accumulated in eight lanes, so results match `dot_row` up to summation order.
 //!
 //! Must not: be called except from code compiled with AVX2+FMA+F16C enabled (every function is
@@ -17,6 +19,33 @@ use std::arch::x86_64::*;
 const F32: u8 = 0;
 const F16: u8 = 1;
 const BF16: u8 = 2;
+const FP8: u8 = 3;
+
+/// Eight E4M3 codes at `p` as f32 (exactly `fp8::E4M3`'s values, NaN codes NaN), times `scale`.
+#[inline(always)]
+unsafe fn e4m3x8(p: *const u8, scale: f32) -> __m256 {
+    let c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast()));
+    let k = |v: i32| _mm256_set1_epi32(v);
+    // Exponent and mantissa moved to f32's places, the bias 7 raised to 127; exponent 0 is
+    // m * 2^-9 instead; exponent 15 with mantissa 7 is NaN; then the sign.
+    let normal =
+        _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(c, k(0x7f)), 20), k(120 << 23)));
+    let sub = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(c, k(7))), _mm256_set1_ps(1.0 / 512.0));
+    let is_sub = _mm256_cmpeq_epi32(_mm256_and_si256(c, k(0x78)), _mm256_setzero_si256());
+    let v = _mm256_blendv_ps(normal, sub, _mm256_castsi256_ps(is_sub));
+    let is_nan = _mm256_cmpeq_epi32(_mm256_and_si256(c, k(0x7f)), k(0x7f));
+    let v = _mm256_blendv_ps(v, _mm256_set1_ps(f32::NAN), _mm256_castsi256_ps(is_nan));
+    let v = _mm256_or_ps(v, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(c, k(0x80)), 24)));
+    _mm256_mul_ps(v, _mm256_set1_ps(scale))
+}
+
+/// The f32 scale of the `FP8_E4M3` block holding column `col`, and the offset of its code.
+#[inline(always)]
+unsafe fn fp8_at(row: *const u8, col: usize) -> (f32, usize) {
+    let b = col / super::fp8::FP8_BLOCK;
+    let at = b * super::fp8::FP8_BYTES;
+    (row.add(at).cast::<f32>().read_unaligned(), at + 4 + col % super::fp8::FP8_BLOCK)
+}
 
 /// Eight weights from column `col` of a stored row, as f32.
 #[inline(always)]
@@ -24,6 +53,11 @@ unsafe fn load8<const F: u8>(row: *const u8, col: usize) -> __m256 {
     match F {
         F32 => _mm256_loadu_ps(row.cast::<f32>().add(col)),
         F16 => _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * col).cast())),
+        // Eight columns never span two blocks (128 is a multiple of 8).
+        FP8 => {
+            let (scale, at) = fp8_at(row, col);
+            e4m3x8(row.add(at), scale)
+        }
         _ => {
             _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(row.add(2 * col).cast())), 16))
         }
@@ -35,6 +69,10 @@ unsafe fn load1<const F: u8>(row: *const u8, col: usize) -> f32 {
     match F {
         F32 => row.cast::<f32>().add(col).read_unaligned(),
         F16 => super::fp16::f16_to_f32(row.add(2 * col).cast::<u16>().read_unaligned()),
+        FP8 => {
+            let (scale, at) = fp8_at(row, col);
+            super::fp8::E4M3[*row.add(at) as usize] * scale
+        }
         _ => super::fp16::bf16_to_f32(row.add(2 * col).cast::<u16>().read_unaligned()),
     }
 }
@@ -165,6 +203,7 @@ pub unsafe fn tile_float<const WIDE: bool>(
         WeightFormat::F32 => tile_f::<F32, WIDE>(w, x, n, r0, r1, out),
         WeightFormat::F16 => tile_f::<F16, WIDE>(w, x, n, r0, r1, out),
         WeightFormat::BF16 => tile_f::<BF16, WIDE>(w, x, n, r0, r1, out),
+        WeightFormat::FP8_E4M3 => tile_f::<FP8, WIDE>(w, x, n, r0, r1, out),
         _ => return false,
     }
     true

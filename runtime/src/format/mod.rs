@@ -19,6 +19,10 @@
 //!   (see `iq4.rs`).
 //! - `MXFP4`: 32 in 17: an E8M0 power-of-two scale, nibbles as in `Q4_0` indexing the E2M1
 //!   values (see `mxfp4.rs`).
+//! - `FP8_E4M3` (coli's block form of FP8 checkpoints): 128 in 132: the f32 `scale` of the
+//!   element's 128 x 128 tile (the checkpoint's `weight_scale_inv`, replicated on each of the
+//!   tile's rows), then 128 E4M3 codes; `x = scale * e4m3(q)` (see `fp8.rs`). Rows must be a
+//!   whole number of 128-blocks (a shorter row is `RaggedRow`; no published checkpoint has one).
 //! - `Q4_K`, `Q6_K`: GGUF's k-quant super-blocks of 256 (see `kquant.rs`); `Q2_K` (84 bytes),
 //!   `Q3_K` (110) and `Q5_K` (176), the same family (see `kquant_lo.rs`).
 //! - `I8Row` (coli): per row one f32 `scale`, then `cols` x i8; `x = scale * q`, symmetric,
@@ -38,6 +42,7 @@ mod dequant;
 mod dot;
 mod finite;
 pub mod fp16;
+pub(crate) mod fp8;
 mod fsimd;
 mod iq4;
 mod kquant;
@@ -83,6 +88,8 @@ pub enum WeightFormat {
     IQ4_NL,
     IQ4_XS,
     MXFP4,
+    /// coli: blocks of 128 E4M3 codes, each after its f32 scale (FP8 checkpoints, repacked).
+    FP8_E4M3,
     /// coli: per-row f32 scale then i8 values.
     I8Row,
     /// coli: groups of 64 with an f16 scale and an f16 min, 4-bit values.
@@ -115,7 +122,7 @@ impl fmt::Display for WeightFormat {
 }
 
 impl WeightFormat {
-    pub const ALL: [WeightFormat; 18] = [
+    pub const ALL: [WeightFormat; 19] = [
         WeightFormat::F32,
         WeightFormat::F16,
         WeightFormat::BF16,
@@ -132,11 +139,13 @@ impl WeightFormat {
         WeightFormat::IQ4_NL,
         WeightFormat::IQ4_XS,
         WeightFormat::MXFP4,
+        WeightFormat::FP8_E4M3,
         WeightFormat::I8Row,
         WeightFormat::I4G64,
     ];
 
-    /// The name GGUF and safetensors use (`Q4_K`, `BF16`), and coli's own for `I8Row`/`I4G64`.
+    /// The name GGUF and safetensors use (`Q4_K`, `BF16`), and coli's own for `I8Row`/`I4G64`/`FP8_E4M3`
+    /// (safetensors' raw `F8_E4M3` has no scales; `FP8_E4M3` is the repacked block form).
     pub fn name(self) -> &'static str {
         match self {
             WeightFormat::F32 => "F32",
@@ -155,6 +164,7 @@ impl WeightFormat {
             WeightFormat::IQ4_NL => "IQ4_NL",
             WeightFormat::IQ4_XS => "IQ4_XS",
             WeightFormat::MXFP4 => "MXFP4",
+            WeightFormat::FP8_E4M3 => "FP8_E4M3",
             WeightFormat::I8Row => "I8Row",
             WeightFormat::I4G64 => "I4G64",
         }
@@ -179,6 +189,7 @@ impl WeightFormat {
             | WeightFormat::Q5_K
             | WeightFormat::IQ4_XS => 256,
             WeightFormat::I4G64 => 64,
+            WeightFormat::FP8_E4M3 => fp8::FP8_BLOCK,
         }
     }
 
@@ -200,6 +211,7 @@ impl WeightFormat {
             WeightFormat::IQ4_NL => iq4::IQ4_NL_BYTES,
             WeightFormat::IQ4_XS => iq4::IQ4_XS_BYTES,
             WeightFormat::MXFP4 => mxfp4::MXFP4_BYTES,
+            WeightFormat::FP8_E4M3 => fp8::FP8_BYTES,
             WeightFormat::I8Row => 1,
             WeightFormat::I4G64 => 36,
         }
@@ -234,7 +246,7 @@ impl WeightFormat {
             WeightFormat::IQ4_XS => 23,
             WeightFormat::BF16 => 30,
             WeightFormat::MXFP4 => 39,
-            WeightFormat::I8Row | WeightFormat::I4G64 => return None,
+            WeightFormat::I8Row | WeightFormat::I4G64 | WeightFormat::FP8_E4M3 => return None,
         })
     }
 
@@ -262,10 +274,10 @@ impl WeightFormat {
     }
 
     /// Whether `matmul` quantizes the activations to 8 bits per 32-block for this format
-    /// (the integer formats), given the row length.
+    /// (the integer formats), given the row length. `FP8_E4M3` codes are floats: f32 activations.
     pub fn uses_q8_acts(self, cols: usize) -> bool {
         match self {
-            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 => false,
+            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 | WeightFormat::FP8_E4M3 => false,
             WeightFormat::I8Row => cols.is_multiple_of(32),
             _ => true,
         }

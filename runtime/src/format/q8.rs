@@ -187,7 +187,7 @@ pub fn dot_row_q8(format: WeightFormat, row: &[u8], x: &[BlockQ8]) -> f32 {
         WeightFormat::IQ4_XS => iq4::dot_iq4_xs_q8(row, x),
         WeightFormat::I8Row => i8row(row, x),
         WeightFormat::I4G64 => i4g64(row, x),
-        WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 => {
+        WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 | WeightFormat::FP8_E4M3 => {
             unreachable!("float formats do not take quantized activations")
         }
     }

@@ -132,6 +132,7 @@ fn encode_row(format: WeightFormat, x: &[f32], o: &mut [u8]) {
         | WeightFormat::Q5_K
         | WeightFormat::IQ4_NL
         | WeightFormat::IQ4_XS
-        | WeightFormat::MXFP4 => unreachable!("rejected by quantize"),
+        | WeightFormat::MXFP4
+        | WeightFormat::FP8_E4M3 => unreachable!("rejected by quantize"),
     }
 }

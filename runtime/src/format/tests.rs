@@ -43,6 +43,16 @@ fn f16_fields(format: WeightFormat) -> &'static [usize] {
 /// Random stored rows in `format`: encoded from random values where coli can encode the
 /// format, else random blocks (every bit pattern of the values) with sane f16 scales.
 fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    if format == WeightFormat::FP8_E4M3 {
+        // Random codes (every finite one, NaN codes moved to zero) under scales 2^-9 .. 2^-4.
+        let mut b = rng.bytes(rows * format.row_bytes(cols).unwrap());
+        for block in b.chunks_exact_mut(format.block_bytes()) {
+            let scale = 2f32.powi(-9) * (1.0 + 31.0 * rng.unit().abs());
+            block[0..4].copy_from_slice(&scale.to_le_bytes());
+            block[4..].iter_mut().filter(|c| **c & 0x7f == 0x7f).for_each(|c| *c = 0);
+        }
+        return b;
+    }
     if format == WeightFormat::MXFP4 {
         // Random nibbles under power-of-two scales 2^-10 .. 2^-3.
         let mut b: Vec<u8> = (0..rows * format.row_bytes(cols).unwrap()).map(|_| rng.next() as u8).collect();
@@ -288,6 +298,43 @@ fn gguf_type_ids_round_trip_and_unknown_ids_are_errors() {
     assert_eq!(WeightFormat::Q6_K.row_bytes(256), Ok(210));
     assert_eq!(WeightFormat::I8Row.row_bytes(10), Ok(14));
     assert_eq!(WeightFormat::I4G64.row_bytes(128), Ok(72));
+    let fp8 = WeightFormat::FP8_E4M3;
+    assert_eq!((fp8.block_size(), fp8.block_bytes(), fp8.row_bytes(256)), (128, 132, Ok(264)));
+    assert_eq!(fp8.row_bytes(192), Err(FormatError::RaggedRow { format: fp8, cols: 192, block: 128 }));
+    assert!(fp8.gguf_type().is_none() && !fp8.uses_q8_acts(128));
+}
+
+#[derive(serde::Deserialize)]
+struct E4m3Vectors {
+    /// Every code's value as numpy decodes it; `None` for NaN.
+    values: Vec<Option<f64>>,
+    /// One `FP8_E4M3` row (hex) and its values.
+    cols: usize,
+    hex: String,
+    row: Vec<f64>,
+}
+
+#[test]
+fn e4m3_codes_and_fp8_rows_match_numpy() {
+    // The table exactly (every E4M3 value is an f32) as the numpy decoder of tools/make_fp8.py
+    // computes it from the bit fields in float64; a row's values within the f32 rounding of
+    // `scale * value` (2^-24 relative; numpy kept the product in float64).
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/fp8_vectors.json");
+    let v: E4m3Vectors = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(v.values.len(), 256);
+    for (code, want) in v.values.iter().enumerate() {
+        let got = fp8::E4M3[code];
+        match want {
+            None => assert!(got.is_nan(), "code {code:#04x}: {got}, numpy NaN"),
+            Some(w) => assert_eq!(got as f64, *w, "code {code:#04x}"),
+        }
+    }
+    let bytes: Vec<u8> =
+        (0..v.hex.len()).step_by(2).map(|i| u8::from_str_radix(&v.hex[i..i + 2], 16).unwrap()).collect();
+    let got = dequant(WeightFormat::FP8_E4M3, &bytes, v.cols);
+    for (i, (a, b)) in got.iter().zip(&v.row).enumerate() {
+        assert!((*a as f64 - b).abs() <= 1e-7 * b.abs(), "[{i}]: {a} vs numpy {b}");
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -431,6 +478,23 @@ fn first_non_finite_finds_nan_and_inf_in_elements_and_block_fields() {
     for format in WeightFormat::ALL {
         let mut b = random_rows(format, 4, cols, &mut Rng(7));
         assert_eq!(first_non_finite(format, &b, cols), None, "{format}");
+        if format == WeightFormat::FP8_E4M3 {
+            // A NaN code in row 2 (element 130 of the row: block 1's third), then an infinite
+            // scale in row 3's first block: the code is reported, then the scale.
+            let row = format.row_bytes(cols).unwrap();
+            b[2 * row + 132 + 4 + 2] = 0xff;
+            b[3 * row..3 * row + 4].copy_from_slice(&f32::INFINITY.to_le_bytes());
+            let found = first_non_finite(format, &b, cols).unwrap();
+            assert_eq!((found.row, found.col, found.field), (2, 130, "the e4m3 value"), "{found}");
+            assert!(found.value.is_nan());
+            b[2 * row + 132 + 4 + 2] = 0x7f;
+            assert_eq!(first_non_finite(format, &b, cols).map(|f| (f.row, f.col)), Some((2, 130)));
+            b[2 * row + 132 + 4 + 2] = 0x7e; // 448, finite
+            let found = first_non_finite(format, &b, cols).unwrap();
+            assert_eq!((found.row, found.col, found.value), (3, 0, f32::INFINITY), "{found}");
+            assert_eq!(found.field, "the f32 scale of the block");
+            continue;
+        }
         if format == WeightFormat::MXFP4 {
             // No bit pattern of an E8M0 scale or an E2M1 value is non-finite.
             b.fill(0xff);
@@ -514,4 +578,33 @@ fn block_formats_multiply_odd_block_counts_and_row_counts() {
             }
         }
     }
+}
+
+#[test]
+fn fp8_matmul_decodes_every_code_as_the_table_does() {
+    // One row of every finite code (NaN codes as zero) under scales 1 and 0.5, against one-hot
+    // activation rows: each output is one code's value times its scale, exactly, on whichever
+    // kernel `matmul` picks (the SIMD decode where the CPU has one), for 256 rows and for 1.
+    let format = WeightFormat::FP8_E4M3;
+    let mut row = Vec::new();
+    for (b, scale) in [1f32, 0.5].into_iter().enumerate() {
+        row.extend_from_slice(&scale.to_le_bytes());
+        let sign = 0x80 * b as u8;
+        row.extend((0..128u8).map(|i| if i == 0x7f { 0 } else { i | sign }));
+    }
+    let w = Matrix::new(format, 1, 256, &row).unwrap();
+    let want = dequant(format, &row, 256);
+    let x: Vec<f32> = (0..256 * 256).map(|i| if i / 256 == i % 256 { 1.0 } else { 0.0 }).collect();
+    let mut out = vec![f32::NAN; 256];
+    matmul(&w, &x, 256, &mut out);
+    assert_eq!(out, want);
+    let mut one = [f32::NAN];
+    matmul(&w, &x[200 * 256..201 * 256], 1, &mut one);
+    assert_eq!(one[0], want[200]);
+    // A NaN code reaches the output as NaN.
+    let mut nan_row = row.clone();
+    nan_row[4 + 3] = 0xff;
+    let w = Matrix::new(format, 1, 256, &nan_row).unwrap();
+    matmul(&w, &x[..256], 1, &mut one);
+    assert!(one[0].is_nan());
 }

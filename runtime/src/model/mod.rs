@@ -13,6 +13,10 @@
 //! (`NonFinite`), found the first time the tensor is handed out (`file_tensor`). Must not: interpret tensor names beyond the
 //! quantize-at-load eligibility rule, or know model architectures.
 //!
+//! FP8 checkpoints (`fp8.rs`): an `F8_E4M3` weight with its `weight_scale_inv` is handed out in
+//! `WeightFormat::FP8_E4M3`, repacked from the file when asked for (an owned copy, kept in block
+//! form: the second case where tensor bytes are copied).
+//!
 //! A GGUF split into shards (`name-00001-of-0000N.gguf`, `split.rs`) opens from any shard as one
 //! checkpoint: one tensor table over the shards, each tensor in its own shard's map, the
 //! metadata of shard 1.
@@ -29,6 +33,7 @@
 
 mod error;
 mod file;
+pub mod fp8;
 pub mod gguf;
 mod guard;
 pub mod hub;
@@ -95,6 +100,8 @@ struct Entry {
     len: u64,
     /// The first non-finite value, found when the tensor is first handed out.
     non_finite: OnceLock<Option<NonFinite>>,
+    /// An FP8 weight's block scale tensor, when the two pair (`fp8::pair_all`).
+    scale: Option<String>,
 }
 
 enum Kind {
@@ -158,6 +165,7 @@ impl Checkpoint {
                     start: t.start,
                     len: t.len,
                     non_finite: OnceLock::new(),
+                    scale: None,
                 };
                 if let Some(old) = entries.insert(t.name.clone(), e) {
                     let here = shard.map.path();
@@ -235,6 +243,7 @@ impl Checkpoint {
                     start: t.start,
                     len: t.len,
                     non_finite: OnceLock::new(),
+                    scale: None,
                 };
                 if entries.insert(t.name.clone(), e).is_some() {
                     return Err(LoadError::DuplicateTensor { path: shard, name: t.name });
@@ -242,6 +251,7 @@ impl Checkpoint {
             }
             files.push(Arc::new(map));
         }
+        fp8::pair_all(&mut entries);
         let kind = Kind::Safetensors { dir: dir.to_path_buf(), config };
         Ok(Checkpoint {
             path: dir.to_path_buf(),
@@ -291,8 +301,8 @@ impl Checkpoint {
         self.entries.keys().map(String::as_str)
     }
 
-    /// The tensor `name`: a view of the mapped file, or the tensor quantized at load (quantized
-    /// again from the file when its copy was released).
+    /// The tensor `name`: a view of the mapped file, an FP8 weight's repack, or the tensor
+    /// quantized at load (quantized again from the file when its copy was released).
     pub fn tensor(&self, name: &str) -> Result<Tensor, LoadError> {
         if let Some(t) = self.quantized.get(name) {
             return Ok(t.clone());
@@ -328,8 +338,8 @@ impl Checkpoint {
         n
     }
 
-    /// The tensor `name` as the file holds it (a view of the map), whether or not it was
-    /// quantized at load. Its first use scans it for NaN and infinities (`NonFinite`; every
+    /// The tensor `name` as the file holds it (a view of the map; for a paired FP8 weight its
+    /// `FP8_E4M3` repack), whether or not it was quantized at load. Its first use scans it for NaN and infinities (`NonFinite`; every
     /// element of a float format, the scales and mins of a block format) and re-checks the
     /// file's size (`FileChanged`).
     pub fn file_tensor(&self, name: &str) -> Result<Tensor, LoadError> {
@@ -338,7 +348,19 @@ impl Checkpoint {
         };
         let map = &self.files[e.file];
         let path = map.path();
+        if let Some(scale) = &e.scale {
+            return self.fp8_tensor(name, e, scale);
+        }
         let Some(format) = e.format else {
+            if e.dtype == fp8::DTYPE {
+                let problem = fp8::pair(&self.entries, name, e).err();
+                let problem = problem.unwrap_or(fp8::Fp8Problem::Shape { shape: e.shape.clone() });
+                return Err(LoadError::Fp8 {
+                    path: path.to_path_buf(),
+                    name: name.to_string(),
+                    problem: Box::new(problem),
+                });
+            }
             return Err(LoadError::UnsupportedType {
                 path: path.to_path_buf(),
                 name: name.to_string(),
@@ -363,6 +385,27 @@ impl Checkpoint {
         Ok(t)
     }
 
+    /// A paired FP8 weight repacked into `FP8_E4M3` rows (the same bytes every time), scanned
+    /// for NaN codes and non-finite scales on first use.
+    fn fp8_tensor(&self, name: &str, e: &Entry, scale: &str) -> Result<Tensor, LoadError> {
+        let Some(src) = self.fp8_source(name) else {
+            return Err(LoadError::NoSuchTensor { path: self.path.clone(), name: scale.to_string() });
+        };
+        let t = src.make()?;
+        if let Some(found) = *e.non_finite.get_or_init(|| first_non_finite(t.format, t.bytes(), t.cols())) {
+            return Err(LoadError::NonFinite { path: t.source().to_path_buf(), name: name.to_string(), found });
+        }
+        Ok(t)
+    }
+
+    /// How to make the paired FP8 weight `name` again from the files (`None` for any other
+    /// tensor). Its tensor must have been read once (`tensor`), which checks it.
+    pub fn fp8_source(&self, name: &str) -> Option<fp8::Fp8Source> {
+        let e = self.entries.get(name)?;
+        let s = self.entries.get(e.scale.as_deref()?)?;
+        Some(fp8::Fp8Source::new(name, e, s, &self.files))
+    }
+
     /// What the compiler needs to know: configuration, naming, and the tensor table (after
     /// quantize-at-load, the quantized tensors' dtype and bytes).
     pub fn bindings(&self) -> Bindings {
@@ -384,6 +427,12 @@ impl Checkpoint {
                         shape: e.shape.clone(),
                         dtype: f.name().to_string(),
                         bytes: tensor_bytes(f, &e.shape).unwrap_or(0) as u64,
+                    },
+                    // FP8 weights as repacked: 1 byte an element and an f32 per 128.
+                    (None, None) if e.scale.is_some() => TensorInfo {
+                        shape: e.shape.clone(),
+                        dtype: WeightFormat::FP8_E4M3.name().to_string(),
+                        bytes: tensor_bytes(WeightFormat::FP8_E4M3, &e.shape).unwrap_or(0) as u64,
                     },
                     (None, None) => TensorInfo { shape: e.shape.clone(), dtype: e.dtype.clone(), bytes: e.len },
                 };

@@ -7,8 +7,9 @@
 //!
 //! Every tensor is checked against the file: its range inside the data section and apart from
 //! every other tensor's, and its byte length against shape times dtype size (for every dtype
-//! whose size is known). Types coli does not compute with (I8, F8_E4M3, ...) are listed with
-//! their name and refused only when asked for. Must not: copy tensor data.
+//! whose size is known). Types coli does not compute with (I8, F8_E5M2, ...) are listed with
+//! their name and refused only when asked for; F8_E4M3 weights are paired with their block
+//! scales later (`fp8.rs`). Must not: copy tensor data.
 
 use super::file::{read_text, regular_if_present, MAX_JSON};
 use super::LoadError;

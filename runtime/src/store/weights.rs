@@ -9,13 +9,14 @@
 //! (quantized at load, re-laid, or rows selected) can be dropped once uploaded; each matrix
 //! keeps how it was made from the checkpoint's file (`Remake`) and is made again, bit for bit,
 //! when the CPU first reads it (a lost device), once, whichever thread asks first. A matrix
-//! that is a view of the mapped file has no copy: its pages are only advised away.
+//! that is a view of the mapped file has no copy: its pages are only advised away. An FP8
+//! weight's repack (`model/fp8.rs`) is a copy: released, and made again from the maps.
 //!
 //! Must not: decide which matrices a device holds (the caller names them, from the plan), or
 //! copy a mapped tensor except to re-lay, select or quantize it.
 
 use crate::format::{Matrix, WeightFormat};
-use crate::model::{Checkpoint, LoadError, Tensor};
+use crate::model::{fp8::Fp8Source, Checkpoint, LoadError, Tensor};
 use coli_compiler::frames::op_of;
 use coli_compiler::ids::Place;
 use coli_compiler::ir::{ExpertBias, ExpertTensor, Op, Program, RowSelect, WeightRef};
@@ -41,22 +42,48 @@ struct Held {
 /// Where a tensor of the store comes from in the checkpoint's file.
 #[derive(Clone)]
 struct Source {
-    /// The file's tensor (a view of the map).
-    file: Tensor,
+    origin: Origin,
     /// The format it was quantized to at load, if it was.
     quantize: Option<WeightFormat>,
 }
 
+/// The file's bytes of a tensor.
+#[derive(Clone)]
+enum Origin {
+    /// The file's tensor (a view of the map).
+    File(Tensor),
+    /// A paired FP8 weight: its codes and scales in the maps, repacked when made.
+    Fp8(Fp8Source),
+}
+
+impl Origin {
+    fn name(&self) -> &str {
+        match self {
+            Origin::File(t) => &t.name,
+            Origin::Fp8(f) => f.name(),
+        }
+    }
+}
+
 impl Source {
     fn of(ckpt: &Checkpoint, name: &str) -> Result<Source, LoadError> {
-        Ok(Source { file: ckpt.file_tensor(name)?, quantize: ckpt.quantized_to(name) })
+        let origin = match ckpt.fp8_source(name) {
+            Some(f) => Origin::Fp8(f),
+            None => Origin::File(ckpt.file_tensor(name)?),
+        };
+        Ok(Source { origin, quantize: ckpt.quantized_to(name) })
     }
 
-    /// The tensor as the store first had it: the file's view, or quantized again from it.
+    /// The tensor as the store first had it: the file's view (or an FP8 weight's repack), or
+    /// quantized again from it.
     fn make(&self) -> Result<Tensor, LoadError> {
+        let file = match &self.origin {
+            Origin::File(t) => t.clone(),
+            Origin::Fp8(f) => f.make()?,
+        };
         match self.quantize {
-            None => Ok(self.file.clone()),
-            Some(f) => crate::model::quantize_tensor(&self.file, f),
+            None => Ok(file),
+            Some(f) => crate::model::quantize_tensor(&file, f),
         }
     }
 }
@@ -81,9 +108,10 @@ impl Remake {
         }
     }
 
-    /// Whether the tensor is a view of the mapped file (nothing of its own to release).
+    /// Whether the tensor is a view of the mapped file (nothing of its own to release; an FP8
+    /// weight's repack is a copy of its own).
     fn is_view(&self) -> bool {
-        matches!(self, Remake::Plain(Source { quantize: None, .. }))
+        matches!(self, Remake::Plain(Source { origin: Origin::File(_), quantize: None }))
     }
 }
 
@@ -353,7 +381,7 @@ impl WeightStore {
             .values()
             .filter(|h| h.tensor.get().is_some())
             .map(|h| match &h.remake {
-                Remake::Plain(src) | Remake::Relayout(src, _) | Remake::Rows(src, _) => src.file.name.clone(),
+                Remake::Plain(src) | Remake::Relayout(src, _) | Remake::Rows(src, _) => src.origin.name().to_string(),
             })
             .collect()
     }

@@ -50,6 +50,7 @@ pub fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Res
         WeightFormat::IQ4_NL => (nb, nb.div_ceil(2)),
         WeightFormat::IQ4_XS => (8 * nb, 2 * nb),
         WeightFormat::MXFP4 => (nb, nb),
+        WeightFormat::FP8_E4M3 => (8 * nb, nb),
         WeightFormat::Q5_K => (10 * nb, 4 * nb),
         WeightFormat::Q2_K => (4 * nb, 5 * nb),
         WeightFormat::Q3_K => (6 * nb, 4 * nb),
@@ -112,6 +113,10 @@ pub fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Res
                         WeightFormat::IQ4_XS => {
                             q.extend_from_slice(&b[8..136]);
                             s.extend_from_slice(&b[0..8]);
+                        }
+                        WeightFormat::FP8_E4M3 => {
+                            q.extend_from_slice(&b[4..132]);
+                            s.extend_from_slice(&b[0..4]);
                         }
                         WeightFormat::MXFP4 => {
                             q.extend_from_slice(&b[1..17]);

@@ -96,6 +96,7 @@ impl FormatVariant {
             WeightFormat::IQ4_NL => FormatVariant::IQ4_NL,
             WeightFormat::IQ4_XS => FormatVariant::IQ4_XS,
             WeightFormat::MXFP4 => FormatVariant::MXFP4,
+            WeightFormat::FP8_E4M3 => FormatVariant::FP8_E4M3,
         }
     }
 

@@ -75,6 +75,17 @@ pub fn f16_fields(format: WeightFormat) -> &'static [usize] {
 /// Random stored rows: encoded from random values where coli encodes the format; random
 /// blocks (every bit pattern of the values) with sane f16 scales otherwise.
 pub fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    if format == WeightFormat::FP8_E4M3 {
+        // Random codes (NaN codes moved to zero) under f32 scales 2^-9 .. 2^-5: weights up to
+        // about 0.9, every code's bit pattern but the two NaNs.
+        let mut b: Vec<u8> = (0..rows * format.row_bytes(cols).unwrap()).map(|_| rng.next() as u8).collect();
+        for block in b.chunks_exact_mut(format.block_bytes()) {
+            let scale = 2f32.powi(-9) * (1.0 + 15.0 * rng.unit().abs());
+            block[0..4].copy_from_slice(&scale.to_le_bytes());
+            block[4..].iter_mut().filter(|c| **c & 0x7f == 0x7f).for_each(|c| *c = 0);
+        }
+        return b;
+    }
     if format == WeightFormat::MXFP4 {
         // Random nibbles under power-of-two half scales 2^-10 .. 2^-6: weights up to 0.19, as
         // the other formats' random blocks.

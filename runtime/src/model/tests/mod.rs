@@ -12,6 +12,7 @@ use crate::format::{dot_row, matmul, quantize};
 use std::path::PathBuf;
 
 mod bad_files;
+mod fp8;
 mod hub;
 mod split;
 
