@@ -18,32 +18,18 @@ use coli_compiler::Options;
 use coli_runtime::cpu::Precision;
 use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions, HostCopies};
 use coli_runtime::exec::weights::device_only_matrices;
-use coli_runtime::exec::{LogitRows, Session};
+use coli_runtime::exec::Session;
 use coli_runtime::format::WeightFormat;
 use coli_runtime::model::{Checkpoint, LoadOptions};
 use coli_runtime::vk::VkOptions;
 use common::*;
-
-const VOCAB: usize = 256;
 
 fn model() -> std::path::PathBuf {
     fixture_dir("fp8_olmoe")
 }
 
 fn oracle() -> (Vec<u32>, Vec<Vec<f32>>, f32) {
-    let o = read_json(&model().join("oracle.json"));
-    let want = matrix(&o["logits"]);
-    let max = want.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
-    (ids(&o["prompt"]), want, max)
-}
-
-fn run(s: &mut Session, prompt: &[u32], chunk: usize) -> Vec<Vec<f32>> {
-    let mut got = Vec::new();
-    for c in prompt.chunks(chunk) {
-        let l = s.forward(c, LogitRows::All).unwrap();
-        got.extend(l.chunks_exact(VOCAB).map(|r| r.to_vec()));
-    }
-    got
+    oracle_logits(&model().join("oracle.json"))
 }
 
 #[test]
@@ -74,7 +60,7 @@ fn fp8_checkpoint_matches_the_numpy_oracle() {
         for chunk in [prompt.len(), 1, 5] {
             let mut s = Session::new(engine.model(), 64);
             s.set_precision(precision);
-            let got = run(&mut s, &prompt, chunk);
+            let got = logit_rows(&mut s, &prompt, chunk);
             let err = max_abs_diff(&got, &want);
             eprintln!("fp8_olmoe {precision:?} chunk {chunk}: max |logit - oracle| = {err:.3e} (max |logit| {max})");
             assert!(err <= 1e-4 * max, "{precision:?} chunk {chunk}: max |logit - oracle| = {err} > {}", 1e-4 * max);
@@ -85,29 +71,8 @@ fn fp8_checkpoint_matches_the_numpy_oracle() {
 #[test]
 fn fp8_checkpoint_on_the_device_matches_the_cpu() {
     let (prompt, _, _) = oracle();
-    let req = EngineOptions {
-        device: DeviceRequest::Vulkan(VkOptions::default()),
-        compile: Options { context: 64, chunk_rows: 16, ..Options::default() },
-        ..EngineOptions::default()
-    };
-    let dev = Engine::load(&model(), &req).unwrap();
-    let Some(device) = dev.device() else {
-        eprintln!("no Vulkan device: {}", dev.device_note());
-        return;
-    };
-    let cpu = load_model(&model());
-    for (precision, chunk) in [(Precision::Exact, 4), (Precision::Fast, 4), (Precision::Fast, 1)] {
-        let mut c = Session::new(cpu.model(), 64);
-        c.set_precision(precision);
-        let mut g = Session::on_device(dev.model(), device, 64).unwrap();
-        g.set_precision(precision);
-        let want = run(&mut c, &prompt, chunk);
-        let got = run(&mut g, &prompt, chunk);
-        let max = want.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
-        let err = max_abs_diff(&got, &want);
-        eprintln!("fp8_olmoe device {precision:?} chunk {chunk}: max |device - cpu| = {err:.3e} (max |logit| {max})");
-        assert!(err <= 1e-4 * max, "{precision:?} chunk {chunk}: max |device - cpu| = {err} > {}", 1e-4 * max);
-    }
+    let cases = [(Precision::Exact, 4, 1e-4), (Precision::Fast, 4, 1e-4), (Precision::Fast, 1, 1e-4)];
+    device_matches_cpu(&model(), "fp8_olmoe", &prompt, &cases);
 }
 
 #[test]

@@ -13,11 +13,8 @@
 
 mod common;
 
-use coli_compiler::Options;
 use coli_runtime::cpu::Precision;
-use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
-use coli_runtime::exec::{LogitRows, Session};
-use coli_runtime::vk::VkOptions;
+use coli_runtime::exec::Session;
 use common::*;
 
 fn model() -> std::path::PathBuf {
@@ -25,19 +22,7 @@ fn model() -> std::path::PathBuf {
 }
 
 fn oracle() -> (Vec<u32>, Vec<Vec<f32>>, f32) {
-    let o = read_json(&fixture_dir("gguf_formats").join("oracle.json"));
-    let want = matrix(&o["logits"]);
-    let max = want.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
-    (ids(&o["prompt"]), want, max)
-}
-
-fn run(s: &mut Session, prompt: &[u32], chunk: usize) -> Vec<Vec<f32>> {
-    let mut got = Vec::new();
-    for c in prompt.chunks(chunk) {
-        let l = s.forward(c, LogitRows::All).unwrap();
-        got.extend(l.chunks_exact(256).map(|r| r.to_vec()));
-    }
-    got
+    oracle_logits(&fixture_dir("gguf_formats").join("oracle.json"))
 }
 
 #[test]
@@ -48,7 +33,7 @@ fn every_block_type_matches_the_numpy_oracle() {
         for chunk in [prompt.len(), 1, 3] {
             let mut s = Session::new(engine.model(), 64);
             s.set_precision(precision);
-            let got = run(&mut s, &prompt, chunk);
+            let got = logit_rows(&mut s, &prompt, chunk);
             let err = max_abs_diff(&got, &want);
             eprintln!("gguf_formats {precision:?} chunk {chunk}: max |logit - oracle| = {err:.3e} (max |logit| {max})");
             assert!(err <= rel * max, "{precision:?} chunk {chunk}: max |logit - oracle| = {err} > {}", rel * max);
@@ -59,30 +44,8 @@ fn every_block_type_matches_the_numpy_oracle() {
 #[test]
 fn every_block_type_on_the_device_matches_the_cpu() {
     let (prompt, _, _) = oracle();
-    let req = EngineOptions {
-        device: DeviceRequest::Vulkan(VkOptions::default()),
-        compile: Options { context: 64, chunk_rows: 16, ..Options::default() },
-        ..EngineOptions::default()
-    };
-    let dev = Engine::load(&model(), &req).unwrap();
-    let Some(device) = dev.device() else {
-        eprintln!("no Vulkan device: {}", dev.device_note());
-        return;
-    };
-    let cpu = load_model(&model());
-    for precision in [Precision::Exact, Precision::Fast] {
-        let mut c = Session::new(cpu.model(), 64);
-        c.set_precision(precision);
-        let mut g = Session::on_device(dev.model(), device, 64).unwrap();
-        g.set_precision(precision);
-        let want = run(&mut c, &prompt, 4);
-        let got = run(&mut g, &prompt, 4);
-        let max = want.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
-        let err = max_abs_diff(&got, &want);
-        eprintln!("gguf_formats device {precision:?}: max |device - cpu| = {err:.3e} (max |logit| {max})");
-        // Fast: both sides quantize activations to 8 bits the same way; a last-bit difference
-        // before a quantization can move one step, hence the looser bound there.
-        let rel = if precision == Precision::Exact { 1e-4 } else { 1e-3 };
-        assert!(err <= rel * max, "{precision:?}: max |device - cpu| = {err} > {}", rel * max);
-    }
+    // Fast: both sides quantize activations to 8 bits the same way; a last-bit difference
+    // before a quantization can move one step, hence the looser bound there.
+    let cases = [(Precision::Exact, 4, 1e-4), (Precision::Fast, 4, 1e-3)];
+    device_matches_cpu(&model(), "gguf_formats", &prompt, &cases);
 }

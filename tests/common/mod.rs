@@ -117,3 +117,55 @@ pub fn run_greedy(l: &Engine, prompt: &[u32], chunk: usize, steps: usize, contex
 pub fn max_abs(rows: &[Vec<f32>]) -> f32 {
     rows.iter().flatten().fold(0f32, |m, v| m.max(v.abs()))
 }
+
+/// A fixture's oracle (`oracle.json` with `prompt` and `logits`): the prompt, every row's
+/// logits and the largest |logit|.
+pub fn oracle_logits(path: &Path) -> (Vec<u32>, Vec<Vec<f32>>, f32) {
+    let o = read_json(path);
+    let want = matrix(&o["logits"]);
+    let max = want.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
+    (ids(&o["prompt"]), want, max)
+}
+
+/// Every row's logits of `prompt` through `s`, `chunk` rows a forward.
+pub fn logit_rows(s: &mut Session, prompt: &[u32], chunk: usize) -> Vec<Vec<f32>> {
+    let mut got = Vec::new();
+    for c in prompt.chunks(chunk) {
+        let l = s.forward(c, LogitRows::All).unwrap();
+        got.extend(l.chunks_exact(l.len() / c.len()).map(|r| r.to_vec()));
+    }
+    got
+}
+
+/// `path` on the Vulkan device against the CPU: for each (precision, chunk, bound) the
+/// prompt's logits of both, within `bound` of the largest |logit| (nothing when no device).
+pub fn device_matches_cpu(
+    path: &Path,
+    what: &str,
+    prompt: &[u32],
+    cases: &[(coli_runtime::cpu::Precision, usize, f32)],
+) {
+    let req = EngineOptions {
+        device: coli_runtime::engine::DeviceRequest::Vulkan(coli_runtime::vk::VkOptions::default()),
+        compile: coli_compiler::Options { context: 64, chunk_rows: 16, ..coli_compiler::Options::default() },
+        ..EngineOptions::default()
+    };
+    let dev = Engine::load(path, &req).unwrap();
+    let Some(device) = dev.device() else {
+        eprintln!("no Vulkan device: {}", dev.device_note());
+        return;
+    };
+    let cpu = load_model(path);
+    for &(precision, chunk, rel) in cases {
+        let mut c = Session::new(cpu.model(), 64);
+        c.set_precision(precision);
+        let mut g = Session::on_device(dev.model(), device, 64).unwrap();
+        g.set_precision(precision);
+        let want = logit_rows(&mut c, prompt, chunk);
+        let got = logit_rows(&mut g, prompt, chunk);
+        let max = max_abs(&want);
+        let err = max_abs_diff(&got, &want);
+        eprintln!("{what} device {precision:?} chunk {chunk}: max |device - cpu| = {err:.3e} (max |logit| {max})");
+        assert!(err <= rel * max, "{what} {precision:?} chunk {chunk}: max |device - cpu| = {err} > {}", rel * max);
+    }
+}
