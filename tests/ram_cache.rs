@@ -15,7 +15,7 @@ use coli_compiler::Options;
 use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
 use coli_runtime::exec::{ExecError, LogitRows, Session};
 use coli_runtime::ramcache::io::IoError;
-use coli_runtime::ramcache::{RamError, RamOptions};
+use coli_runtime::ramcache::{RamBudget, RamError, RamOptions};
 use coli_runtime::tier::TierOptions;
 use coli_runtime::vk::VkOptions;
 use common::*;
@@ -28,7 +28,7 @@ fn prompt(dir: &Path) -> Vec<u32> {
 }
 
 fn ram(budget: u64) -> RamOptions {
-    RamOptions { budget: Some(budget), readers: 3, direct_io: true }
+    RamOptions { budget: RamBudget::Bytes(budget), readers: 3, direct_io: true }
 }
 
 /// The CPU with a RAM cache of `budget` bytes.
@@ -222,4 +222,15 @@ fn a_stress_run_reads_and_evicts_all_along_and_the_books_balance() {
     let b = l.model().ram_cache().unwrap().check_books();
     assert!(b.entries <= 2 && b.held <= 2 * l.model().ram_cache().unwrap().expert_bytes() as u64, "{b:?}");
     books_balance(&l);
+}
+
+/// By default the budget comes from the free memory: a tiny model's experts fit, so there is
+/// no cache (the map serves them); `RamBudget::Off` never makes one whatever the budget rule.
+#[test]
+fn the_default_budget_leaves_a_model_that_fits_to_the_map() {
+    let dir = fixture_dir("olmoe");
+    let l = Engine::load(&dir, &EngineOptions::default()).unwrap();
+    assert!(l.ram_line().is_none(), "{:?}", l.ram_line());
+    let off = EngineOptions { ram: RamOptions { budget: RamBudget::Off, ..RamOptions::default() }, ..EngineOptions::default() };
+    assert!(Engine::load(&dir, &off).unwrap().ram_line().is_none());
 }

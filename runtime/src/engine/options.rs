@@ -88,8 +88,8 @@ pub struct EngineOptions {
     pub second_device: Option<VkOptions>,
     /// The expert tier's options (on a device with routed experts through host steps).
     pub tier: TierOptions,
-    /// The RAM expert cache (`budget: None`, the default: none; the CPU reads routed experts
-    /// from the checkpoint's map).
+    /// The RAM expert cache (`RamBudget::Auto`, the default: one only when the routed experts
+    /// do not fit in the free memory; else the CPU reads them from the checkpoint's map).
     pub ram: RamOptions,
     /// What becomes of the host copies of what the devices hold.
     pub host_copies: HostCopies,

@@ -1,8 +1,10 @@
 //! The RAM expert cache: routed experts the CPU computes, held as owned copies within a byte
 //! budget (`RamOptions::budget`, the CLI's `--ram-mib`), and read from the checkpoint's files
 //! on a miss through an I/O pool (`io.rs`: positioned reads of whole expert tensors, direct I/O
-//! where the file system takes it, several in flight), instead of through the memory map. Off
-//! (no budget), the CPU reads experts from the map as before.
+//! where the file system takes it, several in flight), instead of through the memory map. Off,
+//! the CPU reads experts from the map as before. By default (`RamBudget::Auto`) the cache is on
+//! only when the routed experts do not fit in the memory free at load beside the model's other
+//! weights and a reserve (`auto_budget`), with what is left of it as its budget.
 //!
 //! A step (one MoE layer of one forward, `fetch`): each expert the CPU's pairs name counts its
 //! pairs as heat (`heat::Heat`, the tier's, halved every 1024 tokens); the experts held serve from RAM
@@ -37,11 +39,21 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// The RAM level's options (the CLI's `--ram-mib`).
+/// How the RAM level's budget is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RamBudget {
+    /// No cache: the CPU reads routed experts through the files' memory map.
+    Off,
+    /// From the memory free at load (`auto_budget`): no cache when every routed expert fits.
+    Auto,
+    /// This many bytes, as asked (`--ram-mib`).
+    Bytes(u64),
+}
+
+/// The RAM level's options (the CLI's `--ram-mib`, `--no-ram-cache`).
 #[derive(Clone, Debug)]
 pub struct RamOptions {
-    /// The budget in bytes; `None` (the default): no cache, the CPU reads experts from the map.
-    pub budget: Option<u64>,
+    pub budget: RamBudget,
     /// Reader threads of the I/O pool.
     pub readers: usize,
     /// Direct I/O where the file system takes it (else buffered reads).
@@ -50,7 +62,7 @@ pub struct RamOptions {
 
 impl Default for RamOptions {
     fn default() -> RamOptions {
-        RamOptions { budget: None, readers: 4, direct_io: true }
+        RamOptions { budget: RamBudget::Auto, readers: 4, direct_io: true }
     }
 }
 
@@ -159,25 +171,69 @@ pub struct RamCache {
     line: String,
 }
 
+/// The host's memory at a moment (`/proc/meminfo`), what `RamBudget::Auto` plans from.
+#[derive(Clone, Copy, Debug)]
+pub struct Memory {
+    /// Bytes a new allocation can take without swapping (`MemAvailable`).
+    pub available: u64,
+    /// Bytes of RAM in all (`MemTotal`).
+    pub total: u64,
+}
+
+impl Memory {
+    /// Now, or `None` where the system does not say (then `Auto` leaves the cache off).
+    pub fn now() -> Option<Memory> {
+        Memory::parse(&std::fs::read_to_string("/proc/meminfo").ok()?)
+    }
+
+    /// From the text of `/proc/meminfo`.
+    pub fn parse(meminfo: &str) -> Option<Memory> {
+        let field = |name: &str| {
+            let line = meminfo.lines().find(|l| l.starts_with(name))?;
+            let kib: u64 = line[name.len()..].trim().trim_end_matches("kB").trim().parse().ok()?;
+            Some(kib << 10)
+        };
+        Some(Memory { available: field("MemAvailable:")?, total: field("MemTotal:")? })
+    }
+}
+
+/// Memory `auto_budget` leaves to everything else (the KV cache, activations, the system):
+/// 1 GiB and a sixteenth of the RAM.
+pub fn reserve(mem: Memory) -> u64 {
+    (1 << 30) + mem.total / 16
+}
+
+/// `RamBudget::Auto`'s rule: no cache (`None`) when the routed experts (`experts` bytes in all)
+/// fit beside the `other` weights and the reserve in the free memory (the memory map serves
+/// them, read once); else a budget of what is free less the other weights and the reserve, at
+/// least one expert (`one`).
+pub fn auto_budget(experts: u64, other: u64, one: u64, mem: Memory) -> Option<u64> {
+    let room = mem.available.saturating_sub(other + reserve(mem));
+    (experts > room).then_some(room.max(one))
+}
+
 impl RamCache {
-    /// The cache for `program`'s routed experts within `opts.budget`, or `None` without a
-    /// budget. A layer whose experts are not views of the files (quantized or re-laid at load)
-    /// stays with the weight store. The map's pages of the experts served are advised away.
+    /// The cache for `program`'s routed experts within `opts.budget`, or `None` when off (or
+    /// not needed, by `RamBudget::Auto`). A layer whose experts are not views of the files
+    /// (quantized or re-laid at load) stays with the weight store. The map's pages of the
+    /// experts served are advised away.
     pub fn new(program: &Program, ws: &WeightStore, opts: &RamOptions) -> Result<Option<RamCache>, RamError> {
-        let Some(budget) = opts.budget else { return Ok(None) };
+        if opts.budget == RamBudget::Off {
+            return Ok(None);
+        }
         let mut files: Vec<PathBuf> = Vec::new();
         let mut layers = Vec::new();
         let mut index = vec![None; program.layers.len()];
         let mut skipped = Vec::new();
-        let mut advised = 0usize;
+        let mut served = Vec::new();
         for op in program.layers.iter().flat_map(|l| &l.ops) {
             let Op::RoutedExperts { layer, experts, weights, .. } = op else { continue };
             let l = layer.0 as usize;
             match layer_spans(ws, weights, *experts, &mut files) {
                 Some((roles, spans, tensors)) => {
-                    advised += tensors.iter().map(|t| t.advise_not_needed()).sum::<usize>();
                     index[l] = Some(layers.len());
                     layers.push(CacheLayer { layer: l, weights: weights.clone(), roles, spans });
+                    served.push(tensors);
                 }
                 None => skipped.push(layer.0),
             }
@@ -193,14 +249,35 @@ impl RamCache {
             .max()
             .unwrap_or(0);
         let total: usize = layers.iter().map(|l| l.spans.len()).sum();
+        let all = (total * expert_bytes) as u64;
+        let (budget, rule) = match opts.budget {
+            RamBudget::Bytes(b) => (b, "as asked, --ram-mib".to_string()),
+            _ => {
+                let Some(mem) = Memory::now() else { return Ok(None) };
+                let other = (ws.bytes() as u64).saturating_sub(all);
+                match auto_budget(all, other, expert_bytes as u64, mem) {
+                    Some(b) => (
+                        b,
+                        format!(
+                            "from free memory: {} free less the other weights' {} and a reserve of {}",
+                            human(mem.available),
+                            human(other),
+                            human(reserve(mem))
+                        ),
+                    ),
+                    None => return Ok(None),
+                }
+            }
+        };
+        let advised: usize = served.iter().flatten().map(|t| t.advise_not_needed()).sum();
         let pool = IoPool::new(&files, opts.readers, opts.direct_io)?;
         let fit = (budget / expert_bytes.max(1) as u64) as usize;
         let mut line = format!(
-            "RAM expert cache: budget {} (as asked, --ram-mib) = {} experts of {} (of {total} routed experts, {} in all); misses read from disk by {} readers, {}; the map's pages of the experts advised away ({})",
+            "RAM expert cache: budget {} ({rule}) = {} experts of {} (of {total} routed experts, {} in all); misses read from disk by {} readers, {}; the map's pages of the experts advised away ({})",
             human(budget),
             fit.min(total),
             human(expert_bytes as u64),
-            human((total * expert_bytes) as u64),
+            human(all),
             pool.readers(),
             if pool.direct() { "direct I/O" } else { "buffered reads" },
             human(advised as u64),
@@ -565,4 +642,31 @@ fn layer_spans<'a>(
         spans.push(s);
     }
     Some((shape?, spans, tensors))
+}
+
+#[cfg(test)]
+mod auto_tests {
+    use super::{auto_budget, reserve, Memory};
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn meminfo_is_read_in_kib() {
+        let text = "MemTotal:       24576000 kB\nMemFree:         1000 kB\nMemAvailable:   20480000 kB\n";
+        let m = Memory::parse(text).unwrap();
+        assert_eq!((m.total, m.available), (24_576_000 << 10, 20_480_000 << 10));
+        assert!(Memory::parse("MemTotal: 12 kB\n").is_none(), "no MemAvailable: no plan");
+    }
+
+    #[test]
+    fn a_cache_only_when_the_experts_do_not_fit() {
+        let mem = Memory { available: 60 * GIB, total: 64 * GIB };
+        assert_eq!(reserve(mem), 5 * GIB);
+        // 40 GiB of experts beside 10 GiB of other weights fit in 60 GiB less 5: the map serves them.
+        assert_eq!(auto_budget(40 * GIB, 10 * GIB, GIB / 100, mem), None);
+        // 90 GiB do not: the cache takes what is free less the rest and the reserve.
+        assert_eq!(auto_budget(90 * GIB, 10 * GIB, GIB / 100, mem), Some(45 * GIB));
+        // Other weights beyond the free memory still leave one expert's room.
+        assert_eq!(auto_budget(90 * GIB, 70 * GIB, 7 << 20, mem), Some(7 << 20));
+    }
 }

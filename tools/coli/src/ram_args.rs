@@ -5,15 +5,20 @@
 
 use crate::engine_args::heading;
 use clap::Args;
-use coli_runtime::ramcache::RamOptions;
+use coli_runtime::ramcache::{RamBudget, RamOptions};
 
 #[derive(Args, Debug, Clone)]
 pub struct RamArgs {
     /// The RAM expert cache's budget in MiB: the CPU computes routed experts from copies held
-    /// within it and reads the others from the checkpoint file as needed (default: no cache,
-    /// experts read through the file's memory map).
+    /// within it and reads the others from the checkpoint file as needed (default: a cache only
+    /// when the routed experts do not fit in the free memory beside the rest of the model, with
+    /// what is free less the rest and a reserve; else experts read through the file's memory map).
     #[arg(long, value_parser = crate::checks::mib, help_heading = heading::EXPERT_TIER)]
     pub ram_mib: Option<u64>,
+    /// No RAM expert cache whatever the free memory: routed experts read through the file's
+    /// memory map.
+    #[arg(long, conflicts_with = "ram_mib", help_heading = heading::EXPERT_TIER)]
+    pub no_ram_cache: bool,
     /// Reader threads of the RAM cache's disk reads.
     #[arg(long, default_value_t = 4, value_parser = crate::checks::rows, help_heading = heading::EXPERT_TIER)]
     pub ram_readers: usize,
@@ -24,6 +29,11 @@ pub struct RamArgs {
 
 impl RamArgs {
     pub fn options(&self) -> RamOptions {
-        RamOptions { budget: self.ram_mib.map(|m| m << 20), readers: self.ram_readers, direct_io: !self.no_direct_io }
+        let budget = match (self.no_ram_cache, self.ram_mib) {
+            (true, _) => RamBudget::Off,
+            (false, Some(m)) => RamBudget::Bytes(m << 20),
+            (false, None) => RamBudget::Auto,
+        };
+        RamOptions { budget, readers: self.ram_readers, direct_io: !self.no_direct_io }
     }
 }
