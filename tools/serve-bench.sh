@@ -6,7 +6,8 @@
 #   bash tools/serve-bench.sh olmoe Q8_0 "1 4 16 64" [tokens]
 # Each level: N clients at once, each one completion of `tokens` tokens (EOS ignored, greedy),
 # timed from the first request sent to the last answer; tok/s = completion tokens / seconds.
-# TTFT: the first streamed chunk of one request on an idle server.
+# TTFT: the first streamed chunk of one request on an idle server. REPS (default 2) alternations;
+# WAIT (default 600) seconds for a server to come up.
 set -uo pipefail
 arch=${1:-olmoe}; q=${2:-Q8_0}; levels=${3:-"1 4 16 64"}; tokens=${4:-128}
 P=devbin/peers; COLI=${COLI:-devbin/coli}
@@ -50,9 +51,13 @@ for n in levels:
 EOF
 }
 
-wait_up() { for _ in $(seq 1 240); do curl -sf "$1/health" >/dev/null 2>&1 && return 0; sleep 0.5; done; echo "not up: $1"; tail -5 /tmp/*.log; return 1; }
+# A fresh machine compiles the peer's shaders at its first start: wait up to WAIT seconds.
+wait_up() {
+  for _ in $(seq 1 $((2 * ${WAIT:-600}))); do curl -sf "$1/health" >/dev/null 2>&1 && return 0; sleep 0.5; done
+  echo "not up: $1"; tail -5 /tmp/*.log; return 1
+}
 
-for rep in 1 2; do
+for rep in $(seq 1 "${REPS:-2}"); do
   echo "== llama-server -np $max (Vulkan), $arch $q, rep $rep"
   $P/bin/llama-server -m "$M-$q.gguf" -ngl 99 -fa on -np "$max" -c $((max * 1024)) --port 8091 >/tmp/peer.log 2>&1 &
   pid=$!
