@@ -13,16 +13,19 @@
 //! fixture's experts are sensitive (clamped SwiGLU over large gate values), 8-bit activations
 //! move its logits by 1e-1 and flip a routing decision at one position; it is held to the CPU's
 //! on the device. The Vulkan device (Lavapipe in CI) within 1e-4 of the CPU, at both
-//! precisions, with the experts resident and through the expert tier. `coli exec` prints the
-//! oracle's greedy ids.
+//! precisions, with the experts resident and through the expert tier; with the experts on the
+//! device only, their host copies are released and come back bit for bit (made again from the
+//! blocks and scales in the maps). `coli exec` prints the oracle's greedy ids.
 
 mod common;
 
 use coli_compiler::cost::Format;
 use coli_compiler::Options;
 use coli_runtime::cpu::Precision;
-use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
+use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions, HostCopies};
+use coli_runtime::exec::weights::device_only_matrices;
 use coli_runtime::exec::{LogitRows, Session};
+use coli_runtime::format::WeightFormat;
 use coli_runtime::model::{Checkpoint, LoadOptions};
 use coli_runtime::tier::TierOptions;
 use coli_runtime::vk::VkOptions;
@@ -152,4 +155,32 @@ fn mxfp4_checkpoint_runs_in_coli_exec() {
     let printed: Vec<u32> =
         out.split(|c: char| !c.is_ascii_digit()).filter(|t| !t.is_empty()).map(|t| t.parse().unwrap()).collect();
     assert_eq!(printed, greedy, "coli exec printed {out:?}");
+}
+
+#[test]
+fn released_mxfp4_experts_come_back_bit_for_bit() {
+    let load = |host_copies| {
+        let req = EngineOptions {
+            device: DeviceRequest::Vulkan(VkOptions::default()),
+            compile: Options { context: 64, chunk_rows: 16, ..Options::default() },
+            host_copies,
+            ..EngineOptions::default()
+        };
+        Engine::load(&model(), &req).unwrap()
+    };
+    let (kept, freed) = (load(HostCopies::Keep), load(HostCopies::Release));
+    if freed.device().is_none() {
+        eprintln!("no Vulkan device: {}", freed.device_note());
+        return;
+    }
+    let names = device_only_matrices(freed.plan(), &freed.model().program);
+    let released: Vec<&String> = names.iter().filter(|n| freed.model().weights.is_released(n)).collect();
+    let mxfp4 = released.iter().filter(|n| kept.model().weights.tensor(n).format == WeightFormat::MXFP4).count();
+    assert_eq!(mxfp4, 9, "every layer's gate, up and down experts go\n{}", freed.device_note());
+    for n in &released {
+        let (want, got) = (kept.model().weights.tensor(n), freed.model().weights.tensor(n));
+        assert_eq!((got.format, &got.shape), (want.format, &want.shape), "{n}");
+        assert!(got.bytes() == want.bytes(), "{n} comes back bit for bit");
+    }
+    assert_eq!(freed.model().weights.remade(), released.len());
 }
