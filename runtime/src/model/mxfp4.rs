@@ -41,7 +41,7 @@ pub enum Mxfp4Problem {
     BlocksType { blocks: String, dtype: String },
     #[error("its blocks tensor {blocks} has shape {shape:?}, not [.., rows, groups, 16] (16 bytes per 32 elements)")]
     BlocksShape { blocks: String, shape: Vec<usize> },
-    #[error("it has no scale tensor {scales} (coli reads MXFP4 weights as {blocks} with one E8M0 scale per 32 elements in {scales})")]
+    #[error("its blocks {blocks} have no scale tensor {scales} (one E8M0 scale per 32 elements)")]
     MissingScales { blocks: String, scales: String },
     #[error("its scale tensor {scales} has type {dtype}, not U8 (E8M0)")]
     ScalesType { scales: String, dtype: String },
