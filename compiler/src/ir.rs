@@ -109,7 +109,8 @@ pub enum ExpertTensor {
     /// experts: `y = x W`), of which the op's rows are the `out` columns `select` picks
     /// (gpt-oss interleaves gate and up: `groups: ffn, stride: 2, offset: 0 or 1, take: 1`),
     /// or all of them. `shape` is `[experts, rows, cols]` as the op sees it; the checkpoint's
-    /// tensor has shape `tensor_shape()`.
+    /// tensor has shape `tensor_shape()` in a float format, and `out_major_shape()` in a block
+    /// format, whose rows run along the input (gpt-oss's MXFP4 `_blocks`: `[experts, out, cols]`).
     StackedInputMajor { name: String, shape: Vec<usize>, select: Option<RowSelect> },
 }
 
@@ -128,6 +129,16 @@ impl ExpertTensor {
         match self {
             ExpertTensor::PerExpert { shape, .. } => [shape[0], shape[1]],
             ExpertTensor::Stacked { shape, .. } | ExpertTensor::StackedInputMajor { shape, .. } => [shape[1], shape[2]],
+        }
+    }
+    /// `[experts, out, cols]`: the shape of a `StackedInputMajor` tensor stored in a block
+    /// format (out-major); `tensor_shape()` for the others.
+    pub fn out_major_shape(&self) -> Vec<usize> {
+        match self {
+            ExpertTensor::StackedInputMajor { shape, select, .. } => {
+                vec![shape[0], select.map_or(shape[1], |r| r.groups * r.stride), shape[2]]
+            }
+            _ => self.tensor_shape(),
         }
     }
     /// The shape of the checkpoint tensor (of one expert, for `PerExpert`).

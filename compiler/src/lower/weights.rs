@@ -7,6 +7,7 @@
 use super::program::{has_e, Lowerer};
 use super::symbols::Origin;
 use crate::bind::Naming;
+use crate::cost::Format;
 use crate::diag::Span;
 use crate::ir::*;
 use crate::spec::{GluSpec, ScalingSpec, Text};
@@ -151,6 +152,13 @@ impl<'a> Lowerer<'a> {
         })
     }
 
+    /// Whether the checkpoint stores tensor `name` in a block format (not F32, F16 or BF16):
+    /// MXFP4 from safetensors `_blocks`, GGUF's quantized types.
+    fn stored_in_blocks(&self, name: &str) -> bool {
+        let Some(t) = self.b.tensors.as_ref().and_then(|t| t.get(name)) else { return false };
+        !matches!(Format::from_dtype(&t.dtype), None | Some(Format::F32 | Format::F16 | Format::Bf16))
+    }
+
     pub(super) fn check_tensor(&mut self, name: &str, want: &[usize], span: Span) {
         let Some(tensors) = &self.b.tensors else { return };
         match tensors.get(name) {
@@ -191,7 +199,9 @@ impl<'a> Lowerer<'a> {
             }
             let e = ExpertTensor::StackedInputMajor { name, shape: vec![experts, rows, cols], select: sel };
             if let ExpertTensor::StackedInputMajor { name, .. } = &e {
-                self.check_tensor(name, &e.tensor_shape(), pattern.span);
+                // A block format's rows run along the input, so its tensor is out-major.
+                let want = if self.stored_in_blocks(name) { e.out_major_shape() } else { e.tensor_shape() };
+                self.check_tensor(name, &want, pattern.span);
             }
             return Some(e);
         }

@@ -33,8 +33,9 @@ pub fn shown(name: &str) -> String {
 
 /// What an unsupported-type error lists: the weight types coli computes with.
 pub const COMPUTED: &str = "coli computes with F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, \
-     Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS and MXFP4, F8_E4M3 with 128 x 128 block scales \
-     (weight_scale_inv), and I8Row or I4G64 made at load by --quantize i8|i4";
+     Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS and MXFP4 (in safetensors as U8 _blocks with \
+     _scales), F8_E4M3 with 128 x 128 block scales (weight_scale_inv), and I8Row or I4G64 \
+     made at load by --quantize i8|i4";
 
 /// A reason a checkpoint could not be opened or a tensor not read.
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +85,8 @@ pub enum LoadError {
     FileChanged { path: PathBuf, was: u64, now: u64 },
     #[error("{}: FP8 tensor {}: {problem}", path.display(), shown(name))]
     Fp8 { path: PathBuf, name: String, problem: Box<crate::model::fp8::Fp8Problem> },
+    #[error("{}: MXFP4 tensor {}: {problem}", path.display(), shown(name))]
+    Mxfp4 { path: PathBuf, name: String, problem: Box<crate::model::mxfp4::Mxfp4Problem> },
     #[error("{}: tensor {}: {found}; weights must be finite", path.display(), shown(name))]
     NonFinite { path: PathBuf, name: String, found: NonFinite },
     #[error("{}: shard {no} of {count} of this split GGUF is missing: {}", path.display(), shard.display())]

@@ -15,7 +15,9 @@
 //!
 //! FP8 checkpoints (`fp8.rs`): an `F8_E4M3` weight with its `weight_scale_inv` is handed out in
 //! `WeightFormat::FP8_E4M3`, repacked from the file when asked for (an owned copy, kept in block
-//! form: the second case where tensor bytes are copied).
+//! form: the second case where tensor bytes are copied). MXFP4 checkpoints (`mxfp4.rs`): a
+//! weight's `X_blocks` with its `X_scales` is the tensor `X` in `WeightFormat::MXFP4`, repacked
+//! into GGUF's blocks the same way.
 //!
 //! A GGUF split into shards (`name-00001-of-0000N.gguf`, `split.rs`) opens from any shard as one
 //! checkpoint: one tensor table over the shards, each tensor in its own shard's map, the
@@ -37,6 +39,7 @@ pub mod fp8;
 pub mod gguf;
 mod guard;
 pub mod hub;
+pub mod mxfp4;
 mod safetensors;
 mod split;
 mod tensor;
@@ -102,6 +105,8 @@ struct Entry {
     non_finite: OnceLock<Option<NonFinite>>,
     /// An FP8 weight's block scale tensor, when the two pair (`fp8::pair_all`).
     scale: Option<String>,
+    /// An MXFP4 weight's blocks and scales, or why they do not pair (`mxfp4::pair_all`).
+    mxfp4: Option<mxfp4::Pairing>,
 }
 
 enum Kind {
@@ -166,6 +171,7 @@ impl Checkpoint {
                     len: t.len,
                     non_finite: OnceLock::new(),
                     scale: None,
+                    mxfp4: None,
                 };
                 if let Some(old) = entries.insert(t.name.clone(), e) {
                     let here = shard.map.path();
@@ -244,6 +250,7 @@ impl Checkpoint {
                     len: t.len,
                     non_finite: OnceLock::new(),
                     scale: None,
+                    mxfp4: None,
                 };
                 if entries.insert(t.name.clone(), e).is_some() {
                     return Err(LoadError::DuplicateTensor { path: shard, name: t.name });
@@ -252,6 +259,7 @@ impl Checkpoint {
             files.push(Arc::new(map));
         }
         fp8::pair_all(&mut entries);
+        mxfp4::pair_all(&mut entries);
         let kind = Kind::Safetensors { dir: dir.to_path_buf(), config };
         Ok(Checkpoint {
             path: dir.to_path_buf(),
@@ -351,6 +359,14 @@ impl Checkpoint {
         if let Some(scale) = &e.scale {
             return self.fp8_tensor(name, e, scale);
         }
+        match &e.mxfp4 {
+            Some(Ok(_)) => return self.mxfp4_tensor(name, e),
+            Some(Err(problem)) => {
+                let problem = Box::new(problem.clone());
+                return Err(LoadError::Mxfp4 { path: path.to_path_buf(), name: name.to_string(), problem });
+            }
+            None => {}
+        }
         let Some(format) = e.format else {
             if e.dtype == fp8::DTYPE {
                 let problem = fp8::pair(&self.entries, name, e).err();
@@ -398,6 +414,28 @@ impl Checkpoint {
         Ok(t)
     }
 
+    /// A paired MXFP4 weight repacked into GGUF's `MXFP4` blocks (the same bytes every time),
+    /// its scales scanned on first use.
+    fn mxfp4_tensor(&self, name: &str, e: &Entry) -> Result<Tensor, LoadError> {
+        let Some(src) = self.mxfp4_source(name) else {
+            return Err(LoadError::NoSuchTensor { path: self.path.clone(), name: name.to_string() });
+        };
+        let t = src.make()?;
+        if let Some(found) = *e.non_finite.get_or_init(|| first_non_finite(t.format, t.bytes(), t.cols())) {
+            return Err(LoadError::NonFinite { path: t.source().to_path_buf(), name: name.to_string(), found });
+        }
+        Ok(t)
+    }
+
+    /// How to make the paired MXFP4 weight `name` (the `X` of `X_blocks`) again from the files
+    /// (`None` for any other tensor).
+    pub fn mxfp4_source(&self, name: &str) -> Option<mxfp4::Mxfp4Source> {
+        let e = self.entries.get(name)?;
+        let Some(Ok((blocks, scales))) = &e.mxfp4 else { return None };
+        let (b, s) = (self.entries.get(blocks)?, self.entries.get(scales)?);
+        Some(mxfp4::Mxfp4Source::new(name, e, b, s, &self.files))
+    }
+
     /// How to make the paired FP8 weight `name` again from the files (`None` for any other
     /// tensor). Its tensor must have been read once (`tensor`), which checks it.
     pub fn fp8_source(&self, name: &str) -> Option<fp8::Fp8Source> {
@@ -433,6 +471,12 @@ impl Checkpoint {
                         shape: e.shape.clone(),
                         dtype: WeightFormat::FP8_E4M3.name().to_string(),
                         bytes: tensor_bytes(WeightFormat::FP8_E4M3, &e.shape).unwrap_or(0) as u64,
+                    },
+                    // MXFP4 weights as repacked: 17 bytes per 32 elements.
+                    (None, None) if matches!(e.mxfp4, Some(Ok(_))) => TensorInfo {
+                        shape: e.shape.clone(),
+                        dtype: WeightFormat::MXFP4.name().to_string(),
+                        bytes: tensor_bytes(WeightFormat::MXFP4, &e.shape).unwrap_or(0) as u64,
                     },
                     (None, None) => TensorInfo { shape: e.shape.clone(), dtype: e.dtype.clone(), bytes: e.len },
                 };

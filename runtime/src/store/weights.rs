@@ -10,13 +10,14 @@
 //! keeps how it was made from the checkpoint's file (`Remake`) and is made again, bit for bit,
 //! when the CPU first reads it (a lost device), once, whichever thread asks first. A matrix
 //! that is a view of the mapped file has no copy: its pages are only advised away. An FP8
-//! weight's repack (`model/fp8.rs`) is a copy: released, and made again from the maps.
+//! weight's repack (`model/fp8.rs`) is a copy: released, and made again from the maps; so is an
+//! MXFP4 weight's (`model/mxfp4.rs`).
 //!
 //! Must not: decide which matrices a device holds (the caller names them, from the plan), or
 //! copy a mapped tensor except to re-lay, select or quantize it.
 
 use crate::format::{Matrix, WeightFormat};
-use crate::model::{fp8::Fp8Source, Checkpoint, LoadError, Tensor};
+use crate::model::{fp8::Fp8Source, mxfp4::Mxfp4Source, Checkpoint, LoadError, Tensor};
 use coli_compiler::frames::op_of;
 use coli_compiler::ids::Place;
 use coli_compiler::ir::{ExpertBias, ExpertTensor, Op, Program, RowSelect, WeightRef};
@@ -54,6 +55,8 @@ enum Origin {
     File(Tensor),
     /// A paired FP8 weight: its codes and scales in the maps, repacked when made.
     Fp8(Fp8Source),
+    /// A paired MXFP4 weight: its blocks and scales in the maps, repacked when made.
+    Mxfp4(Mxfp4Source),
 }
 
 impl Origin {
@@ -61,15 +64,17 @@ impl Origin {
         match self {
             Origin::File(t) => &t.name,
             Origin::Fp8(f) => f.name(),
+            Origin::Mxfp4(m) => m.name(),
         }
     }
 }
 
 impl Source {
     fn of(ckpt: &Checkpoint, name: &str) -> Result<Source, LoadError> {
-        let origin = match ckpt.fp8_source(name) {
-            Some(f) => Origin::Fp8(f),
-            None => Origin::File(ckpt.file_tensor(name)?),
+        let origin = match (ckpt.fp8_source(name), ckpt.mxfp4_source(name)) {
+            (Some(f), _) => Origin::Fp8(f),
+            (None, Some(m)) => Origin::Mxfp4(m),
+            (None, None) => Origin::File(ckpt.file_tensor(name)?),
         };
         Ok(Source { origin, quantize: ckpt.quantized_to(name) })
     }
@@ -80,6 +85,7 @@ impl Source {
         let file = match &self.origin {
             Origin::File(t) => t.clone(),
             Origin::Fp8(f) => f.make()?,
+            Origin::Mxfp4(m) => m.make()?,
         };
         match self.quantize {
             None => Ok(file),
@@ -132,7 +138,7 @@ pub enum WeightError {
     Load(#[from] LoadError),
     #[error("{source_path}: tensor {name} has shape {got:?}, the program expects {want:?}")]
     Shape { source_path: String, name: String, got: Vec<usize>, want: Vec<usize> },
-    #[error("{source_path}: tensor {name} is stored input-major in {format}; coli re-lays only F32, F16 and BF16 tensors at load")]
+    #[error("{source_path}: tensor {name} is stored input-major in {format}; coli re-lays F32, F16 and BF16 tensors at load, and reads a block format's out-major")]
     Relayout { source_path: String, name: String, format: WeightFormat },
 }
 
@@ -219,7 +225,8 @@ impl WeightStore {
 
     /// Re-lays an input-major stacked expert tensor (`[experts, cols, out]`) as the usual
     /// `[experts, rows, cols]`, its selected output columns only, in the tensor's own float
-    /// format (an owned copy).
+    /// format (an owned copy); one in a block format is out-major already (`[experts, out,
+    /// cols]`, MXFP4 from `_blocks`) and only its selected rows are copied.
     fn relayout_expert(&mut self, ckpt: &Checkpoint, e: &ExpertTensor) -> Result<(), WeightError> {
         let ExpertTensor::StackedInputMajor { name, select, .. } = e else { return Ok(()) };
         let key = derived_key(name, *select);
@@ -227,7 +234,7 @@ impl WeightStore {
             return Ok(());
         }
         let t = ckpt.tensor(name)?;
-        let want = e.tensor_shape();
+        let want = if is_float(t.format) { e.tensor_shape() } else { e.out_major_shape() };
         if t.shape != want {
             return Err(WeightError::Shape {
                 source_path: ckpt.path().display().to_string(),
@@ -438,8 +445,14 @@ fn expert_keys(t: &ExpertTensor, n: usize) -> Vec<String> {
     }
 }
 
+/// Whether `f` is a float format (an input-major tensor in it is re-laid element by element).
+fn is_float(f: WeightFormat) -> bool {
+    matches!(f, WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16)
+}
+
 /// Re-lays an input-major stacked expert tensor `t` (`[experts, cols, out]`) as `[experts,
-/// rows, cols]`, its selected output columns only, in its own float format.
+/// rows, cols]`, its selected output columns only, in its own float format; in a block format
+/// `t` is out-major (`[experts, out, cols]`) and its selected rows are copied whole.
 fn relayout(t: &Tensor, e: &ExpertTensor) -> Result<Tensor, WeightError> {
     let ExpertTensor::StackedInputMajor { name, shape, select } = e else {
         return Ok(t.clone());
@@ -448,7 +461,24 @@ fn relayout(t: &Tensor, e: &ExpertTensor) -> Result<Tensor, WeightError> {
     let size = match t.format {
         WeightFormat::F32 => 4,
         WeightFormat::F16 | WeightFormat::BF16 => 2,
-        format => return Err(WeightError::Relayout { source_path: src_path, name: name.clone(), format }),
+        format => {
+            let out_major = e.out_major_shape();
+            let row = format.row_bytes(shape[2]).ok().filter(|_| t.shape == out_major);
+            let Some(row) = row else {
+                return Err(WeightError::Relayout { source_path: src_path, name: name.clone(), format });
+            };
+            let (experts, rows, out) = (shape[0], shape[1], out_major[1]);
+            let src = t.bytes();
+            let mut bytes = Vec::with_capacity(experts * rows * row);
+            for ex in 0..experts {
+                for r in 0..rows {
+                    let from = (ex * out + select.map_or(r, |s| s.index(r))) * row;
+                    bytes.extend_from_slice(&src[from..from + row]);
+                }
+            }
+            let key = derived_key(name, *select);
+            return Ok(Tensor::owned(key, format, shape.clone(), bytes, Arc::new(t.source().to_path_buf())));
+        }
     };
     let want = e.tensor_shape();
     let (experts, rows, cols, out) = (shape[0], shape[1], shape[2], want[2]);

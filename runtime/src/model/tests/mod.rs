@@ -14,6 +14,7 @@ use std::path::PathBuf;
 mod bad_files;
 mod fp8;
 mod hub;
+mod mxfp4;
 mod split;
 
 /// Bytes of a GGUF file: `tensors` are (name, shape outermost first, type id, data).
