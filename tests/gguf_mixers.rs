@@ -1,7 +1,8 @@
-//! The GGUF names of the mixer specs, end to end: the tiny Hugging Face fixtures of DeepSeek-V3
-//! and gpt-oss converted to GGUF as llama.cpp's converter lays them out
+//! The GGUF names of the mixer specs, end to end: the tiny Hugging Face fixtures of DeepSeek-V3,
+//! gpt-oss and MiMo-V2-Flash converted to GGUF as llama.cpp's converter lays them out
 //! (tests/fixtures/gguf_mixers/, `tools/make_gguf_mixers.py`: `deepseek2` with the split
-//! `attn_k_b` / `attn_v_b`, `gpt-oss` with its experts output-major and split), run by coli.
+//! `attn_k_b` / `attn_v_b`, `gpt-oss` with its experts output-major and split, `mimo2` with
+//! per-layer KV heads and sliding pattern and its MTP blocks counted), run by coli.
 //!
 //! Reference: transformers' logits (the fixture's oracle.json), where the GGUF states the same
 //! model. Where llama.cpp's format cannot state a setting of the fixture, the reference is
@@ -11,6 +12,8 @@
 //!   `mscale_all_dim` (0.707).
 //! - gpt-oss: YaRN's `truncate: false` has no key; llama.cpp rounds the correction dims out
 //!   (`truncate: true`).
+//! - mimo2: `routed_scaling_factor` (1.5 in the fixture) has no key; llama.cpp scales by 1
+//!   (MiMo-V2-Flash's own configuration says null).
 //!
 //! llama.cpp's greedy ids on the same files (llama-server, the oracle's prompt as ids,
 //! temperature 0; recorded in tests/fixtures/README.md) are checked too.
@@ -98,6 +101,14 @@ fn gpt_oss_gguf_matches_the_fixture() {
     check("gpt-oss.gguf", "gpt_oss", Some(reference), &llama_cpp);
 }
 
+#[test]
+fn mimo2_gguf_matches_the_fixture() {
+    let reference = patched("mimo_v2_flash", |c| c["routed_scaling_factor"] = Value::Null);
+    // llama.cpp agrees with transformers' greedy ids for 7 steps, then follows its scale of 1.
+    let llama_cpp = [148, 80, 224, 70, 129, 43, 233, 253, 183, 155, 108, 146, 208, 245, 318, 112, 95, 94, 208, 42];
+    check("mimo2.gguf", "mimo_v2_flash", Some(reference), &llama_cpp);
+}
+
 /// The split MLA pair is joined back into each layer's `attn_kv_b` (the file has none), the
 /// same bytes as the fixture's `kv_b_proj`.
 #[test]
@@ -119,7 +130,9 @@ fn deepseek2_kv_b_is_joined_from_k_b_and_v_b() {
 
 #[test]
 fn the_ggufs_on_the_device_match_the_cpu() {
-    for (file, fixture) in [("deepseek2.gguf", "deepseek_v3"), ("gpt-oss.gguf", "gpt_oss")] {
+    for (file, fixture) in
+        [("deepseek2.gguf", "deepseek_v3"), ("gpt-oss.gguf", "gpt_oss"), ("mimo2.gguf", "mimo_v2_flash")]
+    {
         let prompt = ids(&read_json(&fixture_dir(fixture).join("oracle.json"))["prompt_ids"]);
         device_matches_cpu(&gguf(file), file, &prompt, &[(Precision::Exact, 4, 1e-4)]);
     }

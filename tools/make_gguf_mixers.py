@@ -16,6 +16,13 @@ architecture, its tensor names, and the transforms it applies to the tensors.
   likewise; sinks as `attn_sinks.weight`; the router's bias as `ffn_gate_inp.bias`;
   `post_attention_layernorm` as `post_attention_norm`.
 
+- mimo_v2_flash -> mimo2.gguf (`mimo2`): the KV head count and the sliding pattern as
+  per-layer lists (`head_count_kv`, `sliding_window_pattern`), counting the 3 MTP blocks the
+  converter always declares (`nextn_predict_layers`; their tensors are absent, as in a file
+  converted without them); the sliding layers' theta as `rope.freq_base_swa`; sinks as
+  `attn_sinks.weight`; `e_score_correction_bias` as `exp_probs_b.bias`. llama.cpp's mimo2 has
+  no key for `routed_scaling_factor` (it scales by 1, as MiMo-V2-Flash's null says).
+
 Every tensor is F32, as the converter writes with `--outtype f32`. Each file carries a minimal
 SentencePiece-style vocabulary (`<unk>`, `<s>`, `</s>`, the 256 byte tokens, then `t<id>`) only
 so that llama.cpp loads it; coli needs none.
@@ -205,7 +212,67 @@ def gpt_oss(cfg, t):
     return w
 
 
-MAKERS = {"deepseek_v3": deepseek2, "gpt_oss": gpt_oss}
+MIMO2_MTP = 3
+
+
+def mimo2(cfg, t):
+    w = gguf_mod.GGUFWriter(os.path.join(OUT, "mimo2.gguf"), "mimo2")
+    n_layer = cfg["num_hidden_layers"]
+    # The converter counts MiMo's 3 MTP blocks as layers (none in the fixture) and writes the
+    # per-layer lists for them too, as sliding layers.
+    hybrid = [int(x == "sliding_attention") for x in cfg["layer_types"]] + [1] * MIMO2_MTP
+    kv = cfg["num_key_value_heads"]
+    w.add_name("mimo_v2_flash fixture")
+    w.add_block_count(n_layer + MIMO2_MTP)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv([2 * kv if s else kv for s in hybrid])
+    rope = cfg["rope_parameters"]
+    w.add_rope_freq_base(float(rope["full_attention"]["rope_theta"]))
+    w.add_rope_freq_base_swa(float(rope["sliding_attention"]["rope_theta"]))
+    w.add_expert_count(cfg["n_routed_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_group_count(cfg["n_group"])
+    w.add_expert_group_used_count(cfg["topk_group"])
+    w.add_expert_gating_func(gguf_mod.ExpertGatingFuncType.SIGMOID)
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["v_head_dim"])
+    w.add_file_type(gguf_mod.LlamaFileType.ALL_F32)
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_sliding_window_pattern(hybrid)
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_rope_dimension_count(int(cfg["head_dim"] * rope["full_attention"]["partial_rotary_factor"]))
+    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
+    w.add_attn_value_scale(float(cfg["attention_value_scale"]))
+    w.add_nextn_predict_layers(MIMO2_MTP)
+    vocab(gguf_mod, w, cfg["vocab_size"])
+
+    w.add_tensor("token_embd.weight", t["model.embed_tokens.weight"])
+    for i in range(n_layer):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", t[p + "input_layernorm.weight"])
+        for hf, gg in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "output")):
+            w.add_tensor(b + f"attn_{gg}.weight", t[p + f"self_attn.{hf}_proj.weight"])
+        if p + "self_attn.attention_sink_bias" in t:
+            w.add_tensor(b + "attn_sinks.weight", t[p + "self_attn.attention_sink_bias"])
+        w.add_tensor(b + "ffn_norm.weight", t[p + "post_attention_layernorm.weight"])
+        if cfg["mlp_layer_types"][i] == "dense":
+            for r in ("gate", "up", "down"):
+                w.add_tensor(b + f"ffn_{r}.weight", t[p + f"mlp.{r}_proj.weight"])
+            continue
+        w.add_tensor(b + "ffn_gate_inp.weight", t[p + "mlp.gate.weight"])
+        w.add_tensor(b + "exp_probs_b.bias", t[p + "mlp.gate.e_score_correction_bias"])
+        for r in ("down", "gate", "up"):
+            stack = [t[p + f"mlp.experts.{e}.{r}_proj.weight"] for e in range(cfg["n_routed_experts"])]
+            w.add_tensor(b + f"ffn_{r}_exps.weight", np.stack(stack))
+    w.add_tensor("output_norm.weight", t["model.norm.weight"])
+    w.add_tensor("output.weight", t["lm_head.weight"])
+    return w
+
+
+MAKERS = {"deepseek_v3": deepseek2, "gpt_oss": gpt_oss, "mimo_v2_flash": mimo2}
 
 
 def main():
