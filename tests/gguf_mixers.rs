@@ -63,6 +63,7 @@ fn check(file: &str, fixture: &str, reference: Option<PathBuf>, llama_cpp: &[u32
     let (want_rows, want_toks) = match &reference {
         Some(dir) => {
             let r = run(dir, &prompt, prompt.len());
+            let _ = std::fs::remove_dir_all(dir);
             (r.rows, r.toks)
         }
         None => (hf_rows.clone(), greedy.clone()),
