@@ -1,10 +1,10 @@
 //! The spec's expression language: tiny and typed.
 //!
 //! `hidden / heads`, `1.0 / sqrt(head_dim)`, `i >= first_dense && (i + 1) % step == 0`,
-//! `contains(mlp_only_layers, i)`, `if(tie, 1, 0)`, `[0, 3]`. Four types (`Int`, `Float`, `Bool`,
-//! `IntList`); `Int` widens to `Float` where a `Float` is expected and in mixed arithmetic;
-//! `/` of two `Int`s is floor division. Functions: `sqrt ln exp pow min max float int
-//! contains len if`. Expressions are checked against the symbols' declared types when a spec
+//! `contains(mlp_only_layers, i)`, `at(head_counts, i)`, `if(tie, 1, 0)`, `[0, 3]`. Four types
+//! (`Int`, `Float`, `Bool`, `IntList`); `Int` widens to `Float` where a `Float` is expected and
+//! in mixed arithmetic; `/` of two `Int`s is floor division. Functions: `sqrt ln exp pow min
+//! max float int contains len at least if`. Expressions are checked against the symbols' declared types when a spec
 //! is loaded and evaluated when it is compiled. An expression nests at most
 //! `limits::EXPR_DEPTH` deep (the parser, the checker and the evaluator descend recursively),
 //! and a Float result that is not finite (`1.0 / 0`, `sqrt(-1.0)`) is an error where it is made.
@@ -360,6 +360,8 @@ const FUNCTIONS: &[(&str, usize)] = &[
     ("int", 1),
     ("contains", 2),
     ("len", 1),
+    ("at", 2),
+    ("least", 1),
     ("if", 3),
 ];
 
@@ -459,23 +461,23 @@ impl Expr {
                         let (a, b) = (num(ts[0], &args[0])?, num(ts[1], &args[1])?);
                         Ok(if a == Type::Int && b == Type::Int { Type::Int } else { Type::Float })
                     }
-                    "contains" | "len" => {
+                    "contains" | "len" | "at" | "least" => {
                         if ts[0] != Type::IntList {
                             return Err(err(
                                 args[0].span,
                                 format!("`{name}` expects an IntList first, found a {}", ts[0]),
                             ));
                         }
-                        if name == "len" {
+                        if name == "len" || name == "least" {
                             return Ok(Type::Int);
                         }
                         if ts[1] != Type::Int {
                             return Err(err(
                                 args[1].span,
-                                format!("`contains` expects an Int second, found a {}", ts[1]),
+                                format!("`{name}` expects an Int second, found a {}", ts[1]),
                             ));
                         }
-                        Ok(Type::Bool)
+                        Ok(if name == "at" { Type::Int } else { Type::Bool })
                     }
                     _ => {
                         // if(cond, a, b)
@@ -611,15 +613,24 @@ impl Expr {
                         Ok(Value::Float(v.as_f64().unwrap_or(0.0)))
                     }
                 }
-                "contains" | "len" => {
+                "contains" | "len" | "at" | "least" => {
                     let Value::IntList(l) = args[0].eval(values)? else {
                         return Err(err(args[0].span, "expected an IntList"));
                     };
                     if name == "len" {
                         return Ok(Value::Int(l.len() as i64));
                     }
+                    if name == "least" {
+                        let least = l.iter().min().copied();
+                        return least.map(Value::Int).ok_or_else(|| err(self.span, "least([]): the list is empty"));
+                    }
                     let Value::Int(x) = args[1].eval(values)? else { return Err(err(args[1].span, "expected an Int")) };
-                    Ok(Value::Bool(l.contains(&x)))
+                    if name == "contains" {
+                        return Ok(Value::Bool(l.contains(&x)));
+                    }
+                    let item = usize::try_from(x).ok().and_then(|k| l.get(k)).copied();
+                    item.map(Value::Int)
+                        .ok_or_else(|| err(self.span, format!("at(list, {x}): the list has {} entries", l.len())))
                 }
                 "if" => match args[0].eval(values)? {
                     Value::Bool(true) => args[1].eval(values),
@@ -665,6 +676,18 @@ mod tests {
         let e = parse("contains([], i) || len([1, 2]) == 2", 0).unwrap();
         assert_eq!(e.check(&types), Ok(Type::Bool));
         assert_eq!(e.eval(&env), Ok(Value::Bool(true)));
+    }
+
+    #[test]
+    fn list_entries_and_least() {
+        let e = parse("at(only, 1) + least([4, 2, 7])", 0).unwrap();
+        assert_eq!(e.check(&types), Ok(Type::Int));
+        assert_eq!(e.eval(&env), Ok(Value::Int(5)));
+        let e = parse("at(only, i)", 0).unwrap().eval(&env).unwrap_err();
+        assert_eq!((e.span, e.message.as_str()), (Span::new(0, 11), "at(list, 3): the list has 2 entries"));
+        assert!(parse("least([])", 0).unwrap().eval(&env).unwrap_err().message.contains("empty"));
+        assert!(parse("at(i, 0)", 0).unwrap().check(&types).is_err());
+        assert!(parse("at(only, 1.5)", 0).unwrap().check(&types).is_err());
     }
 
     #[test]

@@ -293,17 +293,29 @@ pub fn rope_scaling(b: &Bindings) -> Result<RopeScaling, String> {
         }),
         "yarn" => {
             let mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
-            let attention_factor =
-                match (f(b, &[&key("attention_factor")]), f(b, &[&key("mscale")]), f(b, &[&key("mscale_all_dim")])) {
-                    (Some(a), _, _) => a,
-                    (None, Some(m), Some(all)) => mscale(factor, m) / mscale(factor, all),
-                    _ => mscale(factor, 1.0),
-                };
+            let attention_factor = match b.naming {
+                Naming::Hf => {
+                    match (f(b, &[&key("attention_factor")]), f(b, &[&key("mscale")]), f(b, &[&key("mscale_all_dim")]))
+                    {
+                        (Some(a), _, _) => a,
+                        (None, Some(m), Some(all)) => mscale(factor, m) / mscale(factor, all),
+                        _ => mscale(factor, 1.0),
+                    }
+                }
+                // llama.cpp: a file with a `yarn_log_multiplier` (DeepSeek's `mscale_all_dim`)
+                // has no `mscale`, which it takes equal to `mscale_all_dim`: their ratio, 1;
+                // otherwise mscale(factor, 1). Times `attn_factor` when the file has one.
+                Naming::Gguf => {
+                    let log_mul = f(b, &[&key("yarn_log_multiplier")]).unwrap_or(0.0);
+                    let base = if log_mul != 0.0 { 1.0 } else { mscale(factor, 1.0) };
+                    base * f(b, &[&key("attn_factor")]).unwrap_or(1.0)
+                }
+            };
             Ok(RopeScaling::Yarn {
                 factor: factor as f32,
                 original_max_position: original.unwrap_or(4096.0) as u32,
-                beta_fast: f(b, &[&key("beta_fast")]).unwrap_or(32.0) as f32,
-                beta_slow: f(b, &[&key("beta_slow")]).unwrap_or(1.0) as f32,
+                beta_fast: f(b, &[&key("beta_fast"), &key("yarn_beta_fast")]).unwrap_or(32.0) as f32,
+                beta_slow: f(b, &[&key("beta_slow"), &key("yarn_beta_slow")]).unwrap_or(1.0) as f32,
                 attention_factor: attention_factor as f32,
                 truncate: config_value(b, &key("truncate")).and_then(Json::as_bool).unwrap_or(true),
             })

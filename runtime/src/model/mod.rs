@@ -11,7 +11,7 @@
 //! Every malformed file is a `LoadError` naming the file (and the tensor, where there is one);
 //! nothing here panics on file contents. A weight holding a NaN or an infinity is one too
 //! (`NonFinite`), found the first time the tensor is handed out (`file_tensor`). Must not: interpret tensor names beyond the
-//! quantize-at-load eligibility rule, or know model architectures.
+//! quantize-at-load eligibility rule and the split MLA pair below, or know model architectures.
 //!
 //! FP8 checkpoints (`fp8.rs`): an `F8_E4M3` weight with its `weight_scale_inv` is handed out in
 //! `WeightFormat::FP8_E4M3`, repacked from the file when asked for (an owned copy, kept in block
@@ -22,6 +22,10 @@
 //! A GGUF split into shards (`name-00001-of-0000N.gguf`, `split.rs`) opens from any shard as one
 //! checkpoint: one tensor table over the shards, each tensor in its own shard's map, the
 //! metadata of shard 1.
+//!
+//! A GGUF whose MLA layers hold llama.cpp's split `attn_k_b` / `attn_v_b` also has each
+//! layer's `attn_kv_b` as a derived tensor, made from the pair on first use
+//! (`gguf_transform.rs`): the one place tensor names of a GGUF are read here.
 //!
 //! A model named by its Hugging Face id (`org/name`) is found in the hub's cache by `hub.rs`,
 //! which gives the path `Checkpoint::open` is then handed.
@@ -37,6 +41,7 @@ mod error;
 mod file;
 pub mod fp8;
 pub mod gguf;
+mod gguf_transform;
 mod guard;
 pub mod hub;
 pub mod mxfp4;
@@ -123,6 +128,8 @@ pub struct Checkpoint {
     quantized: HashMap<String, Tensor>,
     /// Tensors quantized at load whose copies were released, with their load-time format.
     released: HashMap<String, WeightFormat>,
+    /// Tensors the file does not hold, made from tensors it does (`gguf_transform.rs`).
+    joined: BTreeMap<String, gguf_transform::Joined>,
 }
 
 impl fmt::Debug for Checkpoint {
@@ -190,6 +197,7 @@ impl Checkpoint {
             split::check_total(first.map.path(), &first.meta, entries.len(), shards.len() + 1)?;
         }
         let meta = first.meta;
+        let joined = gguf_transform::find(path, &entries)?;
         let files = std::iter::once(first.map).chain(shards.map(|s| s.map)).map(Arc::new).collect();
         Ok(Checkpoint {
             path: path.to_path_buf(),
@@ -198,6 +206,7 @@ impl Checkpoint {
             entries,
             quantized: HashMap::new(),
             released: HashMap::new(),
+            joined,
         })
     }
 
@@ -268,6 +277,7 @@ impl Checkpoint {
             entries,
             quantized: HashMap::new(),
             released: HashMap::new(),
+            joined: BTreeMap::new(),
         })
     }
 
@@ -301,12 +311,12 @@ impl Checkpoint {
 
     /// Whether the checkpoint has a tensor of this name.
     pub fn has(&self, name: &str) -> bool {
-        self.entries.contains_key(name)
+        self.entries.contains_key(name) || self.joined.contains_key(name)
     }
 
-    /// Every tensor name, sorted.
+    /// Every tensor name (the derived ones after the file's), each part sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.entries.keys().map(String::as_str)
+        self.entries.keys().chain(self.joined.keys()).map(String::as_str)
     }
 
     /// The tensor `name`: a view of the mapped file, an FP8 weight's repack, or the tensor
@@ -351,6 +361,9 @@ impl Checkpoint {
     /// element of a float format, the scales and mins of a block format) and re-checks the
     /// file's size (`FileChanged`).
     pub fn file_tensor(&self, name: &str) -> Result<Tensor, LoadError> {
+        if let Some(j) = self.joined.get(name) {
+            return j.tensor(name, |part| self.file_tensor(part));
+        }
         let Some(e) = self.entries.get(name) else {
             return Err(LoadError::NoSuchTensor { path: self.path.clone(), name: name.to_string() });
         };
@@ -482,6 +495,10 @@ impl Checkpoint {
                 };
                 (name.clone(), info)
             })
+            .chain(self.joined.iter().map(|(name, j)| {
+                let bytes = tensor_bytes(j.format, &j.shape).unwrap_or(0) as u64;
+                (name.clone(), TensorInfo { shape: j.shape.clone(), dtype: j.format.name().to_string(), bytes })
+            }))
             .collect();
         Bindings { source: self.path.clone(), naming: self.naming(), config, tensors: Some(tensors) }
     }

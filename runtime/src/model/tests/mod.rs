@@ -13,6 +13,7 @@ use std::path::PathBuf;
 
 mod bad_files;
 mod fp8;
+mod gguf_transform;
 mod hub;
 mod mxfp4;
 mod split;

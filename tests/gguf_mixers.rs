@@ -1,0 +1,140 @@
+//! The GGUF names of the mixer specs, end to end: the tiny Hugging Face fixtures of DeepSeek-V3,
+//! gpt-oss and MiMo-V2-Flash converted to GGUF as llama.cpp's converter lays them out
+//! (tests/fixtures/gguf_mixers/, `tools/make_gguf_mixers.py`: `deepseek2` with the split
+//! `attn_k_b` / `attn_v_b`, `gpt-oss` with its experts output-major and split, `mimo2` with
+//! per-layer KV heads and sliding pattern and its MTP blocks counted), run by coli.
+//!
+//! Reference: transformers' logits (the fixture's oracle.json), where the GGUF states the same
+//! model. Where llama.cpp's format cannot state a setting of the fixture, the reference is
+//! coli's Hugging Face path on the fixture with that setting changed to what llama.cpp assumes
+//! (that path is itself checked against transformers in `oracle_mixers.rs`):
+//! - deepseek2: YaRN's `mscale` (1 in the fixture) has no key; llama.cpp takes it equal to
+//!   `mscale_all_dim` (0.707).
+//! - gpt-oss: YaRN's `truncate: false` has no key; llama.cpp rounds the correction dims out
+//!   (`truncate: true`).
+//! - mimo2: `routed_scaling_factor` (1.5 in the fixture) has no key; llama.cpp scales by 1
+//!   (MiMo-V2-Flash's own configuration says null).
+//!
+//! llama.cpp's greedy ids on the same files (llama-server, the oracle's prompt as ids,
+//! temperature 0; recorded in tests/fixtures/README.md) are checked too.
+//!
+//! Tolerance: every logit of the prompt (whole, in chunks of 1 and 3) and of 20 greedy decode
+//! steps within 1e-4 of the largest |logit| of the reference; greedy ids identical. The Vulkan
+//! device (Lavapipe in CI) within 1e-4 of the CPU.
+
+mod common;
+
+use coli_runtime::cpu::Precision;
+use common::*;
+use serde_json::Value;
+use std::path::PathBuf;
+
+const STEPS: usize = 20;
+
+fn gguf(file: &str) -> PathBuf {
+    fixture_dir("gguf_mixers").join(file)
+}
+
+/// A copy of fixture `name` (config and weights) with `patch` applied to its configuration.
+fn patched(name: &str, patch: fn(&mut Value)) -> PathBuf {
+    let src = fixture_dir(name);
+    let dir = std::env::temp_dir().join(format!("coli-gguf-mixers-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut config = read_json(&src.join("config.json"));
+    patch(&mut config);
+    std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+    dir
+}
+
+/// Prompt rows and `STEPS` greedy steps of `path` on the CPU, the prompt in chunks of `chunk`.
+fn run(path: &std::path::Path, prompt: &[u32], chunk: usize) -> Run {
+    run_greedy(&load_model(path), prompt, chunk, STEPS, 256, true)
+}
+
+/// The GGUF `file` against `reference` (a checkpoint of the same model; `None`: the fixture's
+/// transformers oracle), and its greedy ids against llama.cpp's on the same file.
+fn check(file: &str, fixture: &str, reference: Option<PathBuf>, llama_cpp: &[u32]) {
+    let oracle = read_json(&fixture_dir(fixture).join("oracle.json"));
+    let prompt = ids(&oracle["prompt_ids"]);
+    let mut hf_rows = matrix(&oracle["logits"]);
+    let greedy = ids(&oracle["greedy"]);
+    hf_rows.extend(matrix(&oracle["greedy_logits"])[1..].iter().cloned());
+    let (want_rows, want_toks) = match &reference {
+        Some(dir) => {
+            let r = run(dir, &prompt, prompt.len());
+            let _ = std::fs::remove_dir_all(dir);
+            (r.rows, r.toks)
+        }
+        None => (hf_rows.clone(), greedy.clone()),
+    };
+    let tol = 1e-4 * max_abs(&want_rows);
+    for chunk in [prompt.len(), 1, 3] {
+        let got = run(&gguf(file), &prompt, chunk);
+        // The last decode step's logits are the row after the last greedy id.
+        let got_rows = &got.rows[..want_rows.len()];
+        let err = max_abs_diff(got_rows, &want_rows);
+        // Against transformers on the prompt's rows (past them the greedy ids may part).
+        let n = prompt.len();
+        let vs_hf = max_abs_diff(&got.rows[..n], &hf_rows[..n]);
+        eprintln!("{file}: chunk {chunk}: max |logit - reference| = {err:.3e} (bound {tol:.3e}); prompt rows against transformers {vs_hf:.3e}");
+        assert!(err <= tol, "{file}: chunk {chunk}: max |logit - reference| = {err} > {tol}");
+        assert_eq!(got.toks, want_toks, "{file}: chunk {chunk}: greedy ids differ from the reference's");
+        assert_eq!(got.toks, llama_cpp, "{file}: chunk {chunk}: greedy ids differ from llama.cpp's");
+    }
+}
+
+#[test]
+fn deepseek2_gguf_matches_the_fixture() {
+    let reference = patched("deepseek_v3", |c| {
+        let all = c["rope_parameters"]["mscale_all_dim"].clone();
+        c["rope_parameters"]["mscale"] = all;
+    });
+    // llama.cpp agrees with transformers' greedy ids for 13 steps, then follows its `mscale`.
+    let llama_cpp = [1, 106, 109, 116, 116, 116, 219, 59, 124, 78, 63, 58, 268, 202, 166, 55, 134, 149, 262, 180];
+    check("deepseek2.gguf", "deepseek_v3", Some(reference), &llama_cpp);
+}
+
+#[test]
+fn gpt_oss_gguf_matches_the_fixture() {
+    let reference = patched("gpt_oss", |c| c["rope_parameters"]["truncate"] = Value::Bool(true));
+    let llama_cpp = [189, 37, 169, 69, 221, 245, 252, 188, 274, 276, 95, 143, 156, 218, 203, 127, 228, 214, 271, 197];
+    check("gpt-oss.gguf", "gpt_oss", Some(reference), &llama_cpp);
+}
+
+#[test]
+fn mimo2_gguf_matches_the_fixture() {
+    let reference = patched("mimo_v2_flash", |c| c["routed_scaling_factor"] = Value::Null);
+    // llama.cpp agrees with transformers' greedy ids for 7 steps, then follows its scale of 1.
+    let llama_cpp = [148, 80, 224, 70, 129, 43, 233, 253, 183, 155, 108, 146, 208, 245, 318, 112, 95, 94, 208, 42];
+    check("mimo2.gguf", "mimo_v2_flash", Some(reference), &llama_cpp);
+}
+
+/// The split MLA pair is joined back into each layer's `attn_kv_b` (the file has none), the
+/// same bytes as the fixture's `kv_b_proj`.
+#[test]
+fn deepseek2_kv_b_is_joined_from_k_b_and_v_b() {
+    use coli_runtime::model::{Checkpoint, LoadOptions};
+    let g = Checkpoint::open(&gguf("deepseek2.gguf"), &LoadOptions::default()).unwrap();
+    let hf = Checkpoint::open(&fixture_dir("deepseek_v3"), &LoadOptions::default()).unwrap();
+    for layer in 0..3 {
+        let name = format!("blk.{layer}.attn_kv_b.weight");
+        assert!(g.has(&name) && g.names().any(|n| n == name), "{name} is not listed");
+        let joined = g.tensor(&name).unwrap();
+        let want = hf.tensor(&format!("model.layers.{layer}.self_attn.kv_b_proj.weight")).unwrap();
+        assert_eq!(joined.shape, want.shape, "{name}");
+        assert_eq!(joined.bytes(), want.bytes(), "{name}: bytes differ from kv_b_proj");
+        let info = &g.bindings().tensors.unwrap()[&name];
+        assert_eq!((info.shape.clone(), info.bytes), (want.shape.clone(), want.bytes().len() as u64));
+    }
+}
+
+#[test]
+fn the_ggufs_on_the_device_match_the_cpu() {
+    for (file, fixture) in
+        [("deepseek2.gguf", "deepseek_v3"), ("gpt-oss.gguf", "gpt_oss"), ("mimo2.gguf", "mimo_v2_flash")]
+    {
+        let prompt = ids(&read_json(&fixture_dir(fixture).join("oracle.json"))["prompt_ids"]);
+        device_matches_cpu(&gguf(file), file, &prompt, &[(Precision::Exact, 4, 1e-4)]);
+    }
+}

@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""Makes tests/fixtures/gguf_mixers/: the tiny Hugging Face fixtures of the mixers beyond plain
+attention (tests/fixtures/<name>/, F32 safetensors) written as GGUF files laid out the way
+llama.cpp's own converter lays them out: its architecture name, the metadata keys of that
+architecture, its tensor names, and the transforms it applies to the tensors.
+
+- deepseek_v3 -> deepseek2.gguf (`deepseek2`): the experts stacked per layer, `kv_b_proj`
+  split per head into `attn_k_b` (the key rows, transposed: [heads, kv_lora, nope]) and
+  `attn_v_b` ([heads, v, kv_lora]); `e_score_correction_bias` as `exp_probs_b.bias`; the KV
+  head count 1 (MLA as multi-query over the latent); YaRN's `mscale_all_dim` as
+  `rope.scaling.yarn_log_multiplier` (times 0.1, as the converter writes it). The gating
+  function is written as sigmoid (DeepSeek-V3's `scoring_func`, which transformers 5 does not
+  save into the fixture's configuration).
+- gpt_oss -> gpt-oss.gguf (`gpt-oss`): the fused input-major experts transposed to
+  output-major and `gate_up` split into gate (even columns) and up (odd), their biases
+  likewise; sinks as `attn_sinks.weight`; the router's bias as `ffn_gate_inp.bias`;
+  `post_attention_layernorm` as `post_attention_norm`.
+
+- mimo_v2_flash -> mimo2.gguf (`mimo2`): the KV head count and the sliding pattern as
+  per-layer lists (`head_count_kv`, `sliding_window_pattern`), counting the 3 MTP blocks the
+  converter always declares (`nextn_predict_layers`; their tensors are absent, as in a file
+  converted without them); the sliding layers' theta as `rope.freq_base_swa`; sinks as
+  `attn_sinks.weight`; `e_score_correction_bias` as `exp_probs_b.bias`. llama.cpp's mimo2 has
+  no key for `routed_scaling_factor` (it scales by 1, as MiMo-V2-Flash's null says).
+
+Every tensor is F32, as the converter writes with `--outtype f32`. Each file carries a minimal
+SentencePiece-style vocabulary (`<unk>`, `<s>`, `</s>`, the 256 byte tokens, then `t<id>`) only
+so that llama.cpp loads it; coli needs none.
+
+Needs numpy and gguf-py (../shared/peers/gguf-py):
+  python3 -m venv /tmp/venv-gg && /tmp/venv-gg/bin/pip install numpy pyyaml sentencepiece
+  PYTHONPATH=../shared/peers/gguf-py /tmp/venv-gg/bin/python tools/make_gguf_mixers.py [name...]
+Deterministic: the same fixtures give the same bytes.
+"""
+import argparse
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+OUT = os.path.join(FIXTURES, "gguf_mixers")
+
+
+def read_safetensors(path):
+    """The F32 tensors of a safetensors file, by name (numpy only)."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] != "F32":
+            raise SystemExit(f"{path}: {name} is {info['dtype']}, expected F32")
+        a, b = info["data_offsets"]
+        out[name] = np.frombuffer(data[a:b], dtype="<f4").reshape(info["shape"]).copy()
+    return out
+
+
+def load(name):
+    d = os.path.join(FIXTURES, name)
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    return cfg, read_safetensors(os.path.join(d, "model.safetensors"))
+
+
+def vocab(gguf, w, n):
+    """A minimal SentencePiece-style vocabulary of `n` tokens, for llama.cpp's loader."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tokens += [f"t{i}" for i in range(len(tokens), n)]
+    tokens = tokens[:n]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    types += [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.NORMAL] * (n - 259)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([-float(i) for i in range(n)])
+    w.add_token_types(types[:n])
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_add_eos_token(False)
+
+
+def common(w, cfg, name):
+    """What the converter's base class writes for every text model."""
+    w.add_name(name)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    rope = cfg.get("rope_parameters") or {}
+    w.add_rope_freq_base(float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))))
+    if rope.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf_mod.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(float(rope["factor"]))
+        w.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
+        if "beta_fast" in rope:
+            w.add_rope_scaling_yarn_beta_fast(float(rope["beta_fast"]))
+        if "beta_slow" in rope:
+            w.add_rope_scaling_yarn_beta_slow(float(rope["beta_slow"]))
+    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
+    w.add_file_type(gguf_mod.LlamaFileType.ALL_F32)
+
+
+def deepseek2(cfg, t):
+    w = gguf_mod.GGUFWriter(os.path.join(OUT, "deepseek2.gguf"), "deepseek2")
+    cfg = dict(cfg, num_key_value_heads=1)
+    common(w, cfg, "deepseek_v3 fixture")
+    h, nope, rope_dim, v = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    kv_lora = cfg["kv_lora_rank"]
+    w.add_expert_count(cfg["n_routed_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_group_count(cfg["n_group"])
+    w.add_expert_group_used_count(cfg["topk_group"])
+    w.add_expert_gating_func(gguf_mod.ExpertGatingFuncType.SIGMOID)
+    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    w.add_vocab_size(cfg["vocab_size"])
+    if cfg.get("q_lora_rank"):
+        w.add_q_lora_rank(cfg["q_lora_rank"])
+    w.add_kv_lora_rank(kv_lora)
+    w.add_key_length(kv_lora + rope_dim)
+    w.add_value_length(kv_lora)
+    w.add_key_length_mla(nope + rope_dim)
+    w.add_value_length_mla(v)
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_count(cfg["n_shared_experts"])
+    w.add_expert_weights_scale(float(cfg["routed_scaling_factor"]))
+    if cfg.get("norm_topk_prob"):
+        w.add_expert_weights_norm(True)
+    w.add_rope_dimension_count(rope_dim)
+    rope = cfg.get("rope_parameters") or {}
+    if rope.get("mscale_all_dim") is not None:
+        w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
+    vocab(gguf_mod, w, cfg["vocab_size"])
+
+    w.add_tensor("token_embd.weight", t["model.embed_tokens.weight"])
+    for i in range(cfg["num_hidden_layers"]):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", t[p + "input_layernorm.weight"])
+        if cfg.get("q_lora_rank"):
+            w.add_tensor(b + "attn_q_a.weight", t[p + "self_attn.q_a_proj.weight"])
+            w.add_tensor(b + "attn_q_a_norm.weight", t[p + "self_attn.q_a_layernorm.weight"])
+            w.add_tensor(b + "attn_q_b.weight", t[p + "self_attn.q_b_proj.weight"])
+        else:
+            w.add_tensor(b + "attn_q.weight", t[p + "self_attn.q_proj.weight"])
+        w.add_tensor(b + "attn_kv_a_mqa.weight", t[p + "self_attn.kv_a_proj_with_mqa.weight"])
+        w.add_tensor(b + "attn_kv_a_norm.weight", t[p + "self_attn.kv_a_layernorm.weight"])
+        kv_b = t[p + "self_attn.kv_b_proj.weight"].reshape(h, nope + v, kv_lora)
+        w.add_tensor(b + "attn_k_b.weight", np.ascontiguousarray(kv_b[:, :nope, :].transpose(0, 2, 1)))
+        w.add_tensor(b + "attn_v_b.weight", np.ascontiguousarray(kv_b[:, nope:, :]))
+        w.add_tensor(b + "attn_output.weight", t[p + "self_attn.o_proj.weight"])
+        w.add_tensor(b + "ffn_norm.weight", t[p + "post_attention_layernorm.weight"])
+        if i < cfg["first_k_dense_replace"]:
+            for r in ("gate", "up", "down"):
+                w.add_tensor(b + f"ffn_{r}.weight", t[p + f"mlp.{r}_proj.weight"])
+            continue
+        w.add_tensor(b + "ffn_gate_inp.weight", t[p + "mlp.gate.weight"])
+        w.add_tensor(b + "exp_probs_b.bias", t[p + "mlp.gate.e_score_correction_bias"])
+        for r in ("down", "gate", "up"):
+            stack = [t[p + f"mlp.experts.{e}.{r}_proj.weight"] for e in range(cfg["n_routed_experts"])]
+            w.add_tensor(b + f"ffn_{r}_exps.weight", np.stack(stack))
+        for r in ("gate", "up", "down"):
+            w.add_tensor(b + f"ffn_{r}_shexp.weight", t[p + f"mlp.shared_experts.{r}_proj.weight"])
+    w.add_tensor("output_norm.weight", t["model.norm.weight"])
+    if not cfg.get("tie_word_embeddings"):
+        w.add_tensor("output.weight", t["lm_head.weight"])
+    return w
+
+
+def gpt_oss(cfg, t):
+    w = gguf_mod.GGUFWriter(os.path.join(OUT, "gpt-oss.gguf"), "gpt-oss")
+    common(w, cfg, "gpt_oss fixture")
+    w.add_expert_count(cfg["num_local_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_expert_feed_forward_length(cfg["intermediate_size"])
+    vocab(gguf_mod, w, cfg["vocab_size"])
+
+    w.add_tensor("token_embd.weight", t["model.embed_tokens.weight"])
+    for i in range(cfg["num_hidden_layers"]):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", t[p + "input_layernorm.weight"])
+        for hf, gg in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "output")):
+            w.add_tensor(b + f"attn_{gg}.weight", t[p + f"self_attn.{hf}_proj.weight"])
+            w.add_tensor(b + f"attn_{gg}.bias", t[p + f"self_attn.{hf}_proj.bias"])
+        w.add_tensor(b + "attn_sinks.weight", t[p + "self_attn.sinks"])
+        w.add_tensor(b + "post_attention_norm.weight", t[p + "post_attention_layernorm.weight"])
+        w.add_tensor(b + "ffn_gate_inp.weight", t[p + "mlp.router.weight"])
+        w.add_tensor(b + "ffn_gate_inp.bias", t[p + "mlp.router.bias"])
+        # [experts, hidden, 2 * ffn] input-major -> [experts, 2 * ffn, hidden], gate the even rows.
+        gate_up = t[p + "mlp.experts.gate_up_proj"].transpose(0, 2, 1)
+        gate_up_bias = t[p + "mlp.experts.gate_up_proj_bias"]
+        w.add_tensor(b + "ffn_gate_exps.weight", np.ascontiguousarray(gate_up[:, ::2, :]))
+        w.add_tensor(b + "ffn_up_exps.weight", np.ascontiguousarray(gate_up[:, 1::2, :]))
+        w.add_tensor(b + "ffn_gate_exps.bias", np.ascontiguousarray(gate_up_bias[:, ::2]))
+        w.add_tensor(b + "ffn_up_exps.bias", np.ascontiguousarray(gate_up_bias[:, 1::2]))
+        down = t[p + "mlp.experts.down_proj"].transpose(0, 2, 1)
+        w.add_tensor(b + "ffn_down_exps.weight", np.ascontiguousarray(down))
+        w.add_tensor(b + "ffn_down_exps.bias", t[p + "mlp.experts.down_proj_bias"])
+    w.add_tensor("output_norm.weight", t["model.norm.weight"])
+    w.add_tensor("output.weight", t["lm_head.weight"])
+    return w
+
+
+MIMO2_MTP = 3
+
+
+def mimo2(cfg, t):
+    w = gguf_mod.GGUFWriter(os.path.join(OUT, "mimo2.gguf"), "mimo2")
+    n_layer = cfg["num_hidden_layers"]
+    # The converter counts MiMo's 3 MTP blocks as layers (none in the fixture) and writes the
+    # per-layer lists for them too, as sliding layers.
+    hybrid = [int(x == "sliding_attention") for x in cfg["layer_types"]] + [1] * MIMO2_MTP
+    kv = cfg["num_key_value_heads"]
+    w.add_name("mimo_v2_flash fixture")
+    w.add_block_count(n_layer + MIMO2_MTP)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv([2 * kv if s else kv for s in hybrid])
+    rope = cfg["rope_parameters"]
+    w.add_rope_freq_base(float(rope["full_attention"]["rope_theta"]))
+    w.add_rope_freq_base_swa(float(rope["sliding_attention"]["rope_theta"]))
+    w.add_expert_count(cfg["n_routed_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_group_count(cfg["n_group"])
+    w.add_expert_group_used_count(cfg["topk_group"])
+    w.add_expert_gating_func(gguf_mod.ExpertGatingFuncType.SIGMOID)
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["v_head_dim"])
+    w.add_file_type(gguf_mod.LlamaFileType.ALL_F32)
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_sliding_window_pattern(hybrid)
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_rope_dimension_count(int(cfg["head_dim"] * rope["full_attention"]["partial_rotary_factor"]))
+    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
+    w.add_attn_value_scale(float(cfg["attention_value_scale"]))
+    w.add_nextn_predict_layers(MIMO2_MTP)
+    vocab(gguf_mod, w, cfg["vocab_size"])
+
+    w.add_tensor("token_embd.weight", t["model.embed_tokens.weight"])
+    for i in range(n_layer):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", t[p + "input_layernorm.weight"])
+        for hf, gg in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "output")):
+            w.add_tensor(b + f"attn_{gg}.weight", t[p + f"self_attn.{hf}_proj.weight"])
+        if p + "self_attn.attention_sink_bias" in t:
+            w.add_tensor(b + "attn_sinks.weight", t[p + "self_attn.attention_sink_bias"])
+        w.add_tensor(b + "ffn_norm.weight", t[p + "post_attention_layernorm.weight"])
+        if cfg["mlp_layer_types"][i] == "dense":
+            for r in ("gate", "up", "down"):
+                w.add_tensor(b + f"ffn_{r}.weight", t[p + f"mlp.{r}_proj.weight"])
+            continue
+        w.add_tensor(b + "ffn_gate_inp.weight", t[p + "mlp.gate.weight"])
+        w.add_tensor(b + "exp_probs_b.bias", t[p + "mlp.gate.e_score_correction_bias"])
+        for r in ("down", "gate", "up"):
+            stack = [t[p + f"mlp.experts.{e}.{r}_proj.weight"] for e in range(cfg["n_routed_experts"])]
+            w.add_tensor(b + f"ffn_{r}_exps.weight", np.stack(stack))
+    w.add_tensor("output_norm.weight", t["model.norm.weight"])
+    w.add_tensor("output.weight", t["lm_head.weight"])
+    return w
+
+
+MAKERS = {"deepseek_v3": deepseek2, "gpt_oss": gpt_oss, "mimo_v2_flash": mimo2}
+
+
+def main():
+    global gguf_mod
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("names", nargs="*", default=list(MAKERS), help=f"fixtures to convert ({', '.join(MAKERS)})")
+    args = ap.parse_args()
+    import gguf
+
+    gguf_mod = gguf
+    os.makedirs(OUT, exist_ok=True)
+    for name in args.names:
+        if name not in MAKERS:
+            raise SystemExit(f"unknown fixture {name!r} (known: {', '.join(MAKERS)})")
+        cfg, tensors = load(name)
+        w = MAKERS[name](cfg, tensors)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        print(f"{name}: {w.path if hasattr(w, 'path') else ''}", file=sys.stderr)
+
+
+gguf_mod = None
+
+if __name__ == "__main__":
+    main()
