@@ -231,6 +231,9 @@ fn the_default_budget_leaves_a_model_that_fits_to_the_map() {
     let dir = fixture_dir("olmoe");
     let l = Engine::load(&dir, &EngineOptions::default()).unwrap();
     assert!(l.ram_line().is_none(), "{:?}", l.ram_line());
-    let off = EngineOptions { ram: RamOptions { budget: RamBudget::Off, ..RamOptions::default() }, ..EngineOptions::default() };
+    let off = EngineOptions {
+        ram: RamOptions { budget: RamBudget::Off, ..RamOptions::default() },
+        ..EngineOptions::default()
+    };
     assert!(Engine::load(&dir, &off).unwrap().ram_line().is_none());
 }
