@@ -10,6 +10,10 @@
 //   res_on, res[r][i] + that sum (the residual Add folded into the store).
 // Mode 2 (down per pair, the expert tier's batches): workgroup y = pair p; y[p][i] =
 //   down_e[i] . h[p] + bd, not weighted (the host joins the pairs to their rows in rank order).
+// Modes 3 and 4 (several rows a step): modes 0 and 2 with workgroup y = expert e over the pairs
+//   moe_group.comp listed for e (binding 9), PB pairs at a time, so an expert's weights are read
+//   once for PB pairs instead of once a pair; each pair's dot sums its units in the order of
+//   modes 0/2 (the same numbers). Mode 4 always writes per pair (moe_sum.comp joins them).
 // One subgroup per output row, lanes over the row's units, joined by a subgroup sum, as
 // matvec.comp. Biases (gpt-oss): bias[bias_off + e*2F + j] for gate/up rows, bias[bias_off +
 // e*H + i] for down, when bias_off != NONE.
@@ -28,6 +32,7 @@ layout(std430, binding = 5) writeonly buffer OUT { float outv[]; };
 layout(std430, binding = 6) readonly buffer RT { float routing[]; };
 layout(std430, binding = 7) readonly buffer BS { float bias[]; };
 layout(std430, binding = 8) readonly buffer RES { float resv[]; };
+layout(std430, binding = 9) readonly buffer GR { uint groups[]; };
 
 layout(push_constant) uniform PC {
     uint rows; uint cols; uint qs; uint ss;
@@ -49,6 +54,8 @@ layout(push_constant) uniform PC {
 
 // Ranks whose down rows one subgroup reads at once (mode 1).
 #define KB 8u
+// Pairs one subgroup takes through an expert's rows at once (modes 3 and 4).
+#define PB 8u
 
 float row_dot(uint row, uint xr) {
     uint units = units_per_row();
@@ -80,6 +87,55 @@ void main() {
                 u += bias[pc.bias_off + ru];
             }
             if (subgroupElect()) outv[pc.out_off + p * f + j] = moe_glu(pc.glu, g, u, pc.limit, pc.alpha);
+        }
+    } else if (pc.mode >= 3u) {
+        uint e = gl_WorkGroupID.y, f = pc.rows, units = units_per_row();
+        uint g1 = groups[e + 1u];
+        for (uint q0 = groups[e]; q0 < g1; q0 += PB) {
+            uint pr[PB];
+            [[unroll]] for (uint b = 0u; b < PB; b++) pr[b] = q0 + b < g1 ? groups[pc.experts + 1u + q0 + b] : NONE;
+            for (uint j = first; j < f; j += step) {
+                if (pc.mode == 3u) {
+                    uint rg = e * 2u * f + j, ru = rg + f;
+                    float ga[PB], ua[PB];
+                    [[unroll]] for (uint b = 0u; b < PB; b++) {
+                        ga[b] = 0.0;
+                        ua[b] = 0.0;
+                    }
+                    for (uint t = gl_SubgroupInvocationID; t < units; t += gl_SubgroupSize) {
+                        [[unroll]] for (uint b = 0u; b < PB; b++) {
+                            if (pr[b] == NONE) continue;
+                            uint r = pr[b] / pc.top_k;
+                            ga[b] += unit_dot(rg, t, r);
+                            ua[b] += unit_dot(ru, t, r);
+                        }
+                    }
+                    [[unroll]] for (uint b = 0u; b < PB; b++) {
+                        if (pr[b] == NONE) continue;
+                        float g = row_finish(rg, subgroupAdd(ga[b])), u = row_finish(ru, subgroupAdd(ua[b]));
+                        if (pc.bias_off != NONE) {
+                            g += bias[pc.bias_off + rg];
+                            u += bias[pc.bias_off + ru];
+                        }
+                        if (subgroupElect()) outv[pc.out_off + pr[b] * f + j] = moe_glu(pc.glu, g, u, pc.limit, pc.alpha);
+                    }
+                } else {
+                    uint row = e * f + j;
+                    float acc[PB];
+                    [[unroll]] for (uint b = 0u; b < PB; b++) acc[b] = 0.0;
+                    for (uint t = gl_SubgroupInvocationID; t < units; t += gl_SubgroupSize) {
+                        [[unroll]] for (uint b = 0u; b < PB; b++) {
+                            if (pr[b] != NONE) acc[b] += unit_dot(row, t, pr[b]);
+                        }
+                    }
+                    [[unroll]] for (uint b = 0u; b < PB; b++) {
+                        if (pr[b] == NONE) continue;
+                        float t = row_finish(row, subgroupAdd(acc[b]));
+                        if (pc.bias_off != NONE) t += bias[pc.bias_off + row];
+                        if (subgroupElect()) outv[pc.out_off + pr[b] * f + j] = t;
+                    }
+                }
+            }
         }
     } else if (pc.mode == 2u) {
         uint p = gl_WorkGroupID.y, r = p / pc.top_k, k = p % pc.top_k, hdim = pc.rows;

@@ -1,8 +1,8 @@
 //! Routed experts on the device (`Frame::moe`) against `cpu::experts::routed_experts`, on
 //! whatever device the machine has (Lavapipe in CI): several weight formats, top-k 1 to 8, one
-//! row and many, both kernel paths (per-pair GEMVs, grouped GEMMs), both precisions, the
-//! three gated units, biases; and the routing computed by `route` in the same frame, so the
-//! experts are chosen on the device with no host round trip.
+//! row and many, the three kernel paths (per-pair GEMVs, per-expert GEMVs, grouped GEMMs),
+//! both precisions, the three gated units, biases; and the routing computed by `route` in the
+//! same frame, so the experts are chosen on the device with no host round trip.
 //!
 //! Tolerance: relative to the largest |reference| of the output, 1e-5 where activations stay
 //! f32 (float formats, `Precision::Exact`; measured on Lavapipe: at most 8e-7); 1e-4 with q8
@@ -207,6 +207,8 @@ fn decode_and_chunks_match_cpu_for_every_format() {
             (37, 4, MoePath::Auto),
             (2, 8, MoePath::Grouped),
             (6, 3, MoePath::Gemv),
+            (6, 3, MoePath::ExpertGemv),
+            (19, 8, MoePath::ExpertGemv),
         ] {
             check(&layer, n, top_k, GluKind::SwiGlu, Precision::Fast, path, &mut rng);
         }
@@ -223,7 +225,7 @@ fn every_top_k_and_gated_unit_with_biases() {
     let mut rng = Rng(0x5eed_0e02);
     let layer = Layer::new(WeightFormat::BF16, 9, 64, 96, true, &mut rng);
     for top_k in 1..=9 {
-        for path in [MoePath::Gemv, MoePath::Grouped] {
+        for path in [MoePath::Gemv, MoePath::ExpertGemv, MoePath::Grouped] {
             check(&layer, 5, top_k, GluKind::SwiGlu, Precision::Fast, path, &mut rng);
         }
     }
@@ -342,7 +344,9 @@ fn tier_pairs_in_slots_match_cpu_pair_outputs() {
             let p = coli_runtime::vk::Context::pack_expert(&layer.mats(e), bias).unwrap();
             ctx.write_expert(&dev, s, &p).unwrap();
         }
-        for (n, top_k, path) in [(1, 4, MoePath::Gemv), (9, 3, MoePath::Grouped), (3, 2, MoePath::Auto)] {
+        for (n, top_k, path) in
+            [(1, 4, MoePath::Gemv), (9, 3, MoePath::Grouped), (3, 2, MoePath::Auto), (11, 3, MoePath::ExpertGemv)]
+        {
             let x = rng.vec(n * hidden, 1.0);
             let rt = routing(n, top_k, layer.experts, &mut rng);
             // Pairs whose expert sits in a slot go to the device (as its slot id), the rest not.

@@ -20,6 +20,7 @@ use super::instance::Instance;
 use super::memory::{place, MemoryProps, MemoryUse, Placement};
 use super::options::{
     CoopMatUse, DeviceRole, FaultInjection, IntDotUse, VkOptions, DEFAULT_GEMV_ROWS, DEFAULT_MOE_GEMV_ROWS,
+    DEFAULT_MOE_PAIR_ROWS,
 };
 use super::pipeline::{Pipe, PipelineCache};
 use super::shaders::{FormatVariant, Kernel};
@@ -54,6 +55,8 @@ pub(crate) struct Shared {
     gemv_rows: usize,
     /// Routed-expert products of at most this many rows take per-pair GEMVs.
     moe_gemv_rows: usize,
+    /// Of those, products of at most this many rows take a GEMV per pair, more one per expert.
+    moe_pair_rows: usize,
     submits: AtomicU64,
     pub dispatches: AtomicU64,
     /// Host nanoseconds spent recording frames (from the frame's start to its end).
@@ -285,6 +288,7 @@ impl Context {
                     faults: fault,
                     gemv_rows: opts.gemv_rows.unwrap_or(DEFAULT_GEMV_ROWS).max(1),
                     moe_gemv_rows: opts.moe_gemv_rows.unwrap_or(DEFAULT_MOE_GEMV_ROWS).max(1),
+                    moe_pair_rows: opts.moe_pair_rows.unwrap_or(DEFAULT_MOE_PAIR_ROWS).max(1),
                     submits: AtomicU64::new(0),
                     dispatches: AtomicU64::new(0),
                     record_ns: AtomicU64::new(0),
@@ -312,6 +316,11 @@ impl Context {
     /// GEMMs.
     pub fn moe_gemv_rows(&self) -> usize {
         self.shared.moe_gemv_rows
+    }
+
+    /// Routed-expert GEMVs of at most this many rows run per pair, more per expert.
+    pub fn moe_pair_rows(&self) -> usize {
+        self.shared.moe_pair_rows
     }
 
     /// The physical device's place in the loader's enumeration: two contexts with the same

@@ -59,7 +59,7 @@ pub use ops::{
 };
 pub use options::{
     CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, Validation, VkOptions, DEFAULT_GEMV_ROWS,
-    DEFAULT_MOE_GEMV_ROWS, VALIDATION_ENV,
+    DEFAULT_MOE_GEMV_ROWS, DEFAULT_MOE_PAIR_ROWS, VALIDATION_ENV,
 };
 pub use push::{PushLayout, PUSH_LAYOUTS};
 pub use shaders::{FormatVariant, Kernel};

@@ -137,6 +137,9 @@ pub struct VkOptions {
     /// Routed-expert products of at most this many rows take per-pair GEMVs instead of the
     /// grouped GEMMs (default `DEFAULT_MOE_GEMV_ROWS`).
     pub moe_gemv_rows: Option<usize>,
+    /// Of those, products of at most this many rows take one GEMV per (row, rank) pair; more
+    /// take one GEMV per expert over the pairs routed to it (default `DEFAULT_MOE_PAIR_ROWS`).
+    pub moe_pair_rows: Option<usize>,
 }
 
 /// Rows up to which a dense product takes the GEMV by default: below the cooperative GEMMs'
@@ -151,3 +154,8 @@ pub const DEFAULT_GEMV_ROWS: usize = 31;
 /// streams 1,034 on the cooperative grouped GEMM, 1,322 per pair); prompt chunks take the
 /// grouped GEMMs.
 pub const DEFAULT_MOE_GEMV_ROWS: usize = 64;
+
+/// Rows up to which a routed-expert GEMV runs one pass over an expert's weights per (row,
+/// rank) pair by default; from there one pass per expert serves up to 8 of its pairs
+/// (`moe_matvec.comp` modes 3 and 4), which pays a grouping dispatch and the join of the pairs.
+pub const DEFAULT_MOE_PAIR_ROWS: usize = 3;

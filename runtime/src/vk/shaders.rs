@@ -20,7 +20,7 @@ impl Kernel {
             Kernel::AttnSplit => 19,
             Kernel::AttnBlock => 8,
             Kernel::AttnPart => 6,
-            Kernel::MoeMatvec => 9,
+            Kernel::MoeMatvec => 10,
             Kernel::MoeMatmul | Kernel::MoeMatmulCoop => 8,
             Kernel::MoeGroup => 2,
             Kernel::MoeSum => 4,

@@ -83,6 +83,10 @@ pub struct BenchArgs {
     /// grouped GEMMs (comparison; default 64).
     #[arg(long, help_heading = heading::DIAGNOSTICS)]
     pub moe_gemv_rows: Option<usize>,
+    /// Routed-expert GEMVs of at most this many rows run one per (row, rank) pair, more one per
+    /// expert over its pairs (comparison; default 3).
+    #[arg(long, help_heading = heading::DIAGNOSTICS)]
+    pub moe_pair_rows: Option<usize>,
 }
 
 fn session(e: &Engine, ctx: usize) -> Result<Session<'_>, String> {
@@ -166,6 +170,7 @@ fn options(a: &BenchArgs, path: &std::path::Path, kv: &crate::kv_args::KvSplitAr
         int_dot,
         gemv_rows: a.gemv_rows,
         moe_gemv_rows: a.moe_gemv_rows,
+        moe_pair_rows: a.moe_pair_rows,
         ..a.device.vk_options()
     };
     EngineOptions {

@@ -10,6 +10,9 @@
 //! - few rows (decode): per pair a GEMV of its expert (`moe_matvec.comp`): gate, up and the
 //!   gated unit in one dispatch over (output rows, pairs), then down and the rank-ordered sum in
 //!   one over (output rows, rows). With q8 activations: a quantization before each.
+//! - several rows (a batched decode step of several sequences): the pairs grouped by expert
+//!   (`moe_group.comp`), then the same GEMVs over (output rows, experts), each expert's weights
+//!   read once for up to 8 of its pairs, and the sum (`moe_sum.comp`).
 //! - a prompt chunk: pairs grouped by expert on the device (`moe_group.comp`), a tiled GEMM
 //!   per expert over its pairs (`moe_matmul.comp`) for gate/up and for down, then the sum
 //!   (`moe_sum.comp`). Experts of a format with q8 activations take the cooperative-matrix GEMM
@@ -55,13 +58,27 @@ pub struct MoeCall<'a> {
 /// Which kernels `Frame::moe` records.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MoePath {
-    /// Per-pair GEMVs up to `Context::moe_gemv_rows` rows, grouped GEMMs from there.
+    /// Per-pair GEMVs up to `Context::moe_pair_rows` rows, per-expert GEMVs up to
+    /// `Context::moe_gemv_rows`, grouped GEMMs from there.
     #[default]
     Auto,
     /// Per-pair GEMVs whatever the row count.
     Gemv,
+    /// Per-expert GEMVs over the pairs grouped by expert, whatever the row count.
+    ExpertGemv,
     /// Grouped GEMMs whatever the row count.
     Grouped,
+}
+
+/// How one call computes its pairs (from `MoePath` and the row count).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Way {
+    /// A GEMV per (row, rank) pair.
+    Pairs,
+    /// The pairs grouped by expert, a GEMV per expert over its pairs.
+    ByExpert,
+    /// The pairs grouped by expert, a tiled GEMM per expert.
+    Gemm,
 }
 
 /// The most experts a layer may have (the grouping kernel's shared arrays).
@@ -453,11 +470,15 @@ impl<'a> Frame<'a> {
         }
         let exact = |v: FormatVariant| if precision == Precision::Exact { v.exact() } else { v };
         let (gv, dv) = (exact(ex.gate_up.variant), exact(ex.down.variant));
-        let gemv = match path {
-            MoePath::Auto => n <= self.ctx.moe_gemv_rows(),
-            MoePath::Gemv => true,
-            MoePath::Grouped => false,
+        let way = match path {
+            MoePath::Auto if n <= self.ctx.moe_pair_rows() => Way::Pairs,
+            MoePath::Auto if n <= self.ctx.moe_gemv_rows() => Way::ByExpert,
+            MoePath::Auto => Way::Gemm,
+            MoePath::Gemv => Way::Pairs,
+            MoePath::ExpertGemv => Way::ByExpert,
+            MoePath::Grouped => Way::Gemm,
         };
+        let (gemv, by_expert) = (way != Way::Gemm, way == Way::ByExpert);
         let pairs = n * top_k;
         if (gemv && pairs > MAX_GROUPS) || (!gemv && n.div_ceil(GEMM_BR) > MAX_GROUPS) {
             return Err(VkError::BadArgument { op: OP, msg: format!("{n} rows exceed one dispatch") });
@@ -471,6 +492,11 @@ impl<'a> Frame<'a> {
             u32_arg(OP, "out offset", out.offset)?,
         );
         let (k32, e32) = (top_k as u32, e as u32);
+        // 0. The pairs grouped by expert, for every way but a GEMV per pair.
+        if way != Way::Pairs {
+            let push = MoeGroupPush { n: n as u32, top_k: k32, experts: e32, r_off };
+            self.dispatch(Kernel::MoeGroup, None, &[Bind::buf(routing.buf), Bind::buf(&s.groups)], &push, [1, 1, 1])?;
+        }
         // 1. Gate and up, the gated unit into h (pairs x ffn).
         let (xq, xd) = if gv.q8_acts() {
             if let MatIn::Norm { .. } = input {
@@ -498,7 +524,7 @@ impl<'a> Frame<'a> {
                 r_off,
                 top_k: k32,
                 experts: e32,
-                mode: 0,
+                mode: if by_expert { 3 } else { 0 },
                 glu: glu_kind,
                 limit,
                 alpha,
@@ -515,17 +541,18 @@ impl<'a> Frame<'a> {
                 Bind::buf(&s.h),
                 Bind::buf(routing.buf),
                 bias,
+                Bind::UNUSED,
+                Bind::buf(&s.groups),
             ];
+            let wgs = if by_expert { e } else { pairs };
             self.dispatch(
                 Kernel::MoeMatvec,
                 Some(gv),
                 &binds,
                 &push,
-                [groups_for(ffn, per).min(MAX_GROUPS as u32), pairs as u32, 1],
+                [groups_for(ffn, per).min(MAX_GROUPS as u32), wgs as u32, 1],
             )?;
         } else {
-            let push = MoeGroupPush { n: n as u32, top_k: k32, experts: e32, r_off };
-            self.dispatch(Kernel::MoeGroup, None, &[Bind::buf(routing.buf), Bind::buf(&s.groups)], &push, [1, 1, 1])?;
             let push = MoeMatmulPush {
                 rows: f32_,
                 cols: h32,
@@ -581,7 +608,7 @@ impl<'a> Frame<'a> {
         };
         let dm = &ex.down;
         let (dqs, dss) = (u32_arg(OP, "row units", dm.qs)?, u32_arg(OP, "row scales", dm.ss)?);
-        if gemv {
+        if way == Way::Pairs {
             let per = self.rows_per_group(dv)?;
             // Mode 1: down and the rank-ordered sum per row; mode 2: down per pair.
             let (mode, wgs) = if sum { (1, n) } else { (2, pairs) };
@@ -626,42 +653,92 @@ impl<'a> Frame<'a> {
             )
         } else {
             let (y, y_off) = if sum { (&s.y, 0) } else { (out.buf, o_off) };
-            let push = MoeMatmulPush {
-                rows: h32,
-                cols: f32_,
-                qs: dqs,
-                ss: dss,
-                x_off: 0,
-                out_off: y_off,
-                top_k: k32,
-                experts: e32,
-                mode: 1,
-                glu: 0,
-                limit: 0.0,
-                alpha: 0.0,
-                bias_off: db,
-                pad0: 0,
-                pad1: 0,
-                pad2: 0,
-            };
-            let binds =
-                [Bind::buf(&dm.q), Bind::buf(&dm.s), Bind::buf(&s.h), hq, hd, Bind::buf(y), Bind::buf(&s.groups), bias];
-            if self.coop_i8(dv, n) {
+            if by_expert {
+                // Mode 4: down per pair, an expert's pairs in one pass over its rows.
+                let per = self.rows_per_group(dv)?;
+                let push = MoeMatvecPush {
+                    rows: h32,
+                    cols: f32_,
+                    qs: dqs,
+                    ss: dss,
+                    x_off: 0,
+                    out_off: y_off,
+                    r_off,
+                    top_k: k32,
+                    experts: e32,
+                    mode: 4,
+                    glu: 0,
+                    limit: 0.0,
+                    alpha: 0.0,
+                    bias_off: db,
+                    res_on: 0,
+                    res_off: 0,
+                };
+                let binds = [
+                    Bind::buf(&dm.q),
+                    Bind::buf(&dm.s),
+                    Bind::buf(&s.h),
+                    hq,
+                    hd,
+                    Bind::buf(y),
+                    Bind::buf(routing.buf),
+                    bias,
+                    Bind::UNUSED,
+                    Bind::buf(&s.groups),
+                ];
                 self.dispatch(
-                    Kernel::MoeMatmulCoop,
+                    Kernel::MoeMatvec,
                     Some(dv),
                     &binds,
                     &push,
-                    [groups_for(hid, COOP_BO).min(MAX_GROUPS as u32), n.div_ceil(COOP_BR) as u32, e32],
+                    [groups_for(hid, per).min(MAX_GROUPS as u32), e32, 1],
                 )?;
             } else {
-                self.dispatch(
-                    Kernel::MoeMatmul,
-                    Some(dv),
-                    &binds,
-                    &push,
-                    [groups_for(hid, GEMM_BO).min(MAX_GROUPS as u32), n.div_ceil(GEMM_BR) as u32, e32],
-                )?;
+                let push = MoeMatmulPush {
+                    rows: h32,
+                    cols: f32_,
+                    qs: dqs,
+                    ss: dss,
+                    x_off: 0,
+                    out_off: y_off,
+                    top_k: k32,
+                    experts: e32,
+                    mode: 1,
+                    glu: 0,
+                    limit: 0.0,
+                    alpha: 0.0,
+                    bias_off: db,
+                    pad0: 0,
+                    pad1: 0,
+                    pad2: 0,
+                };
+                let binds = [
+                    Bind::buf(&dm.q),
+                    Bind::buf(&dm.s),
+                    Bind::buf(&s.h),
+                    hq,
+                    hd,
+                    Bind::buf(y),
+                    Bind::buf(&s.groups),
+                    bias,
+                ];
+                if self.coop_i8(dv, n) {
+                    self.dispatch(
+                        Kernel::MoeMatmulCoop,
+                        Some(dv),
+                        &binds,
+                        &push,
+                        [groups_for(hid, COOP_BO).min(MAX_GROUPS as u32), n.div_ceil(COOP_BR) as u32, e32],
+                    )?;
+                } else {
+                    self.dispatch(
+                        Kernel::MoeMatmul,
+                        Some(dv),
+                        &binds,
+                        &push,
+                        [groups_for(hid, GEMM_BO).min(MAX_GROUPS as u32), n.div_ceil(GEMM_BR) as u32, e32],
+                    )?;
+                }
             }
             if !sum {
                 return Ok(());
