@@ -75,21 +75,44 @@ fn db<const K: u8>(d: f32, s: u8) -> f32 {
     }
 }
 
-/// `n` magnitudes (bytes of `grid`) with the sign bits of `signs` applied, into `out`.
-#[inline(always)]
-fn put<const N: usize>(out: &mut [i8], grid: u64, signs: u8) {
-    for (j, o) in out[..N].iter_mut().enumerate() {
-        let v = (grid >> (8 * j)) as u8 as i8;
-        *o = if signs >> j & 1 != 0 { -v } else { v };
+/// Per sign byte, the mask whose byte `j` is 0xff where bit `j` is set.
+const SIGN_MASKS: [u64; 256] = {
+    let mut t = [0u64; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut j = 0;
+        while j < 8 {
+            if i >> j & 1 != 0 {
+                t[i] |= 0xff << (8 * j);
+            }
+            j += 1;
+        }
+        i += 1;
     }
+    t
+};
+
+/// The first `N` magnitudes of `grid` (byte `j` element `j`, each 1..=62) with the sign bits of
+/// `signs` applied, as two's-complement bytes into `out`: a negated byte is `(v ^ 0xff) + 1`,
+/// which never carries into the next byte because no magnitude is 0.
+#[inline(always)]
+fn put<const N: usize>(out: &mut [u8], grid: u64, signs: u8) {
+    let m = SIGN_MASKS[signs as usize];
+    let v = (grid ^ m).wrapping_add(m & 0x0101_0101_0101_0101).to_le_bytes();
+    out[..N].copy_from_slice(&v[..N]);
+}
+
+/// Whether the format scales the two halves of a sub-block apart.
+const fn split_halves(k: u8) -> bool {
+    matches!(k, XS2 | S2)
 }
 
 /// Sub-block `ib` of super-block `b`: its 32 signed magnitudes and the 4-bit scales of its two
 /// halves (the same twice where one scale covers all 32).
 #[inline(always)]
 fn sub<const K: u8>(b: &[u8], ib: usize) -> ([i8; 32], [u8; 2]) {
-    let mut g = [0i8; 32];
-    match K {
+    let mut g = [0u8; 32];
+    let s = match K {
         XXS2 => {
             let q: &[u8; 8] = arr(b, 2 + 8 * ib);
             let aux = u32::from_le_bytes([q[4], q[5], q[6], q[7]]);
@@ -98,7 +121,7 @@ fn sub<const K: u8>(b: &[u8], ib: usize) -> ([i8; 32], [u8; 2]) {
                 put::<8>(&mut g[8 * l..], IQ2XXS_GRID[q[l] as usize], signs);
             }
             let s = (aux >> 28) as u8;
-            (g, [s, s])
+            [s, s]
         }
         XS2 => {
             for l in 0..4 {
@@ -106,7 +129,7 @@ fn sub<const K: u8>(b: &[u8], ib: usize) -> ([i8; 32], [u8; 2]) {
                 put::<8>(&mut g[8 * l..], IQ2XS_GRID[(q & 511) as usize], KSIGNS[(q >> 9) as usize]);
             }
             let sc = b[66 + ib];
-            (g, [sc & 15, sc >> 4])
+            [sc & 15, sc >> 4]
         }
         S2 => {
             let qh = b[66 + ib] as usize;
@@ -115,7 +138,7 @@ fn sub<const K: u8>(b: &[u8], ib: usize) -> ([i8; 32], [u8; 2]) {
                 put::<8>(&mut g[8 * l..], IQ2S_GRID[idx], b[34 + 4 * ib + l]);
             }
             let sc = b[74 + ib];
-            (g, [sc & 15, sc >> 4])
+            [sc & 15, sc >> 4]
         }
         XXS3 => {
             let aux = u32::from_le_bytes(*arr(b, 66 + 4 * ib));
@@ -124,7 +147,7 @@ fn sub<const K: u8>(b: &[u8], ib: usize) -> ([i8; 32], [u8; 2]) {
                 put::<4>(&mut g[4 * k..], IQ3XXS_GRID[b[2 + 8 * ib + k] as usize] as u64, signs);
             }
             let s = (aux >> 28) as u8;
-            (g, [s, s])
+            [s, s]
         }
         _ => {
             let qh = b[66 + ib] as usize;
@@ -134,9 +157,10 @@ fn sub<const K: u8>(b: &[u8], ib: usize) -> ([i8; 32], [u8; 2]) {
                 put::<4>(&mut g[4 * k..], IQ3S_GRID[idx] as u64, signs);
             }
             let s = b[106 + ib / 2] >> (4 * (ib % 2)) & 15;
-            (g, [s, s])
+            [s, s]
         }
-    }
+    };
+    (g.map(|v| v as i8), s)
 }
 
 #[inline(always)]
@@ -162,7 +186,7 @@ fn dot<const K: u8>(row: &[u8], x: &[f32]) -> f32 {
             let (g, s) = sub::<K>(b, ib);
             let gf = g.map(|q| q as f32);
             let x = &xs[32 * ib..32 * ib + 32];
-            a += if s[0] == s[1] {
+            a += if !split_halves(K) {
                 (2 * s[0] as i32 + 1) as f32 * fdot::<32>(&gf, x)
             } else {
                 let (lo, hi): (&[f32; 16], &[f32; 16]) = (arr(&gf, 0), arr(&gf, 16));
@@ -181,7 +205,7 @@ fn dot_q8<const K: u8>(row: &[u8], x: &[BlockQ8]) -> f32 {
         let mut a = 0f32;
         for (ib, xb) in xs.iter().enumerate() {
             let (g, s) = sub::<K>(b, ib);
-            let i = if s[0] == s[1] {
+            let i = if !split_halves(K) {
                 (2 * s[0] as i32 + 1) * idot_i8(&g, &xb.q)
             } else {
                 let (glo, ghi): (&[i8; 16], &[i8; 16]) = (arr(&g, 0), arr(&g, 16));
