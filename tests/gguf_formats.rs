@@ -10,6 +10,10 @@
 //! of 1 and 3; `Precision::Fast` 5e-2 (activations quantized to 8 bits per block of 32, as
 //! llama.cpp does); the Vulkan device (Lavapipe in CI) within 1e-4 of the CPU at `Exact` and
 //! 1e-3 at `Fast` (a last-bit difference before an 8-bit quantization can move it one step).
+//!
+//! The grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) have a fixture of their own
+//! (tests/fixtures/gguf_grids/, `make_gguf_formats.py --set grids`), held to the same bounds on
+//! the CPU; the shaders do not decode them, so a required Vulkan device refuses that model.
 
 mod common;
 
@@ -48,4 +52,46 @@ fn every_block_type_on_the_device_matches_the_cpu() {
     // before a quantization can move one step, hence the looser bound there.
     let cases = [(Precision::Exact, 4, 1e-4), (Precision::Fast, 4, 1e-3)];
     device_matches_cpu(&model(), "gguf_formats", &prompt, &cases);
+}
+
+fn grids() -> std::path::PathBuf {
+    fixture_dir("gguf_grids").join("model.gguf")
+}
+
+#[test]
+fn every_grid_type_matches_the_numpy_oracle() {
+    // tests/fixtures/gguf_grids: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S among Q4_K, Q6_K, Q8_0;
+    // the same bounds as `every_block_type_matches_the_numpy_oracle`.
+    let (prompt, want, max) = oracle_logits(&fixture_dir("gguf_grids").join("oracle.json"));
+    let engine = load_model(&grids());
+    for (precision, rel) in [(Precision::Exact, 1e-4), (Precision::Fast, 5e-2)] {
+        for chunk in [prompt.len(), 1, 3] {
+            let mut s = Session::new(engine.model(), 64);
+            s.set_precision(precision);
+            let got = logit_rows(&mut s, &prompt, chunk);
+            let err = max_abs_diff(&got, &want);
+            eprintln!("gguf_grids {precision:?} chunk {chunk}: max |logit - oracle| = {err:.3e} (max |logit| {max})");
+            assert!(err <= rel * max, "{precision:?} chunk {chunk}: max |logit - oracle| = {err} > {}", rel * max);
+        }
+    }
+}
+
+#[test]
+fn a_device_without_grid_kernels_refuses_the_grid_model() {
+    // The Vulkan shaders do not decode the grid formats: the device refuses the weights at
+    // upload (a typed error), so a required device is an error naming the format (`Auto`
+    // would run the model on the CPU with that note), never a device computing them.
+    use coli_runtime::engine::{DeviceRequest, Engine, EngineError, EngineOptions};
+    let req = EngineOptions {
+        device: DeviceRequest::Vulkan(coli_runtime::vk::VkOptions::default()),
+        ..EngineOptions::default()
+    };
+    match Engine::load(&grids(), &req) {
+        Err(EngineError::DeviceUnused(note)) => {
+            assert!(note.contains("does not take weights in IQ"), "{note}");
+        }
+        Err(e) if e.to_string().contains("Vulkan") => eprintln!("no Vulkan device: {e}"),
+        Err(e) => panic!("{e}"),
+        Ok(engine) => panic!("the device took the grid model: {}", engine.device_note()),
+    }
 }

@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
 """Makes tests/fixtures/gguf_formats/: a tiny Llama-architecture GGUF whose tensors are each in
-another GGUF block type (every type coli reads: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K,
-Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, F16), quantized by llama.cpp's own llama-quantize from an f32 file
-written here, and oracle.json: the logits of a prompt computed by an independent forward in
-numpy from the weights as gguf-py dequantizes them (not by coli).
+another GGUF block type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL,
+IQ4_XS, MXFP4, F16), quantized by llama.cpp's own llama-quantize from an f32 file written here,
+and oracle.json: the logits of a prompt computed by an independent forward in numpy from the
+weights as gguf-py dequantizes them (not by coli).
+
+`--set grids` makes tests/fixtures/gguf_grids/ the same way with the grid formats (IQ2_XXS,
+IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) among Q4_K, Q6_K and Q8_0 tensors. llama-quantize makes the
+IQ2 types only with an importance matrix: the script writes a uniform one (every weight 1, in
+llama.cpp's legacy imatrix layout), which makes its search the plain least-squares one.
 
 Needs ../shared/peers (gguf-py and bin/llama-quantize.xz) and numpy:
   python3 -m venv /tmp/qv && /tmp/qv/bin/pip install numpy pyyaml
@@ -44,6 +49,39 @@ TYPES = {
     "blk.1.ffn_up": "f16",
     "blk.1.ffn_down": "mxfp4",
 }
+
+GRID_TYPES = {
+    "token_embd": "q4_k",
+    "output": "q6_k",
+    "blk.0.attn_q": "iq3_xxs",
+    "blk.0.attn_k": "iq2_xxs",
+    "blk.0.attn_v": "iq3_s",
+    "blk.0.attn_output": "iq2_xs",
+    "blk.0.ffn_gate": "iq2_s",
+    "blk.0.ffn_up": "iq3_xxs",
+    "blk.0.ffn_down": "q4_k",
+    "blk.1.attn_q": "q8_0",
+    "blk.1.attn_k": "iq3_s",
+    "blk.1.attn_v": "iq2_xxs",
+    "blk.1.attn_output": "iq2_s",
+    "blk.1.ffn_gate": "iq2_xs",
+    "blk.1.ffn_up": "iq3_s",
+    "blk.1.ffn_down": "iq2_xxs",
+}
+
+
+def write_uniform_imatrix(gguf, f32_path, path):
+    """llama.cpp's legacy imatrix file: per 2-D tensor its name, one call, and one weight per
+    column, all 1 (no column matters more than another)."""
+    r = gguf.GGUFReader(f32_path)
+    entries = [(t.name, int(t.shape[0])) for t in r.tensors if len(t.shape) == 2]
+    with open(path, "wb") as f:
+        f.write(np.int32(len(entries)).tobytes())
+        for name, cols in entries:
+            raw = name.encode()
+            f.write(np.int32(len(raw)).tobytes() + raw)
+            f.write(np.int32(1).tobytes() + np.int32(cols).tobytes())
+            f.write(np.ones(cols, dtype=np.float32).tobytes())
 
 
 def write_f32(gguf, path, rng):
@@ -141,12 +179,16 @@ def forward(W, ids):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--peers", default="../shared/peers")
-    ap.add_argument("--out", default="tests/fixtures/gguf_formats")
+    ap.add_argument("--set", choices=["formats", "grids"], default="formats")
+    ap.add_argument("--out", default=None)
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()
     sys.path.insert(0, os.path.join(args.peers, "gguf-py"))
     import gguf
 
+    types = GRID_TYPES if args.set == "grids" else TYPES
+    if args.out is None:
+        args.out = "tests/fixtures/gguf_grids" if args.set == "grids" else "tests/fixtures/gguf_formats"
     os.makedirs(args.out, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         quantize = os.path.join(tmp, "llama-quantize")
@@ -157,26 +199,30 @@ def main():
         write_f32(gguf, f32, np.random.default_rng(args.seed))
         out = os.path.join(args.out, "model.gguf")
         cmd = [quantize, "--pure"]
+        if args.set == "grids":
+            imatrix = os.path.join(tmp, "uniform.imatrix")
+            write_uniform_imatrix(gguf, f32, imatrix)
+            cmd += ["--imatrix", imatrix]
         # Patterns are matched inside names ("output" would also take attn_output): the head
         # and the embedding by their own options.
-        for name, ty in TYPES.items():
+        for name, ty in types.items():
             if name not in ("output", "token_embd"):
                 cmd += ["--tensor-type", f"{name}={ty}"]
-        cmd += ["--output-tensor-type", TYPES["output"], "--token-embedding-type", TYPES["token_embd"]]
+        cmd += ["--output-tensor-type", types["output"], "--token-embedding-type", types["token_embd"]]
         cmd += [f32, out, "q8_0", "1"]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    W, types = load(gguf, out)
+    W, got_types = load(gguf, out)
     logits = forward(W, PROMPT)
     oracle = {
         "source": "tools/make_gguf_formats.py: numpy forward over gguf-py's dequantization of model.gguf",
         "seed": args.seed,
-        "types": types,
+        "types": got_types,
         "prompt": PROMPT,
         "logits": [[float(v) for v in row] for row in logits],
     }
     with open(os.path.join(args.out, "oracle.json"), "w") as f:
         json.dump(oracle, f)
-    print(json.dumps(types, indent=1))
+    print(json.dumps(got_types, indent=1))
     print("max |logit|", float(np.abs(logits).max()), "bytes", os.path.getsize(out))
 
 

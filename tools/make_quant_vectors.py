@@ -2,7 +2,8 @@
 """Writes runtime/tests/data/quant_vectors.json: reference rows for coli's GGUF block decoders.
 
 For Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 it quantizes seeded random values with gguf-py; for the
-k-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_NL, IQ4_XS, MXFP4 (which gguf-py only decodes) it makes
+k-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), IQ4_NL, IQ4_XS, MXFP4 and the grid formats IQ2_XXS,
+IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (which gguf-py only decodes) it makes
 seeded random blocks with sane f16 scales. Each entry holds the stored bytes (hex) and gguf-py's
 dequantization, which the Rust test compares against.
 
@@ -77,6 +78,16 @@ def main():
     mx = rng.integers(0, 256, size=(6, 17), dtype=np.uint8)
     mx[:, 0] = [118, 121, 125, 128, 0, 1]
     out.append(entry("MXFP4", T.MXFP4, mx.reshape(-1), 192))
+    # The grid formats (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), which gguf-py only decodes:
+    # random bytes are valid grid indices, sign bits and 4-bit scales under a sane f16 d.
+    for name, qtype, size in (
+        ("IQ2_XXS", T.IQ2_XXS, 66),
+        ("IQ2_XS", T.IQ2_XS, 74),
+        ("IQ2_S", T.IQ2_S, 82),
+        ("IQ3_XXS", T.IQ3_XXS, 98),
+        ("IQ3_S", T.IQ3_S, 110),
+    ):
+        out.append(entry(name, qtype, random_blocks(3, size, [0]), 768))
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({"generator": "tools/make_quant_vectors.py (gguf-py)", "rows": out}, indent=0) + "\n")
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")

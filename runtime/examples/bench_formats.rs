@@ -40,7 +40,14 @@ fn rows_of(format: WeightFormat, rows: usize, cols: usize) -> Vec<u8> {
         WeightFormat::Q6_K => &[208],
         WeightFormat::Q2_K => &[80, 82],
         WeightFormat::Q3_K => &[108],
-        WeightFormat::Q5_0 | WeightFormat::IQ4_NL | WeightFormat::IQ4_XS => &[0],
+        WeightFormat::Q5_0
+        | WeightFormat::IQ4_NL
+        | WeightFormat::IQ4_XS
+        | WeightFormat::IQ2_XXS
+        | WeightFormat::IQ2_XS
+        | WeightFormat::IQ2_S
+        | WeightFormat::IQ3_XXS
+        | WeightFormat::IQ3_S => &[0],
         // The E8M0 scale byte: 2^-7.
         WeightFormat::MXFP4 => &[],
         _ => return quantize(format, &values(rows * cols, 7), cols).unwrap(),
@@ -79,6 +86,11 @@ fn main() {
         WeightFormat::Q5_K,
         WeightFormat::IQ4_NL,
         WeightFormat::IQ4_XS,
+        WeightFormat::IQ2_XXS,
+        WeightFormat::IQ2_XS,
+        WeightFormat::IQ2_S,
+        WeightFormat::IQ3_XXS,
+        WeightFormat::IQ3_S,
         WeightFormat::MXFP4,
         WeightFormat::I8Row,
         WeightFormat::I4G64,

@@ -45,7 +45,7 @@ fn check(what: &str, got: &[f32], want: &[f32], mag: &[f32], slack: &[f32]) {
 fn fused_products_match_the_cpu_ops() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(0x5eed_f001);
-    let formats = WeightFormat::ALL;
+    let formats = vk_common::device_formats();
     let inputs = [
         Input::Norm { eps: 1e-5, offset: 0.0 },
         Input::Norm { eps: 1e-6, offset: 1.0 },

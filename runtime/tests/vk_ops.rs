@@ -16,7 +16,8 @@ use coli_runtime::cpu::{
 };
 use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
 use coli_runtime::vk::{
-    AttnArgs, AttnPath, AttnShape, Broadcast, IntDotUse, MatmulPath, NormArgs, RopeShape, RouteParams, VkOptions,
+    AttnArgs, AttnPath, AttnShape, Broadcast, IntDotUse, MatmulPath, NormArgs, RopeShape, RouteParams, VkError,
+    VkOptions,
 };
 use vk_common::{assert_close, assert_close_terms, ctx, random_rows, term_magnitudes, Rng};
 
@@ -42,7 +43,7 @@ fn cols_for(format: WeightFormat) -> &'static [usize] {
 fn matmul_matches_cpu_for_every_format() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(0x5eed_0001);
-    for format in WeightFormat::ALL {
+    for format in vk_common::device_formats() {
         for &cols in cols_for(format) {
             // 70 rows: decode GEMVs split each row over subgroups (`ksplit`);
             // `matvec_of_many_rows_matches_cpu` has one subgroup a row.
@@ -92,7 +93,7 @@ fn packed_dot_product_and_byte_arithmetic_agree_bit_for_bit() {
     let Some(off) = vk_common::open(&VkOptions { int_dot: IntDotUse::Off, ..Default::default() }) else { return };
     assert!(!off.caps().integer_dot_product, "IntDotUse::Off leaves the feature off");
     let mut rng = Rng(0x5eed_00d0);
-    for format in WeightFormat::ALL.into_iter().filter(|f| f.uses_q8_acts(256)) {
+    for format in vk_common::device_formats().into_iter().filter(|f| f.uses_q8_acts(256)) {
         let (rows, cols) = (70, if format.block_size() == 256 { 512 } else { 192 });
         let bytes = random_rows(format, rows, cols, &mut rng);
         let m = Matrix::new(format, rows, cols, &bytes).unwrap();
@@ -180,13 +181,32 @@ fn shared_quantized_activations_match_cpu() {
     }
 }
 
+/// The grid formats (`IQ2_*`, `IQ3_*`) have no shader: uploading one is a typed error naming
+/// it, never a matrix the kernels would misread.
+#[test]
+fn upload_refuses_formats_without_a_kernel() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0003);
+    let on_device = vk_common::device_formats();
+    let refused: Vec<WeightFormat> = WeightFormat::ALL.into_iter().filter(|f| !on_device.contains(f)).collect();
+    assert_eq!(refused.len(), 5, "{refused:?}");
+    for format in refused {
+        let bytes = random_rows(format, 3, 256, &mut rng);
+        match ctx.upload_matrix(format, 3, 256, &bytes) {
+            Err(VkError::UnsupportedFormat { format: f, .. }) => assert_eq!(f, format),
+            Err(e) => panic!("{format}: {e}"),
+            Ok(_) => panic!("{format}: uploaded without a kernel to read it"),
+        }
+    }
+}
+
 /// Embedding gather, every format, against `dequant_row` times the scale. Exact but for the
 /// scale's rounding: tolerance 1e-6.
 #[test]
 fn embed_matches_cpu_for_every_format() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(0x5eed_0002);
-    for format in WeightFormat::ALL {
+    for format in vk_common::device_formats() {
         let cols = *cols_for(format).last().unwrap();
         let vocab = 23;
         let bytes = random_rows(format, vocab, cols, &mut rng);

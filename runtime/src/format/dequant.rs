@@ -5,7 +5,7 @@
 
 use super::fp16::{bf16_to_f32, f16_to_f32, read_f16};
 use super::WeightFormat;
-use super::{fp8, iq4, kquant, kquant_lo, mxfp4, q5};
+use super::{fp8, iq4, iq_grid, kquant, kquant_lo, mxfp4, q5};
 
 pub fn dequant_row(format: WeightFormat, row: &[u8], out: &mut [f32]) {
     match format {
@@ -61,6 +61,11 @@ pub fn dequant_row(format: WeightFormat, row: &[u8], out: &mut [f32]) {
         WeightFormat::MXFP4 => mxfp4::dequant_mxfp4(row, out),
         WeightFormat::FP8_E4M3 => fp8::dequant_fp8(row, out),
         WeightFormat::IQ4_XS => iq4::dequant_iq4_xs(row, out),
+        WeightFormat::IQ2_XXS => iq_grid::dequant_iq2_xxs(row, out),
+        WeightFormat::IQ2_XS => iq_grid::dequant_iq2_xs(row, out),
+        WeightFormat::IQ2_S => iq_grid::dequant_iq2_s(row, out),
+        WeightFormat::IQ3_XXS => iq_grid::dequant_iq3_xxs(row, out),
+        WeightFormat::IQ3_S => iq_grid::dequant_iq3_s(row, out),
         WeightFormat::I8Row => {
             let scale = f32::from_le_bytes(row[0..4].try_into().unwrap());
             for (o, &q) in out.iter_mut().zip(&row[4..]) {

@@ -8,7 +8,7 @@
 use super::fp16::{bf16_to_f32, f16_to_f32, read_f16};
 pub use super::prim::fdot;
 use super::WeightFormat;
-use super::{fp8, iq4, kquant, kquant_lo, mxfp4, q5};
+use super::{fp8, iq4, iq_grid, kquant, kquant_lo, mxfp4, q5};
 
 /// `w . x_c` for `C` activation rows at once, each with eight accumulators (all slices the
 /// same length).
@@ -169,6 +169,11 @@ pub fn dot_row(format: WeightFormat, row: &[u8], x: &[f32]) -> f32 {
         WeightFormat::MXFP4 => mxfp4::dot_mxfp4(row, x),
         WeightFormat::FP8_E4M3 => fp8::dot_fp8(row, x),
         WeightFormat::IQ4_XS => iq4::dot_iq4_xs(row, x),
+        WeightFormat::IQ2_XXS => iq_grid::dot_iq2_xxs(row, x),
+        WeightFormat::IQ2_XS => iq_grid::dot_iq2_xs(row, x),
+        WeightFormat::IQ2_S => iq_grid::dot_iq2_s(row, x),
+        WeightFormat::IQ3_XXS => iq_grid::dot_iq3_xxs(row, x),
+        WeightFormat::IQ3_S => iq_grid::dot_iq3_s(row, x),
         WeightFormat::I8Row => dot_i8row(row, x),
         WeightFormat::I4G64 => dot_i4g64(row, x),
     }

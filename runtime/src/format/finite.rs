@@ -104,7 +104,12 @@ fn layout(format: WeightFormat, cols: usize) -> Layout {
             256,
             &[(0, F16, "the f16 scale d of the super-block"), (2, F16, "the f16 min dmin of the super-block")],
         ),
-        WeightFormat::IQ4_XS => (format.block_bytes(), 256, &[(0, F16, "the f16 scale d of the super-block")]),
+        WeightFormat::IQ4_XS
+        | WeightFormat::IQ2_XXS
+        | WeightFormat::IQ2_XS
+        | WeightFormat::IQ2_S
+        | WeightFormat::IQ3_XXS
+        | WeightFormat::IQ3_S => (format.block_bytes(), 256, &[(0, F16, "the f16 scale d of the super-block")]),
         // Every E8M0 byte is a finite power of two (GGUF decodes 255 as 2^127, not NaN).
         WeightFormat::MXFP4 => (format.block_bytes(), 32, &[]),
         WeightFormat::FP8_E4M3 => {

@@ -17,6 +17,9 @@
 //! - `IQ4_NL`: 32 in 18: f16 `d`, nibbles as in `Q4_0` indexing 16 fixed levels;
 //!   `x = d * level[q]`. `IQ4_XS`: 256 in 136, eight sub-blocks of 32 with 6-bit scales
 //!   (see `iq4.rs`).
+//! - `IQ2_XXS` (66 bytes per 256), `IQ2_XS` (74), `IQ2_S` (82), `IQ3_XXS` (98), `IQ3_S` (110):
+//!   groups of 8 or 4 values indexing fixed lattices, with sign bits and 4-bit sub-block scales
+//!   (see `iq_grid.rs`; the lattices in `iq_grids.rs`).
 //! - `MXFP4`: 32 in 17: an E8M0 power-of-two scale, nibbles as in `Q4_0` indexing the E2M1
 //!   values (see `mxfp4.rs`).
 //! - `FP8_E4M3` (coli's block form of FP8 checkpoints): 128 in 132: the f32 `scale` of the
@@ -45,6 +48,8 @@ pub mod fp16;
 pub(crate) mod fp8;
 mod fsimd;
 mod iq4;
+mod iq_grid;
+mod iq_grids;
 mod kquant;
 mod kquant_lo;
 mod matmul;
@@ -87,6 +92,11 @@ pub enum WeightFormat {
     Q5_K,
     IQ4_NL,
     IQ4_XS,
+    IQ2_XXS,
+    IQ2_XS,
+    IQ2_S,
+    IQ3_XXS,
+    IQ3_S,
     MXFP4,
     /// coli: blocks of 128 E4M3 codes, each after its f32 scale (FP8 checkpoints, repacked).
     FP8_E4M3,
@@ -122,7 +132,7 @@ impl fmt::Display for WeightFormat {
 }
 
 impl WeightFormat {
-    pub const ALL: [WeightFormat; 19] = [
+    pub const ALL: [WeightFormat; 24] = [
         WeightFormat::F32,
         WeightFormat::F16,
         WeightFormat::BF16,
@@ -138,6 +148,11 @@ impl WeightFormat {
         WeightFormat::Q5_K,
         WeightFormat::IQ4_NL,
         WeightFormat::IQ4_XS,
+        WeightFormat::IQ2_XXS,
+        WeightFormat::IQ2_XS,
+        WeightFormat::IQ2_S,
+        WeightFormat::IQ3_XXS,
+        WeightFormat::IQ3_S,
         WeightFormat::MXFP4,
         WeightFormat::FP8_E4M3,
         WeightFormat::I8Row,
@@ -163,6 +178,11 @@ impl WeightFormat {
             WeightFormat::Q5_K => "Q5_K",
             WeightFormat::IQ4_NL => "IQ4_NL",
             WeightFormat::IQ4_XS => "IQ4_XS",
+            WeightFormat::IQ2_XXS => "IQ2_XXS",
+            WeightFormat::IQ2_XS => "IQ2_XS",
+            WeightFormat::IQ2_S => "IQ2_S",
+            WeightFormat::IQ3_XXS => "IQ3_XXS",
+            WeightFormat::IQ3_S => "IQ3_S",
             WeightFormat::MXFP4 => "MXFP4",
             WeightFormat::FP8_E4M3 => "FP8_E4M3",
             WeightFormat::I8Row => "I8Row",
@@ -187,7 +207,12 @@ impl WeightFormat {
             | WeightFormat::Q2_K
             | WeightFormat::Q3_K
             | WeightFormat::Q5_K
-            | WeightFormat::IQ4_XS => 256,
+            | WeightFormat::IQ4_XS
+            | WeightFormat::IQ2_XXS
+            | WeightFormat::IQ2_XS
+            | WeightFormat::IQ2_S
+            | WeightFormat::IQ3_XXS
+            | WeightFormat::IQ3_S => 256,
             WeightFormat::I4G64 => 64,
             WeightFormat::FP8_E4M3 => fp8::FP8_BLOCK,
         }
@@ -210,6 +235,11 @@ impl WeightFormat {
             WeightFormat::Q5_K => kquant_lo::Q5K_BYTES,
             WeightFormat::IQ4_NL => iq4::IQ4_NL_BYTES,
             WeightFormat::IQ4_XS => iq4::IQ4_XS_BYTES,
+            WeightFormat::IQ2_XXS => iq_grid::IQ2_XXS_BYTES,
+            WeightFormat::IQ2_XS => iq_grid::IQ2_XS_BYTES,
+            WeightFormat::IQ2_S => iq_grid::IQ2_S_BYTES,
+            WeightFormat::IQ3_XXS => iq_grid::IQ3_XXS_BYTES,
+            WeightFormat::IQ3_S => iq_grid::IQ3_S_BYTES,
             WeightFormat::MXFP4 => mxfp4::MXFP4_BYTES,
             WeightFormat::FP8_E4M3 => fp8::FP8_BYTES,
             WeightFormat::I8Row => 1,
@@ -242,7 +272,12 @@ impl WeightFormat {
             WeightFormat::Q4_K => 12,
             WeightFormat::Q5_K => 13,
             WeightFormat::Q6_K => 14,
+            WeightFormat::IQ2_XXS => 16,
+            WeightFormat::IQ2_XS => 17,
+            WeightFormat::IQ3_XXS => 18,
             WeightFormat::IQ4_NL => 20,
+            WeightFormat::IQ3_S => 21,
+            WeightFormat::IQ2_S => 22,
             WeightFormat::IQ4_XS => 23,
             WeightFormat::BF16 => 30,
             WeightFormat::MXFP4 => 39,
@@ -265,7 +300,12 @@ impl WeightFormat {
             12 => WeightFormat::Q4_K,
             13 => WeightFormat::Q5_K,
             14 => WeightFormat::Q6_K,
+            16 => WeightFormat::IQ2_XXS,
+            17 => WeightFormat::IQ2_XS,
+            18 => WeightFormat::IQ3_XXS,
             20 => WeightFormat::IQ4_NL,
+            21 => WeightFormat::IQ3_S,
+            22 => WeightFormat::IQ2_S,
             23 => WeightFormat::IQ4_XS,
             30 => WeightFormat::BF16,
             39 => WeightFormat::MXFP4,

@@ -8,7 +8,7 @@
 
 use super::fp16::read_f16;
 pub use super::prim::{idot_i8, idot_u8};
-use super::{iq4, kquant, kquant_lo, mxfp4, q5};
+use super::{iq4, iq_grid, kquant, kquant_lo, mxfp4, q5};
 use super::{FormatError, WeightFormat};
 
 /// 32 activations quantized to i8: `x[i] ~ d * q[i]`; `s = d * sum(q)` (for formats with a min).
@@ -185,6 +185,11 @@ pub fn dot_row_q8(format: WeightFormat, row: &[u8], x: &[BlockQ8]) -> f32 {
         WeightFormat::IQ4_NL => iq4::dot_iq4_nl_q8(row, x),
         WeightFormat::MXFP4 => mxfp4::dot_mxfp4_q8(row, x),
         WeightFormat::IQ4_XS => iq4::dot_iq4_xs_q8(row, x),
+        WeightFormat::IQ2_XXS => iq_grid::dot_iq2_xxs_q8(row, x),
+        WeightFormat::IQ2_XS => iq_grid::dot_iq2_xs_q8(row, x),
+        WeightFormat::IQ2_S => iq_grid::dot_iq2_s_q8(row, x),
+        WeightFormat::IQ3_XXS => iq_grid::dot_iq3_xxs_q8(row, x),
+        WeightFormat::IQ3_S => iq_grid::dot_iq3_s_q8(row, x),
         WeightFormat::I8Row => i8row(row, x),
         WeightFormat::I4G64 => i4g64(row, x),
         WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 | WeightFormat::FP8_E4M3 => {

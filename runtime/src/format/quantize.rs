@@ -132,6 +132,11 @@ fn encode_row(format: WeightFormat, x: &[f32], o: &mut [u8]) {
         | WeightFormat::Q5_K
         | WeightFormat::IQ4_NL
         | WeightFormat::IQ4_XS
+        | WeightFormat::IQ2_XXS
+        | WeightFormat::IQ2_XS
+        | WeightFormat::IQ2_S
+        | WeightFormat::IQ3_XXS
+        | WeightFormat::IQ3_S
         | WeightFormat::MXFP4
         | WeightFormat::FP8_E4M3 => unreachable!("rejected by quantize"),
     }

@@ -35,7 +35,14 @@ fn f16_fields(format: WeightFormat) -> &'static [usize] {
         WeightFormat::Q6_K => &[208],
         WeightFormat::Q2_K => &[80, 82],
         WeightFormat::Q3_K => &[108],
-        WeightFormat::Q5_0 | WeightFormat::IQ4_NL | WeightFormat::IQ4_XS => &[0],
+        WeightFormat::Q5_0
+        | WeightFormat::IQ4_NL
+        | WeightFormat::IQ4_XS
+        | WeightFormat::IQ2_XXS
+        | WeightFormat::IQ2_XS
+        | WeightFormat::IQ2_S
+        | WeightFormat::IQ3_XXS
+        | WeightFormat::IQ3_S => &[0],
         _ => &[],
     }
 }
@@ -279,7 +286,10 @@ fn gguf_type_ids_round_trip_and_unknown_ids_are_errors() {
             assert_eq!(WeightFormat::from_gguf_type(id), Ok(format));
         }
     }
-    assert_eq!(WeightFormat::from_gguf_type(16), Err(FormatError::UnknownGgufType(16)));
+    // IQ1_S (19) and TQ2_0 (35) are GGUF types coli does not compute.
+    assert_eq!(WeightFormat::from_gguf_type(19), Err(FormatError::UnknownGgufType(19)));
+    assert_eq!(WeightFormat::from_gguf_type(35), Err(FormatError::UnknownGgufType(35)));
+    assert_eq!(WeightFormat::from_gguf_type(18), Ok(WeightFormat::IQ3_XXS));
     assert_eq!(WeightFormat::from_gguf_type(13), Ok(WeightFormat::Q5_K));
     for (format, block, bytes) in [
         (WeightFormat::Q5_0, 32, 22),
@@ -289,6 +299,11 @@ fn gguf_type_ids_round_trip_and_unknown_ids_are_errors() {
         (WeightFormat::Q5_K, 256, 176),
         (WeightFormat::IQ4_NL, 32, 18),
         (WeightFormat::IQ4_XS, 256, 136),
+        (WeightFormat::IQ2_XXS, 256, 66),
+        (WeightFormat::IQ2_XS, 256, 74),
+        (WeightFormat::IQ2_S, 256, 82),
+        (WeightFormat::IQ3_XXS, 256, 98),
+        (WeightFormat::IQ3_S, 256, 110),
         (WeightFormat::MXFP4, 32, 17),
     ] {
         assert_eq!((format.block_size(), format.block_bytes()), (block, bytes), "{format}");
@@ -362,8 +377,11 @@ fn block_decoders_match_gguf_py() {
         let bytes: Vec<u8> =
             (0..r.hex.len()).step_by(2).map(|i| u8::from_str_radix(&r.hex[i..i + 2], 16).unwrap()).collect();
         let got = dequant(format, &bytes, r.cols);
+        // The grid formats compute `db * g` as the reference does: bit for bit.
+        let exact = format.name().starts_with("IQ2") || format.name().starts_with("IQ3");
         for (i, (a, b)) in got.iter().zip(&r.values).enumerate() {
-            assert!((a - b).abs() <= 1e-6 * b.abs().max(1e-3), "{format}[{i}]: {a} vs gguf-py {b}");
+            let tol = if exact { 0.0 } else { 1e-6 * b.abs().max(1e-3) };
+            assert!((a - b).abs() <= tol, "{format}[{i}]: {a} vs gguf-py {b}");
         }
         seen.push(format);
     }

@@ -7,10 +7,10 @@
 //! Must not: change a value, or depend on the device (pure repacking, then one upload).
 
 use super::context::{Context, DeviceBuffer};
-use super::error::Result;
+use super::error::{Result, VkError};
 use super::memory::MemoryUse;
 use super::shaders::FormatVariant;
-use crate::format::{fp16, FormatError, Matrix, WeightFormat};
+use crate::format::{fp16, Matrix, WeightFormat};
 
 /// A matrix in device layout, on the host.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,9 +30,11 @@ fn pad_to(v: &mut Vec<u8>, multiple: usize) {
 }
 
 /// Repacks `rows` rows of `cols` elements in `format` (`bytes` as the checkpoint stores them).
-pub fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Result<Packed, FormatError> {
+pub fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Result<Packed> {
     let m = Matrix::new(format, rows, cols, bytes)?;
-    let variant = FormatVariant::of(format, cols);
+    let Some(variant) = FormatVariant::of(format, cols) else {
+        return Err(VkError::UnsupportedFormat { op: "weight upload", format });
+    };
     let bs = format.block_size();
     let nb = cols / bs;
     // Per format: q bytes and s bytes of one row.
@@ -54,6 +56,11 @@ pub fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Res
         WeightFormat::Q5_K => (10 * nb, 4 * nb),
         WeightFormat::Q2_K => (4 * nb, 5 * nb),
         WeightFormat::Q3_K => (6 * nb, 4 * nb),
+        WeightFormat::IQ2_XXS
+        | WeightFormat::IQ2_XS
+        | WeightFormat::IQ2_S
+        | WeightFormat::IQ3_XXS
+        | WeightFormat::IQ3_S => return Err(VkError::UnsupportedFormat { op: "weight upload", format }),
     };
     let mut q = Vec::with_capacity(rows * qs * 16);
     let mut s = Vec::with_capacity(rows * ss * 4);
@@ -217,6 +224,11 @@ mod tests {
             let cols = 2 * format.block_size();
             let n = 3 * format.row_bytes(cols).unwrap();
             let bytes: Vec<u8> = (0..n).map(|i| (i * 7 + i / 251) as u8 | 1).collect();
+            if FormatVariant::of(format, cols).is_none() {
+                // No shader decodes it: refused, not packed into something else.
+                assert!(matches!(pack(format, 3, cols, &bytes), Err(VkError::UnsupportedFormat { .. })), "{format}");
+                continue;
+            }
             let p = pack(format, 3, cols, &bytes).unwrap();
             let mut want = [0usize; 256];
             bytes.iter().for_each(|&b| want[b as usize] += 1);
@@ -247,8 +259,8 @@ mod tests {
 
     #[test]
     fn i8row_short_rows_take_the_float_variant() {
-        assert_eq!(FormatVariant::of(WeightFormat::I8Row, 64), FormatVariant::I8Row);
-        assert_eq!(FormatVariant::of(WeightFormat::I8Row, 40), FormatVariant::I8RowF);
+        assert_eq!(FormatVariant::of(WeightFormat::I8Row, 64), Some(FormatVariant::I8Row));
+        assert_eq!(FormatVariant::of(WeightFormat::I8Row, 40), Some(FormatVariant::I8RowF));
         assert!(!FormatVariant::I8RowF.q8_acts() && FormatVariant::Q4_K.q8_acts());
     }
 }

@@ -74,9 +74,10 @@ impl Kernel {
 
 impl FormatVariant {
     /// The variant a matrix of `format` with rows of `cols` takes: `I8Row` rows whose length
-    /// is not a multiple of 32 are multiplied in f32, as the CPU does.
-    pub fn of(format: WeightFormat, cols: usize) -> FormatVariant {
-        match format {
+    /// is not a multiple of 32 are multiplied in f32, as the CPU does. `None` for the formats
+    /// the shaders do not decode (the grid formats `IQ2_*`, `IQ3_*`: the CPU computes them).
+    pub fn of(format: WeightFormat, cols: usize) -> Option<FormatVariant> {
+        Some(match format {
             WeightFormat::F32 => FormatVariant::F32,
             WeightFormat::F16 => FormatVariant::F16,
             WeightFormat::BF16 => FormatVariant::BF16,
@@ -97,7 +98,12 @@ impl FormatVariant {
             WeightFormat::IQ4_XS => FormatVariant::IQ4_XS,
             WeightFormat::MXFP4 => FormatVariant::MXFP4,
             WeightFormat::FP8_E4M3 => FormatVariant::FP8_E4M3,
-        }
+            WeightFormat::IQ2_XXS
+            | WeightFormat::IQ2_XS
+            | WeightFormat::IQ2_S
+            | WeightFormat::IQ3_XXS
+            | WeightFormat::IQ3_S => return None,
+        })
     }
 
     /// The variant that keeps f32 activations (the CPU's `Precision::Exact`); itself for the

@@ -10,7 +10,7 @@
 #![allow(dead_code)]
 
 use coli_runtime::format::{fp16, quantize, WeightFormat};
-use coli_runtime::vk::{Context, VkError, VkOptions};
+use coli_runtime::vk::{Context, FormatVariant, VkError, VkOptions};
 use std::sync::OnceLock;
 
 /// The shared context, or `None` when the run opted out of Vulkan tests. CI installs Lavapipe,
@@ -67,9 +67,22 @@ pub fn f16_fields(format: WeightFormat) -> &'static [usize] {
         WeightFormat::Q6_K => &[208],
         WeightFormat::Q2_K => &[80, 82],
         WeightFormat::Q3_K => &[108],
-        WeightFormat::Q5_0 | WeightFormat::IQ4_NL | WeightFormat::IQ4_XS => &[0],
+        WeightFormat::Q5_0
+        | WeightFormat::IQ4_NL
+        | WeightFormat::IQ4_XS
+        | WeightFormat::IQ2_XXS
+        | WeightFormat::IQ2_XS
+        | WeightFormat::IQ2_S
+        | WeightFormat::IQ3_XXS
+        | WeightFormat::IQ3_S => &[0],
         _ => &[],
     }
+}
+
+/// The weight formats the shaders decode (`FormatVariant::of`): every one but the grid formats
+/// (`IQ2_*`, `IQ3_*`), which the CPU computes and a device refuses at upload.
+pub fn device_formats() -> Vec<WeightFormat> {
+    WeightFormat::ALL.into_iter().filter(|&f| FormatVariant::of(f, 256).is_some()).collect()
 }
 
 /// Random stored rows: encoded from random values where coli encodes the format; random
