@@ -35,23 +35,11 @@ fn values(n: usize, seed: u32) -> Vec<f32> {
 
 /// Stored rows of a format: encoded where coli can, random blocks (f16 scales 0.01) otherwise.
 fn rows_of(format: WeightFormat, rows: usize, cols: usize) -> Vec<u8> {
-    let scales: &[usize] = match format {
-        WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q5_1 => &[0, 2],
-        WeightFormat::Q6_K => &[208],
-        WeightFormat::Q2_K => &[80, 82],
-        WeightFormat::Q3_K => &[108],
-        WeightFormat::Q5_0
-        | WeightFormat::IQ4_NL
-        | WeightFormat::IQ4_XS
-        | WeightFormat::IQ2_XXS
-        | WeightFormat::IQ2_XS
-        | WeightFormat::IQ2_S
-        | WeightFormat::IQ3_XXS
-        | WeightFormat::IQ3_S => &[0],
-        // The E8M0 scale byte: 2^-7.
-        WeightFormat::MXFP4 => &[],
-        _ => return quantize(format, &values(rows * cols, 7), cols).unwrap(),
-    };
+    // MXFP4's scale is its E8M0 byte (set below: 2^-7).
+    let scales = format.f16_fields();
+    if scales.is_empty() && format != WeightFormat::MXFP4 {
+        return quantize(format, &values(rows * cols, 7), cols).unwrap();
+    }
     let mut b: Vec<u8> = (0..rows * format.row_bytes(cols).unwrap())
         .map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[3])
         .collect();

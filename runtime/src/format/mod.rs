@@ -218,6 +218,27 @@ impl WeightFormat {
         }
     }
 
+    /// Byte offsets of the f16 scale and min fields in one block, for the block formats coli
+    /// reads but does not encode (tests and benchmarks fill them with sane scales when they
+    /// make random blocks); empty for every other format.
+    pub fn f16_fields(self) -> &'static [usize] {
+        match self {
+            WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q5_1 => &[0, 2],
+            WeightFormat::Q6_K => &[208],
+            WeightFormat::Q2_K => &[80, 82],
+            WeightFormat::Q3_K => &[108],
+            WeightFormat::Q5_0
+            | WeightFormat::IQ4_NL
+            | WeightFormat::IQ4_XS
+            | WeightFormat::IQ2_XXS
+            | WeightFormat::IQ2_XS
+            | WeightFormat::IQ2_S
+            | WeightFormat::IQ3_XXS
+            | WeightFormat::IQ3_S => &[0],
+            _ => &[],
+        }
+    }
+
     /// Bytes per block (for `I8Row`: per element, excluding the 4-byte row scale).
     pub fn block_bytes(self) -> usize {
         match self {

@@ -28,25 +28,6 @@ impl Rng {
     }
 }
 
-/// Byte offsets of the f16 scale and min fields in one block of a format coli only reads.
-fn f16_fields(format: WeightFormat) -> &'static [usize] {
-    match format {
-        WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q5_1 => &[0, 2],
-        WeightFormat::Q6_K => &[208],
-        WeightFormat::Q2_K => &[80, 82],
-        WeightFormat::Q3_K => &[108],
-        WeightFormat::Q5_0
-        | WeightFormat::IQ4_NL
-        | WeightFormat::IQ4_XS
-        | WeightFormat::IQ2_XXS
-        | WeightFormat::IQ2_XS
-        | WeightFormat::IQ2_S
-        | WeightFormat::IQ3_XXS
-        | WeightFormat::IQ3_S => &[0],
-        _ => &[],
-    }
-}
-
 /// Random stored rows in `format`: encoded from random values where coli can encode the
 /// format, else random blocks (every bit pattern of the values) with sane f16 scales.
 fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
@@ -68,7 +49,7 @@ fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng) ->
         }
         return b;
     }
-    let fields = f16_fields(format);
+    let fields = format.f16_fields();
     if fields.is_empty() {
         return quantize(format, &rng.vec(rows * cols, 0.5), cols).unwrap();
     }
@@ -524,7 +505,7 @@ fn first_non_finite_finds_nan_and_inf_in_elements_and_block_fields() {
         let row = format.row_bytes(cols).unwrap();
         let (at, width) = match format {
             WeightFormat::F32 | WeightFormat::I8Row => (0, 4),
-            f => (f16_fields(f).first().copied().unwrap_or(0), 2),
+            f => (f.f16_fields().first().copied().unwrap_or(0), 2),
         };
         let inf: &[u8] = match (format, width) {
             (WeightFormat::BF16, _) => &[0x80, 0x7f],
@@ -568,7 +549,7 @@ fn block_formats_multiply_odd_block_counts_and_row_counts() {
     // quantization bound (as in `q8_dot_is_within_the_activation_quantization_bound`).
     let mut rng = Rng(0xfeed);
     let (rows, cols) = (13, 768);
-    for format in WeightFormat::ALL.into_iter().filter(|f| !f16_fields(*f).is_empty()) {
+    for format in WeightFormat::ALL.into_iter().filter(|f| !f.f16_fields().is_empty()) {
         let bytes = random_rows(format, rows, cols, &mut rng);
         let w = Matrix::new(format, rows, cols, &bytes).unwrap();
         for n in [1usize, 5] {

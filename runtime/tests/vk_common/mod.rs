@@ -60,25 +60,6 @@ impl Rng {
     }
 }
 
-/// Byte offsets of the f16 scale and min fields in one block of a format coli only reads.
-pub fn f16_fields(format: WeightFormat) -> &'static [usize] {
-    match format {
-        WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q5_1 => &[0, 2],
-        WeightFormat::Q6_K => &[208],
-        WeightFormat::Q2_K => &[80, 82],
-        WeightFormat::Q3_K => &[108],
-        WeightFormat::Q5_0
-        | WeightFormat::IQ4_NL
-        | WeightFormat::IQ4_XS
-        | WeightFormat::IQ2_XXS
-        | WeightFormat::IQ2_XS
-        | WeightFormat::IQ2_S
-        | WeightFormat::IQ3_XXS
-        | WeightFormat::IQ3_S => &[0],
-        _ => &[],
-    }
-}
-
 /// The weight formats the shaders decode (`FormatVariant::of`): every one but the grid formats
 /// (`IQ2_*`, `IQ3_*`), which the CPU computes and a device refuses at upload.
 pub fn device_formats() -> Vec<WeightFormat> {
@@ -108,7 +89,7 @@ pub fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng
         }
         return b;
     }
-    let fields = f16_fields(format);
+    let fields = format.f16_fields();
     if fields.is_empty() {
         return quantize(format, &rng.vec(rows * cols, 0.5), cols).unwrap();
     }
