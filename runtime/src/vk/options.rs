@@ -158,4 +158,7 @@ pub const DEFAULT_MOE_GEMV_ROWS: usize = 64;
 /// Rows up to which a routed-expert GEMV runs one pass over an expert's weights per (row,
 /// rank) pair by default; from there one pass per expert serves up to 8 of its pairs
 /// (`moe_matvec.comp` modes 3 and 4), which pays a grouping dispatch and the join of the pairs.
-pub const DEFAULT_MOE_PAIR_ROWS: usize = 3;
+/// Measured on the H200 (docs/BENCHMARKS.md, OLMoE-1B-7B Q8_0): at 64 streams the experts'
+/// device time per step 12.5 -> 9.0 ms; at 4 streams per pair was ahead (1,042-1,200 tok/s
+/// against 961-975).
+pub const DEFAULT_MOE_PAIR_ROWS: usize = 8;

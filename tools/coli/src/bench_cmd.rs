@@ -84,7 +84,7 @@ pub struct BenchArgs {
     #[arg(long, help_heading = heading::DIAGNOSTICS)]
     pub moe_gemv_rows: Option<usize>,
     /// Routed-expert GEMVs of at most this many rows run one per (row, rank) pair, more one per
-    /// expert over its pairs (comparison; default 3).
+    /// expert over its pairs (comparison; default 8).
     #[arg(long, help_heading = heading::DIAGNOSTICS)]
     pub moe_pair_rows: Option<usize>,
 }

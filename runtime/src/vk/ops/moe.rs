@@ -608,30 +608,32 @@ impl<'a> Frame<'a> {
         };
         let dm = &ex.down;
         let (dqs, dss) = (u32_arg(OP, "row units", dm.qs)?, u32_arg(OP, "row scales", dm.ss)?);
+        // The down GEMVs' push: h (pairs x ffn) in, `hidden` rows out.
+        let down = MoeMatvecPush {
+            rows: h32,
+            cols: f32_,
+            qs: dqs,
+            ss: dss,
+            x_off: 0,
+            out_off: o_off,
+            r_off,
+            top_k: k32,
+            experts: e32,
+            mode: 2,
+            glu: 0,
+            limit: 0.0,
+            alpha: 0.0,
+            bias_off: db,
+            res_on: 0,
+            res_off: 0,
+        };
         if way == Way::Pairs {
             let per = self.rows_per_group(dv)?;
             // Mode 1: down and the rank-ordered sum per row; mode 2: down per pair.
             let (mode, wgs) = if sum { (1, n) } else { (2, pairs) };
             let (res_on, res_off) =
                 (residual.is_some() as u32, u32_arg(OP, "residual offset", residual.map_or(0, |r| r.offset))?);
-            let push = MoeMatvecPush {
-                rows: h32,
-                cols: f32_,
-                qs: dqs,
-                ss: dss,
-                x_off: 0,
-                out_off: o_off,
-                r_off,
-                top_k: k32,
-                experts: e32,
-                mode,
-                glu: 0,
-                limit: 0.0,
-                alpha: 0.0,
-                bias_off: db,
-                res_on,
-                res_off,
-            };
+            let push = MoeMatvecPush { mode, res_on, res_off, ..down };
             let res = residual.map_or(Bind::UNUSED, |r| Bind::buf(r.buf));
             let binds = [
                 Bind::buf(&dm.q),
@@ -656,24 +658,7 @@ impl<'a> Frame<'a> {
             if by_expert {
                 // Mode 4: down per pair, an expert's pairs in one pass over its rows.
                 let per = self.rows_per_group(dv)?;
-                let push = MoeMatvecPush {
-                    rows: h32,
-                    cols: f32_,
-                    qs: dqs,
-                    ss: dss,
-                    x_off: 0,
-                    out_off: y_off,
-                    r_off,
-                    top_k: k32,
-                    experts: e32,
-                    mode: 4,
-                    glu: 0,
-                    limit: 0.0,
-                    alpha: 0.0,
-                    bias_off: db,
-                    res_on: 0,
-                    res_off: 0,
-                };
+                let push = MoeMatvecPush { mode: 4, out_off: y_off, ..down };
                 let binds = [
                     Bind::buf(&dm.q),
                     Bind::buf(&dm.s),
