@@ -60,6 +60,8 @@ mod attention;
 /// Rows of a step from which its K/V read-back runs on every core (a decode step's few rows
 /// are not worth the threads' wake-up).
 const PARALLEL_KV_ROWS: usize = 16;
+/// Sequences of a batched step from which their K/V rows are taken in parallel.
+const PARALLEL_KV_SEQUENCES: usize = 4;
 
 /// One device's side of a model: the weights its frames read uploaded, and those frames.
 pub struct DeviceModel {
@@ -741,8 +743,17 @@ impl DeviceModel {
         }
         phase("downloads", &mut t);
         let attn_layers: Vec<usize> = attn_layers.into_iter().map(|(l, _)| l).collect();
-        for ((st, kv), (rows, pos0)) in sts.iter_mut().zip(caches.iter_mut()).zip(&seqs) {
-            self.take_kv_rows(st, kv, &attn_layers, *pos0, rows.len())?;
+        // A batched step's sequences in parallel: each reads its own mirrors' new rows into its
+        // own cache (at 64 sequences 2,048 small reads, 5 ms one after another on the H200).
+        if sts.len() >= PARALLEL_KV_SEQUENCES {
+            sts.par_iter_mut()
+                .zip(caches.par_iter_mut())
+                .zip(seqs.par_iter())
+                .try_for_each(|((st, kv), (rows, pos0))| self.take_kv_rows(st, kv, &attn_layers, *pos0, rows.len()))?;
+        } else {
+            for ((st, kv), (rows, pos0)) in sts.iter_mut().zip(caches.iter_mut()).zip(&seqs) {
+                self.take_kv_rows(st, kv, &attn_layers, *pos0, rows.len())?;
+            }
         }
         phase("K/V rows into the host's cache", &mut t);
         let st = &mut *sts[0];
