@@ -29,20 +29,30 @@ fn oracle() -> (Vec<u32>, Vec<Vec<f32>>, f32) {
     oracle_logits(&fixture_dir("gguf_formats").join("oracle.json"))
 }
 
-#[test]
-fn every_block_type_matches_the_numpy_oracle() {
-    let (prompt, want, max) = oracle();
-    let engine = load_model(&model());
+/// The CPU's logits of `name`'s prompt, whole and in chunks of 1 and 3, against its oracle:
+/// within 1e-4 of the largest |logit| with f32 activations, 5e-2 with 8-bit ones.
+fn matches_the_oracle(name: &str, gguf: &std::path::Path) {
+    let (prompt, want, max) = oracle_logits(&fixture_dir(name).join("oracle.json"));
+    let engine = load_model(gguf);
     for (precision, rel) in [(Precision::Exact, 1e-4), (Precision::Fast, 5e-2)] {
         for chunk in [prompt.len(), 1, 3] {
             let mut s = Session::new(engine.model(), 64);
             s.set_precision(precision);
             let got = logit_rows(&mut s, &prompt, chunk);
             let err = max_abs_diff(&got, &want);
-            eprintln!("gguf_formats {precision:?} chunk {chunk}: max |logit - oracle| = {err:.3e} (max |logit| {max})");
-            assert!(err <= rel * max, "{precision:?} chunk {chunk}: max |logit - oracle| = {err} > {}", rel * max);
+            eprintln!("{name} {precision:?} chunk {chunk}: max |logit - oracle| = {err:.3e} (max |logit| {max})");
+            assert!(
+                err <= rel * max,
+                "{name} {precision:?} chunk {chunk}: max |logit - oracle| = {err} > {}",
+                rel * max
+            );
         }
     }
+}
+
+#[test]
+fn every_block_type_matches_the_numpy_oracle() {
+    matches_the_oracle("gguf_formats", &model());
 }
 
 #[test]
@@ -60,20 +70,8 @@ fn grids() -> std::path::PathBuf {
 
 #[test]
 fn every_grid_type_matches_the_numpy_oracle() {
-    // tests/fixtures/gguf_grids: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S among Q4_K, Q6_K, Q8_0;
-    // the same bounds as `every_block_type_matches_the_numpy_oracle`.
-    let (prompt, want, max) = oracle_logits(&fixture_dir("gguf_grids").join("oracle.json"));
-    let engine = load_model(&grids());
-    for (precision, rel) in [(Precision::Exact, 1e-4), (Precision::Fast, 5e-2)] {
-        for chunk in [prompt.len(), 1, 3] {
-            let mut s = Session::new(engine.model(), 64);
-            s.set_precision(precision);
-            let got = logit_rows(&mut s, &prompt, chunk);
-            let err = max_abs_diff(&got, &want);
-            eprintln!("gguf_grids {precision:?} chunk {chunk}: max |logit - oracle| = {err:.3e} (max |logit| {max})");
-            assert!(err <= rel * max, "{precision:?} chunk {chunk}: max |logit - oracle| = {err} > {}", rel * max);
-        }
-    }
+    // tests/fixtures/gguf_grids: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S among Q4_K, Q6_K, Q8_0.
+    matches_the_oracle("gguf_grids", &grids());
 }
 
 #[test]
