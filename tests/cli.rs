@@ -585,3 +585,42 @@ fn exec_says_when_the_kv_cache_is_split() {
     assert!(o.status.success(), "coli exec failed: {}", stderr(&o));
     assert!(stderr(&o).contains("kv split (forced)"), "{}", stderr(&o));
 }
+
+#[test]
+fn exec_speculates_with_the_same_output() {
+    // A fixture: the flags are taken and the tokens are those without them.
+    let prompt = "1,2,3,4,5,6,1,2,3,4,5,6,1,2,3";
+    let run = |extra: &[&str]| {
+        let o = coli(
+            &[&["exec", "--model", "tests/fixtures/llama", "--prompt-ids", prompt, "-n", "24"][..], extra].concat(),
+        );
+        assert!(o.status.success(), "coli exec failed: {}", stderr(&o));
+        o
+    };
+    assert_eq!(stdout(&run(&["--speculate", "ngram", "--draft-tokens", "3"])), stdout(&run(&[])));
+    let o = coli(&[
+        "exec",
+        "--model",
+        "tests/fixtures/llama",
+        "--prompt-ids",
+        "1",
+        "--speculate",
+        "ngram",
+        "--draft-tokens",
+        "99",
+    ]);
+    assert!(o.status.code() == Some(2) && stderr(&o).contains("between 1 and 32"), "{}", stderr(&o));
+
+    // The trained model on a repetitive code prompt: drafts are made and mostly right.
+    let Some(m) = shared_model("pymoe-22m") else { return };
+    let m = m.to_str().unwrap();
+    let code = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n";
+    let exec = |extra: &[&str]| coli(&[&["exec", "--model", m, "-p", code, "-n", "48"][..], extra].concat());
+    let (plain, fast) = (exec(&[]), exec(&["--speculate", "ngram"]));
+    assert!(fast.status.success(), "{}", stderr(&fast));
+    assert_eq!(stdout(&fast), stdout(&plain));
+    let e = stderr(&fast);
+    let line =
+        e.lines().find(|l| l.contains("speculation (ngram):")).unwrap_or_else(|| panic!("no speculation line: {e}"));
+    assert!(line.contains("accepted"), "{line}");
+}

@@ -1,11 +1,15 @@
 //! The generation loop: the prompt in chunks of rows, then one token at a time, sampled,
 //! streamed as text (UTF-8 safe, stop strings held back), until EOS, a stop string, the token
 //! budget or the context's end. Times prompt and decode separately for the tokens/s line.
+//! With a draft (`speculate`), a decode forward also runs the drafted tokens; each row is
+//! sampled as a step of its own would be, the draft kept while it agrees, the cache cut back
+//! to what was kept.
 //!
 //! Must not: know about model families, devices or files. It drives a `Session`.
 
 use crate::exec::{ExecError, LogitRows, Session};
 use crate::sample::{SampleError, Sampler};
+use crate::speculate::{Pacer, SpecStats, Speculation};
 use crate::text::{StopMatcher, Tokenizer};
 use std::time::Instant;
 
@@ -25,6 +29,8 @@ pub struct GenerateOptions {
     /// `generation_config.json` `eos_token_id`), with `stop_at_eos`; they work without a
     /// tokenizer too.
     pub stop_ids: Vec<u32>,
+    /// Drafted tokens checked by each decode forward (`Off`: one token a forward).
+    pub speculation: Speculation,
 }
 
 impl Default for GenerateOptions {
@@ -37,6 +43,7 @@ impl Default for GenerateOptions {
             penalty_window: 64,
             stop_at_eos: true,
             stop_ids: Vec::new(),
+            speculation: Speculation::Off,
         }
     }
 }
@@ -60,6 +67,7 @@ pub struct Generation {
     pub prompt_secs: f64,
     pub decode_secs: f64,
     pub stop: StopReason,
+    pub speculation: SpecStats,
 }
 
 impl Generation {
@@ -108,6 +116,7 @@ pub fn generate(
         prompt_secs: 0.0,
         decode_secs: 0.0,
         stop: StopReason::MaxTokens,
+        speculation: SpecStats::default(),
     };
     let rows = if opts.record_logits { LogitRows::All } else { LogitRows::Last };
 
@@ -124,14 +133,16 @@ pub fn generate(
     }
     out.prompt_secs = t0.elapsed().as_secs_f64();
 
-    // 2. Decode.
+    // 2. Decode. `ahead.rows[k]` holds the logits after the last sampled token and `k` drafts.
     let t1 = Instant::now();
     let mut stream = tokenizer.map(|t| t.stream_decoder(true));
     let mut stops = StopMatcher::new(opts.stop_strings.iter().cloned());
     let mut history: Vec<u32> = prompt.to_vec();
+    let mut pacer = Pacer::new(opts.speculation.max_draft());
+    let mut ahead = Ahead { fed: Vec::new(), rows: vec![last], base: session.pos(), kept: 0 };
     while out.generated.len() < opts.max_new_tokens {
         let recent = &history[history.len().saturating_sub(opts.penalty_window)..];
-        let id = sampler.sample(&last, recent)?;
+        let id = sampler.sample(&ahead.rows[ahead.kept], recent)?;
         history.push(id);
         if opts.stop_at_eos && (tokenizer.is_some_and(|t| t.is_eos(id)) || opts.stop_ids.contains(&id)) {
             out.generated.push(id);
@@ -149,19 +160,45 @@ pub fn generate(
                 break;
             }
         }
-        let need_forward = out.generated.len() < opts.max_new_tokens || opts.record_logits;
-        if !need_forward {
+        // The draft's next token: its row is computed already.
+        if ahead.next_draft() == Some(id) {
+            ahead.kept += 1;
+            out.speculation.accepted += 1;
+            if opts.record_logits {
+                out.logits.push(ahead.rows[ahead.kept].clone());
+            }
+            continue;
+        }
+        if ahead.fed.len() > 1 {
+            pacer.record(ahead.fed.len() - 1, ahead.kept);
+        }
+        ahead.keep(session, &mut out.speculation)?;
+        let left = opts.max_new_tokens - out.generated.len();
+        if left == 0 && !opts.record_logits {
             break;
         }
         if session.pos() + 1 > context {
             out.stop = StopReason::ContextFull;
             break;
         }
-        last = session.forward(&[id], LogitRows::Last)?;
+        // Drafts beyond the token budget or the context would be thrown away.
+        let cap = left.saturating_sub(1).min(context - session.pos() - 1);
+        let cap = if cap > 0 { cap.min(pacer.allowance()) } else { 0 };
+        let drafts = opts.speculation.draft(&history, cap);
+        let fed: Vec<u32> = std::iter::once(id).chain(drafts.iter().copied()).collect();
+        let l = session.forward(&fed, if drafts.is_empty() { LogitRows::Last } else { LogitRows::All })?;
+        let vocab = l.len() / fed.len();
+        if !drafts.is_empty() {
+            out.speculation.verifies += 1;
+            out.speculation.drafted += drafts.len();
+        }
+        let rows = l.chunks_exact(vocab).map(|r| r.to_vec()).collect();
+        ahead = Ahead { base: session.pos() - fed.len(), fed, rows, kept: 0 };
         if opts.record_logits {
-            out.logits.push(last.clone());
+            out.logits.push(ahead.rows[0].clone());
         }
     }
+    ahead.keep(session, &mut out.speculation)?;
     if let Some(s) = stream.as_mut() {
         if out.stop != StopReason::StopString {
             let tail = stops.push(&s.finish());
@@ -171,4 +208,33 @@ pub fn generate(
     }
     out.decode_secs = t1.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// A decode forward's tokens (the last sampled one, then the drafts) from position `base`, the
+/// logits of each, and how many of the drafts the samples agreed with so far.
+struct Ahead {
+    fed: Vec<u32>,
+    rows: Vec<Vec<f32>>,
+    base: usize,
+    kept: usize,
+}
+
+impl Ahead {
+    /// The next drafted token, if any is left.
+    fn next_draft(&self) -> Option<u32> {
+        self.fed.get(self.kept + 1).copied()
+    }
+
+    /// Cuts the session back to the drafts kept: positions of the rejected ones go. Where a
+    /// recurrent layer cannot step back there (only to the forward's start), the forward's
+    /// start comes back and the kept tokens run again.
+    fn keep(&self, session: &mut Session, stats: &mut SpecStats) -> Result<(), ExecError> {
+        if self.kept + 1 >= self.fed.len() || session.try_truncate(self.base + 1 + self.kept).is_ok() {
+            return Ok(());
+        }
+        session.try_truncate(self.base)?;
+        session.forward(&self.fed[..=self.kept], LogitRows::Last)?;
+        stats.replays += 1;
+        Ok(())
+    }
 }

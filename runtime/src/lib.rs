@@ -17,6 +17,7 @@ pub mod oplib;
 pub mod ramcache;
 pub mod sample;
 pub mod slots;
+pub mod speculate;
 pub mod store;
 pub mod text;
 pub mod tier;

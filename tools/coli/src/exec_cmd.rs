@@ -6,6 +6,7 @@ use crate::checks::OutputFile;
 use crate::engine_args::{heading, message};
 use crate::load_args::LoadArgs;
 use crate::sampling_args::SamplingArgs;
+use crate::speculate_args::SpeculateArgs;
 use clap::Args;
 use coli_runtime::cpu::Precision;
 use coli_runtime::engine::Prompt;
@@ -34,6 +35,8 @@ pub struct ExecArgs {
     pub system: Option<String>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub speculate: SpeculateArgs,
     /// Stop when this text appears (repeatable); it is not printed.
     #[arg(long, help_heading = heading::GENERATION)]
     pub stop: Vec<String>,
@@ -93,6 +96,7 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         stop_strings: a.stop.clone(),
         record_logits: logits_out.is_some(),
         stop_at_eos: !a.ignore_eos,
+        speculation: a.speculate.speculation(),
         ..Default::default()
     };
     let stdout = std::io::stdout();
@@ -123,6 +127,9 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
         }
     }
     if let Some(line) = engine.ram_summary() {
+        tracing::info!("{line}");
+    }
+    if let Some(line) = g.speculation.summary(&gen.speculation) {
         tracing::info!("{line}");
     }
     if g.stop == StopReason::ContextFull {

@@ -21,6 +21,7 @@ pub mod progress;
 pub mod ram_args;
 pub mod sampling_args;
 pub mod serve;
+pub mod speculate_args;
 pub mod tier_args;
 
 /// The built-in architecture specs (kept here for the tests that list them).
