@@ -3,7 +3,9 @@
 //! for attention, MoE, MLA and Gated DeltaNet fixtures (the recurrent one steps back by
 //! running the kept tokens again), and on the Vulkan device. The logits of the kept rows stay
 //! within `TOLERANCE` of the largest |logit| of the one-token-a-forward run's (a draft's rows
-//! run as a prompt chunk: the same math, another summation order).
+//! run as a prompt chunk: the same math, another summation order). The same through
+//! `slots` (what `coli chat` and `coli serve` drive): a request decoding alone drafts, and
+//! its tokens and finish are those without drafts.
 
 mod common;
 
@@ -12,6 +14,7 @@ use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
 use coli_runtime::exec::Session;
 use coli_runtime::generate::{generate, GenerateOptions, Generation};
 use coli_runtime::sample::{Sampler, SamplerConfig};
+use coli_runtime::slots::{Event, Finish, Request, Slots};
 use coli_runtime::speculate::{NgramOptions, Speculation};
 use coli_runtime::vk::VkOptions;
 use common::{fixture_dir, ids, load_model, max_abs, max_abs_diff, read_json};
@@ -97,5 +100,45 @@ fn the_draft_changes_nothing_on_the_device() {
             return;
         }
         same_with_and_without(&format!("{name} on the device"), &engine, &prompt(name), SamplerConfig::greedy());
+    }
+}
+
+/// `req` through one slot to its end.
+fn through_a_slot(engine: &Engine, req: Request) -> Finish {
+    let mut slots = Slots::new(engine, 1, CONTEXT, 16).unwrap();
+    slots.admit(0, req).unwrap();
+    loop {
+        for (_, e) in slots.step() {
+            match e {
+                Event::Done(f) => return f,
+                Event::Failed(e) => panic!("{e}"),
+                Event::Text(_) => {}
+            }
+        }
+    }
+}
+
+#[test]
+fn a_slot_decoding_alone_drafts_with_the_same_tokens() {
+    let spec = Speculation::Ngram(NgramOptions { max_draft: 4, min_match: 1, max_match: 3 });
+    for (name, device) in [("olmoe", false), ("qwen3_next", false), ("olmoe", true), ("qwen3_next", true)] {
+        let req = EngineOptions {
+            device: if device { DeviceRequest::Vulkan(VkOptions::default()) } else { DeviceRequest::Cpu },
+            compile: Options { context: CONTEXT, chunk_rows: 16, ..Options::default() },
+            ..EngineOptions::default()
+        };
+        let engine = Engine::load(&fixture_dir(name), &req).unwrap();
+        if device && engine.device().is_none() {
+            eprintln!("no Vulkan device: {}", engine.device_note());
+            return;
+        }
+        let base = Request { stop_at_eos: false, ..Request::greedy(prompt(name), 40) };
+        let plain = through_a_slot(&engine, base.clone());
+        let fast = through_a_slot(&engine, Request { speculation: spec, ..base });
+        let what = format!("{name}{}", if device { " on the device" } else { "" });
+        eprintln!("{what} through a slot: {}", fast.speculation.summary(&spec).unwrap_or_default());
+        assert_eq!(fast.generated, plain.generated, "{what}: the draft changed the output");
+        assert_eq!((fast.reason, fast.prompt_tokens), (plain.reason, plain.prompt_tokens));
+        assert!(fast.speculation.drafted > 0 && plain.speculation.drafted == 0, "{what}");
     }
 }

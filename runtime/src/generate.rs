@@ -225,16 +225,11 @@ impl Ahead {
         self.fed.get(self.kept + 1).copied()
     }
 
-    /// Cuts the session back to the drafts kept: positions of the rejected ones go. Where a
-    /// recurrent layer cannot step back there (only to the forward's start), the forward's
-    /// start comes back and the kept tokens run again.
+    /// Cuts the session back to the drafts kept (`Session::keep_of_last`).
     fn keep(&self, session: &mut Session, stats: &mut SpecStats) -> Result<(), ExecError> {
-        if self.kept + 1 >= self.fed.len() || session.try_truncate(self.base + 1 + self.kept).is_ok() {
-            return Ok(());
+        if !self.fed.is_empty() && session.keep_of_last(self.base, &self.fed, self.kept + 1)? {
+            stats.replays += 1;
         }
-        session.try_truncate(self.base)?;
-        session.forward(&self.fed[..=self.kept], LogitRows::Last)?;
-        stats.replays += 1;
         Ok(())
     }
 }

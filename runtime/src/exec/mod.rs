@@ -241,6 +241,19 @@ impl<'m> Session<'m> {
         Ok(())
     }
 
+    /// After a forward that ran `fed` from position `start` (the last one): keeps its first
+    /// `kept` positions and forgets the rest (a checked draft's rejected tokens). Where a
+    /// recurrent layer cannot step back there (only to the forward's start), the forward's start
+    /// comes back and the kept tokens run again; returns whether they did.
+    pub fn keep_of_last(&mut self, start: usize, fed: &[u32], kept: usize) -> Result<bool, ExecError> {
+        if kept >= fed.len() || self.try_truncate(start + kept).is_ok() {
+            return Ok(false);
+        }
+        self.try_truncate(start)?;
+        self.forward(&fed[..kept], LogitRows::Last)?;
+        Ok(true)
+    }
+
     /// Runs `tokens` (positions `pos..pos+n`) through the model; returns the logits of the
     /// last row (`vocab` floats) or of every row (`n x vocab`). A failure of any device re-runs
     /// the forward on the CPU from the host's cache, and the session stays on the CPU (every

@@ -8,6 +8,10 @@
 //! one for those on the CPU and one for those on the devices. Requests are independent: each has its own cache, positions and sampler, so a
 //! request's tokens do not depend on what else runs.
 //!
+//! A request that asks for speculation (`Request::speculation`) drafts tokens when it decodes
+//! alone (the only one decoding on its CPU or devices, or a plan that cannot batch); each
+//! checked row is taken as a step of its own would be, so its tokens are the same either way.
+//!
 //! A slot whose model keeps a recurrent state (Gated DeltaNet) cannot go back to a prefix: it
 //! is reused only when the new prompt extends everything it holds, else it starts again at 0.
 //!
@@ -22,6 +26,7 @@ use crate::engine::{Engine, EngineError};
 use crate::exec::{LogitRows, Session};
 use crate::generate::StopReason;
 use crate::sample::SampleError;
+use crate::speculate::{Pacer, SpecStats};
 use turn::Turn;
 
 /// A front end's name for a request.
@@ -47,6 +52,8 @@ pub struct Finish {
     pub cached_tokens: usize,
     /// The generated ids (an EOS that ended the generation included).
     pub generated: Vec<u32>,
+    /// What its drafts did (nothing without speculation).
+    pub speculation: SpecStats,
 }
 
 /// Why a request was not admitted.
@@ -73,6 +80,8 @@ struct Active<'e> {
     cached_tokens: usize,
     /// The sampled id the next forward runs.
     next: Option<u32>,
+    pacer: Pacer,
+    spec: SpecStats,
 }
 
 struct Slot<'e> {
@@ -163,7 +172,9 @@ impl<'e> Slots<'e> {
         slot.cached.truncate(slot.session.pos());
         let cached_tokens = slot.cached.len();
         slot.used = self.clock;
-        slot.active = Some(Active { id, turn, fed: cached_tokens, cached_tokens, next: None });
+        let pacer = Pacer::new(turn.req.speculation.max_draft());
+        let spec = SpecStats::default();
+        slot.active = Some(Active { id, turn, fed: cached_tokens, cached_tokens, next: None, pacer, spec });
         Ok(cached_tokens)
     }
 
@@ -280,19 +291,18 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 fn advance(session: &mut Session, cached: &mut Vec<u32>, a: &mut Active, chunk_rows: usize) -> Vec<Event> {
     let prompt_len = a.turn.req.prompt.len();
     let tokens: Vec<u32> = match a.next {
-        Some(t) => vec![t],
+        Some(t) => std::iter::once(t).chain(draft(session, a)).collect(),
         None => {
             let end = (a.fed + chunk_rows).min(prompt_len);
             a.turn.req.prompt[a.fed..end].to_vec()
         }
     };
-    let logits = match session.forward(&tokens, LogitRows::Last) {
+    let drafted = if a.next.is_some() { tokens.len() - 1 } else { 0 };
+    let rows = if drafted > 0 { LogitRows::All } else { LogitRows::Last };
+    let start = session.pos();
+    let logits = match session.forward(&tokens, rows) {
         Ok(l) => l,
-        Err(e) => {
-            session.truncate(0);
-            cached.clear();
-            return vec![Event::Failed(e.to_string())];
-        }
+        Err(e) => return failed(session, cached, e.to_string()),
     };
     cached.extend_from_slice(&tokens);
     if a.next.is_none() {
@@ -301,12 +311,70 @@ fn advance(session: &mut Session, cached: &mut Vec<u32>, a: &mut Active, chunk_r
             return Vec::new();
         }
     }
-    taken(session, a, &logits)
+    if drafted == 0 {
+        return taken(session, a, &logits);
+    }
+    // Row `k` follows the sampled token and `k` drafts: taken while the drafts agree.
+    let vocab = logits.len() / tokens.len();
+    let mut events = Vec::new();
+    let mut kept = 1;
+    loop {
+        let row = &logits[(kept - 1) * vocab..kept * vocab];
+        let ev = taken_at(start + kept, session.max_context(), a, row);
+        let over = ev.iter().any(|e| matches!(e, Event::Done(_) | Event::Failed(_)));
+        events.extend(ev);
+        if over || kept == tokens.len() || a.next != Some(tokens[kept]) {
+            break;
+        }
+        kept += 1;
+    }
+    a.spec.verifies += 1;
+    a.spec.drafted += drafted;
+    a.spec.accepted += kept - 1;
+    a.pacer.record(drafted, kept - 1);
+    match session.keep_of_last(start, &tokens, kept) {
+        Ok(replayed) => {
+            a.spec.replays += usize::from(replayed);
+            cached.truncate(start + kept);
+            if let Some(Event::Done(f)) = events.last_mut() {
+                f.speculation = a.spec;
+            }
+            events
+        }
+        Err(e) => failed(session, cached, e.to_string()),
+    }
+}
+
+/// The tokens a request decoding alone drafts after its last sampled one (none without
+/// speculation, or where the budget or the context leaves no room).
+fn draft(session: &Session, a: &mut Active) -> Vec<u32> {
+    let req = &a.turn.req;
+    let left = req.max_new_tokens.saturating_sub(a.turn.generated.len());
+    let room = session.max_context().saturating_sub(session.pos() + 1);
+    let cap = left.saturating_sub(1).min(room);
+    if cap == 0 || req.speculation.max_draft() == 0 {
+        return Vec::new();
+    }
+    let cap = cap.min(a.pacer.allowance());
+    let history: Vec<u32> = req.prompt.iter().chain(&a.turn.generated).copied().collect();
+    req.speculation.draft(&history, cap)
+}
+
+/// A failed forward: the slot's cache is forgotten.
+fn failed(session: &mut Session, cached: &mut Vec<u32>, why: String) -> Vec<Event> {
+    session.truncate(0);
+    cached.clear();
+    vec![Event::Failed(why)]
 }
 
 /// What a request makes of the logits of its last position.
 fn taken(session: &Session, a: &mut Active, logits: &[f32]) -> Vec<Event> {
-    let room = session.pos() < session.max_context();
+    taken_at(session.pos(), session.max_context(), a, logits)
+}
+
+/// `taken` for the logits of position `pos - 1` (of a session of `max_context` positions).
+fn taken_at(pos: usize, max_context: usize, a: &mut Active, logits: &[f32]) -> Vec<Event> {
+    let room = pos < max_context;
     let taken = match a.turn.take(logits, room) {
         Ok(t) => t,
         Err(e) => return vec![Event::Failed(e.to_string())],
@@ -322,6 +390,7 @@ fn taken(session: &Session, a: &mut Active, logits: &[f32]) -> Vec<Event> {
             prompt_tokens: a.turn.req.prompt.len(),
             cached_tokens: a.cached_tokens,
             generated: std::mem::take(&mut a.turn.generated),
+            speculation: a.spec,
         })),
     }
     events

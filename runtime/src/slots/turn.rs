@@ -7,6 +7,7 @@
 
 use crate::generate::StopReason;
 use crate::sample::{SampleError, Sampler, SamplerConfig};
+use crate::speculate::Speculation;
 use crate::text::{StopMatcher, StreamDecoder, Tokenizer};
 
 /// What a request asks for.
@@ -23,6 +24,9 @@ pub struct Request {
     pub stop_at_eos: bool,
     /// How many recent tokens the repetition penalty looks at.
     pub penalty_window: usize,
+    /// Drafted tokens checked by a decode forward the request runs alone (a batched step of
+    /// several requests runs one token each).
+    pub speculation: Speculation,
 }
 
 impl Request {
@@ -35,6 +39,7 @@ impl Request {
             stop_strings: Vec::new(),
             stop_at_eos: true,
             penalty_window: 64,
+            speculation: Speculation::Off,
         }
     }
 }

@@ -29,6 +29,8 @@ pub struct ChatArgs {
     pub max_tokens: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub speculate: crate::speculate_args::SpeculateArgs,
 }
 
 /// Sets a flag on each Ctrl-C (from the first call on, Ctrl-C no longer ends the program).
@@ -116,6 +118,7 @@ pub fn run(a: ChatArgs) -> Result<(), String> {
             stop_strings: Vec::new(),
             stop_at_eos: true,
             penalty_window: 64,
+            speculation: a.speculate.speculation(),
         };
         stop.store(false, Ordering::Relaxed);
         let answer = match slots.admit(turn, request) {

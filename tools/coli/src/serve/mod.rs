@@ -43,6 +43,9 @@ pub struct ServeArgs {
     /// checkpoint's file or directory name).
     #[arg(long, help_heading = heading::SERVER)]
     pub alias: Option<String>,
+    /// Drafts for a conversation that decodes alone (several at once decode a token each).
+    #[command(flatten)]
+    pub speculate: crate::speculate_args::SpeculateArgs,
 }
 
 /// The name a checkpoint's path gives the model: its file stem or its directory's name.
@@ -61,6 +64,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
     let load = a.load.clone();
     let m = metrics.clone();
     let max_queue = a.max_queue;
+    let speculation = a.speculate.speculation();
     // The engine thread owns the model from its load to the end.
     let engine_thread = std::thread::Builder::new()
         .name("coli-engine".into())
@@ -72,7 +76,13 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
                     return;
                 }
             };
-            let cfg = worker::WorkerConfig { slots, context: load.context(&engine), chunk_rows: load.chunk, max_queue };
+            let cfg = worker::WorkerConfig {
+                slots,
+                context: load.context(&engine),
+                chunk_rows: load.chunk,
+                max_queue,
+                speculation,
+            };
             let slots = match worker::slots(&engine, &cfg) {
                 Ok(s) => s,
                 Err(e) => {

@@ -50,6 +50,8 @@ pub struct WorkerConfig {
     pub chunk_rows: usize,
     /// Jobs waiting beyond this many are refused (503).
     pub max_queue: usize,
+    /// Drafts for a request that decodes alone (`--speculate`).
+    pub speculation: coli_runtime::speculate::Speculation,
 }
 
 /// The slots `cfg` asks for (their sessions' memory, on the devices too), made before the
@@ -185,6 +187,7 @@ fn take(
         stop_strings: job.stop,
         stop_at_eos: !job.ignore_eos,
         penalty_window: 64,
+        speculation: cfg.speculation,
     };
     *next_id += 1;
     queue.push_back(Queued { id: *next_id, request, replies: s.replies });
