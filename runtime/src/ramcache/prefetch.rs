@@ -6,7 +6,7 @@
 //! experts and the next layer's attention have still to add to. Two stand-ins were measured on
 //! pymoe-22m (docs/BENCHMARKS.md): this layer's MoE input `x` as it is, and the residual
 //! entering this layer's MoE renormed by the next layer's norm (`x / w * w'` with the two norm
-//! weights, exact for an RMSNorm up to its epsilon): the same precision (85.4% and 85.5%), so
+//! weights, exact for an RMSNorm up to its epsilon): the same precision (85.5% and 85.4%), so
 //! the guess reads `x` as it is, the simpler (no norm weights, any norm kind). The layer's
 //! input before attention lacks this layer's attention, which `x` has.
 //!
