@@ -6,6 +6,8 @@
 //! - with the device tier on (Lavapipe), and with the trunk on the CPU (`device_layers: 0`):
 //!   the same tokens, and no expert held both on the device and in RAM (exclusive caching);
 //! - a checkpoint truncated behind the cache is a typed error, never wrong numbers;
+//! - the prefetch of the next layer's experts on and off: the same logits bit for bit and the
+//!   same tokens, and the per-run line's prefetch numbers sane (guessed > 0, used <= guessed);
 //! - a stress run (one row a step, a cache of two experts) reads and evicts all along, and the
 //!   books balance at the end (bytes held = the sum of the entries, none still shared).
 
@@ -28,7 +30,13 @@ fn prompt(dir: &Path) -> Vec<u32> {
 }
 
 fn ram(budget: u64) -> RamOptions {
-    RamOptions { budget: RamBudget::Bytes(budget), readers: 3, direct_io: true }
+    RamOptions { budget: RamBudget::Bytes(budget), readers: 3, direct_io: true, prefetch: true }
+}
+
+/// The CPU with a RAM cache of `budget` bytes, the prefetch on or off.
+fn load_prefetch(dir: &Path, budget: u64, prefetch: bool) -> Engine {
+    let opts = EngineOptions { ram: RamOptions { prefetch, ..ram(budget) }, ..EngineOptions::default() };
+    Engine::load(dir, &opts).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 
 /// The CPU with a RAM cache of `budget` bytes.
@@ -69,6 +77,30 @@ fn a_budget_of_a_few_experts_reads_from_disk_every_step_and_matches_the_cpu() {
         let summary = l.ram_summary().unwrap();
         assert!(summary.contains("disk") && summary.contains("per token"), "{summary}");
         books_balance(&l);
+    }
+}
+
+#[test]
+fn the_prefetch_changes_where_bytes_come_from_never_the_numbers() {
+    for name in ["olmoe", "qwen3_moe"] {
+        let dir = fixture_dir(name);
+        let p = prompt(&dir);
+        let each = expert_bytes(&dir);
+        let off = load_prefetch(&dir, 3 * each, false);
+        let want = run_greedy(&off, &p, 1, 12, CONTEXT, true);
+        let on = load_prefetch(&dir, 3 * each, true);
+        let got = run_greedy(&on, &p, 1, 12, CONTEXT, true);
+        assert_eq!(got.toks, want.toks, "{name}: greedy tokens");
+        assert_eq!(max_abs_diff(&got.rows, &want.rows), 0.0, "{name}: the same logits bit for bit");
+        let s = on.model().ram_cache().unwrap().stats();
+        let q = &s.prefetch;
+        assert!(q.guessed > 0 && q.used <= q.guessed && q.read + q.held == q.guessed, "{name}: {s:?}");
+        assert!(q.covered <= q.misses && q.covered > 0 && q.failed == 0, "{name}: {s:?}");
+        assert_eq!(off.model().ram_cache().unwrap().stats().prefetch.guessed, 0, "{name}: off guesses nothing");
+        let line = on.ram_summary().unwrap();
+        assert!(line.contains("prefetch:") && line.contains("precision"), "{line}");
+        assert!(off.ram_summary().unwrap().ends_with("no prefetch"));
+        books_balance(&on);
     }
 }
 

@@ -10,6 +10,10 @@
 //! the buffer at the same offset modulo `ALIGN` as in the file (so as in the memory map):
 //! the kernels see the alignment they see in the map.
 //!
+//! `submit` puts requests in flight and returns at once (`Pending`, waited for later: the
+//! prefetch of the next layer's experts); a `Pending` dropped unwaited cancels its requests
+//! that no reader took yet.
+//!
 //! A request past the file's end (the file was truncated behind the cache) is
 //! `IoError::Truncated`, never short data.
 //!
@@ -118,6 +122,50 @@ struct Job {
     req: Request,
     tag: usize,
     reply: Sender<(usize, Result<AlignedBuf, IoError>)>,
+    /// Set when the `Pending` was dropped unwaited: a reader skips the job.
+    cancel: Arc<AtomicBool>,
+}
+
+/// Requests in flight (`IoPool::submit`): `wait` for their buffers; dropped unwaited, the
+/// requests no reader took yet are skipped.
+pub struct Pending {
+    rx: Receiver<(usize, Result<AlignedBuf, IoError>)>,
+    count: usize,
+    cancel: Arc<AtomicBool>,
+}
+
+impl Pending {
+    /// Requests in flight.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Each request's buffer or error, in the order submitted (the pool gone: `Stopped`).
+    pub fn wait_each(self) -> Vec<Result<AlignedBuf, IoError>> {
+        let mut out: Vec<Result<AlignedBuf, IoError>> = (0..self.count).map(|_| Err(IoError::Stopped)).collect();
+        for _ in 0..self.count {
+            let Ok((tag, r)) = self.rx.recv() else { break };
+            if let Some(slot) = out.get_mut(tag) {
+                *slot = r;
+            }
+        }
+        out
+    }
+
+    /// The buffers in the order submitted, or the first error (by position).
+    pub fn wait(self) -> Result<Vec<AlignedBuf>, IoError> {
+        self.wait_each().into_iter().collect()
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The reader threads and the files they read.
@@ -164,30 +212,21 @@ impl IoPool {
         self.files.iter().any(|f| f.direct_ok.load(Ordering::Relaxed))
     }
 
+    /// Puts every request in flight over the readers and returns at once.
+    pub fn submit(&self, reqs: &[Request]) -> Result<Pending, IoError> {
+        let jobs = self.jobs.as_ref().ok_or(IoError::Stopped)?;
+        let (tx, rx) = channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        for (tag, &req) in reqs.iter().enumerate() {
+            jobs.send(Job { req, tag, reply: tx.clone(), cancel: cancel.clone() }).map_err(|_| IoError::Stopped)?;
+        }
+        Ok(Pending { rx, count: reqs.len(), cancel })
+    }
+
     /// Reads every request at once (all in flight over the readers); the buffers in the order
     /// of `reqs`, or the first error.
     pub fn read_all(&self, reqs: &[Request]) -> Result<Vec<AlignedBuf>, IoError> {
-        let jobs = self.jobs.as_ref().ok_or(IoError::Stopped)?;
-        let (tx, rx) = channel();
-        for (tag, &req) in reqs.iter().enumerate() {
-            jobs.send(Job { req, tag, reply: tx.clone() }).map_err(|_| IoError::Stopped)?;
-        }
-        drop(tx);
-        let mut out: Vec<Option<AlignedBuf>> = (0..reqs.len()).map(|_| None).collect();
-        let mut first_err = None;
-        for _ in 0..reqs.len() {
-            let (tag, r) = rx.recv().map_err(|_| IoError::Stopped)?;
-            match r {
-                Ok(b) => out[tag] = Some(b),
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        out.into_iter().map(|b| b.ok_or(IoError::Stopped)).collect()
+        self.submit(reqs)?.wait()
     }
 }
 
@@ -210,6 +249,9 @@ fn worker(files: &[Source], rx: &Mutex<Receiver<Job>>) {
                 Err(_) => return,
             }
         };
+        if job.cancel.load(Ordering::Relaxed) {
+            continue;
+        }
         let r = match files.get(job.req.file) {
             Some(f) => read(f, job.req),
             None => Err(IoError::Stopped),
@@ -296,5 +338,23 @@ mod tests {
             let past = pool.read_all(&[Request { file: 0, offset: 19_000, len: 2_000 }]);
             assert!(matches!(past, Err(IoError::Truncated { end: 20_000, want: 21_000, .. })), "{past:?}");
         }
+    }
+
+    #[test]
+    fn submitted_reads_are_waited_for_later_each_with_its_own_result() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("f.bin");
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 253) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        let pool = IoPool::new(std::slice::from_ref(&p), 2, false).unwrap();
+        let reqs = [Request { file: 0, offset: 10, len: 100 }, Request { file: 0, offset: 9_990, len: 100 }];
+        let pending = pool.submit(&reqs).unwrap();
+        assert_eq!(pending.len(), 2);
+        // Another read meanwhile, and a dropped submission, change nothing for it.
+        drop(pool.submit(&reqs).unwrap());
+        assert_eq!(pool.read_all(&reqs[..1]).unwrap()[0].bytes(), &data[10..110]);
+        let each = pending.wait_each();
+        assert_eq!(each[0].as_ref().unwrap().bytes(), &data[10..110]);
+        assert!(matches!(each[1], Err(IoError::Truncated { .. })), "the second runs past the end");
     }
 }

@@ -16,6 +16,17 @@
 //! from its RAM copy when there is one (`held`), and `forget`s it once it serves from a device
 //! slot, so no expert is held on a device and in RAM at once.
 //!
+//! The prefetch (`prefetch.rs`, on unless `RamOptions::prefetch` is false): while a layer's
+//! step runs, the next MoE layer's router applied to this layer's MoE input guesses the
+//! experts the next layer will route to (its top-k over the rows, at most as many as the
+//! budget holds), and those not held are put in flight on the I/O pool after this step's own
+//! misses (`Inflight`, one per layer). The next layer's step takes its early reads: a miss
+//! among them waits for its read in flight (never read twice), one whose early read failed is
+//! read again (so a real error is reported by the step that needs the bytes), the others read
+//! as before; early reads it did not route to are kept only where the budget has room to
+//! spare, else dropped. A forward starts with none in flight (`begin_forward`). The guesses
+//! only move reads earlier: the bytes, so every number computed, are the same either way.
+//!
 //! The books (`Books`): the bytes held are the sum of the entries' buffers, checked by
 //! `check_books`; entries are shared (`Arc`), so an eviction during a step frees the copy when
 //! the step drops it.
@@ -24,7 +35,11 @@
 //! cache), hold an expert a device tier slot holds, or return bytes that are not the file's
 //! (a short read is a typed error, `io::IoError::Truncated`).
 
+mod budget;
 pub mod io;
+pub mod prefetch;
+#[cfg(test)]
+mod tests;
 
 use crate::cpu::experts::{pair_expert, routed_experts, ExpertMats, Routed};
 use crate::cpu::Precision;
@@ -32,9 +47,11 @@ use crate::format::{FormatError, Matrix, WeightFormat};
 use crate::heat::Heat;
 use crate::model::Tensor;
 use crate::store::weights::WeightStore;
+pub use budget::{auto_budget, reserve, Memory};
 use coli_compiler::cost::human;
 use coli_compiler::ir::{ExpertTensor, ExpertWeights, Op, Program};
-use io::{AlignedBuf, IoError, IoPool, Request};
+use io::{AlignedBuf, IoError, IoPool, Pending, Request};
+use prefetch::{NextRouter, PrefetchStats};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -58,11 +75,13 @@ pub struct RamOptions {
     pub readers: usize,
     /// Direct I/O where the file system takes it (else buffered reads).
     pub direct_io: bool,
+    /// Read the next layer's likely experts early (the module doc; `--no-prefetch` clears it).
+    pub prefetch: bool,
 }
 
 impl Default for RamOptions {
     fn default() -> RamOptions {
-        RamOptions { budget: RamBudget::Auto, readers: 4, direct_io: true }
+        RamOptions { budget: RamBudget::Auto, readers: 4, direct_io: true, prefetch: true }
     }
 }
 
@@ -82,7 +101,8 @@ pub struct RamStats {
     /// Routed pairs the CPU computed from an expert held in RAM, and from one read this step.
     pub hit_pairs: u64,
     pub disk_pairs: u64,
-    /// Experts read, their bytes, and the time the reads of the steps took (wall, all in flight).
+    /// Experts read (early reads included), their bytes, and the time the steps waited for
+    /// their reads (wall, all in flight; an early read done before its step asks costs none).
     pub loads: u64,
     pub disk_bytes: u64,
     pub read_time: Duration,
@@ -94,6 +114,8 @@ pub struct RamStats {
     pub to_device: u64,
     /// Tokens of the forwards seen.
     pub tokens: u64,
+    /// The prefetch's guesses and how they served.
+    pub prefetch: PrefetchStats,
 }
 
 /// Where one role's bytes of one expert lie: a file of the pool, offset and length.
@@ -133,10 +155,20 @@ impl CachedExpert {
     }
 }
 
+/// A layer's early reads in flight: the experts guessed, those read (three requests each, in
+/// order), and the reads.
+struct Inflight {
+    guessed: Vec<usize>,
+    read: Vec<usize>,
+    pending: Pending,
+}
+
 /// Who holds what, and the heat.
 struct Books {
     /// Per (cache layer, expert).
     entries: Vec<Option<Arc<CachedExpert>>>,
+    /// Per cache layer, its early reads in flight.
+    inflight: Vec<Option<Inflight>>,
     held: u64,
     heat: Heat,
     stats: RamStats,
@@ -166,50 +198,13 @@ pub struct RamCache {
     experts: usize,
     budget: u64,
     expert_bytes: usize,
+    /// Experts the budget holds.
+    fit: usize,
+    /// Per cache layer, the guess for the next MoE layer (`None`: prefetch off, or no next).
+    next: Vec<Option<NextRouter>>,
     pool: IoPool,
     books: Mutex<Books>,
     line: String,
-}
-
-/// The host's memory at a moment (`/proc/meminfo`), what `RamBudget::Auto` plans from.
-#[derive(Clone, Copy, Debug)]
-pub struct Memory {
-    /// Bytes a new allocation can take without swapping (`MemAvailable`).
-    pub available: u64,
-    /// Bytes of RAM in all (`MemTotal`).
-    pub total: u64,
-}
-
-impl Memory {
-    /// Now, or `None` where the system does not say (then `Auto` leaves the cache off).
-    pub fn now() -> Option<Memory> {
-        Memory::parse(&std::fs::read_to_string("/proc/meminfo").ok()?)
-    }
-
-    /// From the text of `/proc/meminfo`.
-    pub fn parse(meminfo: &str) -> Option<Memory> {
-        let field = |name: &str| {
-            let line = meminfo.lines().find(|l| l.starts_with(name))?;
-            let kib: u64 = line[name.len()..].trim().trim_end_matches("kB").trim().parse().ok()?;
-            Some(kib << 10)
-        };
-        Some(Memory { available: field("MemAvailable:")?, total: field("MemTotal:")? })
-    }
-}
-
-/// Memory `auto_budget` leaves to everything else (the KV cache, activations, the system):
-/// 1 GiB and a sixteenth of the RAM.
-pub fn reserve(mem: Memory) -> u64 {
-    (1 << 30) + mem.total / 16
-}
-
-/// `RamBudget::Auto`'s rule: no cache (`None`) when the routed experts (`experts` bytes in all)
-/// fit beside the `other` weights and the reserve in the free memory (the memory map serves
-/// them, read once); else a budget of what is free less the other weights and the reserve, at
-/// least one expert (`one`).
-pub fn auto_budget(experts: u64, other: u64, one: u64, mem: Memory) -> Option<u64> {
-    let room = mem.available.saturating_sub(other + reserve(mem));
-    (experts > room).then_some(room.max(one))
 }
 
 impl RamCache {
@@ -289,15 +284,31 @@ impl RamCache {
             ));
         }
         let n = layers.len();
+        let mut next: Vec<Option<NextRouter>> = (0..n).map(|_| None).collect();
+        if opts.prefetch {
+            let moe: Vec<usize> = (0..program.layers.len()).filter(|&l| has_moe(program, l)).collect();
+            for pair in moe.windows(2) {
+                let (Some(t), Some(u)) = (index[pair[0]], index[pair[1]]) else { continue };
+                let (this, then) = (&program.layers[pair[0]].ops, &program.layers[pair[1]].ops);
+                next[t] = NextRouter::new(this, then, u);
+            }
+            let guessing = next.iter().flatten().count();
+            line.push_str(&format!("; prefetch of the next layer's experts on {guessing} layers"));
+        } else {
+            line.push_str("; no prefetch");
+        }
         Ok(Some(RamCache {
             layers,
             index,
             experts,
             budget,
             expert_bytes,
+            fit,
+            next,
             pool,
             books: Mutex::new(Books {
                 entries: vec![None; n * experts],
+                inflight: (0..n).map(|_| None).collect(),
                 held: 0,
                 heat: Heat::new(n, experts),
                 stats: RamStats::default(),
@@ -344,9 +355,12 @@ impl RamCache {
         Some(Fetched { t, got: vec![(e, c)] })
     }
 
-    /// A forward of `n` rows starts: the heat ages.
+    /// A forward of `n` rows starts: the heat ages, and early reads left from a forward that
+    /// stopped part way are dropped.
     pub fn begin_forward(&self, n: usize) {
         let mut b = self.books();
+        let stale: u64 = b.inflight.iter_mut().filter_map(Option::take).map(|f| f.read.len() as u64).sum();
+        b.stats.prefetch.unused += stale;
         b.heat.tokens(n);
         b.stats.tokens += n as u64;
     }
@@ -382,6 +396,18 @@ impl RamCache {
         want: &[(usize, usize)],
         keep: &dyn Fn(usize) -> bool,
     ) -> Result<Fetched, RamError> {
+        self.fetch_then(layer, want, keep, &|| {})
+    }
+
+    /// `fetch`, running `meanwhile` once the step's reads are in flight (before waiting for
+    /// them): what starts the next layer's early reads behind this step's own.
+    fn fetch_then(
+        &self,
+        layer: usize,
+        want: &[(usize, usize)],
+        keep: &dyn Fn(usize) -> bool,
+        meanwhile: &dyn Fn(),
+    ) -> Result<Fetched, RamError> {
         let t = self
             .index
             .get(layer)
@@ -391,8 +417,10 @@ impl RamCache {
         let cl = &self.layers[t];
         let mut got = Vec::with_capacity(want.len());
         let mut misses = Vec::new();
-        {
+        let mut now = Vec::new();
+        let early = {
             let mut b = self.books();
+            let early = b.inflight[t].take();
             for &(e, pairs) in want {
                 if e >= cl.spans.len() {
                     return Err(RamError::Bad(format!("layer {layer}: routed to expert {e} of {}", cl.spans.len())));
@@ -407,32 +435,72 @@ impl RamCache {
                     }
                     None => {
                         misses.push(e);
+                        if !early.as_ref().is_some_and(|f| f.read.contains(&e)) {
+                            now.push(e);
+                        }
                         b.stats.disk_pairs += pairs as u64;
                     }
                 }
             }
-        }
-        if misses.is_empty() {
+            if let Some(f) = &early {
+                let p = &mut b.stats.prefetch;
+                p.used += f.guessed.iter().filter(|e| want.iter().any(|w| w.0 == **e)).count() as u64;
+                p.misses += misses.len() as u64;
+                p.covered += (misses.len() - now.len()) as u64;
+            }
+            early
+        };
+        let pending = if now.is_empty() { None } else { Some(self.pool.submit(&self.requests(t, &now))?) };
+        meanwhile();
+        if misses.is_empty() && early.is_none() {
             got.sort_by_key(|g| g.0);
             return Ok(Fetched { t, got });
         }
-        let reqs: Vec<Request> = misses
-            .iter()
-            .flat_map(|&e| cl.spans[e].iter().map(|s| Request { file: s.file, offset: s.offset, len: s.len }))
-            .collect();
         let t0 = Instant::now();
-        let mut bufs = self.pool.read_all(&reqs)?.into_iter();
+        // The early reads: those the step needs (a failed one read again now), and the rest.
+        let mut read: Vec<(usize, Arc<CachedExpert>)> = Vec::with_capacity(misses.len());
+        let mut spare = Vec::new();
+        let mut again = Vec::new();
+        if let Some(f) = early {
+            let mut bufs = f.pending.wait_each().into_iter();
+            for &e in &f.read {
+                let (Some(g), Some(u), Some(d)) = (bufs.next(), bufs.next(), bufs.next()) else { break };
+                let needed = misses.contains(&e);
+                match (g, u, d) {
+                    (Ok(g), Ok(u), Ok(d)) => {
+                        let c = (e, Arc::new(CachedExpert { bufs: [g, u, d] }));
+                        if needed {
+                            read.push(c);
+                        } else {
+                            spare.push(c);
+                        }
+                    }
+                    _ => {
+                        // Counted as covered above: the step reads it itself after all.
+                        let p = &mut self.books().stats.prefetch;
+                        p.failed += 1;
+                        if needed {
+                            p.covered -= 1;
+                            again.push(e);
+                        }
+                    }
+                }
+            }
+        }
+        if !again.is_empty() {
+            let bufs = self.pool.read_all(&self.requests(t, &again))?;
+            read.extend(self.experts_of(&again, bufs)?);
+        }
+        if let Some(p) = pending {
+            read.extend(self.experts_of(&now, p.wait()?)?);
+        }
         let took = t0.elapsed();
         let step: Vec<usize> = want.iter().map(|w| w.0).collect();
         let mut b = self.books();
         b.stats.read_time += took;
-        b.stats.loads += misses.len() as u64;
-        b.stats.disk_bytes += reqs.iter().map(|r| r.len as u64).sum::<u64>();
-        for &e in &misses {
-            let (Some(g), Some(u), Some(d)) = (bufs.next(), bufs.next(), bufs.next()) else {
-                return Err(RamError::Bad("the I/O pool returned fewer buffers than asked".into()));
-            };
-            let c = Arc::new(CachedExpert { bufs: [g, u, d] });
+        let loads: Vec<usize> = now.iter().chain(&again).copied().collect();
+        self.count_reads(&mut b, t, &loads);
+        for (e, c) in read {
             if keep(e) {
                 self.admit(&mut b, t, e, &c, &step);
             } else {
@@ -440,8 +508,42 @@ impl RamCache {
             }
             got.push((e, c));
         }
+        for (e, c) in spare {
+            b.stats.prefetch.unused += 1;
+            let cost = c.cost() as u64;
+            if keep(e) && b.held + cost <= self.budget && b.entries[t * self.experts + e].is_none() {
+                b.entries[t * self.experts + e] = Some(c);
+                b.held += cost;
+                b.stats.kept += 1;
+            }
+        }
         got.sort_by_key(|g| g.0);
         Ok(Fetched { t, got })
+    }
+
+    /// The reads of experts `es` of cache layer `t` (gate, up, down each).
+    fn requests(&self, t: usize, es: &[usize]) -> Vec<Request> {
+        let cl = &self.layers[t];
+        es.iter()
+            .flat_map(|&e| cl.spans[e].iter().map(|s| Request { file: s.file, offset: s.offset, len: s.len }))
+            .collect()
+    }
+
+    /// Experts `es` read (their expert count and bytes in the stats).
+    fn count_reads(&self, b: &mut Books, t: usize, es: &[usize]) {
+        b.stats.loads += es.len() as u64;
+        b.stats.disk_bytes += self.requests(t, es).iter().map(|r| r.len as u64).sum::<u64>();
+    }
+
+    /// The copies of experts `es` from their buffers (three each, in order).
+    fn experts_of(&self, es: &[usize], bufs: Vec<AlignedBuf>) -> Result<Vec<(usize, Arc<CachedExpert>)>, RamError> {
+        let mut bufs = bufs.into_iter();
+        es.iter()
+            .map(|&e| match (bufs.next(), bufs.next(), bufs.next()) {
+                (Some(g), Some(u), Some(d)) => Ok((e, Arc::new(CachedExpert { bufs: [g, u, d] }))),
+                _ => Err(RamError::Bad("the I/O pool returned fewer buffers than asked".into())),
+            })
+            .collect()
     }
 
     /// Keeps `c` (expert `e` of cache layer `t`) if it fits, evicting the coldest held experts
@@ -533,7 +635,14 @@ impl RamCache {
         };
         let all: Vec<(usize, usize)> = (0..rows.n).flat_map(|r| (0..rows.top_k).map(move |k| (r, k))).collect();
         let want = pairs_per_expert(rows.routing, rows.top_k, &all);
-        let f = self.fetch(layer.0 as usize, &want, &|_| true)?;
+        let l = layer.0 as usize;
+        let t = self.index.get(l).copied().flatten();
+        let early = || {
+            if let Some(t) = t {
+                self.prefetch_next(t, ws, &rows, precision);
+            }
+        };
+        let f = self.fetch_then(l, &want, &|_| true, &early)?;
         let table = self.table(ws, &f)?;
         let expert = |e: usize| table.get(e).copied().flatten().unwrap_or_else(|| ExpertMats::of(ws, weights, e));
         routed_experts(rows, *glu, precision, &expert, out);
@@ -557,7 +666,7 @@ impl RamCache {
             line.push_str(&format!("device tier {dev} ({:.1}%), ", pct(dev)));
         }
         line.push_str(&format!(
-            "RAM cache {} ({:.1}%), disk {} ({:.1}%) of {routed} routed pairs | disk: {} experts read, {} ({} per token), {:.1} ms reading, {}/s, {} | RAM: {held} experts held, {} of {}, {} kept, {} evicted, {} served once, {} moved to a device",
+            "RAM cache {} ({:.1}%), disk {} ({:.1}%) of {routed} routed pairs | disk: {} experts read, {} ({} per token), {:.1} ms waiting on reads, {}/s, {} | RAM: {held} experts held, {} of {}, {} kept, {} evicted, {} served once, {} moved to a device",
             s.hit_pairs,
             pct(s.hit_pairs),
             s.disk_pairs,
@@ -575,8 +684,32 @@ impl RamCache {
             s.transient,
             s.to_device,
         ));
+        if self.next.iter().all(Option::is_none) {
+            line.push_str(" | no prefetch");
+            return line;
+        }
+        let p = &s.prefetch;
+        let of = |x: u64, n: u64| if n == 0 { 0.0 } else { 100.0 * x as f64 / n as f64 };
+        line.push_str(&format!(
+            " | prefetch: {} experts guessed ({} held, {} read early), {} used by the next layer (precision {:.1}%), {} of its {} misses covered ({:.1}%), {} early reads unused, {} failed",
+            p.guessed,
+            p.held,
+            p.read,
+            p.used,
+            of(p.used, p.guessed),
+            p.covered,
+            p.misses,
+            of(p.covered, p.misses),
+            p.unused,
+            p.failed,
+        ));
         line
     }
+}
+
+/// Whether layer `l` of `program` has routed experts.
+fn has_moe(program: &Program, l: usize) -> bool {
+    program.layers[l].ops.iter().any(|op| matches!(op, Op::RoutedExperts { .. }))
 }
 
 /// (expert, pairs) of `pairs` ((row, rank)) in a routing of `top_k`, in expert order.
@@ -642,31 +775,4 @@ fn layer_spans<'a>(
         spans.push(s);
     }
     Some((shape?, spans, tensors))
-}
-
-#[cfg(test)]
-mod auto_tests {
-    use super::{auto_budget, reserve, Memory};
-
-    const GIB: u64 = 1 << 30;
-
-    #[test]
-    fn meminfo_is_read_in_kib() {
-        let text = "MemTotal:       24576000 kB\nMemFree:         1000 kB\nMemAvailable:   20480000 kB\n";
-        let m = Memory::parse(text).unwrap();
-        assert_eq!((m.total, m.available), (24_576_000 << 10, 20_480_000 << 10));
-        assert!(Memory::parse("MemTotal: 12 kB\n").is_none(), "no MemAvailable: no plan");
-    }
-
-    #[test]
-    fn a_cache_only_when_the_experts_do_not_fit() {
-        let mem = Memory { available: 60 * GIB, total: 64 * GIB };
-        assert_eq!(reserve(mem), 5 * GIB);
-        // 40 GiB of experts beside 10 GiB of other weights fit in 60 GiB less 5: the map serves them.
-        assert_eq!(auto_budget(40 * GIB, 10 * GIB, GIB / 100, mem), None);
-        // 90 GiB do not: the cache takes what is free less the rest and the reserve.
-        assert_eq!(auto_budget(90 * GIB, 10 * GIB, GIB / 100, mem), Some(45 * GIB));
-        // Other weights beyond the free memory still leave one expert's room.
-        assert_eq!(auto_budget(90 * GIB, 70 * GIB, 7 << 20, mem), Some(7 << 20));
-    }
 }

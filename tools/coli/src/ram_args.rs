@@ -25,6 +25,10 @@ pub struct RamArgs {
     /// Buffered reads for the RAM cache (default: direct I/O where the file system takes it).
     #[arg(long, help_heading = heading::EXPERT_TIER)]
     pub no_direct_io: bool,
+    /// No prefetch of the next layer's likely experts into the RAM cache (default: while a
+    /// layer runs, the next layer's router applied to its input starts their reads early).
+    #[arg(long, help_heading = heading::EXPERT_TIER)]
+    pub no_prefetch: bool,
 }
 
 impl RamArgs {
@@ -34,6 +38,6 @@ impl RamArgs {
             (false, Some(m)) => RamBudget::Bytes(m << 20),
             (false, None) => RamBudget::Auto,
         };
-        RamOptions { budget, readers: self.ram_readers, direct_io: !self.no_direct_io }
+        RamOptions { budget, readers: self.ram_readers, direct_io: !self.no_direct_io, prefetch: !self.no_prefetch }
     }
 }
