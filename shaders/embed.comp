@@ -27,6 +27,7 @@ vec2 xd[1];
 #include "wformat.glsl"
 
 void main() {
+    wformat_init();
     uint i = gl_WorkGroupID.x;
     uint tok = tokens[i];
     for (uint c = gl_LocalInvocationID.x; c < pc.cols; c += gl_WorkGroupSize.x) {

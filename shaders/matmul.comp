@@ -62,6 +62,7 @@ shared float ss_s[256];
 void stage_w(uint o, uint k, float v) { ws4[k][o >> 2][o & 3u] = v; }
 
 void main() {
+    wformat_init();
     uint tid = gl_LocalInvocationID.x;
     uint o0 = gl_WorkGroupID.x * BO, r0 = gl_WorkGroupID.y * BR;
     uint to = tid % (BO / TO), tr = tid / (BO / TO);

@@ -98,6 +98,7 @@ void store(uint tid) {
 }
 
 void main() {
+    wformat_init();
     uint tid = gl_LocalInvocationID.x;
     uint o0 = gl_WorkGroupID.x * BO, r0 = gl_WorkGroupID.y * BN;
     uint sg = gl_SubgroupID;

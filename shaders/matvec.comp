@@ -45,6 +45,7 @@ float g_inv = 1.0;
 shared float k_part[64];
 
 void main() {
+    wformat_init();
     uint xr = gl_WorkGroupID.y;
     uint units = units_per_row();
     uint lanes = gl_SubgroupSize;

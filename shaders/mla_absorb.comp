@@ -30,6 +30,7 @@ vec2 xd[1];
 #include "wformat.glsl"
 
 void main() {
+    wformat_init();
     uint id = gl_GlobalInvocationID.x;
     if (id >= pc.n * pc.heads * pc.c) return;
     uint k = id % pc.c, h = (id / pc.c) % pc.heads, i = id / (pc.c * pc.heads);

@@ -32,6 +32,7 @@ layout(push_constant) uniform PC {
 #include "wformat.glsl"
 
 void main() {
+    wformat_init();
     uint i = gl_WorkGroupID.y;
     uint units = units_per_row();
     uint step = gl_NumWorkGroups.x * gl_NumSubgroups;

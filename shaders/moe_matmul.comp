@@ -60,6 +60,7 @@ shared float xs_t[BK][BR + 1];
 shared uint pair_t[BR];
 
 void main() {
+    wformat_init();
     uint e = gl_WorkGroupID.z;
     uint start = groups[e], count = groups[e + 1u] - start;
     uint r0 = gl_WorkGroupID.y * BR;

@@ -79,6 +79,7 @@ void put_u(uint o, uint u, uvec4 v) {
 }
 
 void main() {
+    wformat_init();
     uint e = gl_WorkGroupID.z;
     uint start = groups[e], count = groups[e + 1u] - start;
     uint r0 = gl_WorkGroupID.y * BN;

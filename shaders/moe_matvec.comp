@@ -65,6 +65,7 @@ float row_dot(uint row, uint xr) {
 }
 
 void main() {
+    wformat_init();
     uint step = gl_NumWorkGroups.x * gl_NumSubgroups;
     uint first = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID;
     if (pc.mode == 0u) {

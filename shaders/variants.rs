@@ -60,6 +60,11 @@ pub const FORMATS: &[(&str, &[&str])] = &[
     ("IQ4_NL", &["FMT_IQ4_NL"]),
     ("IQ4_XS", &["FMT_IQ4_XS"]),
     ("MXFP4", &["FMT_MXFP4"]),
+    ("IQ2_XXS", &["FMT_IQ2_XXS"]),
+    ("IQ2_XS", &["FMT_IQ2_XS"]),
+    ("IQ2_S", &["FMT_IQ2_S"]),
+    ("IQ3_XXS", &["FMT_IQ3_XXS"]),
+    ("IQ3_S", &["FMT_IQ3_S"]),
     ("FP8_E4M3", &["FMT_FP8_E4M3", "ACTS_F32"]),
     ("Q8_0Exact", &["FMT_Q8_0", "ACTS_F32"]),
     ("Q4_0Exact", &["FMT_Q4_0", "ACTS_F32"]),
@@ -76,13 +81,20 @@ pub const FORMATS: &[(&str, &[&str])] = &[
     ("IQ4_NLExact", &["FMT_IQ4_NL", "ACTS_F32"]),
     ("IQ4_XSExact", &["FMT_IQ4_XS", "ACTS_F32"]),
     ("MXFP4Exact", &["FMT_MXFP4", "ACTS_F32"]),
+    ("IQ2_XXSExact", &["FMT_IQ2_XXS", "ACTS_F32"]),
+    ("IQ2_XSExact", &["FMT_IQ2_XS", "ACTS_F32"]),
+    ("IQ2_SExact", &["FMT_IQ2_S", "ACTS_F32"]),
+    ("IQ3_XXSExact", &["FMT_IQ3_XXS", "ACTS_F32"]),
+    ("IQ3_SExact", &["FMT_IQ3_S", "ACTS_F32"]),
 ];
 
 /// The format variants whose shaders take 8-bit activations: compiled a second time with
 /// `HW_DOT` (the device's packed 4x8-bit integer dot product, `GL_EXT_integer_dot_product`)
 /// for devices that have it.
-pub const DOT_FORMATS: &[&str] =
-    &["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "I8Row", "I4G64", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS", "MXFP4"];
+pub const DOT_FORMATS: &[&str] = &[
+    "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "I8Row", "I4G64", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS",
+    "MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
+];
 
 /// The cooperative-matrix kernels (int8 tensor cores): per-format, but compiled only for the
 /// formats of `COOP_FORMATS` (`shaders/coop_w.glsl` decodes their blocks), never with `HW_DOT`.
@@ -90,7 +102,8 @@ pub const COOP_KERNELS: &[&str] = &["MatmulCoop", "MoeMatmulCoop"];
 
 /// The format variants the cooperative kernels are compiled for: every format with 8-bit
 /// activations except Q2_K (an offset per 16 elements, which the kernels' per-block sums do
-/// not carry).
+/// not carry) and the grid formats (`coop_w.glsl` has no lattice decode: their GEMMs take the
+/// tiled kernels).
 pub const COOP_FORMATS: &[&str] =
     &["I8Row", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "I4G64", "Q4_K", "Q5_K", "Q6_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4"];
 

@@ -9,7 +9,8 @@
 // quantize_q8.comp). dequant(row, k) is element k, as the CPU's dequant_row computes it.
 // The including shader declares wq, ws (and xf / xq, xd for activations) and defines QS, SS,
 // COLS, XF_OFF (float activations: index of the row's first element) and XQ_BLK (q8
-// activations: index of the row's first 32-block), and optionally XLOAD (see xat).
+// activations: index of the row's first 32-block), and optionally XLOAD (see xat); it calls
+// wformat_init() first in main.
 // Must not: declare bindings, or depend on the workgroup shape.
 
 #if defined(FMT_F32) || defined(FMT_F16) || defined(FMT_BF16) || defined(FMT_I8ROW_F)
@@ -498,8 +499,19 @@ float dequant(uint row, uint k) {
     uint hb = (wbyte(qb + 4u, l) >> (p >> 5)) & 1u;
     return unpackHalf2x16(ws[sbase + 3u]).x * float(k3_scale(sbase, p >> 4)) * float(int(lo | (hb << 2)) - 4);
 }
+// ---------------------------------------------------------------------------------------
+#elif defined(FMT_IQ2_XXS) || defined(FMT_IQ2_XS) || defined(FMT_IQ2_S) || defined(FMT_IQ3_XXS) || defined(FMT_IQ3_S)
+// Groups of magnitudes picked from fixed lattices, then signed (format/iq_grid.rs): their
+// layouts and decode in iq_grid.glsl.
+#include "iq_grid.glsl"
 #else
 #error "no weight format defined"
+#endif
+
+// wformat_init(): the including shader calls it first in main (uniform control flow, every
+// invocation): the grid formats fill their lattice into shared memory there; nothing else.
+#ifndef WFORMAT_INIT
+void wformat_init() {}
 #endif
 
 #if defined(ACTS_F32) && !defined(FLOAT_FORMAT)

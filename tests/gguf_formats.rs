@@ -13,7 +13,7 @@
 //!
 //! The grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) have a fixture of their own
 //! (tests/fixtures/gguf_grids/, `make_gguf_formats.py --set grids`), held to the same bounds on
-//! the CPU; the shaders do not decode them, so a required Vulkan device refuses that model.
+//! the CPU and on the device (which decodes them: shaders/iq_grid.glsl).
 
 mod common;
 
@@ -75,21 +75,43 @@ fn every_grid_type_matches_the_numpy_oracle() {
 }
 
 #[test]
-fn a_device_without_grid_kernels_refuses_the_grid_model() {
-    // The Vulkan shaders do not decode the grid formats: the device refuses the weights at
-    // upload (a typed error), so a required device is an error naming the format (`Auto`
-    // would run the model on the CPU with that note), never a device computing them.
-    use coli_runtime::engine::{DeviceRequest, Engine, EngineError, EngineOptions};
+fn every_grid_type_on_the_device_matches_the_cpu() {
+    // The grid model on the device (shaders/iq_grid.glsl) against the CPU, the bounds of the
+    // block types' model; then that the device really computed it: every layer on the device
+    // and each grid-type matrix read by the device alone (a refused upload fails a required
+    // device's load; `Auto` would have run the model on the CPU).
+    let (prompt, _, _) = oracle_logits(&fixture_dir("gguf_grids").join("oracle.json"));
+    // Chunks of 4 (the tiled GEMMs) and 1 (the decode GEMVs).
+    let cases = [(Precision::Exact, 4, 1e-4), (Precision::Fast, 4, 1e-3), (Precision::Fast, 1, 1e-3)];
+    device_matches_cpu(&grids(), "gguf_grids", &prompt, &cases);
+    use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
+    use coli_runtime::format::WeightFormat;
     let req = EngineOptions {
         device: DeviceRequest::Vulkan(coli_runtime::vk::VkOptions::default()),
+        compile: coli_compiler::Options { context: 64, chunk_rows: 16, ..coli_compiler::Options::default() },
         ..EngineOptions::default()
     };
-    match Engine::load(&grids(), &req) {
-        Err(EngineError::DeviceUnused(note)) => {
-            assert!(note.contains("does not take weights in IQ"), "{note}");
-        }
-        Err(e) if e.to_string().contains("Vulkan") => eprintln!("no Vulkan device: {e}"),
-        Err(e) => panic!("{e}"),
-        Ok(engine) => panic!("the device took the grid model: {}", engine.device_note()),
+    let engine = Engine::load(&grids(), &req).unwrap();
+    if engine.device().is_none() {
+        eprintln!("no Vulkan device: {}", engine.device_note());
+        return;
     }
+    let note = engine.device_note();
+    let layers = engine.plan().program.dims.layers;
+    assert!(note.contains(&format!("{layers} of {layers} layers on the device")), "{note}");
+    let grid = |f: WeightFormat| {
+        matches!(
+            f,
+            WeightFormat::IQ2_XXS
+                | WeightFormat::IQ2_XS
+                | WeightFormat::IQ2_S
+                | WeightFormat::IQ3_XXS
+                | WeightFormat::IQ3_S
+        )
+    };
+    let weights = &engine.model().weights;
+    let names = coli_runtime::exec::weights::device_only_matrices(engine.plan(), &engine.model().program);
+    let on_device: Vec<&String> = names.iter().filter(|n| grid(weights.tensor(n).format)).collect();
+    // The fixture's 12 grid-type matrices (oracle.json's `types`), all in the two layers.
+    assert_eq!(on_device.len(), 12, "{on_device:?}\n{note}");
 }

@@ -192,6 +192,14 @@ const SHAPES: &[(WeightFormat, usize, usize)] = &[
     (WeightFormat::IQ4_XS, 256, 256),
     (WeightFormat::MXFP4, 96, 64),
     (WeightFormat::FP8_E4M3, 256, 128),
+    (WeightFormat::IQ2_XXS, 256, 256),
+    // IQ2_XS at 256 x 256 and 512 x 256 meets Q3_K's case above at n = 19, top 8 (per-pair
+    // and per-expert GEMVs, which agree exactly): one token's gated value a quantization step
+    // from the CPU's moves its outputs by 2.1e-4 (the grouped GEMM on the same inputs: 2.8e-7).
+    (WeightFormat::IQ2_XS, 256, 512),
+    (WeightFormat::IQ2_S, 256, 256),
+    (WeightFormat::IQ3_XXS, 256, 256),
+    (WeightFormat::IQ3_S, 512, 256),
 ];
 
 #[test]

@@ -16,8 +16,7 @@ use coli_runtime::cpu::{
 };
 use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
 use coli_runtime::vk::{
-    AttnArgs, AttnPath, AttnShape, Broadcast, IntDotUse, MatmulPath, NormArgs, RopeShape, RouteParams, VkError,
-    VkOptions,
+    AttnArgs, AttnPath, AttnShape, Broadcast, IntDotUse, MatmulPath, NormArgs, RopeShape, RouteParams, VkOptions,
 };
 use vk_common::{assert_close, assert_close_terms, ctx, random_rows, term_magnitudes, Rng};
 
@@ -38,7 +37,10 @@ fn cols_for(format: WeightFormat) -> &'static [usize] {
 /// Matrix products, GEMV and tiled GEMM, every format, both precisions, against
 /// `cpu::linear` (Fast: integer formats with q8 activations, which the device quantizes the
 /// same way; Exact: f32 activations). Tolerance: 1e-5 of each output's sum of |w x| (f32
-/// accumulation in another order; k-quant mins cancel, so the output itself can be small).
+/// accumulation in another order; k-quant mins cancel, so the output itself can be small);
+/// 5e-5 with q8 activations, where among 37 rows of 8448 activations one can quantize one step
+/// away from the CPU's (a last-bit difference before the rounding, any format: measured 1.2e-5
+/// for IQ2_S at 70 x 8448, n = 37; the GEMV and the GEMM agree within 4e-8 of each other).
 #[test]
 fn matmul_matches_cpu_for_every_format() {
     let Some(ctx) = ctx() else { return };
@@ -76,7 +78,7 @@ fn matmul_matches_cpu_for_every_format() {
                     &got,
                     &want,
                     &mag,
-                    1e-5,
+                    if precision == Precision::Fast { 5e-5 } else { 1e-5 },
                 );
             }
         }
@@ -181,21 +183,18 @@ fn shared_quantized_activations_match_cpu() {
     }
 }
 
-/// The grid formats (`IQ2_*`, `IQ3_*`) have no shader: uploading one is a typed error naming
-/// it, never a matrix the kernels would misread.
+/// Every weight format has a shader (the grid formats `IQ2_*`, `IQ3_*` too, since
+/// `shaders/iq_grid.glsl`): none is refused at upload, so no model silently stays on the CPU
+/// for its formats.
 #[test]
-fn upload_refuses_formats_without_a_kernel() {
+fn every_format_uploads() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(0x5eed_0003);
-    let on_device = vk_common::device_formats();
-    let refused: Vec<WeightFormat> = WeightFormat::ALL.into_iter().filter(|f| !on_device.contains(f)).collect();
-    assert_eq!(refused.len(), 5, "{refused:?}");
-    for format in refused {
+    assert_eq!(vk_common::device_formats(), WeightFormat::ALL.to_vec());
+    for format in WeightFormat::ALL.into_iter().filter(|f| f.block_size() == 256) {
         let bytes = random_rows(format, 3, 256, &mut rng);
-        match ctx.upload_matrix(format, 3, 256, &bytes) {
-            Err(VkError::UnsupportedFormat { format: f, .. }) => assert_eq!(f, format),
-            Err(e) => panic!("{format}: {e}"),
-            Ok(_) => panic!("{format}: uploaded without a kernel to read it"),
+        if let Err(e) = ctx.upload_matrix(format, 3, 256, &bytes) {
+            panic!("{format}: {e}");
         }
     }
 }

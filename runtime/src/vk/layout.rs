@@ -29,6 +29,12 @@ fn pad_to(v: &mut Vec<u8>, multiple: usize) {
     v.resize(n, 0);
 }
 
+/// The grid formats (`shaders/iq_grid.glsl`): uvec4s of one super-block's bytes after its f16
+/// `d`, zero-padded (`IQ_QB` there).
+fn grid_units(format: WeightFormat) -> usize {
+    (format.block_bytes() - 2).div_ceil(16)
+}
+
 /// Repacks `rows` rows of `cols` elements in `format` (`bytes` as the checkpoint stores them).
 pub fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Result<Packed> {
     let m = Matrix::new(format, rows, cols, bytes)?;
@@ -60,7 +66,7 @@ pub fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Res
         | WeightFormat::IQ2_XS
         | WeightFormat::IQ2_S
         | WeightFormat::IQ3_XXS
-        | WeightFormat::IQ3_S => return Err(VkError::UnsupportedFormat { op: "weight upload", format }),
+        | WeightFormat::IQ3_S => (grid_units(format) * nb, nb.div_ceil(2)),
     };
     let mut q = Vec::with_capacity(rows * qs * 16);
     let mut s = Vec::with_capacity(rows * ss * 4);
@@ -144,6 +150,16 @@ pub fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Res
                             q.extend_from_slice(&b[0..32]);
                             s.extend_from_slice(&b[96..110]);
                             s.extend_from_slice(&[0, 0]);
+                        }
+                        WeightFormat::IQ2_XXS
+                        | WeightFormat::IQ2_XS
+                        | WeightFormat::IQ2_S
+                        | WeightFormat::IQ3_XXS
+                        | WeightFormat::IQ3_S => {
+                            let q0 = q.len();
+                            q.extend_from_slice(&b[2..]);
+                            q.resize(q0 + 16 * grid_units(format), 0);
+                            s.extend_from_slice(&b[0..2]);
                         }
                         _ => unreachable!("float formats and I8Row are handled above"),
                     }

@@ -74,8 +74,9 @@ impl Kernel {
 
 impl FormatVariant {
     /// The variant a matrix of `format` with rows of `cols` takes: `I8Row` rows whose length
-    /// is not a multiple of 32 are multiplied in f32, as the CPU does. `None` for the formats
-    /// the shaders do not decode (the grid formats `IQ2_*`, `IQ3_*`: the CPU computes them).
+    /// is not a multiple of 32 are multiplied in f32, as the CPU does. Every format has one
+    /// today (the grid formats `IQ2_*`, `IQ3_*` too: `shaders/iq_grid.glsl`); `None`, which
+    /// a device turns into a refusal at upload, is for a format added without a shader.
     pub fn of(format: WeightFormat, cols: usize) -> Option<FormatVariant> {
         Some(match format {
             WeightFormat::F32 => FormatVariant::F32,
@@ -98,11 +99,11 @@ impl FormatVariant {
             WeightFormat::IQ4_XS => FormatVariant::IQ4_XS,
             WeightFormat::MXFP4 => FormatVariant::MXFP4,
             WeightFormat::FP8_E4M3 => FormatVariant::FP8_E4M3,
-            WeightFormat::IQ2_XXS
-            | WeightFormat::IQ2_XS
-            | WeightFormat::IQ2_S
-            | WeightFormat::IQ3_XXS
-            | WeightFormat::IQ3_S => return None,
+            WeightFormat::IQ2_XXS => FormatVariant::IQ2_XXS,
+            WeightFormat::IQ2_XS => FormatVariant::IQ2_XS,
+            WeightFormat::IQ2_S => FormatVariant::IQ2_S,
+            WeightFormat::IQ3_XXS => FormatVariant::IQ3_XXS,
+            WeightFormat::IQ3_S => FormatVariant::IQ3_S,
         })
     }
 
@@ -125,6 +126,11 @@ impl FormatVariant {
             FormatVariant::IQ4_NL => FormatVariant::IQ4_NLExact,
             FormatVariant::IQ4_XS => FormatVariant::IQ4_XSExact,
             FormatVariant::MXFP4 => FormatVariant::MXFP4Exact,
+            FormatVariant::IQ2_XXS => FormatVariant::IQ2_XXSExact,
+            FormatVariant::IQ2_XS => FormatVariant::IQ2_XSExact,
+            FormatVariant::IQ2_S => FormatVariant::IQ2_SExact,
+            FormatVariant::IQ3_XXS => FormatVariant::IQ3_XXSExact,
+            FormatVariant::IQ3_S => FormatVariant::IQ3_SExact,
             v => v,
         }
     }
@@ -148,6 +154,11 @@ impl FormatVariant {
                 | FormatVariant::IQ4_NL
                 | FormatVariant::IQ4_XS
                 | FormatVariant::MXFP4
+                | FormatVariant::IQ2_XXS
+                | FormatVariant::IQ2_XS
+                | FormatVariant::IQ2_S
+                | FormatVariant::IQ3_XXS
+                | FormatVariant::IQ3_S
         )
     }
 }
