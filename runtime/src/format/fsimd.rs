@@ -25,17 +25,18 @@ const FP8: u8 = 3;
 #[inline(always)]
 unsafe fn e4m3x8(p: *const u8, scale: f32) -> __m256 {
     let c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast()));
-    let k = |v: i32| _mm256_set1_epi32(v);
     // Exponent and mantissa moved to f32's places, the bias 7 raised to 127; exponent 0 is
     // m * 2^-9 instead; exponent 15 with mantissa 7 is NaN; then the sign.
-    let normal =
-        _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(c, k(0x7f)), 20), k(120 << 23)));
-    let sub = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(c, k(7))), _mm256_set1_ps(1.0 / 512.0));
-    let is_sub = _mm256_cmpeq_epi32(_mm256_and_si256(c, k(0x78)), _mm256_setzero_si256());
+    let normal = _mm256_castsi256_ps(_mm256_add_epi32(
+        _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x7f)), 20),
+        _mm256_set1_epi32(120 << 23),
+    ));
+    let sub = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(c, _mm256_set1_epi32(7))), _mm256_set1_ps(1.0 / 512.0));
+    let is_sub = _mm256_cmpeq_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x78)), _mm256_setzero_si256());
     let v = _mm256_blendv_ps(normal, sub, _mm256_castsi256_ps(is_sub));
-    let is_nan = _mm256_cmpeq_epi32(_mm256_and_si256(c, k(0x7f)), k(0x7f));
+    let is_nan = _mm256_cmpeq_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x7f)), _mm256_set1_epi32(0x7f));
     let v = _mm256_blendv_ps(v, _mm256_set1_ps(f32::NAN), _mm256_castsi256_ps(is_nan));
-    let v = _mm256_or_ps(v, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(c, k(0x80)), 24)));
+    let v = _mm256_or_ps(v, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24)));
     _mm256_mul_ps(v, _mm256_set1_ps(scale))
 }
 
@@ -95,7 +96,12 @@ unsafe fn kernel<const F: u8, const R: usize, const C: usize>(
     let c8 = cols / 8 * 8;
     let mut j = 0;
     while j < c8 {
-        let wv: [__m256; R] = std::array::from_fn(|r| load8::<F>(rows[r], j));
+        // A loop, not `array::from_fn`: a closure is compiled without the caller's target
+        // features, and its intrinsics became calls (FP8 decode ran 50x slower that way).
+        let mut wv = [_mm256_setzero_ps(); R];
+        for (r, v) in wv.iter_mut().enumerate() {
+            *v = load8::<F>(rows[r], j);
+        }
         for c in 0..C {
             let xv = _mm256_loadu_ps(xs[c].add(j));
             for r in 0..R {
