@@ -75,13 +75,15 @@ pub struct RamOptions {
     pub readers: usize,
     /// Direct I/O where the file system takes it (else buffered reads).
     pub direct_io: bool,
-    /// Read the next layer's likely experts early (the module doc; `--no-prefetch` clears it).
+    /// Read the next layer's likely experts early (the module doc; `--prefetch`). Off by
+    /// default: measured, the wrong guesses' reads and evictions cost more than the early
+    /// reads saved (docs/BENCHMARKS.md, 2026-12-02).
     pub prefetch: bool,
 }
 
 impl Default for RamOptions {
     fn default() -> RamOptions {
-        RamOptions { budget: RamBudget::Auto, readers: 4, direct_io: true, prefetch: true }
+        RamOptions { budget: RamBudget::Auto, readers: 4, direct_io: true, prefetch: false }
     }
 }
 

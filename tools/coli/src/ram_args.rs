@@ -25,10 +25,11 @@ pub struct RamArgs {
     /// Buffered reads for the RAM cache (default: direct I/O where the file system takes it).
     #[arg(long, help_heading = heading::EXPERT_TIER)]
     pub no_direct_io: bool,
-    /// No prefetch of the next layer's likely experts into the RAM cache (default: while a
-    /// layer runs, the next layer's router applied to its input starts their reads early).
+    /// Prefetch the next layer's likely experts into the RAM cache: while a layer runs, the next
+    /// layer's router applied to its input starts their reads early (off by default: on the
+    /// H200 machine it read 1.8x the bytes and halved decode, docs/BENCHMARKS.md).
     #[arg(long, help_heading = heading::EXPERT_TIER)]
-    pub no_prefetch: bool,
+    pub prefetch: bool,
 }
 
 impl RamArgs {
@@ -38,6 +39,6 @@ impl RamArgs {
             (false, Some(m)) => RamBudget::Bytes(m << 20),
             (false, None) => RamBudget::Auto,
         };
-        RamOptions { budget, readers: self.ram_readers, direct_io: !self.no_direct_io, prefetch: !self.no_prefetch }
+        RamOptions { budget, readers: self.ram_readers, direct_io: !self.no_direct_io, prefetch: self.prefetch }
     }
 }
