@@ -112,6 +112,12 @@ pub fn routed_experts<'a>(
     join_ranks(routing, n, top_k, hidden, &table, out);
 }
 
+/// Below this many rows the experts run one after another, each matmul on the whole thread
+/// team; from it on, experts run side by side (each small matmul then splits across a team
+/// already busy). Measured on pymoe-22m (2 cores, alternated, 3 rounds): forwards of 2 rows
+/// 706-3,800 -> 3,521-4,610 tok/s, of 4 rows 2,461-2,793 -> 3,956-4,622 (docs/BENCHMARKS.md).
+const SERIAL_GROUP_ROWS: usize = 8;
+
 /// Runs the experts of `pairs` ((row, rank), grouped here by expert, each expert one batched
 /// matmul over its rows) and writes each pair's output, not weighted, into its row of `table`
 /// (`(r * top_k + k) x hidden`). Other rows of the table are left as they were.
@@ -129,8 +135,8 @@ pub fn pair_outputs<'a>(
         by_expert.entry(pair_expert(routing, top_k, r, k)).or_default().push((r, k));
     }
     let groups: Vec<(usize, Vec<(usize, usize)>)> = by_expert.into_iter().collect();
-    let results: Vec<GroupRows> = if n == 1 {
-        // Decode: the matmuls inside are parallel already.
+    let results: Vec<GroupRows> = if n < SERIAL_GROUP_ROWS {
+        // Decode and a few rows (a checked draft): the matmuls inside are parallel already.
         groups.into_iter().map(|(e, pairs)| run_group(e, pairs, x, hidden, kind, precision, expert)).collect()
     } else {
         groups.into_par_iter().map(|(e, pairs)| run_group(e, pairs, x, hidden, kind, precision, expert)).collect()
