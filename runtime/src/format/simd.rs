@@ -441,15 +441,29 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
             }
         }
     };
-    if n == 1 {
-        while r + 4 <= r1 {
-            prefetch(r + ahead, 4);
-            let t = kernel::<F, 4, 1, VNNI>([rp(r), rp(r + 1), rp(r + 2), rp(r + 3)], [xp(0)], units);
-            for (j, row) in t.iter().enumerate() {
-                put(0, r + j, row[0]);
+    // One to three activation rows (decode, a checked draft): each group of four weight rows
+    // streamed once for all of them, with the prefetch; every sum in the one-row order.
+    macro_rules! few {
+        ($c:literal) => {
+            while r + 4 <= r1 {
+                prefetch(r + ahead, 4);
+                let xs: [*const BlockQ8; $c] = std::array::from_fn(|c| xp(c));
+                let t = kernel::<F, 4, $c, VNNI>([rp(r), rp(r + 1), rp(r + 2), rp(r + 3)], xs, units);
+                for (j, row) in t.iter().enumerate() {
+                    for (c, &v) in row.iter().enumerate() {
+                        put(c, r + j, v);
+                    }
+                }
+                r += 4;
             }
-            r += 4;
-        }
+        };
+    }
+    if n == 1 {
+        few!(1);
+    } else if n == 2 {
+        few!(2);
+    } else if n == 3 && VNNI {
+        few!(3);
     } else {
         // Activation rows four at a time (their `s` gathered once), each against every pair of
         // this tile's weight rows; then the leftover activation rows one at a time.

@@ -544,7 +544,7 @@ fn first_non_finite_spans_parallel_pieces_and_reports_the_first() {
 #[test]
 fn block_formats_multiply_odd_block_counts_and_row_counts() {
     // Three super-blocks (or 24 blocks of 32) a row, 13 rows (tiles of 4 and a ragged one), one
-    // and five activation rows: `matmul` equals the per-row q8 dot within f32 reassociation
+    // to three and five activation rows: `matmul` equals the per-row q8 dot within f32 reassociation
     // (1e-5 of sum |w x|), and that dot equals the dequantized product within the activation
     // quantization bound (as in `q8_dot_is_within_the_activation_quantization_bound`).
     let mut rng = Rng(0xfeed);
@@ -552,11 +552,19 @@ fn block_formats_multiply_odd_block_counts_and_row_counts() {
     for format in WeightFormat::ALL.into_iter().filter(|f| !f.f16_fields().is_empty()) {
         let bytes = random_rows(format, rows, cols, &mut rng);
         let w = Matrix::new(format, rows, cols, &bytes).unwrap();
-        for n in [1usize, 5] {
+        for n in [1usize, 2, 3, 5] {
             let x = rng.vec(n * cols, 1.0);
             let acts = QuantizedActs::new(&x, n, cols).unwrap();
             let mut out = vec![f32::NAN; n * rows];
             matmul(&w, &x, n, &mut out);
+            if n <= 3 {
+                // A few rows (a checked draft) give each row exactly what it gets alone.
+                for i in 0..n {
+                    let mut one = vec![f32::NAN; rows];
+                    matmul(&w, &x[i * cols..(i + 1) * cols], 1, &mut one);
+                    assert_eq!(&out[i * rows..(i + 1) * rows], &one[..], "{format} n={n} row {i}");
+                }
+            }
             for i in 0..n {
                 let xi = &x[i * cols..(i + 1) * cols];
                 for r in 0..rows {
