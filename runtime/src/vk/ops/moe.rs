@@ -581,23 +581,7 @@ impl<'a> Frame<'a> {
                 Bind::buf(&s.groups),
                 bias,
             ];
-            if self.coop_i8(gv, n) {
-                self.dispatch(
-                    Kernel::MoeMatmulCoop,
-                    Some(gv),
-                    &binds,
-                    &push,
-                    [groups_for(ffn, COOP_BO).min(MAX_GROUPS as u32), n.div_ceil(COOP_BR) as u32, e32],
-                )?;
-            } else {
-                self.dispatch(
-                    Kernel::MoeMatmul,
-                    Some(gv),
-                    &binds,
-                    &push,
-                    [groups_for(ffn, GEMM_BO).min(MAX_GROUPS as u32), n.div_ceil(GEMM_BR) as u32, e32],
-                )?;
-            }
+            self.moe_matmul(gv, &binds, &push, ffn, n, e32)?;
         }
         // 2. Down, and the rank-ordered sum into out.
         let (hq, hd) = if dv.q8_acts() {
@@ -707,23 +691,7 @@ impl<'a> Frame<'a> {
                     Bind::buf(&s.groups),
                     bias,
                 ];
-                if self.coop_i8(dv, n) {
-                    self.dispatch(
-                        Kernel::MoeMatmulCoop,
-                        Some(dv),
-                        &binds,
-                        &push,
-                        [groups_for(hid, COOP_BO).min(MAX_GROUPS as u32), n.div_ceil(COOP_BR) as u32, e32],
-                    )?;
-                } else {
-                    self.dispatch(
-                        Kernel::MoeMatmul,
-                        Some(dv),
-                        &binds,
-                        &push,
-                        [groups_for(hid, GEMM_BO).min(MAX_GROUPS as u32), n.div_ceil(GEMM_BR) as u32, e32],
-                    )?;
-                }
+                self.moe_matmul(dv, &binds, &push, hid, n, e32)?;
             }
             if !sum {
                 return Ok(());
@@ -749,6 +717,26 @@ impl<'a> Frame<'a> {
                 [groups_for(n * hid, 64), 1, 1],
             )
         }
+    }
+
+    /// A grouped expert GEMM of `n` rows into `out_rows` outputs an expert: on int8 tensor cores
+    /// where the device and the format have them, else the tiled kernel.
+    fn moe_matmul(
+        &mut self,
+        v: FormatVariant,
+        binds: &[Bind<'a>],
+        push: &MoeMatmulPush,
+        out_rows: usize,
+        n: usize,
+        experts: u32,
+    ) -> Result<()> {
+        let (kernel, bo, br) = if self.coop_i8(v, n) {
+            (Kernel::MoeMatmulCoop, COOP_BO, COOP_BR)
+        } else {
+            (Kernel::MoeMatmul, GEMM_BO, GEMM_BR)
+        };
+        let groups = [groups_for(out_rows, bo).min(MAX_GROUPS as u32), n.div_ceil(br) as u32, experts];
+        self.dispatch(kernel, Some(v), binds, push, groups)
     }
 
     /// Output rows one workgroup of the per-pair GEMV takes (a subgroup each).
