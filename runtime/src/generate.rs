@@ -225,11 +225,13 @@ impl Ahead {
         self.fed.get(self.kept + 1).copied()
     }
 
-    /// Cuts the session back to the drafts kept (`Session::keep_of_last`).
-    fn keep(&self, session: &mut Session, stats: &mut SpecStats) -> Result<(), ExecError> {
+    /// Cuts the session back to the drafts kept (`Session::keep_of_last`); the rejected ones are
+    /// forgotten here too, so a second call changes nothing.
+    fn keep(&mut self, session: &mut Session, stats: &mut SpecStats) -> Result<(), ExecError> {
         if !self.fed.is_empty() && session.keep_of_last(self.base, &self.fed, self.kept + 1)? {
             stats.replays += 1;
         }
+        self.fed.truncate(self.kept + 1);
         Ok(())
     }
 }

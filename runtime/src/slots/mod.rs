@@ -356,6 +356,9 @@ fn draft(session: &Session, a: &mut Active) -> Vec<u32> {
         return Vec::new();
     }
     let cap = cap.min(a.pacer.allowance());
+    if cap == 0 {
+        return Vec::new();
+    }
     let history: Vec<u32> = req.prompt.iter().chain(&a.turn.generated).copied().collect();
     req.speculation.draft(&history, cap)
 }
