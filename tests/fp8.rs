@@ -14,14 +14,12 @@
 mod common;
 
 use coli_compiler::cost::Format;
-use coli_compiler::Options;
 use coli_runtime::cpu::Precision;
-use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions, HostCopies};
+use coli_runtime::engine::HostCopies;
 use coli_runtime::exec::weights::device_only_matrices;
 use coli_runtime::exec::Session;
 use coli_runtime::format::WeightFormat;
 use coli_runtime::model::{Checkpoint, LoadOptions};
-use coli_runtime::vk::VkOptions;
 use common::*;
 
 fn model() -> std::path::PathBuf {
@@ -77,15 +75,7 @@ fn fp8_checkpoint_on_the_device_matches_the_cpu() {
 
 #[test]
 fn released_fp8_matrices_come_back_bit_for_bit() {
-    let load = |host_copies| {
-        let req = EngineOptions {
-            device: DeviceRequest::Vulkan(VkOptions::default()),
-            compile: Options { context: 64, chunk_rows: 16, ..Options::default() },
-            host_copies,
-            ..EngineOptions::default()
-        };
-        Engine::load(&model(), &req).unwrap()
-    };
+    let load = |host_copies| load_on_vulkan(&model(), host_copies);
     let (kept, freed) = (load(HostCopies::Keep), load(HostCopies::Release));
     if freed.device().is_none() {
         eprintln!("no Vulkan device: {}", freed.device_note());

@@ -159,15 +159,7 @@ fn mxfp4_checkpoint_runs_in_coli_exec() {
 
 #[test]
 fn released_mxfp4_experts_come_back_bit_for_bit() {
-    let load = |host_copies| {
-        let req = EngineOptions {
-            device: DeviceRequest::Vulkan(VkOptions::default()),
-            compile: Options { context: 64, chunk_rows: 16, ..Options::default() },
-            host_copies,
-            ..EngineOptions::default()
-        };
-        Engine::load(&model(), &req).unwrap()
-    };
+    let load = |host_copies| load_on_vulkan(&model(), host_copies);
     let (kept, freed) = (load(HostCopies::Keep), load(HostCopies::Release));
     if freed.device().is_none() {
         eprintln!("no Vulkan device: {}", freed.device_note());

@@ -169,3 +169,15 @@ pub fn device_matches_cpu(
         assert!(err <= rel * max, "{what} {precision:?} chunk {chunk}: max |device - cpu| = {err} > {}", rel * max);
     }
 }
+
+/// `path` on the Vulkan device (context 64, chunks of 16) with the host copies of the device's
+/// matrices kept or released.
+pub fn load_on_vulkan(path: &Path, host_copies: coli_runtime::engine::HostCopies) -> Engine {
+    let req = EngineOptions {
+        device: coli_runtime::engine::DeviceRequest::Vulkan(coli_runtime::vk::VkOptions::default()),
+        compile: coli_compiler::Options { context: 64, chunk_rows: 16, ..coli_compiler::Options::default() },
+        host_copies,
+        ..EngineOptions::default()
+    };
+    Engine::load(path, &req).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+}
