@@ -3,7 +3,8 @@
 //! of gpt-oss (sliding window with sinks, fused input-major experts with biases, clamped
 //! SwiGLU), MiMo-V2-Flash (sliding window with sinks and twice the KV heads, value heads
 //! narrower than key heads, scaled values, partial RoPE per layer type), DeepSeek-V3
-//! (multi-head latent attention) and Qwen3-Next (Gated DeltaNet), and `coli exec` running each
+//! (multi-head latent attention), Qwen3-Next (Gated DeltaNet) and Qwen3.5-MoE (its projections
+//! apart), and `coli exec` running each
 //! one as a process.
 //!
 //! Tolerance: every logit within 1e-4 of the largest |logit| of transformers (f32 weights and
@@ -129,6 +130,16 @@ fn qwen3_next_matches_transformers() {
 #[test]
 fn qwen3_next_runs_in_coli_exec() {
     check_exec("qwen3_next");
+}
+
+#[test]
+fn qwen3_5_moe_matches_transformers() {
+    check_fixture("qwen3_5_moe");
+}
+
+#[test]
+fn qwen3_5_moe_runs_in_coli_exec() {
+    check_exec("qwen3_5_moe");
 }
 
 /// Qwen3-Next's recurrent state goes back only to the start or to the start of its last step:

@@ -1,5 +1,5 @@
 """The tiny fixtures of the mixers beyond plain attention (gpt-oss and MiMo-V2-Flash: sliding
-window with sinks; DeepSeek-V3: multi-head latent attention; Qwen3-Next: Gated DeltaNet), for
+window with sinks; DeepSeek-V3: multi-head latent attention; Qwen3-Next and Qwen3.5-MoE: Gated DeltaNet), for
 make_fixtures.py:
 their configurations, the hooks that make their random weights well conditioned, and the tensor
 names save_pretrained must write. Imported by make_fixtures.py; not a script of its own.
@@ -140,6 +140,50 @@ MIXERS = {
             "sigmoid gate; zero-centred RMSNorms (1 + w, w drawn in [-0.3, 0.3])"
         ),
     ),
+    # Qwen3.5-MoE (the text model's causal LM): Qwen3-Next's layers with the DeltaNet's
+    # projections apart (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, not grouped per key
+    # head), every layer sparse, the router always renormalised, the experts fused in memory
+    # (saved per expert); text-only positions make its multimodal RoPE plain partial RoPE.
+    "qwen3_5_moe": dict(
+        cls="Qwen3_5MoeForCausalLM",
+        seed=8500,
+        config=dict(
+            vocab_size=336,
+            hidden_size=72,
+            moe_intermediate_size=40,
+            shared_expert_intermediate_size=56,
+            num_hidden_layers=4,
+            layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=24,
+            linear_num_key_heads=2,
+            linear_num_value_heads=6,
+            linear_key_head_dim=12,
+            linear_value_head_dim=10,
+            linear_conv_kernel_dim=4,
+            num_experts=6,
+            num_experts_per_tok=2,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                             "mrope_section": [1, 1, 1], "mrope_interleaved": True},
+            tie_word_embeddings=False,
+            attention_bias=False,
+            output_router_logits=False,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+        ),
+        note=(
+            "Qwen3.5-MoE (Qwen3_5MoeForCausalLM), 4 layers (Gated DeltaNet x3, gated attention), hidden 72; "
+            "DeltaNet 2 key heads x 12, 6 value heads x 10 (3 per key head), conv kernel 4, projections "
+            "in_proj_qkv / in_proj_z / in_proj_b / in_proj_a, A in [0.05, 1]; attention 4 q / 2 kv heads, "
+            "head_dim 24, partial RoPE 6 of 24 (theta 1e4; text positions, so mrope is plain RoPE), q/k RMSNorm "
+            "per head, sigmoid output gate; every layer 6 experts (FFN 40) top-2 renormalised plus a "
+            "shared expert (FFN 56) with a sigmoid gate; zero-centred RMSNorms (1 + w, w drawn in [-0.3, 0.3])"
+        ),
+    ),
     # MiMo-V2-Flash: full and sliding (window 4, twice the KV heads, sinks) layers by layer_types,
     # each type with its own RoPE theta, partial RoPE (int(32 * 0.334) = 10 of 32 dims), value
     # heads narrower than the key heads (16 vs 32), values scaled by attention_value_scale; a
@@ -258,6 +302,20 @@ def qwen3_next_post_init(model):
 
 MIXERS["qwen3_next"]["post_init"] = qwen3_next_post_init
 
+
+@torch.no_grad()
+def qwen3_5_moe_post_init(model):
+    """Zero-centred norms as Qwen3-Next's; the experts are output-major in memory ([E, 2F, H],
+    [E, H, F]): std 1/sqrt(fan_in) of the last dimension."""
+    qwen3_next_post_init(model)
+    for layer in model.model.layers:
+        experts = layer.mlp.experts
+        experts.gate_up_proj.normal_(0.0, 1.0 / math.sqrt(experts.gate_up_proj.shape[-1]))
+        experts.down_proj.normal_(0.0, 1.0 / math.sqrt(experts.down_proj.shape[-1]))
+
+
+MIXERS["qwen3_5_moe"]["post_init"] = qwen3_5_moe_post_init
+
 @torch.no_grad()
 def mimo_post_init(model):
     """The experts are output-major in memory ([E, 2F, H], [E, H, F]): std 1/sqrt(fan_in) of the
@@ -296,6 +354,17 @@ def mixer_names(name, cfg, n_layers):
                 for e in range(cfg["num_experts"]):
                     for w in ("gate_proj", "up_proj", "down_proj"):
                         out.append(f"model.layers.{i}.mlp.experts.{e}.{w}.weight")
+    if name == "qwen3_5_moe":
+        for i, t in enumerate(cfg["layer_types"]):
+            if t == "linear_attention":
+                for w in ("in_proj_qkv.weight", "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight",
+                          "conv1d.weight", "dt_bias", "A_log", "norm.weight", "out_proj.weight"):
+                    out.append(f"model.layers.{i}.linear_attn.{w}")
+            for w in ("gate.weight", "shared_expert_gate.weight"):
+                out.append(f"model.layers.{i}.mlp.{w}")
+            for e in range(cfg["num_experts"]):
+                for w in ("gate_proj", "up_proj", "down_proj"):
+                    out.append(f"model.layers.{i}.mlp.experts.{e}.{w}.weight")
     if name == "mimo_v2_flash":
         for i, t in enumerate(cfg["layer_types"]):
             if t == "sliding_attention":

@@ -15,7 +15,7 @@ Usage (from the repository root; needs torch, transformers 5.17, safetensors, gg
 
 Outputs:
 
-* tests/fixtures/{llama,llama_tied,olmoe,qwen3_moe,mixtral,gpt_oss,deepseek_v3,qwen3_next}/ :
+* tests/fixtures/{llama,llama_tied,olmoe,qwen3_moe,mixtral,gpt_oss,deepseek_v3,qwen3_next,qwen3_5_moe,...}/ :
   a tiny random-weight checkpoint (config.json, generation_config.json, model.safetensors, f32) written by
   ``save_pretrained`` and its ``oracle.json`` (prompt ids, logits of every prompt
   position, 20 greedy ids, the logits each greedy id was chosen from, per-layer

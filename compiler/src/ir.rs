@@ -424,6 +424,13 @@ pub struct LinearAttentionSpec {
 }
 
 impl LinearAttentionSpec {
+    /// Whether a Gated DeltaNet's input projections are apart (Qwen3.5: `in_proj_qkv`,
+    /// `in_proj_z`, `in_proj_b`, `in_proj_a`) rather than grouped per key head (Qwen3-Next:
+    /// `in_proj_qkvz`, `in_proj_ba`); the compiler admits one set of roles, not both.
+    pub fn projections_apart(&self) -> bool {
+        self.weights.iter().any(|(role, _)| role == "in_proj_qkv")
+    }
+
     /// f32 entries of the recurrent state of one sequence: the per-head `dk x dv` matrix
     /// and the convolution ring.
     pub fn state_floats(&self) -> usize {

@@ -25,6 +25,10 @@ pub enum OpKind {
     RoutedExperts,
     Mla,
     LinearAttention,
+    /// A Gated DeltaNet whose input projections are apart (`LinearAttentionSpec::
+    /// projections_apart`): a kind of its own so that a device whose kernels read only the
+    /// grouped layout does not claim it by listing `linear_attention`.
+    LinearAttentionApart,
 }
 
 /// What placement and printing need to know of an op kind.
@@ -52,6 +56,7 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::RoutedExperts, name: "routed_experts", host_step: true },
     OpInfo { kind: OpKind::Mla, name: "mla", host_step: false },
     OpInfo { kind: OpKind::LinearAttention, name: "linear_attention", host_step: false },
+    OpInfo { kind: OpKind::LinearAttentionApart, name: "linear_attention_apart", host_step: false },
 ];
 
 impl OpKind {
@@ -86,6 +91,7 @@ impl Op {
             Op::Route { .. } => OpKind::Route,
             Op::RoutedExperts { .. } => OpKind::RoutedExperts,
             Op::Mla { .. } => OpKind::Mla,
+            Op::LinearAttention { spec, .. } if spec.projections_apart() => OpKind::LinearAttentionApart,
             Op::LinearAttention { .. } => OpKind::LinearAttention,
         }
     }

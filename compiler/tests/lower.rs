@@ -28,6 +28,7 @@ fn every_spec_compiles_with_its_default_config() {
         "mixtral.ron",
         "deepseek_v3.ron",
         "qwen3_next.ron",
+        "qwen3_5_moe.ron",
         "gpt_oss.ron",
         "mimo_v2_flash.ron",
     ] {
@@ -44,6 +45,7 @@ fn specs_are_found_by_architecture() {
     assert_eq!(spec_for_architecture(&g, "OlmoeForCausalLM").unwrap().file_name().unwrap(), "olmoe.ron");
     assert_eq!(spec_for_architecture(&g, "qwen3moe").unwrap().file_name().unwrap(), "qwen3_moe.ron");
     assert_eq!(spec_for_architecture(&g, "MixtralForCausalLM").unwrap().file_name().unwrap(), "mixtral.ron");
+    assert_eq!(spec_for_architecture(&g, "Qwen3_5MoeForCausalLM").unwrap().file_name().unwrap(), "qwen3_5_moe.ron");
     assert!(spec_for_architecture(&g, "NoSuchForCausalLM").is_none());
 }
 

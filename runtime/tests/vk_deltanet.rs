@@ -14,7 +14,7 @@
 mod vk_common;
 
 use coli_compiler::ir::{LinearAttentionKind, LinearAttentionSpec};
-use coli_runtime::cpu::deltanet::{gated_deltanet, DeltaNetCall as CpuCall, DeltaNetWeights};
+use coli_runtime::cpu::deltanet::{gated_deltanet, DeltaNetCall as CpuCall, DeltaNetProjections, DeltaNetWeights};
 use coli_runtime::cpu::Precision;
 use coli_runtime::format::{Matrix, WeightFormat};
 use coli_runtime::vk::{DeltaNetCall, DeltaNetMats, DeltaNetScratch, DeltaNetShape};
@@ -62,8 +62,10 @@ fn run_case(c: &Case, seed: u64) {
     let alog = rng.vec(c.nv, 1.0);
     let norm = rng.vec(c.dv, 1.0).iter().map(|v| 1.0 + 0.5 * v).collect::<Vec<_>>();
     let cw = DeltaNetWeights {
-        qkvz: Matrix::new(c.format, pw, c.hidden, &qkvz).unwrap(),
-        ba: Matrix::new(c.format, 2 * c.nv, c.hidden, &ba).unwrap(),
+        proj: DeltaNetProjections::Grouped {
+            qkvz: Matrix::new(c.format, pw, c.hidden, &qkvz).unwrap(),
+            ba: Matrix::new(c.format, 2 * c.nv, c.hidden, &ba).unwrap(),
+        },
         conv: &taps,
         dt_bias: &dt,
         a_log: &alog,

@@ -306,26 +306,39 @@ impl<'a> Lowerer<'a> {
     }
 
     /// Reports unless a Gated DeltaNet's weights are the roles it knows in the shapes its
-    /// geometry needs: `in_proj_qkvz`, `in_proj_ba`, `conv1d` ([channels, 1, kernel]),
-    /// `dt_bias`, `a_log`, `norm` ([value_head_dim]), `out_proj`.
+    /// geometry needs: the input projections as Qwen3-Next groups them (`in_proj_qkvz`,
+    /// `in_proj_ba`) or as Qwen3.5 keeps them apart (`in_proj_qkv`, `in_proj_z`, `in_proj_b`,
+    /// `in_proj_a`), one set and not both; `conv1d` ([channels, 1, kernel]), `dt_bias`,
+    /// `a_log`, `norm` ([value_head_dim]), `out_proj`.
     pub(super) fn deltanet_roles(&mut self, s: &LinearAttentionSpec, hidden: usize, span: Span) {
         let (nk, nv, dk, dv, k) = (s.key_heads, s.value_heads, s.key_head_dim, s.value_head_dim, s.conv_kernel);
         let channels = 2 * nk * dk + nv * dv;
-        let want: [(&str, Vec<usize>); 7] = [
-            ("in_proj_qkvz", vec![2 * nk * dk + 2 * nv * dv, hidden]),
-            ("in_proj_ba", vec![2 * nv, hidden]),
+        let split = s.projections_apart();
+        let proj: Vec<(&str, Vec<usize>)> = if split {
+            vec![
+                ("in_proj_qkv", vec![channels, hidden]),
+                ("in_proj_z", vec![nv * dv, hidden]),
+                ("in_proj_b", vec![nv, hidden]),
+                ("in_proj_a", vec![nv, hidden]),
+            ]
+        } else {
+            vec![("in_proj_qkvz", vec![2 * nk * dk + 2 * nv * dv, hidden]), ("in_proj_ba", vec![2 * nv, hidden])]
+        };
+        let rest: [(&str, Vec<usize>); 5] = [
             ("conv1d", vec![channels, 1, k]),
             ("dt_bias", vec![nv]),
             ("a_log", vec![nv]),
             ("norm", vec![dv]),
             ("out_proj", vec![hidden, nv * dv]),
         ];
+        let want: Vec<(&str, Vec<usize>)> = proj.into_iter().chain(rest).collect();
         for (role, w) in &s.weights {
             match want.iter().find(|(r, _)| r == role) {
                 None => self.err(
                     span,
                     format!(
-                        "Gated DeltaNet has no weight role `{role}` (roles: {})",
+                        "Gated DeltaNet has no weight role `{role}` beside `{}` (roles: {})",
+                        want[0].0,
                         want.iter().map(|w| w.0).collect::<Vec<_>>().join(", ")
                     ),
                 ),

@@ -1,8 +1,10 @@
 //! Gated DeltaNet (Qwen3-Next, Qwen3.5) on the CPU: a linear-attention mixer with a recurrent
 //! state, for a block of rows that continues the sequence the state has absorbed.
 //!
-//! Per row: `in_proj_qkvz` and `in_proj_ba` (grouped per key head: q, k, then the group's
-//! values and output gates z; b then a); a causal depthwise convolution over q, k and v
+//! Per row: the input projections, either Qwen3-Next's `in_proj_qkvz` and `in_proj_ba`
+//! (grouped per key head: q, k, then the group's values and output gates z; b then a) or
+//! Qwen3.5's four apart (`in_proj_qkv`: every q, every k, every v; `in_proj_z`; `in_proj_b`;
+//! `in_proj_a`, each per value head in order); a causal depthwise convolution over q, k and v
 //! (kernel `conv_kernel`, its last `conv_kernel - 1` inputs kept in a ring) followed by SiLU;
 //! per value head `h` (sharing key head `h / (value_heads / key_heads)`): q and k L2-normed
 //! (q also scaled by `1/sqrt(key_head_dim)`), `beta = sigmoid(b)`, the decay
@@ -21,10 +23,19 @@ use crate::store::weights::WeightStore;
 use coli_compiler::ir::LinearAttentionSpec;
 use rayon::prelude::*;
 
+/// The input projections of one Gated DeltaNet op, in one of the two layouts checkpoints use
+/// (the compiler admits exactly one of the two role sets).
+pub enum DeltaNetProjections<'a> {
+    /// Qwen3-Next: `in_proj_qkvz` and `in_proj_ba`, grouped per key head.
+    Grouped { qkvz: Matrix<'a>, ba: Matrix<'a> },
+    /// Qwen3.5: `in_proj_qkv` (`[q | k | v]`, the convolution's channel order), `in_proj_z`,
+    /// `in_proj_b` and `in_proj_a` (per value head).
+    Split { qkv: Matrix<'a>, z: Matrix<'a>, b: Matrix<'a>, a: Matrix<'a> },
+}
+
 /// The weights of one Gated DeltaNet op, by role.
 pub struct DeltaNetWeights<'a> {
-    pub qkvz: Matrix<'a>,
-    pub ba: Matrix<'a>,
+    pub proj: DeltaNetProjections<'a>,
     /// `[channels, 1, kernel]`, flattened.
     pub conv: &'a [f32],
     pub dt_bias: &'a [f32],
@@ -47,9 +58,18 @@ impl<'a> DeltaNetWeights<'a> {
                 .map(|(_, w)| w.name.as_str())
                 .ok_or_else(|| MissingRole(r.to_string()))
         };
+        let proj = if spec.projections_apart() {
+            DeltaNetProjections::Split {
+                qkv: ws.matrix(find("in_proj_qkv")?),
+                z: ws.matrix(find("in_proj_z")?),
+                b: ws.matrix(find("in_proj_b")?),
+                a: ws.matrix(find("in_proj_a")?),
+            }
+        } else {
+            DeltaNetProjections::Grouped { qkvz: ws.matrix(find("in_proj_qkvz")?), ba: ws.matrix(find("in_proj_ba")?) }
+        };
         Ok(DeltaNetWeights {
-            qkvz: ws.matrix(find("in_proj_qkvz")?),
-            ba: ws.matrix(find("in_proj_ba")?),
+            proj,
             conv: ws.vector(find("conv1d")?),
             dt_bias: ws.vector(find("dt_bias")?),
             a_log: ws.vector(find("a_log")?),
@@ -100,29 +120,45 @@ pub fn gated_deltanet(call: &DeltaNetCall, x: &[f32], n: usize, state: &mut [f32
     let r = nv / nk;
     let key_dim = nk * dk;
     let channels = 2 * key_dim + nv * dv;
-    // 1. Projections, reordered: mixed = [q (nk*dk) | k (nk*dk) | v (nv*dv)], z (nv*dv), b and a (nv).
-    let pw = 2 * key_dim + 2 * nv * dv;
-    let mut p = vec![0f32; n * pw];
-    linear(&w.qkvz, x, n, &mut p, precision);
-    let mut ba = vec![0f32; n * 2 * nv];
-    linear(&w.ba, x, n, &mut ba, precision);
+    // 1. Projections, in the convolution's order: mixed = [q (nk*dk) | k (nk*dk) | v (nv*dv)],
+    // z (nv*dv), beta and the decay per value head.
     let mut mixed = vec![0f32; n * channels];
     let mut z = vec![0f32; n * nv * dv];
     let (mut beta, mut decay) = (vec![0f32; n * nv], vec![0f32; n * nv]);
-    let group = 2 * dk + 2 * r * dv;
-    for t in 0..n {
-        let (pr, mr) = (&p[t * pw..(t + 1) * pw], &mut mixed[t * channels..(t + 1) * channels]);
-        for g in 0..nk {
-            let src = &pr[g * group..(g + 1) * group];
-            mr[g * dk..(g + 1) * dk].copy_from_slice(&src[..dk]);
-            mr[key_dim + g * dk..key_dim + (g + 1) * dk].copy_from_slice(&src[dk..2 * dk]);
-            mr[2 * key_dim + g * r * dv..2 * key_dim + (g + 1) * r * dv].copy_from_slice(&src[2 * dk..2 * dk + r * dv]);
-            z[t * nv * dv + g * r * dv..][..r * dv].copy_from_slice(&src[2 * dk + r * dv..]);
-            for j in 0..r {
-                let h = g * r + j;
-                let (b, a) = (ba[t * 2 * nv + g * 2 * r + j], ba[t * 2 * nv + g * 2 * r + r + j]);
-                beta[t * nv + h] = sigmoid(b);
-                decay[t * nv + h] = (-w.a_log[h].exp() * softplus(a + w.dt_bias[h])).exp();
+    let gate = |b: f32, a: f32, h: usize| (sigmoid(b), (-w.a_log[h].exp() * softplus(a + w.dt_bias[h])).exp());
+    match &w.proj {
+        DeltaNetProjections::Grouped { qkvz, ba: ba_w } => {
+            let pw = 2 * key_dim + 2 * nv * dv;
+            let mut p = vec![0f32; n * pw];
+            linear(qkvz, x, n, &mut p, precision);
+            let mut ba = vec![0f32; n * 2 * nv];
+            linear(ba_w, x, n, &mut ba, precision);
+            let group = 2 * dk + 2 * r * dv;
+            for t in 0..n {
+                let (pr, mr) = (&p[t * pw..(t + 1) * pw], &mut mixed[t * channels..(t + 1) * channels]);
+                for g in 0..nk {
+                    let src = &pr[g * group..(g + 1) * group];
+                    mr[g * dk..(g + 1) * dk].copy_from_slice(&src[..dk]);
+                    mr[key_dim + g * dk..key_dim + (g + 1) * dk].copy_from_slice(&src[dk..2 * dk]);
+                    mr[2 * key_dim + g * r * dv..2 * key_dim + (g + 1) * r * dv]
+                        .copy_from_slice(&src[2 * dk..2 * dk + r * dv]);
+                    z[t * nv * dv + g * r * dv..][..r * dv].copy_from_slice(&src[2 * dk + r * dv..]);
+                    for j in 0..r {
+                        let h = g * r + j;
+                        let (b, a) = (ba[t * 2 * nv + g * 2 * r + j], ba[t * 2 * nv + g * 2 * r + r + j]);
+                        (beta[t * nv + h], decay[t * nv + h]) = gate(b, a, h);
+                    }
+                }
+            }
+        }
+        DeltaNetProjections::Split { qkv, z: z_w, b: b_w, a: a_w } => {
+            linear(qkv, x, n, &mut mixed, precision);
+            linear(z_w, x, n, &mut z, precision);
+            let (mut b, mut a) = (vec![0f32; n * nv], vec![0f32; n * nv]);
+            linear(b_w, x, n, &mut b, precision);
+            linear(a_w, x, n, &mut a, precision);
+            for i in 0..n * nv {
+                (beta[i], decay[i]) = gate(b[i], a[i], i % nv);
             }
         }
     }
@@ -206,6 +242,10 @@ pub fn gated_deltanet(call: &DeltaNetCall, x: &[f32], n: usize, state: &mut [f32
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn m(rows: usize, cols: usize, data: &[u8]) -> Matrix<'_> {
+        Matrix::new(WeightFormat::F32, rows, cols, data).unwrap()
+    }
     use crate::format::WeightFormat;
     use coli_compiler::ir::LinearAttentionKind;
 
@@ -248,8 +288,10 @@ mod tests {
         let conv = rnd(channels * 4, 4);
         let (dt, al, nw) = (rnd(nv, 5), rnd(nv, 6), rnd(dv, 7));
         let w = DeltaNetWeights {
-            qkvz: Matrix::new(WeightFormat::F32, 2 * nk * dk + 2 * nv * dv, hidden, &qkvz).unwrap(),
-            ba: Matrix::new(WeightFormat::F32, 2 * nv, hidden, &ba).unwrap(),
+            proj: DeltaNetProjections::Grouped {
+                qkvz: Matrix::new(WeightFormat::F32, 2 * nk * dk + 2 * nv * dv, hidden, &qkvz).unwrap(),
+                ba: Matrix::new(WeightFormat::F32, 2 * nv, hidden, &ba).unwrap(),
+            },
             conv: &conv,
             dt_bias: &dt,
             a_log: &al,
@@ -277,5 +319,74 @@ mod tests {
             let serr = st.iter().zip(&want_state).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
             assert!(err < 1e-5 && serr < 1e-5, "chunk {chunk}: out {err}, state {serr}");
         }
+    }
+
+    /// Qwen3.5's four projections apart give what Qwen3-Next's grouped pair gives when they
+    /// hold the same rows: the split rows are the grouped rows regathered (q, k, v, z of every
+    /// key head in turn; b then a of each group).
+    #[test]
+    fn split_projections_equal_grouped_ones() {
+        let (nk, nv, dk, dv, hidden) = (2, 6, 4, 3, 10);
+        let r = nv / nk;
+        let spec = LinearAttentionSpec {
+            kind: LinearAttentionKind::GatedDeltaNet,
+            key_heads: nk,
+            value_heads: nv,
+            key_head_dim: dk,
+            value_head_dim: dv,
+            conv_kernel: 3,
+            weights: vec![],
+            norm_eps: 1e-6,
+        };
+        let channels = 2 * nk * dk + nv * dv;
+        let qkvz = rnd((2 * nk * dk + 2 * nv * dv) * hidden, 11);
+        let ba = rnd(2 * nv * hidden, 12);
+        let row = |m: &[f32], i: usize| m[i * hidden..(i + 1) * hidden].to_vec();
+        let group = 2 * dk + 2 * r * dv;
+        let (mut q, mut k, mut v, mut z, mut b, mut a) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+        for g in 0..nk {
+            let base = g * group;
+            (0..dk).for_each(|i| q.extend(row(&qkvz, base + i)));
+            (0..dk).for_each(|i| k.extend(row(&qkvz, base + dk + i)));
+            (0..r * dv).for_each(|i| v.extend(row(&qkvz, base + 2 * dk + i)));
+            (0..r * dv).for_each(|i| z.extend(row(&qkvz, base + 2 * dk + r * dv + i)));
+            (0..r).for_each(|j| b.extend(row(&ba, g * 2 * r + j)));
+            (0..r).for_each(|j| a.extend(row(&ba, g * 2 * r + r + j)));
+        }
+        let qkv: Vec<f32> = q.into_iter().chain(k).chain(v).collect();
+        let (out, conv) = (bytes(&rnd(hidden * nv * dv, 13)), rnd(channels * 3, 14));
+        let (dt, al, nw) = (rnd(nv, 15), rnd(nv, 16), rnd(dv, 17));
+        let (qkvz, ba, qkv, z, b, a) = (bytes(&qkvz), bytes(&ba), bytes(&qkv), bytes(&z), bytes(&b), bytes(&a));
+        let weights = |proj| DeltaNetWeights {
+            proj,
+            conv: &conv,
+            dt_bias: &dt,
+            a_log: &al,
+            norm: &nw,
+            out: m(hidden, nv * dv, &out),
+        };
+        let grouped = weights(DeltaNetProjections::Grouped {
+            qkvz: m(2 * nk * dk + 2 * nv * dv, hidden, &qkvz),
+            ba: m(2 * nv, hidden, &ba),
+        });
+        let split = weights(DeltaNetProjections::Split {
+            qkv: m(channels, hidden, &qkv),
+            z: m(nv * dv, hidden, &z),
+            b: m(nv, hidden, &b),
+            a: m(nv, hidden, &a),
+        });
+        let n = 7;
+        let x = rnd(n * hidden, 18);
+        let run = |w: &DeltaNetWeights| {
+            let mut state = vec![0f32; spec.state_floats()];
+            let mut o = vec![0f32; n * hidden];
+            let call = DeltaNetCall { spec: &spec, weights: w, eps: 1e-6, precision: Precision::Exact };
+            gated_deltanet(&call, &x, n, &mut state, &mut o);
+            (o, state)
+        };
+        let ((go, gs), (so, ss)) = (run(&grouped), run(&split));
+        let err = go.iter().zip(&so).chain(gs.iter().zip(&ss)).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(err < 1e-6, "split vs grouped: {err}");
+        assert!(go.iter().any(|v| v.abs() > 1e-3), "the output is not all zero");
     }
 }

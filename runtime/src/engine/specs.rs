@@ -12,6 +12,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("mixtral.ron", include_str!("../../../graphs/mixtral.ron")),
     ("deepseek_v3.ron", include_str!("../../../graphs/deepseek_v3.ron")),
     ("qwen3_next.ron", include_str!("../../../graphs/qwen3_next.ron")),
+    ("qwen3_5_moe.ron", include_str!("../../../graphs/qwen3_5_moe.ron")),
     ("gpt_oss.ron", include_str!("../../../graphs/gpt_oss.ron")),
     ("mimo_v2_flash.ron", include_str!("../../../graphs/mimo_v2_flash.ron")),
 ];

@@ -1,4 +1,5 @@
-//! Gated DeltaNet (Qwen3-Next's linear-attention mixer) on the device: the whole
+//! Gated DeltaNet (Qwen3-Next's linear-attention mixer, its projections grouped per key head;
+//! Qwen3.5's projections apart are not claimed, the CPU runs them) on the device: the whole
 //! `LinearAttention` op as the CPU runs it (`cpu::deltanet::gated_deltanet`, the reference):
 //! the two input projections (`matmul`), the causal convolution over its ring with SiLU
 //! (`deltanet_conv.comp`, one invocation per channel, rows in order), the gated delta rule per
@@ -53,9 +54,14 @@ impl DeltaNetShape {
         }
     }
 
-    /// Whether the kernels run this geometry (the op library's claim).
+    /// Whether the kernels run this op (the op library's claim): this geometry, with
+    /// Qwen3-Next's grouped projections (`in_proj_qkvz`, `in_proj_ba`, the layout the kernels
+    /// read). Qwen3.5's projections apart (`in_proj_qkv`, ...) are not claimed: the CPU runs
+    /// such a layer.
     pub fn supported(spec: &LinearAttentionSpec) -> bool {
-        spec.kind == LinearAttentionKind::GatedDeltaNet && DeltaNetShape::of(spec).check().is_ok()
+        spec.kind == LinearAttentionKind::GatedDeltaNet
+            && !spec.projections_apart()
+            && DeltaNetShape::of(spec).check().is_ok()
     }
 
     /// Channels of the convolution: q and k of every key head, v of every value head.
