@@ -343,3 +343,19 @@ fn the_real_smollm2_gguf_binds_and_is_sized_in_its_formats() {
     assert_eq!(plan.placement.costs[0].matrices, (576 * 2 + 192 * 2) * 18 * 20 + 3 * 1536 * 18 * 20);
     insta::assert_snapshot!("llama@smollm2-q4_1-gguf-lavapipe", plan.to_string());
 }
+
+/// A Gated DeltaNet takes one set of input projections: Qwen3.5's apart roles beside one of
+/// Qwen3-Next's grouped roles are a located diagnostic, not a program.
+#[test]
+fn deltanet_projections_grouped_and_apart_at_once_are_refused() {
+    let path = graphs().join("qwen3_5_moe.ron");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mixed = text.replacen(r#""in_proj_qkv": "la_qkv","#, r#""in_proj_qkv": "la_qkv", "in_proj_ba": "la_a","#, 1);
+    assert_ne!(mixed, text, "the spec's roles moved");
+    let spec = Spec::parse(&mixed, &path).unwrap_or_else(|d| panic!("{d}"));
+    let b = Bindings::from_config_json(&spec.default_config().unwrap()).unwrap();
+    let d = compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).unwrap_err();
+    let text = d.to_string();
+    assert!(text.contains("no weight role `in_proj_ba` beside `in_proj_qkv`"), "{text}");
+    assert!(text.contains("qwen3_5_moe.ron:"), "{text}");
+}
