@@ -1,5 +1,6 @@
 """The tiny fixtures of the mixers beyond plain attention (gpt-oss and MiMo-V2-Flash: sliding
-window with sinks; DeepSeek-V3: multi-head latent attention; Qwen3-Next and Qwen3.5-MoE: Gated DeltaNet), for
+window with sinks; DeepSeek-V3: multi-head latent attention; Qwen3-Next and Qwen3.5-MoE: Gated DeltaNet;
+Kimi Linear: Kimi Delta Attention beside MLA without RoPE), for
 make_fixtures.py:
 their configurations, the hooks that make their random weights well conditioned, and the tensor
 names save_pretrained must write. Imported by make_fixtures.py; not a script of its own.
@@ -184,6 +185,56 @@ MIXERS = {
             "shared expert (FFN 56) with a sigmoid gate; zero-centred RMSNorms (1 + w, w drawn in [-0.3, 0.3])"
         ),
     ),
+    # Kimi Linear: KDA layers (the channel-wise gated delta rule: q/k/v each with its own short
+    # convolution, a per-channel decay from f_a/f_b, beta per head, a sigmoid-gated output norm
+    # from g_a/g_b) and MLA layers that rotate nothing (NoPE; the shared rope key still takes
+    # part in the scores), as linear_attn_config says (1-indexed full_attn_layers); the first
+    # layer dense (first_k_dense_replace), then sigmoid routing with a correction bias,
+    # renormalised and scaled, plus one shared expert. The experts are fused in memory and saved
+    # per expert under the published checkpoint's names (block_sparse_moe.experts.{e}.w1/w2/w3).
+    "kimi_linear": dict(
+        cls="KimiLinearForCausalLM",
+        seed=9500,
+        config=dict(
+            vocab_size=304,
+            hidden_size=72,
+            intermediate_size=88,
+            moe_intermediate_size=24,
+            num_hidden_layers=4,
+            num_attention_heads=3,
+            num_key_value_heads=3,
+            q_lora_rank=None,
+            kv_lora_rank=20,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=12,
+            linear_attn_config={"full_attn_layers": [3], "kda_layers": [1, 2, 4], "head_dim": 14,
+                                "num_heads": 3, "short_conv_kernel_size": 4},
+            num_experts=6,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            n_group=1,
+            topk_group=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.446,
+            first_k_dense_replace=1,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            attention_bias=False,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+        ),
+        note=(
+            "Kimi Linear (KimiLinearForCausalLM), 4 layers by linear_attn_config (KDA, KDA, MLA, KDA), hidden 72; "
+            "KDA 3 heads x 14, q/k/v short convolutions of kernel 4, per-channel decay (f_a 14, f_b 42, "
+            "A in [0.05, 1]), beta per head, sigmoid output gate (g_a 14, g_b 42), gated RMSNorm eps 1e-5; "
+            "MLA 3 heads, no q LoRA, kv_lora 20, nope 16, rope part 8 not rotated (NoPE), v 12; first layer "
+            "dense (FFN 88), then 6 experts (FFN 24) top-2, sigmoid scores with a random "
+            "e_score_correction_bias, renormalised, x2.446, 1 shared expert (FFN 24)"
+        ),
+    ),
     # MiMo-V2-Flash: full and sliding (window 4, twice the KV heads, sinks) layers by layer_types,
     # each type with its own RoPE theta, partial RoPE (int(32 * 0.334) = 10 of 32 dims), value
     # heads narrower than the key heads (16 vs 32), values scaled by attention_value_scale; a
@@ -334,6 +385,33 @@ MIXERS["mimo_v2_flash"]["router_gap"] = deepseek_router_gap
 MIXERS["deepseek_v3"]["router_gap"] = deepseek_router_gap
 
 
+@torch.no_grad()
+def kimi_linear_post_init(model):
+    """Output-major fused experts and a correction bias, as for MiMo-V2-Flash; the forget
+    gate's decay rates exp(A_log) in [0.05, 1] and dt_bias N(0, 0.5), so the state remembers
+    a while (transformers' own init draws A in [1, 16])."""
+    mimo_post_init(model)
+    for layer in model.model.layers:
+        fg = getattr(layer.self_attn, "forget_gate", None)
+        if fg is not None:
+            fg.A_log.copy_(torch.empty_like(fg.A_log).uniform_(0.05, 1.0).log())
+            fg.dt_bias.normal_(0.0, 0.5)
+
+
+def kimi_linear_router_gap(model, entries, top_k):
+    """The smallest k-th minus (k+1)-th choice score (sigmoid plus the correction bias; one group)."""
+    gap = math.inf
+    for layer, logits in entries:
+        bias = model.model.layers[layer].mlp.gate.e_score_correction_bias.float()
+        v = (logits.sigmoid() + bias).topk(top_k + 1, dim=-1).values
+        gap = min(gap, float((v[:, top_k - 1] - v[:, top_k]).min()))
+    return gap
+
+
+MIXERS["kimi_linear"]["post_init"] = kimi_linear_post_init
+MIXERS["kimi_linear"]["router_gap"] = kimi_linear_router_gap
+
+
 def mixer_names(name, cfg, n_layers):
     """The HF names save_pretrained must produce for these families."""
     out = []
@@ -365,6 +443,22 @@ def mixer_names(name, cfg, n_layers):
             for e in range(cfg["num_experts"]):
                 for w in ("gate_proj", "up_proj", "down_proj"):
                     out.append(f"model.layers.{i}.mlp.experts.{e}.{w}.weight")
+    if name == "kimi_linear":
+        full = set(cfg["linear_attn_config"]["full_attn_layers"])
+        for i in range(n_layers):
+            if i + 1 not in full:
+                for w in ("q_proj.weight", "k_proj.weight", "v_proj.weight", "q_conv1d.weight", "k_conv1d.weight",
+                          "v_conv1d.weight", "f_a_proj.weight", "f_b_proj.weight", "dt_bias", "A_log",
+                          "b_proj.weight", "g_a_proj.weight", "g_b_proj.weight", "o_norm.weight", "o_proj.weight"):
+                    out.append(f"model.layers.{i}.self_attn.{w}")
+            else:
+                out.append(f"model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight")
+            if i >= cfg["first_k_dense_replace"]:
+                out.append(f"model.layers.{i}.block_sparse_moe.gate.e_score_correction_bias")
+                out.append(f"model.layers.{i}.block_sparse_moe.shared_experts.gate_proj.weight")
+                for e in range(cfg["num_experts"]):
+                    for w in ("w1", "w2", "w3"):
+                        out.append(f"model.layers.{i}.block_sparse_moe.experts.{e}.{w}.weight")
     if name == "mimo_v2_flash":
         for i, t in enumerate(cfg["layer_types"]):
             if t == "sliding_attention":

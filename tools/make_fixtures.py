@@ -15,7 +15,7 @@ Usage (from the repository root; needs torch, transformers 5.17, safetensors, gg
 
 Outputs:
 
-* tests/fixtures/{llama,llama_tied,olmoe,qwen3_moe,mixtral,gpt_oss,deepseek_v3,qwen3_next,qwen3_5_moe,...}/ :
+* tests/fixtures/{llama,llama_tied,olmoe,qwen3_moe,mixtral,gpt_oss,deepseek_v3,qwen3_next,qwen3_5_moe,kimi_linear,...}/ :
   a tiny random-weight checkpoint (config.json, generation_config.json, model.safetensors, f32) written by
   ``save_pretrained`` and its ``oracle.json`` (prompt ids, logits of every prompt
   position, 20 greedy ids, the logits each greedy id was chosen from, per-layer
@@ -394,7 +394,7 @@ def reinit(model, tied):
             # Qwen3-Next: decay rates exp(A_log) in [0.05, 1], so the state remembers a while.
             p.copy_(torch.empty_like(p).uniform_(0.05, 1.0).log())
             continue
-        if name.endswith("linear_attn.dt_bias"):
+        if name.endswith("linear_attn.dt_bias") or name.endswith("forget_gate.dt_bias"):
             p.normal_(0.0, 0.5)
             continue
         if p.ndim == 1:
