@@ -226,6 +226,9 @@ pub enum RopeStyle {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub enum RopeScaling {
     None,
+    /// No rotation at all (NoPE): every inverse frequency is 0, so the rope part passes through
+    /// as it is (Kimi Linear's MLA, whose shared rope key still takes part in the scores).
+    NoPe,
     /// Positions divided by `factor`.
     Linear {
         factor: f32,

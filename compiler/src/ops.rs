@@ -5,7 +5,7 @@
 //! `OpKind` is what a device profile lists as runnable and what placement asks about. This
 //! module must not hold per-model knowledge.
 
-use crate::ir::Op;
+use crate::ir::{LinearAttentionKind, Op};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -29,6 +29,9 @@ pub enum OpKind {
     /// projections_apart`): a kind of its own so that a device whose kernels read only the
     /// grouped layout does not claim it by listing `linear_attention`.
     LinearAttentionApart,
+    /// Kimi Delta Attention (`LinearAttentionKind::Kda`): its kernel is the CPU's only, so a
+    /// kind of its own that no device library claims keeps the op on the host.
+    Kda,
 }
 
 /// What placement and printing need to know of an op kind.
@@ -57,6 +60,7 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::Mla, name: "mla", host_step: false },
     OpInfo { kind: OpKind::LinearAttention, name: "linear_attention", host_step: false },
     OpInfo { kind: OpKind::LinearAttentionApart, name: "linear_attention_apart", host_step: false },
+    OpInfo { kind: OpKind::Kda, name: "kda", host_step: false },
 ];
 
 impl OpKind {
@@ -91,6 +95,7 @@ impl Op {
             Op::Route { .. } => OpKind::Route,
             Op::RoutedExperts { .. } => OpKind::RoutedExperts,
             Op::Mla { .. } => OpKind::Mla,
+            Op::LinearAttention { spec, .. } if spec.kind == LinearAttentionKind::Kda => OpKind::Kda,
             Op::LinearAttention { spec, .. } if spec.projections_apart() => OpKind::LinearAttentionApart,
             Op::LinearAttention { .. } => OpKind::LinearAttention,
         }

@@ -634,6 +634,8 @@ impl<'a> Lowerer<'a> {
                     );
                 } else if spec.kind == LinearAttentionKind::GatedDeltaNet {
                     self.deltanet_roles(&spec, self.width(xv), span);
+                } else {
+                    self.kda_roles(&spec, self.width(xv), span);
                 }
                 self.expect_width(out, ov, self.width(xv), "the mixer's input width");
                 Op::LinearAttention { x: xv, out: ov, layer: LayerId(self.layer.unwrap_or(0) as u32), spec }

@@ -247,6 +247,7 @@ impl<'a> Lowerer<'a> {
     pub(super) fn scaling(&mut self, s: &ScalingSpec, span: Span) -> Option<RopeScaling> {
         match s {
             ScalingSpec::None => Some(RopeScaling::None),
+            ScalingSpec::NoPe => Some(RopeScaling::NoPe),
             ScalingSpec::FromConfig => match self.syms.rope_scaling() {
                 Ok(r) => Some(r),
                 Err(m) => {
@@ -332,30 +333,83 @@ impl<'a> Lowerer<'a> {
             ("out_proj", vec![hidden, nv * dv]),
         ];
         let want: Vec<(&str, Vec<usize>)> = proj.into_iter().chain(rest).collect();
-        for (role, w) in &s.weights {
+        self.mixer_roles("Gated DeltaNet", &want, &s.weights, span);
+        if k == 0 {
+            self.err(span, "the convolution kernel must be at least 1 wide");
+        }
+    }
+
+    /// Reports unless Kimi Delta Attention's weights are the roles it knows in the shapes its
+    /// geometry needs (as many key as value heads, of one width `d`; `hd = heads * d`):
+    /// `q_proj`, `k_proj`, `v_proj` ([hd, hidden]); one short convolution each, `q_conv`,
+    /// `k_conv`, `v_conv` ([hd, 1, kernel]); the forget gate `f_a` ([d, hidden]), `f_b`
+    /// ([hd, d]), `dt_bias` ([hd]), `a_log` ([1, 1, heads, 1] as transformers stores it, or
+    /// [heads]); `b_proj` ([heads, hidden]); the output gate `g_a` ([d, hidden]), `g_b`
+    /// ([hd, d]); `norm` ([d]); `out_proj` ([hidden, hd]).
+    pub(super) fn kda_roles(&mut self, s: &LinearAttentionSpec, hidden: usize, span: Span) {
+        let (h, d, k) = (s.value_heads, s.value_head_dim, s.conv_kernel);
+        if s.key_heads != h || s.key_head_dim != d {
+            self.err(
+                span,
+                format!(
+                    "Kimi Delta Attention has as many key as value heads of one width: {} x {} keys, {h} x {d} values",
+                    s.key_heads, s.key_head_dim
+                ),
+            );
+            return;
+        }
+        let hd = h * d;
+        let a_log = match s.weights.iter().find(|(r, _)| r == "a_log") {
+            Some((_, w)) if w.shape.len() == 1 => vec![h],
+            _ => vec![1, 1, h, 1],
+        };
+        let want: Vec<(&str, Vec<usize>)> = vec![
+            ("q_proj", vec![hd, hidden]),
+            ("k_proj", vec![hd, hidden]),
+            ("v_proj", vec![hd, hidden]),
+            ("q_conv", vec![hd, 1, k]),
+            ("k_conv", vec![hd, 1, k]),
+            ("v_conv", vec![hd, 1, k]),
+            ("f_a", vec![d, hidden]),
+            ("f_b", vec![hd, d]),
+            ("dt_bias", vec![hd]),
+            ("a_log", a_log),
+            ("b_proj", vec![h, hidden]),
+            ("g_a", vec![d, hidden]),
+            ("g_b", vec![hd, d]),
+            ("norm", vec![d]),
+            ("out_proj", vec![hidden, hd]),
+        ];
+        self.mixer_roles("Kimi Delta Attention", &want, &s.weights, span);
+        if k == 0 {
+            self.err(span, "the convolution kernel must be at least 1 wide");
+        }
+    }
+
+    /// Reports each role of `weights` that `want` lacks or whose shape differs, and each role
+    /// of `want` that `weights` lacks.
+    fn mixer_roles(&mut self, mixer: &str, want: &[(&str, Vec<usize>)], weights: &[(String, WeightRef)], span: Span) {
+        for (role, w) in weights {
             match want.iter().find(|(r, _)| r == role) {
                 None => self.err(
                     span,
                     format!(
-                        "Gated DeltaNet has no weight role `{role}` beside `{}` (roles: {})",
+                        "{mixer} has no weight role `{role}` beside `{}` (roles: {})",
                         want[0].0,
                         want.iter().map(|w| w.0).collect::<Vec<_>>().join(", ")
                     ),
                 ),
                 Some((_, shape)) if &w.shape != shape => self.err(
                     span,
-                    format!("Gated DeltaNet weight `{role}` has shape {:?}, the geometry needs {shape:?}", w.shape),
+                    format!("{mixer} weight `{role}` has shape {:?}, the geometry needs {shape:?}", w.shape),
                 ),
                 Some(_) => {}
             }
         }
-        for (role, _) in &want {
-            if !s.weights.iter().any(|(r, _)| r == role) {
-                self.err(span, format!("Gated DeltaNet needs weight role `{role}`"));
+        for (role, _) in want {
+            if !weights.iter().any(|(r, _)| r == role) {
+                self.err(span, format!("{mixer} needs weight role `{role}`"));
             }
-        }
-        if k == 0 {
-            self.err(span, "the convolution kernel must be at least 1 wide");
         }
     }
 

@@ -137,12 +137,14 @@ pub enum StyleSpec {
 }
 
 /// RoPE frequency scaling: none, or whatever the configuration says (`rope_scaling` /
-/// `rope_parameters` for HF, `{arch}.rope.scaling.*` for GGUF).
+/// `rope_parameters` for HF, `{arch}.rope.scaling.*` for GGUF), or no rotation at all
+/// (`NoPe`: the rope part passes through unrotated).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 pub enum ScalingSpec {
     #[default]
     None,
     FromConfig,
+    NoPe,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]

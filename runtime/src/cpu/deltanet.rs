@@ -79,16 +79,16 @@ impl<'a> DeltaNetWeights<'a> {
     }
 }
 
-fn sigmoid(x: f32) -> f32 {
+pub(super) fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
-fn silu(x: f32) -> f32 {
+pub(super) fn silu(x: f32) -> f32 {
     x * sigmoid(x)
 }
 
 /// torch's softplus (linear above 20).
-fn softplus(x: f32) -> f32 {
+pub(super) fn softplus(x: f32) -> f32 {
     if x > 20.0 {
         x
     } else {
@@ -97,9 +97,46 @@ fn softplus(x: f32) -> f32 {
 }
 
 /// `x / sqrt(sum x^2 + 1e-6)` in place.
-fn l2norm(x: &mut [f32]) {
+pub(super) fn l2norm(x: &mut [f32]) {
     let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
     x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// The causal depthwise convolution of `n` rows of `mixed` (`channels` wide; `weight` is
+/// `[channels, kernel]`) continuing the ring of the previous `kernel - 1` inputs (oldest
+/// first), each output through SiLU; the ring then keeps the last `kernel - 1` inputs.
+pub(super) fn short_conv(
+    weight: &[f32],
+    kernel: usize,
+    channels: usize,
+    mixed: &[f32],
+    n: usize,
+    ring: &mut [f32],
+) -> Vec<f32> {
+    let hist = kernel.saturating_sub(1);
+    let mut conv = vec![0f32; n * channels];
+    for c in 0..channels {
+        let wc = &weight[c * kernel..(c + 1) * kernel];
+        // The input at time index `i` of the sequence ring ++ block.
+        let at = |i: usize| if i < hist { ring[i * channels + c] } else { mixed[(i - hist) * channels + c] };
+        for t in 0..n {
+            let acc: f32 = (0..kernel).map(|k| wc[k] * at(t + k)).sum();
+            conv[t * channels + c] = silu(acc);
+        }
+    }
+    let total = hist + n;
+    let mut new_ring = vec![0f32; hist * channels];
+    for i in 0..hist {
+        let src = total - hist + i;
+        let row = if src < hist {
+            &ring[src * channels..(src + 1) * channels]
+        } else {
+            &mixed[(src - hist) * channels..(src - hist + 1) * channels]
+        };
+        new_ring[i * channels..(i + 1) * channels].copy_from_slice(row);
+    }
+    ring.copy_from_slice(&new_ring);
+    conv
 }
 
 /// One layer's op as a call runs it: the spec, the weights, the gated norm's epsilon and the
@@ -164,30 +201,7 @@ pub fn gated_deltanet(call: &DeltaNetCall, x: &[f32], n: usize, state: &mut [f32
     }
     // 2. Causal depthwise convolution with the ring of the previous `kk - 1` inputs, then SiLU.
     let (heads_state, ring) = state.split_at_mut(nv * dk * dv);
-    let hist = kk.saturating_sub(1);
-    let mut conv = vec![0f32; n * channels];
-    for c in 0..channels {
-        let wc = &w.conv[c * kk..(c + 1) * kk];
-        // The input at time index `i` of the sequence ring ++ block.
-        let at = |i: usize| if i < hist { ring[i * channels + c] } else { mixed[(i - hist) * channels + c] };
-        for t in 0..n {
-            let acc: f32 = (0..kk).map(|k| wc[k] * at(t + k)).sum();
-            conv[t * channels + c] = silu(acc);
-        }
-    }
-    // The ring keeps the last `hist` inputs.
-    let total = hist + n;
-    let mut new_ring = vec![0f32; hist * channels];
-    for i in 0..hist {
-        let src = total - hist + i;
-        let row = if src < hist {
-            &ring[src * channels..(src + 1) * channels]
-        } else {
-            &mixed[(src - hist) * channels..(src - hist + 1) * channels]
-        };
-        new_ring[i * channels..(i + 1) * channels].copy_from_slice(row);
-    }
-    ring.copy_from_slice(&new_ring);
+    let conv = short_conv(w.conv, kk, channels, &mixed, n, ring);
     // 3. The gated delta rule, per value head, rows in order; then the gated RMSNorm.
     let mut o = vec![0f32; n * nv * dv];
     let mut per_head: Vec<Vec<f32>> = vec![Vec::new(); nv];

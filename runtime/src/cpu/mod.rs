@@ -9,6 +9,7 @@ pub mod attn_part;
 pub mod deltanet;
 pub mod elementwise;
 pub mod experts;
+pub mod kda;
 pub mod linear;
 pub mod mla;
 pub mod norm;
@@ -19,7 +20,7 @@ use crate::format::{dequant_row, matmul_multi, Matrix, QuantizedActs, WeightForm
 use crate::oplib::{op_name, OpLib};
 use crate::store::kv::KvCache;
 use crate::store::weights::WeightStore;
-use coli_compiler::ir::{Op, ValueId};
+use coli_compiler::ir::{LinearAttentionKind, Op, ValueId};
 use coli_compiler::schedule::LinearOut;
 pub use linear::Precision;
 use std::cell::RefCell;
@@ -33,8 +34,8 @@ impl OpLib for CpuOps {
         "cpu".into()
     }
 
-    fn supports(&self, op: &Op, _format: Option<WeightFormat>) -> bool {
-        !matches!(op, Op::LinearAttention { spec, .. } if spec.kind != coli_compiler::ir::LinearAttentionKind::GatedDeltaNet)
+    fn supports(&self, _op: &Op, _format: Option<WeightFormat>) -> bool {
+        true
     }
 }
 
@@ -306,11 +307,15 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             env.put(*out, o);
         }
         Op::LinearAttention { x, out, layer, spec } => {
-            if spec.kind != coli_compiler::ir::LinearAttentionKind::GatedDeltaNet {
-                return Err(CpuError::Unsupported(op_name(op)));
+            let missing = |m: deltanet::MissingRole| CpuError::MissingRole { op: op_name(op), role: m.0 };
+            // The weights of the kind (resolved before any state moves).
+            let (mut gdn, mut kdaw) = (None, None);
+            match spec.kind {
+                LinearAttentionKind::GatedDeltaNet => {
+                    gdn = Some(deltanet::DeltaNetWeights::resolve(spec, env.weights).map_err(missing)?)
+                }
+                LinearAttentionKind::Kda => kdaw = Some(kda::KdaWeights::resolve(spec, env.weights).map_err(missing)?),
             }
-            let w = deltanet::DeltaNetWeights::resolve(spec, env.weights)
-                .map_err(|m| CpuError::MissingRole { op: op_name(op), role: m.0 })?;
             let (l, pos0) = (layer.0 as usize, env.pos0);
             let xs = env.get(*x).to_vec();
             let mut o = env.take(*out);
@@ -325,8 +330,13 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             }
             // The state this step starts from stays at hand (a failed forward goes back to it).
             lk.keep_back();
-            let call = deltanet::DeltaNetCall { spec, weights: &w, eps: spec.norm_eps, precision: env.precision };
-            deltanet::gated_deltanet(&call, &xs, n, &mut lk.state, &mut o);
+            if let Some(w) = &gdn {
+                let call = deltanet::DeltaNetCall { spec, weights: w, eps: spec.norm_eps, precision: env.precision };
+                deltanet::gated_deltanet(&call, &xs, n, &mut lk.state, &mut o);
+            } else if let Some(w) = &kdaw {
+                let call = kda::KdaCall { spec, weights: w, eps: spec.norm_eps, precision: env.precision };
+                kda::kda(&call, &xs, n, &mut lk.state, &mut o);
+            }
             lk.state_len = Some(pos0 + n);
             env.put(*out, o);
         }

@@ -12,6 +12,8 @@ pub fn inv_freq(rotary_dim: usize, theta: f32, scaling: RopeScaling) -> (Vec<f32
     let base: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / rotary_dim as f32)).collect();
     match scaling {
         RopeScaling::None => (base, 1.0),
+        // Angle 0 at every position: cos 1 and sin 0, the identity in f32.
+        RopeScaling::NoPe => (vec![0.0; half], 1.0),
         RopeScaling::Linear { factor } => (base.iter().map(|f| f / factor).collect(), 1.0),
         RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => {
             let old = original_max_position as f32;
@@ -137,6 +139,20 @@ mod tests {
         let mut row = [1.0, 2.0, 3.0, 4.0];
         apply_row(&mut row, 4, RopeStyle::RotateHalf, &f, m, 0);
         assert_eq!(row, [1.0, 2.0, 3.0, 4.0]);
+    }
+
+    /// NoPE (Kimi Linear's MLA): no position moves any pair, in either layout, bit for bit.
+    #[test]
+    fn nope_leaves_every_position_alone() {
+        let (f, m) = inv_freq(6, 10000.0, RopeScaling::NoPe);
+        assert_eq!((f.as_slice(), m), ([0.0; 3].as_slice(), 1.0));
+        for style in [RopeStyle::Interleaved, RopeStyle::RotateHalf] {
+            for pos in [0, 1, 7, 100_000] {
+                let mut row = [0.3, -1.7, 2.5, 4.0e-3, -9.0, 1.0e6];
+                apply_row(&mut row, 6, style, &f, m, pos);
+                assert_eq!(row, [0.3, -1.7, 2.5, 4.0e-3, -9.0, 1.0e6], "{style:?} at {pos}");
+            }
+        }
     }
 
     #[test]

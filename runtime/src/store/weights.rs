@@ -593,10 +593,9 @@ pub fn visit_weights(op: &Op, weight: &mut dyn FnMut(&WeightRef, bool), experts:
             experts(&weights.down, *n);
         }
         Op::Mla { spec, .. } => spec.weights.iter().for_each(|(_, w)| weight(w, w.shape.len() == 1)),
-        // The convolution's taps (`[channels, 1, kernel]`) are read as f32 too.
-        Op::LinearAttention { spec, .. } => {
-            spec.weights.iter().for_each(|(role, w)| weight(w, w.shape.len() == 1 || role == "conv1d"))
-        }
+        // Every weight but the matrices is read as f32: the convolutions' taps (`[channels, 1,
+        // kernel]`) and KDA's `A_log` (`[1, 1, heads, 1]`) too.
+        Op::LinearAttention { spec, .. } => spec.weights.iter().for_each(|(_, w)| weight(w, w.shape.len() != 2)),
         Op::Rope { .. } | Op::Act { .. } | Op::Glu { .. } | Op::Add { .. } | Op::Mul { .. } => {}
     }
 }
