@@ -3,9 +3,9 @@
 //! of gpt-oss (sliding window with sinks, fused input-major experts with biases, clamped
 //! SwiGLU), MiMo-V2-Flash (sliding window with sinks and twice the KV heads, value heads
 //! narrower than key heads, scaled values, partial RoPE per layer type), DeepSeek-V3
-//! (multi-head latent attention), Qwen3-Next (Gated DeltaNet) and Qwen3.5-MoE (its projections
-//! apart), and `coli exec` running each
-//! one as a process.
+//! (multi-head latent attention), Qwen3-Next (Gated DeltaNet), Qwen3.5-MoE (its projections
+//! apart) and Kimi Linear (Kimi Delta Attention beside MLA without RoPE), and `coli exec`
+//! running each one as a process.
 //!
 //! Tolerance: every logit within 1e-4 of the largest |logit| of transformers (f32 weights and
 //! activations; only the order of float operations differs); greedy ids identical; prompts
@@ -142,14 +142,24 @@ fn qwen3_5_moe_runs_in_coli_exec() {
     check_exec("qwen3_5_moe");
 }
 
-/// Qwen3-Next's recurrent state goes back only to the start or to the start of its last step:
+#[test]
+fn kimi_linear_matches_transformers() {
+    check_fixture("kimi_linear");
+}
+
+#[test]
+fn kimi_linear_runs_in_coli_exec() {
+    check_exec("kimi_linear");
+}
+
+/// A recurrent state (Qwen3-Next's Gated DeltaNet, Kimi Linear's KDA) goes back only to the
+/// start or to the start of its last step:
 /// `try_truncate` to another middle position is a typed error that changes nothing; back by
 /// the last step, the step again gives the same logits; `truncate(0)` resets it (the same
 /// logits again); after a plain `truncate` to the middle the next forward is a typed error,
 /// never logits from a wrong state.
-#[test]
-fn qwen3_next_recurrent_state_goes_back_only_to_the_start() {
-    let dir = fixture_dir("qwen3_next");
+fn check_rewind(name: &str) {
+    let dir = fixture_dir(name);
     let oracle = read_json(&dir.join("oracle.json"));
     let loaded = load_model(&dir);
     let prompt = ids(&oracle["prompt_ids"]);
@@ -176,4 +186,14 @@ fn qwen3_next_recurrent_state_goes_back_only_to_the_start() {
         Err(ExecError::Cpu(CpuError::RecurrentState { .. })) => {}
         other => panic!("expected a recurrent-state error, got {:?}", other.map(|l| l.len())),
     }
+}
+
+#[test]
+fn qwen3_next_recurrent_state_goes_back_only_to_the_start() {
+    check_rewind("qwen3_next");
+}
+
+#[test]
+fn kimi_linear_recurrent_state_goes_back_only_to_the_start() {
+    check_rewind("kimi_linear");
 }

@@ -31,6 +31,7 @@ const FIXTURES: &[&str] = &[
     "qwen3_next",
     "deepseek_v3",
     "qwen3_5_moe",
+    "kimi_linear",
 ];
 
 fn load_on_device(dir: &Path, device_layers: Option<usize>, fault: Option<FaultInjection>) -> Engine {
@@ -73,18 +74,29 @@ fn every_fixture_on_the_device_matches_the_cpu() {
         assert!(dev.device().is_some(), "{name}: {}", dev.device_note());
         // Every layer's ops are in device frames (a fixture fits): no Linear, mixer or norm
         // of a layer falls back to the host; but Qwen3.5's Gated DeltaNet (its projections
-        // apart, a layout the device kernels do not read) runs on the host, each such layer's.
+        // apart, a layout the device kernels do not read) and Kimi Linear's KDA (no device
+        // kernel) run on the host, each such layer's.
         let host = host_layer_ops(&dev);
-        let apart = *name == "qwen3_5_moe";
+        let on_host_mixers = match *name {
+            "qwen3_5_moe" | "kimi_linear" => 3,
+            _ => 0,
+        };
         assert!(
-            host.iter().all(|op| matches!(*op, "route" | "routed_experts") || (apart && *op == "linear_attention")),
+            host.iter().all(
+                |op| matches!(*op, "route" | "routed_experts") || (on_host_mixers > 0 && *op == "linear_attention")
+            ),
             "{name}: layer ops on the host: {host:?}\n{}",
             dev.plan()
         );
-        if apart {
+        if on_host_mixers > 0 {
             let on_host = host.iter().filter(|op| **op == "linear_attention").count();
-            assert_eq!(on_host, 3, "{name}: its three DeltaNet layers on the host\n{}", dev.plan());
-            assert!(!layer_ops(&dev, false).contains(&"linear_attention"), "{name}: no DeltaNet on the device");
+            assert_eq!(on_host, on_host_mixers, "{name}: its linear-attention layers on the host\n{}", dev.plan());
+            assert!(!layer_ops(&dev, false).contains(&"linear_attention"), "{name}: no linear attention on the device");
+        }
+        // Kimi Linear's MLA (NoPE: the rotation by angle 0) runs on the device.
+        if name == &"kimi_linear" {
+            let mla = layer_ops(&dev, false).iter().filter(|op| **op == "mla").count();
+            assert_eq!(mla, 1, "{name}: its MLA layer in a device frame\n{}", dev.plan());
         }
         if name == &"deepseek_v3" {
             let mla = layer_ops(&dev, false).iter().filter(|op| **op == "mla").count();

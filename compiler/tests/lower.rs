@@ -29,6 +29,7 @@ fn every_spec_compiles_with_its_default_config() {
         "deepseek_v3.ron",
         "qwen3_next.ron",
         "qwen3_5_moe.ron",
+        "kimi_linear.ron",
         "gpt_oss.ron",
         "mimo_v2_flash.ron",
     ] {
@@ -46,6 +47,7 @@ fn specs_are_found_by_architecture() {
     assert_eq!(spec_for_architecture(&g, "qwen3moe").unwrap().file_name().unwrap(), "qwen3_moe.ron");
     assert_eq!(spec_for_architecture(&g, "MixtralForCausalLM").unwrap().file_name().unwrap(), "mixtral.ron");
     assert_eq!(spec_for_architecture(&g, "Qwen3_5MoeForCausalLM").unwrap().file_name().unwrap(), "qwen3_5_moe.ron");
+    assert_eq!(spec_for_architecture(&g, "KimiLinearForCausalLM").unwrap().file_name().unwrap(), "kimi_linear.ron");
     assert!(spec_for_architecture(&g, "NoSuchForCausalLM").is_none());
 }
 
@@ -358,4 +360,60 @@ fn deltanet_projections_grouped_and_apart_at_once_are_refused() {
     let text = d.to_string();
     assert!(text.contains("no weight role `in_proj_ba` beside `in_proj_qkv`"), "{text}");
     assert!(text.contains("qwen3_5_moe.ron:"), "{text}");
+}
+
+/// Kimi Delta Attention's geometry and roles are checked where the spec names them: a missing
+/// role, and key heads unlike the value heads, are located diagnostics, not programs; its op
+/// kind is `kda` (no device library claims it) and its MLA rotates nothing (`NoPe`).
+#[test]
+fn kda_roles_and_geometry_are_checked() {
+    let path = graphs().join("kimi_linear.ron");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let compile_text = |t: &str| {
+        let spec = Spec::parse(t, &path).unwrap_or_else(|d| panic!("{d}"));
+        let b = Bindings::from_config_json(&spec.default_config().unwrap()).unwrap();
+        compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default())
+    };
+    let plan = compile_text(&text).unwrap_or_else(|d| panic!("{d}"));
+    let kinds: Vec<_> = plan.program.layers.iter().flat_map(|l| l.ops.iter().map(|op| op.kind().info().name)).collect();
+    assert_eq!(kinds.iter().filter(|k| **k == "kda").count(), 21, "the 48B's 21 KDA layers");
+    assert_eq!(kinds.iter().filter(|k| **k == "mla").count(), 6, "and its 6 MLA layers (4, 8, .., 24)");
+    assert!(plan.program.to_string().contains("scaling NoPe"), "MLA without rotation");
+    let no_gate = text.replacen(r#""g_b": "g_b", "#, "", 1);
+    assert_ne!(no_gate, text, "the spec's roles moved");
+    let d = compile_text(&no_gate).unwrap_err().to_string();
+    assert!(d.contains("Kimi Delta Attention needs weight role `g_b`") && d.contains("kimi_linear.ron:"), "{d}");
+    let uneven = text.replacen(
+        r#"key_heads: "lin_heads", value_heads: "lin_heads","#,
+        r#"key_heads: "1", value_heads: "lin_heads","#,
+        1,
+    );
+    assert_ne!(uneven, text, "the spec's heads moved");
+    let d = compile_text(&uneven).unwrap_err().to_string();
+    assert!(d.contains("as many key as value heads"), "{d}");
+}
+
+/// A device that lists the op kinds it runs, as a probed Vulkan profile does (no `kda`), gets
+/// Kimi Linear's MLA layers while every KDA op stays in a host frame.
+#[test]
+fn kda_stays_on_the_host_of_a_device_that_does_not_list_it() {
+    let spec = Spec::load(&graphs().join("kimi_linear.ron")).unwrap_or_else(|d| panic!("{d}"));
+    let b = Bindings::from_config_json(&spec.default_config().unwrap()).unwrap();
+    let profile = DeviceProfile::parse(
+        r#"Profile(name: "listed", devices: [(name: "gpu", kind: Discrete, memory_budget: 400_000_000_000,
+            reserve: 0, features: (ops: [Embed, RmsNorm, Linear, Rope, Attention, Act, Glu, Add, Mul, Route,
+            RoutedExperts, LinearAttention, Mla]))])"#,
+        Path::new("listed.ron"),
+    )
+    .unwrap_or_else(|d| panic!("{d}"));
+    let plan = compile(&spec, &b, &profile, &Options::default()).unwrap_or_else(|d| panic!("{d}"));
+    let (mut host, mut device) = (BTreeMap::new(), BTreeMap::new());
+    for f in &plan.frames {
+        let on = if f.place == coli_compiler::ids::Place::Host { &mut host } else { &mut device };
+        for &id in &f.ops {
+            *on.entry(coli_compiler::frames::op_of(&plan.program, id).kind().info().name).or_insert(0) += 1;
+        }
+    }
+    assert_eq!((host.get("kda"), device.get("kda")), (Some(&21), None), "{plan}");
+    assert_eq!((host.get("mla"), device.get("mla")), (None, Some(&6)), "{plan}");
 }

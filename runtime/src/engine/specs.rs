@@ -13,6 +13,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("deepseek_v3.ron", include_str!("../../../graphs/deepseek_v3.ron")),
     ("qwen3_next.ron", include_str!("../../../graphs/qwen3_next.ron")),
     ("qwen3_5_moe.ron", include_str!("../../../graphs/qwen3_5_moe.ron")),
+    ("kimi_linear.ron", include_str!("../../../graphs/kimi_linear.ron")),
     ("gpt_oss.ron", include_str!("../../../graphs/gpt_oss.ron")),
     ("mimo_v2_flash.ron", include_str!("../../../graphs/mimo_v2_flash.ron")),
 ];
