@@ -417,3 +417,27 @@ fn kda_stays_on_the_host_of_a_device_that_does_not_list_it() {
     assert_eq!((host.get("kda"), device.get("kda")), (Some(&21), None), "{plan}");
     assert_eq!((host.get("mla"), device.get("mla")), (None, Some(&6)), "{plan}");
 }
+
+/// Kimi Linear's layer split as the remote code's configuration gives it: without
+/// `layer_types` and `mlp_layer_types`, MLA where `linear_attn_config.full_attn_layers`
+/// (1-indexed) says and dense FFNs for the first `first_k_dense_replace` layers; the fixture's
+/// configuration with those two lists taken out lowers to the same layers as with them.
+#[test]
+fn kimi_linear_reads_linear_attn_config_without_layer_types() {
+    let spec = Spec::load(&graphs().join("kimi_linear.ron")).unwrap_or_else(|d| panic!("{d}"));
+    let path = graphs().join("../tests/fixtures/kimi_linear/config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let layers = |config: &serde_json::Value| {
+        let b = Bindings::from_config_text(&config.to_string(), &path).unwrap();
+        let plan =
+            compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).unwrap_or_else(|d| panic!("{d}"));
+        plan.program.layers.iter().map(|l| (l.mixer, l.ffn)).collect::<Vec<_>>()
+    };
+    let with_lists = layers(&config);
+    let obj = config.as_object_mut().unwrap();
+    assert!(obj.remove("layer_types").is_some() && obj.remove("mlp_layer_types").is_some());
+    assert_eq!(layers(&config), with_lists);
+    use FfnKind::*;
+    use MixerKind::*;
+    assert_eq!(with_lists, [(LinearAttention, Dense), (LinearAttention, Moe), (Mla, Moe), (LinearAttention, Moe)]);
+}
