@@ -14,11 +14,12 @@
 // q8 blocks) of the weight rows and of the activation rows into shared memory, 16-byte loads,
 // rows padded to spread the banks.
 //
-// Scaling per activation row: the accumulator's element-to-invocation mapping is the
-// implementation's, but the same for every matrix of one type (component-wise arithmetic and
-// conversions rely on it), so a matrix loaded once from a table of (row, column) codes tells
-// each invocation which element each of its components is: the column picks the block's d,
-// and at the end the row and column place the result.
+// Scaling: each block's integer tile is converted and scaled by the block's factors as whole
+// matrices (COL_FACTORS / ROW_FACTORS below: the activation rows' d broadcast down the columns,
+// the weight rows' factors along the rows), componentwise, so no invocation needs to know which
+// element it holds. Only the store does: the accumulator's element-to-invocation mapping is the
+// implementation's, but the same for every matrix of one type, so a matrix loaded once from a
+// table of (row, column) codes tells each invocation where each of its components belongs.
 // The including shader declares the push constants, bindings, xs_t / ws_t style tiles it
 // stages (int8 tiles as i8vec4 arrays), and calls the helpers below from uniform control flow.
 // Must not: be used where the device has no suitable shape (the host does not dispatch then),
@@ -71,4 +72,12 @@ void fill_codes(uint tid) {
 }
 
 uint code_row(float c) { return uint(c) >> 5; }
+
+// A block's factors as accumulator-shaped matrices, loaded with a stride of 0 so that one
+// vector of BN (or BO) floats fills every row or every column: COL_FACTORS(m, f, at) gives
+// m(i, j) = f[at + j] (an activation row's factor down its column), ROW_FACTORS gives
+// m(i, j) = f[at + i] (a weight row's factor along its row). Componentwise products with a
+// block's integer tile then scale it as the CPU does, with no per-element indexing.
+#define COL_FACTORS(m, f, at) coopMatLoad(m, f, at, 0u, gl_CooperativeMatrixLayoutRowMajor)
+#define ROW_FACTORS(m, f, at) coopMatLoad(m, f, at, 0u, gl_CooperativeMatrixLayoutColumnMajor)
 uint code_col(float c) { return uint(c) & 31u; }

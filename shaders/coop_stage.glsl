@@ -1,5 +1,6 @@
 // coop_stage.glsl: the activation side of the cooperative GEMMs that coop_w.glsl's factors
-// need beyond coop_q8.glsl's tile: the blocks' sums of formats with offsets (xsum_t, HAS_MIN)
+// need beyond coop_q8.glsl's tile, and the scaling of a block's integer tiles by them
+// (block_scaled); the blocks' sums of formats with offsets (xsum_t, HAS_MIN)
 // and, for formats with a factor per 16 elements (HALVES), the tile split in two: xs_t holds
 // the first half of each block (the second zeroed) and xh_t the second half, so one product
 // with each gives the halves' integer sums.
@@ -27,5 +28,24 @@ void stage_x(uint r, uint u, uvec4 v) {
     put_xh(r, u, hi ? v : uvec4(0u));
 #else
     put_x(r, u, v);
+#endif
+}
+
+// Block b's integer tile ci (ch: its second half's, HALVES) of one accumulator as the CPU
+// scales it: ci * (d * wd) (+ ch * (d * wh)) (+ wm * s), with the block's factors as
+// matrices (coop_q8.glsl's COL_FACTORS / ROW_FACTORS: xdm the activation rows' d, xsm their
+// sums; wd, wh, wm the weight rows' factors). Arguments a format does not have are ignored.
+MAT_F block_scaled(MAT_I ci, MAT_I ch, MAT_F xdm, MAT_F xsm, MAT_F wd, MAT_F wh, MAT_F wm) {
+#ifdef FMT_I8ROW
+    return MAT_F(ci) * xdm;
+#else
+    MAT_F v = MAT_F(ci) * (xdm * wd);
+#ifdef HALVES
+    v += MAT_F(ch) * (xdm * wh);
+#endif
+#ifdef HAS_MIN
+    v += wm * xsm;
+#endif
+    return v;
 #endif
 }

@@ -140,30 +140,34 @@ void main() {
                     [[unroll]] for (uint j = 0u; j < TN; j++) ch[i * TN + j] = coopMatMulAdd(a[i], x[j], ch[i * TN + j]);
 #endif
             }
-            [[unroll]] for (uint i = 0u; i < TM; i++) {
-                [[unroll]] for (uint j = 0u; j < TN; j++) {
-                    uint t = i * TN + j;
-                    MAT_F cf = MAT_F(ci[t]);
-#ifdef HALVES
-                    MAT_F hf = MAT_F(ch[t]);
+            // Block b's factors as matrices: the activation rows' down the columns, the weight
+            // rows' along the rows.
+            MAT_F xdm[TN], xsm[TN];
+            [[unroll]] for (uint j = 0u; j < TN; j++) {
+                COL_FACTORS(xdm[j], xd_t, b * BN + sn + j * CM_N);
+#ifdef HAS_MIN
+                COL_FACTORS(xsm[j], xsum_t, b * BN + sn + j * CM_N);
 #endif
-                    uint dbase = b * BN + sn + j * CM_N, wrow = so + i * CM_M;
-                    for (int c = 0; c < cf.length(); c++) {
-                        uint col = code_col(code[c]), rw = wrow + code_row(code[c]);
-                        float dx = xd_t[dbase + col];
-#ifdef FMT_I8ROW
-                        acc[t][c] += cf[c] * dx;
-#else
-                        float v = cf[c] * (dx * wd_t[b * SUBS * BO + rw]);
+            }
+            [[unroll]] for (uint i = 0u; i < TM; i++) {
+                uint wrow = so + i * CM_M;
+                MAT_F wd, wh, wm;
+#ifndef FMT_I8ROW
+                ROW_FACTORS(wd, wd_t, b * SUBS * BO + wrow);
+#endif
 #ifdef HALVES
-                        v += hf[c] * (dx * wd_t[(b * SUBS + 1u) * BO + rw]);
+                ROW_FACTORS(wh, wd_t, (b * SUBS + 1u) * BO + wrow);
 #endif
 #ifdef HAS_MIN
-                        v += wm_t[b * BO + rw] * xsum_t[dbase + col];
+                ROW_FACTORS(wm, wm_t, b * BO + wrow);
 #endif
-                        acc[t][c] += v;
+                [[unroll]] for (uint j = 0u; j < TN; j++) {
+                    uint t = i * TN + j;
+#ifdef HALVES
+                    acc[t] += block_scaled(ci[t], ch[t], xdm[j], xsm[j], wd, wh, wm);
+#else
+                    acc[t] += block_scaled(ci[t], ci[t], xdm[j], xsm[j], wd, wh, wm);
 #endif
-                    }
                 }
             }
         }

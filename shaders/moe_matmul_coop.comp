@@ -51,23 +51,6 @@ shared float wmg_t[BLKS * BO];
 shared float wmu_t[BLKS * BO];
 #endif
 
-// The contribution of block b's products (gate or up) to one accumulator element.
-float block_value(uint b, uint rw, uint col, float dx, float cf, float hf, bool up) {
-#ifdef FMT_I8ROW
-    return cf * dx;
-#else
-    uint wi = b * SUBS * BO + rw;
-    float v = cf * (dx * (up ? wdu_t[wi] : wdg_t[wi]));
-#ifdef HALVES
-    v += hf * (dx * (up ? wdu_t[wi + BO] : wdg_t[wi + BO]));
-#endif
-#ifdef HAS_MIN
-    v += (up ? wmu_t[b * BO + rw] : wmg_t[b * BO + rw]) * xsum_t[b * BN + col];
-#endif
-    return v;
-#endif
-}
-
 void put_g(uint o, uint u, uvec4 v) {
     uint b = o * RS + 4u * u;
     wg_t[b] = unpack8(int(v.x)); wg_t[b + 1u] = unpack8(int(v.y)); wg_t[b + 2u] = unpack8(int(v.z)); wg_t[b + 3u] = unpack8(int(v.w));
@@ -174,38 +157,39 @@ void main() {
                     }
                 }
             }
+            // Block b's factors as matrices: the activation rows' down the columns, the weight
+            // rows' (gate or down, and up) along the rows.
+            MAT_F xdm[TN], xsm[TN];
+            [[unroll]] for (uint j = 0u; j < TN; j++) {
+                COL_FACTORS(xdm[j], xd_t, b * BN + sn + j * CM_N);
+#ifdef HAS_MIN
+                COL_FACTORS(xsm[j], xsum_t, b * BN + sn + j * CM_N);
+#endif
+            }
             [[unroll]] for (uint i = 0u; i < TM; i++) {
+                uint wrow = so + i * CM_M;
+                MAT_F gd, gh, gm, ud, uh, um;
+#ifndef FMT_I8ROW
+                ROW_FACTORS(gd, wdg_t, b * SUBS * BO + wrow);
+                if (gate_up) ROW_FACTORS(ud, wdu_t, b * SUBS * BO + wrow);
+#endif
+#ifdef HALVES
+                ROW_FACTORS(gh, wdg_t, (b * SUBS + 1u) * BO + wrow);
+                if (gate_up) ROW_FACTORS(uh, wdu_t, (b * SUBS + 1u) * BO + wrow);
+#endif
+#ifdef HAS_MIN
+                ROW_FACTORS(gm, wmg_t, b * BO + wrow);
+                if (gate_up) ROW_FACTORS(um, wmu_t, b * BO + wrow);
+#endif
                 [[unroll]] for (uint j = 0u; j < TN; j++) {
                     uint t = i * TN + j;
-                    uint wrow = so + i * CM_M;
-                    MAT_F gf = MAT_F(cg[t]);
 #ifdef HALVES
-                    MAT_F ghf = MAT_F(hg[t]);
-#endif
-                    for (int c = 0; c < gf.length(); c++) {
-                        uint col = sn + j * CM_N + code_col(code[c]), rw = wrow + code_row(code[c]);
-#ifdef HALVES
-                        float h = ghf[c];
+                    accg[t] += block_scaled(cg[t], hg[t], xdm[j], xsm[j], gd, gh, gm);
+                    if (gate_up) accu[t] += block_scaled(cu[t], hu[t], xdm[j], xsm[j], ud, uh, um);
 #else
-                        float h = 0.0;
+                    accg[t] += block_scaled(cg[t], cg[t], xdm[j], xsm[j], gd, gh, gm);
+                    if (gate_up) accu[t] += block_scaled(cu[t], cu[t], xdm[j], xsm[j], ud, uh, um);
 #endif
-                        accg[t][c] += block_value(b, rw, col, xd_t[b * BN + col], gf[c], h, false);
-                    }
-                    if (gate_up) {
-                        MAT_F uf = MAT_F(cu[t]);
-#ifdef HALVES
-                        MAT_F uhf = MAT_F(hu[t]);
-#endif
-                        for (int c = 0; c < uf.length(); c++) {
-                            uint col = sn + j * CM_N + code_col(code[c]), rw = wrow + code_row(code[c]);
-#ifdef HALVES
-                            float h = uhf[c];
-#else
-                            float h = 0.0;
-#endif
-                            accu[t][c] += block_value(b, rw, col, xd_t[b * BN + col], uf[c], h, true);
-                        }
-                    }
                 }
             }
         }
