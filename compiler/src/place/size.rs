@@ -54,8 +54,8 @@ pub fn op_weights(op: &Op) -> Vec<&WeightRef> {
         Op::LayerNorm { weight, bias, .. } | Op::Linear { weight, bias, .. } => {
             std::iter::once(weight).chain(bias.iter()).collect()
         }
-        Op::Attention { spec, .. } => spec.sinks.iter().collect(),
-        Op::Route { correction_bias, .. } => correction_bias.iter().collect(),
+        Op::Attention { spec, .. } => spec.sinks.iter().chain(spec.rel.as_ref().map(|r| &r.proj)).collect(),
+        Op::Route { correction_bias, scale_by, .. } => correction_bias.iter().chain(scale_by.iter()).collect(),
         Op::Mla { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
         Op::LinearAttention { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
         Op::RoutedExperts { .. }

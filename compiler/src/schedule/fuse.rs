@@ -357,7 +357,7 @@ pub(super) fn replayable(program: &Program, frame: &Frame) -> bool {
 pub(super) fn device_calls(program: &Program, frame: &Frame, plan: &[Fused]) -> Vec<Call> {
     let op = |i: usize| op_of(program, frame.ops[i]);
     let norm = |i: usize| match op(i) {
-        Op::RmsNorm { x, out, weight, eps, group, offset } => {
+        Op::RmsNorm { x, out, weight, eps, group, offset, .. } => {
             Some(Norm { x: *x, out: *out, weight: weight.clone(), eps: *eps, group: *group, offset: *offset })
         }
         _ => None,
