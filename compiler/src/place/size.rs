@@ -179,6 +179,8 @@ impl Sizer {
                     let per_position = (spec.kv_lora_rank + spec.qk_rope_head_dim) as u64;
                     c.kv = c.kv.saturating_add(self.context.saturating_mul(per_position).saturating_mul(F32));
                 }
+                // A short convolution's input rows live in the host's session: no device runs it.
+                Op::LinearAttention { spec, .. } if spec.kind == crate::ir::LinearAttentionKind::ShortConv => {}
                 Op::LinearAttention { spec, .. } => {
                     c.state = c.state.saturating_add(state_floats(spec).saturating_mul(F32))
                 }
