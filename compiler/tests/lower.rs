@@ -447,7 +447,8 @@ fn kimi_linear_reads_linear_attn_config_without_layer_types() {
 /// Inkling's layers as its configuration class gives them (every sixth layer global, the rest
 /// sliding; every layer sparse), each new op of its own kind, which a device listing the kinds
 /// it runs (as a probed Vulkan profile does) leaves on the host while it takes the rest of the
-/// layer; a configuration that sets `log_scaling_n_floor` (not served) is a located diagnostic,
+/// layer; a configuration that sets `log_scaling_n_floor` or a smaller `unpadded_vocab_size`
+/// (not served) is a located diagnostic,
 /// and so is a short convolution whose taps do not match its input.
 #[test]
 fn inkling_ops_stay_on_the_host_and_unserved_options_are_refused() {
@@ -490,6 +491,10 @@ fn inkling_ops_stay_on_the_host_and_unserved_options_are_refused() {
         Bindings::from_config_json(&p).unwrap()
     };
     let d = compile(&spec, &with("log_scaling_n_floor", "128"), &DeviceProfile::cpu_only(), &Options::default())
+        .unwrap_err()
+        .to_string();
+    assert!(d.contains("inkling.ron:"), "{d}");
+    let d = compile(&spec, &with("unpadded_vocab_size", "200058"), &DeviceProfile::cpu_only(), &Options::default())
         .unwrap_err()
         .to_string();
     assert!(d.contains("inkling.ron:"), "{d}");
