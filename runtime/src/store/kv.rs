@@ -208,6 +208,17 @@ mod tests {
     }
 
     #[test]
+    fn short_convolution_rows_go_back_with_the_kv_rows() {
+        let mut c = KvCache::new(&[(2, 2)]);
+        c.layers[0].append(&[1.0; 6], &[2.0; 6]);
+        c.layers[0].conv.push(ConvRows { key: "w".into(), width: 3, rows: vec![0.5; 9] });
+        assert!(c.layers[0].can_truncate(1));
+        c.truncate(1);
+        assert_eq!((c.layers[0].len(), c.layers[0].conv[0].len()), (1, 1));
+        assert_eq!(c.bytes(), (2 + 2 + 3) * 4);
+    }
+
+    #[test]
     fn a_recurrent_state_goes_back_only_to_the_start() {
         let mut c = KvCache::new(&[(0, 0)]);
         c.layers[0].reset_state(4);
