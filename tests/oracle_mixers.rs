@@ -4,8 +4,10 @@
 //! SwiGLU), MiMo-V2-Flash (sliding window with sinks and twice the KV heads, value heads
 //! narrower than key heads, scaled values, partial RoPE per layer type), DeepSeek-V3
 //! (multi-head latent attention), Qwen3-Next (Gated DeltaNet), Qwen3.5-MoE (its projections
-//! apart) and Kimi Linear (Kimi Delta Attention beside MLA without RoPE), and `coli exec`
-//! running each one as a process.
+//! apart), Kimi Linear (Kimi Delta Attention beside MLA without RoPE) and Inkling (sliding and
+//! global attention with relative-position logits, short convolutions with their own state,
+//! shared experts in the router's normalisation), and `coli exec` running each one as a
+//! process.
 //!
 //! Tolerance: every logit within 1e-4 of the largest |logit| of transformers (f32 weights and
 //! activations; only the order of float operations differs); greedy ids identical; prompts
@@ -150,6 +152,49 @@ fn kimi_linear_matches_transformers() {
 #[test]
 fn kimi_linear_runs_in_coli_exec() {
     check_exec("kimi_linear");
+}
+
+#[test]
+fn inkling_matches_transformers() {
+    check_fixture("inkling");
+}
+
+#[test]
+fn inkling_runs_in_coli_exec() {
+    check_exec("inkling");
+}
+
+/// Inkling's short convolutions keep their input rows, so the session goes back to any
+/// position as a KV cache does: cut to the middle of the prompt and fed the rest again (whole
+/// and one row at a time), then the greedy continuation, it gives transformers' logits.
+#[test]
+fn inkling_short_convolutions_rewind_to_any_position() {
+    let dir = fixture_dir("inkling");
+    let oracle = read_json(&dir.join("oracle.json"));
+    let loaded = load_model(&dir);
+    let prompt = ids(&oracle["prompt_ids"]);
+    let want = matrix(&oracle["logits"]);
+    let greedy = ids(&oracle["greedy"]);
+    let greedy_logits = matrix(&oracle["greedy_logits"]);
+    let tol = 1e-4 * oracle["max_abs_logit"].as_f64().unwrap() as f32;
+    let mut s = Session::new(loaded.model(), 256);
+    s.forward(&prompt, LogitRows::Last).unwrap();
+    s.forward(&greedy[..3], LogitRows::Last).unwrap();
+    for cut in [5, 9] {
+        s.try_truncate(cut).expect("a short convolution goes back anywhere");
+        let mut got = Vec::new();
+        for c in prompt[cut..].chunks(if cut == 5 { prompt.len() } else { 1 }) {
+            let l = s.forward(c, LogitRows::All).unwrap();
+            got.extend(l.chunks_exact(want[0].len()).map(|r| r.to_vec()));
+        }
+        let err = max_abs_diff(&got, &want[cut..]);
+        assert!(err <= tol, "after a cut to {cut}: max |logit - oracle| = {err} > {tol}");
+    }
+    for (i, &id) in greedy[..4].iter().enumerate() {
+        let l = s.forward(&[id], LogitRows::Last).unwrap();
+        let err = max_abs_diff(&[l], &greedy_logits[i + 1..i + 2]);
+        assert!(err <= tol, "greedy step {} after the cuts: {err} > {tol}", i + 1);
+    }
 }
 
 /// A recurrent state (Qwen3-Next's Gated DeltaNet, Kimi Linear's KDA) goes back only to the

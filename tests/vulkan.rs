@@ -3,7 +3,8 @@
 //! chains (the first N layers on the device, the rest on the CPU) for every N, a device lost
 //! mid-decode that the CPU finishes with the same tokens (also mid-step, after the host took a
 //! Gated DeltaNet layer's new state or an MLA layer's new cache rows), and the device state of
-//! Qwen3-Next (recurrent) and DeepSeek-V3 (the MLA mirrors) following the host's.
+//! Qwen3-Next (recurrent) and DeepSeek-V3 (the MLA mirrors) following the host's; Inkling with
+//! its new op kinds on the host.
 //!
 //! Tolerance: logits within 1e-4 of the largest |logit| (f32 weights: the device and the CPU
 //! differ only in the order of float operations); greedy tokens identical.
@@ -116,6 +117,48 @@ fn every_fixture_on_the_device_matches_the_cpu() {
             assert_eq!(toks, want_toks, "{name} chunk {chunk}: greedy tokens differ");
         }
     }
+}
+
+/// Inkling on the device: its projections, norms and residual adds in device frames, its new
+/// op kinds (attention with relative logits, the short convolutions, the sink router and the
+/// shared experts, the scaled final norm) in host frames, the logits and greedy tokens the
+/// CPU's in every chunking; then the session cut back into the prompt and fed again.
+#[test]
+fn inkling_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
+    let dir = fixture_dir("inkling");
+    let oracle = read_json(&dir.join("oracle.json"));
+    let prompt = ids(&oracle["prompt_ids"]);
+    let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
+    let cpu = load_model(&dir);
+    let (want, want_toks, _) = run(&cpu, &prompt, prompt.len(), 12);
+    let dev = load_on_device(&dir, None, None);
+    assert!(dev.device().is_some(), "{}", dev.device_note());
+    let p = &dev.plan().program;
+    let kinds = |host: bool| -> Vec<&'static str> {
+        let frames = dev.plan().frames.iter().filter(|f| (f.place == Place::Host) == host);
+        frames.flat_map(|f| &f.ops).map(|&id| op_of(p, id).kind().info().name).collect()
+    };
+    let (host, device) = (kinds(true), kinds(false));
+    for k in ["attention_rel", "short_conv", "route_shared", "routed_experts_shared", "rms_norm_scaled"] {
+        assert!(host.contains(&k) && !device.contains(&k), "{k} on the host only\n{}", dev.plan());
+    }
+    assert!(device.contains(&"linear") && device.contains(&"rms_norm"), "the rest on the device\n{}", dev.plan());
+    for chunk in [prompt.len(), 1, 3] {
+        let (got, toks, notice) = run(&dev, &prompt, chunk, 12);
+        assert!(notice.is_none(), "{notice:?}");
+        let err = max_abs_diff(&got, &want);
+        eprintln!("inkling chunk {chunk}: max |device - cpu| = {err:.3e} (bound {:.3e})", 1e-4 * max);
+        assert!(err <= 1e-4 * max, "chunk {chunk}: max |device - cpu| = {err}");
+        assert_eq!(toks, want_toks, "chunk {chunk}: greedy tokens differ");
+    }
+    let device = dev.device().expect("a device");
+    let mut s = Session::on_device(dev.model(), device, 256).unwrap();
+    s.forward(&prompt, LogitRows::Last).unwrap();
+    s.try_truncate(6).expect("the short convolutions go back anywhere");
+    let l = s.forward(&prompt[6..], LogitRows::All).unwrap();
+    let got: Vec<Vec<f32>> = l.chunks_exact(want[0].len()).map(|r| r.to_vec()).collect();
+    let err = max_abs_diff(&got, &want[6..]);
+    assert!(err <= 1e-4 * max, "after a cut to 6: max |device - cpu| = {err}");
 }
 
 #[test]

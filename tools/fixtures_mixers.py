@@ -1,6 +1,7 @@
 """The tiny fixtures of the mixers beyond plain attention (gpt-oss and MiMo-V2-Flash: sliding
 window with sinks; DeepSeek-V3: multi-head latent attention; Qwen3-Next and Qwen3.5-MoE: Gated DeltaNet;
-Kimi Linear: Kimi Delta Attention beside MLA without RoPE), for
+Kimi Linear: Kimi Delta Attention beside MLA without RoPE; Inkling: sliding and global attention with
+relative-position logits and short convolutions), for
 make_fixtures.py:
 their configurations, the hooks that make their random weights well conditioned, and the tensor
 names save_pretrained must write. Imported by make_fixtures.py; not a script of its own.
@@ -283,6 +284,58 @@ MIXERS = {
             "e_score_correction_bias, renormalised, x1.5, no shared experts"
         ),
     ),
+    # Inkling: global ("hybrid") and sliding ("hybrid_sliding", window 4) layers by layer_types,
+    # each with its own head counts and widths, no RoPE but relative-position logits (r_proj's
+    # d_rel states per head mixed with a [d_rel, extent] bank: extent rel_extent 6 in the global
+    # layers, the window in the sliding ones), q/k RMSNorm per head, scale 1/head_dim; short
+    # convolutions (kernel 4, plus their input) on k and v, on the attention output and on the MLP
+    # output; an embedding norm; a dense first layer with its global scale, then sigmoid routing
+    # with a correction bias, weights normalised over the top-2 and the 2 shared experts (the
+    # sink), x route_scale x the router's global scale; logits of the final norm / 3.
+    "inkling": dict(
+        cls="InklingForCausalLM",
+        seed=9700,
+        fused=True,
+        config=dict(
+            vocab_size=304,
+            hidden_size=68,
+            intermediate_size=88,
+            moe_intermediate_size=20,
+            num_hidden_layers=4,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=16,
+            swa_num_attention_heads=4,
+            swa_num_key_value_heads=2,
+            swa_head_dim=12,
+            sliding_window_size=4,
+            d_rel=5,
+            rel_extent=6,
+            layer_types=["hybrid", "hybrid_sliding", "hybrid_sliding", "hybrid"],
+            mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+            conv_kernel_size=4,
+            n_routed_experts=6,
+            num_experts_per_tok=2,
+            n_shared_experts=2,
+            route_scale=2.5,
+            logits_mup_width_multiplier=3.0,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+        ),
+        note=(
+            "Inkling (InklingForCausalLM), 4 layers (global, sliding window 4, sliding 4, global by layer_types), "
+            "hidden 68; global 3 q heads / 1 kv head x 16, sliding 4 / 2 x 12; no RoPE, relative logits "
+            "(d_rel 5; extent 6 global, 4 sliding), q/k RMSNorm per head, scale 1/head_dim; short convolutions "
+            "of kernel 4 with their input added (k, v, attention output, MLP output); embedding RMSNorm; first "
+            "layer dense (FFN 88) with a global scale, then 6 experts (FFN 20, fused gate_up) top-2, sigmoid "
+            "choice with a random e_score_correction_bias, weights over the top-2 and 2 shared experts (FFN 20), "
+            "x2.5 x the router's global scale; final hidden / 3 before the head"
+        ),
+    ),
 }
 
 
@@ -412,6 +465,23 @@ MIXERS["kimi_linear"]["post_init"] = kimi_linear_post_init
 MIXERS["kimi_linear"]["router_gap"] = kimi_linear_router_gap
 
 
+@torch.no_grad()
+def inkling_post_init(model):
+    """Output-major fused experts and a correction bias, as for MiMo-V2-Flash; the global
+    scales of the dense MLP and of the router away from 1; the short convolutions' taps
+    N(0, 0.3) (their input passes through beside them)."""
+    mimo_post_init(model)
+    for name, p in model.named_parameters():
+        if name.endswith("global_scale"):
+            p.uniform_(0.6, 1.4)
+        if name.endswith("sconv.conv1d.weight"):
+            p.normal_(0.0, 0.3)
+
+
+MIXERS["inkling"]["post_init"] = inkling_post_init
+MIXERS["inkling"]["router_gap"] = kimi_linear_router_gap
+
+
 def mixer_names(name, cfg, n_layers):
     """The HF names save_pretrained must produce for these families."""
     out = []
@@ -459,6 +529,21 @@ def mixer_names(name, cfg, n_layers):
                 for e in range(cfg["num_experts"]):
                     for w in ("w1", "w2", "w3"):
                         out.append(f"model.layers.{i}.block_sparse_moe.experts.{e}.{w}.weight")
+    if name == "inkling":
+        for i in range(n_layers):
+            for w in ("r_proj.weight", "rel_logits_proj.proj", "k_sconv.conv1d.weight", "v_sconv.conv1d.weight",
+                      "q_norm.weight", "k_norm.weight"):
+                out.append(f"model.layers.{i}.self_attn.{w}")
+            for w in ("attn_sconv.conv1d.weight", "mlp_sconv.conv1d.weight"):
+                out.append(f"model.layers.{i}.{w}")
+            if cfg["mlp_layer_types"][i] == "sparse":
+                for w in ("gate.weight", "gate.global_scale", "gate.e_score_correction_bias",
+                          "experts.gate_up_proj", "experts.down_proj", "shared_experts.gate_proj",
+                          "shared_experts.up_proj", "shared_experts.down_proj"):
+                    out.append(f"model.layers.{i}.mlp.{w}")
+            else:
+                out.append(f"model.layers.{i}.mlp.global_scale")
+        out.append("model.embed_norm.weight")
     if name == "mimo_v2_flash":
         for i, t in enumerate(cfg["layer_types"]):
             if t == "sliding_attention":

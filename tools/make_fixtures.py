@@ -15,7 +15,7 @@ Usage (from the repository root; needs torch, transformers 5.17, safetensors, gg
 
 Outputs:
 
-* tests/fixtures/{llama,llama_tied,olmoe,qwen3_moe,mixtral,gpt_oss,deepseek_v3,qwen3_next,qwen3_5_moe,kimi_linear,...}/ :
+* tests/fixtures/{llama,llama_tied,olmoe,qwen3_moe,mixtral,gpt_oss,deepseek_v3,qwen3_next,qwen3_5_moe,kimi_linear,inkling,...}/ :
   a tiny random-weight checkpoint (config.json, generation_config.json, model.safetensors, f32) written by
   ``save_pretrained`` and its ``oracle.json`` (prompt ids, logits of every prompt
   position, 20 greedy ids, the logits each greedy id was chosen from, per-layer
@@ -396,6 +396,10 @@ def reinit(model, tied):
             continue
         if name.endswith("linear_attn.dt_bias") or name.endswith("forget_gate.dt_bias"):
             p.normal_(0.0, 0.5)
+            continue
+        if name.endswith("global_scale"):
+            # Inkling's scalar scales of the dense MLP and the router.
+            p.uniform_(0.7, 1.3)
             continue
         if p.ndim == 1:
             assert "norm" in name, name

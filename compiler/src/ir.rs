@@ -103,8 +103,15 @@ pub enum ExpertTensor {
     /// One tensor per expert; `pattern` contains `{e}` (HF: `model.layers.3.mlp.experts.{e}.up_proj.weight`).
     /// `shape` is the shape of one expert's matrix.
     PerExpert { pattern: String, shape: Vec<usize> },
-    /// One 3-D tensor `[experts, rows, cols]` (GGUF: `blk.3.ffn_up_exps.weight`).
-    Stacked { name: String, shape: Vec<usize> },
+    /// One 3-D tensor `[experts, rows, cols]` (GGUF: `blk.3.ffn_up_exps.weight`), or the rows
+    /// `select` picks of each expert's (Inkling's fused `gate_up_proj` `[experts, 2 * ffn, cols]`:
+    /// `groups: 1, stride: 2 * ffn, offset: 0 or ffn, take: ffn`); `shape` is the op's view.
+    Stacked {
+        name: String,
+        shape: Vec<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        select: Option<RowSelect>,
+    },
     /// One 3-D tensor stored input-major, `[experts, cols, out]` (transformers' fused gpt-oss
     /// experts: `y = x W`), of which the op's rows are the `out` columns `select` picks
     /// (gpt-oss interleaves gate and up: `groups: ffn, stride: 2, offset: 0 or 1, take: 1`),
@@ -144,7 +151,10 @@ impl ExpertTensor {
     /// The shape of the checkpoint tensor (of one expert, for `PerExpert`).
     pub fn tensor_shape(&self) -> Vec<usize> {
         match self {
-            ExpertTensor::PerExpert { shape, .. } | ExpertTensor::Stacked { shape, .. } => shape.clone(),
+            ExpertTensor::PerExpert { shape, .. } => shape.clone(),
+            ExpertTensor::Stacked { shape, select, .. } => {
+                vec![shape[0], select.map_or(shape[1], |r| r.groups * r.stride), shape[2]]
+            }
             ExpertTensor::StackedInputMajor { shape, select, .. } => {
                 let out = select.map_or(shape[1], |r| r.groups * r.stride);
                 vec![shape[0], shape[2], out]
@@ -190,6 +200,30 @@ pub struct ExpertWeights {
     pub up_bias: Option<ExpertBias>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub down_bias: Option<ExpertBias>,
+    /// Shared experts the routing weighs as it weighs the routed ones (Inkling): the routing's
+    /// expert `experts + s` is shared expert `s` of these stacked tensors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared: Option<Box<SharedExperts>>,
+}
+
+/// Shared experts of a routed-experts op, each stacked `[count, rows, cols]` (no biases).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SharedExperts {
+    pub count: usize,
+    pub gate: ExpertTensor,
+    pub up: ExpertTensor,
+    pub down: ExpertTensor,
+}
+
+/// Relative-position logits of an attention op (Inkling): each query row's `r` (`heads x
+/// d_rel`) mixes the rows of `proj` (`[d_rel, extent]`) into one logit per head and backward
+/// distance `0 .. extent`, added to the scaled scores; zero at larger distances.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RelLogits {
+    pub r: ValueId,
+    pub proj: WeightRef,
+    pub d_rel: usize,
+    pub extent: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -283,10 +317,21 @@ pub struct AttentionSpec {
     /// `attention_value_scale`; 1 for most families.
     #[serde(default = "one")]
     pub value_scale: f32,
+    /// Relative-position logits (Inkling), added to the scaled scores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rel: Option<RelLogits>,
 }
 
 fn one() -> f32 {
     1.0
+}
+
+fn is_one(x: &f32) -> bool {
+    *x == 1.0
+}
+
+fn is_zero(x: &usize) -> bool {
+    *x == 0
 }
 
 /// One op of the program. Reads and writes `ValueId`s; weights by `WeightRef`.
@@ -298,8 +343,18 @@ pub enum Op {
     /// Token ids -> rows of the embedding table (`[vocab, width]`), times `scale`.
     Embed { out: ValueId, table: WeightRef, scale: f32 },
     /// RMSNorm over groups of `group` columns (`group == width`: whole row; `head_dim`: per head).
-    /// `out = x / rms(x) * (weight + offset)`; `weight` has `group` entries.
-    RmsNorm { x: ValueId, out: ValueId, weight: WeightRef, eps: f32, group: usize, offset: f32 },
+    /// `out = x / rms(x) * (weight + offset) * scale`; `weight` has `group` entries; `scale` is
+    /// 1 but where a width multiplier divides the final hidden state (Inkling's logits).
+    RmsNorm {
+        x: ValueId,
+        out: ValueId,
+        weight: WeightRef,
+        eps: f32,
+        group: usize,
+        offset: f32,
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        scale: f32,
+    },
     /// LayerNorm over the whole row.
     LayerNorm { x: ValueId, out: ValueId, weight: WeightRef, bias: Option<WeightRef>, eps: f32 },
     /// `out = x W^T (+ bias)`; `weight` is `[out, in]`.
@@ -339,6 +394,14 @@ pub enum Op {
         groups: Option<(usize, usize)>,
         /// Multiplies the final weights.
         scale: f32,
+        /// Shared experts whose logits follow the routed ones' (Inkling's sink): they take no
+        /// part in the choice, join the renormalisation, and their weights follow the top-k
+        /// pairs in `out` as `(experts + s, weight)`: width `2 * (top_k + shared)`.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        shared: usize,
+        /// A one-entry tensor that multiplies the final weights too (Inkling's `global_scale`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scale_by: Option<WeightRef>,
     },
     /// `out = sum_r weight_r * expert_r(x)` over the routing in `routing`: a host step served by
     /// the runtime's expert tier, or in a device frame where the plan makes the layer's
@@ -370,7 +433,11 @@ pub fn op_io(op: &Op) -> (Vec<ValueId>, Vec<ValueId>) {
         | Op::Linear { x, out, .. }
         | Op::Act { x, out, .. } => (vec![*x], vec![*out]),
         Op::Rope { x, .. } => (vec![*x], vec![*x]),
-        Op::Attention { q, k, v, out, .. } => (vec![*q, *k, *v], vec![*out]),
+        Op::Attention { q, k, v, out, spec, .. } => {
+            let mut reads = vec![*q, *k, *v];
+            reads.extend(spec.rel.as_ref().map(|r| r.r));
+            (reads, vec![*out])
+        }
         Op::Glu { gate, up, out, .. } => (vec![*gate, *up], vec![*out]),
         Op::Add { a, b, out } | Op::Mul { a, b, out } => (vec![*a, *b], vec![*out]),
         Op::Route { logits, out, .. } => (vec![*logits], vec![*out]),
@@ -409,6 +476,11 @@ fn mla_norm_eps() -> f32 {
 pub enum LinearAttentionKind {
     GatedDeltaNet,
     Kda,
+    /// A causal depthwise convolution that adds its input, `out = x + conv(x)`, over
+    /// `key_head_dim` channels (Inkling's `*_sconv`): role `conv1d` (`[channels, 1, kernel]`),
+    /// and `input_scale` (a one-entry tensor multiplying `x` first) where there is one. Its
+    /// state is the session's rows of its input, kept per weight, so it rewinds as a KV cache.
+    ShortConv,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -437,6 +509,9 @@ impl LinearAttentionSpec {
     /// f32 entries of the recurrent state of one sequence: the per-head `dk x dv` matrix
     /// and the convolution ring.
     pub fn state_floats(&self) -> usize {
+        if self.kind == LinearAttentionKind::ShortConv {
+            return self.key_head_dim * self.conv_kernel.saturating_sub(1);
+        }
         let conv_channels = 2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim;
         self.value_heads * self.key_head_dim * self.value_head_dim + conv_channels * self.conv_kernel.saturating_sub(1)
     }

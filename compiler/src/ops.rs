@@ -32,6 +32,18 @@ pub enum OpKind {
     /// Kimi Delta Attention (`LinearAttentionKind::Kda`): its kernel is the CPU's only, so a
     /// kind of its own that no device library claims keeps the op on the host.
     Kda,
+    /// Attention with relative-position logits (`AttentionSpec::rel`, Inkling): the CPU's only.
+    AttentionRel,
+    /// A short convolution on a row stream (`LinearAttentionKind::ShortConv`): the CPU's only.
+    ShortConv,
+    /// An RMSNorm whose output is scaled (`Op::RmsNorm::scale != 1`): the CPU's only.
+    RmsNormScaled,
+    /// A router with shared experts in its normalisation or a weight-held scale
+    /// (`Op::Route::shared`, `scale_by`).
+    RouteShared,
+    /// Routed experts with shared experts beside them (`ExpertWeights::shared`): the CPU's
+    /// only (neither the expert tier nor a device's resident experts hold shared ones).
+    RoutedExpertsShared,
 }
 
 /// What placement and printing need to know of an op kind.
@@ -61,6 +73,11 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::LinearAttention, name: "linear_attention", host_step: false },
     OpInfo { kind: OpKind::LinearAttentionApart, name: "linear_attention_apart", host_step: false },
     OpInfo { kind: OpKind::Kda, name: "kda", host_step: false },
+    OpInfo { kind: OpKind::AttentionRel, name: "attention_rel", host_step: false },
+    OpInfo { kind: OpKind::ShortConv, name: "short_conv", host_step: false },
+    OpInfo { kind: OpKind::RmsNormScaled, name: "rms_norm_scaled", host_step: false },
+    OpInfo { kind: OpKind::RouteShared, name: "route_shared", host_step: true },
+    OpInfo { kind: OpKind::RoutedExpertsShared, name: "routed_experts_shared", host_step: true },
 ];
 
 impl OpKind {
@@ -83,19 +100,24 @@ impl Op {
     pub fn kind(&self) -> OpKind {
         match self {
             Op::Embed { .. } => OpKind::Embed,
+            Op::RmsNorm { scale, .. } if *scale != 1.0 => OpKind::RmsNormScaled,
             Op::RmsNorm { .. } => OpKind::RmsNorm,
             Op::LayerNorm { .. } => OpKind::LayerNorm,
             Op::Linear { .. } => OpKind::Linear,
             Op::Rope { .. } => OpKind::Rope,
+            Op::Attention { spec, .. } if spec.rel.is_some() => OpKind::AttentionRel,
             Op::Attention { .. } => OpKind::Attention,
             Op::Act { .. } => OpKind::Act,
             Op::Glu { .. } => OpKind::Glu,
             Op::Add { .. } => OpKind::Add,
             Op::Mul { .. } => OpKind::Mul,
+            Op::Route { shared, scale_by, .. } if *shared > 0 || scale_by.is_some() => OpKind::RouteShared,
             Op::Route { .. } => OpKind::Route,
+            Op::RoutedExperts { weights, .. } if weights.shared.is_some() => OpKind::RoutedExpertsShared,
             Op::RoutedExperts { .. } => OpKind::RoutedExperts,
             Op::Mla { .. } => OpKind::Mla,
             Op::LinearAttention { spec, .. } if spec.kind == LinearAttentionKind::Kda => OpKind::Kda,
+            Op::LinearAttention { spec, .. } if spec.kind == LinearAttentionKind::ShortConv => OpKind::ShortConv,
             Op::LinearAttention { spec, .. } if spec.projections_apart() => OpKind::LinearAttentionApart,
             Op::LinearAttention { .. } => OpKind::LinearAttention,
         }

@@ -18,7 +18,10 @@ pub(crate) fn w(r: &WeightRef) -> String {
 fn ex(t: &ExpertTensor) -> String {
     match t {
         ExpertTensor::PerExpert { pattern, shape } => format!("{pattern}{shape:?}"),
-        ExpertTensor::Stacked { name, shape } => format!("{name}{shape:?}"),
+        ExpertTensor::Stacked { name, shape, select: None } => format!("{name}{shape:?}"),
+        ExpertTensor::Stacked { name, shape, select: Some(s) } => {
+            format!("{name}{shape:?}(rows {}x{}+{} of {})", s.groups, s.take, s.offset, s.stride)
+        }
         ExpertTensor::StackedInputMajor { name, shape, select } => match select {
             None => format!("{name}{shape:?}(input-major)"),
             Some(s) => {
@@ -47,11 +50,14 @@ pub(crate) fn g(x: f32) -> String {
 pub fn op_text(op: &Op) -> String {
     match op {
         Op::Embed { out, table, scale } => format!("{out} = embed {}{}", w(table), if *scale != 1.0 { format!(" scale {}", g(*scale)) } else { String::new() }),
-        Op::RmsNorm { x, out, weight, eps, group, offset } => {
+        Op::RmsNorm { x, out, weight, eps, group, offset, scale } => {
             let mut s = format!("{out} = rms_norm {x} {} eps {}", w(weight), g(*eps));
             let _ = write!(s, " group {group}");
             if *offset != 0.0 {
                 let _ = write!(s, " offset {}", g(*offset));
+            }
+            if *scale != 1.0 {
+                let _ = write!(s, " scale {}", g(*scale));
             }
             s
         }
@@ -80,13 +86,16 @@ pub fn op_text(op: &Op) -> String {
             if spec.value_scale != 1.0 {
                 let _ = write!(s, " value_scale {}", g(spec.value_scale));
             }
+            if let Some(r) = &spec.rel {
+                let _ = write!(s, " rel {} {} d_rel {} extent {}", r.r, w(&r.proj), r.d_rel, r.extent);
+            }
             s
         }
         Op::Act { x, out, act } => format!("{out} = act {act:?} {x}"),
         Op::Glu { gate, up, out, kind } => format!("{out} = glu {kind:?} {gate} {up}"),
         Op::Add { a, b, out } => format!("{out} = add {a} {b}"),
         Op::Mul { a, b, out } => format!("{out} = mul {a} {b}"),
-        Op::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale } => {
+        Op::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale, shared, scale_by } => {
             let mut s = format!("{out} = route {logits} {scoring:?} top {top_k}");
             if *renormalize {
                 s.push_str(" renormalize");
@@ -100,16 +109,29 @@ pub fn op_text(op: &Op) -> String {
             if *scale != 1.0 {
                 let _ = write!(s, " scale {}", g(*scale));
             }
+            if let Some(b) = scale_by {
+                let _ = write!(s, " scale_by {}", w(b));
+            }
+            if *shared > 0 {
+                let _ = write!(s, " shared {shared}");
+            }
             s
         }
         Op::RoutedExperts { x, routing, out, layer, experts, ffn, weights, glu } => format!(
-            "{out} = routed_experts {x} {routing} {layer} experts {experts} ffn {ffn} {glu:?} gate {}{} up {}{} down {}{}",
+            "{out} = routed_experts {x} {routing} {layer} experts {experts} ffn {ffn} {glu:?} gate {}{} up {}{} down {}{}{}",
             ex(&weights.gate),
             exb(&weights.gate_bias),
             ex(&weights.up),
             exb(&weights.up_bias),
             ex(&weights.down),
-            exb(&weights.down_bias)
+            exb(&weights.down_bias),
+            weights.shared.as_ref().map_or(String::new(), |s| format!(
+                " shared {} gate {} up {} down {}",
+                s.count,
+                ex(&s.gate),
+                ex(&s.up),
+                ex(&s.down)
+            ))
         ),
         Op::Mla { x, out, layer, spec } => {
             let ws: Vec<String> = spec.weights.iter().map(|(r, x)| format!("{r} {}", w(x))).collect();

@@ -30,6 +30,7 @@ fn every_spec_compiles_with_its_default_config() {
         "qwen3_next.ron",
         "qwen3_5_moe.ron",
         "kimi_linear.ron",
+        "inkling.ron",
         "gpt_oss.ron",
         "mimo_v2_flash.ron",
     ] {
@@ -48,6 +49,7 @@ fn specs_are_found_by_architecture() {
     assert_eq!(spec_for_architecture(&g, "MixtralForCausalLM").unwrap().file_name().unwrap(), "mixtral.ron");
     assert_eq!(spec_for_architecture(&g, "Qwen3_5MoeForCausalLM").unwrap().file_name().unwrap(), "qwen3_5_moe.ron");
     assert_eq!(spec_for_architecture(&g, "KimiLinearForCausalLM").unwrap().file_name().unwrap(), "kimi_linear.ron");
+    assert_eq!(spec_for_architecture(&g, "InklingForCausalLM").unwrap().file_name().unwrap(), "inkling.ron");
     assert!(spec_for_architecture(&g, "NoSuchForCausalLM").is_none());
 }
 
@@ -440,4 +442,67 @@ fn kimi_linear_reads_linear_attn_config_without_layer_types() {
     use FfnKind::*;
     use MixerKind::*;
     assert_eq!(with_lists, [(LinearAttention, Dense), (LinearAttention, Moe), (Mla, Moe), (LinearAttention, Moe)]);
+}
+
+/// Inkling's layers as its configuration class gives them (every sixth layer global, the rest
+/// sliding; every layer sparse), each new op of its own kind, which a device listing the kinds
+/// it runs (as a probed Vulkan profile does) leaves on the host while it takes the rest of the
+/// layer; a configuration that sets `log_scaling_n_floor` or a smaller `unpadded_vocab_size`
+/// (not served) is a located diagnostic,
+/// and so is a short convolution whose taps do not match its input.
+#[test]
+fn inkling_ops_stay_on_the_host_and_unserved_options_are_refused() {
+    let path = graphs().join("inkling.ron");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let spec = Spec::parse(&text, &path).unwrap_or_else(|d| panic!("{d}"));
+    let config = spec.default_config().unwrap();
+    let b = Bindings::from_config_json(&config).unwrap();
+    let profile = DeviceProfile::parse(
+        r#"Profile(name: "listed", devices: [(name: "gpu", kind: Discrete, memory_budget: 400_000_000_000_000,
+            reserve: 0, features: (ops: [Embed, RmsNorm, Linear, Rope, Attention, Act, Glu, Add, Mul, Route,
+            RoutedExperts, LinearAttention, Mla]))])"#,
+        Path::new("listed.ron"),
+    )
+    .unwrap_or_else(|d| panic!("{d}"));
+    let plan = compile(&spec, &b, &profile, &Options::default()).unwrap_or_else(|d| panic!("{d}"));
+    let (mut host, mut device) = (BTreeMap::new(), BTreeMap::new());
+    for f in &plan.frames {
+        let on = if f.place == coli_compiler::ids::Place::Host { &mut host } else { &mut device };
+        for &id in &f.ops {
+            *on.entry(coli_compiler::frames::op_of(&plan.program, id).kind().info().name).or_insert(0) += 1;
+        }
+    }
+    assert_eq!((host.get("attention_rel"), device.get("attention_rel")), (Some(&66), None), "{plan}");
+    assert_eq!((host.get("short_conv"), device.get("short_conv")), (Some(&(4 * 66)), None), "{plan}");
+    assert_eq!(host.get("route_shared"), Some(&66), "{plan}");
+    assert_eq!(host.get("routed_experts_shared"), Some(&66), "{plan}");
+    assert_eq!((host.get("rms_norm_scaled"), device.get("rms_norm_scaled")), (Some(&1), None), "{plan}");
+    assert!(device.get("linear").is_some_and(|&n| n > 0), "the projections on the device\n{plan}");
+    let windows = plan.program.layers.iter().filter(|l| l.mixer == coli_compiler::ir::MixerKind::SlidingAttention);
+    assert_eq!(windows.count(), 55, "all but each sixth layer sliding");
+
+    let with = |key: &str, value: &str| {
+        let mut j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+        j[key] = serde_json::from_str(value).unwrap();
+        let dir = std::env::temp_dir().join(format!("coli-inkling-{key}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("config.json");
+        std::fs::write(&p, j.to_string()).unwrap();
+        Bindings::from_config_json(&p).unwrap()
+    };
+    let d = compile(&spec, &with("log_scaling_n_floor", "128"), &DeviceProfile::cpu_only(), &Options::default())
+        .unwrap_err()
+        .to_string();
+    assert!(d.contains("inkling.ron:"), "{d}");
+    let d = compile(&spec, &with("unpadded_vocab_size", "200058"), &DeviceProfile::cpu_only(), &Options::default())
+        .unwrap_err()
+        .to_string();
+    assert!(d.contains("inkling.ron:"), "{d}");
+    let d = compile(&spec, &with("conv_kernel_size", "3"), &DeviceProfile::cpu_only(), &Options::default());
+    assert!(d.is_ok(), "the kernel is the configuration's");
+    let bad = text.replacen(r#"weights: {"conv1d": "attn_conv"}"#, r#"weights: {"conv1d": "k_conv"}"#, 1);
+    assert_ne!(bad, text, "the spec's roles moved");
+    let spec = Spec::parse(&bad, &path).unwrap_or_else(|d| panic!("{d}"));
+    let d = compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).unwrap_err().to_string();
+    assert!(d.contains("a short convolution weight `conv1d` has shape"), "{d}");
 }

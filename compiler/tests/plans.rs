@@ -25,6 +25,7 @@ const TABLE: &[(&str, &str, &str, &str)] = &[
     ("qwen3_next", "qwen3-next-80b-a3b", "laptop-2gb", "laptop-2gb-igpu"),
     ("qwen3_5_moe", "qwen3.5-35b-a3b", "laptop-2gb", "laptop-2gb-igpu"),
     ("kimi_linear", "kimi-linear-48b-a3b", "laptop-2gb", "laptop-2gb-igpu"),
+    ("inkling", "inkling-text", "laptop-2gb", "laptop-2gb-igpu"),
     ("gpt_oss", "gpt-oss-20b", "gpu-1gb", "two-gpu-1gb"),
     ("mimo_v2_flash", "mimo-v2-flash", "rtx4060-8gb", "two-rtx4060-8gb"),
 ];

@@ -24,6 +24,7 @@ const TABLE: &[(&str, &str)] = &[
     ("qwen3_next", "qwen3-next-80b-a3b"),
     ("qwen3_5_moe", "qwen3.5-35b-a3b"),
     ("kimi_linear", "kimi-linear-48b-a3b"),
+    ("inkling", "inkling-text"),
     ("gpt_oss", "gpt-oss-20b"),
     ("mimo_v2_flash", "mimo-v2-flash"),
 ];

@@ -80,6 +80,8 @@ impl Flow {
         let mut errs = Vec::new();
         if in_layer {
             match op {
+                // A short convolution keeps rows of its input, by its weight, beside the mixer's.
+                Op::LinearAttention { spec, .. } if spec.kind == crate::ir::LinearAttentionKind::ShortConv => {}
                 Op::Attention { .. } | Op::Mla { .. } | Op::LinearAttention { .. } => {
                     if let Some(first) = self.mixer {
                         let m = format!(

@@ -167,6 +167,8 @@ impl<'a> Lowerer<'a> {
                     Op::Attention { spec, .. } if spec.window.is_some() => Some(MixerKind::SlidingAttention),
                     Op::Attention { .. } => Some(MixerKind::Attention),
                     Op::Mla { .. } => Some(MixerKind::Mla),
+                    // A short convolution is no mixer (Inkling's sit beside attention).
+                    Op::LinearAttention { spec, .. } if spec.kind == LinearAttentionKind::ShortConv => None,
                     Op::LinearAttention { .. } => Some(MixerKind::LinearAttention),
                     _ => None,
                 })
@@ -291,7 +293,8 @@ impl<'a> Lowerer<'a> {
                 }
                 Op::Embed { out: o, table, scale }
             }
-            OpItem::RmsNorm { x, out, weight, eps, group, offset } => {
+            OpItem::RmsNorm { x, out, weight, eps, group, offset, scale } => {
+                let scale = self.scale_or(scale, 1.0)?;
                 let (xv, ov, w, eps, offset) = (
                     self.val(x),
                     self.val(out),
@@ -315,7 +318,7 @@ impl<'a> Lowerer<'a> {
                     );
                 }
                 self.expect_width(out, ov, xw, "the normed input's width");
-                Op::RmsNorm { x: xv, out: ov, weight, eps, group, offset }
+                Op::RmsNorm { x: xv, out: ov, weight, eps, group, offset, scale }
             }
             OpItem::LayerNorm { x, out, weight, bias, eps } => {
                 let (xv, ov, w, eps) =
@@ -400,6 +403,8 @@ impl<'a> Lowerer<'a> {
                 window,
                 sinks,
                 value_scale,
+                rel,
+                rel_proj,
             } => {
                 let (qv, kv, vv, ov) = (self.val(q), self.val(k), self.val(v), self.val(out));
                 let (h, kvh, hd, sc) = (
@@ -435,6 +440,25 @@ impl<'a> Lowerer<'a> {
                         self.err(span, format!("the sinks have shape {:?}, attention needs [{heads}]", s.shape));
                     }
                 }
+                let rel = match (rel, rel_proj) {
+                    (None, None) => None,
+                    (Some(r), Some(p)) => {
+                        let (rv, proj) = (self.val(r)?, self.weight(p)?);
+                        let [d_rel, extent] = proj.shape[..] else {
+                            self.err(
+                                p.span,
+                                format!("the relative logits' weight has shape {:?}, not [d_rel, extent]", proj.shape),
+                            );
+                            return None;
+                        };
+                        self.expect_width(r, rv, heads * d_rel, "attention's heads x d_rel");
+                        Some(RelLogits { r: rv, proj, d_rel, extent })
+                    }
+                    _ => {
+                        self.err(span, "relative logits need both `rel` (the states) and `rel_proj` (the weight)");
+                        return None;
+                    }
+                };
                 let layer = LayerId(self.layer.unwrap_or(0) as u32);
                 Op::Attention {
                     q: qv,
@@ -442,7 +466,17 @@ impl<'a> Lowerer<'a> {
                     v: vv,
                     out: ov,
                     layer,
-                    spec: AttentionSpec { heads, kv_heads, head_dim, v_head_dim, scale, window, sinks, value_scale },
+                    spec: AttentionSpec {
+                        heads,
+                        kv_heads,
+                        head_dim,
+                        v_head_dim,
+                        scale,
+                        window,
+                        sinks,
+                        value_scale,
+                        rel,
+                    },
                 }
             }
             OpItem::Act { x, out, act } => {
@@ -472,7 +506,31 @@ impl<'a> Lowerer<'a> {
                     Op::Add { a: av, b: bv, out: ov }
                 }
             }
-            OpItem::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale } => {
+            OpItem::Route {
+                logits,
+                out,
+                scoring,
+                top_k,
+                renormalize,
+                correction_bias,
+                groups,
+                scale,
+                shared,
+                scale_by,
+            } => {
+                let shared = match shared {
+                    Some(s) => self.sized(s, limits::EXPERTS)?,
+                    None => 0,
+                };
+                let scale_by = match scale_by {
+                    Some(b) => Some(self.weight(b)?),
+                    None => None,
+                };
+                if let Some(b) = &scale_by {
+                    if b.shape != [1] {
+                        self.err(span, format!("the router's `scale_by` has shape {:?}, not [1]", b.shape));
+                    }
+                }
                 let (lv, ov, k, rn, sc) = (
                     self.val(logits),
                     self.val(out),
@@ -481,7 +539,13 @@ impl<'a> Lowerer<'a> {
                     self.scale_or(scale, 1.0),
                 );
                 let (lv, ov, top_k, renormalize, scale) = (lv?, ov?, k?, rn?, sc?);
-                let experts = self.width(lv);
+                let Some(experts) = self.width(lv).checked_sub(shared).filter(|&e| e > 0) else {
+                    self.err(
+                        span,
+                        format!("{shared} shared experts leave no routed ones among {} logits", self.width(lv)),
+                    );
+                    return None;
+                };
                 let correction_bias = match correction_bias {
                     Some(b) => Some(self.weight(b)?),
                     None => None,
@@ -493,7 +557,12 @@ impl<'a> Lowerer<'a> {
                 if top_k == 0 || top_k > experts {
                     self.err(top_k_span(op), format!("top_k {top_k} must be between 1 and the {experts} experts"));
                 }
-                self.expect_width(out, ov, 2 * top_k, "routing (index, weight) pairs for top_k");
+                self.expect_width(
+                    out,
+                    ov,
+                    2 * (top_k + shared),
+                    "routing (index, weight) pairs for top_k and the shared experts",
+                );
                 if let Some(b) = &correction_bias {
                     if b.shape != [experts] {
                         self.err(
@@ -510,7 +579,18 @@ impl<'a> Lowerer<'a> {
                         );
                     }
                 }
-                Op::Route { logits: lv, out: ov, scoring: *scoring, top_k, renormalize, correction_bias, groups, scale }
+                Op::Route {
+                    logits: lv,
+                    out: ov,
+                    scoring: *scoring,
+                    top_k,
+                    renormalize,
+                    correction_bias,
+                    groups,
+                    scale,
+                    shared,
+                    scale_by,
+                }
             }
             OpItem::RoutedExperts {
                 x,
@@ -525,6 +605,10 @@ impl<'a> Lowerer<'a> {
                 gate_bias,
                 up_bias,
                 down_bias,
+                shared,
+                shared_gate,
+                shared_up,
+                shared_down,
             } => {
                 let (xv, rv, ov, e, f, g) = (
                     self.val(x),
@@ -557,8 +641,28 @@ impl<'a> Lowerer<'a> {
                 };
                 let (gb, ub, db) = (bias(gate_bias, ffn), bias(up_bias, ffn), bias(down_bias, ow));
                 let layer = LayerId(self.layer.unwrap_or(0) as u32);
-                let weights =
-                    ExpertWeights { gate: gate?, up: upw?, down: downw?, gate_bias: gb?, up_bias: ub?, down_bias: db? };
+                let shared = match (shared, shared_gate, shared_up, shared_down) {
+                    (None, None, None, None) => None,
+                    (Some(n), Some(g), Some(u), Some(d)) => {
+                        let count = self.sized(n, limits::EXPERTS)?;
+                        let (g, u) = (self.expert(g, count, ffn, xw), self.expert(u, count, ffn, xw));
+                        let d = self.expert(d, count, ow, ffn);
+                        Some(Box::new(SharedExperts { count, gate: g?, up: u?, down: d? }))
+                    }
+                    _ => {
+                        self.err(span, "shared experts need `shared`, `shared_gate`, `shared_up` and `shared_down`");
+                        return None;
+                    }
+                };
+                let weights = ExpertWeights {
+                    gate: gate?,
+                    up: upw?,
+                    down: downw?,
+                    gate_bias: gb?,
+                    up_bias: ub?,
+                    down_bias: db?,
+                    shared,
+                };
                 Op::RoutedExperts { x: xv, routing: rv, out: ov, layer, experts, ffn, weights, glu }
             }
             OpItem::Mla {
@@ -632,6 +736,8 @@ impl<'a> Lowerer<'a> {
                         span,
                         format!("{} value heads cannot share {} key heads evenly", spec.value_heads, spec.key_heads),
                     );
+                } else if spec.kind == LinearAttentionKind::ShortConv {
+                    self.short_conv_roles(&spec, self.width(xv), span);
                 } else if spec.kind == LinearAttentionKind::GatedDeltaNet {
                     self.deltanet_roles(&spec, self.width(xv), span);
                 } else {

@@ -205,8 +205,8 @@ impl<'a> Lowerer<'a> {
             }
             return Some(e);
         }
-        if sel.is_some() {
-            self.err(t.span, "expert weights select rows only when input-major");
+        if sel.is_some() && has_e(&name) {
+            self.err(t.span, "expert weights select rows only when stacked (no `{e}` in the name)");
             return None;
         }
         if has_e(&name) {
@@ -227,9 +227,11 @@ impl<'a> Lowerer<'a> {
             }
             Some(ExpertTensor::PerExpert { pattern: name, shape })
         } else {
-            let stacked = vec![experts, shape[0], shape[1]];
-            self.check_tensor(&name, &stacked, pattern.span);
-            Some(ExpertTensor::Stacked { name, shape: stacked })
+            let e = ExpertTensor::Stacked { name, shape: vec![experts, shape[0], shape[1]], select: sel };
+            if let ExpertTensor::Stacked { name, .. } = &e {
+                self.check_tensor(name, &e.tensor_shape(), pattern.span);
+            }
+            Some(e)
         }
     }
 
@@ -382,6 +384,30 @@ impl<'a> Lowerer<'a> {
         ];
         self.mixer_roles("Kimi Delta Attention", &want, &s.weights, span);
         if k == 0 {
+            self.err(span, "the convolution kernel must be at least 1 wide");
+        }
+    }
+
+    /// A short convolution (`LinearAttentionKind::ShortConv`): one head as wide as its input,
+    /// role `conv1d` `[channels, 1, kernel]`, `input_scale` `[1]` where there is one.
+    pub(super) fn short_conv_roles(&mut self, s: &LinearAttentionSpec, width: usize, span: Span) {
+        let one_head = s.key_heads == 1 && s.value_heads == 1 && s.value_head_dim == s.key_head_dim;
+        if !one_head || s.key_head_dim != width {
+            self.err(
+                span,
+                format!(
+                    "a short convolution is one head as wide as its input ({width}): {} x {} keys, {} x {} values",
+                    s.key_heads, s.key_head_dim, s.value_heads, s.value_head_dim
+                ),
+            );
+            return;
+        }
+        let mut want: Vec<(&str, Vec<usize>)> = vec![("conv1d", vec![width, 1, s.conv_kernel])];
+        if s.weights.iter().any(|(r, _)| r == "input_scale") {
+            want.push(("input_scale", vec![1]));
+        }
+        self.mixer_roles("a short convolution", &want, &s.weights, span);
+        if s.conv_kernel == 0 {
             self.err(span, "the convolution kernel must be at least 1 wide");
         }
     }

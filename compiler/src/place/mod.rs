@@ -26,6 +26,7 @@ pub mod size;
 use crate::cost::human;
 use crate::ids::{DeviceId, OpId, Part, Place};
 use crate::ir::{LayerId, Op, Program};
+use crate::ops::OpKind;
 use crate::profile::{Device, DeviceProfile, Options};
 use size::{op_weights, LayerCost, Sizer};
 
@@ -175,7 +176,10 @@ fn chain(program: &Program, profile: &DeviceProfile, options: &Options, sizer: &
         .iter()
         .filter_map(|layer| {
             layer.ops.iter().find_map(|op| match op {
-                Op::RoutedExperts { experts, .. } => sizer.expert(op).map(|b| (layer.id, b, *experts)),
+                // Experts with shared ones beside them are the CPU's (`routed_experts_shared`).
+                Op::RoutedExperts { experts, .. } if op.kind() == OpKind::RoutedExperts => {
+                    sizer.expert(op).map(|b| (layer.id, b, *experts))
+                }
                 _ => None,
             })
         })

@@ -32,6 +32,9 @@ pub fn expert_format(t: &ExpertTensor, sizer: &Sizer) -> Format {
 pub fn runs_resident(device: &Device, op: &Op, sizer: &Sizer) -> bool {
     let listed = |k: OpKind| device.features.ops.as_ref().is_none_or(|ops| ops.contains(&k));
     match op {
+        // A router with shared experts, and experts with shared ones beside them, stay on the host.
+        Op::Route { .. } if op.kind() != OpKind::Route => false,
+        Op::RoutedExperts { .. } if op.kind() != OpKind::RoutedExperts => false,
         Op::Route { .. } => listed(OpKind::Route),
         Op::RoutedExperts { weights, .. } => {
             listed(OpKind::RoutedExperts)

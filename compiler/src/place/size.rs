@@ -54,8 +54,8 @@ pub fn op_weights(op: &Op) -> Vec<&WeightRef> {
         Op::LayerNorm { weight, bias, .. } | Op::Linear { weight, bias, .. } => {
             std::iter::once(weight).chain(bias.iter()).collect()
         }
-        Op::Attention { spec, .. } => spec.sinks.iter().collect(),
-        Op::Route { correction_bias, .. } => correction_bias.iter().collect(),
+        Op::Attention { spec, .. } => spec.sinks.iter().chain(spec.rel.as_ref().map(|r| &r.proj)).collect(),
+        Op::Route { correction_bias, scale_by, .. } => correction_bias.iter().chain(scale_by.iter()).collect(),
         Op::Mla { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
         Op::LinearAttention { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
         Op::RoutedExperts { .. }
@@ -179,6 +179,8 @@ impl Sizer {
                     let per_position = (spec.kv_lora_rank + spec.qk_rope_head_dim) as u64;
                     c.kv = c.kv.saturating_add(self.context.saturating_mul(per_position).saturating_mul(F32));
                 }
+                // A short convolution's input rows live in the host's session: no device runs it.
+                Op::LinearAttention { spec, .. } if spec.kind == crate::ir::LinearAttentionKind::ShortConv => {}
                 Op::LinearAttention { spec, .. } => {
                     c.state = c.state.saturating_add(state_floats(spec).saturating_mul(F32))
                 }

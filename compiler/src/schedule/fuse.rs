@@ -167,7 +167,10 @@ pub(super) fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
         // Input transforms.
         for i in 0..f.ops.len() {
             let (out, sources) = match op(i) {
-                Op::RmsNorm { x, out, group, .. } if *group == width(*x) && out != x => (*out, vec![*x]),
+                // A scaled norm (`rms_norm_scaled`) has no fused form: it stays a call of its own.
+                Op::RmsNorm { x, out, group, scale, .. } if *group == width(*x) && out != x && *scale == 1.0 => {
+                    (*out, vec![*x])
+                }
                 Op::Glu { gate, up, out, .. } => (*out, vec![*gate, *up]),
                 _ => continue,
             };
@@ -218,10 +221,12 @@ pub(super) fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
         while i + 1 < f.ops.len() {
             let pairable = match (op(i), op(i + 1)) {
                 (
-                    Op::RmsNorm { x: xa, out: oa, eps: ea, offset: fa, .. },
-                    Op::RmsNorm { x: xb, out: ob, eps: eb, offset: fb, .. },
+                    Op::RmsNorm { x: xa, out: oa, eps: ea, offset: fa, scale: sa, .. },
+                    Op::RmsNorm { x: xb, out: ob, eps: eb, offset: fb, scale: sb, .. },
                 ) => {
-                    ea == eb
+                    *sa == 1.0
+                        && *sb == 1.0
+                        && ea == eb
                         && fa == fb
                         && xb != oa
                         && xa != ob
@@ -282,7 +287,9 @@ pub(super) fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
                 if first >= 2 {
                     let (x, y) = (first - 2, first - 1);
                     let norm_of = |i: usize| match op(i) {
-                        Op::RmsNorm { x: nx, out, group, eps, offset, .. } => Some((*nx, *out, *group, *eps, *offset)),
+                        Op::RmsNorm { x: nx, out, group, eps, offset, scale, .. } if *scale == 1.0 => {
+                            Some((*nx, *out, *group, *eps, *offset))
+                        }
                         _ => None,
                     };
                     if let (Some(a), Some(b)) = (norm_of(x), norm_of(y)) {
@@ -357,7 +364,7 @@ pub(super) fn replayable(program: &Program, frame: &Frame) -> bool {
 pub(super) fn device_calls(program: &Program, frame: &Frame, plan: &[Fused]) -> Vec<Call> {
     let op = |i: usize| op_of(program, frame.ops[i]);
     let norm = |i: usize| match op(i) {
-        Op::RmsNorm { x, out, weight, eps, group, offset } => {
+        Op::RmsNorm { x, out, weight, eps, group, offset, .. } => {
             Some(Norm { x: *x, out: *out, weight: weight.clone(), eps: *eps, group: *group, offset: *offset })
         }
         _ => None,

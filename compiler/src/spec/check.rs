@@ -36,10 +36,11 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
             f.extend([(out, Value), (table, Weight)]);
             f.extend(scale.iter().map(|s| (s, float)));
         }
-        OpItem::RmsNorm { x, out, weight, eps, group, offset } => {
+        OpItem::RmsNorm { x, out, weight, eps, group, offset, scale } => {
             f.extend([(x, Value), (out, Value), (weight, Weight), (eps, float)]);
             f.extend(group.iter().map(|s| (s, int)));
             f.extend(offset.iter().map(|s| (s, float)));
+            f.extend(scale.iter().map(|s| (s, float)));
         }
         OpItem::LayerNorm { x, out, weight, bias, eps } => {
             f.extend([(x, Value), (out, Value), (weight, Weight), (eps, float)]);
@@ -66,7 +67,11 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
             window,
             sinks,
             value_scale,
+            rel,
+            rel_proj,
         } => {
+            f.extend(rel.iter().map(|s| (s, Value)));
+            f.extend(rel_proj.iter().map(|s| (s, Weight)));
             f.extend([
                 (q, Value),
                 (k, Value),
@@ -88,7 +93,9 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
             glu(kind, &mut f);
         }
         OpItem::Add { a, b, out } | OpItem::Mul { a, b, out } => f.extend([(a, Value), (b, Value), (out, Value)]),
-        OpItem::Route { logits, out, top_k, renormalize, correction_bias, groups, scale, .. } => {
+        OpItem::Route { logits, out, top_k, renormalize, correction_bias, groups, scale, shared, scale_by, .. } => {
+            f.extend(shared.iter().map(|s| (s, int)));
+            f.extend(scale_by.iter().map(|s| (s, Weight)));
             f.extend([(logits, Value), (out, Value), (top_k, int), (renormalize, Expr(Type::Bool))]);
             f.extend(correction_bias.iter().map(|s| (s, Weight)));
             if let Some((a, b)) = groups {
@@ -109,7 +116,13 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
             gate_bias,
             up_bias,
             down_bias,
+            shared,
+            shared_gate,
+            shared_up,
+            shared_down,
         } => {
+            f.extend(shared.iter().map(|s| (s, int)));
+            f.extend(shared_gate.iter().chain(shared_up).chain(shared_down).map(|s| (s, Weight)));
             f.extend([
                 (x, Value),
                 (routing, Value),

@@ -174,6 +174,9 @@ pub enum OpItem {
         group: Option<Text>,
         #[serde(default)]
         offset: Option<Text>,
+        /// Multiplies the output (a Float; default 1).
+        #[serde(default)]
+        scale: Option<Text>,
     },
     LayerNorm {
         x: Text,
@@ -220,6 +223,12 @@ pub enum OpItem {
         /// Multiplies the values (a Float; default 1).
         #[serde(default)]
         value_scale: Option<Text>,
+        /// Relative-position logits: the value of each row's relative states (`heads x d_rel`)
+        /// and the weight `[d_rel, extent]` they mix.
+        #[serde(default)]
+        rel: Option<Text>,
+        #[serde(default)]
+        rel_proj: Option<Text>,
     },
     Act {
         x: Text,
@@ -254,6 +263,12 @@ pub enum OpItem {
         groups: Option<(Text, Text)>,
         #[serde(default)]
         scale: Option<Text>,
+        /// Shared experts whose logits follow the routed ones' (an Int; default 0).
+        #[serde(default)]
+        shared: Option<Text>,
+        /// A one-entry weight multiplying the final weights.
+        #[serde(default)]
+        scale_by: Option<Text>,
     },
     RoutedExperts {
         x: Text,
@@ -272,6 +287,16 @@ pub enum OpItem {
         up_bias: Option<Text>,
         #[serde(default)]
         down_bias: Option<Text>,
+        /// Shared experts (an Int) and their stacked weights, weighed by the routing's pairs
+        /// after the top-k (a `Route` with `shared`).
+        #[serde(default)]
+        shared: Option<Text>,
+        #[serde(default)]
+        shared_gate: Option<Text>,
+        #[serde(default)]
+        shared_up: Option<Text>,
+        #[serde(default)]
+        shared_down: Option<Text>,
     },
     Mla {
         x: Text,

@@ -1,5 +1,6 @@
 //! Causal grouped-query attention of a block of query rows over one layer's KV rows, with a
-//! sliding window and per-head sink logits where the spec has them. Parallel over (head, block
+//! sliding window, per-head sink logits and relative-position logits (Inkling's, added to the
+//! scaled scores by backward distance) where the spec has them. Parallel over (head, block
 //! of rows) on the format module's thread team; each row's scores live in a per-thread scratch
 //! buffer, and the head dimension is walked in register-sized chunks (compiled with AVX2+FMA
 //! where the CPU has them). The KV rows are the caller's (the executor's cache); this module
@@ -34,6 +35,26 @@ impl AttnShape {
     }
 }
 
+/// Relative-position logits of a block of query rows: `logits` is `n x heads x extent`, the
+/// logit of each row, head and backward distance `0 .. extent` (zero from `extent` on).
+#[derive(Clone, Copy, Debug)]
+pub struct RelBias<'a> {
+    pub logits: &'a [f32],
+    pub extent: usize,
+}
+
+/// The relative logits of `n` rows: `r` (`n x heads x d_rel`) times `proj` (`[d_rel, extent]`).
+pub fn rel_logits(r: &[f32], proj: &[f32], heads: usize, d_rel: usize, extent: usize) -> Vec<f32> {
+    let n = r.len() / (heads * d_rel).max(1);
+    let mut out = vec![0f32; n * heads * extent];
+    for (rs, o) in r.chunks_exact(d_rel).zip(out.chunks_exact_mut(extent)).take(n * heads) {
+        for (d, &rv) in rs.iter().enumerate() {
+            o.iter_mut().zip(&proj[d * extent..(d + 1) * extent]).for_each(|(x, &p)| *x += rv * p);
+        }
+    }
+    out
+}
+
 /// Query rows per task (prefill): enough to amortize a task, few enough to balance.
 const ROWS_PER_TASK: usize = 8;
 
@@ -41,6 +62,21 @@ const ROWS_PER_TASK: usize = 8;
 /// layer (`len x kv_heads*head_dim`, `len x kv_heads*v_head_dim`), including this block's.
 /// `out`: `n x heads*v_head_dim`. `sinks`: one logit per head, or none.
 pub fn attend(s: AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, sinks: Option<&[f32]>, out: &mut [f32]) {
+    attend_rel(s, q, k, v, pos0, sinks, None, out)
+}
+
+/// `attend` with relative-position logits added to the scaled scores.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_rel(
+    s: AttnShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    pos0: usize,
+    sinks: Option<&[f32]>,
+    rel: Option<RelBias>,
+    out: &mut [f32],
+) {
     let ow = s.heads * s.v_head_dim;
     if ow == 0 {
         return;
@@ -54,7 +90,7 @@ pub fn attend(s: AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize, sinks:
     let sets = s.heads / per;
     let o = SendPtr(out.as_mut_ptr());
     let wide = crate::format::wide_simd();
-    let call = Rows { s: &s, q, k, v, pos0, sinks };
+    let call = Rows { s: &s, q, k, v, pos0, sinks, rel };
     pool::run(sets * blocks, &|t| {
         // Later rows see more keys: hand out the heaviest blocks first, for balance.
         let (set, b) = (t % sets, blocks - 1 - t / sets);
@@ -93,6 +129,7 @@ struct Rows<'a> {
     v: &'a [f32],
     pos0: usize,
     sinks: Option<&'a [f32]>,
+    rel: Option<RelBias<'a>>,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -217,7 +254,7 @@ const KEY_BLOCK: usize = 32;
 /// heads' outputs, `v_head_dim` each). `scores` is scratch.
 #[inline(always)]
 fn heads_row<K: Chunk>(call: &Rows, i: usize, hs: std::ops::Range<usize>, scores: &mut Vec<f32>, o: &mut [f32]) {
-    let Rows { s, q, k, v, pos0, sinks } = *call;
+    let Rows { s, q, k, v, pos0, sinks, rel } = *call;
     let (hd, vhd) = (s.head_dim, s.v_head_dim);
     let g = hs.len();
     let kvh = hs.start / (s.heads / s.kv_heads);
@@ -287,6 +324,16 @@ fn heads_row<K: Chunk>(call: &Rows, i: usize, hs: std::ops::Range<usize>, scores
         }
         let sink = sinks.map(|sk| sk[h]);
         let mut m = mx.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        if let Some(rb) = rel {
+            // Key `j` is at position `lo + j`, `p - lo - j` back from the query.
+            let bias = &rb.logits[(i * s.heads + h) * rb.extent..][..rb.extent];
+            for (j, x) in sc.iter_mut().enumerate() {
+                if let Some(b) = bias.get(p - lo - j) {
+                    *x += b;
+                }
+            }
+            m = sc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        }
         if let Some(sv) = sink {
             m = m.max(sv);
         }
@@ -359,6 +406,27 @@ mod tests {
         let mut out = [0.0; 4];
         attend(shape(None), &q, &k, &v, 1, None, &mut out);
         assert_eq!(out, [3.0, 1.0, 3.0, 1.0]);
+    }
+
+    #[test]
+    fn relative_logits_weigh_keys_by_distance() {
+        // Row at position 2 over keys 0..=2, equal q.k; head 0: distance 0 gets ln 2, distance
+        // 1 gets 0, distance 2 is past the extent (2); head 1: distance 1 gets ln 3.
+        let q = [0.0; 4];
+        let k = [0.0; 6];
+        let v = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0];
+        let r = [2f32.ln(), 0.0, 0.0, 3f32.ln()];
+        // proj rows: d 0 = [1, 0] (distance 0), d 1 = [0, 1] (distance 1).
+        let proj = [1.0, 0.0, 0.0, 1.0];
+        let logits = rel_logits(&r, &proj, 2, 2, 2);
+        assert_eq!(logits.len(), 4);
+        let mut out = [0.0; 4];
+        attend_rel(shape(None), &q, &k, &v, 2, None, Some(RelBias { logits: &logits, extent: 2 }), &mut out);
+        // Head 0: weights (1, 1, 2) / 4 over keys 0, 1, 2; head 1: (1, 3, 1) / 5.
+        let want = [0.25, 0.25, 0.2, 0.6];
+        for (g, w) in out.iter().zip(want) {
+            assert!((g - w).abs() < 1e-6, "{out:?}");
+        }
     }
 
     #[test]

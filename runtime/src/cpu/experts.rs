@@ -59,6 +59,22 @@ pub fn expert_ffn(
 }
 
 impl<'a> ExpertMats<'a> {
+    /// Shared expert `s` of a routed-experts op (no biases).
+    pub fn shared(
+        ws: &'a crate::store::weights::WeightStore,
+        w: &coli_compiler::ir::SharedExperts,
+        s: usize,
+    ) -> ExpertMats<'a> {
+        ExpertMats {
+            gate: ws.expert(&w.gate, s),
+            up: ws.expert(&w.up, s),
+            down: ws.expert(&w.down, s),
+            gate_bias: None,
+            up_bias: None,
+            down_bias: None,
+        }
+    }
+
     /// Expert `e` of a `RoutedExperts` op's weights.
     pub fn of(
         ws: &'a crate::store::weights::WeightStore,

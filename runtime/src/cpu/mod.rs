@@ -15,6 +15,7 @@ pub mod mla;
 pub mod norm;
 pub mod rope;
 pub mod route;
+pub mod short_conv;
 
 use crate::format::{dequant_row, matmul_multi, Matrix, QuantizedActs, WeightFormat};
 use crate::oplib::{op_name, OpLib};
@@ -161,10 +162,15 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             }
             env.put(*out, o);
         }
-        Op::RmsNorm { x, out, weight, eps, group, offset } => {
+        Op::RmsNorm { x, out, weight, eps, group, offset, scale } => {
             let w = env.weights.vector(&weight.name);
             debug_assert_eq!(w.len(), *group);
-            env.with_input(*x, *out, |xs, o| norm::rms_norm(xs, o, w, *eps, *offset));
+            env.with_input(*x, *out, |xs, o| {
+                norm::rms_norm(xs, o, w, *eps, *offset);
+                if *scale != 1.0 {
+                    o.iter_mut().for_each(|v| *v *= scale);
+                }
+            });
         }
         Op::LayerNorm { x, out, weight, bias, eps } => {
             let w = env.weights.vector(&weight.name);
@@ -209,16 +215,26 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             kv.append(&env.values[k.0 as usize][..n * kw], &env.values[v.0 as usize][..n * vw]);
             let shape = attention::AttnShape::of(spec);
             let sinks = spec.sinks.as_ref().map(|s| env.weights.vector(&s.name));
+            // Inkling's relative logits: each row's states mixed into one logit per distance.
+            let rel = spec.rel.as_ref().map(|r| {
+                let states = &env.values[r.r.0 as usize][..n * spec.heads * r.d_rel];
+                attention::rel_logits(states, env.weights.vector(&r.proj.name), spec.heads, r.d_rel, r.extent)
+            });
+            let bias = rel
+                .as_deref()
+                .zip(spec.rel.as_ref())
+                .map(|(logits, r)| attention::RelBias { logits, extent: r.extent });
             let mut o = std::mem::take(&mut env.values[out.0 as usize]);
             o.resize(n * spec.heads * spec.v_head_dim, 0.0);
             let kv = &env.kv.layers[l];
-            attention::attend(
+            attention::attend_rel(
                 shape,
                 &env.values[q.0 as usize][..n * spec.heads * spec.head_dim],
                 &kv.k,
                 &kv.v,
                 env.pos0,
                 sinks,
+                bias,
                 &mut o,
             );
             // Scaled values (MiMo's `attention_value_scale`) scale the output alike; the cache
@@ -269,7 +285,7 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
                 }
             });
         }
-        Op::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale } => {
+        Op::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale, shared, scale_by } => {
             let bias = correction_bias.as_ref().map(|b| env.weights.vector(&b.name));
             let spec = route::RouteSpec {
                 scoring: *scoring,
@@ -280,17 +296,28 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
                 scale: *scale,
             };
             let lw = env.width(*logits);
+            let by = scale_by.as_ref().map_or(1.0, |b| env.weights.vector(&b.name).first().copied().unwrap_or(1.0));
+            let ow = 2 * (top_k + shared);
             env.with_input(*logits, *out, |lg, o| {
                 for r in 0..n {
-                    route::route_row(&spec, &lg[r * lw..(r + 1) * lw], &mut o[r * 2 * top_k..(r + 1) * 2 * top_k]);
+                    let (l, o) = (&lg[r * lw..(r + 1) * lw], &mut o[r * ow..(r + 1) * ow]);
+                    if *shared > 0 || scale_by.is_some() {
+                        route::route_row_shared(&spec, *shared, by, l, o);
+                    } else {
+                        route::route_row(&spec, l, o);
+                    }
                 }
             });
         }
-        Op::RoutedExperts { x, routing, out, weights, glu, .. } => {
+        Op::RoutedExperts { x, routing, out, weights, glu, experts: count, .. } => {
             let hidden = env.width(*x);
             let top_k = env.width(*routing) / 2;
             let ws = env.weights;
-            let expert = |e: usize| experts::ExpertMats::of(ws, weights, e);
+            // Past the routed experts, the shared ones (Inkling: the routing weighs them too).
+            let expert = |e: usize| match &weights.shared {
+                Some(s) if e >= *count => experts::ExpertMats::shared(ws, s, e - count),
+                _ => experts::ExpertMats::of(ws, weights, e),
+            };
             let (xs, rt) = (env.get(*x).to_vec(), env.get(*routing).to_vec());
             let mut o = env.take(*out);
             let rows = experts::Routed { x: &xs, n, hidden, routing: &rt, top_k };
@@ -308,6 +335,9 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
         }
         Op::LinearAttention { x, out, layer, spec } => {
             let missing = |m: deltanet::MissingRole| CpuError::MissingRole { op: op_name(op), role: m.0 };
+            if spec.kind == LinearAttentionKind::ShortConv {
+                return run_short_conv(op, spec, (*x, *out, layer.0 as usize), env);
+            }
             // The weights of the kind (resolved before any state moves).
             let (mut gdn, mut kdaw) = (None, None);
             match spec.kind {
@@ -315,6 +345,7 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
                     gdn = Some(deltanet::DeltaNetWeights::resolve(spec, env.weights).map_err(missing)?)
                 }
                 LinearAttentionKind::Kda => kdaw = Some(kda::KdaWeights::resolve(spec, env.weights).map_err(missing)?),
+                LinearAttentionKind::ShortConv => {}
             }
             let (l, pos0) = (layer.0 as usize, env.pos0);
             let xs = env.get(*x).to_vec();
@@ -341,5 +372,43 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             env.put(*out, o);
         }
     }
+    Ok(())
+}
+
+/// A short convolution (`LinearAttentionKind::ShortConv`) of `x` into `out` at layer `l`: its
+/// input rows in the layer's cache (by the weight's name) cut to the block's first position,
+/// then this block's appended; `input_scale` multiplies `x` first where the spec has one.
+fn run_short_conv(
+    op: &Op,
+    spec: &coli_compiler::ir::LinearAttentionSpec,
+    (x, out, l): (ValueId, ValueId, usize),
+    env: &mut Env,
+) -> Result<(), CpuError> {
+    let role = |r: &str| spec.weights.iter().find(|(n, _)| n == r).map(|(_, w)| w);
+    let w = role("conv1d").ok_or_else(|| CpuError::MissingRole { op: op_name(op), role: "conv1d".into() })?;
+    let taps = env.weights.vector(&w.name);
+    let by = role("input_scale").map_or(1.0, |s| env.weights.vector(&s.name).first().copied().unwrap_or(1.0));
+    let (width, kernel, pos0) = (env.width(x), spec.conv_kernel, env.pos0);
+    let mut xs = env.get(x).to_vec();
+    if by != 1.0 {
+        xs.iter_mut().for_each(|v| *v *= by);
+    }
+    let lk = &mut env.kv.layers[l];
+    let at = match lk.conv.iter().position(|c| c.key == w.name) {
+        Some(i) => i,
+        None => {
+            lk.conv.push(crate::store::kv::ConvRows { key: w.name.clone(), width, rows: Vec::new() });
+            lk.conv.len() - 1
+        }
+    };
+    let c = &mut lk.conv[at];
+    if c.len() < pos0 {
+        let at = format!("{} rows of its input", c.len());
+        return Err(CpuError::RecurrentState { layer: l, at, want: pos0 });
+    }
+    c.rows.truncate(pos0 * width);
+    let mut o = env.take(out);
+    short_conv::short_conv(taps, kernel, &xs, width, &mut env.kv.layers[l].conv[at].rows, &mut o);
+    env.put(out, o);
     Ok(())
 }

@@ -63,6 +63,27 @@ pub fn route_row(spec: &RouteSpec, logits: &[f32], out: &mut [f32]) {
     }
 }
 
+/// A routing with `shared` experts whose logits follow the routed ones' (Inkling's sink):
+/// the top-k among the routed logits as `route_row` chooses them, then the shared experts'
+/// pairs `(routed + s, weight)`; every weight is its score (sigmoid scoring), renormalised over
+/// the chosen and the shared together when the spec says so, times the scale and `scale_by`.
+/// `out`: `2 * (top_k + shared)` floats.
+pub fn route_row_shared(spec: &RouteSpec, shared: usize, scale_by: f32, logits: &[f32], out: &mut [f32]) {
+    let routed = logits.len() - shared;
+    let plain = RouteSpec { renormalize: false, scale: 1.0, ..*spec };
+    let k = spec.top_k;
+    route_row(&plain, &logits[..routed], &mut out[..2 * k]);
+    for s in 0..shared {
+        out[2 * (k + s)] = (routed + s) as f32;
+        out[2 * (k + s) + 1] = 1.0 / (1.0 + (-logits[routed + s]).exp());
+    }
+    let sum: f32 = (0..k + shared).map(|r| out[2 * r + 1]).sum();
+    let norm = if spec.renormalize { 1.0 / sum } else { 1.0 };
+    for r in 0..k + shared {
+        out[2 * r + 1] *= norm * spec.scale * scale_by;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,6 +125,25 @@ mod tests {
         let mut out = [0.0; 4];
         route_row(&s, &[5.0, -5.0, 3.0, 3.0], &mut out);
         assert_eq!((out[0], out[2]), (2.0, 3.0));
+    }
+
+    #[test]
+    fn shared_experts_join_the_normalisation_not_the_choice() {
+        // Routed logits [0, 3, 1], one shared logit 5 (it would win a choice); the bias moves
+        // the choice to expert 2; weights sigmoid / (sum over expert 2 and the shared one).
+        let bias = [0.0, 0.0, 1.0];
+        let s = RouteSpec {
+            correction_bias: Some(&bias),
+            renormalize: true,
+            scale: 2.0,
+            ..spec(RouterScoring::Sigmoid, 1, true)
+        };
+        let mut out = [0.0; 4];
+        route_row_shared(&s, 1, 0.5, &[0.0, 3.0, 1.0, 5.0], &mut out);
+        let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
+        let z = sig(1.0) + sig(5.0);
+        assert_eq!((out[0], out[2]), (2.0, 3.0));
+        assert!((out[1] - sig(1.0) / z).abs() < 1e-6 && (out[3] - sig(5.0) / z).abs() < 1e-6, "{out:?}");
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("qwen3_next.ron", include_str!("../../../graphs/qwen3_next.ron")),
     ("qwen3_5_moe.ron", include_str!("../../../graphs/qwen3_5_moe.ron")),
     ("kimi_linear.ron", include_str!("../../../graphs/kimi_linear.ron")),
+    ("inkling.ron", include_str!("../../../graphs/inkling.ron")),
     ("gpt_oss.ron", include_str!("../../../graphs/gpt_oss.ron")),
     ("mimo_v2_flash.ron", include_str!("../../../graphs/mimo_v2_flash.ron")),
 ];

@@ -24,6 +24,7 @@ use coli_compiler::cost::human;
 use coli_compiler::frames::Frame;
 use coli_compiler::ids::{DeviceId, Place};
 use coli_compiler::ir::Op;
+use coli_compiler::ops::OpKind;
 use coli_compiler::schedule::{FrameCalls, Schedule};
 use coli_compiler::Plan;
 use std::sync::{Mutex, MutexGuard};
@@ -114,6 +115,8 @@ impl Chain {
             .layers
             .iter()
             .flat_map(|l| &l.ops)
+            // Experts with shared ones beside them (their own op kind) are the CPU's, not the tier's.
+            .filter(|op| op.kind() == OpKind::RoutedExperts)
             .filter(|op| matches!(op, Op::RoutedExperts { layer, .. } if !resident(layer.0)))
             .collect();
         if plan.options.expert_tier && !host_moe.is_empty() {

@@ -559,7 +559,7 @@ impl DeviceModel {
                     f.rope_at(view(*x), fb.all(), shape(n), pos)?;
                 }
             }
-            Op::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale } => {
+            Op::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale, .. } => {
                 let bias = correction_bias.as_ref().map(|b| self.vecs[&b.name].all());
                 let params = RouteParams {
                     scoring: *scoring,

@@ -226,7 +226,9 @@ impl RamCache {
         for op in program.layers.iter().flat_map(|l| &l.ops) {
             let Op::RoutedExperts { layer, experts, weights, .. } = op else { continue };
             let l = layer.0 as usize;
-            match layer_spans(ws, weights, *experts, &mut files) {
+            // Shared experts beside the routed ones are not the cache's (the CPU runs them).
+            let spans = if weights.shared.is_some() { None } else { layer_spans(ws, weights, *experts, &mut files) };
+            match spans {
                 Some((roles, spans, tensors)) => {
                     index[l] = Some(layers.len());
                     layers.push(CacheLayer { layer: l, weights: weights.clone(), roles, spans });
@@ -735,8 +737,9 @@ fn layer_spans<'a>(
     let holder = |t: &ExpertTensor, e: usize| -> Option<&'a Tensor> {
         match t {
             ExpertTensor::PerExpert { pattern, .. } => Some(ws.tensor(&pattern.replace("{e}", &e.to_string()))),
-            ExpertTensor::Stacked { name, .. } => Some(ws.tensor(name)),
-            ExpertTensor::StackedInputMajor { .. } => None,
+            ExpertTensor::Stacked { name, select: None, .. } => Some(ws.tensor(name)),
+            // Derived at load (rows of a fused tensor, input-major re-laid): not file spans.
+            ExpertTensor::Stacked { .. } | ExpertTensor::StackedInputMajor { .. } => None,
         }
     };
     let roles = [&w.gate, &w.up, &w.down];

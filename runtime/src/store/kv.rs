@@ -11,6 +11,10 @@
 //! other earlier position marks the state unknown; the next forward then fails with a typed
 //! error unless it starts at position 0 (`Session::try_truncate` reports it up front). No other
 //! snapshots are kept.
+//!
+//! A short convolution (Inkling's `*_sconv`) keeps the rows of its input instead, one set per
+//! convolution (by its weight's name), position-major as K/V rows are, so it goes back to any
+//! position as the KV cache does.
 
 /// The fewest rows a K/V buffer grows by (`LayerKv::prepare_rows`).
 pub const MIN_GROW_ROWS: usize = 64;
@@ -30,6 +34,27 @@ pub struct LayerKv {
     /// The state the last step started from, and its position (`None`: nothing to go back to).
     pub state_back: Vec<f32>,
     pub back_len: Option<usize>,
+    /// The short convolutions' input rows of this layer.
+    pub conv: Vec<ConvRows>,
+}
+
+/// The input rows of one short convolution, `len x width`.
+#[derive(Clone, Debug, Default)]
+pub struct ConvRows {
+    /// The convolution's weight name.
+    pub key: String,
+    pub width: usize,
+    pub rows: Vec<f32>,
+}
+
+impl ConvRows {
+    pub fn len(&self) -> usize {
+        self.rows.len().checked_div(self.width).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
 }
 
 impl LayerKv {
@@ -75,6 +100,9 @@ impl LayerKv {
     pub fn truncate(&mut self, len: usize) {
         self.k.truncate(len * self.k_width);
         self.v.truncate(len * self.v_width);
+        for c in &mut self.conv {
+            c.rows.truncate(len * c.width);
+        }
         if !self.state.is_empty() && self.state_len.is_none_or(|s| s > len) {
             if len == 0 {
                 self.reset_state(self.state.len());
@@ -140,7 +168,8 @@ impl KvCache {
 
     /// Bytes held by the cache (recurrent states included).
     pub fn bytes(&self) -> usize {
-        self.layers.iter().map(|l| (l.k.len() + l.v.len() + l.state.len() + l.state_back.len()) * 4).sum()
+        let conv = |l: &LayerKv| l.conv.iter().map(|c| c.rows.len()).sum::<usize>();
+        self.layers.iter().map(|l| (l.k.len() + l.v.len() + l.state.len() + l.state_back.len() + conv(l)) * 4).sum()
     }
 }
 
@@ -176,6 +205,17 @@ mod tests {
         c.truncate(1);
         assert_eq!(c.layers[0].k, vec![1.0, 2.0]);
         assert_eq!(c.layers[0].v.len(), 3);
+    }
+
+    #[test]
+    fn short_convolution_rows_go_back_with_the_kv_rows() {
+        let mut c = KvCache::new(&[(2, 2)]);
+        c.layers[0].append(&[1.0; 6], &[2.0; 6]);
+        c.layers[0].conv.push(ConvRows { key: "w".into(), width: 3, rows: vec![0.5; 9] });
+        assert!(c.layers[0].can_truncate(1));
+        c.truncate(1);
+        assert_eq!((c.layers[0].len(), c.layers[0].conv[0].len()), (1, 1));
+        assert_eq!(c.bytes(), (2 + 2 + 3) * 4);
     }
 
     #[test]

@@ -178,8 +178,8 @@ impl WeightStore {
                         wanted.push((pattern.replace("{e}", &i.to_string()), shape.clone(), false));
                     }
                 }
-                ExpertTensor::Stacked { name, shape } => wanted.push((name, shape, false)),
-                ExpertTensor::StackedInputMajor { .. } => derived.push(e),
+                ExpertTensor::Stacked { name, shape, select: None } => wanted.push((name, shape, false)),
+                ExpertTensor::Stacked { .. } | ExpertTensor::StackedInputMajor { .. } => derived.push(e),
             }
         }
         let total = wanted.len();
@@ -228,8 +228,13 @@ impl WeightStore {
     /// format (an owned copy); one in a block format is out-major already (`[experts, out,
     /// cols]`, MXFP4 from `_blocks`) and only its selected rows are copied.
     fn relayout_expert(&mut self, ckpt: &Checkpoint, e: &ExpertTensor) -> Result<(), WeightError> {
-        let ExpertTensor::StackedInputMajor { name, select, .. } = e else { return Ok(()) };
-        let key = derived_key(name, *select);
+        // Input-major, or out-major with some rows of each expert (Inkling's fused gate_up).
+        let (name, select) = match e {
+            ExpertTensor::StackedInputMajor { name, select, .. } => (name, *select),
+            ExpertTensor::Stacked { name, select: Some(s), .. } => (name, Some(*s)),
+            _ => return Ok(()),
+        };
+        let key = derived_key(name, select);
         if self.tensors.contains_key(&key) {
             return Ok(());
         }
@@ -343,7 +348,8 @@ impl WeightStore {
     pub fn expert(&self, t: &ExpertTensor, e: usize) -> Matrix<'_> {
         match t {
             ExpertTensor::PerExpert { pattern, .. } => self.tensor(&pattern.replace("{e}", &e.to_string())).as_matrix(),
-            ExpertTensor::Stacked { name, .. } => self.tensor(name).expert(e),
+            ExpertTensor::Stacked { name, select: None, .. } => self.tensor(name).expert(e),
+            ExpertTensor::Stacked { name, select, .. } => self.tensor(&derived_key(name, *select)).expert(e),
             ExpertTensor::StackedInputMajor { name, select, .. } => self.tensor(&derived_key(name, *select)).expert(e),
         }
     }
@@ -440,7 +446,8 @@ fn matrices_of(op: &Op) -> Vec<String> {
 fn expert_keys(t: &ExpertTensor, n: usize) -> Vec<String> {
     match t {
         ExpertTensor::PerExpert { pattern, .. } => (0..n).map(|i| pattern.replace("{e}", &i.to_string())).collect(),
-        ExpertTensor::Stacked { name, .. } => vec![name.clone()],
+        ExpertTensor::Stacked { name, select: None, .. } => vec![name.clone()],
+        ExpertTensor::Stacked { name, select, .. } => vec![derived_key(name, *select)],
         ExpertTensor::StackedInputMajor { name, select, .. } => vec![derived_key(name, *select)],
     }
 }
@@ -454,6 +461,21 @@ fn is_float(f: WeightFormat) -> bool {
 /// rows, cols]`, its selected output columns only, in its own float format; in a block format
 /// `t` is out-major (`[experts, out, cols]`) and its selected rows are copied whole.
 fn relayout(t: &Tensor, e: &ExpertTensor) -> Result<Tensor, WeightError> {
+    if let ExpertTensor::Stacked { name, shape, select: Some(s) } = e {
+        // Out-major already: whole rows of each expert, in any format.
+        let rows_in = s.groups * s.stride;
+        let row = t.bytes().len() / (shape[0] * rows_in).max(1);
+        let src = t.bytes();
+        let mut bytes = Vec::with_capacity(shape[0] * shape[1] * row);
+        for ex in 0..shape[0] {
+            for r in 0..shape[1] {
+                let from = (ex * rows_in + s.index(r)) * row;
+                bytes.extend_from_slice(&src[from..from + row]);
+            }
+        }
+        let key = derived_key(name, Some(*s));
+        return Ok(Tensor::owned(key, t.format, shape.clone(), bytes, Arc::new(t.source().to_path_buf())));
+    }
     let ExpertTensor::StackedInputMajor { name, shape, select } = e else {
         return Ok(t.clone());
     };
@@ -581,9 +603,16 @@ pub fn visit_weights(op: &Op, weight: &mut dyn FnMut(&WeightRef, bool), experts:
             if let Some(s) = &spec.sinks {
                 weight(s, true);
             }
+            // The relative logits' bank `[d_rel, extent]` is read as f32.
+            if let Some(r) = &spec.rel {
+                weight(&r.proj, true);
+            }
         }
-        Op::Route { correction_bias, .. } => {
+        Op::Route { correction_bias, scale_by, .. } => {
             if let Some(b) = correction_bias {
+                weight(b, true);
+            }
+            if let Some(b) = scale_by {
                 weight(b, true);
             }
         }
@@ -591,6 +620,11 @@ pub fn visit_weights(op: &Op, weight: &mut dyn FnMut(&WeightRef, bool), experts:
             experts(&weights.gate, *n);
             experts(&weights.up, *n);
             experts(&weights.down, *n);
+            if let Some(s) = &weights.shared {
+                experts(&s.gate, s.count);
+                experts(&s.up, s.count);
+                experts(&s.down, s.count);
+            }
         }
         Op::Mla { spec, .. } => spec.weights.iter().for_each(|(_, w)| weight(w, w.shape.len() == 1)),
         // Every weight but the matrices is read as f32: the convolutions' taps (`[channels, 1,
