@@ -107,7 +107,7 @@ pub struct DeviceState {
     replays: Vec<(usize, bool, Precision, Recorded)>,
     /// The KV split's rings and partial results, when the plan splits.
     split: Option<SplitState>,
-    /// The Gated DeltaNet layers' recurrent states on the device (`exec::recurrent`).
+    /// The linear-attention layers' recurrent states on the device (`exec::recurrent`).
     recurrent: super::recurrent::Recurrent,
     /// What the MLA layers' kernels work in (`exec::mla_mirror`).
     mla: Option<crate::vk::MlaScratch>,
