@@ -80,7 +80,8 @@ fn run_case(c: &Case, seed: u64) {
         out: m(8),
     };
     let dm: Vec<_> = dims.iter().zip(&raw).map(|(&(r, k), b)| ctx.upload_matrix(f, r, k, b).unwrap()).collect();
-    let dtaps: Vec<_> = taps.iter().map(|t| ctx.upload_f32(t).unwrap()).collect();
+    // The three convolutions' taps side by side, as the executor uploads them.
+    let dtaps = ctx.upload_f32(&taps.concat()).unwrap();
     let (ddt, dal, dnorm) =
         (ctx.upload_f32(&dt).unwrap(), ctx.upload_f32(&alog).unwrap(), ctx.upload_f32(&norm).unwrap());
     let mats = KdaMats {
@@ -93,7 +94,7 @@ fn run_case(c: &Case, seed: u64) {
         g_a: &dm[6],
         g_b: &dm[7],
         out: &dm[8],
-        conv: [dtaps[0].all(), dtaps[1].all(), dtaps[2].all()],
+        conv: dtaps.all(),
         dt_bias: ddt.all(),
         a_log: dal.all(),
         norm: dnorm.all(),

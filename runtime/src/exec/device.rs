@@ -206,6 +206,19 @@ impl DeviceModel {
                 mats.insert(name, dm);
             }
         }
+        // Each device KDA layer's three convolutions' taps side by side, the order of the
+        // channels its one convolution dispatch reads (`exec::recurrent::kda_taps`).
+        for f in &frames {
+            for &id in &f.ops {
+                let Op::LinearAttention { spec, .. } = op_of(program, id) else { continue };
+                if let Some((key, parts)) = super::recurrent::kda_taps(spec) {
+                    let taps: Vec<f32> = parts.iter().flat_map(|n| model.weights.vector(n).iter().copied()).collect();
+                    let b = ctx.upload_f32(&taps)?;
+                    weight_bytes += b.len_bytes() as u64;
+                    vecs.insert(key, b);
+                }
+            }
+        }
         // Resident experts, a layer at a time.
         let mut experts = HashMap::new();
         let mut moe_dims: Option<(usize, usize, usize, usize)> = None;

@@ -46,6 +46,20 @@ pub struct Recurrent {
     kda: Option<KdaScratch>,
 }
 
+/// A KDA op's taps on the device: the key of its three convolutions' taps side by side (q's,
+/// k's, v's: the order of the channels) among the device's vectors, and the three tensors'
+/// names in that order; `None` for an op of another kind (or one without the roles, which the
+/// compiler refuses).
+pub fn kda_taps(spec: &LinearAttentionSpec) -> Option<(String, [&str; 3])> {
+    if spec.kind != LinearAttentionKind::Kda {
+        return None;
+    }
+    let name = |role: &str| spec.weights.iter().find(|(r, _)| r == role).map(|(_, w)| w.name.as_str());
+    let parts = [name("q_conv")?, name("k_conv")?, name("v_conv")?];
+    // `#`: a derived name, as the weight store's row selections.
+    Some((format!("{}#kda_taps", parts[0]), parts))
+}
+
 fn bad(msg: String) -> VkError {
     VkError::BadArgument { op: "linear_attention", msg }
 }
@@ -181,7 +195,10 @@ impl Recurrent {
                 g_a: mat("g_a")?,
                 g_b: mat("g_b")?,
                 out: mat("out_proj")?,
-                conv: [vec("q_conv")?, vec("k_conv")?, vec("v_conv")?],
+                conv: kda_taps(spec)
+                    .and_then(|(key, _)| vecs.get(&key))
+                    .map(DeviceBuffer::all)
+                    .ok_or_else(|| bad(format!("{layer}: the KDA taps not uploaded")))?,
                 dt_bias: vec("dt_bias")?,
                 a_log: vec("a_log")?,
                 norm: vec("norm")?,

@@ -1,8 +1,9 @@
 //! Kimi Delta Attention (Kimi Linear's mixer) on the device: the whole `LinearAttention` op of
 //! kind `Kda` as the CPU runs it (`cpu::kda::kda`, the reference): the q, k and v projections
 //! (`matmul`, three planes of rows), the low-rank decay and output-gate projections and beta's
-//! (`matmul`), the three short convolutions with SiLU (`deltanet_conv.comp` with its input in
-//! planes: the math per channel is Gated DeltaNet's), the channel-wise gated delta rule per
+//! (`matmul`), the three short convolutions with SiLU as one (`deltanet_conv.comp` with its
+//! input in planes: the math per channel is Gated DeltaNet's; the caller gives the three
+//! convolutions' taps side by side), the channel-wise gated delta rule per
 //! head with the sigmoid-gated output norm (`kda_rule.comp`, one workgroup per head, rows in
 //! order), and the output projection (`matmul`).
 //!
@@ -10,9 +11,7 @@
 //! state_floats`: every head's `d x d` matrix, key channel major, then the ring of
 //! `kernel - 1` rows of the `[q | k | v]` channels, oldest first), so the host's copy and the
 //! device's are the same bytes. The intermediates live in a `KdaScratch` sized for the most
-//! rows of a step; the three convolutions' taps are copied into it side by side (the order of
-//! the convolution's channels) at the start of each op, a copy of `3 * heads * d * kernel`
-//! floats.
+//! rows of a step.
 //!
 //! Must not: keep state of its own, decide when the state is reset or copied (the executor
 //! does), or take heads wider than `deltanet::MAX_HEAD_DIM` or a kernel longer than
@@ -112,8 +111,9 @@ pub struct KdaMats<'a> {
     pub g_a: &'a DeviceMatrix,
     pub g_b: &'a DeviceMatrix,
     pub out: &'a DeviceMatrix,
-    /// q's, k's and v's convolution taps, `[width, kernel]` each, f32.
-    pub conv: [View<'a>; 3],
+    /// q's, k's and v's convolution taps side by side (`[3 * width, kernel]`, the order of the
+    /// convolution's channels), f32.
+    pub conv: View<'a>,
     /// `[width]`.
     pub dt_bias: View<'a>,
     /// `[heads]`.
@@ -145,7 +145,6 @@ pub struct KdaScratch {
     aux: DeviceBuffer,
     conv: DeviceBuffer,
     heads: DeviceBuffer,
-    taps: DeviceBuffer,
 }
 
 impl KdaScratch {
@@ -162,25 +161,20 @@ impl KdaScratch {
             aux: ctx.f32_buffer(rows * (2 * w + shape.heads))?,
             conv: ctx.f32_buffer(3 * rows * w)?,
             heads: ctx.f32_buffer(rows * w)?,
-            taps: ctx.f32_buffer(3 * w * shape.conv_kernel)?,
         })
     }
 
     /// Whether steps of `n` rows of `s` fit.
     fn fits(&self, s: &KdaShape, n: usize) -> bool {
         let c = &self.shape;
-        n <= self.rows
-            && s.width() <= c.width()
-            && s.heads <= c.heads
-            && s.head_dim <= c.head_dim
-            && s.width() * s.conv_kernel <= c.width() * c.conv_kernel
+        n <= self.rows && s.width() <= c.width() && s.heads <= c.heads && s.head_dim <= c.head_dim
     }
 }
 
 impl<'a> Frame<'a> {
     /// The whole KDA op over `n` rows of `x` (`n x hidden`), advancing `state`
     /// (`s.state_floats()` floats) by `n` positions, into `out` (`n x hidden`): nine
-    /// products, three tap copies and two kernels.
+    /// products and two kernels.
     pub fn kda(&mut self, call: KdaCall<'a>, x: View<'a>, n: usize, state: View<'a>, out: View<'a>) -> Result<()> {
         const OP: &str = "kda";
         let KdaCall { shape: s, weights: w, scratch: sc, precision } = call;
@@ -212,12 +206,9 @@ impl<'a> Frame<'a> {
         self.matmul_with(w.f_b, fmid, n, f, mm, precision)?;
         self.matmul_with(w.g_b, gmid, n, g, mm, precision)?;
         self.matmul_with(w.b, x, n, b, mm, precision)?;
-        // 2. The three convolutions as one over [q | k | v], their taps side by side.
+        // 2. The three convolutions as one over [q | k | v].
         let kk = s.conv_kernel;
-        for (j, t) in w.conv.into_iter().enumerate() {
-            t.check(OP, "taps", wd * kk)?;
-            self.copy(View { len: wd * kk, ..t }, sc.taps.view(j * wd * kk, wd * kk))?;
-        }
+        w.conv.check(OP, "taps", 3 * wd * kk)?;
         let ring = state.len.checked_sub(s.heads_floats()).map(|len| View {
             buf: state.buf,
             offset: state.offset + s.heads_floats(),
@@ -226,7 +217,7 @@ impl<'a> Frame<'a> {
         let ring =
             ring.ok_or(VkError::ViewTooSmall { op: OP, what: "state", needed: s.state_floats(), have: state.len })?;
         let conv = sc.conv.view(0, n * 3 * wd);
-        let views = ConvViews { proj: sc.qkv.view(0, 3 * n * wd), taps: sc.taps.view(0, 3 * wd * kk), ring, conv };
+        let views = ConvViews { proj: sc.qkv.view(0, 3 * n * wd), taps: w.conv, ring, conv };
         self.short_conv(s.conv_shape(), ConvInput::Planar, views, n)?;
         // 3. The rule and the gated norm; 4. the output projection.
         let heads = sc.heads.view(0, n * wd);
