@@ -167,6 +167,7 @@ impl DeviceModel {
         let mut freqs = Vec::new();
         let mut moe_ops = Vec::new();
         let mut recurrent = false;
+        let mut joined_taps = Vec::new();
         let frames: Vec<Frame> = plan.frames.iter().filter(|f| f.place == Place::Device(device)).cloned().collect();
         for f in &frames {
             for &id in &f.ops {
@@ -185,10 +186,15 @@ impl DeviceModel {
                     moe_ops.push(op);
                 }
                 recurrent |= matches!(op, Op::LinearAttention { .. });
+                if let Op::LinearAttention { spec, .. } = op {
+                    joined_taps.extend(super::recurrent::kda_taps(spec));
+                }
             }
         }
         names.sort();
         names.dedup();
+        // A KDA layer's three convolutions go up joined (below), not one by one.
+        names.retain(|(n, _)| !joined_taps.iter().any(|(_, parts)| parts.contains(&n.as_str())));
         let mut mats = HashMap::new();
         let mut vecs = HashMap::new();
         let mut weight_bytes = 0u64;
@@ -208,16 +214,11 @@ impl DeviceModel {
         }
         // Each device KDA layer's three convolutions' taps side by side, the order of the
         // channels its one convolution dispatch reads (`exec::recurrent::kda_taps`).
-        for f in &frames {
-            for &id in &f.ops {
-                let Op::LinearAttention { spec, .. } = op_of(program, id) else { continue };
-                if let Some((key, parts)) = super::recurrent::kda_taps(spec) {
-                    let taps: Vec<f32> = parts.iter().flat_map(|n| model.weights.vector(n).iter().copied()).collect();
-                    let b = ctx.upload_f32(&taps)?;
-                    weight_bytes += b.len_bytes() as u64;
-                    vecs.insert(key, b);
-                }
-            }
+        for (key, parts) in joined_taps {
+            let taps: Vec<f32> = parts.iter().flat_map(|n| model.weights.vector(n).iter().copied()).collect();
+            let b = ctx.upload_f32(&taps)?;
+            weight_bytes += b.len_bytes() as u64;
+            vecs.insert(key, b);
         }
         // Resident experts, a layer at a time.
         let mut experts = HashMap::new();
