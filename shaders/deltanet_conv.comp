@@ -5,6 +5,10 @@
 // head group: q, k, the group's values, the group's output gates), the `kernel - 1` inputs
 // before the block from the ring (oldest first, `channels` floats a row), and the ring is left
 // holding the last `kernel - 1` inputs. Reference: step 2 of `cpu::deltanet::gated_deltanet`.
+// With `planar` set (Kimi Delta Attention, step 2 of `cpu::kda::kda`) the input is three
+// planes one after another instead: every row's q (`nk * dk` wide), then every row's k, then
+// every row's v (`nv * dv` wide), as three separate projections write them; the math per
+// channel is the same.
 // Must not: assume the subgroup size, or take a kernel longer than MAX_K (the op checks).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -19,7 +23,7 @@ layout(std430, binding = 3) buffer CONV { float conv[]; };
 layout(push_constant) uniform PC {
     uint n; uint nk; uint nv; uint dk;
     uint dv; uint kk; uint p_off; uint ring_off;
-    uint conv_off; uint pad0; uint pad1; uint pad2;
+    uint conv_off; uint planar; uint pad1; uint pad2;
 } pc;
 
 float silu(float x) { return x * (1.0 / (1.0 + exp(-x))); }
@@ -32,9 +36,14 @@ void main() {
     uint r = pc.nv / pc.nk;
     uint group = 2u * pc.dk + 2u * r * pc.dv;
     uint pw = pc.nk * group;
-    // The channel's column of `p`.
+    // The channel's column of `p` and the stride of its rows.
     uint col;
-    if (c < key_dim) {
+    if (pc.planar != 0u) {
+        uint part = min(c / key_dim, 2u);
+        uint width = part < 2u ? key_dim : pc.nv * pc.dv;
+        col = part * pc.n * key_dim + (c - part * key_dim);
+        pw = width;
+    } else if (c < key_dim) {
         col = (c / pc.dk) * group + c % pc.dk;
     } else if (c < 2u * key_dim) {
         uint cc = c - key_dim;

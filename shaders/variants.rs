@@ -27,6 +27,7 @@ pub const KERNELS: &[(&str, &str, bool)] = &[
     ("MoeSum", "moe_sum.comp", false),
     ("DeltanetConv", "deltanet_conv.comp", false),
     ("DeltanetRule", "deltanet_rule.comp", false),
+    ("KdaRule", "kda_rule.comp", false),
     ("MlaKv", "mla_kv.comp", false),
     ("MlaAbsorb", "mla_absorb.comp", true),
     ("MlaAttn", "mla_attn.comp", false),

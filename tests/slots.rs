@@ -210,12 +210,15 @@ fn a_batched_forward_on_the_device_gives_each_session_what_the_cpu_gives() {
 #[test]
 fn eight_requests_at_once_on_the_device_give_what_each_gives_alone() {
     let steps = 6;
-    // qwen3_next keeps a recurrent state on the device: its sessions do not batch, and run
-    // one forward each.
-    for (name, tier) in [("llama", None), ("olmoe", tier3()), ("deepseek_v3", None), ("qwen3_next", None)] {
+    // qwen3_next and kimi_linear keep a recurrent state on the device: their sessions do not
+    // batch, and run one forward each.
+    let models =
+        [("llama", None), ("olmoe", tier3()), ("deepseek_v3", None), ("qwen3_next", None), ("kimi_linear", None)];
+    for (name, tier) in models {
         let Some(engine) = on_vulkan(name, 4, tier) else { return };
         let batches = engine.session_with_context(CONTEXT).unwrap().batches();
-        assert_eq!(batches, name != "qwen3_next", "{name}: whether its device sessions batch");
+        let recurrent = matches!(name, "qwen3_next" | "kimi_linear");
+        assert_eq!(batches, !recurrent, "{name}: whether its device sessions batch");
         let requests: Vec<Request> = (0..8u32)
             .map(|k| (0..1 + 2 * k as usize).map(|i| (i as u32 * 31 + k * 67 + 9) % 250).collect())
             .map(|p| Request::greedy(p, steps))

@@ -17,7 +17,8 @@ use coli_runtime::vk::{FaultInjection, VkOptions};
 use common::*;
 use std::path::Path;
 
-const FIXTURES: &[&str] = &["llama", "llama_tied", "olmoe", "qwen3_moe", "mixtral", "mimo_v2_flash", "qwen3_next"];
+const FIXTURES: &[&str] =
+    &["llama", "llama_tied", "olmoe", "qwen3_moe", "mixtral", "mimo_v2_flash", "qwen3_next", "kimi_linear"];
 
 /// How the layers are placed: forced counts, or memory caps on each device.
 #[derive(Clone, Copy, Default)]
@@ -146,7 +147,7 @@ fn a_memory_cap_on_the_primary_sends_the_rest_to_the_second_device() {
 
 #[test]
 fn a_device_lost_mid_decode_turns_both_off_and_the_cpu_finishes() {
-    for name in ["olmoe", "llama", "qwen3_next"] {
+    for name in ["olmoe", "llama", "qwen3_next", "kimi_linear"] {
         let dir = fixture_dir(name);
         let (o, cpu) = oracle(&dir);
         let want = run(&cpu, &o.prompt, o.prompt.len(), 12);

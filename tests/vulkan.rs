@@ -2,9 +2,9 @@
 //! (Lavapipe in CI): every fixture's logits and greedy tokens, prompts in chunks, partial
 //! chains (the first N layers on the device, the rest on the CPU) for every N, a device lost
 //! mid-decode that the CPU finishes with the same tokens (also mid-step, after the host took a
-//! Gated DeltaNet layer's new state or an MLA layer's new cache rows), and the device state of
-//! Qwen3-Next (recurrent) and DeepSeek-V3 (the MLA mirrors) following the host's; Inkling with
-//! its new op kinds on the host.
+//! Gated DeltaNet or KDA layer's new state or an MLA layer's new cache rows), and the device
+//! state of Qwen3-Next and Kimi Linear (recurrent) and DeepSeek-V3 (the MLA mirrors) following
+//! the host's; Inkling with its new op kinds on the host.
 //!
 //! Tolerance: logits within 1e-4 of the largest |logit| (f32 weights: the device and the CPU
 //! differ only in the order of float operations); greedy tokens identical.
@@ -75,11 +75,10 @@ fn every_fixture_on_the_device_matches_the_cpu() {
         assert!(dev.device().is_some(), "{name}: {}", dev.device_note());
         // Every layer's ops are in device frames (a fixture fits): no Linear, mixer or norm
         // of a layer falls back to the host; but Qwen3.5's Gated DeltaNet (its projections
-        // apart, a layout the device kernels do not read) and Kimi Linear's KDA (no device
-        // kernel) run on the host, each such layer's.
+        // apart, a layout the device kernels do not read) runs on the host, each such layer's.
         let host = host_layer_ops(&dev);
         let on_host_mixers = match *name {
-            "qwen3_5_moe" | "kimi_linear" => 3,
+            "qwen3_5_moe" => 3,
             _ => 0,
         };
         assert!(
@@ -93,6 +92,11 @@ fn every_fixture_on_the_device_matches_the_cpu() {
             let on_host = host.iter().filter(|op| **op == "linear_attention").count();
             assert_eq!(on_host, on_host_mixers, "{name}: its linear-attention layers on the host\n{}", dev.plan());
             assert!(!layer_ops(&dev, false).contains(&"linear_attention"), "{name}: no linear attention on the device");
+        }
+        // Kimi Linear's three KDA layers run on the device (`vk/ops/kda.rs`).
+        if name == &"kimi_linear" {
+            let kda = layer_ops(&dev, false).iter().filter(|op| **op == "linear_attention").count();
+            assert_eq!(kda, 3, "{name}: its KDA layers in device frames\n{}", dev.plan());
         }
         // Kimi Linear's MLA (NoPE: the rotation by angle 0) runs on the device.
         if name == &"kimi_linear" {
@@ -220,7 +224,21 @@ fn load_without_tier(dir: &Path, fault: Option<FaultInjection>) -> Engine {
 /// run with the same tokens.
 #[test]
 fn a_device_lost_mid_decode_of_qwen3_next_is_finished_by_the_cpu() {
-    let dir = fixture_dir("qwen3_next");
+    lost_after_a_recurrent_state("qwen3_next");
+}
+
+/// Kimi Linear as Qwen3-Next above: its first frame of a decode step ends with layers 0 and
+/// 1's KDA states taken by the host (layer 1's routed experts are the host's step).
+#[test]
+fn a_device_lost_mid_decode_of_kimi_linear_is_finished_by_the_cpu() {
+    lost_after_a_recurrent_state("kimi_linear");
+}
+
+/// The fixture `name` with its routed experts on the CPU and its recurrent layers on the
+/// device: a submit failing in the sixth decode step, after its first frame, and the CPU
+/// finishes the run with the same tokens.
+fn lost_after_a_recurrent_state(name: &str) {
+    let dir = fixture_dir(name);
     let oracle = read_json(&dir.join("oracle.json"));
     let prompt = ids(&oracle["prompt_ids"]);
     let (_, want_toks, _) = run(&load_model(&dir), &prompt, prompt.len(), 12);
@@ -229,6 +247,7 @@ fn a_device_lost_mid_decode_of_qwen3_next_is_finished_by_the_cpu() {
     let clean = load_with(None);
     let d = clean.device().expect("a device");
     assert!(host_layer_ops(&clean).iter().all(|op| matches!(*op, "route" | "routed_experts")), "{}", clean.plan());
+    assert!(layer_ops(&clean, false).contains(&"linear_attention"), "{name}: recurrent layers on the device");
     let mut s = Session::on_device(clean.model(), d, 256).unwrap();
     let mut last = s.forward(&prompt, LogitRows::Last).unwrap();
     let mut starts = Vec::new();
@@ -237,12 +256,12 @@ fn a_device_lost_mid_decode_of_qwen3_next_is_finished_by_the_cpu() {
         last = s.forward(&[argmax(&last)], LogitRows::Last).unwrap();
     }
     let per_step = d.ctx.submits() - starts[5];
-    assert!(per_step >= 2, "a decode step should take several frames, took {per_step}");
-    // The second submit of the sixth decode step: the first (layer 0's DeltaNet) completed.
+    assert!(per_step >= 2, "{name}: a decode step should take several frames, took {per_step}");
+    // The second submit of the sixth decode step: the first (the first recurrent layer) completed.
     let dev = load_with(Some(FaultInjection { fail_submit: Some(starts[5] + 2), fail_alloc: None }));
     let (_, toks, notice) = run(&dev, &prompt, prompt.len(), 12);
-    assert!(notice.is_some_and(|n| n.contains("continue on the CPU")), "the fallback says so");
-    assert_eq!(toks, want_toks, "the CPU finishes the run with the same tokens");
+    assert!(notice.is_some_and(|n| n.contains("continue on the CPU")), "{name}: the fallback says so");
+    assert_eq!(toks, want_toks, "{name}: the CPU finishes the run with the same tokens");
 }
 
 /// DeepSeek-V3 with its routed experts on the CPU (no tier, none resident), so a decode step
@@ -292,25 +311,29 @@ fn a_device_lost_mid_decode_of_deepseek_v3_is_finished_by_the_cpu() {
 
 /// The device's recurrent state follows the host's: back by one step (the host restores the
 /// state the step started from, the device takes it up), the step again gives the same
-/// logits; a truncate to 0 and the prompt again give the first logits.
+/// logits; a truncate to 0 and the prompt again give the first logits. Qwen3-Next's Gated
+/// DeltaNet and Kimi Linear's KDA.
 #[test]
-fn qwen3_next_device_state_follows_the_host() {
-    let dir = fixture_dir("qwen3_next");
-    let oracle = read_json(&dir.join("oracle.json"));
-    let prompt = ids(&oracle["prompt_ids"]);
-    let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
-    let dev = load_on_device(&dir, None, None);
-    let mut s = Session::on_device(dev.model(), dev.device().expect("a device"), 256).unwrap();
-    let first = s.forward(&prompt, LogitRows::Last).unwrap();
-    let a = s.forward(&[argmax(&first)], LogitRows::Last).unwrap();
-    let b = s.forward(&[argmax(&a)], LogitRows::Last).unwrap();
-    s.try_truncate(prompt.len() + 1).expect("back by the last step");
-    let b2 = s.forward(&[argmax(&a)], LogitRows::Last).unwrap();
-    assert!(max_abs_diff(&[b2], std::slice::from_ref(&b)) <= 1e-5 * max, "the step again");
-    s.truncate(0);
-    let again = s.forward(&prompt, LogitRows::Last).unwrap();
-    assert!(max_abs_diff(&[again], &[first]) <= 1e-5 * max, "the prompt again from a fresh state");
-    assert!(s.take_notice().is_none() && s.on_a_device(), "all of it on the device");
+fn recurrent_device_state_follows_the_host() {
+    for name in ["qwen3_next", "kimi_linear"] {
+        let dir = fixture_dir(name);
+        let oracle = read_json(&dir.join("oracle.json"));
+        let prompt = ids(&oracle["prompt_ids"]);
+        let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
+        let dev = load_on_device(&dir, None, None);
+        assert!(layer_ops(&dev, false).contains(&"linear_attention"), "{name}: recurrent layers on the device");
+        let mut s = Session::on_device(dev.model(), dev.device().expect("a device"), 256).unwrap();
+        let first = s.forward(&prompt, LogitRows::Last).unwrap();
+        let a = s.forward(&[argmax(&first)], LogitRows::Last).unwrap();
+        let b = s.forward(&[argmax(&a)], LogitRows::Last).unwrap();
+        s.try_truncate(prompt.len() + 1).expect("back by the last step");
+        let b2 = s.forward(&[argmax(&a)], LogitRows::Last).unwrap();
+        assert!(max_abs_diff(&[b2], std::slice::from_ref(&b)) <= 1e-5 * max, "{name}: the step again");
+        s.truncate(0);
+        let again = s.forward(&prompt, LogitRows::Last).unwrap();
+        assert!(max_abs_diff(&[again], &[first]) <= 1e-5 * max, "{name}: the prompt again from a fresh state");
+        assert!(s.take_notice().is_none() && s.on_a_device(), "{name}: all of it on the device");
+    }
 }
 
 #[test]

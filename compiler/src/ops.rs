@@ -29,8 +29,8 @@ pub enum OpKind {
     /// projections_apart`): a kind of its own so that a device whose kernels read only the
     /// grouped layout does not claim it by listing `linear_attention`.
     LinearAttentionApart,
-    /// Kimi Delta Attention (`LinearAttentionKind::Kda`): its kernel is the CPU's only, so a
-    /// kind of its own that no device library claims keeps the op on the host.
+    /// Kimi Delta Attention (`LinearAttentionKind::Kda`): a kind of its own, so that a device
+    /// runs it only where its profile lists `kda` (a probed Vulkan profile does).
     Kda,
     /// Attention with relative-position logits (`AttentionSpec::rel`, Inkling): the CPU's only.
     AttentionRel,

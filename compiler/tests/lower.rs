@@ -366,7 +366,7 @@ fn deltanet_projections_grouped_and_apart_at_once_are_refused() {
 
 /// Kimi Delta Attention's geometry and roles are checked where the spec names them: a missing
 /// role, and key heads unlike the value heads, are located diagnostics, not programs; its op
-/// kind is `kda` (no device library claims it) and its MLA rotates nothing (`NoPe`).
+/// kind is `kda` (a device runs it where its profile lists it) and its MLA rotates nothing (`NoPe`).
 #[test]
 fn kda_roles_and_geometry_are_checked() {
     let path = graphs().join("kimi_linear.ron");
@@ -395,28 +395,38 @@ fn kda_roles_and_geometry_are_checked() {
     assert!(d.contains("as many key as value heads"), "{d}");
 }
 
-/// A device that lists the op kinds it runs, as a probed Vulkan profile does (no `kda`), gets
-/// Kimi Linear's MLA layers while every KDA op stays in a host frame.
+/// A device that lists the op kinds it runs without `kda` gets Kimi Linear's MLA layers while
+/// every KDA op stays in a host frame; listing `kda` too (as a probed Vulkan profile does)
+/// puts the KDA ops in device frames.
 #[test]
-fn kda_stays_on_the_host_of_a_device_that_does_not_list_it() {
+fn kda_goes_to_a_device_only_where_its_profile_lists_it() {
     let spec = Spec::load(&graphs().join("kimi_linear.ron")).unwrap_or_else(|d| panic!("{d}"));
     let b = Bindings::from_config_json(&spec.default_config().unwrap()).unwrap();
-    let profile = DeviceProfile::parse(
-        r#"Profile(name: "listed", devices: [(name: "gpu", kind: Discrete, memory_budget: 400_000_000_000,
+    let kinds = |extra: &str| {
+        let profile = DeviceProfile::parse(
+            &format!(
+                r#"Profile(name: "listed", devices: [(name: "gpu", kind: Discrete, memory_budget: 400_000_000_000,
             reserve: 0, features: (ops: [Embed, RmsNorm, Linear, Rope, Attention, Act, Glu, Add, Mul, Route,
-            RoutedExperts, LinearAttention, Mla]))])"#,
-        Path::new("listed.ron"),
-    )
-    .unwrap_or_else(|d| panic!("{d}"));
-    let plan = compile(&spec, &b, &profile, &Options::default()).unwrap_or_else(|d| panic!("{d}"));
-    let (mut host, mut device) = (BTreeMap::new(), BTreeMap::new());
-    for f in &plan.frames {
-        let on = if f.place == coli_compiler::ids::Place::Host { &mut host } else { &mut device };
-        for &id in &f.ops {
-            *on.entry(coli_compiler::frames::op_of(&plan.program, id).kind().info().name).or_insert(0) += 1;
+            RoutedExperts, LinearAttention, Mla{extra}]))])"#
+            ),
+            Path::new("listed.ron"),
+        )
+        .unwrap_or_else(|d| panic!("{d}"));
+        let plan = compile(&spec, &b, &profile, &Options::default()).unwrap_or_else(|d| panic!("{d}"));
+        let (mut host, mut device) = (BTreeMap::new(), BTreeMap::new());
+        for f in &plan.frames {
+            let on = if f.place == coli_compiler::ids::Place::Host { &mut host } else { &mut device };
+            for &id in &f.ops {
+                *on.entry(coli_compiler::frames::op_of(&plan.program, id).kind().info().name).or_insert(0) += 1;
+            }
         }
-    }
+        (host, device, plan)
+    };
+    let (host, device, plan) = kinds("");
     assert_eq!((host.get("kda"), device.get("kda")), (Some(&21), None), "{plan}");
+    assert_eq!((host.get("mla"), device.get("mla")), (None, Some(&6)), "{plan}");
+    let (host, device, plan) = kinds(", Kda");
+    assert_eq!((host.get("kda"), device.get("kda")), (None, Some(&21)), "{plan}");
     assert_eq!((host.get("mla"), device.get("mla")), (None, Some(&6)), "{plan}");
 }
 

@@ -107,7 +107,7 @@ pub struct DeviceState {
     replays: Vec<(usize, bool, Precision, Recorded)>,
     /// The KV split's rings and partial results, when the plan splits.
     split: Option<SplitState>,
-    /// The Gated DeltaNet layers' recurrent states on the device (`exec::recurrent`).
+    /// The linear-attention layers' recurrent states on the device (`exec::recurrent`).
     recurrent: super::recurrent::Recurrent,
     /// What the MLA layers' kernels work in (`exec::mla_mirror`).
     mla: Option<crate::vk::MlaScratch>,
@@ -167,6 +167,7 @@ impl DeviceModel {
         let mut freqs = Vec::new();
         let mut moe_ops = Vec::new();
         let mut recurrent = false;
+        let mut joined_taps = Vec::new();
         let frames: Vec<Frame> = plan.frames.iter().filter(|f| f.place == Place::Device(device)).cloned().collect();
         for f in &frames {
             for &id in &f.ops {
@@ -185,10 +186,15 @@ impl DeviceModel {
                     moe_ops.push(op);
                 }
                 recurrent |= matches!(op, Op::LinearAttention { .. });
+                if let Op::LinearAttention { spec, .. } = op {
+                    joined_taps.extend(super::recurrent::kda_taps(spec));
+                }
             }
         }
         names.sort();
         names.dedup();
+        // A KDA layer's three convolutions go up joined (below), not one by one.
+        names.retain(|(n, _)| !joined_taps.iter().any(|(_, parts)| parts.contains(&n.as_str())));
         let mut mats = HashMap::new();
         let mut vecs = HashMap::new();
         let mut weight_bytes = 0u64;
@@ -205,6 +211,14 @@ impl DeviceModel {
                 weight_bytes += m.bytes().len() as u64;
                 mats.insert(name, dm);
             }
+        }
+        // Each device KDA layer's three convolutions' taps side by side, the order of the
+        // channels its one convolution dispatch reads (`exec::recurrent::kda_taps`).
+        for (key, parts) in joined_taps {
+            let taps: Vec<f32> = parts.iter().flat_map(|n| model.weights.vector(n).iter().copied()).collect();
+            let b = ctx.upload_f32(&taps)?;
+            weight_bytes += b.len_bytes() as u64;
+            vecs.insert(key, b);
         }
         // Resident experts, a layer at a time.
         let mut experts = HashMap::new();

@@ -222,7 +222,7 @@ impl<'m> Session<'m> {
         Ok(())
     }
 
-    /// Forgets every position from `pos` on. A recurrent layer's state (Gated DeltaNet) cannot
+    /// Forgets every position from `pos` on. A recurrent layer's state (Gated DeltaNet, KDA) cannot
     /// go back except to 0: it becomes unknown, and the next forward fails with a typed error
     /// unless it starts at 0 (`try_truncate` refuses up front instead).
     pub fn truncate(&mut self, pos: usize) {

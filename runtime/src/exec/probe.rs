@@ -1,7 +1,8 @@
 //! The device profile of an opened Vulkan device, in the compiler's terms: its kind, the memory
 //! a plan may use (the memory-budget extension's free bytes of the largest heap, or the cap the
 //! user set), and the op kinds the Vulkan op library runs (routing and routed experts too: in
-//! a frame where the plan makes a layer's experts resident; Gated DeltaNet and MLA mixers). `coli probe` prints it; `coli exec`
+//! a frame where the plan makes a layer's experts resident; Gated DeltaNet, Kimi Delta Attention
+//! and MLA mixers). `coli probe` prints it; `coli exec`
 //! compiles its plan with it, so the fit printed by `coli compile --profile` is the fit run.
 //! Several opened devices make one profile, the primary first; two logical devices of one
 //! physical device share its free memory, half each unless capped.
@@ -70,6 +71,7 @@ pub fn profile_of(ctx: &Context, memory_cap: Option<u64>) -> DeviceProfile {
         OpKind::Route,
         OpKind::RoutedExperts,
         OpKind::LinearAttention,
+        OpKind::Kda,
         OpKind::Mla,
     ];
     DeviceProfile {

@@ -1,6 +1,7 @@
-//! The recurrent state of a device's Gated DeltaNet layers in one session: per layer, the
-//! state on the device (the heads' matrices and the convolution ring, in the CPU's layout) and
-//! a host-cached read-back buffer; one scratch for the op's intermediates.
+//! The recurrent state of a device's linear-attention layers (Gated DeltaNet, Kimi Delta
+//! Attention) in one session: per layer, the state on the device (the heads' matrices and the
+//! convolution ring, in the CPU's layout) and a host-cached read-back buffer; one scratch per
+//! kind for the op's intermediates.
 //!
 //! The host's state (`LayerKv::state`) stays canonical, as the KV cache does. Before a frame
 //! that runs a layer, the device's state is made the host's at the frame's first position:
@@ -20,11 +21,11 @@ use super::OpRows;
 use crate::bytes::{as_bytes, as_bytes_mut};
 use crate::vk::{
     Context, DeltaNetCall, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceBuffer, DeviceMatrix, Frame as VkFrame,
-    MemoryUse, VkError,
+    KdaCall, KdaMats, KdaScratch, KdaShape, MemoryUse, VkError,
 };
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::Place;
-use coli_compiler::ir::{LayerId, LinearAttentionSpec, Op, Program};
+use coli_compiler::ir::{LayerId, LinearAttentionKind, LinearAttentionSpec, Op, Program};
 use std::collections::HashMap;
 
 /// One layer's state on the device.
@@ -42,6 +43,21 @@ struct Layer {
 pub struct Recurrent {
     layers: Vec<Option<Layer>>,
     scratch: Option<DeltaNetScratch>,
+    kda: Option<KdaScratch>,
+}
+
+/// A KDA op's taps on the device: the key of its three convolutions' taps side by side (q's,
+/// k's, v's: the order of the channels) among the device's vectors, and the three tensors'
+/// names in that order; `None` for an op of another kind (or one without the roles, which the
+/// compiler refuses).
+pub fn kda_taps(spec: &LinearAttentionSpec) -> Option<(String, [&str; 3])> {
+    if spec.kind != LinearAttentionKind::Kda {
+        return None;
+    }
+    let name = |role: &str| spec.weights.iter().find(|(r, _)| r == role).map(|(_, w)| w.name.as_str());
+    let parts = [name("q_conv")?, name("k_conv")?, name("v_conv")?];
+    // `#`: a derived name, as the weight store's row selections.
+    Some((format!("{}#kda_taps", parts[0]), parts))
 }
 
 fn bad(msg: String) -> VkError {
@@ -54,11 +70,11 @@ impl Recurrent {
     pub fn new(ctx: &Context, program: &Program, frames: &[Frame], rows: usize) -> Result<Recurrent, VkError> {
         let mut layers: Vec<Option<Layer>> = (0..program.layers.len()).map(|_| None).collect();
         let mut widest: Option<DeltaNetShape> = None;
+        let mut widest_kda: Option<KdaShape> = None;
         for f in frames.iter().filter(|f| f.place != Place::Host) {
             for &id in &f.ops {
                 let Op::LinearAttention { layer, spec, .. } = op_of(program, id) else { continue };
-                let s = DeltaNetShape::of(spec);
-                let floats = s.state_floats();
+                let floats = spec.state_floats();
                 let slot = layers
                     .get_mut(layer.0 as usize)
                     .ok_or_else(|| bad(format!("{layer} is not a layer of the program")))?;
@@ -69,6 +85,17 @@ impl Recurrent {
                     at: None,
                     staged: Vec::new(),
                 });
+                if spec.kind == LinearAttentionKind::Kda {
+                    let s = KdaShape::of(spec);
+                    widest_kda = Some(widest_kda.map_or(s, |w| KdaShape {
+                        heads: w.heads.max(s.heads),
+                        head_dim: w.head_dim.max(s.head_dim),
+                        conv_kernel: w.conv_kernel.max(s.conv_kernel),
+                        ..w
+                    }));
+                    continue;
+                }
+                let s = DeltaNetShape::of(spec);
                 widest = Some(match widest {
                     None => s,
                     Some(w) => DeltaNetShape {
@@ -82,7 +109,8 @@ impl Recurrent {
             }
         }
         let scratch = widest.map(|s| DeltaNetScratch::new(ctx, rows, s)).transpose()?;
-        Ok(Recurrent { layers, scratch })
+        let kda = widest_kda.map(|s| KdaScratch::new(ctx, rows, s)).transpose()?;
+        Ok(Recurrent { layers, scratch, kda })
     }
 
     /// Before `frame` runs from `pos0`: the device state of each of its recurrent layers made
@@ -140,7 +168,6 @@ impl Recurrent {
             .get(layer.0 as usize)
             .and_then(Option::as_ref)
             .ok_or_else(|| bad(format!("{layer}: no device state")))?;
-        let scratch = self.scratch.as_ref().ok_or_else(|| bad("no scratch".into()))?;
         let name = |role: &str| {
             spec.weights
                 .iter()
@@ -155,6 +182,31 @@ impl Recurrent {
                 vecs.get(n).map(DeviceBuffer::all).ok_or_else(|| bad(format!("{layer}: {n} not uploaded")))
             })
         };
+        let state = m.state.view(0, m.floats);
+        if spec.kind == LinearAttentionKind::Kda {
+            let scratch = self.kda.as_ref().ok_or_else(|| bad("no KDA scratch".into()))?;
+            let w = KdaMats {
+                q: mat("q_proj")?,
+                k: mat("k_proj")?,
+                v: mat("v_proj")?,
+                f_a: mat("f_a")?,
+                f_b: mat("f_b")?,
+                b: mat("b_proj")?,
+                g_a: mat("g_a")?,
+                g_b: mat("g_b")?,
+                out: mat("out_proj")?,
+                conv: kda_taps(spec)
+                    .and_then(|(key, _)| vecs.get(&key))
+                    .map(DeviceBuffer::all)
+                    .ok_or_else(|| bad(format!("{layer}: the KDA taps not uploaded")))?,
+                dt_bias: vec("dt_bias")?,
+                a_log: vec("a_log")?,
+                norm: vec("norm")?,
+            };
+            f.kda(KdaCall { shape: KdaShape::of(spec), weights: w, scratch, precision }, x, n, state, out)?;
+            return f.copy(state, m.back.view(0, m.floats));
+        }
+        let scratch = self.scratch.as_ref().ok_or_else(|| bad("no scratch".into()))?;
         let w = DeltaNetMats {
             qkvz: mat("in_proj_qkvz")?,
             ba: mat("in_proj_ba")?,
@@ -164,7 +216,6 @@ impl Recurrent {
             a_log: vec("a_log")?,
             norm: vec("norm")?,
         };
-        let state = m.state.view(0, m.floats);
         let call = DeltaNetCall { shape: DeltaNetShape::of(spec), weights: w, scratch, precision };
         f.deltanet(call, x, n, state, out)?;
         f.copy(state, m.back.view(0, m.floats))

@@ -12,7 +12,7 @@
 //! alone (the only one decoding on its CPU or devices, or a plan that cannot batch); each
 //! checked row is taken as a step of its own would be, so its tokens are the same either way.
 //!
-//! A slot whose model keeps a recurrent state (Gated DeltaNet) cannot go back to a prefix: it
+//! A slot whose model keeps a recurrent state (Gated DeltaNet, KDA) cannot go back to a prefix: it
 //! is reused only when the new prompt extends everything it holds, else it starts again at 0.
 //!
 //! Must not: know about HTTP, threads or clocks (the front end drives `step`), or panic on a

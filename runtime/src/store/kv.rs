@@ -3,7 +3,7 @@
 //! layer (DeepSeek) keeps its normalized latent in the `k` rows and its rotated shared rope
 //! key in the `v` rows (`cpu::mla`).
 //!
-//! A recurrent layer (Gated DeltaNet) keeps a state instead of rows: every position it has
+//! A recurrent layer (Gated DeltaNet, KDA) keeps a state instead of rows: every position it has
 //! absorbed is folded into it, so it can go back only to position 0 (a reset) or to the start
 //! of its last step: each step keeps the state it started from (`keep_back` copies it, a
 //! device's `commit_state` swaps buffers), so a forward that fails after some of its layers

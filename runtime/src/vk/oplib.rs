@@ -1,8 +1,8 @@
 //! `VkOps`: the Vulkan op library's answers to the executor (`OpLib`): its name and which
 //! ops and weight formats it runs. The answers follow the kernels' limits (attention heads of
 //! at most 256 columns, routers of at most 1024 experts and 64 ranks, routed experts of at most
-//! 1024 experts a layer, Gated DeltaNet heads of at most 256 columns and kernels of at most 8,
-//! MLA latents of at most 1024 columns and rope parts of at most 128).
+//! 1024 experts a layer, Gated DeltaNet and Kimi Delta Attention heads of at most 256 columns
+//! and kernels of at most 8, MLA latents of at most 1024 columns and rope parts of at most 128).
 //!
 //! Must not: run anything (frames do), or claim an op without a tested kernel.
 
@@ -42,8 +42,11 @@ impl OpLib for VkOps {
             Op::Route { top_k, groups, .. } => *top_k <= 64 && groups.is_none_or(|(g, _)| g <= 64),
             // Routed experts in a frame (`ops/moe.rs`): the layer's experts stacked on the device.
             Op::RoutedExperts { experts, .. } => *experts <= super::ops::moe::MAX_EXPERTS,
-            // Gated DeltaNet (`ops/deltanet.rs`) within the kernels' head widths and kernel length.
-            Op::LinearAttention { spec, .. } => super::ops::DeltaNetShape::supported(spec),
+            // Gated DeltaNet (`ops/deltanet.rs`) and Kimi Delta Attention (`ops/kda.rs`) within
+            // the kernels' head widths and kernel length.
+            Op::LinearAttention { spec, .. } => {
+                super::ops::DeltaNetShape::supported(spec) || super::ops::KdaShape::supported(spec)
+            }
             // Multi-head latent attention (`ops/mla.rs`) within the kernels' latent and rope widths.
             Op::Mla { spec, .. } => super::ops::MlaShape::supported(spec),
             Op::LayerNorm { .. } => false,

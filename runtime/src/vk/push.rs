@@ -217,7 +217,7 @@ push_blocks! {
     DeltanetConvPush for [DeltanetConv] {
         n: u32, nk: u32, nv: u32, dk: u32,
         dv: u32, kk: u32, p_off: u32, ring_off: u32,
-        conv_off: u32, pad0: u32, pad1: u32, pad2: u32,
+        conv_off: u32, planar: u32, pad1: u32, pad2: u32,
     }
 
     /// Mirrors `deltanet_rule.comp`'s push block.
@@ -225,6 +225,13 @@ push_blocks! {
         n: u32, nk: u32, nv: u32, dk: u32,
         dv: u32, eps: f32, state_off: u32, conv_off: u32,
         p_off: u32, ba_off: u32, out_off: u32, pad0: u32,
+    }
+
+    /// Mirrors `kda_rule.comp`'s push block.
+    KdaRulePush for [KdaRule] {
+        n: u32, heads: u32, d: u32, eps: f32,
+        state_off: u32, conv_off: u32, f_off: u32, g_off: u32,
+        b_off: u32, out_off: u32, pad0: u32, pad1: u32,
     }
 
     /// Mirrors `mla_kv.comp`'s push block.

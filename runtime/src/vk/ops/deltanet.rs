@@ -89,7 +89,7 @@ impl DeltaNetShape {
         self.heads_floats() + self.channels() * self.conv_kernel.saturating_sub(1)
     }
 
-    fn check(&self) -> Result<()> {
+    pub(super) fn check(&self) -> Result<()> {
         let (nk, nv, dk, dv, kk) =
             (self.key_heads, self.value_heads, self.key_head_dim, self.value_head_dim, self.conv_kernel);
         if nk == 0
@@ -124,6 +124,25 @@ pub struct DeltaNetMats<'a> {
     pub a_log: View<'a>,
     /// The gated norm's weight (`value_head_dim`).
     pub norm: View<'a>,
+}
+
+/// Where the convolution's input channels lie (`deltanet_conv.comp`'s `planar`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ConvInput {
+    /// The fused projection, per key head group: q, k, the group's values, its output gates.
+    Grouped,
+    /// Three planes of `n` rows each: every q, then every k, then every v.
+    Planar,
+}
+
+/// The views of one convolution: its input, its taps (`[channels, kernel]`), the ring and
+/// the convolved channels.
+#[derive(Clone, Copy)]
+pub(super) struct ConvViews<'a> {
+    pub proj: View<'a>,
+    pub taps: View<'a>,
+    pub ring: View<'a>,
+    pub conv: View<'a>,
 }
 
 /// One layer's op as a call records it: its geometry, its weights, the scratch its kernels
@@ -248,10 +267,18 @@ impl<'a> Frame<'a> {
         conv: View<'a>,
         n: usize,
     ) -> Result<()> {
+        s.check()?;
+        proj.check("deltanet_conv", "projection", n * s.proj_width())?;
+        self.short_conv(s, ConvInput::Grouped, ConvViews { proj, taps, ring, conv }, n)
+    }
+
+    /// `deltanet_conv.comp` over `n` rows, its input in `layout` (`proj` already checked to
+    /// hold it).
+    pub(super) fn short_conv(&mut self, s: DeltaNetShape, layout: ConvInput, v: ConvViews<'a>, n: usize) -> Result<()> {
         const OP: &str = "deltanet_conv";
+        let ConvViews { proj, taps, ring, conv } = v;
         s.check()?;
         let ch = s.channels();
-        proj.check(OP, "projection", n * s.proj_width())?;
         taps.check(OP, "taps", ch * s.conv_kernel)?;
         ring.check(OP, "ring", ch * (s.conv_kernel - 1))?;
         conv.check(OP, "conv", n * ch)?;
@@ -268,7 +295,7 @@ impl<'a> Frame<'a> {
             p_off: u32_arg(OP, "projection offset", proj.offset)?,
             ring_off: u32_arg(OP, "ring offset", ring.offset)?,
             conv_off: u32_arg(OP, "conv offset", conv.offset)?,
-            pad0: 0,
+            planar: u32::from(layout == ConvInput::Planar),
             pad1: 0,
             pad2: 0,
         };

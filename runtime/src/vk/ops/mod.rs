@@ -8,6 +8,7 @@ pub mod attention;
 pub mod attn_part;
 pub mod deltanet;
 pub mod elementwise;
+pub mod kda;
 pub mod matmul;
 pub mod mla;
 pub mod moe;
@@ -16,6 +17,7 @@ pub mod route;
 
 pub use attention::{AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, Pos, QkNorm, RopeArgs, RopeKvArgs};
 pub use deltanet::{DeltaNetCall, DeltaNetMats, DeltaNetScratch, DeltaNetShape, RuleViews};
+pub use kda::{KdaCall, KdaMats, KdaRuleViews, KdaScratch, KdaShape};
 pub use matmul::{MatIn, MatmulPath, QuantizedActs};
 pub use mla::{MlaAttnArgs, MlaCache, MlaCall, MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape};
 pub use moe::{DeviceExperts, MoeCall, MoePath, MoeScratch, PackedExpert, MAX_EXPERTS as MOE_MAX_EXPERTS};
