@@ -1,6 +1,6 @@
 //! The op kinds of the program and their metadata, in one table: the name printed in plans and
-//! profiles, whether the op is a host step (it cuts a device frame), and whether the runtime
-//! executes it yet.
+//! profiles, whether the op is a host step (it cuts a device frame), and whether a profile that
+//! lists no kinds runs it.
 //!
 //! `OpKind` is what a device profile lists as runnable and what placement asks about. This
 //! module must not hold per-model knowledge.
@@ -53,31 +53,35 @@ pub struct OpInfo {
     pub name: &'static str,
     /// Runs on the host, always: a device frame ends before it.
     pub host_step: bool,
+    /// A device whose profile lists no op kinds runs it (a hand-written profile means the
+    /// kinds coli's Vulkan library runs; a kind only the CPU runs is false, and a device runs it
+    /// only where its profile lists it).
+    pub by_default: bool,
 }
 
 /// The table: one row per kind.
 pub const OPS: &[OpInfo] = &[
-    OpInfo { kind: OpKind::Embed, name: "embed", host_step: false },
-    OpInfo { kind: OpKind::RmsNorm, name: "rms_norm", host_step: false },
-    OpInfo { kind: OpKind::LayerNorm, name: "layer_norm", host_step: false },
-    OpInfo { kind: OpKind::Linear, name: "linear", host_step: false },
-    OpInfo { kind: OpKind::Rope, name: "rope", host_step: false },
-    OpInfo { kind: OpKind::Attention, name: "attention", host_step: false },
-    OpInfo { kind: OpKind::Act, name: "act", host_step: false },
-    OpInfo { kind: OpKind::Glu, name: "glu", host_step: false },
-    OpInfo { kind: OpKind::Add, name: "add", host_step: false },
-    OpInfo { kind: OpKind::Mul, name: "mul", host_step: false },
-    OpInfo { kind: OpKind::Route, name: "route", host_step: true },
-    OpInfo { kind: OpKind::RoutedExperts, name: "routed_experts", host_step: true },
-    OpInfo { kind: OpKind::Mla, name: "mla", host_step: false },
-    OpInfo { kind: OpKind::LinearAttention, name: "linear_attention", host_step: false },
-    OpInfo { kind: OpKind::LinearAttentionApart, name: "linear_attention_apart", host_step: false },
-    OpInfo { kind: OpKind::Kda, name: "kda", host_step: false },
-    OpInfo { kind: OpKind::AttentionRel, name: "attention_rel", host_step: false },
-    OpInfo { kind: OpKind::ShortConv, name: "short_conv", host_step: false },
-    OpInfo { kind: OpKind::RmsNormScaled, name: "rms_norm_scaled", host_step: false },
-    OpInfo { kind: OpKind::RouteShared, name: "route_shared", host_step: true },
-    OpInfo { kind: OpKind::RoutedExpertsShared, name: "routed_experts_shared", host_step: true },
+    OpInfo { kind: OpKind::Embed, name: "embed", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::RmsNorm, name: "rms_norm", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::LayerNorm, name: "layer_norm", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::Linear, name: "linear", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::Rope, name: "rope", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::Attention, name: "attention", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::Act, name: "act", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::Glu, name: "glu", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::Add, name: "add", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::Mul, name: "mul", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::Route, name: "route", host_step: true, by_default: true },
+    OpInfo { kind: OpKind::RoutedExperts, name: "routed_experts", host_step: true, by_default: true },
+    OpInfo { kind: OpKind::Mla, name: "mla", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::LinearAttention, name: "linear_attention", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::LinearAttentionApart, name: "linear_attention_apart", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::Kda, name: "kda", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::AttentionRel, name: "attention_rel", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::ShortConv, name: "short_conv", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::RmsNormScaled, name: "rms_norm_scaled", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::RouteShared, name: "route_shared", host_step: true, by_default: false },
+    OpInfo { kind: OpKind::RoutedExpertsShared, name: "routed_experts_shared", host_step: true, by_default: false },
 ];
 
 impl OpKind {
@@ -133,5 +137,23 @@ mod tests {
         for (i, row) in OPS.iter().enumerate() {
             assert_eq!(row.kind as usize, i, "{}", row.name);
         }
+    }
+
+    /// A profile that lists no kinds runs what coli's Vulkan library runs: not the kinds only
+    /// the CPU has, which a profile must name to get; host steps never.
+    #[test]
+    fn a_profile_without_a_list_runs_the_default_kinds() {
+        use crate::profile::Features;
+        let none = Features::default();
+        for k in [OpKind::Linear, OpKind::Attention, OpKind::Mla, OpKind::LinearAttention, OpKind::Kda] {
+            assert!(none.runs(k), "{k}");
+        }
+        for k in [OpKind::LinearAttentionApart, OpKind::AttentionRel, OpKind::ShortConv, OpKind::RmsNormScaled] {
+            assert!(!none.runs(k), "{k}");
+        }
+        assert!(!none.runs(OpKind::Route) && none.lists(OpKind::Route), "a host step is listed, not run in a frame");
+        assert!(!none.lists(OpKind::RoutedExpertsShared));
+        let named = Features { ops: Some(vec![OpKind::ShortConv]), ..Features::default() };
+        assert!(named.runs(OpKind::ShortConv) && !named.runs(OpKind::Linear));
     }
 }

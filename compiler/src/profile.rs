@@ -27,7 +27,7 @@ pub enum DeviceKind {
 /// What a device can run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Features {
-    /// Op kinds it runs; absent: every non-host op kind.
+    /// Op kinds it runs; absent: every non-host op kind whose `OpInfo::by_default` is set.
     #[serde(default)]
     pub ops: Option<Vec<OpKind>>,
     /// Weight formats its matrix kernels read; absent: every format.
@@ -52,7 +52,14 @@ impl Default for Features {
 
 impl Features {
     pub fn runs(&self, op: OpKind) -> bool {
-        !op.info().host_step && self.ops.as_ref().is_none_or(|ops| ops.contains(&op))
+        !op.info().host_step && self.lists(op)
+    }
+    /// Whether the profile names `op` among its kinds, or lists none and `op` runs by default.
+    pub fn lists(&self, op: OpKind) -> bool {
+        match &self.ops {
+            Some(ops) => ops.contains(&op),
+            None => op.info().by_default,
+        }
     }
     pub fn reads(&self, f: Format) -> bool {
         self.formats.as_ref().is_none_or(|fs| fs.contains(&f))

@@ -23,7 +23,7 @@ const TABLE: &[(&str, &str, &str, &str)] = &[
     ("mixtral", "mixtral-8x7b", "laptop-2gb", "laptop-2gb-igpu"),
     ("deepseek_v3", "deepseek-v3", "rtx4060-8gb", "two-rtx4060-8gb"),
     ("qwen3_next", "qwen3-next-80b-a3b", "laptop-2gb", "laptop-2gb-igpu"),
-    ("qwen3_5_moe", "qwen3.5-35b-a3b", "laptop-2gb", "laptop-2gb-igpu"),
+    ("qwen3_5_moe", "qwen3.5-35b-a3b", "gpu-1gb", "two-gpu-1gb"),
     ("kimi_linear", "kimi-linear-48b-a3b", "laptop-2gb", "laptop-2gb-igpu"),
     ("inkling", "inkling-text", "laptop-2gb", "laptop-2gb-igpu"),
     ("gpt_oss", "gpt-oss-20b", "gpu-1gb", "two-gpu-1gb"),

@@ -30,7 +30,7 @@ pub fn expert_format(t: &ExpertTensor, sizer: &Sizer) -> Format {
 /// device lists the kind (or lists no kinds) and reads the experts' formats. Only `Route` and
 /// `RoutedExperts` qualify.
 pub fn runs_resident(device: &Device, op: &Op, sizer: &Sizer) -> bool {
-    let listed = |k: OpKind| device.features.ops.as_ref().is_none_or(|ops| ops.contains(&k));
+    let listed = |k: OpKind| device.features.lists(k);
     match op {
         // A router with shared experts, and experts with shared ones beside them, stay on the host.
         Op::Route { .. } if op.kind() != OpKind::Route => false,
