@@ -504,10 +504,12 @@ fn inkling_ops_stay_on_the_host_and_unserved_options_are_refused() {
         .unwrap_err()
         .to_string();
     assert!(d.contains("inkling.ron:"), "{d}");
+    assert!(d.contains("not served: log_scaling_n_floor"), "{d}");
     let d = compile(&spec, &with("unpadded_vocab_size", "200058"), &DeviceProfile::cpu_only(), &Options::default())
         .unwrap_err()
         .to_string();
     assert!(d.contains("inkling.ron:"), "{d}");
+    assert!(d.contains("not served: an unpadded_vocab_size"), "{d}");
     let d = compile(&spec, &with("conv_kernel_size", "3"), &DeviceProfile::cpu_only(), &Options::default());
     assert!(d.is_ok(), "the kernel is the configuration's");
     let bad = text.replacen(r#"weights: {"conv1d": "attn_conv"}"#, r#"weights: {"conv1d": "k_conv"}"#, 1);

@@ -98,6 +98,12 @@ impl<'a> Lowerer<'a> {
 
     pub(super) fn program(&mut self) -> Option<Program> {
         let file = &self.spec.file;
+        // 0. What the spec refuses to serve.
+        for r in &file.refuse.0 {
+            if self.boolean(&r.when) == Some(true) {
+                self.err(r.when.span, format!("not served: {}", r.why.value));
+            }
+        }
         // 1. Dimensions and values.
         // The limits are checked here, before anything is allocated by these sizes.
         let required = [

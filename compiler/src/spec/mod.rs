@@ -50,6 +50,17 @@ pub struct SpecFile {
     #[serde(default)]
     pub blocks: Entries<Text, Items<Spanned<OpItem>>>,
     pub epilogue: Items<Spanned<OpItem>>,
+    /// Configurations the spec does not serve: a checkpoint for which a `when` holds is refused
+    /// with its `why`, located at the `when`.
+    #[serde(default)]
+    pub refuse: Items<Refusal>,
+}
+
+/// `(when: "a Bool expression of the symbols", why: "what is not served")`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct Refusal {
+    pub when: Text,
+    pub why: Text,
 }
 
 /// HF `architectures[0]` class names and GGUF `general.architecture` names.
