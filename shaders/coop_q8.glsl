@@ -13,6 +13,7 @@
 // 32 x 32 each (TM x TN cooperative tiles of M x N). Each stage stages BK = 128 columns (four
 // q8 blocks) of the weight rows and of the activation rows into shared memory, 16-byte loads,
 // rows padded to spread the banks.
+// The loop over the stages is coop_gemm.glsl's; the shaders say only which rows are staged.
 //
 // Scaling: each block's integer tile is converted and scaled by the block's factors as whole
 // matrices (COL_FACTORS / ROW_FACTORS below: the activation rows' d broadcast down the columns,

@@ -88,7 +88,8 @@ pub const MAX_TOP_K: usize = 64;
 const NONE: u32 = u32::MAX;
 const GEMM_BO: usize = 64;
 const GEMM_BR: usize = 32;
-/// The cooperative GEMM's tile: output rows x pairs per workgroup.
+/// The cooperative GEMM's tile: weight rows x pairs per workgroup (gate and up: half of the
+/// rows are outputs, the other half their up rows).
 const COOP_BO: usize = 64;
 const COOP_BR: usize = 64;
 const MAX_GROUPS: usize = 65535;
@@ -731,7 +732,9 @@ impl<'a> Frame<'a> {
         experts: u32,
     ) -> Result<()> {
         let (kernel, bo, br) = if self.coop_i8(v, n) {
-            (Kernel::MoeMatmulCoop, COOP_BO, COOP_BR)
+            // Gate and up: half the tile's rows are the up rows of the other half's outputs.
+            let bo = if push.mode == 0 { COOP_BO / 2 } else { COOP_BO };
+            (Kernel::MoeMatmulCoop, bo, COOP_BR)
         } else {
             (Kernel::MoeMatmul, GEMM_BO, GEMM_BR)
         };
