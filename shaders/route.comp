@@ -2,7 +2,7 @@
 // route.comp: a row's router logits to its top-k (expert, weight) pairs, as the CPU's
 // route_row (runtime/src/cpu/route.rs): softmax or sigmoid scores; a correction bias that
 // steers the choice only; group-limited top-k (a group scores the sum of its two best
-// choices); ties toward the lower index; renormalization; a scale. One workgroup per row;
+// choices, or its best with group_max); ties toward the lower index; renormalization; a scale. One workgroup per row;
 // the top-k by ranks (each expert counts who beats it), not by rounds of arg-max.
 // Output per row: 2 * top_k floats, (expert as float, weight) by rank.
 // Must not: take more than MAX_E experts or MAX_K ranks (the host checks).
@@ -19,7 +19,7 @@ layout(std430, binding = 2) writeonly buffer OUT { float outv[]; };
 layout(push_constant) uniform PC {
     uint n; uint top_k; uint sigmoid_; uint renormalize;
     uint has_bias; uint n_group; uint topk_group; float scale;
-    uint l_off; uint o_off; uint pad0; uint pad1;
+    uint l_off; uint o_off; uint group_max; uint pad1;
 } pc;
 
 shared float scores[MAX_E];
@@ -74,7 +74,7 @@ void main() {
                 float v = choice[e];
                 if (v > b1) { b2 = b1; b1 = v; } else if (v > b2) { b2 = v; }
             }
-            gscore[g] = per >= 2u ? b1 + b2 : b1;
+            gscore[g] = per >= 2u && pc.group_max == 0u ? b1 + b2 : b1;
             keep[g] = 0u;
         }
         barrier();

@@ -30,7 +30,7 @@ const CONTEXT: usize = 256;
 /// The MoE models: (name, directory, prompt, largest |logit| when an oracle says it).
 fn models() -> Vec<(String, PathBuf, Vec<u32>, Option<f32>)> {
     let mut out = Vec::new();
-    for name in ["olmoe", "qwen3_moe", "mixtral", "gpt_oss", "deepseek_v3", "mimo_v2_flash"] {
+    for name in ["olmoe", "qwen3_moe", "mixtral", "gpt_oss", "deepseek_v3", "deepseek_v2", "mimo_v2_flash"] {
         let dir = fixture_dir(name);
         let oracle = read_json(&dir.join("oracle.json"));
         let max = oracle["max_abs_logit"].as_f64().map(|m| m as f32);

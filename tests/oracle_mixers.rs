@@ -125,6 +125,16 @@ fn deepseek_v3_runs_in_coli_exec() {
 }
 
 #[test]
+fn deepseek_v2_matches_transformers() {
+    check_fixture("deepseek_v2");
+}
+
+#[test]
+fn deepseek_v2_runs_in_coli_exec() {
+    check_exec("deepseek_v2");
+}
+
+#[test]
 fn qwen3_next_matches_transformers() {
     check_fixture("qwen3_next");
 }

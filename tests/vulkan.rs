@@ -31,6 +31,7 @@ const FIXTURES: &[&str] = &[
     "mimo_v2_flash",
     "qwen3_next",
     "deepseek_v3",
+    "deepseek_v2",
     "qwen3_5_moe",
     "kimi_linear",
 ];
@@ -103,7 +104,7 @@ fn every_fixture_on_the_device_matches_the_cpu() {
             let mla = layer_ops(&dev, false).iter().filter(|op| **op == "mla").count();
             assert_eq!(mla, 1, "{name}: its MLA layer in a device frame\n{}", dev.plan());
         }
-        if name == &"deepseek_v3" {
+        if name == &"deepseek_v3" || name == &"deepseek_v2" {
             let mla = layer_ops(&dev, false).iter().filter(|op| **op == "mla").count();
             assert_eq!(
                 mla,

@@ -96,6 +96,49 @@ MIXERS = {
             "1 shared expert"
         ),
     ),
+    # DeepSeek-V2: the same MLA (here without a query LoRA, as V2-Lite) and the softmax router:
+    # group-limited greedy by each group's best score, no renormalisation, a routed scale.
+    "deepseek_v2": dict(
+        cls="DeepseekV2ForCausalLM",
+        seed=7500,
+        config=dict(
+            vocab_size=288,
+            hidden_size=48,
+            intermediate_size=80,
+            moe_intermediate_size=20,
+            num_hidden_layers=3,
+            num_attention_heads=3,
+            num_key_value_heads=3,
+            q_lora_rank=None,
+            kv_lora_rank=24,
+            qk_nope_head_dim=12,
+            qk_rope_head_dim=8,
+            v_head_dim=10,
+            n_routed_experts=12,
+            n_shared_experts=2,
+            num_experts_per_tok=3,
+            n_group=4,
+            topk_group=2,
+            topk_method="group_limited_greedy",
+            routed_scaling_factor=1.5,
+            norm_topk_prob=False,
+            first_k_dense_replace=1,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            attention_bias=False,
+            tie_word_embeddings=False,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+        ),
+        note=(
+            "DeepSeek-V2, 3 layers (first dense, FFN 80), hidden 48, MLA with 3 heads and no query LoRA, "
+            "kv_lora_rank 24, qk_nope 12, qk_rope 8 (interleaved pairs), v_head_dim 10, 12 routed experts "
+            "(FFN 20) in 4 groups, group_limited_greedy keeping 2 groups by their best softmax score, top-3, "
+            "not renormalised, x1.5, 2 shared experts"
+        ),
+    ),
     # Qwen3-Next: Gated DeltaNet layers (2 key heads, 4 value heads, conv 4) and gated full
     # attention (partial RoPE 0.25 of head_dim 32, per-head q/k norm) by layer_types; one dense
     # layer (mlp_only_layers); MoE with a sigmoid-gated shared expert.
@@ -397,6 +440,39 @@ MIXERS["deepseek_v3"]["post_init"] = deepseek_post_init
 
 
 @torch.no_grad()
+def deepseek_v2_post_init(model):
+    """The experts are output-major in memory ([E, 2F, H], [E, H, F]): std 1/sqrt(fan_in)."""
+    for layer in model.model.layers:
+        experts = getattr(layer.mlp, "experts", None)
+        if experts is not None:
+            experts.gate_up_proj.normal_(0.0, 1.0 / math.sqrt(experts.gate_up_proj.shape[-1]))
+            experts.down_proj.normal_(0.0, 1.0 / math.sqrt(experts.down_proj.shape[-1]))
+
+
+def deepseek_v2_router_gap(model, entries, top_k):
+    """The smallest margin of a routing decision as DeepSeek-V2's group-limited greedy makes it:
+    the topk_group-th minus the next group's best softmax score, and the k-th minus the
+    (k+1)-th score in the kept groups."""
+    gap = math.inf
+    cfg = model.config
+    for _layer, logits in entries:
+        scores = logits.float().softmax(dim=-1)
+        groups = scores.view(-1, cfg.n_group, cfg.n_routed_experts // cfg.n_group).max(dim=-1).values
+        g = groups.topk(cfg.topk_group + 1, dim=-1).values
+        gap = min(gap, float((g[:, -2] - g[:, -1]).min()))
+        keep = groups.topk(cfg.topk_group, dim=-1).indices
+        mask = torch.zeros_like(groups).scatter_(1, keep, 1).bool()
+        mask = mask.unsqueeze(-1).expand(-1, cfg.n_group, cfg.n_routed_experts // cfg.n_group).reshape(scores.shape)
+        v = scores.masked_fill(~mask, float("-inf")).topk(top_k + 1, dim=-1).values
+        gap = min(gap, float((v[:, top_k - 1] - v[:, top_k]).min()))
+    return gap
+
+
+MIXERS["deepseek_v2"]["post_init"] = deepseek_v2_post_init
+MIXERS["deepseek_v2"]["router_gap"] = deepseek_v2_router_gap
+
+
+@torch.no_grad()
 def qwen3_next_post_init(model):
     """Zero-centred norms (x / rms * (1 + w)): draw w around 0, not around 1."""
     for name, p in model.named_parameters():
@@ -485,9 +561,10 @@ MIXERS["inkling"]["router_gap"] = kimi_linear_router_gap
 def mixer_names(name, cfg, n_layers):
     """The HF names save_pretrained must produce for these families."""
     out = []
-    if name == "deepseek_v3":
+    if name in ("deepseek_v3", "deepseek_v2"):
         for i in range(cfg["first_k_dense_replace"], n_layers):
-            out.append(f"model.layers.{i}.mlp.gate.e_score_correction_bias")
+            if name == "deepseek_v3":
+                out.append(f"model.layers.{i}.mlp.gate.e_score_correction_bias")
             out.append(f"model.layers.{i}.mlp.shared_experts.gate_proj.weight")
             for e in range(cfg["n_routed_experts"]):
                 for w in ("gate_proj", "up_proj", "down_proj"):

@@ -11,6 +11,9 @@ architecture, its tensor names, and the transforms it applies to the tensors.
   `rope.scaling.yarn_log_multiplier` (times 0.1, as the converter writes it). The gating
   function is written as sigmoid (DeepSeek-V3's `scoring_func`, which transformers 5 does not
   save into the fixture's configuration).
+- deepseek_v2 -> deepseek2-v2.gguf (`deepseek2`, as the converter writes DeepSeek-V2 and
+  V2-Lite): the same layout, the softmax gating function, no correction bias, no
+  `expert_weights_norm` (V2 does not renormalize).
 - gpt_oss -> gpt-oss.gguf (`gpt-oss`): the fused input-major experts transposed to
   output-major and `gate_up` split into gate (even columns) and up (odd), their biases
   likewise; sinks as `attn_sinks.weight`; the router's bias as `ffn_gate_inp.bias`;
@@ -110,17 +113,18 @@ def common(w, cfg, name):
     w.add_file_type(gguf_mod.LlamaFileType.ALL_F32)
 
 
-def deepseek2(cfg, t):
-    w = gguf_mod.GGUFWriter(os.path.join(OUT, "deepseek2.gguf"), "deepseek2")
+def deepseek2(cfg, t, file="deepseek2.gguf", fixture="deepseek_v3", softmax=False):
+    w = gguf_mod.GGUFWriter(os.path.join(OUT, file), "deepseek2")
     cfg = dict(cfg, num_key_value_heads=1)
-    common(w, cfg, "deepseek_v3 fixture")
+    common(w, cfg, f"{fixture} fixture")
     h, nope, rope_dim, v = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
     kv_lora = cfg["kv_lora_rank"]
     w.add_expert_count(cfg["n_routed_experts"])
     w.add_expert_used_count(cfg["num_experts_per_tok"])
     w.add_expert_group_count(cfg["n_group"])
     w.add_expert_group_used_count(cfg["topk_group"])
-    w.add_expert_gating_func(gguf_mod.ExpertGatingFuncType.SIGMOID)
+    gating = gguf_mod.ExpertGatingFuncType
+    w.add_expert_gating_func(gating.SOFTMAX if softmax else gating.SIGMOID)
     w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
     w.add_vocab_size(cfg["vocab_size"])
     if cfg.get("q_lora_rank"):
@@ -163,7 +167,8 @@ def deepseek2(cfg, t):
                 w.add_tensor(b + f"ffn_{r}.weight", t[p + f"mlp.{r}_proj.weight"])
             continue
         w.add_tensor(b + "ffn_gate_inp.weight", t[p + "mlp.gate.weight"])
-        w.add_tensor(b + "exp_probs_b.bias", t[p + "mlp.gate.e_score_correction_bias"])
+        if not softmax:
+            w.add_tensor(b + "exp_probs_b.bias", t[p + "mlp.gate.e_score_correction_bias"])
         for r in ("down", "gate", "up"):
             stack = [t[p + f"mlp.experts.{e}.{r}_proj.weight"] for e in range(cfg["n_routed_experts"])]
             w.add_tensor(b + f"ffn_{r}_exps.weight", np.stack(stack))
@@ -272,7 +277,11 @@ def mimo2(cfg, t):
     return w
 
 
-MAKERS = {"deepseek_v3": deepseek2, "gpt_oss": gpt_oss, "mimo_v2_flash": mimo2}
+def deepseek2_softmax(cfg, t):
+    return deepseek2(cfg, t, "deepseek2-v2.gguf", "deepseek_v2", softmax=True)
+
+
+MAKERS = {"deepseek_v3": deepseek2, "deepseek_v2": deepseek2_softmax, "gpt_oss": gpt_oss, "mimo_v2_flash": mimo2}
 
 
 def main():

@@ -299,6 +299,23 @@ pub enum RouterScoring {
     Sigmoid,
 }
 
+/// What a group of experts scores in a group-limited top-k: the groups with the best scores
+/// are the only ones the top-k chooses from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GroupScore {
+    /// The sum of its two best choice scores (DeepSeek-V3's `noaux_tc`).
+    #[default]
+    TopTwoSum,
+    /// Its best choice score (DeepSeek-V2's `group_limited_greedy`).
+    Max,
+}
+
+impl GroupScore {
+    fn is_default(&self) -> bool {
+        *self == GroupScore::TopTwoSum
+    }
+}
+
 /// The attention variant of an `Attention` op.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AttentionSpec {
@@ -392,6 +409,9 @@ pub enum Op {
         correction_bias: Option<WeightRef>,
         /// Group-limited top-k: `(n_group, topk_group)`.
         groups: Option<(usize, usize)>,
+        /// What a group scores (with `groups`).
+        #[serde(default, skip_serializing_if = "GroupScore::is_default")]
+        group_score: GroupScore,
         /// Multiplies the final weights.
         scale: f32,
         /// Shared experts whose logits follow the routed ones' (Inkling's sink): they take no

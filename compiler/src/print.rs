@@ -95,7 +95,19 @@ pub fn op_text(op: &Op) -> String {
         Op::Glu { gate, up, out, kind } => format!("{out} = glu {kind:?} {gate} {up}"),
         Op::Add { a, b, out } => format!("{out} = add {a} {b}"),
         Op::Mul { a, b, out } => format!("{out} = mul {a} {b}"),
-        Op::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale, shared, scale_by } => {
+        Op::Route {
+            logits,
+            out,
+            scoring,
+            top_k,
+            renormalize,
+            correction_bias,
+            groups,
+            group_score,
+            scale,
+            shared,
+            scale_by,
+        } => {
             let mut s = format!("{out} = route {logits} {scoring:?} top {top_k}");
             if *renormalize {
                 s.push_str(" renormalize");
@@ -105,6 +117,9 @@ pub fn op_text(op: &Op) -> String {
             }
             if let Some((n, t)) = groups {
                 let _ = write!(s, " groups {n} top_groups {t}");
+                if *group_score != GroupScore::TopTwoSum {
+                    let _ = write!(s, " by {group_score:?}");
+                }
             }
             if *scale != 1.0 {
                 let _ = write!(s, " scale {}", g(*scale));

@@ -518,3 +518,43 @@ fn inkling_ops_stay_on_the_host_and_unserved_options_are_refused() {
     let d = compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).unwrap_err().to_string();
     assert!(d.contains("a short convolution weight `conv1d` has shape"), "{d}");
 }
+
+/// DeepSeek-V2's router from the V3 spec (`model_type` "deepseek_v2"): softmax, no bias, no
+/// renormalization, groups scored by their best; `topk_method: "greedy"` drops the groups; a
+/// `model_type` that is not a string is a located diagnostic.
+#[test]
+fn deepseek_v2_routes_by_softmax_and_its_groups_best_score() {
+    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/deepseek_v2");
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("config.json")).unwrap()).unwrap();
+    let spec = Spec::load(&graphs().join("deepseek_v3.ron")).unwrap();
+    let route = |config: &serde_json::Value| {
+        let path = std::env::temp_dir().join(format!("coli-v2-{}.json", std::process::id()));
+        std::fs::write(&path, serde_json::to_vec(config).unwrap()).unwrap();
+        let b = Bindings::from_config_json(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let plan = compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).map_err(|d| d.to_string())?;
+        let p = plan.program;
+        Ok::<_, String>(p.layers[1].ops.iter().find(|op| matches!(op, Op::Route { .. })).cloned().unwrap())
+    };
+    let Op::Route { scoring, renormalize, correction_bias, groups, group_score, scale, .. } = route(&config).unwrap()
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        (scoring, renormalize, correction_bias, groups, group_score),
+        (RouterScoring::Softmax, false, None, Some((4, 2)), GroupScore::Max)
+    );
+    assert_eq!(scale, 1.5);
+    let mut greedy = config.clone();
+    greedy["topk_method"] = "greedy".into();
+    let Op::Route { groups, .. } = route(&greedy).unwrap() else { unreachable!() };
+    assert_eq!(groups, Some((1, 1)));
+    let mut v3 = config.clone();
+    v3["model_type"] = "deepseek_v3".into();
+    let Op::Route { scoring, .. } = route(&v3).unwrap() else { unreachable!() };
+    assert_eq!(scoring, RouterScoring::Sigmoid);
+    let mut bad = config;
+    bad["model_type"] = 2.into();
+    let err = route(&bad).unwrap_err();
+    assert!(err.contains("configuration key `model_type` is `2`, the spec expects a string"), "{err}");
+}

@@ -12,7 +12,7 @@
 
 mod vk_common;
 
-use coli_compiler::ir::{GluKind, RouterScoring};
+use coli_compiler::ir::{GluKind, GroupScore, RouterScoring};
 use coli_runtime::cpu::experts::{routed_experts, ExpertMats, Routed};
 use coli_runtime::cpu::route::{route_row, RouteSpec};
 use coli_runtime::cpu::Precision;
@@ -264,6 +264,7 @@ fn routing_on_the_device_feeds_the_experts() {
             renormalize: true,
             correction_bias: None,
             groups: None,
+            group_score: GroupScore::TopTwoSum,
             scale: 1.0,
         };
         let mut rt = vec![0f32; n * 2 * top_k];
@@ -283,8 +284,14 @@ fn routing_on_the_device_feeds_the_experts() {
         let (xb, lb) = (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&logits).unwrap());
         let (rb, ob) = (ctx.f32_buffer(n * 2 * top_k).unwrap(), ctx.f32_buffer(n * h).unwrap());
         let mut f = ctx.frame().unwrap();
-        let params =
-            RouteParams { scoring: RouterScoring::Softmax, top_k, renormalize: true, groups: None, scale: 1.0 };
+        let params = RouteParams {
+            scoring: RouterScoring::Softmax,
+            top_k,
+            renormalize: true,
+            groups: None,
+            group_score: GroupScore::TopTwoSum,
+            scale: 1.0,
+        };
         f.route(lb.all(), None, rb.all(), n, e, params).unwrap();
         let call = MoeCall {
             experts: &dev,

@@ -8,7 +8,7 @@
 mod vk_common;
 
 // The CPU op library is the reference.
-use coli_compiler::ir::{Activation, GluKind, RopeScaling, RopeStyle, RouterScoring};
+use coli_compiler::ir::{Activation, GluKind, GroupScore, RopeScaling, RopeStyle, RouterScoring};
 use coli_runtime::cpu::linear::linear;
 use coli_runtime::cpu::Precision;
 use coli_runtime::cpu::{
@@ -398,8 +398,11 @@ fn route_matches_cpu() {
         (RouterScoring::Softmax, 2, true, None, false, 1.0),
         (RouterScoring::Sigmoid, 8, true, Some((8, 3)), true, 2.5),
         (RouterScoring::Sigmoid, 6, false, None, true, 1.0),
+        // DeepSeek-V2's group-limited greedy: softmax, a group scores its best.
+        (RouterScoring::Softmax, 6, false, Some((8, 3)), false, 16.0),
     ];
     for (case, (scoring, top_k, renormalize, groups, with_bias, scale)) in cases.into_iter().enumerate() {
+        let group_score = if case == 4 { GroupScore::Max } else { GroupScore::TopTwoSum };
         let mut logits = rng.vec(n * experts, 4.0);
         if case == 0 {
             // Ties: row 0 all equal (the lowest indices win), row 1 in pairs of equal values.
@@ -415,6 +418,7 @@ fn route_matches_cpu() {
             renormalize,
             correction_bias: with_bias.then_some(&bias[..]),
             groups,
+            group_score,
             scale,
         };
         let mut want = vec![0f32; n * 2 * top_k];
@@ -427,7 +431,7 @@ fn route_matches_cpu() {
         }
         let (lb, bb, ob) =
             (ctx.upload_f32(&logits).unwrap(), ctx.upload_f32(&bias).unwrap(), ctx.f32_buffer(want.len()).unwrap());
-        let p = RouteParams { scoring, top_k, renormalize, groups, scale };
+        let p = RouteParams { scoring, top_k, renormalize, groups, group_score, scale };
         let mut f = ctx.frame().unwrap();
         f.route(lb.all(), with_bias.then(|| bb.all()), ob.all(), n, experts, p).unwrap();
         f.run().unwrap();

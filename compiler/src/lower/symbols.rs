@@ -109,9 +109,10 @@ impl<'a> Symbols<'a> {
         };
         for k in keys {
             if let Some(j) = config_value(self.bindings, &k.value) {
-                let v = match &def.indices_of {
-                    Some(w) => indices_of(j, &w.value),
-                    None => from_json(j, ty),
+                let v = match (&def.indices_of, &def.equals) {
+                    (Some(w), _) => indices_of(j, &w.value),
+                    (None, Some(w)) => j.as_str().map(|s| Value::Bool(s == w.value)),
+                    (None, None) => from_json(j, ty),
                 };
                 return match v {
                     Some(v) => {
@@ -119,9 +120,10 @@ impl<'a> Symbols<'a> {
                         Some(v)
                     }
                     None => {
-                        let want = match &def.indices_of {
-                            Some(_) => "a list of strings".to_string(),
-                            None => article(ty).to_string(),
+                        let want = match (&def.indices_of, &def.equals) {
+                            (Some(_), _) => "a list of strings".to_string(),
+                            (None, Some(_)) => "a string".to_string(),
+                            (None, None) => article(ty).to_string(),
                         };
                         self.report(self.spec.diag(
                             k.span,

@@ -299,6 +299,13 @@ pub fn check(spec: &Spec) -> Diagnostics {
                 ));
             }
         }
+        if let Some(w) = &s.equals {
+            if s.ty() != Type::Bool {
+                d.push(
+                    spec.diag(w.span, format!("`equals` makes a Bool; symbol `{}` is declared {}", name.value, s.ty())),
+                );
+            }
+        }
         if s.hf.is_empty() && s.gguf.is_empty() && s.tensor.is_none() && s.default.is_none() {
             d.push(spec.diag(
                 name.span,

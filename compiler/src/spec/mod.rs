@@ -16,7 +16,7 @@ pub mod syntax;
 
 use crate::diag::{Diagnostic, Diagnostics, Span};
 use crate::expr::{self, Expr, Type};
-use crate::ir::{Activation, LinearAttentionKind, RopeStyle, RouterScoring};
+use crate::ir::{Activation, GroupScore, LinearAttentionKind, RopeStyle, RouterScoring};
 use de::{Entries, Items, Spanned};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -92,6 +92,10 @@ pub struct SymbolDef {
     /// equal to this string (`layer_types` and `"sliding_attention"`).
     #[serde(default)]
     pub indices_of: Option<Text>,
+    /// For a `Bool` read from a configuration string: whether it equals this string
+    /// (`model_type` and `"deepseek_v2"`).
+    #[serde(default)]
+    pub equals: Option<Text>,
 }
 
 impl SymbolDef {
@@ -272,6 +276,9 @@ pub enum OpItem {
         correction_bias: Option<Text>,
         #[serde(default)]
         groups: Option<(Text, Text)>,
+        /// What a group scores: `TopTwoSum` (the default) or `Max`.
+        #[serde(default)]
+        group_score: GroupScore,
         #[serde(default)]
         scale: Option<Text>,
         /// Shared experts whose logits follow the routed ones' (an Int; default 0).

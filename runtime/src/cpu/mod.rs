@@ -285,7 +285,19 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
                 }
             });
         }
-        Op::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale, shared, scale_by } => {
+        Op::Route {
+            logits,
+            out,
+            scoring,
+            top_k,
+            renormalize,
+            correction_bias,
+            groups,
+            group_score,
+            scale,
+            shared,
+            scale_by,
+        } => {
             let bias = correction_bias.as_ref().map(|b| env.weights.vector(&b.name));
             let spec = route::RouteSpec {
                 scoring: *scoring,
@@ -293,6 +305,7 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
                 renormalize: *renormalize,
                 correction_bias: bias,
                 groups: *groups,
+                group_score: *group_score,
                 scale: *scale,
             };
             let lw = env.width(*logits);

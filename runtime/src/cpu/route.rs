@@ -2,7 +2,7 @@
 //! sigmoid scores, a correction bias that steers the choice only, group-limited top-k,
 //! renormalization and a routed scaling factor. Ties break toward the lower expert index.
 
-use coli_compiler::ir::RouterScoring;
+use coli_compiler::ir::{GroupScore, RouterScoring};
 
 /// Options of one routing, as the program's `Route` op carries them.
 #[derive(Clone, Copy, Debug)]
@@ -12,6 +12,7 @@ pub struct RouteSpec<'a> {
     pub renormalize: bool,
     pub correction_bias: Option<&'a [f32]>,
     pub groups: Option<(usize, usize)>,
+    pub group_score: GroupScore,
     pub scale: f32,
 }
 
@@ -33,12 +34,16 @@ pub fn route_row(spec: &RouteSpec, logits: &[f32], out: &mut [f32]) {
     };
     if let Some((n_group, topk_group)) = spec.groups {
         let per = n / n_group;
-        // A group's score is the sum of its two best choice scores.
+        // A group's score: the sum of its two best choice scores, or its best.
+        let best = match spec.group_score {
+            GroupScore::TopTwoSum => 2,
+            GroupScore::Max => 1,
+        };
         let mut gs: Vec<(usize, f32)> = (0..n_group)
             .map(|g| {
                 let mut v: Vec<f32> = choice[g * per..(g + 1) * per].to_vec();
                 v.sort_by(|a, b| b.total_cmp(a));
-                (g, v.iter().take(2).sum())
+                (g, v.iter().take(best).sum())
             })
             .collect();
         gs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -89,7 +94,15 @@ mod tests {
     use super::*;
 
     fn spec(scoring: RouterScoring, top_k: usize, renormalize: bool) -> RouteSpec<'static> {
-        RouteSpec { scoring, top_k, renormalize, correction_bias: None, groups: None, scale: 1.0 }
+        RouteSpec {
+            scoring,
+            top_k,
+            renormalize,
+            correction_bias: None,
+            groups: None,
+            group_score: GroupScore::TopTwoSum,
+            scale: 1.0,
+        }
     }
 
     #[test]
@@ -125,6 +138,18 @@ mod tests {
         let mut out = [0.0; 4];
         route_row(&s, &[5.0, -5.0, 3.0, 3.0], &mut out);
         assert_eq!((out[0], out[2]), (2.0, 3.0));
+    }
+
+    #[test]
+    fn group_max_keeps_the_group_with_the_best_single_score() {
+        // groups {0,1} and {2,3}: by the sum of two {2,3} wins, by the best one {0,1}.
+        let logits = [5.0, -5.0, 3.0, 3.0];
+        for (by, want) in [(GroupScore::TopTwoSum, (2.0, 3.0)), (GroupScore::Max, (0.0, 1.0))] {
+            let s = RouteSpec { groups: Some((2, 1)), group_score: by, ..spec(RouterScoring::Sigmoid, 2, false) };
+            let mut out = [0.0; 4];
+            route_row(&s, &logits, &mut out);
+            assert_eq!((out[0], out[2]), want, "{by:?}");
+        }
     }
 
     #[test]

@@ -573,13 +573,16 @@ impl DeviceModel {
                     f.rope_at(view(*x), fb.all(), shape(n), pos)?;
                 }
             }
-            Op::Route { logits, out, scoring, top_k, renormalize, correction_bias, groups, scale, .. } => {
+            Op::Route {
+                logits, out, scoring, top_k, renormalize, correction_bias, groups, group_score, scale, ..
+            } => {
                 let bias = correction_bias.as_ref().map(|b| self.vecs[&b.name].all());
                 let params = RouteParams {
                     scoring: *scoring,
                     top_k: *top_k,
                     renormalize: *renormalize,
                     groups: *groups,
+                    group_score: *group_score,
                     scale: *scale,
                 };
                 f.route(view(*logits), bias, view(*out), n, w(*logits), params)?;

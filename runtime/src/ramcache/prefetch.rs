@@ -18,7 +18,7 @@ use crate::cpu::experts::Routed;
 use crate::cpu::route::{route_row, RouteSpec};
 use crate::cpu::{linear, Precision};
 use crate::store::weights::WeightStore;
-use coli_compiler::ir::{op_io, Op, RouterScoring, ValueId};
+use coli_compiler::ir::{op_io, GroupScore, Op, RouterScoring, ValueId};
 
 /// What the prefetch did, for the per-run line and tests.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -51,6 +51,7 @@ pub(super) struct NextRouter {
     renormalize: bool,
     correction_bias: Option<String>,
     groups: Option<(usize, usize)>,
+    group_score: GroupScore,
 }
 
 /// The op of `ops` writing `v`.
@@ -71,7 +72,8 @@ impl NextRouter {
         };
         moe(this)?;
         let (x_next, routing) = moe(next)?;
-        let Op::Route { logits, scoring, top_k, renormalize, correction_bias, groups, .. } = writer(next, routing)?
+        let Op::Route { logits, scoring, top_k, renormalize, correction_bias, groups, group_score, .. } =
+            writer(next, routing)?
         else {
             return None;
         };
@@ -88,6 +90,7 @@ impl NextRouter {
             renormalize: *renormalize,
             correction_bias: correction_bias.as_ref().map(|b| b.name.clone()),
             groups: *groups,
+            group_score: *group_score,
         })
     }
 
@@ -121,6 +124,7 @@ impl NextRouter {
             renormalize: self.renormalize,
             correction_bias: self.correction_bias.as_ref().map(|b| ws.vector(b)),
             groups: self.groups,
+            group_score: self.group_score,
             scale: 1.0,
         };
         let mut votes = vec![0usize; experts];

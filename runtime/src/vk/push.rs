@@ -167,7 +167,7 @@ push_blocks! {
     RoutePush for [Route] {
         n: u32, top_k: u32, sigmoid_: u32, renormalize: u32,
         has_bias: u32, n_group: u32, topk_group: u32, scale: f32,
-        l_off: u32, o_off: u32, pad0: u32, pad1: u32,
+        l_off: u32, o_off: u32, group_max: u32, pad1: u32,
     }
 
     /// Mirrors `attn.glsl`'s push block (`attn_split.comp`, `attn_block.comp`).

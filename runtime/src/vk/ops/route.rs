@@ -9,7 +9,7 @@ use crate::vk::error::{Result, VkError};
 use crate::vk::frame::{Bind, Frame};
 use crate::vk::push::RoutePush;
 use crate::vk::shaders::Kernel;
-use coli_compiler::ir::RouterScoring;
+use coli_compiler::ir::{GroupScore, RouterScoring};
 
 /// The `Route` op's options (the bias is a view: it lives on the device).
 #[derive(Clone, Copy, Debug)]
@@ -19,6 +19,7 @@ pub struct RouteParams {
     pub renormalize: bool,
     /// `(n_group, topk_group)`.
     pub groups: Option<(usize, usize)>,
+    pub group_score: GroupScore,
     pub scale: f32,
 }
 
@@ -70,7 +71,7 @@ impl<'a> Frame<'a> {
             scale: p.scale,
             l_off: u32_arg(OP, "logits offset", logits.offset)?,
             o_off: u32_arg(OP, "out offset", out.offset)?,
-            pad0: 0,
+            group_max: (p.group_score == GroupScore::Max) as u32,
             pad1: 0,
         };
         let binds = [Bind::buf(logits.buf), bias.map_or(Bind::UNUSED, |b| Bind::buf(b.buf)), Bind::buf(out.buf)];
