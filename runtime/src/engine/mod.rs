@@ -243,7 +243,12 @@ impl Engine {
     /// cache, disk), with the bytes read from disk and the read rate; `None` without a cache.
     pub fn ram_summary(&self) -> Option<String> {
         let r = self.model.ram_cache()?;
-        let tier = self.device.as_ref().and_then(|d| d.with_tier(|t| (t.stats().device, t.stats().routed)));
+        let tier = self.device.as_ref().and_then(|d| {
+            d.with_tier(|t| {
+                let s = t.stats();
+                crate::ramcache::TierShare { device: s.device - s.pool, pool: s.pool, routed: s.routed }
+            })
+        });
         Some(r.summary(tier))
     }
 

@@ -46,6 +46,7 @@ pub mod io;
 mod pin;
 pub mod prefetch;
 mod report;
+pub use report::TierShare;
 mod spans;
 #[cfg(test)]
 mod tests;

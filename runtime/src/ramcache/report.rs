@@ -6,14 +6,23 @@
 use super::RamCache;
 use coli_compiler::cost::human;
 
+/// What a device tier served, for the per-run line: pairs from its device slots and from its
+/// host pool, of all routed pairs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TierShare {
+    pub device: u64,
+    pub pool: u64,
+    pub routed: u64,
+}
+
 impl RamCache {
-    /// The per-run line: the routed pairs by where their expert came from (`device`: pairs a
+    /// The per-run line: the routed pairs by where their expert came from (`device`: what a
     /// device tier served, when there is one), the bytes read from disk and the read rate.
-    pub fn summary(&self, device: Option<(u64, u64)>) -> String {
+    pub fn summary(&self, device: Option<TierShare>) -> String {
         let b = self.books();
         let s = &b.stats;
         let cpu = s.hit_pairs + s.disk_pairs;
-        let (dev, routed) = device.unwrap_or((0, cpu));
+        let TierShare { device: dev, pool, routed } = device.unwrap_or(TierShare { device: 0, pool: 0, routed: cpu });
         let pct = |x: u64| if routed == 0 { 0.0 } else { 100.0 * x as f64 / routed as f64 };
         let secs = s.read_time.as_secs_f64();
         let rate = if secs > 0.0 { s.disk_bytes as f64 / secs } else { 0.0 };
@@ -22,7 +31,7 @@ impl RamCache {
         let pinned = b.pinned.iter().filter(|p| **p).count();
         let mut line = String::from("experts run: ");
         if device.is_some() {
-            line.push_str(&format!("device tier {dev} ({:.1}%), ", pct(dev)));
+            line.push_str(&format!("device tier {dev} ({:.1}%), host pool {pool} ({:.1}%), ", pct(dev), pct(pool)));
         }
         line.push_str(&format!(
             "RAM cache {} ({:.1}%), disk {} ({:.1}%) of {routed} routed pairs | disk: {} experts read, {} ({} per token), {:.1} ms waiting on reads, {}/s, {} | RAM: {held} experts held ({pinned} pinned), {} of {}, {} kept, {} evicted, {} served once, {} moved to a device",
