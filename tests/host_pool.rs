@@ -5,7 +5,10 @@
 //!   forced into the driver's host-visible memory: logits within the tier tests' tolerance
 //!   (1e-4 of the largest |logit|), the same greedy tokens, pairs served from the pool > 0,
 //!   pool experts moved up to the device;
-//! - with the RAM cache: no expert both in a slot (device or pool) and in RAM;
+//! - with the RAM cache, the trunk on the device and on the CPU (`device_layers: 0`): the same
+//!   tokens, and no expert both in a slot (device or pool) and in RAM;
+//! - a stress run (one row a step, many moves between the device and the pool) matches the CPU
+//!   and, the model dropped, leaves no memory held (every imported block freed);
 //! - a budget too small for one expert: no pool, and the tier's line says why.
 
 mod common;
@@ -100,9 +103,19 @@ fn the_host_pool_and_the_ram_cache_hold_different_experts() {
     let p = ids(&read_json(&dir.join("oracle.json"))["prompt_ids"]);
     let want = run_greedy(&load_model(&dir), &p, 5, 8, CONTEXT, true);
     let each = expert_bytes(&dir);
-    let ram = RamOptions { budget: RamBudget::Bytes(1 << 20), readers: 2, ..RamOptions::default() };
-    let l = load(&dir, &options(Some(4 * each), true, ram));
-    let got = run_greedy(&l, &p, 5, 8, CONTEXT, true);
+    for device_layers in [None, Some(0)] {
+        let ram = RamOptions { budget: RamBudget::Bytes(1 << 20), readers: 2, ..RamOptions::default() };
+        let mut o = options(Some(4 * each), true, ram);
+        o.compile.device_layers = device_layers;
+        let l = load(&dir, &o);
+        assert_eq!(l.device().unwrap().has_device_frames(), device_layers.is_none(), "the trunk's place");
+        pool_and_ram(&l, &p, &want);
+    }
+}
+
+fn pool_and_ram(l: &Engine, p: &[u32], want: &Run) {
+    let got = run_greedy(l, p, 5, 8, CONTEXT, true);
+    assert!(got.on_device, "{:?}", got.notice);
     assert_eq!(got.toks, want.toks);
     assert!(max_abs_diff(&got.rows, &want.rows) <= 1e-4 * max_abs(&want.rows));
     let r = l.model().ram_cache().unwrap();
@@ -115,7 +128,7 @@ fn the_host_pool_and_the_ram_cache_hold_different_experts() {
             assert!(!(dev && r.holds(layer, e)), "l{layer}.e{e} in a slot and in RAM");
         }
     }
-    assert!(in_pool > 0 && stats(&l).pool > 0, "{:?}", stats(&l));
+    assert!(in_pool > 0 && stats(l).pool > 0, "{:?}", stats(l));
     let summary = l.ram_summary().unwrap();
     assert!(summary.contains("host pool") && summary.contains("RAM cache"), "{summary}");
     let b = r.check_books();
@@ -132,4 +145,25 @@ fn a_host_pool_too_small_for_one_expert_is_off_and_says_why() {
     assert_eq!(l.device().unwrap().with_tier(|t| t.pool_slots()).unwrap(), 0);
     let none = load(&dir, &options(None, true, no_ram()));
     assert!(none.tier_line().unwrap().contains("no host pool"));
+}
+
+#[test]
+fn a_stress_run_moves_experts_between_the_levels_and_leaves_no_memory_held() {
+    let dir = fixture_dir("olmoe");
+    let each = expert_bytes(&dir);
+    let mut o = options(Some(5 * each), true, no_ram());
+    o.tier.promotions_per_token = 64;
+    let l = load(&dir, &o);
+    let ctx = l.device().unwrap().ctx.clone();
+    let prompt: Vec<u32> = (0..120).map(|i| (i * 37 + 11) % 100).collect();
+    let want = run_greedy(&load_model(&dir), &prompt, 1, 0, CONTEXT, false);
+    let got = run_greedy(&l, &prompt, 1, 0, CONTEXT, false);
+    assert!(got.on_device, "{:?}", got.notice);
+    assert!(max_abs_diff(&got.rows, &want.rows) <= 1e-4 * max_abs(&want.rows));
+    let s = stats(&l);
+    assert!(s.pool > 20 && s.pool_promotions > 0 && s.evictions > 0 && s.failed == 0, "{s:?}");
+    drop(l);
+    ctx.trim();
+    let m = ctx.memory_stats();
+    assert_eq!((m.used_bytes, m.blocks), (0, 0), "every buffer and block freed: {m:?}");
 }
