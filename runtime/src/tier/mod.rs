@@ -262,10 +262,7 @@ impl ExpertTier {
         if side.refused {
             line.push_str("; the device refused more pages");
         }
-        line.push_str(&format!(
-            "; {}",
-            pool_note.as_deref().unwrap_or("no host pool (off unless --host-pool-mib: its RAM stays the RAM cache's)")
-        ));
+        line.push_str(&format!("; {}", pool_note.as_deref().unwrap_or(pool::NO_POOL)));
         for side in &tier.sides[1..] {
             line.push_str(&format!(
                 "; and on d{} ({}): budget {} ({}) = {} experts in {} page{}, after the primary's{}",

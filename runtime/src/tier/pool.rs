@@ -12,6 +12,9 @@ use crate::heat::beats;
 use crate::vk::{MemoryUse, VkError};
 use coli_compiler::cost::human;
 
+/// The tier line's clause without a pool: the default, and why.
+pub(super) const NO_POOL: &str = "no host pool (off unless --host-pool-mib: its RAM stays the RAM cache's)";
+
 impl ExpertTier {
     /// Slots of the host pool (0: no pool), and the memory they are in.
     pub fn pool_slots(&self) -> usize {
