@@ -118,7 +118,13 @@ pub(super) fn host_pool(
         }
         (false, _) => (MemoryUse::Pool, "the driver's host-visible memory (import off)"),
     };
-    let added = side.add_pool(budget, shape, left, memory)?;
+    let mut added = side.add_pool(budget, shape, left, memory)?;
+    let mut how = how;
+    if added == 0 && memory == MemoryUse::PoolImport {
+        // The driver refused the import: its own host-visible memory instead.
+        added = side.add_pool(budget, shape, left, MemoryUse::Pool)?;
+        how = "the driver's host-visible memory (the import was refused)";
+    }
     if added == 0 {
         return Ok(format!("host pool off: the driver refused its memory ({how})"));
     }
