@@ -9,7 +9,10 @@
 //! - the prefetch of the next layer's experts on and off: the same logits bit for bit and the
 //!   same tokens, and the per-run line's prefetch numbers sane (guessed > 0, used <= guessed);
 //! - a stress run (one row a step, a cache of two experts) reads and evicts all along, and the
-//!   books balance at the end (bytes held = the sum of the entries, none still shared).
+//!   books balance at the end (bytes held = the sum of the entries, none still shared);
+//! - pins: the history's hottest experts are held before the first step, stay held under a
+//!   budget two experts above them (every other expert read and evicted all along), and the
+//!   logits are the plain CPU's bit for bit.
 
 mod common;
 
@@ -18,6 +21,7 @@ use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
 use coli_runtime::exec::{ExecError, LogitRows, Session};
 use coli_runtime::ramcache::io::IoError;
 use coli_runtime::ramcache::{RamBudget, RamError, RamOptions};
+use coli_runtime::tier::history::History;
 use coli_runtime::tier::TierOptions;
 use coli_runtime::vk::VkOptions;
 use common::*;
@@ -30,7 +34,7 @@ fn prompt(dir: &Path) -> Vec<u32> {
 }
 
 fn ram(budget: u64) -> RamOptions {
-    RamOptions { budget: RamBudget::Bytes(budget), readers: 3, direct_io: true, prefetch: true }
+    RamOptions { budget: RamBudget::Bytes(budget), readers: 3, direct_io: true, prefetch: true, pin: 0 }
 }
 
 /// The CPU with a RAM cache of `budget` bytes, the prefetch on or off.
@@ -105,7 +109,11 @@ fn the_prefetch_changes_where_bytes_come_from_never_the_numbers() {
 }
 
 fn load_tier(dir: &Path, budget: u64, device_layers: Option<usize>) -> Engine {
-    let opts = EngineOptions {
+    Engine::load(dir, &tier_options(budget, device_layers)).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+}
+
+fn tier_options(budget: u64, device_layers: Option<usize>) -> EngineOptions {
+    EngineOptions {
         device: DeviceRequest::Vulkan(VkOptions::default()),
         compile: Options {
             context: CONTEXT,
@@ -117,8 +125,7 @@ fn load_tier(dir: &Path, budget: u64, device_layers: Option<usize>) -> Engine {
         tier: TierOptions { max_experts: Some(3), warm_start: false, deterministic: true, ..TierOptions::default() },
         ram: ram(budget),
         ..EngineOptions::default()
-    };
-    Engine::load(dir, &opts).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+    }
 }
 
 /// No expert is both serving from a device slot and held in RAM.
@@ -268,4 +275,70 @@ fn the_default_budget_leaves_a_model_that_fits_to_the_map() {
         ..EngineOptions::default()
     };
     assert!(Engine::load(&dir, &off).unwrap().ram_line().is_none());
+}
+
+/// The MoE layers of `l`'s program (the layers the RAM cache serves).
+fn moe_layers(l: &Engine) -> Vec<usize> {
+    let r = l.model().ram_cache().unwrap();
+    (0..l.plan().program.layers.len()).filter(|&i| r.serves(i)).collect()
+}
+
+#[test]
+fn pinned_experts_are_loaded_first_never_evicted_and_change_no_logit() {
+    let dir = fixture_dir("olmoe");
+    let each = expert_bytes(&dir);
+    let moe = moe_layers(&load_ram(&dir, 0));
+    assert_eq!(moe.len(), 2, "{moe:?}");
+    // A history: l(a).e3 and l(b).e2 the hottest of their layers (seeded at 32), l(a).e5 at 16.
+    let mut h = History::new(8);
+    h.add(moe[0], &[0, 0, 0, 100, 0, 50, 0, 0]);
+    h.add(moe[1], &[0, 0, 80, 0, 0, 0, 0, 1]);
+    let tmp = std::env::temp_dir().join(format!("coli-ram-pins-{}.coli_usage", std::process::id()));
+    std::fs::write(&tmp, h.to_text()).unwrap();
+    let opts = EngineOptions {
+        ram: RamOptions { pin: 2 * each, prefetch: false, ..ram(4 * each) },
+        tier: TierOptions { history: Some(tmp.clone()), ..TierOptions::default() },
+        ..EngineOptions::default()
+    };
+    let l = Engine::load(&dir, &opts).unwrap();
+    let r = l.model().ram_cache().unwrap();
+    let line = l.ram_line().unwrap();
+    assert!(line.contains("pinned: 2 of the history's hottest experts"), "{line}");
+    // Before any step: the two hottest held and pinned, read at startup (not a step's load).
+    let s = r.stats();
+    assert_eq!((s.pinned, s.pinned_bytes, s.loads, s.hit_pairs), (2, 2 * each, 0, 0), "{s:?}");
+    assert!(r.is_pinned(moe[0], 3) && r.is_pinned(moe[1], 2), "the hottest of each layer");
+    assert!(!r.holds(moe[0], 5), "the third fits no pin");
+    // One row a step: every other expert passes through the two free experts' room.
+    let prompt: Vec<u32> = (0..120).map(|i| (i * 37 + 11) % 100).collect();
+    let want = run_greedy(&load_model(&dir), &prompt, 1, 4, CONTEXT, true);
+    let got = run_greedy(&l, &prompt, 1, 4, CONTEXT, true);
+    assert_eq!(got.toks, want.toks);
+    assert_eq!(max_abs_diff(&got.rows, &want.rows), 0.0, "pins move bytes, never numbers");
+    let s = r.stats();
+    assert!(s.evictions > 10 && s.transient > 100 && s.hit_pairs > 0, "pressure all along: {s:?}");
+    assert!(r.is_pinned(moe[0], 3) && r.is_pinned(moe[1], 2) && r.holds(moe[0], 3) && r.holds(moe[1], 2));
+    assert_eq!(s.unpinned, 0);
+    let b = r.check_books();
+    assert!(b.entries <= 4 && b.held <= 4 * each, "{b:?}");
+    books_balance(&l);
+    assert!(l.ram_summary().unwrap().contains("(2 pinned)"));
+    // Without a history there is nothing to pin, and the line says so.
+    let none = EngineOptions { tier: TierOptions::default(), ..opts };
+    assert!(Engine::load(&dir, &none).unwrap().ram_line().unwrap().ends_with("no pins: no routing history"));
+    // With the device tier (Lavapipe): a pinned expert the tier promotes moves up, so none is
+    // held in both places, and the tokens stay the CPU's.
+    let mut t = tier_options(4 * each, None);
+    t.ram.pin = 2 * each;
+    t.tier.history = Some(tmp.clone());
+    let l = Engine::load(&dir, &t).unwrap();
+    let p = self::prompt(&dir);
+    let want = run_greedy(&load_model(&dir), &p, 5, 8, CONTEXT, true);
+    let got = run_greedy(&l, &p, 5, 8, CONTEXT, true);
+    assert!(got.on_device, "{:?}", got.notice);
+    assert_eq!(got.toks, want.toks);
+    assert_eq!(l.model().ram_cache().unwrap().stats().pinned, 2);
+    exclusive(&l);
+    books_balance(&l);
+    std::fs::remove_file(&tmp).unwrap();
 }

@@ -139,7 +139,21 @@ impl Engine {
             place::Compile { spec: &spec, bindings: &bindings, profile: &opened.profile, options: &opts.compile };
         let device = place::load_chain(&opened.ctxs, &mut plan, &model, &from, &opts.tier, &mut note, progress)?;
         // Before any host copy is released: the cache finds the experts' bytes in the files.
-        let ram = crate::ramcache::RamCache::new(&model.program, &model.weights, &opts.ram)?;
+        // Pins start from the tier's routing history, after what the tier's slots hold.
+        let history = match (&opts.tier.history, opts.ram.pin) {
+            (Some(p), pin) if pin > 0 => match crate::tier::history::History::load(p, model.program.layers.len()) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!("RAM expert cache: {e}; no pins");
+                    None
+                }
+            },
+            _ => None,
+        };
+        let on_device =
+            |l: usize, e: usize| device.as_ref().and_then(|d| d.with_tier(|t| t.is_resident(l, e))).unwrap_or(false);
+        let warm = history.as_ref().map(|h| crate::ramcache::Warm { counts: &h.layers, on_device: &on_device });
+        let ram = crate::ramcache::RamCache::new(&model.program, &model.weights, &opts.ram, warm)?;
         model.set_ram_cache(ram);
         if device.is_some() {
             place::release_host_copies(opts.host_copies, &opened.ctxs, &plan, &mut model, &mut checkpoint, &mut note);
@@ -229,7 +243,12 @@ impl Engine {
     /// cache, disk), with the bytes read from disk and the read rate; `None` without a cache.
     pub fn ram_summary(&self) -> Option<String> {
         let r = self.model.ram_cache()?;
-        let tier = self.device.as_ref().and_then(|d| d.with_tier(|t| (t.stats().device, t.stats().routed)));
+        let tier = self.device.as_ref().and_then(|d| {
+            d.with_tier(|t| {
+                let s = t.stats();
+                crate::ramcache::TierShare { device: s.device - s.pool, pool: s.pool, routed: s.routed }
+            })
+        });
         Some(r.summary(tier))
     }
 

@@ -27,6 +27,12 @@
 //! spare, else dropped. A forward starts with none in flight (`begin_forward`). The guesses
 //! only move reads earlier: the bytes, so every number computed, are the same either way.
 //!
+//! Pins (`RamOptions::pin`, the CLI's `--ram-pin-mib`): the warm start of the RAM level. At
+//! startup the routing history (the tier's, `Warm`) seeds the heat and its hottest experts that
+//! no device slot holds are read (all in flight together) and held as pinned, within the pin's
+//! bytes and the budget: pinned experts count in the budget and are never evicted; only a
+//! device slot taking one (exclusive caching, `forget`) lets its copy go.
+//!
 //! The books (`Books`): the bytes held are the sum of the entries' buffers, checked by
 //! `check_books`; entries are shared (`Arc`), so an eviction during a step frees the copy when
 //! the step drops it.
@@ -37,7 +43,11 @@
 
 mod budget;
 pub mod io;
+mod pin;
 pub mod prefetch;
+mod report;
+pub use report::TierShare;
+mod spans;
 #[cfg(test)]
 mod tests;
 
@@ -45,13 +55,13 @@ use crate::cpu::experts::{pair_expert, routed_experts, ExpertMats, Routed};
 use crate::cpu::Precision;
 use crate::format::{FormatError, Matrix, WeightFormat};
 use crate::heat::Heat;
-use crate::model::Tensor;
 use crate::store::weights::WeightStore;
 pub use budget::{auto_budget, reserve, Memory};
 use coli_compiler::cost::human;
-use coli_compiler::ir::{ExpertTensor, ExpertWeights, Op, Program};
+use coli_compiler::ir::{ExpertWeights, Op, Program};
 use io::{AlignedBuf, IoError, IoPool, Pending, Request};
 use prefetch::{NextRouter, PrefetchStats};
+use spans::layer_spans;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -79,12 +89,22 @@ pub struct RamOptions {
     /// default: measured, the wrong guesses' reads and evictions cost more than the early
     /// reads saved (docs/BENCHMARKS.md, 2026-12-02).
     pub prefetch: bool,
+    /// Bytes of the routing history's hottest experts pinned at startup, within the budget
+    /// (the module doc; `--ram-pin-mib`); 0: no pins.
+    pub pin: u64,
 }
 
 impl Default for RamOptions {
     fn default() -> RamOptions {
-        RamOptions { budget: RamBudget::Auto, readers: 4, direct_io: true, prefetch: false }
+        RamOptions { budget: RamBudget::Auto, readers: 4, direct_io: true, prefetch: false, pin: 0 }
     }
+}
+
+/// What the pins start from: the routing history's counts per program layer (one per expert),
+/// and whether a device slot holds an expert now (`(layer, expert)`; those are not pinned).
+pub struct Warm<'a> {
+    pub counts: &'a std::collections::BTreeMap<usize, Vec<u64>>,
+    pub on_device: &'a dyn Fn(usize, usize) -> bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +136,11 @@ pub struct RamStats {
     pub to_device: u64,
     /// Tokens of the forwards seen.
     pub tokens: u64,
+    /// Experts pinned at startup (read before the first step, not in `loads`), their bytes,
+    /// and those a device slot took since.
+    pub pinned: u64,
+    pub pinned_bytes: u64,
+    pub unpinned: u64,
     /// The prefetch's guesses and how they served.
     pub prefetch: PrefetchStats,
 }
@@ -169,6 +194,8 @@ struct Inflight {
 struct Books {
     /// Per (cache layer, expert).
     entries: Vec<Option<Arc<CachedExpert>>>,
+    /// Per (cache layer, expert), whether its entry is pinned (never evicted).
+    pinned: Vec<bool>,
     /// Per cache layer, its early reads in flight.
     inflight: Vec<Option<Inflight>>,
     held: u64,
@@ -214,7 +241,13 @@ impl RamCache {
     /// not needed, by `RamBudget::Auto`). A layer whose experts are not views of the files
     /// (quantized or re-laid at load) stays with the weight store. The map's pages of the
     /// experts served are advised away.
-    pub fn new(program: &Program, ws: &WeightStore, opts: &RamOptions) -> Result<Option<RamCache>, RamError> {
+    /// With `warm` and `opts.pin` > 0 the history's hottest experts are pinned (the module doc).
+    pub fn new(
+        program: &Program,
+        ws: &WeightStore,
+        opts: &RamOptions,
+        warm: Option<Warm>,
+    ) -> Result<Option<RamCache>, RamError> {
         if opts.budget == RamBudget::Off {
             return Ok(None);
         }
@@ -301,7 +334,7 @@ impl RamCache {
         } else {
             line.push_str("; no prefetch");
         }
-        Ok(Some(RamCache {
+        let cache = RamCache {
             layers,
             index,
             experts,
@@ -312,13 +345,29 @@ impl RamCache {
             pool,
             books: Mutex::new(Books {
                 entries: vec![None; n * experts],
+                pinned: vec![false; n * experts],
                 inflight: (0..n).map(|_| None).collect(),
                 held: 0,
                 heat: Heat::new(n, experts),
                 stats: RamStats::default(),
             }),
             line,
-        }))
+        };
+        let pins = match warm {
+            Some(w) if opts.pin > 0 => {
+                let t0 = Instant::now();
+                let (count, bytes) = cache.pin(&w, opts.pin.min(budget))?;
+                format!(
+                    "; pinned: {count} of the history's hottest experts, {} (of {} asked, --ram-pin-mib), read in {:.2} s",
+                    human(bytes),
+                    human(opts.pin),
+                    t0.elapsed().as_secs_f64()
+                )
+            }
+            _ if opts.pin > 0 => "; no pins: no routing history".to_string(),
+            _ => "; no pins".to_string(),
+        };
+        Ok(Some(RamCache { line: format!("{}{pins}", cache.line), ..cache }))
     }
 
     fn books(&self) -> MutexGuard<'_, Books> {
@@ -373,9 +422,13 @@ impl RamCache {
     pub fn forget(&self, layer: usize, e: usize) {
         let Some(t) = self.index.get(layer).copied().flatten() else { return };
         let mut b = self.books();
-        if let Some(c) = b.entries.get_mut(t * self.experts + e).and_then(Option::take) {
+        let i = t * self.experts + e;
+        if let Some(c) = b.entries.get_mut(i).and_then(Option::take) {
             b.held -= c.cost() as u64;
             b.stats.to_device += 1;
+            if std::mem::take(&mut b.pinned[i]) {
+                b.stats.unpinned += 1;
+            }
         }
     }
 
@@ -559,7 +612,7 @@ impl RamCache {
             let mut coldest: Option<(usize, f32)> = None;
             for (i, x) in b.entries.iter().enumerate() {
                 let (xt, xe) = (i / self.experts, i % self.experts);
-                if x.is_none() || (xt == t && step.contains(&xe)) {
+                if x.is_none() || b.pinned[i] || (xt == t && step.contains(&xe)) {
                     continue;
                 }
                 let h = b.heat.get(xt, xe);
@@ -652,63 +705,6 @@ impl RamCache {
         routed_experts(rows, *glu, precision, &expert, out);
         Ok(())
     }
-
-    /// The per-run line: the routed pairs by where their expert came from (`device`: pairs a
-    /// device tier served, when there is one), the bytes read from disk and the read rate.
-    pub fn summary(&self, device: Option<(u64, u64)>) -> String {
-        let b = self.books();
-        let s = &b.stats;
-        let cpu = s.hit_pairs + s.disk_pairs;
-        let (dev, routed) = device.unwrap_or((0, cpu));
-        let pct = |x: u64| if routed == 0 { 0.0 } else { 100.0 * x as f64 / routed as f64 };
-        let secs = s.read_time.as_secs_f64();
-        let rate = if secs > 0.0 { s.disk_bytes as f64 / secs } else { 0.0 };
-        let per_token = s.disk_bytes.checked_div(s.tokens).unwrap_or(0);
-        let held = b.entries.iter().flatten().count();
-        let mut line = String::from("experts run: ");
-        if device.is_some() {
-            line.push_str(&format!("device tier {dev} ({:.1}%), ", pct(dev)));
-        }
-        line.push_str(&format!(
-            "RAM cache {} ({:.1}%), disk {} ({:.1}%) of {routed} routed pairs | disk: {} experts read, {} ({} per token), {:.1} ms waiting on reads, {}/s, {} | RAM: {held} experts held, {} of {}, {} kept, {} evicted, {} served once, {} moved to a device",
-            s.hit_pairs,
-            pct(s.hit_pairs),
-            s.disk_pairs,
-            pct(s.disk_pairs),
-            s.loads,
-            human(s.disk_bytes),
-            human(per_token),
-            secs * 1e3,
-            human(rate as u64),
-            if self.pool.direct() { "direct I/O" } else { "buffered" },
-            human(b.held),
-            human(self.budget),
-            s.kept,
-            s.evictions,
-            s.transient,
-            s.to_device,
-        ));
-        if self.next.iter().all(Option::is_none) {
-            line.push_str(" | no prefetch");
-            return line;
-        }
-        let p = &s.prefetch;
-        let of = |x: u64, n: u64| if n == 0 { 0.0 } else { 100.0 * x as f64 / n as f64 };
-        line.push_str(&format!(
-            " | prefetch: {} experts guessed ({} held, {} read early), {} used by the next layer (precision {:.1}%), {} of its {} misses covered ({:.1}%), {} early reads unused, {} failed",
-            p.guessed,
-            p.held,
-            p.read,
-            p.used,
-            of(p.used, p.guessed),
-            p.covered,
-            p.misses,
-            of(p.covered, p.misses),
-            p.unused,
-            p.failed,
-        ));
-        line
-    }
 }
 
 /// Whether layer `l` of `program` has routed experts.
@@ -723,61 +719,4 @@ pub fn pairs_per_expert(routing: &[f32], top_k: usize, pairs: &[(usize, usize)])
         *m.entry(pair_expert(routing, top_k, r, k)).or_default() += 1;
     }
     m.into_iter().collect()
-}
-
-/// Where each expert's gate, up and down lie in the files, with the tensors holding them;
-/// `None` when any is not a view of a file.
-#[allow(clippy::type_complexity)]
-fn layer_spans<'a>(
-    ws: &'a WeightStore,
-    w: &ExpertWeights,
-    experts: usize,
-    files: &mut Vec<PathBuf>,
-) -> Option<([Role; 3], Vec<[Span; 3]>, Vec<&'a Tensor>)> {
-    let holder = |t: &ExpertTensor, e: usize| -> Option<&'a Tensor> {
-        match t {
-            ExpertTensor::PerExpert { pattern, .. } => Some(ws.tensor(&pattern.replace("{e}", &e.to_string()))),
-            ExpertTensor::Stacked { name, select: None, .. } => Some(ws.tensor(name)),
-            // Derived at load (rows of a fused tensor, input-major re-laid): not file spans.
-            ExpertTensor::Stacked { .. } | ExpertTensor::StackedInputMajor { .. } => None,
-        }
-    };
-    let roles = [&w.gate, &w.up, &w.down];
-    let mut shape = None;
-    let mut spans = Vec::with_capacity(experts);
-    let mut tensors: Vec<&Tensor> = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    for e in 0..experts {
-        let mut s = [Span { file: 0, offset: 0, len: 0 }; 3];
-        let mut r = [Role { format: WeightFormat::F32, rows: 0, cols: 0 }; 3];
-        for (i, role) in roles.iter().enumerate() {
-            let t = holder(role, e)?;
-            let base = t.file_offset()?;
-            let m = ws.expert(role, e);
-            let within = (m.bytes().as_ptr() as usize).checked_sub(t.bytes().as_ptr() as usize)?;
-            let file = match files.iter().position(|f| f == t.source()) {
-                Some(f) => f,
-                None => {
-                    files.push(t.source().to_path_buf());
-                    files.len() - 1
-                }
-            };
-            s[i] = Span { file, offset: base + within as u64, len: m.bytes().len() };
-            r[i] = Role { format: m.format, rows: m.rows, cols: m.cols };
-            if seen.insert(t as *const Tensor as usize) {
-                tensors.push(t);
-            }
-        }
-        match &shape {
-            None => shape = Some(r),
-            Some(like) => {
-                let same = like.iter().zip(&r).all(|(a, b)| (a.format, a.rows, a.cols) == (b.format, b.rows, b.cols));
-                if !same {
-                    return None;
-                }
-            }
-        }
-        spans.push(s);
-    }
-    Some((shape?, spans, tensors))
 }

@@ -12,7 +12,7 @@ use std::path::Path;
 
 fn engine(budget_experts: u64) -> Engine {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/olmoe");
-    let probe = RamOptions { budget: RamBudget::Bytes(0), readers: 2, direct_io: true, prefetch: true };
+    let probe = RamOptions { budget: RamBudget::Bytes(0), readers: 2, direct_io: true, prefetch: true, pin: 0 };
     let one = Engine::load(&dir, &EngineOptions { ram: probe.clone(), ..EngineOptions::default() })
         .unwrap()
         .model()
@@ -125,7 +125,7 @@ fn a_forward_starts_with_nothing_in_flight_and_off_means_no_guess() {
     assert!(r.books().inflight.iter().all(Option::is_none));
     assert_eq!(r.stats().prefetch.unused, 2, "the stale early reads count as unused");
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/olmoe");
-    let ram = RamOptions { budget: RamBudget::Bytes(1 << 20), readers: 1, direct_io: true, prefetch: false };
+    let ram = RamOptions { budget: RamBudget::Bytes(1 << 20), readers: 1, direct_io: true, prefetch: false, pin: 0 };
     let off = Engine::load(&dir, &EngineOptions { ram, ..EngineOptions::default() }).unwrap();
     let r = off.model().ram_cache().unwrap();
     assert!(r.next.iter().all(Option::is_none));

@@ -25,6 +25,17 @@
 //!    device when they beat it (`heat::beats`), at most `promotions_per_token` per token of the
 //!    forward. A promoted expert serves from the step after its upload completed.
 //!
+//! The host pool (`TierOptions::host_pool`, off by default): slots in host memory after the
+//! primary's device slots (`side.rs`, `add_pool`: imported pages where the device has
+//! `VK_EXT_external_memory_host`, else the driver's host-visible memory), read by the same
+//! kernels over the bus, so its experts' pairs go to the device with no upload. The warm start
+//! and promotions take the lowest free slot (the device's first); once the device is full a
+//! CPU expert that beats the pool's coldest takes its pool slot, and after each step the pool's
+//! experts of the step, hottest first, move up into the coldest device slot they beat, whose
+//! expert moves down into the pool slot they left (both packed again; two promotions of the
+//! rate). Exclusive with the RAM cache as every slot is: a pool expert is not kept in RAM, and
+//! its RAM copy (when held) is what it is packed from before the cache lets it go.
+//!
 //! Every batch is joined within its step. How many uploads a step completes depends on how
 //! long the CPU's share takes, so which pairs the devices serve can vary from run to run (the
 //! sums differ by rounding only); with `deterministic` every upload completes before the next
@@ -43,6 +54,7 @@
 pub use crate::heat;
 pub mod history;
 mod options;
+mod pool;
 mod report;
 mod side;
 pub mod slots;
@@ -170,6 +182,7 @@ impl ExpertTier {
         // Each device in turn: its side, within its budget and what the devices before it left.
         let mut sides: Vec<DeviceSide> = Vec::new();
         let mut notes = Vec::new();
+        let mut pool_note = None;
         let mut budget = 0;
         for (i, d) in devices.iter().enumerate() {
             let b = if i == 0 { opts.budget.unwrap_or(d.budget) } else { d.budget };
@@ -189,6 +202,12 @@ impl ExpertTier {
             match DeviceSide::size(&d.ctx, d.device, b, &d.rule, &shape, left, stream)? {
                 SideSetup::Ready(mut side) => {
                     side.first = held;
+                    if i == 0 {
+                        if let Some(pb) = opts.host_pool {
+                            let left = total - side.slots();
+                            pool_note = Some(pool::host_pool(&mut side, pb, &shape, left, opts.host_pool_import)?);
+                        }
+                    }
                     sides.push(*side);
                 }
                 SideSetup::Off(why) if devices.len() > 1 => notes.push(format!("d{} holds none: {why}", d.device)),
@@ -233,16 +252,17 @@ impl ExpertTier {
             "expert tier on {first_name}: budget {} ({}) = {} experts of {} in {} page{}, up to {} promotions per token{}",
             human(side.budget),
             side.rule,
-            side.slots(),
+            side.pool_from,
             human(expert_bytes as u64),
-            side.pages.len(),
-            if side.pages.len() == 1 { "" } else { "s" },
+            side.device_pages(),
+            if side.device_pages() == 1 { "" } else { "s" },
             tier.opts.promotions_per_token,
             if tier.opts.deterministic { ", deterministic" } else { "" }
         );
         if side.refused {
             line.push_str("; the device refused more pages");
         }
+        line.push_str(&format!("; {}", pool_note.as_deref().unwrap_or(pool::NO_POOL)));
         for side in &tier.sides[1..] {
             line.push_str(&format!(
                 "; and on d{} ({}): budget {} ({}) = {} experts in {} page{}, after the primary's{}",
@@ -297,7 +317,7 @@ impl ExpertTier {
         self.slots.resident()
     }
 
-    /// Slots in all.
+    /// Slots in all (the host pool's included).
     pub fn capacity(&self) -> usize {
         self.slots.len()
     }
@@ -472,7 +492,10 @@ impl ExpertTier {
                 self.heat.route(t, e);
                 self.counts[t * self.experts + e] += 1;
                 match self.slots.serving(t, e) {
-                    Some(s) => dev_pairs.push((r, k, s)),
+                    Some(s) => {
+                        self.stats.pool += u64::from(self.in_pool(s));
+                        dev_pairs.push((r, k, s));
+                    }
                     None => cpu_pairs.push((r, k)),
                 }
             }
@@ -659,8 +682,10 @@ impl ExpertTier {
             let slot = match self.slots.take_free(t, e) {
                 Some(s) => Some(s),
                 None => {
+                    // A newcomer enters the lowest level there is: the host pool, else the device.
                     let heat = &self.heat;
-                    match self.slots.coldest(|l, x| heat.get(l, x)) {
+                    let level = self.pool_range().unwrap_or(0..self.slots.len());
+                    match self.slots.coldest_in(level, |l, x| heat.get(l, x)) {
                         Some((s, h)) if beats(self.heat.get(t, e), h) => {
                             self.slots.replace(s, t, e);
                             self.stats.evictions += 1;
@@ -675,6 +700,8 @@ impl ExpertTier {
                 self.rate_left -= 1;
             }
         }
+        // 6. The host pool's experts of this step move up (the module doc).
+        self.promote_from_pool(t, routing, top_k, &dev_pairs);
         Ok(())
     }
 

@@ -31,6 +31,13 @@ pub struct TierOptions {
     pub stream_slots: usize,
     /// Rows from which a step may stream.
     pub stream_min_rows: usize,
+    /// The host pool's budget in bytes (`--host-pool-mib`): slots in host memory beside the
+    /// primary's, which the device reads over the bus; `None` (the default): no pool, as the
+    /// pool's RAM is the RAM cache's to take otherwise.
+    pub host_pool: Option<u64>,
+    /// The pool in the process's own pages imported with `VK_EXT_external_memory_host` where
+    /// the device has it (else, and when false, in the driver's host-visible memory).
+    pub host_pool_import: bool,
 }
 
 impl Default for TierOptions {
@@ -44,6 +51,8 @@ impl Default for TierOptions {
             deterministic: false,
             stream_slots: 0,
             stream_min_rows: 32,
+            host_pool: None,
+            host_pool_import: true,
         }
     }
 }
@@ -51,9 +60,13 @@ impl Default for TierOptions {
 /// What the tier did, for the per-run line.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TierStats {
-    /// Routed (row, rank) pairs, and those the device served.
+    /// Routed (row, rank) pairs, those the device served (the host pool's included), and those
+    /// it served from the host pool.
     pub routed: u64,
     pub device: u64,
+    pub pool: u64,
+    /// Experts moved up from the host pool into a device slot.
+    pub pool_promotions: u64,
     pub uploads: u64,
     pub upload_bytes: u64,
     /// Uploads of the warm start (part of `uploads`).

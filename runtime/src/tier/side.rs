@@ -4,7 +4,9 @@
 //! tier gives it, then the promotions waiting for this device's slots).
 //!
 //! The tier holds one side per device it spans (the primary first); a slot's global id is the
-//! side's `first` plus its place in the side's pages.
+//! side's `first` plus its place in the side's pages. The primary's side may end with the host
+//! pool's pages (`add_pool`): slots in host memory the kernels read over the bus, bound like
+//! any page, from local slot `pool_from` on.
 //!
 //! Must not: decide which expert sits in which slot or what to evict (`slots.rs` and the tier
 //! do), touch another device's buffers, or let a batch outlive the step that made it (the tier
@@ -43,6 +45,10 @@ pub(super) struct DeviceSide {
     pub first: usize,
     pub pages: Vec<DeviceExperts>,
     pub per_page: usize,
+    /// The local slot the host pool's pages start at (`slots()` without a pool), and the
+    /// memory they are in.
+    pub pool_from: usize,
+    pub pool_memory: Option<MemoryUse>,
     scratch: MoeScratch,
     /// The step's rows (`cap_rows x hidden`), per page the routing in local slot ids
     /// (`cap_rows x 2 top_k`), the pairs' outputs and their read-back twin
@@ -195,6 +201,8 @@ impl DeviceSide {
             budget,
             rule: rule.to_string(),
             first: 0,
+            pool_from: pages.iter().map(|p| p.experts).sum(),
+            pool_memory: None,
             pages,
             per_page,
             scratch,
@@ -225,9 +233,82 @@ impl DeviceSide {
         self.pages.first().is_some_and(DeviceExperts::has_bias)
     }
 
+    /// Pages of device memory (those before the host pool's).
+    pub fn device_pages(&self) -> usize {
+        let mut at = 0;
+        self.pages
+            .iter()
+            .take_while(|p| {
+                at += p.experts;
+                at <= self.pool_from
+            })
+            .count()
+    }
+
+    /// Host pool slots (the pages from `pool_from` on).
+    pub fn pool_slots(&self) -> usize {
+        self.slots() - self.pool_from
+    }
+
+    /// Whether global slot `s` is one of this side's host pool slots.
+    pub fn in_pool(&self, s: usize) -> bool {
+        self.owns(s) && s - self.first >= self.pool_from
+    }
+
+    /// The page and place of local slot `local`.
+    fn locate(&self, local: usize) -> (usize, usize) {
+        let mut at = local;
+        for (i, p) in self.pages.iter().enumerate() {
+            if at < p.experts {
+                return (i, at);
+            }
+            at -= p.experts;
+        }
+        (self.pages.len(), at)
+    }
+
+    /// Adds the host pool's pages after the device's: up to `max_slots` experts within `budget`
+    /// bytes, in `memory` (`Pool` or `PoolImport`). Returns the slots added; an allocation the
+    /// driver refuses ends the pool there (at none: `Ok(0)`).
+    pub fn add_pool(
+        &mut self,
+        budget: u64,
+        shape: &SlotShape,
+        max_slots: usize,
+        memory: MemoryUse,
+    ) -> Result<usize, VkError> {
+        let want = ((budget / shape.expert_bytes.max(1) as u64) as usize).min(max_slots);
+        let mut added = 0;
+        while added < want {
+            let n = self.per_page.min(want - added);
+            let page = self
+                .ctx
+                .expert_slots_in(n, &shape.like, memory)
+                .and_then(|p| Ok((p, self.ctx.f32_buffer(shape.cap_rows * 2 * shape.top_k)?)));
+            match page {
+                Ok((p, r)) => {
+                    self.pages.push(p);
+                    self.routing.push(r);
+                    added += n;
+                }
+                Err(VkError::OutOfMemory { .. } | VkError::NoMemoryType(_)) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if added > 0 {
+            self.pool_memory = Some(memory);
+        }
+        Ok(added)
+    }
+
     /// Writes a packed expert into local slot `local`.
     pub fn write(&self, local: usize, p: &PackedExpert) -> Result<(), VkError> {
-        self.ctx.write_expert(&self.pages[local / self.per_page], local % self.per_page, p)
+        let (page, at) = self.locate(local);
+        let d = self.pages.get(page).ok_or_else(|| VkError::BadArgument {
+            op: "tier",
+            msg: format!("local slot {local} of {}", self.slots()),
+        })?;
+        self.ctx.write_expert(d, at, p)
     }
 
     /// Writes the step's inputs: the rows, and per page touched (and per streamed round) the
@@ -246,16 +327,20 @@ impl DeviceSide {
             return Ok(touched);
         }
         self.ctx.write(&self.xs, 0, as_bytes(x))?;
-        for &(_, _, s) in &job.pairs {
-            touched[s / self.per_page] = true;
+        let located: Vec<(usize, usize)> = job.pairs.iter().map(|p| self.locate(p.2)).collect();
+        for &(page, _) in &located {
+            if page >= touched.len() {
+                return Err(VkError::BadArgument { op: "tier", msg: format!("page {page} of {}", touched.len()) });
+            }
+            touched[page] = true;
         }
         for (p, _) in touched.iter().enumerate().filter(|t| *t.1) {
             let mut local = vec![-1.0f32; n * 2 * top_k];
-            for &(r, k, s) in &job.pairs {
+            for (&(r, k, _), &(page, at_page)) in job.pairs.iter().zip(&located) {
                 let at = r * 2 * top_k + 2 * k;
                 local[at + 1] = routing[at + 1];
-                if s / self.per_page == p {
-                    local[at] = (s % self.per_page) as f32;
+                if page == p {
+                    local[at] = at_page as f32;
                 }
             }
             self.ctx.write(&self.routing[p], 0, as_bytes(&local))?;

@@ -85,8 +85,19 @@ impl Slots {
 
     /// The serving slot of least `heat(layer, expert)`, with that heat.
     pub fn coldest(&self, heat: impl Fn(usize, usize) -> f32) -> Option<(usize, f32)> {
+        self.coldest_in(0..self.state.len(), heat)
+    }
+
+    /// `coldest` among the slots of `range` (a level: the device's slots, or the host pool's).
+    pub fn coldest_in(
+        &self,
+        range: std::ops::Range<usize>,
+        heat: impl Fn(usize, usize) -> f32,
+    ) -> Option<(usize, f32)> {
         let mut best: Option<(usize, f32)> = None;
-        for (s, st) in self.state.iter().enumerate() {
+        let start = range.start;
+        for (s, st) in self.state.get(range).unwrap_or(&[]).iter().enumerate() {
+            let s = s + start;
             if let SlotState::Serving(l, e) = *st {
                 let h = heat(l as usize, e as usize);
                 if best.is_none_or(|(_, b)| h < b) {

@@ -3,7 +3,9 @@
 //! with `BlockAllocator`. Large requests get a block of their own. The arena counts the
 //! device-only memory it holds (not staging or read-back buffers) against the cap
 //! (`VkOptions::memory_cap`, else the heap), sizes its last blocks to what the cap has left, and injects
-//! allocation faults; running out is `VkError::OutOfMemory`, never a crash.
+//! allocation faults; running out is `VkError::OutOfMemory`, never a crash. A block of
+//! `MemoryUse::PoolImport` is host memory of the process's own (page-aligned, zeroed) imported
+//! with `VK_EXT_external_memory_host` (`HostImport`), freed after its device memory.
 //!
 //! Must not: record commands or know what the bytes are.
 
@@ -22,6 +24,14 @@ struct Block {
     counted: u64,
     dedicated: bool,
     alloc: BlockAllocator,
+    /// The host allocation an imported block lives in.
+    host: Option<(*mut u8, std::alloc::Layout)>,
+}
+
+/// `VK_EXT_external_memory_host`'s entry points and the alignment an imported pointer needs.
+pub(crate) struct HostImport {
+    pub ext: ash::ext::external_memory_host::Device,
+    pub align: u64,
 }
 
 /// One sub-allocation: which arena and block, where, how long.
@@ -52,7 +62,8 @@ pub(crate) struct Allocator {
     block_size: u64,
     align: u64,
     max_range: u64,
-    arenas: [Vec<Option<Block>>; 3],
+    arenas: [Vec<Option<Block>>; ARENAS],
+    import: Option<HostImport>,
     device_bytes: u64,
     allocations: u64,
     fail_at: Option<u64>,
@@ -62,11 +73,15 @@ pub(crate) struct Allocator {
 // ranges a single owner holds; Vulkan handles are plain integers.
 unsafe impl Send for Allocator {}
 
+const ARENAS: usize = 5;
+
 fn arena_index(u: MemoryUse) -> usize {
     match u {
         MemoryUse::Device => 0,
         MemoryUse::Upload => 1,
         MemoryUse::Readback => 2,
+        MemoryUse::Pool => 3,
+        MemoryUse::PoolImport => 4,
     }
 }
 
@@ -78,6 +93,7 @@ impl Allocator {
         align: u64,
         max_range: u64,
         fail_at: Option<u64>,
+        import: Option<HostImport>,
     ) -> Allocator {
         let heap = props.heaps[props.types[placement.device as usize].heap as usize].0;
         let limit = cap.map_or(heap, |c| c.min(heap));
@@ -90,7 +106,8 @@ impl Allocator {
             block_size,
             align: align.max(256),
             max_range,
-            arenas: [Vec::new(), Vec::new(), Vec::new()],
+            arenas: Default::default(),
+            import,
             device_bytes: 0,
             allocations: 0,
             fail_at,
@@ -103,6 +120,11 @@ impl Allocator {
 
     pub fn limit(&self) -> u64 {
         self.limit
+    }
+
+    /// Whether `MemoryUse::PoolImport` is served (the device has `VK_EXT_external_memory_host`).
+    pub fn imports(&self) -> bool {
+        self.import.is_some()
     }
 
     pub fn stats(&self) -> MemoryStats {
@@ -169,7 +191,7 @@ impl Allocator {
     /// cap holds what the fit counted, not a block less.
     fn block_bytes(&self, usage: MemoryUse, exact: u64) -> u64 {
         let full = match usage {
-            MemoryUse::Device => self.block_size,
+            MemoryUse::Device | MemoryUse::Pool | MemoryUse::PoolImport => self.block_size,
             MemoryUse::Upload | MemoryUse::Readback => (self.block_size / 8).max(1 << 16),
         }
         .max(exact);
@@ -181,6 +203,9 @@ impl Allocator {
     }
 
     unsafe fn new_block(&mut self, dev: &ash::Device, usage: MemoryUse, size: u64) -> Result<Block> {
+        if usage == MemoryUse::PoolImport {
+            return self.import_block(dev, size);
+        }
         let type_index = self.placement.type_of(usage);
         let counted = if self.counts_against_cap(usage) { size } else { 0 };
         self.allocations += 1;
@@ -239,6 +264,110 @@ impl Allocator {
             counted,
             dedicated: false,
             alloc: BlockAllocator::new(size),
+            host: None,
+        })
+    }
+
+    /// A block of host memory of the process's own, imported: 1. allocate `size` (rounded up
+    /// to the import alignment) zeroed and aligned; 2. ask which memory types may hold it, and
+    /// take a host-visible one (host-cached first); 3. a buffer for external host memory over it,
+    /// the memory imported and bound. Any failure frees what was made.
+    unsafe fn import_block(&mut self, dev: &ash::Device, size: u64) -> Result<Block> {
+        let Some(imp) = &self.import else {
+            return Err(VkError::NoMemoryType("imported host memory (no VK_EXT_external_memory_host)"));
+        };
+        self.allocations += 1;
+        let oom =
+            |injected| VkError::OutOfMemory { requested: size, in_use: self.device_bytes, limit: self.limit, injected };
+        if self.fail_at == Some(self.allocations) {
+            return Err(oom(true));
+        }
+        let align = imp.align.max(4096);
+        let size = size.div_ceil(align) * align;
+        let layout = std::alloc::Layout::from_size_align(size as usize, align as usize)
+            .map_err(|_| VkError::TooLarge { size, max: self.max_range })?;
+        let ptr = std::alloc::alloc_zeroed(layout);
+        if ptr.is_null() {
+            return Err(oom(false));
+        }
+        let free_host = || std::alloc::dealloc(ptr, layout);
+        let ht = vk::ExternalMemoryHandleTypeFlags::HOST_ALLOCATION_EXT;
+        let mut hp = vk::MemoryHostPointerPropertiesEXT::default();
+        let r = (imp.ext.fp().get_memory_host_pointer_properties_ext)(
+            imp.ext.device(),
+            ht,
+            ptr as *const std::ffi::c_void,
+            &mut hp,
+        );
+        if r != vk::Result::SUCCESS {
+            free_host();
+            return Err(VkError::from_vk("vkGetMemoryHostPointerPropertiesEXT", r));
+        }
+        let hv = vk::MemoryPropertyFlags::HOST_VISIBLE;
+        let cached = vk::MemoryPropertyFlags::HOST_CACHED;
+        let type_index =
+            (0..self.props.types.len() as u32).filter(|i| hp.memory_type_bits & (1 << i) != 0).max_by_key(|&i| {
+                let f = self.props.types[i as usize].flags;
+                (f.contains(hv) as u32) * 2 + f.contains(cached) as u32
+            });
+        let Some(type_index) = type_index else {
+            free_host();
+            return Err(VkError::NoMemoryType("imported host memory"));
+        };
+        let usage_flags = vk::BufferUsageFlags::STORAGE_BUFFER
+            | vk::BufferUsageFlags::TRANSFER_SRC
+            | vk::BufferUsageFlags::TRANSFER_DST;
+        let mut ext_ci = vk::ExternalMemoryBufferCreateInfo::default().handle_types(ht);
+        let bci = vk::BufferCreateInfo::default()
+            .size(size)
+            .usage(usage_flags)
+            .sharing_mode(vk::SharingMode::EXCLUSIVE)
+            .push_next(&mut ext_ci);
+        let buffer = match dev.create_buffer(&bci, None) {
+            Ok(b) => b,
+            Err(r) => {
+                free_host();
+                return Err(VkError::from_vk("vkCreateBuffer", r));
+            }
+        };
+        let req = dev.get_buffer_memory_requirements(buffer);
+        if req.memory_type_bits & (1 << type_index) == 0 || req.size > size {
+            dev.destroy_buffer(buffer, None);
+            free_host();
+            return Err(VkError::NoMemoryType("storage buffers over imported host memory"));
+        }
+        let mut import =
+            vk::ImportMemoryHostPointerInfoEXT::default().handle_type(ht).host_pointer(ptr as *mut std::ffi::c_void);
+        let mai = vk::MemoryAllocateInfo::default()
+            .allocation_size(size)
+            .memory_type_index(type_index)
+            .push_next(&mut import);
+        let memory = match dev.allocate_memory(&mai, None) {
+            Ok(m) => m,
+            Err(r) => {
+                dev.destroy_buffer(buffer, None);
+                free_host();
+                return Err(match r {
+                    vk::Result::ERROR_OUT_OF_DEVICE_MEMORY | vk::Result::ERROR_OUT_OF_HOST_MEMORY => oom(false),
+                    r => VkError::from_vk("vkAllocateMemory", r),
+                });
+            }
+        };
+        if let Err(r) = dev.bind_buffer_memory(buffer, memory, 0) {
+            dev.destroy_buffer(buffer, None);
+            dev.free_memory(memory, None);
+            free_host();
+            return Err(VkError::from_vk("vkBindBufferMemory", r));
+        }
+        Ok(Block {
+            memory,
+            buffer,
+            mapped: ptr,
+            coherent: self.props.types[type_index as usize].flags.contains(vk::MemoryPropertyFlags::HOST_COHERENT),
+            counted: 0,
+            dedicated: false,
+            alloc: BlockAllocator::new(size),
+            host: Some((ptr, layout)),
         })
     }
 
@@ -267,11 +396,15 @@ impl Allocator {
     }
 
     unsafe fn release(&mut self, dev: &ash::Device, b: Block) {
-        if !b.mapped.is_null() {
+        if !b.mapped.is_null() && b.host.is_none() {
             dev.unmap_memory(b.memory);
         }
         dev.destroy_buffer(b.buffer, None);
         dev.free_memory(b.memory, None);
+        if let Some((ptr, layout)) = b.host {
+            // The device memory imported over it is freed above.
+            std::alloc::dealloc(ptr, layout);
+        }
         self.device_bytes -= b.counted;
     }
 
@@ -280,7 +413,7 @@ impl Allocator {
     /// # Safety
     /// As `free`.
     pub unsafe fn trim(&mut self, dev: &ash::Device) {
-        for ai in 0..3 {
+        for ai in 0..ARENAS {
             for bi in 0..self.arenas[ai].len() {
                 if self.arenas[ai][bi].as_ref().is_some_and(|b| b.alloc.is_empty()) {
                     let b = self.arenas[ai][bi].take().unwrap();
@@ -295,7 +428,7 @@ impl Allocator {
     /// # Safety
     /// No GPU work may be pending and no allocation used afterwards.
     pub unsafe fn destroy_all(&mut self, dev: &ash::Device) {
-        for ai in 0..3 {
+        for ai in 0..ARENAS {
             for b in std::mem::take(&mut self.arenas[ai]).into_iter().flatten() {
                 self.release(dev, b);
             }

@@ -275,7 +275,11 @@ impl Context {
             let align = caps.min_storage_offset_alignment.max(caps.non_coherent_atom_size);
             let max_range = caps.max_storage_buffer_range.min(caps.max_allocation_size.max(1 << 20));
             let fault = opts.fault.unwrap_or_default();
-            let mem = Allocator::new(placement, props, opts.memory_cap, align, max_range, fault.fail_alloc);
+            let import = caps.external_memory_host.map(|align| super::arena::HostImport {
+                ext: ash::ext::external_memory_host::Device::new(&inst.raw, &dev.raw),
+                align,
+            });
+            let mem = Allocator::new(placement, props, opts.memory_cap, align, max_range, fault.fail_alloc, import);
             Ok(Context {
                 shared: Arc::new(Shared {
                     dev,
@@ -446,6 +450,11 @@ impl Context {
 
     pub fn is_lost(&self) -> bool {
         self.shared.is_lost()
+    }
+
+    /// Whether the host pool's memory can be the process's own pages (`MemoryUse::PoolImport`).
+    pub fn imports_host_memory(&self) -> bool {
+        self.shared.mem().imports()
     }
 
     /// A buffer of `bytes` for `usage` (contents undefined).

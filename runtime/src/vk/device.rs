@@ -210,6 +210,10 @@ pub struct DeviceCaps {
     /// (the kernels' workgroup is four subgroups). Enabled at device creation when present.
     pub coopmat_i8: Option<CoopMatI8>,
     pub memory_budget: bool,
+    /// `VK_EXT_external_memory_host` (enabled when set): the alignment an imported host
+    /// pointer needs (`minImportedHostPointerAlignment`); the host pool's pages are then the
+    /// process's own memory.
+    pub external_memory_host: Option<u64>,
     /// `VK_KHR_push_descriptor`: frames push each dispatch's bindings into the command buffer
     /// instead of allocating and writing a descriptor set.
     pub push_descriptor: bool,
@@ -264,6 +268,11 @@ pub(crate) unsafe fn query_caps(inst: &Instance, pd: vk::PhysicalDevice, cand: &
     let size_control_ext = api >= vk::API_VERSION_1_3 || has_ext(&exts, c"VK_EXT_subgroup_size_control");
     if size_control_ext {
         props2 = props2.push_next(&mut sgc);
+    }
+    let host_ext = has_ext(&exts, c"VK_EXT_external_memory_host");
+    let mut emh = vk::PhysicalDeviceExternalMemoryHostPropertiesEXT::default();
+    if host_ext {
+        props2 = props2.push_next(&mut emh);
     }
     inst.raw.get_physical_device_properties2(pd, &mut props2);
     let p = props2.properties;
@@ -352,6 +361,8 @@ pub(crate) unsafe fn query_caps(inst: &Instance, pd: vk::PhysicalDevice, cand: &
         coopmat_shapes,
         coopmat_i8,
         memory_budget: has_ext(&exts, c"VK_EXT_memory_budget"),
+        external_memory_host: (host_ext && emh.min_imported_host_pointer_alignment > 0)
+            .then_some(emh.min_imported_host_pointer_alignment),
         push_descriptor: has_ext(&exts, c"VK_KHR_push_descriptor"),
         timestamps: families[compute_family as usize].timestamp_valid_bits > 0 && p.limits.timestamp_period > 0.0,
         buffer_device_address: f12.buffer_device_address != 0,
@@ -382,7 +393,7 @@ pub(crate) struct Device {
 impl Device {
     /// Creates the logical device with one compute queue, enabling the features the shaders
     /// may use where the device has them (subgroup size control, memory budget, push
-    /// descriptors; cooperative matrices with `shaderInt8` and `vulkanMemoryModel` where
+    /// descriptors, external host memory; cooperative matrices with `shaderInt8` and `vulkanMemoryModel` where
     /// `caps.coopmat_i8` is set).
     ///
     /// # Safety
@@ -398,6 +409,9 @@ impl Device {
         }
         if caps.push_descriptor {
             exts.push(c"VK_KHR_push_descriptor".as_ptr());
+        }
+        if caps.external_memory_host.is_some() {
+            exts.push(c"VK_EXT_external_memory_host".as_ptr());
         }
         if caps.coopmat_i8.is_some() {
             exts.push(c"VK_KHR_cooperative_matrix".as_ptr());

@@ -5,7 +5,11 @@
 //!
 //! Uses: `Device` (only the GPU touches it: weights, activations, the KV mirror), `Upload`
 //! (the host writes it: staging, per-forward inputs), `Readback` (the host reads it: logits,
-//! rows a host step needs; host-cached where the device has such a type).
+//! rows a host step needs; host-cached where the device has such a type), `Pool` (the tier's
+//! host pool: host memory the device reads over the bus, a host-visible type off the
+//! device-local heaps where there is one, host-cached preferred so the CPU reads it fast too),
+//! `PoolImport` (the same, in the process's own pages imported with
+//! `VK_EXT_external_memory_host`; its type comes from the pointer, `arena.rs`).
 //!
 //! Must not: call Vulkan (arena.rs does), or know about tensors.
 
@@ -20,6 +24,8 @@ pub enum MemoryUse {
     Device,
     Upload,
     Readback,
+    Pool,
+    PoolImport,
 }
 
 /// A memory type as the policy sees it.
@@ -57,6 +63,8 @@ pub struct Placement {
     pub device: u32,
     pub upload: u32,
     pub readback: u32,
+    /// The host pool's type (`MemoryUse::Pool`).
+    pub pool: u32,
     /// Weights go into memory the host does not map, through staging copies.
     pub staged: bool,
     /// Whether the `Device` type is mapped by the host (writes and reads go straight there).
@@ -69,6 +77,7 @@ impl Placement {
             MemoryUse::Device => self.device,
             MemoryUse::Upload => self.upload,
             MemoryUse::Readback => self.readback,
+            MemoryUse::Pool | MemoryUse::PoolImport => self.pool,
         }
     }
 }
@@ -117,10 +126,12 @@ pub fn place(props: &MemoryProps, upload: UploadPath) -> Result<Placement> {
     let upload_t = pick(HV | HC, &|f| if f.contains(DL) { 0 } else { 1 }).ok_or(VkError::NoMemoryType("uploads"))?;
     let readback = pick(HV, &|f| (f.contains(CACHED) as u32) * 2 + f.contains(HC) as u32)
         .ok_or(VkError::NoMemoryType("read-backs"))?;
+    let pool = pick(HV, &|f| (!f.contains(DL) as u32) * 4 + (f.contains(CACHED) as u32) * 2 + f.contains(HC) as u32)
+        .ok_or(VkError::NoMemoryType("the host pool"))?;
     // Staged placement never maps device memory, even where the type would allow it (so a
     // forced `Staged` exercises the copy path on Lavapipe too).
     let device_mapped = !staged && props.types[device as usize].flags.contains(HV | HC);
-    Ok(Placement { device, upload: upload_t, readback, staged, device_mapped })
+    Ok(Placement { device, upload: upload_t, readback, pool, staged, device_mapped })
 }
 
 /// Sub-allocation of one block: first fit over a free list ordered by offset; freeing
@@ -219,7 +230,7 @@ mod tests {
     fn lavapipe_maps_everything() {
         let p = props(&[(DL | HV | HC | CACHED, 0)], &[(2 * GB, true)]);
         let pl = place(&p, UploadPath::Auto).unwrap();
-        assert_eq!(pl, Placement { device: 0, upload: 0, readback: 0, staged: false, device_mapped: true });
+        assert_eq!(pl, Placement { device: 0, upload: 0, readback: 0, pool: 0, staged: false, device_mapped: true });
         let st = place(&p, UploadPath::Staged).unwrap();
         assert!(st.staged && !st.device_mapped);
     }
@@ -234,6 +245,7 @@ mod tests {
         let pl = place(&p, UploadPath::Auto).unwrap();
         assert!(pl.staged && !pl.device_mapped);
         assert_eq!((pl.device, pl.upload, pl.readback), (0, 1, 2));
+        assert_eq!(pl.pool, 2, "the host pool in cached host memory, off the device heaps");
         // Forced mapped uses the window.
         let pl = place(&p, UploadPath::Mapped).unwrap();
         assert_eq!((pl.device, pl.staged), (3, false));

@@ -30,6 +30,10 @@ pub struct RamArgs {
     /// H200 machine it read 1.8x the bytes and halved decode, docs/BENCHMARKS.md).
     #[arg(long, help_heading = heading::EXPERT_TIER)]
     pub prefetch: bool,
+    /// MiB of the routing history's hottest experts pinned in the RAM cache at startup (read
+    /// before the first step, never evicted; within the cache's budget; default 0: no pins).
+    #[arg(long, default_value_t = 0, value_parser = crate::checks::mib, help_heading = heading::EXPERT_TIER)]
+    pub ram_pin_mib: u64,
 }
 
 impl RamArgs {
@@ -39,6 +43,12 @@ impl RamArgs {
             (false, Some(m)) => RamBudget::Bytes(m << 20),
             (false, None) => RamBudget::Auto,
         };
-        RamOptions { budget, readers: self.ram_readers, direct_io: !self.no_direct_io, prefetch: self.prefetch }
+        RamOptions {
+            budget,
+            readers: self.ram_readers,
+            direct_io: !self.no_direct_io,
+            prefetch: self.prefetch,
+            pin: self.ram_pin_mib << 20,
+        }
     }
 }

@@ -38,6 +38,15 @@ pub struct TierArgs {
     /// Rows from which a step may stream.
     #[arg(long, default_value_t = 32, help_heading = heading::EXPERT_TIER)]
     pub tier_stream_rows: usize,
+    /// The host pool's budget in MiB: experts the device does not hold kept in host memory it
+    /// reads over the bus, so their pairs run on the device with no upload (default: no pool,
+    /// that RAM stays the RAM cache's).
+    #[arg(long, value_parser = crate::checks::mib, help_heading = heading::EXPERT_TIER)]
+    pub host_pool_mib: Option<u64>,
+    /// The host pool in the driver's host-visible memory even where the device can import the
+    /// process's own pages (VK_EXT_external_memory_host).
+    #[arg(long, help_heading = heading::EXPERT_TIER)]
+    pub no_host_pool_import: bool,
 }
 
 impl TierArgs {
@@ -64,6 +73,8 @@ impl TierArgs {
             deterministic: self.tier_deterministic,
             stream_slots: self.tier_stream_slots,
             stream_min_rows: self.tier_stream_rows,
+            host_pool: self.host_pool_mib.map(|m| m << 20),
+            host_pool_import: !self.no_host_pool_import,
         }
     }
 }

@@ -195,6 +195,12 @@ impl Context {
     /// Device slots for `slots` experts shaped like `like` (gate and up share a format and
     /// shape, as do the downs), stacked per role; contents undefined until `write_expert`.
     pub fn expert_slots(&self, slots: usize, like: &ExpertMats) -> Result<DeviceExperts> {
+        self.expert_slots_in(slots, like, MemoryUse::Device)
+    }
+
+    /// `expert_slots` in memory of `usage` (the tier's host pool: `MemoryUse::Pool` or
+    /// `PoolImport`; the kernels read them where they lie).
+    pub fn expert_slots_in(&self, slots: usize, like: &ExpertMats, usage: MemoryUse) -> Result<DeviceExperts> {
         const OP: &str = "expert_slots";
         if slots == 0 || slots > MAX_EXPERTS {
             return Err(VkError::BadArgument { op: OP, msg: format!("{slots} experts (at most {MAX_EXPERTS})") });
@@ -210,8 +216,8 @@ impl Context {
             cols: hidden,
             qs: g.qs,
             ss: g.ss,
-            q: self.buffer(MemoryUse::Device, g.q.len() * 2 * slots)?,
-            s: self.buffer(MemoryUse::Device, (g.s.len() * 2 * slots).max(16))?,
+            q: self.buffer(usage, g.q.len() * 2 * slots)?,
+            s: self.buffer(usage, (g.s.len() * 2 * slots).max(16))?,
         };
         let down = DeviceMatrix {
             format: like.down.format,
@@ -220,10 +226,10 @@ impl Context {
             cols: ffn,
             qs: d.qs,
             ss: d.ss,
-            q: self.buffer(MemoryUse::Device, d.q.len() * slots)?,
-            s: self.buffer(MemoryUse::Device, (d.s.len() * slots).max(16))?,
+            q: self.buffer(usage, d.q.len() * slots)?,
+            s: self.buffer(usage, (d.s.len() * slots).max(16))?,
         };
-        let bias = if has_bias { Some(self.f32_buffer(slots * (2 * ffn + hidden))?) } else { None };
+        let bias = if has_bias { Some(self.buffer(usage, slots * (2 * ffn + hidden) * 4)?) } else { None };
         let units = [
             (like.gate.format, ffn, hidden, g.q.len(), g.s.len()),
             (like.down.format, hidden, ffn, d.q.len(), d.s.len()),

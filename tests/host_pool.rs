@@ -1,0 +1,169 @@
+//! The expert tier's host pool (`TierOptions::host_pool`) end to end on the Vulkan device the
+//! machine has (Lavapipe in CI), against the CPU path: a few device slots and a pool for more
+//! experts, so the device computes pairs from its slots and from the pool:
+//! - the pool in imported host memory (where the device has `VK_EXT_external_memory_host`) and
+//!   forced into the driver's host-visible memory: logits within the tier tests' tolerance
+//!   (1e-4 of the largest |logit|), the same greedy tokens, pairs served from the pool > 0,
+//!   pool experts moved up to the device;
+//! - with the RAM cache, the trunk on the device and on the CPU (`device_layers: 0`): the same
+//!   tokens, and no expert both in a slot (device or pool) and in RAM;
+//! - a stress run (one row a step, many moves between the device and the pool) matches the CPU
+//!   and, the model dropped, leaves no memory held (every imported block freed);
+//! - a budget too small for one expert: no pool, and the tier's line says why.
+
+mod common;
+
+use coli_compiler::Options;
+use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
+use coli_runtime::ramcache::{RamBudget, RamOptions};
+use coli_runtime::tier::{TierOptions, TierStats};
+use coli_runtime::vk::{MemoryUse, VkOptions};
+use common::*;
+use std::path::Path;
+
+const CONTEXT: usize = 256;
+
+fn options(pool: Option<u64>, import: bool, ram: RamOptions) -> EngineOptions {
+    EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions::default()),
+        compile: Options { context: CONTEXT, chunk_rows: 8, resident_experts: false, ..Options::default() },
+        tier: TierOptions {
+            max_experts: Some(3),
+            deterministic: true,
+            host_pool: pool,
+            host_pool_import: import,
+            promotions_per_token: 4,
+            ..TierOptions::default()
+        },
+        ram,
+        ..EngineOptions::default()
+    }
+}
+
+fn no_ram() -> RamOptions {
+    RamOptions { budget: RamBudget::Off, ..RamOptions::default() }
+}
+
+fn load(dir: &Path, o: &EngineOptions) -> Engine {
+    let l = Engine::load(dir, o).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    assert!(l.device().is_some(), "{}: {}", dir.display(), l.device_note());
+    l
+}
+
+fn stats(l: &Engine) -> TierStats {
+    l.device().and_then(|d| d.with_tier(|t| t.stats().clone())).expect("a tier")
+}
+
+/// Bytes of one expert in the tier's slots.
+fn expert_bytes(dir: &Path) -> u64 {
+    let l = load(dir, &options(None, true, no_ram()));
+    l.device().unwrap().with_tier(|t| t.expert_bytes()).unwrap() as u64
+}
+
+#[test]
+fn pairs_from_the_host_pool_match_the_cpu_imported_or_not() {
+    let mut moved_up = 0;
+    for name in ["olmoe", "qwen3_moe"] {
+        let dir = fixture_dir(name);
+        let p = ids(&read_json(&dir.join("oracle.json"))["prompt_ids"]);
+        let want = run_greedy(&load_model(&dir), &p, 5, 8, CONTEXT, true);
+        let each = expert_bytes(&dir);
+        for import in [true, false] {
+            let l = load(&dir, &options(Some(6 * each), import, no_ram()));
+            let line = l.tier_line().unwrap().to_string();
+            assert!(line.contains("host pool: budget") && line.contains("= 6 experts of"), "{name}: {line}");
+            let mem = l.device().unwrap().with_tier(|t| (t.pool_slots(), t.pool_memory())).unwrap();
+            // Lavapipe has VK_EXT_external_memory_host; a device without it says so.
+            let imports = line.contains("imported with VK_EXT_external_memory_host");
+            assert!(imports || !import || line.contains("lacks VK_EXT_external_memory_host"), "{line}");
+            let used = if imports { MemoryUse::PoolImport } else { MemoryUse::Pool };
+            assert_eq!(mem, (6, Some(used)), "{name}: {line}");
+            if !import {
+                assert!(line.contains("import off"), "{line}");
+            }
+            let got = run_greedy(&l, &p, 5, 8, CONTEXT, true);
+            assert!(got.on_device, "{name}: {:?}", got.notice);
+            assert_eq!(got.toks, want.toks, "{name}, import {import}: greedy tokens");
+            let diff = max_abs_diff(&got.rows, &want.rows);
+            assert!(diff <= 1e-4 * max_abs(&want.rows), "{name}, import {import}: {diff}");
+            let s = stats(&l);
+            assert!(s.pool > 0 && s.device > s.pool, "{name}: {s:?}");
+            moved_up += s.pool_promotions;
+            let summary = l.device().unwrap().with_tier(|t| t.summary()).unwrap();
+            assert!(summary.contains("from the host pool"), "{summary}");
+            eprintln!("{name}, import {import}: {line}\n{summary}");
+        }
+    }
+    assert!(moved_up > 0, "pool experts moved up to the device");
+}
+
+#[test]
+fn the_host_pool_and_the_ram_cache_hold_different_experts() {
+    let dir = fixture_dir("olmoe");
+    let p = ids(&read_json(&dir.join("oracle.json"))["prompt_ids"]);
+    let want = run_greedy(&load_model(&dir), &p, 5, 8, CONTEXT, true);
+    let each = expert_bytes(&dir);
+    for device_layers in [None, Some(0)] {
+        let ram = RamOptions { budget: RamBudget::Bytes(1 << 20), readers: 2, ..RamOptions::default() };
+        let mut o = options(Some(4 * each), true, ram);
+        o.compile.device_layers = device_layers;
+        let l = load(&dir, &o);
+        assert_eq!(l.device().unwrap().has_device_frames(), device_layers.is_none(), "the trunk's place");
+        pool_and_ram(&l, &p, &want);
+    }
+}
+
+fn pool_and_ram(l: &Engine, p: &[u32], want: &Run) {
+    let got = run_greedy(l, p, 5, 8, CONTEXT, true);
+    assert!(got.on_device, "{:?}", got.notice);
+    assert_eq!(got.toks, want.toks);
+    assert!(max_abs_diff(&got.rows, &want.rows) <= 1e-4 * max_abs(&want.rows));
+    let r = l.model().ram_cache().unwrap();
+    let d = l.device().unwrap();
+    let mut in_pool = 0;
+    for layer in 0..l.plan().program.layers.len() {
+        for e in 0..8 {
+            let (dev, pool) = d.with_tier(|t| (t.is_resident(layer, e), t.in_host_pool(layer, e))).unwrap();
+            in_pool += usize::from(pool);
+            assert!(!(dev && r.holds(layer, e)), "l{layer}.e{e} in a slot and in RAM");
+        }
+    }
+    assert!(in_pool > 0 && stats(l).pool > 0, "{:?}", stats(l));
+    let summary = l.ram_summary().unwrap();
+    assert!(summary.contains("host pool") && summary.contains("RAM cache"), "{summary}");
+    let b = r.check_books();
+    assert_eq!((b.held, b.shared), (b.sum, 0), "{b:?}");
+}
+
+#[test]
+fn a_host_pool_too_small_for_one_expert_is_off_and_says_why() {
+    let dir = fixture_dir("olmoe");
+    let each = expert_bytes(&dir);
+    let l = load(&dir, &options(Some(each - 1), true, no_ram()));
+    let line = l.tier_line().unwrap();
+    assert!(line.contains("host pool off: its budget of") && line.contains("holds no expert of"), "{line}");
+    assert_eq!(l.device().unwrap().with_tier(|t| t.pool_slots()).unwrap(), 0);
+    let none = load(&dir, &options(None, true, no_ram()));
+    assert!(none.tier_line().unwrap().contains("no host pool"));
+}
+
+#[test]
+fn a_stress_run_moves_experts_between_the_levels_and_leaves_no_memory_held() {
+    let dir = fixture_dir("olmoe");
+    let each = expert_bytes(&dir);
+    let mut o = options(Some(5 * each), true, no_ram());
+    o.tier.promotions_per_token = 64;
+    let l = load(&dir, &o);
+    let ctx = l.device().unwrap().ctx.clone();
+    let prompt: Vec<u32> = (0..120).map(|i| (i * 37 + 11) % 100).collect();
+    let want = run_greedy(&load_model(&dir), &prompt, 1, 0, CONTEXT, false);
+    let got = run_greedy(&l, &prompt, 1, 0, CONTEXT, false);
+    assert!(got.on_device, "{:?}", got.notice);
+    assert!(max_abs_diff(&got.rows, &want.rows) <= 1e-4 * max_abs(&want.rows));
+    let s = stats(&l);
+    assert!(s.pool > 20 && s.pool_promotions > 0 && s.evictions > 0 && s.failed == 0, "{s:?}");
+    drop(l);
+    ctx.trim();
+    let m = ctx.memory_stats();
+    assert_eq!((m.used_bytes, m.blocks), (0, 0), "every buffer and block freed: {m:?}");
+}
