@@ -48,8 +48,10 @@ impl OpLib for VkOps {
                 super::ops::DeltaNetShape::supported(spec) || super::ops::KdaShape::supported(spec)
             }
             // Multi-head latent attention (`ops/mla.rs`) within the kernels' latent and rope widths.
+            // Over an indexer's selection, and the indexer itself: the CPU's only.
+            Op::Mla { spec, .. } if spec.select.is_some() => false,
             Op::Mla { spec, .. } => super::ops::MlaShape::supported(spec),
-            Op::LayerNorm { .. } => false,
+            Op::LayerNorm { .. } | Op::Indexer { .. } => false,
         }
     }
 }
