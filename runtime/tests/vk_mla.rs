@@ -68,6 +68,7 @@ fn run_case(c: &Case, seed: u64) {
         rope_scaling: c.scaling,
         norm_eps: 1e-6,
         rope_interleave: c.interleave,
+        select: None,
     };
     let s = MlaShape::of(&spec);
     let exact = c.format == WeightFormat::F32;
@@ -146,7 +147,7 @@ fn run_case(c: &Case, seed: u64) {
         let x = rng.vec(n * c.hidden, 1.0);
         let mut want = vec![0f32; n * c.hidden];
         let form = if exact { MlaForm::for_rows(n) } else { MlaForm::Absorbed };
-        mla(&CpuCall { spec: &spec, weights: &cw, precision, form }, &x, n, pos0, &mut kv, &mut want);
+        mla(&CpuCall { spec: &spec, weights: &cw, precision, form, select: None }, &x, n, pos0, &mut kv, &mut want);
         ctx.write(&dx, lead * 4, &bytes(&x)).unwrap();
         let mut f = ctx.frame().unwrap();
         let call = MlaCall { shape: s, weights: mats, rope, cache, scratch: &scratch, precision };

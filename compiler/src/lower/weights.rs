@@ -342,7 +342,7 @@ impl<'a> Lowerer<'a> {
                 self.err(span, format!("the indexer needs weight role `{role}`"));
             }
         }
-        if h == 0 || d == 0 || s.topk == 0 || s.rope_dim % 2 != 0 || s.rope_dim > d {
+        if h == 0 || d == 0 || s.topk == 0 || !s.rope_dim.is_multiple_of(2) || s.rope_dim > d {
             self.err(span, format!("the indexer needs heads, a head dim and a top-k above 0 and an even rope part within the head (heads {h}, head_dim {d}, rope_dim {}, topk {})", s.rope_dim, s.topk));
         }
     }
