@@ -88,6 +88,8 @@ fn indexer_roles_and_shapes_are_located_diagnostics() {
     check(r#""q_b": "ix_q_b""#, r#""q_b": "ix_q_b", "v": "ix_w""#, "the indexer has no weight role `v`");
     check(r#"rope_dim: "rope_dim""#, r#"rope_dim: "25""#, "an even rope part within the head");
     check(r#"out: "select", heads"#, r#"out: "x", heads"#, "the indexer's top-k");
+    // No layer runs an indexer: the MLA reads a selection nothing wrote.
+    check(r#"cond: "!contains(shared_types, i)""#, r#"cond: "false""#, "select");
 }
 
 #[test]

@@ -91,9 +91,16 @@ pub fn indexer(
     keys.truncate(pos0 * d);
     keys.extend_from_slice(&k);
     // 4. Scores and the top-k, per row.
-    let keys = &keys[..];
+    select_rows(s, &qs, &hw, keys, pos0, out);
+}
+
+/// The selection of `n` rows at positions `pos0..` (`out`, `n x topk`) from their rotated
+/// index queries `qs` (`n x heads x head_dim`), head weights `hw` (`n x heads`, already times
+/// `heads^-0.5`) and the index keys of positions `0..pos0 + n`.
+pub fn select_rows(s: &IndexerSpec, qs: &[f32], hw: &[f32], keys: &[f32], pos0: usize, out: &mut [f32]) {
+    let (h, d, topk) = (s.heads, s.head_dim, s.topk);
+    let n = hw.len() / h.max(1);
     let scale = (d as f32).powf(-0.5);
-    let topk = s.topk;
     out.par_chunks_mut(topk).enumerate().take(n).for_each(|(i, o)| {
         let p = pos0 + i;
         let seen = p + 1;
@@ -131,4 +138,40 @@ pub fn indexer(
 /// The positions a row of a selection names (ascending, the `-1` padding dropped).
 pub fn selected(row: &[f32]) -> impl Iterator<Item = usize> + '_ {
     row.iter().take_while(|&&v| v >= 0.0).map(|&v| v as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coli_compiler::ir::{RopeScaling, RopeStyle};
+
+    fn spec(topk: usize) -> IndexerSpec {
+        IndexerSpec {
+            heads: 1,
+            head_dim: 1,
+            rope_dim: 0,
+            topk,
+            rope_style: RopeStyle::RotateHalf,
+            rope_theta: 10000.0,
+            rope_scaling: RopeScaling::None,
+            eps: 1e-6,
+            weights: vec![],
+        }
+    }
+
+    /// One head of width 1: the scores are the ReLU of the keys.
+    #[test]
+    fn the_best_positions_ascending_ties_to_the_earlier_and_short_rows_padded() {
+        let keys = [0.5, 2.0, -1.0, 2.0, 1.0];
+        let mut out = vec![0f32; 2];
+        select_rows(&spec(2), &[1.0], &[1.0], &keys, 4, &mut out);
+        assert_eq!(out, [1.0, 3.0]);
+        let mut out = vec![0f32; 1];
+        select_rows(&spec(1), &[1.0], &[1.0], &keys, 4, &mut out);
+        assert_eq!(out, [1.0], "of equal scores the earlier position");
+        // A negative head weight prefers the ReLU's zeros; rows 0 and 1 see no more than topk.
+        let mut out = vec![0f32; 6];
+        select_rows(&spec(2), &[1.0, 1.0, 1.0], &[1.0, 1.0, -1.0], &keys, 0, &mut out);
+        assert_eq!(out, [0.0, -1.0, 0.0, 1.0, 0.0, 2.0]);
+    }
 }

@@ -96,6 +96,6 @@ pub fn record<'a>(
     let cache = MlaCache { latent: ml.all(), rope: mr.all(), latent_back: sl.all(), rope_back: sr.all() };
     let scratch =
         inp.scratch.ok_or_else(|| VkError::BadArgument { op: OP, msg: "no MLA scratch for this session".into() })?;
-    let call = MlaCall { shape: MlaShape::of(spec), weights: w, rope, cache, scratch, precision };
+    let call = MlaCall { shape: MlaShape::of(spec), weights: w, rope, cache, scratch, precision, select: None };
     f.mla_at(call, x, n, pos, out)
 }
