@@ -46,7 +46,8 @@ pub enum OpKind {
     RoutedExpertsShared,
     /// DeepSeek Sparse Attention's indexer (`Op::Indexer`): the CPU's only.
     Indexer,
-    /// MLA over an indexer's selection (`MlaSpec::select`): the CPU's only.
+    /// MLA over an indexer's selection (`MlaSpec::select`): the CPU and the Vulkan library run
+    /// it (a kind of its own, so a profile that lists `mla` alone does not claim it).
     MlaSparse,
 }
 
@@ -87,7 +88,7 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::RouteShared, name: "route_shared", host_step: true, by_default: false },
     OpInfo { kind: OpKind::RoutedExpertsShared, name: "routed_experts_shared", host_step: true, by_default: false },
     OpInfo { kind: OpKind::Indexer, name: "indexer", host_step: false, by_default: false },
-    OpInfo { kind: OpKind::MlaSparse, name: "mla_sparse", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::MlaSparse, name: "mla_sparse", host_step: false, by_default: true },
 ];
 
 impl OpKind {
@@ -153,7 +154,9 @@ mod tests {
     fn a_profile_without_a_list_runs_the_default_kinds() {
         use crate::profile::Features;
         let none = Features::default();
-        for k in [OpKind::Linear, OpKind::Attention, OpKind::Mla, OpKind::LinearAttention, OpKind::Kda] {
+        for k in
+            [OpKind::Linear, OpKind::Attention, OpKind::Mla, OpKind::MlaSparse, OpKind::LinearAttention, OpKind::Kda]
+        {
             assert!(none.runs(k), "{k}");
         }
         for k in [
@@ -162,7 +165,6 @@ mod tests {
             OpKind::ShortConv,
             OpKind::RmsNormScaled,
             OpKind::Indexer,
-            OpKind::MlaSparse,
         ] {
             assert!(!none.runs(k), "{k}");
         }

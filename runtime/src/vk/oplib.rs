@@ -48,8 +48,8 @@ impl OpLib for VkOps {
                 super::ops::DeltaNetShape::supported(spec) || super::ops::KdaShape::supported(spec)
             }
             // Multi-head latent attention (`ops/mla.rs`) within the kernels' latent and rope widths.
-            // Over an indexer's selection, and the indexer itself: the CPU's only.
-            Op::Mla { spec, .. } if spec.select.is_some() => false,
+            // Over an indexer's selection too (`mla_attn_sparse.comp`); the indexer itself (its
+            // key LayerNorm, its key cache) is the CPU's.
             Op::Mla { spec, .. } => super::ops::MlaShape::supported(spec),
             Op::LayerNorm { .. } | Op::Indexer { .. } => false,
         }

@@ -5,6 +5,10 @@
 //! the order of float operations, so a selection agrees wherever the k-th and (k+1)-th scores
 //! are apart by more than that.
 //!
+//! The executor does not record it yet: the indexer's projections, its key LayerNorm and its
+//! key cache run on the host (`indexer` is a kind the Vulkan library does not claim), and the
+//! selection goes up to the device's MLA (`mla_attn_sparse.comp`).
+//!
 //! Must not: keep state of its own, or decide what the key mirror holds (the caller uploads
 //! what it lacks).
 
