@@ -32,6 +32,8 @@ pub const KERNELS: &[(&str, &str, bool)] = &[
     ("MlaAbsorb", "mla_absorb.comp", true),
     ("MlaAttn", "mla_attn.comp", false),
     ("MlaValue", "mla_value.comp", true),
+    ("MlaAttnSparse", "mla_attn_sparse.comp", false),
+    ("DsaSelect", "dsa_select.comp", false),
     ("MatmulCoop", "matmul_coop.comp", true),
     ("MoeMatmulCoop", "moe_matmul_coop.comp", true),
 ];

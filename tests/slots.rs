@@ -76,8 +76,9 @@ fn check_interleaved(engine: &Engine, what: &str) {
 
 #[test]
 fn interleaved_requests_give_what_each_gives_alone_on_the_cpu() {
-    // Attention with RoPE, MoE, MLA, Gated DeltaNet's recurrent state, sliding windows with sinks.
-    for name in ["olmoe", "llama", "deepseek_v3", "qwen3_next", "gpt_oss"] {
+    // Attention with RoPE, MoE, MLA, Gated DeltaNet's recurrent state, sliding windows with sinks,
+    // DeepSeek Sparse Attention's index keys (GLM's shared selections).
+    for name in ["olmoe", "llama", "deepseek_v3", "qwen3_next", "gpt_oss", "glm_moe_dsa"] {
         let engine = common::load_model(&fixture_dir(name));
         check_interleaved(&engine, name);
     }
@@ -173,8 +174,15 @@ fn tier3() -> Option<TierOptions> {
 #[test]
 fn a_batched_forward_on_the_device_gives_each_session_what_the_cpu_gives() {
     // Attention with RoPE, MLA, experts resident in the frames, experts through the tier,
-    // sliding windows with sinks.
-    let cases = [("llama", None), ("deepseek_v3", None), ("olmoe", None), ("olmoe", tier3()), ("gpt_oss", None)];
+    // sliding windows with sinks, DeepSeek Sparse Attention's host frames run per sequence.
+    let cases = [
+        ("llama", None),
+        ("deepseek_v3", None),
+        ("olmoe", None),
+        ("olmoe", tier3()),
+        ("gpt_oss", None),
+        ("deepseek_v32", None),
+    ];
     for (name, tier) in cases {
         let what = format!("{name}{}", if tier.is_some() { " through the tier" } else { "" });
         let Some(engine) = on_vulkan(name, 8, tier) else { return };

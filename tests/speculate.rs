@@ -71,7 +71,7 @@ fn same_with_and_without(what: &str, engine: &Engine, prompt: &[u32], sampler: S
 #[test]
 fn the_draft_changes_nothing_on_the_cpu() {
     let mut accepted = 0;
-    for name in ["olmoe", "llama", "deepseek_v3", "qwen3_next"] {
+    for name in ["olmoe", "llama", "deepseek_v3", "qwen3_next", "glm_moe_dsa"] {
         let engine = load_model(&fixture_dir(name));
         let p = prompt(name);
         let g = same_with_and_without(name, &engine, &p, SamplerConfig::greedy());

@@ -439,6 +439,12 @@ pub enum Op {
     /// Multi-head latent attention (DeepSeek-V3): the CPU's expanded and absorbed forms, the
     /// device's absorbed form; the cache holds the normed latent and the rotated rope key.
     Mla { x: ValueId, out: ValueId, layer: LayerId, spec: MlaSpec },
+    /// DeepSeek Sparse Attention's lightning indexer: per row, the `topk` cached positions a
+    /// later `Mla` (its `select`) attends over. Reads the layer's input `x` and the MLA's normed
+    /// query latent `q`; appends this block's index keys to the layer's index-key cache; writes
+    /// `out` (`topk` wide): the chosen positions as f32 in ascending order, then `-1` where a row
+    /// sees fewer than `topk` positions (it then keeps every one it sees).
+    Indexer { x: ValueId, q: ValueId, out: ValueId, layer: LayerId, spec: IndexerSpec },
     /// A linear-attention mixer with recurrent state (Gated DeltaNet): the causal convolution's
     /// ring and the delta rule, on the CPU and the device (the host's state canonical).
     LinearAttention { x: ValueId, out: ValueId, layer: LayerId, spec: LinearAttentionSpec },
@@ -462,7 +468,13 @@ pub fn op_io(op: &Op) -> (Vec<ValueId>, Vec<ValueId>) {
         Op::Add { a, b, out } | Op::Mul { a, b, out } => (vec![*a, *b], vec![*out]),
         Op::Route { logits, out, .. } => (vec![*logits], vec![*out]),
         Op::RoutedExperts { x, routing, out, .. } => (vec![*x, *routing], vec![*out]),
-        Op::Mla { x, out, .. } | Op::LinearAttention { x, out, .. } => (vec![*x], vec![*out]),
+        Op::Mla { x, out, spec, .. } => {
+            let mut reads = vec![*x];
+            reads.extend(spec.select);
+            (reads, vec![*out])
+        }
+        Op::Indexer { x, q, out, .. } => (vec![*x, *q], vec![*out]),
+        Op::LinearAttention { x, out, .. } => (vec![*x], vec![*out]),
     }
 }
 
@@ -486,6 +498,31 @@ pub struct MlaSpec {
     /// layout), else on halves.
     #[serde(default = "yes")]
     pub rope_interleave: bool,
+    /// A selection of positions (an `Indexer`'s output, `topk` wide): each row attends over its
+    /// selected positions only, not every cached one (DeepSeek Sparse Attention). An op kind of
+    /// its own (`mla_sparse`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub select: Option<ValueId>,
+}
+
+/// The lightning indexer of DeepSeek Sparse Attention (`Op::Indexer`). Per row `s` and cached
+/// position `t`: `score = sum_h w[s,h] * relu(q[s,h] . k[t] * head_dim^-0.5)`, with `q = q_b(q)`
+/// in `heads` heads of `head_dim`, `k = LayerNorm(k(x))` (one key per position, cached),
+/// `w = w(x) * heads^-0.5`, RoPE on the first `rope_dim` columns of every query head and of the
+/// key; the `topk` best positions at or before `s` are chosen.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct IndexerSpec {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub rope_dim: usize,
+    pub topk: usize,
+    pub rope_style: RopeStyle,
+    pub rope_theta: f32,
+    pub rope_scaling: RopeScaling,
+    /// The key LayerNorm's epsilon.
+    pub eps: f32,
+    /// Every weight the indexer reads, by role (`q_b`, `k`, `k_norm`, `k_norm_bias`, `w`).
+    pub weights: Vec<(String, WeightRef)>,
 }
 
 fn mla_norm_eps() -> f32 {

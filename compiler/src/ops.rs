@@ -44,6 +44,11 @@ pub enum OpKind {
     /// Routed experts with shared experts beside them (`ExpertWeights::shared`): the CPU's
     /// only (neither the expert tier nor a device's resident experts hold shared ones).
     RoutedExpertsShared,
+    /// DeepSeek Sparse Attention's indexer (`Op::Indexer`): the CPU's only.
+    Indexer,
+    /// MLA over an indexer's selection (`MlaSpec::select`): the CPU and the Vulkan library run
+    /// it (a kind of its own, so a profile that lists `mla` alone does not claim it).
+    MlaSparse,
 }
 
 /// What placement and printing need to know of an op kind.
@@ -82,6 +87,8 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::RmsNormScaled, name: "rms_norm_scaled", host_step: false, by_default: false },
     OpInfo { kind: OpKind::RouteShared, name: "route_shared", host_step: true, by_default: false },
     OpInfo { kind: OpKind::RoutedExpertsShared, name: "routed_experts_shared", host_step: true, by_default: false },
+    OpInfo { kind: OpKind::Indexer, name: "indexer", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::MlaSparse, name: "mla_sparse", host_step: false, by_default: true },
 ];
 
 impl OpKind {
@@ -119,7 +126,9 @@ impl Op {
             Op::Route { .. } => OpKind::Route,
             Op::RoutedExperts { weights, .. } if weights.shared.is_some() => OpKind::RoutedExpertsShared,
             Op::RoutedExperts { .. } => OpKind::RoutedExperts,
+            Op::Mla { spec, .. } if spec.select.is_some() => OpKind::MlaSparse,
             Op::Mla { .. } => OpKind::Mla,
+            Op::Indexer { .. } => OpKind::Indexer,
             Op::LinearAttention { spec, .. } if spec.kind == LinearAttentionKind::Kda => OpKind::Kda,
             Op::LinearAttention { spec, .. } if spec.kind == LinearAttentionKind::ShortConv => OpKind::ShortConv,
             Op::LinearAttention { spec, .. } if spec.projections_apart() => OpKind::LinearAttentionApart,
@@ -145,10 +154,18 @@ mod tests {
     fn a_profile_without_a_list_runs_the_default_kinds() {
         use crate::profile::Features;
         let none = Features::default();
-        for k in [OpKind::Linear, OpKind::Attention, OpKind::Mla, OpKind::LinearAttention, OpKind::Kda] {
+        for k in
+            [OpKind::Linear, OpKind::Attention, OpKind::Mla, OpKind::MlaSparse, OpKind::LinearAttention, OpKind::Kda]
+        {
             assert!(none.runs(k), "{k}");
         }
-        for k in [OpKind::LinearAttentionApart, OpKind::AttentionRel, OpKind::ShortConv, OpKind::RmsNormScaled] {
+        for k in [
+            OpKind::LinearAttentionApart,
+            OpKind::AttentionRel,
+            OpKind::ShortConv,
+            OpKind::RmsNormScaled,
+            OpKind::Indexer,
+        ] {
             assert!(!none.runs(k), "{k}");
         }
         assert!(!none.runs(OpKind::Route) && none.lists(OpKind::Route), "a host step is listed, not run in a frame");

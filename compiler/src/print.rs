@@ -151,7 +151,7 @@ pub fn op_text(op: &Op) -> String {
         Op::Mla { x, out, layer, spec } => {
             let ws: Vec<String> = spec.weights.iter().map(|(r, x)| format!("{r} {}", w(x))).collect();
             format!(
-                "{out} = mla {x} kv {layer} heads {} q_lora {:?} kv_lora {} nope {} rope {} v {} scale {} theta {} scaling {:?} {} norm eps {} [{}]",
+                "{out} = mla {x} kv {layer} heads {} q_lora {:?} kv_lora {} nope {} rope {} v {} scale {} theta {} scaling {:?} {} norm eps {}{} [{}]",
                 spec.heads,
                 spec.q_lora_rank,
                 spec.kv_lora_rank,
@@ -163,6 +163,22 @@ pub fn op_text(op: &Op) -> String {
                 spec.rope_scaling,
                 if spec.rope_interleave { "Interleaved" } else { "RotateHalf" },
                 g(spec.norm_eps),
+                spec.select.map_or(String::new(), |v| format!(" select {v}")),
+                ws.join(", ")
+            )
+        }
+        Op::Indexer { x, q, out, layer, spec } => {
+            let ws: Vec<String> = spec.weights.iter().map(|(r, x)| format!("{r} {}", w(x))).collect();
+            format!(
+                "{out} = indexer {x} q {q} keys {layer} heads {}x{} rope {} {:?} topk {} theta {} scaling {:?} norm eps {} [{}]",
+                spec.heads,
+                spec.head_dim,
+                spec.rope_dim,
+                spec.rope_style,
+                spec.topk,
+                g(spec.rope_theta),
+                spec.rope_scaling,
+                g(spec.eps),
                 ws.join(", ")
             )
         }

@@ -33,6 +33,8 @@ fn every_spec_compiles_with_its_default_config() {
         "inkling.ron",
         "gpt_oss.ron",
         "mimo_v2_flash.ron",
+        "deepseek_v32.ron",
+        "glm_moe_dsa.ron",
     ] {
         let p = program(s, None);
         println!("{p}");
@@ -50,6 +52,8 @@ fn specs_are_found_by_architecture() {
     assert_eq!(spec_for_architecture(&g, "Qwen3_5MoeForCausalLM").unwrap().file_name().unwrap(), "qwen3_5_moe.ron");
     assert_eq!(spec_for_architecture(&g, "KimiLinearForCausalLM").unwrap().file_name().unwrap(), "kimi_linear.ron");
     assert_eq!(spec_for_architecture(&g, "InklingForCausalLM").unwrap().file_name().unwrap(), "inkling.ron");
+    assert_eq!(spec_for_architecture(&g, "DeepseekV32ForCausalLM").unwrap().file_name().unwrap(), "deepseek_v32.ron");
+    assert_eq!(spec_for_architecture(&g, "GlmMoeDsaForCausalLM").unwrap().file_name().unwrap(), "glm_moe_dsa.ron");
     assert!(spec_for_architecture(&g, "NoSuchForCausalLM").is_none());
 }
 

@@ -28,6 +28,8 @@ const TABLE: &[(&str, &str, &str, &str)] = &[
     ("inkling", "inkling-text", "laptop-2gb", "laptop-2gb-igpu"),
     ("gpt_oss", "gpt-oss-20b", "gpu-1gb", "two-gpu-1gb"),
     ("mimo_v2_flash", "mimo-v2-flash", "rtx4060-8gb", "two-rtx4060-8gb"),
+    ("deepseek_v32", "deepseek-v3.2", "rtx4060-8gb", "two-rtx4060-8gb"),
+    ("glm_moe_dsa", "glm-moe-dsa", "rtx4060-8gb", "two-rtx4060-8gb"),
 ];
 
 fn plan(spec: &str, config: &str, profile: &str) -> Plan {

@@ -27,6 +27,8 @@ const TABLE: &[(&str, &str)] = &[
     ("inkling", "inkling-text"),
     ("gpt_oss", "gpt-oss-20b"),
     ("mimo_v2_flash", "mimo-v2-flash"),
+    ("deepseek_v32", "deepseek-v3.2"),
+    ("glm_moe_dsa", "glm-moe-dsa"),
 ];
 
 const LAYERS: usize = 4;
@@ -37,7 +39,7 @@ fn bindings(config: &str) -> Bindings {
     let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let o = v.as_object_mut().unwrap();
     o.insert("num_hidden_layers".into(), LAYERS.into());
-    for key in ["layer_types", "mlp_layer_types"] {
+    for key in ["layer_types", "mlp_layer_types", "indexer_types"] {
         if let Some(serde_json::Value::Array(a)) = o.get_mut(key) {
             a.truncate(LAYERS);
         }

@@ -30,6 +30,7 @@ pub fn op_name(op: &Op) -> &'static str {
         Op::Route { .. } => "route",
         Op::RoutedExperts { .. } => "routed_experts",
         Op::Mla { .. } => "mla",
+        Op::Indexer { .. } => "indexer",
         Op::LinearAttention { .. } => "linear_attention",
     }
 }

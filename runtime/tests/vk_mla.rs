@@ -5,7 +5,8 @@
 //! inputs (never zeros), blocks appended one after another (1, 3 and 9 rows; and a first block
 //! of 70 rows, past one tile of the attention kernel), on several geometries (the DeepSeek-V3
 //! fixture's with YaRN, DeepSeek-V3's heads with a direct query and rotate-half pairs, a latent
-//! of 1024, biases on every projection).
+//! of 1024, biases on every projection); and over a random selection of positions per row
+//! (DeepSeek Sparse Attention, `mla_attn_sparse.comp`) against the CPU op with that selection.
 //!
 //! Tolerance: f32 weights with f32 activations (`Precision::Exact`): each block's output and
 //! its new cache rows (read back and in the mirror) within 1e-5 of their largest |value|.
@@ -46,6 +47,8 @@ struct Case {
     biases: bool,
     format: WeightFormat,
     blocks: &'static [usize],
+    /// A random selection of this many positions per row (DeepSeek Sparse Attention).
+    select: Option<usize>,
 }
 
 fn bytes(v: &[f32]) -> Vec<u8> {
@@ -68,6 +71,7 @@ fn run_case(c: &Case, seed: u64) {
         rope_scaling: c.scaling,
         norm_eps: 1e-6,
         rope_interleave: c.interleave,
+        select: None,
     };
     let s = MlaShape::of(&spec);
     let exact = c.format == WeightFormat::F32;
@@ -146,10 +150,14 @@ fn run_case(c: &Case, seed: u64) {
         let x = rng.vec(n * c.hidden, 1.0);
         let mut want = vec![0f32; n * c.hidden];
         let form = if exact { MlaForm::for_rows(n) } else { MlaForm::Absorbed };
-        mla(&CpuCall { spec: &spec, weights: &cw, precision, form }, &x, n, pos0, &mut kv, &mut want);
+        let sel = c.select.map(|k| random_selection(&mut rng, n, pos0, k));
+        let cpu = CpuCall { spec: &spec, weights: &cw, precision, form, select: sel.as_deref() };
+        mla(&cpu, &x, n, pos0, &mut kv, &mut want);
         ctx.write(&dx, lead * 4, &bytes(&x)).unwrap();
+        let dsel = sel.as_ref().map(|v| ctx.upload_f32(v).unwrap());
+        let select = dsel.as_ref().zip(c.select).map(|(b, k)| (b.all(), k));
         let mut f = ctx.frame().unwrap();
-        let call = MlaCall { shape: s, weights: mats, rope, cache, scratch: &scratch, precision };
+        let call = MlaCall { shape: s, weights: mats, rope, cache, scratch: &scratch, precision, select };
         f.mla(call, dx.view(lead, n * c.hidden), n, pos0, dy.view(lead, n * c.hidden)).unwrap();
         f.run().unwrap();
         let got = ctx.download_f32(dy.view(lead, n * c.hidden)).unwrap();
@@ -171,6 +179,26 @@ fn run_case(c: &Case, seed: u64) {
     }
 }
 
+/// `n` rows at positions `pos0..` of a selection of `topk` (ascending positions at or before
+/// each row, `-1` after them where a row sees fewer), at random.
+fn random_selection(rng: &mut Rng, n: usize, pos0: usize, topk: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n * topk);
+    for i in 0..n {
+        let seen = pos0 + i + 1;
+        let mut all: Vec<usize> = (0..seen).collect();
+        // A partial shuffle picks min(seen, topk) of them.
+        for j in 0..topk.min(seen) {
+            let k = j + rng.below(seen - j);
+            all.swap(j, k);
+        }
+        let mut pick = all[..topk.min(seen)].to_vec();
+        pick.sort_unstable();
+        out.extend(pick.iter().map(|&p| p as f32));
+        out.extend(std::iter::repeat_n(-1.0, topk - pick.len()));
+    }
+    out
+}
+
 const YARN: RopeScaling = RopeScaling::Yarn {
     factor: 4.0,
     original_max_position: 64,
@@ -179,6 +207,29 @@ const YARN: RopeScaling = RopeScaling::Yarn {
     attention_factor: 1.17,
     truncate: true,
 };
+
+/// DeepSeek Sparse Attention: each row over a random selection of 5 positions (`mla_attn_sparse.comp`),
+/// in both CPU forms; a first block of 70 rows crosses a tile of the attention kernel.
+#[test]
+fn over_a_selection_the_fixture_geometry_matches_the_cpu() {
+    let case = |blocks: &'static [usize]| Case {
+        hidden: 64,
+        heads: 4,
+        q_lora: Some(40),
+        latent: 32,
+        nope: 16,
+        rope: 8,
+        v: 12,
+        interleave: true,
+        scaling: YARN,
+        biases: false,
+        format: WeightFormat::F32,
+        blocks,
+        select: Some(5),
+    };
+    run_case(&case(&[1, 3, 9]), 0x5e1);
+    run_case(&case(&[70, 1, 3]), 0x5e2);
+}
 
 #[test]
 fn the_fixture_geometry_matches_the_cpu() {
@@ -195,6 +246,7 @@ fn the_fixture_geometry_matches_the_cpu() {
         biases: false,
         format: WeightFormat::F32,
         blocks: &[1, 3, 9],
+        select: None,
     };
     run_case(&c, 0x31a1);
 }
@@ -214,6 +266,7 @@ fn deepseek_v3_heads_with_a_direct_query_match_the_cpu() {
         biases: false,
         format: WeightFormat::F32,
         blocks: &[1, 3, 9],
+        select: None,
     };
     run_case(&c, 0x31a2);
 }
@@ -233,6 +286,7 @@ fn long_blocks_a_wide_latent_and_biases_match_the_cpu() {
         biases: true,
         format: WeightFormat::F32,
         blocks: &[70, 1, 3],
+        select: None,
     };
     run_case(&c, 0x31a3);
     let c = Case {
@@ -248,6 +302,7 @@ fn long_blocks_a_wide_latent_and_biases_match_the_cpu() {
         biases: true,
         format: WeightFormat::F32,
         blocks: &[9, 1, 3],
+        select: None,
     };
     run_case(&c, 0x31a4);
 }
@@ -268,6 +323,7 @@ fn quantized_and_bf16_weights_match_the_cpu() {
             biases: false,
             format,
             blocks: &[1, 3, 9],
+            select: None,
         };
         run_case(&c, seed);
     }
@@ -290,6 +346,7 @@ fn fp8_weights_match_the_cpu() {
         biases: false,
         format: WeightFormat::FP8_E4M3,
         blocks: &[1, 3, 9],
+        select: None,
     };
     run_case(&c, 0x31a7);
 }

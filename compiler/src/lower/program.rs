@@ -688,8 +688,13 @@ impl<'a> Lowerer<'a> {
                 scaling,
                 norm_eps,
                 rope_interleave,
+                select,
             } => {
                 let (xv, ov) = (self.val(x)?, self.val(out)?);
+                let select = match select {
+                    Some(t) => Some(self.val(t)?),
+                    None => None,
+                };
                 // A q LoRA rank of 0 means none (configurations say `q_lora_rank: null`).
                 let q_lora_rank = match q_lora_rank {
                     Some(t) => Some(self.sized(t, limits::HEAD_DIM)?).filter(|&r| r > 0),
@@ -711,10 +716,34 @@ impl<'a> Lowerer<'a> {
                         Some(t) => self.boolean(t)?,
                         None => true,
                     },
+                    select,
                 };
                 self.mla_roles(&spec, self.width(xv), span);
                 self.expect_width(out, ov, self.width(xv), "MLA's input width");
                 Op::Mla { x: xv, out: ov, layer: LayerId(self.layer.unwrap_or(0) as u32), spec }
+            }
+            OpItem::Indexer { x, q, out, heads, head_dim, rope_dim, topk, style, theta, scaling, eps, weights } => {
+                let (xv, qv, ov) = (self.val(x)?, self.val(q)?, self.val(out)?);
+                let rope_style = match (style, self.b.naming) {
+                    (StyleSpec::RotateHalf, _) => RopeStyle::RotateHalf,
+                    (StyleSpec::Interleaved, _) => RopeStyle::Interleaved,
+                    (StyleSpec::ByNaming { hf, .. }, Naming::Hf) => *hf,
+                    (StyleSpec::ByNaming { gguf, .. }, Naming::Gguf) => *gguf,
+                };
+                let spec = IndexerSpec {
+                    heads: self.sized(heads, limits::HEADS)?,
+                    head_dim: self.sized(head_dim, limits::HEAD_DIM)?,
+                    rope_dim: self.sized(rope_dim, limits::HEAD_DIM)?,
+                    topk: self.sized(topk, limits::WIDTH)?,
+                    rope_style,
+                    rope_theta: self.positive(theta, "the RoPE base")?,
+                    rope_scaling: self.scaling(scaling, span)?,
+                    eps: self.positive_or(eps, 1e-6, "the key norm's epsilon")?,
+                    weights: self.roles(weights)?,
+                };
+                self.indexer_roles(&spec, (self.width(xv), self.width(qv)), span);
+                self.expect_width(out, ov, spec.topk, "the indexer's top-k");
+                Op::Indexer { x: xv, q: qv, out: ov, layer: LayerId(self.layer.unwrap_or(0) as u32), spec }
             }
             OpItem::LinearAttention {
                 x,

@@ -308,6 +308,45 @@ impl<'a> Lowerer<'a> {
         }
     }
 
+    /// Reports unless an indexer's weights are the roles it knows in the shapes its geometry
+    /// needs: `q_b` ([heads x head_dim, the query latent's width]), `k` ([head_dim, hidden]),
+    /// `k_norm` and `k_norm_bias` ([head_dim]), `w` ([heads, hidden]); and unless its rope part
+    /// is even, within a head, and its top-k above 0.
+    pub(super) fn indexer_roles(&mut self, s: &IndexerSpec, (hidden, q_width): (usize, usize), span: Span) {
+        let (h, d) = (s.heads, s.head_dim);
+        let want: [(&str, Vec<usize>); 5] = [
+            ("q_b", vec![h * d, q_width]),
+            ("k", vec![d, hidden]),
+            ("k_norm", vec![d]),
+            ("k_norm_bias", vec![d]),
+            ("w", vec![h, hidden]),
+        ];
+        for (role, w) in &s.weights {
+            match want.iter().find(|(r, _)| r == role) {
+                None => self.err(
+                    span,
+                    format!(
+                        "the indexer has no weight role `{role}` (roles: {})",
+                        want.iter().map(|w| w.0).collect::<Vec<_>>().join(", ")
+                    ),
+                ),
+                Some((_, shape)) if &w.shape != shape => self.err(
+                    span,
+                    format!("indexer weight `{role}` has shape {:?}, the geometry needs {shape:?}", w.shape),
+                ),
+                Some(_) => {}
+            }
+        }
+        for (role, _) in &want {
+            if !s.weights.iter().any(|(r, _)| r == role) {
+                self.err(span, format!("the indexer needs weight role `{role}`"));
+            }
+        }
+        if h == 0 || d == 0 || s.topk == 0 || !s.rope_dim.is_multiple_of(2) || s.rope_dim > d {
+            self.err(span, format!("the indexer needs heads, a head dim and a top-k above 0 and an even rope part within the head (heads {h}, head_dim {d}, rope_dim {}, topk {})", s.rope_dim, s.topk));
+        }
+    }
+
     /// Reports unless a Gated DeltaNet's weights are the roles it knows in the shapes its
     /// geometry needs: the input projections as Qwen3-Next groups them (`in_proj_qkvz`,
     /// `in_proj_ba`) or as Qwen3.5 keeps them apart (`in_proj_qkv`, `in_proj_z`, `in_proj_b`,

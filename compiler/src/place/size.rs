@@ -57,6 +57,7 @@ pub fn op_weights(op: &Op) -> Vec<&WeightRef> {
         Op::Attention { spec, .. } => spec.sinks.iter().chain(spec.rel.as_ref().map(|r| &r.proj)).collect(),
         Op::Route { correction_bias, scale_by, .. } => correction_bias.iter().chain(scale_by.iter()).collect(),
         Op::Mla { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
+        Op::Indexer { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
         Op::LinearAttention { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
         Op::RoutedExperts { .. }
         | Op::Rope { .. }
@@ -178,6 +179,10 @@ impl Sizer {
                 Op::Mla { spec, .. } => {
                     let per_position = (spec.kv_lora_rank + spec.qk_rope_head_dim) as u64;
                     c.kv = c.kv.saturating_add(self.context.saturating_mul(per_position).saturating_mul(F32));
+                }
+                // One index key per position beside the latent cache.
+                Op::Indexer { spec, .. } => {
+                    c.kv = c.kv.saturating_add(self.context.saturating_mul(spec.head_dim as u64).saturating_mul(F32));
                 }
                 // A short convolution's input rows live in the host's session: no device runs it.
                 Op::LinearAttention { spec, .. } if spec.kind == crate::ir::LinearAttentionKind::ShortConv => {}

@@ -150,8 +150,10 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
             theta,
             norm_eps,
             rope_interleave,
+            select,
             ..
         } => {
+            f.extend(select.iter().map(|s| (s, Value)));
             f.extend(norm_eps.iter().map(|s| (s, float)));
             f.extend(rope_interleave.iter().map(|s| (s, Expr(Type::Bool))));
             f.extend([
@@ -166,6 +168,20 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
                 (theta, float),
             ]);
             f.extend(q_lora_rank.iter().map(|s| (s, int)));
+            f.extend(weights.0.iter().map(|(_, w)| (w, Weight)));
+        }
+        OpItem::Indexer { x, q, out, heads, head_dim, rope_dim, topk, theta, eps, weights, .. } => {
+            f.extend(eps.iter().map(|s| (s, float)));
+            f.extend([
+                (x, Value),
+                (q, Value),
+                (out, Value),
+                (heads, int),
+                (head_dim, int),
+                (rope_dim, int),
+                (topk, int),
+                (theta, float),
+            ]);
             f.extend(weights.0.iter().map(|(_, w)| (w, Weight)));
         }
         OpItem::LinearAttention {
@@ -204,6 +220,7 @@ pub fn layer_state(op: &OpItem) -> Option<&'static str> {
     match op {
         OpItem::Attention { .. } => Some("its layer's KV cache"),
         OpItem::Mla { .. } => Some("its layer's latent cache"),
+        OpItem::Indexer { .. } => Some("its layer's index-key cache"),
         OpItem::LinearAttention { .. } => Some("its layer's recurrent state"),
         OpItem::RoutedExperts { .. } => Some("its layer's experts in the expert tier"),
         _ => None,
@@ -226,6 +243,7 @@ pub fn op_name(op: &OpItem) -> &'static str {
         OpItem::Route { .. } => "Route",
         OpItem::RoutedExperts { .. } => "RoutedExperts",
         OpItem::Mla { .. } => "Mla",
+        OpItem::Indexer { .. } => "Indexer",
         OpItem::LinearAttention { .. } => "LinearAttention",
         OpItem::Block(_) => "Block",
         OpItem::If { .. } => "If",

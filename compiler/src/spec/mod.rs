@@ -338,6 +338,29 @@ pub enum OpItem {
         /// A Bool: RoPE on adjacent pairs (default true), else on halves.
         #[serde(default)]
         rope_interleave: Option<Text>,
+        /// A value holding an `Indexer`'s selection: attend over the selected positions only.
+        #[serde(default)]
+        select: Option<Text>,
+    },
+    /// DeepSeek Sparse Attention's lightning indexer (`ir::IndexerSpec`).
+    Indexer {
+        x: Text,
+        /// The MLA's normed query latent.
+        q: Text,
+        out: Text,
+        heads: Text,
+        head_dim: Text,
+        rope_dim: Text,
+        topk: Text,
+        style: StyleSpec,
+        theta: Text,
+        #[serde(default)]
+        scaling: ScalingSpec,
+        /// The key LayerNorm's epsilon (default 1e-6).
+        #[serde(default)]
+        eps: Option<Text>,
+        /// Role -> weight name.
+        weights: Entries<Text, Text>,
     },
     LinearAttention {
         x: Text,

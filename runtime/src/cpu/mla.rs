@@ -13,6 +13,9 @@
 //!   against the cached latents directly, and the softmax-weighted latent through `kv_b`'s
 //!   value rows (cheaper for decode: nothing per cached position but two dot products).
 //!
+//! With a selection (`MlaSpec::select`, an indexer's output: DeepSeek Sparse Attention) each
+//! row attends over its selected positions only, in either form.
+//!
 //! Must not: keep state of its own (the cache is the executor's), or know checkpoint names;
 //! the roles and their shapes were checked by the compiler (`MlaSpec`).
 
@@ -107,13 +110,15 @@ pub struct MlaCall<'a> {
     pub weights: &'a MlaWeights<'a>,
     pub precision: Precision,
     pub form: MlaForm,
+    /// The block's selection (`n` rows of the indexer's output), where the spec has one.
+    pub select: Option<&'a [f32]>,
 }
 
 /// Runs the op over `x` (`n x hidden`), appending this block's latents and rope keys to `kv`
 /// (which must hold exactly the positions before `pos0`; later ones are dropped), and writes
 /// `out` (`n x hidden`).
 pub fn mla(call: &MlaCall, x: &[f32], n: usize, pos0: usize, kv: &mut LayerKv, out: &mut [f32]) {
-    let MlaCall { spec: s, weights: w, precision, form } = *call;
+    let MlaCall { spec: s, weights: w, precision, form, select } = *call;
     let (h, dn, dr, dv, c) = (s.heads, s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim, s.kv_lora_rank);
     let dq = dn + dr;
     // 1. Queries: n x h x (nope, rope).
@@ -159,7 +164,7 @@ pub fn mla(call: &MlaCall, x: &[f32], n: usize, pos0: usize, kv: &mut LayerKv, o
     let len = kv.len();
     // 5. Attention: n x h x dv.
     let mut attn = vec![0f32; n * h * dv];
-    let cached = Cached { s, kv_b: &w.kv_b, q: &q, lat: &kv.k, kr: &kv.v, pos0, precision };
+    let cached = Cached { s, kv_b: &w.kv_b, q: &q, lat: &kv.k, kr: &kv.v, pos0, precision, select };
     match form {
         MlaForm::Expanded => expanded(&cached, len, &mut attn),
         MlaForm::Absorbed => absorbed(&cached, &mut attn),
@@ -180,11 +185,27 @@ struct Cached<'a> {
     kr: &'a [f32],
     pos0: usize,
     precision: Precision,
+    select: Option<&'a [f32]>,
+}
+
+impl Cached<'_> {
+    /// The positions row `i` of the block attends over: its selection, else every position up
+    /// to its own.
+    fn positions(&self, i: usize) -> Vec<usize> {
+        let n = self.q.len() / (self.s.heads * (self.s.qk_nope_head_dim + self.s.qk_rope_head_dim));
+        match self.select {
+            Some(sel) => {
+                let w = sel.len() / n.max(1);
+                super::indexer::selected(&sel[i * w..(i + 1) * w]).filter(|&t| t <= self.pos0 + i).collect()
+            }
+            None => (0..=self.pos0 + i).collect(),
+        }
+    }
 }
 
 /// Keys and values of the first `len` cached positions through `kv_b`, then causal attention.
-fn expanded(c: &Cached, len: usize, attn: &mut [f32]) {
-    let Cached { s, kv_b, q, lat, kr, pos0, precision } = *c;
+fn expanded(cached: &Cached, len: usize, attn: &mut [f32]) {
+    let Cached { s, kv_b, q, lat, kr, pos0, precision, .. } = *cached;
     let (h, dn, dr, dv, c) = (s.heads, s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim, s.kv_lora_rank);
     let dq = dn + dr;
     let bw = h * (dn + dv);
@@ -201,14 +222,40 @@ fn expanded(c: &Cached, len: usize, attn: &mut [f32]) {
             v[(j * h + hh) * dv..][..dv].copy_from_slice(&src[dn..]);
         }
     }
-    let shape = AttnShape { heads: h, kv_heads: h, head_dim: dq, v_head_dim: dv, scale: s.scale, window: None };
-    attend(shape, q, &k, &v, pos0, None, attn);
+    if cached.select.is_none() {
+        let shape = AttnShape { heads: h, kv_heads: h, head_dim: dq, v_head_dim: dv, scale: s.scale, window: None };
+        attend(shape, q, &k, &v, pos0, None, attn);
+        return;
+    }
+    // Over each row's selected positions.
+    attn.par_chunks_mut(dv).enumerate().for_each(|(idx, o)| {
+        let (i, hh) = (idx / h, idx % h);
+        let qh = &q[(i * h + hh) * dq..][..dq];
+        let at = cached.positions(i);
+        let key = |j: usize| &k[(j * h + hh) * dq..][..dq];
+        let scores: Vec<f32> =
+            at.iter().map(|&j| qh.iter().zip(key(j)).map(|(a, b)| a * b).sum::<f32>() * s.scale).collect();
+        softmax_weighted(&scores, &at, |j| &v[(j * h + hh) * dv..][..dv], o);
+    });
+}
+
+/// `out = sum_j softmax(scores)_j * row(at_j)`.
+fn softmax_weighted<'r>(scores: &[f32], at: &[usize], row: impl Fn(usize) -> &'r [f32], out: &mut [f32]) {
+    let m = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let mut l = 0f32;
+    out.iter_mut().for_each(|a| *a = 0.0);
+    for (&sc, &j) in scores.iter().zip(at) {
+        let e = (sc - m).exp();
+        l += e;
+        out.iter_mut().zip(row(j)).for_each(|(a, b)| *a += e * b);
+    }
+    out.iter_mut().for_each(|a| *a /= l);
 }
 
 /// Queries absorbed into latent space through `kv_b`'s key rows; scores on the latents; the
 /// weighted latent through `kv_b`'s value rows.
 fn absorbed(cached: &Cached, attn: &mut [f32]) {
-    let Cached { s, kv_b, q, lat, kr, pos0, precision } = *cached;
+    let Cached { s, kv_b, q, lat, kr, precision, .. } = *cached;
     let (h, dn, dr, dv, c) = (s.heads, s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim, s.kv_lora_rank);
     let dq = dn + dr;
     let n = q.len() / (h * dq);
@@ -227,26 +274,18 @@ fn absorbed(cached: &Cached, attn: &mut [f32]) {
     let mut o_lat = vec![0f32; n * h * c];
     o_lat.par_chunks_mut(c).enumerate().for_each(|(idx, ol)| {
         let (i, hh) = (idx / h, idx % h);
-        let p = pos0 + i;
         let ql = &q_lat[idx * c..(idx + 1) * c];
         let qr = &q[(i * h + hh) * dq + dn..][..dr];
-        let mut scores: Vec<f32> = (0..=p)
-            .map(|j| {
+        let at = cached.positions(i);
+        let scores: Vec<f32> = at
+            .iter()
+            .map(|&j| {
                 let a: f32 = ql.iter().zip(&lat[j * c..(j + 1) * c]).map(|(x, y)| x * y).sum();
                 let b: f32 = qr.iter().zip(&kr[j * dr..(j + 1) * dr]).map(|(x, y)| x * y).sum();
                 (a + b) * s.scale
             })
             .collect();
-        let m = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let mut l = 0f32;
-        for sc in scores.iter_mut() {
-            *sc = (*sc - m).exp();
-            l += *sc;
-        }
-        for (j, &wt) in scores.iter().enumerate() {
-            ol.iter_mut().zip(&lat[j * c..(j + 1) * c]).for_each(|(a, b)| *a += wt * b);
-        }
-        ol.iter_mut().for_each(|a| *a /= l);
+        softmax_weighted(&scores, &at, |j| &lat[j * c..(j + 1) * c], ol);
     });
     // attn[i, hh] = kv_b[value rows of hh] . o_lat[i, hh]
     let mut per_head = vec![0f32; n * c];
@@ -302,6 +341,7 @@ mod tests {
             rope_scaling: RopeScaling::None,
             norm_eps: 1e-6,
             rope_interleave: true,
+            select: None,
         };
         let mats: Vec<(usize, usize, Vec<u8>)> =
             [(r, hidden), (h * (dn + dr), r), (c + dr, hidden), (h * (dn + dv), c), (hidden, h * dv)]
@@ -326,7 +366,7 @@ mod tests {
         let x = rnd(n * hidden, 99);
         let mut kv = LayerKv { k_width: c, v_width: dr, ..Default::default() };
         let mut want = vec![0f32; n * hidden];
-        let call = |form| MlaCall { spec: &spec, weights: &w, precision: Precision::Exact, form };
+        let call = |form| MlaCall { spec: &spec, weights: &w, precision: Precision::Exact, form, select: None };
         mla(&call(MlaForm::Expanded), &x, n, 0, &mut kv, &mut want);
         for (form, chunk) in
             [(MlaForm::Absorbed, 1), (MlaForm::Absorbed, 3), (MlaForm::Expanded, 1), (MlaForm::Expanded, 2)]

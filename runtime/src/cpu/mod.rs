@@ -9,6 +9,7 @@ pub mod attn_part;
 pub mod deltanet;
 pub mod elementwise;
 pub mod experts;
+pub mod indexer;
 pub mod kda;
 pub mod linear;
 pub mod mla;
@@ -341,9 +342,29 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             let w = mla::MlaWeights::resolve(spec, env.weights)
                 .map_err(|m| CpuError::MissingRole { op: op_name(op), role: m.0 })?;
             let xs = env.get(*x).to_vec();
+            let sel = spec.select.map(|v| env.get(v).to_vec());
             let mut o = env.take(*out);
-            let call = mla::MlaCall { spec, weights: &w, precision: env.precision, form: mla::MlaForm::for_rows(n) };
+            let form = mla::MlaForm::for_rows(n);
+            let call = mla::MlaCall { spec, weights: &w, precision: env.precision, form, select: sel.as_deref() };
             mla::mla(&call, &xs, n, env.pos0, &mut env.kv.layers[layer.0 as usize], &mut o);
+            env.put(*out, o);
+        }
+        Op::Indexer { x, q, out, layer, spec } => {
+            let w = indexer::IndexerWeights::resolve(spec, env.weights)
+                .map_err(|role| CpuError::MissingRole { op: op_name(op), role })?;
+            let (l, pos0) = (layer.0 as usize, env.pos0);
+            let (xs, qs) = (env.get(*x).to_vec(), env.get(*q).to_vec());
+            let lk = &mut env.kv.layers[l];
+            lk.index_width = spec.head_dim;
+            if lk.index.len() < pos0 * spec.head_dim {
+                let at = format!("{} index keys", lk.index.len() / spec.head_dim);
+                return Err(CpuError::RecurrentState { layer: l, at, want: pos0 });
+            }
+            let mut keys = std::mem::take(&mut lk.index);
+            let mut o = env.take(*out);
+            let rows = indexer::IndexerRows { x: &xs, q: &qs, n, pos0 };
+            indexer::indexer(spec, &w, &rows, env.precision, &mut keys, &mut o);
+            env.kv.layers[l].index = keys;
             env.put(*out, o);
         }
         Op::LinearAttention { x, out, layer, spec } => {

@@ -17,6 +17,8 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("inkling.ron", include_str!("../../../graphs/inkling.ron")),
     ("gpt_oss.ron", include_str!("../../../graphs/gpt_oss.ron")),
     ("mimo_v2_flash.ron", include_str!("../../../graphs/mimo_v2_flash.ron")),
+    ("deepseek_v32.ron", include_str!("../../../graphs/deepseek_v32.ron")),
+    ("glm_moe_dsa.ron", include_str!("../../../graphs/glm_moe_dsa.ron")),
 ];
 
 /// Parses a built-in spec (its path reads `graphs/<name>` in messages).

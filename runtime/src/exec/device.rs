@@ -602,14 +602,16 @@ impl DeviceModel {
                 let (fb, mscale) = self.freq(spec.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling);
                 // Each sequence of a batched step over its own mirror, at its own positions.
                 for s in rec.seqs {
+                    let rows = |v: ValueId| st.values[v.0 as usize].view(s.rows.start * w(v), s.rows.len() * w(v));
+                    let select = spec.select.map(|v| (if rec.seqs.len() == 1 { view(v) } else { rows(v) }, w(v)));
                     let inp = super::mla_mirror::MlaInputs {
                         mats: &self.mats,
                         vecs: &self.vecs,
                         freq: (fb, mscale),
                         mirror: s.st.mirrors[layer.0 as usize].as_ref().expect("mirror allocated"),
                         scratch: st.mla.as_ref(),
+                        select,
                     };
-                    let rows = |v: ValueId| st.values[v.0 as usize].view(s.rows.start * w(v), s.rows.len() * w(v));
                     let (io, at) = match rec.seqs.len() {
                         1 => (OpRows { x: view(*x), out: view(*out), n, precision }, pos),
                         _ => (OpRows { x: rows(*x), out: rows(*out), n: s.rows.len(), precision }, Pos::Fixed(s.pos0)),
@@ -806,8 +808,11 @@ impl DeviceModel {
         let mirrors = &st.mirrors;
         let copy = |l: usize, c: &mut LayerKv| -> Result<(), VkError> {
             let (_, _, sk, sv) = mirrors[l].as_ref().expect("mirror allocated");
-            c.truncate(pos0);
+            // The K/V rows from pos0 on are the device's; what the host wrote beside them in
+            // this step (an indexer's keys, DeepSeek Sparse Attention) stays.
             let (kw, vw) = (c.k_width, c.v_width);
+            c.k.truncate(pos0 * kw);
+            c.v.truncate(pos0 * vw);
             let (k0, v0) = (c.k.len(), c.v.len());
             c.k.resize(k0 + n * kw, 0.0);
             c.v.resize(v0 + n * vw, 0.0);

@@ -8,8 +8,8 @@
 //! frame may upload them) and the logits sit in the last row, as a device leaves them.
 //!
 //! A batched step (several sequences' rows, `Step::batch`) runs every call on all rows at once
-//! but those that read a sequence's positions or cache (RoPE, attention, MLA, linear
-//! attention), which run on each sequence's rows in turn, the same way as the last row.
+//! but those that read a sequence's positions or cache (RoPE, attention, MLA, the indexer,
+//! linear attention), which run on each sequence's rows in turn, the same way as the last row.
 //!
 //! Must not: run a fused kernel (the schedule gives host frames none) or decide placement.
 
@@ -70,7 +70,12 @@ fn env<'e>(
 
 /// Whether a call reads a sequence's positions or cache (it runs per sequence in a batch).
 fn per_sequence(kernel: &Kernel) -> bool {
-    matches!(kernel, Kernel::Op(Op::Rope { .. } | Op::Attention { .. } | Op::Mla { .. } | Op::LinearAttention { .. }))
+    matches!(
+        kernel,
+        Kernel::Op(
+            Op::Rope { .. } | Op::Attention { .. } | Op::Mla { .. } | Op::Indexer { .. } | Op::LinearAttention { .. }
+        )
+    )
 }
 
 /// Runs `call` on `rows` of the step (positions `pos0..`) against the cache of sequence `seq`

@@ -15,7 +15,7 @@
 use super::OpRows;
 use crate::vk::{
     Context, DeviceBuffer, DeviceMatrix, Frame, MlaCache, MlaCall, MlaMats, MlaQuery, MlaScratch, MlaShape, Pos,
-    RopeArgs, VkError,
+    RopeArgs, View, VkError,
 };
 use coli_compiler::frames::{op_of, Frame as PlanFrame};
 use coli_compiler::ir::{MlaSpec, Op, Program, RopeStyle};
@@ -54,6 +54,9 @@ pub struct MlaInputs<'a> {
     /// The layer's mirrors and read-back rows: (latent, rope key, latent back, rope key back).
     pub mirror: &'a (DeviceBuffer, DeviceBuffer, DeviceBuffer, DeviceBuffer),
     pub scratch: Option<&'a MlaScratch>,
+    /// The rows' selection (an indexer's output, DeepSeek Sparse Attention) and its width,
+    /// where the spec has one.
+    pub select: Option<(View<'a>, usize)>,
 }
 
 /// Records the op over `io` at `pos`: a fixed position, or one read on the device (a decode
@@ -96,6 +99,6 @@ pub fn record<'a>(
     let cache = MlaCache { latent: ml.all(), rope: mr.all(), latent_back: sl.all(), rope_back: sr.all() };
     let scratch =
         inp.scratch.ok_or_else(|| VkError::BadArgument { op: OP, msg: "no MLA scratch for this session".into() })?;
-    let call = MlaCall { shape: MlaShape::of(spec), weights: w, rope, cache, scratch, precision };
+    let call = MlaCall { shape: MlaShape::of(spec), weights: w, rope, cache, scratch, precision, select: inp.select };
     f.mla_at(call, x, n, pos, out)
 }

@@ -73,6 +73,7 @@ pub fn profile_of(ctx: &Context, memory_cap: Option<u64>) -> DeviceProfile {
         OpKind::LinearAttention,
         OpKind::Kda,
         OpKind::Mla,
+        OpKind::MlaSparse,
     ];
     DeviceProfile {
         name: format!("probed {}", caps.name),

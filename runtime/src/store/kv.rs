@@ -12,6 +12,9 @@
 //! error unless it starts at position 0 (`Session::try_truncate` reports it up front). No other
 //! snapshots are kept.
 //!
+//! A DeepSeek Sparse Attention layer keeps its indexer's keys beside its MLA rows (`index`, one
+//! row of the indexer's head width per position), so they go back to any position with them.
+//!
 //! A short convolution (Inkling's `*_sconv`) keeps the rows of its input instead, one set per
 //! convolution (by its weight's name), position-major as K/V rows are, so it goes back to any
 //! position as the KV cache does.
@@ -36,6 +39,10 @@ pub struct LayerKv {
     pub back_len: Option<usize>,
     /// The short convolutions' input rows of this layer.
     pub conv: Vec<ConvRows>,
+    /// The indexer's keys (`cpu::indexer`), `index_width` per position, empty for layers
+    /// without one.
+    pub index: Vec<f32>,
+    pub index_width: usize,
 }
 
 /// The input rows of one short convolution, `len x width`.
@@ -103,6 +110,7 @@ impl LayerKv {
         for c in &mut self.conv {
             c.rows.truncate(len * c.width);
         }
+        self.index.truncate(len * self.index_width);
         if !self.state.is_empty() && self.state_len.is_none_or(|s| s > len) {
             if len == 0 {
                 self.reset_state(self.state.len());
@@ -169,7 +177,8 @@ impl KvCache {
     /// Bytes held by the cache (recurrent states included).
     pub fn bytes(&self) -> usize {
         let conv = |l: &LayerKv| l.conv.iter().map(|c| c.rows.len()).sum::<usize>();
-        self.layers.iter().map(|l| (l.k.len() + l.v.len() + l.state.len() + l.state_back.len() + conv(l)) * 4).sum()
+        let rows = |l: &LayerKv| l.k.len() + l.v.len() + l.index.len();
+        self.layers.iter().map(|l| (rows(l) + l.state.len() + l.state_back.len() + conv(l)) * 4).sum()
     }
 }
 
@@ -216,6 +225,19 @@ mod tests {
         c.truncate(1);
         assert_eq!((c.layers[0].len(), c.layers[0].conv[0].len()), (1, 1));
         assert_eq!(c.bytes(), (2 + 2 + 3) * 4);
+    }
+
+    #[test]
+    fn index_keys_go_back_with_the_kv_rows() {
+        let mut c = KvCache::new(&[(2, 1)]);
+        let l = &mut c.layers[0];
+        l.append(&[1.0; 6], &[2.0; 3]);
+        (l.index, l.index_width) = (vec![0.5; 12], 4);
+        c.truncate(2);
+        assert_eq!((c.layers[0].len(), c.layers[0].index.len()), (2, 8));
+        assert_eq!(c.bytes(), (4 + 2 + 8) * 4);
+        c.truncate(0);
+        assert!(c.layers[0].index.is_empty());
     }
 
     #[test]

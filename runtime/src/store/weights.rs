@@ -562,6 +562,7 @@ pub fn name_row_selections(program: &mut Program) {
             Op::Attention { spec, .. } => spec.sinks.iter_mut().for_each(&mut rename),
             Op::Route { correction_bias, .. } => correction_bias.iter_mut().for_each(&mut rename),
             Op::Mla { spec, .. } => spec.weights.iter_mut().for_each(|(_, w)| rename(w)),
+            Op::Indexer { spec, .. } => spec.weights.iter_mut().for_each(|(_, w)| rename(w)),
             Op::LinearAttention { spec, .. } => spec.weights.iter_mut().for_each(|(_, w)| rename(w)),
             Op::RoutedExperts { .. }
             | Op::Rope { .. }
@@ -627,6 +628,7 @@ pub fn visit_weights(op: &Op, weight: &mut dyn FnMut(&WeightRef, bool), experts:
             }
         }
         Op::Mla { spec, .. } => spec.weights.iter().for_each(|(_, w)| weight(w, w.shape.len() == 1)),
+        Op::Indexer { spec, .. } => spec.weights.iter().for_each(|(_, w)| weight(w, w.shape.len() == 1)),
         // Every weight but the matrices is read as f32: the convolutions' taps (`[channels, 1,
         // kernel]`) and KDA's `A_log` (`[1, 1, heads, 1]`) too.
         Op::LinearAttention { spec, .. } => spec.weights.iter().for_each(|(_, w)| weight(w, w.shape.len() != 2)),

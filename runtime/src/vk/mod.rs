@@ -53,9 +53,9 @@ pub use ops::elementwise::Broadcast;
 pub use ops::norm::{NormArgs, RopeShape};
 pub use ops::{
     AttnArgs, AttnPath, AttnShape, DecodeArgs, DeltaNetCall, DeltaNetMats, DeltaNetScratch, DeltaNetShape,
-    DeviceExperts, KdaCall, KdaMats, KdaRuleViews, KdaScratch, KdaShape, KvMirror, KvShape, MatIn, MatmulPath,
-    MlaAttnArgs, MlaCache, MlaCall, MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape, MoeCall, MoePath, MoeScratch,
-    PackedExpert, Pos, QkNorm, QuantizedActs, RopeArgs, RopeKvArgs, RouteParams, MOE_MAX_EXPERTS,
+    DeviceExperts, DsaSelectArgs, DsaShape, KdaCall, KdaMats, KdaRuleViews, KdaScratch, KdaShape, KvMirror, KvShape,
+    MatIn, MatmulPath, MlaAttnArgs, MlaCache, MlaCall, MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape, MoeCall,
+    MoePath, MoeScratch, PackedExpert, Pos, QkNorm, QuantizedActs, RopeArgs, RopeKvArgs, RouteParams, MOE_MAX_EXPERTS,
 };
 pub use options::{
     CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, Validation, VkOptions, DEFAULT_GEMV_ROWS,

@@ -48,8 +48,10 @@ impl OpLib for VkOps {
                 super::ops::DeltaNetShape::supported(spec) || super::ops::KdaShape::supported(spec)
             }
             // Multi-head latent attention (`ops/mla.rs`) within the kernels' latent and rope widths.
+            // Over an indexer's selection too (`mla_attn_sparse.comp`); the indexer itself (its
+            // key LayerNorm, its key cache) is the CPU's.
             Op::Mla { spec, .. } => super::ops::MlaShape::supported(spec),
-            Op::LayerNorm { .. } => false,
+            Op::LayerNorm { .. } | Op::Indexer { .. } => false,
         }
     }
 }

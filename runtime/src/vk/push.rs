@@ -248,11 +248,19 @@ push_blocks! {
         q_off: u32, out_off: u32, pad0: u32, pad1: u32,
     }
 
-    /// Mirrors `mla_attn.comp`'s push block.
-    MlaAttnPush for [MlaAttn] {
+    /// Mirrors the push block of `mla_attn.comp` and `mla_attn_sparse.comp` (`mla_attn.glsl`;
+    /// `topk` and `s_off` the selection's, 0 without one).
+    MlaAttnPush for [MlaAttn, MlaAttnSparse] {
         n: u32, heads: u32, dn: u32, dr: u32,
         c: u32, pos0: u32, scale: f32, q_off: u32,
-        l_off: u32, dyn_pos: u32, pad1: u32, pad2: u32,
+        l_off: u32, dyn_pos: u32, topk: u32, s_off: u32,
+    }
+
+    /// Mirrors `dsa_select.comp`'s push block.
+    DsaSelectPush for [DsaSelect] {
+        n: u32, heads: u32, dim: u32, pos0: u32,
+        topk: u32, stride: u32, scale: f32, q_off: u32,
+        w_off: u32, o_off: u32, pad0: u32, pad1: u32,
     }
 
     /// Mirrors `mla_value.comp`'s push block.

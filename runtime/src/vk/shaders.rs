@@ -30,6 +30,8 @@ impl Kernel {
             Kernel::MlaKv => 9,
             Kernel::MlaAbsorb => 4,
             Kernel::MlaAttn => 5,
+            Kernel::MlaAttnSparse => 6,
+            Kernel::DsaSelect => 5,
             Kernel::MlaValue => 6,
         }
     }
@@ -56,7 +58,8 @@ impl Kernel {
             Kernel::KdaRule => &[5, 6],
             Kernel::MlaKv => &[3, 4, 5, 6, 7],
             Kernel::MlaAbsorb => &[3],
-            Kernel::MlaAttn => &[0],
+            Kernel::MlaAttn | Kernel::MlaAttnSparse => &[0],
+            Kernel::DsaSelect => &[3, 4],
             Kernel::MlaValue => &[5],
         }
     }

@@ -13,6 +13,9 @@
 //! the layout of the host's `LayerKv` for an MLA layer. `kv_b` is read as uploaded, in any
 //! weight format (decoded as `dequant_row`; the value rows in the format's GEMV arithmetic).
 //!
+//! With a selection (`MlaCall::select`: DeepSeek Sparse Attention, an indexer's output on the
+//! device) `mla_attn_sparse.comp` attends over each row's selected positions instead.
+//!
 //! Must not: keep state of its own, decide what the cache holds before the block (the caller
 //! uploads what the mirror lacks), or take a latent wider than `MAX_LATENT` or a rope part
 //! wider than `MAX_ROPE`.
@@ -145,6 +148,9 @@ pub struct MlaCall<'a> {
     pub cache: MlaCache<'a>,
     pub scratch: &'a MlaScratch,
     pub precision: Precision,
+    /// The block's selection (`n x topk`: positions ascending, `-1` after them) and its `topk`:
+    /// each row attends over those positions only.
+    pub select: Option<(View<'a>, usize)>,
 }
 
 /// What `mla_kv` reads and writes for `n` rows: `kv` (`kv_a`'s output), the latent norm's
@@ -240,7 +246,7 @@ impl<'a> Frame<'a> {
     /// decode step reads it from a buffer; the whole mirrors are then bound).
     pub fn mla_at(&mut self, call: MlaCall<'a>, x: View<'a>, n: usize, pos: Pos<'a>, out: View<'a>) -> Result<()> {
         const OP: &str = "mla";
-        let MlaCall { shape: s, weights: w, rope, cache, scratch, precision } = call;
+        let MlaCall { shape: s, weights: w, rope, cache, scratch, precision, select } = call;
         s.check()?;
         if !scratch.fits(&s, n) {
             return Err(VkError::BadArgument {
@@ -306,7 +312,11 @@ impl<'a> Frame<'a> {
             Pos::Dynamic(_) => (cache.latent, cache.rope),
         };
         self.mla_absorb(s, w.kv_b, q, lat, n)?;
-        self.mla_attn_at(s, MlaAttnArgs { q, lat, latent_mirror: ml, rope_mirror: mr, n }, pos)?;
+        let attn = MlaAttnArgs { q, lat, latent_mirror: ml, rope_mirror: mr, n };
+        match select {
+            Some((sel, topk)) => self.mla_attn_sparse(s, attn, (sel, topk), pos)?,
+            None => self.mla_attn_at(s, attn, pos)?,
+        }
         self.mla_value(s, w.kv_b, lat, heads, n, precision)?;
         // 6. The output projection.
         self.matmul_with(w.o, heads, n, out, MatmulPath::Auto, precision)?;
@@ -447,11 +457,55 @@ impl<'a> Frame<'a> {
             q_off: u32_arg(OP, "q offset", q.offset)?,
             l_off: u32_arg(OP, "latent offset", lat.offset)?,
             dyn_pos,
-            pad1: 0,
-            pad2: 0,
+            topk: 0,
+            s_off: 0,
         };
         let binds = [Bind::buf(lat.buf), Bind::buf(q.buf), Bind::buf(ml.buf), Bind::buf(mr.buf), pos_bind];
         self.dispatch(Kernel::MlaAttn, None, &binds, &push, [s.heads as u32, u32_arg(OP, "n", n)?, 1])
+    }
+
+    /// `mla_attn` over each row's selected positions (`sel`, `n x topk`) rather than every
+    /// cached one (`mla_attn_sparse.comp`).
+    fn mla_attn_sparse(
+        &mut self,
+        s: MlaShape,
+        a: MlaAttnArgs<'a>,
+        (sel, topk): (View<'a>, usize),
+        pos: Pos<'a>,
+    ) -> Result<()> {
+        const OP: &str = "mla_attn_sparse";
+        let MlaAttnArgs { q, lat, latent_mirror: ml, rope_mirror: mr, n } = a;
+        let (pos0, dyn_pos, pos_bind) = pos.parts(OP)?;
+        let pos0 = pos0 as usize;
+        s.check()?;
+        q.check(OP, "q", n * s.q_width())?;
+        lat.check(OP, "latents", n * s.heads * s.latent)?;
+        ml.check(OP, "latent mirror", (pos0 + n) * s.latent)?;
+        mr.check(OP, "rope mirror", (pos0 + n) * s.rope)?;
+        sel.check(OP, "selection", n * topk)?;
+        if ml.offset != 0 || mr.offset != 0 || topk == 0 {
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: "mirror views must start at element 0, topk above 0".into(),
+            });
+        }
+        let push = MlaAttnPush {
+            n: u32_arg(OP, "n", n)?,
+            heads: s.heads as u32,
+            dn: s.nope as u32,
+            dr: s.rope as u32,
+            c: s.latent as u32,
+            pos0: u32_arg(OP, "pos0", pos0)?,
+            scale: s.scale,
+            q_off: u32_arg(OP, "q offset", q.offset)?,
+            l_off: u32_arg(OP, "latent offset", lat.offset)?,
+            dyn_pos,
+            topk: u32_arg(OP, "topk", topk)?,
+            s_off: u32_arg(OP, "selection offset", sel.offset)?,
+        };
+        let binds =
+            [Bind::buf(lat.buf), Bind::buf(q.buf), Bind::buf(ml.buf), Bind::buf(mr.buf), pos_bind, Bind::buf(sel.buf)];
+        self.dispatch(Kernel::MlaAttnSparse, None, &binds, &push, [s.heads as u32, u32_arg(OP, "n", n)?, 1])
     }
 
     /// `kv_b`'s value rows of each head on its weighted latent in `lat`: `heads` (`n x heads x

@@ -7,6 +7,7 @@
 pub mod attention;
 pub mod attn_part;
 pub mod deltanet;
+pub mod dsa;
 pub mod elementwise;
 pub mod kda;
 pub mod matmul;
@@ -17,6 +18,7 @@ pub mod route;
 
 pub use attention::{AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, Pos, QkNorm, RopeArgs, RopeKvArgs};
 pub use deltanet::{DeltaNetCall, DeltaNetMats, DeltaNetScratch, DeltaNetShape, RuleViews};
+pub use dsa::{DsaSelectArgs, DsaShape};
 pub use kda::{KdaCall, KdaMats, KdaRuleViews, KdaScratch, KdaShape};
 pub use matmul::{MatIn, MatmulPath, QuantizedActs};
 pub use mla::{MlaAttnArgs, MlaCache, MlaCall, MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape};
