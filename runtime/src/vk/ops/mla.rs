@@ -313,10 +313,7 @@ impl<'a> Frame<'a> {
         };
         self.mla_absorb(s, w.kv_b, q, lat, n)?;
         let attn = MlaAttnArgs { q, lat, latent_mirror: ml, rope_mirror: mr, n };
-        match select {
-            Some((sel, topk)) => self.mla_attn_sparse(s, attn, (sel, topk), pos)?,
-            None => self.mla_attn_at(s, attn, pos)?,
-        }
+        self.mla_attn_at(s, attn, pos, select)?;
         self.mla_value(s, w.kv_b, lat, heads, n, precision)?;
         // 6. The output projection.
         self.matmul_with(w.o, heads, n, out, MatmulPath::Auto, precision)?;
@@ -430,82 +427,58 @@ impl<'a> Frame<'a> {
     /// part of `q` against positions `0..=pos0 + row` of the mirrors; the softmax-weighted
     /// latent replaces the query in `lat` (`mla_attn.comp`).
     pub fn mla_attn(&mut self, s: MlaShape, a: MlaAttnArgs<'a>, pos0: usize) -> Result<()> {
-        self.mla_attn_at(s, a, Pos::Fixed(pos0))
+        self.mla_attn_at(s, a, Pos::Fixed(pos0), None)
     }
 
-    fn mla_attn_at(&mut self, s: MlaShape, a: MlaAttnArgs<'a>, pos: Pos<'a>) -> Result<()> {
-        const OP: &str = "mla_attn";
-        let MlaAttnArgs { q, lat, latent_mirror: ml, rope_mirror: mr, n } = a;
-        let (pos0, dyn_pos, pos_bind) = pos.parts(OP)?;
-        let pos0 = pos0 as usize;
-        s.check()?;
-        q.check(OP, "q", n * s.q_width())?;
-        lat.check(OP, "latents", n * s.heads * s.latent)?;
-        ml.check(OP, "latent mirror", (pos0 + n) * s.latent)?;
-        mr.check(OP, "rope mirror", (pos0 + n) * s.rope)?;
-        if ml.offset != 0 || mr.offset != 0 {
-            return Err(VkError::BadArgument { op: OP, msg: "mirror views must start at element 0".into() });
-        }
-        let push = MlaAttnPush {
-            n: u32_arg(OP, "n", n)?,
-            heads: s.heads as u32,
-            dn: s.nope as u32,
-            dr: s.rope as u32,
-            c: s.latent as u32,
-            pos0: u32_arg(OP, "pos0", pos0)?,
-            scale: s.scale,
-            q_off: u32_arg(OP, "q offset", q.offset)?,
-            l_off: u32_arg(OP, "latent offset", lat.offset)?,
-            dyn_pos,
-            topk: 0,
-            s_off: 0,
-        };
-        let binds = [Bind::buf(lat.buf), Bind::buf(q.buf), Bind::buf(ml.buf), Bind::buf(mr.buf), pos_bind];
-        self.dispatch(Kernel::MlaAttn, None, &binds, &push, [s.heads as u32, u32_arg(OP, "n", n)?, 1])
-    }
-
-    /// `mla_attn` over each row's selected positions (`sel`, `n x topk`) rather than every
+    /// `select`: each row's selected positions (`n x topk`) to attend over rather than every
     /// cached one (`mla_attn_sparse.comp`).
-    fn mla_attn_sparse(
+    fn mla_attn_at(
         &mut self,
         s: MlaShape,
         a: MlaAttnArgs<'a>,
-        (sel, topk): (View<'a>, usize),
         pos: Pos<'a>,
+        select: Option<(View<'a>, usize)>,
     ) -> Result<()> {
-        const OP: &str = "mla_attn_sparse";
+        let op: &'static str = if select.is_some() { "mla_attn_sparse" } else { "mla_attn" };
         let MlaAttnArgs { q, lat, latent_mirror: ml, rope_mirror: mr, n } = a;
-        let (pos0, dyn_pos, pos_bind) = pos.parts(OP)?;
+        let (pos0, dyn_pos, pos_bind) = pos.parts(op)?;
         let pos0 = pos0 as usize;
         s.check()?;
-        q.check(OP, "q", n * s.q_width())?;
-        lat.check(OP, "latents", n * s.heads * s.latent)?;
-        ml.check(OP, "latent mirror", (pos0 + n) * s.latent)?;
-        mr.check(OP, "rope mirror", (pos0 + n) * s.rope)?;
-        sel.check(OP, "selection", n * topk)?;
-        if ml.offset != 0 || mr.offset != 0 || topk == 0 {
-            return Err(VkError::BadArgument {
-                op: OP,
-                msg: "mirror views must start at element 0, topk above 0".into(),
-            });
+        q.check(op, "q", n * s.q_width())?;
+        lat.check(op, "latents", n * s.heads * s.latent)?;
+        ml.check(op, "latent mirror", (pos0 + n) * s.latent)?;
+        mr.check(op, "rope mirror", (pos0 + n) * s.rope)?;
+        if ml.offset != 0 || mr.offset != 0 {
+            return Err(VkError::BadArgument { op, msg: "mirror views must start at element 0".into() });
         }
+        let (kernel, sel_bind, topk, s_off) = match select {
+            Some((sel, topk)) => {
+                sel.check(op, "selection", n * topk)?;
+                if topk == 0 {
+                    return Err(VkError::BadArgument { op, msg: "a selection of 0 positions".into() });
+                }
+                let s_off = u32_arg(op, "selection offset", sel.offset)?;
+                (Kernel::MlaAttnSparse, Bind::buf(sel.buf), u32_arg(op, "topk", topk)?, s_off)
+            }
+            None => (Kernel::MlaAttn, Bind::UNUSED, 0, 0),
+        };
         let push = MlaAttnPush {
-            n: u32_arg(OP, "n", n)?,
+            n: u32_arg(op, "n", n)?,
             heads: s.heads as u32,
             dn: s.nope as u32,
             dr: s.rope as u32,
             c: s.latent as u32,
-            pos0: u32_arg(OP, "pos0", pos0)?,
+            pos0: u32_arg(op, "pos0", pos0)?,
             scale: s.scale,
-            q_off: u32_arg(OP, "q offset", q.offset)?,
-            l_off: u32_arg(OP, "latent offset", lat.offset)?,
+            q_off: u32_arg(op, "q offset", q.offset)?,
+            l_off: u32_arg(op, "latent offset", lat.offset)?,
             dyn_pos,
-            topk: u32_arg(OP, "topk", topk)?,
-            s_off: u32_arg(OP, "selection offset", sel.offset)?,
+            topk,
+            s_off,
         };
-        let binds =
-            [Bind::buf(lat.buf), Bind::buf(q.buf), Bind::buf(ml.buf), Bind::buf(mr.buf), pos_bind, Bind::buf(sel.buf)];
-        self.dispatch(Kernel::MlaAttnSparse, None, &binds, &push, [s.heads as u32, u32_arg(OP, "n", n)?, 1])
+        let binds = [Bind::buf(lat.buf), Bind::buf(q.buf), Bind::buf(ml.buf), Bind::buf(mr.buf), pos_bind, sel_bind];
+        let binds = if select.is_some() { &binds[..] } else { &binds[..5] };
+        self.dispatch(kernel, None, binds, &push, [s.heads as u32, u32_arg(op, "n", n)?, 1])
     }
 
     /// `kv_b`'s value rows of each head on its weighted latent in `lat`: `heads` (`n x heads x
