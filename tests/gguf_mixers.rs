@@ -36,18 +36,6 @@ fn gguf(file: &str) -> PathBuf {
     fixture_dir("gguf_mixers").join(file)
 }
 
-/// A copy of fixture `name` (config and weights) with `patch` applied to its configuration.
-fn patched(name: &str, patch: fn(&mut Value)) -> PathBuf {
-    let src = fixture_dir(name);
-    let dir = std::env::temp_dir().join(format!("coli-gguf-mixers-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut config = read_json(&src.join("config.json"));
-    patch(&mut config);
-    std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-    std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
-    dir
-}
-
 /// Prompt rows and `STEPS` greedy steps of `path` on the CPU, the prompt in chunks of `chunk`.
 fn run(path: &std::path::Path, prompt: &[u32], chunk: usize) -> Run {
     run_greedy(&load_model(path), prompt, chunk, STEPS, 256, true)
@@ -90,7 +78,7 @@ fn check(file: &str, fixture: &str, reference: Option<PathBuf>, llama_cpp: Optio
 
 #[test]
 fn deepseek2_gguf_matches_the_fixture() {
-    let reference = patched("deepseek_v3", |c| {
+    let reference = patched_fixture("deepseek_v3", |c| {
         let all = c["rope_parameters"]["mscale_all_dim"].clone();
         c["rope_parameters"]["mscale"] = all;
     });
@@ -126,14 +114,14 @@ fn deepseek2_unknown_gating_is_refused() {
 
 #[test]
 fn gpt_oss_gguf_matches_the_fixture() {
-    let reference = patched("gpt_oss", |c| c["rope_parameters"]["truncate"] = Value::Bool(true));
+    let reference = patched_fixture("gpt_oss", |c| c["rope_parameters"]["truncate"] = Value::Bool(true));
     let llama_cpp = [189, 37, 169, 69, 221, 245, 252, 188, 274, 276, 95, 143, 156, 218, 203, 127, 228, 214, 271, 197];
     check("gpt-oss.gguf", "gpt_oss", Some(reference), Some(&llama_cpp));
 }
 
 #[test]
 fn mimo2_gguf_matches_the_fixture() {
-    let reference = patched("mimo_v2_flash", |c| c["routed_scaling_factor"] = Value::Null);
+    let reference = patched_fixture("mimo_v2_flash", |c| c["routed_scaling_factor"] = Value::Null);
     // llama.cpp agrees with transformers' greedy ids for 7 steps, then follows its scale of 1.
     let llama_cpp = [148, 80, 224, 70, 129, 43, 233, 253, 183, 155, 108, 146, 208, 245, 318, 112, 95, 94, 208, 42];
     check("mimo2.gguf", "mimo_v2_flash", Some(reference), Some(&llama_cpp));

@@ -15,10 +15,9 @@ mod common;
 use coli_runtime::exec::{LogitRows, Session};
 use common::*;
 use serde_json::Value;
-use std::path::PathBuf;
 
-/// Logits of every prompt row, whole and in chunks of 1 and 3, and the greedy continuation,
-/// against the oracle. Returns the largest error seen.
+/// The fixture's top-k cut has a clear gap (so the oracle's selection is no tie), then
+/// `matches_oracle`. Returns the largest error seen.
 fn check_fixture(name: &str) -> f32 {
     let dir = fixture_dir(name);
     let oracle = read_json(&dir.join("oracle.json"));
@@ -26,47 +25,7 @@ fn check_fixture(name: &str) -> f32 {
         oracle["min_index_score_gap"].as_f64().unwrap() >= 2e-4,
         "{name}: the fixture's top-k cut has no clear gap"
     );
-    let loaded = load_model(&dir);
-    let prompt = ids(&oracle["prompt_ids"]);
-    let want = matrix(&oracle["logits"]);
-    let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
-    let tol = 1e-4 * max;
-    let mut worst = 0f32;
-    for chunk in [prompt.len(), 1, 3] {
-        let got = logit_rows(&mut Session::new(loaded.model(), 256), &prompt, chunk);
-        let err = max_abs_diff(&got, &want);
-        eprintln!("{name}: chunk {chunk}: max |logit - oracle| = {err:.3e} (bound {tol:.3e}, max |logit| {max})");
-        assert!(err <= tol, "{name}: chunk {chunk}: max |logit - oracle| = {err} > {tol}");
-        worst = worst.max(err);
-    }
-    let greedy = ids(&oracle["greedy"]);
-    let greedy_logits = matrix(&oracle["greedy_logits"]);
-    let mut s = Session::new(loaded.model(), 256);
-    let mut last = s.forward(&prompt, LogitRows::Last).unwrap();
-    let mut got = Vec::new();
-    for (i, _) in greedy.iter().enumerate() {
-        let err = max_abs_diff(&[last.clone()], &greedy_logits[i..i + 1]);
-        assert!(err <= tol, "{name}: greedy step {i}: max |logit - oracle| = {err} > {tol}");
-        worst = worst.max(err);
-        let id = argmax(&last);
-        got.push(id);
-        last = s.forward(&[id], LogitRows::Last).unwrap();
-    }
-    eprintln!("{name}: greedy: max |logit - oracle| over prompt and decode = {worst:.3e}");
-    assert_eq!(got, greedy, "{name}: greedy tokens differ from transformers'");
-    worst
-}
-
-/// The fixture with its configuration patched (the weights copied as they are).
-fn patched(name: &str, patch: impl Fn(&mut Value)) -> PathBuf {
-    let src = fixture_dir(name);
-    let dir = std::env::temp_dir().join(format!("coli-oracle-dsa-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut config = read_json(&src.join("config.json"));
-    patch(&mut config);
-    std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-    std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
-    dir
+    matches_oracle(name)
 }
 
 /// With a top-k that keeps every position the attention is dense: the logits leave the
@@ -76,7 +35,7 @@ fn selection_matters(name: &str) {
     let prompt = ids(&oracle["prompt_ids"]);
     let want = matrix(&oracle["logits"]);
     let tol = 1e-4 * oracle["max_abs_logit"].as_f64().unwrap() as f32;
-    let dense = patched(name, |c| c["index_topk"] = Value::from(1024));
+    let dense = patched_fixture(name, |c| c["index_topk"] = Value::from(1024));
     let got = logit_rows(&mut Session::new(load_model(&dense).model(), 256), &prompt, prompt.len());
     std::fs::remove_dir_all(&dense).ok();
     let err = max_abs_diff(&got, &want);

@@ -21,47 +21,6 @@ use coli_runtime::exec::{ExecError, LogitRows, Session};
 use common::*;
 use std::process::Command;
 
-/// Logits of every prompt row, whole and in chunks of 1 and 3, and the greedy continuation,
-/// against the oracle. Returns the largest error seen (for the log).
-fn check_fixture(name: &str) -> f32 {
-    let dir = fixture_dir(name);
-    let oracle = read_json(&dir.join("oracle.json"));
-    let loaded = load_model(&dir);
-    let prompt = ids(&oracle["prompt_ids"]);
-    let want = matrix(&oracle["logits"]);
-    let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
-    let tol = 1e-4 * max;
-    let mut worst = 0f32;
-    for chunk in [prompt.len(), 1, 3] {
-        let mut s = Session::new(loaded.model(), 256);
-        let mut got = Vec::new();
-        for c in prompt.chunks(chunk) {
-            let l = s.forward(c, LogitRows::All).unwrap();
-            got.extend(l.chunks_exact(want[0].len()).map(|r| r.to_vec()));
-        }
-        let err = max_abs_diff(&got, &want);
-        eprintln!("{name}: chunk {chunk}: max |logit - oracle| = {err:.3e} (bound {tol:.3e}, max |logit| {max})");
-        assert!(err <= tol, "{name}: chunk {chunk}: max |logit - oracle| = {err} > {tol}");
-        worst = worst.max(err);
-    }
-    // Greedy continuation, each step's logits against the oracle's too.
-    let greedy = ids(&oracle["greedy"]);
-    let greedy_logits = matrix(&oracle["greedy_logits"]);
-    let mut s = Session::new(loaded.model(), 256);
-    let mut last = s.forward(&prompt, LogitRows::Last).unwrap();
-    let mut got = Vec::new();
-    for (i, _) in greedy.iter().enumerate() {
-        let err = max_abs_diff(&[last.clone()], &greedy_logits[i..i + 1]);
-        assert!(err <= tol, "{name}: greedy step {i}: max |logit - oracle| = {err} > {tol}");
-        worst = worst.max(err);
-        let id = argmax(&last);
-        got.push(id);
-        last = s.forward(&[id], LogitRows::Last).unwrap();
-    }
-    assert_eq!(got, greedy, "{name}: greedy tokens differ from transformers'");
-    worst
-}
-
 /// `coli exec` on the fixture: the greedy ids of the oracle, printed (no tokenizer).
 fn check_exec(name: &str) {
     let dir = fixture_dir(name);
@@ -96,7 +55,7 @@ fn check_exec(name: &str) {
 
 #[test]
 fn gpt_oss_matches_transformers() {
-    check_fixture("gpt_oss");
+    matches_oracle("gpt_oss");
 }
 
 #[test]
@@ -106,7 +65,7 @@ fn gpt_oss_runs_in_coli_exec() {
 
 #[test]
 fn mimo_v2_flash_matches_transformers() {
-    check_fixture("mimo_v2_flash");
+    matches_oracle("mimo_v2_flash");
 }
 
 #[test]
@@ -116,7 +75,7 @@ fn mimo_v2_flash_runs_in_coli_exec() {
 
 #[test]
 fn deepseek_v3_matches_transformers() {
-    check_fixture("deepseek_v3");
+    matches_oracle("deepseek_v3");
 }
 
 #[test]
@@ -126,7 +85,7 @@ fn deepseek_v3_runs_in_coli_exec() {
 
 #[test]
 fn deepseek_v2_matches_transformers() {
-    check_fixture("deepseek_v2");
+    matches_oracle("deepseek_v2");
 }
 
 #[test]
@@ -136,7 +95,7 @@ fn deepseek_v2_runs_in_coli_exec() {
 
 #[test]
 fn qwen3_next_matches_transformers() {
-    check_fixture("qwen3_next");
+    matches_oracle("qwen3_next");
 }
 
 #[test]
@@ -146,7 +105,7 @@ fn qwen3_next_runs_in_coli_exec() {
 
 #[test]
 fn qwen3_5_moe_matches_transformers() {
-    check_fixture("qwen3_5_moe");
+    matches_oracle("qwen3_5_moe");
 }
 
 #[test]
@@ -156,7 +115,7 @@ fn qwen3_5_moe_runs_in_coli_exec() {
 
 #[test]
 fn kimi_linear_matches_transformers() {
-    check_fixture("kimi_linear");
+    matches_oracle("kimi_linear");
 }
 
 #[test]
@@ -166,7 +125,7 @@ fn kimi_linear_runs_in_coli_exec() {
 
 #[test]
 fn inkling_matches_transformers() {
-    check_fixture("inkling");
+    matches_oracle("inkling");
 }
 
 #[test]

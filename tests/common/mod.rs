@@ -181,3 +181,56 @@ pub fn load_on_vulkan(path: &Path, host_copies: coli_runtime::engine::HostCopies
     };
     Engine::load(path, &req).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
 }
+
+/// Logits of every prompt row of fixture `name`, whole and in chunks of 1 and 3, and its
+/// greedy continuation against its transformers oracle, within 1e-4 of the largest |logit|;
+/// greedy ids identical. Returns the largest error seen.
+pub fn matches_oracle(name: &str) -> f32 {
+    let dir = fixture_dir(name);
+    let oracle = read_json(&dir.join("oracle.json"));
+    let loaded = load_model(&dir);
+    let prompt = ids(&oracle["prompt_ids"]);
+    let want = matrix(&oracle["logits"]);
+    let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
+    let tol = 1e-4 * max;
+    let mut worst = 0f32;
+    for chunk in [prompt.len(), 1, 3] {
+        let got = logit_rows(&mut Session::new(loaded.model(), 256), &prompt, chunk);
+        let err = max_abs_diff(&got, &want);
+        eprintln!("{name}: chunk {chunk}: max |logit - oracle| = {err:.3e} (bound {tol:.3e}, max |logit| {max})");
+        assert!(err <= tol, "{name}: chunk {chunk}: max |logit - oracle| = {err} > {tol}");
+        worst = worst.max(err);
+    }
+    let greedy = ids(&oracle["greedy"]);
+    let greedy_logits = matrix(&oracle["greedy_logits"]);
+    let mut s = Session::new(loaded.model(), 256);
+    let mut last = s.forward(&prompt, LogitRows::Last).unwrap();
+    let mut got = Vec::new();
+    for (i, _) in greedy.iter().enumerate() {
+        let err = max_abs_diff(&[last.clone()], &greedy_logits[i..i + 1]);
+        assert!(err <= tol, "{name}: greedy step {i}: max |logit - oracle| = {err} > {tol}");
+        worst = worst.max(err);
+        let id = argmax(&last);
+        got.push(id);
+        last = s.forward(&[id], LogitRows::Last).unwrap();
+    }
+    eprintln!("{name}: greedy: max |logit - oracle| over prompt and decode = {worst:.3e}");
+    assert_eq!(got, greedy, "{name}: greedy tokens differ from transformers'");
+    worst
+}
+
+/// A copy of fixture `name` (its configuration with `patch` applied, its weights as they are)
+/// in a directory of its own under the temporary directory; the caller removes it.
+pub fn patched_fixture(name: &str, patch: impl Fn(&mut Value)) -> PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let src = fixture_dir(name);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("coli-patched-{}-{n}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut config = read_json(&src.join("config.json"));
+    patch(&mut config);
+    std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+    dir
+}
