@@ -12,12 +12,11 @@
 mod common;
 
 use coli_compiler::frames::op_of;
-use coli_compiler::ids::{Part, Place};
+use coli_compiler::ids::Place;
 use coli_compiler::Options;
 use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
 use coli_runtime::exec::{LogitRows, Session};
 use coli_runtime::model::LoadOptions;
-use coli_runtime::oplib::op_name;
 use coli_runtime::vk::{FaultInjection, VkOptions};
 use common::*;
 use std::path::Path;
@@ -48,13 +47,6 @@ fn load_on_device(dir: &Path, device_layers: Option<usize>, fault: Option<FaultI
 /// The names of the layer ops the plan runs in host frames.
 fn host_layer_ops(l: &Engine) -> Vec<&'static str> {
     layer_ops(l, true)
-}
-
-/// The names of the layer ops the plan runs in host frames (`host`) or in device frames.
-fn layer_ops(l: &Engine, host: bool) -> Vec<&'static str> {
-    let p = &l.plan().program;
-    let ops = l.plan().frames.iter().filter(|f| (f.place == Place::Host) == host).flat_map(|f| &f.ops);
-    ops.filter(|id| matches!(id.part, Part::Layer(_))).map(|&id| op_name(op_of(p, id))).collect()
 }
 
 /// Logits of every prompt row (in chunks of `chunk`) and `steps` greedy tokens.

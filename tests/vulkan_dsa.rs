@@ -10,8 +10,6 @@
 
 mod common;
 
-use coli_compiler::frames::op_of;
-use coli_compiler::ids::{Part, Place};
 use coli_compiler::Options;
 use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
 use coli_runtime::exec::{LogitRows, Session};
@@ -37,13 +35,6 @@ fn load_on_device(dir: &Path, fault: Option<FaultInjection>) -> Engine {
         ..EngineOptions::default()
     };
     Engine::load(dir, &req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-}
-
-/// The names of the layer ops the plan runs in host frames (`host`) or in device frames.
-fn layer_ops(l: &Engine, host: bool) -> Vec<&'static str> {
-    let p = &l.plan().program;
-    let ops = l.plan().frames.iter().filter(|f| (f.place == Place::Host) == host).flat_map(|f| &f.ops);
-    ops.filter(|id| matches!(id.part, Part::Layer(_))).map(|&id| op_name(op_of(p, id))).collect()
 }
 
 fn run(l: &Engine, prompt: &[u32], chunk: usize, steps: usize) -> (Vec<Vec<f32>>, Vec<u32>, Option<String>) {

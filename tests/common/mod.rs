@@ -234,3 +234,12 @@ pub fn patched_fixture(name: &str, patch: impl Fn(&mut Value)) -> PathBuf {
     std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
     dir
 }
+
+/// The names of the layer ops `l`'s plan runs in host frames (`host`) or in device frames.
+pub fn layer_ops(l: &Engine, host: bool) -> Vec<&'static str> {
+    use coli_compiler::frames::op_of;
+    use coli_compiler::ids::{Part, Place};
+    let p = &l.plan().program;
+    let ops = l.plan().frames.iter().filter(|f| (f.place == Place::Host) == host).flat_map(|f| &f.ops);
+    ops.filter(|id| matches!(id.part, Part::Layer(_))).map(|&id| coli_runtime::oplib::op_name(op_of(p, id))).collect()
+}
