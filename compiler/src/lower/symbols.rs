@@ -187,8 +187,16 @@ impl<'a> Symbols<'a> {
     }
 
     /// A tensor name pattern with `{i}` and `{arch}` substituted (`{e}` kept).
+    /// A wrapper checkpoint's names carry the wrapper's prefix (`Wrapper::rename`).
     pub fn tensor_name(&self, pattern: &str, layer: usize) -> String {
-        self.arch_key(pattern).replace("{i}", &layer.to_string())
+        let name = self.arch_key(pattern).replace("{i}", &layer.to_string());
+        match self.bindings.architecture().and_then(|a| self.spec.wrapper(a)) {
+            Some(w) => match name.strip_prefix(w.rename.0.as_str()) {
+                Some(rest) => format!("{}{rest}", w.rename.1),
+                None => name,
+            },
+            None => name,
+        }
     }
 
     /// RoPE scaling as the configuration states it; `None` when it states none.
