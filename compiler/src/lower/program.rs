@@ -23,18 +23,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// Builds the program of `spec` for the checkpoint described by `bindings`.
 pub fn build_program(spec: &Spec, bindings: &Bindings) -> Result<Program, Diagnostics> {
-    let unwrapped;
-    let bindings = match bindings.architecture().and_then(|a| spec.wrapper(a)) {
-        Some(w) => {
-            unwrapped = unwrap_config(bindings, &w.config).map_err(|m| {
-                let mut d = Diagnostics::new();
-                d.push(crate::diag::Diagnostic::whole(&bindings.source, m));
-                d
-            })?;
-            &unwrapped
-        }
-        None => bindings,
-    };
+    let unwrapped = super::symbols::unwrap_wrapper(spec, bindings)?;
+    let bindings = unwrapped.as_ref().unwrap_or(bindings);
     let mut l = Lowerer {
         spec,
         b: bindings,
@@ -805,18 +795,4 @@ fn top_k_span(op: &OpItem) -> Span {
         OpItem::Route { top_k, .. } => top_k.span,
         _ => Span::default(),
     }
-}
-
-/// The bindings of a wrapper checkpoint with the keys of its `object` (`text_config`) laid over
-/// the top-level keys; a message when the configuration has no such object.
-fn unwrap_config(b: &Bindings, object: &str) -> Result<Bindings, String> {
-    let arch = b.architecture().unwrap_or("?");
-    let Some(inner) = b.config.get(object).and_then(|v| v.as_object()) else {
-        return Err(format!("architecture `{arch}` keeps the text model's keys under `{object}`, which this configuration lacks (or is not an object)"));
-    };
-    let mut out = b.clone();
-    for (k, v) in inner {
-        out.config.insert(k.clone(), v.clone());
-    }
-    Ok(out)
 }

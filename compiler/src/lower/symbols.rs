@@ -333,3 +333,16 @@ pub fn rope_scaling(b: &Bindings) -> Result<RopeScaling, String> {
         other => Err(format!("RoPE scaling `{other}` is not supported (supported: linear, llama3, yarn)")),
     }
 }
+
+/// A wrapper checkpoint's bindings with its text model's keys at the top level
+/// (`Wrapper::config`); `None` for a checkpoint of one of the spec's own classes.
+pub fn unwrap_wrapper(spec: &Spec, b: &Bindings) -> Result<Option<Bindings>, Diagnostics> {
+    let Some(w) = b.architecture().and_then(|a| spec.wrapper(a)) else {
+        return Ok(None);
+    };
+    b.unwrapped(&w.config).map(Some).map_err(|m| {
+        let mut d = Diagnostics::new();
+        d.push(Diagnostic::whole(&b.source, m));
+        d
+    })
+}
