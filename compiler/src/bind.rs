@@ -77,4 +77,21 @@ impl Bindings {
             Naming::Gguf => self.config.get("general.architecture")?.as_str(),
         }
     }
+
+    /// These bindings with the keys of their `object` (a wrapper's `text_config`) laid over the
+    /// top-level keys (but `architectures`, which stays the wrapper's); a message when the
+    /// configuration has no such object.
+    pub fn unwrapped(&self, object: &str) -> Result<Bindings, String> {
+        let arch = self.architecture().unwrap_or("?");
+        let Some(inner) = self.config.get(object).and_then(|v| v.as_object()) else {
+            return Err(format!(
+                "architecture `{arch}` keeps the text model's keys under `{object}`, which this configuration lacks (or is not an object)"
+            ));
+        };
+        let mut out = self.clone();
+        for (k, v) in inner.iter().filter(|(k, _)| *k != "architectures") {
+            out.config.insert(k.clone(), v.clone());
+        }
+        Ok(out)
+    }
 }

@@ -186,9 +186,13 @@ pub fn load_on_vulkan(path: &Path, host_copies: coli_runtime::engine::HostCopies
 /// greedy continuation against its transformers oracle, within 1e-4 of the largest |logit|;
 /// greedy ids identical. Returns the largest error seen.
 pub fn matches_oracle(name: &str) -> f32 {
-    let dir = fixture_dir(name);
-    let oracle = read_json(&dir.join("oracle.json"));
-    let loaded = load_model(&dir);
+    matches_oracle_at(name, &fixture_dir(name))
+}
+
+/// `matches_oracle` for fixture `name`'s oracle with the checkpoint in `dir` (a re-laid-out copy).
+pub fn matches_oracle_at(name: &str, dir: &Path) -> f32 {
+    let oracle = read_json(&fixture_dir(name).join("oracle.json"));
+    let loaded = load_model(dir);
     let prompt = ids(&oracle["prompt_ids"]);
     let want = matrix(&oracle["logits"]);
     let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;

@@ -23,6 +23,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// Builds the program of `spec` for the checkpoint described by `bindings`.
 pub fn build_program(spec: &Spec, bindings: &Bindings) -> Result<Program, Diagnostics> {
+    let unwrapped = super::symbols::unwrap_wrapper(spec, bindings)?;
+    let bindings = unwrapped.as_ref().unwrap_or(bindings);
     let mut l = Lowerer {
         spec,
         b: bindings,

@@ -187,8 +187,16 @@ impl<'a> Symbols<'a> {
     }
 
     /// A tensor name pattern with `{i}` and `{arch}` substituted (`{e}` kept).
+    /// A wrapper checkpoint's names carry the wrapper's prefix (`Wrapper::rename`).
     pub fn tensor_name(&self, pattern: &str, layer: usize) -> String {
-        self.arch_key(pattern).replace("{i}", &layer.to_string())
+        let name = self.arch_key(pattern).replace("{i}", &layer.to_string());
+        match self.bindings.architecture().and_then(|a| self.spec.wrapper(a)) {
+            Some(w) => match name.strip_prefix(w.rename.0.as_str()) {
+                Some(rest) => format!("{}{rest}", w.rename.1),
+                None => name,
+            },
+            None => name,
+        }
     }
 
     /// RoPE scaling as the configuration states it; `None` when it states none.
@@ -324,4 +332,17 @@ pub fn rope_scaling(b: &Bindings) -> Result<RopeScaling, String> {
         }
         other => Err(format!("RoPE scaling `{other}` is not supported (supported: linear, llama3, yarn)")),
     }
+}
+
+/// A wrapper checkpoint's bindings with its text model's keys at the top level
+/// (`Wrapper::config`); `None` for a checkpoint of one of the spec's own classes.
+pub fn unwrap_wrapper(spec: &Spec, b: &Bindings) -> Result<Option<Bindings>, Diagnostics> {
+    let Some(w) = b.architecture().and_then(|a| spec.wrapper(a)) else {
+        return Ok(None);
+    };
+    b.unwrapped(&w.config).map(Some).map_err(|m| {
+        let mut d = Diagnostics::new();
+        d.push(Diagnostic::whole(&b.source, m));
+        d
+    })
 }

@@ -70,6 +70,22 @@ pub struct Serves {
     pub hf: Vec<String>,
     #[serde(default)]
     pub gguf: Vec<String>,
+    /// HF wrapper classes (a vision-language `...ForConditionalGeneration`) that hold this text
+    /// model inside: the configuration is read from one of their objects, the tensor names carry a
+    /// longer prefix.
+    #[serde(default)]
+    pub wrappers: Vec<Wrapper>,
+}
+
+/// An HF wrapper architecture: `config` names the object of `config.json` that holds the text
+/// model's keys (keys at the top level are the fallback); a spec tensor name starting with
+/// `rename.0` is read from the checkpoint with `rename.1` in its place
+/// (`model.` -> `model.language_model.`; `lm_head.weight` stays as it is).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct Wrapper {
+    pub hf: String,
+    pub config: String,
+    pub rename: (String, String),
 }
 
 /// Where a symbol's value comes from, in order: a configuration key of the checkpoint's
@@ -447,7 +463,12 @@ impl Spec {
 
     /// Whether this spec serves architecture `arch` (an HF class or a GGUF architecture name).
     pub fn serves(&self, arch: &str) -> bool {
-        self.file.serves.hf.iter().chain(&self.file.serves.gguf).any(|a| a == arch)
+        self.file.serves.hf.iter().chain(&self.file.serves.gguf).any(|a| a == arch) || self.wrapper(arch).is_some()
+    }
+
+    /// The wrapper entry of `serves` for architecture `arch`, if it is one.
+    pub fn wrapper(&self, arch: &str) -> Option<&Wrapper> {
+        self.file.serves.wrappers.iter().find(|w| w.hf == arch)
     }
 
     /// The default configuration's path, resolved against the spec's directory.
