@@ -85,7 +85,7 @@ impl Bindings {
         let arch = self.architecture().unwrap_or("?");
         let Some(inner) = self.config.get(object).and_then(|v| v.as_object()) else {
             return Err(format!(
-                "architecture `{arch}` keeps the text model's keys under `{object}`, which this configuration lacks (or is not an object)"
+                "architecture `{arch}` keeps the text model's keys under `{object}`, which its config.json lacks (or holds as something other than an object)"
             ));
         };
         let mut out = self.clone();
