@@ -458,8 +458,9 @@ def deepseek_v2_router_gap(model, entries, top_k):
     for _layer, logits in entries:
         scores = logits.float().softmax(dim=-1)
         groups = scores.view(-1, cfg.n_group, cfg.n_routed_experts // cfg.n_group).max(dim=-1).values
-        g = groups.topk(cfg.topk_group + 1, dim=-1).values
-        gap = min(gap, float((g[:, -2] - g[:, -1]).min()))
+        if cfg.topk_group < cfg.n_group:
+            g = groups.topk(cfg.topk_group + 1, dim=-1).values
+            gap = min(gap, float((g[:, -2] - g[:, -1]).min()))
         keep = groups.topk(cfg.topk_group, dim=-1).indices
         mask = torch.zeros_like(groups).scatter_(1, keep, 1).bool()
         mask = mask.unsqueeze(-1).expand(-1, cfg.n_group, cfg.n_routed_experts // cfg.n_group).reshape(scores.shape)

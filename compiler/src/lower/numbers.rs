@@ -136,3 +136,43 @@ impl<'a> Lowerer<'a> {
         }
     }
 }
+
+impl Lowerer<'_> {
+    /// The rotary width and base a RoPE op keeps: `odd_rotary`.
+    pub(super) fn rotary(&self, rotary_dim: usize, theta: f32, scaling: crate::ir::RopeScaling) -> (usize, f32) {
+        odd_rotary(rotary_dim, theta, scaling)
+    }
+}
+
+/// An odd rotary width `d` as transformers' RoPE computes it: `int(head_dim * partial)` may be
+/// odd, and then `ceil(d / 2)` pairs rotate (`d + 1` columns) at the frequencies
+/// `theta^(-2i / d)`. The same frequencies are `theta'^(-2i / (d + 1))` with
+/// `theta' = theta^((d + 1) / d)`, so the op keeps an even width and a base of its own; YaRN's
+/// correction range is the same under that change (it depends on `d / ln theta` only). An even
+/// width, or a width that is the whole head, is returned as it is (the latter to be refused).
+fn odd_rotary(rotary_dim: usize, theta: f32, scaling: crate::ir::RopeScaling) -> (usize, f32) {
+    if rotary_dim.is_multiple_of(2) || matches!(scaling, crate::ir::RopeScaling::NoPe) {
+        return (rotary_dim, theta);
+    }
+    let d = rotary_dim as f64;
+    (rotary_dim + 1, (theta as f64).powf((d + 1.0) / d) as f32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::odd_rotary;
+    use crate::ir::RopeScaling;
+
+    #[test]
+    fn an_odd_rotary_width_rotates_one_more_column_at_the_same_frequencies() {
+        let (d, theta) = (5usize, 10000f32);
+        let (w, t) = odd_rotary(d, theta, RopeScaling::None);
+        assert_eq!(w, 6);
+        for i in 0..3 {
+            let want = (theta as f64).powf(-2.0 * i as f64 / d as f64);
+            let got = (t as f64).powf(-2.0 * i as f64 / w as f64);
+            assert!((got - want).abs() <= 1e-6 * want, "pair {i}: {got} vs {want}");
+        }
+        assert_eq!(odd_rotary(8, theta, RopeScaling::None), (8, theta));
+    }
+}

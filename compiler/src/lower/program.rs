@@ -383,12 +383,6 @@ impl<'a> Lowerer<'a> {
                     None => head_dim,
                 };
                 self.expect_width(x, xv, heads * head_dim, "RoPE over heads x head_dim");
-                if rotary_dim > head_dim || rotary_dim % 2 != 0 {
-                    self.err(
-                        span,
-                        format!("the rotary dimension {rotary_dim} must be even and at most head_dim {head_dim}"),
-                    );
-                }
                 let style = match (style, self.b.naming) {
                     (StyleSpec::RotateHalf, _) => RopeStyle::RotateHalf,
                     (StyleSpec::Interleaved, _) => RopeStyle::Interleaved,
@@ -396,6 +390,13 @@ impl<'a> Lowerer<'a> {
                     (StyleSpec::ByNaming { gguf, .. }, Naming::Gguf) => *gguf,
                 };
                 let scaling = self.scaling(scaling, span)?;
+                let (rotary_dim, theta) = self.rotary(rotary_dim, theta, scaling);
+                if rotary_dim > head_dim || rotary_dim % 2 != 0 {
+                    self.err(
+                        span,
+                        format!("the rotary dimension {rotary_dim} must be even and at most head_dim {head_dim}"),
+                    );
+                }
                 Op::Rope { x: xv, heads, head_dim, rotary_dim, style, theta, scaling }
             }
             OpItem::Attention {
