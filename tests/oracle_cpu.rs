@@ -57,6 +57,22 @@ fn llama_tied_matches_transformers() {
 }
 
 #[test]
+fn llama_with_biases_matches_transformers() {
+    check_fixture("llama_bias");
+}
+
+/// OLMoE's `clip_qkv` (q, k and v clamped) is not served: refused by name, never run as an
+/// unclamped model.
+#[test]
+fn olmoe_with_clip_qkv_is_refused() {
+    let dir = patched_fixture("olmoe", |c| c["clip_qkv"] = serde_json::json!(8.0));
+    let err = coli_runtime::engine::Engine::load(&dir, &Default::default()).err().map(|e| e.to_string());
+    let _ = std::fs::remove_dir_all(&dir);
+    let err = err.expect("clip_qkv must not load");
+    assert!(err.contains("not served") && err.contains("clip_qkv"), "{err}");
+}
+
+#[test]
 fn olmoe_matches_transformers() {
     check_fixture("olmoe");
 }

@@ -24,6 +24,7 @@ use std::path::Path;
 const FIXTURES: &[&str] = &[
     "llama",
     "llama_tied",
+    "llama_bias",
     "olmoe",
     "qwen3_moe",
     "mixtral",

@@ -261,6 +261,30 @@ TINY = {
             "head_dim 32 != hidden/heads 24, rope_theta 1e6, rms_norm_eps 1e-6"
         ),
     ),
+    # Dense Llama with biases on every projection (`attention_bias`, `mlp_bias`), small.
+    "llama_bias": dict(
+        cls="LlamaForCausalLM",
+        seed=2500,
+        config=dict(
+            vocab_size=200,
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=12,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-5,
+            rope_parameters=rope(10000.0),
+            tie_word_embeddings=False,
+            attention_bias=True,
+            mlp_bias=True,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=None,
+        ),
+        note="Llama with biases on q, k, v, o (attention_bias) and gate, up, down (mlp_bias), GQA 4/2, head_dim 12",
+    ),
     # OLMoE: q_norm/k_norm over the whole projection (not per head), softmax router,
     # top-2 of 8, norm_topk_prob False (weights are the raw softmax probabilities).
     "olmoe": dict(
