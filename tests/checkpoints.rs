@@ -173,3 +173,46 @@ fn a_malformed_generation_config_is_a_clear_error() {
         assert!(e.contains("coli: error:") && e.contains(needle) && !e.contains("panicked"), "{needle}: {e}");
     }
 }
+
+/// Appends an F32 tensor of `len` zeros named `name` to a safetensors file.
+fn append_tensor(file: &Path, name: &str, len: usize) {
+    let bytes = std::fs::read(file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    header.insert(
+        name.to_string(),
+        serde_json::json!({"dtype": "F32", "shape": [len], "data_offsets": [data.len(), data.len() + 4 * len]}),
+    );
+    let mut text = serde_json::to_vec(&header).unwrap();
+    text.resize(text.len().next_multiple_of(8), b' ');
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend(text);
+    out.extend(data);
+    out.extend(vec![0u8; 4 * len]);
+    std::fs::write(file, out).unwrap();
+}
+
+#[test]
+fn tensors_the_spec_does_not_read_are_named_in_a_warning() {
+    // Biases the configuration does not switch on: the spec reads none of them, so the run is
+    // the same model, but the checkpoint holds something it does not explain.
+    let d = fixture_copy("unread", "llama", None);
+    append_tensor(&d.path().join("model.safetensors"), "model.layers.1.self_attn.q_proj.bias", 64);
+    let o = coli_in(
+        Path::new("/nonexistent"),
+        &["exec", "--model", d.path().to_str().unwrap(), "--prompt-ids", "1", "-n", "1"],
+    );
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(
+        e.contains("1 tensors of") && e.contains("not read by the llama spec (model.layers.1.self_attn.q_proj.bias)"),
+        "{e}"
+    );
+    // The fixture as it is warns of nothing.
+    let o = coli_in(
+        Path::new("/nonexistent"),
+        &["exec", "--model", fixture_dir("llama").to_str().unwrap(), "--prompt-ids", "1", "-n", "1"],
+    );
+    assert!(!stderr(&o).contains("not read by"), "{}", stderr(&o));
+}

@@ -93,6 +93,18 @@ impl Model {
         }
         check(&program.epilogue, "epilogue".into())?;
         let weights = WeightStore::load(ckpt, &program, progress)?;
+        let unread = crate::store::unread::unread(ckpt, &program);
+        if !unread.is_empty() {
+            let some: Vec<&str> = unread.iter().take(3).map(String::as_str).collect();
+            tracing::warn!(
+                "{} tensors of {} are not read by the {} spec ({}{}): the checkpoint may use an option the spec does not serve",
+                unread.len(),
+                ckpt.path().display(),
+                program.family,
+                some.join(", "),
+                if unread.len() > some.len() { ", ..." } else { "" }
+            );
+        }
         weights::name_row_selections(&mut program);
         let cpu = Schedule::host_only(&program);
         Ok(Model { program, weights, cpu, ram: None })

@@ -32,6 +32,13 @@ pub(super) struct Joined {
     made: OnceLock<Tensor>,
 }
 
+impl Joined {
+    /// The file's tensors it is made from.
+    pub(super) fn parts(&self) -> [&str; 2] {
+        [&self.k_b, &self.v_b]
+    }
+}
+
 /// Every derived tensor of a GGUF's tensor table, by name.
 pub(super) fn find(path: &Path, entries: &BTreeMap<String, Entry>) -> Result<BTreeMap<String, Joined>, LoadError> {
     let mut out = BTreeMap::new();

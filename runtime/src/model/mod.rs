@@ -319,6 +319,23 @@ impl Checkpoint {
         self.entries.keys().chain(self.joined.keys()).map(String::as_str)
     }
 
+    /// The tensors of the checkpoint's files that reading `name` reads: itself, an FP8
+    /// weight's scale, an MXFP4 weight's blocks and scales, a joined tensor's parts.
+    pub fn file_tensors_of(&self, name: &str) -> Vec<&str> {
+        let mut out = Vec::new();
+        if let Some(j) = self.joined.get(name) {
+            out.extend(j.parts());
+        }
+        if let Some((k, e)) = self.entries.get_key_value(name) {
+            out.push(k.as_str());
+            out.extend(e.scale.as_deref());
+            if let Some(Ok((blocks, scales))) = &e.mxfp4 {
+                out.extend([blocks.as_str(), scales.as_str()]);
+            }
+        }
+        out
+    }
+
     /// The tensor `name`: a view of the mapped file, an FP8 weight's repack, or the tensor
     /// quantized at load (quantized again from the file when its copy was released).
     pub fn tensor(&self, name: &str) -> Result<Tensor, LoadError> {
