@@ -119,7 +119,7 @@ VARIANTS_A = {
 # (seed offset, configuration keys, fixture keys such as the prompt's length).
 VARIANTS_B = {
     "llama": (201, dict(attention_bias=True, mlp_bias=True, num_key_value_heads=4), {}),
-    "olmoe": (203, dict(tie_word_embeddings=True, clip_qkv=3.0), {}),
+    "olmoe": (203, dict(tie_word_embeddings=True, norm_topk_prob=True), {}),
     "qwen3_moe": (204, dict(decoder_sparse_step=2, num_hidden_layers=4, tie_word_embeddings=True), {}),
     "mixtral": (205, dict(sliding_window=6), {"prompt_len": 24}),
     "gpt_oss": (206, dict(sliding_window=3), {"prompt_len": 24}),
@@ -134,9 +134,17 @@ VARIANTS_B = {
     "glm_moe_dsa": (215, dict(index_topk=3), {"prompt_len": 30}),
 }
 
+# Variant "c": `attention_bias` where the family's configuration has it.
+VARIANTS_C = {
+    n: (300 + i, dict(attention_bias=True), {})
+    for i, n in enumerate(["olmoe", "qwen3_moe", "deepseek_v3", "deepseek_v2", "qwen3_next", "qwen3_5_moe",
+                           "mimo_v2_flash", "kimi_linear", "deepseek_v32", "glm_moe_dsa"])
+}
+
 VARIANTS = {
     **{f"{n}": (n, o, c, {}) for n, (o, c) in VARIANTS_A.items()},
     **{f"{n}-b": (n, o, c, x) for n, (o, c, x) in VARIANTS_B.items()},
+    **{f"{n}-c": (n, o, c, x) for n, (o, c, x) in VARIANTS_C.items()},
 }
 
 MODES = {
