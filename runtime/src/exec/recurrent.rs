@@ -16,7 +16,7 @@
 //! error; the CPU would refuse it too), or keep a device copy the host's state may have moved
 //! away from.
 
-use super::kv::KvCache;
+use super::kv::{KvCache, LayerKv};
 use super::OpRows;
 use crate::bytes::{as_bytes, as_bytes_mut};
 use crate::vk::{
@@ -26,6 +26,7 @@ use crate::vk::{
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::Place;
 use coli_compiler::ir::{LayerId, LinearAttentionKind, LinearAttentionSpec, Op, Program};
+use rayon::prelude::*;
 use std::collections::HashMap;
 
 /// One layer's state on the device.
@@ -221,7 +222,9 @@ impl Recurrent {
         f.copy(state, m.back.view(0, m.floats))
     }
 
-    /// After the frame ran: each touched layer's new state (position `len`) into the host's.
+    /// After the frame ran: each touched layer's new state (position `len`) into the host's,
+    /// the layers' read-backs side by side (a state is megabytes: Kimi Linear's 32 heads of
+    /// 128 x 128 are 2 MiB a layer, copied out of host memory the device wrote).
     pub fn after_frame(
         &mut self,
         ctx: &Context,
@@ -230,14 +233,27 @@ impl Recurrent {
         len: usize,
     ) -> Result<(), VkError> {
         for &l in touched {
-            let m =
-                self.layers.get_mut(l).and_then(Option::as_mut).ok_or_else(|| bad(format!("l{l}: no device state")))?;
-            let host = kv.layers.get_mut(l).ok_or_else(|| bad(format!("l{l}: no host state")))?;
+            if self.layers.get(l).and_then(Option::as_ref).is_none() {
+                return Err(bad(format!("l{l}: no device state")));
+            }
+            if kv.layers.get(l).is_none() {
+                return Err(bad(format!("l{l}: no host state")));
+            }
+        }
+        let pairs: Vec<(&mut Layer, &mut LayerKv)> = self
+            .layers
+            .iter_mut()
+            .zip(kv.layers.iter_mut())
+            .enumerate()
+            .filter(|(l, _)| touched.contains(l))
+            .filter_map(|(_, (m, host))| Some((m.as_mut()?, host)))
+            .collect();
+        pairs.into_par_iter().try_for_each(|(m, host)| {
             m.staged.resize(m.floats, 0.0);
             ctx.read(&m.back, 0, as_bytes_mut(&mut m.staged))?;
             host.commit_state(&mut m.staged, len);
             m.at = Some(len);
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }
