@@ -371,7 +371,7 @@ pub struct HyperSpec {
     pub base: WeightRef,
     /// `[3]` or `[1]`.
     pub scale: WeightRef,
-    /// Sinkhorn iterations of `comb` (`hc_sinkhorn_iters`).
+    /// Sinkhorn iterations of `comb` (`hc_sinkhorn_iters`; 0 acts as 1).
     pub sinkhorn_iters: usize,
     /// `hc_eps`: added to `pre` and `comb`, and to the Sinkhorn sums.
     pub eps: f32,

@@ -116,6 +116,12 @@ fn compressed_layer_types_are_refused_by_name() {
     c["rope_parameters"]["main"]["rope_type"] = serde_json::json!("yarn");
     let d = compile_text(&text, &c, "yarn").unwrap_err();
     assert!(d.contains("not served: a scaled RoPE"), "{d}");
+    for (key, value, want) in [("hidden_act", "\"gelu\"", "`hidden_act`"), ("mlp_bias", "true", "`mlp_bias`")] {
+        let mut c = config();
+        c[key] = serde_json::from_str(value).unwrap();
+        let d = compile_text(&text, &c, key).unwrap_err();
+        assert!(d.contains("not served") && d.contains(want), "{d}");
+    }
 }
 
 /// The multi-stream ops' widths and operands are checked, each error located in the spec.
@@ -138,6 +144,12 @@ fn multi_stream_ops_are_checked() {
             r#""mix": "hc * (hc + 1)","#,
             r#""mix": "hc * hc","#,
             "value `mix` has width 16, post and comb of the streams needs 20",
+        ),
+        // A layer's site without its Sinkhorn iterations.
+        (
+            r#"scale: "attn_hc_scale", sinkhorn_iters: "hc_iters","#,
+            r#"scale: "attn_hc_scale","#,
+            "a layer's hyper-connection (with `mix`) needs `sinkhorn_iters`",
         ),
         // The grouped projection's groups against its weight.
         (r#"groups: "o_groups""#, r#"groups: "3""#, "3 groups do not divide the 8192 rows of the weight"),

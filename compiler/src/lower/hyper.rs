@@ -49,9 +49,11 @@ impl Lowerer<'_> {
                     Some(m) => Some(self.val(m)?),
                     None => None,
                 };
+                // 0 iterations are one column normalisation, as 1 (the reference's loop runs
+                // `iters - 1` rounds after it).
                 let iters = match sinkhorn_iters {
-                    Some(t) => self.sized(t, limits::ITERATIONS)?,
-                    None => 0,
+                    Some(t) => Some(self.sized(t, limits::ITERATIONS)?),
+                    None => None,
                 };
                 let (xv, ov, streams, fn_weight, base, scale, eps, norm_eps) = (xv?, ov?, s?, fw?, bw?, sw?, e?, ne?);
                 if streams == 0 {
@@ -65,8 +67,8 @@ impl Lowerer<'_> {
                         if let Some(t) = mix_text {
                             self.expect_width(t, m, streams * (streams + 1), "post and comb of the streams");
                         }
-                        if iters == 0 {
-                            self.err(span, "a layer's hyper-connection needs `sinkhorn_iters` of at least 1");
+                        if iters.is_none() {
+                            self.err(span, "a layer's hyper-connection (with `mix`) needs `sinkhorn_iters`");
                         }
                         ((2 + streams) * streams, 3)
                     }
@@ -84,7 +86,8 @@ impl Lowerer<'_> {
                         );
                     }
                 }
-                let spec = HyperSpec { streams, fn_weight, base, scale, sinkhorn_iters: iters, eps, norm_eps };
+                let spec =
+                    HyperSpec { streams, fn_weight, base, scale, sinkhorn_iters: iters.unwrap_or(0), eps, norm_eps };
                 Some(Op::HyperPre { x: xv, out: ov, mix, spec })
             }
             OpItem::HyperPost { x, out, residual, mix, streams } => {

@@ -156,6 +156,16 @@ mod tests {
         }
     }
 
+    /// The reference normalises the columns once before its `iters - 1` rounds: 0 acts as 1.
+    #[test]
+    fn zero_sinkhorn_iterations_act_as_one() {
+        let logits: Vec<f32> = (0..9).map(|i| (i as f32 * 0.7).sin()).collect();
+        let (mut a, mut b) = (logits.clone(), logits);
+        sinkhorn(&mut a, 3, 0, 1e-6);
+        sinkhorn(&mut b, 3, 1, 1e-6);
+        assert_eq!(a, b);
+    }
+
     #[test]
     fn one_sinkhorn_iteration_is_a_row_softmax_with_columns_normalised() {
         let mut comb = vec![0.0, 1.0, 2.0, 0.0];
