@@ -6,8 +6,9 @@
 //! (multi-head latent attention), Qwen3-Next (Gated DeltaNet), Qwen3.5-MoE (its projections
 //! apart), Kimi Linear (Kimi Delta Attention beside MLA without RoPE) and Inkling (sliding and
 //! global attention with relative-position logits, short convolutions with their own state,
-//! shared experts in the router's normalisation), and `coli exec` running each one as a
-//! process.
+//! shared experts in the router's normalisation), DeepSeek V4 (hyper-connections' streams, K=V
+//! attention with RoPE on the heads' tails, hash and sqrt-softplus routing; its sliding layers
+//! only, a compressed one refused), and `coli exec` running each one as a process.
 //!
 //! Tolerance: every logit within 1e-4 of the largest |logit| of transformers (f32 weights and
 //! activations; only the order of float operations differs); greedy ids identical; prompts
@@ -162,6 +163,41 @@ fn a_wrapper_config_without_its_text_config_is_refused() {
     std::fs::remove_dir_all(&dir).unwrap();
     let err = err.expect("a wrapper without text_config must not load");
     assert!(err.contains("text_config") && err.contains("config.json"), "{err}");
+}
+
+#[test]
+fn deepseek_v4_matches_transformers() {
+    matches_oracle("deepseek_v4");
+}
+
+#[test]
+fn deepseek_v4_runs_in_coli_exec() {
+    check_exec("deepseek_v4");
+}
+
+/// The compressed layer types (the KV compressor and its indexer) are refused by name, as is a
+/// configuration without `layer_types` (V4's default schedule is compressed).
+#[test]
+fn deepseek_v4_compressed_layers_are_refused_by_name() {
+    let kinds = ["compressed_sparse_attention", "heavily_compressed_attention"];
+    for kind in kinds.into_iter().map(Some).chain([None]) {
+        let dir = patched_fixture("deepseek_v4", |c| match kind {
+            Some(k) => c["layer_types"][2] = serde_json::json!(k),
+            None => {
+                c.as_object_mut().unwrap().remove("layer_types");
+            }
+        });
+        let err = coli_runtime::engine::Engine::load(&dir, &coli_runtime::engine::EngineOptions::default())
+            .err()
+            .map(|e| e.to_string());
+        std::fs::remove_dir_all(&dir).unwrap();
+        let err = err.expect("a compressed DeepSeek V4 layer must not load");
+        assert!(err.contains("not served"), "{kind:?}: {err}");
+        let named: Vec<&str> = kind.map_or(kinds.to_vec(), |k| vec![k]);
+        for k in named {
+            assert!(err.contains(k), "{kind:?}: {err}");
+        }
+    }
 }
 
 #[test]

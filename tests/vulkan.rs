@@ -4,7 +4,7 @@
 //! mid-decode that the CPU finishes with the same tokens (also mid-step, after the host took a
 //! Gated DeltaNet or KDA layer's new state or an MLA layer's new cache rows), and the device
 //! state of Qwen3-Next and Kimi Linear (recurrent) and DeepSeek-V3 (the MLA mirrors) following
-//! the host's; Inkling with its new op kinds on the host.
+//! the host's; Inkling and DeepSeek V4 with their new op kinds on the host.
 //!
 //! Tolerance: logits within 1e-4 of the largest |logit| (f32 weights: the device and the CPU
 //! differ only in the order of float operations); greedy tokens identical.
@@ -157,6 +157,53 @@ fn inkling_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
     let got: Vec<Vec<f32>> = l.chunks_exact(want[0].len()).map(|r| r.to_vec()).collect();
     let err = max_abs_diff(&got, &want[6..]);
     assert!(err <= 1e-4 * max, "after a cut to 6: max |device - cpu| = {err}");
+}
+
+/// DeepSeek V4 on the device: its projections, norms and attention in device frames, its op
+/// kinds only the CPU has (the hyper-connections, the grouped output projection, the
+/// unweighted norm, RoPE on the heads' tails, hash and sqrt-softplus routing, the clamped
+/// SwiGLU) in host frames; the logits and greedy tokens the CPU's in every chunking.
+#[test]
+fn deepseek_v4_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
+    let dir = fixture_dir("deepseek_v4");
+    let oracle = read_json(&dir.join("oracle.json"));
+    let prompt = ids(&oracle["prompt_ids"]);
+    let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
+    let cpu = load_model(&dir);
+    let (want, want_toks, _) = run(&cpu, &prompt, prompt.len(), 12);
+    let dev = load_on_device(&dir, None, None);
+    assert!(dev.device().is_some(), "{}", dev.device_note());
+    let p = &dev.plan().program;
+    let kinds = |host: bool| -> Vec<&'static str> {
+        let frames = dev.plan().frames.iter().filter(|f| (f.place == Place::Host) == host);
+        frames.flat_map(|f| &f.ops).map(|&id| op_of(p, id).kind().info().name).collect()
+    };
+    let (host, device) = (kinds(true), kinds(false));
+    let cpu_only = [
+        "hyper_pre",
+        "hyper_post",
+        "grouped_linear",
+        "rms_norm_unweighted",
+        "rope_tail",
+        "route_hash",
+        "route_sqrt_softplus",
+        "routed_experts_limited",
+        "glu_limited",
+    ];
+    for k in cpu_only {
+        assert!(host.contains(&k) && !device.contains(&k), "{k} on the host only\n{}", dev.plan());
+    }
+    for k in ["linear", "rms_norm", "attention"] {
+        assert!(device.contains(&k), "{k} on the device\n{}", dev.plan());
+    }
+    for chunk in [prompt.len(), 1, 3] {
+        let (got, toks, notice) = run(&dev, &prompt, chunk, 12);
+        assert!(notice.is_none(), "{notice:?}");
+        let err = max_abs_diff(&got, &want);
+        eprintln!("deepseek_v4 chunk {chunk}: max |device - cpu| = {err:.3e} (bound {:.3e})", 1e-4 * max);
+        assert!(err <= 1e-4 * max, "chunk {chunk}: max |device - cpu| = {err}");
+        assert_eq!(toks, want_toks, "chunk {chunk}: greedy tokens differ");
+    }
 }
 
 #[test]

@@ -15,7 +15,7 @@ Usage (from the repository root; needs torch, transformers 5.17, safetensors, gg
 
 Outputs:
 
-* tests/fixtures/{llama,llama_tied,olmoe,qwen3_moe,mixtral,gpt_oss,deepseek_v3,qwen3_next,qwen3_5_moe,kimi_linear,inkling,deepseek_v32,glm_moe_dsa,...}/ :
+* tests/fixtures/{llama,llama_tied,olmoe,qwen3_moe,mixtral,gpt_oss,deepseek_v3,qwen3_next,qwen3_5_moe,kimi_linear,inkling,deepseek_v32,glm_moe_dsa,deepseek_v4,...}/ :
   a tiny random-weight checkpoint (config.json, generation_config.json, model.safetensors, f32) written by
   ``save_pretrained`` and its ``oracle.json`` (prompt ids, logits of every prompt
   position, 20 greedy ids, the logits each greedy id was chosen from, per-layer
@@ -394,6 +394,10 @@ from fixtures_dsa import DSA, dsa_names  # noqa: E402 (beside this script)
 
 TINY.update(DSA)
 
+from fixtures_v4 import V4  # noqa: E402 (beside this script)
+
+TINY.update(V4)
+
 
 # Per-tensor gains for the re-initialisation: std = gain / sqrt(fan_in), fan_in = last dim.
 GAINS = [
@@ -425,6 +429,8 @@ def reinit(model, tied):
         if name.endswith("linear_attn.dt_bias") or name.endswith("forget_gate.dt_bias"):
             p.normal_(0.0, 0.5)
             continue
+        if ".attn_hc." in name or ".ffn_hc." in name or ".hc_head." in name:
+            continue  # DeepSeek V4's hyper-connections: set by its post_init (fixtures_v4.py)
         if name.endswith("global_scale"):
             # Inkling's scalar scales of the dense MLP and the router.
             p.uniform_(0.7, 1.3)
@@ -542,14 +548,16 @@ def make_tiny(name, spec=None, out_dir=None):
     with safe_open(str(out_dir / "model.safetensors"), "pt") as f:
         names = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
         dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
-    assert dtypes == {"F32"}, dtypes
+    # Integer tensors where the family has them (DeepSeek V4's hash table of expert ids).
+    assert "F32" in dtypes and dtypes <= {"F32", *spec.get("int_dtypes", ())}, dtypes
     expected = expected_names(name, cfg_kwargs, cfg_kwargs["num_hidden_layers"]) if spec.get("check_names", True) else []
     missing = [n for n in expected if n not in names]
     fused = [n for n in names if "gate_up_proj" in n or (".experts." in n and not n.split(".experts.")[1][0].isdigit())]
     if spec.get("fused"):
         fused = []  # this family is stored fused on disk (gpt-oss)
     assert not missing and not fused, (missing[:5], fused[:5])
-    assert ("lm_head.weight" in names) == (not tied), "lm_head presence vs tie_word_embeddings"
+    # The head's name on disk (DeepSeek V4 saves the original checkpoints' `head.weight`).
+    assert (spec.get("head", "lm_head.weight") in names) == (not tied), "lm_head presence vs tie_word_embeddings"
 
     # Debug records: residual stream after each layer, router top-k per layer and position.
     layer_out = [None] * rec.n_layers

@@ -245,6 +245,9 @@ pub enum GluKind {
     ClampedSwiGlu { limit: f32, alpha: f32 },
     /// `gelu(gate) * up`.
     GeGlu,
+    /// DeepSeek V4: gate clamped to `(-inf, limit]`, up to `[-limit, limit]`,
+    /// `silu(gate) * up` (no `+ 1`, no `alpha`: not gpt-oss's form).
+    LimitedSwiGlu { limit: f32 },
 }
 
 /// Which pairs RoPE rotates.
@@ -297,6 +300,8 @@ fn yes() -> bool {
 pub enum RouterScoring {
     Softmax,
     Sigmoid,
+    /// `sqrt(softplus(logit))` (DeepSeek V4).
+    SqrtSoftplus,
 }
 
 /// What a group of experts scores in a group-limited top-k: the groups with the best scores
@@ -351,6 +356,29 @@ fn is_zero(x: &usize) -> bool {
     *x == 0
 }
 
+fn is_false(x: &bool) -> bool {
+    !*x
+}
+
+/// One site of manifold-constrained hyper-connections (`Op::HyperPre`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HyperSpec {
+    /// The residual's streams (`hc_mult`).
+    pub streams: usize,
+    /// `[(2 + S) * S, S * hidden]` at a layer's site, `[S, S * hidden]` at the head.
+    pub fn_weight: WeightRef,
+    /// `[(2 + S) * S]` or `[S]`.
+    pub base: WeightRef,
+    /// `[3]` or `[1]`.
+    pub scale: WeightRef,
+    /// Sinkhorn iterations of `comb` (`hc_sinkhorn_iters`; 0 acts as 1).
+    pub sinkhorn_iters: usize,
+    /// `hc_eps`: added to `pre` and `comb`, and to the Sinkhorn sums.
+    pub eps: f32,
+    /// The epsilon of the unweighted RMSNorm over the flattened streams.
+    pub norm_eps: f32,
+}
+
 /// One op of the program. Reads and writes `ValueId`s; weights by `WeightRef`.
 // A program holds a few ops per layer, built once per plan: the size of `RoutedExperts`
 // costs nothing, and boxing its weights would change the contract the runtime matches on.
@@ -360,12 +388,13 @@ pub enum Op {
     /// Token ids -> rows of the embedding table (`[vocab, width]`), times `scale`.
     Embed { out: ValueId, table: WeightRef, scale: f32 },
     /// RMSNorm over groups of `group` columns (`group == width`: whole row; `head_dim`: per head).
-    /// `out = x / rms(x) * (weight + offset) * scale`; `weight` has `group` entries; `scale` is
-    /// 1 but where a width multiplier divides the final hidden state (Inkling's logits).
+    /// `out = x / rms(x) * (weight + offset) * scale`; `weight` has `group` entries (none: 1,
+    /// DeepSeek V4's unweighted query norm); `scale` is 1 but where a width multiplier divides
+    /// the final hidden state (Inkling's logits).
     RmsNorm {
         x: ValueId,
         out: ValueId,
-        weight: WeightRef,
+        weight: Option<WeightRef>,
         eps: f32,
         group: usize,
         offset: f32,
@@ -376,7 +405,24 @@ pub enum Op {
     LayerNorm { x: ValueId, out: ValueId, weight: WeightRef, bias: Option<WeightRef>, eps: f32 },
     /// `out = x W^T (+ bias)`; `weight` is `[out, in]`.
     Linear { x: ValueId, out: ValueId, weight: WeightRef, bias: Option<WeightRef> },
-    /// Rotates the first `rotary_dim` columns of each of `heads` heads of `head_dim`, in place.
+    /// A block-diagonal linear (DeepSeek V4's `o_a_proj`): `x` in `groups` equal column groups,
+    /// group `g` times rows `g * r .. (g + 1) * r` of `weight` (`[groups * r, in / groups]`).
+    GroupedLinear { x: ValueId, out: ValueId, weight: WeightRef, groups: usize },
+    /// Manifold-constrained hyper-connections (DeepSeek V4), the mix into a sublayer: `x` holds
+    /// `spec.streams` streams of `out`'s width per row; `out = sum_s pre[s] * x[s]` with
+    /// `pre = sigmoid(m[..S] * scale[0] + base[..S]) + eps`, `m = fn . rmsnorm(x)` (unweighted).
+    /// With `mix` (a site of a layer): also `post = 2 sigmoid(m[S..2S] * scale[1] + base)` and
+    /// `comb` = the Sinkhorn projection of `softmax(m[2S..] * scale[2] + base)` (rows of S) +
+    /// eps, written to `mix` as `[post (S), comb (S x S, row-major)]` per row. Without (the
+    /// head before the final norm): `fn` has `S` rows and `scale` one entry.
+    HyperPre { x: ValueId, out: ValueId, mix: Option<ValueId>, spec: HyperSpec },
+    /// The mix out of a sublayer: `out[k] = post[k] * x + sum_j comb[j][k] * residual[j]` (the
+    /// streams of `residual`, `mix` as `HyperPre` wrote it; `out` may be `residual`). Without
+    /// `residual` and `mix`: `x` copied into every one of `streams` streams (the embedding).
+    HyperPost { x: ValueId, residual: Option<ValueId>, mix: Option<ValueId>, out: ValueId, streams: usize },
+    /// Rotates the first `rotary_dim` columns of each of `heads` heads of `head_dim`, in place;
+    /// the last ones with `tail` (DeepSeek V4's `[nope | rope]` heads), by the opposite angles
+    /// with `inverse` (the conjugate rotation V4 applies to its attention output).
     Rope {
         x: ValueId,
         heads: usize,
@@ -385,6 +431,10 @@ pub enum Op {
         style: RopeStyle,
         theta: f32,
         scaling: RopeScaling,
+        #[serde(default, skip_serializing_if = "is_false")]
+        tail: bool,
+        #[serde(default, skip_serializing_if = "is_false")]
+        inverse: bool,
     },
     /// Causal attention of `q` over this layer's KV cache after appending `k`, `v`.
     Attention { q: ValueId, k: ValueId, v: ValueId, out: ValueId, layer: LayerId, spec: AttentionSpec },
@@ -422,6 +472,10 @@ pub enum Op {
         /// A one-entry tensor that multiplies the final weights too (Inkling's `global_scale`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         scale_by: Option<WeightRef>,
+        /// Hash routing (DeepSeek V4's `tid2eid`, `[vocab, top_k]`): the experts of a row are
+        /// the table's row of its token id, not a top-k; their weights are their scores.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        hash: Option<WeightRef>,
     },
     /// `out = sum_r weight_r * expert_r(x)` over the routing in `routing`: a host step served by
     /// the runtime's expert tier, or in a device frame where the plan makes the layer's
@@ -457,7 +511,12 @@ pub fn op_io(op: &Op) -> (Vec<ValueId>, Vec<ValueId>) {
         Op::RmsNorm { x, out, .. }
         | Op::LayerNorm { x, out, .. }
         | Op::Linear { x, out, .. }
+        | Op::GroupedLinear { x, out, .. }
         | Op::Act { x, out, .. } => (vec![*x], vec![*out]),
+        Op::HyperPre { x, out, mix, .. } => (vec![*x], std::iter::once(*out).chain(*mix).collect()),
+        Op::HyperPost { x, residual, mix, out, .. } => {
+            (std::iter::once(*x).chain(*residual).chain(*mix).collect(), vec![*out])
+        }
         Op::Rope { x, .. } => (vec![*x], vec![*x]),
         Op::Attention { q, k, v, out, spec, .. } => {
             let mut reads = vec![*q, *k, *v];
@@ -606,6 +665,18 @@ pub struct Dims {
     pub layers: usize,
     /// The checkpoint's maximum context (`max_position_embeddings`).
     pub max_context: usize,
+    /// The residual is this many streams of `hidden` per row (DeepSeek V4's hyper-connections:
+    /// `hc_mult`); 1 for most families.
+    #[serde(default = "one_stream", skip_serializing_if = "is_one_stream")]
+    pub streams: usize,
+}
+
+fn one_stream() -> usize {
+    1
+}
+
+fn is_one_stream(x: &usize) -> bool {
+    *x == 1
 }
 
 /// A whole forward pass: `prologue` (embedding), `layers`, `epilogue` (final norm and head,

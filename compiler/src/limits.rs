@@ -79,6 +79,10 @@ pub const WIDTH: Limit = Limit { what: "columns of a row buffer", max: 1 << 24 }
 pub const CONTEXT: Limit = Limit { what: "positions of context", max: 1 << 24 };
 /// Width of a causal convolution's kernel (Gated DeltaNet uses 4).
 pub const CONV_KERNEL: Limit = Limit { what: "taps of a convolution kernel", max: 1 << 10 };
+/// Streams of a multi-stream residual (DeepSeek V4's hyper-connections use 4).
+pub const STREAMS: Limit = Limit { what: "streams of the residual", max: 64 };
+/// Iterations of a fixed-point loop (hyper-connections' Sinkhorn projection uses 20).
+pub const ITERATIONS: Limit = Limit { what: "iterations", max: 1 << 12 };
 /// Nesting of values in a RON file (the specs nest about 8 deep).
 pub const RON_DEPTH: Limit = Limit { what: "levels of nesting in a RON file", max: 128 };
 /// Nesting of an expression (parentheses, operators, calls).

@@ -5,7 +5,7 @@
 //! `OpKind` is what a device profile lists as runnable and what placement asks about. This
 //! module must not hold per-model knowledge.
 
-use crate::ir::{LinearAttentionKind, Op};
+use crate::ir::{GluKind, LinearAttentionKind, Op, RouterScoring};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -49,6 +49,25 @@ pub enum OpKind {
     /// MLA over an indexer's selection (`MlaSpec::select`): the CPU and the Vulkan library run
     /// it (a kind of its own, so a profile that lists `mla` alone does not claim it).
     MlaSparse,
+    /// A block-diagonal linear (`Op::GroupedLinear`, DeepSeek V4's `o_a_proj`): the CPU's only.
+    GroupedLinear,
+    /// Hyper-connections' mix into a sublayer and out of it (`Op::HyperPre`, `Op::HyperPost`):
+    /// the CPU's only.
+    HyperPre,
+    HyperPost,
+    /// An RMSNorm without a weight (`Op::RmsNorm::weight` none): the CPU's only.
+    RmsNormUnweighted,
+    /// RoPE on the last columns of each head or by the opposite angles (`Op::Rope::tail`,
+    /// `inverse`): the CPU's only.
+    RopeTail,
+    /// DeepSeek V4's clamped SwiGLU (`GluKind::LimitedSwiGlu`) as a `Glu` and in routed experts:
+    /// the CPU's only (neither a device nor the expert tier has its kernel).
+    GluLimited,
+    RoutedExpertsLimited,
+    /// A router scoring by `sqrt(softplus)` (`RouterScoring::SqrtSoftplus`), or routing by a
+    /// token's row of a hash table (`Op::Route::hash`): the CPU's only.
+    RouteSqrtSoftplus,
+    RouteHash,
 }
 
 /// What placement and printing need to know of an op kind.
@@ -89,6 +108,15 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::RoutedExpertsShared, name: "routed_experts_shared", host_step: true, by_default: false },
     OpInfo { kind: OpKind::Indexer, name: "indexer", host_step: false, by_default: false },
     OpInfo { kind: OpKind::MlaSparse, name: "mla_sparse", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::GroupedLinear, name: "grouped_linear", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::HyperPre, name: "hyper_pre", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::HyperPost, name: "hyper_post", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::RmsNormUnweighted, name: "rms_norm_unweighted", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::RopeTail, name: "rope_tail", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::GluLimited, name: "glu_limited", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::RoutedExpertsLimited, name: "routed_experts_limited", host_step: true, by_default: false },
+    OpInfo { kind: OpKind::RouteSqrtSoftplus, name: "route_sqrt_softplus", host_step: true, by_default: false },
+    OpInfo { kind: OpKind::RouteHash, name: "route_hash", host_step: true, by_default: false },
 ];
 
 impl OpKind {
@@ -111,20 +139,29 @@ impl Op {
     pub fn kind(&self) -> OpKind {
         match self {
             Op::Embed { .. } => OpKind::Embed,
+            Op::RmsNorm { weight: None, .. } => OpKind::RmsNormUnweighted,
             Op::RmsNorm { scale, .. } if *scale != 1.0 => OpKind::RmsNormScaled,
             Op::RmsNorm { .. } => OpKind::RmsNorm,
             Op::LayerNorm { .. } => OpKind::LayerNorm,
             Op::Linear { .. } => OpKind::Linear,
+            Op::Rope { tail, inverse, .. } if *tail || *inverse => OpKind::RopeTail,
             Op::Rope { .. } => OpKind::Rope,
+            Op::GroupedLinear { .. } => OpKind::GroupedLinear,
+            Op::HyperPre { .. } => OpKind::HyperPre,
+            Op::HyperPost { .. } => OpKind::HyperPost,
             Op::Attention { spec, .. } if spec.rel.is_some() => OpKind::AttentionRel,
             Op::Attention { .. } => OpKind::Attention,
             Op::Act { .. } => OpKind::Act,
+            Op::Glu { kind: GluKind::LimitedSwiGlu { .. }, .. } => OpKind::GluLimited,
             Op::Glu { .. } => OpKind::Glu,
             Op::Add { .. } => OpKind::Add,
             Op::Mul { .. } => OpKind::Mul,
+            Op::Route { hash: Some(_), .. } => OpKind::RouteHash,
+            Op::Route { scoring: RouterScoring::SqrtSoftplus, .. } => OpKind::RouteSqrtSoftplus,
             Op::Route { shared, scale_by, .. } if *shared > 0 || scale_by.is_some() => OpKind::RouteShared,
             Op::Route { .. } => OpKind::Route,
             Op::RoutedExperts { weights, .. } if weights.shared.is_some() => OpKind::RoutedExpertsShared,
+            Op::RoutedExperts { glu: GluKind::LimitedSwiGlu { .. }, .. } => OpKind::RoutedExpertsLimited,
             Op::RoutedExperts { .. } => OpKind::RoutedExperts,
             Op::Mla { spec, .. } if spec.select.is_some() => OpKind::MlaSparse,
             Op::Mla { .. } => OpKind::Mla,
@@ -165,11 +202,20 @@ mod tests {
             OpKind::ShortConv,
             OpKind::RmsNormScaled,
             OpKind::Indexer,
+            OpKind::GroupedLinear,
+            OpKind::HyperPre,
+            OpKind::HyperPost,
+            OpKind::RmsNormUnweighted,
+            OpKind::RopeTail,
+            OpKind::GluLimited,
         ] {
             assert!(!none.runs(k), "{k}");
         }
         assert!(!none.runs(OpKind::Route) && none.lists(OpKind::Route), "a host step is listed, not run in a frame");
         assert!(!none.lists(OpKind::RoutedExpertsShared));
+        for k in [OpKind::RoutedExpertsLimited, OpKind::RouteSqrtSoftplus, OpKind::RouteHash] {
+            assert!(!none.lists(k), "{k}");
+        }
         let named = Features { ops: Some(vec![OpKind::ShortConv]), ..Features::default() };
         assert!(named.runs(OpKind::ShortConv) && !named.runs(OpKind::Linear));
     }

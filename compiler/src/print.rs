@@ -51,7 +51,8 @@ pub fn op_text(op: &Op) -> String {
     match op {
         Op::Embed { out, table, scale } => format!("{out} = embed {}{}", w(table), if *scale != 1.0 { format!(" scale {}", g(*scale)) } else { String::new() }),
         Op::RmsNorm { x, out, weight, eps, group, offset, scale } => {
-            let mut s = format!("{out} = rms_norm {x} {} eps {}", w(weight), g(*eps));
+            let wt = weight.as_ref().map_or_else(|| "unweighted".to_string(), w);
+            let mut s = format!("{out} = rms_norm {x} {wt} eps {}", g(*eps));
             let _ = write!(s, " group {group}");
             if *offset != 0.0 {
                 let _ = write!(s, " offset {}", g(*offset));
@@ -65,9 +66,32 @@ pub fn op_text(op: &Op) -> String {
             format!("{out} = layer_norm {x} {}{} eps {}", w(weight), bias.as_ref().map(|b| format!(" + {}", w(b))).unwrap_or_default(), g(*eps))
         }
         Op::Linear { x, out, weight, bias } => format!("{out} = linear {x} {}{}", w(weight), bias.as_ref().map(|b| format!(" + {}", w(b))).unwrap_or_default()),
-        Op::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling } => {
-            format!("{x} = rope {x} heads {heads}x{head_dim} rotary {rotary_dim} {style:?} theta {} scaling {scaling:?}", g(*theta))
+        Op::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling, tail, inverse } => {
+            format!(
+                "{x} = rope {x} heads {heads}x{head_dim} rotary {rotary_dim}{}{} {style:?} theta {} scaling {scaling:?}",
+                if *tail { " tail" } else { "" },
+                if *inverse { " inverse" } else { "" },
+                g(*theta)
+            )
         }
+        Op::GroupedLinear { x, out, weight, groups } => format!("{out} = grouped_linear {x} {} groups {groups}", w(weight)),
+        Op::HyperPre { x, out, mix, spec } => {
+            format!(
+                "{out}{} = hyper_pre {x} streams {} fn {} base {} scale {} sinkhorn {} eps {} norm eps {}",
+                mix.map_or(String::new(), |m| format!(", {m}")),
+                spec.streams,
+                w(&spec.fn_weight),
+                w(&spec.base),
+                w(&spec.scale),
+                spec.sinkhorn_iters,
+                g(spec.eps),
+                g(spec.norm_eps)
+            )
+        }
+        Op::HyperPost { x, residual, mix, out, streams } => match (residual, mix) {
+            (Some(r), Some(m)) => format!("{out} = hyper_post {x} residual {r} mix {m} streams {streams}"),
+            _ => format!("{out} = hyper_post {x} expand streams {streams}"),
+        },
         Op::Attention { q, k, v, out, layer, spec } => {
             let mut s = format!(
                 "{out} = attention {q} {k} {v} kv {layer} heads {} kv_heads {} head_dim {} v_head_dim {} scale {}",
@@ -107,8 +131,12 @@ pub fn op_text(op: &Op) -> String {
             scale,
             shared,
             scale_by,
+            hash,
         } => {
             let mut s = format!("{out} = route {logits} {scoring:?} top {top_k}");
+            if let Some(h) = hash {
+                let _ = write!(s, " hash {}", w(h));
+            }
             if *renormalize {
                 s.push_str(" renormalize");
             }
@@ -232,11 +260,15 @@ pub fn layer_ranges(ids: &[u32]) -> String {
 impl fmt::Display for Program {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let d = &self.dims;
-        writeln!(
+        write!(
             f,
             "program {}: hidden {}, vocab {}, layers {}, max_context {}",
             self.family, d.hidden, d.vocab, d.layers, d.max_context
         )?;
+        if d.streams != 1 {
+            write!(f, ", streams {}", d.streams)?;
+        }
+        writeln!(f)?;
         write!(f, "values:")?;
         for (i, v) in self.values.iter().enumerate() {
             write!(f, " v{i} {}[{}]", v.name, v.width)?;

@@ -35,6 +35,7 @@ fn every_spec_compiles_with_its_default_config() {
         "mimo_v2_flash.ron",
         "deepseek_v32.ron",
         "glm_moe_dsa.ron",
+        "deepseek_v4.ron",
     ] {
         let p = program(s, None);
         println!("{p}");
@@ -54,6 +55,7 @@ fn specs_are_found_by_architecture() {
     assert_eq!(spec_for_architecture(&g, "InklingForCausalLM").unwrap().file_name().unwrap(), "inkling.ron");
     assert_eq!(spec_for_architecture(&g, "DeepseekV32ForCausalLM").unwrap().file_name().unwrap(), "deepseek_v32.ron");
     assert_eq!(spec_for_architecture(&g, "GlmMoeDsaForCausalLM").unwrap().file_name().unwrap(), "glm_moe_dsa.ron");
+    assert_eq!(spec_for_architecture(&g, "DeepseekV4ForCausalLM").unwrap().file_name().unwrap(), "deepseek_v4.ron");
     assert!(spec_for_architecture(&g, "NoSuchForCausalLM").is_none());
 }
 

@@ -30,6 +30,7 @@ const TABLE: &[(&str, &str, &str, &str)] = &[
     ("mimo_v2_flash", "mimo-v2-flash", "rtx4060-8gb", "two-rtx4060-8gb"),
     ("deepseek_v32", "deepseek-v3.2", "rtx4060-8gb", "two-rtx4060-8gb"),
     ("glm_moe_dsa", "glm-moe-dsa", "rtx4060-8gb", "two-rtx4060-8gb"),
+    ("deepseek_v4", "deepseek-v4-flash", "rtx4060-8gb", "two-rtx4060-8gb"),
 ];
 
 fn plan(spec: &str, config: &str, profile: &str) -> Plan {

@@ -29,6 +29,7 @@ const TABLE: &[(&str, &str)] = &[
     ("mimo_v2_flash", "mimo-v2-flash"),
     ("deepseek_v32", "deepseek-v3.2"),
     ("glm_moe_dsa", "glm-moe-dsa"),
+    ("deepseek_v4", "deepseek-v4-flash"),
 ];
 
 const LAYERS: usize = 4;

@@ -4,8 +4,10 @@
 //! must not know about devices.
 
 mod flow;
+mod hyper;
 mod numbers;
 pub mod program;
+mod route;
 pub mod symbols;
 mod weights;
 

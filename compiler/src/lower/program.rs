@@ -146,13 +146,18 @@ impl<'a> Lowerer<'a> {
         let [Some(hidden), Some(vocab), Some(layers), Some(max_context)] = dims_vals[..] else { return None };
         let residual = self.val(&file.residual)?;
         let logits = self.val(&file.logits)?;
-        if self.width(residual) != hidden {
+        let streams = match &file.streams {
+            Some(s) => self.sized(s, limits::STREAMS)?,
+            None => 1,
+        };
+        if self.width(residual) != streams * hidden {
             self.err(
                 file.residual.span,
                 format!(
-                    "the residual `{}` has width {}, `hidden` is {hidden}",
+                    "the residual `{}` has width {}, {streams} stream(s) of `hidden` {hidden} are {}",
                     file.residual.value,
-                    self.width(residual)
+                    self.width(residual),
+                    streams * hidden
                 ),
             );
         }
@@ -202,7 +207,7 @@ impl<'a> Lowerer<'a> {
         }
         Some(Program {
             family: file.family.value.clone(),
-            dims: Dims { hidden, vocab, layers, max_context },
+            dims: Dims { hidden, vocab, layers, max_context, streams },
             values: std::mem::take(&mut self.values),
             residual,
             logits,
@@ -303,14 +308,13 @@ impl<'a> Lowerer<'a> {
             }
             OpItem::RmsNorm { x, out, weight, eps, group, offset, scale } => {
                 let scale = self.scale_or(scale, 1.0)?;
-                let (xv, ov, w, eps, offset) = (
-                    self.val(x),
-                    self.val(out),
-                    self.weight(weight),
-                    self.positive(eps, "RmsNorm's epsilon"),
-                    self.scale_or(offset, 0.0),
-                );
-                let (xv, ov, weight, eps, offset) = (xv?, ov?, w?, eps?, offset?);
+                let weight = match weight {
+                    Some(w) => Some(self.weight(w)?),
+                    None => None,
+                };
+                let (xv, ov, eps, offset) =
+                    (self.val(x), self.val(out), self.positive(eps, "RmsNorm's epsilon"), self.scale_or(offset, 0.0));
+                let (xv, ov, eps, offset) = (xv?, ov?, eps?, offset?);
                 let xw = self.width(xv);
                 let group = match group {
                     Some(g) => self.sized(g, limits::WIDTH)?,
@@ -319,11 +323,8 @@ impl<'a> Lowerer<'a> {
                 if group == 0 || !xw.is_multiple_of(group) {
                     self.err(span, format!("RmsNorm groups of {group} do not divide the width {xw} of `{}`", x.value));
                 }
-                if weight.shape != [group] {
-                    self.err(
-                        span,
-                        format!("RmsNorm weight has shape {:?}, groups of {group} need [{group}]", weight.shape),
-                    );
+                if let Some(w) = weight.as_ref().filter(|w| w.shape != [group]) {
+                    self.err(span, format!("RmsNorm weight has shape {:?}, groups of {group} need [{group}]", w.shape));
                 }
                 self.expect_width(out, ov, xw, "the normed input's width");
                 Op::RmsNorm { x: xv, out: ov, weight, eps, group, offset, scale }
@@ -370,7 +371,7 @@ impl<'a> Lowerer<'a> {
                 }
                 Op::Linear { x: xv, out: ov, weight, bias }
             }
-            OpItem::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling } => {
+            OpItem::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling, tail, inverse } => {
                 let (xv, h, hd, theta) = (
                     self.val(x),
                     self.sized(heads, limits::HEADS),
@@ -397,7 +398,7 @@ impl<'a> Lowerer<'a> {
                         format!("the rotary dimension {rotary_dim} must be even and at most head_dim {head_dim}"),
                     );
                 }
-                Op::Rope { x: xv, heads, head_dim, rotary_dim, style, theta, scaling }
+                Op::Rope { x: xv, heads, head_dim, rotary_dim, style, theta, scaling, tail: *tail, inverse: *inverse }
             }
             OpItem::Attention {
                 q,
@@ -515,93 +516,9 @@ impl<'a> Lowerer<'a> {
                     Op::Add { a: av, b: bv, out: ov }
                 }
             }
-            OpItem::Route {
-                logits,
-                out,
-                scoring,
-                top_k,
-                renormalize,
-                correction_bias,
-                groups,
-                group_score,
-                scale,
-                shared,
-                scale_by,
-            } => {
-                let shared = match shared {
-                    Some(s) => self.sized(s, limits::EXPERTS)?,
-                    None => 0,
-                };
-                let scale_by = match scale_by {
-                    Some(b) => Some(self.weight(b)?),
-                    None => None,
-                };
-                if let Some(b) = &scale_by {
-                    if b.shape != [1] {
-                        self.err(span, format!("the router's `scale_by` has shape {:?}, not [1]", b.shape));
-                    }
-                }
-                let (lv, ov, k, rn, sc) = (
-                    self.val(logits),
-                    self.val(out),
-                    self.sized(top_k, limits::TOP_K),
-                    self.boolean(renormalize),
-                    self.scale_or(scale, 1.0),
-                );
-                let (lv, ov, top_k, renormalize, scale) = (lv?, ov?, k?, rn?, sc?);
-                let Some(experts) = self.width(lv).checked_sub(shared).filter(|&e| e > 0) else {
-                    self.err(
-                        span,
-                        format!("{shared} shared experts leave no routed ones among {} logits", self.width(lv)),
-                    );
-                    return None;
-                };
-                let correction_bias = match correction_bias {
-                    Some(b) => Some(self.weight(b)?),
-                    None => None,
-                };
-                let groups = match groups {
-                    Some((g, t)) => Some((self.sized(g, limits::EXPERTS)?, self.sized(t, limits::EXPERTS)?)),
-                    None => None,
-                };
-                if top_k == 0 || top_k > experts {
-                    self.err(top_k_span(op), format!("top_k {top_k} must be between 1 and the {experts} experts"));
-                }
-                self.expect_width(
-                    out,
-                    ov,
-                    2 * (top_k + shared),
-                    "routing (index, weight) pairs for top_k and the shared experts",
-                );
-                if let Some(b) = &correction_bias {
-                    if b.shape != [experts] {
-                        self.err(
-                            span,
-                            format!("the correction bias has shape {:?}, the router needs [{experts}]", b.shape),
-                        );
-                    }
-                }
-                if let Some((g, t)) = groups {
-                    if g == 0 || !experts.is_multiple_of(g) || t == 0 || t > g {
-                        self.err(
-                            span,
-                            format!("groups ({g}, {t}): {g} groups must divide {experts} experts and 1 <= {t} <= {g}"),
-                        );
-                    }
-                }
-                Op::Route {
-                    logits: lv,
-                    out: ov,
-                    scoring: *scoring,
-                    top_k,
-                    renormalize,
-                    correction_bias,
-                    groups,
-                    group_score: *group_score,
-                    scale,
-                    shared,
-                    scale_by,
-                }
+            OpItem::Route { .. } => self.route(op, span)?,
+            OpItem::GroupedLinear { .. } | OpItem::HyperPre { .. } | OpItem::HyperPost { .. } => {
+                self.hyper(op, span)?
             }
             OpItem::RoutedExperts {
                 x,
@@ -788,12 +705,5 @@ impl<'a> Lowerer<'a> {
             }
             OpItem::Block(_) | OpItem::If { .. } => return None,
         })
-    }
-}
-
-fn top_k_span(op: &OpItem) -> Span {
-    match op {
-        OpItem::Route { top_k, .. } => top_k.span,
-        _ => Span::default(),
     }
 }

@@ -243,6 +243,9 @@ impl<'a> Lowerer<'a> {
                 let limit = self.positive(limit, "the SwiGLU clamp limit");
                 GluKind::ClampedSwiGlu { limit: limit?, alpha: self.scale(alpha)? }
             }
+            GluSpec::LimitedSwiGlu { limit } => {
+                GluKind::LimitedSwiGlu { limit: self.positive(limit, "the SwiGLU clamp limit")? }
+            }
         })
     }
 

@@ -50,12 +50,16 @@ impl fmt::Display for LayerCost {
 pub fn op_weights(op: &Op) -> Vec<&WeightRef> {
     match op {
         Op::Embed { table, .. } => vec![table],
-        Op::RmsNorm { weight, .. } => vec![weight],
+        Op::RmsNorm { weight, .. } => weight.iter().collect(),
         Op::LayerNorm { weight, bias, .. } | Op::Linear { weight, bias, .. } => {
             std::iter::once(weight).chain(bias.iter()).collect()
         }
+        Op::GroupedLinear { weight, .. } => vec![weight],
+        Op::HyperPre { spec, .. } => vec![&spec.fn_weight, &spec.base, &spec.scale],
         Op::Attention { spec, .. } => spec.sinks.iter().chain(spec.rel.as_ref().map(|r| &r.proj)).collect(),
-        Op::Route { correction_bias, scale_by, .. } => correction_bias.iter().chain(scale_by.iter()).collect(),
+        Op::Route { correction_bias, scale_by, hash, .. } => {
+            correction_bias.iter().chain(scale_by.iter()).chain(hash.iter()).collect()
+        }
         Op::Mla { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
         Op::Indexer { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
         Op::LinearAttention { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
@@ -63,6 +67,7 @@ pub fn op_weights(op: &Op) -> Vec<&WeightRef> {
         | Op::Rope { .. }
         | Op::Act { .. }
         | Op::Glu { .. }
+        | Op::HyperPost { .. }
         | Op::Add { .. }
         | Op::Mul { .. } => vec![],
     }

@@ -168,7 +168,9 @@ pub(super) fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
         for i in 0..f.ops.len() {
             let (out, sources) = match op(i) {
                 // A scaled norm (`rms_norm_scaled`) has no fused form: it stays a call of its own.
-                Op::RmsNorm { x, out, group, scale, .. } if *group == width(*x) && out != x && *scale == 1.0 => {
+                Op::RmsNorm { x, out, group, scale, weight: Some(_), .. }
+                    if *group == width(*x) && out != x && *scale == 1.0 =>
+                {
                     (*out, vec![*x])
                 }
                 Op::Glu { gate, up, out, .. } => (*out, vec![*gate, *up]),
@@ -221,8 +223,8 @@ pub(super) fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
         while i + 1 < f.ops.len() {
             let pairable = match (op(i), op(i + 1)) {
                 (
-                    Op::RmsNorm { x: xa, out: oa, eps: ea, offset: fa, scale: sa, .. },
-                    Op::RmsNorm { x: xb, out: ob, eps: eb, offset: fb, scale: sb, .. },
+                    Op::RmsNorm { x: xa, out: oa, eps: ea, offset: fa, scale: sa, weight: Some(_), .. },
+                    Op::RmsNorm { x: xb, out: ob, eps: eb, offset: fb, scale: sb, weight: Some(_), .. },
                 ) => {
                     *sa == 1.0
                         && *sb == 1.0
@@ -251,8 +253,28 @@ pub(super) fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
             if j >= 2 {
                 let pair = |a: usize, b: usize| match (op(a), op(b)) {
                     (
-                        Op::Rope { x: xa, heads: ha, head_dim: da, rotary_dim: ra, style: sa, theta: ta, scaling: ca },
-                        Op::Rope { x: xb, heads: hb, head_dim: db, rotary_dim: rb, style: sb, theta: tb, scaling: cb },
+                        Op::Rope {
+                            x: xa,
+                            heads: ha,
+                            head_dim: da,
+                            rotary_dim: ra,
+                            style: sa,
+                            theta: ta,
+                            scaling: ca,
+                            tail: false,
+                            inverse: false,
+                        },
+                        Op::Rope {
+                            x: xb,
+                            heads: hb,
+                            head_dim: db,
+                            rotary_dim: rb,
+                            style: sb,
+                            theta: tb,
+                            scaling: cb,
+                            tail: false,
+                            inverse: false,
+                        },
                     ) if xa == q
                         && xb == k
                         && ha == &spec.heads
@@ -287,7 +309,7 @@ pub(super) fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
                 if first >= 2 {
                     let (x, y) = (first - 2, first - 1);
                     let norm_of = |i: usize| match op(i) {
-                        Op::RmsNorm { x: nx, out, group, eps, offset, scale, .. } if *scale == 1.0 => {
+                        Op::RmsNorm { x: nx, out, group, eps, offset, scale, weight: Some(_), .. } if *scale == 1.0 => {
                             Some((*nx, *out, *group, *eps, *offset))
                         }
                         _ => None,
@@ -364,7 +386,7 @@ pub(super) fn replayable(program: &Program, frame: &Frame) -> bool {
 pub(super) fn device_calls(program: &Program, frame: &Frame, plan: &[Fused]) -> Vec<Call> {
     let op = |i: usize| op_of(program, frame.ops[i]);
     let norm = |i: usize| match op(i) {
-        Op::RmsNorm { x, out, weight, eps, group, offset, .. } => {
+        Op::RmsNorm { x, out, weight: Some(weight), eps, group, offset, .. } => {
             Some(Norm { x: *x, out: *out, weight: weight.clone(), eps: *eps, group: *group, offset: *offset })
         }
         _ => None,

@@ -26,9 +26,13 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
     let float = Expr(Type::Float);
     let mut f: Vec<(&Text, Role)> = Vec::new();
     fn glu<'a>(g: &'a GluSpec, f: &mut Vec<(&'a Text, Role)>) {
-        if let GluSpec::ClampedSwiGlu { limit, alpha } = g {
-            f.push((limit, Expr(Type::Float)));
-            f.push((alpha, Expr(Type::Float)));
+        match g {
+            GluSpec::ClampedSwiGlu { limit, alpha } => {
+                f.push((limit, Expr(Type::Float)));
+                f.push((alpha, Expr(Type::Float)));
+            }
+            GluSpec::LimitedSwiGlu { limit } => f.push((limit, Expr(Type::Float))),
+            GluSpec::SwiGlu | GluSpec::GeGlu => {}
         }
     }
     match op {
@@ -37,7 +41,8 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
             f.extend(scale.iter().map(|s| (s, float)));
         }
         OpItem::RmsNorm { x, out, weight, eps, group, offset, scale } => {
-            f.extend([(x, Value), (out, Value), (weight, Weight), (eps, float)]);
+            f.extend([(x, Value), (out, Value), (eps, float)]);
+            f.extend(weight.iter().map(|s| (s, Weight)));
             f.extend(group.iter().map(|s| (s, int)));
             f.extend(offset.iter().map(|s| (s, float)));
             f.extend(scale.iter().map(|s| (s, float)));
@@ -53,6 +58,19 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
         OpItem::Rope { x, heads, head_dim, rotary_dim, theta, .. } => {
             f.extend([(x, Value), (heads, int), (head_dim, int), (theta, float)]);
             f.extend(rotary_dim.iter().map(|s| (s, int)));
+        }
+        OpItem::GroupedLinear { x, out, weight, groups } => {
+            f.extend([(x, Value), (out, Value), (weight, Weight), (groups, int)]);
+        }
+        OpItem::HyperPre { x, out, mix, streams, fn_weight, base, scale, sinkhorn_iters, eps, norm_eps } => {
+            f.extend([(x, Value), (out, Value), (streams, int), (fn_weight, Weight), (base, Weight), (scale, Weight)]);
+            f.extend(mix.iter().map(|s| (s, Value)));
+            f.extend(sinkhorn_iters.iter().map(|s| (s, int)));
+            f.extend([(eps, float), (norm_eps, float)]);
+        }
+        OpItem::HyperPost { x, out, residual, mix, streams } => {
+            f.extend([(x, Value), (out, Value), (streams, int)]);
+            f.extend(residual.iter().chain(mix).map(|s| (s, Value)));
         }
         OpItem::Attention {
             q,
@@ -93,9 +111,21 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
             glu(kind, &mut f);
         }
         OpItem::Add { a, b, out } | OpItem::Mul { a, b, out } => f.extend([(a, Value), (b, Value), (out, Value)]),
-        OpItem::Route { logits, out, top_k, renormalize, correction_bias, groups, scale, shared, scale_by, .. } => {
+        OpItem::Route {
+            logits,
+            out,
+            top_k,
+            renormalize,
+            correction_bias,
+            groups,
+            scale,
+            shared,
+            scale_by,
+            hash,
+            ..
+        } => {
             f.extend(shared.iter().map(|s| (s, int)));
-            f.extend(scale_by.iter().map(|s| (s, Weight)));
+            f.extend(scale_by.iter().chain(hash).map(|s| (s, Weight)));
             f.extend([(logits, Value), (out, Value), (top_k, int), (renormalize, Expr(Type::Bool))]);
             f.extend(correction_bias.iter().map(|s| (s, Weight)));
             if let Some((a, b)) = groups {
@@ -235,6 +265,9 @@ pub fn op_name(op: &OpItem) -> &'static str {
         OpItem::LayerNorm { .. } => "LayerNorm",
         OpItem::Linear { .. } => "Linear",
         OpItem::Rope { .. } => "Rope",
+        OpItem::GroupedLinear { .. } => "GroupedLinear",
+        OpItem::HyperPre { .. } => "HyperPre",
+        OpItem::HyperPost { .. } => "HyperPost",
         OpItem::Attention { .. } => "Attention",
         OpItem::Act { .. } => "Act",
         OpItem::Glu { .. } => "Glu",
@@ -362,6 +395,9 @@ pub fn check(spec: &Spec) -> Diagnostics {
     // 5. Values.
     for (_, width) in &file.values.0 {
         expr(width, Type::Int, false, &mut d);
+    }
+    if let Some(s) = &file.streams {
+        expr(s, Type::Int, false, &mut d);
     }
     for v in [&file.residual, &file.logits] {
         if !file.values.0.iter().any(|(k, _)| k.value == v.value) {

@@ -41,6 +41,10 @@ pub struct SpecFile {
     pub values: Entries<Text, Text>,
     /// The residual stream's value.
     pub residual: Text,
+    /// The residual holds this many streams of `hidden` per row (an Int expression; default 1):
+    /// DeepSeek V4's hyper-connections (`hc_mult`).
+    #[serde(default)]
+    pub streams: Option<Text>,
     /// The value the epilogue writes the logits to.
     pub logits: Text,
     pub prologue: Items<Spanned<OpItem>>,
@@ -183,6 +187,7 @@ pub enum GluSpec {
     SwiGlu,
     GeGlu,
     ClampedSwiGlu { limit: Text, alpha: Text },
+    LimitedSwiGlu { limit: Text },
 }
 
 /// One item of an op list: an op of the closed set, or `Block`/`If` structure.
@@ -199,7 +204,9 @@ pub enum OpItem {
     RmsNorm {
         x: Text,
         out: Text,
-        weight: Text,
+        /// None: an unweighted norm.
+        #[serde(default)]
+        weight: Option<Text>,
         eps: Text,
         #[serde(default)]
         group: Option<Text>,
@@ -234,6 +241,47 @@ pub enum OpItem {
         theta: Text,
         #[serde(default)]
         scaling: ScalingSpec,
+        /// Rotate the last `rotary_dim` columns of each head, not the first.
+        #[serde(default)]
+        tail: bool,
+        /// Rotate by the opposite angles (the conjugate rotation).
+        #[serde(default)]
+        inverse: bool,
+    },
+    /// A block-diagonal linear: `groups` column groups of `x`, each times its rows of `weight`.
+    GroupedLinear {
+        x: Text,
+        out: Text,
+        weight: Text,
+        groups: Text,
+    },
+    /// Hyper-connections' mix into a sublayer (`ir::Op::HyperPre`); without `mix`, the head's.
+    HyperPre {
+        x: Text,
+        out: Text,
+        #[serde(default)]
+        mix: Option<Text>,
+        streams: Text,
+        #[serde(rename = "fn")]
+        fn_weight: Text,
+        base: Text,
+        scale: Text,
+        /// Sinkhorn iterations (an Int; with `mix`).
+        #[serde(default)]
+        sinkhorn_iters: Option<Text>,
+        eps: Text,
+        norm_eps: Text,
+    },
+    /// Hyper-connections' mix out of a sublayer (`ir::Op::HyperPost`); without `residual` and
+    /// `mix`, `x` copied into every stream.
+    HyperPost {
+        x: Text,
+        out: Text,
+        #[serde(default)]
+        residual: Option<Text>,
+        #[serde(default)]
+        mix: Option<Text>,
+        streams: Text,
     },
     Attention {
         q: Text,
@@ -303,6 +351,9 @@ pub enum OpItem {
         /// A one-entry weight multiplying the final weights.
         #[serde(default)]
         scale_by: Option<Text>,
+        /// Hash routing: a `[vocab, top_k]` table of expert ids, read at the row's token id.
+        #[serde(default)]
+        hash: Option<Text>,
     },
     RoutedExperts {
         x: Text,

@@ -179,6 +179,12 @@ pub fn glu(kind: GluKind, gate: &[f32], up: &[f32], out: &mut [f32]) {
                 *o = g * sigmoid(alpha * g) * (u + 1.0);
             }
         }
+        GluKind::LimitedSwiGlu { limit } => {
+            for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+                let g = g.min(limit);
+                *o = g * sigmoid(g) * u.clamp(-limit, limit);
+            }
+        }
     }
 }
 
@@ -256,5 +262,16 @@ mod tests {
         let mut out = [0.0; 1];
         glu(GluKind::ClampedSwiGlu { limit: 1.0, alpha: 1.702 }, &[10.0], &[10.0], &mut out);
         assert!((out[0] - 1.0 * sigmoid(1.702) * 2.0).abs() < 1e-6);
+    }
+
+    /// DeepSeek V4's form: gate clamped above only, up both ways, `silu(gate) * up` (no `+ 1`).
+    #[test]
+    fn limited_swiglu_clamps_gate_above_and_up_both_ways() {
+        let mut out = [0.0; 3];
+        let kind = GluKind::LimitedSwiGlu { limit: 2.0 };
+        glu(kind, &[10.0, -3.0, 1.0], &[10.0, -5.0, 0.5], &mut out);
+        assert!((out[0] - 2.0 * sigmoid(2.0) * 2.0).abs() < 1e-6, "{out:?}");
+        assert!((out[1] - (-3.0) * sigmoid(-3.0) * -2.0).abs() < 1e-6, "{out:?}");
+        assert!((out[2] - sigmoid(1.0) * 0.5).abs() < 1e-6, "{out:?}");
     }
 }

@@ -9,6 +9,7 @@ pub mod attn_part;
 pub mod deltanet;
 pub mod elementwise;
 pub mod experts;
+pub mod hyper;
 pub mod indexer;
 pub mod kda;
 pub mod linear;
@@ -164,7 +165,15 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             env.put(*out, o);
         }
         Op::RmsNorm { x, out, weight, eps, group, offset, scale } => {
-            let w = env.weights.vector(&weight.name);
+            // Unweighted: a weight of ones.
+            let ones;
+            let w = match weight {
+                Some(weight) => env.weights.vector(&weight.name),
+                None => {
+                    ones = vec![1f32; *group];
+                    &ones
+                }
+            };
             debug_assert_eq!(w.len(), *group);
             env.with_input(*x, *out, |xs, o| {
                 norm::rms_norm(xs, o, w, *eps, *offset);
@@ -191,7 +200,7 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
                 }
             });
         }
-        Op::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling } => {
+        Op::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling, tail, inverse } => {
             let w = env.width(*x);
             let pos0 = env.pos0;
             let mut b = env.take(*x);
@@ -199,11 +208,47 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
                 let mut sc = sc.borrow_mut();
                 let table = sc.angles.get(*rotary_dim, *theta, *scaling, pos0, n);
                 let cw = 2 * (rotary_dim / 2);
+                let part = rope::Part {
+                    heads: *heads,
+                    head_dim: *head_dim,
+                    rotary_dim: *rotary_dim,
+                    tail: *tail,
+                    inverse: *inverse,
+                };
                 for (row, cs) in b.chunks_exact_mut(w).zip(table.chunks_exact(cw.max(1))) {
-                    rope::rotate(&mut row[..heads * head_dim], *head_dim, *style, cs);
+                    rope::rotate_part(row, &part, *style, cs);
                 }
             });
             env.put(*x, b);
+        }
+        Op::GroupedLinear { x, out, weight, groups } => {
+            let precision = env.precision;
+            let m = env.weights.matrix(&weight.name);
+            env.with_input(*x, *out, |xs, o| hyper::grouped_linear(&m, *groups, xs, n, o, precision));
+        }
+        Op::HyperPre { x, out, mix, spec } => {
+            let w = hyper::HyperWeights {
+                fn_weight: env.weights.matrix(&spec.fn_weight.name),
+                base: env.weights.vector(&spec.base.name),
+                scale: env.weights.vector(&spec.scale.name),
+            };
+            let xs = env.get(*x).to_vec();
+            let mut o = env.take(*out);
+            let mut m = mix.map(|m| env.take(m));
+            hyper::hyper_pre(spec, &w, &xs, n, &mut o, m.as_deref_mut());
+            env.put(*out, o);
+            if let (Some(v), Some(m)) = (mix, m) {
+                env.put(*v, m);
+            }
+        }
+        Op::HyperPost { x, residual, mix, out, streams } => {
+            let xs = env.get(*x).to_vec();
+            let m = mix.map(|m| env.get(m).to_vec());
+            // In place where the residual is the output.
+            let res = residual.filter(|r| r != out).map(|r| env.get(r).to_vec());
+            let mut o = env.take(*out);
+            hyper::hyper_post(&xs, res.as_deref(), m.as_deref(), *streams, n, &mut o);
+            env.put(*out, o);
         }
         Op::Attention { q, k, v, out, layer, spec } => {
             let l = layer.0 as usize;
@@ -298,6 +343,7 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             scale,
             shared,
             scale_by,
+            hash,
         } => {
             let bias = correction_bias.as_ref().map(|b| env.weights.vector(&b.name));
             let spec = route::RouteSpec {
@@ -312,16 +358,26 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             let lw = env.width(*logits);
             let by = scale_by.as_ref().map_or(1.0, |b| env.weights.vector(&b.name).first().copied().unwrap_or(1.0));
             let ow = 2 * (top_k + shared);
+            let table = hash.as_ref().map(|h| (env.weights.vector(&h.name), h.shape[0]));
+            let tokens = env.tokens;
             env.with_input(*logits, *out, |lg, o| {
                 for r in 0..n {
                     let (l, o) = (&lg[r * lw..(r + 1) * lw], &mut o[r * ow..(r + 1) * ow]);
-                    if *shared > 0 || scale_by.is_some() {
+                    if let Some((table, vocab)) = table {
+                        let id = tokens.get(r).copied().unwrap_or(u32::MAX);
+                        if id as usize >= vocab {
+                            return Err(CpuError::TokenOutOfRange { id, vocab });
+                        }
+                        let ids = &table[id as usize * top_k..][..*top_k];
+                        route::route_row_hash(&spec, ids, l, o);
+                    } else if *shared > 0 || scale_by.is_some() {
                         route::route_row_shared(&spec, *shared, by, l, o);
                     } else {
                         route::route_row(&spec, l, o);
                     }
                 }
-            });
+                Ok(())
+            })?;
         }
         Op::RoutedExperts { x, routing, out, weights, glu, experts: count, .. } => {
             let hidden = env.width(*x);

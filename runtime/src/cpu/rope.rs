@@ -104,6 +104,38 @@ pub fn rotate(row: &mut [f32], head_dim: usize, style: RopeStyle, cs: &[f32]) {
     }
 }
 
+/// Which columns of a row's heads RoPE rotates, and which way.
+pub struct Part {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub rotary_dim: usize,
+    /// The last `rotary_dim` columns of each head (DeepSeek V4's `[nope | rope]`), not the first.
+    pub tail: bool,
+    /// By the opposite angles: the conjugate rotation, which undoes the rotation.
+    pub inverse: bool,
+}
+
+/// Rotates the heads of `row` as `part` says, by the angles of `cs` (as `angles` writes them).
+pub fn rotate_part(row: &mut [f32], part: &Part, style: RopeStyle, cs: &[f32]) {
+    let conj: Vec<f32>;
+    let cs = if part.inverse {
+        let half = cs.len() / 2;
+        conj = cs.iter().enumerate().map(|(i, &v)| if i < half { v } else { -v }).collect();
+        &conj
+    } else {
+        cs
+    };
+    let (hd, rd) = (part.head_dim, part.rotary_dim);
+    let heads = &mut row[..part.heads * hd];
+    if part.tail {
+        for head in heads.chunks_exact_mut(hd) {
+            rotate(&mut head[hd - rd..], rd, style, cs);
+        }
+    } else {
+        rotate(heads, hd, style, cs);
+    }
+}
+
 /// The angles of positions `pos0..pos0 + n` for one rotary configuration, computed once and
 /// reused by every RoPE op of a forward that asks for the same ones (q and k, every layer).
 #[derive(Default)]
@@ -132,6 +164,30 @@ impl AngleCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// DeepSeek V4's form: the last columns of each head rotate, the first stay; the inverse
+    /// rotation at the same position undoes it.
+    #[test]
+    fn a_tail_rotation_leaves_the_head_start_and_its_inverse_undoes_it() {
+        let (heads, hd, rd) = (2, 6, 4);
+        let x: Vec<f32> = (0..heads * hd).map(|i| i as f32 * 0.3 - 1.0).collect();
+        let (freq, ms) = inv_freq(rd, 10000.0, RopeScaling::None);
+        let mut cs = vec![0f32; rd];
+        angles(&freq, ms, 5, &mut cs);
+        let fwd = Part { heads, head_dim: hd, rotary_dim: rd, tail: true, inverse: false };
+        let mut y = x.clone();
+        rotate_part(&mut y, &fwd, RopeStyle::Interleaved, &cs);
+        for h in 0..heads {
+            assert_eq!(y[h * hd..h * hd + hd - rd], x[h * hd..h * hd + hd - rd], "head {h}'s start");
+            let mut want = x[h * hd + hd - rd..(h + 1) * hd].to_vec();
+            rotate(&mut want, rd, RopeStyle::Interleaved, &cs);
+            assert_eq!(y[h * hd + hd - rd..(h + 1) * hd], want[..], "head {h}'s tail");
+        }
+        rotate_part(&mut y, &Part { inverse: true, ..fwd }, RopeStyle::Interleaved, &cs);
+        for (a, b) in y.iter().zip(&x) {
+            assert!((a - b).abs() < 1e-5, "{y:?} vs {x:?}");
+        }
+    }
 
     #[test]
     fn position_zero_is_identity() {

@@ -1,6 +1,7 @@
-//! Router: from a row's router logits to its top-k (expert, weight) pairs. Softmax or
-//! sigmoid scores, a correction bias that steers the choice only, group-limited top-k,
-//! renormalization and a routed scaling factor. Ties break toward the lower expert index.
+//! Router: from a row's router logits to its top-k (expert, weight) pairs. Softmax, sigmoid
+//! or `sqrt(softplus)` scores, a correction bias that steers the choice only, group-limited
+//! top-k, renormalization and a routed scaling factor. Ties break toward the lower expert
+//! index. Hash routing (DeepSeek V4) takes its experts from a table instead of a top-k.
 
 use coli_compiler::ir::{GroupScore, RouterScoring};
 
@@ -27,6 +28,7 @@ pub fn route_row(spec: &RouteSpec, logits: &[f32], out: &mut [f32]) {
             e.iter().map(|v| v / s).collect()
         }
         RouterScoring::Sigmoid => logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect(),
+        RouterScoring::SqrtSoftplus => logits.iter().map(|&l| softplus(l).sqrt()).collect(),
     };
     let mut choice: Vec<f32> = match spec.correction_bias {
         Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
@@ -59,12 +61,40 @@ pub fn route_row(spec: &RouteSpec, logits: &[f32], out: &mut [f32]) {
     let chosen = &idx[..spec.top_k];
     let mut w: Vec<f32> = chosen.iter().map(|&e| scores[e]).collect();
     if spec.renormalize {
-        let s: f32 = w.iter().sum::<f32>() + if spec.scoring == RouterScoring::Sigmoid { 1e-20 } else { 0.0 };
+        let s: f32 = w.iter().sum::<f32>() + if spec.scoring == RouterScoring::Softmax { 0.0 } else { 1e-20 };
         w.iter_mut().for_each(|x| *x /= s);
     }
     for (r, (&e, &wt)) in chosen.iter().zip(&w).enumerate() {
         out[2 * r] = e as f32;
         out[2 * r + 1] = wt * spec.scale;
+    }
+}
+
+/// `ln(1 + e^x)` as torch computes it (`x` past 20: `x`).
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// Hash routing: the experts `ids` (a row of the table, as f32) in order, each weighed by its
+/// score, renormalised (plus 1e-20) where the spec says so, times the scale.
+pub fn route_row_hash(spec: &RouteSpec, ids: &[f32], logits: &[f32], out: &mut [f32]) {
+    let score = |l: f32| match spec.scoring {
+        RouterScoring::Sigmoid => 1.0 / (1.0 + (-l).exp()),
+        RouterScoring::SqrtSoftplus => softplus(l).sqrt(),
+        RouterScoring::Softmax => {
+            let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            (l - m).exp() / logits.iter().map(|&v| (v - m).exp()).sum::<f32>()
+        }
+    };
+    let w: Vec<f32> = ids.iter().map(|&e| logits.get(e as usize).map_or(0.0, |&l| score(l))).collect();
+    let norm = if spec.renormalize { w.iter().sum::<f32>() + 1e-20 } else { 1.0 };
+    for (r, (&e, &wt)) in ids.iter().zip(&w).enumerate() {
+        out[2 * r] = e;
+        out[2 * r + 1] = wt / norm * spec.scale;
     }
 }
 
@@ -112,6 +142,35 @@ mod tests {
         let z = 2.0 + 2f32.exp() + 1f32.exp();
         assert_eq!((out[0], out[2]), (1.0, 2.0));
         assert!((out[1] - 2f32.exp() / z).abs() < 1e-6 && (out[3] - 1f32.exp() / z).abs() < 1e-6);
+    }
+
+    /// DeepSeek V4: scores `sqrt(softplus)`, chosen with the bias, weighed without it,
+    /// renormalised and scaled.
+    #[test]
+    fn sqrt_softplus_scores_choose_with_the_bias_and_weigh_without() {
+        let bias = [0.0, 0.0, 0.0, 1.0];
+        let s = RouteSpec { correction_bias: Some(&bias), scale: 1.5, ..spec(RouterScoring::SqrtSoftplus, 2, true) };
+        let logits = [0.5, 2.0, -1.0, 0.0];
+        let mut out = [0.0; 4];
+        route_row(&s, &logits, &mut out);
+        let score = |x: f32| (1.0 + x.exp()).ln().sqrt();
+        assert_eq!((out[0], out[2]), (3.0, 1.0));
+        let z = score(0.0) + score(2.0);
+        assert!((out[1] - score(0.0) / z * 1.5).abs() < 1e-6, "{out:?}");
+        assert!((out[3] - score(2.0) / z * 1.5).abs() < 1e-6, "{out:?}");
+        assert_eq!(softplus(30.0), 30.0);
+    }
+
+    #[test]
+    fn hash_routing_takes_the_table_row_in_order() {
+        let s = RouteSpec { scale: 2.0, ..spec(RouterScoring::SqrtSoftplus, 2, true) };
+        let logits = [3.0, -2.0, 0.5];
+        let mut out = [0.0; 4];
+        route_row_hash(&s, &[2.0, 1.0], &logits, &mut out);
+        let score = |x: f32| (1.0 + x.exp()).ln().sqrt();
+        let z = score(0.5) + score(-2.0);
+        assert_eq!((out[0], out[2]), (2.0, 1.0));
+        assert!((out[1] - score(0.5) / z * 2.0).abs() < 1e-6 && (out[3] - score(-2.0) / z * 2.0).abs() < 1e-6);
     }
 
     #[test]

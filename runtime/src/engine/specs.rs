@@ -19,6 +19,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("mimo_v2_flash.ron", include_str!("../../../graphs/mimo_v2_flash.ron")),
     ("deepseek_v32.ron", include_str!("../../../graphs/deepseek_v32.ron")),
     ("glm_moe_dsa.ron", include_str!("../../../graphs/glm_moe_dsa.ron")),
+    ("deepseek_v4.ron", include_str!("../../../graphs/deepseek_v4.ron")),
 ];
 
 /// Parses a built-in spec (its path reads `graphs/<name>` in messages).

@@ -540,7 +540,7 @@ impl DeviceModel {
             Op::Embed { out, table, scale } => {
                 f.embed(&self.mats[&table.name], st.tokens.view(0, n), n, *scale, view(*out))?;
             }
-            Op::RmsNorm { x, out, weight, eps, offset, .. } => {
+            Op::RmsNorm { x, out, weight: Some(weight), eps, offset, .. } => {
                 let args =
                     NormArgs { x: view(*x), weight: self.vecs[&weight.name].all(), out: view(*out), width: w(*x) };
                 f.rms_norm(args, rows, *eps, *offset)?;
@@ -553,7 +553,7 @@ impl DeviceModel {
             }
             // The other ops run on every row (only the norm and the head are cut to the last).
             _ if tail => return self.record_op(f, rec, op, false),
-            Op::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling } => {
+            Op::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling, tail: false, inverse: false } => {
                 let (fb, mscale) = self.freq(*rotary_dim, *theta, *scaling);
                 let shape = |n| RopeShape {
                     n,

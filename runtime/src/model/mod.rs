@@ -48,6 +48,25 @@ pub mod mxfp4;
 mod safetensors;
 mod split;
 mod tensor;
+
+/// An integer tensor (`I32`, `I64`: DeepSeek V4's hash table of expert ids) as an f32 copy,
+/// exact for magnitudes below 2^24; `None` for any other dtype.
+fn integers_as_f32(name: &str, e: &Entry, map: &Arc<MappedFile>) -> Result<Option<Tensor>, LoadError> {
+    if e.dtype != "I32" && e.dtype != "I64" {
+        return Ok(None);
+    }
+    map.check_unchanged()?;
+    let (start, len) = (e.start as usize, e.len as usize);
+    let raw = &map.bytes()[start..start + len];
+    let values: Vec<f32> = if e.dtype == "I64" {
+        raw.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or_default()) as f32).collect()
+    } else {
+        raw.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap_or_default()) as f32).collect()
+    };
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    Ok(Some(Tensor::owned(name.to_string(), WeightFormat::F32, e.shape.clone(), bytes, map.path().clone())))
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -406,6 +425,9 @@ impl Checkpoint {
                     name: name.to_string(),
                     problem: Box::new(problem),
                 });
+            }
+            if let Some(t) = integers_as_f32(name, e, map)? {
+                return Ok(t);
             }
             return Err(LoadError::UnsupportedType {
                 path: path.to_path_buf(),

@@ -554,13 +554,21 @@ pub fn name_row_selections(program: &mut Program) {
         .chain(program.epilogue.iter_mut());
     for op in ops {
         match op {
-            Op::Embed { table: w, .. } | Op::RmsNorm { weight: w, .. } => rename(w),
+            Op::Embed { table: w, .. } | Op::GroupedLinear { weight: w, .. } => rename(w),
+            Op::RmsNorm { weight, .. } => weight.iter_mut().for_each(&mut rename),
             Op::LayerNorm { weight, bias, .. } | Op::Linear { weight, bias, .. } => {
                 rename(weight);
                 bias.iter_mut().for_each(&mut rename);
             }
+            Op::HyperPre { spec, .. } => {
+                rename(&mut spec.fn_weight);
+                rename(&mut spec.base);
+                rename(&mut spec.scale);
+            }
             Op::Attention { spec, .. } => spec.sinks.iter_mut().for_each(&mut rename),
-            Op::Route { correction_bias, .. } => correction_bias.iter_mut().for_each(&mut rename),
+            Op::Route { correction_bias, hash, .. } => {
+                correction_bias.iter_mut().chain(hash.iter_mut()).for_each(&mut rename)
+            }
             Op::Mla { spec, .. } => spec.weights.iter_mut().for_each(|(_, w)| rename(w)),
             Op::Indexer { spec, .. } => spec.weights.iter_mut().for_each(|(_, w)| rename(w)),
             Op::LinearAttention { spec, .. } => spec.weights.iter_mut().for_each(|(_, w)| rename(w)),
@@ -568,6 +576,7 @@ pub fn name_row_selections(program: &mut Program) {
             | Op::Rope { .. }
             | Op::Act { .. }
             | Op::Glu { .. }
+            | Op::HyperPost { .. }
             | Op::Add { .. }
             | Op::Mul { .. } => {}
         }
@@ -587,7 +596,13 @@ fn derived_key(name: &str, select: Option<RowSelect>) -> String {
 pub fn visit_weights(op: &Op, weight: &mut dyn FnMut(&WeightRef, bool), experts: &mut dyn FnMut(&ExpertTensor, usize)) {
     match op {
         Op::Embed { table, .. } => weight(table, false),
-        Op::RmsNorm { weight: w, .. } => weight(w, true),
+        Op::RmsNorm { weight: w, .. } => w.iter().for_each(|w| weight(w, true)),
+        Op::GroupedLinear { weight: w, .. } => weight(w, false),
+        Op::HyperPre { spec, .. } => {
+            weight(&spec.fn_weight, false);
+            weight(&spec.base, true);
+            weight(&spec.scale, true);
+        }
         Op::LayerNorm { weight: w, bias, .. } => {
             weight(w, true);
             if let Some(b) = bias {
@@ -609,13 +624,9 @@ pub fn visit_weights(op: &Op, weight: &mut dyn FnMut(&WeightRef, bool), experts:
                 weight(&r.proj, true);
             }
         }
-        Op::Route { correction_bias, scale_by, .. } => {
-            if let Some(b) = correction_bias {
-                weight(b, true);
-            }
-            if let Some(b) = scale_by {
-                weight(b, true);
-            }
+        Op::Route { correction_bias, scale_by, hash, .. } => {
+            // A hash table of expert ids is read as f32 too (exact below 2^24).
+            correction_bias.iter().chain(scale_by).chain(hash).for_each(|b| weight(b, true));
         }
         Op::RoutedExperts { weights, experts: n, .. } => {
             experts(&weights.gate, *n);
@@ -632,6 +643,6 @@ pub fn visit_weights(op: &Op, weight: &mut dyn FnMut(&WeightRef, bool), experts:
         // Every weight but the matrices is read as f32: the convolutions' taps (`[channels, 1,
         // kernel]`) and KDA's `A_log` (`[1, 1, heads, 1]`) too.
         Op::LinearAttention { spec, .. } => spec.weights.iter().for_each(|(_, w)| weight(w, w.shape.len() != 2)),
-        Op::Rope { .. } | Op::Act { .. } | Op::Glu { .. } | Op::Add { .. } | Op::Mul { .. } => {}
+        Op::Rope { .. } | Op::Act { .. } | Op::Glu { .. } | Op::HyperPost { .. } | Op::Add { .. } | Op::Mul { .. } => {}
     }
 }

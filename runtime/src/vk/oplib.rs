@@ -9,7 +9,7 @@
 use super::context::Context;
 use crate::format::WeightFormat;
 use crate::oplib::OpLib;
-use coli_compiler::ir::Op;
+use coli_compiler::ir::{GluKind, Op, RouterScoring};
 
 /// The Vulkan backend as the executor sees it.
 #[derive(Clone, Debug)]
@@ -34,14 +34,26 @@ impl OpLib for VkOps {
             // A weight selecting rows of a fused tensor (Qwen3-Next's query and gate) goes up
             // as the tensor of its rows the weight store made at load (`name_row_selections`).
             Op::Linear { .. } => true,
-            Op::Embed { .. } | Op::RmsNorm { .. } | Op::Rope { .. } => true,
-            Op::Act { .. } | Op::Glu { .. } | Op::Add { .. } | Op::Mul { .. } => true,
+            Op::Embed { .. } => true,
+            // Not unweighted (DeepSeek V4's query norm), not on the heads' last columns nor
+            // inverted (V4's RoPE): the CPU's.
+            Op::RmsNorm { weight, .. } => weight.is_some(),
+            Op::Rope { tail, inverse, .. } => !tail && !inverse,
+            Op::Glu { kind, .. } => !matches!(kind, GluKind::LimitedSwiGlu { .. }),
+            Op::Act { .. } | Op::Add { .. } | Op::Mul { .. } => true,
             Op::Attention { spec, .. } => {
                 spec.head_dim <= 256 && spec.v_head_dim <= 256 && spec.kv_heads > 0 && spec.heads % spec.kv_heads == 0
             }
-            Op::Route { top_k, groups, .. } => *top_k <= 64 && groups.is_none_or(|(g, _)| g <= 64),
+            Op::Route { top_k, groups, scoring, hash, .. } => {
+                *top_k <= 64
+                    && groups.is_none_or(|(g, _)| g <= 64)
+                    && hash.is_none()
+                    && *scoring != RouterScoring::SqrtSoftplus
+            }
             // Routed experts in a frame (`ops/moe.rs`): the layer's experts stacked on the device.
-            Op::RoutedExperts { experts, .. } => *experts <= super::ops::moe::MAX_EXPERTS,
+            Op::RoutedExperts { experts, glu, .. } => {
+                *experts <= super::ops::moe::MAX_EXPERTS && !matches!(glu, GluKind::LimitedSwiGlu { .. })
+            }
             // Gated DeltaNet (`ops/deltanet.rs`) and Kimi Delta Attention (`ops/kda.rs`) within
             // the kernels' head widths and kernel length.
             Op::LinearAttention { spec, .. } => {
@@ -51,7 +63,11 @@ impl OpLib for VkOps {
             // Over an indexer's selection too (`mla_attn_sparse.comp`); the indexer itself (its
             // key LayerNorm, its key cache) is the CPU's.
             Op::Mla { spec, .. } => super::ops::MlaShape::supported(spec),
-            Op::LayerNorm { .. } | Op::Indexer { .. } => false,
+            Op::LayerNorm { .. }
+            | Op::Indexer { .. }
+            | Op::GroupedLinear { .. }
+            | Op::HyperPre { .. }
+            | Op::HyperPost { .. } => false,
         }
     }
 }

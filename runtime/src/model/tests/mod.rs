@@ -355,7 +355,9 @@ fn safetensors_single_file_round_trip() {
     let d = st_dir(&[
         ("model.layers.0.self_attn.q_proj.weight", "BF16", vec![64, 128], bf16_bytes(&w)),
         ("model.norm.weight", "F32", vec![4], f32_bytes(&[1.0, 2.0, 3.0, 4.0])),
-        ("model.ids", "I64", vec![2], vec![0u8; 16]),
+        ("model.ids", "I64", vec![2], [3i64, -5].iter().flat_map(|v| v.to_le_bytes()).collect()),
+        ("model.ids32", "I32", vec![2, 1], [7i32, 1 << 20].iter().flat_map(|v| v.to_le_bytes()).collect()),
+        ("model.flags", "BOOL", vec![2], vec![0u8, 1]),
     ]);
     let ck = open(d.path()).unwrap();
     assert_eq!(ck.dir(), Some(d.path()));
@@ -373,9 +375,12 @@ fn safetensors_single_file_round_trip() {
     assert!(back.iter().zip(&w).all(|(a, b)| (a - b).abs() <= b.abs() / 128.0));
     assert_eq!(q.row_f32(1).unwrap(), back[128..256]);
     assert_eq!(ck.tensor("model.norm.weight").unwrap().to_f32_vec().unwrap(), [1.0, 2.0, 3.0, 4.0]);
-    let e = ck.tensor("model.ids").unwrap_err();
+    // Integers read as f32 (DeepSeek V4's hash table of expert ids); other dtypes are refused.
+    assert_eq!(ck.tensor("model.ids").unwrap().to_f32_vec().unwrap(), [3.0, -5.0]);
+    assert_eq!(ck.tensor("model.ids32").unwrap().to_f32_vec().unwrap(), [7.0, (1 << 20) as f32]);
+    let e = ck.tensor("model.flags").unwrap_err();
     assert!(
-        matches!(&e, LoadError::UnsupportedType { dtype, name, .. } if dtype == "I64" && name == "model.ids"),
+        matches!(&e, LoadError::UnsupportedType { dtype, name, .. } if dtype == "BOOL" && name == "model.flags"),
         "{e}"
     );
     assert!(e.to_string().contains("model.safetensors"));

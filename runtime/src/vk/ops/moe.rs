@@ -348,13 +348,17 @@ impl Context {
     }
 }
 
-/// The gated unit's kind and parameters as the shaders take them.
-fn glu_args(kind: GluKind) -> (u32, f32, f32) {
-    match kind {
+/// The gated unit's kind and parameters as the shaders take them (DeepSeek V4's clamped
+/// SwiGLU has no kernel: the CPU runs it).
+fn glu_args(kind: GluKind) -> Result<(u32, f32, f32)> {
+    Ok(match kind {
         GluKind::SwiGlu => (0, 0.0, 0.0),
         GluKind::GeGlu => (1, 0.0, 0.0),
         GluKind::ClampedSwiGlu { limit, alpha } => (2, limit, alpha),
-    }
+        GluKind::LimitedSwiGlu { .. } => {
+            return Err(VkError::BadArgument { op: "routed_experts", msg: "no kernel for this clamped SwiGLU".into() })
+        }
+    })
 }
 
 impl<'a> Frame<'a> {
@@ -490,7 +494,7 @@ impl<'a> Frame<'a> {
         if (gemv && pairs > MAX_GROUPS) || (!gemv && n.div_ceil(GEMM_BR) > MAX_GROUPS) {
             return Err(VkError::BadArgument { op: OP, msg: format!("{n} rows exceed one dispatch") });
         }
-        let (glu_kind, limit, alpha) = glu_args(glu);
+        let (glu_kind, limit, alpha) = glu_args(glu)?;
         let bias = ex.bias.as_ref().map_or(Bind::UNUSED, Bind::buf);
         let (gb, db) = if ex.bias.is_some() { (0u32, u32_arg(OP, "bias offset", e * 2 * ffn)?) } else { (NONE, NONE) };
         let (r_off, x_off, o_off) = (

@@ -39,6 +39,9 @@ impl<'a> Frame<'a> {
         p: RouteParams,
     ) -> Result<()> {
         const OP: &str = "route";
+        if p.scoring == RouterScoring::SqrtSoftplus {
+            return Err(VkError::BadArgument { op: OP, msg: "no kernel for sqrt-softplus scores".into() });
+        }
         if experts > MAX_E || p.top_k > MAX_K || p.top_k > experts || p.top_k == 0 {
             return Err(VkError::BadArgument {
                 op: OP,
