@@ -112,6 +112,11 @@ VARIANTS_A = {
                               mlp_layer_types=["dense", "sparse", "dense", "sparse"],
                               indexer_types=["full", "full", "shared", "full"], index_n_heads=4,
                               index_head_dim=16, index_topk=4)),
+    "deepseek_v4": (116, dict(hidden_size=48, moe_intermediate_size=24, num_hidden_layers=3, num_attention_heads=6,
+                              head_dim=16, q_lora_rank=24, partial_rotary_factor=0.5, hc_mult=3, hc_sinkhorn_iters=7,
+                              o_groups=3, o_lora_rank=8, n_routed_experts=6, num_experts_per_tok=3,
+                              layer_types=["sliding_attention"] * 3, mlp_layer_types=["hash_moe", "moe", "moe"],
+                              sliding_window=5, scoring_func="sigmoid")),
 }
 
 # Variant "b": options the committed fixtures leave at one value (biases, tied heads, layer
@@ -132,6 +137,8 @@ VARIANTS_B = {
     "inkling": (213, dict(sliding_window_size=3, rel_extent=3), {"prompt_len": 24}),
     "deepseek_v32": (214, dict(index_topk=9), {"prompt_len": 30}),
     "glm_moe_dsa": (215, dict(index_topk=3), {"prompt_len": 30}),
+    "deepseek_v4": (216, dict(scoring_func="sqrtsoftplus", mlp_layer_types=["moe"] * 4, hc_mult=2, sliding_window=3,
+                              swiglu_limit=10.0), {"prompt_len": 24}),
 }
 
 # Variant "c": `attention_bias` where the family's configuration has it.
