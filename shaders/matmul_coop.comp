@@ -32,6 +32,8 @@ layout(push_constant) uniform PC {
 #define SS pc.ss
 #define COLS pc.cols
 #define XQ_BLK(xr) ((xr) * (pc.cols >> 5))
+// The tiles take the shared memory: the 16-level formats decode by selects (nib_pairs.glsl).
+#define WFORMAT_NO_TABLE 1
 #include "wformat.glsl"
 #include "coop_w.glsl"
 #include "coop_stage.glsl"

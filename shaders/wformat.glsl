@@ -304,6 +304,8 @@ uint iq4_pack(uint n) {
     return iq4_level(n) | (iq4_level(n >> 8) << 8) | (iq4_level(n >> 16) << 16) | (iq4_level(n >> 24) << 24);
 }
 uvec4 iq4_levels(uvec4 n) { return uvec4(iq4_pack(n.x), iq4_pack(n.y), iq4_pack(n.z), iq4_pack(n.w)); }
+#define NIB_LEVEL iq4_level
+#include "nib_pairs.glsl"
 #ifdef FMT_IQ4_XS
 // Sub-block j's scale of the super-block whose scales start at sbase, -32..31.
 int iq4xs_scale(uint sbase, uint j) {
@@ -316,8 +318,9 @@ int iq4xs_scale(uint sbase, uint j) {
 uint units_per_row() { return QS; }
 float unit_dot(uint row, uint u, uint xr) {
     uint blk = XQ_BLK(xr) + u;
-    uvec4 w = wq[row * QS + u];
-    int i = dot16_ss(iq4_levels(w & 0x0f0f0f0fu), xq16(blk, 0u)) + dot16_ss(iq4_levels((w >> 4) & 0x0f0f0f0fu), xq16(blk, 1u));
+    uvec4 lo, hi;
+    nib_levels(wq[row * QS + u], lo, hi);
+    int i = dot16_ss(lo, xq16(blk, 0u)) + dot16_ss(hi, xq16(blk, 1u));
 #ifdef FMT_IQ4_NL
     return f16_at(row * SS, u) * xd[blk].x * float(i);
 #else
@@ -353,12 +356,15 @@ uint mx_pack(uint n) {
     return mx_level(n) | (mx_level(n >> 8) << 8) | (mx_level(n >> 16) << 16) | (mx_level(n >> 24) << 24);
 }
 uvec4 mx_levels(uvec4 n) { return uvec4(mx_pack(n.x), mx_pack(n.y), mx_pack(n.z), mx_pack(n.w)); }
+#define NIB_LEVEL mx_level
+#include "nib_pairs.glsl"
 #ifndef ACTS_F32
 uint units_per_row() { return QS; }
 float unit_dot(uint row, uint u, uint xr) {
     uint blk = XQ_BLK(xr) + u;
-    uvec4 w = wq[row * QS + u];
-    int i = dot16_ss(mx_levels(w & 0x0f0f0f0fu), xq16(blk, 0u)) + dot16_ss(mx_levels((w >> 4) & 0x0f0f0f0fu), xq16(blk, 1u));
+    uvec4 lo, hi;
+    nib_levels(wq[row * QS + u], lo, hi);
+    int i = dot16_ss(lo, xq16(blk, 0u)) + dot16_ss(hi, xq16(blk, 1u));
     return uintBitsToFloat(ws[row * SS + u]) * xd[blk].x * float(i);
 }
 float row_finish(uint row, float acc) { return acc; }
@@ -509,7 +515,8 @@ float dequant(uint row, uint k) {
 #endif
 
 // wformat_init(): the including shader calls it first in main (uniform control flow, every
-// invocation): the grid formats fill their lattice into shared memory there; nothing else.
+// invocation): the grid formats fill their lattice into shared memory there, the 16-level
+// formats their table of nibble pairs (nib_pairs.glsl); nothing else.
 #ifndef WFORMAT_INIT
 void wformat_init() {}
 #endif
