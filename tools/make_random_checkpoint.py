@@ -33,6 +33,18 @@ GEOMETRIES = {
         num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32,
         num_experts_per_tok=4, sliding_window=128, max_position_embeddings=131072,
         layer_types=["sliding_attention", "full_attention"] * 12, tie_word_embeddings=False),
+    # Kimi-Linear-48B-A3B at full width, cut to 8 layers (the published 27 do not fit the GPU
+    # machine's disk as bf16): KDA, KDA, KDA, MLA, KDA, KDA, KDA, MLA as the published pattern
+    # starts (a full layer every fourth), the first layer dense, 256 experts top-8 + 1 shared.
+    "kimi-linear-48b-a3b-8l": lambda: tf.KimiLinearConfig(
+        vocab_size=163840, hidden_size=2304, intermediate_size=9216, moe_intermediate_size=1024,
+        num_hidden_layers=8, num_attention_heads=32, num_key_value_heads=32, q_lora_rank=None,
+        kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+        linear_attn_config={"full_attn_layers": [4, 8], "kda_layers": [1, 2, 3, 5, 6, 7], "head_dim": 128,
+                            "num_heads": 32, "short_conv_kernel_size": 4},
+        num_experts=256, num_experts_per_tok=8, n_shared_experts=1, n_group=1, topk_group=1,
+        norm_topk_prob=True, routed_scaling_factor=2.446, first_k_dense_replace=1,
+        max_position_embeddings=16384, rms_norm_eps=1e-5, tie_word_embeddings=False),
 }
 
 
