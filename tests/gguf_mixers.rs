@@ -1,8 +1,9 @@
 //! The GGUF names of the mixer specs, end to end: the tiny Hugging Face fixtures of DeepSeek-V3,
-//! gpt-oss and MiMo-V2-Flash converted to GGUF as llama.cpp's converter lays them out
+//! gpt-oss, MiMo-V2-Flash and Qwen3-Next converted to GGUF as llama.cpp's converter lays them out
 //! (tests/fixtures/gguf_mixers/, `tools/make_gguf_mixers.py`: `deepseek2` with the split
 //! `attn_k_b` / `attn_v_b`, `gpt-oss` with its experts output-major and split, `mimo2` with
-//! per-layer KV heads and sliding pattern and its MTP blocks counted), run by coli.
+//! per-layer KV heads and sliding pattern and its MTP blocks counted, `qwen3next` with its norms
+//! plus 1, `attn_qkv` / `attn_gate`, `ssm_a` = -exp(A_log) and squeezed convolutions), run by coli.
 //!
 //! Reference: transformers' logits (the fixture's oracle.json), where the GGUF states the same
 //! model. Where llama.cpp's format cannot state a setting of the fixture, the reference is
@@ -14,6 +15,8 @@
 //!   (`truncate: true`).
 //! - mimo2: `routed_scaling_factor` (1.5 in the fixture) has no key; llama.cpp scales by 1
 //!   (MiMo-V2-Flash's own configuration says null).
+//! - qwen3next: a dense layer (`mlp_only_layers` [1] in the fixture) has no place in the format;
+//!   the file's layer 1 is sparse, with seeded weights the reference reads as a second shard.
 //!
 //! llama.cpp's greedy ids on the same files (llama-server, the oracle's prompt as ids,
 //! temperature 0; recorded in tests/fixtures/README.md) are checked too.
@@ -146,6 +149,77 @@ fn deepseek2_kv_b_is_joined_from_k_b_and_v_b() {
     }
 }
 
+/// The tensor names of a safetensors file (its JSON header's keys).
+fn safetensors_names(path: &std::path::Path) -> Vec<String> {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header.as_object().unwrap().keys().filter(|k| *k != "__metadata__").cloned().collect()
+}
+
+/// `fixture` with its configuration patched and `extra` (a safetensors file of further
+/// tensors) as a second shard: a reference for a GGUF that holds weights the fixture lacks.
+fn fixture_with_shard(fixture: &str, extra: &std::path::Path, patch: impl Fn(&mut Value)) -> PathBuf {
+    let dir = patched_fixture(fixture, patch);
+    std::fs::rename(dir.join("model.safetensors"), dir.join("a.safetensors")).unwrap();
+    std::fs::copy(extra, dir.join("b.safetensors")).unwrap();
+    let mut map = serde_json::Map::new();
+    for (file, names) in
+        [("a.safetensors", safetensors_names(&dir.join("a.safetensors"))), ("b.safetensors", safetensors_names(extra))]
+    {
+        for n in names {
+            map.insert(n, Value::String(file.into()));
+        }
+    }
+    let index = serde_json::json!({ "weight_map": map });
+    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    dir
+}
+
+/// llama.cpp's qwen3next holds no dense layer (its converter maps no dense FFN, its loader
+/// wants experts in every layer), so the fixture's `mlp_only_layers` [1] becomes a sparse
+/// layer of seeded weights (`qwen3next-moe.safetensors`, written by the same tool); the
+/// reference is the fixture with those weights and no dense layer. llama.cpp does not load
+/// this file (its loader takes the value heads as wide as the key heads, 16; here 12).
+#[test]
+fn qwen3next_gguf_matches_the_fixture() {
+    let reference = fixture_with_shard("qwen3_next", &gguf("qwen3next-moe.safetensors"), |c| {
+        c["mlp_only_layers"] = Value::Array(vec![])
+    });
+    check("qwen3next.gguf", "qwen3_next", Some(reference), None);
+}
+
+/// The derived tensors of a qwen3next file: `ssm_a_log` is the fixture's `A_log` (through
+/// llama.cpp's `-exp`), `ssm_conv1d.kernel` its convolution as `[channels, 1, kernel]`.
+#[test]
+fn qwen3next_ssm_tensors_are_derived_back() {
+    use coli_runtime::model::{Checkpoint, LoadOptions};
+    let g = Checkpoint::open(&gguf("qwen3next.gguf"), &LoadOptions::default()).unwrap();
+    let hf = Checkpoint::open(&fixture_dir("qwen3_next"), &LoadOptions::default()).unwrap();
+    let a = g.tensor("blk.0.ssm_a_log").unwrap().to_f32_vec().unwrap();
+    let want = hf.tensor("model.layers.0.linear_attn.A_log").unwrap().to_f32_vec().unwrap();
+    let err = a.iter().zip(&want).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(a.len() == want.len() && err < 1e-6, "ssm_a_log differs from A_log by {err}");
+    let conv = g.tensor("blk.0.ssm_conv1d.kernel").unwrap();
+    let want = hf.tensor("model.layers.0.linear_attn.conv1d.weight").unwrap();
+    assert_eq!((conv.shape.clone(), conv.bytes()), (want.shape.clone(), want.bytes()));
+}
+
+/// A qwen3next file without a key the spec needs is refused with the key's name, not a panic.
+#[test]
+fn qwen3next_without_a_required_key_is_refused() {
+    let mut bytes = std::fs::read(gguf("qwen3next.gguf")).unwrap();
+    let key = b"qwen3next.ssm.group_count";
+    let at = bytes.windows(key.len()).position(|w| w == key).expect("the key");
+    bytes[at + key.len() - 5] = b'C'; // `group_Count`: the key is gone
+    let path = std::env::temp_dir().join(format!("coli-nokey-{}.gguf", std::process::id()));
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Engine::load(&path, &EngineOptions::default()).err().map(|e| e.to_string());
+    let _ = std::fs::remove_file(&path);
+    let err = err.expect("a file without ssm.group_count must not load");
+    assert!(err.contains("qwen3next.ssm.group_count"), "{err}");
+}
+
 #[test]
 fn the_ggufs_on_the_device_match_the_cpu() {
     for (file, fixture) in [
@@ -153,6 +227,7 @@ fn the_ggufs_on_the_device_match_the_cpu() {
         ("deepseek2-v2.gguf", "deepseek_v2"),
         ("gpt-oss.gguf", "gpt_oss"),
         ("mimo2.gguf", "mimo_v2_flash"),
+        ("qwen3next.gguf", "qwen3_next"),
     ] {
         let prompt = ids(&read_json(&fixture_dir(fixture).join("oracle.json"))["prompt_ids"]);
         device_matches_cpu(&gguf(file), file, &prompt, &[(Precision::Exact, 4, 1e-4)]);

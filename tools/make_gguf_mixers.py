@@ -26,6 +26,16 @@ architecture, its tensor names, and the transforms it applies to the tensors.
   `attn_sinks.weight`; `e_score_correction_bias` as `exp_probs_b.bias`. llama.cpp's mimo2 has
   no key for `routed_scaling_factor` (it scales by 1, as MiMo-V2-Flash's null says).
 
+- qwen3_next -> qwen3next.gguf (`qwen3next`): every `*norm.weight` but the Gated DeltaNet's
+  `linear_attn.norm.weight` plus 1 (llama.cpp's RMSNorm multiplies by the weight alone);
+  `in_proj_qkvz` (per key head q, k, its values, their gates z) split into `attn_qkv` (every q,
+  every k, every v) and `attn_gate` (every z); `A_log` as `ssm_a` = -exp(A_log); `dt_bias` as
+  `ssm_dt.bias`; the convolution squeezed to [channels, kernel]; `in_proj_ba` as `ssm_ba`
+  (unchanged); the experts stacked; `full_attention_interval` read back from `layer_types`.
+  llama.cpp's qwen3next has no dense layer, so the fixture's `mlp_only_layers` get a sparse block
+  of seeded weights, written also as qwen3next-moe.safetensors (the test's reference reads it as
+  a second shard of the fixture).
+
 Every tensor is F32, as the converter writes with `--outtype f32`. Each file carries a minimal
 SentencePiece-style vocabulary (`<unk>`, `<s>`, `</s>`, the 256 byte tokens, then `t<id>`) only
 so that llama.cpp loads it; coli needs none.
@@ -33,6 +43,7 @@ so that llama.cpp loads it; coli needs none.
 Needs numpy and gguf-py (../shared/peers/gguf-py):
   python3 -m venv /tmp/venv-gg && /tmp/venv-gg/bin/pip install numpy pyyaml sentencepiece
   PYTHONPATH=../shared/peers/gguf-py /tmp/venv-gg/bin/python tools/make_gguf_mixers.py [name...]
+The Qwen files' tensor names come from gguf-py's map for the architecture, as the converter's do.
 Deterministic: the same fixtures give the same bytes.
 """
 import argparse
@@ -96,7 +107,8 @@ def common(w, cfg, name):
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
+    if "intermediate_size" in cfg:
+        w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg["num_key_value_heads"])
     rope = cfg.get("rope_parameters") or {}
@@ -277,11 +289,166 @@ def mimo2(cfg, t):
     return w
 
 
+def zero_centred_plus_one(name):
+    """Whether Qwen3-Next's converter stores this tensor plus 1: every `*norm.weight` but the
+    Gated DeltaNet's output norm (llama.cpp's RMSNorm multiplies by the weight alone)."""
+    return name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight")
+
+
+def write_hf(path, tensors):
+    """`tensors` as an F32 safetensors file (numpy only)."""
+    header, blobs, at = {}, [], 0
+    for name, a in tensors.items():
+        b = np.ascontiguousarray(a, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [at, at + len(b)]}
+        blobs.append(b)
+        at += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def qwen3next_moe_for_dense(cfg, t):
+    """Sparse-block weights for the fixture's dense layers (`mlp_only_layers`), which
+    llama.cpp's qwen3next cannot hold (its converter maps no dense FFN, its loader wants
+    experts in every layer). Seeded, scaled as the fixture's own sparse layers; also written
+    as tests/fixtures/gguf_mixers/qwen3next-moe.safetensors, the reference's extra shard."""
+    rng = np.random.default_rng(7)
+    h, e, f, s = cfg["hidden_size"], cfg["num_experts"], cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
+    out = {}
+    for i in cfg.get("mlp_only_layers") or []:
+        p = f"model.layers.{i}.mlp."
+        n = lambda *shape, std: (rng.standard_normal(shape) * std).astype(np.float32)
+        out[p + "gate.weight"] = n(e, h, std=0.25)
+        for x in range(e):
+            out[p + f"experts.{x}.gate_proj.weight"] = n(f, h, std=0.38)
+            out[p + f"experts.{x}.up_proj.weight"] = n(f, h, std=0.38)
+            out[p + f"experts.{x}.down_proj.weight"] = n(h, f, std=0.12)
+        out[p + "shared_expert.gate_proj.weight"] = n(s, h, std=0.12)
+        out[p + "shared_expert.up_proj.weight"] = n(s, h, std=0.12)
+        out[p + "shared_expert.down_proj.weight"] = n(h, s, std=0.12)
+        out[p + "shared_expert_gate.weight"] = n(1, h, std=0.22)
+    return out
+
+
+def full_attention_interval(cfg):
+    """The converter writes `full_attention_interval` (default 4); transformers 5 saves
+    `layer_types` instead, so the interval is read back from them (and must be one)."""
+    if "full_attention_interval" in cfg:
+        return cfg["full_attention_interval"]
+    full = [i for i, x in enumerate(cfg["layer_types"]) if x == "full_attention"]
+    n = full[0] + 1
+    if [i for i in range(cfg["num_hidden_layers"]) if (i + 1) % n == 0] != full:
+        raise SystemExit(f"layer_types {cfg['layer_types']} are not every n-th layer full")
+    return n
+
+
+def tile(x, dim, nk, r, hd):
+    """Value heads along `dim` from grouped by key head (kh * r + t) to tiled (t * nk + kh)."""
+    shape = list(x.shape)
+    y = x.reshape(shape[:dim] + [nk, r, hd] + shape[dim + 1:])
+    return np.ascontiguousarray(np.swapaxes(y, dim, dim + 1)).reshape(shape)
+
+
+def tile_value_heads(name, x, cfg):
+    """Qwen3.5's converter re-lays every value-head dimension of a Gated DeltaNet from grouped
+    to tiled order when there are more value than key heads (ggml's broadcast reads q and k
+    head `h % key_heads`); `x` has had Qwen3-Next's transforms (squeezed convolution)."""
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    if nk == nv or "linear_attn." not in name:
+        return x
+    r, dk, dv = nv // nk, cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    if ".in_proj_qkv." in name or ".conv1d." in name:
+        qk = 2 * nk * dk
+        return np.concatenate([x[:qk], tile(x[qk:], 0, nk, r, dv)], 0)
+    if ".in_proj_z." in name:
+        return tile(x, 0, nk, r, dv)
+    if ".in_proj_b." in name or ".in_proj_a." in name:
+        return tile(x, 0, nk, r, 1)
+    if ".A_log" in name or ".dt_bias" in name or ".dt_proj" in name:
+        return tile(x[:, None], 0, nk, r, 1)[:, 0]
+    if ".out_proj." in name:
+        return tile(x, 1, nk, r, dv)
+    return x
+
+
+def qwen3next(cfg, t, arch="qwen3next", file="qwen3next.gguf"):
+    w = gguf_mod.GGUFWriter(os.path.join(OUT, file), arch)
+    names = gguf_mod.get_tensor_name_map(gguf_mod.MODEL_ARCH.QWEN3NEXT if arch == "qwen3next" else gguf_mod.MODEL_ARCH.QWEN35MOE, cfg["num_hidden_layers"])
+    t = dict(t)
+    if arch == "qwen3next":
+        extra = qwen3next_moe_for_dense(cfg, t)
+        for i in cfg.get("mlp_only_layers") or []:
+            for r in ("gate", "up", "down"):
+                del t[f"model.layers.{i}.mlp.{r}_proj.weight"]
+        t.update(extra)
+        if extra:
+            write_hf(os.path.join(OUT, "qwen3next-moe.safetensors"), extra)
+    common(w, cfg, f"{arch} fixture")
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_expert_count(cfg["num_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
+    w.add_ssm_state_size(cfg["linear_key_head_dim"])
+    w.add_ssm_group_count(cfg["linear_num_key_heads"])
+    w.add_ssm_time_step_rank(cfg["linear_num_value_heads"])
+    w.add_ssm_inner_size(cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"])
+    w.add_full_attention_interval(full_attention_interval(cfg))
+    w.add_rope_dimension_count(int(cfg["head_dim"] * cfg.get("partial_rotary_factor", 0.25)))
+    if arch == "qwen35moe":
+        sections = list(cfg["rope_parameters"]["mrope_section"]) + [0] * 4
+        w.add_rope_dimension_sections(sections[:4])
+    vocab(gguf_mod, w, cfg["vocab_size"])
+
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv, hidden = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], cfg["hidden_size"]
+    experts = {}
+    for name, x in t.items():
+        if arch == "qwen35moe":
+            x = tile_value_heads(name, x, cfg)
+        if name.endswith(".A_log"):
+            x = -np.exp(x)
+        elif name.endswith(".dt_bias"):
+            name = name[: -len(".dt_bias")] + ".dt_proj.bias"
+        elif "conv1d" in name:
+            x = x.squeeze()
+        elif zero_centred_plus_one(name):
+            x = x + np.float32(1)
+        if ".mlp.experts." in name:
+            experts[name] = x
+            continue
+        if "in_proj_qkvz.weight" in name:
+            # Per key head [q, k, v, z] -> every q, every k, every v (attn_qkv); every z (attn_gate).
+            r = nv // nk
+            g = x.T.reshape(hidden, nk, 2 * dk + 2 * r * dv)
+            q, k, v, z = np.split(g, [dk, 2 * dk, 2 * dk + r * dv], axis=-1)
+            flat = lambda a: a.reshape(hidden, -1)
+            b = name.split(".")[2]
+            w.add_tensor(f"blk.{b}.attn_qkv.weight", np.ascontiguousarray(np.concatenate([flat(q), flat(k), flat(v)], -1).T))
+            w.add_tensor(f"blk.{b}.attn_gate.weight", np.ascontiguousarray(flat(z).T))
+            continue
+        w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), x)
+    for i in range(cfg["num_hidden_layers"]):
+        for r in ("down", "gate", "up"):
+            stack = [experts.pop(f"model.layers.{i}.mlp.experts.{e}.{r}_proj.weight") for e in range(cfg["num_experts"])]
+            w.add_tensor(f"blk.{i}.ffn_{r}_exps.weight", np.stack(stack))
+    if experts:
+        raise SystemExit(f"unmerged experts: {sorted(experts)[:3]}")
+    return w
+
+
 def deepseek2_softmax(cfg, t):
     return deepseek2(cfg, t, "deepseek2-v2.gguf", "deepseek_v2", softmax=True)
 
 
-MAKERS = {"deepseek_v3": deepseek2, "deepseek_v2": deepseek2_softmax, "gpt_oss": gpt_oss, "mimo_v2_flash": mimo2}
+MAKERS = {
+    "deepseek_v3": deepseek2, "deepseek_v2": deepseek2_softmax, "gpt_oss": gpt_oss, "mimo_v2_flash": mimo2,
+    "qwen3_next": qwen3next,
+}
 
 
 def main():
