@@ -205,19 +205,55 @@ fn qwen3next_ssm_tensors_are_derived_back() {
     assert_eq!((conv.shape.clone(), conv.bytes()), (want.shape.clone(), want.bytes()));
 }
 
-/// A qwen3next file without a key the spec needs is refused with the key's name, not a panic.
+/// Every setting of the fixture has its key, so the reference is transformers itself; the value
+/// heads the converter tiled (6 value heads over 2 key heads) are read grouped again. llama.cpp
+/// does not load this file (value heads of 10, key heads of 12; its loader wants them equal).
 #[test]
-fn qwen3next_without_a_required_key_is_refused() {
-    let mut bytes = std::fs::read(gguf("qwen3next.gguf")).unwrap();
-    let key = b"qwen3next.ssm.group_count";
-    let at = bytes.windows(key.len()).position(|w| w == key).expect("the key");
-    bytes[at + key.len() - 5] = b'C'; // `group_Count`: the key is gone
-    let path = std::env::temp_dir().join(format!("coli-nokey-{}.gguf", std::process::id()));
-    std::fs::write(&path, &bytes).unwrap();
-    let err = Engine::load(&path, &EngineOptions::default()).err().map(|e| e.to_string());
-    let _ = std::fs::remove_file(&path);
-    let err = err.expect("a file without ssm.group_count must not load");
-    assert!(err.contains("qwen3next.ssm.group_count"), "{err}");
+fn qwen35moe_gguf_matches_transformers() {
+    check("qwen35moe.gguf", "qwen3_5_moe", None, None);
+}
+
+/// The tiled value heads of a qwen35moe file come back grouped, bit for bit: the qkv and z
+/// projections (rows), the out projection (columns), the convolution (its value channels), the
+/// decay's inputs.
+#[test]
+fn qwen35moe_value_heads_are_grouped_back() {
+    use coli_runtime::model::{Checkpoint, LoadOptions};
+    let g = Checkpoint::open(&gguf("qwen35moe.gguf"), &LoadOptions::default()).unwrap();
+    let hf = Checkpoint::open(&fixture_dir("qwen3_5_moe"), &LoadOptions::default()).unwrap();
+    for (derived, name) in [
+        ("blk.0.attn_gate.grouped", "model.layers.0.linear_attn.in_proj_z.weight"),
+        ("blk.0.attn_qkv.grouped", "model.layers.0.linear_attn.in_proj_qkv.weight"),
+        ("blk.0.ssm_out.grouped", "model.layers.0.linear_attn.out_proj.weight"),
+        ("blk.0.ssm_alpha.grouped", "model.layers.0.linear_attn.in_proj_a.weight"),
+        ("blk.0.ssm_conv1d.kernel", "model.layers.0.linear_attn.conv1d.weight"),
+        ("blk.0.ssm_dt.grouped", "model.layers.0.linear_attn.dt_bias"),
+    ] {
+        let (a, b) = (g.tensor(derived).unwrap(), hf.tensor(name).unwrap());
+        assert_eq!((a.shape.clone(), a.bytes()), (b.shape.clone(), b.bytes()), "{derived}");
+    }
+    let a = g.tensor("blk.0.ssm_a_log").unwrap().to_f32_vec().unwrap();
+    let want = hf.tensor("model.layers.0.linear_attn.A_log").unwrap().to_f32_vec().unwrap();
+    let err = a.iter().zip(&want).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(a.len() == want.len() && err < 1e-6, "ssm_a_log differs from A_log by {err}");
+}
+
+/// A file without a key the spec needs is refused with the key's name, not a panic (for
+/// qwen35moe that key also says how its value heads were tiled).
+#[test]
+fn a_file_without_a_required_key_is_refused() {
+    for (file, key) in [("qwen3next.gguf", "qwen3next.ssm.group_count"), ("qwen35moe.gguf", "qwen35moe.ssm.inner_size")]
+    {
+        let mut bytes = std::fs::read(gguf(file)).unwrap();
+        let at = bytes.windows(key.len()).position(|w| w == key.as_bytes()).expect("the key");
+        bytes[at + key.len() - 4] = b'X'; // one letter changed: the key is gone
+        let path = std::env::temp_dir().join(format!("coli-nokey-{}-{file}", std::process::id()));
+        std::fs::write(&path, &bytes).unwrap();
+        let err = Engine::load(&path, &EngineOptions::default()).err().map(|e| e.to_string());
+        let _ = std::fs::remove_file(&path);
+        let err = err.unwrap_or_else(|| panic!("{file} without {key} must not load"));
+        assert!(err.contains(key) && err.contains("has no value"), "{file}: {err}");
+    }
 }
 
 #[test]
@@ -228,6 +264,7 @@ fn the_ggufs_on_the_device_match_the_cpu() {
         ("gpt-oss.gguf", "gpt_oss"),
         ("mimo2.gguf", "mimo_v2_flash"),
         ("qwen3next.gguf", "qwen3_next"),
+        ("qwen35moe.gguf", "qwen3_5_moe"),
     ] {
         let prompt = ids(&read_json(&fixture_dir(fixture).join("oracle.json"))["prompt_ids"]);
         device_matches_cpu(&gguf(file), file, &prompt, &[(Precision::Exact, 4, 1e-4)]);

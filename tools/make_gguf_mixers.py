@@ -35,6 +35,12 @@ architecture, its tensor names, and the transforms it applies to the tensors.
   llama.cpp's qwen3next has no dense layer, so the fixture's `mlp_only_layers` get a sparse block
   of seeded weights, written also as qwen3next-moe.safetensors (the test's reference reads it as
   a second shard of the fixture).
+- qwen3_5_moe -> qwen35moe.gguf (`qwen35moe`): Qwen3-Next's transforms (the projections are
+  apart already: `in_proj_qkv` as `attn_qkv`, `in_proj_z` as `attn_gate`, `in_proj_b` /
+  `in_proj_a` as `ssm_beta` / `ssm_alpha`) and, with more value than key heads, every value-head
+  dimension re-laid from grouped by key head to tiled (the value rows of `attn_qkv`, `attn_gate`,
+  `ssm_beta`, `ssm_alpha`, `ssm_dt`, `ssm_a`, the convolution's value channels, the columns of
+  `ssm_out`); `mrope_section` as `rope.dimension_sections` (padded to 4).
 
 Every tensor is F32, as the converter writes with `--outtype f32`. Each file carries a minimal
 SentencePiece-style vocabulary (`<unk>`, `<s>`, `</s>`, the 256 byte tokens, then `t<id>`) only
@@ -448,6 +454,7 @@ def deepseek2_softmax(cfg, t):
 MAKERS = {
     "deepseek_v3": deepseek2, "deepseek_v2": deepseek2_softmax, "gpt_oss": gpt_oss, "mimo_v2_flash": mimo2,
     "qwen3_next": qwen3next,
+    "qwen3_5_moe": lambda cfg, t: qwen3next(cfg, t, "qwen35moe", "qwen35moe.gguf"),
 }
 
 
