@@ -1,9 +1,11 @@
 //! The GGUF names of the mixer specs, end to end: the tiny Hugging Face fixtures of DeepSeek-V3,
-//! gpt-oss, MiMo-V2-Flash and Qwen3-Next converted to GGUF as llama.cpp's converter lays them out
-//! (tests/fixtures/gguf_mixers/, `tools/make_gguf_mixers.py`: `deepseek2` with the split
-//! `attn_k_b` / `attn_v_b`, `gpt-oss` with its experts output-major and split, `mimo2` with
-//! per-layer KV heads and sliding pattern and its MTP blocks counted, `qwen3next` with its norms
-//! plus 1, `attn_qkv` / `attn_gate`, `ssm_a` = -exp(A_log) and squeezed convolutions), run by coli.
+//! gpt-oss, MiMo-V2-Flash, Qwen3-Next, Qwen3.5-MoE and Kimi Linear converted to GGUF as llama.cpp's
+//! converter lays them out (tests/fixtures/gguf_mixers/, `tools/make_gguf_mixers.py`: `deepseek2`
+//! with the split `attn_k_b` / `attn_v_b`, `gpt-oss` with its experts output-major and split,
+//! `mimo2` with per-layer KV heads and sliding pattern and its MTP blocks counted, `qwen3next`
+//! with its norms plus 1, `attn_qkv` / `attn_gate`, `ssm_a` = -exp(A_log) and squeezed
+//! convolutions, `qwen35moe` with its value heads tiled too, `kimi-linear` with per-layer KV
+//! heads, the split MLA pair and 4-D convolutions), run by coli.
 //!
 //! Reference: transformers' logits (the fixture's oracle.json), where the GGUF states the same
 //! model. Where llama.cpp's format cannot state a setting of the fixture, the reference is
@@ -238,6 +240,31 @@ fn qwen35moe_value_heads_are_grouped_back() {
     assert!(a.len() == want.len() && err < 1e-6, "ssm_a_log differs from A_log by {err}");
 }
 
+/// Every setting of the fixture has its key (the gating function written as sigmoid, as
+/// Kimi-Linear's own configuration says), so the reference is transformers itself.
+#[test]
+fn kimi_linear_gguf_matches_transformers() {
+    // llama.cpp's greedy ids on this file equal transformers' (20 of 20).
+    let llama_cpp = [229, 86, 282, 242, 128, 233, 169, 174, 232, 133, 162, 181, 83, 214, 289, 204, 295, 9, 143, 220];
+    check("kimi-linear.gguf", "kimi_linear", None, Some(&llama_cpp));
+}
+
+/// A `kimi-linear` file whose router is not the sigmoid one (here softmax, 1) is refused by name.
+#[test]
+fn kimi_linear_softmax_gating_is_refused() {
+    let mut bytes = std::fs::read(gguf("kimi-linear.gguf")).unwrap();
+    let key = b"kimi-linear.expert_gating_func";
+    let at = bytes.windows(key.len()).position(|w| w == key).expect("the gating key") + key.len();
+    assert_eq!(bytes[at..at + 4], 4u32.to_le_bytes()); // UINT32
+    bytes[at + 4..at + 8].copy_from_slice(&1u32.to_le_bytes());
+    let path = std::env::temp_dir().join(format!("coli-kimi-gating-{}.gguf", std::process::id()));
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Engine::load(&path, &EngineOptions::default()).err().map(|e| e.to_string());
+    let _ = std::fs::remove_file(&path);
+    let err = err.expect("a softmax kimi-linear file must not load");
+    assert!(err.contains("not served") && err.contains("expert_gating_func"), "{err}");
+}
+
 /// A file without a key the spec needs is refused with the key's name, not a panic (for
 /// qwen35moe that key also says how its value heads were tiled).
 #[test]
@@ -265,6 +292,7 @@ fn the_ggufs_on_the_device_match_the_cpu() {
         ("mimo2.gguf", "mimo_v2_flash"),
         ("qwen3next.gguf", "qwen3_next"),
         ("qwen35moe.gguf", "qwen3_5_moe"),
+        ("kimi-linear.gguf", "kimi_linear"),
     ] {
         let prompt = ids(&read_json(&fixture_dir(fixture).join("oracle.json"))["prompt_ids"]);
         device_matches_cpu(&gguf(file), file, &prompt, &[(Precision::Exact, 4, 1e-4)]);

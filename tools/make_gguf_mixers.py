@@ -41,6 +41,13 @@ architecture, its tensor names, and the transforms it applies to the tensors.
   dimension re-laid from grouped by key head to tiled (the value rows of `attn_qkv`, `attn_gate`,
   `ssm_beta`, `ssm_alpha`, `ssm_dt`, `ssm_a`, the convolution's value channels, the columns of
   `ssm_out`); `mrope_section` as `rope.dimension_sections` (padded to 4).
+- kimi_linear -> kimi-linear.gguf (`kimi-linear`): `head_count_kv` per layer (1 for MLA, as MQA
+  over the latent; 0 for KDA), `kv_b_proj` split as deepseek2's, `A_log` as `ssm_a` =
+  -exp(A_log) ([1, 1, heads, 1]), the q/k/v convolutions as [1, channels, 1, kernel],
+  `dt_bias` as `ssm_dt.bias`, the experts (`w1`/`w2`/`w3`) stacked, `e_score_correction_bias` as
+  `exp_probs_b.bias`; the dense FFN, which transformers 5 saves under `block_sparse_moe.`, under
+  the remote code's `mlp.` names the converter maps; the gating function sigmoid (Kimi-Linear's
+  `moe_router_activation_func`, which transformers 5 does not save into the fixture).
 
 Every tensor is F32, as the converter writes with `--outtype f32`. Each file carries a minimal
 SentencePiece-style vocabulary (`<unk>`, `<s>`, `</s>`, the 256 byte tokens, then `t<id>`) only
@@ -49,7 +56,7 @@ so that llama.cpp loads it; coli needs none.
 Needs numpy and gguf-py (../shared/peers/gguf-py):
   python3 -m venv /tmp/venv-gg && /tmp/venv-gg/bin/pip install numpy pyyaml sentencepiece
   PYTHONPATH=../shared/peers/gguf-py /tmp/venv-gg/bin/python tools/make_gguf_mixers.py [name...]
-The Qwen files' tensor names come from gguf-py's map for the architecture, as the converter's do.
+The Qwen and Kimi files' tensor names come from gguf-py's map for the architecture, as the converter's do.
 Deterministic: the same fixtures give the same bytes.
 """
 import argparse
@@ -447,6 +454,80 @@ def qwen3next(cfg, t, arch="qwen3next", file="qwen3next.gguf"):
     return w
 
 
+def kimi_linear(cfg, t):
+    w = gguf_mod.GGUFWriter(os.path.join(OUT, "kimi-linear.gguf"), "kimi-linear")
+    names = gguf_mod.get_tensor_name_map(gguf_mod.MODEL_ARCH.KIMI_LINEAR, cfg["num_hidden_layers"])
+    lin = cfg["linear_attn_config"]
+    n_layer, heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
+    nope, rope_dim, v, kv_lora = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    # What the base class writes, with num_key_value_heads set to 1 first (MLA as MQA), then
+    # the keys Kimi's class writes over them (head_count_kv per layer, key_length).
+    w.add_name("kimi_linear fixture")
+    w.add_block_count(n_layer)
+    w.add_context_length(cfg["model_max_length"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
+    w.add_expert_count(cfg["num_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_token"])
+    # `moe_router_activation_func` ("sigmoid" in Kimi-Linear's own configuration), which
+    # transformers 5 does not save into the fixture's.
+    w.add_expert_gating_func(gguf_mod.ExpertGatingFuncType.SIGMOID)
+    w.add_value_length(cfg["head_dim"])
+    w.add_file_type(gguf_mod.LlamaFileType.ALL_F32)
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_head_count_kv([1 if i + 1 in lin["full_attn_layers"] else 0 for i in range(n_layer)])
+    w.add_ssm_conv_kernel(lin["short_conv_kernel_size"])
+    w.add_kda_head_dim(lin["head_dim"])
+    w.add_kv_lora_rank(kv_lora)
+    w.add_rope_dimension_count(rope_dim)
+    w.add_key_length(kv_lora + rope_dim)
+    w.add_key_length_mla(nope + rope_dim)
+    w.add_value_length_mla(v)
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_count(cfg["num_shared_experts"])
+    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    w.add_expert_weights_scale(float(cfg["routed_scaling_factor"]))
+    vocab(gguf_mod, w, cfg["vocab_size"])
+
+    experts = {}
+    for name, x in t.items():
+        b = name.split(".")[2] if name.startswith("model.layers.") else None
+        if name.endswith((".q_conv1d.weight", ".k_conv1d.weight", ".v_conv1d.weight")):
+            x = x.reshape(1, x.shape[0], 1, x.shape[-1])
+        if name.endswith(".A_log"):
+            x = -np.exp(x)
+        if name.endswith(".dt_bias"):
+            name = name[: -len(".dt_bias")] + ".dt_proj.bias"
+        if name.endswith("kv_b_proj.weight"):
+            kv_b = x.reshape(heads, nope + v, kv_lora)
+            w.add_tensor(f"blk.{b}.attn_k_b.weight", np.ascontiguousarray(kv_b[:, :nope, :].transpose(0, 2, 1)))
+            w.add_tensor(f"blk.{b}.attn_v_b.weight", np.ascontiguousarray(kv_b[:, nope:, :]))
+            continue
+        if ".block_sparse_moe.experts." in name:
+            experts[name] = x
+            continue
+        if name.endswith("e_score_correction_bias"):
+            w.add_tensor(f"blk.{b}.exp_probs_b.bias", x)
+            continue
+        # transformers 5 saves the dense FFN under `block_sparse_moe.`; the remote code's name,
+        # which the converter maps, is `mlp.`.
+        for r in ("gate", "up", "down"):
+            if name.endswith(f".block_sparse_moe.{r}_proj.weight"):
+                name = f"model.layers.{b}.mlp.{r}_proj.weight"
+        w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), x)
+    for i in range(n_layer):
+        if f"model.layers.{i}.block_sparse_moe.experts.0.w1.weight" not in experts:
+            continue
+        for r, hf in (("gate", "w1"), ("down", "w2"), ("up", "w3")):
+            stack = [experts.pop(f"model.layers.{i}.block_sparse_moe.experts.{e}.{hf}.weight") for e in range(cfg["num_experts"])]
+            w.add_tensor(f"blk.{i}.ffn_{r}_exps.weight", np.stack(stack))
+    if experts:
+        raise SystemExit(f"unmerged experts: {sorted(experts)[:3]}")
+    return w
+
+
 def deepseek2_softmax(cfg, t):
     return deepseek2(cfg, t, "deepseek2-v2.gguf", "deepseek_v2", softmax=True)
 
@@ -455,6 +536,7 @@ MAKERS = {
     "deepseek_v3": deepseek2, "deepseek_v2": deepseek2_softmax, "gpt_oss": gpt_oss, "mimo_v2_flash": mimo2,
     "qwen3_next": qwen3next,
     "qwen3_5_moe": lambda cfg, t: qwen3next(cfg, t, "qwen35moe", "qwen35moe.gguf"),
+    "kimi_linear": kimi_linear,
 }
 
 
