@@ -5,7 +5,8 @@
 //! `mimo2` with per-layer KV heads and sliding pattern and its MTP blocks counted, `qwen3next`
 //! with its norms plus 1, `attn_qkv` / `attn_gate`, `ssm_a` = -exp(A_log) and squeezed
 //! convolutions, `qwen35moe` with its value heads tiled too, `kimi-linear` with per-layer KV
-//! heads, the split MLA pair and 4-D convolutions), run by coli.
+//! heads, the split MLA pair and 4-D convolutions, Mixtral as a `llama` file with experts), run by
+//! coli.
 //!
 //! Reference: transformers' logits (the fixture's oracle.json), where the GGUF states the same
 //! model. Where llama.cpp's format cannot state a setting of the fixture, the reference is
@@ -249,6 +250,16 @@ fn kimi_linear_gguf_matches_transformers() {
     check("kimi-linear.gguf", "kimi_linear", None, Some(&llama_cpp));
 }
 
+/// Mixtral as llama.cpp writes it: architecture `llama` with `llama.expert_count` and stacked
+/// `ffn_*_exps`, q/k rows permuted for interleaved RoPE; served by llama.ron's expert path.
+/// Every setting has its key, so the reference is transformers itself.
+#[test]
+fn mixtral_as_llama_gguf_matches_transformers() {
+    // llama.cpp's greedy ids on this file equal transformers' (20 of 20).
+    let llama_cpp = [90, 165, 17, 185, 166, 226, 188, 65, 7, 100, 111, 77, 56, 142, 165, 227, 242, 243, 77, 14];
+    check("mixtral.gguf", "mixtral", None, Some(&llama_cpp));
+}
+
 /// A `kimi-linear` file whose router is not the sigmoid one (here softmax, 1) is refused by name.
 #[test]
 fn kimi_linear_softmax_gating_is_refused() {
@@ -293,6 +304,7 @@ fn the_ggufs_on_the_device_match_the_cpu() {
         ("qwen3next.gguf", "qwen3_next"),
         ("qwen35moe.gguf", "qwen3_5_moe"),
         ("kimi-linear.gguf", "kimi_linear"),
+        ("mixtral.gguf", "mixtral"),
     ] {
         let prompt = ids(&read_json(&fixture_dir(fixture).join("oracle.json"))["prompt_ids"]);
         device_matches_cpu(&gguf(file), file, &prompt, &[(Precision::Exact, 4, 1e-4)]);

@@ -48,6 +48,9 @@ architecture, its tensor names, and the transforms it applies to the tensors.
   `exp_probs_b.bias`; the dense FFN, which transformers 5 saves under `block_sparse_moe.`, under
   the remote code's `mlp.` names the converter maps; the gating function sigmoid (Kimi-Linear's
   `moe_router_activation_func`, which transformers 5 does not save into the fixture).
+- mixtral -> mixtral.gguf (`llama`, as the converter writes Mixtral): `llama.expert_count`, the
+  q and k rows permuted per head for interleaved RoPE, `w1`/`w2`/`w3` stacked as
+  `ffn_gate_exps`/`ffn_down_exps`/`ffn_up_exps`, the router as `ffn_gate_inp`.
 
 Every tensor is F32, as the converter writes with `--outtype f32`. Each file carries a minimal
 SentencePiece-style vocabulary (`<unk>`, `<s>`, `</s>`, the 256 byte tokens, then `t<id>`) only
@@ -56,7 +59,7 @@ so that llama.cpp loads it; coli needs none.
 Needs numpy and gguf-py (../shared/peers/gguf-py):
   python3 -m venv /tmp/venv-gg && /tmp/venv-gg/bin/pip install numpy pyyaml sentencepiece
   PYTHONPATH=../shared/peers/gguf-py /tmp/venv-gg/bin/python tools/make_gguf_mixers.py [name...]
-The Qwen and Kimi files' tensor names come from gguf-py's map for the architecture, as the converter's do.
+The Qwen, Kimi and Mixtral files' tensor names come from gguf-py's map for the architecture, as the converter's do.
 Deterministic: the same fixtures give the same bytes.
 """
 import argparse
@@ -528,6 +531,39 @@ def kimi_linear(cfg, t):
     return w
 
 
+def llama_permute(x, heads):
+    """llama.cpp's q/k row order for interleaved RoPE: per head, rows (j, j + hd/2) adjacent."""
+    return x.reshape(heads, 2, x.shape[0] // heads // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+
+def mixtral(cfg, t):
+    w = gguf_mod.GGUFWriter(os.path.join(OUT, "mixtral.gguf"), "llama")
+    common(w, cfg, "mixtral fixture")
+    w.add_expert_count(cfg["num_local_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_rope_dimension_count(cfg["head_dim"])
+    vocab(gguf_mod, w, cfg["vocab_size"])
+    names = gguf_mod.get_tensor_name_map(gguf_mod.MODEL_ARCH.LLAMA, cfg["num_hidden_layers"])
+    experts = {}
+    for name, x in t.items():
+        if name.endswith("q_proj.weight"):
+            x = llama_permute(x, cfg["num_attention_heads"])
+        if name.endswith("k_proj.weight"):
+            x = llama_permute(x, cfg["num_key_value_heads"])
+        if ".block_sparse_moe.experts." in name:
+            experts[name] = x
+            continue
+        w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), x)
+    for i in range(cfg["num_hidden_layers"]):
+        for r, hf in (("gate", "w1"), ("down", "w2"), ("up", "w3")):
+            stack = [experts.pop(f"model.layers.{i}.block_sparse_moe.experts.{e}.{hf}.weight") for e in range(cfg["num_local_experts"])]
+            w.add_tensor(f"blk.{i}.ffn_{r}_exps.weight", np.stack(stack))
+    return w
+
+
 def deepseek2_softmax(cfg, t):
     return deepseek2(cfg, t, "deepseek2-v2.gguf", "deepseek_v2", softmax=True)
 
@@ -537,6 +573,7 @@ MAKERS = {
     "qwen3_next": qwen3next,
     "qwen3_5_moe": lambda cfg, t: qwen3next(cfg, t, "qwen35moe", "qwen35moe.gguf"),
     "kimi_linear": kimi_linear,
+    "mixtral": mixtral,
 }
 
 
