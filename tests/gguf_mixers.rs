@@ -5,8 +5,8 @@
 //! `mimo2` with per-layer KV heads and sliding pattern and its MTP blocks counted, `qwen3next`
 //! with its norms plus 1, `attn_qkv` / `attn_gate`, `ssm_a` = -exp(A_log) and squeezed
 //! convolutions, `qwen35moe` with its value heads tiled too, `kimi-linear` with per-layer KV
-//! heads, the split MLA pair and 4-D convolutions, Mixtral as a `llama` file with experts), run by
-//! coli.
+//! heads, the split MLA pair and 4-D convolutions, Mixtral as a `llama` file with experts, GLM-MoE-DSA
+//! as `glm-dsa` with its indexer), run by coli.
 //!
 //! Reference: transformers' logits (the fixture's oracle.json), where the GGUF states the same
 //! model. Where llama.cpp's format cannot state a setting of the fixture, the reference is
@@ -260,6 +260,16 @@ fn mixtral_as_llama_gguf_matches_transformers() {
     check("mixtral.gguf", "mixtral", None, Some(&llama_cpp));
 }
 
+/// GLM-MoE-DSA as llama.cpp writes it (`glm-dsa`: deepseek2's layout, the indexer under
+/// `blk.N.indexer.*`, `indexer_types` as Bools); every setting has its key, so the reference is
+/// transformers itself. llama.cpp aborts on this file while building the graph: it rotates the
+/// indexer's keys and queries by a Walsh-Hadamard matrix at least 64 wide, and this indexer's
+/// heads are 24 wide.
+#[test]
+fn glm_dsa_gguf_matches_transformers() {
+    check("glm-dsa.gguf", "glm_moe_dsa", None, None);
+}
+
 /// A `kimi-linear` file whose router is not the sigmoid one (here softmax, 1) is refused by name.
 #[test]
 fn kimi_linear_softmax_gating_is_refused() {
@@ -305,6 +315,7 @@ fn the_ggufs_on_the_device_match_the_cpu() {
         ("qwen35moe.gguf", "qwen3_5_moe"),
         ("kimi-linear.gguf", "kimi_linear"),
         ("mixtral.gguf", "mixtral"),
+        ("glm-dsa.gguf", "glm_moe_dsa"),
     ] {
         let prompt = ids(&read_json(&fixture_dir(fixture).join("oracle.json"))["prompt_ids"]);
         device_matches_cpu(&gguf(file), file, &prompt, &[(Precision::Exact, 4, 1e-4)]);

@@ -51,6 +51,10 @@ architecture, its tensor names, and the transforms it applies to the tensors.
 - mixtral -> mixtral.gguf (`llama`, as the converter writes Mixtral): `llama.expert_count`, the
   q and k rows permuted per head for interleaved RoPE, `w1`/`w2`/`w3` stacked as
   `ffn_gate_exps`/`ffn_down_exps`/`ffn_up_exps`, the router as `ffn_gate_inp`.
+- glm_moe_dsa -> glm-dsa.gguf (`glm-dsa`, the converter's DeepSeek-V2 class): deepseek2.gguf's
+  layout, the indexer's tensors as `blk.N.indexer.attn_q_b` / `attn_k` / `k_norm` (weight and
+  bias) / `proj`, its geometry as `attention.indexer.head_count` / `key_length` / `top_k`,
+  `indexer_types` as the Bools `attention.indexer.types` (true: full).
 
 Every tensor is F32, as the converter writes with `--outtype f32`. Each file carries a minimal
 SentencePiece-style vocabulary (`<unk>`, `<s>`, `</s>`, the 256 byte tokens, then `t<id>`) only
@@ -141,8 +145,8 @@ def common(w, cfg, name):
     w.add_file_type(gguf_mod.LlamaFileType.ALL_F32)
 
 
-def deepseek2(cfg, t, file="deepseek2.gguf", fixture="deepseek_v3", softmax=False):
-    w = gguf_mod.GGUFWriter(os.path.join(OUT, file), "deepseek2")
+def deepseek2(cfg, t, file="deepseek2.gguf", fixture="deepseek_v3", softmax=False, arch="deepseek2"):
+    w = gguf_mod.GGUFWriter(os.path.join(OUT, file), arch)
     cfg = dict(cfg, num_key_value_heads=1)
     common(w, cfg, f"{fixture} fixture")
     h, nope, rope_dim, v = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
@@ -171,6 +175,12 @@ def deepseek2(cfg, t, file="deepseek2.gguf", fixture="deepseek_v3", softmax=Fals
     rope = cfg.get("rope_parameters") or {}
     if rope.get("mscale_all_dim") is not None:
         w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
+    if arch == "glm-dsa":
+        w.add_indexer_head_count(cfg["index_n_heads"])
+        w.add_indexer_key_length(cfg["index_head_dim"])
+        w.add_indexer_top_k(cfg["index_topk"])
+        if cfg.get("indexer_types") is not None:
+            w.add_indexer_types([x == "full" for x in cfg["indexer_types"]])
     vocab(gguf_mod, w, cfg["vocab_size"])
 
     w.add_tensor("token_embd.weight", t["model.embed_tokens.weight"])
@@ -189,6 +199,10 @@ def deepseek2(cfg, t, file="deepseek2.gguf", fixture="deepseek_v3", softmax=Fals
         w.add_tensor(b + "attn_k_b.weight", np.ascontiguousarray(kv_b[:, :nope, :].transpose(0, 2, 1)))
         w.add_tensor(b + "attn_v_b.weight", np.ascontiguousarray(kv_b[:, nope:, :]))
         w.add_tensor(b + "attn_output.weight", t[p + "self_attn.o_proj.weight"])
+        ix = p + "self_attn.indexer."
+        for hf, gg in (("wq_b.weight", "attn_q_b.weight"), ("wk.weight", "attn_k.weight"), ("k_norm.weight", "k_norm.weight"), ("k_norm.bias", "k_norm.bias"), ("weights_proj.weight", "proj.weight")):
+            if ix + hf in t:
+                w.add_tensor(b + "indexer." + gg, t[ix + hf])
         w.add_tensor(b + "ffn_norm.weight", t[p + "post_attention_layernorm.weight"])
         if i < cfg["first_k_dense_replace"]:
             for r in ("gate", "up", "down"):
@@ -574,6 +588,7 @@ MAKERS = {
     "qwen3_5_moe": lambda cfg, t: qwen3next(cfg, t, "qwen35moe", "qwen35moe.gguf"),
     "kimi_linear": kimi_linear,
     "mixtral": mixtral,
+    "glm_moe_dsa": lambda cfg, t: deepseek2(cfg, t, "glm-dsa.gguf", "glm_moe_dsa", arch="glm-dsa"),
 }
 
 
