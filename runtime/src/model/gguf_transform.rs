@@ -23,9 +23,12 @@
 //!   `.inner_size` (a file lacking one gets no grouped tensors, and the spec names what is
 //!   missing).
 //!
-//! A derived tensor is made on first use (an owned copy): in its parts' float format when that is F32, F16 or BF16 (bit for bit),
-//! otherwise dequantized to F32. Its parts are read through the checkpoint, so their NaN scan
-//! and size checks apply. Parts whose shapes do not fit are a `LoadError::Shape` when the file
+//! A derived tensor is made on first use (an owned copy). The joined `attn_kv_b` is in its parts'
+//! float format when that is F32, F16 or BF16 (bit for bit), otherwise dequantized to F32; a
+//! re-laid tensor keeps its part's format, any format, where each head is whole rows or whole
+//! blocks of each row (the bytes move as they are), otherwise it is dequantized to F32;
+//! `ssm_a_log` is F32. Its parts are read through the checkpoint, so their NaN scan and size
+//! checks apply. Parts whose shapes do not fit are a `LoadError::Shape` when the file
 //! is opened. Must not: change a tensor the file holds, or derive a name the file holds.
 
 use super::gguf::GgufMetadata;
@@ -121,21 +124,20 @@ pub(super) fn find(
                 };
                 let heads = if tail == "ssm_conv1d.weight" { tiled(false, dk_nk, dv) } else { None };
                 let stem = &tail[..tail.len() - ".weight".len()];
-                let kept = if heads.is_some() { float_or_f32(format) } else { format };
+                let kept = heads.map_or(format, |h| kept_or_f32(format, &e.shape, &h));
                 (stem, relaid(heads, false), vec![channels, 1, kernel], kept)
             }
-            "attn_qkv.weight" if geometry.is_some() => {
-                ("attn_qkv", relaid(tiled(false, dk_nk, dv), false), e.shape.clone(), float_or_f32(format))
-            }
-            "attn_gate.weight" if geometry.is_some() => {
-                ("attn_gate", relaid(tiled(false, 0, dv), false), e.shape.clone(), float_or_f32(format))
-            }
-            "ssm_beta.weight" | "ssm_alpha.weight" | "ssm_dt.bias" if geometry.is_some() => {
+            "attn_qkv.weight" | "attn_gate.weight" | "ssm_beta.weight" | "ssm_alpha.weight" | "ssm_dt.bias"
+            | "ssm_out.weight" => {
+                let heads = match tail {
+                    "attn_qkv.weight" => tiled(false, dk_nk, dv),
+                    "attn_gate.weight" => tiled(false, 0, dv),
+                    "ssm_out.weight" => tiled(true, 0, dv),
+                    _ => tiled(false, 0, 1),
+                };
+                let Some(heads) = heads else { continue };
                 let stem = tail.split('.').next().unwrap_or(tail);
-                (stem, relaid(tiled(false, 0, 1), false), e.shape.clone(), float_or_f32(format))
-            }
-            "ssm_out.weight" if geometry.is_some() => {
-                ("ssm_out", relaid(tiled(true, 0, dv), false), e.shape.clone(), float_or_f32(format))
+                (stem, relaid(Some(heads), false), e.shape.clone(), kept_or_f32(format, &e.shape, &heads))
             }
             _ => continue,
         };
@@ -158,6 +160,22 @@ pub(super) fn find(
         out.insert(derived, Joined { recipe, shape, format, made: OnceLock::new() });
     }
     Ok(out)
+}
+
+/// The format a tensor's value heads can be re-laid in byte for byte: its own where whole heads
+/// are whole rows (the first dimension of a 2-D or larger tensor, or of a vector of single
+/// elements) or whole blocks of each row (the last dimension), else F32.
+fn kept_or_f32(f: WeightFormat, shape: &[usize], h: &Tiled) -> WeightFormat {
+    let bs = f.block_size();
+    let whole = match h.cols {
+        false => shape.len() >= 2 || bs == 1,
+        true => h.width.is_multiple_of(bs) && h.start.is_multiple_of(bs),
+    };
+    if whole && f != WeightFormat::I8Row {
+        f
+    } else {
+        WeightFormat::F32
+    }
 }
 
 /// A float format kept bit for bit, any other made F32.
@@ -224,28 +242,26 @@ impl Joined {
             Recipe::Relaid { of, heads, log_neg } => {
                 let t = part(of)?;
                 let source = Arc::new(t.source().to_path_buf());
-                if heads.is_none() && !log_neg {
-                    // The same bytes under the derived shape (the innermost dimension kept).
-                    Tensor::owned(name.to_string(), t.format, self.shape.clone(), t.bytes().to_vec(), source)
-                } else {
-                    let mut x = t.to_f32_vec()?;
-                    if let Some(h) = heads {
-                        x = group_heads(&x, &t.shape, h);
-                    }
-                    if *log_neg {
-                        if x.iter().any(|a| a.is_nan() || *a >= 0.0) {
-                            let what = "has an entry at or above 0, so it is not llama.cpp's -exp(A_log)";
-                            return Err(LoadError::Shape {
-                                path: (*source).clone(),
-                                name: of.clone(),
-                                shape: t.shape,
-                                what,
-                            });
-                        }
-                        x.iter_mut().for_each(|a| *a = (-*a).ln());
-                    }
-                    self.owned(name, x, source)
+                // The part's bytes where the derived format is its own, else its values as F32;
+                // then the value heads grouped by whole rows or blocks, then ln(-x).
+                let mut bytes = match self.format == t.format {
+                    true => t.bytes().to_vec(),
+                    false => t.to_f32_vec()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                };
+                if let Some(h) = heads {
+                    bytes = group_heads(&bytes, self.format, &t.shape, h);
                 }
+                if *log_neg {
+                    let x: Vec<f32> =
+                        bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                    if x.iter().any(|a| a.is_nan() || *a >= 0.0) {
+                        let what = "has an entry at or above 0, so it is not llama.cpp's -exp(A_log)";
+                        let (path, shape) = ((*source).clone(), t.shape);
+                        return Err(LoadError::Shape { path, name: of.clone(), shape, what });
+                    }
+                    bytes = x.iter().flat_map(|a| (-*a).ln().to_le_bytes()).collect();
+                }
+                Tensor::owned(name.to_string(), self.format, self.shape.clone(), bytes, source)
             }
         };
         Ok(self.made.get_or_init(|| t).clone())
@@ -280,26 +296,36 @@ fn join_kv_b(k: &Tensor, v: &Tensor) -> Result<Vec<f32>, LoadError> {
     Ok(kv)
 }
 
-/// `x` (of `shape`) with its tiled value heads grouped by key head again: grouped head
-/// `kh * per_key + t` is tiled head `t * key_heads + kh`.
-fn group_heads(x: &[f32], shape: &[usize], h: &Tiled) -> Vec<f32> {
+/// `bytes` (a tensor of `shape` in `format`) with its tiled value heads grouped by key head
+/// again: grouped head `kh * per_key + t` is tiled head `t * key_heads + kh`. A head is `width`
+/// rows of the first dimension, or `width` elements (whole blocks) of each row's last.
+fn group_heads(bytes: &[u8], format: WeightFormat, shape: &[usize], h: &Tiled) -> Vec<u8> {
     let heads = h.key_heads * h.per_key;
     let tiled_of = |j: usize| (j % h.per_key) * h.key_heads + j / h.per_key;
-    let mut out = x.to_vec();
-    if h.cols {
-        let cols = shape.last().copied().unwrap_or(1).max(1);
-        for (row_in, row_out) in x.chunks(cols).zip(out.chunks_mut(cols)) {
-            for j in 0..heads {
-                let (to, from) = (h.start + j * h.width, h.start + tiled_of(j) * h.width);
-                row_out[to..to + h.width].copy_from_slice(&row_in[from..from + h.width]);
-            }
+    let (bs, bb) = (format.block_size().max(1), format.block_bytes());
+    let (rows, bytes_of) = match h.cols {
+        // One "row" of everything; a unit is one row of the first dimension.
+        false => {
+            let unit = bytes.len() / shape.first().copied().unwrap_or(1).max(1);
+            (1, Box::new(move |n: usize| n * unit) as Box<dyn Fn(usize) -> usize>)
         }
-    } else {
-        let inner = x.len() / shape.first().copied().unwrap_or(1).max(1);
-        let (w, s) = (h.width * inner, h.start * inner);
+        // Each row of the last dimension; a unit is one element (whole blocks of them).
+        true => {
+            let last = shape.last().copied().unwrap_or(1).max(1);
+            let rows = (shape.iter().product::<usize>() / last).max(1);
+            (rows, Box::new(move |n: usize| n / bs * bb) as Box<dyn Fn(usize) -> usize>)
+        }
+    };
+    let row_bytes = bytes.len() / rows;
+    let (start, chunk) = (bytes_of(h.start), bytes_of(h.width));
+    let mut out = bytes.to_vec();
+    if row_bytes == 0 {
+        return out;
+    }
+    for (row_in, row_out) in bytes.chunks(row_bytes).zip(out.chunks_mut(row_bytes)) {
         for j in 0..heads {
-            let (to, from) = (s + j * w, s + tiled_of(j) * w);
-            out[to..to + w].copy_from_slice(&x[from..from + w]);
+            let (to, from) = (start + j * chunk, start + tiled_of(j) * chunk);
+            row_out[to..to + chunk].copy_from_slice(&row_in[from..from + chunk]);
         }
     }
     out
