@@ -12,7 +12,8 @@
 //!   or above 0 is an error naming the tensor).
 //! - Short convolutions (`ssm_conv1d*`): the converter squeezes `[channels, 1, kernel]` to
 //!   `[channels, kernel]` (Qwen3-Next, Qwen3.5) or lays it `[1, channels, 1, kernel]` (Kimi
-//!   Linear); `X.kernel` beside `X.weight` is the same bytes as `[channels, 1, kernel]`.
+//!   Linear); `X.kernel` beside `X.weight` is the same bytes as `[channels, 1, kernel]` (a
+//!   convolution of another shape gets none).
 //! - Qwen3.5 (`qwen35`, `qwen35moe`): the converter re-lays every value-head dimension of a
 //!   Gated DeltaNet from grouped by key head (value head `kh * r + t`, r value heads per key
 //!   head) to tiled (`t * key_heads + kh`, ggml's broadcast). `blk.N.attn_qkv.grouped` (the
@@ -58,8 +59,8 @@ enum Recipe {
     Relaid { of: String, heads: Option<Tiled>, log_neg: bool },
 }
 
-/// Where a tensor holds tiled value heads: along its first dimension (`Rows`) or its last
-/// (`Cols`), `key_heads * per_key` heads of `width` entries from `start`.
+/// Where a tensor holds tiled value heads: along its first dimension, or its last (`cols`),
+/// `key_heads * per_key` heads of `width` entries from `start`.
 #[derive(Clone, Copy, Debug)]
 struct Tiled {
     cols: bool,
@@ -112,15 +113,10 @@ pub(super) fn find(
         let (derived, recipe, shape, format) = match tail {
             "ssm_a" => ("ssm_a_log", relaid(tiled(false, 0, 1), true), e.shape.clone(), WeightFormat::F32),
             "ssm_conv1d.weight" | "ssm_conv1d_q.weight" | "ssm_conv1d_k.weight" | "ssm_conv1d_v.weight" => {
+                // Another layout is none the converters of the served architectures write.
                 let (channels, kernel) = match e.shape[..] {
                     [c, k] | [1, c, 1, k] => (c, k),
-                    _ => {
-                        return Err(shape_err(
-                            name,
-                            &e.shape,
-                            "is neither [channels, kernel] nor [1, channels, 1, kernel]",
-                        ))
-                    }
+                    _ => continue,
                 };
                 let heads = if tail == "ssm_conv1d.weight" { tiled(false, dk_nk, dv) } else { None };
                 let stem = &tail[..tail.len() - ".weight".len()];
