@@ -270,6 +270,29 @@ fn glm_dsa_gguf_matches_transformers() {
     check("glm-dsa.gguf", "glm_moe_dsa", None, None);
 }
 
+/// The converters of qwen35moe and glm-dsa count the MTP blocks in `block_count` and say how
+/// many in `nextn_predict_layers`; the specs run the others only. Here the fixtures' files with
+/// one more block declared (its tensors absent, as in a file whose MTP block was left out): 4
+/// layers, not 5; without the `nextn_predict_layers` key the fifth block's tensors are missing.
+#[test]
+fn mtp_blocks_counted_in_block_count_are_not_run() {
+    use coli_compiler::{compile, DeviceProfile, Options, Spec};
+    use coli_runtime::model::{Checkpoint, LoadOptions};
+    for (file, arch, spec) in
+        [("qwen35moe.gguf", "qwen35moe", "qwen3_5_moe.ron"), ("glm-dsa.gguf", "glm-dsa", "glm_moe_dsa.ron")]
+    {
+        let spec = Spec::load(&root().join("graphs").join(spec)).unwrap_or_else(|d| panic!("{d}"));
+        let mut b = Checkpoint::open(&gguf(file), &LoadOptions::default()).unwrap().bindings();
+        b.config.insert(format!("{arch}.block_count"), Value::from(5));
+        let cpu = DeviceProfile::cpu_only();
+        let err = compile(&spec, &b, &cpu, &Options::default()).err().map(|d| d.to_string());
+        assert!(err.as_deref().is_some_and(|e| e.contains("blk.4.")), "{file}: {err:?}");
+        b.config.insert(format!("{arch}.nextn_predict_layers"), Value::from(1));
+        let plan = compile(&spec, &b, &cpu, &Options::default()).unwrap_or_else(|d| panic!("{file}: {d}"));
+        assert_eq!(plan.program.layers.len(), 4, "{file}");
+    }
+}
+
 /// A `kimi-linear` file whose router is not the sigmoid one (here softmax, 1) is refused by name.
 #[test]
 fn kimi_linear_softmax_gating_is_refused() {
