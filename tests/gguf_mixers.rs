@@ -1,8 +1,12 @@
 //! The GGUF names of the mixer specs, end to end: the tiny Hugging Face fixtures of DeepSeek-V3,
-//! gpt-oss and MiMo-V2-Flash converted to GGUF as llama.cpp's converter lays them out
-//! (tests/fixtures/gguf_mixers/, `tools/make_gguf_mixers.py`: `deepseek2` with the split
-//! `attn_k_b` / `attn_v_b`, `gpt-oss` with its experts output-major and split, `mimo2` with
-//! per-layer KV heads and sliding pattern and its MTP blocks counted), run by coli.
+//! gpt-oss, MiMo-V2-Flash, Qwen3-Next, Qwen3.5-MoE and Kimi Linear converted to GGUF as llama.cpp's
+//! converter lays them out (tests/fixtures/gguf_mixers/, `tools/make_gguf_mixers.py`: `deepseek2`
+//! with the split `attn_k_b` / `attn_v_b`, `gpt-oss` with its experts output-major and split,
+//! `mimo2` with per-layer KV heads and sliding pattern and its MTP blocks counted, `qwen3next`
+//! with its norms plus 1, `attn_qkv` / `attn_gate`, `ssm_a` = -exp(A_log) and squeezed
+//! convolutions, `qwen35moe` with its value heads tiled too, `kimi-linear` with per-layer KV
+//! heads, the split MLA pair and 4-D convolutions, Mixtral as a `llama` file with experts, GLM-MoE-DSA
+//! as `glm-dsa` with its indexer), run by coli.
 //!
 //! Reference: transformers' logits (the fixture's oracle.json), where the GGUF states the same
 //! model. Where llama.cpp's format cannot state a setting of the fixture, the reference is
@@ -14,6 +18,8 @@
 //!   (`truncate: true`).
 //! - mimo2: `routed_scaling_factor` (1.5 in the fixture) has no key; llama.cpp scales by 1
 //!   (MiMo-V2-Flash's own configuration says null).
+//! - qwen3next: a dense layer (`mlp_only_layers` [1] in the fixture) has no place in the format;
+//!   the file's layer 1 is sparse, with seeded weights the reference reads as a second shard.
 //!
 //! llama.cpp's greedy ids on the same files (llama-server, the oracle's prompt as ids,
 //! temperature 0; recorded in tests/fixtures/README.md) are checked too.
@@ -146,6 +152,181 @@ fn deepseek2_kv_b_is_joined_from_k_b_and_v_b() {
     }
 }
 
+/// The tensor names of a safetensors file (its JSON header's keys).
+fn safetensors_names(path: &std::path::Path) -> Vec<String> {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header.as_object().unwrap().keys().filter(|k| *k != "__metadata__").cloned().collect()
+}
+
+/// `fixture` with its configuration patched and `extra` (a safetensors file of further
+/// tensors) as a second shard: a reference for a GGUF that holds weights the fixture lacks.
+fn fixture_with_shard(fixture: &str, extra: &std::path::Path, patch: impl Fn(&mut Value)) -> PathBuf {
+    let dir = patched_fixture(fixture, patch);
+    std::fs::rename(dir.join("model.safetensors"), dir.join("a.safetensors")).unwrap();
+    std::fs::copy(extra, dir.join("b.safetensors")).unwrap();
+    let mut map = serde_json::Map::new();
+    for (file, names) in
+        [("a.safetensors", safetensors_names(&dir.join("a.safetensors"))), ("b.safetensors", safetensors_names(extra))]
+    {
+        for n in names {
+            map.insert(n, Value::String(file.into()));
+        }
+    }
+    let index = serde_json::json!({ "weight_map": map });
+    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    dir
+}
+
+/// llama.cpp's qwen3next holds no dense layer (its converter maps no dense FFN, its loader
+/// wants experts in every layer), so the fixture's `mlp_only_layers` [1] becomes a sparse
+/// layer of seeded weights (`qwen3next-moe.safetensors`, written by the same tool); the
+/// reference is the fixture with those weights and no dense layer. llama.cpp does not load
+/// this file (its loader takes the value heads as wide as the key heads, 16; here 12).
+#[test]
+fn qwen3next_gguf_matches_the_fixture() {
+    let reference = fixture_with_shard("qwen3_next", &gguf("qwen3next-moe.safetensors"), |c| {
+        c["mlp_only_layers"] = Value::Array(vec![])
+    });
+    check("qwen3next.gguf", "qwen3_next", Some(reference), None);
+}
+
+/// The derived tensors of a qwen3next file: `ssm_a_log` is the fixture's `A_log` (through
+/// llama.cpp's `-exp`), `ssm_conv1d.kernel` its convolution as `[channels, 1, kernel]`.
+#[test]
+fn qwen3next_ssm_tensors_are_derived_back() {
+    use coli_runtime::model::{Checkpoint, LoadOptions};
+    let g = Checkpoint::open(&gguf("qwen3next.gguf"), &LoadOptions::default()).unwrap();
+    let hf = Checkpoint::open(&fixture_dir("qwen3_next"), &LoadOptions::default()).unwrap();
+    let a = g.tensor("blk.0.ssm_a_log").unwrap().to_f32_vec().unwrap();
+    let want = hf.tensor("model.layers.0.linear_attn.A_log").unwrap().to_f32_vec().unwrap();
+    let err = a.iter().zip(&want).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(a.len() == want.len() && err < 1e-6, "ssm_a_log differs from A_log by {err}");
+    let conv = g.tensor("blk.0.ssm_conv1d.kernel").unwrap();
+    let want = hf.tensor("model.layers.0.linear_attn.conv1d.weight").unwrap();
+    assert_eq!((conv.shape.clone(), conv.bytes()), (want.shape.clone(), want.bytes()));
+}
+
+/// Every setting of the fixture has its key, so the reference is transformers itself; the value
+/// heads the converter tiled (6 value heads over 2 key heads) are read grouped again. llama.cpp
+/// does not load this file (value heads of 10, key heads of 12; its loader wants them equal).
+#[test]
+fn qwen35moe_gguf_matches_transformers() {
+    check("qwen35moe.gguf", "qwen3_5_moe", None, None);
+}
+
+/// The tiled value heads of a qwen35moe file come back grouped, bit for bit: the qkv and z
+/// projections (rows), the out projection (columns), the convolution (its value channels), the
+/// decay's inputs.
+#[test]
+fn qwen35moe_value_heads_are_grouped_back() {
+    use coli_runtime::model::{Checkpoint, LoadOptions};
+    let g = Checkpoint::open(&gguf("qwen35moe.gguf"), &LoadOptions::default()).unwrap();
+    let hf = Checkpoint::open(&fixture_dir("qwen3_5_moe"), &LoadOptions::default()).unwrap();
+    for (derived, name) in [
+        ("blk.0.attn_gate.grouped", "model.layers.0.linear_attn.in_proj_z.weight"),
+        ("blk.0.attn_qkv.grouped", "model.layers.0.linear_attn.in_proj_qkv.weight"),
+        ("blk.0.ssm_out.grouped", "model.layers.0.linear_attn.out_proj.weight"),
+        ("blk.0.ssm_alpha.grouped", "model.layers.0.linear_attn.in_proj_a.weight"),
+        ("blk.0.ssm_conv1d.kernel", "model.layers.0.linear_attn.conv1d.weight"),
+        ("blk.0.ssm_dt.grouped", "model.layers.0.linear_attn.dt_bias"),
+    ] {
+        let (a, b) = (g.tensor(derived).unwrap(), hf.tensor(name).unwrap());
+        assert_eq!((a.shape.clone(), a.bytes()), (b.shape.clone(), b.bytes()), "{derived}");
+    }
+    let a = g.tensor("blk.0.ssm_a_log").unwrap().to_f32_vec().unwrap();
+    let want = hf.tensor("model.layers.0.linear_attn.A_log").unwrap().to_f32_vec().unwrap();
+    let err = a.iter().zip(&want).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(a.len() == want.len() && err < 1e-6, "ssm_a_log differs from A_log by {err}");
+}
+
+/// Every setting of the fixture has its key (the gating function written as sigmoid, as
+/// Kimi-Linear's own configuration says), so the reference is transformers itself.
+#[test]
+fn kimi_linear_gguf_matches_transformers() {
+    // llama.cpp's greedy ids on this file equal transformers' (20 of 20).
+    let llama_cpp = [229, 86, 282, 242, 128, 233, 169, 174, 232, 133, 162, 181, 83, 214, 289, 204, 295, 9, 143, 220];
+    check("kimi-linear.gguf", "kimi_linear", None, Some(&llama_cpp));
+}
+
+/// Mixtral as llama.cpp writes it: architecture `llama` with `llama.expert_count` and stacked
+/// `ffn_*_exps`, q/k rows permuted for interleaved RoPE; served by llama.ron's expert path.
+/// Every setting has its key, so the reference is transformers itself.
+#[test]
+fn mixtral_as_llama_gguf_matches_transformers() {
+    // llama.cpp's greedy ids on this file equal transformers' (20 of 20).
+    let llama_cpp = [90, 165, 17, 185, 166, 226, 188, 65, 7, 100, 111, 77, 56, 142, 165, 227, 242, 243, 77, 14];
+    check("mixtral.gguf", "mixtral", None, Some(&llama_cpp));
+}
+
+/// GLM-MoE-DSA as llama.cpp writes it (`glm-dsa`: deepseek2's layout, the indexer under
+/// `blk.N.indexer.*`, `indexer_types` as Bools); every setting has its key, so the reference is
+/// transformers itself. llama.cpp aborts on this file while building the graph: it rotates the
+/// indexer's keys and queries by a Walsh-Hadamard matrix at least 64 wide, and this indexer's
+/// heads are 24 wide.
+#[test]
+fn glm_dsa_gguf_matches_transformers() {
+    check("glm-dsa.gguf", "glm_moe_dsa", None, None);
+}
+
+/// The converters of qwen35moe and glm-dsa count the MTP blocks in `block_count` and say how
+/// many in `nextn_predict_layers`; the specs run the others only. Here the fixtures' files with
+/// one more block declared (its tensors absent, as in a file whose MTP block was left out): 4
+/// layers, not 5; without the `nextn_predict_layers` key the fifth block's tensors are missing.
+#[test]
+fn mtp_blocks_counted_in_block_count_are_not_run() {
+    use coli_compiler::{compile, DeviceProfile, Options, Spec};
+    use coli_runtime::model::{Checkpoint, LoadOptions};
+    for (file, arch, spec) in
+        [("qwen35moe.gguf", "qwen35moe", "qwen3_5_moe.ron"), ("glm-dsa.gguf", "glm-dsa", "glm_moe_dsa.ron")]
+    {
+        let spec = Spec::load(&root().join("graphs").join(spec)).unwrap_or_else(|d| panic!("{d}"));
+        let mut b = Checkpoint::open(&gguf(file), &LoadOptions::default()).unwrap().bindings();
+        b.config.insert(format!("{arch}.block_count"), Value::from(5));
+        let cpu = DeviceProfile::cpu_only();
+        let err = compile(&spec, &b, &cpu, &Options::default()).err().map(|d| d.to_string());
+        assert!(err.as_deref().is_some_and(|e| e.contains("blk.4.")), "{file}: {err:?}");
+        b.config.insert(format!("{arch}.nextn_predict_layers"), Value::from(1));
+        let plan = compile(&spec, &b, &cpu, &Options::default()).unwrap_or_else(|d| panic!("{file}: {d}"));
+        assert_eq!(plan.program.layers.len(), 4, "{file}");
+    }
+}
+
+/// A `kimi-linear` file whose router is not the sigmoid one (here softmax, 1) is refused by name.
+#[test]
+fn kimi_linear_softmax_gating_is_refused() {
+    let mut bytes = std::fs::read(gguf("kimi-linear.gguf")).unwrap();
+    let key = b"kimi-linear.expert_gating_func";
+    let at = bytes.windows(key.len()).position(|w| w == key).expect("the gating key") + key.len();
+    assert_eq!(bytes[at..at + 4], 4u32.to_le_bytes()); // UINT32
+    bytes[at + 4..at + 8].copy_from_slice(&1u32.to_le_bytes());
+    let path = std::env::temp_dir().join(format!("coli-kimi-gating-{}.gguf", std::process::id()));
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Engine::load(&path, &EngineOptions::default()).err().map(|e| e.to_string());
+    let _ = std::fs::remove_file(&path);
+    let err = err.expect("a softmax kimi-linear file must not load");
+    assert!(err.contains("not served") && err.contains("expert_gating_func"), "{err}");
+}
+
+/// A file without a key the spec needs is refused with the key's name, not a panic (for
+/// qwen35moe that key also says how its value heads were tiled).
+#[test]
+fn a_file_without_a_required_key_is_refused() {
+    for (file, key) in [("qwen3next.gguf", "qwen3next.ssm.group_count"), ("qwen35moe.gguf", "qwen35moe.ssm.inner_size")]
+    {
+        let mut bytes = std::fs::read(gguf(file)).unwrap();
+        let at = bytes.windows(key.len()).position(|w| w == key.as_bytes()).expect("the key");
+        bytes[at + key.len() - 4] = b'X'; // one letter changed: the key is gone
+        let path = std::env::temp_dir().join(format!("coli-nokey-{}-{file}", std::process::id()));
+        std::fs::write(&path, &bytes).unwrap();
+        let err = Engine::load(&path, &EngineOptions::default()).err().map(|e| e.to_string());
+        let _ = std::fs::remove_file(&path);
+        let err = err.unwrap_or_else(|| panic!("{file} without {key} must not load"));
+        assert!(err.contains(key) && err.contains("has no value"), "{file}: {err}");
+    }
+}
+
 #[test]
 fn the_ggufs_on_the_device_match_the_cpu() {
     for (file, fixture) in [
@@ -153,6 +334,11 @@ fn the_ggufs_on_the_device_match_the_cpu() {
         ("deepseek2-v2.gguf", "deepseek_v2"),
         ("gpt-oss.gguf", "gpt_oss"),
         ("mimo2.gguf", "mimo_v2_flash"),
+        ("qwen3next.gguf", "qwen3_next"),
+        ("qwen35moe.gguf", "qwen3_5_moe"),
+        ("kimi-linear.gguf", "kimi_linear"),
+        ("mixtral.gguf", "mixtral"),
+        ("glm-dsa.gguf", "glm_moe_dsa"),
     ] {
         let prompt = ids(&read_json(&fixture_dir(fixture).join("oracle.json"))["prompt_ids"]);
         device_matches_cpu(&gguf(file), file, &prompt, &[(Precision::Exact, 4, 1e-4)]);

@@ -26,6 +26,36 @@ architecture, its tensor names, and the transforms it applies to the tensors.
   `attn_sinks.weight`; `e_score_correction_bias` as `exp_probs_b.bias`. llama.cpp's mimo2 has
   no key for `routed_scaling_factor` (it scales by 1, as MiMo-V2-Flash's null says).
 
+- qwen3_next -> qwen3next.gguf (`qwen3next`): every `*norm.weight` but the Gated DeltaNet's
+  `linear_attn.norm.weight` plus 1 (llama.cpp's RMSNorm multiplies by the weight alone);
+  `in_proj_qkvz` (per key head q, k, its values, their gates z) split into `attn_qkv` (every q,
+  every k, every v) and `attn_gate` (every z); `A_log` as `ssm_a` = -exp(A_log); `dt_bias` as
+  `ssm_dt.bias`; the convolution squeezed to [channels, kernel]; `in_proj_ba` as `ssm_ba`
+  (unchanged); the experts stacked; `full_attention_interval` read back from `layer_types`.
+  llama.cpp's qwen3next has no dense layer, so the fixture's `mlp_only_layers` get a sparse block
+  of seeded weights, written also as qwen3next-moe.safetensors (the test's reference reads it as
+  a second shard of the fixture).
+- qwen3_5_moe -> qwen35moe.gguf (`qwen35moe`): Qwen3-Next's transforms (the projections are
+  apart already: `in_proj_qkv` as `attn_qkv`, `in_proj_z` as `attn_gate`, `in_proj_b` /
+  `in_proj_a` as `ssm_beta` / `ssm_alpha`) and, with more value than key heads, every value-head
+  dimension re-laid from grouped by key head to tiled (the value rows of `attn_qkv`, `attn_gate`,
+  `ssm_beta`, `ssm_alpha`, `ssm_dt`, `ssm_a`, the convolution's value channels, the columns of
+  `ssm_out`); `mrope_section` as `rope.dimension_sections` (padded to 4).
+- kimi_linear -> kimi-linear.gguf (`kimi-linear`): `head_count_kv` per layer (1 for MLA, as MQA
+  over the latent; 0 for KDA), `kv_b_proj` split as deepseek2's, `A_log` as `ssm_a` =
+  -exp(A_log) ([1, 1, heads, 1]), the q/k/v convolutions as [1, channels, 1, kernel],
+  `dt_bias` as `ssm_dt.bias`, the experts (`w1`/`w2`/`w3`) stacked, `e_score_correction_bias` as
+  `exp_probs_b.bias`; the dense FFN, which transformers 5 saves under `block_sparse_moe.`, under
+  the remote code's `mlp.` names the converter maps; the gating function sigmoid (Kimi-Linear's
+  `moe_router_activation_func`, which transformers 5 does not save into the fixture).
+- mixtral -> mixtral.gguf (`llama`, as the converter writes Mixtral): `llama.expert_count`, the
+  q and k rows permuted per head for interleaved RoPE, `w1`/`w2`/`w3` stacked as
+  `ffn_gate_exps`/`ffn_down_exps`/`ffn_up_exps`, the router as `ffn_gate_inp`.
+- glm_moe_dsa -> glm-dsa.gguf (`glm-dsa`, the converter's DeepSeek-V2 class): deepseek2.gguf's
+  layout, the indexer's tensors as `blk.N.indexer.attn_q_b` / `attn_k` / `k_norm` (weight and
+  bias) / `proj`, its geometry as `attention.indexer.head_count` / `key_length` / `top_k`,
+  `indexer_types` as the Bools `attention.indexer.types` (true: full).
+
 Every tensor is F32, as the converter writes with `--outtype f32`. Each file carries a minimal
 SentencePiece-style vocabulary (`<unk>`, `<s>`, `</s>`, the 256 byte tokens, then `t<id>`) only
 so that llama.cpp loads it; coli needs none.
@@ -33,6 +63,7 @@ so that llama.cpp loads it; coli needs none.
 Needs numpy and gguf-py (../shared/peers/gguf-py):
   python3 -m venv /tmp/venv-gg && /tmp/venv-gg/bin/pip install numpy pyyaml sentencepiece
   PYTHONPATH=../shared/peers/gguf-py /tmp/venv-gg/bin/python tools/make_gguf_mixers.py [name...]
+The Qwen, Kimi and Mixtral files' tensor names come from gguf-py's map for the architecture, as the converter's do.
 Deterministic: the same fixtures give the same bytes.
 """
 import argparse
@@ -96,7 +127,8 @@ def common(w, cfg, name):
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
+    if "intermediate_size" in cfg:
+        w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg["num_key_value_heads"])
     rope = cfg.get("rope_parameters") or {}
@@ -113,8 +145,8 @@ def common(w, cfg, name):
     w.add_file_type(gguf_mod.LlamaFileType.ALL_F32)
 
 
-def deepseek2(cfg, t, file="deepseek2.gguf", fixture="deepseek_v3", softmax=False):
-    w = gguf_mod.GGUFWriter(os.path.join(OUT, file), "deepseek2")
+def deepseek2(cfg, t, file="deepseek2.gguf", fixture="deepseek_v3", softmax=False, arch="deepseek2"):
+    w = gguf_mod.GGUFWriter(os.path.join(OUT, file), arch)
     cfg = dict(cfg, num_key_value_heads=1)
     common(w, cfg, f"{fixture} fixture")
     h, nope, rope_dim, v = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
@@ -143,6 +175,12 @@ def deepseek2(cfg, t, file="deepseek2.gguf", fixture="deepseek_v3", softmax=Fals
     rope = cfg.get("rope_parameters") or {}
     if rope.get("mscale_all_dim") is not None:
         w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
+    if arch == "glm-dsa":
+        w.add_indexer_head_count(cfg["index_n_heads"])
+        w.add_indexer_key_length(cfg["index_head_dim"])
+        w.add_indexer_top_k(cfg["index_topk"])
+        if cfg.get("indexer_types") is not None:
+            w.add_indexer_types([x == "full" for x in cfg["indexer_types"]])
     vocab(gguf_mod, w, cfg["vocab_size"])
 
     w.add_tensor("token_embd.weight", t["model.embed_tokens.weight"])
@@ -161,6 +199,10 @@ def deepseek2(cfg, t, file="deepseek2.gguf", fixture="deepseek_v3", softmax=Fals
         w.add_tensor(b + "attn_k_b.weight", np.ascontiguousarray(kv_b[:, :nope, :].transpose(0, 2, 1)))
         w.add_tensor(b + "attn_v_b.weight", np.ascontiguousarray(kv_b[:, nope:, :]))
         w.add_tensor(b + "attn_output.weight", t[p + "self_attn.o_proj.weight"])
+        ix = p + "self_attn.indexer."
+        for hf, gg in (("wq_b.weight", "attn_q_b.weight"), ("wk.weight", "attn_k.weight"), ("k_norm.weight", "k_norm.weight"), ("k_norm.bias", "k_norm.bias"), ("weights_proj.weight", "proj.weight")):
+            if ix + hf in t:
+                w.add_tensor(b + "indexer." + gg, t[ix + hf])
         w.add_tensor(b + "ffn_norm.weight", t[p + "post_attention_layernorm.weight"])
         if i < cfg["first_k_dense_replace"]:
             for r in ("gate", "up", "down"):
@@ -277,11 +319,277 @@ def mimo2(cfg, t):
     return w
 
 
+def zero_centred_plus_one(name):
+    """Whether Qwen3-Next's converter stores this tensor plus 1: every `*norm.weight` but the
+    Gated DeltaNet's output norm (llama.cpp's RMSNorm multiplies by the weight alone)."""
+    return name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight")
+
+
+def write_hf(path, tensors):
+    """`tensors` as an F32 safetensors file (numpy only)."""
+    header, blobs, at = {}, [], 0
+    for name, a in tensors.items():
+        b = np.ascontiguousarray(a, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [at, at + len(b)]}
+        blobs.append(b)
+        at += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def qwen3next_moe_for_dense(cfg, t):
+    """Sparse-block weights for the fixture's dense layers (`mlp_only_layers`), which
+    llama.cpp's qwen3next cannot hold (its converter maps no dense FFN, its loader wants
+    experts in every layer). Seeded, scaled as the fixture's own sparse layers; also written
+    as tests/fixtures/gguf_mixers/qwen3next-moe.safetensors, the reference's extra shard."""
+    rng = np.random.default_rng(7)
+    h, e, f, s = cfg["hidden_size"], cfg["num_experts"], cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
+    out = {}
+    for i in cfg.get("mlp_only_layers") or []:
+        p = f"model.layers.{i}.mlp."
+        n = lambda *shape, std: (rng.standard_normal(shape) * std).astype(np.float32)
+        out[p + "gate.weight"] = n(e, h, std=0.25)
+        for x in range(e):
+            out[p + f"experts.{x}.gate_proj.weight"] = n(f, h, std=0.38)
+            out[p + f"experts.{x}.up_proj.weight"] = n(f, h, std=0.38)
+            out[p + f"experts.{x}.down_proj.weight"] = n(h, f, std=0.12)
+        out[p + "shared_expert.gate_proj.weight"] = n(s, h, std=0.12)
+        out[p + "shared_expert.up_proj.weight"] = n(s, h, std=0.12)
+        out[p + "shared_expert.down_proj.weight"] = n(h, s, std=0.12)
+        out[p + "shared_expert_gate.weight"] = n(1, h, std=0.22)
+    return out
+
+
+def full_attention_interval(cfg):
+    """The converter writes `full_attention_interval` (default 4); transformers 5 saves
+    `layer_types` instead, so the interval is read back from them (and must be one)."""
+    if "full_attention_interval" in cfg:
+        return cfg["full_attention_interval"]
+    full = [i for i, x in enumerate(cfg["layer_types"]) if x == "full_attention"]
+    n = full[0] + 1
+    if [i for i in range(cfg["num_hidden_layers"]) if (i + 1) % n == 0] != full:
+        raise SystemExit(f"layer_types {cfg['layer_types']} are not every n-th layer full")
+    return n
+
+
+def tile(x, dim, nk, r, hd):
+    """Value heads along `dim` from grouped by key head (kh * r + t) to tiled (t * nk + kh)."""
+    shape = list(x.shape)
+    y = x.reshape(shape[:dim] + [nk, r, hd] + shape[dim + 1:])
+    return np.ascontiguousarray(np.swapaxes(y, dim, dim + 1)).reshape(shape)
+
+
+def tile_value_heads(name, x, cfg):
+    """Qwen3.5's converter re-lays every value-head dimension of a Gated DeltaNet from grouped
+    to tiled order when there are more value than key heads (ggml's broadcast reads q and k
+    head `h % key_heads`); `x` has had Qwen3-Next's transforms (squeezed convolution)."""
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    if nk == nv or "linear_attn." not in name:
+        return x
+    r, dk, dv = nv // nk, cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    if ".in_proj_qkv." in name or ".conv1d." in name:
+        qk = 2 * nk * dk
+        return np.concatenate([x[:qk], tile(x[qk:], 0, nk, r, dv)], 0)
+    if ".in_proj_z." in name:
+        return tile(x, 0, nk, r, dv)
+    if ".in_proj_b." in name or ".in_proj_a." in name:
+        return tile(x, 0, nk, r, 1)
+    if ".A_log" in name or ".dt_bias" in name or ".dt_proj" in name:
+        return tile(x[:, None], 0, nk, r, 1)[:, 0]
+    if ".out_proj." in name:
+        return tile(x, 1, nk, r, dv)
+    return x
+
+
+def qwen3next(cfg, t, arch="qwen3next", file="qwen3next.gguf"):
+    w = gguf_mod.GGUFWriter(os.path.join(OUT, file), arch)
+    names = gguf_mod.get_tensor_name_map(gguf_mod.MODEL_ARCH.QWEN3NEXT if arch == "qwen3next" else gguf_mod.MODEL_ARCH.QWEN35MOE, cfg["num_hidden_layers"])
+    t = dict(t)
+    if arch == "qwen3next":
+        extra = qwen3next_moe_for_dense(cfg, t)
+        for i in cfg.get("mlp_only_layers") or []:
+            for r in ("gate", "up", "down"):
+                del t[f"model.layers.{i}.mlp.{r}_proj.weight"]
+        t.update(extra)
+        if extra:
+            write_hf(os.path.join(OUT, "qwen3next-moe.safetensors"), extra)
+    common(w, cfg, f"{arch} fixture")
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_expert_count(cfg["num_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
+    w.add_ssm_state_size(cfg["linear_key_head_dim"])
+    w.add_ssm_group_count(cfg["linear_num_key_heads"])
+    w.add_ssm_time_step_rank(cfg["linear_num_value_heads"])
+    w.add_ssm_inner_size(cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"])
+    w.add_full_attention_interval(full_attention_interval(cfg))
+    w.add_rope_dimension_count(int(cfg["head_dim"] * cfg.get("partial_rotary_factor", 0.25)))
+    if arch == "qwen35moe":
+        sections = list(cfg["rope_parameters"]["mrope_section"]) + [0] * 4
+        w.add_rope_dimension_sections(sections[:4])
+    vocab(gguf_mod, w, cfg["vocab_size"])
+
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv, hidden = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], cfg["hidden_size"]
+    experts = {}
+    for name, x in t.items():
+        if arch == "qwen35moe":
+            x = tile_value_heads(name, x, cfg)
+        if name.endswith(".A_log"):
+            x = -np.exp(x)
+        elif name.endswith(".dt_bias"):
+            name = name[: -len(".dt_bias")] + ".dt_proj.bias"
+        elif "conv1d" in name:
+            x = x.squeeze()
+        elif zero_centred_plus_one(name):
+            x = x + np.float32(1)
+        if ".mlp.experts." in name:
+            experts[name] = x
+            continue
+        if "in_proj_qkvz.weight" in name:
+            # Per key head [q, k, v, z] -> every q, every k, every v (attn_qkv); every z (attn_gate).
+            r = nv // nk
+            g = x.T.reshape(hidden, nk, 2 * dk + 2 * r * dv)
+            q, k, v, z = np.split(g, [dk, 2 * dk, 2 * dk + r * dv], axis=-1)
+            flat = lambda a: a.reshape(hidden, -1)
+            b = name.split(".")[2]
+            w.add_tensor(f"blk.{b}.attn_qkv.weight", np.ascontiguousarray(np.concatenate([flat(q), flat(k), flat(v)], -1).T))
+            w.add_tensor(f"blk.{b}.attn_gate.weight", np.ascontiguousarray(flat(z).T))
+            continue
+        w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), x)
+    for i in range(cfg["num_hidden_layers"]):
+        for r in ("down", "gate", "up"):
+            stack = [experts.pop(f"model.layers.{i}.mlp.experts.{e}.{r}_proj.weight") for e in range(cfg["num_experts"])]
+            w.add_tensor(f"blk.{i}.ffn_{r}_exps.weight", np.stack(stack))
+    if experts:
+        raise SystemExit(f"unmerged experts: {sorted(experts)[:3]}")
+    return w
+
+
+def kimi_linear(cfg, t):
+    w = gguf_mod.GGUFWriter(os.path.join(OUT, "kimi-linear.gguf"), "kimi-linear")
+    names = gguf_mod.get_tensor_name_map(gguf_mod.MODEL_ARCH.KIMI_LINEAR, cfg["num_hidden_layers"])
+    lin = cfg["linear_attn_config"]
+    n_layer, heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
+    nope, rope_dim, v, kv_lora = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    # What the base class writes, with num_key_value_heads set to 1 first (MLA as MQA), then
+    # the keys Kimi's class writes over them (head_count_kv per layer, key_length).
+    w.add_name("kimi_linear fixture")
+    w.add_block_count(n_layer)
+    w.add_context_length(cfg["model_max_length"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
+    w.add_expert_count(cfg["num_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_token"])
+    # `moe_router_activation_func` ("sigmoid" in Kimi-Linear's own configuration), which
+    # transformers 5 does not save into the fixture's.
+    w.add_expert_gating_func(gguf_mod.ExpertGatingFuncType.SIGMOID)
+    w.add_value_length(cfg["head_dim"])
+    w.add_file_type(gguf_mod.LlamaFileType.ALL_F32)
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_head_count_kv([1 if i + 1 in lin["full_attn_layers"] else 0 for i in range(n_layer)])
+    w.add_ssm_conv_kernel(lin["short_conv_kernel_size"])
+    w.add_kda_head_dim(lin["head_dim"])
+    w.add_kv_lora_rank(kv_lora)
+    w.add_rope_dimension_count(rope_dim)
+    w.add_key_length(kv_lora + rope_dim)
+    w.add_key_length_mla(nope + rope_dim)
+    w.add_value_length_mla(v)
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_count(cfg["num_shared_experts"])
+    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    w.add_expert_weights_scale(float(cfg["routed_scaling_factor"]))
+    vocab(gguf_mod, w, cfg["vocab_size"])
+
+    experts = {}
+    for name, x in t.items():
+        b = name.split(".")[2] if name.startswith("model.layers.") else None
+        if name.endswith((".q_conv1d.weight", ".k_conv1d.weight", ".v_conv1d.weight")):
+            x = x.reshape(1, x.shape[0], 1, x.shape[-1])
+        if name.endswith(".A_log"):
+            x = -np.exp(x)
+        if name.endswith(".dt_bias"):
+            name = name[: -len(".dt_bias")] + ".dt_proj.bias"
+        if name.endswith("kv_b_proj.weight"):
+            kv_b = x.reshape(heads, nope + v, kv_lora)
+            w.add_tensor(f"blk.{b}.attn_k_b.weight", np.ascontiguousarray(kv_b[:, :nope, :].transpose(0, 2, 1)))
+            w.add_tensor(f"blk.{b}.attn_v_b.weight", np.ascontiguousarray(kv_b[:, nope:, :]))
+            continue
+        if ".block_sparse_moe.experts." in name:
+            experts[name] = x
+            continue
+        if name.endswith("e_score_correction_bias"):
+            w.add_tensor(f"blk.{b}.exp_probs_b.bias", x)
+            continue
+        # transformers 5 saves the dense FFN under `block_sparse_moe.`; the remote code's name,
+        # which the converter maps, is `mlp.`.
+        for r in ("gate", "up", "down"):
+            if name.endswith(f".block_sparse_moe.{r}_proj.weight"):
+                name = f"model.layers.{b}.mlp.{r}_proj.weight"
+        w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), x)
+    for i in range(n_layer):
+        if f"model.layers.{i}.block_sparse_moe.experts.0.w1.weight" not in experts:
+            continue
+        for r, hf in (("gate", "w1"), ("down", "w2"), ("up", "w3")):
+            stack = [experts.pop(f"model.layers.{i}.block_sparse_moe.experts.{e}.{hf}.weight") for e in range(cfg["num_experts"])]
+            w.add_tensor(f"blk.{i}.ffn_{r}_exps.weight", np.stack(stack))
+    if experts:
+        raise SystemExit(f"unmerged experts: {sorted(experts)[:3]}")
+    return w
+
+
+def llama_permute(x, heads):
+    """llama.cpp's q/k row order for interleaved RoPE: per head, rows (j, j + hd/2) adjacent."""
+    return x.reshape(heads, 2, x.shape[0] // heads // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+
+def mixtral(cfg, t):
+    w = gguf_mod.GGUFWriter(os.path.join(OUT, "mixtral.gguf"), "llama")
+    common(w, cfg, "mixtral fixture")
+    w.add_expert_count(cfg["num_local_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_rope_dimension_count(cfg["head_dim"])
+    vocab(gguf_mod, w, cfg["vocab_size"])
+    names = gguf_mod.get_tensor_name_map(gguf_mod.MODEL_ARCH.LLAMA, cfg["num_hidden_layers"])
+    experts = {}
+    for name, x in t.items():
+        if name.endswith("q_proj.weight"):
+            x = llama_permute(x, cfg["num_attention_heads"])
+        if name.endswith("k_proj.weight"):
+            x = llama_permute(x, cfg["num_key_value_heads"])
+        if ".block_sparse_moe.experts." in name:
+            experts[name] = x
+            continue
+        w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), x)
+    for i in range(cfg["num_hidden_layers"]):
+        for r, hf in (("gate", "w1"), ("down", "w2"), ("up", "w3")):
+            stack = [experts.pop(f"model.layers.{i}.block_sparse_moe.experts.{e}.{hf}.weight") for e in range(cfg["num_local_experts"])]
+            w.add_tensor(f"blk.{i}.ffn_{r}_exps.weight", np.stack(stack))
+    return w
+
+
 def deepseek2_softmax(cfg, t):
     return deepseek2(cfg, t, "deepseek2-v2.gguf", "deepseek_v2", softmax=True)
 
 
-MAKERS = {"deepseek_v3": deepseek2, "deepseek_v2": deepseek2_softmax, "gpt_oss": gpt_oss, "mimo_v2_flash": mimo2}
+MAKERS = {
+    "deepseek_v3": deepseek2, "deepseek_v2": deepseek2_softmax, "gpt_oss": gpt_oss, "mimo_v2_flash": mimo2,
+    "qwen3_next": qwen3next,
+    "qwen3_5_moe": lambda cfg, t: qwen3next(cfg, t, "qwen35moe", "qwen35moe.gguf"),
+    "kimi_linear": kimi_linear,
+    "mixtral": mixtral,
+    "glm_moe_dsa": lambda cfg, t: deepseek2(cfg, t, "glm-dsa.gguf", "glm_moe_dsa", arch="glm-dsa"),
+}
 
 
 def main():

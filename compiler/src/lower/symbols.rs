@@ -121,7 +121,7 @@ impl<'a> Symbols<'a> {
                     }
                     None => {
                         let want = match (&def.indices_of, &def.equals) {
-                            (Some(_), _) => "a list of strings".to_string(),
+                            (Some(_), _) => "a list of strings or of Bools".to_string(),
                             (None, Some(_)) => "a string".to_string(),
                             (None, None) => article(ty).to_string(),
                         };
@@ -234,9 +234,13 @@ pub fn config_value<'b>(b: &'b Bindings, key: &str) -> Option<&'b Json> {
 }
 
 /// An `IntList` symbol with `indices_of`: the indices of the entries of a list of strings
-/// equal to `wanted` (gpt-oss's `layer_types`).
+/// equal to `wanted` (gpt-oss's `layer_types`), or of a list of Bools written `"true"` /
+/// `"false"` (GGUF's per-layer flags, `attention.indexer.types`).
 pub fn indices_of(j: &Json, wanted: &str) -> Option<Value> {
-    let items = j.as_array()?.iter().map(Json::as_str).collect::<Option<Vec<_>>>()?;
+    fn word(x: &Json) -> Option<&str> {
+        x.as_str().or_else(|| x.as_bool().map(|b| if b { "true" } else { "false" }))
+    }
+    let items = j.as_array()?.iter().map(word).collect::<Option<Vec<_>>>()?;
     Some(Value::IntList(items.iter().enumerate().filter(|(_, s)| **s == wanted).map(|(i, _)| i as i64).collect()))
 }
 
@@ -345,4 +349,18 @@ pub fn unwrap_wrapper(spec: &Spec, b: &Bindings) -> Result<Option<Bindings>, Dia
         d.push(Diagnostic::whole(&b.source, m));
         d
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn indices_of_reads_strings_and_bools() {
+        let strings = serde_json::json!(["full", "shared", "full"]);
+        assert_eq!(indices_of(&strings, "shared"), Some(Value::IntList(vec![1])));
+        let flags = serde_json::json!([true, false, true, false]);
+        assert_eq!(indices_of(&flags, "false"), Some(Value::IntList(vec![1, 3])));
+        assert_eq!(indices_of(&serde_json::json!([1, 2]), "1"), None);
+    }
 }

@@ -216,7 +216,7 @@ impl Checkpoint {
             split::check_total(first.map.path(), &first.meta, entries.len(), shards.len() + 1)?;
         }
         let meta = first.meta;
-        let joined = gguf_transform::find(path, &entries)?;
+        let joined = gguf_transform::find(path, &meta, &entries)?;
         let files = std::iter::once(first.map).chain(shards.map(|s| s.map)).map(Arc::new).collect();
         Ok(Checkpoint {
             path: path.to_path_buf(),

@@ -1,6 +1,8 @@
 //! The split MLA pair of a GGUF joined back into `attn_kv_b`: the layout per head (key rows
 //! transposed, then value rows) in F32 and bit for bit in F16, a file that holds `attn_kv_b`
 //! itself left as it is, and a pair whose shapes do not fit a typed error naming the tensor.
+//! Qwen3.5's tiled value heads grouped back byte for byte in a block format (rows and columns),
+//! and `ssm_a` that is not negative a typed error.
 
 use super::*;
 
@@ -80,6 +82,77 @@ fn a_pair_that_does_not_fit_is_a_typed_error() {
     match open(&p) {
         Err(e @ LoadError::Shape { .. }) => {
             assert!(e.to_string().contains("blk.4.attn_v_b.weight") && e.to_string().contains("m.gguf"), "{e}")
+        }
+        other => panic!("expected a shape error, got {other:?}"),
+    }
+}
+
+/// Q8_0 rows whose blocks carry their block's index in every quant (scale 1.0).
+fn q8_tagged(rows: usize, cols: usize) -> Vec<u8> {
+    let mut b = Vec::new();
+    for blk in 0..rows * cols / 32 {
+        b.extend(half::f16::from_f32(1.0).to_le_bytes());
+        b.extend(std::iter::repeat_n((blk % 128) as u8, 32));
+    }
+    b
+}
+
+fn qwen35_meta() -> Vec<(&'static str, GgufValue)> {
+    vec![
+        ("general.architecture", GgufValue::String("qwen35moe".into())),
+        ("qwen35moe.ssm.group_count", GgufValue::U32(2)),
+        ("qwen35moe.ssm.time_step_rank", GgufValue::U32(4)),
+        ("qwen35moe.ssm.state_size", GgufValue::U32(8)),
+        ("qwen35moe.ssm.inner_size", GgufValue::U32(128)),
+    ]
+}
+
+#[test]
+fn qwen35_tiled_value_heads_are_grouped_back_in_their_own_format() {
+    // 2 key heads, 4 value heads of 32: grouped head j is tiled head (j % 2) * 2 + j / 2.
+    let tiled_of = |j: usize| (j % 2) * 2 + j / 2;
+    let d = tmp();
+    let tensors = [
+        ("blk.0.attn_gate.weight", vec![128, 32], 8u32, q8_tagged(128, 32)),
+        ("blk.0.ssm_out.weight", vec![2, 128], 8, q8_tagged(2, 128)),
+        ("blk.0.ssm_dt.bias", vec![4], 0, f32_bytes(&[0.0, 1.0, 2.0, 3.0])),
+        ("blk.0.ssm_a", vec![4], 0, f32_bytes(&[-1.0, -2.0, -3.0, -4.0])),
+    ];
+    let p = write(d.path(), "m.gguf", &gguf_bytes(3, &qwen35_meta(), &tensors, 32));
+    let ck = open(&p).unwrap();
+    let gate = ck.tensor("blk.0.attn_gate.grouped").unwrap();
+    assert_eq!((gate.format, gate.shape.clone()), (WeightFormat::Q8_0, vec![128, 32]));
+    for row in 0..128 {
+        let (j, r) = (row / 32, row % 32);
+        assert_eq!(gate.bytes()[row * 34 + 2] as usize, tiled_of(j) * 32 + r, "attn_gate row {row}");
+    }
+    let out = ck.tensor("blk.0.ssm_out.grouped").unwrap();
+    assert_eq!(out.format, WeightFormat::Q8_0);
+    for row in 0..2 {
+        for j in 0..4 {
+            assert_eq!(
+                out.bytes()[(row * 4 + j) * 34 + 2] as usize,
+                row * 4 + tiled_of(j),
+                "ssm_out row {row} head {j}"
+            );
+        }
+    }
+    let dt = ck.tensor("blk.0.ssm_dt.grouped").unwrap().to_f32_vec().unwrap();
+    assert_eq!(dt, vec![0.0, 2.0, 1.0, 3.0]);
+    let a = ck.tensor("blk.0.ssm_a_log").unwrap().to_f32_vec().unwrap();
+    let want: Vec<f32> = [1.0f32, 3.0, 2.0, 4.0].iter().map(|x| x.ln()).collect();
+    assert_eq!(a, want);
+}
+
+#[test]
+fn an_ssm_a_that_is_not_negative_is_a_typed_error() {
+    let d = tmp();
+    let tensors = [("blk.2.ssm_a", vec![2], 0u32, f32_bytes(&[-1.0, 0.5]))];
+    let p = write(d.path(), "m.gguf", &gguf_bytes(3, &[], &tensors, 32));
+    let ck = open(&p).unwrap();
+    match ck.tensor("blk.2.ssm_a_log") {
+        Err(e @ LoadError::Shape { .. }) => {
+            assert!(e.to_string().contains("blk.2.ssm_a") && e.to_string().contains("-exp(A_log)"), "{e}")
         }
         other => panic!("expected a shape error, got {other:?}"),
     }
