@@ -117,13 +117,11 @@ fn every_fixture_on_the_device_matches_the_cpu() {
     }
 }
 
-/// Inkling on the device: its projections, norms and residual adds in device frames, its new
-/// op kinds (attention with relative logits, the short convolutions, the sink router and the
-/// shared experts, the scaled final norm) in host frames, the logits and greedy tokens the
-/// CPU's in every chunking; then the session cut back into the prompt and fed again.
-#[test]
-fn inkling_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
-    let dir = fixture_dir("inkling");
+/// Fixture `name` on the device against the CPU: the op kinds `host_only` in host frames and
+/// never in device frames, `on_device` in device frames, the logits and greedy tokens the CPU's
+/// in every chunking. Returns the device engine, the prompt, the CPU's rows and the bound.
+fn new_kinds_on_the_host(name: &str, host_only: &[&str], on_device: &[&str]) -> (Engine, Vec<u32>, Vec<Vec<f32>>, f32) {
+    let dir = fixture_dir(name);
     let oracle = read_json(&dir.join("oracle.json"));
     let prompt = ids(&oracle["prompt_ids"]);
     let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
@@ -137,18 +135,31 @@ fn inkling_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
         frames.flat_map(|f| &f.ops).map(|&id| op_of(p, id).kind().info().name).collect()
     };
     let (host, device) = (kinds(true), kinds(false));
-    for k in ["attention_rel", "short_conv", "route_shared", "routed_experts_shared", "rms_norm_scaled"] {
-        assert!(host.contains(&k) && !device.contains(&k), "{k} on the host only\n{}", dev.plan());
+    for k in host_only {
+        assert!(host.contains(k) && !device.contains(k), "{name}: {k} on the host only\n{}", dev.plan());
     }
-    assert!(device.contains(&"linear") && device.contains(&"rms_norm"), "the rest on the device\n{}", dev.plan());
+    for k in on_device {
+        assert!(device.contains(k), "{name}: {k} on the device\n{}", dev.plan());
+    }
     for chunk in [prompt.len(), 1, 3] {
         let (got, toks, notice) = run(&dev, &prompt, chunk, 12);
         assert!(notice.is_none(), "{notice:?}");
         let err = max_abs_diff(&got, &want);
-        eprintln!("inkling chunk {chunk}: max |device - cpu| = {err:.3e} (bound {:.3e})", 1e-4 * max);
-        assert!(err <= 1e-4 * max, "chunk {chunk}: max |device - cpu| = {err}");
-        assert_eq!(toks, want_toks, "chunk {chunk}: greedy tokens differ");
+        eprintln!("{name} chunk {chunk}: max |device - cpu| = {err:.3e} (bound {:.3e})", 1e-4 * max);
+        assert!(err <= 1e-4 * max, "{name}: chunk {chunk}: max |device - cpu| = {err}");
+        assert_eq!(toks, want_toks, "{name}: chunk {chunk}: greedy tokens differ");
     }
+    (dev, prompt, want, max)
+}
+
+/// Inkling on the device: its projections, norms and residual adds in device frames, its new
+/// op kinds (attention with relative logits, the short convolutions, the sink router and the
+/// shared experts, the scaled final norm) in host frames, the logits and greedy tokens the
+/// CPU's in every chunking; then the session cut back into the prompt and fed again.
+#[test]
+fn inkling_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
+    let host_only = ["attention_rel", "short_conv", "route_shared", "routed_experts_shared", "rms_norm_scaled"];
+    let (dev, prompt, want, max) = new_kinds_on_the_host("inkling", &host_only, &["linear", "rms_norm"]);
     let device = dev.device().expect("a device");
     let mut s = Session::on_device(dev.model(), device, 256).unwrap();
     s.forward(&prompt, LogitRows::Last).unwrap();
@@ -165,21 +176,7 @@ fn inkling_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
 /// SwiGLU) in host frames; the logits and greedy tokens the CPU's in every chunking.
 #[test]
 fn deepseek_v4_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
-    let dir = fixture_dir("deepseek_v4");
-    let oracle = read_json(&dir.join("oracle.json"));
-    let prompt = ids(&oracle["prompt_ids"]);
-    let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
-    let cpu = load_model(&dir);
-    let (want, want_toks, _) = run(&cpu, &prompt, prompt.len(), 12);
-    let dev = load_on_device(&dir, None, None);
-    assert!(dev.device().is_some(), "{}", dev.device_note());
-    let p = &dev.plan().program;
-    let kinds = |host: bool| -> Vec<&'static str> {
-        let frames = dev.plan().frames.iter().filter(|f| (f.place == Place::Host) == host);
-        frames.flat_map(|f| &f.ops).map(|&id| op_of(p, id).kind().info().name).collect()
-    };
-    let (host, device) = (kinds(true), kinds(false));
-    let cpu_only = [
+    let host_only = [
         "hyper_pre",
         "hyper_post",
         "grouped_linear",
@@ -190,20 +187,7 @@ fn deepseek_v4_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
         "routed_experts_limited",
         "glu_limited",
     ];
-    for k in cpu_only {
-        assert!(host.contains(&k) && !device.contains(&k), "{k} on the host only\n{}", dev.plan());
-    }
-    for k in ["linear", "rms_norm", "attention"] {
-        assert!(device.contains(&k), "{k} on the device\n{}", dev.plan());
-    }
-    for chunk in [prompt.len(), 1, 3] {
-        let (got, toks, notice) = run(&dev, &prompt, chunk, 12);
-        assert!(notice.is_none(), "{notice:?}");
-        let err = max_abs_diff(&got, &want);
-        eprintln!("deepseek_v4 chunk {chunk}: max |device - cpu| = {err:.3e} (bound {:.3e})", 1e-4 * max);
-        assert!(err <= 1e-4 * max, "chunk {chunk}: max |device - cpu| = {err}");
-        assert_eq!(toks, want_toks, "chunk {chunk}: greedy tokens differ");
-    }
+    new_kinds_on_the_host("deepseek_v4", &host_only, &["linear", "rms_norm", "attention"]);
 }
 
 #[test]
