@@ -84,6 +84,12 @@ fn deepseek_v3_runs_in_coli_exec() {
     check_exec("deepseek_v3");
 }
 
+/// `attention_bias`: biases on the MLA's q_a, kv_a and o projections.
+#[test]
+fn deepseek_v3_with_attention_biases_matches_transformers() {
+    matches_oracle("deepseek_v3_bias");
+}
+
 #[test]
 fn deepseek_v2_matches_transformers() {
     matches_oracle("deepseek_v2");
@@ -102,6 +108,12 @@ fn qwen3_next_matches_transformers() {
 #[test]
 fn qwen3_next_runs_in_coli_exec() {
     check_exec("qwen3_next");
+}
+
+/// `attention_bias`: the fused query-and-gate projection's bias split by the matrix's rows.
+#[test]
+fn qwen3_next_with_attention_biases_matches_transformers() {
+    matches_oracle("qwen3_next_bias");
 }
 
 #[test]

@@ -30,7 +30,9 @@ const FIXTURES: &[&str] = &[
     "mixtral",
     "mimo_v2_flash",
     "qwen3_next",
+    "qwen3_next_bias",
     "deepseek_v3",
+    "deepseek_v3_bias",
     "deepseek_v2",
     "qwen3_5_moe",
     "kimi_linear",
@@ -97,7 +99,7 @@ fn every_fixture_on_the_device_matches_the_cpu() {
             let mla = layer_ops(&dev, false).iter().filter(|op| **op == "mla").count();
             assert_eq!(mla, 1, "{name}: its MLA layer in a device frame\n{}", dev.plan());
         }
-        if name == &"deepseek_v3" || name == &"deepseek_v2" {
+        if matches!(*name, "deepseek_v3" | "deepseek_v3_bias" | "deepseek_v2") {
             let mla = layer_ops(&dev, false).iter().filter(|op| **op == "mla").count();
             assert_eq!(
                 mla,

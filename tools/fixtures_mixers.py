@@ -638,3 +638,30 @@ def mixer_names(name, cfg, n_layers):
             for w in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"):
                 out.append(f"model.layers.{i}.mlp.experts.{w}")
     return out
+
+
+# `attention_bias` on, small: Qwen3-Next's biases on the fused query-and-gate projection (the
+# bias rows selected as the matrix's), k, v and o; DeepSeek-V3's on the MLA's q_a, kv_a and o.
+def biased(name, seed, note, **config):
+    spec = dict(MIXERS[name])
+    spec["config"] = {**MIXERS[name]["config"], "attention_bias": True, **config}
+    spec.update(seed=seed, note=note, check_names=False)
+    return spec
+
+
+MIXERS["qwen3_next_bias"] = biased(
+    "qwen3_next", 8600,
+    "Qwen3-Next with attention_bias: 3 layers (DeltaNet, gated attention with biases on q/gate, k, v, o, "
+    "DeltaNet), hidden 32, 4 q / 2 kv heads of 16, 6 experts (FFN 16) top-2 plus a shared expert (FFN 24)",
+    vocab_size=160, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+    shared_expert_intermediate_size=24, num_hidden_layers=3,
+    layer_types=["linear_attention", "full_attention", "linear_attention"], head_dim=16,
+    linear_key_head_dim=8, linear_value_head_dim=8, num_experts=6, mlp_only_layers=[])
+MIXERS["deepseek_v3_bias"] = biased(
+    "deepseek_v3", 7600,
+    "DeepSeek-V3 with attention_bias: 2 layers (dense, MoE), hidden 32, MLA 2 heads with q_lora_rank 24 and "
+    "biases on q_a, kv_a and o, kv_lora_rank 16, qk_nope 8, qk_rope 8, v_head_dim 8, 6 experts (FFN 16) in 2 "
+    "groups, top-2",
+    vocab_size=160, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=2,
+    num_attention_heads=2, num_key_value_heads=2, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8,
+    qk_rope_head_dim=8, v_head_dim=8, n_routed_experts=6, n_group=2, topk_group=1)

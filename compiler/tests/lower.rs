@@ -564,3 +564,62 @@ fn deepseek_v2_routes_by_softmax_and_its_groups_best_score() {
     let err = route(&bad).unwrap_err();
     assert!(err.contains("configuration key `model_type` is `2`, the spec expects a string"), "{err}");
 }
+
+/// `attention_bias` switches on the weights a spec marks `when: "attn_bias"`: a `Linear`'s
+/// bias (with the row selection of its fused matrix, Qwen3-Next's query and gate), an MLA's
+/// optional roles; without it neither is looked for.
+#[test]
+fn attention_bias_switches_the_marked_biases_on() {
+    let with_bias = |spec: &str, on: bool| {
+        let spec = Spec::load(&graphs().join(spec)).unwrap();
+        let mut b = Bindings::from_config_json(&spec.default_config().unwrap()).unwrap();
+        b.config.insert("attention_bias".into(), serde_json::json!(on));
+        compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).unwrap_or_else(|d| panic!("{d}")).program
+    };
+    let biases = |p: &Program| -> Vec<(String, Option<RowSelect>)> {
+        p.layers
+            .iter()
+            .flat_map(|l| &l.ops)
+            .filter_map(|op| match op {
+                Op::Linear { bias: Some(b), .. } => Some((b.name.clone(), b.rows)),
+                _ => None,
+            })
+            .collect()
+    };
+    for spec in ["olmoe.ron", "qwen3_moe.ron", "qwen3_next.ron", "qwen3_5_moe.ron", "mimo_v2_flash.ron"] {
+        assert!(biases(&with_bias(spec, false)).is_empty(), "{spec}");
+    }
+    let next = with_bias("qwen3_next.ron", true);
+    let full = next.layers.iter().position(|l| l.mixer == MixerKind::Attention).unwrap();
+    let layer: Vec<_> = biases(&next).into_iter().filter(|(n, _)| n.contains(&format!(".{full}."))).collect();
+    let name = |p: &str| format!("model.layers.{full}.self_attn.{p}.bias");
+    let names: Vec<&str> = layer.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, [name("q_proj"), name("q_proj"), name("k_proj"), name("v_proj"), name("o_proj")]);
+    // The query's and the gate's entries are the matrix's rows: per head, query then gate.
+    let (q, gate) = (layer[0].1.unwrap(), layer[1].1.unwrap());
+    assert_eq!((q.stride, q.offset, q.take), (2 * q.take, 0, q.take));
+    assert_eq!((gate.stride, gate.offset), (2 * q.take, q.take));
+    let mimo = biases(&with_bias("mimo_v2_flash.ron", true));
+    assert!(
+        mimo.iter().any(|(n, _)| n.ends_with("k_proj.bias")) && !mimo.iter().any(|(n, _)| n.ends_with("o_proj.bias"))
+    );
+    let mla_roles = |on: bool| -> Vec<String> {
+        let p = with_bias("deepseek_v3.ron", on);
+        p.layers[0]
+            .ops
+            .iter()
+            .find_map(|op| {
+                if let Op::Mla { spec, .. } = op {
+                    Some(spec.weights.iter().map(|(r, _)| r.clone()).collect())
+                } else {
+                    None
+                }
+            })
+            .unwrap()
+    };
+    assert!(!mla_roles(false).iter().any(|r| r.ends_with("bias")));
+    let on = mla_roles(true);
+    for role in ["q_a_bias", "kv_a_bias", "o_bias"] {
+        assert!(on.iter().any(|r| r == role), "{role} in {on:?}");
+    }
+}

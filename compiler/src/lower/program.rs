@@ -347,8 +347,8 @@ impl<'a> Lowerer<'a> {
             OpItem::Linear { x, out, weight: wname, bias } => {
                 let (xv, ov, w) = (self.val(x), self.val(out), self.weight(wname));
                 let bias = match bias {
-                    Some(b) => Some(self.weight(b)?),
-                    None => None,
+                    Some(b) if !self.weight_off(b) => Some(self.weight(b)?),
+                    _ => None,
                 };
                 let (xv, ov, weight) = (xv?, ov?, w?);
                 if weight.shape.len() != 2 {

@@ -481,10 +481,21 @@ impl<'a> Lowerer<'a> {
         }
     }
 
+    /// Whether weight `t` is switched off here: its `when` is false.
+    pub(super) fn weight_off(&mut self, t: &Text) -> bool {
+        match self.spec.weight(&t.value).and_then(|d| d.when.as_ref()) {
+            Some(cond) => self.boolean(cond) == Some(false),
+            None => false,
+        }
+    }
+
     pub(super) fn roles(&mut self, weights: &crate::spec::de::Entries<Text, Text>) -> Option<Vec<(String, WeightRef)>> {
         let mut out = Vec::new();
         let mut ok = true;
         for (role, w) in &weights.0 {
+            if self.weight_off(w) {
+                continue;
+            }
             match self.weight(w) {
                 Some(w) => out.push((role.value.clone(), w)),
                 None => ok = false,

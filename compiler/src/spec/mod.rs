@@ -145,6 +145,11 @@ pub struct WeightDef {
     /// the `out` columns. An expert bias `[experts, out]` selects its entries with `rows` too.
     #[serde(default)]
     pub input_major: bool,
+    /// The weight exists only where this Bool holds (an option of the configuration, such as
+    /// `attention_bias`); elsewhere an op's optional use of it (a `Linear`'s `bias`, a fused
+    /// op's optional role) is left out.
+    #[serde(default)]
+    pub when: Option<Text>,
 }
 
 /// Rows `g * stride + offset ..+ take` for each of `groups` groups (Int expressions).
