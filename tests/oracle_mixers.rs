@@ -187,29 +187,31 @@ fn deepseek_v4_runs_in_coli_exec() {
     check_exec("deepseek_v4");
 }
 
-/// The compressed layer types (the KV compressor and its indexer) are refused by name, as is a
-/// configuration without `layer_types` (V4's default schedule is compressed).
+/// Compressed layers: heavily compressed (every closed window an entry) and compressed sparse
+/// (overlapping windows, the lightning indexer's top-k), beside a sliding one.
 #[test]
-fn deepseek_v4_compressed_layers_are_refused_by_name() {
-    let kinds = ["compressed_sparse_attention", "heavily_compressed_attention"];
-    for kind in kinds.into_iter().map(Some).chain([None]) {
-        let dir = patched_fixture("deepseek_v4", |c| match kind {
-            Some(k) => c["layer_types"][2] = serde_json::json!(k),
-            None => {
-                c.as_object_mut().unwrap().remove("layer_types");
-            }
-        });
-        let err = coli_runtime::engine::Engine::load(&dir, &coli_runtime::engine::EngineOptions::default())
-            .err()
-            .map(|e| e.to_string());
-        std::fs::remove_dir_all(&dir).unwrap();
-        let err = err.expect("a compressed DeepSeek V4 layer must not load");
-        assert!(err.contains("not served"), "{kind:?}: {err}");
-        let named: Vec<&str> = kind.map_or(kinds.to_vec(), |k| vec![k]);
-        for k in named {
-            assert!(err.contains(k), "{kind:?}: {err}");
-        }
-    }
+fn deepseek_v4_compressed_matches_transformers() {
+    matches_oracle("deepseek_v4_compressed");
+}
+
+#[test]
+fn deepseek_v4_compressed_runs_in_coli_exec() {
+    check_exec("deepseek_v4_compressed");
+}
+
+/// A scaled RoPE of the compressed layers is refused by name, not run unscaled.
+#[test]
+fn deepseek_v4_compressed_yarn_is_refused_by_name() {
+    let dir = patched_fixture("deepseek_v4_compressed", |c| {
+        c["rope_parameters"]["compress"]["rope_type"] = serde_json::json!("yarn");
+        c["rope_parameters"]["compress"]["factor"] = serde_json::json!(4.0);
+    });
+    let err = coli_runtime::engine::Engine::load(&dir, &coli_runtime::engine::EngineOptions::default())
+        .err()
+        .map(|e| e.to_string());
+    std::fs::remove_dir_all(&dir).unwrap();
+    let err = err.expect("a scaled compress RoPE must not load");
+    assert!(err.contains("not served") && err.contains("rope_parameters.compress"), "{err}");
 }
 
 #[test]

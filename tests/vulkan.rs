@@ -192,6 +192,23 @@ fn deepseek_v4_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
     new_kinds_on_the_host("deepseek_v4", &host_only, &["linear", "rms_norm", "attention"]);
 }
 
+/// DeepSeek V4's compressed layers on the device: the compressor and the attention over its
+/// entries in host frames beside the other new kinds; the logits and greedy tokens the CPU's in
+/// every chunking; then the session cut back into the prompt (past closed windows) and fed again.
+#[test]
+fn deepseek_v4_compressed_layers_on_the_device_match_the_cpu() {
+    let host_only = ["kv_compress", "attention_compressed", "hyper_pre", "rope_tail"];
+    let (dev, prompt, want, max) = new_kinds_on_the_host("deepseek_v4_compressed", &host_only, &["linear", "rms_norm"]);
+    let device = dev.device().expect("a device");
+    let mut s = Session::on_device(dev.model(), device, 256).unwrap();
+    s.forward(&prompt, LogitRows::Last).unwrap();
+    s.try_truncate(7).expect("the compressed entries go back anywhere");
+    let l = s.forward(&prompt[7..], LogitRows::All).unwrap();
+    let got: Vec<Vec<f32>> = l.chunks_exact(want[0].len()).map(|r| r.to_vec()).collect();
+    let err = max_abs_diff(&got, &want[7..]);
+    assert!(err <= 1e-4 * max, "after a cut to 7: max |device - cpu| = {err}");
+}
+
 #[test]
 fn partial_chains_of_every_length_match_the_cpu() {
     for name in ["llama", "olmoe"] {

@@ -108,3 +108,78 @@ def v4_router_gap(model, entries, top_k):
 
 V4["deepseek_v4"]["post_init"] = v4_post_init
 V4["deepseek_v4"]["router_gap"] = v4_router_gap
+
+
+# DeepSeek V4 with its compressed layers: heavily compressed attention (HCA: one entry per
+# window of `compress_rates` positions, every closed window visible) and compressed sparse
+# attention (CSA: overlapping windows, the lightning indexer's top-k of them), beside the
+# sliding window; the compressed layers' RoPE is the "compress" one (theta 160000).
+V4["deepseek_v4_compressed"] = dict(
+    V4["deepseek_v4"],
+    seed=14600,
+    prompt_len=22,
+    attempts=200,
+    config=dict(
+        V4["deepseek_v4"]["config"],
+        hidden_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=3,
+        head_dim=24,
+        q_lora_rank=24,
+        layer_types=["heavily_compressed_attention", "compressed_sparse_attention", "sliding_attention",
+                     "compressed_sparse_attention"],
+        mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
+        compress_rates={"compressed_sparse_attention": 3, "heavily_compressed_attention": 5},
+        compress_rope_theta=160000.0,
+        index_n_heads=8,
+        index_head_dim=8,
+        index_topk=3,
+        hc_mult=3,
+        o_groups=3,
+        o_lora_rank=8,
+        n_routed_experts=6,
+    ),
+    note=(
+        "DeepSeek V4 with compressed layers: HCA (rate 5), CSA (rate 3, overlapping windows, lightning "
+        "indexer 8 heads x 8, top-3), sliding, CSA; window 4, hidden 48, 3 hyper-connection streams, "
+        "3 heads x 24 with RoPE on the last 6, compress RoPE theta 160000, o_groups 3 x 8; 6 experts top-2, "
+        "layer 0 routed by a hash table"
+    ),
+)
+
+
+MIN_INDEX_GAP = 2e-4
+
+
+@torch.no_grad()
+def compressed_index_gap(model, ids):
+    """The smallest k-th minus (k+1)-th lightning-indexer score over every CSA layer and every
+    row of a no-cache forward that sees more than index_topk closed windows."""
+    cfg = model.config
+    rate, k = cfg.compress_rates["compressed_sparse_attention"], cfg.index_topk
+    scores = []
+    hooks = [layer.self_attn.compressor.indexer.scorer.register_forward_hook(lambda m, i, o: scores.append(o[0]))
+             for layer in model.model.layers if layer.self_attn.layer_type == "compressed_sparse_attention"]
+    model(input_ids=torch.tensor([ids]))
+    for h in hooks:
+        h.remove()
+    gap = math.inf
+    for sc in scores:
+        for s in range(sc.shape[0]):
+            seen = (s + 1) // rate
+            if seen > k:
+                v = sc[s, :seen].float().topk(k + 1).values
+                gap = min(gap, float(v[k - 1] - v[k]))
+    return gap
+
+
+def compressed_accept(model, prompt, greedy):
+    gap = compressed_index_gap(model, prompt + greedy[:-1])
+    return gap >= MIN_INDEX_GAP, f"index gap {gap:.5f}"
+
+
+V4["deepseek_v4_compressed"]["accept"] = compressed_accept
+V4["deepseek_v4_compressed"]["probe"] = lambda model, ids: {
+    "index_note": "min over prompt + greedy[:-1] (no-cache forward) and every CSA layer of the k-th minus the (k+1)-th indexer score, at rows that see more than index_topk closed windows",
+    "min_index_score_gap": compressed_index_gap(model, ids),
+}

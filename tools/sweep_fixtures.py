@@ -117,6 +117,8 @@ VARIANTS_A = {
                               o_groups=3, o_lora_rank=8, n_routed_experts=6, num_experts_per_tok=3,
                               layer_types=["sliding_attention"] * 3, mlp_layer_types=["hash_moe", "moe", "moe"],
                               sliding_window=5, scoring_func="sigmoid")),
+    "deepseek_v4_compressed": (117, dict(compress_rates={"compressed_sparse_attention": 2, "heavily_compressed_attention": 3},
+                                         index_topk=4, sliding_window=3, hc_mult=2, index_n_heads=6, index_head_dim=12)),
 }
 
 # Variant "b": options the committed fixtures leave at one value (biases, tied heads, layer
@@ -139,6 +141,10 @@ VARIANTS_B = {
     "glm_moe_dsa": (215, dict(index_topk=3), {"prompt_len": 30}),
     "deepseek_v4": (216, dict(scoring_func="sqrtsoftplus", mlp_layer_types=["moe"] * 4, hc_mult=2, sliding_window=3,
                               swiglu_limit=10.0), {"prompt_len": 24}),
+    # Without `layer_types`: transformers' schedule (two heavily compressed layers, then both kinds in turn).
+    "deepseek_v4_compressed": (217, dict(layer_types=None, num_hidden_layers=5, mlp_layer_types=["hash_moe"] + ["moe"] * 4,
+                                         compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 6},
+                                         index_topk=2), {"prompt_len": 30}),
 }
 
 # Variant "c": `attention_bias` where the family's configuration has it.

@@ -342,6 +342,58 @@ pub struct AttentionSpec {
     /// Relative-position logits (Inkling), added to the scaled scores.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rel: Option<RelLogits>,
+    /// Compressed entries of the layer (a `KvCompress` before it, DeepSeek V4) attended beside
+    /// the cached rows: an op kind of its own (`attention_compressed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compressed: Option<CompressedKv>,
+}
+
+/// The compressed entries an attention reads (`AttentionSpec::compressed`): entry `e` closes
+/// window `e` of `rate` positions, so a query at `p` sees the entries `e < (p + 1) / rate`; with
+/// `select` (a `KvCompress`'s output, `topk` wide, `-1` padded) only the selected ones. Each
+/// entry is one head of `head_dim`, both key and value (one KV head).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CompressedKv {
+    pub rate: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub select: Option<ValueId>,
+}
+
+/// DeepSeek V4's KV compressor (`Op::KvCompress`). Each position projects `kv` and `gate`
+/// (`w x head_dim` wide, `w` 2 with `overlap`, else 1); window `e` (positions `e * rate ..+
+/// rate`) closes into one entry: per channel the softmax over its slots of `gate + ape[j]`
+/// weighs the slots' `kv`; with `overlap` the slots are the previous window's first halves and
+/// this window's second halves (width `2 x rate`, stride `rate`). The entry is RMSNormed
+/// (`norm`, `eps`) and RoPE'd on its last `rope_dim` columns (adjacent pairs) at position
+/// `e * rate`. Roles: `kv`, `gate` (`[w x head_dim, hidden]`), `ape` (`[rate, w x head_dim]`),
+/// `norm` (`[head_dim]`).
+///
+/// With `index` (compressed sparse attention's lightning indexer): a second compressor of
+/// `index.head_dim` (roles `index_kv`, `index_gate`, `index_ape`, `index_norm`), queries
+/// `index_q_b(q)` in `index.heads` heads RoPE'd at the row's position, head weights
+/// `index_w(x) / sqrt(heads)`; a row's score of entry `e` is `sum_h w_h relu(q_h . k_e) /
+/// sqrt(head_dim)` over the entries it sees, and its `topk` best are written ascending to the
+/// op's output (`-1` after them where it sees fewer).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CompressSpec {
+    pub rate: usize,
+    pub head_dim: usize,
+    pub rope_dim: usize,
+    pub rope_theta: f32,
+    pub rope_scaling: RopeScaling,
+    pub overlap: bool,
+    pub eps: f32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<CompressIndex>,
+    pub weights: Vec<(String, WeightRef)>,
+}
+
+/// The lightning indexer of a compressor (`CompressSpec::index`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CompressIndex {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub topk: usize,
 }
 
 fn one() -> f32 {
@@ -499,6 +551,10 @@ pub enum Op {
     /// `out` (`topk` wide): the chosen positions as f32 in ascending order, then `-1` where a row
     /// sees fewer than `topk` positions (it then keeps every one it sees).
     Indexer { x: ValueId, q: ValueId, out: ValueId, layer: LayerId, spec: IndexerSpec },
+    /// DeepSeek V4's KV compressor (`CompressSpec`): closes the layer's windows into entries
+    /// kept with its cache; with an indexer, reads the query latent `q` and writes each row's
+    /// selection of entries to `out`.
+    KvCompress { x: ValueId, q: Option<ValueId>, out: Option<ValueId>, layer: LayerId, spec: CompressSpec },
     /// A linear-attention mixer with recurrent state (Gated DeltaNet): the causal convolution's
     /// ring and the delta rule, on the CPU and the device (the host's state canonical).
     LinearAttention { x: ValueId, out: ValueId, layer: LayerId, spec: LinearAttentionSpec },
@@ -521,6 +577,7 @@ pub fn op_io(op: &Op) -> (Vec<ValueId>, Vec<ValueId>) {
         Op::Attention { q, k, v, out, spec, .. } => {
             let mut reads = vec![*q, *k, *v];
             reads.extend(spec.rel.as_ref().map(|r| r.r));
+            reads.extend(spec.compressed.and_then(|c| c.select));
             (reads, vec![*out])
         }
         Op::Glu { gate, up, out, .. } => (vec![*gate, *up], vec![*out]),
@@ -533,6 +590,7 @@ pub fn op_io(op: &Op) -> (Vec<ValueId>, Vec<ValueId>) {
             (reads, vec![*out])
         }
         Op::Indexer { x, q, out, .. } => (vec![*x, *q], vec![*out]),
+        Op::KvCompress { x, q, out, .. } => (std::iter::once(*x).chain(*q).collect(), out.iter().copied().collect()),
         Op::LinearAttention { x, out, .. } => (vec![*x], vec![*out]),
     }
 }

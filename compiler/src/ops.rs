@@ -68,6 +68,10 @@ pub enum OpKind {
     /// token's row of a hash table (`Op::Route::hash`): the CPU's only.
     RouteSqrtSoftplus,
     RouteHash,
+    /// DeepSeek V4's KV compressor (`Op::KvCompress`) and attention over its entries beside the
+    /// cached rows (`AttentionSpec::compressed`): the CPU's only.
+    KvCompress,
+    AttentionCompressed,
 }
 
 /// What placement and printing need to know of an op kind.
@@ -117,6 +121,8 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::RoutedExpertsLimited, name: "routed_experts_limited", host_step: true, by_default: false },
     OpInfo { kind: OpKind::RouteSqrtSoftplus, name: "route_sqrt_softplus", host_step: true, by_default: false },
     OpInfo { kind: OpKind::RouteHash, name: "route_hash", host_step: true, by_default: false },
+    OpInfo { kind: OpKind::KvCompress, name: "kv_compress", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::AttentionCompressed, name: "attention_compressed", host_step: false, by_default: false },
 ];
 
 impl OpKind {
@@ -150,6 +156,7 @@ impl Op {
             Op::HyperPre { .. } => OpKind::HyperPre,
             Op::HyperPost { .. } => OpKind::HyperPost,
             Op::Attention { spec, .. } if spec.rel.is_some() => OpKind::AttentionRel,
+            Op::Attention { spec, .. } if spec.compressed.is_some() => OpKind::AttentionCompressed,
             Op::Attention { .. } => OpKind::Attention,
             Op::Act { .. } => OpKind::Act,
             Op::Glu { kind: GluKind::LimitedSwiGlu { .. }, .. } => OpKind::GluLimited,
@@ -166,6 +173,7 @@ impl Op {
             Op::Mla { spec, .. } if spec.select.is_some() => OpKind::MlaSparse,
             Op::Mla { .. } => OpKind::Mla,
             Op::Indexer { .. } => OpKind::Indexer,
+            Op::KvCompress { .. } => OpKind::KvCompress,
             Op::LinearAttention { spec, .. } if spec.kind == LinearAttentionKind::Kda => OpKind::Kda,
             Op::LinearAttention { spec, .. } if spec.kind == LinearAttentionKind::ShortConv => OpKind::ShortConv,
             Op::LinearAttention { spec, .. } if spec.projections_apart() => OpKind::LinearAttentionApart,
@@ -208,6 +216,8 @@ mod tests {
             OpKind::RmsNormUnweighted,
             OpKind::RopeTail,
             OpKind::GluLimited,
+            OpKind::KvCompress,
+            OpKind::AttentionCompressed,
         ] {
             assert!(!none.runs(k), "{k}");
         }

@@ -113,6 +113,12 @@ pub fn op_text(op: &Op) -> String {
             if let Some(r) = &spec.rel {
                 let _ = write!(s, " rel {} {} d_rel {} extent {}", r.r, w(&r.proj), r.d_rel, r.extent);
             }
+            if let Some(c) = &spec.compressed {
+                let _ = write!(s, " compressed rate {}", c.rate);
+                if let Some(sel) = c.select {
+                    let _ = write!(s, " select {sel}");
+                }
+            }
             s
         }
         Op::Act { x, out, act } => format!("{out} = act {act:?} {x}"),
@@ -209,6 +215,32 @@ pub fn op_text(op: &Op) -> String {
                 g(spec.eps),
                 ws.join(", ")
             )
+        }
+        Op::KvCompress { x, q, out, layer, spec } => {
+            let ws: Vec<String> = spec.weights.iter().map(|(r, x)| format!("{r} {}", w(x))).collect();
+            let mut s = match out {
+                Some(o) => format!("{o} = kv_compress {x}"),
+                None => format!("kv_compress {x}"),
+            };
+            if let Some(q) = q {
+                let _ = write!(s, " q {q}");
+            }
+            let _ = write!(
+                s,
+                " entries {layer} rate {} head_dim {} rope {} theta {} scaling {:?}{} eps {}",
+                spec.rate,
+                spec.head_dim,
+                spec.rope_dim,
+                g(spec.rope_theta),
+                spec.rope_scaling,
+                if spec.overlap { " overlap" } else { "" },
+                g(spec.eps)
+            );
+            if let Some(i) = &spec.index {
+                let _ = write!(s, " index {}x{} topk {}", i.heads, i.head_dim, i.topk);
+            }
+            let _ = write!(s, " [{}]", ws.join(", "));
+            s
         }
         Op::LinearAttention { x, out, layer, spec } => {
             let ws: Vec<String> = spec.weights.iter().map(|(r, x)| format!("{r} {}", w(x))).collect();

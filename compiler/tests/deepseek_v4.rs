@@ -1,7 +1,8 @@
 //! DeepSeek V4's spec lowered with the configuration class's defaults (every layer sliding): the
 //! residual as `hc_mult` streams, hash routing on the first layers, its op kinds only the CPU
-//! has left on the host by a device that lists the kinds it runs; the compressed layer types
-//! refused by name; and the spec language's checks of the multi-stream ops.
+//! has left on the host by a device that lists the kinds it runs; the compressed layer types by
+//! `layer_types` or transformers' default schedule; unserved options refused by name; and the
+//! spec language's checks of the multi-stream ops.
 
 use coli_compiler::bind::Bindings;
 use coli_compiler::frames::op_of;
@@ -98,24 +99,73 @@ fn the_new_kinds_stay_on_the_host() {
     assert!(device.get("linear").is_some_and(|&n| n > 0) && device.get("attention") == Some(&43), "{plan}");
 }
 
+/// The compressed layer types lower to a `KvCompress` (with its indexer in compressed sparse
+/// layers) and an attention over its entries, on the "compress" RoPE; without `layer_types`,
+/// transformers' schedule (two heavily compressed layers, then the two kinds in turn).
 #[test]
-fn compressed_layer_types_are_refused_by_name() {
+fn compressed_layers_follow_layer_types_or_the_default_schedule() {
     let text = std::fs::read_to_string(spec_path()).unwrap();
-    let kinds = ["compressed_sparse_attention", "heavily_compressed_attention"];
-    for kind in kinds {
-        let mut c = config();
-        c["layer_types"][7] = serde_json::json!(kind);
-        let d = compile_text(&text, &c, kind).unwrap_err();
-        assert!(d.contains("deepseek_v4.ron:") && d.contains(&format!("not served: {kind} layers")), "{d}");
-    }
+    let kinds_of = |p: &Program| -> Vec<&'static str> {
+        p.layers
+            .iter()
+            .map(|l| {
+                let c =
+                    l.ops.iter().find_map(|op| if let Op::KvCompress { spec, .. } = op { Some(spec) } else { None });
+                match c {
+                    None => "sliding",
+                    Some(s) if s.index.is_some() => "csa",
+                    Some(_) => "hca",
+                }
+            })
+            .collect()
+    };
+    let mut c = config();
+    c["layer_types"][1] = serde_json::json!("compressed_sparse_attention");
+    c["layer_types"][2] = serde_json::json!("heavily_compressed_attention");
+    let plan = compile_text(&text, &c, "typed").unwrap_or_else(|d| panic!("{d}"));
+    let p = &plan.program;
+    assert_eq!(kinds_of(p)[..4], ["sliding", "csa", "hca", "sliding"]);
+    let (csa, hca) = (&p.layers[1].ops, &p.layers[2].ops);
+    let compress = |ops: &[Op]| {
+        ops.iter().find_map(|op| if let Op::KvCompress { spec, .. } = op { Some(spec.clone()) } else { None }).unwrap()
+    };
+    let (cs, hs) = (compress(csa), compress(hca));
+    assert_eq!((cs.rate, cs.overlap, cs.index.map(|i| (i.heads, i.head_dim, i.topk))), (4, true, Some((64, 128, 512))));
+    assert_eq!((hs.rate, hs.overlap, hs.index), (128, false, None));
+    assert_eq!((cs.rope_theta, cs.rope_dim), (160000.0, 64));
+    let attn = |ops: &[Op]| {
+        ops.iter()
+            .find_map(|op| if let Op::Attention { spec, .. } = op { Some(spec.compressed) } else { None })
+            .unwrap()
+    };
+    assert!(attn(csa).is_some_and(|c| c.rate == 4 && c.select.is_some()));
+    assert!(attn(hca).is_some_and(|c| c.rate == 128 && c.select.is_none()));
+    // The compressed layers' q, kv and output rotations are the "compress" RoPE's.
+    let thetas = |ops: &[Op]| -> Vec<f32> {
+        ops.iter().filter_map(|op| if let Op::Rope { theta, .. } = op { Some(*theta) } else { None }).collect()
+    };
+    assert_eq!((thetas(csa), thetas(&p.layers[0].ops)), (vec![160000.0; 3], vec![10000.0; 3]));
     let mut c = config();
     c.as_object_mut().unwrap().remove("layer_types");
-    let d = compile_text(&text, &c, "no-layer-types").unwrap_err();
-    assert!(d.contains("without `layer_types`") && kinds.iter().all(|k| d.contains(k)), "{d}");
+    let plan = compile_text(&text, &c, "no-layer-types").unwrap_or_else(|d| panic!("{d}"));
+    assert_eq!(kinds_of(&plan.program)[..6], ["hca", "hca", "hca", "csa", "hca", "csa"]);
+}
+
+#[test]
+fn unserved_options_are_refused_by_name() {
+    let text = std::fs::read_to_string(spec_path()).unwrap();
+    let mut c = config();
+    c["layer_types"][7] = serde_json::json!("chunked_attention");
+    let d = compile_text(&text, &c, "unknown-type").unwrap_err();
+    assert!(d.contains("deepseek_v4.ron:") && d.contains("not served: a `layer_types` entry"), "{d}");
     let mut c = config();
     c["rope_parameters"]["main"]["rope_type"] = serde_json::json!("yarn");
     let d = compile_text(&text, &c, "yarn").unwrap_err();
     assert!(d.contains("not served: a scaled RoPE"), "{d}");
+    let mut c = config();
+    c["rope_parameters"]["compress"]["rope_type"] = serde_json::json!("yarn");
+    let d = compile_text(&text, &c, "compress-yarn").unwrap_err();
+    assert!(d.contains("not served: a scaled RoPE") && d.contains("rope_parameters.compress"), "{d}");
     for (key, value, want) in [("hidden_act", "\"gelu\"", "`hidden_act`"), ("mlp_bias", "true", "`mlp_bias`")] {
         let mut c = config();
         c[key] = serde_json::from_str(value).unwrap();

@@ -34,6 +34,7 @@ pub fn op_name(op: &Op) -> &'static str {
         Op::RoutedExperts { .. } => "routed_experts",
         Op::Mla { .. } => "mla",
         Op::Indexer { .. } => "indexer",
+        Op::KvCompress { .. } => "kv_compress",
         Op::LinearAttention { .. } => "linear_attention",
     }
 }

@@ -415,6 +415,8 @@ impl<'a> Lowerer<'a> {
                 value_scale,
                 rel,
                 rel_proj,
+                compress_rate,
+                compress_select,
             } => {
                 let (qv, kv, vv, ov) = (self.val(q), self.val(k), self.val(v), self.val(out));
                 let (h, kvh, hd, sc) = (
@@ -469,6 +471,25 @@ impl<'a> Lowerer<'a> {
                         return None;
                     }
                 };
+                let compressed = match (compress_rate, compress_select) {
+                    (None, None) => None,
+                    (Some(r), sel) => {
+                        let rate = self.sized(r, limits::CONTEXT)?;
+                        let select = match sel {
+                            Some(s) => Some(self.val(s)?),
+                            None => None,
+                        };
+                        // Each entry is one head, both key and value.
+                        if kv_heads != 1 || v_head_dim != head_dim || rel.is_some() || value_scale != 1.0 {
+                            self.err(span, "compressed entries need one KV head with values as wide as keys, and no relative logits or value scale");
+                        }
+                        Some(CompressedKv { rate, select })
+                    }
+                    (None, Some(_)) => {
+                        self.err(span, "a selection of compressed entries needs `compress_rate`");
+                        return None;
+                    }
+                };
                 let layer = LayerId(self.layer.unwrap_or(0) as u32);
                 Op::Attention {
                     q: qv,
@@ -486,6 +507,7 @@ impl<'a> Lowerer<'a> {
                         sinks,
                         value_scale,
                         rel,
+                        compressed,
                     },
                 }
             }
@@ -664,6 +686,68 @@ impl<'a> Lowerer<'a> {
                 self.indexer_roles(&spec, (self.width(xv), self.width(qv)), span);
                 self.expect_width(out, ov, spec.topk, "the indexer's top-k");
                 Op::Indexer { x: xv, q: qv, out: ov, layer: LayerId(self.layer.unwrap_or(0) as u32), spec }
+            }
+            OpItem::KvCompress {
+                x,
+                q,
+                out,
+                rate,
+                head_dim,
+                rope_dim,
+                theta,
+                scaling,
+                overlap,
+                eps,
+                index_heads,
+                index_head_dim,
+                index_topk,
+                weights,
+            } => {
+                let xv = self.val(x)?;
+                let out_text = out.as_ref();
+                let (q, out) = (q.as_ref().map(|t| self.val(t)), out.as_ref().map(|t| self.val(t)));
+                let index = match (index_heads, index_head_dim, index_topk) {
+                    (Some(h), Some(d), Some(k)) => Some(CompressIndex {
+                        heads: self.sized(h, limits::HEADS)?,
+                        head_dim: self.sized(d, limits::HEAD_DIM)?,
+                        topk: self.sized(k, limits::WIDTH)?,
+                    }),
+                    (None, None, None) => None,
+                    _ => {
+                        self.err(
+                            span,
+                            "the compressor's indexer needs `index_heads`, `index_head_dim` and `index_topk`",
+                        );
+                        return None;
+                    }
+                };
+                let spec = CompressSpec {
+                    rate: self.sized(rate, limits::CONTEXT)?,
+                    head_dim: self.sized(head_dim, limits::HEAD_DIM)?,
+                    rope_dim: self.sized(rope_dim, limits::HEAD_DIM)?,
+                    rope_theta: self.positive(theta, "the RoPE base")?,
+                    rope_scaling: self.scaling(scaling, span)?,
+                    overlap: self.boolean(overlap)?,
+                    eps: self.positive(eps, "the entries' norm epsilon")?,
+                    index,
+                    weights: self.roles(weights)?,
+                };
+                let (q, out) = match (index, q, out) {
+                    (Some(i), Some(q), Some(out)) => {
+                        let (q, o) = (q?, out?);
+                        if let Some(t) = out_text {
+                            self.expect_width(t, o, i.topk, "the compressor's index top-k");
+                        }
+                        (Some(q), Some(o))
+                    }
+                    (None, None, None) => (None, None),
+                    _ => {
+                        self.err(span, "a compressor's indexer and its `q` and `out` go together");
+                        return None;
+                    }
+                };
+                self.compress_roles(&spec, (self.width(xv), q.map(|q| self.width(q))), span);
+                Op::KvCompress { x: xv, q, out, layer: LayerId(self.layer.unwrap_or(0) as u32), spec }
             }
             OpItem::LinearAttention {
                 x,

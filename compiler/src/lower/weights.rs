@@ -311,6 +311,58 @@ impl<'a> Lowerer<'a> {
         }
     }
 
+    /// Reports unless a compressor's weights are the roles it knows in the shapes its geometry
+    /// needs (`ir::CompressSpec`), its rope part is even and within an entry, and its window and
+    /// top-k are above 0.
+    pub(super) fn compress_roles(&mut self, s: &CompressSpec, (hidden, q_width): (usize, Option<usize>), span: Span) {
+        let w = if s.overlap { 2 } else { 1 };
+        let mut want: Vec<(&str, Vec<usize>)> = vec![
+            ("kv", vec![w * s.head_dim, hidden]),
+            ("gate", vec![w * s.head_dim, hidden]),
+            ("ape", vec![s.rate, w * s.head_dim]),
+            ("norm", vec![s.head_dim]),
+        ];
+        let mut dims = vec![s.head_dim];
+        if let (Some(i), Some(q_width)) = (s.index, q_width) {
+            dims.push(i.head_dim);
+            want.extend([
+                ("index_kv", vec![w * i.head_dim, hidden]),
+                ("index_gate", vec![w * i.head_dim, hidden]),
+                ("index_ape", vec![s.rate, w * i.head_dim]),
+                ("index_norm", vec![i.head_dim]),
+                ("index_q_b", vec![i.heads * i.head_dim, q_width]),
+                ("index_w", vec![i.heads, hidden]),
+            ]);
+            if i.topk == 0 || i.heads == 0 {
+                self.err(span, "the compressor's indexer needs heads and a top-k above 0");
+            }
+        }
+        for (role, w) in &s.weights {
+            match want.iter().find(|(r, _)| r == role) {
+                None => self.err(
+                    span,
+                    format!(
+                        "the compressor has no weight role `{role}` here (roles: {})",
+                        want.iter().map(|w| w.0).collect::<Vec<_>>().join(", ")
+                    ),
+                ),
+                Some((_, shape)) if &w.shape != shape => self.err(
+                    span,
+                    format!("compressor weight `{role}` has shape {:?}, the geometry needs {shape:?}", w.shape),
+                ),
+                Some(_) => {}
+            }
+        }
+        for (role, _) in &want {
+            if !s.weights.iter().any(|(r, _)| r == role) {
+                self.err(span, format!("the compressor needs weight role `{role}`"));
+            }
+        }
+        if s.rate == 0 || !s.rope_dim.is_multiple_of(2) || dims.iter().any(|&d| d == 0 || s.rope_dim > d) {
+            self.err(span, format!("the compressor needs a window above 0 and an even rope part within its entries (rate {}, rope {}, entries {dims:?})", s.rate, s.rope_dim));
+        }
+    }
+
     /// Reports unless an indexer's weights are the roles it knows in the shapes its geometry
     /// needs: `q_b` ([heads x head_dim, the query latent's width]), `k` ([head_dim, hidden]),
     /// `k_norm` and `k_norm_bias` ([head_dim]), `w` ([heads, hidden]); and unless its rope part

@@ -62,6 +62,7 @@ pub fn op_weights(op: &Op) -> Vec<&WeightRef> {
         }
         Op::Mla { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
         Op::Indexer { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
+        Op::KvCompress { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
         Op::LinearAttention { spec, .. } => spec.weights.iter().map(|(_, w)| w).collect(),
         Op::RoutedExperts { .. }
         | Op::Rope { .. }
@@ -183,6 +184,15 @@ impl Sizer {
                 }
                 Op::Mla { spec, .. } => {
                     let per_position = (spec.kv_lora_rank + spec.qk_rope_head_dim) as u64;
+                    c.kv = c.kv.saturating_add(self.context.saturating_mul(per_position).saturating_mul(F32));
+                }
+                // Every position's projections (kept to go back to any position) and one entry
+                // a window, for the compressor and its indexer.
+                Op::KvCompress { spec, .. } => {
+                    let w = if spec.overlap { 2 } else { 1 };
+                    let dims = std::iter::once(spec.head_dim).chain(spec.index.map(|i| i.head_dim));
+                    let per_position: u64 =
+                        dims.map(|d| (2 * w * d) as u64 + (d as u64).div_ceil(spec.rate.max(1) as u64)).sum();
                     c.kv = c.kv.saturating_add(self.context.saturating_mul(per_position).saturating_mul(F32));
                 }
                 // One index key per position beside the latent cache.

@@ -87,9 +87,13 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
             value_scale,
             rel,
             rel_proj,
+            compress_rate,
+            compress_select,
         } => {
             f.extend(rel.iter().map(|s| (s, Value)));
             f.extend(rel_proj.iter().map(|s| (s, Weight)));
+            f.extend(compress_rate.iter().map(|s| (s, int)));
+            f.extend(compress_select.iter().map(|s| (s, Value)));
             f.extend([
                 (q, Value),
                 (k, Value),
@@ -200,6 +204,35 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
             f.extend(q_lora_rank.iter().map(|s| (s, int)));
             f.extend(weights.0.iter().map(|(_, w)| (w, Weight)));
         }
+        OpItem::KvCompress {
+            x,
+            q,
+            out,
+            rate,
+            head_dim,
+            rope_dim,
+            theta,
+            overlap,
+            eps,
+            index_heads,
+            index_head_dim,
+            index_topk,
+            weights,
+            ..
+        } => {
+            f.extend([
+                (x, Value),
+                (rate, int),
+                (head_dim, int),
+                (rope_dim, int),
+                (theta, float),
+                (overlap, Expr(Type::Bool)),
+                (eps, float),
+            ]);
+            f.extend(q.iter().chain(out.iter()).map(|s| (s, Value)));
+            f.extend(index_heads.iter().chain(index_head_dim.iter()).chain(index_topk.iter()).map(|s| (s, int)));
+            f.extend(weights.0.iter().map(|(_, w)| (w, Weight)));
+        }
         OpItem::Indexer { x, q, out, heads, head_dim, rope_dim, topk, theta, eps, weights, .. } => {
             f.extend(eps.iter().map(|s| (s, float)));
             f.extend([
@@ -251,6 +284,7 @@ pub fn layer_state(op: &OpItem) -> Option<&'static str> {
         OpItem::Attention { .. } => Some("its layer's KV cache"),
         OpItem::Mla { .. } => Some("its layer's latent cache"),
         OpItem::Indexer { .. } => Some("its layer's index-key cache"),
+        OpItem::KvCompress { .. } => Some("its layer's compressed entries"),
         OpItem::LinearAttention { .. } => Some("its layer's recurrent state"),
         OpItem::RoutedExperts { .. } => Some("its layer's experts in the expert tier"),
         _ => None,
@@ -277,6 +311,7 @@ pub fn op_name(op: &OpItem) -> &'static str {
         OpItem::RoutedExperts { .. } => "RoutedExperts",
         OpItem::Mla { .. } => "Mla",
         OpItem::Indexer { .. } => "Indexer",
+        OpItem::KvCompress { .. } => "KvCompress",
         OpItem::LinearAttention { .. } => "LinearAttention",
         OpItem::Block(_) => "Block",
         OpItem::If { .. } => "If",

@@ -313,6 +313,13 @@ pub enum OpItem {
         rel: Option<Text>,
         #[serde(default)]
         rel_proj: Option<Text>,
+        /// The layer's compressed entries (a `KvCompress` before it) attended beside the cached
+        /// rows: the compressor's window (an Int), and where it selects, the value of its
+        /// selection.
+        #[serde(default)]
+        compress_rate: Option<Text>,
+        #[serde(default)]
+        compress_select: Option<Text>,
     },
     Act {
         x: Text,
@@ -431,6 +438,32 @@ pub enum OpItem {
         /// The key LayerNorm's epsilon (default 1e-6).
         #[serde(default)]
         eps: Option<Text>,
+        /// Role -> weight name.
+        weights: Entries<Text, Text>,
+    },
+    /// DeepSeek V4's KV compressor (`ir::CompressSpec`); `q`, `out` and the `index_*` fields
+    /// with its lightning indexer.
+    KvCompress {
+        x: Text,
+        #[serde(default)]
+        q: Option<Text>,
+        #[serde(default)]
+        out: Option<Text>,
+        rate: Text,
+        head_dim: Text,
+        rope_dim: Text,
+        theta: Text,
+        #[serde(default)]
+        scaling: ScalingSpec,
+        /// A Bool: overlapping windows (compressed sparse attention).
+        overlap: Text,
+        eps: Text,
+        #[serde(default)]
+        index_heads: Option<Text>,
+        #[serde(default)]
+        index_head_dim: Option<Text>,
+        #[serde(default)]
+        index_topk: Option<Text>,
         /// Role -> weight name.
         weights: Entries<Text, Text>,
     },

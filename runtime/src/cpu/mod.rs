@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod attn_part;
+pub mod compress;
 pub mod deltanet;
 pub mod elementwise;
 pub mod experts;
@@ -261,6 +262,20 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             kv.append(&env.values[k.0 as usize][..n * kw], &env.values[v.0 as usize][..n * vw]);
             let shape = attention::AttnShape::of(spec);
             let sinks = spec.sinks.as_ref().map(|s| env.weights.vector(&s.name));
+            if let Some(c) = &spec.compressed {
+                let mut o = std::mem::take(&mut env.values[out.0 as usize]);
+                o.resize(n * spec.heads * spec.v_head_dim, 0.0);
+                let kv = &env.kv.layers[l];
+                let rows = kv.compress.first().map_or(&[][..], |c| &c.entries[..]);
+                let select = c
+                    .select
+                    .map(|s| (&env.values[s.0 as usize][..n * env.widths[s.0 as usize]], env.widths[s.0 as usize]));
+                let entries = compress::Entries { rows, rate: c.rate, select };
+                let q = &env.values[q.0 as usize][..n * spec.heads * spec.head_dim];
+                compress::attend(shape, q, (&kv.k, &kv.v), &entries, env.pos0, sinks, &mut o);
+                env.values[out.0 as usize] = o;
+                return Ok(());
+            }
             // Inkling's relative logits: each row's states mixed into one logit per distance.
             let rel = spec.rel.as_ref().map(|r| {
                 let states = &env.values[r.r.0 as usize][..n * spec.heads * r.d_rel];
@@ -422,6 +437,33 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             indexer::indexer(spec, &w, &rows, env.precision, &mut keys, &mut o);
             env.kv.layers[l].index = keys;
             env.put(*out, o);
+        }
+        Op::KvCompress { x, q, out, layer, spec } => {
+            let w = compress::CompressWeights::resolve(spec, env.weights)
+                .map_err(|role| CpuError::MissingRole { op: op_name(op), role })?;
+            let (l, pos0) = (layer.0 as usize, env.pos0);
+            let (xs, qs) = (env.get(*x).to_vec(), q.map(|q| env.get(q).to_vec()));
+            let mut state = std::mem::take(&mut env.kv.layers[l].compress);
+            let mut o = out.map(|o| env.take(o));
+            let r = compress::kv_compress(
+                spec,
+                &w,
+                (&xs, qs.as_deref(), n, pos0),
+                env.precision,
+                &mut state,
+                o.as_deref_mut(),
+            );
+            env.kv.layers[l].compress = state;
+            if let (Some(v), Some(o)) = (out, o) {
+                env.put(*v, o);
+            }
+            if let Err(held) = r {
+                return Err(CpuError::RecurrentState {
+                    layer: l,
+                    at: format!("{held} compressed positions"),
+                    want: pos0,
+                });
+            }
         }
         Op::LinearAttention { x, out, layer, spec } => {
             let missing = |m: deltanet::MissingRole| CpuError::MissingRole { op: op_name(op), role: m.0 };

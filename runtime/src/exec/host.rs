@@ -73,7 +73,12 @@ fn per_sequence(kernel: &Kernel) -> bool {
     matches!(
         kernel,
         Kernel::Op(
-            Op::Rope { .. } | Op::Attention { .. } | Op::Mla { .. } | Op::Indexer { .. } | Op::LinearAttention { .. }
+            Op::Rope { .. }
+                | Op::Attention { .. }
+                | Op::Mla { .. }
+                | Op::Indexer { .. }
+                | Op::KvCompress { .. }
+                | Op::LinearAttention { .. }
         )
     )
 }

@@ -15,6 +15,10 @@
 //! A DeepSeek Sparse Attention layer keeps its indexer's keys beside its MLA rows (`index`, one
 //! row of the indexer's head width per position), so they go back to any position with them.
 //!
+//! A KV compressor (DeepSeek V4's `Op::KvCompress`) keeps every position's projections and the
+//! entries of the windows closed so far (`compress`: the attention's, then its indexer's), so
+//! they go back to any position with the KV rows: an entry stays while its window does.
+//!
 //! A short convolution (Inkling's `*_sconv`) keeps the rows of its input instead, one set per
 //! convolution (by its weight's name), position-major as K/V rows are, so it goes back to any
 //! position as the KV cache does.
@@ -43,6 +47,40 @@ pub struct LayerKv {
     /// without one.
     pub index: Vec<f32>,
     pub index_width: usize,
+    /// A KV compressor's rows and entries (`cpu::compress`), empty for layers without one.
+    pub compress: Vec<CompressRows>,
+}
+
+/// One KV compressor's state: `rows` holds every position's projections (`width` each), and
+/// `entries` one entry (`entry_width`) per closed window of `rate` positions.
+#[derive(Clone, Debug, Default)]
+pub struct CompressRows {
+    pub width: usize,
+    pub rate: usize,
+    pub rows: Vec<f32>,
+    pub entry_width: usize,
+    pub entries: Vec<f32>,
+}
+
+impl CompressRows {
+    pub fn len(&self) -> usize {
+        self.rows.len().checked_div(self.width).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The entries closed so far.
+    pub fn entry_count(&self) -> usize {
+        self.entries.len().checked_div(self.entry_width).unwrap_or(0)
+    }
+
+    /// Forgets every position from `len` on, and the entries of windows not closed before it.
+    pub fn truncate(&mut self, len: usize) {
+        self.rows.truncate(len * self.width);
+        self.entries.truncate(len.checked_div(self.rate).unwrap_or(0) * self.entry_width);
+    }
 }
 
 /// The input rows of one short convolution, `len x width`.
@@ -111,6 +149,9 @@ impl LayerKv {
             c.rows.truncate(len * c.width);
         }
         self.index.truncate(len * self.index_width);
+        for c in &mut self.compress {
+            c.truncate(len);
+        }
         if !self.state.is_empty() && self.state_len.is_none_or(|s| s > len) {
             if len == 0 {
                 self.reset_state(self.state.len());
@@ -177,7 +218,8 @@ impl KvCache {
     /// Bytes held by the cache (recurrent states included).
     pub fn bytes(&self) -> usize {
         let conv = |l: &LayerKv| l.conv.iter().map(|c| c.rows.len()).sum::<usize>();
-        let rows = |l: &LayerKv| l.k.len() + l.v.len() + l.index.len();
+        let compress = |l: &LayerKv| l.compress.iter().map(|c| c.rows.len() + c.entries.len()).sum::<usize>();
+        let rows = |l: &LayerKv| l.k.len() + l.v.len() + l.index.len() + compress(l);
         self.layers.iter().map(|l| (rows(l) + l.state.len() + l.state_back.len() + conv(l)) * 4).sum()
     }
 }
@@ -238,6 +280,27 @@ mod tests {
         assert_eq!(c.bytes(), (4 + 2 + 8) * 4);
         c.truncate(0);
         assert!(c.layers[0].index.is_empty());
+    }
+
+    #[test]
+    fn compressed_entries_go_back_with_their_windows() {
+        let mut c = KvCache::new(&[(2, 2)]);
+        let l = &mut c.layers[0];
+        l.append(&[1.0; 14], &[1.0; 14]);
+        // Seven positions of width 2, windows of 3: two entries of width 4.
+        l.compress.push(CompressRows {
+            width: 2,
+            rate: 3,
+            rows: vec![0.5; 14],
+            entry_width: 4,
+            entries: vec![0.25; 8],
+        });
+        assert_eq!((l.compress[0].len(), l.compress[0].entry_count()), (7, 2));
+        c.truncate(6);
+        assert_eq!((c.layers[0].compress[0].len(), c.layers[0].compress[0].entry_count()), (6, 2));
+        c.truncate(5);
+        assert_eq!((c.layers[0].compress[0].len(), c.layers[0].compress[0].entry_count()), (5, 1));
+        assert_eq!(c.bytes(), (10 + 10 + 10 + 4) * 4);
     }
 
     #[test]

@@ -571,6 +571,7 @@ pub fn name_row_selections(program: &mut Program) {
             }
             Op::Mla { spec, .. } => spec.weights.iter_mut().for_each(|(_, w)| rename(w)),
             Op::Indexer { spec, .. } => spec.weights.iter_mut().for_each(|(_, w)| rename(w)),
+            Op::KvCompress { spec, .. } => spec.weights.iter_mut().for_each(|(_, w)| rename(w)),
             Op::LinearAttention { spec, .. } => spec.weights.iter_mut().for_each(|(_, w)| rename(w)),
             Op::RoutedExperts { .. }
             | Op::Rope { .. }
@@ -640,6 +641,10 @@ pub fn visit_weights(op: &Op, weight: &mut dyn FnMut(&WeightRef, bool), experts:
         }
         Op::Mla { spec, .. } => spec.weights.iter().for_each(|(_, w)| weight(w, w.shape.len() == 1)),
         Op::Indexer { spec, .. } => spec.weights.iter().for_each(|(_, w)| weight(w, w.shape.len() == 1)),
+        // The per-slot biases (`ape`, `[rate, width]`) are added, not multiplied: f32 rows.
+        Op::KvCompress { spec, .. } => {
+            spec.weights.iter().for_each(|(r, w)| weight(w, w.shape.len() == 1 || r.ends_with("ape")))
+        }
         // Every weight but the matrices is read as f32: the convolutions' taps (`[channels, 1,
         // kernel]`) and KDA's `A_log` (`[1, 1, heads, 1]`) too.
         Op::LinearAttention { spec, .. } => spec.weights.iter().for_each(|(_, w)| weight(w, w.shape.len() != 2)),

@@ -42,7 +42,11 @@ impl OpLib for VkOps {
             Op::Glu { kind, .. } => !matches!(kind, GluKind::LimitedSwiGlu { .. }),
             Op::Act { .. } | Op::Add { .. } | Op::Mul { .. } => true,
             Op::Attention { spec, .. } => {
-                spec.head_dim <= 256 && spec.v_head_dim <= 256 && spec.kv_heads > 0 && spec.heads % spec.kv_heads == 0
+                spec.compressed.is_none()
+                    && spec.head_dim <= 256
+                    && spec.v_head_dim <= 256
+                    && spec.kv_heads > 0
+                    && spec.heads % spec.kv_heads == 0
             }
             Op::Route { top_k, groups, scoring, hash, .. } => {
                 *top_k <= 64
@@ -65,6 +69,7 @@ impl OpLib for VkOps {
             Op::Mla { spec, .. } => super::ops::MlaShape::supported(spec),
             Op::LayerNorm { .. }
             | Op::Indexer { .. }
+            | Op::KvCompress { .. }
             | Op::GroupedLinear { .. }
             | Op::HyperPre { .. }
             | Op::HyperPost { .. } => false,
