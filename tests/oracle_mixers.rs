@@ -199,19 +199,18 @@ fn deepseek_v4_compressed_runs_in_coli_exec() {
     check_exec("deepseek_v4_compressed");
 }
 
-/// A scaled RoPE of the compressed layers is refused by name, not run unscaled.
+/// An original checkpoint's top-level `rope_scaling` is refused by name, not run unscaled.
 #[test]
-fn deepseek_v4_compressed_yarn_is_refused_by_name() {
+fn deepseek_v4_with_a_top_level_rope_scaling_is_refused_by_name() {
     let dir = patched_fixture("deepseek_v4_compressed", |c| {
-        c["rope_parameters"]["compress"]["rope_type"] = serde_json::json!("yarn");
-        c["rope_parameters"]["compress"]["factor"] = serde_json::json!(4.0);
+        c["rope_scaling"] = serde_json::json!({"type": "yarn", "factor": 4.0});
     });
     let err = coli_runtime::engine::Engine::load(&dir, &coli_runtime::engine::EngineOptions::default())
         .err()
         .map(|e| e.to_string());
     std::fs::remove_dir_all(&dir).unwrap();
-    let err = err.expect("a scaled compress RoPE must not load");
-    assert!(err.contains("not served") && err.contains("rope_parameters.compress"), "{err}");
+    let err = err.expect("a top-level rope_scaling must not load");
+    assert!(err.contains("not served") && err.contains("rope_scaling"), "{err}");
 }
 
 #[test]

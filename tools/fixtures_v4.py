@@ -113,7 +113,7 @@ V4["deepseek_v4"]["router_gap"] = v4_router_gap
 # DeepSeek V4 with its compressed layers: heavily compressed attention (HCA: one entry per
 # window of `compress_rates` positions, every closed window visible) and compressed sparse
 # attention (CSA: overlapping windows, the lightning indexer's top-k of them), beside the
-# sliding window; the compressed layers' RoPE is the "compress" one (theta 160000).
+# sliding window; the compressed layers' RoPE is the "compress" one (theta 160000, YaRN).
 V4["deepseek_v4_compressed"] = dict(
     V4["deepseek_v4"],
     seed=14600,
@@ -131,6 +131,9 @@ V4["deepseek_v4_compressed"] = dict(
         mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
         compress_rates={"compressed_sparse_attention": 3, "heavily_compressed_attention": 5},
         compress_rope_theta=160000.0,
+        # YaRN on the compressed layers only (V4's published configuration has factor 16).
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                         "beta_fast": 32.0, "beta_slow": 1.0},
         index_n_heads=8,
         index_head_dim=8,
         index_topk=3,
@@ -142,7 +145,8 @@ V4["deepseek_v4_compressed"] = dict(
     note=(
         "DeepSeek V4 with compressed layers: HCA (rate 5), CSA (rate 3, overlapping windows, lightning "
         "indexer 8 heads x 8, top-3), sliding, CSA; window 4, hidden 48, 3 hyper-connection streams, "
-        "3 heads x 24 with RoPE on the last 6, compress RoPE theta 160000, o_groups 3 x 8; 6 experts top-2, "
+        "3 heads x 24 with RoPE on the last 6, compress RoPE theta 160000 with YaRN (factor 4, original 16, "
+        "attention factor 1), o_groups 3 x 8; 6 experts top-2, "
         "layer 0 routed by a hash table"
     ),
 )

@@ -149,6 +149,33 @@ fn compressed_layers_follow_layer_types_or_the_default_schedule() {
     c.as_object_mut().unwrap().remove("layer_types");
     let plan = compile_text(&text, &c, "no-layer-types").unwrap_or_else(|d| panic!("{d}"));
     assert_eq!(kinds_of(&plan.program)[..6], ["hca", "hca", "hca", "csa", "hca", "csa"]);
+    // YaRN in the compress parameters (as transformers writes V4's): the compressed layers'
+    // rotations and compressor take it, with its attention factor; the sliding ones do not.
+    let mut c = config();
+    c["layer_types"][1] = serde_json::json!("compressed_sparse_attention");
+    c["rope_parameters"]["compress"] = serde_json::json!({"rope_type": "yarn", "rope_theta": 160000.0,
+        "factor": 16.0, "original_max_position_embeddings": 65536, "attention_factor": 1.0, "partial_rotary_factor": 0.125});
+    let plan = compile_text(&text, &c, "compress-yarn").unwrap_or_else(|d| panic!("{d}"));
+    let scalings = |l: usize| -> Vec<RopeScaling> {
+        plan.program.layers[l]
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Rope { scaling, .. } => Some(*scaling),
+                Op::KvCompress { spec, .. } => Some(spec.rope_scaling),
+                _ => None,
+            })
+            .collect()
+    };
+    let yarn = RopeScaling::Yarn {
+        factor: 16.0,
+        original_max_position: 65536,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor: 1.0,
+        truncate: true,
+    };
+    assert_eq!((scalings(1), scalings(0)), (vec![yarn; 4], vec![RopeScaling::None; 3]));
 }
 
 #[test]
@@ -163,9 +190,9 @@ fn unserved_options_are_refused_by_name() {
     let d = compile_text(&text, &c, "yarn").unwrap_err();
     assert!(d.contains("not served: a scaled RoPE"), "{d}");
     let mut c = config();
-    c["rope_parameters"]["compress"]["rope_type"] = serde_json::json!("yarn");
-    let d = compile_text(&text, &c, "compress-yarn").unwrap_err();
-    assert!(d.contains("not served: a scaled RoPE") && d.contains("rope_parameters.compress"), "{d}");
+    c["rope_scaling"] = serde_json::json!({"type": "yarn", "factor": 16.0});
+    let d = compile_text(&text, &c, "legacy-yarn").unwrap_err();
+    assert!(d.contains("not served: a top-level `rope_scaling`"), "{d}");
     for (key, value, want) in [("hidden_act", "\"gelu\"", "`hidden_act`"), ("mlp_bias", "true", "`mlp_bias`")] {
         let mut c = config();
         c[key] = serde_json::from_str(value).unwrap();

@@ -200,8 +200,12 @@ impl<'a> Symbols<'a> {
     }
 
     /// RoPE scaling as the configuration states it; `None` when it states none.
-    pub fn rope_scaling(&self) -> Result<RopeScaling, String> {
-        rope_scaling(self.bindings)
+    /// The configuration's RoPE scaling, or that of the HF object at `at`.
+    pub fn rope_scaling(&self, at: Option<&str>) -> Result<RopeScaling, String> {
+        match at {
+            Some(key) => rope_scaling_at(self.bindings, &[key]),
+            None => rope_scaling(self.bindings),
+        }
     }
 }
 
@@ -276,11 +280,15 @@ fn f(b: &Bindings, keys: &[&str]) -> Option<f64> {
 
 /// RoPE scaling from HF `rope_scaling` / `rope_parameters` or GGUF `{arch}.rope.scaling.*`.
 pub fn rope_scaling(b: &Bindings) -> Result<RopeScaling, String> {
+    rope_scaling_at(b, &["rope_scaling", "rope_parameters"])
+}
+
+/// RoPE scaling from the first of the HF objects `keys` the configuration has (GGUF:
+/// `{arch}.rope.scaling.*`).
+pub fn rope_scaling_at(b: &Bindings, keys: &[&str]) -> Result<RopeScaling, String> {
     let (kind, prefix) = match b.naming {
         Naming::Hf => {
-            let obj = ["rope_scaling", "rope_parameters"]
-                .into_iter()
-                .find_map(|k| config_value(b, k).filter(|v| v.is_object()).map(|v| (k, v)));
+            let obj = keys.iter().find_map(|&k| config_value(b, k).filter(|v| v.is_object()).map(|v| (k, v)));
             let Some((k, obj)) = obj else { return Ok(RopeScaling::None) };
             let t = obj.get("rope_type").or_else(|| obj.get("type")).and_then(Json::as_str).unwrap_or("default");
             (t.to_string(), format!("{k}."))

@@ -253,13 +253,19 @@ impl<'a> Lowerer<'a> {
         match s {
             ScalingSpec::None => Some(RopeScaling::None),
             ScalingSpec::NoPe => Some(RopeScaling::NoPe),
-            ScalingSpec::FromConfig => match self.syms.rope_scaling() {
-                Ok(r) => Some(r),
-                Err(m) => {
-                    self.err(span, m);
-                    None
+            ScalingSpec::FromConfig | ScalingSpec::FromConfigAt(_) => {
+                let at = match s {
+                    ScalingSpec::FromConfigAt(key) => Some(key.as_str()),
+                    _ => None,
+                };
+                match self.syms.rope_scaling(at) {
+                    Ok(r) => Some(r),
+                    Err(m) => {
+                        self.err(span, m);
+                        None
+                    }
                 }
-            },
+            }
         }
     }
 

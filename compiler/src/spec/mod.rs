@@ -177,13 +177,16 @@ pub enum StyleSpec {
 }
 
 /// RoPE frequency scaling: none, or whatever the configuration says (`rope_scaling` /
-/// `rope_parameters` for HF, `{arch}.rope.scaling.*` for GGUF), or no rotation at all
-/// (`NoPe`: the rope part passes through unrotated).
+/// `rope_parameters` for HF, `{arch}.rope.scaling.*` for GGUF), or what one object of an HF
+/// configuration says (`FromConfigAt("rope_parameters.compress")`: DeepSeek V4's parameters
+/// per rope type; none where the object is absent), or no rotation at all (`NoPe`: the rope
+/// part passes through unrotated).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 pub enum ScalingSpec {
     #[default]
     None,
     FromConfig,
+    FromConfigAt(String),
     NoPe,
 }
 
