@@ -154,8 +154,18 @@ VARIANTS_C = {
                            "mimo_v2_flash", "kimi_linear", "deepseek_v32", "glm_moe_dsa"])
 }
 
+# Variant "y": RoPE scaling where a family reads it per layer type.
+VARIANTS_Y = {
+    "mimo_v2_flash": (400, dict(rope_parameters={
+        "full_attention": {"rope_type": "yarn", "rope_theta": 5000000.0, "factor": 4.0, "original_max_position_embeddings": 8,
+                           "partial_rotary_factor": 0.334},
+        "sliding_attention": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0, "partial_rotary_factor": 0.334},
+    }), {"prompt_len": 24}),
+}
+
 VARIANTS = {
     **{f"{n}": (n, o, c, {}) for n, (o, c) in VARIANTS_A.items()},
+    **{f"{n}-y": (n, o, c, x) for n, (o, c, x) in VARIANTS_Y.items()},
     **{f"{n}-b": (n, o, c, x) for n, (o, c, x) in VARIANTS_B.items()},
     **{f"{n}-c": (n, o, c, x) for n, (o, c, x) in VARIANTS_C.items()},
 }

@@ -623,3 +623,38 @@ fn attention_bias_switches_the_marked_biases_on() {
         assert!(on.iter().any(|r| r == role), "{role} in {on:?}");
     }
 }
+
+/// MiMo-V2-Flash's RoPE scaling is each layer type's (`rope_parameters.full_attention`,
+/// `.sliding_attention`), as transformers reads it; none where the type's is the default.
+#[test]
+fn mimo_v2_flash_scales_rope_per_layer_type() {
+    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/mimo_v2_flash");
+    let mut b = Bindings::from_config_json(&d.join("config.json")).unwrap();
+    let spec = Spec::load(&graphs().join("mimo_v2_flash.ron")).unwrap();
+    let scalings = |b: &Bindings| -> Vec<Vec<RopeScaling>> {
+        let p = compile(&spec, b, &DeviceProfile::cpu_only(), &Options::default())
+            .unwrap_or_else(|d| panic!("{d}"))
+            .program;
+        p.layers
+            .iter()
+            .map(|l| {
+                l.ops
+                    .iter()
+                    .filter_map(|op| if let Op::Rope { scaling, .. } = op { Some(*scaling) } else { None })
+                    .collect()
+            })
+            .collect()
+    };
+    assert!(scalings(&b).iter().flatten().all(|s| *s == RopeScaling::None));
+    b.config.insert(
+        "rope_parameters".into(),
+        serde_json::json!({
+            "full_attention": {"rope_type": "yarn", "rope_theta": 5e6, "factor": 4.0, "original_max_position_embeddings": 8},
+            "sliding_attention": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0},
+        }),
+    );
+    let s = scalings(&b);
+    // Layers: full, sliding, sliding, full (the fixture's `layer_types`).
+    assert!(matches!(s[0][..], [RopeScaling::Yarn { factor: 4.0, original_max_position: 8, .. }, _]), "{s:?}");
+    assert_eq!(s[1], [RopeScaling::Linear { factor: 2.0 }; 2]);
+}

@@ -200,9 +200,11 @@ impl<'a> Symbols<'a> {
     }
 
     /// RoPE scaling as the configuration states it; `None` when it states none.
-    /// The configuration's RoPE scaling, or that of the HF object at `at`.
+    /// The configuration's RoPE scaling, or that of the HF object at `at` (none for a GGUF
+    /// file, whose scaling keys are not per object).
     pub fn rope_scaling(&self, at: Option<&str>) -> Result<RopeScaling, String> {
         match at {
+            Some(_) if self.bindings.naming == Naming::Gguf => Ok(RopeScaling::None),
             Some(key) => rope_scaling_at(self.bindings, &[key]),
             None => rope_scaling(self.bindings),
         }
