@@ -658,3 +658,31 @@ fn mimo_v2_flash_scales_rope_per_layer_type() {
     assert!(matches!(s[0][..], [RopeScaling::Yarn { factor: 4.0, original_max_position: 8, .. }, _]), "{s:?}");
     assert_eq!(s[1], [RopeScaling::Linear { factor: 2.0 }; 2]);
 }
+
+/// An activation other than silu (`hidden_act`) is refused by name in every family whose
+/// transformers class reads it, never run as SwiGLU.
+#[test]
+fn an_activation_other_than_silu_is_refused_by_name() {
+    for name in [
+        "llama.ron",
+        "olmoe.ron",
+        "qwen3_moe.ron",
+        "mixtral.ron",
+        "deepseek_v3.ron",
+        "qwen3_next.ron",
+        "qwen3_5_moe.ron",
+        "kimi_linear.ron",
+        "mimo_v2_flash.ron",
+        "deepseek_v32.ron",
+        "glm_moe_dsa.ron",
+    ] {
+        let spec = Spec::load(&graphs().join(name)).unwrap();
+        let mut b = Bindings::from_config_json(&spec.default_config().unwrap()).unwrap();
+        b.config.insert("hidden_act".into(), serde_json::json!("silu"));
+        assert!(compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).is_ok(), "{name}");
+        b.config.insert("hidden_act".into(), serde_json::json!("gelu"));
+        let d =
+            compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).map(|_| ()).unwrap_err().to_string();
+        assert!(d.contains("not served") && d.contains("`hidden_act`"), "{name}: {d}");
+    }
+}
