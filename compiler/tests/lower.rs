@@ -181,6 +181,19 @@ fn qwen3_moe_dense_layers_follow_sparse_step_and_mlp_only_layers() {
     use FfnKind::*;
     assert_eq!(kinds, [Dense, Moe, Dense, Dense, Dense, Moe]);
     assert!(p.layers[0].ops.iter().any(|op| matches!(op, Op::Linear { weight, .. } if weight.shape == [6144, 2048])));
+    // `sliding_window` counts only with `use_sliding_window` (transformers' mask, every layer).
+    let windows = |b: &Bindings| -> Vec<Option<usize>> {
+        let p = compile(&spec, b, &DeviceProfile::cpu_only(), &Options::default()).unwrap().program;
+        p.layers
+            .iter()
+            .flat_map(|l| &l.ops)
+            .filter_map(|op| if let Op::Attention { spec, .. } = op { Some(spec.window) } else { None })
+            .collect()
+    };
+    b.config.insert("sliding_window".into(), serde_json::json!(64));
+    assert!(windows(&b).iter().all(|w| w.is_none()));
+    b.config.insert("use_sliding_window".into(), serde_json::json!(true));
+    assert!(windows(&b).iter().all(|w| *w == Some(64)));
 }
 
 /// MiMo-V2-Flash as transformers builds it (modeling_mimo_v2_flash.py): per `layer_types`, the
