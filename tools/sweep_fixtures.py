@@ -154,8 +154,10 @@ VARIANTS_C = {
                            "mimo_v2_flash", "kimi_linear", "deepseek_v32", "glm_moe_dsa"])
 }
 
-# Variant "y": RoPE scaling where a family reads it per layer type, and sliding windows.
+# Variant "y": RoPE scaling where a family reads it per layer type, sliding windows, options on by default
+# turned off.
 VARIANTS_Y = {
+    "gpt_oss": (402, dict(attention_bias=False), {}),
     "qwen3_moe": (401, dict(use_sliding_window=True, sliding_window=5), {"prompt_len": 24}),
     "mimo_v2_flash": (400, dict(rope_parameters={
         "full_attention": {"rope_type": "yarn", "rope_theta": 5000000.0, "factor": 4.0, "original_max_position_embeddings": 8,

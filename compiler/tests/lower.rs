@@ -699,3 +699,22 @@ fn an_activation_other_than_silu_is_refused_by_name() {
         assert!(d.contains("not served") && d.contains("`hidden_act`"), "{name}: {d}");
     }
 }
+
+/// gpt-oss's attention biases follow `attention_bias`, on unless the configuration says off.
+#[test]
+fn gpt_oss_attention_biases_follow_attention_bias() {
+    let spec = Spec::load(&graphs().join("gpt_oss.ron")).unwrap();
+    let mut b = Bindings::from_config_json(&spec.default_config().unwrap()).unwrap();
+    let biased = |b: &Bindings| {
+        let p = compile(&spec, b, &DeviceProfile::cpu_only(), &Options::default()).unwrap().program;
+        p.layers[0]
+            .ops
+            .iter()
+            .filter(|op| matches!(op, Op::Linear { bias: Some(w), .. } if w.name.contains("self_attn")))
+            .count()
+    };
+    b.config.remove("attention_bias");
+    assert_eq!(biased(&b), 4);
+    b.config.insert("attention_bias".into(), serde_json::json!(false));
+    assert_eq!(biased(&b), 0);
+}
