@@ -8,7 +8,8 @@
 // With `planar` set (Kimi Delta Attention, step 2 of `cpu::kda::kda`) the input is three
 // planes one after another instead: every row's q (`nk * dk` wide), then every row's k, then
 // every row's v (`nv * dv` wide), as three separate projections write them; the math per
-// channel is the same.
+// channel is the same. With `planar` 2 (Qwen3.5's projections apart) the input is already in
+// the channels' order, one row of `channels` per position (`in_proj_qkv`'s output).
 // Must not: assume the subgroup size, or take a kernel longer than MAX_K (the op checks).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -38,7 +39,10 @@ void main() {
     uint pw = pc.nk * group;
     // The channel's column of `p` and the stride of its rows.
     uint col;
-    if (pc.planar != 0u) {
+    if (pc.planar == 2u) {
+        col = c;
+        pw = channels;
+    } else if (pc.planar != 0u) {
         uint part = min(c / key_dim, 2u);
         uint width = part < 2u ? key_dim : pc.nv * pc.dv;
         col = part * pc.n * key_dim + (c - part * key_dim);

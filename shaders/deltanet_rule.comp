@@ -6,6 +6,7 @@
 // columns e of the head's dk x dv state S (in the state buffer, row-major by d): S *= decay,
 // delta = beta (v - S^T k), S += k delta^T, o = S^T q; then o / rms(o) * w * silu(z).
 // Reference: step 3 of `cpu::deltanet::gated_deltanet`, in its order of operations per column.
+// `apart` (Qwen3.5's projections): b and a as two planes of `n x nv`, z in `p` as `n x nv*dv`.
 // Must not: assume the subgroup size, or take heads wider than MAX_D (the op checks).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -26,7 +27,7 @@ layout(std430, binding = 7) buffer OUT { float outv[]; };
 layout(push_constant) uniform PC {
     uint n; uint nk; uint nv; uint dk;
     uint dv; float eps; uint state_off; uint conv_off;
-    uint p_off; uint ba_off; uint out_off; uint pad0;
+    uint p_off; uint ba_off; uint out_off; uint apart;
 } pc;
 
 shared float qs[MAX_D];
@@ -86,9 +87,15 @@ void main() {
             ks[d] = ks[d] * kinv;
         }
         barrier();
-        uint bar = pc.ba_off + t * 2u * pc.nv + kh * 2u * r;
-        float beta = sigmoid(bav[bar + j]);
-        float decay = exp(-a_exp * softplus(bav[bar + r + j] + dt));
+        // Grouped: per key head group its b's then its a's; apart: a plane of every row's b
+        // (one per value head), then a plane of the a's.
+        uint b_at = pc.ba_off + t * 2u * pc.nv + kh * 2u * r + j, a_at = b_at + r;
+        if (pc.apart != 0u) {
+            b_at = pc.ba_off + t * pc.nv + h;
+            a_at = b_at + pc.n * pc.nv;
+        }
+        float beta = sigmoid(bav[b_at]);
+        float decay = exp(-a_exp * softplus(bav[a_at] + dt));
         float o[COLS];
         float ss = 0.0;
         [[unroll]] for (uint c = 0u; c < COLS; c++) {
@@ -113,7 +120,10 @@ void main() {
         }
         ss = wg_sum(ss);
         float inv = 1.0 / sqrt(ss / float(pc.dv) + pc.eps);
-        uint zb = pc.p_off + t * pw + kh * group + 2u * pc.dk + r * pc.dv + j * pc.dv;
+        // The output gates: in the fused projection's group, or apart (`p` then holds every
+        // row's z, one per value head).
+        uint zb = pc.apart != 0u ? pc.p_off + t * pc.nv * pc.dv + h * pc.dv
+                                 : pc.p_off + t * pw + kh * group + 2u * pc.dk + r * pc.dv + j * pc.dv;
         uint ob = pc.out_off + t * pc.nv * pc.dv + h * pc.dv;
         [[unroll]] for (uint c = 0u; c < COLS; c++) {
             uint e = tid + c * WG;

@@ -26,8 +26,9 @@ pub enum OpKind {
     Mla,
     LinearAttention,
     /// A Gated DeltaNet whose input projections are apart (`LinearAttentionSpec::
-    /// projections_apart`): a kind of its own so that a device whose kernels read only the
-    /// grouped layout does not claim it by listing `linear_attention`.
+    /// projections_apart`, Qwen3.5): a kind of its own, so that a device whose kernels read
+    /// only the grouped layout does not claim it by listing `linear_attention` (coli's Vulkan
+    /// library reads both).
     LinearAttentionApart,
     /// Kimi Delta Attention (`LinearAttentionKind::Kda`): a kind of its own, so that a device
     /// runs it only where its profile lists `kda` (a probed Vulkan profile does).
@@ -103,7 +104,7 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::RoutedExperts, name: "routed_experts", host_step: true, by_default: true },
     OpInfo { kind: OpKind::Mla, name: "mla", host_step: false, by_default: true },
     OpInfo { kind: OpKind::LinearAttention, name: "linear_attention", host_step: false, by_default: true },
-    OpInfo { kind: OpKind::LinearAttentionApart, name: "linear_attention_apart", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::LinearAttentionApart, name: "linear_attention_apart", host_step: false, by_default: true },
     OpInfo { kind: OpKind::Kda, name: "kda", host_step: false, by_default: true },
     OpInfo { kind: OpKind::AttentionRel, name: "attention_rel", host_step: false, by_default: false },
     OpInfo { kind: OpKind::ShortConv, name: "short_conv", host_step: false, by_default: false },
@@ -199,13 +200,18 @@ mod tests {
     fn a_profile_without_a_list_runs_the_default_kinds() {
         use crate::profile::Features;
         let none = Features::default();
-        for k in
-            [OpKind::Linear, OpKind::Attention, OpKind::Mla, OpKind::MlaSparse, OpKind::LinearAttention, OpKind::Kda]
-        {
+        for k in [
+            OpKind::Linear,
+            OpKind::Attention,
+            OpKind::Mla,
+            OpKind::MlaSparse,
+            OpKind::LinearAttention,
+            OpKind::LinearAttentionApart,
+            OpKind::Kda,
+        ] {
             assert!(none.runs(k), "{k}");
         }
         for k in [
-            OpKind::LinearAttentionApart,
             OpKind::AttentionRel,
             OpKind::ShortConv,
             OpKind::RmsNormScaled,

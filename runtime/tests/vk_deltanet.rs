@@ -4,7 +4,8 @@
 //! and a random starting state (heads and ring, never zeros), steps of 1, 3 and 17 rows one
 //! after another from the state the previous step left, on several geometries (the Qwen3-Next
 //! fixture's, Qwen3-Next-80B's 128-wide heads, value heads wider than a workgroup, one value
-//! head per key head, a short kernel).
+//! head per key head, a short kernel), with the projections grouped (Qwen3-Next) or apart
+//! (Qwen3.5).
 //!
 //! Tolerance: f32 weights with f32 activations (`Precision::Exact`): each step's output within
 //! 1e-5 of its largest |value|, the heads' state and the ring (the projections' last rows) each
@@ -17,7 +18,7 @@ use coli_compiler::ir::{LinearAttentionKind, LinearAttentionSpec};
 use coli_runtime::cpu::deltanet::{gated_deltanet, DeltaNetCall as CpuCall, DeltaNetProjections, DeltaNetWeights};
 use coli_runtime::cpu::Precision;
 use coli_runtime::format::{Matrix, WeightFormat};
-use coli_runtime::vk::{DeltaNetCall, DeltaNetMats, DeltaNetScratch, DeltaNetShape};
+use coli_runtime::vk::{DeltaNetCall, DeltaNetIn, DeltaNetMats, DeltaNetScratch, DeltaNetShape};
 use vk_common::*;
 
 fn worst(got: &[f32], want: &[f32]) -> f32 {
@@ -34,6 +35,8 @@ struct Case {
     kk: usize,
     hidden: usize,
     format: WeightFormat,
+    /// Qwen3.5's four projections apart, not Qwen3-Next's grouped pair.
+    apart: bool,
 }
 
 fn run_case(c: &Case, seed: u64) {
@@ -54,26 +57,30 @@ fn run_case(c: &Case, seed: u64) {
     let exact = c.format == WeightFormat::F32;
     let precision = if exact { Precision::Exact } else { Precision::Fast };
     let tol = if exact { 1e-5 } else { 1e-4 };
-    let qkvz = random_rows(c.format, pw, c.hidden, &mut rng);
-    let ba = random_rows(c.format, 2 * c.nv, c.hidden, &mut rng);
+    // The projections: grouped `[qkvz, ba]`, or apart `[qkv, z, b, a]`.
+    let widths = if c.apart { vec![ch, hw, c.nv, c.nv] } else { vec![pw, 2 * c.nv] };
+    let projs: Vec<Vec<u8>> = widths.iter().map(|&w| random_rows(c.format, w, c.hidden, &mut rng)).collect();
+    let host = |i: usize| Matrix::new(c.format, widths[i], c.hidden, &projs[i]).unwrap();
     let outw = random_rows(c.format, c.hidden, hw, &mut rng);
     let taps = rng.vec(ch * c.kk, 0.7);
     let dt = rng.vec(c.nv, 1.0);
     let alog = rng.vec(c.nv, 1.0);
     let norm = rng.vec(c.dv, 1.0).iter().map(|v| 1.0 + 0.5 * v).collect::<Vec<_>>();
+    let proj = if c.apart {
+        DeltaNetProjections::Split { qkv: host(0), z: host(1), b: host(2), a: host(3) }
+    } else {
+        DeltaNetProjections::Grouped { qkvz: host(0), ba: host(1) }
+    };
     let cw = DeltaNetWeights {
-        proj: DeltaNetProjections::Grouped {
-            qkvz: Matrix::new(c.format, pw, c.hidden, &qkvz).unwrap(),
-            ba: Matrix::new(c.format, 2 * c.nv, c.hidden, &ba).unwrap(),
-        },
+        proj,
         conv: &taps,
         dt_bias: &dt,
         a_log: &alog,
         norm: &norm,
         out: Matrix::new(c.format, c.hidden, hw, &outw).unwrap(),
     };
-    let dq = ctx.upload_matrix(c.format, pw, c.hidden, &qkvz).unwrap();
-    let dba = ctx.upload_matrix(c.format, 2 * c.nv, c.hidden, &ba).unwrap();
+    let dev: Vec<_> =
+        widths.iter().zip(&projs).map(|(&w, p)| ctx.upload_matrix(c.format, w, c.hidden, p).unwrap()).collect();
     let dout = ctx.upload_matrix(c.format, c.hidden, hw, &outw).unwrap();
     let (dtaps, ddt, dal, dnorm) = (
         ctx.upload_f32(&taps).unwrap(),
@@ -81,15 +88,13 @@ fn run_case(c: &Case, seed: u64) {
         ctx.upload_f32(&alog).unwrap(),
         ctx.upload_f32(&norm).unwrap(),
     );
-    let mats = DeltaNetMats {
-        qkvz: &dq,
-        ba: &dba,
-        out: &dout,
-        conv: dtaps.all(),
-        dt_bias: ddt.all(),
-        a_log: dal.all(),
-        norm: dnorm.all(),
+    let input = if c.apart {
+        DeltaNetIn::Apart { qkv: &dev[0], z: &dev[1], b: &dev[2], a: &dev[3] }
+    } else {
+        DeltaNetIn::Grouped { qkvz: &dev[0], ba: &dev[1] }
     };
+    let mats =
+        DeltaNetMats { input, out: &dout, conv: dtaps.all(), dt_bias: ddt.all(), a_log: dal.all(), norm: dnorm.all() };
     // A random state (as after some positions): heads small enough to stay stable, a full ring.
     let mut state = rng.vec(s.heads_floats(), 0.3);
     state.extend(rng.vec(s.state_floats() - s.heads_floats(), 1.0));
@@ -105,8 +110,15 @@ fn run_case(c: &Case, seed: u64) {
     let (dx, dy) = (ctx.f32_buffer(17 * c.hidden).unwrap(), ctx.f32_buffer(17 * c.hidden).unwrap());
     for n in rows {
         let what = format!(
-            "{}/{} heads of {}/{}, kernel {}, hidden {}, {:?}, {n} rows",
-            c.nk, c.nv, c.dk, c.dv, c.kk, c.hidden, c.format
+            "{}/{} heads of {}/{}, kernel {}, hidden {}, {:?}{}, {n} rows",
+            c.nk,
+            c.nv,
+            c.dk,
+            c.dv,
+            c.kk,
+            c.hidden,
+            c.format,
+            if c.apart { ", apart" } else { "" }
         );
         let x = rng.vec(n * c.hidden, 1.0);
         let mut want = vec![0f32; n * c.hidden];
@@ -136,24 +148,57 @@ fn run_case(c: &Case, seed: u64) {
 
 #[test]
 fn the_fixture_geometry_matches_the_cpu() {
-    run_case(&Case { nk: 2, nv: 4, dk: 16, dv: 12, kk: 4, hidden: 64, format: WeightFormat::F32 }, 0xde17a);
+    run_case(
+        &Case { nk: 2, nv: 4, dk: 16, dv: 12, kk: 4, hidden: 64, format: WeightFormat::F32, apart: false },
+        0xde17a,
+    );
 }
 
 #[test]
 fn qwen3_next_80b_heads_match_the_cpu() {
-    run_case(&Case { nk: 1, nv: 2, dk: 128, dv: 128, kk: 4, hidden: 48, format: WeightFormat::F32 }, 0xde17b);
+    run_case(
+        &Case { nk: 1, nv: 2, dk: 128, dv: 128, kk: 4, hidden: 48, format: WeightFormat::F32, apart: false },
+        0xde17b,
+    );
 }
 
 #[test]
 fn value_heads_wider_than_a_workgroup_and_odd_geometries_match_the_cpu() {
-    run_case(&Case { nk: 3, nv: 3, dk: 70, dv: 200, kk: 2, hidden: 40, format: WeightFormat::F32 }, 0xde17c);
-    run_case(&Case { nk: 1, nv: 3, dk: 8, dv: 5, kk: 1, hidden: 16, format: WeightFormat::F32 }, 0xde17d);
-    run_case(&Case { nk: 2, nv: 8, dk: 32, dv: 32, kk: 8, hidden: 96, format: WeightFormat::F32 }, 0xde17e);
+    run_case(
+        &Case { nk: 3, nv: 3, dk: 70, dv: 200, kk: 2, hidden: 40, format: WeightFormat::F32, apart: false },
+        0xde17c,
+    );
+    run_case(&Case { nk: 1, nv: 3, dk: 8, dv: 5, kk: 1, hidden: 16, format: WeightFormat::F32, apart: false }, 0xde17d);
+    run_case(
+        &Case { nk: 2, nv: 8, dk: 32, dv: 32, kk: 8, hidden: 96, format: WeightFormat::F32, apart: false },
+        0xde17e,
+    );
+}
+
+/// Qwen3.5's projections apart (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`): the
+/// convolution reads the channels' order, the rule the gates and b/a planes.
+#[test]
+fn projections_apart_match_the_cpu() {
+    run_case(
+        &Case { nk: 2, nv: 6, dk: 12, dv: 10, kk: 4, hidden: 72, format: WeightFormat::F32, apart: true },
+        0xde180,
+    );
+    run_case(
+        &Case { nk: 1, nv: 2, dk: 128, dv: 128, kk: 4, hidden: 48, format: WeightFormat::F32, apart: true },
+        0xde181,
+    );
+    run_case(
+        &Case { nk: 2, nv: 4, dk: 32, dv: 32, kk: 4, hidden: 64, format: WeightFormat::Q8_0, apart: true },
+        0xde182,
+    );
 }
 
 #[test]
 fn quantized_projections_with_8_bit_activations_match_the_cpu() {
-    run_case(&Case { nk: 2, nv: 4, dk: 32, dv: 32, kk: 4, hidden: 64, format: WeightFormat::Q8_0 }, 0xde17f);
+    run_case(
+        &Case { nk: 2, nv: 4, dk: 32, dv: 32, kk: 4, hidden: 64, format: WeightFormat::Q8_0, apart: false },
+        0xde17f,
+    );
 }
 
 #[test]

@@ -71,6 +71,7 @@ pub fn profile_of(ctx: &Context, memory_cap: Option<u64>) -> DeviceProfile {
         OpKind::Route,
         OpKind::RoutedExperts,
         OpKind::LinearAttention,
+        OpKind::LinearAttentionApart,
         OpKind::Kda,
         OpKind::Mla,
         OpKind::MlaSparse,

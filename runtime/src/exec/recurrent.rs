@@ -20,8 +20,8 @@ use super::kv::{KvCache, LayerKv};
 use super::OpRows;
 use crate::bytes::{as_bytes, as_bytes_mut};
 use crate::vk::{
-    Context, DeltaNetCall, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceBuffer, DeviceMatrix, Frame as VkFrame,
-    KdaCall, KdaMats, KdaScratch, KdaShape, MemoryUse, VkError,
+    Context, DeltaNetCall, DeltaNetIn, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceBuffer, DeviceMatrix,
+    Frame as VkFrame, KdaCall, KdaMats, KdaScratch, KdaShape, MemoryUse, VkError,
 };
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::Place;
@@ -208,9 +208,18 @@ impl Recurrent {
             return f.copy(state, m.back.view(0, m.floats));
         }
         let scratch = self.scratch.as_ref().ok_or_else(|| bad("no scratch".into()))?;
+        let input = if spec.projections_apart() {
+            DeltaNetIn::Apart {
+                qkv: mat("in_proj_qkv")?,
+                z: mat("in_proj_z")?,
+                b: mat("in_proj_b")?,
+                a: mat("in_proj_a")?,
+            }
+        } else {
+            DeltaNetIn::Grouped { qkvz: mat("in_proj_qkvz")?, ba: mat("in_proj_ba")? }
+        };
         let w = DeltaNetMats {
-            qkvz: mat("in_proj_qkvz")?,
-            ba: mat("in_proj_ba")?,
+            input,
             out: mat("out_proj")?,
             conv: vec("conv1d")?,
             dt_bias: vec("dt_bias")?,

@@ -52,7 +52,7 @@ pub use oplib::VkOps;
 pub use ops::elementwise::Broadcast;
 pub use ops::norm::{NormArgs, RopeShape};
 pub use ops::{
-    AttnArgs, AttnPath, AttnShape, DecodeArgs, DeltaNetCall, DeltaNetMats, DeltaNetScratch, DeltaNetShape,
+    AttnArgs, AttnPath, AttnShape, DecodeArgs, DeltaNetCall, DeltaNetIn, DeltaNetMats, DeltaNetScratch, DeltaNetShape,
     DeviceExperts, DsaSelectArgs, DsaShape, KdaCall, KdaMats, KdaRuleViews, KdaScratch, KdaShape, KvMirror, KvShape,
     MatIn, MatmulPath, MlaAttnArgs, MlaCache, MlaCall, MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape, MoeCall,
     MoePath, MoeScratch, PackedExpert, Pos, QkNorm, QuantizedActs, RopeArgs, RopeKvArgs, RouteParams, MOE_MAX_EXPERTS,

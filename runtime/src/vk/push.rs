@@ -224,7 +224,7 @@ push_blocks! {
     DeltanetRulePush for [DeltanetRule] {
         n: u32, nk: u32, nv: u32, dk: u32,
         dv: u32, eps: f32, state_off: u32, conv_off: u32,
-        p_off: u32, ba_off: u32, out_off: u32, pad0: u32,
+        p_off: u32, ba_off: u32, out_off: u32, apart: u32,
     }
 
     /// Mirrors `kda_rule.comp`'s push block.

@@ -1,10 +1,11 @@
-//! Gated DeltaNet (Qwen3-Next's linear-attention mixer, its projections grouped per key head;
-//! Qwen3.5's projections apart are not claimed, the CPU runs them) on the device: the whole
-//! `LinearAttention` op as the CPU runs it (`cpu::deltanet::gated_deltanet`, the reference):
-//! the two input projections (`matmul`), the causal convolution over its ring with SiLU
-//! (`deltanet_conv.comp`, one invocation per channel, rows in order), the gated delta rule per
-//! value head with the gated RMSNorm (`deltanet_rule.comp`, one workgroup per value head, rows
-//! in order), and the output projection (`matmul`).
+//! Gated DeltaNet (Qwen3-Next's linear-attention mixer, its projections grouped per key head,
+//! or Qwen3.5's four apart) on the device: the whole `LinearAttention` op as the CPU runs it
+//! (`cpu::deltanet::gated_deltanet`, the reference): the input projections (`matmul`; apart,
+//! `in_proj_qkv` and `in_proj_z` into one scratch, `in_proj_b` and `in_proj_a` as two planes of
+//! another), the causal convolution over its ring with SiLU (`deltanet_conv.comp`, one
+//! invocation per channel, rows in order), the gated delta rule per value head with the gated
+//! RMSNorm (`deltanet_rule.comp`, one workgroup per value head, rows in order), and the output
+//! projection (`matmul`).
 //!
 //! The recurrent state is the caller's, in the CPU's layout (`LinearAttentionSpec::
 //! state_floats`: every head's `dk x dv` matrix, then the ring of `kernel - 1` rows of the
@@ -54,14 +55,10 @@ impl DeltaNetShape {
         }
     }
 
-    /// Whether the kernels run this op (the op library's claim): this geometry, with
-    /// Qwen3-Next's grouped projections (`in_proj_qkvz`, `in_proj_ba`, the layout the kernels
-    /// read). Qwen3.5's projections apart (`in_proj_qkv`, ...) are not claimed: the CPU runs
-    /// such a layer.
+    /// Whether the kernels run this op (the op library's claim): this geometry, with either
+    /// layout of the input projections.
     pub fn supported(spec: &LinearAttentionSpec) -> bool {
-        spec.kind == LinearAttentionKind::GatedDeltaNet
-            && !spec.projections_apart()
-            && DeltaNetShape::of(spec).check().is_ok()
+        spec.kind == LinearAttentionKind::GatedDeltaNet && DeltaNetShape::of(spec).check().is_ok()
     }
 
     /// Channels of the convolution: q and k of every key head, v of every value head.
@@ -112,11 +109,36 @@ impl DeltaNetShape {
     }
 }
 
+/// The input projections on the device, in the checkpoint's layout.
+#[derive(Clone, Copy)]
+pub enum DeltaNetIn<'a> {
+    /// Qwen3-Next: `in_proj_qkvz` and `in_proj_ba`, grouped per key head.
+    Grouped { qkvz: &'a DeviceMatrix, ba: &'a DeviceMatrix },
+    /// Qwen3.5: `in_proj_qkv` (the convolution's channel order), `in_proj_z`, `in_proj_b`,
+    /// `in_proj_a` (per value head).
+    Apart { qkv: &'a DeviceMatrix, z: &'a DeviceMatrix, b: &'a DeviceMatrix, a: &'a DeviceMatrix },
+}
+
+impl DeltaNetIn<'_> {
+    /// `(rows, cols)` of each projection with the rows the geometry needs.
+    fn shapes(&self, s: &DeltaNetShape) -> Vec<((usize, usize), usize)> {
+        let dims = |m: &DeviceMatrix| (m.rows, m.cols);
+        match self {
+            DeltaNetIn::Grouped { qkvz, ba } => vec![(dims(qkvz), s.proj_width()), (dims(ba), 2 * s.value_heads)],
+            DeltaNetIn::Apart { qkv, z, b, a } => vec![
+                (dims(qkv), s.channels()),
+                (dims(z), s.out_heads()),
+                (dims(b), s.value_heads),
+                (dims(a), s.value_heads),
+            ],
+        }
+    }
+}
+
 /// The op's weights on the device, by role.
 #[derive(Clone, Copy)]
 pub struct DeltaNetMats<'a> {
-    pub qkvz: &'a DeviceMatrix,
-    pub ba: &'a DeviceMatrix,
+    pub input: DeltaNetIn<'a>,
     pub out: &'a DeviceMatrix,
     /// `[channels, kernel]` taps, f32.
     pub conv: View<'a>,
@@ -133,6 +155,8 @@ pub(super) enum ConvInput {
     Grouped,
     /// Three planes of `n` rows each: every q, then every k, then every v.
     Planar,
+    /// One row per position in the channels' order (Qwen3.5's `in_proj_qkv`).
+    Rows,
 }
 
 /// The views of one convolution: its input, its taps (`[channels, kernel]`), the ring and
@@ -225,24 +249,17 @@ impl<'a> Frame<'a> {
                 msg: format!("{n} rows of {s:?} do not fit a scratch of {} rows of {:?}", scratch.rows, scratch.shape),
             });
         }
-        if w.qkvz.rows != s.proj_width()
-            || w.ba.rows != 2 * s.value_heads
-            || w.out.cols != s.out_heads()
-            || w.qkvz.cols != w.ba.cols
-            || w.out.rows != w.qkvz.cols
-        {
+        let shapes = w.input.shapes(&s);
+        let hidden = w.out.rows;
+        if shapes.iter().any(|&((rows, cols), want)| rows != want || cols != hidden) || w.out.cols != s.out_heads() {
+            let dims: Vec<(usize, usize)> = shapes.iter().map(|p| p.0).collect();
             return Err(VkError::BadArgument {
                 op: OP,
-                msg: format!(
-                    "projections {}x{}, {}x{}, {}x{} for {s:?}",
-                    w.qkvz.rows, w.qkvz.cols, w.ba.rows, w.ba.cols, w.out.rows, w.out.cols
-                ),
+                msg: format!("projections {dims:?} and out {}x{} for {s:?}", w.out.rows, w.out.cols),
             });
         }
         let (proj, ba) = (scratch.proj.view(0, n * s.proj_width()), scratch.ba.view(0, n * 2 * s.value_heads));
         let (conv, heads) = (scratch.conv.view(0, n * s.channels()), scratch.heads.view(0, n * s.out_heads()));
-        self.matmul_with(w.qkvz, x, n, proj, MatmulPath::Auto, precision)?;
-        self.matmul_with(w.ba, x, n, ba, MatmulPath::Auto, precision)?;
         let ring = state.len.checked_sub(s.heads_floats()).map(|len| View {
             buf: state.buf,
             offset: state.offset + s.heads_floats(),
@@ -250,6 +267,21 @@ impl<'a> Frame<'a> {
         });
         let ring =
             ring.ok_or(VkError::ViewTooSmall { op: OP, what: "state", needed: s.state_floats(), have: state.len })?;
+        if let DeltaNetIn::Apart { qkv, z, b, a } = w.input {
+            // qkv's rows then z's rows in the projection scratch; b's plane then a's.
+            let (p, b2) = (&scratch.proj, &scratch.ba);
+            let (mixed, zs) = (p.view(0, n * s.channels()), p.view(n * s.channels(), n * s.out_heads()));
+            let (bs, as_) = (b2.view(0, n * s.value_heads), b2.view(n * s.value_heads, n * s.value_heads));
+            for (m, v) in [(qkv, mixed), (z, zs), (b, bs), (a, as_)] {
+                self.matmul_with(m, x, n, v, MatmulPath::Auto, precision)?;
+            }
+            self.short_conv(s, ConvInput::Rows, ConvViews { proj: mixed, taps: w.conv, ring, conv }, n)?;
+            self.rule(s, w, RuleViews { conv, proj: zs, ba, state, heads }, n, true)?;
+            return self.matmul_with(w.out, heads, n, out, MatmulPath::Auto, precision);
+        }
+        let DeltaNetIn::Grouped { qkvz, ba: ba_w } = w.input else { unreachable!("the apart layout returned above") };
+        self.matmul_with(qkvz, x, n, proj, MatmulPath::Auto, precision)?;
+        self.matmul_with(ba_w, x, n, ba, MatmulPath::Auto, precision)?;
         self.deltanet_conv(s, proj, w.conv, ring, conv, n)?;
         self.deltanet_rule(s, w, RuleViews { conv, proj, ba, state, heads }, n)?;
         self.matmul_with(w.out, heads, n, out, MatmulPath::Auto, precision)
@@ -295,7 +327,11 @@ impl<'a> Frame<'a> {
             p_off: u32_arg(OP, "projection offset", proj.offset)?,
             ring_off: u32_arg(OP, "ring offset", ring.offset)?,
             conv_off: u32_arg(OP, "conv offset", conv.offset)?,
-            planar: u32::from(layout == ConvInput::Planar),
+            planar: match layout {
+                ConvInput::Grouped => 0,
+                ConvInput::Planar => 1,
+                ConvInput::Rows => 2,
+            },
             pad1: 0,
             pad2: 0,
         };
@@ -307,11 +343,17 @@ impl<'a> Frame<'a> {
     /// matrices at the start of `state`, then the gated RMSNorm with the output gates of
     /// `proj` into `heads` (`n x value_heads * value_head_dim`).
     pub fn deltanet_rule(&mut self, s: DeltaNetShape, w: DeltaNetMats<'a>, v: RuleViews<'a>, n: usize) -> Result<()> {
+        self.rule(s, w, v, n, false)
+    }
+
+    /// `deltanet_rule`, or with `apart` the gates `proj` holds as `n x value_heads *
+    /// value_head_dim` and `ba` as a plane of b's then one of a's (`n x value_heads` each).
+    fn rule(&mut self, s: DeltaNetShape, w: DeltaNetMats<'a>, v: RuleViews<'a>, n: usize, apart: bool) -> Result<()> {
         const OP: &str = "deltanet_rule";
         let RuleViews { conv, proj, ba, state, heads } = v;
         s.check()?;
         conv.check(OP, "conv", n * s.channels())?;
-        proj.check(OP, "projection", n * s.proj_width())?;
+        proj.check(OP, "projection", n * if apart { s.out_heads() } else { s.proj_width() })?;
         ba.check(OP, "ba", n * 2 * s.value_heads)?;
         w.a_log.check(OP, "A_log", s.value_heads)?;
         w.dt_bias.check(OP, "dt_bias", s.value_heads)?;
@@ -336,7 +378,7 @@ impl<'a> Frame<'a> {
             p_off: u32_arg(OP, "projection offset", proj.offset)?,
             ba_off: u32_arg(OP, "ba offset", ba.offset)?,
             out_off: u32_arg(OP, "heads offset", heads.offset)?,
-            pad0: 0,
+            apart: u32::from(apart),
         };
         let binds = [
             Bind::buf(conv.buf),

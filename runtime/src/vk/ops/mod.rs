@@ -17,7 +17,7 @@ pub mod norm;
 pub mod route;
 
 pub use attention::{AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, Pos, QkNorm, RopeArgs, RopeKvArgs};
-pub use deltanet::{DeltaNetCall, DeltaNetMats, DeltaNetScratch, DeltaNetShape, RuleViews};
+pub use deltanet::{DeltaNetCall, DeltaNetIn, DeltaNetMats, DeltaNetScratch, DeltaNetShape, RuleViews};
 pub use dsa::{DsaSelectArgs, DsaShape};
 pub use kda::{KdaCall, KdaMats, KdaRuleViews, KdaScratch, KdaShape};
 pub use matmul::{MatIn, MatmulPath, QuantizedActs};
