@@ -45,6 +45,15 @@ GEOMETRIES = {
         num_experts=256, num_experts_per_tok=8, n_shared_experts=1, n_group=1, topk_group=1,
         norm_topk_prob=True, routed_scaling_factor=2.446, first_k_dense_replace=1,
         max_position_embeddings=16384, rms_norm_eps=1e-5, tie_word_embeddings=False),
+    # Qwen3.5-35B-A3B at full width, cut to 8 layers (Gated DeltaNet x3, gated attention, twice:
+    # the published pattern's first eight), 256 experts top-8 + a gated shared expert.
+    "qwen3.5-35b-a3b-8l": lambda: tf.Qwen3_5MoeTextConfig(
+        vocab_size=248320, hidden_size=2048, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+        num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+        full_attention_interval=4, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=256, num_experts_per_tok=8,
+        max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25}),
 }
 
 
