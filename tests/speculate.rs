@@ -1,6 +1,6 @@
 //! Speculative decoding with the n-gram draft against decoding one token a forward, through
 //! `generate::generate`: on a prompt that repeats itself, drafts made at nearly every step, the generated tokens are identical, greedy and sampled (the same seed), on the CPU
-//! for attention, MoE, MLA and Gated DeltaNet fixtures (the recurrent one steps back by
+//! for attention, MoE, MLA, Gated DeltaNet and compressed-KV (DeepSeek V4) fixtures (the recurrent one steps back by
 //! running the kept tokens again), and on the Vulkan device. The logits of the kept rows stay
 //! within `TOLERANCE` of the largest |logit| of the one-token-a-forward run's (a draft's rows
 //! run as a prompt chunk: the same math, another summation order). The same through
@@ -71,7 +71,7 @@ fn same_with_and_without(what: &str, engine: &Engine, prompt: &[u32], sampler: S
 #[test]
 fn the_draft_changes_nothing_on_the_cpu() {
     let mut accepted = 0;
-    for name in ["olmoe", "llama", "deepseek_v3", "qwen3_next", "glm_moe_dsa"] {
+    for name in ["olmoe", "llama", "deepseek_v3", "qwen3_next", "glm_moe_dsa", "deepseek_v4_compressed"] {
         let engine = load_model(&fixture_dir(name));
         let p = prompt(name);
         let g = same_with_and_without(name, &engine, &p, SamplerConfig::greedy());
