@@ -155,14 +155,20 @@ fn new_kinds_on_the_host(name: &str, host_only: &[&str], on_device: &[&str]) -> 
 fn inkling_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
     let host_only = ["attention_rel", "short_conv", "route_shared", "routed_experts_shared", "rms_norm_scaled"];
     let (dev, prompt, want, max) = new_kinds_on_the_host("inkling", &host_only, &["linear", "rms_norm"]);
+    cut_and_feed_again(&dev, &prompt, (&want, max), 6);
+}
+
+/// A device session over the whole prompt, cut back to `at` and fed the rest again: its rows
+/// within 1e-4 of `max` of the CPU's (`want`, every prompt row).
+fn cut_and_feed_again(dev: &Engine, prompt: &[u32], (want, max): (&[Vec<f32>], f32), at: usize) {
     let device = dev.device().expect("a device");
     let mut s = Session::on_device(dev.model(), device, 256).unwrap();
-    s.forward(&prompt, LogitRows::Last).unwrap();
-    s.try_truncate(6).expect("the short convolutions go back anywhere");
-    let l = s.forward(&prompt[6..], LogitRows::All).unwrap();
+    s.forward(prompt, LogitRows::Last).unwrap();
+    s.try_truncate(at).expect("the layers' state goes back anywhere");
+    let l = s.forward(&prompt[at..], LogitRows::All).unwrap();
     let got: Vec<Vec<f32>> = l.chunks_exact(want[0].len()).map(|r| r.to_vec()).collect();
-    let err = max_abs_diff(&got, &want[6..]);
-    assert!(err <= 1e-4 * max, "after a cut to 6: max |device - cpu| = {err}");
+    let err = max_abs_diff(&got, &want[at..]);
+    assert!(err <= 1e-4 * max, "after a cut to {at}: max |device - cpu| = {err}");
 }
 
 /// DeepSeek V4 on the device: its projections, norms and attention in device frames, its op
@@ -192,14 +198,7 @@ fn deepseek_v4_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
 fn deepseek_v4_compressed_layers_on_the_device_match_the_cpu() {
     let host_only = ["kv_compress", "attention_compressed", "hyper_pre", "rope_tail"];
     let (dev, prompt, want, max) = new_kinds_on_the_host("deepseek_v4_compressed", &host_only, &["linear", "rms_norm"]);
-    let device = dev.device().expect("a device");
-    let mut s = Session::on_device(dev.model(), device, 256).unwrap();
-    s.forward(&prompt, LogitRows::Last).unwrap();
-    s.try_truncate(7).expect("the compressed entries go back anywhere");
-    let l = s.forward(&prompt[7..], LogitRows::All).unwrap();
-    let got: Vec<Vec<f32>> = l.chunks_exact(want[0].len()).map(|r| r.to_vec()).collect();
-    let err = max_abs_diff(&got, &want[7..]);
-    assert!(err <= 1e-4 * max, "after a cut to 7: max |device - cpu| = {err}");
+    cut_and_feed_again(&dev, &prompt, (&want, max), 7);
 }
 
 #[test]

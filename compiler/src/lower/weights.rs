@@ -317,6 +317,30 @@ impl<'a> Lowerer<'a> {
         }
     }
 
+    /// Reports unless `weights` are exactly the roles of `want`, each in its shape (`what` names
+    /// the op in the messages).
+    fn exact_roles(&mut self, what: &str, weights: &[(String, WeightRef)], want: &[(&str, Vec<usize>)], span: Span) {
+        for (role, w) in weights {
+            match want.iter().find(|(r, _)| r == role) {
+                None => self.err(
+                    span,
+                    format!(
+                        "the {what} has no weight role `{role}` here (roles: {})",
+                        want.iter().map(|w| w.0).collect::<Vec<_>>().join(", ")
+                    ),
+                ),
+                Some((_, shape)) if &w.shape != shape => self
+                    .err(span, format!("{what} weight `{role}` has shape {:?}, the geometry needs {shape:?}", w.shape)),
+                Some(_) => {}
+            }
+        }
+        for (role, _) in want {
+            if !weights.iter().any(|(r, _)| r == role) {
+                self.err(span, format!("the {what} needs weight role `{role}`"));
+            }
+        }
+    }
+
     /// Reports unless a compressor's weights are the roles it knows in the shapes its geometry
     /// needs (`ir::CompressSpec`), its rope part is even and within an entry, and its window and
     /// top-k are above 0.
@@ -343,27 +367,7 @@ impl<'a> Lowerer<'a> {
                 self.err(span, "the compressor's indexer needs heads and a top-k above 0");
             }
         }
-        for (role, w) in &s.weights {
-            match want.iter().find(|(r, _)| r == role) {
-                None => self.err(
-                    span,
-                    format!(
-                        "the compressor has no weight role `{role}` here (roles: {})",
-                        want.iter().map(|w| w.0).collect::<Vec<_>>().join(", ")
-                    ),
-                ),
-                Some((_, shape)) if &w.shape != shape => self.err(
-                    span,
-                    format!("compressor weight `{role}` has shape {:?}, the geometry needs {shape:?}", w.shape),
-                ),
-                Some(_) => {}
-            }
-        }
-        for (role, _) in &want {
-            if !s.weights.iter().any(|(r, _)| r == role) {
-                self.err(span, format!("the compressor needs weight role `{role}`"));
-            }
-        }
+        self.exact_roles("compressor", &s.weights, &want, span);
         if s.rate == 0 || !s.rope_dim.is_multiple_of(2) || dims.iter().any(|&d| d == 0 || s.rope_dim > d) {
             self.err(span, format!("the compressor needs a window above 0 and an even rope part within its entries (rate {}, rope {}, entries {dims:?})", s.rate, s.rope_dim));
         }
@@ -382,27 +386,7 @@ impl<'a> Lowerer<'a> {
             ("k_norm_bias", vec![d]),
             ("w", vec![h, hidden]),
         ];
-        for (role, w) in &s.weights {
-            match want.iter().find(|(r, _)| r == role) {
-                None => self.err(
-                    span,
-                    format!(
-                        "the indexer has no weight role `{role}` (roles: {})",
-                        want.iter().map(|w| w.0).collect::<Vec<_>>().join(", ")
-                    ),
-                ),
-                Some((_, shape)) if &w.shape != shape => self.err(
-                    span,
-                    format!("indexer weight `{role}` has shape {:?}, the geometry needs {shape:?}", w.shape),
-                ),
-                Some(_) => {}
-            }
-        }
-        for (role, _) in &want {
-            if !s.weights.iter().any(|(r, _)| r == role) {
-                self.err(span, format!("the indexer needs weight role `{role}`"));
-            }
-        }
+        self.exact_roles("indexer", &s.weights, &want, span);
         if h == 0 || d == 0 || s.topk == 0 || !s.rope_dim.is_multiple_of(2) || s.rope_dim > d {
             self.err(span, format!("the indexer needs heads, a head dim and a top-k above 0 and an even rope part within the head (heads {h}, head_dim {d}, rope_dim {}, topk {})", s.rope_dim, s.topk));
         }
