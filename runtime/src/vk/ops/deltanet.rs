@@ -267,23 +267,25 @@ impl<'a> Frame<'a> {
         });
         let ring =
             ring.ok_or(VkError::ViewTooSmall { op: OP, what: "state", needed: s.state_floats(), have: state.len })?;
-        if let DeltaNetIn::Apart { qkv, z, b, a } = w.input {
-            // qkv's rows then z's rows in the projection scratch; b's plane then a's.
-            let (p, b2) = (&scratch.proj, &scratch.ba);
-            let (mixed, zs) = (p.view(0, n * s.channels()), p.view(n * s.channels(), n * s.out_heads()));
-            let (bs, as_) = (b2.view(0, n * s.value_heads), b2.view(n * s.value_heads, n * s.value_heads));
-            for (m, v) in [(qkv, mixed), (z, zs), (b, bs), (a, as_)] {
-                self.matmul_with(m, x, n, v, MatmulPath::Auto, precision)?;
+        match w.input {
+            DeltaNetIn::Grouped { qkvz, ba: ba_w } => {
+                self.matmul_with(qkvz, x, n, proj, MatmulPath::Auto, precision)?;
+                self.matmul_with(ba_w, x, n, ba, MatmulPath::Auto, precision)?;
+                self.deltanet_conv(s, proj, w.conv, ring, conv, n)?;
+                self.deltanet_rule(s, w, RuleViews { conv, proj, ba, state, heads }, n)?;
             }
-            self.short_conv(s, ConvInput::Rows, ConvViews { proj: mixed, taps: w.conv, ring, conv }, n)?;
-            self.rule(s, w, RuleViews { conv, proj: zs, ba, state, heads }, n, true)?;
-            return self.matmul_with(w.out, heads, n, out, MatmulPath::Auto, precision);
+            DeltaNetIn::Apart { qkv, z, b, a } => {
+                // qkv's rows then z's rows in the projection scratch; b's plane then a's.
+                let (p, b2) = (&scratch.proj, &scratch.ba);
+                let (mixed, zs) = (p.view(0, n * s.channels()), p.view(n * s.channels(), n * s.out_heads()));
+                let (bs, as_) = (b2.view(0, n * s.value_heads), b2.view(n * s.value_heads, n * s.value_heads));
+                for (m, v) in [(qkv, mixed), (z, zs), (b, bs), (a, as_)] {
+                    self.matmul_with(m, x, n, v, MatmulPath::Auto, precision)?;
+                }
+                self.short_conv(s, ConvInput::Rows, ConvViews { proj: mixed, taps: w.conv, ring, conv }, n)?;
+                self.rule(s, w, RuleViews { conv, proj: zs, ba, state, heads }, n, true)?;
+            }
         }
-        let DeltaNetIn::Grouped { qkvz, ba: ba_w } = w.input else { unreachable!("the apart layout returned above") };
-        self.matmul_with(qkvz, x, n, proj, MatmulPath::Auto, precision)?;
-        self.matmul_with(ba_w, x, n, ba, MatmulPath::Auto, precision)?;
-        self.deltanet_conv(s, proj, w.conv, ring, conv, n)?;
-        self.deltanet_rule(s, w, RuleViews { conv, proj, ba, state, heads }, n)?;
         self.matmul_with(w.out, heads, n, out, MatmulPath::Auto, precision)
     }
 
