@@ -79,8 +79,12 @@ pub fn angles(inv_freq: &[f32], mscale: f32, pos: usize, out: &mut [f32]) {
     }
 }
 
-/// Rotates each head of `row` by the angles of `cs` (as `angles` writes them).
+/// Rotates each head of `row` by the angles of `cs` (as `angles` writes them); nothing for a
+/// rotary width of 0.
 pub fn rotate(row: &mut [f32], head_dim: usize, style: RopeStyle, cs: &[f32]) {
+    if head_dim == 0 {
+        return;
+    }
     let half = cs.len() / 2;
     let (cos, sin) = cs.split_at(half);
     for head in row.chunks_exact_mut(head_dim) {
@@ -221,6 +225,22 @@ mod tests {
         let mut row = [1.0, 0.0, 0.0, 0.0];
         apply_row(&mut row, 4, RopeStyle::RotateHalf, &f, m, 1);
         assert!((row[0] - 1f32.cos()).abs() < 1e-6 && (row[2] - 1f32.sin()).abs() < 1e-6);
+    }
+
+    /// A rotary width of 0 (a partial factor that rounds to nothing) rotates nothing, head start
+    /// or tail, instead of panicking.
+    #[test]
+    fn a_rotary_width_of_zero_rotates_nothing() {
+        let mut row = vec![1.0f32, 2.0, 3.0, 4.0];
+        for tail in [false, true] {
+            rotate_part(
+                &mut row,
+                &Part { heads: 2, head_dim: 2, rotary_dim: 0, tail, inverse: false },
+                RopeStyle::Interleaved,
+                &[],
+            );
+        }
+        assert_eq!(row, [1.0, 2.0, 3.0, 4.0]);
     }
 
     #[test]
