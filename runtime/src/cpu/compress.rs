@@ -309,6 +309,34 @@ mod tests {
         assert_eq!(pool_window(&rows, &[0.0; 4], g, 1), [5.5, 5.5]);
     }
 
+    /// A block past the positions the state holds is an error naming them, not a panic.
+    #[test]
+    fn a_block_past_the_held_positions_is_refused() {
+        use crate::format::WeightFormat;
+        use coli_compiler::ir::RopeScaling;
+        let eye: Vec<u8> = [1f32, 0.0, 0.0, 1.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let m = || Matrix::new(WeightFormat::F32, 2, 2, &eye).unwrap();
+        let w =
+            CompressWeights { main: Compressor { kv: m(), gate: m(), ape: &[0.0; 4], norm: &[1.0; 2] }, index: None };
+        let s = CompressSpec {
+            rate: 2,
+            head_dim: 2,
+            rope_dim: 0,
+            rope_theta: 1e4,
+            rope_scaling: RopeScaling::None,
+            overlap: false,
+            eps: 1e-6,
+            index: None,
+            weights: vec![],
+        };
+        let mut state = Vec::new();
+        let x = [1.0f32, 2.0, 3.0, 4.0];
+        assert_eq!(kv_compress(&s, &w, (&x, None, 2, 3), Precision::Exact, &mut state, None), Err(0));
+        assert_eq!(kv_compress(&s, &w, (&x, None, 2, 0), Precision::Exact, &mut state, None), Ok(()));
+        // Two positions close one window.
+        assert_eq!((state[0].len(), state[0].entry_count()), (2, 1));
+    }
+
     #[test]
     fn a_row_chooses_its_best_entries_in_order() {
         let mut out = [0f32; 3];

@@ -66,6 +66,8 @@ pub enum CpuError {
     MissingRole { op: &'static str, role: String },
     #[error("layer {layer}'s recurrent state is at {at}, the block starts at position {want}; a recurrent state goes back only to position 0")]
     RecurrentState { layer: usize, at: String, want: usize },
+    #[error("layer {layer}'s KV compressor holds {held} positions, the block starts at position {want}")]
+    CompressedRows { layer: usize, held: usize, want: usize },
 }
 
 impl Env<'_> {
@@ -458,11 +460,7 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
                 env.put(*v, o);
             }
             if let Err(held) = r {
-                return Err(CpuError::RecurrentState {
-                    layer: l,
-                    at: format!("{held} compressed positions"),
-                    want: pos0,
-                });
+                return Err(CpuError::CompressedRows { layer: l, held, want: pos0 });
             }
         }
         Op::LinearAttention { x, out, layer, spec } => {
