@@ -254,22 +254,20 @@ pub fn attend(
                 .collect(),
             None => (0..seen).collect(),
         };
-        let values: Vec<&[f32]> = (lo..=p)
-            .map(|t| &v[t * d..(t + 1) * d])
-            .chain(chosen.iter().map(|&e| &entries.rows[e * d..(e + 1) * d]))
-            .collect();
-        let keys: Vec<&[f32]> = (lo..=p)
-            .map(|t| &k[t * d..(t + 1) * d])
-            .chain(chosen.iter().map(|&e| &entries.rows[e * d..(e + 1) * d]))
+        // (key, value) of every cached row in the window, then of every entry seen (its own both).
+        let entry = |e: usize| &entries.rows[e * d..(e + 1) * d];
+        let kv: Vec<(&[f32], &[f32])> = (lo..=p)
+            .map(|t| (&k[t * d..(t + 1) * d], &v[t * d..(t + 1) * d]))
+            .chain(chosen.iter().map(|&e| (entry(e), entry(e))))
             .collect();
         for (head, oh) in o.chunks_exact_mut(d).enumerate() {
             let qh = &q[(r * h + head) * d..(r * h + head + 1) * d];
-            let scores: Vec<f32> = keys.iter().map(|kt| dot(qh, kt) * s.scale).collect();
+            let scores: Vec<f32> = kv.iter().map(|(kt, _)| dot(qh, kt) * s.scale).collect();
             let sink = sinks.map(|s| s[head]);
             let m = scores.iter().copied().chain(sink).fold(f32::NEG_INFINITY, f32::max);
             let den: f32 = scores.iter().map(|&x| (x - m).exp()).sum::<f32>() + sink.map_or(0.0, |x| (x - m).exp());
             oh.fill(0.0);
-            for (&sc, vt) in scores.iter().zip(&values) {
+            for (&sc, (_, vt)) in scores.iter().zip(&kv) {
                 let p = (sc - m).exp() / den;
                 oh.iter_mut().zip(vt.iter()).for_each(|(a, &b)| *a += p * b);
             }
