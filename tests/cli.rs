@@ -624,3 +624,26 @@ fn exec_speculates_with_the_same_output() {
         e.lines().find(|l| l.contains("speculation (ngram):")).unwrap_or_else(|| panic!("no speculation line: {e}"));
     assert!(line.contains("accepted"), "{line}");
 }
+
+#[test]
+fn exec_speculates_with_the_checkpoints_draft_layer() {
+    let prompt = "181,61,50,130,216,213,126,9,93,70,164,160,129";
+    let run = |extra: &[&str]| {
+        coli(
+            &[&["exec", "--model", "tests/fixtures/deepseek_v3_mtp", "--prompt-ids", prompt, "-n", "32"][..], extra]
+                .concat(),
+        )
+    };
+    let (plain, fast) = (run(&[]), run(&["--speculate", "mtp", "--draft-tokens", "2"]));
+    assert!(fast.status.success(), "coli exec failed: {}", stderr(&fast));
+    assert_eq!(stdout(&fast), stdout(&plain));
+    let e = stderr(&fast);
+    let line =
+        e.lines().find(|l| l.contains("speculation (mtp):")).unwrap_or_else(|| panic!("no speculation line: {e}"));
+    assert!(line.contains("accepted"), "{line}");
+    // A model without a draft layer, and the commands that serve several conversations.
+    let o = coli(&["exec", "--model", "tests/fixtures/llama", "--prompt-ids", "1,2", "--speculate", "mtp"]);
+    assert!(!o.status.success() && stderr(&o).contains("has no draft model"), "{}", stderr(&o));
+    let o = coli(&["chat", "--model", "tests/fixtures/deepseek_v3_mtp", "--speculate", "mtp"]);
+    assert!(!o.status.success() && stderr(&o).contains("runs in `coli exec`"), "{}", stderr(&o));
+}

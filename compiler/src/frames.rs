@@ -176,7 +176,8 @@ fn io_of(program: &Program, ops: &[OpId]) -> (BTreeSet<ValueId>, BTreeSet<ValueI
 }
 
 /// Whether value `v`, written in frame `fi`, is read in another place before it is written
-/// again (the logits count as read by the host after the last frame).
+/// again (the logits, and the value the program exports, count as read by the host after the
+/// last frame).
 fn read_elsewhere_later(
     frames: &[Frame],
     ios: &[Vec<(Vec<ValueId>, Vec<ValueId>)>],
@@ -195,5 +196,5 @@ fn read_elsewhere_later(
             }
         }
     }
-    v == program.logits
+    v == program.logits || program.export == Some(v)
 }

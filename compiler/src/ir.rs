@@ -439,6 +439,11 @@ pub struct HyperSpec {
 pub enum Op {
     /// Token ids -> rows of the embedding table (`[vocab, width]`), times `scale`.
     Embed { out: ValueId, table: WeightRef, scale: f32 },
+    /// Rows the caller hands the forward (a draft model's: the target model's final residual
+    /// at each row's position); the host writes them into `out` before the forward.
+    Input { out: ValueId },
+    /// `out = [a | b]` per row (a draft model's embedding beside the target's hidden state).
+    Concat { a: ValueId, b: ValueId, out: ValueId },
     /// RMSNorm over groups of `group` columns (`group == width`: whole row; `head_dim`: per head).
     /// `out = x / rms(x) * (weight + offset) * scale`; `weight` has `group` entries (none: 1,
     /// DeepSeek V4's unweighted query norm); `scale` is 1 but where a width multiplier divides
@@ -563,7 +568,8 @@ pub enum Op {
 /// The values an op reads and writes.
 pub fn op_io(op: &Op) -> (Vec<ValueId>, Vec<ValueId>) {
     match op {
-        Op::Embed { out, .. } => (vec![], vec![*out]),
+        Op::Embed { out, .. } | Op::Input { out } => (vec![], vec![*out]),
+        Op::Concat { a, b, out } => (vec![*a, *b], vec![*out]),
         Op::RmsNorm { x, out, .. }
         | Op::LayerNorm { x, out, .. }
         | Op::Linear { x, out, .. }
@@ -752,6 +758,11 @@ pub struct Program {
     pub prologue: Vec<Op>,
     pub layers: Vec<Layer>,
     pub epilogue: Vec<Op>,
+    /// A value the host reads after each forward besides the logits, every row of it: the
+    /// residual, when a draft model continues from this program's hidden states
+    /// (`profile::DraftRole::Target`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub export: Option<ValueId>,
 }
 
 impl Program {

@@ -29,7 +29,7 @@ pub mod verify;
 pub use bind::{Bindings, Naming, TensorInfo};
 pub use diag::{Diagnostic, Diagnostics};
 pub use plan::Plan;
-pub use profile::{DeviceProfile, Options};
+pub use profile::{DeviceProfile, DraftRole, Options};
 pub use spec::Spec;
 
 /// Compiles `spec` for the checkpoint `bindings` describes, on the devices of `profile`.
@@ -40,8 +40,15 @@ pub fn compile(
     profile: &DeviceProfile,
     options: &Options,
 ) -> Result<Plan, Diagnostics> {
-    // 1. The program.
-    let program = lower::build_program(spec, bindings)?;
+    // 1. The program (the draft's, or the model's); a draft's or its target's residual goes to
+    // the host too.
+    let mut program = match options.draft {
+        DraftRole::Draft => lower::program::build_part(spec, bindings, lower::program::Part::Draft)?,
+        DraftRole::None | DraftRole::Target => lower::build_program(spec, bindings)?,
+    };
+    if options.draft != DraftRole::None {
+        program.export = Some(program.residual);
+    }
     // 2. Sizes and placement.
     let stored = bindings
         .tensors

@@ -73,6 +73,10 @@ pub enum OpKind {
     /// cached rows (`AttentionSpec::compressed`): the CPU's only.
     KvCompress,
     AttentionCompressed,
+    /// A draft model's input rows (`Op::Input`): written by the host, always.
+    Input,
+    /// Two row buffers side by side (`Op::Concat`): the CPU's only.
+    Concat,
 }
 
 /// What placement and printing need to know of an op kind.
@@ -124,6 +128,8 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::RouteHash, name: "route_hash", host_step: true, by_default: false },
     OpInfo { kind: OpKind::KvCompress, name: "kv_compress", host_step: false, by_default: false },
     OpInfo { kind: OpKind::AttentionCompressed, name: "attention_compressed", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::Input, name: "input", host_step: true, by_default: false },
+    OpInfo { kind: OpKind::Concat, name: "concat", host_step: false, by_default: false },
 ];
 
 impl OpKind {
@@ -163,6 +169,8 @@ impl Op {
             Op::Glu { kind: GluKind::LimitedSwiGlu { .. }, .. } => OpKind::GluLimited,
             Op::Glu { .. } => OpKind::Glu,
             Op::Add { .. } => OpKind::Add,
+            Op::Input { .. } => OpKind::Input,
+            Op::Concat { .. } => OpKind::Concat,
             Op::Mul { .. } => OpKind::Mul,
             Op::Route { hash: Some(_), .. } => OpKind::RouteHash,
             Op::Route { scoring: RouterScoring::SqrtSoftplus, .. } => OpKind::RouteSqrtSoftplus,

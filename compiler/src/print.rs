@@ -50,6 +50,8 @@ pub(crate) fn g(x: f32) -> String {
 pub fn op_text(op: &Op) -> String {
     match op {
         Op::Embed { out, table, scale } => format!("{out} = embed {}{}", w(table), if *scale != 1.0 { format!(" scale {}", g(*scale)) } else { String::new() }),
+        Op::Input { out } => format!("{out} = input"),
+        Op::Concat { a, b, out } => format!("{out} = concat {a} {b}"),
         Op::RmsNorm { x, out, weight, eps, group, offset, scale } => {
             let wt = weight.as_ref().map_or_else(|| "unweighted".to_string(), w);
             let mut s = format!("{out} = rms_norm {x} {wt} eps {}", g(*eps));

@@ -164,6 +164,22 @@ pub struct Options {
     /// Positions per block of a KV split (a row's device share starts on a block boundary).
     #[serde(default = "default_kv_block")]
     pub kv_block: usize,
+    /// Whether the plan is of a model a draft continues from, of the draft, or neither.
+    #[serde(default)]
+    pub draft: DraftRole,
+}
+
+/// A plan's part in speculative decoding by a draft model the checkpoint carries (the spec's
+/// `draft`: multi-token prediction layers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DraftRole {
+    /// No draft model.
+    #[default]
+    None,
+    /// The model, its residual read by the host after each forward (the draft's input).
+    Target,
+    /// The draft model.
+    Draft,
 }
 
 fn yes() -> bool {
@@ -189,6 +205,7 @@ impl Default for Options {
             kv_device_positions: None,
             kv_split: true,
             kv_block: default_kv_block(),
+            draft: DraftRole::None,
         }
     }
 }

@@ -636,3 +636,67 @@ fn a_scale_past_the_limit_and_a_clamp_limit_not_above_zero() {
         "{d}"
     );
 }
+
+/// BASE with a draft model: a layer at index `layers`, its input beside the embedding.
+fn with_draft(prologue: &str) -> String {
+    let text = BASE
+        .replace(r#""logits": "vocab","#, r#""logits": "vocab", "e": "hidden", "hp": "hidden", "eh": "2 * hidden","#)
+        .replace(
+            r#""head": (hf: "lm_head.weight", shape: ["vocab", "hidden"]),"#,
+            r#""head": (hf: "lm_head.weight", shape: ["vocab", "hidden"]),
+        "eh_proj": (hf: "model.layers.{i}.eh_proj.weight", shape: ["hidden", "2 * hidden"]),"#,
+        );
+    let draft = format!(
+        r#"    draft: (
+        count: "1",
+        layer: "layers",
+        prologue: [{prologue}],
+        epilogue: [Linear(x: "h", out: "logits", weight: "head")],
+    ),
+)
+"#
+    );
+    let end = text.trim_end().strip_suffix(')').unwrap().to_string();
+    end + &draft
+}
+
+#[test]
+fn a_draft_reads_its_input_in_its_prologue_only() {
+    let good = r#"Embed(out: "e", table: "embed"), Input(out: "hp"), Concat(a: "e", b: "hp", out: "eh"), Linear(x: "eh", out: "h", weight: "eh_proj")"#;
+    let text = with_draft(good);
+    let spec = parse(&text).unwrap_or_else(|d| panic!("{d}"));
+    let b = bindings(CONFIG);
+    let o = Options { draft: coli_compiler::DraftRole::Draft, ..Options::default() };
+    let plan = compile(&spec, &b, &DeviceProfile::cpu_only(), &o).unwrap_or_else(|d| panic!("{d}"));
+    // One layer, its state the draft's layer 0, its weights the checkpoint's layer 2.
+    assert_eq!(plan.program.layers.len(), 1);
+    assert_eq!(plan.program.layers[0].id.0, 0);
+    let text_of = coli_compiler::print::op_text(&plan.program.layers[0].ops[0]);
+    assert!(text_of.contains("model.layers.2.norm.weight"), "{text_of}");
+    assert_eq!(plan.program.export, Some(plan.program.residual));
+    // The model's own plan as a draft's target exports its residual; alone it does not.
+    let o = Options { draft: coli_compiler::DraftRole::Target, ..Options::default() };
+    let plan = compile(&spec, &b, &DeviceProfile::cpu_only(), &o).unwrap();
+    assert_eq!((plan.program.layers.len(), plan.program.export), (2, Some(plan.program.residual)));
+    assert_eq!(compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).unwrap().program.export, None);
+
+    // No `Input` in the draft's prologue; an `Input` in the model's.
+    let text = with_draft(r#"Embed(out: "h", table: "embed")"#);
+    expect_one(&parse(&text).unwrap_err(), &text, r#""1""#, "through one `Input`");
+    let text = with_draft(good)
+        .replace(r#"Embed(out: "h", table: "embed"),"#, r#"Embed(out: "h", table: "embed"), Input(out: "x"),"#);
+    expect_one(
+        &parse(&text).unwrap_err(),
+        &text,
+        r#"Input(out: "x")"#,
+        "`Input` is for a draft's prologue, not the prologue",
+    );
+    // A draft of a spec without one, of a checkpoint without draft layers.
+    let spec = parse(BASE).unwrap();
+    let o = Options { draft: coli_compiler::DraftRole::Draft, ..Options::default() };
+    let d = compile(&spec, &b, &DeviceProfile::cpu_only(), &o).unwrap_err();
+    assert!(d.to_string().contains("the tiny spec has no draft model"), "{d}");
+    let text = with_draft(good).replace(r#"count: "1""#, r#"count: "0""#);
+    let d = compile(&parse(&text).unwrap(), &b, &DeviceProfile::cpu_only(), &o).unwrap_err();
+    assert!(d.to_string().contains("this checkpoint has no draft layers"), "{d}");
+}

@@ -90,6 +90,8 @@ pub enum GenerateError {
     EmptyPrompt,
     #[error("the prompt has {prompt} tokens; the context holds {context}")]
     PromptTooLong { prompt: usize, context: usize },
+    #[error("speculation by the checkpoint's draft model needs the draft attached to the session (load the model with its draft)")]
+    NoDraft,
 }
 
 /// Generates from `prompt` after what `session` already holds. `on_text` receives the text
@@ -104,6 +106,9 @@ pub fn generate(
 ) -> Result<Generation, GenerateError> {
     if prompt.is_empty() {
         return Err(GenerateError::EmptyPrompt);
+    }
+    if matches!(opts.speculation, Speculation::Mtp { .. }) && !session.has_draft() {
+        return Err(GenerateError::NoDraft);
     }
     let context = session.max_context();
     if session.pos() + prompt.len() > context {
@@ -184,7 +189,10 @@ pub fn generate(
         // Drafts beyond the token budget or the context would be thrown away.
         let cap = left.saturating_sub(1).min(context - session.pos() - 1);
         let cap = if cap > 0 { cap.min(pacer.allowance()) } else { 0 };
-        let drafts = opts.speculation.draft(&history, cap);
+        let drafts = match opts.speculation {
+            Speculation::Mtp { max_draft } => session.draft_tokens(&history, cap.min(max_draft))?,
+            s => s.draft(&history, cap),
+        };
         let fed: Vec<u32> = std::iter::once(id).chain(drafts.iter().copied()).collect();
         let l = session.forward(&fed, if drafts.is_empty() { LogitRows::Last } else { LogitRows::All })?;
         let vocab = l.len() / fed.len();

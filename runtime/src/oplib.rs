@@ -18,6 +18,8 @@ pub trait OpLib {
 pub fn op_name(op: &Op) -> &'static str {
     match op {
         Op::Embed { .. } => "embed",
+        Op::Input { .. } => "input",
+        Op::Concat { .. } => "concat",
         Op::RmsNorm { .. } => "rms_norm",
         Op::LayerNorm { .. } => "layer_norm",
         Op::Linear { .. } => "linear",

@@ -11,6 +11,9 @@
 //! same random draws in the same order: with equal logits the output is the same token for token,
 //! greedy or not.
 //!
+//! The other draft is a model the checkpoint carries (multi-token prediction layers): the
+//! session runs it (`exec::draft`), so here it is only a name and a length.
+//!
 //! Must not: run the model or know about devices; it sees token ids only.
 
 /// Whether and how `generate` drafts tokens.
@@ -20,6 +23,15 @@ pub enum Speculation {
     Off,
     /// Prompt lookup over the prompt and what has been generated.
     Ngram(NgramOptions),
+    /// The checkpoint's own draft model (multi-token prediction layers), attached to the
+    /// session (`exec::Session::attach_draft`); it guesses at most `max_draft` tokens.
+    Mtp { max_draft: usize },
+}
+
+impl Speculation {
+    /// The draft model's default: its first guess is the one it was trained for, later ones
+    /// chain its own guesses.
+    pub const MTP_DRAFT: usize = 3;
 }
 
 /// The n-gram draft's settings.
@@ -41,10 +53,10 @@ impl Default for NgramOptions {
 
 impl Speculation {
     /// Up to `cap` (and the draft's own limit) tokens guessed to follow `history`; empty when
-    /// there is no guess.
+    /// there is no guess, and for a draft model (the session guesses: `Session::draft_tokens`).
     pub fn draft(&self, history: &[u32], cap: usize) -> Vec<u32> {
         match self {
-            Speculation::Off => Vec::new(),
+            Speculation::Off | Speculation::Mtp { .. } => Vec::new(),
             Speculation::Ngram(o) => ngram_draft(history, o, cap.min(o.max_draft)),
         }
     }
@@ -54,6 +66,7 @@ impl Speculation {
         match self {
             Speculation::Off => 0,
             Speculation::Ngram(o) => o.max_draft,
+            Speculation::Mtp { max_draft } => *max_draft,
         }
     }
 
@@ -62,6 +75,7 @@ impl Speculation {
         match self {
             Speculation::Off => "off",
             Speculation::Ngram(_) => "ngram",
+            Speculation::Mtp { .. } => "mtp",
         }
     }
 }

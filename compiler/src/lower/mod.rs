@@ -3,6 +3,7 @@
 //! data flow in `flow`. Placement and frames are `place` and `frames`' business; this module
 //! must not know about devices.
 
+mod attention;
 mod flow;
 mod hyper;
 mod numbers;

@@ -19,7 +19,7 @@ impl<'a> Lowerer<'a> {
                 return None;
             }
         };
-        let layer = self.layer;
+        let layer = self.index_i();
         let r = e.eval(&|n| if n == "i" { layer.map(|i| Value::Int(i as i64)) } else { self.syms.get(n) });
         match r {
             Ok(v) => Some(v),

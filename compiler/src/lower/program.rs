@@ -21,8 +21,21 @@ use crate::spec::de::Spanned;
 use crate::spec::{OpItem, Spec, StyleSpec, Text};
 use std::collections::{BTreeMap, BTreeSet};
 
+/// Which program of a spec to build: the model's, or the draft model the checkpoint carries
+/// (`spec::DraftDef`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    Model,
+    Draft,
+}
+
 /// Builds the program of `spec` for the checkpoint described by `bindings`.
 pub fn build_program(spec: &Spec, bindings: &Bindings) -> Result<Program, Diagnostics> {
+    build_part(spec, bindings, Part::Model)
+}
+
+/// Builds the model's program or its draft's (`part`).
+pub fn build_part(spec: &Spec, bindings: &Bindings, part: Part) -> Result<Program, Diagnostics> {
     let unwrapped = super::symbols::unwrap_wrapper(spec, bindings)?;
     let bindings = unwrapped.as_ref().unwrap_or(bindings);
     let mut l = Lowerer {
@@ -36,8 +49,13 @@ pub fn build_program(spec: &Spec, bindings: &Bindings) -> Result<Program, Diagno
         layer_errors: BTreeMap::new(),
         flow: Flow::default(),
         bad_values: BTreeSet::new(),
+        draft_i: None,
+        input_allowed: false,
     };
-    let program = l.program();
+    let program = match part {
+        Part::Model => l.program(),
+        Part::Draft => l.draft_program(),
+    };
     l.flush_layer_errors();
     let mut d = l.syms.take_diagnostics();
     d.extend(l.diags);
@@ -63,6 +81,11 @@ pub(super) struct Lowerer<'a> {
     pub(super) flow: Flow,
     /// Values whose width could not be evaluated (reported).
     pub(super) bad_values: BTreeSet<String>,
+    /// Lowering a draft: its layer's index `i` (also in its prologue and epilogue), whose
+    /// state is the draft program's layer 0.
+    pub(super) draft_i: Option<usize>,
+    /// Lowering a draft's prologue, where its `Input` belongs.
+    pub(super) input_allowed: bool,
 }
 
 pub(super) fn has_e(s: &str) -> bool {
@@ -98,7 +121,53 @@ impl<'a> Lowerer<'a> {
         }
     }
 
+    /// The index `i` of the layer being expanded, or the draft's in its prologue and epilogue.
+    pub(super) fn index_i(&self) -> Option<usize> {
+        self.layer.or(self.draft_i)
+    }
+
+    /// The id of the layer being expanded in the program being built (a draft's one layer is
+    /// its layer 0).
+    pub(super) fn layer_id(&self) -> LayerId {
+        let i = self.layer.unwrap_or(0);
+        LayerId(i.saturating_sub(self.draft_i.unwrap_or(0)) as u32)
+    }
+
+    /// The draft model's program (`spec::DraftDef`): its prologue, the layer body once at the
+    /// draft's index, its epilogue.
+    fn draft_program(&mut self) -> Option<Program> {
+        let file = &self.spec.file;
+        let Some(draft) = &file.draft else {
+            self.err(file.family.span, format!("the {} spec has no draft model", file.family.value));
+            return None;
+        };
+        let count = self.sized(&draft.count, limits::LAYERS)?;
+        if count == 0 {
+            let from = self.origin_of(&draft.count);
+            self.err(
+                draft.count.span,
+                format!("this checkpoint has no draft layers (`{}` is 0{from})", draft.count.value),
+            );
+            return None;
+        }
+        let i = self.sized(&draft.layer, limits::LAYERS)?;
+        self.draft_i = Some(i);
+        self.program_of(&draft.prologue.0, Some(i..i + 1), &draft.epilogue.0)
+    }
+
     pub(super) fn program(&mut self) -> Option<Program> {
+        let file = &self.spec.file;
+        self.program_of(&file.prologue.0, None, &file.epilogue.0)
+    }
+
+    /// The program of `prologue_items`, the layer body for each index of `layer_range` (every
+    /// layer when none), `epilogue_items`.
+    fn program_of(
+        &mut self,
+        prologue_items: &'a [Spanned<OpItem>],
+        layer_range: Option<std::ops::Range<usize>>,
+        epilogue_items: &'a [Spanned<OpItem>],
+    ) -> Option<Program> {
         let file = &self.spec.file;
         // 0. What the spec refuses to serve.
         for r in &file.refuse.0 {
@@ -168,9 +237,13 @@ impl<'a> Lowerer<'a> {
             );
         }
         // 2. Prologue, layers, epilogue, what they read and write followed in that order.
-        let prologue = self.items(&file.prologue.0, 0);
+        self.input_allowed = self.draft_i.is_some();
+        let prologue = self.items(prologue_items, 0);
+        self.input_allowed = false;
+        let layer_range = layer_range.unwrap_or(0..layers);
+        let layers = layer_range.len();
         let mut out_layers = Vec::with_capacity(layers);
-        for i in 0..layers {
+        for i in layer_range {
             self.layer = Some(i);
             self.flow.enter_layer();
             let ops = self.items(&file.layer.0, 0);
@@ -188,7 +261,7 @@ impl<'a> Lowerer<'a> {
                 .unwrap_or(MixerKind::Attention);
             let ffn =
                 if ops.iter().any(|op| matches!(op, Op::RoutedExperts { .. })) { FfnKind::Moe } else { FfnKind::Dense };
-            out_layers.push(Layer { id: LayerId(i as u32), mixer, ffn, ops });
+            out_layers.push(Layer { id: self.layer_id(), mixer, ffn, ops });
         }
         self.layer = None;
         self.flow.enter_epilogue(residual);
@@ -201,7 +274,7 @@ impl<'a> Lowerer<'a> {
                 ),
             );
         }
-        let epilogue = self.items(&file.epilogue.0, 0);
+        let epilogue = self.items(epilogue_items, 0);
         if !self.flow.written_in_epilogue(logits) {
             self.err(file.logits.span, format!("no op of the epilogue writes the logits `{}`", file.logits.value));
         }
@@ -214,6 +287,7 @@ impl<'a> Lowerer<'a> {
             prologue,
             layers: out_layers,
             epilogue,
+            export: None,
         })
     }
 
@@ -400,117 +474,7 @@ impl<'a> Lowerer<'a> {
                 }
                 Op::Rope { x: xv, heads, head_dim, rotary_dim, style, theta, scaling, tail: *tail, inverse: *inverse }
             }
-            OpItem::Attention {
-                q,
-                k,
-                v,
-                out,
-                heads,
-                kv_heads,
-                head_dim,
-                v_head_dim,
-                scale,
-                window,
-                sinks,
-                value_scale,
-                rel,
-                rel_proj,
-                compress_rate,
-                compress_select,
-            } => {
-                let (qv, kv, vv, ov) = (self.val(q), self.val(k), self.val(v), self.val(out));
-                let (h, kvh, hd, sc) = (
-                    self.sized(heads, limits::HEADS),
-                    self.sized(kv_heads, limits::HEADS),
-                    self.sized(head_dim, limits::HEAD_DIM),
-                    self.scale(scale),
-                );
-                let (qv, kv, vv, ov, heads, kv_heads, head_dim, scale) = (qv?, kv?, vv?, ov?, h?, kvh?, hd?, sc?);
-                let v_head_dim = match v_head_dim {
-                    Some(t) => self.sized(t, limits::HEAD_DIM)?,
-                    None => head_dim,
-                };
-                // A window of 0 means none (configurations say `sliding_window: null`).
-                let window = match window {
-                    Some(w) => Some(self.sized(w, limits::CONTEXT)?).filter(|&w| w > 0),
-                    None => None,
-                };
-                let sinks = match sinks {
-                    Some(s) => Some(self.weight(s)?),
-                    None => None,
-                };
-                let value_scale = self.scale_or(value_scale, 1.0)?;
-                if kv_heads == 0 || heads % kv_heads != 0 {
-                    self.err(span, format!("{heads} query heads cannot share {kv_heads} KV heads evenly"));
-                }
-                self.expect_width(q, qv, heads * head_dim, "attention's heads x head_dim");
-                self.expect_width(k, kv, kv_heads * head_dim, "attention's kv_heads x head_dim");
-                self.expect_width(v, vv, kv_heads * v_head_dim, "attention's kv_heads x v_head_dim");
-                self.expect_width(out, ov, heads * v_head_dim, "attention's heads x v_head_dim");
-                if let Some(s) = &sinks {
-                    if s.shape != [heads] {
-                        self.err(span, format!("the sinks have shape {:?}, attention needs [{heads}]", s.shape));
-                    }
-                }
-                let rel = match (rel, rel_proj) {
-                    (None, None) => None,
-                    (Some(r), Some(p)) => {
-                        let (rv, proj) = (self.val(r)?, self.weight(p)?);
-                        let [d_rel, extent] = proj.shape[..] else {
-                            self.err(
-                                p.span,
-                                format!("the relative logits' weight has shape {:?}, not [d_rel, extent]", proj.shape),
-                            );
-                            return None;
-                        };
-                        self.expect_width(r, rv, heads * d_rel, "attention's heads x d_rel");
-                        Some(RelLogits { r: rv, proj, d_rel, extent })
-                    }
-                    _ => {
-                        self.err(span, "relative logits need both `rel` (the states) and `rel_proj` (the weight)");
-                        return None;
-                    }
-                };
-                let compressed = match (compress_rate, compress_select) {
-                    (None, None) => None,
-                    (Some(r), sel) => {
-                        let rate = self.sized(r, limits::CONTEXT)?;
-                        let select = match sel {
-                            Some(s) => Some(self.val(s)?),
-                            None => None,
-                        };
-                        // Each entry is one head, both key and value.
-                        if kv_heads != 1 || v_head_dim != head_dim || rel.is_some() || value_scale != 1.0 {
-                            self.err(span, "compressed entries need one KV head with values as wide as keys, and no relative logits or value scale");
-                        }
-                        Some(CompressedKv { rate, select })
-                    }
-                    (None, Some(_)) => {
-                        self.err(span, "a selection of compressed entries needs `compress_rate`");
-                        return None;
-                    }
-                };
-                let layer = LayerId(self.layer.unwrap_or(0) as u32);
-                Op::Attention {
-                    q: qv,
-                    k: kv,
-                    v: vv,
-                    out: ov,
-                    layer,
-                    spec: AttentionSpec {
-                        heads,
-                        kv_heads,
-                        head_dim,
-                        v_head_dim,
-                        scale,
-                        window,
-                        sinks,
-                        value_scale,
-                        rel,
-                        compressed,
-                    },
-                }
-            }
+            OpItem::Attention { .. } => self.attention(op, span)?,
             OpItem::Act { x, out, act } => {
                 let (xv, ov) = (self.val(x)?, self.val(out)?);
                 self.expect_width(out, ov, self.width(xv), "the activation's input width");
@@ -523,6 +487,19 @@ impl<'a> Lowerer<'a> {
                 self.expect_width(up, u, w, "the gate's width");
                 self.expect_width(out, o, w, "the gate's width");
                 Op::Glu { gate: g, up: u, out: o, kind }
+            }
+            OpItem::Input { out } => {
+                let ov = self.val(out)?;
+                if !self.input_allowed {
+                    self.err(span, "`Input` is for a draft's prologue");
+                }
+                Op::Input { out: ov }
+            }
+            OpItem::Concat { a, b, out } => {
+                let (av, bv, ov) = (self.val(a)?, self.val(b)?, self.val(out)?);
+                let w = self.width(av) + self.width(bv);
+                self.expect_width(out, ov, w, "Concat (the two widths' sum)");
+                Op::Concat { a: av, b: bv, out: ov }
             }
             OpItem::Add { a, b, out } | OpItem::Mul { a, b, out } => {
                 let (av, bv, ov) = (self.val(a)?, self.val(b)?, self.val(out)?);
@@ -590,7 +567,7 @@ impl<'a> Lowerer<'a> {
                     }
                 };
                 let (gb, ub, db) = (bias(gate_bias, ffn), bias(up_bias, ffn), bias(down_bias, ow));
-                let layer = LayerId(self.layer.unwrap_or(0) as u32);
+                let layer = self.layer_id();
                 let shared = match (shared, shared_gate, shared_up, shared_down) {
                     (None, None, None, None) => None,
                     (Some(n), Some(g), Some(u), Some(d)) => {
@@ -662,7 +639,7 @@ impl<'a> Lowerer<'a> {
                 };
                 self.mla_roles(&spec, self.width(xv), span);
                 self.expect_width(out, ov, self.width(xv), "MLA's input width");
-                Op::Mla { x: xv, out: ov, layer: LayerId(self.layer.unwrap_or(0) as u32), spec }
+                Op::Mla { x: xv, out: ov, layer: self.layer_id(), spec }
             }
             OpItem::Indexer { x, q, out, heads, head_dim, rope_dim, topk, style, theta, scaling, eps, weights } => {
                 let (xv, qv, ov) = (self.val(x)?, self.val(q)?, self.val(out)?);
@@ -685,7 +662,7 @@ impl<'a> Lowerer<'a> {
                 };
                 self.indexer_roles(&spec, (self.width(xv), self.width(qv)), span);
                 self.expect_width(out, ov, spec.topk, "the indexer's top-k");
-                Op::Indexer { x: xv, q: qv, out: ov, layer: LayerId(self.layer.unwrap_or(0) as u32), spec }
+                Op::Indexer { x: xv, q: qv, out: ov, layer: self.layer_id(), spec }
             }
             OpItem::KvCompress {
                 x,
@@ -747,7 +724,7 @@ impl<'a> Lowerer<'a> {
                     }
                 };
                 self.compress_roles(&spec, (self.width(xv), q.map(|q| self.width(q))), span);
-                Op::KvCompress { x: xv, q, out, layer: LayerId(self.layer.unwrap_or(0) as u32), spec }
+                Op::KvCompress { x: xv, q, out, layer: self.layer_id(), spec }
             }
             OpItem::LinearAttention {
                 x,
@@ -785,7 +762,7 @@ impl<'a> Lowerer<'a> {
                     self.kda_roles(&spec, self.width(xv), span);
                 }
                 self.expect_width(out, ov, self.width(xv), "the mixer's input width");
-                Op::LinearAttention { x: xv, out: ov, layer: LayerId(self.layer.unwrap_or(0) as u32), spec }
+                Op::LinearAttention { x: xv, out: ov, layer: self.layer_id(), spec }
             }
             OpItem::Block(_) | OpItem::If { .. } => return None,
         })

@@ -84,7 +84,7 @@ impl<'a> Lowerer<'a> {
         }
         let shape = def.shape.iter().map(|s| self.int(s)).collect::<Option<Vec<_>>>()?;
         let pattern = self.pattern(name);
-        let layer = self.layer.unwrap_or(0);
+        let layer = self.index_i().unwrap_or(0);
         if let Some(tied) = &def.tied {
             let when = self.boolean(&tied.when)?;
             let absent = match (pattern, &self.b.tensors) {

@@ -70,7 +70,9 @@ pub fn op_weights(op: &Op) -> Vec<&WeightRef> {
         | Op::Glu { .. }
         | Op::HyperPost { .. }
         | Op::Add { .. }
-        | Op::Mul { .. } => vec![],
+        | Op::Mul { .. }
+        | Op::Input { .. }
+        | Op::Concat { .. } => vec![],
     }
 }
 

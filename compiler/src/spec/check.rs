@@ -114,7 +114,10 @@ pub fn op_fields(op: &OpItem) -> Vec<(&Text, Role)> {
             f.extend([(gate, Value), (up, Value), (out, Value)]);
             glu(kind, &mut f);
         }
-        OpItem::Add { a, b, out } | OpItem::Mul { a, b, out } => f.extend([(a, Value), (b, Value), (out, Value)]),
+        OpItem::Add { a, b, out } | OpItem::Mul { a, b, out } | OpItem::Concat { a, b, out } => {
+            f.extend([(a, Value), (b, Value), (out, Value)])
+        }
+        OpItem::Input { out } => f.push((out, Value)),
         OpItem::Route {
             logits,
             out,
@@ -295,6 +298,8 @@ pub fn layer_state(op: &OpItem) -> Option<&'static str> {
 pub fn op_name(op: &OpItem) -> &'static str {
     match op {
         OpItem::Embed { .. } => "Embed",
+        OpItem::Input { .. } => "Input",
+        OpItem::Concat { .. } => "Concat",
         OpItem::RmsNorm { .. } => "RmsNorm",
         OpItem::LayerNorm { .. } => "LayerNorm",
         OpItem::Linear { .. } => "Linear",
@@ -440,12 +445,27 @@ pub fn check(spec: &Spec) -> Diagnostics {
         }
     }
     // 6. Ops.
-    let lists =
-        [(&file.prologue, false, "prologue"), (&file.layer, true, "layer"), (&file.epilogue, false, "epilogue")];
+    let mut lists =
+        vec![(&file.prologue, false, "prologue"), (&file.layer, true, "layer"), (&file.epilogue, false, "epilogue")];
+    if let Some(draft) = &file.draft {
+        expr(&draft.count, Type::Int, false, &mut d);
+        expr(&draft.layer, Type::Int, false, &mut d);
+        lists.extend([(&draft.prologue, false, "draft's prologue"), (&draft.epilogue, false, "draft's epilogue")]);
+        let mut inputs = Vec::new();
+        collect_items(&draft.prologue.0, false, &mut inputs);
+        if inputs.iter().filter(|(i, _)| matches!(i.value, OpItem::Input { .. })).count() != 1 {
+            d.push(spec.diag(draft.count.span, "a draft's prologue reads the target's rows through one `Input`"));
+        }
+    }
     let mut items: Vec<(&super::Spanned<OpItem>, bool)> = Vec::new();
     for (list, layer, part) in lists {
         let from = items.len();
         collect_items(&list.0, layer, &mut items);
+        for (item, _) in &items[from..] {
+            if matches!(item.value, OpItem::Input { .. }) && part != "draft's prologue" {
+                d.push(spec.diag(item.span, format!("`Input` is for a draft's prologue, not the {part}")));
+            }
+        }
         if layer {
             continue;
         }

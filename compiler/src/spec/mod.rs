@@ -58,6 +58,25 @@ pub struct SpecFile {
     /// with its `why`, located at the `when`.
     #[serde(default)]
     pub refuse: Items<Refusal>,
+    /// A draft model the checkpoint carries (multi-token prediction layers), for speculative
+    /// decoding.
+    #[serde(default)]
+    pub draft: Option<DraftDef>,
+}
+
+/// A draft model built from the spec's own layer body (DeepSeek's and GLM's MTP layers): its
+/// `prologue` reads the tokens and, through one `Input`, the target model's residual at each
+/// row's position; one layer of the body with `i` = `layer`; its `epilogue` writes the logits
+/// (the spec's `residual` and `logits` values, as the main program's).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct DraftDef {
+    /// How many draft layers the checkpoint has (an Int expression; 0: none).
+    pub count: Text,
+    /// The index `i` of the draft's layer (an Int expression): the names of its weights and the
+    /// conditions of the layer body.
+    pub layer: Text,
+    pub prologue: Items<Spanned<OpItem>>,
+    pub epilogue: Items<Spanned<OpItem>>,
 }
 
 /// `(when: "a Bool expression of the symbols", why: "what is not served")`.
@@ -208,6 +227,16 @@ pub enum OpItem {
         table: Text,
         #[serde(default)]
         scale: Option<Text>,
+    },
+    /// The rows a draft model is handed (only in a draft's prologue).
+    Input {
+        out: Text,
+    },
+    /// `out = [a | b]` per row.
+    Concat {
+        a: Text,
+        b: Text,
+        out: Text,
     },
     RmsNorm {
         x: Text,

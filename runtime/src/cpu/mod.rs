@@ -66,6 +66,8 @@ pub enum CpuError {
     MissingRole { op: &'static str, role: String },
     #[error("layer {layer}'s recurrent state is at {at}, the block starts at position {want}; a recurrent state goes back only to position 0")]
     RecurrentState { layer: usize, at: String, want: usize },
+    #[error("the forward's input holds {have} floats, {rows} rows of {width} are needed (a draft model runs from its target's rows)")]
+    MissingInput { rows: usize, width: usize, have: usize },
     #[error("layer {layer}'s KV compressor holds {held} positions, the block starts at position {want}")]
     CompressedRows { layer: usize, held: usize, want: usize },
 }
@@ -323,6 +325,23 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
                 elementwise::glu(*kind, &g, &u, &mut o);
                 env.put(*out, o);
             }
+        }
+        // The host wrote the rows before the forward (`exec::Session::forward_from`).
+        Op::Input { out } => {
+            let (have, want) = (env.values[out.0 as usize].len(), n * env.width(*out));
+            if have < want {
+                return Err(CpuError::MissingInput { rows: n, width: env.width(*out), have });
+            }
+        }
+        Op::Concat { a, b, out } => {
+            let (wa, wb) = (env.width(*a), env.width(*b));
+            let (av, bv) = (env.get(*a).to_vec(), env.get(*b).to_vec());
+            let mut o = env.take(*out);
+            for (r, row) in o.chunks_exact_mut(wa + wb).enumerate() {
+                row[..wa].copy_from_slice(&av[r * wa..(r + 1) * wa]);
+                row[wa..].copy_from_slice(&bv[r * wb..(r + 1) * wb]);
+            }
+            env.put(*out, o);
         }
         Op::Add { a, b, out } => {
             // The residual adds run in place (`out == a`): no copy of either input.

@@ -62,6 +62,9 @@ pub enum EngineError {
     /// A session's device state could not be made.
     #[error("device: {0}")]
     Session(VkError),
+    /// The draft model could not join a session.
+    #[error("{0}")]
+    Draft(crate::exec::ExecError),
     /// A text prompt, but no tokenizer (why there is none).
     #[error("a text prompt needs a tokenizer: {0}")]
     NoTokenizer(String),

@@ -39,7 +39,7 @@ use crate::model::{hub, Checkpoint};
 use crate::sample::Sampler;
 use crate::text::Tokenizer;
 use coli_compiler::place::kv_split::KvSplit;
-use coli_compiler::{compile, Plan, Spec};
+use coli_compiler::{compile, DeviceProfile, DraftRole, Options, Plan, Spec};
 use std::path::{Path, PathBuf};
 
 /// A model loaded and ready to run: its checkpoint, spec, plan, weights, the devices its
@@ -82,6 +82,8 @@ pub struct Engine {
     spec: Spec,
     plan: Plan,
     model: Model,
+    /// The checkpoint's draft model (`EngineOptions::draft`), on the CPU.
+    draft: Option<Model>,
     tokenizer: Result<Tokenizer, NoTokenizer>,
     generation: GenerationDefaults,
     device: Option<Chain>,
@@ -125,7 +127,17 @@ impl Engine {
         // 2. The devices and the profile; the plan, checked before any weight is read.
         let opened = devices::open(opts)?;
         let mut note = opened.note;
-        let mut plan = compile(&spec, &bindings, &opened.profile, &opts.compile).map_err(EngineError::Spec)?;
+        let mut options = opts.compile.clone();
+        if opts.draft {
+            options.draft = DraftRole::Target;
+        }
+        let mut plan = compile(&spec, &bindings, &opened.profile, &options).map_err(EngineError::Spec)?;
+        let draft_program = if opts.draft {
+            let o = Options { draft: DraftRole::Draft, ..options.clone() };
+            Some(compile(&spec, &bindings, &DeviceProfile::cpu_only(), &o).map_err(EngineError::Spec)?.program)
+        } else {
+            None
+        };
         if let Some(need) = opts.min_model_context {
             let max = plan.program.dims.max_context;
             if need > max {
@@ -135,8 +147,14 @@ impl Engine {
         // 3. The weights, then the device frames and the host copies.
         let mut model = Model::load(&checkpoint, plan.program.clone(), &mut |d, t| progress(Stage::ReadWeights, d, t))
             .map_err(|e| EngineError::Model { path: path.to_path_buf(), source: Box::new(e) })?;
-        let from =
-            place::Compile { spec: &spec, bindings: &bindings, profile: &opened.profile, options: &opts.compile };
+        let draft = match draft_program {
+            Some(p) => Some(
+                Model::load(&checkpoint, p, &mut |d, t| progress(Stage::ReadWeights, d, t))
+                    .map_err(|e| EngineError::Model { path: path.to_path_buf(), source: Box::new(e) })?,
+            ),
+            None => None,
+        };
+        let from = place::Compile { spec: &spec, bindings: &bindings, profile: &opened.profile, options: &options };
         let device = place::load_chain(&opened.ctxs, &mut plan, &model, &from, &opts.tier, &mut note, progress)?;
         // Before any host copy is released: the cache finds the experts' bytes in the files.
         // Pins start from the tier's routing history, after what the tier's slots hold.
@@ -171,6 +189,7 @@ impl Engine {
             spec,
             plan,
             model,
+            draft,
             tokenizer,
             generation,
             device,
@@ -276,10 +295,20 @@ impl Engine {
     /// A new sequence of at most `context` positions (the device's KV mirrors cap it at the
     /// plan's context), on the devices when there are any.
     pub fn session_with_context(&self, context: usize) -> Result<Session<'_>, EngineError> {
-        match &self.device {
-            Some(d) => Session::on_device(&self.model, d, context).map_err(EngineError::Session),
-            None => Ok(Session::new(&self.model, context)),
+        let mut s = match &self.device {
+            Some(d) => Session::on_device(&self.model, d, context).map_err(EngineError::Session)?,
+            None => Session::new(&self.model, context),
+        };
+        if let Some(draft) = &self.draft {
+            let context = s.max_context();
+            s.attach_draft(Session::new(draft, context)).map_err(EngineError::Draft)?;
         }
+        Ok(s)
+    }
+
+    /// The checkpoint's draft model, when the engine loaded it (`EngineOptions::draft`).
+    pub fn draft(&self) -> Option<&Model> {
+        self.draft.as_ref()
     }
 
     /// The ids of `prompt`, every one checked against the vocabulary.

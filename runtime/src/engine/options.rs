@@ -96,6 +96,10 @@ pub struct EngineOptions {
     /// The fewest positions the model's own context must hold, checked on the plan before any
     /// weight is read (`EngineError::ContextTooSmall`); `None`: no check.
     pub min_model_context: Option<usize>,
+    /// Load the checkpoint's draft model (the spec's `draft`: multi-token prediction layers)
+    /// beside the model, attached to every session (`Session::attach_draft`); it runs on the
+    /// CPU. Refused where the spec or the checkpoint has none.
+    pub draft: bool,
     /// The Hugging Face cache a hub id (`org/name`, `model::hub`) is looked for in; `None`:
     /// where the hub's own variables put it (`HF_HUB_CACHE`, `HF_HOME`, `~/.cache/huggingface/hub`).
     pub hub_cache: Option<PathBuf>,

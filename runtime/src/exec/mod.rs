@@ -8,6 +8,7 @@ pub use crate::store::{kv, weights};
 
 pub mod chain;
 pub mod device;
+pub mod draft;
 mod host;
 pub mod kv_split;
 pub mod mla_mirror;
@@ -50,6 +51,8 @@ pub enum ExecError {
     NoDevice(u32),
     #[error("cannot batch these sessions: {0}")]
     Batch(&'static str),
+    #[error("draft model: {0}")]
+    Draft(&'static str),
 }
 
 /// The rows a device op records over: `n` rows of `x` into `out`, its products in
@@ -93,7 +96,9 @@ impl Model {
         }
         check(&program.epilogue, "epilogue".into())?;
         let weights = WeightStore::load(ckpt, &program, progress)?;
-        let unread = crate::store::unread::unread(ckpt, &program);
+        // A draft model reads one layer of the checkpoint: the rest is the model's.
+        let draft = program.prologue.iter().any(|op| matches!(op, Op::Input { .. }));
+        let unread = if draft { Vec::new() } else { crate::store::unread::unread(ckpt, &program) };
         if !unread.is_empty() {
             let some: Vec<&str> = unread.iter().take(3).map(String::as_str).collect();
             tracing::warn!(
@@ -144,6 +149,12 @@ pub struct Session<'m> {
     precision: Precision,
     device: Option<(&'m Chain, ChainState)>,
     notice: Option<String>,
+    /// The rows of the program's exported value (`Program::export`) of the last forward.
+    exported: Vec<f32>,
+    /// The rows of the program's `Input` for the forward under way (`forward_from`).
+    input: Option<(coli_compiler::ir::ValueId, Vec<f32>)>,
+    /// The draft model that continues from this session's rows (`draft::Draft`).
+    draft: Option<Box<draft::Draft<'m>>>,
 }
 
 impl<'m> Session<'m> {
@@ -172,7 +183,59 @@ impl<'m> Session<'m> {
             precision: Precision::Fast,
             device: None,
             notice: None,
+            exported: Vec::new(),
+            input: None,
+            draft: None,
         }
+    }
+
+    /// Gives this session a draft model that continues from its rows (the model's program
+    /// exports its residual: `DraftRole::Target`); the draft's session starts empty.
+    pub fn attach_draft(&mut self, draft: Session<'m>) -> Result<(), ExecError> {
+        if self.pos != 0 {
+            return Err(ExecError::Draft("a draft joins a session before its first forward"));
+        }
+        self.draft = Some(Box::new(draft::Draft::new(&self.model.program, draft)?));
+        Ok(())
+    }
+
+    /// Whether a draft model is attached (`attach_draft`).
+    pub fn has_draft(&self) -> bool {
+        self.draft.is_some()
+    }
+
+    /// Up to `cap` tokens the attached draft model guesses to follow `history` (every token of
+    /// this session, then the one sampled to be fed next); empty without a draft.
+    pub fn draft_tokens(&mut self, history: &[u32], cap: usize) -> Result<Vec<u32>, ExecError> {
+        let pos = self.pos;
+        match self.draft.as_mut() {
+            Some(d) => d.guess(history, pos, cap),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// The rows of the program's exported value (`Program::export`) written by the last
+    /// forward, `n x width`; empty when the program exports none.
+    pub fn exported(&self) -> &[f32] {
+        &self.exported
+    }
+
+    /// `forward` with the rows of the program's `Input` (a draft model's: `tokens.len()` rows
+    /// of its width) handed in.
+    pub fn forward_from(&mut self, tokens: &[u32], input: &[f32], rows: LogitRows) -> Result<Vec<f32>, ExecError> {
+        let Some(v) = self.model.program.prologue.iter().find_map(|op| match op {
+            Op::Input { out } => Some(*out),
+            _ => None,
+        }) else {
+            return Err(ExecError::Draft("this program takes no input rows"));
+        };
+        if input.len() != tokens.len() * self.widths[v.0 as usize] {
+            return Err(ExecError::Draft("the input rows do not match the tokens"));
+        }
+        self.input = Some((v, input.to_vec()));
+        let r = self.forward(tokens, rows);
+        self.input = None;
+        r
     }
 
     /// A new sequence whose plan's device frames run on `device` (every device of the plan).
@@ -240,6 +303,9 @@ impl<'m> Session<'m> {
     pub fn truncate(&mut self, pos: usize) {
         self.pos = self.pos.min(pos);
         self.kv.truncate(self.pos);
+        if let Some(d) = self.draft.as_mut() {
+            d.cut(self.pos);
+        }
     }
 
     /// `truncate`, or `ExecError::CannotRewind` (nothing changed) when a recurrent layer's
@@ -271,6 +337,16 @@ impl<'m> Session<'m> {
     /// the forward on the CPU from the host's cache, and the session stays on the CPU (every
     /// device of the chain off).
     pub fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Vec<f32>, ExecError> {
+        let start = self.pos;
+        let r = self.forward_rows(tokens, rows);
+        if let (Ok(_), Some(d)) = (&r, self.draft.as_mut()) {
+            d.follow(start, &self.exported);
+        }
+        r
+    }
+
+    /// `forward` without the draft's bookkeeping.
+    fn forward_rows(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Vec<f32>, ExecError> {
         let n = tokens.len();
         if self.pos + n > self.max_context {
             return Err(ExecError::ContextFull { need: self.pos + n, max: self.max_context });
@@ -311,6 +387,9 @@ impl<'m> Session<'m> {
         let Some((first, rest)) = sessions.split_first() else { return Ok(Vec::new()) };
         if rest.iter().any(|s| !std::ptr::eq(s.model, first.model)) {
             return Err(ExecError::Batch("the sessions run different models"));
+        }
+        if sessions.iter().any(|s| s.draft.is_some()) {
+            return Err(ExecError::Batch("a session with a draft model forwards alone"));
         }
         let chain = first.device.as_ref().map(|(c, _)| *c);
         let same = |s: &Session| match (&s.device, chain) {
@@ -412,7 +491,12 @@ impl<'m> Session<'m> {
         let vocab = self.widths[lv];
         let cap = self.device.as_ref().map_or(tokens.len(), |(c, _)| c.cap_rows).max(1);
         let mut out = Vec::new();
-        for chunk in tokens.chunks(cap) {
+        self.exported.clear();
+        for (k, chunk) in tokens.chunks(cap).enumerate() {
+            if let Some((v, rows)) = &self.input {
+                let w = self.widths[v.0 as usize];
+                self.values[v.0 as usize] = rows[k * cap * w..(k * cap + chunk.len()) * w].to_vec();
+            }
             let step = Step { tokens: chunk, pos0: self.pos, precision: self.precision, logits: rows, batch: &[] };
             let mut host =
                 step::HostRows { values: &mut self.values, widths: &self.widths, kv: &mut self.kv, rest: &mut [] };
@@ -421,6 +505,9 @@ impl<'m> Session<'m> {
                 None => run::forward(&self.model.cpu, self.model, &mut host, &step, None)?,
             }
             self.pos += chunk.len();
+            if let Some(e) = self.model.program.export {
+                self.exported.extend_from_slice(&self.values[e.0 as usize][..chunk.len() * self.widths[e.0 as usize]]);
+            }
             let l = &self.values[lv][..chunk.len() * vocab];
             match rows {
                 LogitRows::All => out.extend_from_slice(l),

@@ -579,7 +579,9 @@ pub fn name_row_selections(program: &mut Program) {
             | Op::Glu { .. }
             | Op::HyperPost { .. }
             | Op::Add { .. }
-            | Op::Mul { .. } => {}
+            | Op::Mul { .. }
+            | Op::Input { .. }
+            | Op::Concat { .. } => {}
         }
     }
 }
@@ -648,6 +650,13 @@ pub fn visit_weights(op: &Op, weight: &mut dyn FnMut(&WeightRef, bool), experts:
         // Every weight but the matrices is read as f32: the convolutions' taps (`[channels, 1,
         // kernel]`) and KDA's `A_log` (`[1, 1, heads, 1]`) too.
         Op::LinearAttention { spec, .. } => spec.weights.iter().for_each(|(_, w)| weight(w, w.shape.len() != 2)),
-        Op::Rope { .. } | Op::Act { .. } | Op::Glu { .. } | Op::HyperPost { .. } | Op::Add { .. } | Op::Mul { .. } => {}
+        Op::Rope { .. }
+        | Op::Act { .. }
+        | Op::Glu { .. }
+        | Op::HyperPost { .. }
+        | Op::Add { .. }
+        | Op::Mul { .. }
+        | Op::Input { .. }
+        | Op::Concat { .. } => {}
     }
 }

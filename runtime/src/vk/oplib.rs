@@ -72,7 +72,9 @@ impl OpLib for VkOps {
             | Op::KvCompress { .. }
             | Op::GroupedLinear { .. }
             | Op::HyperPre { .. }
-            | Op::HyperPost { .. } => false,
+            | Op::HyperPost { .. }
+            | Op::Input { .. }
+            | Op::Concat { .. } => false,
         }
     }
 }

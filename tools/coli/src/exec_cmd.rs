@@ -68,7 +68,7 @@ pub fn run(a: ExecArgs) -> Result<(), String> {
     let logits_out = a.logits_out.as_deref().map(|p| OutputFile::open(p, "--logits-out")).transpose()?;
 
     // 1. Load, with progress bars on a terminal.
-    let (engine, _) = a.load.load()?;
+    let (engine, _) = a.load.load_for(a.speculate.wants_draft())?;
 
     // 2. The sampler: the flags over the checkpoint's generation_config.json, over coli's
     //    defaults; the prompt's ids.

@@ -51,6 +51,12 @@ impl LoadArgs {
     /// Resolves the model's path (fetching the default model when none is given) and loads it,
     /// with progress bars on a terminal and the load's lines on stderr.
     pub fn load(&self) -> Result<(Engine, PathBuf), String> {
+        self.load_for(false)
+    }
+
+    /// `load`, with the checkpoint's draft model beside the model when `draft` (speculation
+    /// by multi-token prediction layers).
+    pub fn load_for(&self, draft: bool) -> Result<(Engine, PathBuf), String> {
         let path = self.model.resolve()?;
         let t0 = Instant::now();
         let reading = Progress::new("tensors");
@@ -95,6 +101,7 @@ impl LoadArgs {
             tier: self.tier.options(&path, true),
             host_copies: self.dense.host_copies(),
             ram: self.ram.options(),
+            draft,
             ..EngineOptions::default()
         };
         let engine = Engine::load_with_progress(&path, &opts, &mut progress).map_err(message)?;

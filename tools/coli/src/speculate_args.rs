@@ -13,6 +13,9 @@ pub enum DraftKind {
     Off,
     /// Prompt lookup: what followed the text's latest suffix where it occurred before.
     Ngram,
+    /// The checkpoint's multi-token prediction layers (DeepSeek V3, GLM-4.5 and later), loaded
+    /// as a draft model beside it (`coli exec` only).
+    Mtp,
 }
 
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -42,7 +45,22 @@ impl SpeculateArgs {
             DraftKind::Ngram => {
                 Speculation::Ngram(NgramOptions { max_draft: self.draft_tokens.unwrap_or(base.max_draft), ..base })
             }
+            DraftKind::Mtp => Speculation::Mtp { max_draft: self.draft_tokens.unwrap_or(Speculation::MTP_DRAFT) },
         }
+    }
+
+    /// Whether the engine must load the checkpoint's draft model.
+    pub fn wants_draft(&self) -> bool {
+        self.speculate == DraftKind::Mtp
+    }
+
+    /// For the commands that serve several conversations (`chat`, `serve`): a draft model
+    /// forwards one sequence alone, which they do not.
+    pub fn refuse_draft_model(&self, command: &str) -> Result<(), String> {
+        if self.wants_draft() {
+            return Err(format!("--speculate mtp runs in `coli exec`; `coli {command}` takes --speculate ngram"));
+        }
+        Ok(())
     }
 }
 

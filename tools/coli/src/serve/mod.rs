@@ -55,6 +55,7 @@ pub fn model_id(path: &Path) -> String {
 }
 
 pub fn run(a: ServeArgs) -> Result<(), String> {
+    a.speculate.refuse_draft_model("serve")?;
     let addr: SocketAddr =
         format!("{}:{}", a.host, a.port).parse().map_err(|e| format!("--host {} --port {}: {e}", a.host, a.port))?;
     let metrics = Arc::new(metrics::Metrics::default());

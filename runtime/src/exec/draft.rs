@@ -1,0 +1,127 @@
+//! A draft model the checkpoint carries (DeepSeek's and GLM's multi-token prediction layers)
+//! as speculative decoding's draft. Its row at position `p` reads the target model's residual
+//! at `p` and the token at `p + 1`, and guesses the token at `p + 2`; its own layer keeps a KV
+//! cache of those rows.
+//!
+//! The target session owns its `Draft` and tells it what every forward kept: the residual rows
+//! the target exported (`Program::export`) wait here (`pending`) until the token after each is
+//! known, which is when a guess is asked for. A guess runs the pending rows through the draft
+//! (its exact rows), then feeds each guessed token back with the draft's own residual for
+//! further guesses, and forgets those chained rows again: the draft's cache holds exact rows
+//! only, one position behind the target's. Cutting the target cuts both.
+//!
+//! Invariant: `session.pos() + pending rows == the target's position`.
+//!
+//! Must not: sample (a guess is the draft's most likely token) or decide how many tokens to
+//! guess (the generation loop's pacer does).
+
+use super::{ExecError, LogitRows, Session};
+use coli_compiler::ir::Program;
+
+pub struct Draft<'m> {
+    session: Session<'m>,
+    /// The target's residual rows at positions `session.pos()..` (the target's position).
+    pending: Vec<f32>,
+    hidden: usize,
+}
+
+impl<'m> Draft<'m> {
+    /// A draft for a session of `target`, running on `session` (fresh).
+    pub(super) fn new(target: &Program, session: Session<'m>) -> Result<Draft<'m>, ExecError> {
+        let Some(export) = target.export else {
+            return Err(ExecError::Draft(
+                "the model's plan does not export its residual (compile it as a draft's target)",
+            ));
+        };
+        let hidden = target.value(export).width;
+        let input = session.model.program.prologue.iter().find_map(|op| match op {
+            coli_compiler::ir::Op::Input { out } => Some(session.model.program.value(*out).width),
+            _ => None,
+        });
+        if input != Some(hidden) {
+            return Err(ExecError::Draft("the draft's input rows are not as wide as the model's residual"));
+        }
+        if session.model.program.export.is_none() {
+            return Err(ExecError::Draft("the draft's plan does not export its residual"));
+        }
+        if session.pos() != 0 {
+            return Err(ExecError::Draft("the draft's session is not fresh"));
+        }
+        Ok(Draft { session, pending: Vec::new(), hidden })
+    }
+
+    fn pending_rows(&self) -> usize {
+        self.pending.len() / self.hidden
+    }
+
+    /// After a target forward from position `start` that exported `rows`.
+    pub(super) fn follow(&mut self, start: usize, rows: &[f32]) {
+        if self.session.pos() + self.pending_rows() != start {
+            // Not contiguous (cannot happen through `Session`): start again from here.
+            self.session.truncate(0);
+            self.pending.clear();
+            return;
+        }
+        self.pending.extend_from_slice(rows);
+    }
+
+    /// The target went back to position `pos`.
+    pub(super) fn cut(&mut self, pos: usize) {
+        if self.session.pos() > pos {
+            self.session.truncate(pos);
+            self.pending.clear();
+        } else {
+            let keep = (pos - self.session.pos()) * self.hidden;
+            self.pending.truncate(keep);
+        }
+    }
+
+    /// Up to `cap` tokens to follow `history` (the target's `pos` tokens, then the token to be
+    /// fed at `pos`).
+    pub(super) fn guess(&mut self, history: &[u32], pos: usize, cap: usize) -> Result<Vec<u32>, ExecError> {
+        let from = self.session.pos();
+        if cap == 0 || history.len() != pos + 1 || from + self.pending_rows() != pos || from == pos {
+            return Ok(Vec::new());
+        }
+        // The exact rows: positions `from..pos`, each with the token after it.
+        let pending = std::mem::take(&mut self.pending);
+        let logits = self.session.forward_from(&history[from + 1..=pos], &pending, LogitRows::Last)?;
+        let mut out = vec![argmax(&logits)];
+        // Chained rows: each guess with the draft's own residual before it.
+        while out.len() < cap {
+            let h = self.session.exported();
+            let last = h[h.len() - self.hidden..].to_vec();
+            let prev = out[out.len() - 1];
+            match self.session.forward_from(&[prev], &last, LogitRows::Last) {
+                Ok(l) => out.push(argmax(&l)),
+                // The draft's context is full: fewer guesses.
+                Err(ExecError::ContextFull { .. }) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        self.session.truncate(pos);
+        Ok(out)
+    }
+}
+
+/// The index of the largest logit (the first of equals).
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::argmax;
+
+    #[test]
+    fn argmax_takes_the_first_of_equals() {
+        assert_eq!(argmax(&[0.5, 2.0, 2.0, -1.0]), 1);
+        assert_eq!(argmax(&[3.0]), 0);
+    }
+}

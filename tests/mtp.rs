@@ -1,0 +1,162 @@
+//! Speculative decoding by the checkpoint's multi-token prediction layer (DeepSeek-V3's MTP) as
+//! a draft model: the draft layer's logits against a reference written from transformers' own
+//! modules (tests/fixtures/deepseek_v3_mtp, tools/fixtures_mtp.py), and generation with the
+//! draft giving the same tokens as without, on the CPU and on the Vulkan device (the draft runs
+//! on the CPU beside it), with the drafts' acceptance counted. Checkpoints and specs without a
+//! draft are refused with messages that say so.
+
+mod common;
+
+use coli_compiler::{compile, DeviceProfile, DraftRole, Options};
+use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
+use coli_runtime::exec::{LogitRows, Model, Session};
+use coli_runtime::generate::{GenerateError, GenerateOptions, Generation};
+use coli_runtime::model::{Checkpoint, LoadOptions};
+use coli_runtime::sample::{Sampler, SamplerConfig};
+use coli_runtime::speculate::Speculation;
+use coli_runtime::vk::VkOptions;
+use common::{fixture_dir, ids, matrix, max_abs, max_abs_diff, read_json};
+
+/// Of the largest |logit| of the reference (transformers' float32 against coli's float32 in
+/// another summation order, as the other oracle tests).
+const TOLERANCE: f32 = 1e-4;
+const CONTEXT: usize = 96;
+
+fn fixture() -> std::path::PathBuf {
+    fixture_dir("deepseek_v3_mtp")
+}
+
+fn program(ckpt: &Checkpoint, role: DraftRole) -> coli_compiler::ir::Program {
+    let spec = coli_runtime::engine::specs::for_architecture("DeepseekV3ForCausalLM").unwrap();
+    let o = Options { draft: role, context: CONTEXT, ..Options::default() };
+    compile(&spec, &ckpt.bindings(), &DeviceProfile::cpu_only(), &o).unwrap().program
+}
+
+#[test]
+fn the_draft_layer_matches_its_reference() {
+    let oracle = read_json(&fixture().join("mtp.json"));
+    let prompt = ids(&oracle["prompt"]);
+    let ckpt = Checkpoint::open(&fixture(), &LoadOptions::default()).unwrap();
+    let target = Model::load(&ckpt, program(&ckpt, DraftRole::Target), &mut |_, _| {}).unwrap();
+    let draft = Model::load(&ckpt, program(&ckpt, DraftRole::Draft), &mut |_, _| {}).unwrap();
+    assert_eq!(draft.program.layers.len(), 1, "one draft layer");
+    let hidden = target.program.dims.hidden;
+
+    // The model's rows, against transformers'.
+    let mut s = Session::new(&target, CONTEXT);
+    let logits = s.forward(&prompt, LogitRows::All).unwrap();
+    let want = matrix(&oracle["logits"]);
+    let got: Vec<Vec<f32>> = logits.chunks(want[0].len()).map(<[f32]>::to_vec).collect();
+    let err = max_abs_diff(&got, &want);
+    eprintln!("model: max |difference| {err:.3e} of max |logit| {}", max_abs(&want));
+    assert!(err <= TOLERANCE * max_abs(&want));
+    assert_eq!(s.exported().len(), prompt.len() * hidden, "the residual of every row comes back");
+
+    // The draft's rows: position i reads the model's row i and the token at i + 1.
+    let n = prompt.len() - 1;
+    let rows = s.exported()[..n * hidden].to_vec();
+    let want = matrix(&oracle["mtp_logits"]);
+    for chunk in [n, 5, 1] {
+        let mut d = Session::new(&draft, CONTEXT);
+        let mut got = Vec::new();
+        for (k, t) in prompt[1..].chunks(chunk).enumerate() {
+            let from = k * chunk;
+            let l = d.forward_from(t, &rows[from * hidden..(from + t.len()) * hidden], LogitRows::All).unwrap();
+            got.extend(l.chunks(want[0].len()).map(<[f32]>::to_vec));
+        }
+        let err = max_abs_diff(&got, &want);
+        eprintln!("draft, chunks of {chunk}: max |difference| {err:.3e} of max |logit| {}", max_abs(&want));
+        assert!(err <= TOLERANCE * max_abs(&want), "chunks of {chunk}: {err}");
+    }
+    // Input rows that do not match the tokens are refused.
+    let mut d = Session::new(&draft, CONTEXT);
+    assert!(d.forward_from(&prompt[1..3], &rows[..hidden], LogitRows::Last).is_err());
+    assert!(Session::new(&target, CONTEXT).forward_from(&prompt[..1], &rows[..hidden], LogitRows::Last).is_err());
+}
+
+fn engine(device: bool, draft: bool) -> Engine {
+    let req = EngineOptions {
+        device: if device { DeviceRequest::Vulkan(VkOptions::default()) } else { DeviceRequest::Cpu },
+        compile: Options { context: CONTEXT, chunk_rows: 8, ..Options::default() },
+        draft,
+        ..EngineOptions::default()
+    };
+    Engine::load(&fixture(), &req).unwrap()
+}
+
+fn generate(engine: &Engine, prompt: &[u32], speculation: Speculation, sampler: SamplerConfig) -> Generation {
+    let mut s = engine.session().unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: 40,
+        chunk_rows: 8,
+        record_logits: true,
+        stop_at_eos: false,
+        speculation,
+        ..GenerateOptions::default()
+    };
+    let mut sampler = Sampler::new(sampler).unwrap();
+    let g = engine.generate(&mut s, &mut sampler, prompt, &opts, &mut |_| {}).unwrap();
+    assert_eq!(s.pos(), prompt.len() + g.generated.len(), "the session holds every fed token, no rejected draft");
+    assert!(s.take_notice().is_none(), "no device failure");
+    g
+}
+
+fn same_with_and_without(what: &str, engine: &Engine) -> Generation {
+    let prompt = ids(&read_json(&fixture().join("mtp.json"))["prompt"]);
+    let spec = Speculation::Mtp { max_draft: 3 };
+    for sampler in [
+        SamplerConfig::greedy(),
+        SamplerConfig { temperature: 0.8, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 11, ..SamplerConfig::default() },
+    ] {
+        let plain = generate(engine, &prompt, Speculation::Off, sampler);
+        let fast = generate(engine, &prompt, spec, sampler);
+        let st = fast.speculation;
+        eprintln!("{what}: {}", st.summary(&spec).unwrap_or_else(|| "nothing drafted".into()));
+        assert_eq!(fast.generated, plain.generated, "{what}: the draft changed the output");
+        assert!(st.drafted > 0 && st.accepted <= st.drafted);
+        let err = max_abs_diff(&fast.logits, &plain.logits);
+        assert!(err <= TOLERANCE * max_abs(&plain.logits), "{what}: {err}");
+        if sampler.temperature == 0.0 {
+            return fast;
+        }
+    }
+    unreachable!()
+}
+
+#[test]
+fn the_draft_changes_nothing_on_the_cpu() {
+    let g = same_with_and_without("cpu", &engine(false, true));
+    assert!(g.speculation.accepted > 0, "some of the draft layer's guesses are right");
+}
+
+#[test]
+fn the_draft_changes_nothing_beside_the_device() {
+    let e = engine(true, true);
+    if e.device().is_none() {
+        eprintln!("no Vulkan device: {}", e.device_note());
+        return;
+    }
+    same_with_and_without("vulkan", &e);
+}
+
+#[test]
+fn without_a_draft_model_it_says_so() {
+    // The engine loaded without its draft.
+    let e = engine(false, false);
+    let mut s = e.session().unwrap();
+    let opts = GenerateOptions { speculation: Speculation::Mtp { max_draft: 2 }, ..GenerateOptions::default() };
+    let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
+    let r = coli_runtime::generate::generate(&mut s, None, &mut sampler, &[1, 2, 3], &opts, &mut |_| {});
+    assert!(matches!(r, Err(GenerateError::NoDraft)));
+    // A spec without a draft, and a checkpoint whose configuration counts no MTP layer.
+    let req = EngineOptions { draft: true, ..EngineOptions::default() };
+    let err = Engine::load(&fixture_dir("llama"), &req).err().unwrap().to_string();
+    assert!(err.contains("has no draft model"), "{err}");
+    let none = common::patched_fixture("deepseek_v3_mtp", |c| c["num_nextn_predict_layers"] = 0.into());
+    let err = Engine::load(&none, &req).err().unwrap().to_string();
+    assert!(err.contains("no draft layers"), "{err}");
+    let _ = std::fs::remove_dir_all(&none);
+    // The fixture of the model alone declares an MTP layer its file does not hold.
+    let err = Engine::load(&fixture_dir("deepseek_v3"), &req).err().unwrap().to_string();
+    assert!(err.contains("model.layers.3.enorm.weight"), "{err}");
+}
