@@ -39,7 +39,7 @@ use crate::model::{hub, Checkpoint};
 use crate::sample::Sampler;
 use crate::text::Tokenizer;
 use coli_compiler::place::kv_split::KvSplit;
-use coli_compiler::{compile, DeviceProfile, DraftRole, Options, Plan, Spec};
+use coli_compiler::{compile, DraftRole, Options, Plan, Spec};
 use std::path::{Path, PathBuf};
 
 /// A model loaded and ready to run: its checkpoint, spec, plan, weights, the devices its
@@ -82,11 +82,14 @@ pub struct Engine {
     spec: Spec,
     plan: Plan,
     model: Model,
-    /// The checkpoint's draft model (`EngineOptions::draft`), on the CPU.
+    /// The checkpoint's draft model (`EngineOptions::draft`).
     draft: Option<Model>,
     tokenizer: Result<Tokenizer, NoTokenizer>,
     generation: GenerationDefaults,
     device: Option<Chain>,
+    /// The draft model's device frames, where the model runs on devices and the draft's plan
+    /// loaded there (else the draft runs on the CPU).
+    draft_device: Option<Chain>,
     device_note: String,
 }
 
@@ -132,9 +135,9 @@ impl Engine {
             options.draft = DraftRole::Target;
         }
         let mut plan = compile(&spec, &bindings, &opened.profile, &options).map_err(EngineError::Spec)?;
-        let draft_program = if opts.draft {
+        let draft_plan = if opts.draft {
             let o = Options { draft: DraftRole::Draft, ..options.clone() };
-            Some(compile(&spec, &bindings, &DeviceProfile::cpu_only(), &o).map_err(EngineError::Spec)?.program)
+            Some(compile(&spec, &bindings, &opened.profile, &o).map_err(EngineError::Spec)?)
         } else {
             None
         };
@@ -147,15 +150,19 @@ impl Engine {
         // 3. The weights, then the device frames and the host copies.
         let mut model = Model::load(&checkpoint, plan.program.clone(), &mut |d, t| progress(Stage::ReadWeights, d, t))
             .map_err(|e| EngineError::Model { path: path.to_path_buf(), source: Box::new(e) })?;
-        let draft = match draft_program {
+        let draft = match &draft_plan {
             Some(p) => Some(
-                Model::load(&checkpoint, p, &mut |d, t| progress(Stage::ReadWeights, d, t))
+                Model::load(&checkpoint, p.program.clone(), &mut |d, t| progress(Stage::ReadWeights, d, t))
                     .map_err(|e| EngineError::Model { path: path.to_path_buf(), source: Box::new(e) })?,
             ),
             None => None,
         };
         let from = place::Compile { spec: &spec, bindings: &bindings, profile: &opened.profile, options: &options };
         let device = place::load_chain(&opened.ctxs, &mut plan, &model, &from, &opts.tier, &mut note, progress)?;
+        let draft_device = match (&draft_plan, &draft, &device) {
+            (Some(p), Some(m), Some(_)) => place::load_draft_chain(&opened.ctxs, p, m, &opts.tier, &mut note),
+            _ => None,
+        };
         // Before any host copy is released: the cache finds the experts' bytes in the files.
         // Pins start from the tier's routing history, after what the tier's slots hold.
         let history = match (&opts.tier.history, opts.ram.pin) {
@@ -193,6 +200,7 @@ impl Engine {
             tokenizer,
             generation,
             device,
+            draft_device,
             device_note: note,
         })
     }
@@ -301,7 +309,11 @@ impl Engine {
         };
         if let Some(draft) = &self.draft {
             let context = s.max_context();
-            s.attach_draft(Session::new(draft, context)).map_err(EngineError::Draft)?;
+            let d = match &self.draft_device {
+                Some(c) => Session::on_device(draft, c, context).map_err(EngineError::Session)?,
+                None => Session::new(draft, context),
+            };
+            s.attach_draft(d).map_err(EngineError::Draft)?;
         }
         Ok(s)
     }
@@ -309,6 +321,11 @@ impl Engine {
     /// The checkpoint's draft model, when the engine loaded it (`EngineOptions::draft`).
     pub fn draft(&self) -> Option<&Model> {
         self.draft.as_ref()
+    }
+
+    /// Whether the draft model's sessions run its plan's device frames.
+    pub fn draft_on_device(&self) -> bool {
+        self.draft_device.is_some()
     }
 
     /// The ids of `prompt`, every one checked against the vocabulary.

@@ -97,8 +97,9 @@ pub struct EngineOptions {
     /// weight is read (`EngineError::ContextTooSmall`); `None`: no check.
     pub min_model_context: Option<usize>,
     /// Load the checkpoint's draft model (the spec's `draft`: multi-token prediction layers)
-    /// beside the model, attached to every session (`Session::attach_draft`); it runs on the
-    /// CPU. Refused where the spec or the checkpoint has none.
+    /// beside the model, attached to every session (`Session::attach_draft`); its plan's device
+    /// frames go on the model's devices when the model runs there and the draft fits beside it,
+    /// else it runs on the CPU. Refused where the spec or the checkpoint has none.
     pub draft: bool,
     /// The Hugging Face cache a hub id (`org/name`, `model::hub`) is looked for in; `None`:
     /// where the hub's own variables put it (`HF_HUB_CACHE`, `HF_HOME`, `~/.cache/huggingface/hub`).

@@ -135,3 +135,31 @@ fn stage_of(what: Uploading) -> Stage {
         Uploading::TierExperts => Stage::WarmStart,
     }
 }
+
+/// The draft model's plan (`DraftRole::Draft`) onto the devices the model runs on, beside the
+/// model's frames. `None` (the draft then runs on the CPU, as `note` says) where it holds no
+/// device frames or does not fit beside the model.
+pub(super) fn load_draft_chain(
+    ctxs: &[Context],
+    plan: &Plan,
+    model: &Model,
+    tier: &TierOptions,
+    note: &mut String,
+) -> Option<Chain> {
+    // The model's routing history is the model's: the draft's tier starts cold.
+    let tier = TierOptions { history: None, ..tier.clone() };
+    match Chain::load(ctxs.to_vec(), plan, model, &tier, &mut |_, _, _| {}) {
+        Ok(c) if c.has_device_frames() => {
+            *note = format!("{note}; the draft layer on the device");
+            Some(c)
+        }
+        Ok(_) => {
+            *note = format!("{note}; the draft layer on the CPU");
+            None
+        }
+        Err(e) => {
+            *note = format!("{note}; the draft layer on the CPU ({})", e.error);
+            None
+        }
+    }
+}
