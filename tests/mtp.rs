@@ -22,21 +22,28 @@ use common::{fixture_dir, ids, matrix, max_abs, max_abs_diff, read_json};
 const TOLERANCE: f32 = 1e-4;
 const CONTEXT: usize = 96;
 
-fn fixture() -> std::path::PathBuf {
-    fixture_dir("deepseek_v3_mtp")
-}
+/// The fixtures with an MTP layer: DeepSeek-V3's, and GLM-5's (GLM-MoE-DSA: its MTP layer
+/// sparse with an indexer of its own).
+const FIXTURES: [&str; 3] = ["deepseek_v3_mtp", "deepseek_v32_mtp", "glm_moe_dsa_mtp"];
 
 fn program(ckpt: &Checkpoint, role: DraftRole) -> coli_compiler::ir::Program {
-    let spec = coli_runtime::engine::specs::for_architecture("DeepseekV3ForCausalLM").unwrap();
+    let arch = ckpt.bindings().architecture().unwrap().to_string();
+    let spec = coli_runtime::engine::specs::for_architecture(&arch).unwrap();
     let o = Options { draft: role, context: CONTEXT, ..Options::default() };
     compile(&spec, &ckpt.bindings(), &DeviceProfile::cpu_only(), &o).unwrap().program
 }
 
 #[test]
 fn the_draft_layer_matches_its_reference() {
-    let oracle = read_json(&fixture().join("mtp.json"));
+    for name in FIXTURES {
+        draft_layer_matches(name);
+    }
+}
+
+fn draft_layer_matches(name: &str) {
+    let oracle = read_json(&fixture_dir(name).join("mtp.json"));
     let prompt = ids(&oracle["prompt"]);
-    let ckpt = Checkpoint::open(&fixture(), &LoadOptions::default()).unwrap();
+    let ckpt = Checkpoint::open(&fixture_dir(name), &LoadOptions::default()).unwrap();
     let target = Model::load(&ckpt, program(&ckpt, DraftRole::Target), &mut |_, _| {}).unwrap();
     let draft = Model::load(&ckpt, program(&ckpt, DraftRole::Draft), &mut |_, _| {}).unwrap();
     assert_eq!(draft.program.layers.len(), 1, "one draft layer");
@@ -48,7 +55,7 @@ fn the_draft_layer_matches_its_reference() {
     let want = matrix(&oracle["logits"]);
     let got: Vec<Vec<f32>> = logits.chunks(want[0].len()).map(<[f32]>::to_vec).collect();
     let err = max_abs_diff(&got, &want);
-    eprintln!("model: max |difference| {err:.3e} of max |logit| {}", max_abs(&want));
+    eprintln!("{name}, model: max |difference| {err:.3e} of max |logit| {}", max_abs(&want));
     assert!(err <= TOLERANCE * max_abs(&want));
     assert_eq!(s.exported().len(), prompt.len() * hidden, "the residual of every row comes back");
 
@@ -65,8 +72,8 @@ fn the_draft_layer_matches_its_reference() {
             got.extend(l.chunks(want[0].len()).map(<[f32]>::to_vec));
         }
         let err = max_abs_diff(&got, &want);
-        eprintln!("draft, chunks of {chunk}: max |difference| {err:.3e} of max |logit| {}", max_abs(&want));
-        assert!(err <= TOLERANCE * max_abs(&want), "chunks of {chunk}: {err}");
+        eprintln!("{name}, draft, chunks of {chunk}: max |difference| {err:.3e} of max |logit| {}", max_abs(&want));
+        assert!(err <= TOLERANCE * max_abs(&want), "{name}, chunks of {chunk}: {err}");
     }
     // Input rows that do not match the tokens are refused.
     let mut d = Session::new(&draft, CONTEXT);
@@ -74,14 +81,14 @@ fn the_draft_layer_matches_its_reference() {
     assert!(Session::new(&target, CONTEXT).forward_from(&prompt[..1], &rows[..hidden], LogitRows::Last).is_err());
 }
 
-fn engine(device: bool, draft: bool) -> Engine {
+fn engine(name: &str, device: bool, draft: bool) -> Engine {
     let req = EngineOptions {
         device: if device { DeviceRequest::Vulkan(VkOptions::default()) } else { DeviceRequest::Cpu },
         compile: Options { context: CONTEXT, chunk_rows: 8, ..Options::default() },
         draft,
         ..EngineOptions::default()
     };
-    Engine::load(&fixture(), &req).unwrap()
+    Engine::load(&fixture_dir(name), &req).unwrap()
 }
 
 fn generate(engine: &Engine, prompt: &[u32], speculation: Speculation, sampler: SamplerConfig) -> Generation {
@@ -101,8 +108,8 @@ fn generate(engine: &Engine, prompt: &[u32], speculation: Speculation, sampler: 
     g
 }
 
-fn same_with_and_without(what: &str, engine: &Engine) -> Generation {
-    let prompt = ids(&read_json(&fixture().join("mtp.json"))["prompt"]);
+fn same_with_and_without(what: &str, name: &str, engine: &Engine) -> Generation {
+    let prompt = ids(&read_json(&fixture_dir(name).join("mtp.json"))["prompt"]);
     let spec = Speculation::Mtp { max_draft: 3 };
     for sampler in [
         SamplerConfig::greedy(),
@@ -125,28 +132,32 @@ fn same_with_and_without(what: &str, engine: &Engine) -> Generation {
 
 #[test]
 fn the_draft_changes_nothing_on_the_cpu() {
-    let g = same_with_and_without("cpu", &engine(false, true));
-    assert!(g.speculation.accepted > 0, "some of the draft layer's guesses are right");
+    for name in FIXTURES {
+        let g = same_with_and_without(&format!("{name} on the cpu"), name, &engine(name, false, true));
+        assert!(g.speculation.accepted > 0, "{name}: some of the draft layer's guesses are right");
+    }
 }
 
 #[test]
 fn the_draft_changes_nothing_on_the_device() {
-    let e = engine(true, true);
-    if e.device().is_none() {
-        eprintln!("no Vulkan device: {}", e.device_note());
-        return;
+    for name in FIXTURES {
+        let e = engine(name, true, true);
+        if e.device().is_none() {
+            eprintln!("no Vulkan device: {}", e.device_note());
+            return;
+        }
+        assert!(e.draft_on_device(), "{}", e.device_note());
+        let on_device = same_with_and_without(&format!("{name} on the device"), name, &e);
+        // The draft's guesses on the device are the CPU's: as many drafted and accepted.
+        let on_cpu = same_with_and_without(&format!("{name} on the cpu"), name, &engine(name, false, true));
+        assert_eq!(on_device.speculation, on_cpu.speculation, "{name}");
     }
-    assert!(e.draft_on_device(), "{}", e.device_note());
-    let on_device = same_with_and_without("vulkan", &e);
-    // The draft's guesses on the device are the CPU's: as many drafted and accepted.
-    let on_cpu = same_with_and_without("cpu", &engine(false, true));
-    assert_eq!(on_device.speculation, on_cpu.speculation);
 }
 
 #[test]
 fn without_a_draft_model_it_says_so() {
     // The engine loaded without its draft.
-    let e = engine(false, false);
+    let e = engine("deepseek_v3_mtp", false, false);
     let mut s = e.session().unwrap();
     let opts = GenerateOptions { speculation: Speculation::Mtp { max_draft: 2 }, ..GenerateOptions::default() };
     let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();

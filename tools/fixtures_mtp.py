@@ -1,5 +1,6 @@
-"""A tiny DeepSeek-V3 checkpoint with its multi-token prediction (MTP) layer, and the MTP
-layer's logits computed with transformers' own modules: tests/fixtures/deepseek_v3_mtp/.
+"""Tiny DeepSeek-V3, DeepSeek-V3.2 and GLM-MoE-DSA (GLM-5) checkpoints with their multi-token
+prediction (MTP) layer, and the MTP layer's logits computed with transformers' own modules:
+tests/fixtures/{deepseek_v3,deepseek_v32,glm_moe_dsa}_mtp/.
 
 transformers' DeepseekV3ForCausalLM skips the MTP layer (`model.layers.{num_hidden_layers}.*`)
 when it loads, so the reference is written here from its parts: the model's decoder layer class
@@ -16,23 +17,24 @@ checkpoint leaves out the MTP layer's `embed_tokens` (GLM's checkpoints do;
 the model's embedding is read instead) and keeps its `shared_head.head`.
 
 Run with the oracle environment (torch, transformers 5.17, safetensors):
-    ~/.venvs/oracle/bin/python tools/fixtures_mtp.py
+    ~/.venvs/oracle/bin/python tools/fixtures_mtp.py [deepseek_v3|deepseek_v32|glm_moe_dsa]...
 """
 
 import json
 import pathlib
+import sys
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+import transformers
 
-OUT = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "deepseek_v3_mtp"
+FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 LAYERS = 2
 PROMPT_LEN = 13
 
 
-def config(layers):
-    return DeepseekV3Config(
+def deepseek_v3(layers):
+    return transformers.DeepseekV3Config(
         vocab_size=224,
         hidden_size=48,
         intermediate_size=72,
@@ -62,6 +64,114 @@ def config(layers):
         eos_token_id=None,
         pad_token_id=None,
     )
+
+
+def glm_moe_dsa(layers):
+    # GLM-5's layout: the MTP layer (index 2) sparse, with an indexer of its own; the model's
+    # second layer reuses the first's selection.
+    return transformers.GlmMoeDsaConfig(
+        vocab_size=208,
+        hidden_size=40,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        q_lora_rank=28,
+        kv_lora_rank=20,
+        qk_nope_head_dim=10,
+        qk_rope_head_dim=8,
+        v_head_dim=12,
+        n_routed_experts=6,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        routed_scaling_factor=2.0,
+        norm_topk_prob=True,
+        first_k_dense_replace=1,
+        mlp_layer_types=["dense", "sparse", "sparse"][:layers],
+        indexer_types=["full", "shared", "full"][:layers],
+        index_n_heads=4,
+        index_head_dim=16,
+        index_topk=5,
+        num_nextn_predict_layers=1,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 20000.0},
+        attention_bias=False,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+
+
+def deepseek_v32(layers):
+    # DeepSeek-V3.2: V3's layers with an indexer in each (the MTP layer's too).
+    return transformers.DeepseekV32Config(
+        vocab_size=240,
+        hidden_size=44,
+        intermediate_size=60,
+        moe_intermediate_size=20,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        q_lora_rank=30,
+        kv_lora_rank=22,
+        qk_nope_head_dim=12,
+        qk_rope_head_dim=8,
+        v_head_dim=8,
+        n_routed_experts=6,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=3,
+        topk_group=2,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        index_n_heads=4,
+        index_head_dim=16,
+        index_topk=4,
+        num_nextn_predict_layers=1,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 8000.0},
+        attention_bias=False,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+
+
+FAMILIES = {
+    "deepseek_v3": dict(
+        cls="DeepseekV3ForCausalLM",
+        config=deepseek_v3,
+        seed=9100,
+        note="DeepSeek-V3, 2 layers (dense, MoE) and one MTP layer (MoE) at index 2; hidden 48, MLA 3 heads "
+        "(q_lora 32, kv_lora 24, nope 8, rope 8, v 10), 6 experts in 2 groups, top-2, one shared expert; "
+        "the MTP layer's embed_tokens left out (the model's is read)",
+    ),
+    "deepseek_v32": dict(
+        cls="DeepseekV32ForCausalLM",
+        config=deepseek_v32,
+        seed=9300,
+        note="DeepSeek-V3.2, 2 layers (dense, MoE) and one MTP layer (MoE) at index 2, an indexer in each "
+        "(4 heads x 16, top-4); hidden 44, MLA 2 heads (q_lora 30, kv_lora 22, nope 12, rope 8, v 8), 6 experts "
+        "in 3 groups, top-2 groups, top-2, one shared expert; the MTP layer's embed_tokens left out",
+    ),
+    "glm_moe_dsa": dict(
+        cls="GlmMoeDsaForCausalLM",
+        config=glm_moe_dsa,
+        seed=9200,
+        note="GLM-MoE-DSA, 2 layers (dense with a full indexer, MoE sharing its selection) and one MTP layer "
+        "(MoE, its own indexer) at index 2; hidden 40, MLA 2 heads (q_lora 28, kv_lora 20, nope 10, rope 8, "
+        "v 12), indexer 4 heads x 16 top-5, 6 experts top-2, one shared expert; the MTP layer's embed_tokens "
+        "left out",
+    ),
+}
 
 
 def rms(cfg, x, w):
@@ -111,12 +221,15 @@ def distill(cfg, small, layer, mtp, steps=300):
 
 
 @torch.no_grad()
-def main():
-    torch.manual_seed(9100)
+def make(name):
+    fam = FAMILIES[name]
+    out_dir = FIXTURES / f"{name}_mtp"
+    cls = getattr(transformers, fam["cls"])
+    torch.manual_seed(fam["seed"])
     # The model with one layer more: its last layer is the MTP layer's decoder layer.
-    cfg = config(LAYERS + 1)
+    cfg = fam["config"](LAYERS + 1)
     cfg._attn_implementation = "eager"
-    big = DeepseekV3ForCausalLM(cfg).eval()
+    big = cls(cfg).eval()
     for p in big.parameters():
         p.normal_(0.0, 0.08)
     for name, p in big.named_parameters():
@@ -142,9 +255,9 @@ def main():
     }
 
     # The model proper: the first LAYERS layers of `big`.
-    small_cfg = config(LAYERS)
+    small_cfg = fam["config"](LAYERS)
     small_cfg._attn_implementation = "eager"
-    small = DeepseekV3ForCausalLM(small_cfg).eval()
+    small = cls(small_cfg).eval()
     missing, unexpected = small.load_state_dict(big.state_dict(), strict=False)
     assert not missing, missing
     assert all(k.startswith(f"model.layers.{LAYERS}.") for k in unexpected), unexpected
@@ -152,10 +265,11 @@ def main():
     layer = big.model.layers[LAYERS]
     distill(cfg, small, layer, mtp)
 
-    ids = torch.randint(0, cfg.vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(9101))
+    ids = torch.randint(0, cfg.vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(fam["seed"] + 1))
     logits = small(input_ids=ids).logits[0]
     mtp_logits = mtp_forward(cfg, small, layer, mtp, ids)
 
+    OUT = out_dir
     OUT.mkdir(parents=True, exist_ok=True)
     big.save_pretrained(OUT, safe_serialization=True)
     tensors = load_file(OUT / "model.safetensors")
@@ -164,14 +278,16 @@ def main():
     save_file(tensors, OUT / "model.safetensors", metadata={"format": "pt"})
     c = json.loads((OUT / "config.json").read_text())
     c["num_hidden_layers"] = LAYERS
+    # Per-layer lists as a checkpoint's configuration has them: one entry per layer of the model.
+    for key, v in c.items():
+        if isinstance(v, list) and len(v) == LAYERS + 1:
+            c[key] = v[:LAYERS]
     (OUT / "config.json").write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
     gen = OUT / "generation_config.json"
     if gen.exists():
         gen.unlink()
     oracle = {
-        "note": "DeepSeek-V3, 2 layers (dense, MoE) and one MTP layer (MoE) at index 2; hidden 48, MLA 3 heads "
-        "(q_lora 32, kv_lora 24, nope 8, rope 8, v 10), 6 experts in 2 groups, top-2, one shared expert; "
-        "the MTP layer's embed_tokens left out (the model's is read)",
+        "note": fam["note"],
         "prompt": ids[0].tolist(),
         "logits": logits.tolist(),
         "mtp_logits": mtp_logits[0].tolist(),
@@ -181,4 +297,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    for name in sys.argv[1:] or FAMILIES:
+        make(name)
