@@ -75,7 +75,7 @@ pub enum OpKind {
     AttentionCompressed,
     /// A draft model's input rows (`Op::Input`): written by the host, always.
     Input,
-    /// Two row buffers side by side (`Op::Concat`): the CPU's only.
+    /// Two row buffers side by side (`Op::Concat`).
     Concat,
 }
 
@@ -129,7 +129,7 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::KvCompress, name: "kv_compress", host_step: false, by_default: false },
     OpInfo { kind: OpKind::AttentionCompressed, name: "attention_compressed", host_step: false, by_default: false },
     OpInfo { kind: OpKind::Input, name: "input", host_step: true, by_default: false },
-    OpInfo { kind: OpKind::Concat, name: "concat", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::Concat, name: "concat", host_step: false, by_default: true },
 ];
 
 impl OpKind {

@@ -547,3 +547,28 @@ fn bad_operands_are_errors() {
     assert!(!e.is_device_failure());
     assert!(ctx.upload_matrix(WeightFormat::Q8_0, 1, 40, &[0u8; 40]).is_err());
 }
+
+/// Two row buffers side by side (a draft model's embedding beside its target's hidden state):
+/// copies, so exact; odd widths, one and several rows, views at offsets.
+#[test]
+fn concat_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0031);
+    for (n, wa, wb) in [(1, 48, 48), (5, 7, 13), (3, 0, 9)] {
+        let a = rng.vec(n * wa + 3, 2.0);
+        let b = rng.vec(n * wb + 1, 2.0);
+        let (ab, bb) = (ctx.upload_f32(&a).unwrap(), ctx.upload_f32(&b).unwrap());
+        let ob = ctx.f32_buffer(n * (wa + wb) + 2).unwrap();
+        let mut f = ctx.frame().unwrap();
+        // `a` from its 4th element, `b` from its 2nd, `out` from its 3rd.
+        f.concat(ab.view(3, n * wa), bb.view(1, n * wb), ob.view(2, n * (wa + wb)), n, (wa, wb)).unwrap();
+        f.run().unwrap();
+        let got = ctx.download_f32(ob.all()).unwrap();
+        let mut want = Vec::new();
+        for r in 0..n {
+            want.extend_from_slice(&a[3 + r * wa..3 + (r + 1) * wa]);
+            want.extend_from_slice(&b[1 + r * wb..1 + (r + 1) * wb]);
+        }
+        assert_eq!(&got[2..], &want[..], "{n} rows of {wa} + {wb}");
+    }
+}

@@ -590,6 +590,7 @@ impl DeviceModel {
             Op::Act { x, out, act } => f.act(*act, view(*x), view(*out), n * w(*x))?,
             Op::Glu { gate, up, out, kind } => f.glu(*kind, view(*gate), view(*up), view(*out), n * w(*out))?,
             Op::Add { a, b, out } => f.add(view(*a), view(*b), view(*out), n, w(*a), Broadcast::None)?,
+            Op::Concat { a, b, out } => f.concat(view(*a), view(*b), view(*out), rows, (w(*a), w(*b)))?,
             Op::Mul { a, b, out } => {
                 let mode = if w(*b) == 1 && w(*a) != 1 { Broadcast::PerRow } else { Broadcast::None };
                 f.mul(view(*a), view(*b), view(*out), n, w(*a), mode)?

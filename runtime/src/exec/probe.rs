@@ -75,6 +75,7 @@ pub fn profile_of(ctx: &Context, memory_cap: Option<u64>) -> DeviceProfile {
         OpKind::Kda,
         OpKind::Mla,
         OpKind::MlaSparse,
+        OpKind::Concat,
     ];
     DeviceProfile {
         name: format!("probed {}", caps.name),

@@ -571,6 +571,45 @@ impl<'a> Frame<'a> {
         Ok(())
     }
 
+    /// `out = [a | b]` for each of `n` rows (`a` rows of `wa`, `b` rows of `wb` floats): one
+    /// copy command of `2 n` regions.
+    pub fn concat(&mut self, a: View<'a>, b: View<'a>, out: View<'a>, n: usize, (wa, wb): (usize, usize)) -> Result<()> {
+        a.check("concat", "a", n * wa)?;
+        b.check("concat", "b", n * wb)?;
+        out.check("concat", "out", n * (wa + wb))?;
+        if n == 0 || wa + wb == 0 {
+            return Ok(());
+        }
+        let at = |v: &View, i: usize| v.buf.binding().1 + ((v.offset + i) * 4) as u64;
+        let (ab, bb, ob) = (a.buf.binding().0, b.buf.binding().0, out.buf.binding().0);
+        let span = |v: &View, len: usize| (v.buf.binding().0, at(v, 0), at(v, len));
+        self.order(&[span(&a, n * wa), span(&b, n * wb)], &[span(&out, n * (wa + wb))]);
+        if self.retain {
+            self.keep.extend([a.buf.inner.clone(), b.buf.inner.clone(), out.buf.inner.clone()]);
+        }
+        let region = |src: &View, w: usize, r: usize, col: usize| {
+            vk::BufferCopy::default()
+                .src_offset(at(src, r * w))
+                .dst_offset(at(&out, r * (wa + wb) + col))
+                .size((w * 4) as u64)
+        };
+        let a_rows = (0..n).filter(|_| wa > 0).map(|r| region(&a, wa, r, 0));
+        let b_rows = (0..n).filter(|_| wb > 0).map(|r| region(&b, wb, r, wa));
+        let (from_a, from_b): (Vec<_>, Vec<_>) = (a_rows.collect(), b_rows.collect());
+        let cmd = self.res().cmds.cmd;
+        // SAFETY: the buffers are live for the frame; every range was checked above.
+        unsafe {
+            if !from_a.is_empty() {
+                self.ctx.shared.dev.raw.cmd_copy_buffer(cmd, ab, ob, &from_a);
+            }
+            if !from_b.is_empty() {
+                self.ctx.shared.dev.raw.cmd_copy_buffer(cmd, bb, ob, &from_b);
+            }
+        }
+        self.stamp(|| "concat".to_string());
+        Ok(())
+    }
+
     /// Copies f32 elements between views (`src.len` of them).
     pub fn copy(&mut self, src: View<'a>, dst: View<'a>) -> Result<()> {
         src.check("copy", "source", 0)?;

@@ -73,8 +73,9 @@ impl OpLib for VkOps {
             | Op::GroupedLinear { .. }
             | Op::HyperPre { .. }
             | Op::HyperPost { .. }
-            | Op::Input { .. }
-            | Op::Concat { .. } => false,
+            | Op::Input { .. } => false,
+            // Row by row copies (`Frame::concat`).
+            Op::Concat { .. } => true,
         }
     }
 }
