@@ -29,9 +29,9 @@ pub enum Speculation {
 }
 
 impl Speculation {
-    /// The draft model's default: its first guess is the one it was trained for, later ones
-    /// chain its own guesses.
-    pub const MTP_DRAFT: usize = 3;
+    /// The draft model's default: the one guess it was trained for (later ones chain its own
+    /// guesses, and were right less often than they cost in docs/BENCHMARKS.md's MTP section).
+    pub const MTP_DRAFT: usize = 1;
 }
 
 /// The n-gram draft's settings.

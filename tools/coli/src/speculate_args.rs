@@ -23,7 +23,7 @@ pub struct SpeculateArgs {
     /// Draft tokens and check them in one forward: the output is the same as without.
     #[arg(long, value_enum, default_value_t = DraftKind::Off, help_heading = heading::GENERATION)]
     pub speculate: DraftKind,
-    /// Drafted tokens a forward checks at most (with --speculate).
+    /// Drafted tokens a forward checks at most (with --speculate; ngram 6, mtp 1 by default).
     #[arg(long, value_name = "N", value_parser = draft_tokens, help_heading = heading::GENERATION)]
     pub draft_tokens: Option<usize>,
 }
@@ -89,6 +89,8 @@ mod tests {
         };
         assert_eq!(o.max_draft, 3);
         assert!(parse(&["--speculate", "ngram", "--draft-tokens", "0"]).unwrap_err().contains("between 1 and 32"));
-        assert!(parse(&["--speculate", "mtp"]).is_err());
+        assert_eq!(parse(&["--speculate", "mtp"]).unwrap(), Speculation::Mtp { max_draft: 1 });
+        assert_eq!(parse(&["--speculate", "mtp", "--draft-tokens", "2"]).unwrap(), Speculation::Mtp { max_draft: 2 });
+        assert!(parse(&["--speculate", "eagle"]).is_err());
     }
 }
