@@ -310,10 +310,25 @@ fn a_request_that_extends_a_finished_one_reuses_its_prefix() {
 
 #[test]
 fn a_recurrent_model_reuses_a_prefix_it_can_continue_from() {
-    // Gated DeltaNet keeps one state per layer: the next turn continues from it; a prompt that
-    // leaves the cached ids midway starts again at 0.
-    let engine = common::load_model(&fixture_dir("qwen3_next"));
-    let mut slots = Slots::new(&engine, 1, CONTEXT, 4).unwrap();
+    let cpu = common::load_model(&fixture_dir("qwen3_next"));
+    recurrent_prefixes(&cpu, &cpu);
+    let opts = EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions::default()),
+        compile: Options { context: CONTEXT, chunk_rows: 4, ..Options::default() },
+        ..EngineOptions::default()
+    };
+    match Engine::load(&fixture_dir("qwen3_next"), &opts) {
+        // The states on the device: each forward from a kept state uploads it again.
+        Ok(e) if e.device().is_some() => recurrent_prefixes(&e, &cpu),
+        _ => eprintln!("note: no Vulkan device; the device half skipped"),
+    }
+}
+
+/// Gated DeltaNet keeps one state per layer: the next turn continues from it; a prompt that
+/// leaves the cached ids midway starts from the latest state kept within the shared prefix
+/// (the end of a prompt chunk), else at 0. Tokens as `reference` gives each prompt alone.
+fn recurrent_prefixes(engine: &Engine, reference: &Engine) {
+    let mut slots = Slots::new(engine, 1, CONTEXT, 4).unwrap();
     let first: Vec<u32> = (0..7).map(|i| (i * 19 + 3) % 250).collect();
     slots.admit(1, Request::greedy(first.clone(), 3)).unwrap();
     let f = drain(&mut slots, 1);
@@ -322,11 +337,20 @@ fn a_recurrent_model_reuses_a_prefix_it_can_continue_from() {
     second.push(42);
     let cached = slots.admit(2, Request::greedy(second.clone(), 3)).unwrap();
     assert_eq!(cached, first.len() + f.generated.len() - 1);
-    assert_eq!(drain(&mut slots, 2).generated, alone(&engine, &second, 3));
-    let mut other = first[..4].to_vec();
-    other.push(99);
-    assert_eq!(slots.admit(3, Request::greedy(other.clone(), 3)).unwrap(), 0);
-    assert_eq!(drain(&mut slots, 3).generated, alone(&engine, &other, 3));
+    assert_eq!(drain(&mut slots, 2).generated, alone(reference, &second, 3));
+    // Chunks of 4: the states at 4 and 7 (the first prompt's chunks) were kept. Six tokens in
+    // common go back to 4; four as well; three to 0.
+    for (id, shared, cached) in [(3, 6, 4), (4, 4, 4), (5, 3, 0)] {
+        let mut other = first[..shared].to_vec();
+        other.extend_from_slice(&[99, 98]);
+        assert_eq!(slots.admit(id, Request::greedy(other.clone(), 3)).unwrap(), cached, "{shared} shared");
+        let f = drain(&mut slots, id);
+        assert_eq!(f.cached_tokens, cached);
+        assert_eq!(f.generated, alone(reference, &other, 3), "{shared} shared");
+        // Run the first prompt again (its chunks' states kept again) for the next case.
+        slots.admit(id + 10, Request::greedy(first.clone(), 1)).unwrap();
+        drain(&mut slots, id + 10);
+    }
 }
 
 fn drain(slots: &mut Slots, id: u64) -> Finish {

@@ -131,6 +131,10 @@ impl Model {
     }
 }
 
+/// Recurrent states kept per layer by `Session::snapshot_states` (Qwen3-Next's 48 layers of
+/// 32 x 128 x 128 floats are 100 MB a copy).
+pub const STATE_SNAPSHOTS: usize = 4;
+
 /// Which rows' logits a forward returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogitRows {
@@ -306,6 +310,20 @@ impl<'m> Session<'m> {
         if let Some(d) = self.draft.as_mut() {
             d.cut(self.pos);
         }
+    }
+
+    /// Keeps a copy of each recurrent layer's state at this position, so that `truncate` can go
+    /// back here later (the last `STATE_SNAPSHOTS` positions kept); nothing for a model without
+    /// recurrent layers.
+    pub fn snapshot_states(&mut self) {
+        self.kv.snapshot(STATE_SNAPSHOTS);
+    }
+
+    /// The latest position at most `max` that `try_truncate` can go back to: `max` itself unless
+    /// a recurrent layer's state cannot, else the latest kept state (`snapshot_states`) before it,
+    /// else 0.
+    pub fn rewind_point(&self, max: usize) -> usize {
+        self.kv.rewind_point(max.min(self.pos))
     }
 
     /// `truncate`, or `ExecError::CannotRewind` (nothing changed) when a recurrent layer's

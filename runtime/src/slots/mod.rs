@@ -12,8 +12,10 @@
 //! alone (the only one decoding on its CPU or devices, or a plan that cannot batch); each
 //! checked row is taken as a step of its own would be, so its tokens are the same either way.
 //!
-//! A slot whose model keeps a recurrent state (Gated DeltaNet, KDA) cannot go back to a prefix: it
-//! is reused only when the new prompt extends everything it holds, else it starts again at 0.
+//! A slot whose model keeps a recurrent state (Gated DeltaNet, KDA) goes back only to the positions
+//! whose state it kept: the ends of its prompts' chunks (`Session::snapshot_states`, the last few),
+//! so a new prompt reuses the longest of those within its shared prefix (all of it when it extends
+//! everything the slot holds), else it starts again at 0.
 //!
 //! Must not: know about HTTP, threads or clocks (the front end drives `step`), or panic on a
 //! bad request (`AdmitError`).
@@ -166,6 +168,7 @@ impl<'e> Slots<'e> {
         let slot = &mut self.slots[best];
         // At least the prompt's last position runs again: its logits choose the first token.
         let keep = common_prefix(&slot.cached, &turn.req.prompt).min(turn.req.prompt.len() - 1);
+        let keep = slot.session.rewind_point(keep);
         if slot.session.try_truncate(keep).is_err() {
             slot.session.truncate(0);
         }
@@ -307,6 +310,8 @@ fn advance(session: &mut Session, cached: &mut Vec<u32>, a: &mut Active, chunk_r
     cached.extend_from_slice(&tokens);
     if a.next.is_none() {
         a.fed += tokens.len();
+        // A later prompt that shares this much can start here (recurrent states kept).
+        session.snapshot_states();
         if a.fed < prompt_len {
             return Vec::new();
         }

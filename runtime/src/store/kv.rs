@@ -9,8 +9,9 @@
 //! device's `commit_state` swaps buffers), so a forward that fails after some of its layers
 //! stepped (a device lost mid-forward) goes back and re-runs on the CPU. Truncating to any
 //! other earlier position marks the state unknown; the next forward then fails with a typed
-//! error unless it starts at position 0 (`Session::try_truncate` reports it up front). No other
-//! snapshots are kept.
+//! error unless it starts at position 0 (`Session::try_truncate` reports it up front), or to a
+//! position whose state was kept (`snapshot`: a few copies of the state at chosen positions, such
+//! as the ends of a prompt's chunks, so that a prefix shared with a new request can be reused).
 //!
 //! A DeepSeek Sparse Attention layer keeps its indexer's keys beside its MLA rows (`index`, one
 //! row of the indexer's head width per position), so they go back to any position with them.
@@ -41,6 +42,9 @@ pub struct LayerKv {
     /// The state the last step started from, and its position (`None`: nothing to go back to).
     pub state_back: Vec<f32>,
     pub back_len: Option<usize>,
+    /// Copies of the state at earlier positions (`snapshot`), oldest first: a truncation to one
+    /// of them goes back to it.
+    pub snapshots: Vec<(usize, Vec<f32>)>,
     /// The short convolutions' input rows of this layer.
     pub conv: Vec<ConvRows>,
     /// The indexer's keys (`cpu::indexer`), `index_width` per position, empty for layers
@@ -159,16 +163,37 @@ impl LayerKv {
                 std::mem::swap(&mut self.state, &mut self.state_back);
                 self.state_len = Some(len);
                 self.back_len = None;
+            } else if let Some((_, s)) = self.snapshots.iter().find(|(p, _)| *p == len) {
+                self.state.clone_from(s);
+                self.state_len = Some(len);
+                self.back_len = None;
             } else {
                 self.state_len = None;
             }
         }
+        self.snapshots.retain(|(p, _)| *p <= len);
+    }
+
+    /// Keeps a copy of the recurrent state at its position (not 0, not twice), the last `most`
+    /// copies only.
+    pub fn snapshot(&mut self, most: usize) {
+        let Some(at) = self.state_len.filter(|&p| p > 0 && !self.state.is_empty()) else { return };
+        if self.snapshots.last().is_some_and(|(p, _)| *p >= at) {
+            return;
+        }
+        self.snapshots.push((at, self.state.clone()));
+        let over = self.snapshots.len().saturating_sub(most);
+        self.snapshots.drain(..over);
     }
 
     /// Whether truncating to `len` keeps the layer usable (a recurrent state cannot go back
     /// except to 0).
     pub fn can_truncate(&self, len: usize) -> bool {
-        self.state.is_empty() || len == 0 || self.state_len.is_some_and(|s| s <= len) || self.back_len == Some(len)
+        self.state.is_empty()
+            || len == 0
+            || self.state_len.is_some_and(|s| s <= len)
+            || self.back_len == Some(len)
+            || self.snapshots.iter().any(|(p, _)| *p == len)
     }
 
     /// A zero recurrent state of `floats` entries, at position 0.
@@ -215,12 +240,29 @@ impl KvCache {
         self.layers.iter_mut().for_each(|l| l.truncate(len));
     }
 
+    /// Keeps a copy of every recurrent state at its position (`LayerKv::snapshot`).
+    pub fn snapshot(&mut self, most: usize) {
+        self.layers.iter_mut().for_each(|l| l.snapshot(most));
+    }
+
+    /// The latest position at most `max` that every layer can go back to (0 at the least).
+    pub fn rewind_point(&self, max: usize) -> usize {
+        let mut points: Vec<usize> = vec![max];
+        for l in &self.layers {
+            points.extend(l.snapshots.iter().map(|(p, _)| *p).filter(|&p| p <= max));
+            points.extend(l.back_len.filter(|&p| p <= max));
+        }
+        points.sort_unstable_by(|a, b| b.cmp(a));
+        points.into_iter().find(|&p| self.layers.iter().all(|l| l.can_truncate(p))).unwrap_or(0)
+    }
+
     /// Bytes held by the cache (recurrent states included).
     pub fn bytes(&self) -> usize {
         let conv = |l: &LayerKv| l.conv.iter().map(|c| c.rows.len()).sum::<usize>();
         let compress = |l: &LayerKv| l.compress.iter().map(|c| c.rows.len() + c.entries.len()).sum::<usize>();
         let rows = |l: &LayerKv| l.k.len() + l.v.len() + l.index.len() + compress(l);
-        self.layers.iter().map(|l| (rows(l) + l.state.len() + l.state_back.len() + conv(l)) * 4).sum()
+        let kept = |l: &LayerKv| l.snapshots.iter().map(|(_, s)| s.len()).sum::<usize>();
+        self.layers.iter().map(|l| (rows(l) + l.state.len() + l.state_back.len() + conv(l) + kept(l)) * 4).sum()
     }
 }
 
@@ -339,5 +381,33 @@ mod tests {
         l.state_len = Some(5);
         c.truncate(4);
         assert_eq!((c.layers[0].state.clone(), c.layers[0].state_len), (vec![1.0, 2.0], Some(4)));
+    }
+
+    #[test]
+    fn kept_states_are_positions_to_go_back_to() {
+        let mut c = KvCache::new(&[(0, 0), (2, 2)]);
+        c.layers[0].reset_state(2);
+        let at = |c: &mut KvCache, p: usize, v: f32| {
+            c.layers[0].state = vec![v, v];
+            c.layers[0].state_len = Some(p);
+        };
+        // States kept at 4, 8 and 12 (twice at 12: once), the last two only.
+        for (p, v) in [(4, 4.0), (8, 8.0), (12, 12.0), (12, 12.0)] {
+            at(&mut c, p, v);
+            c.snapshot(2);
+        }
+        assert_eq!(c.layers[0].snapshots.iter().map(|(p, _)| *p).collect::<Vec<_>>(), [8, 12]);
+        at(&mut c, 15, 15.0);
+        // The attention layer goes anywhere; the recurrent one to its kept states or 0.
+        assert_eq!([c.rewind_point(14), c.rewind_point(12), c.rewind_point(11), c.rewind_point(7)], [12, 12, 8, 0]);
+        assert!(c.layers[0].can_truncate(8) && !c.layers[0].can_truncate(9));
+        c.truncate(8);
+        assert_eq!((c.layers[0].state.clone(), c.layers[0].state_len), (vec![8.0, 8.0], Some(8)));
+        // The state kept past it is gone; a position without one leaves the state unknown.
+        assert_eq!(c.layers[0].snapshots.len(), 1);
+        at(&mut c, 10, 10.0);
+        c.truncate(9);
+        assert_eq!(c.layers[0].state_len, None);
+        assert_eq!(c.bytes(), 4 * (2 + 2));
     }
 }

@@ -573,7 +573,14 @@ impl<'a> Frame<'a> {
 
     /// `out = [a | b]` for each of `n` rows (`a` rows of `wa`, `b` rows of `wb` floats): one
     /// copy command of `2 n` regions.
-    pub fn concat(&mut self, a: View<'a>, b: View<'a>, out: View<'a>, n: usize, (wa, wb): (usize, usize)) -> Result<()> {
+    pub fn concat(
+        &mut self,
+        a: View<'a>,
+        b: View<'a>,
+        out: View<'a>,
+        n: usize,
+        (wa, wb): (usize, usize),
+    ) -> Result<()> {
         a.check("concat", "a", n * wa)?;
         b.check("concat", "b", n * wb)?;
         out.check("concat", "out", n * (wa + wb))?;
