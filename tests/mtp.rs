@@ -13,6 +13,7 @@ use coli_runtime::exec::{LogitRows, Model, Session};
 use coli_runtime::generate::{GenerateError, GenerateOptions, Generation};
 use coli_runtime::model::{Checkpoint, LoadOptions};
 use coli_runtime::sample::{Sampler, SamplerConfig};
+use coli_runtime::slots::{Event, Finish, Request, Slots};
 use coli_runtime::speculate::Speculation;
 use coli_runtime::vk::VkOptions;
 use common::{fixture_dir, ids, matrix, max_abs, max_abs_diff, read_json};
@@ -174,4 +175,50 @@ fn without_a_draft_model_it_says_so() {
     // The fixture of the model alone declares an MTP layer its file does not hold.
     let err = Engine::load(&fixture_dir("deepseek_v3"), &req).err().unwrap().to_string();
     assert!(err.contains("model.layers.3.enorm.weight"), "{err}");
+}
+
+/// Every request of `reqs` through `slots` at once, to its end; each one's finish by index.
+fn through_slots(engine: &Engine, reqs: &[Request]) -> Vec<Finish> {
+    let mut slots = Slots::new(engine, reqs.len(), CONTEXT, 8).unwrap();
+    for (i, r) in reqs.iter().enumerate() {
+        slots.admit(i as u64, r.clone()).unwrap();
+    }
+    let mut done: Vec<Option<Finish>> = vec![None; reqs.len()];
+    while done.iter().any(Option::is_none) {
+        for (id, e) in slots.step() {
+            match e {
+                Event::Done(f) => done[id as usize] = Some(f),
+                Event::Failed(e) => panic!("{e}"),
+                Event::Text(_) => {}
+            }
+        }
+    }
+    done.into_iter().map(Option::unwrap).collect()
+}
+
+#[test]
+fn slots_draft_alone_and_keep_the_draft_in_step_while_batched() {
+    for (name, device) in [("deepseek_v3_mtp", false), ("glm_moe_dsa_mtp", false), ("deepseek_v3_mtp", true)] {
+        let e = engine(name, device, true);
+        if device && e.device().is_none() {
+            eprintln!("no Vulkan device: {}", e.device_note());
+            return;
+        }
+        let prompt = ids(&read_json(&fixture_dir(name).join("mtp.json"))["prompt"]);
+        let spec = Speculation::Mtp { max_draft: 2 };
+        // Two requests: the shorter ends first, then the other decodes alone and drafts from a
+        // draft that followed the batched steps.
+        let reqs = |s: Speculation| {
+            let r = |p: &[u32], n| Request { speculation: s, stop_at_eos: false, ..Request::greedy(p.to_vec(), n) };
+            vec![r(&prompt, 40), r(&prompt[3..], 12)]
+        };
+        let plain = through_slots(&e, &reqs(Speculation::Off));
+        let fast = through_slots(&e, &reqs(spec));
+        for (p, f) in plain.iter().zip(&fast) {
+            assert_eq!(f.generated, p.generated, "{name}: the draft changed the output");
+        }
+        let st = fast[0].speculation;
+        eprintln!("{name} through slots: {}", st.summary(&spec).unwrap_or_default());
+        assert!(st.drafted > 0 && st.accepted > 0, "{name}: the request decoding alone drafted");
+    }
 }

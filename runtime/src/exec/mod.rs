@@ -406,9 +406,6 @@ impl<'m> Session<'m> {
         if rest.iter().any(|s| !std::ptr::eq(s.model, first.model)) {
             return Err(ExecError::Batch("the sessions run different models"));
         }
-        if sessions.iter().any(|s| s.draft.is_some()) {
-            return Err(ExecError::Batch("a session with a draft model forwards alone"));
-        }
         let chain = first.device.as_ref().map(|(c, _)| *c);
         let same = |s: &Session| match (&s.device, chain) {
             (None, None) => true,
@@ -490,7 +487,19 @@ impl<'m> Session<'m> {
         let lv = model.program.logits.0 as usize;
         let vocab = sessions[0].widths[lv];
         let out = (0..tokens.len()).map(|i| sessions[0].values[lv][i * vocab..(i + 1) * vocab].to_vec()).collect();
-        for s in sessions.iter_mut() {
+        // Each session's row of the exported value, and its draft told of it.
+        let exported: Vec<Vec<f32>> = match model.program.export {
+            Some(e) => {
+                let w = sessions[0].widths[e.0 as usize];
+                (0..tokens.len()).map(|i| sessions[0].values[e.0 as usize][i * w..(i + 1) * w].to_vec()).collect()
+            }
+            None => vec![Vec::new(); tokens.len()],
+        };
+        for (s, row) in sessions.iter_mut().zip(exported) {
+            if let Some(d) = s.draft.as_mut() {
+                d.follow(s.pos, &row);
+            }
+            s.exported = row;
             s.pos += 1;
         }
         Ok(out)

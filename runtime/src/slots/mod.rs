@@ -11,6 +11,8 @@
 //! A request that asks for speculation (`Request::speculation`) drafts tokens when it decodes
 //! alone (the only one decoding on its CPU or devices, or a plan that cannot batch); each
 //! checked row is taken as a step of its own would be, so its tokens are the same either way.
+//! A draft model attached to a slot's session (`--speculate mtp`) follows its session through
+//! batched steps too, so it can guess as soon as the request decodes alone.
 //!
 //! A slot whose model keeps a recurrent state (Gated DeltaNet, KDA) goes back only to the positions
 //! whose state it kept: the ends of its prompts' chunks (`Session::snapshot_states`, the last few),
@@ -28,7 +30,7 @@ use crate::engine::{Engine, EngineError};
 use crate::exec::{LogitRows, Session};
 use crate::generate::StopReason;
 use crate::sample::SampleError;
-use crate::speculate::{Pacer, SpecStats};
+use crate::speculate::{Pacer, SpecStats, Speculation};
 use turn::Turn;
 
 /// A front end's name for a request.
@@ -294,7 +296,7 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 fn advance(session: &mut Session, cached: &mut Vec<u32>, a: &mut Active, chunk_rows: usize) -> Vec<Event> {
     let prompt_len = a.turn.req.prompt.len();
     let tokens: Vec<u32> = match a.next {
-        Some(t) => std::iter::once(t).chain(draft(session, a)).collect(),
+        Some(t) => std::iter::once(t).chain(draft(session, a, t)).collect(),
         None => {
             let end = (a.fed + chunk_rows).min(prompt_len);
             a.turn.req.prompt[a.fed..end].to_vec()
@@ -350,9 +352,10 @@ fn advance(session: &mut Session, cached: &mut Vec<u32>, a: &mut Active, chunk_r
     }
 }
 
-/// The tokens a request decoding alone drafts after its last sampled one (none without
-/// speculation, or where the budget or the context leaves no room).
-fn draft(session: &Session, a: &mut Active) -> Vec<u32> {
+/// The tokens a request decoding alone drafts after `next`, its last sampled one (none without
+/// speculation, or where the budget or the context leaves no room). A draft model that fails
+/// drafts nothing (the forward checks no guess).
+fn draft(session: &mut Session, a: &mut Active, next: u32) -> Vec<u32> {
     let req = &a.turn.req;
     let left = req.max_new_tokens.saturating_sub(a.turn.generated.len());
     let room = session.max_context().saturating_sub(session.pos() + 1);
@@ -364,8 +367,19 @@ fn draft(session: &Session, a: &mut Active) -> Vec<u32> {
     if cap == 0 {
         return Vec::new();
     }
-    let history: Vec<u32> = req.prompt.iter().chain(&a.turn.generated).copied().collect();
-    req.speculation.draft(&history, cap)
+    match req.speculation {
+        Speculation::Mtp { max_draft } => {
+            // The session's tokens, then the one to feed next.
+            let mut fed: Vec<u32> = req.prompt.iter().chain(&a.turn.generated).copied().collect();
+            fed.truncate(session.pos());
+            fed.push(next);
+            session.draft_tokens(&fed, cap.min(max_draft)).unwrap_or_default()
+        }
+        s => {
+            let history: Vec<u32> = req.prompt.iter().chain(&a.turn.generated).copied().collect();
+            s.draft(&history, cap)
+        }
+    }
 }
 
 /// A failed forward: the slot's cache is forgotten.

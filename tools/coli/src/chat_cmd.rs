@@ -74,8 +74,7 @@ pub fn run(a: ChatArgs) -> Result<(), String> {
     // coli's chat defaults, under the checkpoint's generation config, under the flags.
     let front = SamplerConfig { temperature: 0.7, ..SamplerConfig::default() };
     a.sampling.config(&front)?;
-    a.speculate.refuse_draft_model("chat")?;
-    let (engine, _) = a.load.load()?;
+    let (engine, _) = a.load.load_for(a.speculate.wants_draft())?;
     let sampler = a.sampling.config(&engine.generation_defaults().sampler(front))?;
     let tok = engine.tokenizer().ok_or_else(|| {
         let why = engine.tokenizer_note().map_or_else(String::new, |n| format!(": {n}"));

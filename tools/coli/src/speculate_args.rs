@@ -13,8 +13,8 @@ pub enum DraftKind {
     Off,
     /// Prompt lookup: what followed the text's latest suffix where it occurred before.
     Ngram,
-    /// The checkpoint's multi-token prediction layers (DeepSeek V3, GLM-4.5 and later), loaded
-    /// as a draft model beside it (`coli exec` only).
+    /// The checkpoint's multi-token prediction layer (DeepSeek-V3, V3.2, GLM-5), loaded as a
+    /// draft model beside it.
     Mtp,
 }
 
@@ -52,15 +52,6 @@ impl SpeculateArgs {
     /// Whether the engine must load the checkpoint's draft model.
     pub fn wants_draft(&self) -> bool {
         self.speculate == DraftKind::Mtp
-    }
-
-    /// For the commands that serve several conversations (`chat`, `serve`): a draft model
-    /// forwards one sequence alone, which they do not.
-    pub fn refuse_draft_model(&self, command: &str) -> Result<(), String> {
-        if self.wants_draft() {
-            return Err(format!("--speculate mtp runs in `coli exec`; `coli {command}` takes --speculate ngram"));
-        }
-        Ok(())
     }
 }
 

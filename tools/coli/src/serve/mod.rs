@@ -55,7 +55,6 @@ pub fn model_id(path: &Path) -> String {
 }
 
 pub fn run(a: ServeArgs) -> Result<(), String> {
-    a.speculate.refuse_draft_model("serve")?;
     let addr: SocketAddr =
         format!("{}:{}", a.host, a.port).parse().map_err(|e| format!("--host {} --port {}: {e}", a.host, a.port))?;
     let metrics = Arc::new(metrics::Metrics::default());
@@ -66,11 +65,12 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
     let m = metrics.clone();
     let max_queue = a.max_queue;
     let speculation = a.speculate.speculation();
+    let draft = a.speculate.wants_draft();
     // The engine thread owns the model from its load to the end.
     let engine_thread = std::thread::Builder::new()
         .name("coli-engine".into())
         .spawn(move || {
-            let (engine, path) = match load.load() {
+            let (engine, path) = match load.load_for(draft) {
                 Ok(e) => e,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
