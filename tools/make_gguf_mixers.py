@@ -55,6 +55,10 @@ architecture, its tensor names, and the transforms it applies to the tensors.
   layout, the indexer's tensors as `blk.N.indexer.attn_q_b` / `attn_k` / `k_norm` (weight and
   bias) / `proj`, its geometry as `attention.indexer.head_count` / `key_length` / `top_k`,
   `indexer_types` as the Bools `attention.indexer.types` (true: full).
+- glm_moe_dsa_mtp -> glm-dsa-mtp.gguf: the same with the MTP block (`block_count` 3,
+  `nextn_predict_layers` 1): its layer as `blk.2.*` and its own tensors as `blk.2.nextn.enorm` /
+  `hnorm` / `eh_proj` / `shared_head_norm` / `shared_head_head` (no `embed_tokens`, as the
+  checkpoint has none).
 
 Every tensor is F32, as the converter writes with `--outtype f32`. Each file carries a minimal
 SentencePiece-style vocabulary (`<unk>`, `<s>`, `</s>`, the 256 byte tokens, then `t<id>`) only
@@ -145,10 +149,14 @@ def common(w, cfg, name):
     w.add_file_type(gguf_mod.LlamaFileType.ALL_F32)
 
 
-def deepseek2(cfg, t, file="deepseek2.gguf", fixture="deepseek_v3", softmax=False, arch="deepseek2"):
+def deepseek2(cfg, t, file="deepseek2.gguf", fixture="deepseek_v3", softmax=False, arch="deepseek2", mtp=0):
     w = gguf_mod.GGUFWriter(os.path.join(OUT, file), arch)
-    cfg = dict(cfg, num_key_value_heads=1)
+    # The converter counts the MTP blocks in `block_count` and writes them after the others.
+    layers = cfg["num_hidden_layers"]
+    cfg = dict(cfg, num_key_value_heads=1, num_hidden_layers=layers + mtp)
     common(w, cfg, f"{fixture} fixture")
+    if mtp:
+        w.add_nextn_predict_layers(mtp)
     h, nope, rope_dim, v = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
     kv_lora = cfg["kv_lora_rank"]
     w.add_expert_count(cfg["n_routed_experts"])
@@ -186,6 +194,13 @@ def deepseek2(cfg, t, file="deepseek2.gguf", fixture="deepseek_v3", softmax=Fals
     w.add_tensor("token_embd.weight", t["model.embed_tokens.weight"])
     for i in range(cfg["num_hidden_layers"]):
         p, b = f"model.layers.{i}.", f"blk.{i}."
+        if i >= layers:
+            # An MTP block: its own tensors under `nextn.` (embed_tokens and the head where the
+            # checkpoint has them), then the layer's as the others'.
+            for hf, gg in (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"), ("embed_tokens", "embed_tokens"),
+                           ("shared_head.norm", "shared_head_norm"), ("shared_head.head", "shared_head_head")):
+                if p + hf + ".weight" in t:
+                    w.add_tensor(b + "nextn." + gg + ".weight", t[p + hf + ".weight"])
         w.add_tensor(b + "attn_norm.weight", t[p + "input_layernorm.weight"])
         if cfg.get("q_lora_rank"):
             w.add_tensor(b + "attn_q_a.weight", t[p + "self_attn.q_a_proj.weight"])
@@ -589,6 +604,7 @@ MAKERS = {
     "kimi_linear": kimi_linear,
     "mixtral": mixtral,
     "glm_moe_dsa": lambda cfg, t: deepseek2(cfg, t, "glm-dsa.gguf", "glm_moe_dsa", arch="glm-dsa"),
+    "glm_moe_dsa_mtp": lambda cfg, t: deepseek2(cfg, t, "glm-dsa-mtp.gguf", "glm_moe_dsa_mtp", arch="glm-dsa", mtp=1),
 }
 
 
