@@ -227,3 +227,35 @@ fn slots_draft_alone_and_keep_the_draft_in_step_while_batched() {
         assert!(st.drafted > 0 && st.accepted > 0, "{name}: the request decoding alone drafted");
     }
 }
+
+/// A prompt longer than the rows a draft lets wait runs through it as it arrives (in chunks of
+/// any size); the first guess after it is the one a draft run over the whole prompt at once
+/// makes.
+#[test]
+fn a_long_prompt_runs_through_the_draft_as_it_arrives() {
+    let name = "deepseek_v3_mtp";
+    let base = ids(&read_json(&fixture_dir(name).join("mtp.json"))["prompt"]);
+    let prompt: Vec<u32> = base.iter().cycle().take(90).copied().collect();
+    let mut history = prompt.clone();
+    history.push(7);
+    let e = engine(name, false, true);
+    let mut guesses = Vec::new();
+    for chunk in [90, 8, 1] {
+        let mut s = e.session().unwrap();
+        for c in prompt.chunks(chunk) {
+            s.forward(c, LogitRows::Last).unwrap();
+        }
+        guesses.push(s.draft_tokens(&history, 1).unwrap());
+    }
+    // The draft over every row in one forward.
+    let ckpt = Checkpoint::open(&fixture_dir(name), &LoadOptions::default()).unwrap();
+    let target = Model::load(&ckpt, program(&ckpt, DraftRole::Target), &mut |_, _| {}).unwrap();
+    let draft = Model::load(&ckpt, program(&ckpt, DraftRole::Draft), &mut |_, _| {}).unwrap();
+    let mut s = Session::new(&target, CONTEXT);
+    s.forward(&prompt, LogitRows::Last).unwrap();
+    let logits = Session::new(&draft, CONTEXT).forward_from(&history[1..], s.exported(), LogitRows::Last).unwrap();
+    let want = common::argmax(&logits);
+    for (chunk, g) in [90, 8, 1].iter().zip(&guesses) {
+        assert_eq!(g, &vec![want], "chunks of {chunk}");
+    }
+}

@@ -10,7 +10,12 @@
 //! further guesses, and forgets those chained rows again: the draft's cache holds exact rows
 //! only, one position behind the target's. Cutting the target cuts both.
 //!
-//! Invariant: `session.pos() + pending rows == the target's position`.
+//! A long prompt does not pile up: past `FOLLOW_ROWS` waiting rows, all but the last run
+//! through the draft as they arrive (their next tokens are known), so the draft holds at most a
+//! prompt chunk's rows beside its cache.
+//!
+//! Invariant: `session.pos() + pending rows == the target's position`, and `tokens` holds the
+//! tokens at the pending rows' positions.
 //!
 //! Must not: sample (a guess is the draft's most likely token) or decide how many tokens to
 //! guess (the generation loop's pacer does).
@@ -22,8 +27,13 @@ pub struct Draft<'m> {
     session: Session<'m>,
     /// The target's residual rows at positions `session.pos()..` (the target's position).
     pending: Vec<f32>,
+    /// The tokens at those positions.
+    tokens: Vec<u32>,
     hidden: usize,
 }
+
+/// Waiting rows past which `follow` runs them through the draft at once.
+const FOLLOW_ROWS: usize = 64;
 
 impl<'m> Draft<'m> {
     /// A draft for a session of `target`, running on `session` (fresh).
@@ -47,22 +57,35 @@ impl<'m> Draft<'m> {
         if session.pos() != 0 {
             return Err(ExecError::Draft("the draft's session is not fresh"));
         }
-        Ok(Draft { session, pending: Vec::new(), hidden })
+        Ok(Draft { session, pending: Vec::new(), tokens: Vec::new(), hidden })
     }
 
     fn pending_rows(&self) -> usize {
         self.pending.len() / self.hidden
     }
 
-    /// After a target forward from position `start` that exported `rows`.
-    pub(super) fn follow(&mut self, start: usize, rows: &[f32]) {
-        if self.session.pos() + self.pending_rows() != start {
+    /// After a target forward of `tokens` from position `start` that exported `rows`. A draft
+    /// forward that fails here leaves its rows waiting (the next guess runs them).
+    pub(super) fn follow(&mut self, start: usize, tokens: &[u32], rows: &[f32]) {
+        if self.session.pos() + self.pending_rows() != start || rows.len() != tokens.len() * self.hidden {
             // Not contiguous (cannot happen through `Session`): start again from here.
             self.session.truncate(0);
             self.pending.clear();
+            self.tokens.clear();
             return;
         }
         self.pending.extend_from_slice(rows);
+        self.tokens.extend_from_slice(tokens);
+        let n = self.pending_rows();
+        if n > FOLLOW_ROWS {
+            // Row `p` holds the token at `p + 1`: all but the last row can run.
+            let run = n - 1;
+            let fed = self.tokens[1..=run].to_vec();
+            if self.session.forward_from(&fed, &self.pending[..run * self.hidden], LogitRows::Last).is_ok() {
+                self.pending.drain(..run * self.hidden);
+                self.tokens.drain(..run);
+            }
+        }
     }
 
     /// The target went back to position `pos`.
@@ -70,9 +93,11 @@ impl<'m> Draft<'m> {
         if self.session.pos() > pos {
             self.session.truncate(pos);
             self.pending.clear();
+            self.tokens.clear();
         } else {
-            let keep = (pos - self.session.pos()) * self.hidden;
-            self.pending.truncate(keep);
+            let keep = pos - self.session.pos();
+            self.pending.truncate(keep * self.hidden);
+            self.tokens.truncate(keep);
         }
     }
 
@@ -85,6 +110,7 @@ impl<'m> Draft<'m> {
         }
         // The exact rows: positions `from..pos`, each with the token after it.
         let pending = std::mem::take(&mut self.pending);
+        self.tokens.clear();
         let logits = self.session.forward_from(&history[from + 1..=pos], &pending, LogitRows::Last)?;
         let mut out = vec![argmax(&logits)];
         // Chained rows: each guess with the draft's own residual before it.

@@ -358,7 +358,7 @@ impl<'m> Session<'m> {
         let start = self.pos;
         let r = self.forward_rows(tokens, rows);
         if let (Ok(_), Some(d)) = (&r, self.draft.as_mut()) {
-            d.follow(start, &self.exported);
+            d.follow(start, tokens, &self.exported);
         }
         r
     }
@@ -495,9 +495,9 @@ impl<'m> Session<'m> {
             }
             None => vec![Vec::new(); tokens.len()],
         };
-        for (s, row) in sessions.iter_mut().zip(exported) {
+        for ((s, row), t) in sessions.iter_mut().zip(exported).zip(tokens) {
             if let Some(d) = s.draft.as_mut() {
-                d.follow(s.pos, &row);
+                d.follow(s.pos, &[*t], &row);
             }
             s.exported = row;
             s.pos += 1;
