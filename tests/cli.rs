@@ -645,3 +645,17 @@ fn exec_speculates_with_the_checkpoints_draft_layer() {
     let o = coli(&["exec", "--model", "tests/fixtures/llama", "--prompt-ids", "1,2", "--speculate", "mtp"]);
     assert!(!o.status.success() && stderr(&o).contains("has no draft model"), "{}", stderr(&o));
 }
+
+#[test]
+fn compile_prints_the_draft_models_plan() {
+    let o = coli(&["compile", "graphs/deepseek_v3.ron", "-m", "tests/fixtures/deepseek_v3_mtp", "--draft"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("options: the draft model"), "{out}");
+    assert!(
+        out.contains("layers 1,") && out.contains("= input") && out.contains("model.layers.2.eh_proj.weight"),
+        "{out}"
+    );
+    let o = coli(&["compile", "graphs/llama.ron", "-m", "tests/fixtures/llama", "--draft"]);
+    assert!(!o.status.success() && stderr(&o).contains("has no draft model"), "{}", stderr(&o));
+}

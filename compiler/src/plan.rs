@@ -77,6 +77,11 @@ impl fmt::Display for Plan {
         if let Some(d) = o.kv_device_positions {
             writeln!(f, "options: kv split forced to {d} device positions a layer, blocks of {}", o.kv_block)?;
         }
+        match o.draft {
+            crate::DraftRole::None => {}
+            crate::DraftRole::Target => writeln!(f, "options: a draft's target (its residual read by the host)")?,
+            crate::DraftRole::Draft => writeln!(f, "options: the draft model (its multi-token prediction layer)")?,
+        }
         // Devices and the fit.
         if self.profile.devices.is_empty() {
             writeln!(f, "devices: none (host only)")?;

@@ -69,6 +69,10 @@ pub struct CompileArgs {
     /// of the plan; the same as `--format schedule`.
     #[arg(long, help_heading = heading::OUTPUT)]
     pub schedule: bool,
+    /// The plan of the checkpoint's draft model (its multi-token prediction layer, which
+    /// `--speculate mtp` runs) instead of the model's.
+    #[arg(long, help_heading = heading::OUTPUT)]
+    pub draft: bool,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +166,7 @@ fn options(args: &CompileArgs) -> Options {
         chunk_rows: args.chunk,
         assumed_format: args.assume_format.unwrap_or(d.assumed_format),
         upload_format: args.upload_format.or(d.upload_format),
+        draft: if args.draft { coli_compiler::DraftRole::Draft } else { d.draft },
         ..d
     })
 }
