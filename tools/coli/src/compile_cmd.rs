@@ -200,6 +200,7 @@ mod tests {
             profile: None,
             format: OutputFormat::Text,
             schedule: false,
+            draft: false,
             graphs: root.join("graphs"),
             dense_on_cpu: false,
             no_expert_tier: false,
