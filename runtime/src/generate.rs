@@ -190,7 +190,7 @@ pub fn generate(
         let cap = left.saturating_sub(1).min(context - session.pos() - 1);
         let cap = if cap > 0 { cap.min(pacer.allowance()) } else { 0 };
         let drafts = match opts.speculation {
-            Speculation::Mtp { max_draft } => session.draft_tokens(&history, cap.min(max_draft))?,
+            Speculation::Mtp { max_draft } => session.draft_tokens(id, cap.min(max_draft))?,
             s => s.draft(&history, cap),
         };
         let fed: Vec<u32> = std::iter::once(id).chain(drafts.iter().copied()).collect();

@@ -101,32 +101,39 @@ impl<'m> Draft<'m> {
         }
     }
 
-    /// Up to `cap` tokens to follow `history` (the target's `pos` tokens, then the token to be
-    /// fed at `pos`).
-    pub(super) fn guess(&mut self, history: &[u32], pos: usize, cap: usize) -> Result<Vec<u32>, ExecError> {
+    /// Up to `cap` tokens to follow `next`, the token the target (at `pos`) feeds next.
+    pub(super) fn guess(&mut self, next: u32, pos: usize, cap: usize) -> Result<Vec<u32>, ExecError> {
         let from = self.session.pos();
-        if cap == 0 || history.len() != pos + 1 || from + self.pending_rows() != pos || from == pos {
+        if cap == 0 || from + self.pending_rows() != pos || from == pos || self.tokens.len() != pos - from {
             return Ok(Vec::new());
         }
         // The exact rows: positions `from..pos`, each with the token after it.
         let pending = std::mem::take(&mut self.pending);
-        self.tokens.clear();
-        let logits = self.session.forward_from(&history[from + 1..=pos], &pending, LogitRows::Last)?;
+        let mut fed = std::mem::take(&mut self.tokens);
+        fed.remove(0);
+        fed.push(next);
+        let logits = self.session.forward_from(&fed, &pending, LogitRows::Last)?;
         let mut out = vec![argmax(&logits)];
-        // Chained rows: each guess with the draft's own residual before it.
+        // Chained rows: each guess with the draft's own residual before it, forgotten after.
+        let chained = self.chain(&mut out, cap);
+        self.session.truncate(pos);
+        chained.map(|()| out)
+    }
+
+    /// Guesses after the last of `out` until it holds `cap` (fewer where the draft's context
+    /// is full).
+    fn chain(&mut self, out: &mut Vec<u32>, cap: usize) -> Result<(), ExecError> {
         while out.len() < cap {
             let h = self.session.exported();
             let last = h[h.len() - self.hidden..].to_vec();
             let prev = out[out.len() - 1];
             match self.session.forward_from(&[prev], &last, LogitRows::Last) {
                 Ok(l) => out.push(argmax(&l)),
-                // The draft's context is full: fewer guesses.
                 Err(ExecError::ContextFull { .. }) => break,
                 Err(e) => return Err(e),
             }
         }
-        self.session.truncate(pos);
-        Ok(out)
+        Ok(())
     }
 }
 

@@ -208,12 +208,12 @@ impl<'m> Session<'m> {
         self.draft.is_some()
     }
 
-    /// Up to `cap` tokens the attached draft model guesses to follow `history` (every token of
-    /// this session, then the one sampled to be fed next); empty without a draft.
-    pub fn draft_tokens(&mut self, history: &[u32], cap: usize) -> Result<Vec<u32>, ExecError> {
+    /// Up to `cap` tokens the attached draft model guesses to follow `next`, the token sampled
+    /// to be fed next; empty without a draft.
+    pub fn draft_tokens(&mut self, next: u32, cap: usize) -> Result<Vec<u32>, ExecError> {
         let pos = self.pos;
         match self.draft.as_mut() {
-            Some(d) => d.guess(history, pos, cap),
+            Some(d) => d.guess(next, pos, cap),
             None => Ok(Vec::new()),
         }
     }

@@ -368,13 +368,7 @@ fn draft(session: &mut Session, a: &mut Active, next: u32) -> Vec<u32> {
         return Vec::new();
     }
     match req.speculation {
-        Speculation::Mtp { max_draft } => {
-            // The session's tokens, then the one to feed next.
-            let mut fed: Vec<u32> = req.prompt.iter().chain(&a.turn.generated).copied().collect();
-            fed.truncate(session.pos());
-            fed.push(next);
-            session.draft_tokens(&fed, cap.min(max_draft)).unwrap_or_default()
-        }
+        Speculation::Mtp { max_draft } => session.draft_tokens(next, cap.min(max_draft)).unwrap_or_default(),
         s => {
             let history: Vec<u32> = req.prompt.iter().chain(&a.turn.generated).copied().collect();
             s.draft(&history, cap)
