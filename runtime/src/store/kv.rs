@@ -181,7 +181,14 @@ impl LayerKv {
         if self.snapshots.last().is_some_and(|(p, _)| *p >= at) {
             return;
         }
-        self.snapshots.push((at, self.state.clone()));
+        if most == 0 {
+            return;
+        }
+        // At the limit the oldest copy's buffer takes the new one (no allocation a chunk: a
+        // model's states are tens of MB).
+        let mut copy = if self.snapshots.len() >= most { self.snapshots.remove(0).1 } else { Vec::new() };
+        copy.clone_from(&self.state);
+        self.snapshots.push((at, copy));
         let over = self.snapshots.len().saturating_sub(most);
         self.snapshots.drain(..over);
     }
