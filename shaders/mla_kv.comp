@@ -7,7 +7,8 @@
 // (2i, 2i + 1) (interleaved) or (i, i + dr/2); the inverse frequencies (YaRN included) and
 // mscale come from the host (cpu::rope::inv_freq), angles pos * freq in f32 as on the CPU.
 // One workgroup per row; with dyn_pos the first position is read from `posv[0]` (a replayed
-// recording). Reference: steps 2 to 4 of cpu::mla::mla.
+// recording). With no_back the read-back rows are left to the host's copy commands (from the
+// mirrors, after). Reference: steps 2 to 4 of cpu::mla::mla.
 // Must not: assume the subgroup size, or touch a query's no-position part.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -26,6 +27,7 @@ layout(push_constant) uniform PC {
     uint n; uint heads; uint dn; uint dr;
     uint c; float eps; uint interleaved; uint pos0;
     float mscale; uint ckv_off; uint q_off; uint dyn_pos;
+    uint no_back;
 } pc;
 
 shared float partial[64];
@@ -50,7 +52,7 @@ void main() {
     for (uint k = tid; k < pc.c; k += 64u) {
         float v = ckv[xb + k] * inv * nw[k];
         mlat[pos * pc.c + k] = v;
-        slat[r * pc.c + k] = v;
+        if (pc.no_back == 0u) slat[r * pc.c + k] = v;
     }
     // RoPE on the shared key (into the cache rows) and on every head's rope part (in place).
     uint half_ = pc.dr / 2u;
@@ -73,8 +75,10 @@ void main() {
             float y0 = x0 * co - x1 * s, y1 = x1 * co + x0 * s;
             mrope[pos * pc.dr + a] = y0;
             mrope[pos * pc.dr + b] = y1;
-            srope[r * pc.dr + a] = y0;
-            srope[r * pc.dr + b] = y1;
+            if (pc.no_back == 0u) {
+                srope[r * pc.dr + a] = y0;
+                srope[r * pc.dr + b] = y1;
+            }
         }
     }
 }

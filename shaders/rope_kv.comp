@@ -6,6 +6,9 @@
 // params[0] when `dyn` is set (a recording replayed at every position).
 // One invocation per item of a row: q pairs, k pairs, k columns past the rotary ones, v columns.
 // ring != 0 (a KV split's mirror): position p goes to mirror row p % ring.
+// no_back != 0: the read-back rows are not written here (the host's copy commands take them
+// from the mirror after: a prompt's rows reach host memory in large transfers, not as
+// scattered 4-byte writes over the bus).
 // Must not: write mirror rows other than those of pos0..pos0 + n.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -24,7 +27,7 @@ layout(push_constant) uniform PC {
     uint n; uint heads; uint kv_heads; uint head_dim;
     uint v_head_dim; uint half_; uint interleaved; uint pos0;
     float mscale; uint q_off; uint k_off; uint v_off;
-    uint dyn; uint has_q; uint ring; uint pad1;
+    uint dyn; uint has_q; uint ring; uint no_back;
 } pc;
 
 // Rotates the pair (a, b) of x at position p by frequency i.
@@ -74,8 +77,10 @@ void main() {
         kv[kb + cb] = x1;
         mk[mp * kw + ca] = x0;
         mk[mp * kw + cb] = x1;
-        sk[r * kw + ca] = x0;
-        sk[r * kw + cb] = x1;
+        if (pc.no_back == 0u) {
+            sk[r * kw + ca] = x0;
+            sk[r * kw + cb] = x1;
+        }
         return;
     }
     t -= kp;
@@ -84,11 +89,11 @@ void main() {
         uint c = (t / rest) * pc.head_dim + 2u * pc.half_ + t % rest;
         float x = kv[pc.k_off + r * kw + c];
         mk[mp * kw + c] = x;
-        sk[r * kw + c] = x;
+        if (pc.no_back == 0u) sk[r * kw + c] = x;
         return;
     }
     t -= kr;
     float x = vv[pc.v_off + r * vw + t];
     mv[mp * vw + t] = x;
-    sv[r * vw + t] = x;
+    if (pc.no_back == 0u) sv[r * vw + t] = x;
 }

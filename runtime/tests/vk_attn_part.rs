@@ -98,7 +98,8 @@ fn rope_kv_ring_wraps() {
     let (heads, kv_heads, head_dim, v_head_dim, ring) = (4, 2, 16, 8, 10);
     let (kw, vw) = (kv_heads * head_dim, kv_heads * v_head_dim);
     let (freq, mscale) = cpu_rope::inv_freq(head_dim, 10000.0, RopeScaling::None);
-    for (n, pos0) in [(4, 27), (1, 39)] {
+    // 9 rows from row 5 of the ring: the read-back rows by two copy commands (rows 5..10, 0..4).
+    for (n, pos0) in [(4, 27), (1, 39), (9, 25)] {
         let (q, k, v) = (rng.vec(n * heads * head_dim, 1.0), rng.vec(n * kw, 1.0), rng.vec(n * vw, 1.0));
         let mut wk = k.clone();
         for (i, row) in wk.chunks_exact_mut(kw).enumerate() {

@@ -173,7 +173,8 @@ fn fused_products_refuse_bad_operands() {
 /// RoPE of q and k with the KV append in one kernel: q and k rotated in place as
 /// `cpu::rope::apply_row`, k and v rows at positions pos0.. of the mirrors and at rows 0.. of
 /// the read-back rows; both pairings, a rotary dim below the head dim, none at all; fixed and
-/// device-read positions. Tolerance 1e-5 (rotations, as rope); copies exact.
+/// device-read positions; blocks below and above `BACK_BY_COPY_ROWS`. Tolerance 1e-5
+/// (rotations, as rope); copies exact.
 #[test]
 fn rope_kv_matches_cpu() {
     let Some(ctx) = ctx() else { return };
@@ -189,7 +190,8 @@ fn rope_kv_matches_cpu() {
         (RopeStyle::RotateHalf, 0, false),
         (RopeStyle::RotateHalf, 24, true),
     ] {
-        for (n, pos0) in [(1, 40), (5, 7)] {
+        // 12 rows at a fixed position: the read-back rows by copy commands from the mirror.
+        for (n, pos0) in [(1, 40), (5, 7), (12, 20)] {
             let (freq, mscale) =
                 if rotary > 0 { cpu_rope::inv_freq(rotary, 10000.0, scaling) } else { (Vec::new(), 1.0) };
             let (q, k, v) = (rng.vec(n * heads * head_dim, 1.0), rng.vec(n * kw, 1.0), rng.vec(n * vw, 1.0));

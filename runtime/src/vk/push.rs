@@ -148,7 +148,7 @@ push_blocks! {
         n: u32, heads: u32, kv_heads: u32, head_dim: u32,
         v_head_dim: u32, half_: u32, interleaved: u32, pos0: u32,
         mscale: f32, q_off: u32, k_off: u32, v_off: u32,
-        r#dyn: u32, has_q: u32, ring: u32, pad1: u32,
+        r#dyn: u32, has_q: u32, ring: u32, no_back: u32,
     }
 
     /// Mirrors `glu.comp`'s push block.
@@ -239,6 +239,7 @@ push_blocks! {
         n: u32, heads: u32, dn: u32, dr: u32,
         c: u32, eps: f32, interleaved: u32, pos0: u32,
         mscale: f32, ckv_off: u32, q_off: u32, dyn_pos: u32,
+        no_back: u32,
     }
 
     /// Mirrors `mla_absorb.comp`'s push block.

@@ -61,6 +61,42 @@ pub struct KvMirror<'a> {
     pub v_back: View<'a>,
 }
 
+/// A block of at least this many rows at a fixed position gets its read-back rows by copy
+/// commands from the mirror (`Frame::mirror_back`) instead of the kernel's own writes to host
+/// memory: on a discrete GPU those are 4-byte writes over the bus (a 512-row prompt chunk of the
+/// Llama geometry spent 1.09 ms a layer in `rope_kv` so). Fewer rows (decode) keep the writes.
+pub(crate) const BACK_BY_COPY_ROWS: usize = 8;
+
+impl<'a> Frame<'a> {
+    /// Rows `pos..pos + n` of a mirror (`width` floats a row; in a ring of `ring` rows
+    /// position `p` is row `p % ring`) copied into rows `0..n` of `back`: one or two copy
+    /// commands. `n` must not exceed the ring.
+    pub(crate) fn mirror_back(
+        &mut self,
+        mirror: View<'a>,
+        back: View<'a>,
+        width: usize,
+        (pos, n, ring): (usize, usize, Option<usize>),
+    ) -> Result<()> {
+        let (start, first) = match ring {
+            Some(r) if n > r => {
+                return Err(VkError::BadArgument { op: "mirror_back", msg: format!("{n} rows over a ring of {r}") })
+            }
+            Some(r) => (pos % r, n.min(r - pos % r)),
+            None => (pos, n),
+        };
+        let bytes = |rows: usize| rows * width * 4;
+        let (src, dst) = ((mirror.offset + start * width) * 4, back.offset * 4);
+        if first > 0 && width > 0 {
+            self.copy_bytes(mirror.buf, src, back.buf, dst, bytes(first))?;
+        }
+        if n > first && width > 0 {
+            self.copy_bytes(mirror.buf, mirror.offset * 4, back.buf, dst + bytes(first), bytes(n - first))?;
+        }
+        Ok(())
+    }
+}
+
 /// What `rope_kv` (and `rope_kv_ring`) takes: the rotation (`None`: none), the block's
 /// projected rows `q`, `k`, `v`, their geometry, the mirror the k and v rows go to, and the
 /// block's position.
@@ -520,6 +556,7 @@ impl<'a> Frame<'a> {
             }
         }
         let per_row = s.heads * half + s.kv_heads * half + s.kv_heads * (s.head_dim - 2 * half) + vw;
+        let by_copy = dyn_ == 0 && s.n >= BACK_BY_COPY_ROWS;
         let push = RopeKvPush {
             n: u32_arg(OP, "n", s.n)?,
             heads: s.heads as u32,
@@ -536,7 +573,7 @@ impl<'a> Frame<'a> {
             r#dyn: dyn_,
             has_q: 1,
             ring: 0,
-            pad1: 0,
+            no_back: by_copy as u32,
         };
         let binds = [
             Bind::buf(q.buf),
@@ -550,6 +587,11 @@ impl<'a> Frame<'a> {
             params,
         ];
         let count = u32_arg(OP, "items", s.n * per_row)?;
-        self.dispatch(Kernel::RopeKv, None, &binds, &push, [count.div_ceil(64), 1, 1])
+        self.dispatch(Kernel::RopeKv, None, &binds, &push, [count.div_ceil(64), 1, 1])?;
+        if by_copy {
+            self.mirror_back(mk, sk, kw, (pos0 as usize, s.n, None))?;
+            self.mirror_back(mv, sv, vw, (pos0 as usize, s.n, None))?;
+        }
+        Ok(())
     }
 }

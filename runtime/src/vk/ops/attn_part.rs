@@ -8,7 +8,7 @@
 //! Must not: normalize, add the sinks (the host's part holds them), or read positions outside a
 //! row's share (the ring holds nothing else for sure).
 
-use super::attention::{KvMirror, Pos, RopeKvArgs};
+use super::attention::{KvMirror, Pos, RopeKvArgs, BACK_BY_COPY_ROWS};
 use super::u32_arg;
 use crate::cpu::attention::AttnShape;
 use crate::vk::context::View;
@@ -85,6 +85,7 @@ impl<'a> Frame<'a> {
             }
         }
         let per_row = s.heads * half + s.kv_heads * half + s.kv_heads * (s.head_dim - 2 * half) + vw;
+        let by_copy = dyn_ == 0 && s.n >= BACK_BY_COPY_ROWS && s.n <= ring;
         let push = RopeKvPush {
             n: u32_arg(OP, "n", s.n)?,
             heads: s.heads as u32,
@@ -101,7 +102,7 @@ impl<'a> Frame<'a> {
             r#dyn: dyn_,
             has_q: 1,
             ring: u32_arg(OP, "ring", ring)?,
-            pad1: 0,
+            no_back: by_copy as u32,
         };
         let binds = [
             Bind::buf(q.buf),
@@ -115,7 +116,12 @@ impl<'a> Frame<'a> {
             params,
         ];
         let count = u32_arg(OP, "items", s.n * per_row)?;
-        self.dispatch(Kernel::RopeKv, None, &binds, &push, [count.div_ceil(64), 1, 1])
+        self.dispatch(Kernel::RopeKv, None, &binds, &push, [count.div_ceil(64), 1, 1])?;
+        if by_copy {
+            self.mirror_back(mk, sk, kw, (pos0 as usize, s.n, Some(ring)))?;
+            self.mirror_back(mv, sv, vw, (pos0 as usize, s.n, Some(ring)))?;
+        }
+        Ok(())
     }
 
     /// The device part of `n` query rows at positions `pos..pos + n` (`q`: `n x heads *

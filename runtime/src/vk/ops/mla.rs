@@ -20,6 +20,7 @@
 //! uploads what the mirror lacks), or take a latent wider than `MAX_LATENT` or a rope part
 //! wider than `MAX_ROPE`.
 
+use super::attention::BACK_BY_COPY_ROWS;
 use super::{groups_for, u32_arg, MatIn, MatmulPath, Pos, RopeArgs};
 use crate::cpu::Precision;
 use crate::vk::context::{Context, DeviceBuffer, View};
@@ -357,6 +358,7 @@ impl<'a> Frame<'a> {
                 return Err(VkError::BadArgument { op: OP, msg: format!("{what} views must start at element 0") });
             }
         }
+        let by_copy = dyn_pos == 0 && n >= BACK_BY_COPY_ROWS;
         let push = MlaKvPush {
             n: u32_arg(OP, "n", n)?,
             heads: s.heads as u32,
@@ -370,6 +372,7 @@ impl<'a> Frame<'a> {
             ckv_off: u32_arg(OP, "kv offset", kv.offset)?,
             q_off: u32_arg(OP, "q offset", q.offset)?,
             dyn_pos,
+            no_back: by_copy as u32,
         };
         let binds = [
             Bind::buf(kv.buf),
@@ -382,7 +385,12 @@ impl<'a> Frame<'a> {
             Bind::buf(cache.rope_back.buf),
             pos_bind,
         ];
-        self.dispatch(Kernel::MlaKv, None, &binds, &push, [u32_arg(OP, "n", n)?, 1, 1])
+        self.dispatch(Kernel::MlaKv, None, &binds, &push, [u32_arg(OP, "n", n)?, 1, 1])?;
+        if by_copy {
+            self.mirror_back(cache.latent, cache.latent_back, s.latent, (pos0, n, None))?;
+            self.mirror_back(cache.rope, cache.rope_back, s.rope, (pos0, n, None))?;
+        }
+        Ok(())
     }
 
     /// Each head's no-position query of `q` through `kv_b`'s key rows: `lat` (`n x heads x
