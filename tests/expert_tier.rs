@@ -241,29 +241,33 @@ fn big_steps_stream_cold_experts_and_match_the_cpu() {
         let cpu = load_model(&dir);
         let (want, want_toks) = run(&cpu, &prompt, prompt.len(), 6);
         let max = max.unwrap_or_else(|| max_abs(&want));
-        // Two staging slots (so several rounds), steps of two rows and up stream.
-        let t = TierOptions {
-            max_experts: Some(2),
-            warm_start: false,
-            deterministic: true,
-            stream_slots: 2,
-            stream_min_rows: 2,
-            ..TierOptions::default()
-        };
-        let dev = load_tier(&dir, t);
-        let line = dev.device().unwrap().tier_line().unwrap().to_string();
-        assert!(line.contains("2 staging slots"), "{name}: {line}");
-        for chunk in [prompt.len(), 3] {
-            let (got, toks) = run(&dev, &prompt, chunk, 6);
-            let err = max_abs_diff(&got, &want);
-            assert!(err <= 1e-4 * max, "{name} chunk {chunk}: max |streamed - cpu| = {err} (max |logit| {max})");
-            assert_eq!(toks, want_toks, "{name} chunk {chunk}: greedy tokens differ");
+        // Two staging slots (so several rounds), steps of two rows and up stream; then more
+        // staging slots than device slots (the batch's scratch serves the larger page: it
+        // was sized for the slots' pages only, and such a tier failed its first big step).
+        for staging in [2, 5] {
+            let t = TierOptions {
+                max_experts: Some(2),
+                warm_start: false,
+                deterministic: true,
+                stream_slots: staging,
+                stream_min_rows: 2,
+                ..TierOptions::default()
+            };
+            let dev = load_tier(&dir, t);
+            let line = dev.device().unwrap().tier_line().unwrap().to_string();
+            assert!(line.contains(&format!("{staging} staging slots")), "{name}: {line}");
+            for chunk in [prompt.len(), 3] {
+                let (got, toks) = run(&dev, &prompt, chunk, 6);
+                let err = max_abs_diff(&got, &want);
+                assert!(err <= 1e-4 * max, "{name} chunk {chunk}: max |streamed - cpu| = {err} (max |logit| {max})");
+                assert_eq!(toks, want_toks, "{name} chunk {chunk}: greedy tokens differ");
+            }
+            let s = stats(&dev);
+            assert!(s.streamed_pairs <= s.device && s.streamed > 0, "{name}, {staging} staging slots: {s:?}");
+            streamed += s.streamed;
+            // Streamed experts are not promoted: only the CPU's experts were candidates.
+            assert!(s.uploads <= s.routed - s.device + s.warm, "{name}: {s:?}");
         }
-        let s = stats(&dev);
-        assert!(s.streamed_pairs <= s.device, "{name}: {s:?}");
-        streamed += s.streamed;
-        // Streamed experts are not promoted: only the CPU's experts were candidates.
-        assert!(s.uploads <= s.routed - s.device + s.warm, "{name}: {s:?}");
     }
     assert!(streamed > 0, "the fixtures' steps streamed");
 }

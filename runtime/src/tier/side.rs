@@ -126,9 +126,10 @@ impl DeviceSide {
         let max_buf = caps.max_storage_buffer_range.min(caps.max_allocation_size.max(1 << 20)).min(1 << 30) as usize;
         let gate_up_each = (packed_bytes * 2 / 3).max(1);
         let per_page_max = (max_buf / gate_up_each).clamp(1, crate::vk::MOE_MAX_EXPERTS);
-        let room = budget
-            .saturating_sub(buffers + scratch_bytes(cap_rows, top_k, hidden, ffn, per_page_max.min(max_slots.max(1))));
         let stream_slots = stream_slots.min(crate::vk::MOE_MAX_EXPERTS);
+        // The batch's scratch serves a page of slots and the staging page alike.
+        let scratch_experts = per_page_max.min(max_slots.max(1)).max(stream_slots);
+        let room = budget.saturating_sub(buffers + scratch_bytes(cap_rows, top_k, hidden, ffn, scratch_experts));
         let stream_bytes = (stream_slots * expert_bytes) as u64;
         let stream_slots = if stream_slots > 0 && room >= 4 * stream_bytes { stream_slots } else { 0 };
         let room = room - (stream_slots * expert_bytes) as u64;
@@ -151,7 +152,7 @@ impl DeviceSide {
         };
         let bufs = (|| -> Result<_, VkError> {
             Ok((
-                ctx.moe_scratch(cap_rows, top_k, hidden, ffn, per_page)?,
+                ctx.moe_scratch(cap_rows, top_k, hidden, ffn, per_page.max(stream_slots))?,
                 ctx.f32_buffer(cap_rows * hidden)?,
                 ctx.f32_buffer(pairs * hidden)?,
                 ctx.buffer(MemoryUse::Readback, pairs * hidden * 4)?,
