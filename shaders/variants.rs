@@ -36,6 +36,7 @@ pub const KERNELS: &[(&str, &str, bool)] = &[
     ("DsaSelect", "dsa_select.comp", false),
     ("MatmulCoop", "matmul_coop.comp", true),
     ("MoeMatmulCoop", "moe_matmul_coop.comp", true),
+    ("AttnCoop", "attn_coop.comp", false),
 ];
 
 /// Weight-format variants: (Rust variant of `FormatVariant`, the defines the sources test).

@@ -8,6 +8,9 @@
 //! (`CoopMatUse::Off`). Each case checks, where the device profiles, that the cooperative
 //! kernel is the one that ran.
 //!
+//! The f16 cooperative prompt attention (`attn_coop.comp`) against the CPU's `attend` and the
+//! f32 blocked kernel: `prompt_attention_on_f16_matrices_matches_cpu` (bound `ATTN_TOL`).
+//!
 //! On a device without an int8 cooperative-matrix shape (Lavapipe) every test prints that it
 //! skipped and passes. `tools/gpu-coopmat.sh` runs this binary on the GPU machine.
 //!
@@ -23,6 +26,9 @@ mod vk_common;
 
 /// Routed experts' bound (see the module doc).
 const MOE_TOL: f32 = 1e-3;
+/// The f16 cooperative prompt attention's bound: queries, keys, values and probabilities are
+/// rounded to f16 (2^-11 relative), the sums kept in f32.
+const ATTN_TOL: f32 = 4e-3;
 /// Dense products of the block formats (see the module doc).
 const FORMAT_TOL: f32 = 1e-4;
 
@@ -45,12 +51,15 @@ const FORMATS: [(WeightFormat, usize); 13] = [
 ];
 
 use coli_compiler::ir::GluKind;
+use coli_runtime::cpu::attention as cpu_attention;
 use coli_runtime::cpu::experts::{routed_experts, ExpertMats, Routed};
 use coli_runtime::cpu::linear::linear;
 use coli_runtime::cpu::Precision;
 use coli_runtime::format::{Matrix, WeightFormat};
-use coli_runtime::vk::ops::COOP_MIN_ROWS;
-use coli_runtime::vk::{Context, CoopMatUse, MatIn, MatmulPath, MoeCall, MoePath, VkOptions};
+use coli_runtime::vk::ops::{COOP_ATTN_ROWS, COOP_MIN_ROWS, COOP_MIN_WINDOW};
+use coli_runtime::vk::{
+    AttnArgs, AttnPath, AttnShape, Context, CoopMatUse, MatIn, MatmulPath, MoeCall, MoePath, VkOptions,
+};
 use std::sync::OnceLock;
 use vk_common::{open, random_rows, Rng};
 
@@ -397,5 +406,83 @@ fn olmoe_chunk(ctx: &Context, format: WeightFormat, rng: &mut Rng) {
                 }
             }
         }
+    }
+}
+
+/// Prompt attention on f16 cooperative matrices (`attn_coop.comp`) against the CPU's `attend`
+/// and against the f32 blocked kernel of the same device: GQA, a chunk after earlier positions,
+/// tail tiles (rows not a multiple of 64), a sliding window with sinks, value heads narrower
+/// than key heads with a value scale, a head dim below 128; within `ATTN_TOL` of the largest
+/// |reference|; `AttnPath::Auto` takes it from `COOP_ATTN_ROWS` rows and windows of
+/// `COOP_MIN_WINDOW`, the f32 kernel below. Then the Llama-3.1-8B layer's shape (32 query heads, 8 KV heads of 128, 512
+/// rows) on both kernels, timed.
+#[test]
+fn prompt_attention_on_f16_matrices_matches_cpu() {
+    let Some(ctx) = coop() else { return };
+    if !ctx.caps().coopmat_f16 {
+        eprintln!("vk_coopmat: SKIPPED the attention: {} has no f16 16x16x16 shape", ctx.caps().name);
+        return;
+    }
+    let mut rng = Rng(0xc00b_a77e);
+    let cases = [
+        (32, 8, 128, 128, None, false, 1.0, 512, 0),
+        (16, 16, 128, 128, None, false, 1.0, 70, 100),
+        (8, 2, 64, 64, Some(40), true, 1.0, 130, 30),
+        (4, 2, 128, 64, None, true, 0.707, 33, 0),
+        (4, 4, 96, 96, Some(9), false, 1.0, 16, 7),
+    ];
+    for (heads, kv_heads, head_dim, v_head_dim, window, with_sinks, value_scale, n, pos0) in cases {
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let cs = cpu_attention::AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window };
+        let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window, value_scale };
+        let len = pos0 + n;
+        let q = rng.vec(n * heads * head_dim, 1.0);
+        let k = rng.vec(len * kv_heads * head_dim, 1.0);
+        let v = rng.vec(len * kv_heads * v_head_dim, 1.0);
+        let sinks = rng.vec(heads, 1.0);
+        let mut want = vec![0f32; n * heads * v_head_dim];
+        cpu_attention::attend(cs, &q, &k, &v, pos0, with_sinks.then_some(&sinks[..]), &mut want);
+        want.iter_mut().for_each(|x| *x *= value_scale);
+        let what = format!(
+            "attention {heads}/{kv_heads}x{head_dim}/{v_head_dim} window {window:?} sinks {with_sinks} n {n} pos0 {pos0}"
+        );
+        let (qb, kb, vb, sb) = (
+            ctx.upload_f32(&q).unwrap(),
+            ctx.upload_f32(&k).unwrap(),
+            ctx.upload_f32(&v).unwrap(),
+            ctx.upload_f32(&sinks).unwrap(),
+        );
+        let mut outs = Vec::new();
+        for path in [AttnPath::Coop, AttnPath::Block, AttnPath::Auto] {
+            let ob = ctx.f32_buffer(want.len()).unwrap();
+            let _ = ctx.take_profile();
+            for _ in 0..2 {
+                let mut f = ctx.frame().unwrap();
+                let args = AttnArgs {
+                    q: qb.all(),
+                    k: kb.all(),
+                    v: vb.all(),
+                    sinks: with_sinks.then(|| sb.all()),
+                    out: ob.all(),
+                    n,
+                };
+                f.attention(vs, args, pos0, path).unwrap();
+                f.run().unwrap();
+            }
+            let auto_coop = n >= COOP_ATTN_ROWS && window.is_none_or(|w| w >= COOP_MIN_WINDOW);
+            let kernel = match path {
+                AttnPath::Block => "AttnBlock",
+                AttnPath::Auto if !auto_coop => "AttnBlock",
+                _ => "AttnCoop",
+            };
+            let p = ran(ctx, kernel, &what);
+            let us: f64 = p.iter().filter(|l| l.0.starts_with(kernel)).map(|l| l.2).sum::<f64>() / 2.0 * 1e6;
+            let got = ctx.download_f32(ob.all()).unwrap();
+            let tol = if kernel == "AttnBlock" { 1e-5 } else { ATTN_TOL };
+            check_close(&format!("{what} {path:?} ({us:.1} us)"), &got, &want, tol);
+            outs.push(got);
+        }
+        let auto_coop = n >= COOP_ATTN_ROWS && window.is_none_or(|w| w >= COOP_MIN_WINDOW);
+        assert_eq!(outs[2], outs[if auto_coop { 0 } else { 1 }], "{what}: Auto's kernel");
     }
 }

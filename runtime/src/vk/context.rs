@@ -265,6 +265,7 @@ impl Context {
             let mut caps = device::query_caps(&inst, *pd, cand)?;
             if opts.coopmat == CoopMatUse::Off {
                 caps.coopmat_i8 = None;
+                caps.coopmat_f16 = false;
             }
             if opts.int_dot == IntDotUse::Off {
                 caps.integer_dot_product = false;
@@ -351,7 +352,13 @@ impl Context {
             if m.placement().staged { "staged" } else { "mapped" },
             m.limit() >> 20,
             match (c.coopmat_i8, c.cooperative_matrix) {
-                (Some(s), _) => format!(", int8 cooperative matrix {}x{}x{}", s.m, s.n, s.k),
+                (Some(s), _) => format!(
+                    ", int8 cooperative matrix {}x{}x{}{}",
+                    s.m,
+                    s.n,
+                    s.k,
+                    if c.coopmat_f16 { " and f16 16x16x16" } else { "" }
+                ),
                 (None, true) => ", cooperative matrix".to_string(),
                 _ => String::new(),
             },

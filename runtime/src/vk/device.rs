@@ -185,6 +185,17 @@ pub fn choose_coopmat_i8(shapes: &[CoopMatShape]) -> Option<CoopMatI8> {
         .map(|s| CoopMatI8 { m: s.m, n: s.n, k: s.k })
 }
 
+/// Whether the device lists f16 x f16 -> f32 (f32 result) 16 x 16 x 16 at subgroup scope, the
+/// shape of the cooperative prompt attention (`attn_coop.comp`).
+pub fn has_f16_shape(shapes: &[CoopMatShape]) -> bool {
+    shapes.iter().any(|s| {
+        (s.a, s.b, s.c, s.result) == (CoopType::F16, CoopType::F16, CoopType::F32, CoopType::F32)
+            && (s.m, s.n, s.k) == (16, 16, 16)
+            && s.subgroup
+            && !s.saturating
+    })
+}
+
 /// What the chosen device offers, as the op layer needs it.
 #[derive(Clone, Debug)]
 pub struct DeviceCaps {
@@ -209,6 +220,10 @@ pub struct DeviceCaps {
     /// kernels need for the subgroup scope makes the module use it) and a fixed subgroup size
     /// (the kernels' workgroup is four subgroups). Enabled at device creation when present.
     pub coopmat_i8: Option<CoopMatI8>,
+    /// f16 x f16 -> f32 16 x 16 x 16 at subgroup scope beside `coopmat_i8`, `shaderFloat16`, and
+    /// a subgroup of 16 to 64 lanes (four subgroups of the prompt attention's workgroup hold its
+    /// 64 rows): `attn_coop.comp` runs prompt attention on it. Enabled at device creation.
+    pub coopmat_f16: bool,
     pub memory_budget: bool,
     /// `VK_EXT_external_memory_host` (enabled when set): the alignment an imported host
     /// pointer needs (`minImportedHostPointerAlignment`); the host pool's pages are then the
@@ -345,6 +360,10 @@ pub(crate) unsafe fn query_caps(inst: &Instance, pd: vk::PhysicalDevice, cand: &
     } else {
         None
     };
+    let coopmat_f16 = coopmat_i8.is_some()
+        && f12.shader_float16 != 0
+        && (16..=64).contains(&sg.subgroup_size)
+        && has_f16_shape(&coopmat_shapes);
     Ok(DeviceCaps {
         name: cand.name.clone(),
         kind: cand.kind,
@@ -360,6 +379,7 @@ pub(crate) unsafe fn query_caps(inst: &Instance, pd: vk::PhysicalDevice, cand: &
         cooperative_matrix,
         coopmat_shapes,
         coopmat_i8,
+        coopmat_f16,
         memory_budget: has_ext(&exts, c"VK_EXT_memory_budget"),
         external_memory_host: (host_ext && emh.min_imported_host_pointer_alignment > 0)
             .then_some(emh.min_imported_host_pointer_alignment),
@@ -430,7 +450,7 @@ impl Device {
             ci = ci.push_next(&mut f13);
         }
         if caps.coopmat_i8.is_some() {
-            f12 = f12.shader_int8(true).vulkan_memory_model(true);
+            f12 = f12.shader_int8(true).vulkan_memory_model(true).shader_float16(caps.coopmat_f16);
             fcm = fcm.cooperative_matrix(true);
             ci = ci.push_next(&mut f12).push_next(&mut fcm);
         }

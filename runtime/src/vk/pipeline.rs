@@ -83,6 +83,9 @@ unsafe fn create(dev: &ash::Device, caps: &DeviceCaps, kernel: Kernel, variant: 
         (true, Some(s)) => Some(s),
         (true, None) => return Err(VkError::MissingShader { kernel }),
     };
+    if kernel == Kernel::AttnCoop && !caps.coopmat_f16 {
+        return Err(VkError::MissingShader { kernel });
+    }
     let dot = if caps.integer_dot_product { spirv_dot(kernel, variant) } else { None };
     let bytes = dot.or_else(|| spirv(kernel, variant)).ok_or(VkError::MissingShader { kernel })?;
     let words = ash::util::read_spv(&mut std::io::Cursor::new(bytes)).map_err(|_| VkError::MissingShader { kernel })?;

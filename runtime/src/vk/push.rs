@@ -171,7 +171,7 @@ push_blocks! {
     }
 
     /// Mirrors `attn.glsl`'s push block (`attn_split.comp`, `attn_block.comp`).
-    AttnPush for [AttnSplit, AttnBlock] {
+    AttnPush for [AttnSplit, AttnBlock, AttnCoop] {
         n: u32, heads: u32, kv_heads: u32, head_dim: u32,
         v_head_dim: u32, pos0: u32, window: u32, flags: u32,
         scale: f32, q_off: u32, k_off: u32, v_off: u32,

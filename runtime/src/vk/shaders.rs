@@ -18,7 +18,7 @@ impl Kernel {
             Kernel::QuantizeQ8 | Kernel::Glu | Kernel::Binary | Kernel::Route | Kernel::Rope => 3,
             Kernel::RopeKv => 9,
             Kernel::AttnSplit => 19,
-            Kernel::AttnBlock => 8,
+            Kernel::AttnBlock | Kernel::AttnCoop => 8,
             Kernel::AttnPart => 6,
             Kernel::MoeMatvec => 10,
             Kernel::MoeMatmul | Kernel::MoeMatmulCoop => 8,
@@ -48,7 +48,7 @@ impl Kernel {
             Kernel::Rope => &[0],
             Kernel::RopeKv => &[0, 1, 4, 5, 6, 7],
             Kernel::AttnSplit => &[1, 2, 4, 5, 6, 8, 12, 13, 17, 18],
-            Kernel::AttnBlock => &[6],
+            Kernel::AttnBlock | Kernel::AttnCoop => &[6],
             Kernel::AttnPart => &[3, 4],
             Kernel::MoeMatvec | Kernel::MoeMatmul | Kernel::MoeMatmulCoop => &[5],
             Kernel::MoeGroup => &[1],
@@ -66,7 +66,7 @@ impl Kernel {
 
     /// Whether the workgroup size is specialization constant 0 (chosen per device).
     pub fn sized_by_device(self) -> bool {
-        matches!(self, Kernel::Matvec | Kernel::RmsNorm | Kernel::MoeMatvec)
+        matches!(self, Kernel::Matvec | Kernel::RmsNorm | Kernel::MoeMatvec | Kernel::AttnCoop)
     }
 
     /// Whether the kernel runs on cooperative matrices: workgroup of four subgroups

@@ -16,7 +16,10 @@ pub mod moe;
 pub mod norm;
 pub mod route;
 
-pub use attention::{AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, Pos, QkNorm, RopeArgs, RopeKvArgs};
+pub use attention::{
+    AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, Pos, QkNorm, RopeArgs, RopeKvArgs, COOP_ATTN_ROWS,
+    COOP_MIN_WINDOW,
+};
 pub use deltanet::{DeltaNetCall, DeltaNetIn, DeltaNetMats, DeltaNetScratch, DeltaNetShape, RuleViews};
 pub use dsa::{DsaSelectArgs, DsaShape};
 pub use kda::{KdaCall, KdaMats, KdaRuleViews, KdaScratch, KdaShape};

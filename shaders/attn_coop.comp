@@ -1,0 +1,203 @@
+#version 450
+// attn_coop.comp: attention for a prompt chunk on f16 cooperative matrices (16 x 16 x 16, f32
+// sums), flash style, the same arithmetic as attn_block.comp with the products on tensor cores.
+// A workgroup (four subgroups) owns BQ = 64 query rows of one head, each subgroup 16 of them;
+// it walks the keys in tiles of BK = 64 positions:
+//   1. the key tile is staged as f16 in shared memory; each subgroup multiplies its rows'
+//      queries (f16, held in registers for the whole walk) by it: 16 x 64 scores in f32;
+//   2. the workgroup masks the scores (causality, the window), scales them and runs the online
+//      softmax per row (running max and sum in f32), writing the probabilities as f16, while
+//      the value tile is staged;
+//   3. each subgroup rescales its output sums by the rows' factors (a stride-0 load broadcasts
+//      them along the rows) and adds probabilities x values.
+// At the end the sums are scaled by 1 / the row's sum (the sink in the denominator, the value
+// scale) and written in f32. Queries, keys, values and probabilities are rounded to f16 (the
+// host dispatches this kernel under `CoopMatUse::Auto` only; its tests state the tolerance).
+// Must not: run where the device lacks the f16 shape, on head dims above 128 or not multiples of
+// 16, or be entered from non-uniform control flow (barriers).
+#extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_EXT_control_flow_attributes : require
+#include "common.glsl"
+#include "attn.glsl"
+
+layout(local_size_x_id = 0) in;
+layout(std430, binding = 6) writeonly buffer OUT { float outv[]; };
+
+#define BQ 64u
+#define BK 64u
+#define MAXD 128u
+#define ND (MAXD / 16u)
+// Padded row strides (16-byte multiples): f16 tiles, the f32 score tile, the f16 probabilities.
+#define SD (MAXD + 8u)
+#define SS (BK + 4u)
+#define SP (BK + 8u)
+// Threads a row in the softmax at most (the workgroup has 64 to 256 invocations).
+#define MAXT 4u
+
+#define MA coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define MB coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+#define MC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+
+// The query rows at the start, then each key tile and each value tile.
+shared float16_t qk_t[BQ * SD];
+// The scores of the tile; at the end the output rows.
+shared float s_t[BQ * SS];
+shared float16_t p_t[BQ * SP];
+// Per row: the running max and sum, this tile's factor for the sums (then the final scale),
+// and the threads' partial maxima and sums.
+shared float m_t[BQ], l_t[BQ], f_t[BQ];
+shared float red_t[BQ * MAXT];
+
+void stage_rows(uint tid, uint nt, uint rows, uint width, uint base, uint stride, uint first, uint last, bool keys) {
+    for (uint e = tid; e < rows * MAXD; e += nt) {
+        uint t = e / MAXD, d = e % MAXD;
+        float x = 0.0;
+        if (d < width && first + t <= last) x = keys ? kv[base + (first + t) * stride + d] : vv[base + (first + t) * stride + d];
+        qk_t[t * SD + d] = float16_t(x);
+    }
+}
+
+void main() {
+    uint h = gl_WorkGroupID.x, q0 = gl_WorkGroupID.y * BQ;
+    uint tid = gl_LocalInvocationID.x, nt = gl_WorkGroupSize.x;
+    uint sr = gl_SubgroupID * 16u;
+    attn_setup();
+    uint kh = kv_head(h);
+    uint nd = pc.head_dim / 16u, nv = pc.v_head_dim / 16u;
+    uint last = min(q0 + BQ, pc.n) - 1u;
+    uint j_lo = row_lo(g_pos0 + q0), j_hi = g_pos0 + last;
+    // The softmax's threads: tpr a row, each over BK / tpr keys of the tile.
+    uint tpr = min(nt / BQ, MAXT);
+    uint r = tid / tpr, part = tid % tpr, kpt = BK / tpr;
+    bool mine = r < BQ;
+    bool row_ok = mine && q0 + r < pc.n;
+    uint p = g_pos0 + q0 + r, lo = row_lo(p);
+    // The queries: staged as f16, then held as A matrices.
+    for (uint e = tid; e < BQ * MAXD; e += nt) {
+        uint t = e / MAXD, d = e % MAXD;
+        float x = (d < pc.head_dim && q0 + t < pc.n) ? qv[q_at(q0 + t, h) + d] : 0.0;
+        qk_t[t * SD + d] = float16_t(x);
+    }
+    if (mine && part == 0u) {
+        m_t[r] = NEG_INF;
+        l_t[r] = 0.0;
+    }
+    barrier();
+    MA qa[ND];
+    [[unroll]] for (uint i = 0u; i < ND; i++) {
+        if (i < nd) coopMatLoad(qa[i], qk_t, sr * SD + i * 16u, SD, gl_CooperativeMatrixLayoutRowMajor);
+    }
+    MC o[ND];
+    [[unroll]] for (uint i = 0u; i < ND; i++) o[i] = MC(0.0);
+    uint kstride = pc.kv_heads * pc.head_dim, vstride = pc.kv_heads * pc.v_head_dim;
+    for (uint j0 = j_lo; j0 <= j_hi; j0 += BK) {
+        barrier();
+        stage_rows(tid, nt, BK, pc.head_dim, pc.k_off + kh * pc.head_dim, kstride, j0, j_hi, true);
+        barrier();
+        // 1. Scores of the subgroup's 16 rows against the tile's 64 keys.
+        [[unroll]] for (uint kt = 0u; kt < BK / 16u; kt++) {
+            MC s = MC(0.0);
+            [[unroll]] for (uint i = 0u; i < ND; i++) {
+                if (i < nd) {
+                    MB kb;
+                    coopMatLoad(kb, qk_t, kt * 16u * SD + i * 16u, SD, gl_CooperativeMatrixLayoutColumnMajor);
+                    s = coopMatMulAdd(qa[i], kb, s);
+                }
+            }
+            coopMatStore(s, s_t, sr * SS + kt * 16u, SS, gl_CooperativeMatrixLayoutRowMajor);
+        }
+        barrier();
+        // 2. The value tile, and the online softmax per row.
+        stage_rows(tid, nt, BK, pc.v_head_dim, pc.v_off + kh * pc.v_head_dim, vstride, j0, j_hi, false);
+        float mx = NEG_INF;
+        if (mine) {
+            for (uint c = 0u; c < kpt; c++) {
+                uint k = part * kpt + c, j = j0 + k;
+                float s = (row_ok && j <= p && j >= lo) ? s_t[r * SS + k] * pc.scale : NEG_INF;
+                s_t[r * SS + k] = s;
+                mx = max(mx, s);
+            }
+            red_t[r * MAXT + part] = mx;
+        }
+        barrier();
+        float m_new = NEG_INF;
+        if (mine) {
+            m_new = m_t[r];
+            for (uint t = 0u; t < tpr; t++) m_new = max(m_new, red_t[r * MAXT + t]);
+        }
+        barrier();
+        if (mine) {
+            float psum = 0.0;
+            for (uint c = 0u; c < kpt; c++) {
+                uint k = part * kpt + c;
+                float s = s_t[r * SS + k];
+                float pv = s == NEG_INF ? 0.0 : exp(s - m_new);
+                p_t[r * SP + k] = float16_t(pv);
+                psum += pv;
+            }
+            red_t[r * MAXT + part] = psum;
+        }
+        barrier();
+        if (mine && part == 0u) {
+            float sum = 0.0;
+            for (uint t = 0u; t < tpr; t++) sum += red_t[r * MAXT + t];
+            float m_old = m_t[r];
+            float alpha = m_new == NEG_INF ? 1.0 : exp(m_old - m_new);
+            l_t[r] = l_t[r] * alpha + sum;
+            m_t[r] = m_new;
+            f_t[r] = alpha;
+        }
+        barrier();
+        // 3. The sums rescaled, plus probabilities x values.
+        MC fm;
+        coopMatLoad(fm, f_t, sr, 0u, gl_CooperativeMatrixLayoutColumnMajor);
+        MA pa[BK / 16u];
+        [[unroll]] for (uint kt = 0u; kt < BK / 16u; kt++)
+            coopMatLoad(pa[kt], p_t, sr * SP + kt * 16u, SP, gl_CooperativeMatrixLayoutRowMajor);
+        [[unroll]] for (uint i = 0u; i < ND; i++) {
+            if (i < nv) {
+                o[i] = o[i] * fm;
+                [[unroll]] for (uint kt = 0u; kt < BK / 16u; kt++) {
+                    MB vb;
+                    coopMatLoad(vb, qk_t, kt * 16u * SD + i * 16u, SD, gl_CooperativeMatrixLayoutRowMajor);
+                    o[i] = coopMatMulAdd(pa[kt], vb, o[i]);
+                }
+            }
+        }
+    }
+    // The final scale per row: the sink in the denominator, the value scale.
+    if (mine && part == 0u) {
+        float m = m_t[r], l = l_t[r];
+        float sink = has_sink() ? sinks[h] : NEG_INF;
+        float mf = max(m, sink);
+        float lf = l * exp(m - mf) + (has_sink() ? exp(sink - mf) : 0.0);
+        f_t[r] = row_ok && lf > 0.0 ? exp(m - mf) / lf * pc.value_scale : 0.0;
+    }
+    barrier();
+    MC fm;
+    coopMatLoad(fm, f_t, sr, 0u, gl_CooperativeMatrixLayoutColumnMajor);
+    // Through the score tile, 64 columns at a time.
+    for (uint c0 = 0u; c0 < nv; c0 += BK / 16u) {
+        [[unroll]] for (uint i = 0u; i < BK / 16u; i++) {
+            [[unroll]] for (uint g = 0u; g < ND; g++) {
+                if (g == c0 + i && g < nv) {
+                    MC v = o[g] * fm;
+                    coopMatStore(v, s_t, sr * SS + i * 16u, SS, gl_CooperativeMatrixLayoutRowMajor);
+                }
+            }
+        }
+        barrier();
+        uint cols = min(BK, pc.v_head_dim - c0 * 16u);
+        for (uint e = tid; e < BQ * cols; e += nt) {
+            uint t = e / cols, d = e % cols;
+            if (q0 + t < pc.n) {
+                outv[pc.o_off + (q0 + t) * pc.heads * pc.v_head_dim + h * pc.v_head_dim + c0 * 16u + d] = s_t[t * SS + d];
+            }
+        }
+        barrier();
+    }
+}
