@@ -9,7 +9,9 @@
 //! - 8 requests at once on the device (batched decode steps) give exactly the tokens each gives
 //!   alone, also where the plan cannot batch (a recurrent layer on the device: one forward each);
 //! - prefix reuse: a request that extends a finished one takes that prefix from the cache
-//!   (asserted from the cached-token count) and gives the tokens a fresh session gives;
+//!   (asserted from the cached-token count) and gives the tokens a fresh session gives; a
+//!   recurrent model goes back to a kept state, at a request's mark (a shared system prompt's
+//!   end) exactly;
 //! - a device lost in a batched decode step: every request of the step finishes on the CPU
 //!   with the tokens the CPU gives;
 //! - a request cancelled mid-prompt frees its slot, and bad requests are refused with typed
@@ -351,6 +353,51 @@ fn recurrent_prefixes(engine: &Engine, reference: &Engine) {
         slots.admit(id + 10, Request::greedy(first.clone(), 1)).unwrap();
         drain(&mut slots, id + 10);
     }
+    // A mark (the end of a shared system prompt, `Request::marks`) ends a chunk, so a prompt
+    // that shares exactly that much starts there: chunks of 4 with a mark at 6 keep the states
+    // at 4, 6 and 9. Without the mark (first) the same pair goes back to 4.
+    let system: Vec<u32> = (0..6).map(|i| (i * 23 + 5) % 250).collect();
+    let with = |tail: &[u32], marks: &[usize]| {
+        let mut r = Request::greedy([&system[..], tail].concat(), 3);
+        r.marks = marks.to_vec();
+        r
+    };
+    for (id, marks, cached) in [(40, vec![], 4), (30, vec![6], 6)] {
+        slots.admit(id, with(&[11, 12, 13], &marks)).unwrap();
+        drain(&mut slots, id);
+        let other = with(&[14, 15], &marks);
+        assert_eq!(slots.admit(id + 1, other.clone()).unwrap(), cached, "marks {marks:?}");
+        let f = drain(&mut slots, id + 1);
+        assert_eq!(f.cached_tokens, cached);
+        assert_eq!(f.generated, alone(reference, &other.prompt, 3), "marks {marks:?}");
+    }
+}
+
+/// `ChatTemplate::system_end`: conversations that share a system prompt share the ids up to
+/// that position (so a slot's state kept there serves the next one), and a conversation without
+/// a system message has none; `Engine::branch_points` gives it only for a model with a recurrent
+/// state (the default model has none).
+#[test]
+fn the_end_of_a_shared_system_prompt_is_where_conversations_branch() {
+    let Some(path) = common::default_model_path() else { return };
+    let engine = common::load_model(&path);
+    let tok = engine.tokenizer().expect("the default model has a tokenizer");
+    let template = tok.chat_template().unwrap();
+    use coli_runtime::text::ChatMessage;
+    let sys = ChatMessage::system("You answer in one short sentence.");
+    let encode = |m: &[ChatMessage]| tok.encode(&template.render(m, true).unwrap(), false).unwrap();
+    let a = [sys.clone(), ChatMessage::user("What is the capital of France?")];
+    let b = [sys.clone(), ChatMessage::user("Name a prime number.")];
+    let (ia, ib) = (encode(&a), encode(&b));
+    let end = template.system_end(tok, &a, &ia).expect("a system prompt ends somewhere");
+    assert_eq!(template.system_end(tok, &b, &ib), Some(end));
+    let shared = ia.iter().zip(&ib).take_while(|(x, y)| x == y).count();
+    assert!(end <= shared && end < ia.len(), "end {end}, shared {shared}, {} ids", ia.len());
+    assert_eq!(template.system_end(tok, &a[1..], &encode(&a[1..])), None, "no system message");
+    assert_eq!(template.system_end(tok, &a[..1], &encode(&a[..1])), None, "nothing after it");
+    assert!(!engine.keeps_recurrent_state() && engine.branch_points(&a, &ia).is_empty());
+    let recurrent = common::load_model(&fixture_dir("qwen3_next"));
+    assert!(recurrent.keeps_recurrent_state());
 }
 
 fn drain(slots: &mut Slots, id: u64) -> Finish {

@@ -37,7 +37,7 @@ use crate::exec::{Model, Session};
 use crate::generate::{generate, GenerateOptions, Generation};
 use crate::model::{hub, Checkpoint};
 use crate::sample::Sampler;
-use crate::text::Tokenizer;
+use crate::text::{ChatMessage, Tokenizer};
 use coli_compiler::place::kv_split::KvSplit;
 use coli_compiler::{compile, DraftRole, Options, Plan, Spec};
 use std::path::{Path, PathBuf};
@@ -326,6 +326,28 @@ impl Engine {
     /// Whether the draft model's sessions run its plan's device frames.
     pub fn draft_on_device(&self) -> bool {
         self.draft_device.is_some()
+    }
+
+    /// Whether the model keeps a recurrent state (Gated DeltaNet, KDA, short convolutions): a
+    /// session of it goes back only to the positions whose state it kept.
+    pub fn keeps_recurrent_state(&self) -> bool {
+        let recurrent = |o: &coli_compiler::ir::Op| matches!(o, coli_compiler::ir::Op::LinearAttention { .. });
+        self.plan.program.layers.iter().any(|l| l.ops.iter().any(recurrent))
+    }
+
+    /// Where a later conversation may leave `ids` (the encoded `messages`, as a front end
+    /// renders them with the chat template): the end of the leading system messages (where
+    /// their rendering alone, encoded, parts from `ids`). Only for a model with a recurrent state
+    /// (`keeps_recurrent_state`; an attention cache goes back anywhere); empty when the
+    /// messages start with no system message, the template refuses them alone, or the
+    /// rendering differs.
+    pub fn branch_points(&self, messages: &[ChatMessage], ids: &[u32]) -> Vec<usize> {
+        if !self.keeps_recurrent_state() {
+            return Vec::new();
+        }
+        let Some(tok) = self.tokenizer.as_ref().ok() else { return Vec::new() };
+        let Ok(template) = tok.chat_template() else { return Vec::new() };
+        template.system_end(tok, messages, ids).into_iter().collect()
     }
 
     /// The ids of `prompt`, every one checked against the vocabulary.

@@ -17,7 +17,8 @@
 //! A slot whose model keeps a recurrent state (Gated DeltaNet, KDA) goes back only to the positions
 //! whose state it kept: the ends of its prompts' chunks (`Session::snapshot_states`, the last few),
 //! so a new prompt reuses the longest of those within its shared prefix (all of it when it extends
-//! everything the slot holds), else it starts again at 0.
+//! everything the slot holds), else it starts again at 0. A request's marks (`Request::marks`: the
+//! end of its system prompt) end a chunk too, so a prompt sharing just that much starts there.
 //!
 //! Must not: know about HTTP, threads or clocks (the front end drives `step`), or panic on a
 //! bad request (`AdmitError`).
@@ -299,6 +300,8 @@ fn advance(session: &mut Session, cached: &mut Vec<u32>, a: &mut Active, chunk_r
         Some(t) => std::iter::once(t).chain(draft(session, a, t)).collect(),
         None => {
             let end = (a.fed + chunk_rows).min(prompt_len);
+            // A chunk ends at a mark (a state kept exactly where a later prompt may branch).
+            let end = a.turn.req.marks.iter().copied().filter(|&m| m > a.fed && m < end).min().unwrap_or(end);
             a.turn.req.prompt[a.fed..end].to_vec()
         }
     };

@@ -27,6 +27,10 @@ pub struct Request {
     /// Drafted tokens checked by a decode forward the request runs alone (a batched step of
     /// several requests runs one token each).
     pub speculation: Speculation,
+    /// Positions of the prompt where a later request may leave it (the end of a shared system
+    /// prompt: `Engine::branch_points`): a prompt chunk ends there, so a model with a recurrent
+    /// state keeps its state at exactly that position (`Session::snapshot_states`).
+    pub marks: Vec<usize>,
 }
 
 impl Request {
@@ -40,6 +44,7 @@ impl Request {
             stop_at_eos: true,
             penalty_window: 64,
             speculation: Speculation::Off,
+            marks: Vec::new(),
         }
     }
 }

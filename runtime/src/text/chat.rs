@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::jinja_fns;
 use super::Result;
+use super::Tokenizer;
 
 /// One chat turn.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,6 +83,21 @@ impl ChatTemplate {
     /// The ChatML fallback ([`CHATML_TEMPLATE`]).
     pub fn chatml(bos_token: &str, eos_token: &str) -> Result<Self> {
         Self::new(CHATML_TEMPLATE, bos_token, eos_token)
+    }
+
+    /// The position of `ids` (`messages` rendered and encoded with `tok`) where its leading
+    /// system messages end: where their rendering alone, encoded, parts from `ids` (a merge
+    /// across the boundary may end it a token early). `None` without a system message before
+    /// another one, when the template refuses the system messages alone, or at 0.
+    pub fn system_end(&self, tok: &Tokenizer, messages: &[ChatMessage], ids: &[u32]) -> Option<usize> {
+        let system = messages.iter().take_while(|m| m.role == "system").count();
+        if system == 0 || system == messages.len() {
+            return None;
+        }
+        let text = self.render(&messages[..system], false).ok()?;
+        let head = tok.encode(&text, false).ok()?;
+        let at = head.iter().zip(ids).take_while(|(a, b)| a == b).count();
+        (at > 0 && at < ids.len()).then_some(at)
     }
 
     /// Renders `messages`; with `add_generation_prompt` the text ends where the assistant's

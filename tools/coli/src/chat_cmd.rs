@@ -111,6 +111,8 @@ pub fn run(a: ChatArgs) -> Result<(), String> {
         let text = template.render(&history, true).map_err(|e| format!("the chat template: {e}"))?;
         let ids = tok.encode(&text, false).map_err(|e| e.to_string())?;
         turn += 1;
+        // A conversation after /reset shares the system prompt: its state is kept there.
+        let marks = engine.branch_points(&history, &ids);
         let request = Request {
             prompt: ids,
             sampler: SamplerConfig { seed: a.sampling.seed.wrapping_add(turn), ..sampler },
@@ -119,6 +121,7 @@ pub fn run(a: ChatArgs) -> Result<(), String> {
             stop_at_eos: true,
             penalty_window: 64,
             speculation: a.speculate.speculation(),
+            marks,
         };
         stop.store(false, Ordering::Relaxed);
         let answer = match slots.admit(turn, request) {

@@ -168,6 +168,11 @@ fn take(
         Ok(p) => p,
         Err(e) => return reject(&s.replies, e, metrics),
     };
+    // Conversations sharing a system prompt branch after it: a recurrent model keeps its state there.
+    let marks = match &job.input {
+        Input::Chat(messages) => engine.branch_points(messages, &prompt),
+        _ => Vec::new(),
+    };
     let context = slots.context();
     if prompt.len() >= context {
         let e = ApiError::bad_request(
@@ -188,6 +193,7 @@ fn take(
         stop_at_eos: !job.ignore_eos,
         penalty_window: 64,
         speculation: cfg.speculation,
+        marks,
     };
     *next_id += 1;
     queue.push_back(Queued { id: *next_id, request, replies: s.replies });
