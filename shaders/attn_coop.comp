@@ -52,12 +52,25 @@ shared float16_t p_t[BQ * SP];
 shared float m_t[BQ], l_t[BQ], f_t[BQ];
 shared float red_t[BQ * MAXT];
 
-void stage_rows(uint tid, uint nt, uint rows, uint width, uint base, uint stride, uint first, uint last, bool keys) {
-    for (uint e = tid; e < rows * MAXD; e += nt) {
-        uint t = e / MAXD, d = e % MAXD;
-        float x = 0.0;
-        if (d < width && first + t <= last) x = keys ? kv[base + (first + t) * stride + d] : vv[base + (first + t) * stride + d];
-        qk_t[t * SD + d] = float16_t(x);
+// Loads a thread has in flight at once when staging (independent loads issued before the
+// first store: one at a time, each tile waited on the memory's latency 64 times a thread).
+#define LOADS 16u
+
+// Rows first..last of the keys (or values) at base + row * stride, `width` columns, as f16
+// rows of qk_t (zeros past them).
+void stage_rows(uint tid, uint nt, uint width, uint base, uint stride, uint first, uint last, bool keys) {
+    for (uint e0 = tid; e0 < BK * MAXD; e0 += nt * LOADS) {
+        float x[LOADS];
+        [[unroll]] for (uint i = 0u; i < LOADS; i++) {
+            uint e = e0 + i * nt, t = e / MAXD, d = e % MAXD;
+            bool in_ = e < BK * MAXD && d < width && first + t <= last;
+            uint at = base + (first + t) * stride + d;
+            x[i] = in_ ? (keys ? kv[at] : vv[at]) : 0.0;
+        }
+        [[unroll]] for (uint i = 0u; i < LOADS; i++) {
+            uint e = e0 + i * nt;
+            if (e < BK * MAXD) qk_t[(e / MAXD) * SD + e % MAXD] = float16_t(x[i]);
+        }
     }
 }
 
@@ -77,10 +90,16 @@ void main() {
     bool row_ok = mine && q0 + r < pc.n;
     uint p = g_pos0 + q0 + r, lo = row_lo(p);
     // The queries: staged as f16, then held as A matrices.
-    for (uint e = tid; e < BQ * MAXD; e += nt) {
-        uint t = e / MAXD, d = e % MAXD;
-        float x = (d < pc.head_dim && q0 + t < pc.n) ? qv[q_at(q0 + t, h) + d] : 0.0;
-        qk_t[t * SD + d] = float16_t(x);
+    for (uint e0 = tid; e0 < BQ * MAXD; e0 += nt * LOADS) {
+        float x[LOADS];
+        [[unroll]] for (uint i = 0u; i < LOADS; i++) {
+            uint e = e0 + i * nt, t = e / MAXD, d = e % MAXD;
+            x[i] = (e < BQ * MAXD && d < pc.head_dim && q0 + t < pc.n) ? qv[q_at(q0 + t, h) + d] : 0.0;
+        }
+        [[unroll]] for (uint i = 0u; i < LOADS; i++) {
+            uint e = e0 + i * nt;
+            if (e < BQ * MAXD) qk_t[(e / MAXD) * SD + e % MAXD] = float16_t(x[i]);
+        }
     }
     if (mine && part == 0u) {
         m_t[r] = NEG_INF;
@@ -96,7 +115,7 @@ void main() {
     uint kstride = pc.kv_heads * pc.head_dim, vstride = pc.kv_heads * pc.v_head_dim;
     for (uint j0 = j_lo; j0 <= j_hi; j0 += BK) {
         barrier();
-        stage_rows(tid, nt, BK, pc.head_dim, pc.k_off + kh * pc.head_dim, kstride, j0, j_hi, true);
+        stage_rows(tid, nt, pc.head_dim, pc.k_off + kh * pc.head_dim, kstride, j0, j_hi, true);
         barrier();
         // 1. Scores of the subgroup's 16 rows against the tile's 64 keys.
         [[unroll]] for (uint kt = 0u; kt < BK / 16u; kt++) {
@@ -112,7 +131,7 @@ void main() {
         }
         barrier();
         // 2. The value tile, and the online softmax per row.
-        stage_rows(tid, nt, BK, pc.v_head_dim, pc.v_off + kh * pc.v_head_dim, vstride, j0, j_hi, false);
+        stage_rows(tid, nt, pc.v_head_dim, pc.v_off + kh * pc.v_head_dim, vstride, j0, j_hi, false);
         float mx = NEG_INF;
         if (mine) {
             for (uint c = 0u; c < kpt; c++) {
