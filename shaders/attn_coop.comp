@@ -5,9 +5,9 @@
 // it walks the keys in tiles of BK = 64 positions:
 //   1. the key tile is staged as f16 in shared memory; each subgroup multiplies its rows'
 //      queries (f16, held in registers for the whole walk) by it: 16 x 64 scores in f32;
-//   2. the workgroup masks the scores (causality, the window), scales them and runs the online
-//      softmax per row (running max and sum in f32), writing the probabilities as f16, while
-//      the value tile is staged;
+//   2. each subgroup masks its rows' scores (causality, the window), scales them and runs the
+//      online softmax per row (running max and sum in f32, in the row's lanes), writing the
+//      probabilities as f16; then the value tile is staged where the key tile was;
 //   3. each subgroup rescales its output sums by the rows' factors (a stride-0 load broadcasts
 //      them along the rows) and adds probabilities x values.
 // At the end the sums are scaled by 1 / the row's sum (the sink in the denominator, the value
@@ -20,6 +20,7 @@
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 #include "attn.glsl"
@@ -35,8 +36,6 @@ layout(std430, binding = 6) writeonly buffer OUT { float outv[]; };
 #define SD (MAXD + 8u)
 #define SS (BK + 4u)
 #define SP (BK + 8u)
-// Threads a row in the softmax at most (the workgroup has 64 to 256 invocations).
-#define MAXT 4u
 
 #define MA coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
 #define MB coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
@@ -47,10 +46,8 @@ shared float16_t qk_t[BQ * SD];
 // The scores of the tile; at the end the output rows.
 shared float s_t[BQ * SS];
 shared float16_t p_t[BQ * SP];
-// Per row: the running max and sum, this tile's factor for the sums (then the final scale),
-// and the threads' partial maxima and sums.
-shared float m_t[BQ], l_t[BQ], f_t[BQ];
-shared float red_t[BQ * MAXT];
+// Per row: this tile's factor for the sums (then the final scale).
+shared float f_t[BQ];
 
 // Loads a thread has in flight at once when staging (independent loads issued before the
 // first store: one at a time, each tile waited on the memory's latency 64 times a thread).
@@ -83,12 +80,14 @@ void main() {
     uint nd = pc.head_dim / 16u, nv = pc.v_head_dim / 16u;
     uint last = min(q0 + BQ, pc.n) - 1u;
     uint j_lo = row_lo(g_pos0 + q0), j_hi = g_pos0 + last;
-    // The softmax's threads: tpr a row, each over BK / tpr keys of the tile.
-    uint tpr = min(nt / BQ, MAXT);
-    uint r = tid / tpr, part = tid % tpr, kpt = BK / tpr;
-    bool mine = r < BQ;
-    bool row_ok = mine && q0 + r < pc.n;
+    // The softmax runs in each subgroup over its own 16 rows: lpr lanes a row (consecutive
+    // lanes), each over kpt keys of the tile; a row's running max and sum live in its lanes.
+    uint lane = gl_SubgroupInvocationID, lpr = gl_SubgroupSize / 16u;
+    uint rr = lane / lpr, part = lane % lpr, kpt = BK / lpr;
+    uint r = sr + rr;
+    bool row_ok = q0 + r < pc.n;
     uint p = g_pos0 + q0 + r, lo = row_lo(p);
+    float m_run = NEG_INF, l_run = 0.0;
     // The queries: staged as f16, then held as A matrices.
     for (uint e0 = tid; e0 < BQ * MAXD; e0 += nt * LOADS) {
         float x[LOADS];
@@ -100,10 +99,6 @@ void main() {
             uint e = e0 + i * nt;
             if (e < BQ * MAXD) qk_t[(e / MAXD) * SD + e % MAXD] = float16_t(x[i]);
         }
-    }
-    if (mine && part == 0u) {
-        m_t[r] = NEG_INF;
-        l_t[r] = 0.0;
     }
     barrier();
     MA qa[ND];
@@ -129,47 +124,34 @@ void main() {
             }
             coopMatStore(s, s_t, sr * SS + kt * 16u, SS, gl_CooperativeMatrixLayoutRowMajor);
         }
-        barrier();
-        // 2. The value tile, and the online softmax per row.
-        stage_rows(tid, nt, pc.v_head_dim, pc.v_off + kh * pc.v_head_dim, vstride, j0, j_hi, false);
+        subgroupMemoryBarrierShared();
+        subgroupBarrier();
+        // 2. The online softmax of the subgroup's rows (its own part of s_t and p_t).
         float mx = NEG_INF;
-        if (mine) {
-            for (uint c = 0u; c < kpt; c++) {
-                uint k = part * kpt + c, j = j0 + k;
-                float s = (row_ok && j <= p && j >= lo) ? s_t[r * SS + k] * pc.scale : NEG_INF;
-                s_t[r * SS + k] = s;
-                mx = max(mx, s);
-            }
-            red_t[r * MAXT + part] = mx;
+        for (uint c = 0u; c < kpt; c++) {
+            uint k = part * kpt + c, j = j0 + k;
+            float sc = (row_ok && j <= p && j >= lo) ? s_t[r * SS + k] * pc.scale : NEG_INF;
+            s_t[r * SS + k] = sc;
+            mx = max(mx, sc);
         }
+        for (uint off = 1u; off < lpr; off <<= 1) mx = max(mx, subgroupShuffleXor(mx, off));
+        float m_new = max(m_run, mx);
+        float psum = 0.0;
+        for (uint c = 0u; c < kpt; c++) {
+            uint k = part * kpt + c;
+            float sc = s_t[r * SS + k];
+            float pv = sc == NEG_INF ? 0.0 : exp(sc - m_new);
+            p_t[r * SP + k] = float16_t(pv);
+            psum += pv;
+        }
+        for (uint off = 1u; off < lpr; off <<= 1) psum += subgroupShuffleXor(psum, off);
+        float alpha = m_new == NEG_INF ? 1.0 : exp(m_run - m_new);
+        l_run = l_run * alpha + psum;
+        m_run = m_new;
+        if (part == 0u) f_t[r] = alpha;
+        // Every subgroup is done with the key tile: the value tile takes its place.
         barrier();
-        float m_new = NEG_INF;
-        if (mine) {
-            m_new = m_t[r];
-            for (uint t = 0u; t < tpr; t++) m_new = max(m_new, red_t[r * MAXT + t]);
-        }
-        barrier();
-        if (mine) {
-            float psum = 0.0;
-            for (uint c = 0u; c < kpt; c++) {
-                uint k = part * kpt + c;
-                float s = s_t[r * SS + k];
-                float pv = s == NEG_INF ? 0.0 : exp(s - m_new);
-                p_t[r * SP + k] = float16_t(pv);
-                psum += pv;
-            }
-            red_t[r * MAXT + part] = psum;
-        }
-        barrier();
-        if (mine && part == 0u) {
-            float sum = 0.0;
-            for (uint t = 0u; t < tpr; t++) sum += red_t[r * MAXT + t];
-            float m_old = m_t[r];
-            float alpha = m_new == NEG_INF ? 1.0 : exp(m_old - m_new);
-            l_t[r] = l_t[r] * alpha + sum;
-            m_t[r] = m_new;
-            f_t[r] = alpha;
-        }
+        stage_rows(tid, nt, pc.v_head_dim, pc.v_off + kh * pc.v_head_dim, vstride, j0, j_hi, false);
         barrier();
         // 3. The sums rescaled, plus probabilities x values.
         MC fm;
@@ -189,8 +171,8 @@ void main() {
         }
     }
     // The final scale per row: the sink in the denominator, the value scale.
-    if (mine && part == 0u) {
-        float m = m_t[r], l = l_t[r];
+    if (part == 0u) {
+        float m = m_run, l = l_run;
         float sink = has_sink() ? sinks[h] : NEG_INF;
         float mf = max(m, sink);
         float lf = l * exp(m - mf) + (has_sink() ? exp(sink - mf) : 0.0);
