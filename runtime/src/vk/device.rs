@@ -185,6 +185,10 @@ pub fn choose_coopmat_i8(shapes: &[CoopMatShape]) -> Option<CoopMatI8> {
         .map(|s| CoopMatI8 { m: s.m, n: s.n, k: s.k })
 }
 
+/// Shared memory `attn_coop.comp` declares (its key/value, score and probability tiles and the
+/// rows' factors: 17,408 + 17,408 + 9,216 + 256 bytes), rounded up.
+pub const ATTN_COOP_SHARED: u32 = 44 * 1024 + 512;
+
 /// Whether the device lists f16 x f16 -> f32 (f32 result) 16 x 16 x 16 at subgroup scope, the
 /// shape of the cooperative prompt attention (`attn_coop.comp`).
 pub fn has_f16_shape(shapes: &[CoopMatShape]) -> bool {
@@ -220,9 +224,10 @@ pub struct DeviceCaps {
     /// kernels need for the subgroup scope makes the module use it) and a fixed subgroup size
     /// (the kernels' workgroup is four subgroups). Enabled at device creation when present.
     pub coopmat_i8: Option<CoopMatI8>,
-    /// f16 x f16 -> f32 16 x 16 x 16 at subgroup scope beside `coopmat_i8`, `shaderFloat16`, and
-    /// a subgroup of 16 to 64 lanes (four subgroups of the prompt attention's workgroup hold its
-    /// 64 rows): `attn_coop.comp` runs prompt attention on it. Enabled at device creation.
+    /// f16 x f16 -> f32 16 x 16 x 16 at subgroup scope beside `coopmat_i8`, `shaderFloat16`, a
+    /// subgroup of 16 to 64 lanes (four subgroups of the prompt attention's workgroup hold its
+    /// 64 rows) and `ATTN_COOP_SHARED` bytes of shared memory: `attn_coop.comp` runs prompt
+    /// attention on it. Enabled at device creation.
     pub coopmat_f16: bool,
     pub memory_budget: bool,
     /// `VK_EXT_external_memory_host` (enabled when set): the alignment an imported host
@@ -363,6 +368,7 @@ pub(crate) unsafe fn query_caps(inst: &Instance, pd: vk::PhysicalDevice, cand: &
     let coopmat_f16 = coopmat_i8.is_some()
         && f12.shader_float16 != 0
         && (16..=64).contains(&sg.subgroup_size)
+        && p.limits.max_compute_shared_memory_size >= ATTN_COOP_SHARED
         && has_f16_shape(&coopmat_shapes);
     Ok(DeviceCaps {
         name: cand.name.clone(),
@@ -527,6 +533,21 @@ mod tests {
 
     fn shape(m: u32, n: u32, k: u32, ab: CoopType, cr: CoopType) -> CoopMatShape {
         CoopMatShape { m, n, k, a: ab, b: ab, c: cr, result: cr, saturating: false, subgroup: true }
+    }
+
+    #[test]
+    fn the_attention_takes_only_the_f16_shape_with_f32_sums() {
+        use CoopType::*;
+        let nv = [shape(16, 8, 16, F16, F16), shape(16, 16, 16, F16, F32), shape(16, 16, 32, S8, S32)];
+        assert!(has_f16_shape(&nv));
+        assert!(!has_f16_shape(&[nv[0], nv[2]]), "f16 sums or another shape do not serve");
+        let mut wide = nv[1];
+        wide.subgroup = false;
+        assert!(!has_f16_shape(&[wide]), "workgroup scope");
+        wide = nv[1];
+        wide.saturating = true;
+        assert!(!has_f16_shape(&[wide]));
+        assert!(!has_f16_shape(&[]));
     }
 
     #[test]
