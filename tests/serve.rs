@@ -213,6 +213,9 @@ fn chat_and_completions_answer_as_the_engine_does() {
     });
     assert_eq!(got, wants);
     assert_eq!(server.counter("coli_requests_completed_total"), 12.0);
+    // The slots' caches hold the conversations; an attention model keeps no recurrent states.
+    assert!(server.counter("coli_kv_cache_bytes") > 0.0);
+    assert_eq!(server.counter("coli_state_snapshot_bytes"), 0.0);
 }
 
 #[test]

@@ -371,6 +371,9 @@ fn recurrent_prefixes(engine: &Engine, reference: &Engine) {
         assert_eq!(f.cached_tokens, cached);
         assert_eq!(f.generated, alone(reference, &other.prompt, 3), "marks {marks:?}");
     }
+    // What prefix reuse holds: the kept states are part of the slot's cache.
+    let (cache, kept) = slots.cache_bytes();
+    assert!(kept > 0 && kept < cache, "{kept} of {cache} bytes kept");
 }
 
 /// `ChatTemplate::system_end`: conversations that share a system prompt share the ids up to

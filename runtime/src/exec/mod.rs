@@ -312,6 +312,12 @@ impl<'m> Session<'m> {
         }
     }
 
+    /// Bytes of the host cache (K/V rows, recurrent states) and of its kept recurrent states
+    /// (`snapshot_states`), part of the first.
+    pub fn cache_bytes(&self) -> (usize, usize) {
+        (self.kv.bytes(), self.kv.snapshot_bytes())
+    }
+
     /// Keeps a copy of each recurrent layer's state at this position, so that `truncate` can go
     /// back here later (the last `STATE_SNAPSHOTS` positions kept); nothing for a model without
     /// recurrent layers.

@@ -138,6 +138,12 @@ impl<'e> Slots<'e> {
         self.slots.iter().filter(|s| s.active.is_none()).count()
     }
 
+    /// Bytes of every slot's host cache and of its kept recurrent states, part of the first
+    /// (`Session::cache_bytes`): what prefix reuse holds in memory.
+    pub fn cache_bytes(&self) -> (usize, usize) {
+        self.slots.iter().map(|s| s.session.cache_bytes()).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+
     /// Whether any request is running.
     pub fn busy(&self) -> bool {
         self.free() < self.slots.len()

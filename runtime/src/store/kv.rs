@@ -263,6 +263,11 @@ impl KvCache {
         points.into_iter().find(|&p| self.layers.iter().all(|l| l.can_truncate(p))).unwrap_or(0)
     }
 
+    /// Bytes of the recurrent states' kept copies (`snapshot`; part of `bytes`).
+    pub fn snapshot_bytes(&self) -> usize {
+        self.layers.iter().flat_map(|l| &l.snapshots).map(|(_, s)| s.len() * 4).sum()
+    }
+
     /// Bytes held by the cache (recurrent states included).
     pub fn bytes(&self) -> usize {
         let conv = |l: &LayerKv| l.conv.iter().map(|c| c.rows.len()).sum::<usize>();

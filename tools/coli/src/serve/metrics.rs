@@ -24,6 +24,9 @@ pub struct Metrics {
     /// The expert tier's routed pairs and those its devices served.
     pub tier_routed: AtomicU64,
     pub tier_device: AtomicU64,
+    /// Bytes of the slots' host caches and of their kept recurrent states (part of the first).
+    pub cache_bytes: AtomicU64,
+    pub snapshot_bytes: AtomicU64,
     /// A device failed and requests continue on the CPU.
     pub degraded: AtomicBool,
 }
@@ -52,6 +55,18 @@ impl Metrics {
         line("queue_depth", "gauge", "Requests waiting for a slot.", get(&self.queued) as f64);
         line("requests_running", "gauge", "Requests in a slot.", get(&self.running) as f64);
         line("slots", "gauge", "Conversation slots.", slots as f64);
+        line(
+            "kv_cache_bytes",
+            "gauge",
+            "Bytes of the slots' host caches (K/V rows, recurrent states and their kept copies).",
+            get(&self.cache_bytes) as f64,
+        );
+        line(
+            "state_snapshot_bytes",
+            "gauge",
+            "Bytes of recurrent states kept for prefix reuse (part of kv_cache_bytes).",
+            get(&self.snapshot_bytes) as f64,
+        );
         let (routed, device) = (get(&self.tier_routed), get(&self.tier_device));
         line(
             "tier_routed_pairs_total",

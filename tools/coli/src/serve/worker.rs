@@ -139,6 +139,9 @@ pub fn run(
         }
         metrics.queued.store(queue.len() as u64, Ordering::Relaxed);
         metrics.running.store(running.len() as u64, Ordering::Relaxed);
+        let (cache, kept) = slots.cache_bytes();
+        metrics.cache_bytes.store(cache as u64, Ordering::Relaxed);
+        metrics.snapshot_bytes.store(kept as u64, Ordering::Relaxed);
         if let Some((routed, device)) =
             engine.device().and_then(|d| d.with_tier(|t| (t.stats().routed, t.stats().device)))
         {
