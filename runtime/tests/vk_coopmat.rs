@@ -51,17 +51,14 @@ const FORMATS: [(WeightFormat, usize); 13] = [
 ];
 
 use coli_compiler::ir::GluKind;
-use coli_runtime::cpu::attention as cpu_attention;
 use coli_runtime::cpu::experts::{routed_experts, ExpertMats, Routed};
 use coli_runtime::cpu::linear::linear;
 use coli_runtime::cpu::Precision;
 use coli_runtime::format::{Matrix, WeightFormat};
 use coli_runtime::vk::ops::{COOP_ATTN_ROWS, COOP_MIN_ROWS, COOP_MIN_WINDOW};
-use coli_runtime::vk::{
-    AttnArgs, AttnPath, AttnShape, Context, CoopMatUse, MatIn, MatmulPath, MoeCall, MoePath, VkOptions,
-};
+use coli_runtime::vk::{AttnArgs, AttnPath, Context, CoopMatUse, MatIn, MatmulPath, MoeCall, MoePath, VkOptions};
 use std::sync::OnceLock;
-use vk_common::{open, random_rows, Rng};
+use vk_common::{attention_case, open, random_rows, AttnCase, Rng};
 
 /// The context with cooperative matrices (profiling on, to see which kernel ran), or `None`
 /// (after saying why) where the device has no int8 shape.
@@ -432,17 +429,9 @@ fn prompt_attention_on_f16_matrices_matches_cpu() {
         (4, 4, 96, 96, Some(9), false, 1.0, 16, 7),
     ];
     for (heads, kv_heads, head_dim, v_head_dim, window, with_sinks, value_scale, n, pos0) in cases {
-        let scale = 1.0 / (head_dim as f32).sqrt();
-        let cs = cpu_attention::AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window };
-        let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window, value_scale };
-        let len = pos0 + n;
-        let q = rng.vec(n * heads * head_dim, 1.0);
-        let k = rng.vec(len * kv_heads * head_dim, 1.0);
-        let v = rng.vec(len * kv_heads * v_head_dim, 1.0);
-        let sinks = rng.vec(heads, 1.0);
-        let mut want = vec![0f32; n * heads * v_head_dim];
-        cpu_attention::attend(cs, &q, &k, &v, pos0, with_sinks.then_some(&sinks[..]), &mut want);
-        want.iter_mut().for_each(|x| *x *= value_scale);
+        let dims = (heads, kv_heads, head_dim, v_head_dim);
+        let AttnCase { q, k, v, sinks, shape: vs, want } =
+            attention_case(&mut rng, dims, window, with_sinks, value_scale, n, pos0);
         let what = format!(
             "attention {heads}/{kv_heads}x{head_dim}/{v_head_dim} window {window:?} sinks {with_sinks} n {n} pos0 {pos0}"
         );

@@ -11,14 +11,12 @@ mod vk_common;
 use coli_compiler::ir::{Activation, GluKind, GroupScore, RopeScaling, RopeStyle, RouterScoring};
 use coli_runtime::cpu::linear::linear;
 use coli_runtime::cpu::Precision;
-use coli_runtime::cpu::{
-    attention as cpu_attention, elementwise as cpu_elementwise, norm as cpu_norm, rope as cpu_rope, route as cpu_route,
-};
+use coli_runtime::cpu::{elementwise as cpu_elementwise, norm as cpu_norm, rope as cpu_rope, route as cpu_route};
 use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
 use coli_runtime::vk::{
-    AttnArgs, AttnPath, AttnShape, Broadcast, IntDotUse, MatmulPath, NormArgs, RopeShape, RouteParams, VkOptions,
+    AttnArgs, AttnPath, Broadcast, IntDotUse, MatmulPath, NormArgs, RopeShape, RouteParams, VkOptions,
 };
-use vk_common::{assert_close, assert_close_terms, ctx, random_rows, term_magnitudes, Rng};
+use vk_common::{assert_close, assert_close_terms, attention_case, ctx, random_rows, term_magnitudes, AttnCase, Rng};
 
 /// Columns per format: tails for the formats that take any length, two or more blocks else.
 fn cols_for(format: WeightFormat) -> &'static [usize] {
@@ -459,18 +457,10 @@ fn attention_matches_cpu() {
         (8, 2, 192, 128, Some(4), true, 0.707),
     ];
     for (heads, kv_heads, head_dim, v_head_dim, window, with_sinks, value_scale) in shapes {
-        let scale = 1.0 / (head_dim as f32).sqrt();
-        let cs = cpu_attention::AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window };
-        let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window, value_scale };
+        let dims = (heads, kv_heads, head_dim, v_head_dim);
         for (n, pos0) in [(1, 150), (19, 5), (1, 0), (3, 70)] {
-            let len = pos0 + n;
-            let q = rng.vec(n * heads * head_dim, 1.0);
-            let k = rng.vec(len * kv_heads * head_dim, 1.0);
-            let v = rng.vec(len * kv_heads * v_head_dim, 1.0);
-            let sinks = rng.vec(heads, 1.0);
-            let mut want = vec![0f32; n * heads * v_head_dim];
-            cpu_attention::attend(cs, &q, &k, &v, pos0, with_sinks.then_some(&sinks[..]), &mut want);
-            want.iter_mut().for_each(|x| *x *= value_scale);
+            let AttnCase { q, k, v, sinks, shape: vs, want } =
+                attention_case(&mut rng, dims, window, with_sinks, value_scale, n, pos0);
             let (qb, kb, vb, sb) = (
                 ctx.upload_f32(&q).unwrap(),
                 ctx.upload_f32(&k).unwrap(),

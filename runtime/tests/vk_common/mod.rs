@@ -151,3 +151,42 @@ pub fn term_magnitudes(
     }
     mag
 }
+
+/// One attention case: random queries (`n` rows), keys and values (`pos0 + n` positions) and
+/// sinks, the device's shape, and the CPU's answer (`cpu::attention::attend`, then the value
+/// scale, as the executor applies it).
+pub struct AttnCase {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub sinks: Vec<f32>,
+    pub shape: coli_runtime::vk::AttnShape,
+    pub want: Vec<f32>,
+}
+
+/// `AttnCase` for `heads` / `kv_heads` heads of `head_dim` (keys) and `v_head_dim` (values),
+/// scale 1 / sqrt(head_dim).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_case(
+    rng: &mut Rng,
+    (heads, kv_heads, head_dim, v_head_dim): (usize, usize, usize, usize),
+    window: Option<usize>,
+    with_sinks: bool,
+    value_scale: f32,
+    n: usize,
+    pos0: usize,
+) -> AttnCase {
+    use coli_runtime::cpu::attention as cpu;
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let cs = cpu::AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window };
+    let shape = coli_runtime::vk::AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window, value_scale };
+    let len = pos0 + n;
+    let q = rng.vec(n * heads * head_dim, 1.0);
+    let k = rng.vec(len * kv_heads * head_dim, 1.0);
+    let v = rng.vec(len * kv_heads * v_head_dim, 1.0);
+    let sinks = rng.vec(heads, 1.0);
+    let mut want = vec![0f32; n * heads * v_head_dim];
+    cpu::attend(cs, &q, &k, &v, pos0, with_sinks.then_some(&sinks[..]), &mut want);
+    want.iter_mut().for_each(|x| *x *= value_scale);
+    AttnCase { q, k, v, sinks, shape, want }
+}
