@@ -481,6 +481,30 @@ fn attention_matches_cpu() {
     }
 }
 
+/// A device without the f16 cooperative shape (Lavapipe) refuses `AttnPath::Coop` with an
+/// error that says why, and `AttnPath::Auto` takes the f32 kernel there (within its 1e-5).
+/// (The cooperative kernel itself is checked against the CPU by `vk_coopmat` on a GPU.)
+#[test]
+fn the_cooperative_attention_is_refused_where_the_device_lacks_it() {
+    let Some(ctx) = ctx() else { return };
+    if ctx.caps().coopmat_f16 {
+        eprintln!("note: {} has the f16 shape; vk_coopmat checks that kernel", ctx.caps().name);
+        return;
+    }
+    let mut rng = Rng(0x5eed_c00f);
+    let (n, pos0) = (70, 10);
+    let AttnCase { q, k, v, shape, want, .. } = attention_case(&mut rng, (4, 2, 64, 64), None, false, 1.0, n, pos0);
+    let (qb, kb, vb) = (ctx.upload_f32(&q).unwrap(), ctx.upload_f32(&k).unwrap(), ctx.upload_f32(&v).unwrap());
+    let ob = ctx.f32_buffer(want.len()).unwrap();
+    let args = AttnArgs { q: qb.all(), k: kb.all(), v: vb.all(), sinks: None, out: ob.all(), n };
+    let err = ctx.frame().unwrap().attention(shape, args, pos0, AttnPath::Coop).unwrap_err().to_string();
+    assert!(err.contains("no f16 cooperative attention"), "{err}");
+    let mut f = ctx.frame().unwrap();
+    f.attention(shape, args, pos0, AttnPath::Auto).unwrap();
+    f.run().unwrap();
+    assert_close("attention, Auto without the f16 shape", &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
+}
+
 /// Work ran on the device: the dispatch counter moves (a silent CPU fallback cannot pass).
 #[test]
 fn dispatches_are_counted() {
