@@ -121,6 +121,18 @@ fn qwen3_5_moe_matches_transformers() {
     matches_oracle("qwen3_5_moe");
 }
 
+/// transformers reads the rotary fraction from `rope_parameters` (the configuration class puts a
+/// top-level `partial_rotary_factor` there only when `rope_parameters` has none): a top-level
+/// key that says otherwise is not the one that counts.
+#[test]
+fn the_rotary_fraction_of_rope_parameters_comes_first() {
+    for name in ["qwen3_5_moe", "qwen3_next"] {
+        let dir = patched_fixture(name, |c| c["partial_rotary_factor"] = 0.5.into());
+        matches_oracle_at(name, &dir);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
+
 /// The fixture as the published vision-language wrapper lays it out: the text keys under
 /// `text_config`, the decoder's tensors under `model.language_model.` (`lm_head.` unchanged).
 fn qwen3_5_moe_as_wrapper(nest: bool) -> std::path::PathBuf {
