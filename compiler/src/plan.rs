@@ -156,7 +156,11 @@ impl fmt::Display for Plan {
             let tier: u64 = pl.fits.iter().map(|x| x.tier).sum();
             let held = tier.checked_div(bytes).unwrap_or(0);
             let total = experts as u64 * ids.len() as u64;
-            let tier = if tier > 0 { format!("; the tier holds {held} of {total}") } else { String::new() };
+            let tier = match tier {
+                0 => String::new(),
+                _ if held >= total => format!("; the tier holds all {total}"),
+                _ => format!("; the tier holds {held} of {total}"),
+            };
             writeln!(f, "experts: {} x {experts}, {} each ({first}){tier}", layer_ranges(&ids), human(bytes))?;
             // Resident layers: every expert on a device, routing and experts in its frame.
             let res = &pl.resident;
