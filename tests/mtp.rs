@@ -1,4 +1,4 @@
-//! Speculative decoding by the checkpoint's multi-token prediction layer (DeepSeek-V3's MTP) as
+//! Speculative decoding by the checkpoint's multi-token prediction layer (DeepSeek-V3's, GLM-5's, Qwen3.5's MTP) as
 //! a draft model: the draft layer's logits against a reference written from transformers' own
 //! modules (tests/fixtures/deepseek_v3_mtp, tools/fixtures_mtp.py), and generation with the
 //! draft giving the same tokens as without, on the CPU and on the Vulkan device (the draft layer
@@ -23,9 +23,12 @@ use common::{fixture_dir, ids, matrix, max_abs, max_abs_diff, read_json};
 const TOLERANCE: f32 = 1e-4;
 const CONTEXT: usize = 96;
 
-/// The fixtures with an MTP layer: DeepSeek-V3's, and GLM-5's (GLM-MoE-DSA: its MTP layer
-/// sparse with an indexer of its own).
-const FIXTURES: [&str; 3] = ["deepseek_v3_mtp", "deepseek_v32_mtp", "glm_moe_dsa_mtp"];
+/// The fixtures with an MTP layer: DeepSeek-V3's, V3.2's and GLM-5's (GLM-MoE-DSA: its MTP
+/// layer sparse with an indexer of its own), Qwen3-Next's and Qwen3.5-MoE's (`mtp.*`: a
+/// full-attention layer under `mtp.layers.0.` after Gated DeltaNet and attention layers; the
+/// model's state recurrent, so a partly accepted draft replays its forward).
+const FIXTURES: [&str; 5] =
+    ["deepseek_v3_mtp", "deepseek_v32_mtp", "glm_moe_dsa_mtp", "qwen3_next_mtp", "qwen3_5_moe_mtp"];
 
 fn program(ckpt: &Checkpoint, role: DraftRole) -> coli_compiler::ir::Program {
     let arch = ckpt.bindings().architecture().unwrap().to_string();
@@ -42,6 +45,11 @@ fn the_draft_layer_matches_its_reference() {
     // GLM-5's as llama.cpp's converter writes it: the MTP block counted in `block_count`, its
     // own tensors under `blk.2.nextn.*` (tools/make_gguf_mixers.py).
     draft_layer_matches("glm_moe_dsa_mtp", &fixture_dir("gguf_mixers").join("glm-dsa-mtp.gguf"));
+    // Qwen3.5 as its published vision-language wrapper lays it out: the model under
+    // `model.language_model.`, the MTP layer still under `mtp.`.
+    let dir = common::qwen3_5_moe_as_wrapper("qwen3_5_moe_mtp", true);
+    draft_layer_matches("qwen3_5_moe_mtp", &dir);
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// The model's and the draft's logits of `path` against the oracle of fixture `name`.

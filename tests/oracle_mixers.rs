@@ -133,54 +133,16 @@ fn the_rotary_fraction_of_rope_parameters_comes_first() {
     }
 }
 
-/// The fixture as the published vision-language wrapper lays it out: the text keys under
-/// `text_config`, the decoder's tensors under `model.language_model.` (`lm_head.` unchanged).
-fn qwen3_5_moe_as_wrapper(nest: bool) -> std::path::PathBuf {
-    let dir = patched_fixture("qwen3_5_moe", |c| {
-        let text = c.clone();
-        let mut top = serde_json::json!({
-            "architectures": ["Qwen3_5MoeForConditionalGeneration"],
-            "model_type": "qwen3_5_moe",
-            "vision_config": {"depth": 1},
-        });
-        if nest {
-            top["text_config"] = text;
-        }
-        *c = top;
-    });
-    // Safetensors: 8 bytes of header length, the JSON header, the data (offsets from its end).
-    let path = dir.join("model.safetensors");
-    let bytes = std::fs::read(&path).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    let renamed: serde_json::Map<_, _> = header
-        .into_iter()
-        .map(|(k, v)| match k.strip_prefix("model.") {
-            Some(rest) => (format!("model.language_model.{rest}"), v),
-            None => (k, v),
-        })
-        .collect();
-    let mut head = serde_json::to_vec(&renamed).unwrap();
-    while head.len() % 8 != 0 {
-        head.push(b' ');
-    }
-    let mut out = (head.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&head);
-    out.extend_from_slice(&bytes[8 + n..]);
-    std::fs::write(&path, out).unwrap();
-    dir
-}
-
 #[test]
 fn qwen3_5_moe_as_published_wrapper_matches_transformers() {
-    let dir = qwen3_5_moe_as_wrapper(true);
+    let dir = common::qwen3_5_moe_as_wrapper("qwen3_5_moe", true);
     matches_oracle_at("qwen3_5_moe", &dir);
     std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn a_wrapper_config_without_its_text_config_is_refused() {
-    let dir = qwen3_5_moe_as_wrapper(false);
+    let dir = common::qwen3_5_moe_as_wrapper("qwen3_5_moe", false);
     let err = coli_runtime::engine::Engine::load(&dir, &coli_runtime::engine::EngineOptions::default())
         .err()
         .map(|e| e.to_string());

@@ -1,6 +1,6 @@
-"""Tiny DeepSeek-V3, DeepSeek-V3.2 and GLM-MoE-DSA (GLM-5) checkpoints with their multi-token
-prediction (MTP) layer, and the MTP layer's logits computed with transformers' own modules:
-tests/fixtures/{deepseek_v3,deepseek_v32,glm_moe_dsa}_mtp/.
+"""Tiny DeepSeek-V3, DeepSeek-V3.2, GLM-MoE-DSA (GLM-5), Qwen3-Next and Qwen3.5-MoE checkpoints with their
+multi-token prediction (MTP) layer, and the MTP layer's logits computed with transformers' own
+modules: tests/fixtures/{deepseek_v3,deepseek_v32,glm_moe_dsa,qwen3_next,qwen3_5_moe}_mtp/.
 
 transformers' DeepseekV3ForCausalLM skips the MTP layer (`model.layers.{num_hidden_layers}.*`)
 when it loads, so the reference is written here from its parts: the model's decoder layer class
@@ -16,8 +16,13 @@ continuations (`distill`), so that its guesses are often right, as a real MTP la
 checkpoint leaves out the MTP layer's `embed_tokens` (GLM's checkpoints do;
 the model's embedding is read instead) and keeps its `shared_head.head`.
 
+Qwen3-Next's and Qwen3.5's MTP module (`mtp.*`, as its checkpoints and the serving engines have it) is the same
+with other names and zero-centred norms (scale 1 + w): `fc` for `eh_proj`,
+`pre_fc_norm_embedding` / `pre_fc_norm_hidden` for `enorm` / `hnorm`, `norm` for the head's
+norm, the model's `lm_head`, and its layer (a full-attention layer) under `mtp.layers.0.`.
+
 Run with the oracle environment (torch, transformers 5.17, safetensors):
-    ~/.venvs/oracle/bin/python tools/fixtures_mtp.py [deepseek_v3|deepseek_v32|glm_moe_dsa]...
+    ~/.venvs/oracle/bin/python tools/fixtures_mtp.py [deepseek_v3|deepseek_v32|glm_moe_dsa|qwen3_next|qwen3_5_moe]...
 """
 
 import json
@@ -145,6 +150,87 @@ def deepseek_v32(layers):
     )
 
 
+def qwen3_5_moe(layers):
+    # Qwen3.5-MoE: a Gated DeltaNet layer, a gated-attention layer; the MTP layer (index 2) is a
+    # full-attention layer with the same sparse FFN (routed experts and the gated shared expert).
+    return transformers.Qwen3_5MoeTextConfig(
+        vocab_size=232,
+        hidden_size=56,
+        moe_intermediate_size=24,
+        shared_expert_intermediate_size=32,
+        num_hidden_layers=layers,
+        layer_types=["linear_attention", "full_attention", "full_attention"][:layers],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=10,
+        linear_conv_kernel_dim=4,
+        num_experts=6,
+        num_experts_per_tok=2,
+        mtp_num_hidden_layers=1,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                         "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+        tie_word_embeddings=False,
+        attention_bias=False,
+        output_router_logits=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+
+
+# The MTP module's tensors as DeepSeek's checkpoints name them (under `model.layers.{LAYERS}.`).
+DEEPSEEK_MTP = dict(zero_centred=False, prefix=f"model.layers.{LAYERS}.", own_head=True,
+                    names=dict(enorm="enorm", hnorm="hnorm", proj="eh_proj", norm="shared_head.norm"))
+# Qwen3-Next's and Qwen3.5's: `mtp.*`, the layer under `mtp.layers.0.`, zero-centred norms, the
+# model's head.
+QWEN_MTP = dict(zero_centred=True, prefix="mtp.", own_head=False, layer_prefix="mtp.layers.0.",
+                names=dict(enorm="pre_fc_norm_embedding", hnorm="pre_fc_norm_hidden", proj="fc", norm="norm"))
+QWEN35_MTP = dict(QWEN_MTP, mrope=True)
+
+
+def qwen3_next(layers):
+    # Qwen3-Next: a Gated DeltaNet layer, a gated-attention layer with a dense FFN
+    # (`mlp_only_layers`); the MTP layer a sparse full-attention layer (index 2 here; index 0 of
+    # `mtp.layers` as the serving engines count it for `mlp_only_layers`: sparse either way).
+    return transformers.Qwen3NextConfig(
+        vocab_size=216,
+        hidden_size=48,
+        intermediate_size=72,
+        moe_intermediate_size=20,
+        shared_expert_intermediate_size=28,
+        num_hidden_layers=layers,
+        layer_types=["linear_attention", "full_attention", "full_attention"][:layers],
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=20,
+        linear_num_key_heads=2,
+        linear_num_value_heads=2,
+        linear_key_head_dim=12,
+        linear_value_head_dim=8,
+        linear_conv_kernel_dim=4,
+        num_experts=5,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        num_nextn_predict_layers=1,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        tie_word_embeddings=False,
+        attention_bias=False,
+        output_router_logits=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+
 FAMILIES = {
     "deepseek_v3": dict(
         cls="DeepseekV3ForCausalLM",
@@ -171,44 +257,86 @@ FAMILIES = {
         "v 12), indexer 4 heads x 16 top-5, 6 experts top-2, one shared expert; the MTP layer's embed_tokens "
         "left out",
     ),
+    "qwen3_5_moe": dict(
+        cls="Qwen3_5MoeForCausalLM",
+        config=qwen3_5_moe,
+        seed=9400,
+        mtp=QWEN35_MTP,
+        # Gated DeltaNet's normed output adds as much to the residual as the token's embedding:
+        # scaled further, the next token depends mostly on this one, as for DeepSeek's.
+        mix_scale=0.02,
+        distill=dict(sequences=1024, batch=128, steps=600),
+        note="Qwen3.5-MoE, 2 layers (Gated DeltaNet 2 key heads x 8, 4 value heads x 10; gated attention 4 q / "
+        "2 kv heads x 16, partial RoPE 8 of 16) and one MTP layer (gated attention) under mtp.layers.0; "
+        "hidden 56, 6 experts (FFN 24) top-2 and a gated shared expert (FFN 32) in every layer; "
+        "mtp.fc, mtp.pre_fc_norm_embedding / _hidden, mtp.norm; the model's embedding and head",
+    ),
+    "qwen3_next": dict(
+        cls="Qwen3NextForCausalLM",
+        config=qwen3_next,
+        seed=9500,
+        mtp=QWEN_MTP,
+        mix_scale=0.02,
+        distill=dict(sequences=1024, batch=128, steps=600),
+        note="Qwen3-Next, 2 layers (Gated DeltaNet 2 key heads x 12, 2 value heads x 8; gated attention 2 q / "
+        "1 kv head x 20, partial RoPE 10 of 20, dense FFN 72) and one MTP layer (gated attention, sparse) under "
+        "mtp.layers.0; hidden 48, 5 experts (FFN 20) top-2 and a gated shared expert (FFN 28); mtp.fc, "
+        "mtp.pre_fc_norm_embedding / _hidden, mtp.norm; the model's embedding and head",
+    ),
 }
 
 
-def rms(cfg, x, w):
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps))
+def rms(cfg, x, w, zero_centred=False):
+    scale = 1.0 + w if zero_centred else w
+    return scale * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps))
 
 
-def mtp_forward(cfg, small, layer, mtp, ids):
-    """The MTP rows of `ids` ([batch, n]): row i reads the model's final hidden state at i and
-    the token at i + 1; returns their logits [batch, n - 1, vocab]."""
-    h = small.model(input_ids=ids).last_hidden_state  # after the final norm
+def mtp_forward(cfg, small, layer, mtp, ids, layout=DEEPSEEK_MTP, h=None):
+    """The MTP rows of `ids` ([batch, n]): row i reads the model's final hidden state at i
+    (`h`, computed when not given) and the token at i + 1; returns their logits
+    [batch, n - 1, vocab]."""
+    zc = layout["zero_centred"]
+    if h is None:
+        h = small.model(input_ids=ids).last_hidden_state  # after the final norm
     n = ids.shape[1] - 1
-    e = rms(cfg, small.model.embed_tokens(ids[:, 1:]), mtp["enorm"])
-    x = torch.cat([e, rms(cfg, h[:, :-1], mtp["hnorm"])], dim=-1) @ mtp["eh_proj"].T
+    e = rms(cfg, small.model.embed_tokens(ids[:, 1:]), mtp["enorm"], zc)
+    x = torch.cat([e, rms(cfg, h[:, :-1], mtp["hnorm"], zc)], dim=-1) @ mtp["proj"].T
     pos = torch.arange(n)[None].expand(ids.shape[0], -1)
-    pe = small.model.rotary_emb(x, pos)
+    # Qwen3.5's rotary takes the multimodal sections' positions (all the text position).
+    pe = small.model.rotary_emb(x, pos[None].expand(3, -1, -1) if layout.get("mrope") else pos)
     mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
     y = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=pe)
     y = y[0] if isinstance(y, tuple) else y
-    return rms(cfg, y, mtp["shared_head.norm"]) @ mtp["shared_head.head"].T
+    head = mtp["head"] if layout["own_head"] else small.lm_head.weight
+    return rms(cfg, y, mtp["norm"], zc) @ head.T
 
 
-def distill(cfg, small, layer, mtp, steps=300):
+def greedy(small, seqs, new):
+    for _ in range(new):
+        nxt = small(input_ids=seqs).logits[:, -1].argmax(-1, keepdim=True)
+        seqs = torch.cat([seqs, nxt], dim=1)
+    return seqs
+
+
+def distill(cfg, small, layer, mtp, layout, steps=300, sequences=128, batch=None):
     """Trains the MTP layer a little on the model's own greedy continuations (the token two
-    ahead), so that its guesses are often right: a test of speculation needs acceptances."""
+    ahead), so that its guesses are often right: a test of speculation needs acceptances.
+    `sequences` continuations, `batch` of them a step (all when None: a model whose continuations
+    depend on more of the context needs more of them, or the layer learns them by heart)."""
     with torch.no_grad():
-        seqs = torch.randint(0, cfg.vocab_size, (128, 6), generator=torch.Generator().manual_seed(9102))
-        for _ in range(26):
-            nxt = small(input_ids=seqs).logits[:, -1].argmax(-1, keepdim=True)
-            seqs = torch.cat([seqs, nxt], dim=1)
+        seqs = torch.randint(0, cfg.vocab_size, (sequences, 6), generator=torch.Generator().manual_seed(9102))
+        seqs = greedy(small, seqs, 26)
+        h = small.model(input_ids=seqs).last_hidden_state
     params = [p for p in layer.parameters()] + [mtp[k] for k in mtp]
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.Adam(params, lr=3e-3)
+    pick = torch.Generator().manual_seed(9103)
     for step in range(steps):
         with torch.enable_grad():
-            logits = mtp_forward(cfg, small, layer, mtp, seqs)[:, :-1]
-            target = seqs[:, 2:]
+            rows = torch.randperm(sequences, generator=pick)[:batch] if batch else slice(None)
+            logits = mtp_forward(cfg, small, layer, mtp, seqs[rows], layout, h[rows])[:, :-1]
+            target = seqs[rows][:, 2:]
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), target.reshape(-1))
             opt.zero_grad()
             loss.backward()
@@ -223,6 +351,7 @@ def distill(cfg, small, layer, mtp, steps=300):
 @torch.no_grad()
 def make(name):
     fam = FAMILIES[name]
+    layout = fam.get("mtp", DEEPSEEK_MTP)
     out_dir = FIXTURES / f"{name}_mtp"
     cls = getattr(transformers, fam["cls"])
     torch.manual_seed(fam["seed"])
@@ -238,21 +367,26 @@ def make(name):
     for layer in big.model.layers[:LAYERS]:
         # Attention that mixes in little of the context: the next token depends mostly on
         # this one, so a small MTP layer can learn the model's continuations.
-        layer.self_attn.o_proj.weight.mul_(0.15)
+        mixer = getattr(layer, "self_attn", None) or layer.linear_attn
+        (getattr(mixer, "o_proj", None) or mixer.out_proj).weight.mul_(fam.get("mix_scale", 0.15))
     for layer in big.model.layers:
         gate = getattr(layer.mlp, "gate", None)
         if gate is not None:
             # A router that prefers some experts, and a correction bias that moves choices.
             gate.weight.mul_(4.0)
-            gate.e_score_correction_bias.normal_(0.0, 0.1)
+            if hasattr(gate, "e_score_correction_bias"):
+                gate.e_score_correction_bias.normal_(0.0, 0.1)
     hidden = cfg.hidden_size
+    # Zero-centred norms store w where the scale is 1 + w.
+    one = 0.0 if layout["zero_centred"] else 1.0
     mtp = {
-        "enorm": 1.0 + 0.2 * torch.randn(hidden),
-        "hnorm": 1.0 + 0.2 * torch.randn(hidden),
-        "eh_proj": 0.1 * torch.randn(hidden, 2 * hidden),
-        "shared_head.norm": 1.0 + 0.2 * torch.randn(hidden),
-        "shared_head.head": 0.15 * torch.randn(cfg.vocab_size, hidden),
+        "enorm": one + 0.2 * torch.randn(hidden),
+        "hnorm": one + 0.2 * torch.randn(hidden),
+        "proj": 0.1 * torch.randn(hidden, 2 * hidden),
+        "norm": one + 0.2 * torch.randn(hidden),
     }
+    if layout["own_head"]:
+        mtp["head"] = 0.15 * torch.randn(cfg.vocab_size, hidden)
 
     # The model proper: the first LAYERS layers of `big`.
     small_cfg = fam["config"](LAYERS)
@@ -263,18 +397,29 @@ def make(name):
     assert all(k.startswith(f"model.layers.{LAYERS}.") for k in unexpected), unexpected
 
     layer = big.model.layers[LAYERS]
-    distill(cfg, small, layer, mtp)
+    distill(cfg, small, layer, mtp, layout, **fam.get("distill", {}))
 
     ids = torch.randint(0, cfg.vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(fam["seed"] + 1))
     logits = small(input_ids=ids).logits[0]
-    mtp_logits = mtp_forward(cfg, small, layer, mtp, ids)
+    mtp_logits = mtp_forward(cfg, small, layer, mtp, ids, layout)
+    # How often the layer guesses right past the prompt (the model's own greedy continuation of
+    # it: what a speculation test sees).
+    seq = greedy(small, ids, 30)
+    guess = mtp_forward(cfg, small, layer, mtp, seq, layout)[0].argmax(-1)
+    right = (guess[PROMPT_LEN - 1 : -1] == seq[0, PROMPT_LEN + 1 :]).float().mean()
+    print(f"right past the prompt: {right.item():.2f}")
 
     OUT = out_dir
     OUT.mkdir(parents=True, exist_ok=True)
     big.save_pretrained(OUT, safe_serialization=True)
     tensors = load_file(OUT / "model.safetensors")
+    names = dict(layout["names"], head="shared_head.head")
     for k, v in mtp.items():
-        tensors[f"model.layers.{LAYERS}.{k}.weight"] = v.contiguous()
+        tensors[f"{layout['prefix']}{names[k]}.weight"] = v.contiguous()
+    if "layer_prefix" in layout:
+        # The MTP layer's own names: `model.layers.{LAYERS}.` read as the layout's prefix.
+        old = f"model.layers.{LAYERS}."
+        tensors = {(layout["layer_prefix"] + k[len(old):] if k.startswith(old) else k): v for k, v in tensors.items()}
     save_file(tensors, OUT / "model.safetensors", metadata={"format": "pt"})
     c = json.loads((OUT / "config.json").read_text())
     c["num_hidden_layers"] = LAYERS

@@ -261,17 +261,20 @@ pub fn op_text(op: &Op) -> String {
     }
 }
 
-/// A layer's ops as text with the layer index written `{i}` in tensor names and ids.
-fn layer_lines(layer: &Layer) -> Vec<String> {
+/// A layer's ops as text with the layer index written `{i}` in tensor names and ids (`general`);
+/// a program of one layer (a draft's, whose tensor names carry another index or none) prints its
+/// names as they are.
+fn layer_lines(layer: &Layer, general: bool) -> Vec<String> {
     let i = layer.id.0;
     layer
         .ops
         .iter()
-        .map(|op| {
-            op_text(op)
+        .map(|op| match general {
+            true => op_text(op)
                 .replace(&format!(".{i}."), ".{i}.")
                 .replace(&format!(" l{i} "), " l{i} ")
-                .replace(&format!(" l{i}"), " l{i}")
+                .replace(&format!(" l{i}"), " l{i}"),
+            false => op_text(op),
         })
         .collect()
 }
@@ -316,7 +319,7 @@ impl fmt::Display for Program {
         // Layers with the same ops (up to the layer index) print once, with the list of them.
         let mut groups: Vec<(Vec<String>, Vec<u32>, &Layer)> = Vec::new();
         for l in &self.layers {
-            let lines = layer_lines(l);
+            let lines = layer_lines(l, self.layers.len() > 1);
             match groups.iter_mut().find(|(g, _, first)| *g == lines && first.mixer == l.mixer && first.ffn == l.ffn) {
                 Some((_, ids, _)) => ids.push(l.id.0),
                 None => groups.push((lines, vec![l.id.0], l)),

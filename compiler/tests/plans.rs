@@ -97,3 +97,16 @@ fn kv_split_snapshots() {
         insta::assert_snapshot!(format!("kv_split@{spec}-{name}-{profile}"), p.to_string());
     }
 }
+
+/// Draft models (the checkpoints' multi-token prediction layers) on the large GPU: DeepSeek-V3's
+/// under `model.layers.{num_hidden_layers}.`, Qwen3-Next's and Qwen3.5's under `mtp.` (their
+/// layer body read under `mtp.layers.0.`, a full-attention layer).
+#[test]
+fn draft_snapshots() {
+    let draft = Options { kv_split: false, draft: coli_compiler::DraftRole::Draft, ..Options::default() };
+    for (spec, config) in [("qwen3_next", "qwen3-next-80b-a3b"), ("qwen3_5_moe", "qwen3.5-35b-a3b")] {
+        let p = plan_with(spec, config, "h200", &draft);
+        assert_eq!(p.program.layers.len(), 1, "{spec}");
+        insta::assert_snapshot!(format!("{spec}@draft-h200"), p.to_string());
+    }
+}

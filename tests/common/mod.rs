@@ -239,6 +239,44 @@ pub fn patched_fixture(name: &str, patch: impl Fn(&mut Value)) -> PathBuf {
     dir
 }
 
+/// A Qwen3.5 fixture (`name`) as the published vision-language wrapper lays it out: the text keys under
+/// `text_config`, the decoder's tensors under `model.language_model.` (`lm_head.` unchanged).
+pub fn qwen3_5_moe_as_wrapper(name: &str, nest: bool) -> PathBuf {
+    let dir = patched_fixture(name, |c| {
+        let text = c.clone();
+        let mut top = serde_json::json!({
+            "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+            "model_type": "qwen3_5_moe",
+            "vision_config": {"depth": 1},
+        });
+        if nest {
+            top["text_config"] = text;
+        }
+        *c = top;
+    });
+    // Safetensors: 8 bytes of header length, the JSON header, the data (offsets from its end).
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let renamed: serde_json::Map<_, _> = header
+        .into_iter()
+        .map(|(k, v)| match k.strip_prefix("model.") {
+            Some(rest) => (format!("model.language_model.{rest}"), v),
+            None => (k, v),
+        })
+        .collect();
+    let mut head = serde_json::to_vec(&renamed).unwrap();
+    while head.len() % 8 != 0 {
+        head.push(b' ');
+    }
+    let mut out = (head.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&head);
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(&path, out).unwrap();
+    dir
+}
+
 /// The names of the layer ops `l`'s plan runs in host frames (`host`) or in device frames.
 pub fn layer_ops(l: &Engine, host: bool) -> Vec<&'static str> {
     use coli_compiler::frames::op_of;

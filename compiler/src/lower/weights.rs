@@ -29,6 +29,18 @@ impl<'a> Lowerer<'a> {
         }
     }
 
+    /// The checkpoint's name of a tensor of `pattern` at `layer`: a draft's `rename` first
+    /// (while the draft is lowered), then `{i}`, `{arch}` and a wrapper's prefix.
+    fn tensor_name(&self, pattern: &str, layer: usize) -> String {
+        let renamed = match (&self.spec.file.draft, self.draft_i) {
+            (Some(crate::spec::DraftDef { rename: Some((from, to)), .. }), Some(_)) => {
+                pattern.strip_prefix(from.as_str()).map(|rest| format!("{to}{rest}"))
+            }
+            _ => None,
+        };
+        self.syms.tensor_name(renamed.as_deref().unwrap_or(pattern), layer)
+    }
+
     /// Resolves weight `t` (following `tied`), checking it against the checkpoint.
     pub(super) fn weight(&mut self, t: &Text) -> Option<WeightRef> {
         let (name, shape, pattern, rows) = self.weight_def(&t.value, t.span, 0)?;
@@ -89,7 +101,7 @@ impl<'a> Lowerer<'a> {
             let when = self.boolean(&tied.when)?;
             let absent = match (pattern, &self.b.tensors) {
                 (None, _) => true,
-                (Some(p), Some(t)) => !t.contains_key(&self.syms.tensor_name(&p.value, layer)),
+                (Some(p), Some(t)) => !t.contains_key(&self.tensor_name(&p.value, layer)),
                 (Some(_), None) => false,
             };
             if !when && absent {
@@ -97,7 +109,7 @@ impl<'a> Lowerer<'a> {
                 // say otherwise (GGUF files drop `output.weight` for a tied head and have no key
                 // for it); a configuration that says untied while the tensor is absent is an error.
                 if let (Some(p), Some(key)) = (pattern, self.stated_by_config(&tied.when)) {
-                    let tname = self.syms.tensor_name(&p.value, layer);
+                    let tname = self.tensor_name(&p.value, layer);
                     let src = self.b.source.display().to_string();
                     self.err(
                         p.span,
@@ -140,7 +152,7 @@ impl<'a> Lowerer<'a> {
                 Some(sel)
             }
         };
-        Some((self.syms.tensor_name(&p.value, layer), shape, p, rows))
+        Some((self.tensor_name(&p.value, layer), shape, p, rows))
     }
 
     /// The configuration key of the first symbol of expression `t` that the configuration gave.

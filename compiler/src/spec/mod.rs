@@ -75,6 +75,13 @@ pub struct DraftDef {
     /// The index `i` of the draft's layer (an Int expression): the names of its weights and the
     /// conditions of the layer body.
     pub layer: Text,
+    /// Where the checkpoint keeps the draft's layer under other names than the model's layers
+    /// (Qwen3-Next's and Qwen3.5's `mtp.layers.0.*`): a weight's tensor name pattern starting
+    /// with `rename.0` (`{i}` included, as the pattern is written) is read with `rename.1` in its
+    /// place while the draft is lowered. Patterns it does not start (the model's embedding, a
+    /// GGUF name) are read as they are.
+    #[serde(default)]
+    pub rename: Option<(String, String)>,
     pub prologue: Items<Spanned<OpItem>>,
     pub epilogue: Items<Spanned<OpItem>>,
 }
