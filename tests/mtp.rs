@@ -24,11 +24,18 @@ const TOLERANCE: f32 = 1e-4;
 const CONTEXT: usize = 96;
 
 /// The fixtures with an MTP layer: DeepSeek-V3's, V3.2's and GLM-5's (GLM-MoE-DSA: its MTP
-/// layer sparse with an indexer of its own), Qwen3-Next's and Qwen3.5-MoE's (`mtp.*`: a
+/// layer sparse with an indexer of its own), MiMo-V2-Flash's (`model.mtp.layers.0.*`: a
+/// sliding-window layer with sinks and a dense FFN), Qwen3-Next's and Qwen3.5-MoE's (`mtp.*`: a
 /// full-attention layer under `mtp.layers.0.` after Gated DeltaNet and attention layers; the
 /// model's state recurrent, so a partly accepted draft replays its forward).
-const FIXTURES: [&str; 5] =
-    ["deepseek_v3_mtp", "deepseek_v32_mtp", "glm_moe_dsa_mtp", "qwen3_next_mtp", "qwen3_5_moe_mtp"];
+const FIXTURES: [&str; 6] = [
+    "deepseek_v3_mtp",
+    "deepseek_v32_mtp",
+    "glm_moe_dsa_mtp",
+    "mimo_v2_flash_mtp",
+    "qwen3_next_mtp",
+    "qwen3_5_moe_mtp",
+];
 
 fn program(ckpt: &Checkpoint, role: DraftRole) -> coli_compiler::ir::Program {
     let arch = ckpt.bindings().architecture().unwrap().to_string();

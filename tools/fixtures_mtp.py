@@ -1,6 +1,6 @@
-"""Tiny DeepSeek-V3, DeepSeek-V3.2, GLM-MoE-DSA (GLM-5), Qwen3-Next and Qwen3.5-MoE checkpoints with their
-multi-token prediction (MTP) layer, and the MTP layer's logits computed with transformers' own
-modules: tests/fixtures/{deepseek_v3,deepseek_v32,glm_moe_dsa,qwen3_next,qwen3_5_moe}_mtp/.
+"""Tiny DeepSeek-V3, DeepSeek-V3.2, GLM-MoE-DSA (GLM-5), MiMo-V2-Flash, Qwen3-Next and Qwen3.5-MoE
+checkpoints with their multi-token prediction (MTP) layer, and the MTP layer's logits computed
+with transformers' own modules: tests/fixtures/{deepseek_v3,deepseek_v32,glm_moe_dsa,mimo_v2_flash,qwen3_next,qwen3_5_moe}_mtp/.
 
 transformers' DeepseekV3ForCausalLM skips the MTP layer (`model.layers.{num_hidden_layers}.*`)
 when it loads, so the reference is written here from its parts: the model's decoder layer class
@@ -20,9 +20,12 @@ Qwen3-Next's and Qwen3.5's MTP module (`mtp.*`, as its checkpoints and the servi
 with other names and zero-centred norms (scale 1 + w): `fc` for `eh_proj`,
 `pre_fc_norm_embedding` / `pre_fc_norm_hidden` for `enorm` / `hnorm`, `norm` for the head's
 norm, the model's `lm_head`, and its layer (a full-attention layer) under `mtp.layers.0.`.
+MiMo-V2-Flash's keeps DeepSeek's names with `final_layernorm` for the head's norm, under
+`model.mtp.layers.0.` beside its layer (a sliding-window layer with a dense FFN, whose FFN norm is
+`pre_mlp_layernorm`), and the model's `lm_head`.
 
 Run with the oracle environment (torch, transformers 5.17, safetensors):
-    ~/.venvs/oracle/bin/python tools/fixtures_mtp.py [deepseek_v3|deepseek_v32|glm_moe_dsa|qwen3_next|qwen3_5_moe]...
+    ~/.venvs/oracle/bin/python tools/fixtures_mtp.py [deepseek_v3|deepseek_v32|glm_moe_dsa|mimo_v2_flash|qwen3_next|qwen3_5_moe]...
 """
 
 import json
@@ -192,6 +195,49 @@ DEEPSEEK_MTP = dict(zero_centred=False, prefix=f"model.layers.{LAYERS}.", own_he
 QWEN_MTP = dict(zero_centred=True, prefix="mtp.", own_head=False, layer_prefix="mtp.layers.0.",
                 names=dict(enorm="pre_fc_norm_embedding", hnorm="pre_fc_norm_hidden", proj="fc", norm="norm"))
 QWEN35_MTP = dict(QWEN_MTP, mrope=True)
+# MiMo-V2-Flash's: `model.mtp.layers.N.*`, the layer's own tensors beside `enorm`, `hnorm`,
+# `eh_proj` and `final_layernorm`, its FFN norm named `pre_mlp_layernorm`; a sliding-window layer
+# (with sinks) and a dense FFN; the model's head.
+MIMO_MTP = dict(zero_centred=False, prefix="model.mtp.layers.0.", own_head=False, layer_prefix="model.mtp.layers.0.",
+                layer_rename=[("post_attention_layernorm", "pre_mlp_layernorm")], rope_layer_type="sliding_attention",
+                names=dict(enorm="enorm", hnorm="hnorm", proj="eh_proj", norm="final_layernorm"))
+
+
+def mimo_v2_flash(layers):
+    # MiMo-V2-Flash: a full-attention dense layer, a sliding-window MoE layer; the MTP layer
+    # (index 2) a sliding-window layer with sinks and a dense FFN.
+    return transformers.MiMoV2FlashConfig(
+        vocab_size=200,
+        hidden_size=48,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        v_head_dim=12,
+        sliding_window=5,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention"][:layers],
+        mlp_layer_types=["dense", "sparse", "dense"][:layers],
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        },
+        attention_value_scale=0.707,
+        n_routed_experts=6,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=1.5,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        attention_bias=False,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
 
 
 def qwen3_next(layers):
@@ -271,6 +317,17 @@ FAMILIES = {
         "hidden 56, 6 experts (FFN 24) top-2 and a gated shared expert (FFN 32) in every layer; "
         "mtp.fc, mtp.pre_fc_norm_embedding / _hidden, mtp.norm; the model's embedding and head",
     ),
+    "mimo_v2_flash": dict(
+        cls="MiMoV2FlashForCausalLM",
+        config=mimo_v2_flash,
+        seed=9600,
+        mtp=MIMO_MTP,
+        distill=dict(sequences=1024, batch=128, steps=600),
+        note="MiMo-V2-Flash, 2 layers (full attention, dense FFN 64; sliding window 5 with sinks, 6 experts (FFN "
+        "16) top-2) and one MTP layer (sliding window with sinks, dense) under model.mtp.layers.0 (its FFN norm "
+        "`pre_mlp_layernorm`); hidden 48, 4 q heads over 1 kv head (full) or 2 (sliding), head_dim 16, v_head_dim "
+        "12, partial RoPE 8 of 16; enorm, hnorm, eh_proj, final_layernorm; the model's embedding and head",
+    ),
     "qwen3_next": dict(
         cls="Qwen3NextForCausalLM",
         config=qwen3_next,
@@ -303,8 +360,17 @@ def mtp_forward(cfg, small, layer, mtp, ids, layout=DEEPSEEK_MTP, h=None):
     x = torch.cat([e, rms(cfg, h[:, :-1], mtp["hnorm"], zc)], dim=-1) @ mtp["proj"].T
     pos = torch.arange(n)[None].expand(ids.shape[0], -1)
     # Qwen3.5's rotary takes the multimodal sections' positions (all the text position).
-    pe = small.model.rotary_emb(x, pos[None].expand(3, -1, -1) if layout.get("mrope") else pos)
-    mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+    if layout.get("mrope"):
+        pe = small.model.rotary_emb(x, pos[None].expand(3, -1, -1))
+    elif layout.get("rope_layer_type"):
+        pe = small.model.rotary_emb(x, pos, layout["rope_layer_type"])
+    else:
+        pe = small.model.rotary_emb(x, pos)
+    mask = torch.full((n, n), float("-inf")).triu(1)
+    if layout.get("rope_layer_type") == "sliding_attention":
+        # The window: row i attends to j with i - j < sliding_window.
+        mask = mask + torch.full((n, n), float("-inf")).tril(-cfg.sliding_window)
+    mask = mask[None, None]
     y = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=pe)
     y = y[0] if isinstance(y, tuple) else y
     head = mtp["head"] if layout["own_head"] else small.lm_head.weight
@@ -419,7 +485,12 @@ def make(name):
     if "layer_prefix" in layout:
         # The MTP layer's own names: `model.layers.{LAYERS}.` read as the layout's prefix.
         old = f"model.layers.{LAYERS}."
-        tensors = {(layout["layer_prefix"] + k[len(old):] if k.startswith(old) else k): v for k, v in tensors.items()}
+        def renamed(k):
+            for a, b in layout.get("layer_rename", []):
+                k = k.replace(a, b)
+            return layout["layer_prefix"] + k[len(old):]
+
+        tensors = {(renamed(k) if k.startswith(old) else k): v for k, v in tensors.items()}
     save_file(tensors, OUT / "model.safetensors", metadata={"format": "pt"})
     c = json.loads((OUT / "config.json").read_text())
     c["num_hidden_layers"] = LAYERS

@@ -98,13 +98,15 @@ fn kv_split_snapshots() {
     }
 }
 
-/// Draft models (the checkpoints' multi-token prediction layers) on the large GPU: DeepSeek-V3's
-/// under `model.layers.{num_hidden_layers}.`, Qwen3-Next's and Qwen3.5's under `mtp.` (their
-/// layer body read under `mtp.layers.0.`, a full-attention layer).
+/// Draft models (the checkpoints' multi-token prediction layers) on the large GPU: Qwen3-Next's
+/// and Qwen3.5's under `mtp.` (their layer body read under `mtp.layers.0.`, a full-attention
+/// layer), MiMo-V2-Flash's under `model.mtp.layers.0.` (a sliding-window layer with a dense FFN).
 #[test]
 fn draft_snapshots() {
     let draft = Options { kv_split: false, draft: coli_compiler::DraftRole::Draft, ..Options::default() };
-    for (spec, config) in [("qwen3_next", "qwen3-next-80b-a3b"), ("qwen3_5_moe", "qwen3.5-35b-a3b")] {
+    for (spec, config) in
+        [("qwen3_next", "qwen3-next-80b-a3b"), ("qwen3_5_moe", "qwen3.5-35b-a3b"), ("mimo_v2_flash", "mimo-v2-flash")]
+    {
         let p = plan_with(spec, config, "h200", &draft);
         assert_eq!(p.program.layers.len(), 1, "{spec}");
         insta::assert_snapshot!(format!("{spec}@draft-h200"), p.to_string());

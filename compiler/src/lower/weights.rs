@@ -32,13 +32,13 @@ impl<'a> Lowerer<'a> {
     /// The checkpoint's name of a tensor of `pattern` at `layer`: a draft's `rename` first
     /// (while the draft is lowered), then `{i}`, `{arch}` and a wrapper's prefix.
     fn tensor_name(&self, pattern: &str, layer: usize) -> String {
-        let renamed = match (&self.spec.file.draft, self.draft_i) {
-            (Some(crate::spec::DraftDef { rename: Some((from, to)), .. }), Some(_)) => {
-                pattern.strip_prefix(from.as_str()).map(|rest| format!("{to}{rest}"))
+        let mut name = pattern.to_string();
+        if let (Some(draft), Some(_)) = (&self.spec.file.draft, self.draft_i) {
+            for (from, to) in &draft.rename {
+                name = name.replace(from.as_str(), to);
             }
-            _ => None,
-        };
-        self.syms.tensor_name(renamed.as_deref().unwrap_or(pattern), layer)
+        }
+        self.syms.tensor_name(&name, layer)
     }
 
     /// Resolves weight `t` (following `tied`), checking it against the checkpoint.

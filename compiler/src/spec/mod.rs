@@ -76,12 +76,12 @@ pub struct DraftDef {
     /// conditions of the layer body.
     pub layer: Text,
     /// Where the checkpoint keeps the draft's layer under other names than the model's layers
-    /// (Qwen3-Next's and Qwen3.5's `mtp.layers.0.*`): a weight's tensor name pattern starting
-    /// with `rename.0` (`{i}` included, as the pattern is written) is read with `rename.1` in its
-    /// place while the draft is lowered. Patterns it does not start (the model's embedding, a
-    /// GGUF name) are read as they are.
+    /// (Qwen3-Next's and Qwen3.5's `mtp.layers.0.*`, MiMo's `model.mtp.layers.0.*` with
+    /// `pre_mlp_layernorm`): while the draft is lowered, each `(from, to)` in order replaces every
+    /// `from` in a weight's tensor name pattern (as written, `{i}` included) by `to`. Patterns
+    /// without a `from` (the model's embedding, a GGUF name) are read as they are.
     #[serde(default)]
-    pub rename: Option<(String, String)>,
+    pub rename: Vec<(String, String)>,
     pub prologue: Items<Spanned<OpItem>>,
     pub epilogue: Items<Spanned<OpItem>>,
 }
