@@ -93,6 +93,19 @@ fn deepseek2_gguf_matches_the_fixture() {
     check("deepseek2.gguf", "deepseek_v3", Some(reference), Some(&llama_cpp));
 }
 
+/// DeepSeek-V3.2 from a `deepseek32` file (glm-dsa's layout with an indexer in every layer; the
+/// indexer's RoPE on halves as transformers', which llama.cpp runs as NEOX on the same weights).
+/// The reference is the fixture with YaRN's `mscale` equal to `mscale_all_dim`, as llama.cpp reads
+/// a GGUF file (it stores no `mscale`).
+#[test]
+fn deepseek32_gguf_matches_the_fixture() {
+    let reference = patched_fixture("deepseek_v32", |c| {
+        let all = c["rope_parameters"]["mscale_all_dim"].clone();
+        c["rope_parameters"]["mscale"] = all;
+    });
+    check("deepseek32.gguf", "deepseek_v32", Some(reference), None);
+}
+
 /// DeepSeek-V2's softmax router from a `deepseek2` file (`expert_gating_func` 1): every setting
 /// of the fixture has its key, so the reference is transformers itself. llama.cpp does not load
 /// this file: without a query LoRA it expects V2-Lite's 26 or 27 layers.
@@ -270,26 +283,29 @@ fn glm_dsa_gguf_matches_transformers() {
     check("glm-dsa.gguf", "glm_moe_dsa", None, None);
 }
 
-/// The converters of qwen35moe and glm-dsa count the MTP blocks in `block_count` and say how
+/// The converters of qwen35moe, glm-dsa and deepseek32 count the MTP blocks in `block_count` and say how
 /// many in `nextn_predict_layers`; the specs run the others only. Here the fixtures' files with
-/// one more block declared (its tensors absent, as in a file whose MTP block was left out): 4
-/// layers, not 5; without the `nextn_predict_layers` key the fifth block's tensors are missing.
+/// one more block declared (its tensors absent, as in a file whose MTP block was left out): n
+/// layers, not n + 1; without the `nextn_predict_layers` key the last block's tensors are missing.
 #[test]
 fn mtp_blocks_counted_in_block_count_are_not_run() {
     use coli_compiler::{compile, DeviceProfile, Options, Spec};
     use coli_runtime::model::{Checkpoint, LoadOptions};
-    for (file, arch, spec) in
-        [("qwen35moe.gguf", "qwen35moe", "qwen3_5_moe.ron"), ("glm-dsa.gguf", "glm-dsa", "glm_moe_dsa.ron")]
-    {
+    for (file, arch, spec) in [
+        ("qwen35moe.gguf", "qwen35moe", "qwen3_5_moe.ron"),
+        ("glm-dsa.gguf", "glm-dsa", "glm_moe_dsa.ron"),
+        ("deepseek32.gguf", "deepseek32", "deepseek_v32.ron"),
+    ] {
         let spec = Spec::load(&root().join("graphs").join(spec)).unwrap_or_else(|d| panic!("{d}"));
         let mut b = Checkpoint::open(&gguf(file), &LoadOptions::default()).unwrap().bindings();
-        b.config.insert(format!("{arch}.block_count"), Value::from(5));
+        let n = b.config[&format!("{arch}.block_count")].as_u64().unwrap() as usize;
+        b.config.insert(format!("{arch}.block_count"), Value::from(n + 1));
         let cpu = DeviceProfile::cpu_only();
         let err = compile(&spec, &b, &cpu, &Options::default()).err().map(|d| d.to_string());
-        assert!(err.as_deref().is_some_and(|e| e.contains("blk.4.")), "{file}: {err:?}");
+        assert!(err.as_deref().is_some_and(|e| e.contains(&format!("blk.{n}."))), "{file}: {err:?}");
         b.config.insert(format!("{arch}.nextn_predict_layers"), Value::from(1));
         let plan = compile(&spec, &b, &cpu, &Options::default()).unwrap_or_else(|d| panic!("{file}: {d}"));
-        assert_eq!(plan.program.layers.len(), 4, "{file}");
+        assert_eq!(plan.program.layers.len(), n, "{file}");
     }
 }
 
@@ -339,6 +355,7 @@ fn the_ggufs_on_the_device_match_the_cpu() {
         ("kimi-linear.gguf", "kimi_linear"),
         ("mixtral.gguf", "mixtral"),
         ("glm-dsa.gguf", "glm_moe_dsa"),
+        ("deepseek32.gguf", "deepseek_v32"),
     ] {
         let prompt = ids(&read_json(&fixture_dir(fixture).join("oracle.json"))["prompt_ids"]);
         device_matches_cpu(&gguf(file), file, &prompt, &[(Precision::Exact, 4, 1e-4)]);

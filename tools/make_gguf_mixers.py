@@ -55,6 +55,8 @@ architecture, its tensor names, and the transforms it applies to the tensors.
   layout, the indexer's tensors as `blk.N.indexer.attn_q_b` / `attn_k` / `k_norm` (weight and
   bias) / `proj`, its geometry as `attention.indexer.head_count` / `key_length` / `top_k`,
   `indexer_types` as the Bools `attention.indexer.types` (true: full).
+- deepseek_v32 -> deepseek32.gguf (`deepseek32`): glm-dsa.gguf's layout without `indexer_types`
+  (every layer has its indexer), YaRN as deepseek2.gguf's.
 - glm_moe_dsa_mtp -> glm-dsa-mtp.gguf: the same with the MTP block (`block_count` 3,
   `nextn_predict_layers` 1): its layer as `blk.2.*` and its own tensors as `blk.2.nextn.enorm` /
   `hnorm` / `eh_proj` / `shared_head_norm` / `shared_head_head` (no `embed_tokens`, as the
@@ -183,7 +185,7 @@ def deepseek2(cfg, t, file="deepseek2.gguf", fixture="deepseek_v3", softmax=Fals
     rope = cfg.get("rope_parameters") or {}
     if rope.get("mscale_all_dim") is not None:
         w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
-    if arch == "glm-dsa":
+    if arch in ("glm-dsa", "deepseek32"):
         w.add_indexer_head_count(cfg["index_n_heads"])
         w.add_indexer_key_length(cfg["index_head_dim"])
         w.add_indexer_top_k(cfg["index_topk"])
@@ -605,6 +607,7 @@ MAKERS = {
     "mixtral": mixtral,
     "glm_moe_dsa": lambda cfg, t: deepseek2(cfg, t, "glm-dsa.gguf", "glm_moe_dsa", arch="glm-dsa"),
     "glm_moe_dsa_mtp": lambda cfg, t: deepseek2(cfg, t, "glm-dsa-mtp.gguf", "glm_moe_dsa_mtp", arch="glm-dsa", mtp=1),
+    "deepseek_v32": lambda cfg, t: deepseek2(cfg, t, "deepseek32.gguf", "deepseek_v32", arch="deepseek32"),
 }
 
 
