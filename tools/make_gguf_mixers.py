@@ -57,6 +57,7 @@ architecture, its tensor names, and the transforms it applies to the tensors.
   `indexer_types` as the Bools `attention.indexer.types` (true: full).
 - deepseek_v32 -> deepseek32.gguf (`deepseek32`): glm-dsa.gguf's layout without `indexer_types`
   (every layer has its indexer), YaRN as deepseek2.gguf's.
+- deepseek_v32_mtp -> deepseek32-mtp.gguf: the same with its MTP block, as glm-dsa-mtp.gguf's.
 - glm_moe_dsa_mtp -> glm-dsa-mtp.gguf: the same with the MTP block (`block_count` 3,
   `nextn_predict_layers` 1): its layer as `blk.2.*` and its own tensors as `blk.2.nextn.enorm` /
   `hnorm` / `eh_proj` / `shared_head_norm` / `shared_head_head` (no `embed_tokens`, as the
@@ -608,6 +609,7 @@ MAKERS = {
     "glm_moe_dsa": lambda cfg, t: deepseek2(cfg, t, "glm-dsa.gguf", "glm_moe_dsa", arch="glm-dsa"),
     "glm_moe_dsa_mtp": lambda cfg, t: deepseek2(cfg, t, "glm-dsa-mtp.gguf", "glm_moe_dsa_mtp", arch="glm-dsa", mtp=1),
     "deepseek_v32": lambda cfg, t: deepseek2(cfg, t, "deepseek32.gguf", "deepseek_v32", arch="deepseek32"),
+    "deepseek_v32_mtp": lambda cfg, t: deepseek2(cfg, t, "deepseek32-mtp.gguf", "deepseek_v32_mtp", arch="deepseek32", mtp=1),
 }
 
 
