@@ -700,3 +700,25 @@ fn a_draft_reads_its_input_in_its_prologue_only() {
     let d = compile(&parse(&text).unwrap(), &b, &DeviceProfile::cpu_only(), &o).unwrap_err();
     assert!(d.to_string().contains("this checkpoint has no draft layers"), "{d}");
 }
+
+/// A draft's `rename` reads its layer's weights under other names; an empty string to replace
+/// is refused where the spec is checked.
+#[test]
+fn a_draft_reads_its_layer_under_renamed_weights() {
+    let good = r#"Embed(out: "e", table: "embed"), Input(out: "hp"), Concat(a: "e", b: "hp", out: "eh"), Linear(x: "eh", out: "h", weight: "eh_proj")"#;
+    let rename =
+        |pairs: &str| with_draft(good).replace(r#"layer: "layers","#, &format!(r#"layer: "layers", rename: {pairs},"#));
+    let o = Options { draft: coli_compiler::DraftRole::Draft, ..Options::default() };
+    let b = bindings(CONFIG);
+    // The draft's layer norm read as `mtp.0.input_norm.weight`.
+    let text = rename(r#"[("model.layers.{i}.", "mtp.0."), (".norm.", ".input_norm.")]"#);
+    let spec = parse(&text).unwrap_or_else(|d| panic!("{d}"));
+    let plan = compile(&spec, &b, &DeviceProfile::cpu_only(), &o).unwrap_or_else(|d| panic!("{d}"));
+    let first = coli_compiler::print::op_text(&plan.program.layers[0].ops[0]);
+    assert!(first.contains("mtp.0.input_norm.weight"), "{first}");
+    // The model's own plan is not renamed.
+    let plan = compile(&spec, &b, &DeviceProfile::cpu_only(), &Options::default()).unwrap();
+    assert!(coli_compiler::print::op_text(&plan.program.layers[0].ops[0]).contains("model.layers.0.norm.weight"));
+    let text = rename(r#"[("", "mtp.0.")]"#);
+    expect_one(&parse(&text).unwrap_err(), &text, r#""1""#, "`rename` replaces an empty string");
+}

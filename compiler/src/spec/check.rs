@@ -456,6 +456,9 @@ pub fn check(spec: &Spec) -> Diagnostics {
         if inputs.iter().filter(|(i, _)| matches!(i.value, OpItem::Input { .. })).count() != 1 {
             d.push(spec.diag(draft.count.span, "a draft's prologue reads the target's rows through one `Input`"));
         }
+        if draft.rename.iter().any(|(from, _)| from.is_empty()) {
+            d.push(spec.diag(draft.count.span, "a draft's `rename` replaces an empty string"));
+        }
     }
     let mut items: Vec<(&super::Spanned<OpItem>, bool)> = Vec::new();
     for (list, layer, part) in lists {
