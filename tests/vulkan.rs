@@ -147,14 +147,15 @@ fn new_kinds_on_the_host(name: &str, host_only: &[&str], on_device: &[&str]) -> 
     (dev, prompt, want, max)
 }
 
-/// Inkling on the device: its projections, norms and residual adds in device frames, its new
-/// op kinds (attention with relative logits, the short convolutions, the sink router and the
-/// shared experts, the scaled final norm) in host frames, the logits and greedy tokens the
-/// CPU's in every chunking; then the session cut back into the prompt and fed again.
+/// Inkling on the device: its projections, norms (the scaled final norm too), residual adds
+/// and short convolutions in device frames, its attention with relative logits, sink router
+/// and shared experts in host frames, the logits and greedy tokens the CPU's in every
+/// chunking; then the session cut back into the prompt and fed again.
 #[test]
-fn inkling_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
-    let host_only = ["attention_rel", "short_conv", "route_shared", "routed_experts_shared", "rms_norm_scaled"];
-    let (dev, prompt, want, max) = new_kinds_on_the_host("inkling", &host_only, &["linear", "rms_norm"]);
+fn inkling_on_the_device_matches_the_cpu_with_its_attention_and_shared_experts_on_the_host() {
+    let host_only = ["attention_rel", "route_shared", "routed_experts_shared"];
+    let on_device = ["linear", "rms_norm", "rms_norm_scaled", "short_conv"];
+    let (dev, prompt, want, max) = new_kinds_on_the_host("inkling", &host_only, &on_device);
     cut_and_feed_again(&dev, &prompt, (&want, max), 6);
 }
 
@@ -270,6 +271,13 @@ fn a_device_lost_mid_decode_of_kimi_linear_is_finished_by_the_cpu() {
     lost_after_a_recurrent_state("kimi_linear");
 }
 
+/// Inkling as Qwen3-Next above: its short convolutions' rings on the device, their input rows
+/// taken by the host after each frame (its router and shared experts are the host's steps).
+#[test]
+fn a_device_lost_mid_decode_of_inkling_is_finished_by_the_cpu() {
+    lost_after_a_recurrent_state("inkling");
+}
+
 /// The fixture `name` with its routed experts on the CPU and its recurrent layers on the
 /// device: a submit failing in the sixth decode step, after its first frame, and the CPU
 /// finishes the run with the same tokens.
@@ -282,7 +290,9 @@ fn lost_after_a_recurrent_state(name: &str) {
     // Where the submits fall: count them on a clean run.
     let clean = load_with(None);
     let d = clean.device().expect("a device");
-    assert!(host_layer_ops(&clean).iter().all(|op| matches!(*op, "route" | "routed_experts")), "{}", clean.plan());
+    // Inkling's attention with relative logits is the host's too.
+    let host_ok = |op: &str| matches!(op, "route" | "routed_experts") || (name == "inkling" && op == "attention");
+    assert!(host_layer_ops(&clean).iter().all(|op| host_ok(op)), "{}", clean.plan());
     assert!(layer_ops(&clean, false).contains(&"linear_attention"), "{name}: recurrent layers on the device");
     let mut s = Session::on_device(clean.model(), d, 256).unwrap();
     let mut last = s.forward(&prompt, LogitRows::Last).unwrap();
@@ -348,10 +358,10 @@ fn a_device_lost_mid_decode_of_deepseek_v3_is_finished_by_the_cpu() {
 /// The device's recurrent state follows the host's: back by one step (the host restores the
 /// state the step started from, the device takes it up), the step again gives the same
 /// logits; a truncate to 0 and the prompt again give the first logits. Qwen3-Next's Gated
-/// DeltaNet and Kimi Linear's KDA.
+/// DeltaNet, Kimi Linear's KDA and Inkling's short convolutions.
 #[test]
 fn recurrent_device_state_follows_the_host() {
-    for name in ["qwen3_next", "kimi_linear"] {
+    for name in ["qwen3_next", "kimi_linear", "inkling"] {
         let dir = fixture_dir(name);
         let oracle = read_json(&dir.join("oracle.json"));
         let prompt = ids(&oracle["prompt_ids"]);

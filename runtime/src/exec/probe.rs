@@ -61,6 +61,7 @@ pub fn profile_of(ctx: &Context, memory_cap: Option<u64>) -> DeviceProfile {
     let ops = vec![
         OpKind::Embed,
         OpKind::RmsNorm,
+        OpKind::RmsNormScaled,
         OpKind::Linear,
         OpKind::Rope,
         OpKind::Attention,
@@ -73,6 +74,7 @@ pub fn profile_of(ctx: &Context, memory_cap: Option<u64>) -> DeviceProfile {
         OpKind::LinearAttention,
         OpKind::LinearAttentionApart,
         OpKind::Kda,
+        OpKind::ShortConv,
         OpKind::Mla,
         OpKind::MlaSparse,
         OpKind::Concat,
