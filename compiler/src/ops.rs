@@ -33,7 +33,9 @@ pub enum OpKind {
     /// Kimi Delta Attention (`LinearAttentionKind::Kda`): a kind of its own, so that a device
     /// runs it only where its profile lists `kda` (a probed Vulkan profile does).
     Kda,
-    /// Attention with relative-position logits (`AttentionSpec::rel`, Inkling): the CPU's only.
+    /// Attention with relative-position logits (`AttentionSpec::rel`, Inkling): a kind of its
+    /// own, so a profile that lists `attention` alone does not claim it (coli's Vulkan library
+    /// runs it, though not over a KV split).
     AttentionRel,
     /// A short convolution on a row stream (`LinearAttentionKind::ShortConv`): a kind of its
     /// own, so a profile that lists `linear_attention` alone does not claim it (coli's Vulkan
@@ -113,7 +115,7 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::LinearAttention, name: "linear_attention", host_step: false, by_default: true },
     OpInfo { kind: OpKind::LinearAttentionApart, name: "linear_attention_apart", host_step: false, by_default: true },
     OpInfo { kind: OpKind::Kda, name: "kda", host_step: false, by_default: true },
-    OpInfo { kind: OpKind::AttentionRel, name: "attention_rel", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::AttentionRel, name: "attention_rel", host_step: false, by_default: true },
     OpInfo { kind: OpKind::ShortConv, name: "short_conv", host_step: false, by_default: true },
     OpInfo { kind: OpKind::RmsNormScaled, name: "rms_norm_scaled", host_step: false, by_default: true },
     OpInfo { kind: OpKind::RouteShared, name: "route_shared", host_step: true, by_default: false },
@@ -221,11 +223,11 @@ mod tests {
             OpKind::Kda,
             OpKind::RmsNormScaled,
             OpKind::ShortConv,
+            OpKind::AttentionRel,
         ] {
             assert!(none.runs(k), "{k}");
         }
         for k in [
-            OpKind::AttentionRel,
             OpKind::Indexer,
             OpKind::GroupedLinear,
             OpKind::HyperPre,

@@ -65,6 +65,7 @@ pub fn profile_of(ctx: &Context, memory_cap: Option<u64>) -> DeviceProfile {
         OpKind::Linear,
         OpKind::Rope,
         OpKind::Attention,
+        OpKind::AttentionRel,
         OpKind::Act,
         OpKind::Glu,
         OpKind::Add,

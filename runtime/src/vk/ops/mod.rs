@@ -18,8 +18,8 @@ pub mod route;
 pub mod short_conv;
 
 pub use attention::{
-    AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, Pos, QkNorm, RopeArgs, RopeKvArgs, COOP_ATTN_ROWS,
-    COOP_MIN_WINDOW,
+    AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, Pos, QkNorm, RelArgs, RopeArgs, RopeKvArgs,
+    COOP_ATTN_ROWS, COOP_MIN_WINDOW,
 };
 pub use deltanet::{DeltaNetCall, DeltaNetIn, DeltaNetMats, DeltaNetScratch, DeltaNetShape, RuleViews};
 pub use dsa::{DsaSelectArgs, DsaShape};
