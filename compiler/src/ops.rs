@@ -35,7 +35,7 @@ pub enum OpKind {
     Kda,
     /// Attention with relative-position logits (`AttentionSpec::rel`, Inkling): a kind of its
     /// own, so a profile that lists `attention` alone does not claim it (coli's Vulkan library
-    /// runs it, though not over a KV split).
+    /// runs it; placement never splits such a layer's KV mirror).
     AttentionRel,
     /// A short convolution on a row stream (`LinearAttentionKind::ShortConv`): a kind of its
     /// own, so a profile that lists `linear_attention` alone does not claim it (coli's Vulkan

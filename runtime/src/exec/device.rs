@@ -175,15 +175,6 @@ impl DeviceModel {
                 if !lib.supports(op, None) {
                     return Err(DeviceError::Unsupported { op: op_name(op), place: id.to_string() });
                 }
-                // Relative logits (Inkling) have no device part of a KV split (`attn_part.comp`).
-                if let (Op::Attention { spec, layer, .. }, Some(split)) = (op, &plan.placement.kv_split) {
-                    if spec.rel.is_some() && split.layers.contains(layer) {
-                        return Err(DeviceError::Unsupported {
-                            op: op_name(op),
-                            place: format!("{id}, over a KV split"),
-                        });
-                    }
-                }
                 visit_weights(op, &mut |w, is_vec| names.push((w.name.clone(), is_vec)), &mut |_, _| {});
                 if let Op::Rope { rotary_dim, theta, scaling, .. } = op {
                     freqs.push((*rotary_dim, *theta, *scaling));

@@ -42,8 +42,8 @@ impl OpLib for VkOps {
             Op::Rope { tail, inverse, .. } => !tail && !inverse,
             Op::Glu { kind, .. } => !matches!(kind, GluKind::LimitedSwiGlu { .. }),
             Op::Act { .. } | Op::Add { .. } | Op::Mul { .. } => true,
-            // With relative logits too (Inkling: the f32 kernels; a KV split's device part does
-            // not take them, which `DeviceModel::load` refuses).
+            // With relative logits too (Inkling: the f32 kernels; placement never splits such a
+            // layer's KV mirror, whose split parts do not add them).
             Op::Attention { spec, .. } => {
                 spec.compressed.is_none()
                     && spec.head_dim <= 256

@@ -75,7 +75,7 @@ impl DeviceModel {
             extent: r.extent,
         });
         if rel.is_some() && (rec.seqs.len() > 1 || split.is_some()) {
-            let msg = "relative logits in a batched step or over a KV split (the host runs those)";
+            let msg = "relative logits in a batched step or over a KV split (placement makes neither)";
             return Err(VkError::BadArgument { op: "attention", msg: msg.into() });
         }
         if rec.seqs.len() > 1 {
