@@ -61,8 +61,9 @@ struct Conv {
     scale: f32,
     /// The scaled inputs of the `kernel - 1` positions before the next block, oldest first.
     ring: DeviceBuffer,
-    /// The block's input rows, unscaled (`rows x width`), for the host.
-    back: DeviceBuffer,
+    /// Where in the read-back buffer (`Recurrent::conv_back`) the block's input rows go,
+    /// unscaled (`rows x width` floats), for the host.
+    back_at: usize,
     /// The position the ring is the host's rows at.
     at: Option<usize>,
 }
@@ -71,6 +72,9 @@ struct Conv {
 pub struct Recurrent {
     layers: Vec<Option<Layer>>,
     convs: Vec<Conv>,
+    /// The short convolutions' read-back rows: one frame's after another's, so the
+    /// convolutions of one frame side by side (the host takes them before the next frame).
+    conv_back: Option<DeviceBuffer>,
     scratch: Option<DeltaNetScratch>,
     kda: Option<KdaScratch>,
 }
@@ -124,9 +128,11 @@ impl Recurrent {
     ) -> Result<Recurrent, VkError> {
         let mut layers: Vec<Option<Layer>> = (0..program.layers.len()).map(|_| None).collect();
         let mut convs = Vec::new();
+        let mut back_floats = 0;
         let mut widest: Option<DeltaNetShape> = None;
         let mut widest_kda: Option<KdaShape> = None;
         for f in frames.iter().filter(|f| f.place != Place::Host) {
+            let mut back_at = 0;
             for &id in &f.ops {
                 let Op::LinearAttention { layer, spec, x, .. } = op_of(program, id) else { continue };
                 if spec.kind == LinearAttentionKind::ShortConv {
@@ -140,9 +146,11 @@ impl Recurrent {
                         kernel,
                         scale,
                         ring: ctx.f32_buffer((width * kernel.saturating_sub(1)).max(1))?,
-                        back: ctx.buffer(MemoryUse::Readback, (rows * width).max(1) * 4)?,
+                        back_at,
                         at: None,
                     });
+                    back_at += rows * width;
+                    back_floats = back_floats.max(back_at);
                     continue;
                 }
                 let floats = spec.state_floats();
@@ -181,7 +189,11 @@ impl Recurrent {
         }
         let scratch = widest.map(|s| DeltaNetScratch::new(ctx, rows, s)).transpose()?;
         let kda = widest_kda.map(|s| KdaScratch::new(ctx, rows, s)).transpose()?;
-        Ok(Recurrent { layers, convs, scratch, kda })
+        let conv_back = match back_floats {
+            0 => None,
+            f => Some(ctx.buffer(MemoryUse::Readback, f * 4)?),
+        };
+        Ok(Recurrent { layers, convs, conv_back, scratch, kda })
     }
 
     /// The short convolution of `layer` whose taps are `key`.
@@ -223,6 +235,7 @@ impl Recurrent {
     /// After the frame: a short convolution's `n` input rows (scaled as the CPU scales them)
     /// appended to the host's rows at `pos0`, and its ring the host's at `pos0 + n`.
     fn conv_after(&mut self, ctx: &Context, i: usize, kv: &mut KvCache, pos0: usize, n: usize) -> Result<(), VkError> {
+        let back = self.conv_back.as_ref().ok_or_else(|| bad("no short convolution read-back".into()))?;
         let c = &mut self.convs[i];
         let host = kv.layers.get_mut(c.layer).ok_or_else(|| bad(format!("l{}: no host state", c.layer)))?;
         let at = match host.conv.iter().position(|r| r.key == c.key) {
@@ -240,7 +253,7 @@ impl Recurrent {
         let start = rows.rows.len();
         rows.rows.resize(start + n * c.width, 0.0);
         let new = &mut rows.rows[start..];
-        ctx.read(&c.back, 0, as_bytes_mut(new))?;
+        ctx.read(back, c.back_at * 4, as_bytes_mut(new))?;
         if c.scale != 1.0 {
             new.iter_mut().for_each(|v| *v *= c.scale);
         }
@@ -306,10 +319,11 @@ impl Recurrent {
         let OpRows { x, out, n, precision } = io;
         if let Some((key, _)) = conv_roles(spec) {
             let c = &self.convs[self.conv_at(layer.0 as usize, key)?];
+            let back = self.conv_back.as_ref().ok_or_else(|| bad("no short convolution read-back".into()))?;
             let taps =
                 vecs.get(key).map(DeviceBuffer::all).ok_or_else(|| bad(format!("{layer}: {key} not uploaded")))?;
             // The input rows for the host first: the convolution may overwrite them.
-            f.copy(x, c.back.view(0, n * c.width))?;
+            f.copy(x, back.view(c.back_at, n * c.width))?;
             let ring = c.ring.view(0, c.width * (c.kernel - 1));
             let (width, kernel, input_scale) = (c.width, c.kernel, c.scale);
             return f.row_conv(RowConv { x, taps, ring, out, n, width, kernel, input_scale });
