@@ -6,6 +6,11 @@
 // the split count and chunk follow from it as the host computes them (ops/attention.rs):
 // attn_setup(). `value_scale` multiplies the values, so each head's output (MiMo-V2-Flash's
 // attention_value_scale; 1 elsewhere).
+// With flags bit 3 (has_rel()), relative-position logits (Inkling's) are added to the scaled
+// scores: the logit of block row `row`, head h and backward distance d < extent is
+// sum_i r[row, h * d_rel + i] * proj[i, d] (rel_r from rel_c[0], rows of heads * d_rel;
+// rel_p `[d_rel, extent]`; rel_c: r offset, d_rel, extent), zero from extent on. Reference:
+// `cpu::attention::rel_logits` and `attend_rel` (the same sum in the same order).
 // Must not: define main or workgroup sizes.
 
 layout(std430, binding = 0) readonly buffer Q { float qv[]; };
@@ -43,8 +48,30 @@ void attn_setup() {
 }
 
 // flags: bit 0 the heads have sink logits; bit 1 (attn_split.comp) RoPE and the KV append
-// are the kernel's (see there); bit 2 the position is read on the device (attn_setup).
+// are the kernel's (see there); bit 2 the position is read on the device (attn_setup); bit 3
+// relative logits (rel_bias; attn_split.comp and attn_block.comp only).
 bool has_sink() { return (pc.flags & 1u) != 0u; }
+
+// The relative logits' buffers (bindings 19-21); a kernel without them (attn_coop.comp)
+// defines ATTN_NO_REL, so its layout stays at 8 bindings.
+#ifndef ATTN_NO_REL
+layout(std430, binding = 19) readonly buffer RELR { float rel_r[]; };
+layout(std430, binding = 20) readonly buffer RELP { float rel_p[]; };
+layout(std430, binding = 21) readonly buffer RELC { uint rel_c[]; };
+
+bool has_rel() { return (pc.flags & 8u) != 0u; }
+
+// The relative logit of block row `row`, head h, `dist` positions back (0 without them).
+float rel_bias(uint row, uint h, uint dist) {
+    if (!has_rel()) return 0.0;
+    uint d_rel = rel_c[1], extent = rel_c[2];
+    if (dist >= extent) return 0.0;
+    uint rb = rel_c[0] + (row * pc.heads + h) * d_rel;
+    float acc = 0.0;
+    for (uint i = 0u; i < d_rel; i++) acc += rel_r[rb + i] * rel_p[i * extent + dist];
+    return acc;
+}
+#endif
 
 uint row_lo(uint p) { return (pc.window != 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u; }
 uint kv_head(uint h) { return h / (pc.heads / pc.kv_heads); }

@@ -2,7 +2,8 @@
 // attn_block.comp: attention for a prompt chunk, flash style: a workgroup owns BQ query rows
 // of one head and walks the keys in tiles of BK, staging each key tile and then each value
 // tile in shared memory, with an online softmax per row (running max, sum, rescaled values).
-// Causality, the sliding window, the sink (denominator only) and the value scale as in attn.glsl.
+// Causality, the sliding window, the sink (denominator only), the value scale and the relative
+// logits as in attn.glsl.
 // Must not: hold more than MAX_D key or value columns, or materialize the score matrix.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -44,6 +45,7 @@ void main() {
             uint qb = q_at(q0 + qi, h);
             for (uint d = 0u; d < pc.head_dim; d++) s += qv[qb + d] * tile[kj][d];
             s *= pc.scale;
+            s += rel_bias(q0 + qi, h, p - j);
         }
         s_s[qi][kj] = s;
         barrier();

@@ -23,6 +23,8 @@
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
+// No relative logits here (the op layer refuses them for this kernel).
+#define ATTN_NO_REL
 #include "attn.glsl"
 
 layout(local_size_x_id = 0) in;

@@ -8,7 +8,8 @@
 // columns. Each workgroup writes its partial (m, l, o), then counts itself in counter[row,
 // head]; the one that counts last joins every partial (the global max over the splits and the
 // head's sink, each split's sum and values rescaled to it, the sink in the denominator only),
-// writes the output (times the value scale) and sets the counter back to 0 for the next call. The counters must be 0
+// writes the output (times the value scale) and sets the counter back to 0 for the next call.
+// Relative logits (flags bit 3) as in attn.glsl. The counters must be 0
 // before the first call (the op layer zeroes them in the frame).
 // With flags bit 1 (one row, the op layer's `attention_decode`), the kernel also does what
 // rope_kv.comp would before it: q (as read) and the block's k row are rotated (rope.comp's
@@ -226,6 +227,7 @@ void main() {
                 for (uint d = 0u; d < hd; d++) acc += q_s[d] * kv[kb + d];
             }
             s = acc * pc.scale;
+            s += rel_bias(row, h, p - j);
         }
         float m_new = max(m, tile_max(s));
         float alpha = exp(m - m_new);
@@ -296,6 +298,7 @@ void main() {
         float part_ = 0.0;
         for (uint d = tid; d < hd; d += T) part_ += q_s[d] * k_row[d];
         float sp_ = tile_sum(part_) * pc.scale;
+        sp_ += rel_bias(row, h, 0u);
         float m_new = max(m, sp_);
         float alpha = exp(m - m_new);
         float pp = exp(sp_ - m_new);

@@ -10,6 +10,12 @@
 // every row's v (`nv * dv` wide), as three separate projections write them; the math per
 // channel is the same. With `planar` 2 (Qwen3.5's projections apart) the input is already in
 // the channels' order, one row of `channels` per position (`in_proj_qkv`'s output).
+// With `planar` 3 (a short convolution on a row stream, Inkling's `*_sconv`; reference:
+// `cpu::short_conv::short_conv` as `cpu::run_short_conv` calls it) the input is rows of `dv`
+// channels, each input first times `scale` (the op's `input_scale`, else 1), and the output
+// is that input plus the convolution, without SiLU; the ring keeps the scaled inputs. Each
+// invocation reads its channel's input of a row before it writes that row's output, so `p`
+// and `conv` may be the same rows (in place).
 // Must not: assume the subgroup size, or take a kernel longer than MAX_K (the op checks).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -24,12 +30,35 @@ layout(std430, binding = 3) buffer CONV { float conv[]; };
 layout(push_constant) uniform PC {
     uint n; uint nk; uint nv; uint dk;
     uint dv; uint kk; uint p_off; uint ring_off;
-    uint conv_off; uint planar; uint pad1; uint pad2;
+    uint conv_off; uint planar; float scale; uint pad2;
 } pc;
 
 float silu(float x) { return x * (1.0 / (1.0 + exp(-x))); }
 
+// `planar` 3: out[t] = x[t] + sum_k w[c, k] * x[t - kk + 1 + k] over scaled inputs, added in
+// the order the CPU adds them (the input first, then the taps oldest first).
+void row_conv(uint c) {
+    uint width = pc.dv;
+    if (c >= width) return;
+    uint hist = pc.kk - 1u;
+    float win[MAX_K];
+    for (uint i = 0u; i < hist; i++) win[i] = ring[pc.ring_off + i * width + c];
+    for (uint t = 0u; t < pc.n; t++) {
+        float x = pv[pc.p_off + t * width + c] * pc.scale;
+        win[hist] = x;
+        float acc = x;
+        for (uint k = 0u; k < pc.kk; k++) acc += cw[c * pc.kk + k] * win[k];
+        conv[pc.conv_off + t * width + c] = acc;
+        for (uint i = 0u; i < hist; i++) win[i] = win[i + 1u];
+    }
+    for (uint i = 0u; i < hist; i++) ring[pc.ring_off + i * width + c] = win[i];
+}
+
 void main() {
+    if (pc.planar == 3u) {
+        row_conv(gl_GlobalInvocationID.x);
+        return;
+    }
     uint key_dim = pc.nk * pc.dk;
     uint channels = 2u * key_dim + pc.nv * pc.dv;
     uint c = gl_GlobalInvocationID.x;

@@ -1,9 +1,10 @@
 #version 450
-// rms_norm.comp: out = x / rms(x) * (weight + offset) over consecutive groups of `group`
-// columns of each row (group = width: the whole row; group = head_dim: per head).
+// rms_norm.comp: out = x / rms(x) * (weight + offset) * scale over consecutive groups of
+// `group` columns of each row (group = width: the whole row; group = head_dim: per head); scale
+// is 1 but for a scaled norm (Inkling's final norm; reference: `Op::RmsNorm` in `cpu::run_op`).
 // One workgroup per (group, row); a subgroup sum, then a shared-memory join of subgroups.
 // Two independent norms in one dispatch (workgroup z = 1: bindings 3-5, the second set of
-// push constants; eps and offset shared), so a layer's q and k norms cost one launch.
+// push constants; eps, offset and scale shared), so a layer's q and k norms cost one launch.
 // Must not: assume the subgroup size; in-place (x == out) is allowed.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -18,7 +19,7 @@ layout(std430, binding = 5) buffer OUT2 { float outv2[]; };
 layout(push_constant) uniform PC {
     uint width; uint group; float eps; float offset;
     uint x_off; uint out_off; uint width2; uint group2;
-    uint x2_off; uint out2_off; uint pad0; uint pad1;
+    uint x2_off; uint out2_off; float scale; uint pad1;
 } pc;
 
 shared float partial[64];
@@ -47,7 +48,7 @@ float join(float ss) {
         float total = join(ss);                                                             \
         float inv = 1.0 / sqrt(total / float(GROUP) + pc.eps);                              \
         for (uint c = gl_LocalInvocationID.x; c < (GROUP); c += gl_WorkGroupSize.x) {       \
-            OV[ob + c] = XV[xb + c] * inv * (WV[c] + pc.offset);                            \
+            OV[ob + c] = XV[xb + c] * inv * (WV[c] + pc.offset) * pc.scale;                 \
         }                                                                                   \
     }
 

@@ -147,14 +147,15 @@ fn new_kinds_on_the_host(name: &str, host_only: &[&str], on_device: &[&str]) -> 
     (dev, prompt, want, max)
 }
 
-/// Inkling on the device: its projections, norms and residual adds in device frames, its new
-/// op kinds (attention with relative logits, the short convolutions, the sink router and the
-/// shared experts, the scaled final norm) in host frames, the logits and greedy tokens the
+/// Inkling on the device: its projections, norms (the scaled final norm too), residual adds,
+/// short convolutions and attention with relative logits (global and sliding layers) in device
+/// frames, its sink router and shared experts in host frames, the logits and greedy tokens the
 /// CPU's in every chunking; then the session cut back into the prompt and fed again.
 #[test]
-fn inkling_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
-    let host_only = ["attention_rel", "short_conv", "route_shared", "routed_experts_shared", "rms_norm_scaled"];
-    let (dev, prompt, want, max) = new_kinds_on_the_host("inkling", &host_only, &["linear", "rms_norm"]);
+fn inkling_on_the_device_matches_the_cpu_with_its_shared_experts_on_the_host() {
+    let host_only = ["route_shared", "routed_experts_shared"];
+    let on_device = ["linear", "rms_norm", "rms_norm_scaled", "short_conv", "attention_rel"];
+    let (dev, prompt, want, max) = new_kinds_on_the_host("inkling", &host_only, &on_device);
     cut_and_feed_again(&dev, &prompt, (&want, max), 6);
 }
 
@@ -270,6 +271,14 @@ fn a_device_lost_mid_decode_of_kimi_linear_is_finished_by_the_cpu() {
     lost_after_a_recurrent_state("kimi_linear");
 }
 
+/// Inkling as Qwen3-Next above: its short convolutions' rings and its KV mirrors on the device,
+/// their input rows and K/V rows taken by the host after each frame (its router and shared
+/// experts are the host's steps).
+#[test]
+fn a_device_lost_mid_decode_of_inkling_is_finished_by_the_cpu() {
+    lost_after_a_recurrent_state("inkling");
+}
+
 /// The fixture `name` with its routed experts on the CPU and its recurrent layers on the
 /// device: a submit failing in the sixth decode step, after its first frame, and the CPU
 /// finishes the run with the same tokens.
@@ -348,10 +357,10 @@ fn a_device_lost_mid_decode_of_deepseek_v3_is_finished_by_the_cpu() {
 /// The device's recurrent state follows the host's: back by one step (the host restores the
 /// state the step started from, the device takes it up), the step again gives the same
 /// logits; a truncate to 0 and the prompt again give the first logits. Qwen3-Next's Gated
-/// DeltaNet and Kimi Linear's KDA.
+/// DeltaNet, Kimi Linear's KDA and Inkling's short convolutions.
 #[test]
 fn recurrent_device_state_follows_the_host() {
-    for name in ["qwen3_next", "kimi_linear"] {
+    for name in ["qwen3_next", "kimi_linear", "inkling"] {
         let dir = fixture_dir(name);
         let oracle = read_json(&dir.join("oracle.json"));
         let prompt = ids(&oracle["prompt_ids"]);

@@ -33,11 +33,16 @@ pub enum OpKind {
     /// Kimi Delta Attention (`LinearAttentionKind::Kda`): a kind of its own, so that a device
     /// runs it only where its profile lists `kda` (a probed Vulkan profile does).
     Kda,
-    /// Attention with relative-position logits (`AttentionSpec::rel`, Inkling): the CPU's only.
+    /// Attention with relative-position logits (`AttentionSpec::rel`, Inkling): a kind of its
+    /// own, so a profile that lists `attention` alone does not claim it (coli's Vulkan library
+    /// runs it; placement never splits such a layer's KV mirror).
     AttentionRel,
-    /// A short convolution on a row stream (`LinearAttentionKind::ShortConv`): the CPU's only.
+    /// A short convolution on a row stream (`LinearAttentionKind::ShortConv`): a kind of its
+    /// own, so a profile that lists `linear_attention` alone does not claim it (coli's Vulkan
+    /// library runs it).
     ShortConv,
-    /// An RMSNorm whose output is scaled (`Op::RmsNorm::scale != 1`): the CPU's only.
+    /// An RMSNorm whose output is scaled (`Op::RmsNorm::scale != 1`): a kind of its own, so a
+    /// profile that lists `rms_norm` alone does not claim it (coli's Vulkan library runs it).
     RmsNormScaled,
     /// A router with shared experts in its normalisation or a weight-held scale
     /// (`Op::Route::shared`, `scale_by`).
@@ -110,9 +115,9 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::LinearAttention, name: "linear_attention", host_step: false, by_default: true },
     OpInfo { kind: OpKind::LinearAttentionApart, name: "linear_attention_apart", host_step: false, by_default: true },
     OpInfo { kind: OpKind::Kda, name: "kda", host_step: false, by_default: true },
-    OpInfo { kind: OpKind::AttentionRel, name: "attention_rel", host_step: false, by_default: false },
-    OpInfo { kind: OpKind::ShortConv, name: "short_conv", host_step: false, by_default: false },
-    OpInfo { kind: OpKind::RmsNormScaled, name: "rms_norm_scaled", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::AttentionRel, name: "attention_rel", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::ShortConv, name: "short_conv", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::RmsNormScaled, name: "rms_norm_scaled", host_step: false, by_default: true },
     OpInfo { kind: OpKind::RouteShared, name: "route_shared", host_step: true, by_default: false },
     OpInfo { kind: OpKind::RoutedExpertsShared, name: "routed_experts_shared", host_step: true, by_default: false },
     OpInfo { kind: OpKind::Indexer, name: "indexer", host_step: false, by_default: false },
@@ -216,13 +221,13 @@ mod tests {
             OpKind::LinearAttention,
             OpKind::LinearAttentionApart,
             OpKind::Kda,
+            OpKind::RmsNormScaled,
+            OpKind::ShortConv,
+            OpKind::AttentionRel,
         ] {
             assert!(none.runs(k), "{k}");
         }
         for k in [
-            OpKind::AttentionRel,
-            OpKind::ShortConv,
-            OpKind::RmsNormScaled,
             OpKind::Indexer,
             OpKind::GroupedLinear,
             OpKind::HyperPre,

@@ -538,6 +538,36 @@ fn inkling_ops_stay_on_the_host_and_unserved_options_are_refused() {
     assert!(d.contains("a short convolution weight `conv1d` has shape"), "{d}");
 }
 
+/// A profile that lists no op kinds (the Vulkan library's) runs Inkling's attention with
+/// relative logits, short convolutions and scaled norm on the device, its router and shared
+/// experts on the host; a forced KV split leaves its attention layers' mirrors whole (the
+/// split's parts do not add relative logits), so the plan has no split.
+#[test]
+fn inkling_runs_its_attention_on_a_device_and_never_splits_its_kv() {
+    let spec = Spec::load(&graphs().join("inkling.ron")).unwrap();
+    let b = Bindings::from_config_json(&spec.default_config().unwrap()).unwrap();
+    let profile = DeviceProfile::parse(
+        r#"Profile(name: "gpu", devices: [(name: "gpu", kind: Discrete, memory_budget: 400_000_000_000_000,
+            reserve: 0, features: (subgroup_size: 32))])"#,
+        Path::new("gpu.ron"),
+    )
+    .unwrap_or_else(|d| panic!("{d}"));
+    let options = Options { kv_device_positions: Some(256), kv_split: true, ..Options::default() };
+    let plan = compile(&spec, &b, &profile, &options).unwrap_or_else(|d| panic!("{d}"));
+    assert!(plan.placement.kv_split.is_none(), "no split of relative-logit layers\n{plan}");
+    let (mut host, mut device) = (BTreeMap::new(), BTreeMap::new());
+    for f in &plan.frames {
+        let on = if f.place == coli_compiler::ids::Place::Host { &mut host } else { &mut device };
+        for &id in &f.ops {
+            *on.entry(coli_compiler::frames::op_of(&plan.program, id).kind().info().name).or_insert(0) += 1;
+        }
+    }
+    assert_eq!((host.get("attention_rel"), device.get("attention_rel")), (None, Some(&66)), "{plan}");
+    assert_eq!((host.get("short_conv"), device.get("short_conv")), (None, Some(&(4 * 66))), "{plan}");
+    assert_eq!(device.get("rms_norm_scaled"), Some(&1), "{plan}");
+    assert_eq!((host.get("route_shared"), host.get("routed_experts_shared")), (Some(&66), Some(&66)), "{plan}");
+}
+
 /// DeepSeek-V2's router from the V3 spec (`model_type` "deepseek_v2"): softmax, no bias, no
 /// renormalization, groups scored by their best; `topk_method: "greedy"` drops the groups; a
 /// `model_type` that is not a string is a located diagnostic.

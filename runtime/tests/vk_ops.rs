@@ -254,6 +254,35 @@ fn rms_norm_matches_cpu() {
     }
 }
 
+/// A scaled RMSNorm (`rms_norm_scaled`: Inkling's final norm over its width multiplier), whole
+/// rows and per group, out of place and in place, against `cpu::norm::rms_norm` scaled after
+/// (as `cpu::run_op`). Tolerance 1e-5 (as `rms_norm_matches_cpu`).
+#[test]
+fn rms_norm_scaled_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0023);
+    let (n, width) = (4, 96);
+    for (group, offset, scale) in [(96, 0.0, 1.0 / 24.0), (32, 1.0, 3.5)] {
+        let x = rng.vec(n * width, 2.0);
+        let w = rng.vec(group, 1.0);
+        let mut want = vec![0f32; n * width];
+        cpu_norm::rms_norm(&x, &mut want, &w, 1e-6, offset);
+        want.iter_mut().for_each(|v| *v *= scale);
+        let (xb, wb, ob) =
+            (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&w).unwrap(), ctx.f32_buffer(n * width).unwrap());
+        let mut f = ctx.frame().unwrap();
+        let args = |out| NormArgs { x: xb.all(), weight: wb.all(), out, width };
+        f.rms_norm_scaled(args(ob.all()), n, 1e-6, offset, scale).unwrap();
+        f.rms_norm_scaled(args(xb.all()), n, 1e-6, offset, scale).unwrap();
+        f.run().unwrap();
+        for (what, b) in [("out of place", &ob), ("in place", &xb)] {
+            let got = ctx.download_f32(b.all()).unwrap();
+            eprintln!("rms_norm_scaled {what} group {group}: {:.2e} of the largest", vk_common::rel_err(&got, &want));
+            assert_close(&format!("rms_norm_scaled {what} group {group}"), &got, &want, 1e-5);
+        }
+    }
+}
+
 /// Two norms in one dispatch (a layer's q and k norms): different widths and groups (whole
 /// rows and per head, the second in place), each as the CPU. Tolerance 1e-5.
 #[test]

@@ -20,7 +20,8 @@
 //!    keep that many layers on the devices.
 //!
 //! A layer splits when its mirror at the context would hold more positions than the ring (a
-//! sliding window no longer than the ring keeps its whole mirror). This module must not cut
+//! sliding window no longer than the ring keeps its whole mirror; so does attention with
+//! relative logits, whose split parts nothing computes). This module must not cut
 //! frames; it decides numbers, `place` applies them.
 
 use crate::cost::human;
@@ -86,10 +87,12 @@ impl fmt::Display for KvSplit {
 }
 
 /// Positions a layer's attention mirror holds at `context` (its window's at most); `None` for
-/// a layer without (GQA) attention.
+/// a layer without (GQA) attention or whose attention has relative logits (Inkling's: the
+/// split's parts, `cpu::attn_part` and `attn_part.comp`, do not add them, so such a layer
+/// never splits and the capped sizes keep its whole mirror).
 pub fn mirror_positions(program: &Program, layer: LayerId, context: usize) -> Option<usize> {
     program.layers.get(layer.0 as usize)?.ops.iter().find_map(|op| match op {
-        Op::Attention { spec, .. } => Some(spec.window.map_or(context, |w| w.min(context))),
+        Op::Attention { spec, .. } if spec.rel.is_none() => Some(spec.window.map_or(context, |w| w.min(context))),
         _ => None,
     })
 }

@@ -180,7 +180,9 @@ impl Sizer {
             match op {
                 Op::Attention { spec, .. } => {
                     let positions = spec.window.map_or(self.context, |w| (w as u64).min(self.context));
-                    let positions = self.kv_cap.map_or(positions, |c| positions.min(c));
+                    // Relative logits (Inkling) have no split parts: their mirror stays whole.
+                    let cap = self.kv_cap.filter(|_| spec.rel.is_none());
+                    let positions = cap.map_or(positions, |c| positions.min(c));
                     let per_position = (spec.kv_heads as u64).saturating_mul((spec.head_dim + spec.v_head_dim) as u64);
                     c.kv = c.kv.saturating_add(positions.saturating_mul(per_position).saturating_mul(F32));
                 }

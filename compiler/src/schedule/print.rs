@@ -63,6 +63,9 @@ pub fn call_text(c: &Call) -> String {
             if let Some((q, k)) = &a.norms {
                 let _ = write!(s, " norms {}, {}", norm_text(q), norm_text(k));
             }
+            if let Some(r) = &a.spec.rel {
+                let _ = write!(s, " rel {} {} d_rel {} extent {}", r.r, w(&r.proj), r.d_rel, r.extent);
+            }
             if a.one_kernel {
                 s.push_str(" one-kernel decode");
             }

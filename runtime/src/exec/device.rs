@@ -372,7 +372,7 @@ impl DeviceModel {
             Some(s) => Some(s.new_state(ctx, p, self.cap_rows)?),
             None => None,
         };
-        let recurrent = super::recurrent::Recurrent::new(ctx, p, &self.frames, self.cap_rows)?;
+        let recurrent = super::recurrent::Recurrent::new(ctx, (p, &model.weights), &self.frames, self.cap_rows)?;
         let mla = super::mla_mirror::scratch(ctx, p, &self.frames, self.cap_rows)?;
         Ok(DeviceState {
             values,
@@ -540,10 +540,10 @@ impl DeviceModel {
             Op::Embed { out, table, scale } => {
                 f.embed(&self.mats[&table.name], st.tokens.view(0, n), n, *scale, view(*out))?;
             }
-            Op::RmsNorm { x, out, weight: Some(weight), eps, offset, .. } => {
+            Op::RmsNorm { x, out, weight: Some(weight), eps, offset, scale, .. } => {
                 let args =
                     NormArgs { x: view(*x), weight: self.vecs[&weight.name].all(), out: view(*out), width: w(*x) };
-                f.rms_norm(args, rows, *eps, *offset)?;
+                f.rms_norm_scaled(args, rows, *eps, *offset, *scale)?;
             }
             Op::Linear { x, out, weight, bias } => {
                 f.matmul_with(&self.mats[&weight.name], view(*x), rows, view(*out), MatmulPath::Auto, precision)?;

@@ -12,6 +12,14 @@
 //! buffers swapped, the old state kept as the one to go back to), so a device lost later in
 //! the forward leaves the host able to re-run the forward on the CPU.
 //!
+//! A short convolution (Inkling's, `LinearAttentionKind::ShortConv`) keeps no matrix: the host's
+//! canonical state is every input row it saw (`store::kv::ConvRows`, by the taps' name within
+//! the layer, so a rewind is a truncation), and the device's a ring of the last `kernel - 1`
+//! of them, by the same rule: zeros at position 0, else the host's rows before the frame's
+//! first position uploaded unless the ring already holds them. The frame copies the block's
+//! input rows into a read-back buffer before the convolution (it may run in place), and after
+//! the frame the host appends them, scaled by the op's input scale as the CPU scales them.
+//!
 //! Must not: run a layer whose host state is not at the frame's first position (a typed
 //! error; the CPU would refuse it too), or keep a device copy the host's state may have moved
 //! away from.
@@ -19,9 +27,11 @@
 use super::kv::{KvCache, LayerKv};
 use super::OpRows;
 use crate::bytes::{as_bytes, as_bytes_mut};
+use crate::store::kv::ConvRows;
+use crate::store::weights::WeightStore;
 use crate::vk::{
     Context, DeltaNetCall, DeltaNetIn, DeltaNetMats, DeltaNetScratch, DeltaNetShape, DeviceBuffer, DeviceMatrix,
-    Frame as VkFrame, KdaCall, KdaMats, KdaScratch, KdaShape, MemoryUse, VkError,
+    Frame as VkFrame, KdaCall, KdaMats, KdaScratch, KdaShape, MemoryUse, RowConv, VkError,
 };
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::Place;
@@ -40,11 +50,52 @@ struct Layer {
     staged: Vec<f32>,
 }
 
+/// One short convolution's ring on the device.
+struct Conv {
+    layer: usize,
+    /// The taps' name: the key of the host's rows (`ConvRows::key`).
+    key: String,
+    width: usize,
+    kernel: usize,
+    /// Multiplies the input (the op's `input_scale`, else 1).
+    scale: f32,
+    /// The scaled inputs of the `kernel - 1` positions before the next block, oldest first.
+    ring: DeviceBuffer,
+    /// Where in the read-back buffer (`Recurrent::conv_back`) the block's input rows go,
+    /// unscaled (`rows x width` floats), for the host.
+    back_at: usize,
+    /// The position the ring is the host's rows at.
+    at: Option<usize>,
+}
+
 /// The device's recurrent states of one session, by layer.
 pub struct Recurrent {
     layers: Vec<Option<Layer>>,
+    convs: Vec<Conv>,
+    /// The short convolutions' read-back rows: one frame's after another's, so the
+    /// convolutions of one frame side by side (the host takes them before the next frame).
+    conv_back: Option<DeviceBuffer>,
     scratch: Option<DeltaNetScratch>,
     kda: Option<KdaScratch>,
+}
+
+/// What a frame's recurrent ops touched (`Recurrent::before_frame`), for `after_frame`: the
+/// layers whose state it changes, the short convolutions (indices into the session's) and the
+/// frame's first position.
+pub struct Touched {
+    layers: Vec<usize>,
+    convs: Vec<usize>,
+    pos0: usize,
+}
+
+/// A short convolution's taps and input scale by role (`None` for an op of another kind or one
+/// without its taps, which the compiler refuses).
+fn conv_roles(spec: &LinearAttentionSpec) -> Option<(&str, Option<&str>)> {
+    if spec.kind != LinearAttentionKind::ShortConv {
+        return None;
+    }
+    let name = |role: &str| spec.weights.iter().find(|(r, _)| r == role).map(|(_, w)| w.name.as_str());
+    Some((name("conv1d")?, name("input_scale")))
 }
 
 /// A KDA op's taps on the device: the key of its three convolutions' taps side by side (q's,
@@ -68,13 +119,40 @@ fn bad(msg: String) -> VkError {
 impl Recurrent {
     /// States for the `LinearAttention` ops of `frames` that run on a device, and a scratch
     /// for steps of at most `rows` rows.
-    pub fn new(ctx: &Context, program: &Program, frames: &[Frame], rows: usize) -> Result<Recurrent, VkError> {
+    /// A short convolution's input scale is read from `weights` (the host's copy).
+    pub fn new(
+        ctx: &Context,
+        (program, weights): (&Program, &WeightStore),
+        frames: &[Frame],
+        rows: usize,
+    ) -> Result<Recurrent, VkError> {
         let mut layers: Vec<Option<Layer>> = (0..program.layers.len()).map(|_| None).collect();
+        let mut convs = Vec::new();
+        let mut back_floats = 0;
         let mut widest: Option<DeltaNetShape> = None;
         let mut widest_kda: Option<KdaShape> = None;
         for f in frames.iter().filter(|f| f.place != Place::Host) {
+            let mut back_at = 0;
             for &id in &f.ops {
-                let Op::LinearAttention { layer, spec, .. } = op_of(program, id) else { continue };
+                let Op::LinearAttention { layer, spec, x, .. } = op_of(program, id) else { continue };
+                if spec.kind == LinearAttentionKind::ShortConv {
+                    let (taps, by) = conv_roles(spec).ok_or_else(|| bad(format!("{layer}: no conv1d taps")))?;
+                    let (width, kernel) = (program.value(*x).width, spec.conv_kernel);
+                    let scale = by.map_or(1.0, |n| weights.vector(n).first().copied().unwrap_or(1.0));
+                    convs.push(Conv {
+                        layer: layer.0 as usize,
+                        key: taps.to_string(),
+                        width,
+                        kernel,
+                        scale,
+                        ring: ctx.f32_buffer((width * kernel.saturating_sub(1)).max(1))?,
+                        back_at,
+                        at: None,
+                    });
+                    back_at += rows * width;
+                    back_floats = back_floats.max(back_at);
+                    continue;
+                }
                 let floats = spec.state_floats();
                 let slot = layers
                     .get_mut(layer.0 as usize)
@@ -111,7 +189,76 @@ impl Recurrent {
         }
         let scratch = widest.map(|s| DeltaNetScratch::new(ctx, rows, s)).transpose()?;
         let kda = widest_kda.map(|s| KdaScratch::new(ctx, rows, s)).transpose()?;
-        Ok(Recurrent { layers, scratch, kda })
+        let conv_back = match back_floats {
+            0 => None,
+            f => Some(ctx.buffer(MemoryUse::Readback, f * 4)?),
+        };
+        Ok(Recurrent { layers, convs, conv_back, scratch, kda })
+    }
+
+    /// The short convolution of `layer` whose taps are `key`.
+    fn conv_at(&self, layer: usize, key: &str) -> Result<usize, VkError> {
+        self.convs
+            .iter()
+            .position(|c| c.layer == layer && c.key == key)
+            .ok_or_else(|| bad(format!("l{layer}: no device ring for the short convolution {key}")))
+    }
+
+    /// Before a frame from `pos0`: a short convolution's ring made the host's rows before
+    /// `pos0` (zeros at 0 and before it), unless it holds them.
+    fn conv_before(&mut self, ctx: &Context, i: usize, kv: &KvCache, pos0: usize) -> Result<(), VkError> {
+        let c = &mut self.convs[i];
+        let hist = c.kernel.saturating_sub(1);
+        if c.at != Some(pos0) && hist > 0 {
+            let mut ring = vec![0f32; hist * c.width];
+            if pos0 > 0 {
+                let rows = kv.layers.get(c.layer).and_then(|l| l.conv.iter().find(|r| r.key == c.key));
+                let have = rows.map_or(0, |r| r.len());
+                if have < pos0 || rows.is_some_and(|r| r.width != c.width) {
+                    return Err(bad(format!(
+                        "l{}: the host holds {have} rows of {}'s input, the step starts at {pos0}",
+                        c.layer, c.key
+                    )));
+                }
+                let rows = rows.map_or(&[][..], |r| &r.rows[..]);
+                let first = pos0.saturating_sub(hist);
+                let skip = hist - (pos0 - first);
+                ring[skip * c.width..].copy_from_slice(&rows[first * c.width..pos0 * c.width]);
+            }
+            ctx.write(&c.ring, 0, as_bytes(&ring))?;
+        }
+        // The frame changes it: not the host's until its rows are taken.
+        c.at = None;
+        Ok(())
+    }
+
+    /// After the frame: a short convolution's `n` input rows (scaled as the CPU scales them)
+    /// appended to the host's rows at `pos0`, and its ring the host's at `pos0 + n`.
+    fn conv_after(&mut self, ctx: &Context, i: usize, kv: &mut KvCache, pos0: usize, n: usize) -> Result<(), VkError> {
+        let back = self.conv_back.as_ref().ok_or_else(|| bad("no short convolution read-back".into()))?;
+        let c = &mut self.convs[i];
+        let host = kv.layers.get_mut(c.layer).ok_or_else(|| bad(format!("l{}: no host state", c.layer)))?;
+        let at = match host.conv.iter().position(|r| r.key == c.key) {
+            Some(at) => at,
+            None => {
+                host.conv.push(ConvRows { key: c.key.clone(), width: c.width, rows: Vec::new() });
+                host.conv.len() - 1
+            }
+        };
+        let rows = &mut host.conv[at];
+        if rows.len() < pos0 {
+            return Err(bad(format!("l{}: {} rows of {}'s input before {pos0}", c.layer, rows.len(), c.key)));
+        }
+        rows.rows.truncate(pos0 * c.width);
+        let start = rows.rows.len();
+        rows.rows.resize(start + n * c.width, 0.0);
+        let new = &mut rows.rows[start..];
+        ctx.read(back, c.back_at * 4, as_bytes_mut(new))?;
+        if c.scale != 1.0 {
+            new.iter_mut().for_each(|v| *v *= c.scale);
+        }
+        c.at = Some(pos0 + n);
+        Ok(())
     }
 
     /// Before `frame` runs from `pos0`: the device state of each of its recurrent layers made
@@ -123,11 +270,17 @@ impl Recurrent {
         frame: &Frame,
         kv: &KvCache,
         pos0: usize,
-    ) -> Result<Vec<usize>, VkError> {
-        let mut touched = Vec::new();
+    ) -> Result<Touched, VkError> {
+        let mut touched = Touched { layers: Vec::new(), convs: Vec::new(), pos0 };
         for &id in &frame.ops {
-            let Op::LinearAttention { layer, .. } = op_of(program, id) else { continue };
+            let Op::LinearAttention { layer, spec, .. } = op_of(program, id) else { continue };
             let l = layer.0 as usize;
+            if let Some((key, _)) = conv_roles(spec) {
+                let i = self.conv_at(l, key)?;
+                self.conv_before(ctx, i, kv, pos0)?;
+                touched.convs.push(i);
+                continue;
+            }
             let m = self
                 .layers
                 .get_mut(l)
@@ -147,7 +300,7 @@ impl Recurrent {
             }
             // The frame changes it: not the host's until it is read back.
             m.at = None;
-            touched.push(l);
+            touched.layers.push(l);
         }
         Ok(touched)
     }
@@ -164,6 +317,17 @@ impl Recurrent {
         io: OpRows<'a>,
     ) -> Result<(), VkError> {
         let OpRows { x, out, n, precision } = io;
+        if let Some((key, _)) = conv_roles(spec) {
+            let c = &self.convs[self.conv_at(layer.0 as usize, key)?];
+            let back = self.conv_back.as_ref().ok_or_else(|| bad("no short convolution read-back".into()))?;
+            let taps =
+                vecs.get(key).map(DeviceBuffer::all).ok_or_else(|| bad(format!("{layer}: {key} not uploaded")))?;
+            // The input rows for the host first: the convolution may overwrite them.
+            f.copy(x, back.view(c.back_at, n * c.width))?;
+            let ring = c.ring.view(0, c.width * (c.kernel - 1));
+            let (width, kernel, input_scale) = (c.width, c.kernel, c.scale);
+            return f.row_conv(RowConv { x, taps, ring, out, n, width, kernel, input_scale });
+        }
         let m = self
             .layers
             .get(layer.0 as usize)
@@ -237,10 +401,14 @@ impl Recurrent {
     pub fn after_frame(
         &mut self,
         ctx: &Context,
-        touched: &[usize],
+        touched: &Touched,
         kv: &mut KvCache,
         len: usize,
     ) -> Result<(), VkError> {
+        for &i in &touched.convs {
+            self.conv_after(ctx, i, kv, touched.pos0, len - touched.pos0)?;
+        }
+        let touched = &touched.layers;
         for &l in touched {
             if self.layers.get(l).and_then(Option::as_ref).is_none() {
                 return Err(bad(format!("l{l}: no device state")));

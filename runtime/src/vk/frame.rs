@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// The most storage-buffer bindings a kernel declares.
-const MAX_BINDINGS: usize = 20;
+const MAX_BINDINGS: usize = 24;
 /// Scratch ranges are aligned to this many bytes (at least any device's storage-offset rule).
 const SCRATCH_ALIGN: u64 = 256;
 /// Smallest scratch arena.

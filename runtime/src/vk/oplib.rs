@@ -2,7 +2,8 @@
 //! ops and weight formats it runs. The answers follow the kernels' limits (attention heads of
 //! at most 256 columns, routers of at most 1024 experts and 64 ranks, routed experts of at most
 //! 1024 experts a layer, Gated DeltaNet and Kimi Delta Attention heads of at most 256 columns
-//! and kernels of at most 8, MLA latents of at most 1024 columns and rope parts of at most 128).
+//! and kernels of at most 8, short convolutions of kernels of at most 8, MLA latents of at most
+//! 1024 columns and rope parts of at most 128).
 //!
 //! Must not: run anything (frames do), or claim an op without a tested kernel.
 
@@ -41,6 +42,8 @@ impl OpLib for VkOps {
             Op::Rope { tail, inverse, .. } => !tail && !inverse,
             Op::Glu { kind, .. } => !matches!(kind, GluKind::LimitedSwiGlu { .. }),
             Op::Act { .. } | Op::Add { .. } | Op::Mul { .. } => true,
+            // With relative logits too (Inkling: the f32 kernels; placement never splits such a
+            // layer's KV mirror, whose split parts do not add them).
             Op::Attention { spec, .. } => {
                 spec.compressed.is_none()
                     && spec.head_dim <= 256
@@ -60,8 +63,12 @@ impl OpLib for VkOps {
             }
             // Gated DeltaNet (`ops/deltanet.rs`) and Kimi Delta Attention (`ops/kda.rs`) within
             // the kernels' head widths and kernel length.
+            // Inkling's short convolutions too (`ops/short_conv.rs`: the same convolution kernel
+            // in its row mode).
             Op::LinearAttention { spec, .. } => {
-                super::ops::DeltaNetShape::supported(spec) || super::ops::KdaShape::supported(spec)
+                super::ops::DeltaNetShape::supported(spec)
+                    || super::ops::KdaShape::supported(spec)
+                    || super::ops::short_conv::supported(spec)
             }
             // Multi-head latent attention (`ops/mla.rs`) within the kernels' latent and rope widths.
             // Over an indexer's selection too (`mla_attn_sparse.comp`); the indexer itself (its

@@ -133,7 +133,7 @@ push_blocks! {
     RmsNormPush for [RmsNorm] {
         width: u32, group: u32, eps: f32, offset: f32,
         x_off: u32, out_off: u32, width2: u32, group2: u32,
-        x2_off: u32, out2_off: u32, pad0: u32, pad1: u32,
+        x2_off: u32, out2_off: u32, scale: f32, pad1: u32,
     }
 
     /// Mirrors `rope.comp`'s push block.
@@ -217,7 +217,7 @@ push_blocks! {
     DeltanetConvPush for [DeltanetConv] {
         n: u32, nk: u32, nv: u32, dk: u32,
         dv: u32, kk: u32, p_off: u32, ring_off: u32,
-        conv_off: u32, planar: u32, pad1: u32, pad2: u32,
+        conv_off: u32, planar: u32, scale: f32, pad2: u32,
     }
 
     /// Mirrors `deltanet_rule.comp`'s push block.

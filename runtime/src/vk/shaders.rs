@@ -17,8 +17,10 @@ impl Kernel {
             Kernel::RmsNorm => 6,
             Kernel::QuantizeQ8 | Kernel::Glu | Kernel::Binary | Kernel::Route | Kernel::Rope => 3,
             Kernel::RopeKv => 9,
-            Kernel::AttnSplit => 19,
-            Kernel::AttnBlock | Kernel::AttnCoop => 8,
+            // Bindings 19-21: the relative logits (`attn.glsl`), which the cooperative kernel
+            // does not take.
+            Kernel::AttnSplit | Kernel::AttnBlock => 22,
+            Kernel::AttnCoop => 8,
             Kernel::AttnPart => 6,
             Kernel::MoeMatvec => 10,
             Kernel::MoeMatmul | Kernel::MoeMatmulCoop => 8,

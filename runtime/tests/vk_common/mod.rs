@@ -104,6 +104,12 @@ pub fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng
     b
 }
 
+/// `max |got - want|` over the largest |want| (at least 1e-3): the measure `assert_close` bounds.
+pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    let scale = want.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+    got.iter().zip(want).fold(0f32, |m, (g, w)| m.max((g - w).abs())) / scale
+}
+
 /// `max |got - want| <= tol * scale` where `scale` is the largest |want| (at least 1e-3).
 pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");

@@ -1,14 +1,15 @@
 //! The attention call of a device frame: its q/k norms, RoPE and the KV append, attention over
-//! the layer's mirror (a KV split's device part, the one-row kernel of a decode step), and, in
-//! a step of several sequences, the append and attention of each sequence over its own mirror
-//! at its own positions (the rows' products before and after run on all rows at once).
+//! the layer's mirror (a KV split's device part, the one-row kernel of a decode step; Inkling's
+//! relative logits, though not over a split nor per sequence), and, in a step of several
+//! sequences, the append and attention of each sequence over its own mirror at its own
+//! positions (the rows' products before and after run on all rows at once).
 
 use super::{DeviceModel, Rec};
 use crate::cpu::Precision;
 use crate::vk::ops::attn_part::PartArgs;
 use crate::vk::{
     AttnArgs, AttnPath, AttnShape, DecodeArgs, Frame as VkFrame, KvMirror, KvShape, NormArgs, Pos, QkNorm,
-    QuantizedActs, RopeArgs, RopeKvArgs, View, VkError,
+    QuantizedActs, RelArgs, RopeArgs, RopeKvArgs, View, VkError,
 };
 use coli_compiler::ir::{AttentionSpec, ValueId};
 use coli_compiler::schedule::{AttentionCall, Kernel, MatSrc, Norm};
@@ -66,6 +67,17 @@ impl DeviceModel {
             RopeArgs { freq: fb.all(), style: r.style, mscale }
         });
         let shape = AttnShape::of(spec);
+        // Inkling's relative logits: the block's states and the layer's `[d_rel, extent]` bank.
+        let rel = spec.rel.as_ref().map(|r| RelArgs {
+            r: view(r.r),
+            proj: self.vecs[&r.proj.name].all(),
+            d_rel: r.d_rel,
+            extent: r.extent,
+        });
+        if rel.is_some() && (rec.seqs.len() > 1 || split.is_some()) {
+            let msg = "relative logits in a batched step or over a KV split (placement makes neither)";
+            return Err(VkError::BadArgument { op: "attention", msg: msg.into() });
+        }
         if rec.seqs.len() > 1 {
             return self.record_attention_per_sequence(f, rec, a, args, sinks_of(self, spec));
         }
@@ -114,16 +126,17 @@ impl DeviceModel {
                 norm: qk_norm,
                 q8,
             };
-            return f.attention_decode(shape, decode);
+            return f.attention_decode_rel(shape, decode, rel);
         }
         f.rope_kv(rope_kv)?;
         let (keys, values) = match pos {
             Pos::Fixed(p0) => (mk.view(0, (p0 + n) * w(k)), mv.view(0, (p0 + n) * w(v))),
             Pos::Dynamic(_) => (mk.all(), mv.all()),
         };
-        f.attention_at(
+        f.attention_rel_at(
             shape,
             AttnArgs { q: view(q), k: keys, v: values, sinks, out: view(out), n },
+            rel,
             pos,
             AttnPath::Auto,
         )?;

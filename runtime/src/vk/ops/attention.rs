@@ -1,5 +1,6 @@
 //! Causal grouped-query attention of a block of query rows over a layer's cached keys and
-//! values, with a sliding window and per-head sinks. Reference: `cpu::attention::attend`.
+//! values, with a sliding window, per-head sinks and relative-position logits (Inkling's,
+//! `RelArgs`: the f32 kernels only). Reference: `cpu::attention::attend_rel`.
 //! Decode (one row) splits the positions across workgroups, the last of which joins the
 //! partial softmaxes (`attn_split.comp`, one dispatch); prompt chunks run the flash-style
 //! blocked kernel (`attn_block.comp`). `rope_kv` rotates the block's q and k rows and appends its k and v
@@ -124,6 +125,18 @@ pub struct AttnArgs<'a> {
     pub n: usize,
 }
 
+/// Relative-position logits (Inkling's `AttentionSpec::rel`): `r`, the block's rows of `heads x
+/// d_rel` states (`n x heads * d_rel`), and `proj` (`[d_rel, extent]`, from element 0). Row
+/// `i`, head `h` and a key `d < extent` positions back get `sum_j r[i, h * d_rel + j] * proj[j,
+/// d]` added to their scaled score (`cpu::attention::rel_logits`, `attend_rel`).
+#[derive(Clone, Copy, Debug)]
+pub struct RelArgs<'a> {
+    pub r: View<'a>,
+    pub proj: View<'a>,
+    pub d_rel: usize,
+    pub extent: usize,
+}
+
 /// What `attention_decode` takes for its one row: the rotation (`None`: none), the row's
 /// projections `q`, `k`, `v`, the layer's mirror (its `k` and `v` from element 0, covering
 /// every position a run sees), the sinks, the output row, the position, the absorbed q and k
@@ -222,7 +235,21 @@ impl<'a> Frame<'a> {
 
     /// `attention` with the block's position fixed or read on the device (`Pos`).
     pub fn attention_at(&mut self, s: AttnShape, a: AttnArgs<'a>, pos: Pos<'a>, path: AttnPath) -> Result<()> {
-        self.attention_inner(s, a, pos, path, None)
+        self.attention_inner(s, a, pos, path, None, None)
+    }
+
+    /// `attention_at` with relative-position logits (`rel`; `None`: as `attention_at`). The
+    /// f16 cooperative kernel does not take them: `AttnPath::Auto` takes the f32 kernels, and
+    /// `AttnPath::Coop` is an error.
+    pub fn attention_rel_at(
+        &mut self,
+        s: AttnShape,
+        a: AttnArgs<'a>,
+        rel: Option<RelArgs<'a>>,
+        pos: Pos<'a>,
+        path: AttnPath,
+    ) -> Result<()> {
+        self.attention_inner(s, a, pos, path, None, rel)
     }
 
     /// One row's `rope_kv` and `attention_at` in one kernel (the split path): `q`, `k`, `v`
@@ -235,7 +262,17 @@ impl<'a> Frame<'a> {
     /// it; `v_head_dim` must then be a multiple of 32. References: `cpu::norm::rms_norm`,
     /// `cpu::rope::apply_row`, `cpu::attention::attend`.
     pub fn attention_decode(&mut self, s: AttnShape, a: DecodeArgs<'a>) -> Result<Option<QuantizedActs>> {
-        self.decode_with(s, a, None)
+        self.decode_with(s, a, None, None)
+    }
+
+    /// `attention_decode` with relative-position logits (`rel`, its `r` the row's states).
+    pub fn attention_decode_rel(
+        &mut self,
+        s: AttnShape,
+        a: DecodeArgs<'a>,
+        rel: Option<RelArgs<'a>>,
+    ) -> Result<Option<QuantizedActs>> {
+        self.decode_with(s, a, None, rel)
     }
 
     /// `attention_decode` for one row of each of several sequences (a batched decode step),
@@ -252,7 +289,7 @@ impl<'a> Frame<'a> {
         }
         let runs = self.counter_runs(s.heads, seqs.len())?;
         for (a, c) in seqs.iter().zip(runs) {
-            self.decode_with(s, *a, Some(c))?;
+            self.decode_with(s, *a, Some(c), None)?;
         }
         Ok(())
     }
@@ -262,6 +299,7 @@ impl<'a> Frame<'a> {
         s: AttnShape,
         a: DecodeArgs<'a>,
         counters: Option<Bind<'static>>,
+        rel: Option<RelArgs<'a>>,
     ) -> Result<Option<QuantizedActs>> {
         const OP: &str = "attention_decode";
         let DecodeArgs { rope, q, k, v, mirror, sinks, out, pos, norm, q8 } = a;
@@ -338,7 +376,7 @@ impl<'a> Frame<'a> {
             oxd,
         };
         let attn = AttnArgs { q, k: mk, v: mv, sinks, out, n: 1 };
-        self.attention_inner(s, attn, pos, AttnPath::Split, Some((extra, counters)))?;
+        self.attention_inner(s, attn, pos, AttnPath::Split, Some((extra, counters)), rel)?;
         Ok(acts)
     }
 
@@ -349,6 +387,7 @@ impl<'a> Frame<'a> {
         pos: Pos<'a>,
         path: AttnPath,
         decode: Option<(Decode<'a>, Option<Bind<'static>>)>,
+        rel: Option<RelArgs<'a>>,
     ) -> Result<()> {
         const OP: &str = "attention";
         let (decode, own_counters) = (decode.map(|d| d.0), decode.and_then(|d| d.1));
@@ -387,9 +426,37 @@ impl<'a> Frame<'a> {
                 return Err(VkError::BadArgument { op: OP, msg: "sink views must start at element 0".into() });
             }
         }
+        if let Some(r) = rel {
+            r.r.check(OP, "relative states", n * s.heads * r.d_rel)?;
+            r.proj.check(OP, "relative projection", r.d_rel * r.extent)?;
+            if r.proj.offset != 0 {
+                return Err(VkError::BadArgument {
+                    op: OP,
+                    msg: "relative projection views must start at element 0".into(),
+                });
+            }
+            if path == AttnPath::Coop {
+                return Err(VkError::BadArgument {
+                    op: OP,
+                    msg: "the f16 cooperative kernel does not take relative logits".into(),
+                });
+            }
+        }
         if n == 0 {
             return Ok(());
         }
+        // The relative logits' bindings (19-21 of both f32 kernels), or none.
+        let rel_binds = match rel {
+            Some(r) => {
+                let words = [
+                    u32_arg(OP, "relative states offset", r.r.offset)?,
+                    u32_arg(OP, "d_rel", r.d_rel)?,
+                    u32_arg(OP, "extent", r.extent)?,
+                ];
+                [Bind::buf(r.r.buf), Bind::buf(r.proj.buf), self.constants(&words)?]
+            }
+            None => [Bind::UNUSED; 3],
+        };
         let span = s.window.map_or(len, |w| w.min(len));
         let (splits, chunk) = if dyn_ != 0 {
             (MAX_SPLITS, 0)
@@ -405,7 +472,7 @@ impl<'a> Frame<'a> {
             v_head_dim: s.v_head_dim as u32,
             pos0: u32_arg(OP, "pos0", pos0)?,
             window: u32_arg(OP, "window", s.window.unwrap_or(0))?,
-            flags: sinks.is_some() as u32 | (decode.is_some() as u32) << 1 | dyn_ << 2,
+            flags: sinks.is_some() as u32 | (decode.is_some() as u32) << 1 | dyn_ << 2 | (rel.is_some() as u32) << 3,
             scale: s.scale,
             q_off: u32_arg(OP, "q offset", q.offset)?,
             k_off: u32_arg(OP, "k offset", k.offset)?,
@@ -436,7 +503,7 @@ impl<'a> Frame<'a> {
                 })
             }
             AttnPath::Coop => true,
-            AttnPath::Auto => !split && self.attention_on_coopmat(s, n),
+            AttnPath::Auto => !split && rel.is_none() && self.attention_on_coopmat(s, n),
             AttnPath::Split | AttnPath::Block => false,
         };
         if split {
@@ -479,15 +546,30 @@ impl<'a> Frame<'a> {
                 d.kn,
                 d.oxq,
                 d.oxd,
+                rel_binds[0],
+                rel_binds[1],
+                rel_binds[2],
             ];
             let rows = u32_arg(OP, "n", n)?;
             self.dispatch(Kernel::AttnSplit, None, &binds, &push, [heads, rows, splits as u32])
         } else {
             push.splits = 1;
-            let binds = [base[0], base[1], base[2], base[3], Bind::UNUSED, Bind::UNUSED, Bind::buf(out.buf), params];
+            let mut binds = [Bind::UNUSED; 22];
+            binds[..8].copy_from_slice(&[
+                base[0],
+                base[1],
+                base[2],
+                base[3],
+                Bind::UNUSED,
+                Bind::UNUSED,
+                Bind::buf(out.buf),
+                params,
+            ]);
+            binds[19..].copy_from_slice(&rel_binds);
             if coop {
+                let binds = &binds[..8];
                 let blocks = u32_arg(OP, "blocks", n.div_ceil(COOP_BQ))?;
-                self.dispatch(Kernel::AttnCoop, None, &binds, &push, [heads, blocks, 1])
+                self.dispatch(Kernel::AttnCoop, None, binds, &push, [heads, blocks, 1])
             } else {
                 self.dispatch(
                     Kernel::AttnBlock,

@@ -334,7 +334,7 @@ impl<'a> Frame<'a> {
                 ConvInput::Planar => 1,
                 ConvInput::Rows => 2,
             },
-            pad1: 0,
+            scale: 1.0,
             pad2: 0,
         };
         let binds = [Bind::buf(proj.buf), Bind::buf(taps.buf), Bind::buf(ring.buf), Bind::buf(conv.buf)];

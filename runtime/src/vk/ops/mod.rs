@@ -15,10 +15,11 @@ pub mod mla;
 pub mod moe;
 pub mod norm;
 pub mod route;
+pub mod short_conv;
 
 pub use attention::{
-    AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, Pos, QkNorm, RopeArgs, RopeKvArgs, COOP_ATTN_ROWS,
-    COOP_MIN_WINDOW,
+    AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, Pos, QkNorm, RelArgs, RopeArgs, RopeKvArgs,
+    COOP_ATTN_ROWS, COOP_MIN_WINDOW,
 };
 pub use deltanet::{DeltaNetCall, DeltaNetIn, DeltaNetMats, DeltaNetScratch, DeltaNetShape, RuleViews};
 pub use dsa::{DsaSelectArgs, DsaShape};
@@ -27,6 +28,7 @@ pub use matmul::{MatIn, MatmulPath, QuantizedActs};
 pub use mla::{MlaAttnArgs, MlaCache, MlaCall, MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape};
 pub use moe::{DeviceExperts, MoeCall, MoePath, MoeScratch, PackedExpert, MAX_EXPERTS as MOE_MAX_EXPERTS};
 pub use route::RouteParams;
+pub use short_conv::RowConv;
 
 use super::error::{Result, VkError};
 use super::frame::Frame;

@@ -42,16 +42,31 @@ impl<'a> Frame<'a> {
     /// `out = x / rms(x) * (weight + offset)` over groups of `weight.len` columns of `n` rows
     /// of `width` (`a`); `x` and `out` may be the same view.
     pub fn rms_norm(&mut self, a: NormArgs<'a>, n: usize, eps: f32, offset: f32) -> Result<()> {
-        self.rms_norms(a, None, n, eps, offset)
+        self.rms_norms(a, None, n, eps, offset, 1.0)
+    }
+
+    /// `rms_norm` with its output times `scale` (a scaled norm, `rms_norm_scaled`: Inkling's
+    /// final norm over `logits_mup_width_multiplier`); reference: `Op::RmsNorm` in
+    /// `cpu::run_op`, which scales `cpu::norm::rms_norm`'s output.
+    pub fn rms_norm_scaled(&mut self, a: NormArgs<'a>, n: usize, eps: f32, offset: f32, scale: f32) -> Result<()> {
+        self.rms_norms(a, None, n, eps, offset, scale)
     }
 
     /// Two independent `rms_norm`s of `n` rows each (the same `eps` and `offset`) in one
     /// dispatch: neither may read what the other writes.
     pub fn rms_norm_pair(&mut self, a: NormArgs<'a>, b: NormArgs<'a>, n: usize, eps: f32, offset: f32) -> Result<()> {
-        self.rms_norms(a, Some(b), n, eps, offset)
+        self.rms_norms(a, Some(b), n, eps, offset, 1.0)
     }
 
-    fn rms_norms(&mut self, a: NormArgs<'a>, b: Option<NormArgs<'a>>, n: usize, eps: f32, offset: f32) -> Result<()> {
+    fn rms_norms(
+        &mut self,
+        a: NormArgs<'a>,
+        b: Option<NormArgs<'a>>,
+        n: usize,
+        eps: f32,
+        offset: f32,
+        scale: f32,
+    ) -> Result<()> {
         const OP: &str = "rms_norm";
         let check = |t: &NormArgs| -> Result<(u32, u32, u32, u32)> {
             let group = t.weight.len;
@@ -90,7 +105,7 @@ impl<'a> Frame<'a> {
             group2: g2,
             x2_off: x2,
             out2_off: o2,
-            pad0: 0,
+            scale,
             pad1: 0,
         };
         let mut binds = vec![Bind::buf(a.x.buf), Bind::buf(a.weight.buf), Bind::buf(a.out.buf)];
