@@ -86,6 +86,10 @@ fn state_floats(s: &crate::ir::LinearAttentionSpec) -> u64 {
         s.value_head_dim as u64,
         s.conv_kernel as u64,
     );
+    if s.kind == crate::ir::LinearAttentionKind::ShortConv {
+        // The ring of its last `conv_kernel - 1` input rows.
+        return kd.saturating_mul(k.saturating_sub(1));
+    }
     let conv_channels = (2 * kh).saturating_mul(kd).saturating_add(vh.saturating_mul(vd));
     vh.saturating_mul(kd).saturating_mul(vd).saturating_add(conv_channels.saturating_mul(k.saturating_sub(1)))
 }
@@ -203,8 +207,8 @@ impl Sizer {
                 Op::Indexer { spec, .. } => {
                     c.kv = c.kv.saturating_add(self.context.saturating_mul(spec.head_dim as u64).saturating_mul(F32));
                 }
-                // A short convolution's input rows live in the host's session: no device runs it.
-                Op::LinearAttention { spec, .. } if spec.kind == crate::ir::LinearAttentionKind::ShortConv => {}
+                // A short convolution's state on a device is its ring of the last inputs (the
+                // session's rows stay on the host).
                 Op::LinearAttention { spec, .. } => {
                     c.state = c.state.saturating_add(state_floats(spec).saturating_mul(F32))
                 }
