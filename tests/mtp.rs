@@ -52,6 +52,8 @@ fn the_draft_layer_matches_its_reference() {
     // GLM-5's as llama.cpp's converter writes it: the MTP block counted in `block_count`, its
     // own tensors under `blk.2.nextn.*` (tools/make_gguf_mixers.py).
     draft_layer_matches("glm_moe_dsa_mtp", &fixture_dir("gguf_mixers").join("glm-dsa-mtp.gguf"));
+    // Qwen3.5's as llama.cpp's qwen35moe lays it out (`blk.2.*`, `blk.2.nextn.*`).
+    draft_layer_matches("qwen3_5_moe_mtp", &fixture_dir("gguf_mixers").join("qwen35moe-mtp.gguf"));
     // DeepSeek-V3.2's the same way (`deepseek32`: an indexer in the MTP block too).
     draft_layer_matches("deepseek_v32_mtp", &fixture_dir("gguf_mixers").join("deepseek32-mtp.gguf"));
     // Qwen3.5 as its published vision-language wrapper lays it out: the model under

@@ -57,6 +57,11 @@ architecture, its tensor names, and the transforms it applies to the tensors.
   `indexer_types` as the Bools `attention.indexer.types` (true: full).
 - deepseek_v32 -> deepseek32.gguf (`deepseek32`): glm-dsa.gguf's layout without `indexer_types`
   (every layer has its indexer), YaRN as deepseek2.gguf's.
+- qwen3_5_moe_mtp -> qwen35moe-mtp.gguf: qwen35moe.gguf's transforms with the MTP module as one
+  more block (`block_count` 3, `nextn_predict_layers` 1): its layer as `blk.2.*`, `mtp.fc` /
+  `pre_fc_norm_embedding` / `pre_fc_norm_hidden` / `norm` as `blk.2.nextn.eh_proj` / `enorm` /
+  `hnorm` / `shared_head_norm`, the norms plus 1 as every zero-centred norm (llama.cpp's qwen35moe
+  MTP graph multiplies by them alone).
 - deepseek_v32_mtp -> deepseek32-mtp.gguf: the same with its MTP block, as glm-dsa-mtp.gguf's.
 - glm_moe_dsa_mtp -> glm-dsa-mtp.gguf: the same with the MTP block (`block_count` 3,
   `nextn_predict_layers` 1): its layer as `blk.2.*` and its own tensors as `blk.2.nextn.enorm` /
@@ -421,10 +426,28 @@ def tile_value_heads(name, x, cfg):
     return x
 
 
+# Qwen3.5's MTP module's own tensors and their names in an MTP block (llama.cpp's `nextn.*`).
+QWEN_NEXTN = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "norm": "shared_head_norm"}
+
+
 def qwen3next(cfg, t, arch="qwen3next", file="qwen3next.gguf"):
     w = gguf_mod.GGUFWriter(os.path.join(OUT, file), arch)
-    names = gguf_mod.get_tensor_name_map(gguf_mod.MODEL_ARCH.QWEN3NEXT if arch == "qwen3next" else gguf_mod.MODEL_ARCH.QWEN35MOE, cfg["num_hidden_layers"])
     t = dict(t)
+    # An MTP module (`mtp.*`) is written as one more block after the others, counted in
+    # `block_count`: its layer as `blk.L.*` (the same transforms), its own tensors as
+    # `blk.L.nextn.*` (norms plus 1 as the others: llama.cpp's MTP graph multiplies by them alone).
+    layers = cfg["num_hidden_layers"]
+    mtp = 1 if any(k.startswith("mtp.") for k in t) else 0
+    nextn = {}
+    for k in [k for k in t if k.startswith("mtp.")]:
+        x = t.pop(k)
+        if k.startswith("mtp.layers.0."):
+            t[f"model.layers.{layers}." + k[len("mtp.layers.0."):]] = x
+        else:
+            own = k[len("mtp."):-len(".weight")]
+            nextn[f"blk.{layers}.nextn.{QWEN_NEXTN[own]}.weight"] = x + np.float32(1) if own != "fc" else x
+    cfg = dict(cfg, num_hidden_layers=layers + mtp)
+    names = gguf_mod.get_tensor_name_map(gguf_mod.MODEL_ARCH.QWEN3NEXT if arch == "qwen3next" else gguf_mod.MODEL_ARCH.QWEN35MOE, cfg["num_hidden_layers"])
     if arch == "qwen3next":
         extra = qwen3next_moe_for_dense(cfg, t)
         for i in cfg.get("mlp_only_layers") or []:
@@ -434,6 +457,8 @@ def qwen3next(cfg, t, arch="qwen3next", file="qwen3next.gguf"):
         if extra:
             write_hf(os.path.join(OUT, "qwen3next-moe.safetensors"), extra)
     common(w, cfg, f"{arch} fixture")
+    if mtp:
+        w.add_nextn_predict_layers(mtp)
     w.add_key_length(cfg["head_dim"])
     w.add_value_length(cfg["head_dim"])
     w.add_expert_count(cfg["num_experts"])
@@ -446,7 +471,9 @@ def qwen3next(cfg, t, arch="qwen3next", file="qwen3next.gguf"):
     w.add_ssm_time_step_rank(cfg["linear_num_value_heads"])
     w.add_ssm_inner_size(cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"])
     w.add_full_attention_interval(full_attention_interval(cfg))
-    w.add_rope_dimension_count(int(cfg["head_dim"] * cfg.get("partial_rotary_factor", 0.25)))
+    # The rotary fraction as transformers reads it: `rope_parameters` first.
+    partial = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
+    w.add_rope_dimension_count(int(cfg["head_dim"] * partial))
     if arch == "qwen35moe":
         sections = list(cfg["rope_parameters"]["mrope_section"]) + [0] * 4
         w.add_rope_dimension_sections(sections[:4])
@@ -480,6 +507,8 @@ def qwen3next(cfg, t, arch="qwen3next", file="qwen3next.gguf"):
             w.add_tensor(f"blk.{b}.attn_gate.weight", np.ascontiguousarray(flat(z).T))
             continue
         w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), x)
+    for name, x in nextn.items():
+        w.add_tensor(name, x)
     for i in range(cfg["num_hidden_layers"]):
         for r in ("down", "gate", "up"):
             stack = [experts.pop(f"model.layers.{i}.mlp.experts.{e}.{r}_proj.weight") for e in range(cfg["num_experts"])]
@@ -604,6 +633,7 @@ MAKERS = {
     "deepseek_v3": deepseek2, "deepseek_v2": deepseek2_softmax, "gpt_oss": gpt_oss, "mimo_v2_flash": mimo2,
     "qwen3_next": qwen3next,
     "qwen3_5_moe": lambda cfg, t: qwen3next(cfg, t, "qwen35moe", "qwen35moe.gguf"),
+    "qwen3_5_moe_mtp": lambda cfg, t: qwen3next(cfg, t, "qwen35moe", "qwen35moe-mtp.gguf"),
     "kimi_linear": kimi_linear,
     "mixtral": mixtral,
     "glm_moe_dsa": lambda cfg, t: deepseek2(cfg, t, "glm-dsa.gguf", "glm_moe_dsa", arch="glm-dsa"),
