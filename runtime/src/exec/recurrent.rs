@@ -72,6 +72,9 @@ struct Conv {
 pub struct Recurrent {
     layers: Vec<Option<Layer>>,
     convs: Vec<Conv>,
+    /// Per layer, the indices of its short convolutions in `convs` (a few a layer: looked up
+    /// by every frame that runs them).
+    convs_of: Vec<Vec<usize>>,
     /// The short convolutions' read-back rows: one frame's after another's, so the
     /// convolutions of one frame side by side (the host takes them before the next frame).
     conv_back: Option<DeviceBuffer>,
@@ -128,6 +131,7 @@ impl Recurrent {
     ) -> Result<Recurrent, VkError> {
         let mut layers: Vec<Option<Layer>> = (0..program.layers.len()).map(|_| None).collect();
         let mut convs = Vec::new();
+        let mut convs_of: Vec<Vec<usize>> = vec![Vec::new(); program.layers.len()];
         let mut back_floats = 0;
         let mut widest: Option<DeltaNetShape> = None;
         let mut widest_kda: Option<KdaShape> = None;
@@ -139,6 +143,9 @@ impl Recurrent {
                     let (taps, by) = conv_roles(spec).ok_or_else(|| bad(format!("{layer}: no conv1d taps")))?;
                     let (width, kernel) = (program.value(*x).width, spec.conv_kernel);
                     let scale = by.map_or(1.0, |n| weights.vector(n).first().copied().unwrap_or(1.0));
+                    if let Some(of) = convs_of.get_mut(layer.0 as usize) {
+                        of.push(convs.len());
+                    }
                     convs.push(Conv {
                         layer: layer.0 as usize,
                         key: taps.to_string(),
@@ -193,14 +200,15 @@ impl Recurrent {
             0 => None,
             f => Some(ctx.buffer(MemoryUse::Readback, f * 4)?),
         };
-        Ok(Recurrent { layers, convs, conv_back, scratch, kda })
+        Ok(Recurrent { layers, convs, convs_of, conv_back, scratch, kda })
     }
 
     /// The short convolution of `layer` whose taps are `key`.
     fn conv_at(&self, layer: usize, key: &str) -> Result<usize, VkError> {
-        self.convs
-            .iter()
-            .position(|c| c.layer == layer && c.key == key)
+        let of = self.convs_of.get(layer).map_or(&[][..], Vec::as_slice);
+        of.iter()
+            .copied()
+            .find(|&i| self.convs[i].key == key)
             .ok_or_else(|| bad(format!("l{layer}: no device ring for the short convolution {key}")))
     }
 
