@@ -34,6 +34,8 @@ pub const KERNELS: &[(&str, &str, bool)] = &[
     ("MlaValue", "mla_value.comp", true),
     ("MlaAttnSparse", "mla_attn_sparse.comp", false),
     ("DsaSelect", "dsa_select.comp", false),
+    ("DsaScore", "dsa_score.comp", false),
+    ("LayerNorm", "layer_norm.comp", false),
     ("MatmulCoop", "matmul_coop.comp", true),
     ("MoeMatmulCoop", "moe_matmul_coop.comp", true),
     ("AttnCoop", "attn_coop.comp", false),

@@ -176,7 +176,8 @@ fn tier3() -> Option<TierOptions> {
 #[test]
 fn a_batched_forward_on_the_device_gives_each_session_what_the_cpu_gives() {
     // Attention with RoPE, MLA, experts resident in the frames, experts through the tier,
-    // sliding windows with sinks, DeepSeek Sparse Attention's host frames run per sequence.
+    // sliding windows with sinks, DeepSeek Sparse Attention's indexer per sequence over its own
+    // index-key mirror.
     let cases = [
         ("llama", None),
         ("deepseek_v3", None),

@@ -1,9 +1,10 @@
 //! DeepSeek Sparse Attention with a Vulkan device (Lavapipe in CI) against the CPU: the
 //! DeepSeek-V3.2 and GLM-MoE-DSA fixtures' logits and greedy tokens, prompts whole and in
-//! chunks of 1 and 3, with every full layer's indexer in a host frame (its key LayerNorm and
-//! key cache are the CPU's; its selection goes up to the device) and every layer's MLA over
-//! the selection on the device (its latent mirror behind the host's cache); a device lost
-//! mid-decode that the CPU finishes with the same tokens; the session cut back mid-sequence.
+//! chunks of 1 and 3, every full layer's indexer (its key LayerNorm, its index-key mirror
+//! behind the host's keys, the selection) and every layer's MLA over the selection (its latent
+//! mirror behind the host's cache) on the device, the routed experts on the CPU (several frames
+//! a step) or resident (one frame a step, replayed); a device lost mid-decode that the CPU
+//! finishes with the same tokens; the session cut back mid-sequence.
 //!
 //! Tolerance: logits within 1e-4 of the largest |logit| (f32 weights: the device and the CPU
 //! differ only in the order of float operations); greedy tokens identical.
@@ -23,13 +24,19 @@ const FIXTURES: &[&str] = &["deepseek_v32", "glm_moe_dsa"];
 /// `dir` on the device with every routed expert on the CPU (no tier, none resident), so a
 /// decode step is several device frames with host steps between them.
 fn load_on_device(dir: &Path, fault: Option<FaultInjection>) -> Engine {
+    load_with(dir, fault, false)
+}
+
+/// `dir` on the device, its routed experts resident there when `resident` (a decode step one
+/// frame), else on the CPU.
+fn load_with(dir: &Path, fault: Option<FaultInjection>, resident: bool) -> Engine {
     let req = EngineOptions {
         device: DeviceRequest::Vulkan(VkOptions { fault, ..Default::default() }),
         compile: Options {
             context: 256,
             chunk_rows: 8,
-            expert_tier: false,
-            resident_experts: false,
+            expert_tier: resident,
+            resident_experts: resident,
             ..Options::default()
         },
         ..EngineOptions::default()
@@ -50,29 +57,34 @@ fn dsa_fixtures_with_a_device_match_the_cpu() {
         let prompt = ids(&oracle["prompt_ids"]);
         let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
         let (want, want_toks, _) = run(&load_model(&dir), &prompt, prompt.len(), 12);
-        let dev = load_on_device(&dir, None);
-        if dev.device().is_none() {
-            eprintln!("no Vulkan device: {}", dev.device_note());
-            return;
-        }
-        let (host, device) = (layer_ops(&dev, true), layer_ops(&dev, false));
-        let layers = dev.plan().program.dims.layers;
-        let full = dev.plan().program.layers.iter().filter(|l| l.ops.iter().any(|o| op_name(o) == "indexer")).count();
-        assert_eq!(host.iter().filter(|o| **o == "indexer").count(), full, "{name}: {host:?}");
-        assert_eq!(device.iter().filter(|o| **o == "mla").count(), layers, "{name}: {device:?}");
-        assert!(!host.contains(&"mla") && !device.contains(&"indexer"), "{name}: {host:?}");
-        for chunk in [prompt.len(), 1, 3] {
-            let (got, toks, notice) = run(&dev, &prompt, chunk, 12);
-            assert!(notice.is_none(), "{name}: {notice:?}");
-            let err = max_abs_diff(&got, &want);
-            eprintln!("{name} chunk {chunk}: max |device - cpu| = {err:.3e} (bound {:.3e})", 1e-4 * max);
-            assert!(err <= 1e-4 * max, "{name} chunk {chunk}: max |device - cpu| = {err}");
-            assert_eq!(toks, want_toks, "{name} chunk {chunk}: greedy tokens differ");
+        for resident in [false, true] {
+            let dev = load_with(&dir, None, resident);
+            if dev.device().is_none() {
+                eprintln!("no Vulkan device: {}", dev.device_note());
+                return;
+            }
+            let (host, device) = (layer_ops(&dev, true), layer_ops(&dev, false));
+            let layers = dev.plan().program.dims.layers;
+            let program = &dev.plan().program;
+            let full = program.layers.iter().filter(|l| l.ops.iter().any(|o| op_name(o) == "indexer")).count();
+            assert_eq!(device.iter().filter(|o| **o == "indexer").count(), full, "{name}: {device:?}");
+            assert_eq!(device.iter().filter(|o| **o == "mla").count(), layers, "{name}: {device:?}");
+            assert!(!host.contains(&"mla") && !host.contains(&"indexer"), "{name}: {host:?}");
+            assert_eq!(host.contains(&"routed_experts"), !resident, "{name}: {host:?}");
+            for chunk in [prompt.len(), 1, 3] {
+                let (got, toks, notice) = run(&dev, &prompt, chunk, 12);
+                assert!(notice.is_none(), "{name}: {notice:?}");
+                let err = max_abs_diff(&got, &want);
+                let what = format!("{name} chunk {chunk}, experts resident {resident}");
+                eprintln!("{what}: max |device - cpu| = {err:.3e} (bound {:.3e})", 1e-4 * max);
+                assert!(err <= 1e-4 * max, "{what}: max |device - cpu| = {err}");
+                assert_eq!(toks, want_toks, "{what}: greedy tokens differ");
+            }
         }
     }
 }
 
-/// A submit failing in the middle of a decode step (after an earlier frame's indexer keys and
+/// A submit failing in the middle of a decode step (after an earlier frame's index keys and
 /// MLA rows reached the host's cache) re-runs the step on the CPU from the host's cache, and
 /// the CPU finishes the run with the same tokens; before that, a session on the device cut back
 /// by one step and to 0 lands on the same logits.

@@ -50,7 +50,8 @@ pub enum OpKind {
     /// Routed experts with shared experts beside them (`ExpertWeights::shared`): the CPU's
     /// only (neither the expert tier nor a device's resident experts hold shared ones).
     RoutedExpertsShared,
-    /// DeepSeek Sparse Attention's indexer (`Op::Indexer`): the CPU's only.
+    /// DeepSeek Sparse Attention's indexer (`Op::Indexer`): its key cache beside the MLA
+    /// latents (a kind of its own, so a profile that lists `mla` alone does not claim it).
     Indexer,
     /// MLA over an indexer's selection (`MlaSpec::select`): the CPU and the Vulkan library run
     /// it (a kind of its own, so a profile that lists `mla` alone does not claim it).
@@ -120,7 +121,7 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::RmsNormScaled, name: "rms_norm_scaled", host_step: false, by_default: true },
     OpInfo { kind: OpKind::RouteShared, name: "route_shared", host_step: true, by_default: false },
     OpInfo { kind: OpKind::RoutedExpertsShared, name: "routed_experts_shared", host_step: true, by_default: false },
-    OpInfo { kind: OpKind::Indexer, name: "indexer", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::Indexer, name: "indexer", host_step: false, by_default: true },
     OpInfo { kind: OpKind::MlaSparse, name: "mla_sparse", host_step: false, by_default: true },
     OpInfo { kind: OpKind::GroupedLinear, name: "grouped_linear", host_step: false, by_default: false },
     OpInfo { kind: OpKind::HyperPre, name: "hyper_pre", host_step: false, by_default: false },
@@ -224,11 +225,11 @@ mod tests {
             OpKind::RmsNormScaled,
             OpKind::ShortConv,
             OpKind::AttentionRel,
+            OpKind::Indexer,
         ] {
             assert!(none.runs(k), "{k}");
         }
         for k in [
-            OpKind::Indexer,
             OpKind::GroupedLinear,
             OpKind::HyperPre,
             OpKind::HyperPost,

@@ -1,7 +1,8 @@
 //! DeepSeek Sparse Attention in the IR: the indexer is an op whose output (a selection) a later
 //! MLA reads, so GLM-MoE-DSA's shared layers read the last full layer's selection instead of
 //! recomputing it; the indexer's roles and shapes are located diagnostics; where a profile lists
-//! no kinds the indexer runs on the host and the MLA over its selection on the device.
+//! no kinds the indexer and the MLA over its selection run on the device, in one frame; a
+//! profile that names kinds without `indexer` keeps the indexer on the host.
 
 use coli_compiler::bind::Bindings;
 use coli_compiler::ids::Place;
@@ -56,25 +57,40 @@ fn shared_layers_read_the_last_full_layers_selection() {
     assert!(text.contains("= indexer v") && text.contains(" select v"), "{text}");
 }
 
-/// A profile that lists no kinds leaves the indexer on the host and puts the MLA over its
-/// selection on the device.
-#[test]
-fn the_indexer_stays_on_the_host_and_sparse_mla_goes_to_the_device_by_default() {
-    let profile = DeviceProfile::load(&graphs().join("profiles/h200.ron")).unwrap_or_else(|d| panic!("{d}"));
+/// Where each indexer and sparse MLA of DeepSeek-V3.2's plan runs for `profile`, and how many
+/// frames the plan has.
+fn places(profile: &DeviceProfile) -> (Vec<(&'static str, Place)>, usize) {
     let text = std::fs::read_to_string(graphs().join("deepseek_v32.ron")).unwrap();
     let config = graphs().join("configs/deepseek-v3.2.json");
-    let plan = compile_text("deepseek_v32.ron", &text, &config, &profile).unwrap_or_else(|d| panic!("{d}"));
+    let plan = compile_text("deepseek_v32.ron", &text, &config, profile).unwrap_or_else(|d| panic!("{d}"));
+    let mut out = Vec::new();
     for f in &plan.frames {
         for &id in &f.ops {
             let kind = coli_compiler::frames::op_of(&plan.program, id).kind().info().name;
-            if kind == "indexer" {
-                assert_eq!(f.place, Place::Host, "{kind} in {f:?}");
-            }
-            if kind == "mla_sparse" {
-                assert_ne!(f.place, Place::Host, "{kind} in {f:?}");
+            if kind == "indexer" || kind == "mla_sparse" {
+                out.push((kind, f.place));
             }
         }
     }
+    (out, plan.frames.len())
+}
+
+/// A profile that lists no kinds puts the indexer and the MLA over its selection on the device;
+/// one that names its kinds without `indexer` keeps the indexer on the host, a frame cut at each.
+#[test]
+fn the_indexer_runs_on_the_device_by_default_and_on_the_host_where_a_profile_leaves_it_out() {
+    let mut profile = DeviceProfile::load(&graphs().join("profiles/h200.ron")).unwrap_or_else(|d| panic!("{d}"));
+    let (on, frames) = places(&profile);
+    assert!(on.iter().any(|(k, _)| *k == "indexer"), "{on:?}");
+    assert!(on.iter().all(|(_, p)| *p != Place::Host), "{on:?}");
+    let kinds =
+        coli_compiler::ops::OpKind::all().filter(|k| k.info().by_default && *k != coli_compiler::ops::OpKind::Indexer);
+    profile.devices[0].features.ops = Some(kinds.collect());
+    let (apart, more) = places(&profile);
+    for (kind, place) in &apart {
+        assert_eq!(*place == Place::Host, *kind == "indexer", "{kind}: {apart:?}");
+    }
+    assert!(more > frames, "a host frame per indexer: {more} frames against {frames}");
 }
 
 #[test]

@@ -140,6 +140,16 @@ impl Sizer {
         }
         let widths: u64 = used.iter().fold(0u64, |a, v| a.saturating_add(program.value(*v).width as u64));
         s.fixed = s.chunk_rows.saturating_mul(widths).saturating_mul(F32);
+        // An indexer's scratch on a device: each row's score of every position, and its
+        // queries, key and head weights.
+        let index = (program.layers.iter().flat_map(|l| &l.ops))
+            .filter_map(|op| match op {
+                Op::Indexer { spec, .. } => Some((spec.heads * spec.head_dim + spec.head_dim + spec.heads) as u64),
+                _ => None,
+            })
+            .max()
+            .map_or(0, |w| w.saturating_add(s.context));
+        s.fixed = s.fixed.saturating_add(s.chunk_rows.saturating_mul(index).saturating_mul(F32));
         s.tail_rows = s.chunk_rows.saturating_mul(program.value(program.logits).width as u64).saturating_mul(F32);
         s.tail = s.ops_cost(&program.epilogue).total() + s.tail_rows;
         s

@@ -377,6 +377,7 @@ pub(super) fn replayable(program: &Program, frame: &Frame) -> bool {
                     | Op::Route { .. }
                     | Op::RoutedExperts { .. }
                     | Op::Mla { .. }
+                    | Op::Indexer { .. }
                     | Op::LinearAttention { .. }
             )
         })

@@ -121,7 +121,9 @@ pub fn select_rows(s: &IndexerSpec, qs: &[f32], hw: &[f32], keys: &[f32], pos0: 
                         let dot: f32 = qh.iter().zip(kt).map(|(a, b)| a * b).sum();
                         wh * (dot * scale).max(0.0)
                     })
-                    .sum()
+                    .sum::<f32>()
+                    // No score is -0 (which `total_cmp` puts below +0): the device's order too.
+                    + 0.0
             })
             .collect();
         let mut order: Vec<usize> = (0..seen).collect();

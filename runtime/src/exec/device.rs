@@ -38,7 +38,7 @@ use crate::bytes::{as_bytes, as_bytes_mut};
 use crate::cpu::experts::ExpertMats;
 use crate::cpu::rope::inv_freq;
 use crate::cpu::Precision;
-use crate::exec::kv::{KvCache, LayerKv};
+use crate::exec::kv::KvCache;
 use crate::exec::kv_split::{HostPart, RingUpload, Split, SplitState, SplitStats};
 use crate::oplib::{op_name, OpLib};
 use crate::vk::{
@@ -56,6 +56,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 mod attention;
+mod indexer;
+mod kv_rows;
 
 /// Rows of a step from which its K/V read-back runs on every core (a decode step's few rows
 /// are not worth the threads' wake-up).
@@ -111,6 +113,8 @@ pub struct DeviceState {
     recurrent: super::recurrent::Recurrent,
     /// What the MLA layers' kernels work in (`exec::mla_mirror`).
     mla: Option<crate::vk::MlaScratch>,
+    /// The indexers' key mirrors and scratch (DeepSeek Sparse Attention, `device::indexer`).
+    indexers: Option<indexer::Indexers>,
 }
 
 /// Why a plan cannot run on the device.
@@ -181,6 +185,9 @@ impl DeviceModel {
                 }
                 if let Op::Mla { spec, .. } = op {
                     freqs.push((spec.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling));
+                }
+                if let Op::Indexer { spec, .. } = op {
+                    freqs.extend((spec.rope_dim > 0).then_some((spec.rope_dim, spec.rope_theta, spec.rope_scaling)));
                 }
                 if let Op::RoutedExperts { .. } = op {
                     moe_ops.push(op);
@@ -374,6 +381,7 @@ impl DeviceModel {
         };
         let recurrent = super::recurrent::Recurrent::new(ctx, (p, &model.weights), &self.frames, self.cap_rows)?;
         let mla = super::mla_mirror::scratch(ctx, p, &self.frames, self.cap_rows)?;
+        let indexers = indexer::Indexers::new(ctx, p, &self.frames, self.cap_rows, context)?;
         Ok(DeviceState {
             values,
             twins,
@@ -386,6 +394,7 @@ impl DeviceModel {
             split,
             recurrent,
             mla,
+            indexers,
         })
     }
 
@@ -403,6 +412,9 @@ impl DeviceModel {
     pub(crate) fn begin_forward(&self, st: &mut DeviceState, kv: &KvCache, pos0: usize) {
         for (l, mark) in st.watermark.iter_mut().enumerate() {
             *mark = (*mark).min(kv.layers.get(l).map_or(0, |c| c.len())).min(pos0);
+        }
+        if let Some(ix) = st.indexers.as_mut() {
+            ix.begin_forward(kv, pos0);
         }
     }
 
@@ -620,6 +632,7 @@ impl DeviceModel {
                     super::mla_mirror::record(f, inp, spec, io, at)?;
                 }
             }
+            Op::Indexer { x, q, out, layer, spec } => self.record_indexer(f, rec, (*x, *q, *out, *layer, spec))?,
             op => {
                 return Err(VkError::BadArgument {
                     op: op_name(op),
@@ -676,6 +689,9 @@ impl DeviceModel {
             }
         }
         for ((st, kv), (_, pos0)) in sts.iter_mut().zip(caches.iter()).zip(&seqs) {
+            if let Some(ix) = st.indexers.as_mut() {
+                ix.upload(ctx, p, frame, kv, *pos0)?;
+            }
             for &(l, layer) in &attn_layers {
                 let (mk, mv, _, _) = st.mirrors[l].as_ref().expect("mirror allocated");
                 let c = &kv.layers[l];
@@ -775,6 +791,11 @@ impl DeviceModel {
                 self.take_kv_rows(st, kv, &attn_layers, *pos0, rows.len())?;
             }
         }
+        for ((st, kv), (rows, pos0)) in sts.iter_mut().zip(caches.iter_mut()).zip(&seqs) {
+            if let Some(ix) = st.indexers.as_mut() {
+                ix.take_rows(ctx, p, frame, kv, *pos0, rows.len())?;
+            }
+        }
         phase("K/V rows into the host's cache", &mut t);
         let st = &mut *sts[0];
         // Their new states into the host's (the old ones kept to go back to).
@@ -789,62 +810,6 @@ impl DeviceModel {
             }
         }
         phase("recurrent states, the KV split's host part", &mut t);
-        Ok(())
-    }
-
-    /// A sequence's `n` new K/V rows (its frame's read-back buffers) into its host cache, read
-    /// straight into the cache's new rows (what `append` of the rows would leave), and its
-    /// mirrors' watermarks up to them. A prompt chunk's are megabytes a layer (the prompt's
-    /// largest host cost on the H200: 134 MB for 512 rows of OLMoE-1B-7B): every layer's K and
-    /// V are copied at once then.
-    fn take_kv_rows(
-        &self,
-        st: &mut DeviceState,
-        kv: &mut KvCache,
-        attn_layers: &[usize],
-        pos0: usize,
-        n: usize,
-    ) -> Result<(), VkError> {
-        let ctx = &self.ctx;
-        let mirrors = &st.mirrors;
-        let copy = |l: usize, c: &mut LayerKv| -> Result<(), VkError> {
-            let (_, _, sk, sv) = mirrors[l].as_ref().expect("mirror allocated");
-            // The K/V rows from pos0 on are the device's; what the host wrote beside them in
-            // this step (an indexer's keys, DeepSeek Sparse Attention) stays.
-            let (kw, vw) = (c.k_width, c.v_width);
-            c.k.truncate(pos0 * kw);
-            c.v.truncate(pos0 * vw);
-            let (k0, v0) = (c.k.len(), c.v.len());
-            c.k.resize(k0 + n * kw, 0.0);
-            c.v.resize(v0 + n * vw, 0.0);
-            let (k, v) = (&mut c.k[k0..], &mut c.v[v0..]);
-            let (rk, rv) = if n >= PARALLEL_KV_ROWS {
-                rayon::join(|| ctx.read(sk, 0, as_bytes_mut(k)), || ctx.read(sv, 0, as_bytes_mut(v)))
-            } else {
-                (ctx.read(sk, 0, as_bytes_mut(k)), ctx.read(sv, 0, as_bytes_mut(v)))
-            };
-            rk.and(rv)
-        };
-        let mut layers: Vec<(usize, &mut LayerKv)> =
-            kv.layers.iter_mut().enumerate().filter(|(l, _)| attn_layers.contains(l)).collect();
-        // A few rows (decode): room for them first, every layer at once when one must grow
-        // (new pages in one parallel burst). A chunk's copies below run in parallel and take
-        // their pages as they go.
-        let short = |c: &LayerKv| c.k.capacity() < (pos0 + n) * c.k_width || c.v.capacity() < (pos0 + n) * c.v_width;
-        if n < PARALLEL_KV_ROWS && layers.iter().any(|(_, c)| short(c)) {
-            layers.par_iter_mut().for_each(|(_, c)| c.prepare_rows(pos0, n));
-        }
-        if n >= PARALLEL_KV_ROWS {
-            layers.par_iter_mut().try_for_each(|(l, c)| copy(*l, c))?;
-        } else {
-            layers.iter_mut().try_for_each(|(l, c)| copy(*l, c))?;
-        }
-        for &l in attn_layers {
-            st.watermark[l] = pos0 + n;
-            if let (Some(sp), Some(ss)) = (self.kv_split.as_ref(), st.split.as_mut()) {
-                sp.stepped(ss, l, pos0, n);
-            }
-        }
         Ok(())
     }
 }

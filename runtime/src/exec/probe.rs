@@ -78,6 +78,7 @@ pub fn profile_of(ctx: &Context, memory_cap: Option<u64>) -> DeviceProfile {
         OpKind::ShortConv,
         OpKind::Mla,
         OpKind::MlaSparse,
+        OpKind::Indexer,
         OpKind::Concat,
     ];
     DeviceProfile {

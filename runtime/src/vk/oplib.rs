@@ -71,11 +71,14 @@ impl OpLib for VkOps {
                     || super::ops::short_conv::supported(spec)
             }
             // Multi-head latent attention (`ops/mla.rs`) within the kernels' latent and rope widths.
-            // Over an indexer's selection too (`mla_attn_sparse.comp`); the indexer itself (its
-            // key LayerNorm, its key cache) is the CPU's.
+            // Over an indexer's selection too (`mla_attn_sparse.comp`).
             Op::Mla { spec, .. } => super::ops::MlaShape::supported(spec),
+            // DeepSeek Sparse Attention's indexer (`exec::device::indexer`): its RoPE on pairs
+            // within each head.
+            Op::Indexer { spec, .. } => {
+                spec.heads > 0 && spec.head_dim > 0 && spec.rope_dim.is_multiple_of(2) && spec.rope_dim <= spec.head_dim
+            }
             Op::LayerNorm { .. }
-            | Op::Indexer { .. }
             | Op::KvCompress { .. }
             | Op::GroupedLinear { .. }
             | Op::HyperPre { .. }

@@ -257,11 +257,23 @@ push_blocks! {
         l_off: u32, dyn_pos: u32, topk: u32, s_off: u32,
     }
 
+    /// Mirrors `dsa_score.comp`'s push block.
+    DsaScorePush for [DsaScore] {
+        n: u32, heads: u32, dim: u32, pos0: u32,
+        stride: u32, scale: f32, w_scale: f32, q_off: u32,
+        w_off: u32, r#dyn: u32, pad0: u32, pad1: u32,
+    }
+
     /// Mirrors `dsa_select.comp`'s push block.
     DsaSelectPush for [DsaSelect] {
-        n: u32, heads: u32, dim: u32, pos0: u32,
-        topk: u32, stride: u32, scale: f32, q_off: u32,
-        w_off: u32, o_off: u32, pad0: u32, pad1: u32,
+        n: u32, pos0: u32, topk: u32, stride: u32,
+        o_off: u32, r#dyn: u32, pad0: u32, pad1: u32,
+    }
+
+    /// Mirrors `layer_norm.comp`'s push block.
+    LayerNormPush for [LayerNorm] {
+        width: u32, eps: f32, x_off: u32, out_off: u32,
+        has_bias: u32, pad0: u32, pad1: u32, pad2: u32,
     }
 
     /// Mirrors `mla_value.comp`'s push block.

@@ -33,7 +33,9 @@ impl Kernel {
             Kernel::MlaAbsorb => 4,
             Kernel::MlaAttn => 5,
             Kernel::MlaAttnSparse => 6,
-            Kernel::DsaSelect => 5,
+            Kernel::DsaSelect => 3,
+            Kernel::DsaScore => 5,
+            Kernel::LayerNorm => 4,
             Kernel::MlaValue => 6,
         }
     }
@@ -61,7 +63,8 @@ impl Kernel {
             Kernel::MlaKv => &[3, 4, 5, 6, 7],
             Kernel::MlaAbsorb => &[3],
             Kernel::MlaAttn | Kernel::MlaAttnSparse => &[0],
-            Kernel::DsaSelect => &[3, 4],
+            Kernel::DsaSelect => &[1],
+            Kernel::DsaScore | Kernel::LayerNorm => &[3],
             Kernel::MlaValue => &[5],
         }
     }

@@ -1,0 +1,67 @@
+//! A device frame's new K/V rows into the host's cache: each sequence's read-back rows after
+//! the frame, straight into the cache's new rows, and the mirrors' watermarks up to them (the
+//! host's copy stays canonical, so a device lost mid-forward re-runs it on the CPU).
+
+use super::{DeviceModel, DeviceState, PARALLEL_KV_ROWS};
+use crate::bytes::as_bytes_mut;
+use crate::exec::kv::{KvCache, LayerKv};
+use crate::vk::VkError;
+use rayon::prelude::*;
+
+impl DeviceModel {
+    /// A sequence's `n` new K/V rows (its frame's read-back buffers) into its host cache, read
+    /// straight into the cache's new rows (what `append` of the rows would leave), and its
+    /// mirrors' watermarks up to them. A prompt chunk's are megabytes a layer (the prompt's
+    /// largest host cost on the H200: 134 MB for 512 rows of OLMoE-1B-7B): every layer's K and
+    /// V are copied at once then.
+    pub(super) fn take_kv_rows(
+        &self,
+        st: &mut DeviceState,
+        kv: &mut KvCache,
+        attn_layers: &[usize],
+        pos0: usize,
+        n: usize,
+    ) -> Result<(), VkError> {
+        let ctx = &self.ctx;
+        let mirrors = &st.mirrors;
+        let copy = |l: usize, c: &mut LayerKv| -> Result<(), VkError> {
+            let (_, _, sk, sv) = mirrors[l].as_ref().expect("mirror allocated");
+            // The K/V rows from pos0 on are the device's; what the host wrote beside them in
+            // this step (an indexer's keys, DeepSeek Sparse Attention) stays.
+            let (kw, vw) = (c.k_width, c.v_width);
+            c.k.truncate(pos0 * kw);
+            c.v.truncate(pos0 * vw);
+            let (k0, v0) = (c.k.len(), c.v.len());
+            c.k.resize(k0 + n * kw, 0.0);
+            c.v.resize(v0 + n * vw, 0.0);
+            let (k, v) = (&mut c.k[k0..], &mut c.v[v0..]);
+            let (rk, rv) = if n >= PARALLEL_KV_ROWS {
+                rayon::join(|| ctx.read(sk, 0, as_bytes_mut(k)), || ctx.read(sv, 0, as_bytes_mut(v)))
+            } else {
+                (ctx.read(sk, 0, as_bytes_mut(k)), ctx.read(sv, 0, as_bytes_mut(v)))
+            };
+            rk.and(rv)
+        };
+        let mut layers: Vec<(usize, &mut LayerKv)> =
+            kv.layers.iter_mut().enumerate().filter(|(l, _)| attn_layers.contains(l)).collect();
+        // A few rows (decode): room for them first, every layer at once when one must grow
+        // (new pages in one parallel burst). A chunk's copies below run in parallel and take
+        // their pages as they go.
+        let short = |c: &LayerKv| c.k.capacity() < (pos0 + n) * c.k_width || c.v.capacity() < (pos0 + n) * c.v_width;
+        if n < PARALLEL_KV_ROWS && layers.iter().any(|(_, c)| short(c)) {
+            layers.par_iter_mut().for_each(|(_, c)| c.prepare_rows(pos0, n));
+        }
+        if n >= PARALLEL_KV_ROWS {
+            layers.par_iter_mut().try_for_each(|(l, c)| copy(*l, c))?;
+        } else {
+            layers.iter_mut().try_for_each(|(l, c)| copy(*l, c))?;
+        }
+        for &l in attn_layers {
+            st.watermark[l] = pos0 + n;
+            if let (Some(sp), Some(ss)) = (self.kv_split.as_ref(), st.split.as_mut()) {
+                sp.stepped(ss, l, pos0, n);
+            }
+        }
+        Ok(())
+    }
+}
