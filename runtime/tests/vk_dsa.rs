@@ -79,6 +79,9 @@ struct Case {
     negative: bool,
     /// The position read on the device (a decode recording), scores `total` apart.
     dynamic: bool,
+    /// Rows a selection pass takes (a long context's chunk selects in passes, the executor's
+    /// `score_rows`), at their offsets and positions; 0: the whole block at once.
+    pass: usize,
 }
 
 fn run_case(heads: usize, head_dim: usize, topk: usize, blocks: &[usize], seed: u64, case: Case) {
@@ -121,17 +124,25 @@ fn run_case(heads: usize, head_dim: usize, topk: usize, blocks: &[usize], seed: 
             false => (pos0 + n, Pos::Fixed(pos0)),
         };
         let mut f = ctx.frame().unwrap();
-        let args = DsaSelectArgs {
-            q: dq.view(lead, n * heads * head_dim),
-            keys: dkeys.view(0, if case.dynamic { total * head_dim } else { (pos0 + n) * head_dim }),
-            w: dw.view(lead, n * heads),
-            w_scale,
-            scores: scores.view(0, DsaShape::scores_len(n, stride)),
-            stride,
-            out: dout.view(lead, n * topk),
-            n,
-        };
-        f.dsa_select(DsaShape::of(&s), args, pos).unwrap();
+        let pass = if case.pass == 0 { n } else { case.pass };
+        for p0 in (0..n).step_by(pass) {
+            let pn = pass.min(n - p0);
+            let at = match pos {
+                Pos::Fixed(p) => Pos::Fixed(p + p0),
+                dynamic => dynamic,
+            };
+            let args = DsaSelectArgs {
+                q: dq.view(lead + p0 * heads * head_dim, pn * heads * head_dim),
+                keys: dkeys.view(0, if case.dynamic { total * head_dim } else { (pos0 + p0 + pn) * head_dim }),
+                w: dw.view(lead + p0 * heads, pn * heads),
+                w_scale,
+                scores: scores.view(0, DsaShape::scores_len(pn, stride)),
+                stride,
+                out: dout.view(lead + p0 * topk, pn * topk),
+                n: pn,
+            };
+            f.dsa_select(DsaShape::of(&s), args, at).unwrap();
+        }
         f.run().unwrap();
         let got = ctx.download_f32(dout.view(lead, n * topk)).unwrap();
         let what = format!("{heads} heads x {head_dim}, top-{topk}, {n} rows at {pos0}");
@@ -144,26 +155,28 @@ fn run_case(heads: usize, head_dim: usize, topk: usize, blocks: &[usize], seed: 
     }
 }
 
-const FIXED: Case = Case { negative: false, dynamic: false };
+const FIXED: Case = Case { negative: false, dynamic: false, pass: 0 };
 
 #[test]
 fn the_selection_matches_the_cpu() {
     run_case(4, 16, 5, &[1, 3, 9], 0xd5a1, FIXED);
     run_case(8, 16, 6, &[70, 1, 3], 0xd5a2, FIXED);
     run_case(2, 8, 33, &[300, 1], 0xd5a4, FIXED);
+    // In passes of 4 rows (the last one short), one after another over one score buffer.
+    run_case(8, 16, 6, &[70, 1, 11], 0xd5a8, Case { pass: 4, ..FIXED });
 }
 
 /// One recording per block with the position read on the device, as a replayed decode step.
 #[test]
 fn a_position_read_on_the_device_selects_as_a_fixed_one() {
-    run_case(4, 16, 5, &[1, 1, 1, 1, 1, 1, 1, 1], 0xd5a5, Case { negative: false, dynamic: true });
-    run_case(3, 8, 7, &[80, 1, 1], 0xd5a6, Case { negative: false, dynamic: true });
+    run_case(4, 16, 5, &[1, 1, 1, 1, 1, 1, 1, 1], 0xd5a5, Case { negative: false, dynamic: true, pass: 0 });
+    run_case(3, 8, 7, &[80, 1, 1], 0xd5a6, Case { negative: false, dynamic: true, pass: 0 });
 }
 
 /// Most scores are exactly zero: of equal scores the earlier position, on both sides.
 #[test]
 fn ties_go_to_the_earlier_positions() {
-    run_case(2, 8, 6, &[40, 1, 3], 0xd5a7, Case { negative: true, dynamic: false });
+    run_case(2, 8, 6, &[40, 1, 3], 0xd5a7, Case { negative: true, dynamic: false, pass: 0 });
 }
 
 #[test]

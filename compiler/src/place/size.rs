@@ -99,6 +99,10 @@ pub fn is_matrix(w: &WeightRef) -> bool {
     w.shape.len() >= 2
 }
 
+/// The most floats of scores an indexer's selection holds on a device at once (64 MiB): a
+/// prompt chunk over a long context selects in passes of as many rows as fit.
+pub const INDEX_SCORES: usize = 1 << 24;
+
 /// Counts bytes for one checkpoint and one set of options.
 #[derive(Clone)]
 pub struct Sizer {
@@ -140,16 +144,19 @@ impl Sizer {
         }
         let widths: u64 = used.iter().fold(0u64, |a, v| a.saturating_add(program.value(*v).width as u64));
         s.fixed = s.chunk_rows.saturating_mul(widths).saturating_mul(F32);
-        // An indexer's scratch on a device: each row's score of every position, and its
-        // queries, key and head weights.
+        // An indexer's scratch on a device: its queries, key and head weights, and the scores of
+        // every position for as many rows as `INDEX_SCORES` floats hold.
         let index = (program.layers.iter().flat_map(|l| &l.ops))
             .filter_map(|op| match op {
                 Op::Indexer { spec, .. } => Some((spec.heads * spec.head_dim + spec.head_dim + spec.heads) as u64),
                 _ => None,
             })
-            .max()
-            .map_or(0, |w| w.saturating_add(s.context));
-        s.fixed = s.fixed.saturating_add(s.chunk_rows.saturating_mul(index).saturating_mul(F32));
+            .max();
+        if let Some(w) = index {
+            let pass = s.chunk_rows.min(INDEX_SCORES as u64 / s.context.max(1)).max(1);
+            let floats = s.chunk_rows.saturating_mul(w).saturating_add(pass.saturating_mul(s.context));
+            s.fixed = s.fixed.saturating_add(floats.saturating_mul(F32));
+        }
         s.tail_rows = s.chunk_rows.saturating_mul(program.value(program.logits).width as u64).saturating_mul(F32);
         s.tail = s.ops_cost(&program.epilogue).total() + s.tail_rows;
         s

@@ -21,6 +21,7 @@ use crate::vk::{
 };
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ir::{IndexerSpec, LayerId, Op, Program, ValueId};
+use coli_compiler::place::size::INDEX_SCORES;
 
 /// One layer's index-key mirror (`context` rows) and the block's read-back rows.
 struct IndexMirror {
@@ -37,9 +38,17 @@ pub(super) struct Indexers {
     q: DeviceBuffer,
     k: DeviceBuffer,
     w: DeviceBuffer,
-    /// Each row's score of every position, `stride` (the context) apart.
+    /// Each row's score of every position, `stride` (the context) apart, for `pass` rows at a
+    /// time (a long context's prompt chunk selects in several passes).
     scores: DeviceBuffer,
     stride: usize,
+    pass: usize,
+}
+
+/// Rows whose scores one selection pass holds: a block's, at most `INDEX_SCORES` floats of them
+/// (the compiler's size counts as many), one at least.
+fn score_rows(rows: usize, context: usize) -> usize {
+    rows.min(INDEX_SCORES / context.max(1)).max(1)
 }
 
 /// The indexer ops of a frame: (layer index, key width).
@@ -84,14 +93,16 @@ impl Indexers {
                 back: ctx.buffer(MemoryUse::Readback, (rows * d).max(1) * 4)?,
             });
         }
+        let (stride, pass) = (context.max(1), score_rows(rows, context));
         Ok(Some(Indexers {
             marks: vec![0; mirrors.len()],
             mirrors,
             q: ctx.f32_buffer(rows * most(&|s| s.heads * s.head_dim))?,
             k: ctx.f32_buffer(rows * most(&|s| s.head_dim))?,
             w: ctx.f32_buffer(rows * most(&|s| s.heads))?,
-            scores: ctx.f32_buffer(DsaShape::scores_len(rows, context.max(1)))?,
-            stride: context.max(1),
+            scores: ctx.f32_buffer(DsaShape::scores_len(pass, stride))?,
+            stride,
+            pass,
         }))
     }
 
@@ -197,18 +208,41 @@ impl DeviceModel {
                 mirror: KvMirror { k: m.keys.all(), v: none, k_back: m.back.all(), v_back: none },
                 pos: at,
             })?;
-            let args = DsaSelectArgs {
-                q: qv,
-                keys: m.keys.all(),
-                w: ix.w.view(r0 * h, rn * h),
-                w_scale: (h as f32).powf(-0.5),
-                scores: ix.scores.all(),
-                stride: ix.stride,
-                out: st.values[out.0 as usize].view(r0 * spec.topk, rn * spec.topk),
-                n: rn,
-            };
-            f.dsa_select(DsaShape::of(spec), args, at)?;
+            // The rows' selections, `pass` rows at a time (a position read on the device: one
+            // row).
+            for p0 in (0..rn).step_by(ix.pass) {
+                let (a, pn) = (r0 + p0, ix.pass.min(rn - p0));
+                let at = match at {
+                    Pos::Fixed(p) => Pos::Fixed(p + p0),
+                    dynamic => dynamic,
+                };
+                let args = DsaSelectArgs {
+                    q: ix.q.view(a * h * d, pn * h * d),
+                    keys: m.keys.all(),
+                    w: ix.w.view(a * h, pn * h),
+                    w_scale: (h as f32).powf(-0.5),
+                    scores: ix.scores.all(),
+                    stride: ix.stride,
+                    out: st.values[out.0 as usize].view(a * spec.topk, pn * spec.topk),
+                    n: pn,
+                };
+                f.dsa_select(DsaShape::of(spec), args, at)?;
+            }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_context_selects_in_passes_within_the_score_budget() {
+        assert_eq!(score_rows(512, 8192), 512);
+        assert_eq!(score_rows(512, 131_072), 128);
+        assert!(score_rows(512, 131_072) * 131_072 <= INDEX_SCORES);
+        assert_eq!(score_rows(512, 1 << 30), 1, "one row at least");
+        assert_eq!(score_rows(1, 0), 1);
     }
 }
