@@ -3,7 +3,8 @@
 //! (`Options::resident_experts` off), so the tier serves what it holds and the CPU the rest:
 //! - every MoE fixture (gpt-oss: expert biases and the clamped SwiGLU; DeepSeek-V3: sigmoid
 //!   routing beside MLA host steps; MiMo-V2-Flash: sigmoid routing with a dense first layer and
-//!   sliding windows with sinks on the device), and pymoe-22m when `../shared/models/pymoe-22m` is there,
+//!   sliding windows with sinks on the device; Inkling: shared experts the routing weighs, held
+//!   as experts past the routed ones), and pymoe-22m when `../shared/models/pymoe-22m` is there,
 //!   with a handful of slots (eviction every few steps), with and without the warm start, and
 //!   with room for every expert;
 //! - a deterministic run repeats bit for bit (the default gives the same tokens);
@@ -30,7 +31,7 @@ const CONTEXT: usize = 256;
 /// The MoE models: (name, directory, prompt, largest |logit| when an oracle says it).
 fn models() -> Vec<(String, PathBuf, Vec<u32>, Option<f32>)> {
     let mut out = Vec::new();
-    for name in ["olmoe", "qwen3_moe", "mixtral", "gpt_oss", "deepseek_v3", "deepseek_v2", "mimo_v2_flash"] {
+    for name in ["olmoe", "qwen3_moe", "mixtral", "gpt_oss", "deepseek_v3", "deepseek_v2", "mimo_v2_flash", "inkling"] {
         let dir = fixture_dir(name);
         let oracle = read_json(&dir.join("oracle.json"));
         let max = oracle["max_abs_logit"].as_f64().map(|m| m as f32);

@@ -47,8 +47,9 @@ pub enum OpKind {
     /// A router with shared experts in its normalisation or a weight-held scale
     /// (`Op::Route::shared`, `scale_by`).
     RouteShared,
-    /// Routed experts with shared experts beside them (`ExpertWeights::shared`): the CPU's
-    /// only (neither the expert tier nor a device's resident experts hold shared ones).
+    /// Routed experts with shared experts beside them (`ExpertWeights::shared`): the CPU and the
+    /// expert tier run them (its slots hold the shared ones as the routing names them, past the
+    /// routed); a device's resident experts do not.
     RoutedExpertsShared,
     /// DeepSeek Sparse Attention's indexer (`Op::Indexer`): its key cache beside the MLA
     /// latents (a kind of its own, so a profile that lists `mla` alone does not claim it).

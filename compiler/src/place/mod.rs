@@ -176,9 +176,12 @@ fn chain(program: &Program, profile: &DeviceProfile, options: &Options, sizer: &
         .iter()
         .filter_map(|layer| {
             layer.ops.iter().find_map(|op| match op {
-                // Experts with shared ones beside them are the CPU's (`routed_experts_shared`).
-                Op::RoutedExperts { experts, .. } if op.kind() == OpKind::RoutedExperts => {
-                    sizer.expert(op).map(|b| (layer.id, b, *experts))
+                // With shared ones beside them (Inkling), the tier holds those too.
+                Op::RoutedExperts { experts, weights, .. }
+                    if matches!(op.kind(), OpKind::RoutedExperts | OpKind::RoutedExpertsShared) =>
+                {
+                    let shared = weights.shared.as_ref().map_or(0, |s| s.count);
+                    sizer.expert(op).map(|b| (layer.id, b, *experts + shared))
                 }
                 _ => None,
             })

@@ -75,6 +75,20 @@ impl<'a> ExpertMats<'a> {
         }
     }
 
+    /// Expert `e` of a routing over `routed` experts and, after them, the op's shared ones
+    /// (Inkling: the routing weighs them too).
+    pub fn routed_or_shared(
+        ws: &'a crate::store::weights::WeightStore,
+        w: &coli_compiler::ir::ExpertWeights,
+        routed: usize,
+        e: usize,
+    ) -> ExpertMats<'a> {
+        match &w.shared {
+            Some(s) if e >= routed => ExpertMats::shared(ws, s, e - routed),
+            _ => ExpertMats::of(ws, w, e),
+        }
+    }
+
     /// Expert `e` of a `RoutedExperts` op's weights.
     pub fn of(
         ws: &'a crate::store::weights::WeightStore,

@@ -420,10 +420,7 @@ pub fn run_op(op: &Op, env: &mut Env) -> Result<(), CpuError> {
             let top_k = env.width(*routing) / 2;
             let ws = env.weights;
             // Past the routed experts, the shared ones (Inkling: the routing weighs them too).
-            let expert = |e: usize| match &weights.shared {
-                Some(s) if e >= *count => experts::ExpertMats::shared(ws, s, e - count),
-                _ => experts::ExpertMats::of(ws, weights, e),
-            };
+            let expert = |e: usize| experts::ExpertMats::routed_or_shared(ws, weights, *count, e);
             let (xs, rt) = (env.get(*x).to_vec(), env.get(*routing).to_vec());
             let mut o = env.take(*out);
             let rows = experts::Routed { x: &xs, n, hidden, routing: &rt, top_k };

@@ -58,6 +58,7 @@ mod pool;
 mod report;
 mod side;
 pub mod slots;
+mod stream;
 
 use crate::cpu::experts::{join_ranks, pair_expert, pair_outputs, ExpertMats, Routed};
 use crate::heat::{beats, Heat};
@@ -78,7 +79,16 @@ use std::time::{Duration, Instant};
 struct TierLayer {
     layer: usize,
     weights: ExpertWeights,
+    /// The experts a routing names: the routed ones, then the shared ones (Inkling).
     experts: usize,
+    routed: usize,
+}
+
+impl TierLayer {
+    /// Expert `e` of the layer, a shared one past the routed.
+    fn mats<'a>(&self, ws: &'a WeightStore, e: usize) -> ExpertMats<'a> {
+        ExpertMats::routed_or_shared(ws, &self.weights, self.routed, e)
+    }
 }
 
 /// Promotions waiting for their upload at most (more are skipped, like a spent rate).
@@ -152,6 +162,18 @@ impl ExpertTier {
         for op in ops {
             let Op::RoutedExperts { layer, experts, weights, routing, glu, .. } = op else { continue };
             let m = ExpertMats::of(ws, weights, 0);
+            // Shared experts beside the routed ones (Inkling) take slots as routed ones do: of
+            // their shape, without biases.
+            let shared = weights.shared.as_ref().map_or(0, |s| s.count);
+            if let Some(s) = &weights.shared {
+                let sm = ExpertMats::shared(ws, s, 0);
+                let same = (sm.gate.format, sm.gate.rows, sm.gate.cols, sm.down.format)
+                    == (m.gate.format, m.gate.rows, m.gate.cols, m.down.format);
+                if !same || has_bias(&m) {
+                    other.push(layer.0);
+                    continue;
+                }
+            }
             match &shape {
                 None => shape = Some((m, *experts, *glu)),
                 Some((like, _, g)) => {
@@ -166,7 +188,8 @@ impl ExpertTier {
                 }
             }
             top_k = top_k.max(program.value(*routing).width / 2);
-            layers.push(TierLayer { layer: layer.0 as usize, weights: weights.clone(), experts: *experts });
+            let (layer, weights) = (layer.0 as usize, weights.clone());
+            layers.push(TierLayer { layer, weights, experts: *experts + shared, routed: *experts });
         }
         let Some((like, _, _)) = shape else {
             return Ok(TierSetup::Off("expert tier: no routed experts through host steps".into()));
@@ -409,8 +432,7 @@ impl ExpertTier {
 
     fn pack(&self, ws: &WeightStore, t: usize, e: usize) -> Result<PackedExpert, VkError> {
         let l = &self.layers[t];
-        let m = ExpertMats::of(ws, &l.weights, e);
-        Context::pack_expert(&m, self.with_bias)
+        Context::pack_expert(&l.mats(ws, e), self.with_bias)
     }
 
     /// Writes a packed expert into global slot `s`.
@@ -541,7 +563,7 @@ impl ExpertTier {
                     (Some(r), Some(f)) => r.mats(ws, f, pe)?,
                     _ => None,
                 }
-                .unwrap_or_else(|| ExpertMats::of(ws, &self.layers[pl].weights, pe)),
+                .unwrap_or_else(|| self.layers[pl].mats(ws, pe)),
             );
         }
         let mut jobs: Vec<SideJob> = Vec::with_capacity(self.sides.len());
@@ -567,7 +589,7 @@ impl ExpertTier {
         // 4. Each side's batch, streamed rounds and uploads on a worker of its own (both in
         //    flight at once), the CPU's pairs here; then every worker joins.
         let mut table = vec![0.0f32; n * top_k * hidden];
-        let expert = |e: usize| ExpertMats::of(ws, &tl.weights, e);
+        let expert = |e: usize| tl.mats(ws, e);
         // The CPU's experts out of RAM (read from disk on a miss), none kept that the tier holds.
         let fetched = match ram {
             Some(r) if !cpu_pairs.is_empty() => {
@@ -703,53 +725,6 @@ impl ExpertTier {
         // 6. The host pool's experts of this step move up (the module doc).
         self.promote_from_pool(t, routing, top_k, &dev_pairs);
         Ok(())
-    }
-
-    /// The experts a step streams: (expert, round, staging slot). Only steps of at least
-    /// `stream_min_rows` rows, only experts the CPU would compute, most rows first. The rule:
-    /// an expert moves to the device while that shortens the step, the device's side costing
-    /// the expert's bytes at the measured staging rate (its compute hides behind the next
-    /// upload), the CPU's its rows at the measured time per pair; no measurement yet, no
-    /// streaming. In deterministic mode the routing alone decides: every expert of two rows
-    /// or more, while slots last.
-    fn stream_plan(
-        &self,
-        routing: &[f32],
-        top_k: usize,
-        n: usize,
-        cpu_pairs: &[(usize, usize)],
-    ) -> Vec<(usize, usize, usize)> {
-        let Some((page, _)) = self.sides.first().and_then(|d| d.stream.as_ref()) else { return Vec::new() };
-        if n < self.opts.stream_min_rows || cpu_pairs.is_empty() {
-            return Vec::new();
-        }
-        let mut rows: std::collections::BTreeMap<usize, usize> = Default::default();
-        for &(r, k) in cpu_pairs {
-            *rows.entry(pair_expert(routing, top_k, r, k)).or_default() += 1;
-        }
-        let mut cands: Vec<(usize, usize)> = rows.into_iter().collect();
-        cands.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        let cap = page.experts * STREAM_ROUNDS;
-        let mut out = Vec::new();
-        if self.opts.deterministic {
-            for &(e, r) in cands.iter().filter(|c| c.1 >= 2).take(cap) {
-                let _ = r;
-                out.push(e);
-            }
-        } else {
-            let Some(c) = self.cpu_pair_s else { return Vec::new() };
-            let per = self.expert_bytes as f64 * self.upload_byte_s;
-            let (mut dev_t, mut cpu_t) = (0.0f64, cpu_pairs.len() as f64 * c);
-            for &(e, r) in cands.iter().take(cap) {
-                let (d2, c2) = (dev_t + per, cpu_t - r as f64 * c);
-                if d2.max(c2) >= dev_t.max(cpu_t) {
-                    break;
-                }
-                (dev_t, cpu_t) = (d2, c2);
-                out.push(e);
-            }
-        }
-        out.into_iter().enumerate().map(|(i, e)| (e, i / page.experts, i % page.experts)).collect()
     }
 
     /// The upload into slot `s` completed: it serves, and the RAM cache lets its expert go.
