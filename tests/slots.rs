@@ -177,7 +177,8 @@ fn tier3() -> Option<TierOptions> {
 fn a_batched_forward_on_the_device_gives_each_session_what_the_cpu_gives() {
     // Attention with RoPE, MLA, experts resident in the frames, experts through the tier,
     // sliding windows with sinks, DeepSeek Sparse Attention's indexer per sequence over its own
-    // index-key mirror.
+    // index-key mirror; Gated DeltaNet (Qwen3-Next, Qwen3.5) and KDA (Kimi Linear) per sequence
+    // over its own recurrent state, the sequences at different positions.
     let cases = [
         ("llama", None),
         ("deepseek_v3", None),
@@ -185,6 +186,9 @@ fn a_batched_forward_on_the_device_gives_each_session_what_the_cpu_gives() {
         ("olmoe", tier3()),
         ("gpt_oss", None),
         ("deepseek_v32", None),
+        ("qwen3_next", None),
+        ("qwen3_5_moe", None),
+        ("kimi_linear", None),
     ];
     for (name, tier) in cases {
         let what = format!("{name}{}", if tier.is_some() { " through the tier" } else { "" });
@@ -221,15 +225,21 @@ fn a_batched_forward_on_the_device_gives_each_session_what_the_cpu_gives() {
 #[test]
 fn eight_requests_at_once_on_the_device_give_what_each_gives_alone() {
     let steps = 6;
-    // qwen3_next and kimi_linear keep a recurrent state on the device: their sessions do not
-    // batch, and run one forward each.
-    let models =
-        [("llama", None), ("olmoe", tier3()), ("deepseek_v3", None), ("qwen3_next", None), ("kimi_linear", None)];
+    // qwen3_next and kimi_linear keep a recurrent state per sequence on the device; Inkling's
+    // attention with relative logits runs over one sequence's rows: its sessions do not batch,
+    // and run one forward each.
+    let models = [
+        ("llama", None),
+        ("olmoe", tier3()),
+        ("deepseek_v3", None),
+        ("qwen3_next", None),
+        ("kimi_linear", None),
+        ("inkling", None),
+    ];
     for (name, tier) in models {
         let Some(engine) = on_vulkan(name, 4, tier) else { return };
         let batches = engine.session_with_context(CONTEXT).unwrap().batches();
-        let recurrent = matches!(name, "qwen3_next" | "kimi_linear");
-        assert_eq!(batches, !recurrent, "{name}: whether its device sessions batch");
+        assert_eq!(batches, name != "inkling", "{name}: whether its device sessions batch");
         let requests: Vec<Request> = (0..8u32)
             .map(|k| (0..1 + 2 * k as usize).map(|i| (i as u32 * 31 + k * 67 + 9) % 250).collect())
             .map(|p| Request::greedy(p, steps))
@@ -241,9 +251,17 @@ fn eight_requests_at_once_on_the_device_give_what_each_gives_alone() {
     }
 }
 
+/// Qwen3-Next too: each sequence's recurrent state goes back to the host's, which the CPU
+/// continues from.
 #[test]
 fn a_device_lost_in_a_batched_step_finishes_every_request_on_the_cpu() {
-    let dir = fixture_dir("llama");
+    for name in ["llama", "qwen3_next"] {
+        lost_in_a_batched_step(name);
+    }
+}
+
+fn lost_in_a_batched_step(name: &str) {
+    let dir = fixture_dir(name);
     let steps = 6;
     let requests: Vec<Request> = (0..4u32)
         .map(|k| (0..2 + k as usize).map(|i| (i as u32 * 13 + k * 71 + 2) % 250).collect())
@@ -277,13 +295,13 @@ fn a_device_lost_in_a_batched_step_finishes_every_request_on_the_cpu() {
             }
         }
     }
-    assert!(!slots.on_devices(), "the device failed");
+    assert!(!slots.on_devices(), "{name}: the device failed");
     let notices = slots.take_notices();
-    assert!(notices.iter().any(|n| n.contains("continue on the CPU")), "{notices:?}");
+    assert!(notices.iter().any(|n| n.contains("continue on the CPU")), "{name}: {notices:?}");
     let cpu = common::load_model(&dir);
     for (i, r) in requests.iter().enumerate() {
         let want = run_greedy(&cpu, &r.prompt, 4, steps, CONTEXT, false).toks;
-        assert_eq!(done[&(i as u64)].generated, want, "prompt {:?}", r.prompt);
+        assert_eq!(done[&(i as u64)].generated, want, "{name}: prompt {:?}", r.prompt);
     }
 }
 

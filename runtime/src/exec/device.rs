@@ -87,8 +87,9 @@ pub struct DeviceModel {
     moe_dims: Option<(usize, usize, usize, usize)>,
     /// The KV split, when the plan has one.
     kv_split: Option<Split>,
-    /// Whether a frame runs a layer with a recurrent state (linear attention).
-    recurrent: bool,
+    /// Whether a frame runs attention with relative-position logits (Inkling), which a batched
+    /// step does not run per sequence.
+    rel_logits: bool,
 }
 
 /// Per-session device state: value buffers, KV mirrors and their read-back staging.
@@ -170,7 +171,7 @@ impl DeviceModel {
         let mut names: Vec<(String, bool)> = Vec::new();
         let mut freqs = Vec::new();
         let mut moe_ops = Vec::new();
-        let mut recurrent = false;
+        let mut rel_logits = false;
         let mut joined_taps = Vec::new();
         let frames: Vec<Frame> = plan.frames.iter().filter(|f| f.place == Place::Device(device)).cloned().collect();
         for f in &frames {
@@ -192,7 +193,7 @@ impl DeviceModel {
                 if let Op::RoutedExperts { .. } = op {
                     moe_ops.push(op);
                 }
-                recurrent |= matches!(op, Op::LinearAttention { .. });
+                rel_logits |= matches!(op, Op::Attention { spec, .. } if spec.rel.is_some());
                 if let Op::LinearAttention { spec, .. } = op {
                     joined_taps.extend(super::recurrent::kda_taps(spec));
                 }
@@ -274,17 +275,18 @@ impl DeviceModel {
             experts,
             moe_dims,
             kv_split: plan.placement.kv_split.clone().map(Split::new),
-            recurrent,
+            rel_logits,
         })
     }
 
     /// Why a step of several sequences cannot run this device's frames, if it cannot: a KV
-    /// split's host part and a recurrent layer's state follow one sequence a frame.
+    /// split's host part follows one sequence a frame, and attention with relative logits runs
+    /// over one sequence's rows.
     pub fn batch_refusal(&self) -> Option<&'static str> {
         if self.kv_split.is_some() {
             return Some("the plan splits a KV cache between the device and the host");
         }
-        self.recurrent.then_some("a device layer keeps a recurrent state")
+        self.rel_logits.then_some("a device layer's attention has relative-position logits")
     }
 
     /// What the KV split's layers did so far (`None` without a split).
@@ -607,6 +609,14 @@ impl DeviceModel {
                 let mode = if w(*b) == 1 && w(*a) != 1 { Broadcast::PerRow } else { Broadcast::None };
                 f.mul(view(*a), view(*b), view(*out), n, w(*a), mode)?
             }
+            // Each sequence of a batched step over its own state.
+            Op::LinearAttention { x, out, layer, spec } if rec.seqs.len() > 1 => {
+                for s in rec.seqs {
+                    let rows = |v: ValueId| st.values[v.0 as usize].view(s.rows.start * w(v), s.rows.len() * w(v));
+                    let io = OpRows { x: rows(*x), out: rows(*out), n: s.rows.len(), precision };
+                    s.st.recurrent.record(f, &self.mats, &self.vecs, spec, *layer, io)?;
+                }
+            }
             Op::LinearAttention { x, out, layer, spec } => {
                 let io = OpRows { x: view(*x), out: view(*out), n, precision };
                 st.recurrent.record(f, &self.mats, &self.vecs, spec, *layer, io)?;
@@ -718,9 +728,12 @@ impl DeviceModel {
             }
             ctx.write(&sts[0].tokens, 0, as_bytes(tokens))?;
         }
-        // The recurrent layers' device states: the host's at pos0 (`exec::recurrent`; a step of
-        // one sequence, as `batch_refusal` says).
-        let recurrent = sts[0].recurrent.before_frame(ctx, p, frame, caches[0], pos0)?;
+        // The recurrent layers' device states: each sequence's host's at its first position
+        // (`exec::recurrent`).
+        let mut recurrent = Vec::with_capacity(sts.len());
+        for ((st, kv), (_, pos0)) in sts.iter_mut().zip(caches.iter()).zip(&seqs) {
+            recurrent.push(st.recurrent.before_frame(ctx, p, frame, kv, *pos0)?);
+        }
         // 2. Record and submit; a one-row forward replays its recording when it can.
         let rows_of = |v: ValueId| if last_only && v == p.logits { (n - 1, 1) } else { (0, n) };
         let phase = |name: &'static str, t: &mut Instant| {
@@ -797,9 +810,11 @@ impl DeviceModel {
             }
         }
         phase("K/V rows into the host's cache", &mut t);
-        let st = &mut *sts[0];
         // Their new states into the host's (the old ones kept to go back to).
-        st.recurrent.after_frame(ctx, &recurrent, caches[0], pos0 + n)?;
+        for (((st, kv), (rows, pos0)), touched) in sts.iter_mut().zip(caches.iter_mut()).zip(&seqs).zip(&recurrent) {
+            st.recurrent.after_frame(ctx, touched, kv, pos0 + rows.len())?;
+        }
+        let st = &mut *sts[0];
         // A split attention ends the frame: the host's part and the merge (`exec::kv_split`).
         if let (Some(id), Some(sp), Some(ss)) = (frame.kv_split, self.kv_split.as_ref(), st.split.as_ref()) {
             if let Op::Attention { q, out, layer, spec, .. } = op_of(p, id) {
