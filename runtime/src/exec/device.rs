@@ -39,7 +39,7 @@ use crate::cpu::experts::ExpertMats;
 use crate::cpu::rope::inv_freq;
 use crate::cpu::Precision;
 use crate::exec::kv::KvCache;
-use crate::exec::kv_split::{HostPart, RingUpload, Split, SplitState, SplitStats};
+use crate::exec::kv_split::{HostPart, Split, SplitState, SplitStats};
 use crate::oplib::{op_name, OpLib};
 use crate::vk::{
     Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoeCall, MoePath, MoeScratch,
@@ -702,22 +702,7 @@ impl DeviceModel {
             if let Some(ix) = st.indexers.as_mut() {
                 ix.upload(ctx, p, frame, kv, *pos0)?;
             }
-            for &(l, layer) in &attn_layers {
-                let (mk, mv, _, _) = st.mirrors[l].as_ref().expect("mirror allocated");
-                let c = &kv.layers[l];
-                let split = self.kv_split.as_ref().filter(|s| s.splits(layer));
-                if let (Some(sp), Some(ss)) = (split, st.split.as_mut()) {
-                    let up = RingUpload { layer: l, k: mk, v: mv, host: c, mark: &mut st.watermark[l] };
-                    sp.upload(ctx, ss, up, *pos0)?;
-                    continue;
-                }
-                let mark = st.watermark[l];
-                if mark < *pos0 {
-                    ctx.write(mk, mark * c.k_width * 4, as_bytes(&c.k[mark * c.k_width..pos0 * c.k_width]))?;
-                    ctx.write(mv, mark * c.v_width * 4, as_bytes(&c.v[mark * c.v_width..pos0 * c.v_width]))?;
-                    st.watermark[l] = *pos0;
-                }
-            }
+            self.upload_kv_rows(st, kv, &attn_layers, *pos0)?;
         }
         if frame.ops.iter().any(|&id| matches!(op_of(p, id), Op::Embed { .. })) {
             if let Some(&id) = tokens.iter().find(|&&t| t as usize >= p.dims.vocab) {

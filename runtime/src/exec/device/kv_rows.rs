@@ -1,14 +1,47 @@
-//! A device frame's new K/V rows into the host's cache: each sequence's read-back rows after
-//! the frame, straight into the cache's new rows, and the mirrors' watermarks up to them (the
-//! host's copy stays canonical, so a device lost mid-forward re-runs it on the CPU).
+//! A device frame's K/V rows between the host's cache and the mirrors: before the frame, the
+//! rows a sequence's mirrors lack (a host write lowered their watermark, or a KV split's ring
+//! moved on); after it, each sequence's read-back rows straight into the cache's new rows, and
+//! the mirrors' watermarks up to them (the host's copy stays canonical, so a device lost
+//! mid-forward re-runs it on the CPU).
 
 use super::{DeviceModel, DeviceState, PARALLEL_KV_ROWS};
-use crate::bytes::as_bytes_mut;
+use crate::bytes::{as_bytes, as_bytes_mut};
 use crate::exec::kv::{KvCache, LayerKv};
+use crate::exec::kv_split::RingUpload;
 use crate::vk::VkError;
+use coli_compiler::ir::LayerId;
 use rayon::prelude::*;
 
 impl DeviceModel {
+    /// Before a frame from `pos0`: the host's rows below `pos0` that a sequence's mirrors of
+    /// `attn_layers` lack go up (a split layer's ring: its newest positions).
+    pub(super) fn upload_kv_rows(
+        &self,
+        st: &mut DeviceState,
+        kv: &KvCache,
+        attn_layers: &[(usize, LayerId)],
+        pos0: usize,
+    ) -> Result<(), VkError> {
+        let ctx = &self.ctx;
+        for &(l, layer) in attn_layers {
+            let (mk, mv, _, _) = st.mirrors[l].as_ref().expect("mirror allocated");
+            let c = &kv.layers[l];
+            let split = self.kv_split.as_ref().filter(|s| s.splits(layer));
+            if let (Some(sp), Some(ss)) = (split, st.split.as_mut()) {
+                let up = RingUpload { layer: l, k: mk, v: mv, host: c, mark: &mut st.watermark[l] };
+                sp.upload(ctx, ss, up, pos0)?;
+                continue;
+            }
+            let mark = st.watermark[l];
+            if mark < pos0 {
+                ctx.write(mk, mark * c.k_width * 4, as_bytes(&c.k[mark * c.k_width..pos0 * c.k_width]))?;
+                ctx.write(mv, mark * c.v_width * 4, as_bytes(&c.v[mark * c.v_width..pos0 * c.v_width]))?;
+                st.watermark[l] = pos0;
+            }
+        }
+        Ok(())
+    }
+
     /// A sequence's `n` new K/V rows (its frame's read-back buffers) into its host cache, read
     /// straight into the cache's new rows (what `append` of the rows would leave), and its
     /// mirrors' watermarks up to them. A prompt chunk's are megabytes a layer (the prompt's
