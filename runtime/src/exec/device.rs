@@ -87,9 +87,6 @@ pub struct DeviceModel {
     moe_dims: Option<(usize, usize, usize, usize)>,
     /// The KV split, when the plan has one.
     kv_split: Option<Split>,
-    /// Whether a frame runs attention with relative-position logits (Inkling), which a batched
-    /// step does not run per sequence.
-    rel_logits: bool,
 }
 
 /// Per-session device state: value buffers, KV mirrors and their read-back staging.
@@ -171,7 +168,6 @@ impl DeviceModel {
         let mut names: Vec<(String, bool)> = Vec::new();
         let mut freqs = Vec::new();
         let mut moe_ops = Vec::new();
-        let mut rel_logits = false;
         let mut joined_taps = Vec::new();
         let frames: Vec<Frame> = plan.frames.iter().filter(|f| f.place == Place::Device(device)).cloned().collect();
         for f in &frames {
@@ -193,7 +189,6 @@ impl DeviceModel {
                 if let Op::RoutedExperts { .. } = op {
                     moe_ops.push(op);
                 }
-                rel_logits |= matches!(op, Op::Attention { spec, .. } if spec.rel.is_some());
                 if let Op::LinearAttention { spec, .. } = op {
                     joined_taps.extend(super::recurrent::kda_taps(spec));
                 }
@@ -275,18 +270,13 @@ impl DeviceModel {
             experts,
             moe_dims,
             kv_split: plan.placement.kv_split.clone().map(Split::new),
-            rel_logits,
         })
     }
 
     /// Why a step of several sequences cannot run this device's frames, if it cannot: a KV
-    /// split's host part follows one sequence a frame, and attention with relative logits runs
-    /// over one sequence's rows.
+    /// split's host part follows one sequence a frame.
     pub fn batch_refusal(&self) -> Option<&'static str> {
-        if self.kv_split.is_some() {
-            return Some("the plan splits a KV cache between the device and the host");
-        }
-        self.rel_logits.then_some("a device layer's attention has relative-position logits")
+        self.kv_split.is_some().then_some("the plan splits a KV cache between the device and the host")
     }
 
     /// What the KV split's layers did so far (`None` without a split).

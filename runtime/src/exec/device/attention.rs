@@ -1,6 +1,6 @@
 //! The attention call of a device frame: its q/k norms, RoPE and the KV append, attention over
 //! the layer's mirror (a KV split's device part, the one-row kernel of a decode step; Inkling's
-//! relative logits, though not over a split nor per sequence), and, in a step of several
+//! relative logits, though not over a split), and, in a step of several
 //! sequences, the append and attention of each sequence over its own mirror at its own
 //! positions (the rows' products before and after run on all rows at once).
 
@@ -74,8 +74,8 @@ impl DeviceModel {
             d_rel: r.d_rel,
             extent: r.extent,
         });
-        if rel.is_some() && (rec.seqs.len() > 1 || split.is_some()) {
-            let msg = "relative logits in a batched step or over a KV split (placement makes neither)";
+        if rel.is_some() && split.is_some() {
+            let msg = "relative logits over a KV split (placement never makes one)";
             return Err(VkError::BadArgument { op: "attention", msg: msg.into() });
         }
         if rec.seqs.len() > 1 {
@@ -158,16 +158,23 @@ impl DeviceModel {
         let spec = &a.spec;
         let (q, k, v, out) = (a.q, a.k, a.v, a.out);
         let shape = AttnShape::of(spec);
-        // The one-row sequences' kernels side by side (one call), the others one by one.
+        // The one-row sequences' kernels side by side (one call), the others one by one; with
+        // relative logits (Inkling) each one by one, over its rows' states.
         let mut decodes = Vec::new();
         for s in rec.seqs {
             let (r0, n) = (s.rows.start, s.rows.len());
             let rows = |v: ValueId| st.values[v.0 as usize].view(r0 * w(v), n * w(v));
+            let rel = spec.rel.as_ref().map(|r| RelArgs {
+                r: rows(r.r),
+                proj: self.vecs[&r.proj.name].all(),
+                d_rel: r.d_rel,
+                extent: r.extent,
+            });
             let (mk, mv, sk, sv) = s.st.mirrors[a.layer.0 as usize].as_ref().expect("mirror allocated");
             let (keys, values) = (mk.view(0, (s.pos0 + n) * w(k)), mv.view(0, (s.pos0 + n) * w(v)));
             let pos = Pos::Fixed(s.pos0);
             if n == 1 && a.one_kernel {
-                decodes.push(DecodeArgs {
+                let decode = DecodeArgs {
                     rope,
                     q: rows(q),
                     k: rows(k),
@@ -178,7 +185,11 @@ impl DeviceModel {
                     pos,
                     norm: None,
                     q8: false,
-                });
+                };
+                match rel {
+                    Some(_) => drop(f.attention_decode_rel(shape, decode, rel)?),
+                    None => decodes.push(decode),
+                }
                 continue;
             }
             let kv_shape = KvShape {
@@ -191,7 +202,7 @@ impl DeviceModel {
             let mirror = KvMirror { k: mk.all(), v: mv.all(), k_back: sk.all(), v_back: sv.all() };
             f.rope_kv(RopeKvArgs { rope, q: rows(q), k: rows(k), v: rows(v), shape: kv_shape, mirror, pos })?;
             let args = AttnArgs { q: rows(q), k: keys, v: values, sinks, out: rows(out), n };
-            f.attention_at(shape, args, pos, AttnPath::Auto)?;
+            f.attention_rel_at(shape, args, rel, pos, AttnPath::Auto)?;
         }
         f.attention_decode_rows(shape, &decodes)?;
         Ok(None)
