@@ -172,9 +172,9 @@ fn cut_and_feed_again(dev: &Engine, prompt: &[u32], (want, max): (&[Vec<f32>], f
     assert!(err <= 1e-4 * max, "after a cut to {at}: max |device - cpu| = {err}");
 }
 
-/// DeepSeek V4 on the device: its projections, norms and attention in device frames, its op
-/// kinds only the CPU has (the hyper-connections, the grouped output projection, the
-/// unweighted norm, RoPE on the heads' tails, hash and sqrt-softplus routing, the clamped
+/// DeepSeek V4 on the device: its projections, norms (the unweighted one too), RoPE on the
+/// heads' tails and attention in device frames, its op kinds only the CPU has (the
+/// hyper-connections, the grouped output projection, hash and sqrt-softplus routing, the clamped
 /// SwiGLU) in host frames; the logits and greedy tokens the CPU's in every chunking.
 #[test]
 fn deepseek_v4_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
@@ -182,14 +182,13 @@ fn deepseek_v4_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
         "hyper_pre",
         "hyper_post",
         "grouped_linear",
-        "rms_norm_unweighted",
-        "rope_tail",
         "route_hash",
         "route_sqrt_softplus",
         "routed_experts_limited",
         "glu_limited",
     ];
-    new_kinds_on_the_host("deepseek_v4", &host_only, &["linear", "rms_norm", "attention"]);
+    let on_device = ["linear", "rms_norm", "attention", "rms_norm_unweighted", "rope_tail"];
+    new_kinds_on_the_host("deepseek_v4", &host_only, &on_device);
 }
 
 /// DeepSeek V4's compressed layers on the device: the compressor and the attention over its
@@ -197,8 +196,9 @@ fn deepseek_v4_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
 /// every chunking; then the session cut back into the prompt (past closed windows) and fed again.
 #[test]
 fn deepseek_v4_compressed_layers_on_the_device_match_the_cpu() {
-    let host_only = ["kv_compress", "attention_compressed", "hyper_pre", "rope_tail"];
-    let (dev, prompt, want, max) = new_kinds_on_the_host("deepseek_v4_compressed", &host_only, &["linear", "rms_norm"]);
+    let host_only = ["kv_compress", "attention_compressed", "hyper_pre"];
+    let on_device = ["linear", "rms_norm", "rms_norm_unweighted", "rope_tail"];
+    let (dev, prompt, want, max) = new_kinds_on_the_host("deepseek_v4_compressed", &host_only, &on_device);
     cut_and_feed_again(&dev, &prompt, (&want, max), 7);
 }
 

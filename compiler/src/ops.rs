@@ -61,10 +61,12 @@ pub enum OpKind {
     /// the CPU's only.
     HyperPre,
     HyperPost,
-    /// An RMSNorm without a weight (`Op::RmsNorm::weight` none): the CPU's only.
+    /// An RMSNorm without a weight (`Op::RmsNorm::weight` none): a kind of its own, so a
+    /// profile that lists `rms_norm` alone does not claim it (coli's Vulkan library runs it).
     RmsNormUnweighted,
     /// RoPE on the last columns of each head or by the opposite angles (`Op::Rope::tail`,
-    /// `inverse`): the CPU's only.
+    /// `inverse`): a kind of its own, so a profile that lists `rope` alone does not claim it
+    /// (coli's Vulkan library runs it).
     RopeTail,
     /// DeepSeek V4's clamped SwiGLU (`GluKind::LimitedSwiGlu`) as a `Glu` and in routed experts:
     /// the CPU's only (neither a device nor the expert tier has its kernel).
@@ -125,8 +127,8 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::GroupedLinear, name: "grouped_linear", host_step: false, by_default: false },
     OpInfo { kind: OpKind::HyperPre, name: "hyper_pre", host_step: false, by_default: false },
     OpInfo { kind: OpKind::HyperPost, name: "hyper_post", host_step: false, by_default: false },
-    OpInfo { kind: OpKind::RmsNormUnweighted, name: "rms_norm_unweighted", host_step: false, by_default: false },
-    OpInfo { kind: OpKind::RopeTail, name: "rope_tail", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::RmsNormUnweighted, name: "rms_norm_unweighted", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::RopeTail, name: "rope_tail", host_step: false, by_default: true },
     OpInfo { kind: OpKind::GluLimited, name: "glu_limited", host_step: false, by_default: false },
     OpInfo { kind: OpKind::RoutedExpertsLimited, name: "routed_experts_limited", host_step: true, by_default: false },
     OpInfo { kind: OpKind::RouteSqrtSoftplus, name: "route_sqrt_softplus", host_step: true, by_default: false },
@@ -224,6 +226,8 @@ mod tests {
             OpKind::RmsNormScaled,
             OpKind::ShortConv,
             OpKind::AttentionRel,
+            OpKind::RmsNormUnweighted,
+            OpKind::RopeTail,
         ] {
             assert!(none.runs(k), "{k}");
         }
@@ -232,8 +236,6 @@ mod tests {
             OpKind::GroupedLinear,
             OpKind::HyperPre,
             OpKind::HyperPost,
-            OpKind::RmsNormUnweighted,
-            OpKind::RopeTail,
             OpKind::GluLimited,
             OpKind::KvCompress,
             OpKind::AttentionCompressed,

@@ -43,7 +43,7 @@ use crate::exec::kv_split::{HostPart, RingUpload, Split, SplitState, SplitStats}
 use crate::oplib::{op_name, OpLib};
 use crate::vk::{
     Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoeCall, MoePath, MoeScratch,
-    RopeShape, RouteParams, VkError, VkOps,
+    RouteParams, VkError, VkOps,
 };
 use crate::vk::{Frame as VkFrame, MatIn, NormArgs, Pos, QuantizedActs, Recorded, View};
 use coli_compiler::frames::{op_of, Frame};
@@ -56,6 +56,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 mod attention;
+mod rows;
 
 /// Rows of a step from which its K/V read-back runs on every core (a decode step's few rows
 /// are not worth the threads' wake-up).
@@ -553,26 +554,8 @@ impl DeviceModel {
             }
             // The other ops run on every row (only the norm and the head are cut to the last).
             _ if tail => return self.record_op(f, rec, op, false),
-            Op::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling, tail: false, inverse: false } => {
-                let (fb, mscale) = self.freq(*rotary_dim, *theta, *scaling);
-                let shape = |n| RopeShape {
-                    n,
-                    width: w(*x),
-                    heads: *heads,
-                    head_dim: *head_dim,
-                    style: *style,
-                    pos0: 0,
-                    mscale,
-                };
-                if rec.seqs.len() > 1 {
-                    for s in rec.seqs {
-                        let rows = st.values[x.0 as usize].view(s.rows.start * w(*x), s.rows.len() * w(*x));
-                        f.rope_at(rows, fb.all(), shape(s.rows.len()), Pos::Fixed(s.pos0))?;
-                    }
-                } else {
-                    f.rope_at(view(*x), fb.all(), shape(n), pos)?;
-                }
-            }
+            // RoPE and the kinds DeepSeek V4 brought (`device/rows.rs`).
+            Op::Rope { .. } | Op::RmsNorm { weight: None, .. } => self.record_rows(f, rec, op)?,
             Op::Route {
                 logits, out, scoring, top_k, renormalize, correction_bias, groups, group_score, scale, ..
             } => {

@@ -50,7 +50,7 @@ pub use layout::{pack, DeviceMatrix, Packed};
 pub use memory::{place, BlockAllocator, MemType, MemoryProps, MemoryUse, Placement};
 pub use oplib::VkOps;
 pub use ops::elementwise::Broadcast;
-pub use ops::norm::{NormArgs, RopeShape};
+pub use ops::norm::{NormArgs, RopePart, RopeShape};
 pub use ops::{
     AttnArgs, AttnPath, AttnShape, DecodeArgs, DeltaNetCall, DeltaNetIn, DeltaNetMats, DeltaNetScratch, DeltaNetShape,
     DeviceExperts, DsaSelectArgs, DsaShape, KdaCall, KdaMats, KdaRuleViews, KdaScratch, KdaShape, KvMirror, KvShape,

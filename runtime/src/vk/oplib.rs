@@ -36,10 +36,10 @@ impl OpLib for VkOps {
             // as the tensor of its rows the weight store made at load (`name_row_selections`).
             Op::Linear { .. } => true,
             Op::Embed { .. } => true,
-            // Not unweighted (DeepSeek V4's query norm), not on the heads' last columns nor
-            // inverted (V4's RoPE): the CPU's.
-            Op::RmsNorm { weight, .. } => weight.is_some(),
-            Op::Rope { tail, inverse, .. } => !tail && !inverse,
+            // Unweighted too (DeepSeek V4's query norm: `rms_norm.comp`'s weight of ones), and
+            // RoPE on the heads' last columns and inverted (V4's: `rope.comp`'s skip and inverse).
+            Op::RmsNorm { .. } => true,
+            Op::Rope { .. } => true,
             Op::Glu { kind, .. } => !matches!(kind, GluKind::LimitedSwiGlu { .. }),
             Op::Act { .. } | Op::Add { .. } | Op::Mul { .. } => true,
             // With relative logits too (Inkling: the f32 kernels; placement never splits such a

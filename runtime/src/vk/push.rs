@@ -133,14 +133,14 @@ push_blocks! {
     RmsNormPush for [RmsNorm] {
         width: u32, group: u32, eps: f32, offset: f32,
         x_off: u32, out_off: u32, width2: u32, group2: u32,
-        x2_off: u32, out2_off: u32, scale: f32, pad1: u32,
+        x2_off: u32, out2_off: u32, scale: f32, unweighted: u32,
     }
 
     /// Mirrors `rope.comp`'s push block.
     RopePush for [Rope] {
         n: u32, width: u32, heads: u32, head_dim: u32,
         half_: u32, interleaved: u32, pos0: u32, mscale: f32,
-        x_off: u32, r#dyn: u32, pad1: u32, pad2: u32,
+        x_off: u32, r#dyn: u32, skip: u32, inverse: u32,
     }
 
     /// Mirrors `rope_kv.comp`'s push block.
