@@ -173,22 +173,18 @@ fn cut_and_feed_again(dev: &Engine, prompt: &[u32], (want, max): (&[Vec<f32>], f
 }
 
 /// DeepSeek V4 on the device: its projections, norms (the unweighted one too), RoPE on the
-/// heads' tails and attention in device frames, its op kinds only the CPU has (the
-/// hyper-connections, the grouped output projection, hash and sqrt-softplus routing, the clamped
-/// SwiGLU) in host frames; the logits and greedy tokens the CPU's in every chunking.
+/// heads' tails, attention and the shared expert's limited SwiGLU in device frames, its routed
+/// experts (the limited SwiGLU) through the expert tier on the device; its op kinds only the CPU
+/// has (the hyper-connections, the grouped output projection, hash and sqrt-softplus routing)
+/// in host frames; the logits and greedy tokens the CPU's in every chunking.
 #[test]
 fn deepseek_v4_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
-    let host_only = [
-        "hyper_pre",
-        "hyper_post",
-        "grouped_linear",
-        "route_hash",
-        "route_sqrt_softplus",
-        "routed_experts_limited",
-        "glu_limited",
-    ];
-    let on_device = ["linear", "rms_norm", "attention", "rms_norm_unweighted", "rope_tail"];
-    new_kinds_on_the_host("deepseek_v4", &host_only, &on_device);
+    let host_only = ["hyper_pre", "hyper_post", "grouped_linear", "route_hash", "route_sqrt_softplus"];
+    let on_device = ["linear", "rms_norm", "attention", "rms_norm_unweighted", "rope_tail", "glu_limited"];
+    let (dev, ..) = new_kinds_on_the_host("deepseek_v4", &host_only, &on_device);
+    let tier = dev.device().and_then(|d| d.with_tier(|t| (t.stats().device, t.stats().routed)));
+    let (device, routed) = tier.unwrap_or_else(|| panic!("a tier: {:?}", dev.tier_line()));
+    assert!(device > 0 && device == routed, "the tier's device serves every routed pair: {device} of {routed}");
 }
 
 /// DeepSeek V4's compressed layers on the device: the compressor and the attention over its

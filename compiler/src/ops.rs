@@ -69,7 +69,8 @@ pub enum OpKind {
     /// (coli's Vulkan library runs it).
     RopeTail,
     /// DeepSeek V4's clamped SwiGLU (`GluKind::LimitedSwiGlu`) as a `Glu` and in routed experts:
-    /// the CPU's only (neither a device nor the expert tier has its kernel).
+    /// kinds of their own, so a profile that lists `glu` or `routed_experts` alone does not
+    /// claim them (coli's Vulkan library, its expert tier and resident experts run them).
     GluLimited,
     RoutedExpertsLimited,
     /// A router scoring by `sqrt(softplus)` (`RouterScoring::SqrtSoftplus`), or routing by a
@@ -129,8 +130,8 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::HyperPost, name: "hyper_post", host_step: false, by_default: false },
     OpInfo { kind: OpKind::RmsNormUnweighted, name: "rms_norm_unweighted", host_step: false, by_default: true },
     OpInfo { kind: OpKind::RopeTail, name: "rope_tail", host_step: false, by_default: true },
-    OpInfo { kind: OpKind::GluLimited, name: "glu_limited", host_step: false, by_default: false },
-    OpInfo { kind: OpKind::RoutedExpertsLimited, name: "routed_experts_limited", host_step: true, by_default: false },
+    OpInfo { kind: OpKind::GluLimited, name: "glu_limited", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::RoutedExpertsLimited, name: "routed_experts_limited", host_step: true, by_default: true },
     OpInfo { kind: OpKind::RouteSqrtSoftplus, name: "route_sqrt_softplus", host_step: true, by_default: false },
     OpInfo { kind: OpKind::RouteHash, name: "route_hash", host_step: true, by_default: false },
     OpInfo { kind: OpKind::KvCompress, name: "kv_compress", host_step: false, by_default: false },
@@ -228,6 +229,7 @@ mod tests {
             OpKind::AttentionRel,
             OpKind::RmsNormUnweighted,
             OpKind::RopeTail,
+            OpKind::GluLimited,
         ] {
             assert!(none.runs(k), "{k}");
         }
@@ -236,7 +238,6 @@ mod tests {
             OpKind::GroupedLinear,
             OpKind::HyperPre,
             OpKind::HyperPost,
-            OpKind::GluLimited,
             OpKind::KvCompress,
             OpKind::AttentionCompressed,
         ] {
@@ -244,9 +245,10 @@ mod tests {
         }
         assert!(!none.runs(OpKind::Route) && none.lists(OpKind::Route), "a host step is listed, not run in a frame");
         assert!(!none.lists(OpKind::RoutedExpertsShared));
-        for k in [OpKind::RoutedExpertsLimited, OpKind::RouteSqrtSoftplus, OpKind::RouteHash] {
+        for k in [OpKind::RouteSqrtSoftplus, OpKind::RouteHash] {
             assert!(!none.lists(k), "{k}");
         }
+        assert!(none.lists(OpKind::RoutedExpertsLimited) && !none.runs(OpKind::RoutedExpertsLimited));
         let named = Features { ops: Some(vec![OpKind::ShortConv]), ..Features::default() };
         assert!(named.runs(OpKind::ShortConv) && !named.runs(OpKind::Linear));
     }

@@ -1,5 +1,6 @@
 //! DeepSeek V4's device kernels against the CPU reference, on whatever device the machine has
-//! (Lavapipe in CI): the unweighted RMSNorm, RoPE on the heads' last columns and inverted, ...
+//! (Lavapipe in CI): the unweighted RMSNorm, RoPE on the heads' last columns and inverted, the
+//! limited SwiGLU (its fused forms: `vk_fused.rs`, `vk_moe.rs`), ...
 //! Random inputs from a seeded generator, odd sizes; each test states its tolerance, relative to
 //! the largest |reference| of the output, and prints the error it measured.
 //!
@@ -7,10 +8,13 @@
 
 mod vk_common;
 
-use coli_compiler::ir::{RopeScaling, RopeStyle};
-use coli_runtime::cpu::{norm as cpu_norm, rope as cpu_rope};
-use coli_runtime::vk::{RopePart, RopeShape};
-use vk_common::{assert_close, ctx, rel_err, Rng};
+use coli_compiler::ir::{GluKind, RopeScaling, RopeStyle};
+use coli_runtime::cpu::linear::linear;
+use coli_runtime::cpu::Precision;
+use coli_runtime::cpu::{elementwise as cpu_elementwise, norm as cpu_norm, rope as cpu_rope};
+use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
+use coli_runtime::vk::{MatIn, MatmulPath, RopePart, RopeShape};
+use vk_common::{assert_close, assert_close_terms, ctx, random_rows, rel_err, Rng};
 
 /// Checks `got` against `want` within `tol` of the largest |want| and prints the error.
 fn check(what: &str, got: &[f32], want: &[f32], tol: f32) {
@@ -84,6 +88,71 @@ fn rope_tail_and_inverse_match_cpu() {
                 let what = format!("rope {style:?} rotary {rotary} tail {tail} inverse {inverse}");
                 check(&what, &ctx.download_f32(xb.all()).unwrap(), &want, 1e-5);
             }
+        }
+    }
+}
+
+/// DeepSeek V4's limited SwiGLU (`glu_limited`: gate clamped above, up to [-limit, limit],
+/// silu(gate) * up) over an odd count with values well past the limit both ways, out of place
+/// and over its gate: against `cpu::elementwise::glu`. Tolerance 1e-5 (the device's exp).
+#[test]
+fn glu_limited_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_4003);
+    let count = 1001;
+    let (g, u) = (rng.vec(count, 8.0), rng.vec(count, 8.0));
+    for limit in [2.0, 7.0] {
+        let kind = GluKind::LimitedSwiGlu { limit };
+        let mut want = vec![0f32; count];
+        cpu_elementwise::glu(kind, &g, &u, &mut want);
+        let (gb, ub, ob) = (ctx.upload_f32(&g).unwrap(), ctx.upload_f32(&u).unwrap(), ctx.f32_buffer(count).unwrap());
+        let mut f = ctx.frame().unwrap();
+        f.glu(kind, gb.all(), ub.all(), ob.all(), count).unwrap();
+        f.glu(kind, gb.all(), ub.all(), gb.all(), count).unwrap();
+        f.run().unwrap();
+        check(&format!("glu_limited {limit}"), &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
+        check(&format!("glu_limited {limit} over its gate"), &ctx.download_f32(gb.all()).unwrap(), &want, 1e-5);
+    }
+}
+
+/// The limited SwiGLU fused into the product that reads it (`MatIn::Glu`, the shared expert's
+/// down projection): f32 and Q8_0 weights, one row (GEMV) and several (GEMM), f32 activations
+/// (`Precision::Exact`), against the CPU's `glu` then `linear`. Tolerance 1e-5 of each output's
+/// sum of |w x| (f32 accumulation in another order, as `vk_fused.rs`).
+#[test]
+fn a_product_of_the_limited_swiglu_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_4004);
+    let (rows, cols) = (37, 96);
+    let kind = GluKind::LimitedSwiGlu { limit: 2.0 };
+    for format in [WeightFormat::F32, WeightFormat::Q8_0] {
+        let bytes = random_rows(format, rows, cols, &mut rng);
+        let (m, w) =
+            (Matrix::new(format, rows, cols, &bytes).unwrap(), ctx.upload_matrix(format, rows, cols, &bytes).unwrap());
+        for (n, path) in [(1, MatmulPath::Gemv), (5, MatmulPath::Gemm)] {
+            let (g, u) = (rng.vec(n * cols, 4.0), rng.vec(n * cols, 4.0));
+            let mut h = vec![0f32; n * cols];
+            cpu_elementwise::glu(kind, &g, &u, &mut h);
+            let mut want = vec![0f32; n * rows];
+            linear(&m, &h, n, &mut want, Precision::Exact);
+            let mut wrow = vec![0f32; cols];
+            let mut mag = vec![0f32; n * rows];
+            for r in 0..rows {
+                dequant_row(format, m.row(r), &mut wrow);
+                for i in 0..n {
+                    mag[i * rows + r] = wrow.iter().zip(&h[i * cols..]).map(|(a, b)| (a * b).abs()).sum();
+                }
+            }
+            let (gb, ub, ob) =
+                (ctx.upload_f32(&g).unwrap(), ctx.upload_f32(&u).unwrap(), ctx.f32_buffer(n * rows).unwrap());
+            let input = MatIn::Glu { gate: gb.all(), up: ub.all(), kind };
+            let mut f = ctx.frame().unwrap();
+            f.matmul_fused(&w, input, n, ob.all(), None, path, Precision::Exact).unwrap();
+            f.run().unwrap();
+            let got = ctx.download_f32(ob.all()).unwrap();
+            let what = format!("{format} limited swiglu product n {n} {path:?}");
+            eprintln!("{what}: {:.2e} of the largest", rel_err(&got, &want));
+            assert_close_terms(&what, &got, &want, &mag, 1e-5);
         }
     }
 }

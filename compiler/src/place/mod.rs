@@ -176,8 +176,11 @@ fn chain(program: &Program, profile: &DeviceProfile, options: &Options, sizer: &
         .iter()
         .filter_map(|layer| {
             layer.ops.iter().find_map(|op| match op {
-                // Experts with shared ones beside them are the CPU's (`routed_experts_shared`).
-                Op::RoutedExperts { experts, .. } if op.kind() == OpKind::RoutedExperts => {
+                // Experts with shared ones beside them are the CPU's (`routed_experts_shared`);
+                // DeepSeek V4's (their limited SwiGLU) are the tier's too.
+                Op::RoutedExperts { experts, .. }
+                    if matches!(op.kind(), OpKind::RoutedExperts | OpKind::RoutedExpertsLimited) =>
+                {
                     sizer.expert(op).map(|b| (layer.id, b, *experts))
                 }
                 _ => None,

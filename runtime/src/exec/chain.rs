@@ -115,8 +115,9 @@ impl Chain {
             .layers
             .iter()
             .flat_map(|l| &l.ops)
-            // Experts with shared ones beside them (their own op kind) are the CPU's, not the tier's.
-            .filter(|op| op.kind() == OpKind::RoutedExperts)
+            // Experts with shared ones beside them (their own op kind) are the CPU's, not the tier's;
+            // DeepSeek V4's (their limited SwiGLU) are the tier's.
+            .filter(|op| matches!(op.kind(), OpKind::RoutedExperts | OpKind::RoutedExpertsLimited))
             .filter(|op| matches!(op, Op::RoutedExperts { layer, .. } if !resident(layer.0)))
             .collect();
         if plan.options.expert_tier && !host_moe.is_empty() {

@@ -10,7 +10,7 @@
 use super::context::Context;
 use crate::format::WeightFormat;
 use crate::oplib::OpLib;
-use coli_compiler::ir::{GluKind, Op, RouterScoring};
+use coli_compiler::ir::{Op, RouterScoring};
 
 /// The Vulkan backend as the executor sees it.
 #[derive(Clone, Debug)]
@@ -40,7 +40,8 @@ impl OpLib for VkOps {
             // RoPE on the heads' last columns and inverted (V4's: `rope.comp`'s skip and inverse).
             Op::RmsNorm { .. } => true,
             Op::Rope { .. } => true,
-            Op::Glu { kind, .. } => !matches!(kind, GluKind::LimitedSwiGlu { .. }),
+            // DeepSeek V4's limited SwiGLU too (`glu.comp`'s kind 3, as the fused inputs).
+            Op::Glu { .. } => true,
             Op::Act { .. } | Op::Add { .. } | Op::Mul { .. } => true,
             // With relative logits too (Inkling: the f32 kernels; placement never splits such a
             // layer's KV mirror, whose split parts do not add them).
@@ -57,10 +58,9 @@ impl OpLib for VkOps {
                     && hash.is_none()
                     && *scoring != RouterScoring::SqrtSoftplus
             }
-            // Routed experts in a frame (`ops/moe.rs`): the layer's experts stacked on the device.
-            Op::RoutedExperts { experts, glu, .. } => {
-                *experts <= super::ops::moe::MAX_EXPERTS && !matches!(glu, GluKind::LimitedSwiGlu { .. })
-            }
+            // Routed experts in a frame (`ops/moe.rs`): the layer's experts stacked on the device
+            // (with DeepSeek V4's limited SwiGLU too).
+            Op::RoutedExperts { experts, .. } => *experts <= super::ops::moe::MAX_EXPERTS,
             // Gated DeltaNet (`ops/deltanet.rs`) and Kimi Delta Attention (`ops/kda.rs`) within
             // the kernels' head widths and kernel length.
             // Inkling's short convolutions too (`ops/short_conv.rs`: the same convolution kernel
