@@ -173,15 +173,54 @@ fn cut_and_feed_again(dev: &Engine, prompt: &[u32], (want, max): (&[Vec<f32>], f
 }
 
 /// DeepSeek V4 on the device: its projections, norms (the unweighted one too), RoPE on the
-/// heads' tails, attention and the shared expert's limited SwiGLU in device frames, its routed
-/// experts (the limited SwiGLU) through the expert tier on the device; its op kinds only the CPU
-/// has (the hyper-connections, the grouped output projection, hash and sqrt-softplus routing)
-/// in host frames; the logits and greedy tokens the CPU's in every chunking.
+/// heads' tails, attention, the shared expert's limited SwiGLU, and its routers (sqrt-softplus
+/// and hash) and routed experts (the layers' experts resident) in device frames; its op kinds
+/// only the CPU has (the hyper-connections, the grouped output projection) in host frames; the
+/// logits and greedy tokens the CPU's in every chunking.
 #[test]
 fn deepseek_v4_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
-    let host_only = ["hyper_pre", "hyper_post", "grouped_linear", "route_hash", "route_sqrt_softplus"];
-    let on_device = ["linear", "rms_norm", "attention", "rms_norm_unweighted", "rope_tail", "glu_limited"];
-    let (dev, ..) = new_kinds_on_the_host("deepseek_v4", &host_only, &on_device);
+    let host_only = ["hyper_pre", "hyper_post", "grouped_linear"];
+    let on_device = [
+        "linear",
+        "rms_norm",
+        "attention",
+        "rms_norm_unweighted",
+        "rope_tail",
+        "glu_limited",
+        "route_hash",
+        "route_sqrt_softplus",
+        "routed_experts_limited",
+    ];
+    new_kinds_on_the_host("deepseek_v4", &host_only, &on_device);
+}
+
+/// DeepSeek V4 with its routed experts through the expert tier (none resident): the routers
+/// and experts host steps, every routed pair served by the tier's device with the limited
+/// SwiGLU; the logits within 1e-4 of the largest |logit| of the CPU's, the greedy tokens the
+/// CPU's, the prompt whole and in chunks of 1 and 3.
+#[test]
+fn deepseek_v4_routed_experts_through_the_tier_match_the_cpu() {
+    let dir = fixture_dir("deepseek_v4");
+    let oracle = read_json(&dir.join("oracle.json"));
+    let prompt = ids(&oracle["prompt_ids"]);
+    let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
+    let (want, want_toks, _) = run(&load_model(&dir), &prompt, prompt.len(), 12);
+    let req = EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions::default()),
+        compile: Options { context: 256, chunk_rows: 8, resident_experts: false, ..Options::default() },
+        ..EngineOptions::default()
+    };
+    let dev = Engine::load(&dir, &req).unwrap();
+    let host = host_layer_ops(&dev);
+    assert!(host.contains(&"routed_experts") && host.contains(&"route"), "{}", dev.plan());
+    for chunk in [prompt.len(), 1, 3] {
+        let (got, toks, notice) = run(&dev, &prompt, chunk, 12);
+        assert!(notice.is_none(), "{notice:?}");
+        let err = max_abs_diff(&got, &want);
+        eprintln!("deepseek_v4 (tier) chunk {chunk}: max |device - cpu| = {err:.3e} (bound {:.3e})", 1e-4 * max);
+        assert!(err <= 1e-4 * max, "chunk {chunk}: max |device - cpu| = {err}");
+        assert_eq!(toks, want_toks, "chunk {chunk}: greedy tokens differ");
+    }
     let tier = dev.device().and_then(|d| d.with_tier(|t| (t.stats().device, t.stats().routed)));
     let (device, routed) = tier.unwrap_or_else(|| panic!("a tier: {:?}", dev.tier_line()));
     assert!(device > 0 && device == routed, "the tier's device serves every routed pair: {device} of {routed}");

@@ -74,7 +74,9 @@ pub enum OpKind {
     GluLimited,
     RoutedExpertsLimited,
     /// A router scoring by `sqrt(softplus)` (`RouterScoring::SqrtSoftplus`), or routing by a
-    /// token's row of a hash table (`Op::Route::hash`): the CPU's only.
+    /// token's row of a hash table (`Op::Route::hash`): kinds of their own, so a profile that
+    /// lists `route` alone does not claim them (coli's Vulkan library runs them in a frame where
+    /// the layer's experts are resident).
     RouteSqrtSoftplus,
     RouteHash,
     /// DeepSeek V4's KV compressor (`Op::KvCompress`) and attention over its entries beside the
@@ -132,8 +134,8 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::RopeTail, name: "rope_tail", host_step: false, by_default: true },
     OpInfo { kind: OpKind::GluLimited, name: "glu_limited", host_step: false, by_default: true },
     OpInfo { kind: OpKind::RoutedExpertsLimited, name: "routed_experts_limited", host_step: true, by_default: true },
-    OpInfo { kind: OpKind::RouteSqrtSoftplus, name: "route_sqrt_softplus", host_step: true, by_default: false },
-    OpInfo { kind: OpKind::RouteHash, name: "route_hash", host_step: true, by_default: false },
+    OpInfo { kind: OpKind::RouteSqrtSoftplus, name: "route_sqrt_softplus", host_step: true, by_default: true },
+    OpInfo { kind: OpKind::RouteHash, name: "route_hash", host_step: true, by_default: true },
     OpInfo { kind: OpKind::KvCompress, name: "kv_compress", host_step: false, by_default: false },
     OpInfo { kind: OpKind::AttentionCompressed, name: "attention_compressed", host_step: false, by_default: false },
     OpInfo { kind: OpKind::Input, name: "input", host_step: true, by_default: false },
@@ -245,10 +247,9 @@ mod tests {
         }
         assert!(!none.runs(OpKind::Route) && none.lists(OpKind::Route), "a host step is listed, not run in a frame");
         assert!(!none.lists(OpKind::RoutedExpertsShared));
-        for k in [OpKind::RouteSqrtSoftplus, OpKind::RouteHash] {
-            assert!(!none.lists(k), "{k}");
+        for k in [OpKind::RoutedExpertsLimited, OpKind::RouteSqrtSoftplus, OpKind::RouteHash] {
+            assert!(none.lists(k) && !none.runs(k), "{k}: listed, a host step");
         }
-        assert!(none.lists(OpKind::RoutedExpertsLimited) && !none.runs(OpKind::RoutedExpertsLimited));
         let named = Features { ops: Some(vec![OpKind::ShortConv]), ..Features::default() };
         assert!(named.runs(OpKind::ShortConv) && !named.runs(OpKind::Linear));
     }

@@ -1,6 +1,7 @@
 //! DeepSeek V4's device kernels against the CPU reference, on whatever device the machine has
 //! (Lavapipe in CI): the unweighted RMSNorm, RoPE on the heads' last columns and inverted, the
-//! limited SwiGLU (its fused forms: `vk_fused.rs`, `vk_moe.rs`), ...
+//! limited SwiGLU (and its product; in the experts: `vk_moe.rs`), the sqrt-softplus and hash
+//! routers, ...
 //! Random inputs from a seeded generator, odd sizes; each test states its tolerance, relative to
 //! the largest |reference| of the output, and prints the error it measured.
 //!
@@ -8,12 +9,13 @@
 
 mod vk_common;
 
-use coli_compiler::ir::{GluKind, RopeScaling, RopeStyle};
+use coli_compiler::ir::{GluKind, GroupScore, RopeScaling, RopeStyle, RouterScoring};
 use coli_runtime::cpu::linear::linear;
+use coli_runtime::cpu::route::RouteSpec;
 use coli_runtime::cpu::Precision;
-use coli_runtime::cpu::{elementwise as cpu_elementwise, norm as cpu_norm, rope as cpu_rope};
+use coli_runtime::cpu::{elementwise as cpu_elementwise, norm as cpu_norm, rope as cpu_rope, route as cpu_route};
 use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
-use coli_runtime::vk::{MatIn, MatmulPath, RopePart, RopeShape};
+use coli_runtime::vk::{MatIn, MatmulPath, RopePart, RopeShape, RouteHash, RouteParams};
 use vk_common::{assert_close, assert_close_terms, ctx, random_rows, rel_err, Rng};
 
 /// Checks `got` against `want` within `tol` of the largest |want| and prints the error.
@@ -154,5 +156,70 @@ fn a_product_of_the_limited_swiglu_matches_cpu() {
             eprintln!("{what}: {:.2e} of the largest", rel_err(&got, &want));
             assert_close_terms(&what, &got, &want, &mag, 1e-5);
         }
+    }
+}
+
+/// DeepSeek V4's routers (`route_sqrt_softplus`, `route_hash`): sqrt(softplus) scores with a
+/// correction bias and top-k, and hash routing (each row's experts its token's row of a table)
+/// under every scoring, renormalised or not, an odd count of experts and rows, logits past
+/// softplus' cut at 20 and far below 0: against `cpu::route::route_row` / `route_row_hash`.
+/// Expert ids exact; weights within 1e-5 of the largest (the device's exp/log/sqrt).
+#[test]
+fn sqrt_softplus_and_hash_routing_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_4005);
+    let (n, experts, top_k, vocab) = (7, 13, 3, 11);
+    let mut logits = rng.vec(n * experts, 6.0);
+    logits[2] = 23.0;
+    logits[5] = -30.0;
+    let bias = rng.vec(experts, 0.3);
+    let table: Vec<f32> = (0..vocab * top_k).map(|_| rng.below(experts) as f32).collect();
+    let tokens: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
+    let (lb, bb, tb) =
+        (ctx.upload_f32(&logits).unwrap(), ctx.upload_f32(&bias).unwrap(), ctx.upload_f32(&table).unwrap());
+    let kb = ctx.upload_f32(&tokens.iter().map(|&t| f32::from_bits(t)).collect::<Vec<_>>()).unwrap();
+    let scorings = [RouterScoring::SqrtSoftplus, RouterScoring::Sigmoid, RouterScoring::Softmax];
+    for (scoring, hashed, renormalize) in
+        scorings.iter().flat_map(|&s| [(s, true, true), (s, true, false), (s, false, true)])
+    {
+        if !hashed && scoring != RouterScoring::SqrtSoftplus {
+            continue;
+        }
+        let spec = RouteSpec {
+            scoring,
+            top_k,
+            renormalize,
+            correction_bias: (!hashed).then_some(&bias[..]),
+            groups: None,
+            group_score: GroupScore::TopTwoSum,
+            scale: 1.5,
+        };
+        let mut want = vec![0f32; n * 2 * top_k];
+        for r in 0..n {
+            let (l, o) = (&logits[r * experts..(r + 1) * experts], &mut want[r * 2 * top_k..(r + 1) * 2 * top_k]);
+            if hashed {
+                let t = tokens[r] as usize;
+                cpu_route::route_row_hash(&spec, &table[t * top_k..(t + 1) * top_k], l, o);
+            } else {
+                cpu_route::route_row(&spec, l, o);
+            }
+        }
+        let p =
+            RouteParams { scoring, top_k, renormalize, groups: None, group_score: GroupScore::TopTwoSum, scale: 1.5 };
+        let ob = ctx.f32_buffer(n * 2 * top_k).unwrap();
+        let mut f = ctx.frame().unwrap();
+        if hashed {
+            let h = RouteHash { tokens: kb.all(), table: tb.all(), vocab };
+            f.route_hash(lb.all(), h, ob.all(), (n, experts), p).unwrap();
+        } else {
+            f.route(lb.all(), Some(bb.all()), ob.all(), n, experts, p).unwrap();
+        }
+        f.run().unwrap();
+        let got = ctx.download_f32(ob.all()).unwrap();
+        let what = format!("route {scoring:?} hash {hashed} renormalize {renormalize}");
+        let ids = |v: &[f32]| v.iter().step_by(2).copied().collect::<Vec<_>>();
+        let weights = |v: &[f32]| v.iter().skip(1).step_by(2).copied().collect::<Vec<_>>();
+        assert_eq!(ids(&got), ids(&want), "{what}: experts");
+        check(&format!("{what} weights"), &weights(&got), &weights(&want), 1e-5);
     }
 }

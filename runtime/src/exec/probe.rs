@@ -74,6 +74,8 @@ pub fn profile_of(ctx: &Context, memory_cap: Option<u64>) -> DeviceProfile {
         OpKind::Add,
         OpKind::Mul,
         OpKind::Route,
+        OpKind::RouteSqrtSoftplus,
+        OpKind::RouteHash,
         OpKind::RoutedExperts,
         OpKind::RoutedExpertsLimited,
         OpKind::LinearAttention,

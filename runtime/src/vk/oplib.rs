@@ -10,7 +10,7 @@
 use super::context::Context;
 use crate::format::WeightFormat;
 use crate::oplib::OpLib;
-use coli_compiler::ir::{Op, RouterScoring};
+use coli_compiler::ir::Op;
 
 /// The Vulkan backend as the executor sees it.
 #[derive(Clone, Debug)]
@@ -52,11 +52,14 @@ impl OpLib for VkOps {
                     && spec.kv_heads > 0
                     && spec.heads % spec.kv_heads == 0
             }
-            Op::Route { top_k, groups, scoring, hash, .. } => {
+            // Sqrt-softplus scores and hash routing too (DeepSeek V4: `route.comp`'s modes);
+            // not a router with shared experts or a weight-held scale.
+            Op::Route { top_k, groups, hash, shared, scale_by, .. } => {
                 *top_k <= 64
                     && groups.is_none_or(|(g, _)| g <= 64)
-                    && hash.is_none()
-                    && *scoring != RouterScoring::SqrtSoftplus
+                    && (hash.is_none() || groups.is_none())
+                    && *shared == 0
+                    && scale_by.is_none()
             }
             // Routed experts in a frame (`ops/moe.rs`): the layer's experts stacked on the device
             // (with DeepSeek V4's limited SwiGLU too).

@@ -165,9 +165,10 @@ push_blocks! {
 
     /// Mirrors `route.comp`'s push block.
     RoutePush for [Route] {
-        n: u32, top_k: u32, sigmoid_: u32, renormalize: u32,
+        n: u32, top_k: u32, scoring: u32, renormalize: u32,
         has_bias: u32, n_group: u32, topk_group: u32, scale: f32,
-        l_off: u32, o_off: u32, group_max: u32, pad1: u32,
+        l_off: u32, o_off: u32, group_max: u32, hash: u32,
+        vocab: u32, t_off: u32, pad1: u32, pad2: u32,
     }
 
     /// Mirrors `attn.glsl`'s push block (`attn_split.comp`, `attn_block.comp`).

@@ -1,10 +1,11 @@
 //! Row ops of a device frame that need more than one kernel call or the step's sequences:
 //! RoPE (per sequence at its own positions in a batched step; on the heads' last columns and
-//! inverted, DeepSeek V4's) and the kinds DeepSeek V4 brought: the unweighted RMSNorm.
+//! inverted, DeepSeek V4's), the router (V4's hash routing reads the rows' tokens) and the
+//! kinds DeepSeek V4 brought: the unweighted RMSNorm.
 
 use super::{DeviceModel, Rec};
 use crate::oplib::op_name;
-use crate::vk::{Frame as VkFrame, Pos, RopePart, RopeShape, VkError};
+use crate::vk::{Frame as VkFrame, Pos, RopePart, RopeShape, RouteHash, RouteParams, VkError};
 use coli_compiler::ir::{Op, ValueId};
 
 impl DeviceModel {
@@ -38,6 +39,41 @@ impl DeviceModel {
                     }
                 } else {
                     f.rope_at(view(*x), fb.all(), shape(n), pos)?;
+                }
+            }
+            Op::Route {
+                logits,
+                out,
+                scoring,
+                top_k,
+                renormalize,
+                correction_bias,
+                groups,
+                group_score,
+                scale,
+                hash,
+                ..
+            } => {
+                let bias = correction_bias.as_ref().map(|b| self.vecs[&b.name].all());
+                let params = RouteParams {
+                    scoring: *scoring,
+                    top_k: *top_k,
+                    renormalize: *renormalize,
+                    groups: *groups,
+                    group_score: *group_score,
+                    scale: *scale,
+                };
+                match hash {
+                    // DeepSeek V4's hash routing: the rows' tokens (written with the frame's).
+                    Some(t) => {
+                        let h = RouteHash {
+                            tokens: st.tokens.view(0, n),
+                            table: self.vecs[&t.name].all(),
+                            vocab: t.shape[0],
+                        };
+                        f.route_hash(view(*logits), h, view(*out), (n, w(*logits)), params)?
+                    }
+                    None => f.route(view(*logits), bias, view(*out), n, w(*logits), params)?,
                 }
             }
             op => {
