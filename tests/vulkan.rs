@@ -4,7 +4,8 @@
 //! mid-decode that the CPU finishes with the same tokens (also mid-step, after the host took a
 //! Gated DeltaNet or KDA layer's new state or an MLA layer's new cache rows), and the device
 //! state of Qwen3-Next and Kimi Linear (recurrent) and DeepSeek-V3 (the MLA mirrors) following
-//! the host's; Inkling and DeepSeek V4 with their new op kinds on the host.
+//! the host's; Inkling and DeepSeek V4 with the op kinds only the CPU has on the host (V4's
+//! experts resident and through the tier; a device lost mid-decode of V4 too).
 //!
 //! Tolerance: logits within 1e-4 of the largest |logit| (f32 weights: the device and the CPU
 //! differ only in the order of float operations); greedy tokens identical.
@@ -224,6 +225,34 @@ fn deepseek_v4_routed_experts_through_the_tier_match_the_cpu() {
     let tier = dev.device().and_then(|d| d.with_tier(|t| (t.stats().device, t.stats().routed)));
     let (device, routed) = tier.unwrap_or_else(|| panic!("a tier: {:?}", dev.tier_line()));
     assert!(device > 0 && device == routed, "the tier's device serves every routed pair: {device} of {routed}");
+}
+
+/// DeepSeek V4 on the device, a submit failing in the middle of the sixth decode step (its
+/// frames cut by the hyper-connections and the grouped projection on the host, after some of
+/// the step's K/V rows reached the host's cache): the CPU re-runs the step and finishes the run
+/// with the same tokens.
+#[test]
+fn a_device_lost_mid_decode_of_deepseek_v4_is_finished_by_the_cpu() {
+    let dir = fixture_dir("deepseek_v4");
+    let prompt = ids(&read_json(&dir.join("oracle.json"))["prompt_ids"]);
+    let (_, want_toks, _) = run(&load_model(&dir), &prompt, prompt.len(), 12);
+    let clean = load_on_device(&dir, None, None);
+    let d = clean.device().expect("a device");
+    assert!(layer_ops(&clean, false).contains(&"routed_experts"), "experts in device frames:\n{}", clean.plan());
+    let mut s = Session::on_device(clean.model(), d, 256).unwrap();
+    let mut last = s.forward(&prompt, LogitRows::Last).unwrap();
+    let mut starts = Vec::new();
+    for _ in 0..6 {
+        starts.push(d.ctx.submits());
+        last = s.forward(&[argmax(&last)], LogitRows::Last).unwrap();
+    }
+    let per_step = d.ctx.submits() - starts[5];
+    assert!(per_step >= 4, "a decode step should take several frames, took {per_step}");
+    let fault = FaultInjection { fail_submit: Some(starts[5] + per_step / 2), fail_alloc: None };
+    let dev = load_on_device(&dir, None, Some(fault));
+    let (_, toks, notice) = run(&dev, &prompt, prompt.len(), 12);
+    assert!(notice.is_some_and(|n| n.contains("continue on the CPU")), "the fallback says so");
+    assert_eq!(toks, want_toks, "the CPU finishes the run with the same tokens");
 }
 
 /// DeepSeek V4's compressed layers on the device: the compressor and the attention over its
