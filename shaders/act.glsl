@@ -19,10 +19,12 @@ float gelu_tanh(float x) {
 }
 
 // kind: 0 SwiGLU, 1 GeGLU, 2 clamped SwiGLU (gate clamped above at `limit`, up to
-// [-limit, limit], g * sigmoid(alpha g) * (u + 1)).
+// [-limit, limit], g * sigmoid(alpha g) * (u + 1)), 3 DeepSeek V4's limited SwiGLU (the same
+// clamps, g * sigmoid(g) * u).
 float glu_apply(uint kind, float g, float u, float limit, float alpha) {
     if (kind == 0u) return silu(g) * u;
     if (kind == 1u) return gelu(g) * u;
     float gg = min(g, limit);
+    if (kind == 3u) return gg * sigmoid(gg) * clamp(u, -limit, limit);
     return gg * sigmoid(alpha * gg) * (clamp(u, -limit, limit) + 1.0);
 }

@@ -4,8 +4,8 @@
 //   0: x as stored;
 //   1: RMSNorm of the whole row: x * ROW_INV(xr) * (aux[k] + p1), ROW_INV the including
 //      shader's 1 / sqrt(mean(x^2) + p0) of row xr;
-//   2, 3, 4: the gated unit glu(kind = in_mode - 2) of x (the gate) and aux (up, rows of
-//      `cols` from aux_off), p0 = limit, p1 = alpha.
+//   2, 3, 4, 5: the gated unit glu(kind = in_mode - 2, act.glsl's glu_apply) of x (the gate)
+//      and aux (up, rows of `cols` from aux_off), p0 = limit, p1 = alpha.
 // Output: with res_on, out = product + res (res laid out as out, from res_off), the CPU's
 // residual Add folded into the product's store (a + b is exact either way round).
 // The including shader declares the push constants (fields below) and xf, and defines

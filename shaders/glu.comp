@@ -1,7 +1,8 @@
 #version 450
 // glu.comp: elementwise activations. Gated (out = f(gate) * up): SwiGLU, GeGLU, clamped
 // SwiGLU (gate clamped above at `limit`, up to [-limit, limit], out = g * sigmoid(alpha g) *
-// (u + 1)); plain (out = f(gate)): SiLU, sigmoid, ReLU, GELU (erf), GELU (tanh).
+// (u + 1)), DeepSeek V4's limited SwiGLU (the same clamps, g * sigmoid(g) * u); plain
+// (out = f(gate)): SiLU, sigmoid, ReLU, GELU (erf), GELU (tanh).
 // Formulas are the CPU's (runtime/src/cpu/elementwise.rs). One invocation per element.
 // Must not: read `up` for the plain kinds.
 #extension GL_GOOGLE_include_directive : require
@@ -17,7 +18,7 @@ layout(push_constant) uniform PC {
     uint g_off; uint u_off; uint o_off; uint pad;
 } pc;
 
-// kinds: 0 SwiGLU, 1 GeGLU, 2 clamped SwiGLU, 10 SiLU, 11 sigmoid, 12 ReLU, 13 GELU, 14 GELU tanh
+// kinds: 0 SwiGLU, 1 GeGLU, 2 clamped SwiGLU, 3 limited SwiGLU, 10 SiLU, 11 sigmoid, 12 ReLU, 13 GELU, 14 GELU tanh
 void main() {
     uint i = gl_GlobalInvocationID.x;
     if (i >= pc.count) return;
@@ -30,6 +31,7 @@ void main() {
         float u = clamp(uv[pc.u_off + i], -pc.limit, pc.limit);
         r = gg * sigmoid(pc.alpha * gg) * (u + 1.0);
     }
+    else if (pc.kind == 3u) r = glu_apply(3u, g, uv[pc.u_off + i], pc.limit, 0.0);
     else if (pc.kind == 10u) r = silu(g);
     else if (pc.kind == 11u) r = sigmoid(g);
     else if (pc.kind == 12u) r = max(g, 0.0);

@@ -1,7 +1,8 @@
 // moe.glsl: what the routed-expert kernels (moe_*.comp) share: the expert of a (row, rank)
 // pair read from the routing buffer (Route's output: per row top_k pairs (expert as a float,
 // weight), by rank), and the gated unit, in the formulas of the CPU (runtime/src/cpu/
-// elementwise.rs) and glu.comp: kinds 0 SwiGLU, 1 GeGLU, 2 clamped SwiGLU (gpt-oss).
+// elementwise.rs) and glu.comp: kinds 0 SwiGLU, 1 GeGLU, 2 clamped SwiGLU (gpt-oss), 3 limited
+// SwiGLU (DeepSeek V4: the same clamps, g * sigmoid(g) * u).
 // A shader that reads the routing declares `routing[]` and defines R_OFF (the routing view's
 // first element) and TOP_K.
 // Must not: declare bindings, or trust an expert id: one outside 0..experts is reported as
@@ -22,6 +23,7 @@ float moe_glu(uint kind, float g, float u, float limit, float alpha) {
     if (kind == 1u) return 0.5 * g * (1.0 + moe_erf(g / 1.41421356237309515)) * u;
     float gg = min(g, limit);
     float uu = clamp(u, -limit, limit);
+    if (kind == 3u) return gg * moe_sigmoid(gg) * uu;
     return gg * moe_sigmoid(alpha * gg) * (uu + 1.0);
 }
 

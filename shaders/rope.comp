@@ -4,8 +4,12 @@
 // (2i, 2i + 1) (interleaved). The inverse frequencies come from the host (the CPU's table,
 // scaling included); angles are pos * freq in f32 as on the CPU, sin/cos from sincos_rr.
 // One invocation per (pair, head, row). pos0 comes from the push constants, or from params[0]
-// when `dyn` is set (a recording replayed at every position).
-// Must not: touch columns past rotary_dim of a head, or past heads * head_dim of a row.
+// when `dyn` is set (a recording replayed at every position). `skip` columns of each head come
+// before the rotated ones (DeepSeek V4's RoPE on the heads' last columns: head_dim - rotary_dim);
+// `inverse` rotates by the opposite angles (sin negated: the rotation undone). Reference:
+// cpu::rope::rotate_part.
+// Must not: touch columns outside skip..skip + rotary_dim of a head, or past heads * head_dim
+// of a row.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 
@@ -16,7 +20,7 @@ layout(std430, binding = 2) readonly buffer PRM { uint params[]; };
 layout(push_constant) uniform PC {
     uint n; uint width; uint heads; uint head_dim;
     uint half_; uint interleaved; uint pos0; float mscale;
-    uint x_off; uint dyn; uint pad1; uint pad2;
+    uint x_off; uint dyn; uint skip; uint inverse;
 } pc;
 
 void main() {
@@ -29,8 +33,8 @@ void main() {
     float s, c;
     sincos_rr(angle, s, c);
     c *= pc.mscale;
-    s *= pc.mscale;
-    uint base = pc.x_off + r * pc.width + h * pc.head_dim;
+    s *= pc.inverse != 0u ? -pc.mscale : pc.mscale;
+    uint base = pc.x_off + r * pc.width + h * pc.head_dim + pc.skip;
     uint a = pc.interleaved != 0u ? base + 2u * i : base + i;
     uint b = pc.interleaved != 0u ? a + 1u : a + pc.half_;
     float x0 = xv[a], x1 = xv[b];

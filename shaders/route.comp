@@ -1,9 +1,14 @@
 #version 450
 // route.comp: a row's router logits to its top-k (expert, weight) pairs, as the CPU's
-// route_row (runtime/src/cpu/route.rs): softmax or sigmoid scores; a correction bias that
+// route_row (runtime/src/cpu/route.rs): softmax, sigmoid or sqrt(softplus) scores (`scoring`
+// 0, 1, 2; softplus as torch's, x past 20 as x); a correction bias that
 // steers the choice only; group-limited top-k (a group scores the sum of its two best
 // choices, or its best with group_max); ties toward the lower index; renormalization; a scale. One workgroup per row;
 // the top-k by ranks (each expert counts who beats it), not by rounds of arg-max.
+// With `hash` (DeepSeek V4's hash routing, route_row_hash): the row's experts are its token's
+// row of the table (`tokens[row]`, `table` [vocab, top_k] of expert ids as floats), in order,
+// weighed by their scores; a token past the vocabulary or an id past the experts gives the
+// expert `n` (which the expert kernels skip) with weight 0.
 // Output per row: 2 * top_k floats, (expert as float, weight) by rank.
 // Must not: take more than MAX_E experts or MAX_K ranks (the host checks).
 #extension GL_GOOGLE_include_directive : require
@@ -16,10 +21,13 @@ layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer L { float logits[]; };
 layout(std430, binding = 1) readonly buffer BIAS { float bias[]; };
 layout(std430, binding = 2) writeonly buffer OUT { float outv[]; };
+layout(std430, binding = 3) readonly buffer TOK { uint tokens[]; };
+layout(std430, binding = 4) readonly buffer TAB { float table[]; };
 layout(push_constant) uniform PC {
-    uint n; uint top_k; uint sigmoid_; uint renormalize;
+    uint n; uint top_k; uint scoring; uint renormalize;
     uint has_bias; uint n_group; uint topk_group; float scale;
-    uint l_off; uint o_off; uint group_max; uint pad1;
+    uint l_off; uint o_off; uint group_max; uint hash;
+    uint vocab; uint t_off; uint pad1; uint pad2;
 } pc;
 
 shared float scores[MAX_E];
@@ -30,6 +38,15 @@ shared float gscore[MAX_G];
 shared uint keep[MAX_G];
 
 bool better(float v1, uint i1, float v2, uint i2) { return v1 > v2 || (v1 == v2 && i1 < i2); }
+
+// ln(1 + e^x) as torch computes it (x past 20: x), log1p by the quotient that keeps its
+// relative precision where e^x is tiny.
+float softplus(float x) {
+    if (x > 20.0) return x;
+    float u = exp(x);
+    float w = 1.0 + u;
+    return w == 1.0 ? u : log(w) * (u / (w - 1.0));
+}
 
 void main() {
     uint r = gl_WorkGroupID.x, tid = gl_LocalInvocationID.x;
@@ -49,10 +66,10 @@ void main() {
     barrier();
     for (uint e = tid; e < pc.n; e += 64u) {
         float l = logits[lb + e];
-        scores[e] = pc.sigmoid_ != 0u ? 1.0 / (1.0 + exp(-l)) : exp(l - m);
+        scores[e] = pc.scoring == 1u ? 1.0 / (1.0 + exp(-l)) : pc.scoring == 2u ? sqrt(softplus(l)) : exp(l - m);
     }
     barrier();
-    if (pc.sigmoid_ == 0u) {
+    if (pc.scoring == 0u) {
         if (tid == 0u) {
             float s = 0.0;
             for (uint e = 0u; e < pc.n; e++) s += scores[e];
@@ -62,6 +79,27 @@ void main() {
         float s = red_v[0];
         for (uint e = tid; e < pc.n; e += 64u) scores[e] = div_rn(scores[e], s);
         barrier();
+    }
+    // Hash routing: the token's row of the table, in order.
+    if (pc.hash != 0u) {
+        if (tid == 0u) {
+            uint tok = tokens[pc.t_off + r];
+            float s = 0.0;
+            for (uint k = 0u; k < pc.top_k; k++) {
+                float id = tok < pc.vocab ? table[tok * pc.top_k + k] : -1.0;
+                bool ok = id >= 0.0 && id < float(pc.n);
+                chosen[k] = ok ? uint(id) : pc.n;
+                s += ok ? scores[chosen[k]] : 0.0;
+            }
+            s = pc.renormalize != 0u ? s + 1e-20 : 1.0;
+            uint ob = pc.o_off + r * 2u * pc.top_k;
+            for (uint k = 0u; k < pc.top_k; k++) {
+                float w = chosen[k] < pc.n ? scores[chosen[k]] : 0.0;
+                outv[ob + 2u * k] = float(chosen[k]);
+                outv[ob + 2u * k + 1u] = div_rn(w, s) * pc.scale;
+            }
+        }
+        return;
     }
     for (uint e = tid; e < pc.n; e += 64u) choice[e] = pc.has_bias != 0u ? scores[e] + bias[e] : scores[e];
     barrier();
@@ -107,7 +145,7 @@ void main() {
     if (tid == 0u) {
         float s = 0.0;
         for (uint k = 0u; k < pc.top_k; k++) s += scores[chosen[k]];
-        if (pc.sigmoid_ != 0u) s += 1e-20;
+        if (pc.scoring != 0u) s += 1e-20;
         uint ob = pc.o_off + r * 2u * pc.top_k;
         for (uint k = 0u; k < pc.top_k; k++) {
             float w = scores[chosen[k]];

@@ -4,7 +4,8 @@
 //! mid-decode that the CPU finishes with the same tokens (also mid-step, after the host took a
 //! Gated DeltaNet or KDA layer's new state or an MLA layer's new cache rows), and the device
 //! state of Qwen3-Next and Kimi Linear (recurrent) and DeepSeek-V3 (the MLA mirrors) following
-//! the host's; Inkling and DeepSeek V4 with their new op kinds on the host.
+//! the host's; Inkling and DeepSeek V4 with the op kinds only the CPU has on the host (V4's
+//! experts resident and through the tier; a device lost mid-decode of V4 too).
 //!
 //! Tolerance: logits within 1e-4 of the largest |logit| (f32 weights: the device and the CPU
 //! differ only in the order of float operations); greedy tokens identical.
@@ -172,24 +173,86 @@ fn cut_and_feed_again(dev: &Engine, prompt: &[u32], (want, max): (&[Vec<f32>], f
     assert!(err <= 1e-4 * max, "after a cut to {at}: max |device - cpu| = {err}");
 }
 
-/// DeepSeek V4 on the device: its projections, norms and attention in device frames, its op
-/// kinds only the CPU has (the hyper-connections, the grouped output projection, the
-/// unweighted norm, RoPE on the heads' tails, hash and sqrt-softplus routing, the clamped
-/// SwiGLU) in host frames; the logits and greedy tokens the CPU's in every chunking.
+/// DeepSeek V4 on the device: its projections, norms (the unweighted one too), RoPE on the
+/// heads' tails, attention, the shared expert's limited SwiGLU, and its routers (sqrt-softplus
+/// and hash) and routed experts (the layers' experts resident) in device frames; its op kinds
+/// only the CPU has (the hyper-connections, the grouped output projection) in host frames; the
+/// logits and greedy tokens the CPU's in every chunking.
 #[test]
 fn deepseek_v4_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
-    let host_only = [
-        "hyper_pre",
-        "hyper_post",
-        "grouped_linear",
+    let host_only = ["hyper_pre", "hyper_post", "grouped_linear"];
+    let on_device = [
+        "linear",
+        "rms_norm",
+        "attention",
         "rms_norm_unweighted",
         "rope_tail",
+        "glu_limited",
         "route_hash",
         "route_sqrt_softplus",
         "routed_experts_limited",
-        "glu_limited",
     ];
-    new_kinds_on_the_host("deepseek_v4", &host_only, &["linear", "rms_norm", "attention"]);
+    new_kinds_on_the_host("deepseek_v4", &host_only, &on_device);
+}
+
+/// DeepSeek V4 with its routed experts through the expert tier (none resident): the routers
+/// and experts host steps, every routed pair served by the tier's device with the limited
+/// SwiGLU; the logits within 1e-4 of the largest |logit| of the CPU's, the greedy tokens the
+/// CPU's, the prompt whole and in chunks of 1 and 3.
+#[test]
+fn deepseek_v4_routed_experts_through_the_tier_match_the_cpu() {
+    let dir = fixture_dir("deepseek_v4");
+    let oracle = read_json(&dir.join("oracle.json"));
+    let prompt = ids(&oracle["prompt_ids"]);
+    let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
+    let (want, want_toks, _) = run(&load_model(&dir), &prompt, prompt.len(), 12);
+    let req = EngineOptions {
+        device: DeviceRequest::Vulkan(VkOptions::default()),
+        compile: Options { context: 256, chunk_rows: 8, resident_experts: false, ..Options::default() },
+        ..EngineOptions::default()
+    };
+    let dev = Engine::load(&dir, &req).unwrap();
+    let host = host_layer_ops(&dev);
+    assert!(host.contains(&"routed_experts") && host.contains(&"route"), "{}", dev.plan());
+    for chunk in [prompt.len(), 1, 3] {
+        let (got, toks, notice) = run(&dev, &prompt, chunk, 12);
+        assert!(notice.is_none(), "{notice:?}");
+        let err = max_abs_diff(&got, &want);
+        eprintln!("deepseek_v4 (tier) chunk {chunk}: max |device - cpu| = {err:.3e} (bound {:.3e})", 1e-4 * max);
+        assert!(err <= 1e-4 * max, "chunk {chunk}: max |device - cpu| = {err}");
+        assert_eq!(toks, want_toks, "chunk {chunk}: greedy tokens differ");
+    }
+    let tier = dev.device().and_then(|d| d.with_tier(|t| (t.stats().device, t.stats().routed)));
+    let (device, routed) = tier.unwrap_or_else(|| panic!("a tier: {:?}", dev.tier_line()));
+    assert!(device > 0 && device == routed, "the tier's device serves every routed pair: {device} of {routed}");
+}
+
+/// DeepSeek V4 on the device, a submit failing in the middle of the sixth decode step (its
+/// frames cut by the hyper-connections and the grouped projection on the host, after some of
+/// the step's K/V rows reached the host's cache): the CPU re-runs the step and finishes the run
+/// with the same tokens.
+#[test]
+fn a_device_lost_mid_decode_of_deepseek_v4_is_finished_by_the_cpu() {
+    let dir = fixture_dir("deepseek_v4");
+    let prompt = ids(&read_json(&dir.join("oracle.json"))["prompt_ids"]);
+    let (_, want_toks, _) = run(&load_model(&dir), &prompt, prompt.len(), 12);
+    let clean = load_on_device(&dir, None, None);
+    let d = clean.device().expect("a device");
+    assert!(layer_ops(&clean, false).contains(&"routed_experts"), "experts in device frames:\n{}", clean.plan());
+    let mut s = Session::on_device(clean.model(), d, 256).unwrap();
+    let mut last = s.forward(&prompt, LogitRows::Last).unwrap();
+    let mut starts = Vec::new();
+    for _ in 0..6 {
+        starts.push(d.ctx.submits());
+        last = s.forward(&[argmax(&last)], LogitRows::Last).unwrap();
+    }
+    let per_step = d.ctx.submits() - starts[5];
+    assert!(per_step >= 4, "a decode step should take several frames, took {per_step}");
+    let fault = FaultInjection { fail_submit: Some(starts[5] + per_step / 2), fail_alloc: None };
+    let dev = load_on_device(&dir, None, Some(fault));
+    let (_, toks, notice) = run(&dev, &prompt, prompt.len(), 12);
+    assert!(notice.is_some_and(|n| n.contains("continue on the CPU")), "the fallback says so");
+    assert_eq!(toks, want_toks, "the CPU finishes the run with the same tokens");
 }
 
 /// DeepSeek V4's compressed layers on the device: the compressor and the attention over its
@@ -197,8 +260,9 @@ fn deepseek_v4_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
 /// every chunking; then the session cut back into the prompt (past closed windows) and fed again.
 #[test]
 fn deepseek_v4_compressed_layers_on_the_device_match_the_cpu() {
-    let host_only = ["kv_compress", "attention_compressed", "hyper_pre", "rope_tail"];
-    let (dev, prompt, want, max) = new_kinds_on_the_host("deepseek_v4_compressed", &host_only, &["linear", "rms_norm"]);
+    let host_only = ["kv_compress", "attention_compressed", "hyper_pre"];
+    let on_device = ["linear", "rms_norm", "rms_norm_unweighted", "rope_tail"];
+    let (dev, prompt, want, max) = new_kinds_on_the_host("deepseek_v4_compressed", &host_only, &on_device);
     cut_and_feed_again(&dev, &prompt, (&want, max), 7);
 }
 

@@ -63,17 +63,22 @@ pub enum OpKind {
     /// the CPU's only.
     HyperPre,
     HyperPost,
-    /// An RMSNorm without a weight (`Op::RmsNorm::weight` none): the CPU's only.
+    /// An RMSNorm without a weight (`Op::RmsNorm::weight` none): a kind of its own, so a
+    /// profile that lists `rms_norm` alone does not claim it (coli's Vulkan library runs it).
     RmsNormUnweighted,
     /// RoPE on the last columns of each head or by the opposite angles (`Op::Rope::tail`,
-    /// `inverse`): the CPU's only.
+    /// `inverse`): a kind of its own, so a profile that lists `rope` alone does not claim it
+    /// (coli's Vulkan library runs it).
     RopeTail,
     /// DeepSeek V4's clamped SwiGLU (`GluKind::LimitedSwiGlu`) as a `Glu` and in routed experts:
-    /// the CPU's only (neither a device nor the expert tier has its kernel).
+    /// kinds of their own, so a profile that lists `glu` or `routed_experts` alone does not
+    /// claim them (coli's Vulkan library, its expert tier and resident experts run them).
     GluLimited,
     RoutedExpertsLimited,
     /// A router scoring by `sqrt(softplus)` (`RouterScoring::SqrtSoftplus`), or routing by a
-    /// token's row of a hash table (`Op::Route::hash`): the CPU's only.
+    /// token's row of a hash table (`Op::Route::hash`): kinds of their own, so a profile that
+    /// lists `route` alone does not claim them (coli's Vulkan library runs them in a frame where
+    /// the layer's experts are resident).
     RouteSqrtSoftplus,
     RouteHash,
     /// DeepSeek V4's KV compressor (`Op::KvCompress`) and attention over its entries beside the
@@ -127,12 +132,12 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::GroupedLinear, name: "grouped_linear", host_step: false, by_default: false },
     OpInfo { kind: OpKind::HyperPre, name: "hyper_pre", host_step: false, by_default: false },
     OpInfo { kind: OpKind::HyperPost, name: "hyper_post", host_step: false, by_default: false },
-    OpInfo { kind: OpKind::RmsNormUnweighted, name: "rms_norm_unweighted", host_step: false, by_default: false },
-    OpInfo { kind: OpKind::RopeTail, name: "rope_tail", host_step: false, by_default: false },
-    OpInfo { kind: OpKind::GluLimited, name: "glu_limited", host_step: false, by_default: false },
-    OpInfo { kind: OpKind::RoutedExpertsLimited, name: "routed_experts_limited", host_step: true, by_default: false },
-    OpInfo { kind: OpKind::RouteSqrtSoftplus, name: "route_sqrt_softplus", host_step: true, by_default: false },
-    OpInfo { kind: OpKind::RouteHash, name: "route_hash", host_step: true, by_default: false },
+    OpInfo { kind: OpKind::RmsNormUnweighted, name: "rms_norm_unweighted", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::RopeTail, name: "rope_tail", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::GluLimited, name: "glu_limited", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::RoutedExpertsLimited, name: "routed_experts_limited", host_step: true, by_default: true },
+    OpInfo { kind: OpKind::RouteSqrtSoftplus, name: "route_sqrt_softplus", host_step: true, by_default: true },
+    OpInfo { kind: OpKind::RouteHash, name: "route_hash", host_step: true, by_default: true },
     OpInfo { kind: OpKind::KvCompress, name: "kv_compress", host_step: false, by_default: false },
     OpInfo { kind: OpKind::AttentionCompressed, name: "attention_compressed", host_step: false, by_default: false },
     OpInfo { kind: OpKind::Input, name: "input", host_step: true, by_default: false },
@@ -227,6 +232,9 @@ mod tests {
             OpKind::ShortConv,
             OpKind::AttentionRel,
             OpKind::Indexer,
+            OpKind::RmsNormUnweighted,
+            OpKind::RopeTail,
+            OpKind::GluLimited,
         ] {
             assert!(none.runs(k), "{k}");
         }
@@ -234,9 +242,6 @@ mod tests {
             OpKind::GroupedLinear,
             OpKind::HyperPre,
             OpKind::HyperPost,
-            OpKind::RmsNormUnweighted,
-            OpKind::RopeTail,
-            OpKind::GluLimited,
             OpKind::KvCompress,
             OpKind::AttentionCompressed,
         ] {
@@ -245,7 +250,7 @@ mod tests {
         assert!(!none.runs(OpKind::Route) && none.lists(OpKind::Route), "a host step is listed, not run in a frame");
         assert!(!none.lists(OpKind::RoutedExpertsShared));
         for k in [OpKind::RoutedExpertsLimited, OpKind::RouteSqrtSoftplus, OpKind::RouteHash] {
-            assert!(!none.lists(k), "{k}");
+            assert!(none.lists(k) && !none.runs(k), "{k}: listed, a host step");
         }
         let named = Features { ops: Some(vec![OpKind::ShortConv]), ..Features::default() };
         assert!(named.runs(OpKind::ShortConv) && !named.runs(OpKind::Linear));

@@ -1,7 +1,7 @@
 //! Routed experts on the device (`Frame::moe`) against `cpu::experts::routed_experts`, on
 //! whatever device the machine has (Lavapipe in CI): several weight formats, top-k 1 to 8, one
 //! row and many, the three kernel paths (per-pair GEMVs, per-expert GEMVs, grouped GEMMs),
-//! both precisions, the three gated units, biases; and the routing computed by `route` in the
+//! both precisions, the four gated units (DeepSeek V4's limited SwiGLU too), biases; and the routing computed by `route` in the
 //! same frame, so the experts are chosen on the device with no host round trip.
 //!
 //! Tolerance: relative to the largest |reference| of the output, 1e-5 where activations stay
@@ -237,7 +237,8 @@ fn every_top_k_and_gated_unit_with_biases() {
             check(&layer, 5, top_k, GluKind::SwiGlu, Precision::Fast, path, &mut rng);
         }
     }
-    for glu in [GluKind::GeGlu, GluKind::ClampedSwiGlu { limit: 0.7, alpha: 1.702 }] {
+    let limited = GluKind::LimitedSwiGlu { limit: 0.7 };
+    for glu in [GluKind::GeGlu, GluKind::ClampedSwiGlu { limit: 0.7, alpha: 1.702 }, limited] {
         for (n, path) in [(1, MoePath::Auto), (40, MoePath::Auto)] {
             check(&layer, n, 4, glu, Precision::Fast, path, &mut rng);
         }

@@ -14,7 +14,7 @@ use coli_runtime::cpu::Precision;
 use coli_runtime::cpu::{elementwise as cpu_elementwise, norm as cpu_norm, rope as cpu_rope, route as cpu_route};
 use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
 use coli_runtime::vk::{
-    AttnArgs, AttnPath, Broadcast, IntDotUse, MatmulPath, NormArgs, RopeShape, RouteParams, VkOptions,
+    AttnArgs, AttnPath, Broadcast, IntDotUse, MatmulPath, NormArgs, RopePart, RopeShape, RouteParams, VkOptions,
 };
 use vk_common::{assert_close, assert_close_terms, attention_case, ctx, random_rows, term_magnitudes, AttnCase, Rng};
 
@@ -340,7 +340,12 @@ fn rope_matches_cpu() {
             }
             let (xb, fb) = (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&freq).unwrap());
             let mut f = ctx.frame().unwrap();
-            f.rope(xb.all(), fb.all(), RopeShape { n, width, heads, head_dim, style, pos0, mscale }).unwrap();
+            f.rope(
+                xb.all(),
+                fb.all(),
+                RopeShape { n, width, heads, head_dim, style, pos0, mscale, part: RopePart::default() },
+            )
+            .unwrap();
             f.run().unwrap();
             assert_close(&format!("rope {style:?} rotary {rotary}"), &ctx.download_f32(xb.all()).unwrap(), &want, 1e-5);
         }

@@ -176,9 +176,13 @@ fn chain(program: &Program, profile: &DeviceProfile, options: &Options, sizer: &
         .iter()
         .filter_map(|layer| {
             layer.ops.iter().find_map(|op| match op {
-                // With shared ones beside them (Inkling), the tier holds those too.
+                // With shared ones beside them (Inkling), the tier holds those too; DeepSeek V4's
+                // (their limited SwiGLU) are the tier's too.
                 Op::RoutedExperts { experts, weights, .. }
-                    if matches!(op.kind(), OpKind::RoutedExperts | OpKind::RoutedExpertsShared) =>
+                    if matches!(
+                        op.kind(),
+                        OpKind::RoutedExperts | OpKind::RoutedExpertsShared | OpKind::RoutedExpertsLimited
+                    ) =>
                 {
                     let shared = weights.shared.as_ref().map_or(0, |s| s.count);
                     sizer.expert(op).map(|b| (layer.id, b, *experts + shared))

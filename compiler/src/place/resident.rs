@@ -28,16 +28,19 @@ pub fn expert_format(t: &ExpertTensor, sizer: &Sizer) -> Format {
 
 /// Whether `device` can run `op` inside a frame when its layer's experts are resident: the
 /// device lists the kind (or lists no kinds) and reads the experts' formats. Only `Route` and
-/// `RoutedExperts` qualify.
+/// `RoutedExperts` qualify (DeepSeek V4's sqrt-softplus and hash routers and experts with
+/// their limited SwiGLU too).
 pub fn runs_resident(device: &Device, op: &Op, sizer: &Sizer) -> bool {
     let listed = |k: OpKind| device.features.lists(k);
     match op {
         // A router with shared experts, and experts with shared ones beside them, stay on the host.
-        Op::Route { .. } if op.kind() != OpKind::Route => false,
-        Op::RoutedExperts { .. } if op.kind() != OpKind::RoutedExperts => false,
-        Op::Route { .. } => listed(OpKind::Route),
+        Op::Route { .. } if !matches!(op.kind(), OpKind::Route | OpKind::RouteSqrtSoftplus | OpKind::RouteHash) => {
+            false
+        }
+        Op::RoutedExperts { .. } if !matches!(op.kind(), OpKind::RoutedExperts | OpKind::RoutedExpertsLimited) => false,
+        Op::Route { .. } => listed(op.kind()),
         Op::RoutedExperts { weights, .. } => {
-            listed(OpKind::RoutedExperts)
+            listed(op.kind())
                 && [&weights.gate, &weights.up, &weights.down]
                     .iter()
                     .all(|t| device.features.reads(expert_format(t, sizer)))

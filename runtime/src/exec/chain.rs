@@ -116,8 +116,10 @@ impl Chain {
             .iter()
             .flat_map(|l| &l.ops)
             // Experts with shared ones beside them (Inkling) too: the tier holds the shared ones
-            // as the routing names them, past the routed.
-            .filter(|op| matches!(op.kind(), OpKind::RoutedExperts | OpKind::RoutedExpertsShared))
+            // as the routing names them, past the routed; DeepSeek V4's (their limited SwiGLU).
+            .filter(|op| {
+                matches!(op.kind(), OpKind::RoutedExperts | OpKind::RoutedExpertsShared | OpKind::RoutedExpertsLimited)
+            })
             .filter(|op| matches!(op, Op::RoutedExperts { layer, .. } if !resident(layer.0)))
             .collect();
         if plan.options.expert_tier && !host_moe.is_empty() {

@@ -43,7 +43,7 @@ use crate::exec::kv_split::{HostPart, Split, SplitState, SplitStats};
 use crate::oplib::{op_name, OpLib};
 use crate::vk::{
     Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoeCall, MoePath, MoeScratch,
-    RopeShape, RouteParams, VkError, VkOps,
+    VkError, VkOps,
 };
 use crate::vk::{Frame as VkFrame, MatIn, NormArgs, Pos, QuantizedActs, Recorded, View};
 use coli_compiler::frames::{op_of, Frame};
@@ -58,6 +58,7 @@ use std::time::Instant;
 mod attention;
 mod indexer;
 mod kv_rows;
+mod rows;
 
 /// Rows of a step from which its K/V read-back runs on every core (a decode step's few rows
 /// are not worth the threads' wake-up).
@@ -557,40 +558,8 @@ impl DeviceModel {
             }
             // The other ops run on every row (only the norm and the head are cut to the last).
             _ if tail => return self.record_op(f, rec, op, false),
-            Op::Rope { x, heads, head_dim, rotary_dim, style, theta, scaling, tail: false, inverse: false } => {
-                let (fb, mscale) = self.freq(*rotary_dim, *theta, *scaling);
-                let shape = |n| RopeShape {
-                    n,
-                    width: w(*x),
-                    heads: *heads,
-                    head_dim: *head_dim,
-                    style: *style,
-                    pos0: 0,
-                    mscale,
-                };
-                if rec.seqs.len() > 1 {
-                    for s in rec.seqs {
-                        let rows = st.values[x.0 as usize].view(s.rows.start * w(*x), s.rows.len() * w(*x));
-                        f.rope_at(rows, fb.all(), shape(s.rows.len()), Pos::Fixed(s.pos0))?;
-                    }
-                } else {
-                    f.rope_at(view(*x), fb.all(), shape(n), pos)?;
-                }
-            }
-            Op::Route {
-                logits, out, scoring, top_k, renormalize, correction_bias, groups, group_score, scale, ..
-            } => {
-                let bias = correction_bias.as_ref().map(|b| self.vecs[&b.name].all());
-                let params = RouteParams {
-                    scoring: *scoring,
-                    top_k: *top_k,
-                    renormalize: *renormalize,
-                    groups: *groups,
-                    group_score: *group_score,
-                    scale: *scale,
-                };
-                f.route(view(*logits), bias, view(*out), n, w(*logits), params)?;
-            }
+            // RoPE, routers and the kinds DeepSeek V4 brought (`device/rows.rs`).
+            Op::Rope { .. } | Op::Route { .. } | Op::RmsNorm { weight: None, .. } => self.record_rows(f, rec, op)?,
             Op::Act { x, out, act } => f.act(*act, view(*x), view(*out), n * w(*x))?,
             Op::Glu { gate, up, out, kind } => f.glu(*kind, view(*gate), view(*up), view(*out), n * w(*out))?,
             Op::Add { a, b, out } => f.add(view(*a), view(*b), view(*out), n, w(*a), Broadcast::None)?,
@@ -694,7 +663,8 @@ impl DeviceModel {
             }
             self.upload_kv_rows(st, kv, &attn_layers, *pos0)?;
         }
-        if frame.ops.iter().any(|&id| matches!(op_of(p, id), Op::Embed { .. })) {
+        // The embedding and a hash routing read the rows' tokens.
+        if frame.ops.iter().any(|&id| matches!(op_of(p, id), Op::Embed { .. } | Op::Route { hash: Some(_), .. })) {
             if let Some(&id) = tokens.iter().find(|&&t| t as usize >= p.dims.vocab) {
                 return Err(VkError::BadArgument {
                     op: "embed",

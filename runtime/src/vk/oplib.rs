@@ -10,7 +10,7 @@
 use super::context::Context;
 use crate::format::WeightFormat;
 use crate::oplib::OpLib;
-use coli_compiler::ir::{GluKind, Op, RouterScoring};
+use coli_compiler::ir::Op;
 
 /// The Vulkan backend as the executor sees it.
 #[derive(Clone, Debug)]
@@ -36,11 +36,12 @@ impl OpLib for VkOps {
             // as the tensor of its rows the weight store made at load (`name_row_selections`).
             Op::Linear { .. } => true,
             Op::Embed { .. } => true,
-            // Not unweighted (DeepSeek V4's query norm), not on the heads' last columns nor
-            // inverted (V4's RoPE): the CPU's.
-            Op::RmsNorm { weight, .. } => weight.is_some(),
-            Op::Rope { tail, inverse, .. } => !tail && !inverse,
-            Op::Glu { kind, .. } => !matches!(kind, GluKind::LimitedSwiGlu { .. }),
+            // Unweighted too (DeepSeek V4's query norm: `rms_norm.comp`'s weight of ones), and
+            // RoPE on the heads' last columns and inverted (V4's: `rope.comp`'s skip and inverse).
+            Op::RmsNorm { .. } => true,
+            Op::Rope { .. } => true,
+            // DeepSeek V4's limited SwiGLU too (`glu.comp`'s kind 3, as the fused inputs).
+            Op::Glu { .. } => true,
             Op::Act { .. } | Op::Add { .. } | Op::Mul { .. } => true,
             // With relative logits too (Inkling: the f32 kernels; placement never splits such a
             // layer's KV mirror, whose split parts do not add them).
@@ -51,16 +52,18 @@ impl OpLib for VkOps {
                     && spec.kv_heads > 0
                     && spec.heads % spec.kv_heads == 0
             }
-            Op::Route { top_k, groups, scoring, hash, .. } => {
+            // Sqrt-softplus scores and hash routing too (DeepSeek V4: `route.comp`'s modes);
+            // not a router with shared experts or a weight-held scale.
+            Op::Route { top_k, groups, hash, shared, scale_by, .. } => {
                 *top_k <= 64
                     && groups.is_none_or(|(g, _)| g <= 64)
-                    && hash.is_none()
-                    && *scoring != RouterScoring::SqrtSoftplus
+                    && (hash.is_none() || groups.is_none())
+                    && *shared == 0
+                    && scale_by.is_none()
             }
-            // Routed experts in a frame (`ops/moe.rs`): the layer's experts stacked on the device.
-            Op::RoutedExperts { experts, glu, .. } => {
-                *experts <= super::ops::moe::MAX_EXPERTS && !matches!(glu, GluKind::LimitedSwiGlu { .. })
-            }
+            // Routed experts in a frame (`ops/moe.rs`): the layer's experts stacked on the device
+            // (with DeepSeek V4's limited SwiGLU too).
+            Op::RoutedExperts { experts, .. } => *experts <= super::ops::moe::MAX_EXPERTS,
             // Gated DeltaNet (`ops/deltanet.rs`) and Kimi Delta Attention (`ops/kda.rs`) within
             // the kernels' head widths and kernel length.
             // Inkling's short convolutions too (`ops/short_conv.rs`: the same convolution kernel

@@ -133,14 +133,14 @@ push_blocks! {
     RmsNormPush for [RmsNorm] {
         width: u32, group: u32, eps: f32, offset: f32,
         x_off: u32, out_off: u32, width2: u32, group2: u32,
-        x2_off: u32, out2_off: u32, scale: f32, pad1: u32,
+        x2_off: u32, out2_off: u32, scale: f32, unweighted: u32,
     }
 
     /// Mirrors `rope.comp`'s push block.
     RopePush for [Rope] {
         n: u32, width: u32, heads: u32, head_dim: u32,
         half_: u32, interleaved: u32, pos0: u32, mscale: f32,
-        x_off: u32, r#dyn: u32, pad1: u32, pad2: u32,
+        x_off: u32, r#dyn: u32, skip: u32, inverse: u32,
     }
 
     /// Mirrors `rope_kv.comp`'s push block.
@@ -165,9 +165,10 @@ push_blocks! {
 
     /// Mirrors `route.comp`'s push block.
     RoutePush for [Route] {
-        n: u32, top_k: u32, sigmoid_: u32, renormalize: u32,
+        n: u32, top_k: u32, scoring: u32, renormalize: u32,
         has_bias: u32, n_group: u32, topk_group: u32, scale: f32,
-        l_off: u32, o_off: u32, group_max: u32, pad1: u32,
+        l_off: u32, o_off: u32, group_max: u32, hash: u32,
+        vocab: u32, t_off: u32, pad1: u32, pad2: u32,
     }
 
     /// Mirrors `attn.glsl`'s push block (`attn_split.comp`, `attn_block.comp`).

@@ -15,7 +15,9 @@ impl Kernel {
             Kernel::Matvec | Kernel::Matmul | Kernel::MatmulCoop => 8,
             Kernel::Embed | Kernel::QuantizeRows => 4,
             Kernel::RmsNorm => 6,
-            Kernel::QuantizeQ8 | Kernel::Glu | Kernel::Binary | Kernel::Route | Kernel::Rope => 3,
+            Kernel::QuantizeQ8 | Kernel::Glu | Kernel::Binary | Kernel::Rope => 3,
+            // Bindings 3-4: a hash routing's tokens and table.
+            Kernel::Route => 5,
             Kernel::RopeKv => 9,
             // Bindings 19-21: the relative logits (`attn.glsl`), which the cooperative kernel
             // does not take.

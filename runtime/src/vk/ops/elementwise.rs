@@ -29,9 +29,7 @@ impl<'a> Frame<'a> {
             GluKind::SwiGlu => (0, 0.0, 0.0),
             GluKind::GeGlu => (1, 0.0, 0.0),
             GluKind::ClampedSwiGlu { limit, alpha } => (2, limit, alpha),
-            GluKind::LimitedSwiGlu { .. } => {
-                return Err(VkError::BadArgument { op: "glu", msg: "no kernel for this clamped SwiGLU".into() })
-            }
+            GluKind::LimitedSwiGlu { limit } => (3, limit, 0.0),
         };
         up.check("glu", "up", count)?;
         self.elementwise(Unary { op: "glu", kind: k, limit, alpha }, gate, Some(up), out, count)

@@ -69,8 +69,7 @@ impl<'a> MatIn<'a> {
                 GluKind::SwiGlu => (2, Some(up), 0.0, 0.0),
                 GluKind::GeGlu => (3, Some(up), 0.0, 0.0),
                 GluKind::ClampedSwiGlu { limit, alpha } => (4, Some(up), limit, alpha),
-                // Refused by `check` (no kernel); a plain product if it ever got here.
-                GluKind::LimitedSwiGlu { .. } => (0, None, 0.0, 0.0),
+                GluKind::LimitedSwiGlu { limit } => (5, Some(up), limit, 0.0),
             },
         }
     }
@@ -89,9 +88,6 @@ impl<'a> MatIn<'a> {
                     });
                 }
                 Ok(())
-            }
-            MatIn::Glu { kind: GluKind::LimitedSwiGlu { .. }, .. } => {
-                Err(VkError::BadArgument { op, msg: "no kernel for this clamped SwiGLU".into() })
             }
             MatIn::Glu { up, .. } => up.check(op, "up (n x cols)", n * cols),
         }

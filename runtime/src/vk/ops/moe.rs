@@ -348,16 +348,13 @@ impl Context {
     }
 }
 
-/// The gated unit's kind and parameters as the shaders take them (DeepSeek V4's clamped
-/// SwiGLU has no kernel: the CPU runs it).
+/// The gated unit's kind and parameters as the shaders take them (`moe.glsl`'s `moe_glu`).
 fn glu_args(kind: GluKind) -> Result<(u32, f32, f32)> {
     Ok(match kind {
         GluKind::SwiGlu => (0, 0.0, 0.0),
         GluKind::GeGlu => (1, 0.0, 0.0),
         GluKind::ClampedSwiGlu { limit, alpha } => (2, limit, alpha),
-        GluKind::LimitedSwiGlu { .. } => {
-            return Err(VkError::BadArgument { op: "routed_experts", msg: "no kernel for this clamped SwiGLU".into() })
-        }
+        GluKind::LimitedSwiGlu { limit } => (3, limit, 0.0),
     })
 }
 

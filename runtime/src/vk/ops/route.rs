@@ -1,5 +1,6 @@
 //! Router: each row's logits to its top-k `(expert, weight)` pairs, by rank. Reference:
-//! `cpu::route::route_row` (same scoring, bias, group limit, tie order, renormalization, scale).
+//! `cpu::route::route_row` (same scoring, bias, group limit, tie order, renormalization, scale),
+//! and `cpu::route::route_row_hash` for a hash table's experts (DeepSeek V4).
 //!
 //! Must not: take more experts, ranks or groups than the shader holds (typed errors).
 
@@ -23,6 +24,15 @@ pub struct RouteParams {
     pub scale: f32,
 }
 
+/// A hash routing's operands (`Op::Route::hash`): the rows' token ids (u32) and the
+/// `[vocab, top_k]` table of expert ids (as f32), both on the device.
+#[derive(Clone, Copy, Debug)]
+pub struct RouteHash<'a> {
+    pub tokens: View<'a>,
+    pub table: View<'a>,
+    pub vocab: usize,
+}
+
 const MAX_E: usize = 1024;
 const MAX_K: usize = 64;
 const MAX_G: usize = 64;
@@ -38,10 +48,35 @@ impl<'a> Frame<'a> {
         experts: usize,
         p: RouteParams,
     ) -> Result<()> {
-        const OP: &str = "route";
-        if p.scoring == RouterScoring::SqrtSoftplus {
-            return Err(VkError::BadArgument { op: OP, msg: "no kernel for sqrt-softplus scores".into() });
+        self.route_rows(logits, bias, None, out, (n, experts), p)
+    }
+
+    /// `route` with the experts of each row's token in `hash`'s table instead of a top-k
+    /// (DeepSeek V4's hash routing; no bias, no groups).
+    pub fn route_hash(
+        &mut self,
+        logits: View<'a>,
+        hash: RouteHash<'a>,
+        out: View<'a>,
+        (n, experts): (usize, usize),
+        p: RouteParams,
+    ) -> Result<()> {
+        if p.groups.is_some() {
+            return Err(VkError::BadArgument { op: "route", msg: "hash routing takes no groups".into() });
         }
+        self.route_rows(logits, None, Some(hash), out, (n, experts), p)
+    }
+
+    fn route_rows(
+        &mut self,
+        logits: View<'a>,
+        bias: Option<View<'a>>,
+        hash: Option<RouteHash<'a>>,
+        out: View<'a>,
+        (n, experts): (usize, usize),
+        p: RouteParams,
+    ) -> Result<()> {
+        const OP: &str = "route";
         if experts > MAX_E || p.top_k > MAX_K || p.top_k > experts || p.top_k == 0 {
             return Err(VkError::BadArgument {
                 op: OP,
@@ -63,10 +98,21 @@ impl<'a> Frame<'a> {
                 return Err(VkError::BadArgument { op: OP, msg: "bias views must start at element 0".into() });
             }
         }
+        if let Some(h) = &hash {
+            h.tokens.check(OP, "tokens", n)?;
+            h.table.check(OP, "hash table", h.vocab * p.top_k)?;
+            if h.table.offset != 0 {
+                return Err(VkError::BadArgument { op: OP, msg: "hash table views must start at element 0".into() });
+            }
+        }
         let push = RoutePush {
             n: experts as u32,
             top_k: p.top_k as u32,
-            sigmoid_: (p.scoring == RouterScoring::Sigmoid) as u32,
+            scoring: match p.scoring {
+                RouterScoring::Softmax => 0,
+                RouterScoring::Sigmoid => 1,
+                RouterScoring::SqrtSoftplus => 2,
+            },
             renormalize: p.renormalize as u32,
             has_bias: bias.is_some() as u32,
             n_group: ng as u32,
@@ -75,9 +121,20 @@ impl<'a> Frame<'a> {
             l_off: u32_arg(OP, "logits offset", logits.offset)?,
             o_off: u32_arg(OP, "out offset", out.offset)?,
             group_max: (p.group_score == GroupScore::Max) as u32,
+            hash: hash.is_some() as u32,
+            vocab: hash.map_or(Ok(0), |h| u32_arg(OP, "vocabulary", h.vocab))?,
+            t_off: hash.map_or(Ok(0), |h| u32_arg(OP, "tokens offset", h.tokens.offset))?,
             pad1: 0,
+            pad2: 0,
         };
-        let binds = [Bind::buf(logits.buf), bias.map_or(Bind::UNUSED, |b| Bind::buf(b.buf)), Bind::buf(out.buf)];
+        let opt = |v: Option<View<'a>>| v.map_or(Bind::UNUSED, |v| Bind::buf(v.buf));
+        let binds = [
+            Bind::buf(logits.buf),
+            opt(bias),
+            Bind::buf(out.buf),
+            opt(hash.map(|h| h.tokens)),
+            opt(hash.map(|h| h.table)),
+        ];
         self.dispatch(Kernel::Route, None, &binds, &push, [u32_arg(OP, "n", n)?, 1, 1])
     }
 }

@@ -1,0 +1,225 @@
+//! DeepSeek V4's device kernels against the CPU reference, on whatever device the machine has
+//! (Lavapipe in CI): the unweighted RMSNorm, RoPE on the heads' last columns and inverted, the
+//! limited SwiGLU (and its product; in the experts: `vk_moe.rs`), the sqrt-softplus and hash
+//! routers, ...
+//! Random inputs from a seeded generator, odd sizes; each test states its tolerance, relative to
+//! the largest |reference| of the output, and prints the error it measured.
+//!
+//! Must not: compare a device path with itself, or grow past a few seconds on Lavapipe.
+
+mod vk_common;
+
+use coli_compiler::ir::{GluKind, GroupScore, RopeScaling, RopeStyle, RouterScoring};
+use coli_runtime::cpu::linear::linear;
+use coli_runtime::cpu::route::RouteSpec;
+use coli_runtime::cpu::Precision;
+use coli_runtime::cpu::{elementwise as cpu_elementwise, norm as cpu_norm, rope as cpu_rope, route as cpu_route};
+use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
+use coli_runtime::vk::{MatIn, MatmulPath, RopePart, RopeShape, RouteHash, RouteParams};
+use vk_common::{assert_close, assert_close_terms, ctx, random_rows, rel_err, Rng};
+
+/// Checks `got` against `want` within `tol` of the largest |want| and prints the error.
+fn check(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    eprintln!("{what}: {:.2e} of the largest (bound {tol:.0e})", rel_err(got, want));
+    assert_close(what, got, want, tol);
+}
+
+/// The unweighted RMSNorm (`rms_norm_unweighted`: a weight of ones), per group of odd widths
+/// and over whole rows, out of place and in place, plain and with an offset and a scale,
+/// against `cpu::norm::rms_norm` with a weight of ones (as `cpu::run_op`). Tolerance 1e-5
+/// (f32 sums of squares in another order; measured about 2e-7).
+#[test]
+fn rms_norm_unweighted_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_4001);
+    let (n, width) = (5, 111);
+    for (group, offset, scale) in [(37, 0.0, 1.0), (111, 0.0, 1.0), (37, 0.5, 1.7)] {
+        let x = rng.vec(n * width, 3.0);
+        let mut want = vec![0f32; n * width];
+        cpu_norm::rms_norm(&x, &mut want, &vec![1.0; group], 1e-6, offset);
+        want.iter_mut().for_each(|v| *v *= scale);
+        let (xb, ob) = (ctx.upload_f32(&x).unwrap(), ctx.f32_buffer(n * width).unwrap());
+        let mut f = ctx.frame().unwrap();
+        f.rms_norm_unweighted(xb.all(), ob.all(), (n, width, group), (1e-6, offset, scale)).unwrap();
+        f.rms_norm_unweighted(xb.all(), xb.all(), (n, width, group), (1e-6, offset, scale)).unwrap();
+        f.run().unwrap();
+        let what = format!("rms_norm_unweighted group {group} offset {offset} scale {scale}");
+        check(&what, &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
+        check(&format!("{what} in place"), &ctx.download_f32(xb.all()).unwrap(), &want, 1e-5);
+    }
+}
+
+/// RoPE on the last `rotary_dim` columns of each head (`tail`), by the opposite angles
+/// (`inverse`) and both, in both pair layouts, plain and YaRN-scaled, at positions into the
+/// thousands, rows wider than their heads: against `cpu::rope::rotate_part`. Tolerance 1e-5
+/// (the device's sin/cos after an explicit range reduction, as `rope_matches_cpu`).
+#[test]
+fn rope_tail_and_inverse_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_4002);
+    let (n, heads, head_dim) = (7, 3, 30);
+    let width = heads * head_dim + 5;
+    let yarn = RopeScaling::Yarn {
+        factor: 4.0,
+        original_max_position: 16,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor: 1.0,
+        truncate: true,
+    };
+    for style in [RopeStyle::Interleaved, RopeStyle::RotateHalf] {
+        for (rotary, scaling) in [(10, RopeScaling::None), (6, yarn)] {
+            for (tail, inverse) in [(true, false), (false, true), (true, true)] {
+                let (freq, mscale) = cpu_rope::inv_freq(rotary, 160000.0, scaling);
+                let pos0 = 2047;
+                let x = rng.vec(n * width, 1.0);
+                let mut want = x.clone();
+                let part = cpu_rope::Part { heads, head_dim, rotary_dim: rotary, tail, inverse };
+                let mut cs = vec![0f32; 2 * freq.len()];
+                for (i, row) in want.chunks_exact_mut(width).enumerate() {
+                    cpu_rope::angles(&freq, mscale, pos0 + i, &mut cs);
+                    cpu_rope::rotate_part(row, &part, style, &cs);
+                }
+                let (xb, fb) = (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&freq).unwrap());
+                let skip = if tail { head_dim - rotary } else { 0 };
+                let shape =
+                    RopeShape { n, width, heads, head_dim, style, pos0, mscale, part: RopePart { skip, inverse } };
+                let mut f = ctx.frame().unwrap();
+                f.rope(xb.all(), fb.all(), shape).unwrap();
+                f.run().unwrap();
+                let what = format!("rope {style:?} rotary {rotary} tail {tail} inverse {inverse}");
+                check(&what, &ctx.download_f32(xb.all()).unwrap(), &want, 1e-5);
+            }
+        }
+    }
+}
+
+/// DeepSeek V4's limited SwiGLU (`glu_limited`: gate clamped above, up to [-limit, limit],
+/// silu(gate) * up) over an odd count with values well past the limit both ways, out of place
+/// and over its gate: against `cpu::elementwise::glu`. Tolerance 1e-5 (the device's exp).
+#[test]
+fn glu_limited_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_4003);
+    let count = 1001;
+    let (g, u) = (rng.vec(count, 8.0), rng.vec(count, 8.0));
+    for limit in [2.0, 7.0] {
+        let kind = GluKind::LimitedSwiGlu { limit };
+        let mut want = vec![0f32; count];
+        cpu_elementwise::glu(kind, &g, &u, &mut want);
+        let (gb, ub, ob) = (ctx.upload_f32(&g).unwrap(), ctx.upload_f32(&u).unwrap(), ctx.f32_buffer(count).unwrap());
+        let mut f = ctx.frame().unwrap();
+        f.glu(kind, gb.all(), ub.all(), ob.all(), count).unwrap();
+        f.glu(kind, gb.all(), ub.all(), gb.all(), count).unwrap();
+        f.run().unwrap();
+        check(&format!("glu_limited {limit}"), &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
+        check(&format!("glu_limited {limit} over its gate"), &ctx.download_f32(gb.all()).unwrap(), &want, 1e-5);
+    }
+}
+
+/// The limited SwiGLU fused into the product that reads it (`MatIn::Glu`, the shared expert's
+/// down projection): f32 and Q8_0 weights, one row (GEMV) and several (GEMM), f32 activations
+/// (`Precision::Exact`), against the CPU's `glu` then `linear`. Tolerance 1e-5 of each output's
+/// sum of |w x| (f32 accumulation in another order, as `vk_fused.rs`).
+#[test]
+fn a_product_of_the_limited_swiglu_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_4004);
+    let (rows, cols) = (37, 96);
+    let kind = GluKind::LimitedSwiGlu { limit: 2.0 };
+    for format in [WeightFormat::F32, WeightFormat::Q8_0] {
+        let bytes = random_rows(format, rows, cols, &mut rng);
+        let (m, w) =
+            (Matrix::new(format, rows, cols, &bytes).unwrap(), ctx.upload_matrix(format, rows, cols, &bytes).unwrap());
+        for (n, path) in [(1, MatmulPath::Gemv), (5, MatmulPath::Gemm)] {
+            let (g, u) = (rng.vec(n * cols, 4.0), rng.vec(n * cols, 4.0));
+            let mut h = vec![0f32; n * cols];
+            cpu_elementwise::glu(kind, &g, &u, &mut h);
+            let mut want = vec![0f32; n * rows];
+            linear(&m, &h, n, &mut want, Precision::Exact);
+            let mut wrow = vec![0f32; cols];
+            let mut mag = vec![0f32; n * rows];
+            for r in 0..rows {
+                dequant_row(format, m.row(r), &mut wrow);
+                for i in 0..n {
+                    mag[i * rows + r] = wrow.iter().zip(&h[i * cols..]).map(|(a, b)| (a * b).abs()).sum();
+                }
+            }
+            let (gb, ub, ob) =
+                (ctx.upload_f32(&g).unwrap(), ctx.upload_f32(&u).unwrap(), ctx.f32_buffer(n * rows).unwrap());
+            let input = MatIn::Glu { gate: gb.all(), up: ub.all(), kind };
+            let mut f = ctx.frame().unwrap();
+            f.matmul_fused(&w, input, n, ob.all(), None, path, Precision::Exact).unwrap();
+            f.run().unwrap();
+            let got = ctx.download_f32(ob.all()).unwrap();
+            let what = format!("{format} limited swiglu product n {n} {path:?}");
+            eprintln!("{what}: {:.2e} of the largest", rel_err(&got, &want));
+            assert_close_terms(&what, &got, &want, &mag, 1e-5);
+        }
+    }
+}
+
+/// DeepSeek V4's routers (`route_sqrt_softplus`, `route_hash`): sqrt(softplus) scores with a
+/// correction bias and top-k, and hash routing (each row's experts its token's row of a table)
+/// under every scoring, renormalised or not, an odd count of experts and rows, logits past
+/// softplus' cut at 20 and far below 0: against `cpu::route::route_row` / `route_row_hash`.
+/// Expert ids exact; weights within 1e-5 of the largest (the device's exp/log/sqrt).
+#[test]
+fn sqrt_softplus_and_hash_routing_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_4005);
+    let (n, experts, top_k, vocab) = (7, 13, 3, 11);
+    let mut logits = rng.vec(n * experts, 6.0);
+    logits[2] = 23.0;
+    logits[5] = -30.0;
+    let bias = rng.vec(experts, 0.3);
+    let table: Vec<f32> = (0..vocab * top_k).map(|_| rng.below(experts) as f32).collect();
+    let tokens: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
+    let (lb, bb, tb) =
+        (ctx.upload_f32(&logits).unwrap(), ctx.upload_f32(&bias).unwrap(), ctx.upload_f32(&table).unwrap());
+    let kb = ctx.upload_f32(&tokens.iter().map(|&t| f32::from_bits(t)).collect::<Vec<_>>()).unwrap();
+    let scorings = [RouterScoring::SqrtSoftplus, RouterScoring::Sigmoid, RouterScoring::Softmax];
+    for (scoring, hashed, renormalize) in
+        scorings.iter().flat_map(|&s| [(s, true, true), (s, true, false), (s, false, true)])
+    {
+        if !hashed && scoring != RouterScoring::SqrtSoftplus {
+            continue;
+        }
+        let spec = RouteSpec {
+            scoring,
+            top_k,
+            renormalize,
+            correction_bias: (!hashed).then_some(&bias[..]),
+            groups: None,
+            group_score: GroupScore::TopTwoSum,
+            scale: 1.5,
+        };
+        let mut want = vec![0f32; n * 2 * top_k];
+        for r in 0..n {
+            let (l, o) = (&logits[r * experts..(r + 1) * experts], &mut want[r * 2 * top_k..(r + 1) * 2 * top_k]);
+            if hashed {
+                let t = tokens[r] as usize;
+                cpu_route::route_row_hash(&spec, &table[t * top_k..(t + 1) * top_k], l, o);
+            } else {
+                cpu_route::route_row(&spec, l, o);
+            }
+        }
+        let p =
+            RouteParams { scoring, top_k, renormalize, groups: None, group_score: GroupScore::TopTwoSum, scale: 1.5 };
+        let ob = ctx.f32_buffer(n * 2 * top_k).unwrap();
+        let mut f = ctx.frame().unwrap();
+        if hashed {
+            let h = RouteHash { tokens: kb.all(), table: tb.all(), vocab };
+            f.route_hash(lb.all(), h, ob.all(), (n, experts), p).unwrap();
+        } else {
+            f.route(lb.all(), Some(bb.all()), ob.all(), n, experts, p).unwrap();
+        }
+        f.run().unwrap();
+        let got = ctx.download_f32(ob.all()).unwrap();
+        let what = format!("route {scoring:?} hash {hashed} renormalize {renormalize}");
+        let ids = |v: &[f32]| v.iter().step_by(2).copied().collect::<Vec<_>>();
+        let weights = |v: &[f32]| v.iter().skip(1).step_by(2).copied().collect::<Vec<_>>();
+        assert_eq!(ids(&got), ids(&want), "{what}: experts");
+        check(&format!("{what} weights"), &weights(&got), &weights(&want), 1e-5);
+    }
+}
