@@ -9,7 +9,11 @@
 // row of the table (`tokens[row]`, `table` [vocab, top_k] of expert ids as floats), in order,
 // weighed by their scores; a token past the vocabulary or an id past the experts gives the
 // expert `n` (which the expert kernels skip) with weight 0.
-// Output per row: 2 * top_k floats, (expert as float, weight) by rank.
+// With `shared` experts (Inkling's sink, route_row_shared): a row's logits are the `n` routed
+// experts' then the shared ones'; the top-k among the routed as above, their weights their
+// scores, then the pairs (n + s, sigmoid(logit)); renormalized over all of them (no 1e-20),
+// times the scale and `scale_by[0]` where has_scale_by is set.
+// Output per row: 2 * (top_k + shared) floats, (expert as float, weight) by rank.
 // Must not: take more than MAX_E experts or MAX_K ranks (the host checks).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -23,11 +27,12 @@ layout(std430, binding = 1) readonly buffer BIAS { float bias[]; };
 layout(std430, binding = 2) writeonly buffer OUT { float outv[]; };
 layout(std430, binding = 3) readonly buffer TOK { uint tokens[]; };
 layout(std430, binding = 4) readonly buffer TAB { float table[]; };
+layout(std430, binding = 5) readonly buffer SB { float scale_by[]; };
 layout(push_constant) uniform PC {
     uint n; uint top_k; uint scoring; uint renormalize;
     uint has_bias; uint n_group; uint topk_group; float scale;
     uint l_off; uint o_off; uint group_max; uint hash;
-    uint vocab; uint t_off; uint pad1; uint pad2;
+    uint vocab; uint t_off; uint shared_; uint has_scale_by;
 } pc;
 
 shared float scores[MAX_E];
@@ -50,7 +55,7 @@ float softplus(float x) {
 
 void main() {
     uint r = gl_WorkGroupID.x, tid = gl_LocalInvocationID.x;
-    uint lb = pc.l_off + r * pc.n;
+    uint lb = pc.l_off + r * (pc.n + pc.shared_);
     // 1. scores
     float m = NEG_INF;
     for (uint e = tid; e < pc.n; e += 64u) m = max(m, logits[lb + e]);
@@ -141,7 +146,22 @@ void main() {
         if (rank < pc.top_k) chosen[rank] = e;
     }
     barrier();
-    // 4. weights
+    // 4. weights (with shared experts: theirs after the routed, then one normalization)
+    if (tid == 0u && pc.shared_ > 0u) {
+        uint ob = pc.o_off + r * 2u * (pc.top_k + pc.shared_);
+        float s = 0.0;
+        for (uint k = 0u; k < pc.top_k; k++) s += scores[chosen[k]];
+        for (uint j = 0u; j < pc.shared_; j++) s += 1.0 / (1.0 + exp(-logits[lb + pc.n + j]));
+        float f = pc.renormalize != 0u ? div_rn(1.0, s) : 1.0;
+        f = f * pc.scale * (pc.has_scale_by != 0u ? scale_by[0] : 1.0);
+        for (uint k = 0u; k < pc.top_k + pc.shared_; k++) {
+            bool routed = k < pc.top_k;
+            float w = routed ? scores[chosen[k]] : 1.0 / (1.0 + exp(-logits[lb + pc.n + k - pc.top_k]));
+            outv[ob + 2u * k] = float(routed ? chosen[k] : pc.n + k - pc.top_k);
+            outv[ob + 2u * k + 1u] = w * f;
+        }
+        return;
+    }
     if (tid == 0u) {
         float s = 0.0;
         for (uint k = 0u; k < pc.top_k; k++) s += scores[chosen[k]];

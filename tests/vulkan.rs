@@ -149,13 +149,22 @@ fn new_kinds_on_the_host(name: &str, host_only: &[&str], on_device: &[&str]) -> 
 }
 
 /// Inkling on the device: its projections, norms (the scaled final norm too), residual adds,
-/// short convolutions and attention with relative logits (global and sliding layers) in device
-/// frames, its sink router and shared experts in host frames, the logits and greedy tokens the
-/// CPU's in every chunking; then the session cut back into the prompt and fed again.
+/// short convolutions, attention with relative logits (global and sliding layers), and its
+/// sink router and experts (the shared ones resident after the routed) in device frames, no
+/// host step but the prologue's; the logits and greedy tokens the CPU's in every chunking;
+/// then the session cut back into the prompt and fed again.
 #[test]
-fn inkling_on_the_device_matches_the_cpu_with_its_shared_experts_on_the_host() {
-    let host_only = ["route_shared", "routed_experts_shared"];
-    let on_device = ["linear", "rms_norm", "rms_norm_scaled", "short_conv", "attention_rel"];
+fn inkling_on_the_device_matches_the_cpu_with_its_shared_experts_resident() {
+    let host_only = ["embed"];
+    let on_device = [
+        "linear",
+        "rms_norm",
+        "rms_norm_scaled",
+        "short_conv",
+        "attention_rel",
+        "route_shared",
+        "routed_experts_shared",
+    ];
     let (dev, prompt, want, max) = new_kinds_on_the_host("inkling", &host_only, &on_device);
     cut_and_feed_again(&dev, &prompt, (&want, max), 6);
 }

@@ -47,9 +47,9 @@ pub enum OpKind {
     /// A router with shared experts in its normalisation or a weight-held scale
     /// (`Op::Route::shared`, `scale_by`).
     RouteShared,
-    /// Routed experts with shared experts beside them (`ExpertWeights::shared`): the CPU and the
-    /// expert tier run them (its slots hold the shared ones as the routing names them, past the
-    /// routed); a device's resident experts do not.
+    /// Routed experts with shared experts beside them (`ExpertWeights::shared`): the shared ones
+    /// held as the routing names them, past the routed, in the expert tier's slots and in a
+    /// device's resident experts.
     RoutedExpertsShared,
     /// DeepSeek Sparse Attention's indexer (`Op::Indexer`): its key cache beside the MLA
     /// latents (a kind of its own, so a profile that lists `mla` alone does not claim it).
@@ -125,8 +125,8 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::AttentionRel, name: "attention_rel", host_step: false, by_default: true },
     OpInfo { kind: OpKind::ShortConv, name: "short_conv", host_step: false, by_default: true },
     OpInfo { kind: OpKind::RmsNormScaled, name: "rms_norm_scaled", host_step: false, by_default: true },
-    OpInfo { kind: OpKind::RouteShared, name: "route_shared", host_step: true, by_default: false },
-    OpInfo { kind: OpKind::RoutedExpertsShared, name: "routed_experts_shared", host_step: true, by_default: false },
+    OpInfo { kind: OpKind::RouteShared, name: "route_shared", host_step: true, by_default: true },
+    OpInfo { kind: OpKind::RoutedExpertsShared, name: "routed_experts_shared", host_step: true, by_default: true },
     OpInfo { kind: OpKind::Indexer, name: "indexer", host_step: false, by_default: true },
     OpInfo { kind: OpKind::MlaSparse, name: "mla_sparse", host_step: false, by_default: true },
     OpInfo { kind: OpKind::GroupedLinear, name: "grouped_linear", host_step: false, by_default: false },
@@ -248,8 +248,13 @@ mod tests {
             assert!(!none.runs(k), "{k}");
         }
         assert!(!none.runs(OpKind::Route) && none.lists(OpKind::Route), "a host step is listed, not run in a frame");
-        assert!(!none.lists(OpKind::RoutedExpertsShared));
-        for k in [OpKind::RoutedExpertsLimited, OpKind::RouteSqrtSoftplus, OpKind::RouteHash] {
+        for k in [
+            OpKind::RoutedExpertsLimited,
+            OpKind::RouteSqrtSoftplus,
+            OpKind::RouteHash,
+            OpKind::RouteShared,
+            OpKind::RoutedExpertsShared,
+        ] {
             assert!(none.lists(k) && !none.runs(k), "{k}: listed, a host step");
         }
         let named = Features { ops: Some(vec![OpKind::ShortConv]), ..Features::default() };

@@ -539,8 +539,9 @@ fn inkling_ops_stay_on_the_host_and_unserved_options_are_refused() {
 }
 
 /// A profile that lists no op kinds (the Vulkan library's) runs Inkling's attention with
-/// relative logits, short convolutions and scaled norm on the device, its router and shared
-/// experts on the host; a forced KV split leaves its attention layers' mirrors whole (the
+/// relative logits, short convolutions and scaled norm on the device, and its router and
+/// experts (shared ones included) too where the budget holds them all (resident); a forced KV
+/// split leaves its attention layers' mirrors whole (the
 /// split's parts do not add relative logits), so the plan has no split.
 #[test]
 fn inkling_runs_its_attention_on_a_device_and_never_splits_its_kv() {
@@ -565,7 +566,8 @@ fn inkling_runs_its_attention_on_a_device_and_never_splits_its_kv() {
     assert_eq!((host.get("attention_rel"), device.get("attention_rel")), (None, Some(&66)), "{plan}");
     assert_eq!((host.get("short_conv"), device.get("short_conv")), (None, Some(&(4 * 66))), "{plan}");
     assert_eq!(device.get("rms_norm_scaled"), Some(&1), "{plan}");
-    assert_eq!((host.get("route_shared"), host.get("routed_experts_shared")), (Some(&66), Some(&66)), "{plan}");
+    assert_eq!((host.get("route_shared"), host.get("routed_experts_shared")), (None, None), "{plan}");
+    assert_eq!((device.get("route_shared"), device.get("routed_experts_shared")), (Some(&66), Some(&66)), "{plan}");
 }
 
 /// DeepSeek-V2's router from the V3 spec (`model_type` "deepseek_v2"): softmax, no bias, no

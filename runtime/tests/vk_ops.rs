@@ -14,7 +14,8 @@ use coli_runtime::cpu::Precision;
 use coli_runtime::cpu::{elementwise as cpu_elementwise, norm as cpu_norm, rope as cpu_rope, route as cpu_route};
 use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
 use coli_runtime::vk::{
-    AttnArgs, AttnPath, Broadcast, IntDotUse, MatmulPath, NormArgs, RopePart, RopeShape, RouteParams, VkOptions,
+    AttnArgs, AttnPath, Broadcast, IntDotUse, MatmulPath, NormArgs, RopePart, RopeShape, RouteParams, RouteSink,
+    VkOptions,
 };
 use vk_common::{assert_close, assert_close_terms, attention_case, ctx, random_rows, term_magnitudes, AttnCase, Rng};
 
@@ -472,6 +473,66 @@ fn route_matches_cpu() {
         let wts = |v: &[f32]| v.iter().skip(1).step_by(2).copied().collect::<Vec<f32>>();
         assert_eq!(ids(&got), ids(&want), "{scoring:?} top {top_k} groups {groups:?}: experts");
         assert_close(&format!("{scoring:?} top {top_k} weights"), &wts(&got), &wts(&want), 1e-5);
+    }
+}
+
+/// Routing with shared experts (Inkling's sink, `cpu::route::route_row_shared`): the top-k
+/// among the routed logits with a correction bias, the shared experts' pairs after them, all
+/// renormalized together (or not), times the scale and a one-entry `scale_by`. Experts the
+/// CPU's in rank order; weights within 1e-5.
+#[test]
+fn route_with_shared_experts_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0017);
+    let n = 5;
+    for (routed, shared, top_k, renormalize, scale_by) in
+        [(6, 2, 2, true, Some(0.7)), (17, 1, 4, false, None), (40, 3, 8, true, None)]
+    {
+        let width = routed + shared;
+        let logits = rng.vec(n * width, 3.0);
+        let bias = rng.vec(routed, 0.2);
+        let spec = cpu_route::RouteSpec {
+            scoring: RouterScoring::Sigmoid,
+            top_k,
+            renormalize,
+            correction_bias: Some(&bias[..]),
+            groups: None,
+            group_score: GroupScore::TopTwoSum,
+            scale: 1.3,
+        };
+        let out_w = 2 * (top_k + shared);
+        let mut want = vec![0f32; n * out_w];
+        for r in 0..n {
+            let row = &logits[r * width..(r + 1) * width];
+            cpu_route::route_row_shared(
+                &spec,
+                shared,
+                scale_by.unwrap_or(1.0),
+                row,
+                &mut want[r * out_w..(r + 1) * out_w],
+            );
+        }
+        let (lb, bb, ob) =
+            (ctx.upload_f32(&logits).unwrap(), ctx.upload_f32(&bias).unwrap(), ctx.f32_buffer(want.len()).unwrap());
+        let sb = ctx.upload_f32(&[scale_by.unwrap_or(1.0)]).unwrap();
+        let p = RouteParams {
+            scoring: RouterScoring::Sigmoid,
+            top_k,
+            renormalize,
+            groups: None,
+            group_score: GroupScore::TopTwoSum,
+            scale: 1.3,
+        };
+        let sink = RouteSink { shared, scale_by: scale_by.map(|_| sb.all()) };
+        let mut f = ctx.frame().unwrap();
+        f.route_shared(lb.all(), Some(bb.all()), sink, ob.all(), (n, routed), p).unwrap();
+        f.run().unwrap();
+        let got = ctx.download_f32(ob.all()).unwrap();
+        let ids = |v: &[f32]| v.iter().step_by(2).copied().collect::<Vec<f32>>();
+        let wts = |v: &[f32]| v.iter().skip(1).step_by(2).copied().collect::<Vec<f32>>();
+        let what = format!("{routed} routed + {shared} shared, top {top_k}");
+        assert_eq!(ids(&got), ids(&want), "{what}: experts");
+        assert_close(&format!("{what}: weights"), &wts(&got), &wts(&want), 1e-5);
     }
 }
 

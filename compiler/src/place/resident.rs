@@ -33,16 +33,14 @@ pub fn expert_format(t: &ExpertTensor, sizer: &Sizer) -> Format {
 pub fn runs_resident(device: &Device, op: &Op, sizer: &Sizer) -> bool {
     let listed = |k: OpKind| device.features.lists(k);
     match op {
-        // A router with shared experts, and experts with shared ones beside them, stay on the host.
-        Op::Route { .. } if !matches!(op.kind(), OpKind::Route | OpKind::RouteSqrtSoftplus | OpKind::RouteHash) => {
-            false
-        }
-        Op::RoutedExperts { .. } if !matches!(op.kind(), OpKind::RoutedExperts | OpKind::RoutedExpertsLimited) => false,
         Op::Route { .. } => listed(op.kind()),
+        // Shared experts beside the routed ones (Inkling) are resident with them.
         Op::RoutedExperts { weights, .. } => {
+            let shared = weights.shared.iter().flat_map(|s| [&s.gate, &s.up, &s.down]);
             listed(op.kind())
                 && [&weights.gate, &weights.up, &weights.down]
-                    .iter()
+                    .into_iter()
+                    .chain(shared)
                     .all(|t| device.features.reads(expert_format(t, sizer)))
         }
         _ => false,
@@ -53,7 +51,8 @@ pub fn runs_resident(device: &Device, op: &Op, sizer: &Sizer) -> bool {
 /// rows, per (row, rank) pair the gated hidden rows (f32, then quantized) and the expert
 /// outputs (f32), and the pairs grouped by expert.
 pub fn expert_scratch(program: &Program, op: &Op, chunk_rows: usize) -> u64 {
-    let Op::RoutedExperts { x, routing, experts, ffn, .. } = op else { return 0 };
+    let Op::RoutedExperts { x, routing, experts, ffn, weights, .. } = op else { return 0 };
+    let experts = experts + weights.shared.as_ref().map_or(0, |s| s.count);
     let (rows, hidden, ffn) = (chunk_rows as u64, program.value(*x).width as u64, *ffn as u64);
     let pairs = rows.saturating_mul(program.value(*routing).width as u64 / 2);
     // q8 blocks: 32 bytes of values and 8 of scales per 32 elements.
@@ -62,7 +61,7 @@ pub fn expert_scratch(program: &Program, op: &Op, chunk_rows: usize) -> u64 {
     q8(rows.saturating_mul(hidden))
         .saturating_add(pairs.saturating_mul(per_pair))
         .saturating_add(q8(pairs.saturating_mul(ffn)))
-        .saturating_add((*experts as u64 + 1).saturating_add(pairs).saturating_mul(4))
+        .saturating_add((experts as u64 + 1).saturating_add(pairs).saturating_mul(4))
 }
 
 /// What the rule decided.
@@ -98,14 +97,15 @@ pub fn resident_layers(
                 continue;
             }
             let Some(moe) = layer.ops.iter().find(|op| matches!(op, Op::RoutedExperts { .. })) else { continue };
-            let Op::RoutedExperts { experts, .. } = moe else { continue };
+            let Op::RoutedExperts { experts, weights, .. } = moe else { continue };
+            let experts = experts + weights.shared.as_ref().map_or(0, |s| s.count);
             let route_ok =
                 layer.ops.iter().filter(|op| matches!(op, Op::Route { .. })).all(|op| runs_resident(dev, op, sizer));
             let Some(one) = sizer.expert(moe) else {
                 all = false;
                 break;
             };
-            let need = experts_bytes.saturating_add(one.saturating_mul(*experts as u64));
+            let need = experts_bytes.saturating_add(one.saturating_mul(experts as u64));
             let need_scratch = scratch.max(expert_scratch(program, moe, options.chunk_rows));
             if !route_ok || !runs_resident(dev, moe, sizer) || need.saturating_add(need_scratch) > fit.tier {
                 all = false;

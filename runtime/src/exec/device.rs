@@ -48,7 +48,7 @@ use crate::vk::{
 use crate::vk::{Frame as VkFrame, MatIn, NormArgs, Pos, QuantizedActs, Recorded, View};
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::{DeviceId, Place};
-use coli_compiler::ir::{ExpertBias, Op, Program, RopeScaling, ValueId};
+use coli_compiler::ir::{Op, Program, RopeScaling, ValueId};
 use coli_compiler::schedule::{Call, FrameCalls, Kernel, MatSrc, Norm, Rows};
 use coli_compiler::Plan;
 use rayon::prelude::*;
@@ -230,16 +230,9 @@ impl DeviceModel {
         for op in &moe_ops {
             let Op::RoutedExperts { x, routing, layer, experts: n, weights, .. } = op else { continue };
             let ws = &model.weights;
-            let bias = |b: &Option<ExpertBias>, e: usize| b.as_ref().map(|b| ws.expert_bias(b, e));
-            let mats = |e: usize| ExpertMats {
-                gate: ws.expert(&weights.gate, e),
-                up: ws.expert(&weights.up, e),
-                down: ws.expert(&weights.down, e),
-                gate_bias: bias(&weights.gate_bias, e),
-                up_bias: bias(&weights.up_bias, e),
-                down_bias: bias(&weights.down_bias, e),
-            };
-            let d = ctx.upload_experts(*n, &mats)?;
+            // Shared experts (Inkling) stacked after the routed ones, as the routing names them.
+            let mats = |e: usize| ExpertMats::routed_or_shared(ws, weights, *n, e);
+            let d = ctx.upload_experts(*n + weights.shared.as_ref().map_or(0, |s| s.count), &mats)?;
             weight_bytes += d.device_bytes() as u64;
             let top_k = program.value(*routing).width / 2;
             let dims = (top_k, program.value(*x).width, d.ffn, d.experts);

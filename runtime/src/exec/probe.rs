@@ -78,6 +78,8 @@ pub fn profile_of(ctx: &Context, memory_cap: Option<u64>) -> DeviceProfile {
         OpKind::RouteHash,
         OpKind::RoutedExperts,
         OpKind::RoutedExpertsLimited,
+        OpKind::RouteShared,
+        OpKind::RoutedExpertsShared,
         OpKind::LinearAttention,
         OpKind::LinearAttentionApart,
         OpKind::Kda,

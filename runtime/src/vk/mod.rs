@@ -56,7 +56,7 @@ pub use ops::{
     DeviceExperts, DsaSelectArgs, DsaShape, KdaCall, KdaMats, KdaRuleViews, KdaScratch, KdaShape, KvMirror, KvShape,
     MatIn, MatmulPath, MlaAttnArgs, MlaCache, MlaCall, MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape, MoeCall,
     MoePath, MoeScratch, PackedExpert, Pos, QkNorm, QuantizedActs, RelArgs, RopeArgs, RopeKvArgs, RouteHash,
-    RouteParams, RowConv, MOE_MAX_EXPERTS,
+    RouteParams, RouteSink, RowConv, MOE_MAX_EXPERTS,
 };
 pub use options::{
     CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, Validation, VkOptions, DEFAULT_GEMV_ROWS,

@@ -58,12 +58,14 @@ impl OpLib for VkOps {
                 *top_k <= 64
                     && groups.is_none_or(|(g, _)| g <= 64)
                     && (hash.is_none() || groups.is_none())
-                    && *shared == 0
-                    && scale_by.is_none()
+                    && *shared <= 64
+                    && (hash.is_none() || (*shared == 0 && scale_by.is_none()))
             }
             // Routed experts in a frame (`ops/moe.rs`): the layer's experts stacked on the device
             // (with DeepSeek V4's limited SwiGLU too).
-            Op::RoutedExperts { experts, .. } => *experts <= super::ops::moe::MAX_EXPERTS,
+            Op::RoutedExperts { experts, weights, .. } => {
+                experts + weights.shared.as_ref().map_or(0, |s| s.count) <= super::ops::moe::MAX_EXPERTS
+            }
             // Gated DeltaNet (`ops/deltanet.rs`) and Kimi Delta Attention (`ops/kda.rs`) within
             // the kernels' head widths and kernel length.
             // Inkling's short convolutions too (`ops/short_conv.rs`: the same convolution kernel

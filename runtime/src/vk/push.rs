@@ -168,7 +168,7 @@ push_blocks! {
         n: u32, top_k: u32, scoring: u32, renormalize: u32,
         has_bias: u32, n_group: u32, topk_group: u32, scale: f32,
         l_off: u32, o_off: u32, group_max: u32, hash: u32,
-        vocab: u32, t_off: u32, pad1: u32, pad2: u32,
+        vocab: u32, t_off: u32, shared_: u32, has_scale_by: u32,
     }
 
     /// Mirrors `attn.glsl`'s push block (`attn_split.comp`, `attn_block.comp`).

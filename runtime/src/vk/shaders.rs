@@ -17,7 +17,7 @@ impl Kernel {
             Kernel::RmsNorm => 6,
             Kernel::QuantizeQ8 | Kernel::Glu | Kernel::Binary | Kernel::Rope => 3,
             // Bindings 3-4: a hash routing's tokens and table.
-            Kernel::Route => 5,
+            Kernel::Route => 6,
             Kernel::RopeKv => 9,
             // Bindings 19-21: the relative logits (`attn.glsl`), which the cooperative kernel
             // does not take.

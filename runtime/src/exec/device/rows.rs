@@ -5,7 +5,7 @@
 
 use super::{DeviceModel, Rec};
 use crate::oplib::op_name;
-use crate::vk::{Frame as VkFrame, Pos, RopePart, RopeShape, RouteHash, RouteParams, VkError};
+use crate::vk::{Frame as VkFrame, Pos, RopePart, RopeShape, RouteHash, RouteParams, RouteSink, VkError};
 use coli_compiler::ir::{Op, ValueId};
 
 impl DeviceModel {
@@ -52,7 +52,8 @@ impl DeviceModel {
                 group_score,
                 scale,
                 hash,
-                ..
+                shared,
+                scale_by,
             } => {
                 let bias = correction_bias.as_ref().map(|b| self.vecs[&b.name].all());
                 let params = RouteParams {
@@ -72,6 +73,14 @@ impl DeviceModel {
                             vocab: t.shape[0],
                         };
                         f.route_hash(view(*logits), h, view(*out), (n, w(*logits)), params)?
+                    }
+                    // Inkling's: the shared experts' logits after the routed ones'.
+                    None if *shared > 0 || scale_by.is_some() => {
+                        let sink = RouteSink {
+                            shared: *shared,
+                            scale_by: scale_by.as_ref().map(|b| self.vecs[&b.name].all()),
+                        };
+                        f.route_shared(view(*logits), bias, sink, view(*out), (n, w(*logits) - shared), params)?
                     }
                     None => f.route(view(*logits), bias, view(*out), n, w(*logits), params)?,
                 }

@@ -27,7 +27,7 @@ pub use kda::{KdaCall, KdaMats, KdaRuleViews, KdaScratch, KdaShape};
 pub use matmul::{MatIn, MatmulPath, QuantizedActs};
 pub use mla::{MlaAttnArgs, MlaCache, MlaCall, MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape};
 pub use moe::{DeviceExperts, MoeCall, MoePath, MoeScratch, PackedExpert, MAX_EXPERTS as MOE_MAX_EXPERTS};
-pub use route::{RouteHash, RouteParams};
+pub use route::{RouteHash, RouteParams, RouteSink};
 pub use short_conv::RowConv;
 
 use super::error::{Result, VkError};

@@ -33,6 +33,15 @@ pub struct RouteHash<'a> {
     pub vocab: usize,
 }
 
+/// Shared experts a routing weighs after the routed ones (Inkling's sink, `Op::Route::shared`):
+/// their count, their logits following the routed ones' in each row, and the one-entry tensor
+/// that scales every weight too (`scale_by`), on the device.
+#[derive(Clone, Copy, Debug)]
+pub struct RouteSink<'a> {
+    pub shared: usize,
+    pub scale_by: Option<View<'a>>,
+}
+
 const MAX_E: usize = 1024;
 const MAX_K: usize = 64;
 const MAX_G: usize = 64;
@@ -48,7 +57,21 @@ impl<'a> Frame<'a> {
         experts: usize,
         p: RouteParams,
     ) -> Result<()> {
-        self.route_rows(logits, bias, None, out, (n, experts), p)
+        self.route_rows(logits, bias, (None, None), out, (n, experts), p)
+    }
+
+    /// `route` over rows of `experts` routed logits then `sink.shared` shared ones, into `out`
+    /// (`n x 2 * (top_k + shared)`); reference `cpu::route::route_row_shared`.
+    pub fn route_shared(
+        &mut self,
+        logits: View<'a>,
+        bias: Option<View<'a>>,
+        sink: RouteSink<'a>,
+        out: View<'a>,
+        (n, experts): (usize, usize),
+        p: RouteParams,
+    ) -> Result<()> {
+        self.route_rows(logits, bias, (None, Some(sink)), out, (n, experts), p)
     }
 
     /// `route` with the experts of each row's token in `hash`'s table instead of a top-k
@@ -64,19 +87,26 @@ impl<'a> Frame<'a> {
         if p.groups.is_some() {
             return Err(VkError::BadArgument { op: "route", msg: "hash routing takes no groups".into() });
         }
-        self.route_rows(logits, None, Some(hash), out, (n, experts), p)
+        self.route_rows(logits, None, (Some(hash), None), out, (n, experts), p)
     }
 
     fn route_rows(
         &mut self,
         logits: View<'a>,
         bias: Option<View<'a>>,
-        hash: Option<RouteHash<'a>>,
+        (hash, sink): (Option<RouteHash<'a>>, Option<RouteSink<'a>>),
         out: View<'a>,
         (n, experts): (usize, usize),
         p: RouteParams,
     ) -> Result<()> {
         const OP: &str = "route";
+        let shared = sink.map_or(0, |s| s.shared);
+        if shared > MAX_K || (shared > 0 && hash.is_some()) {
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: format!("{shared} shared experts (at most {MAX_K}, no hash)"),
+            });
+        }
         if experts > MAX_E || p.top_k > MAX_K || p.top_k > experts || p.top_k == 0 {
             return Err(VkError::BadArgument {
                 op: OP,
@@ -90,8 +120,15 @@ impl<'a> Frame<'a> {
                 msg: format!("{ng} groups (keep {tg}) over {experts} experts"),
             });
         }
-        logits.check(OP, "logits", n * experts)?;
-        out.check(OP, "out", n * 2 * p.top_k)?;
+        logits.check(OP, "logits", n * (experts + shared))?;
+        out.check(OP, "out", n * 2 * (p.top_k + shared))?;
+        let scale_by = sink.and_then(|s| s.scale_by);
+        if let Some(v) = scale_by {
+            v.check(OP, "scale_by", 1)?;
+            if v.offset != 0 {
+                return Err(VkError::BadArgument { op: OP, msg: "scale_by views must start at element 0".into() });
+            }
+        }
         if let Some(b) = bias {
             b.check(OP, "correction bias", experts)?;
             if b.offset != 0 {
@@ -124,8 +161,8 @@ impl<'a> Frame<'a> {
             hash: hash.is_some() as u32,
             vocab: hash.map_or(Ok(0), |h| u32_arg(OP, "vocabulary", h.vocab))?,
             t_off: hash.map_or(Ok(0), |h| u32_arg(OP, "tokens offset", h.tokens.offset))?,
-            pad1: 0,
-            pad2: 0,
+            shared_: u32_arg(OP, "shared experts", shared)?,
+            has_scale_by: scale_by.is_some() as u32,
         };
         let opt = |v: Option<View<'a>>| v.map_or(Bind::UNUSED, |v| Bind::buf(v.buf));
         let binds = [
@@ -134,6 +171,7 @@ impl<'a> Frame<'a> {
             Bind::buf(out.buf),
             opt(hash.map(|h| h.tokens)),
             opt(hash.map(|h| h.table)),
+            opt(scale_by),
         ];
         self.dispatch(Kernel::Route, None, &binds, &push, [u32_arg(OP, "n", n)?, 1, 1])
     }
