@@ -246,16 +246,8 @@ fn a_device_lost_mid_decode_of_deepseek_v4_is_finished_by_the_cpu() {
     let prompt = ids(&read_json(&dir.join("oracle.json"))["prompt_ids"]);
     let (_, want_toks, _) = run(&load_model(&dir), &prompt, prompt.len(), 12);
     let clean = load_on_device(&dir, None, None);
-    let d = clean.device().expect("a device");
     assert!(layer_ops(&clean, false).contains(&"routed_experts"), "experts in device frames:\n{}", clean.plan());
-    let mut s = Session::on_device(clean.model(), d, 256).unwrap();
-    let mut last = s.forward(&prompt, LogitRows::Last).unwrap();
-    let mut starts = Vec::new();
-    for _ in 0..6 {
-        starts.push(d.ctx.submits());
-        last = s.forward(&[argmax(&last)], LogitRows::Last).unwrap();
-    }
-    let per_step = d.ctx.submits() - starts[5];
+    let (_, DecodeSubmits { starts, per_step, .. }) = decode_six_on_device(&clean, &prompt);
     assert!(per_step >= 4, "a decode step should take several frames, took {per_step}");
     let fault = FaultInjection { fail_submit: Some(starts[5] + per_step / 2), fail_alloc: None };
     let dev = load_on_device(&dir, None, Some(fault));
@@ -363,17 +355,9 @@ fn lost_after_a_recurrent_state(name: &str) {
     let load_with = |fault: Option<FaultInjection>| load_without_tier(&dir, fault);
     // Where the submits fall: count them on a clean run.
     let clean = load_with(None);
-    let d = clean.device().expect("a device");
     assert!(host_layer_ops(&clean).iter().all(|op| matches!(*op, "route" | "routed_experts")), "{}", clean.plan());
     assert!(layer_ops(&clean, false).contains(&"linear_attention"), "{name}: recurrent layers on the device");
-    let mut s = Session::on_device(clean.model(), d, 256).unwrap();
-    let mut last = s.forward(&prompt, LogitRows::Last).unwrap();
-    let mut starts = Vec::new();
-    for _ in 0..6 {
-        starts.push(d.ctx.submits());
-        last = s.forward(&[argmax(&last)], LogitRows::Last).unwrap();
-    }
-    let per_step = d.ctx.submits() - starts[5];
+    let (_, DecodeSubmits { starts, per_step, .. }) = decode_six_on_device(&clean, &prompt);
     assert!(per_step >= 2, "{name}: a decode step should take several frames, took {per_step}");
     // The second submit of the sixth decode step: the first (the first recurrent layer) completed.
     let dev = load_with(Some(FaultInjection { fail_submit: Some(starts[5] + 2), fail_alloc: None }));
@@ -398,19 +382,8 @@ fn a_device_lost_mid_decode_of_deepseek_v3_is_finished_by_the_cpu() {
     let load_with = |fault: Option<FaultInjection>| load_without_tier(&dir, fault);
     // Where the submits fall: count them on a clean run.
     let clean = load_with(None);
-    let d = clean.device().expect("a device");
     assert!(layer_ops(&clean, false).contains(&"mla"), "MLA in device frames:\n{}", clean.plan());
-    let mut s = Session::on_device(clean.model(), d, 256).unwrap();
-    let first = s.forward(&prompt, LogitRows::Last).unwrap();
-    let mut last = first.clone();
-    let mut starts = Vec::new();
-    let mut steps = Vec::new();
-    for _ in 0..6 {
-        starts.push(d.ctx.submits());
-        last = s.forward(&[argmax(&last)], LogitRows::Last).unwrap();
-        steps.push(last.clone());
-    }
-    let per_step = d.ctx.submits() - starts[5];
+    let (mut s, DecodeSubmits { first, steps, starts, per_step }) = decode_six_on_device(&clean, &prompt);
     assert!(per_step >= 2, "a decode step should take several frames, took {per_step}");
     // The mirrors follow the host's rewinds.
     s.truncate(prompt.len() + 5);

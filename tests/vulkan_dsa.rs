@@ -13,7 +13,7 @@ mod common;
 
 use coli_compiler::Options;
 use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
-use coli_runtime::exec::{LogitRows, Session};
+use coli_runtime::exec::LogitRows;
 use coli_runtime::oplib::op_name;
 use coli_runtime::vk::{FaultInjection, VkOptions};
 use common::*;
@@ -97,20 +97,11 @@ fn a_device_lost_mid_decode_of_a_dsa_model_is_finished_by_the_cpu() {
         let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
         let (_, want_toks, _) = run(&load_model(&dir), &prompt, prompt.len(), 12);
         let clean = load_on_device(&dir, None);
-        let Some(d) = clean.device() else {
+        if clean.device().is_none() {
             eprintln!("no Vulkan device: {}", clean.device_note());
             return;
-        };
-        let mut s = Session::on_device(clean.model(), d, 256).unwrap();
-        let first = s.forward(&prompt, LogitRows::Last).unwrap();
-        let mut last = first.clone();
-        let (mut starts, mut steps) = (Vec::new(), Vec::new());
-        for _ in 0..6 {
-            starts.push(d.ctx.submits());
-            last = s.forward(&[argmax(&last)], LogitRows::Last).unwrap();
-            steps.push(last.clone());
         }
-        let per_step = d.ctx.submits() - starts[5];
+        let (mut s, DecodeSubmits { first, steps, starts, per_step }) = decode_six_on_device(&clean, &prompt);
         assert!(per_step >= 2, "{name}: a decode step should take several frames, took {per_step}");
         s.truncate(prompt.len() + 5);
         let again = s.forward(&[argmax(&steps[4])], LogitRows::Last).unwrap();

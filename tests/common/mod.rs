@@ -285,3 +285,31 @@ pub fn layer_ops(l: &Engine, host: bool) -> Vec<&'static str> {
     let ops = l.plan().frames.iter().filter(|f| (f.place == Place::Host) == host).flat_map(|f| &f.ops);
     ops.filter(|id| matches!(id.part, Part::Layer(_))).map(|&id| coli_runtime::oplib::op_name(op_of(p, id))).collect()
 }
+
+/// Six greedy decode steps after `prompt` on `engine`'s device (a session of 256 positions):
+/// the session, the prompt's last logits, each step's logits, the device's submit count before
+/// each step, and the submits the last step took. Where a test's injected fault falls.
+#[allow(dead_code)]
+pub fn decode_six_on_device<'e>(engine: &'e Engine, prompt: &[u32]) -> (Session<'e>, DecodeSubmits) {
+    let d = engine.device().expect("a device");
+    let mut s = Session::on_device(engine.model(), d, 256).unwrap();
+    let first = s.forward(prompt, LogitRows::Last).unwrap();
+    let mut last = first.clone();
+    let (mut starts, mut steps) = (Vec::new(), Vec::new());
+    for _ in 0..6 {
+        starts.push(d.ctx.submits());
+        last = s.forward(&[argmax(&last)], LogitRows::Last).unwrap();
+        steps.push(last.clone());
+    }
+    let per_step = d.ctx.submits() - starts[5];
+    (s, DecodeSubmits { first, steps, starts, per_step })
+}
+
+/// What `decode_six_on_device` saw.
+#[allow(dead_code)]
+pub struct DecodeSubmits {
+    pub first: Vec<f32>,
+    pub steps: Vec<Vec<f32>>,
+    pub starts: Vec<u64>,
+    pub per_step: u64,
+}
