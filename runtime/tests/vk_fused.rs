@@ -28,9 +28,11 @@ enum Input {
 }
 
 /// `|got - want| <= 1e-5 * sum |w x| + slack + 1e-6` per output, `slack` covering q8
-/// activations of a fused input: the device's row norm may differ from the CPU's in the last
-/// bit, which can move one 8-bit value of a block by one step; two such steps per output are
-/// allowed (`2 * max_b(amax_b / 127) * max |w|`). Float activations need no slack.
+/// activations: the device's row norm may differ from the CPU's in the last bit, and a device
+/// whose GLSL `fma` is not fused (Lavapipe) divides 1 ulp off in `div_rn` about half the time
+/// (the block scale `amax / 127`), so a value within an ulp of a rounding tie (seen: 58.500004)
+/// can move one 8-bit value of a block by one step; two such steps per output are allowed
+/// (`2 * max_b(amax_b / 127) * max |w|`). Float activations need no slack.
 fn check(what: &str, got: &[f32], want: &[f32], mag: &[f32], slack: &[f32]) {
     for (i, (((g, w), m), s)) in got.iter().zip(want).zip(mag).zip(slack).enumerate() {
         let d = (g - w).abs();
@@ -96,8 +98,7 @@ fn fused_products_match_the_cpu_ops() {
                     let mut mag = vec![0f32; n * rows];
                     let mut slack = vec![0f32; n * rows];
                     let q8 = precision == Precision::Fast
-                        && !matches!(format, WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16)
-                        && !matches!(input, Input::Plain);
+                        && !matches!(format, WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16);
                     for i in 0..n {
                         let xr = &xin[i * cols..(i + 1) * cols];
                         let step = xr
