@@ -650,9 +650,10 @@ impl DeviceModel {
                 attn_layers.push((layer.0 as usize, *layer));
             }
         }
+        let index_layers = indexer::layers_of(p, frame);
         for ((st, kv), (_, pos0)) in sts.iter_mut().zip(caches.iter()).zip(&seqs) {
             if let Some(ix) = st.indexers.as_mut() {
-                ix.upload(ctx, p, frame, kv, *pos0)?;
+                ix.upload(ctx, &index_layers, kv, *pos0)?;
             }
             self.upload_kv_rows(st, kv, &attn_layers, *pos0)?;
         }
@@ -744,7 +745,7 @@ impl DeviceModel {
         }
         for ((st, kv), (rows, pos0)) in sts.iter_mut().zip(caches.iter_mut()).zip(&seqs) {
             if let Some(ix) = st.indexers.as_mut() {
-                ix.take_rows(ctx, p, frame, kv, *pos0, rows.len())?;
+                ix.take_rows(ctx, &index_layers, kv, *pos0, rows.len())?;
             }
         }
         phase("K/V rows into the host's cache", &mut t);

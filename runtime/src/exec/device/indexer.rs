@@ -51,8 +51,9 @@ fn score_rows(rows: usize, context: usize) -> usize {
     rows.min(INDEX_SCORES / context.max(1)).max(1)
 }
 
-/// The indexer ops of a frame: (layer index, key width).
-fn layers_of(p: &Program, frame: &Frame) -> Vec<(usize, usize)> {
+/// The indexer ops of a frame: (layer index, key width); found once a frame, for every
+/// sequence's `upload` and `take_rows`.
+pub(super) fn layers_of(p: &Program, frame: &Frame) -> Vec<(usize, usize)> {
     frame
         .ops
         .iter()
@@ -114,16 +115,16 @@ impl Indexers {
         }
     }
 
-    /// Before `frame` at `pos0`: the host's keys its indexers' mirrors lack.
+    /// Before a frame at `pos0`: the host's keys its indexers' mirrors (`layers`, `layers_of`
+    /// the frame) lack.
     pub(super) fn upload(
         &mut self,
         ctx: &Context,
-        p: &Program,
-        frame: &Frame,
+        layers: &[(usize, usize)],
         kv: &KvCache,
         pos0: usize,
     ) -> Result<(), VkError> {
-        for (l, d) in layers_of(p, frame) {
+        for &(l, d) in layers {
             let (mark, m) = (&mut self.marks[l], self.mirrors[l].as_ref().expect("mirror allocated"));
             if *mark >= pos0 {
                 continue;
@@ -141,17 +142,17 @@ impl Indexers {
         Ok(())
     }
 
-    /// After `frame`: the block's `n` keys of each of its indexers into the host's copy.
+    /// After a frame: the block's `n` keys of each of its indexers (`layers`) into the host's
+    /// copy.
     pub(super) fn take_rows(
         &mut self,
         ctx: &Context,
-        p: &Program,
-        frame: &Frame,
+        layers: &[(usize, usize)],
         kv: &mut KvCache,
         pos0: usize,
         n: usize,
     ) -> Result<(), VkError> {
-        for (l, d) in layers_of(p, frame) {
+        for &(l, d) in layers {
             let m = self.mirrors[l].as_ref().expect("mirror allocated");
             let c = &mut kv.layers[l];
             c.index_width = d;
