@@ -105,6 +105,36 @@ fn every_moe_model_routes_in_frame_and_matches_the_cpu() {
     }
 }
 
+/// A layer's resident experts past one buffer go up in pages (as GLM-5's 6 GiB of int8 gate
+/// and up rows do on a device of 4 GiB buffers): with pages of 16 KiB every fixture's layers
+/// take several, and the logits stay within 1e-4 of the largest |logit| of the CPU with the
+/// same greedy tokens (olmoe; gpt_oss with its biases; inkling with its shared experts).
+#[test]
+fn resident_experts_in_pages_match_the_cpu() {
+    for (name, dir, prompt, max) in models().into_iter().filter(|m| ["olmoe", "gpt_oss", "inkling"].contains(&&*m.0)) {
+        let cpu = load_model(&dir);
+        let (want, want_toks, _) = run(&cpu, &prompt, prompt.len(), 8);
+        let max = max.unwrap_or_else(|| max_abs(&want));
+        let req = EngineOptions {
+            device: DeviceRequest::Vulkan(VkOptions { expert_page_bytes: Some(16 << 10), ..Default::default() }),
+            compile: Options { context: CONTEXT, chunk_rows: 8, ..Options::default() },
+            ..EngineOptions::default()
+        };
+        let dev = Engine::load(&dir, &req).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let d = dev.device().unwrap_or_else(|| panic!("{name}: {}", dev.device_note()));
+        let pages: Vec<usize> = d.devices()[0].resident_experts().values().map(|e| e.pages().len()).collect();
+        assert!(!pages.is_empty() && pages.iter().all(|&p| p > 1), "{name}: pages per layer {pages:?}");
+        for chunk in [prompt.len(), 3] {
+            let (got, toks, notice) = run(&dev, &prompt, chunk, 8);
+            assert!(notice.is_none(), "{name}: {notice:?}");
+            let err = max_abs_diff(&got, &want);
+            eprintln!("{name} chunk {chunk}, pages {pages:?}: max |device - cpu| = {err:.3e} (max |logit| {max})");
+            assert!(err <= 1e-4 * max, "{name} chunk {chunk}: max |device - cpu| = {err} (max |logit| {max})");
+            assert_eq!(toks, want_toks, "{name} chunk {chunk}: greedy tokens differ");
+        }
+    }
+}
+
 /// Runs `dir` with a budget that holds the dense part and `keep` of its layers' experts; with
 /// `cap` the budget is a device memory cap (as `--device-mem-mib`), else the plan's profile
 /// alone says it (the device keeps its memory: the fixtures' experts are so small that the

@@ -54,6 +54,14 @@ GEOMETRIES = {
         linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=256, num_experts_per_tok=8,
         max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25}),
+    # GLM-5 (GlmMoeDsaConfig's defaults are GLM-5's) at full width, cut to 5 layers (the
+    # published 78 start with 3 dense ones; 5 is what the GPU machine's 64 GiB disk holds as bf16):
+    # MLA with the DSA indexer (32 heads of 128, top 2048) in every layer, 256 experts of 2,048
+    # top-8 + 1 shared from the fourth layer.
+    "glm-5-5l": lambda: tf.GlmMoeDsaConfig(
+        num_hidden_layers=5, mlp_layer_types=["dense"] * 3 + ["sparse"] * 2,
+        layer_types=["deepseek_sparse_attention"] * 5, indexer_types=["full"] * 5,
+        max_position_embeddings=16384),
 }
 
 

@@ -423,3 +423,83 @@ fn tier_pairs_in_slots_match_cpu_pair_outputs() {
         }
     }
 }
+
+/// A layer's experts in pages (`upload_expert_pages` under a small `expert_page_bytes`, as a
+/// layer past the device's buffer range goes up): every path (a pair's GEMV, an expert's, the
+/// grouped GEMM), the norm taken into the 8-bit activations and the residual in the store,
+/// against the CPU (the tolerances above) and bit for bit against one stack of the same
+/// experts; the pages' count as the bytes say.
+#[test]
+fn experts_in_pages_match_cpu() {
+    let Some(base) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0e25);
+    let (top_k, glu) = (3, GluKind::SwiGlu);
+    for &(format, hidden, ffn, bias) in
+        &[(WeightFormat::F32, 32, 48, true), (WeightFormat::I8Row, 96, 64, false), (WeightFormat::Q8_0, 64, 96, false)]
+    {
+        let layer = Layer::new(format, 7, hidden, ffn, bias, &mut rng);
+        // Two experts' gate and up values a page (the largest of a page's buffers).
+        let one = base.experts_per_page(&layer.mats(0)).unwrap();
+        assert!(one >= layer.experts, "{format}: the device's range holds the layer ({one})");
+        let page = 2 * coli_runtime::vk::Context::expert_stack_bytes(&layer.mats(0)).unwrap();
+        let opts = coli_runtime::vk::VkOptions { expert_page_bytes: Some(page as u64), ..Default::default() };
+        let ctx = vk_common::open(&opts).unwrap();
+        let pages = ctx.upload_expert_pages(layer.experts, &|e| layer.mats(e)).unwrap();
+        let sizes: Vec<usize> = pages.pages().iter().map(|p| p.experts).collect();
+        assert_eq!(sizes, [2, 2, 2, 1], "{format}: pages of {page} bytes");
+        for n in [1, 12, 70] {
+            let h = rng.vec(n * hidden, 1.0);
+            let nw = rng.vec(hidden, 1.0);
+            let rt = routing(n, top_k, layer.experts, &mut rng);
+            let norm = format != WeightFormat::F32;
+            let mut x = h.clone();
+            if norm {
+                for (xr, hr) in x.chunks_exact_mut(hidden).zip(h.chunks_exact(hidden)) {
+                    coli_runtime::cpu::norm::rms_norm(hr, xr, &nw, 1e-5, 0.0);
+                }
+            }
+            let mut moe = vec![0f32; n * hidden];
+            let routed = Routed { x: &x, n, hidden, routing: &rt, top_k };
+            routed_experts(routed, glu, Precision::Fast, &|e| layer.mats(e), &mut moe);
+            let want: Vec<f32> = h.iter().zip(&moe).map(|(a, b)| a + b).collect();
+            let scratch = ctx.moe_scratch(n, top_k, hidden, ffn, pages.page_experts()).unwrap();
+            let (hb, wb) = (ctx.upload_f32(&h).unwrap(), ctx.upload_f32(&nw).unwrap());
+            let rb = ctx.upload_f32(&[vec![5.0; 4], rt].concat()).unwrap();
+            let mut f = ctx.frame().unwrap();
+            let input = if norm {
+                MatIn::Norm { x: hb.all(), weight: wb.all(), eps: 1e-5, offset: 0.0 }
+            } else {
+                MatIn::Plain(hb.all())
+            };
+            let path = MoePath::Auto;
+            let call = MoeCall {
+                experts: &pages.pages()[0],
+                scratch: &scratch,
+                n,
+                top_k,
+                glu,
+                precision: Precision::Fast,
+                path,
+            };
+            f.moe_paged(&pages, call, input, Some(hb.all()), rb.view(4, n * 2 * top_k), hb.all()).unwrap();
+            f.run().unwrap();
+            let tol = if norm { 1e-4 } else { 1e-5 };
+            let got = ctx.download_f32(hb.all()).unwrap();
+            // One stack of the same experts, the same call: the pages change no bit.
+            let one = ctx.upload_experts(layer.experts, &|e| layer.mats(e)).unwrap();
+            let s1 = ctx.moe_scratch(n, top_k, hidden, ffn, layer.experts).unwrap();
+            let hb1 = ctx.upload_f32(&h).unwrap();
+            let mut f = ctx.frame().unwrap();
+            let input = if norm {
+                MatIn::Norm { x: hb1.all(), weight: wb.all(), eps: 1e-5, offset: 0.0 }
+            } else {
+                MatIn::Plain(hb1.all())
+            };
+            let call = MoeCall { experts: &one, scratch: &s1, n, top_k, glu, precision: Precision::Fast, path };
+            f.moe_fused(call, input, Some(hb1.all()), rb.view(4, n * 2 * top_k), hb1.all()).unwrap();
+            f.run().unwrap();
+            assert_eq!(got, ctx.download_f32(hb1.all()).unwrap(), "{format} n={n}: pages against one stack");
+            assert_close(&format!("{format} paged n={n}"), &got, &want, tol);
+        }
+    }
+}

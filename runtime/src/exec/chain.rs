@@ -19,7 +19,7 @@ use super::kv_split::SplitStats;
 use super::step::{HostRows, Step};
 use super::{ExecError, Model};
 use crate::tier::{ExpertTier, TierDevice, TierOptions, TierSetup};
-use crate::vk::{Context, DeviceExperts, VkError};
+use crate::vk::{Context, ExpertPages, VkError};
 use coli_compiler::cost::human;
 use coli_compiler::frames::Frame;
 use coli_compiler::ids::{DeviceId, Place};
@@ -322,8 +322,8 @@ fn tier_line(plan: &Plan, devices: &[DeviceModel]) -> Option<String> {
         }
         layers.sort();
         all.extend(&layers);
-        let count: usize = experts.values().map(|e| e.experts).sum();
-        let bytes: usize = experts.values().map(DeviceExperts::device_bytes).sum();
+        let count: usize = experts.values().map(ExpertPages::experts).sum();
+        let bytes: usize = experts.values().map(ExpertPages::device_bytes).sum();
         let each = bytes.checked_div(count).unwrap_or(0);
         let on = if devices.len() > 1 { format!(" on {}", d.device) } else { String::new() };
         held.push(format!(

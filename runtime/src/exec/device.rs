@@ -5,9 +5,9 @@
 //! says: a frame's uploads before it, its downloads after it.
 //!
 //! Resident experts (the plan's `placement.resident`): a layer whose routing and experts the
-//! plan puts in this device's frame has all its experts uploaded at load, stacked per role
-//! (`Context::upload_experts`), and runs `route` and `moe` in the frame; one scratch serves
-//! every such layer.
+//! plan puts in this device's frame has all its experts uploaded at load, stacked per role in
+//! pages within the device's buffer range (`Context::upload_expert_pages`), and runs `route`
+//! and `moe` in the frame; one scratch serves every such layer.
 //!
 //! Recording: the frame's calls as the schedule lowered them (`coli_compiler::schedule`: a norm
 //! or gated unit into the product that reads it, the residual add into the product's store,
@@ -42,7 +42,7 @@ use crate::exec::kv::KvCache;
 use crate::exec::kv_split::{HostPart, Split, SplitState, SplitStats};
 use crate::oplib::{op_name, OpLib};
 use crate::vk::{
-    Broadcast, Context, DeviceBuffer, DeviceExperts, DeviceMatrix, MatmulPath, MemoryUse, MoeCall, MoePath, MoeScratch,
+    Broadcast, Context, DeviceBuffer, DeviceMatrix, ExpertPages, MatmulPath, MemoryUse, MoeCall, MoePath, MoeScratch,
     VkError, VkOps,
 };
 use crate::vk::{Frame as VkFrame, MatIn, NormArgs, Pos, QuantizedActs, Recorded, View};
@@ -83,7 +83,7 @@ pub struct DeviceModel {
     /// Bytes of weights uploaded.
     pub weight_bytes: u64,
     /// Resident routed experts, by layer index.
-    experts: HashMap<u32, DeviceExperts>,
+    experts: HashMap<u32, ExpertPages>,
     /// The largest (top_k, hidden, ffn, experts) of the resident layers.
     moe_dims: Option<(usize, usize, usize, usize)>,
     /// The KV split, when the plan has one.
@@ -232,10 +232,10 @@ impl DeviceModel {
             let ws = &model.weights;
             // Shared experts (Inkling) stacked after the routed ones, as the routing names them.
             let mats = |e: usize| ExpertMats::routed_or_shared(ws, weights, *n, e);
-            let d = ctx.upload_experts(*n + weights.shared.as_ref().map_or(0, |s| s.count), &mats)?;
+            let d = ctx.upload_expert_pages(*n + weights.shared.as_ref().map_or(0, |s| s.count), &mats)?;
             weight_bytes += d.device_bytes() as u64;
             let top_k = program.value(*routing).width / 2;
-            let dims = (top_k, program.value(*x).width, d.ffn, d.experts);
+            let dims = (top_k, program.value(*x).width, d.ffn(), d.page_experts());
             moe_dims =
                 Some(moe_dims.map_or(dims, |m| (m.0.max(dims.0), m.1.max(dims.1), m.2.max(dims.2), m.3.max(dims.3))));
             experts.insert(layer.0, d);
@@ -279,7 +279,7 @@ impl DeviceModel {
     }
 
     /// The resident routed experts, by layer index.
-    pub fn resident_experts(&self) -> &HashMap<u32, DeviceExperts> {
+    pub fn resident_experts(&self) -> &HashMap<u32, ExpertPages> {
         &self.experts
     }
 
@@ -474,7 +474,7 @@ impl DeviceModel {
                     })?;
                     let scratch = st.moe.as_ref().expect("scratch allocated with the experts");
                     let src = match &e.norm {
-                        Some(nm) if VkFrame::moe_takes_norm(ex, precision) => norm_in(nm, &view),
+                        Some(nm) if VkFrame::moe_takes_norm(&ex.pages()[0], precision) => norm_in(nm, &view),
                         Some(nm) => {
                             // Float activations: the norm's rows after all.
                             let weight = self.vecs[&nm.weight.name].all();
@@ -486,7 +486,7 @@ impl DeviceModel {
                     };
                     let res = e.residual.map(|r| view(r.other));
                     let call = MoeCall {
-                        experts: ex,
+                        experts: &ex.pages()[0],
                         scratch,
                         n,
                         top_k: w(e.routing) / 2,
@@ -494,7 +494,7 @@ impl DeviceModel {
                         precision,
                         path: MoePath::Auto,
                     };
-                    f.moe_fused(call, src, res, view(e.routing), view(e.dest()))?;
+                    f.moe_paged(ex, call, src, res, view(e.routing), view(e.dest()))?;
                 }
                 Kernel::NormPair(a, b) => {
                     let args = |m: &Norm| NormArgs {

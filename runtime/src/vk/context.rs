@@ -57,6 +57,9 @@ pub(crate) struct Shared {
     moe_gemv_rows: usize,
     /// Of those, products of at most this many rows take a GEMV per pair, more one per expert.
     moe_pair_rows: usize,
+    /// The most bytes a buffer of a resident expert stack takes (`VkOptions::expert_page_bytes`
+    /// within the device's limits).
+    expert_page_bytes: u64,
     submits: AtomicU64,
     pub dispatches: AtomicU64,
     /// Host nanoseconds spent recording frames (from the frame's start to its end).
@@ -294,6 +297,7 @@ impl Context {
                     gemv_rows: opts.gemv_rows.unwrap_or(DEFAULT_GEMV_ROWS).max(1),
                     moe_gemv_rows: opts.moe_gemv_rows.unwrap_or(DEFAULT_MOE_GEMV_ROWS).max(1),
                     moe_pair_rows: opts.moe_pair_rows.unwrap_or(DEFAULT_MOE_PAIR_ROWS).max(1),
+                    expert_page_bytes: opts.expert_page_bytes.map_or(max_range, |b| b.clamp(1, max_range)),
                     submits: AtomicU64::new(0),
                     dispatches: AtomicU64::new(0),
                     record_ns: AtomicU64::new(0),
@@ -326,6 +330,11 @@ impl Context {
     /// Routed-expert GEMVs of at most this many rows run per pair, more per expert.
     pub fn moe_pair_rows(&self) -> usize {
         self.shared.moe_pair_rows
+    }
+
+    /// The most bytes one buffer of a layer's resident expert stack takes (`upload_expert_pages`).
+    pub fn expert_page_bytes(&self) -> u64 {
+        self.shared.expert_page_bytes
     }
 
     /// The physical device's place in the loader's enumeration: two contexts with the same

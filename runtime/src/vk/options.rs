@@ -140,6 +140,10 @@ pub struct VkOptions {
     /// Of those, products of at most this many rows take one GEMV per (row, rank) pair; more
     /// take one GEMV per expert over the pairs routed to it (default `DEFAULT_MOE_PAIR_ROWS`).
     pub moe_pair_rows: Option<usize>,
+    /// A layer's resident experts in stacks of at most this many bytes a buffer (default and
+    /// most: the device's storage-buffer range and allocation size); a layer beyond it goes up
+    /// in pages (`vk::ops::moe_pages`). Tests make pages of a small fixture with it.
+    pub expert_page_bytes: Option<u64>,
 }
 
 /// Rows up to which a dense product takes the GEMV by default: below the cooperative GEMMs'

@@ -208,6 +208,11 @@ push_blocks! {
         n: u32, top_k: u32, experts: u32, r_off: u32,
     }
 
+    /// Mirrors `moe_page.comp`'s push block.
+    MoePagePush for [MoePage] {
+        pairs: u32, r_off: u32, base: u32, count: u32,
+    }
+
     /// Mirrors `moe_sum.comp`'s push block.
     MoeSumPush for [MoeSum] {
         n: u32, hidden: u32, top_k: u32, experts: u32,

@@ -137,9 +137,9 @@ impl DeviceExperts {
 /// Buffers `Frame::moe` works in, for chunks of up to `rows` rows.
 #[derive(Debug)]
 pub struct MoeScratch {
-    rows: usize,
-    top_k: usize,
-    hidden: usize,
+    pub(super) rows: usize,
+    pub(super) top_k: usize,
+    pub(super) hidden: usize,
     ffn: usize,
     experts: usize,
     xq: DeviceBuffer,
@@ -147,14 +147,20 @@ pub struct MoeScratch {
     h: DeviceBuffer,
     hq: DeviceBuffer,
     hd: DeviceBuffer,
-    y: DeviceBuffer,
+    /// The pairs' outputs (`pairs x hidden`) before their sum.
+    pub(super) y: DeviceBuffer,
     groups: DeviceBuffer,
+    /// The routing as one page of paged experts sees it (`pairs x 2`, `moe_pages`).
+    pub(super) page_routing: DeviceBuffer,
 }
 
 impl MoeScratch {
     /// Device bytes the scratch takes.
     pub fn device_bytes(&self) -> usize {
-        [&self.xq, &self.xd, &self.h, &self.hq, &self.hd, &self.y, &self.groups].iter().map(|b| b.len_bytes()).sum()
+        [&self.xq, &self.xd, &self.h, &self.hq, &self.hd, &self.y, &self.groups, &self.page_routing]
+            .iter()
+            .map(|b| b.len_bytes())
+            .sum()
     }
 }
 
@@ -344,6 +350,7 @@ impl Context {
             hd: self.buffer(MemoryUse::Device, hd)?,
             y: self.f32_buffer((pairs * hidden).max(1))?,
             groups: self.f32_buffer(experts + 1 + pairs)?,
+            page_routing: self.f32_buffer(pairs * 2)?,
         })
     }
 }
@@ -421,7 +428,7 @@ impl<'a> Frame<'a> {
         self.moe_with(c, MatIn::Plain(x), None, routing, y, false)
     }
 
-    fn moe_with(
+    pub(super) fn moe_with(
         &mut self,
         c: MoeCall<'a>,
         input: MatIn<'a>,
