@@ -166,6 +166,13 @@ fn the_selection_matches_the_cpu() {
     run_case(8, 16, 6, &[70, 1, 11], 0xd5a8, Case { pass: 4, ..FIXED });
 }
 
+/// A published indexer's widths: heads of 128 columns, 40 of them, so the kernel stages the
+/// queries in two chunks of heads (32 and 8); positions over several tiles of 16.
+#[test]
+fn wide_heads_in_chunks_match_the_cpu() {
+    run_case(40, 128, 9, &[37, 1, 2], 0xd5a9, FIXED);
+}
+
 /// One recording per block with the position read on the device, as a replayed decode step.
 #[test]
 fn a_position_read_on_the_device_selects_as_a_fixed_one() {

@@ -79,9 +79,13 @@ impl OpLib for VkOps {
             // Over an indexer's selection too (`mla_attn_sparse.comp`).
             Op::Mla { spec, .. } => super::ops::MlaShape::supported(spec),
             // DeepSeek Sparse Attention's indexer (`exec::device::indexer`): its RoPE on pairs
-            // within each head.
+            // within each head, heads of at most 128 columns (`dsa_score.comp`'s key tile).
             Op::Indexer { spec, .. } => {
-                spec.heads > 0 && spec.head_dim > 0 && spec.rope_dim.is_multiple_of(2) && spec.rope_dim <= spec.head_dim
+                spec.heads > 0
+                    && spec.head_dim > 0
+                    && spec.head_dim <= super::ops::dsa::DSA_MAX_DIM
+                    && spec.rope_dim.is_multiple_of(2)
+                    && spec.rope_dim <= spec.head_dim
             }
             Op::LayerNorm { .. }
             | Op::KvCompress { .. }

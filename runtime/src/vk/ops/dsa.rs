@@ -19,6 +19,9 @@ use crate::vk::push::{DsaScorePush, DsaSelectPush, LayerNormPush};
 use crate::vk::shaders::Kernel;
 use crate::vk::View;
 
+/// The widest index head `dsa_score.comp` stages (its key tile's `MAXD`).
+pub const DSA_MAX_DIM: usize = 128;
+
 /// The geometry of one indexer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DsaShape {
@@ -62,8 +65,8 @@ impl<'a> Frame<'a> {
         const OP: &str = "dsa_select";
         let DsaSelectArgs { q, keys, w, w_scale, scores, stride, out, n } = a;
         let (pos0, dyn_, params) = pos.parts(OP)?;
-        if s.heads == 0 || s.head_dim == 0 || s.topk == 0 {
-            return Err(VkError::BadArgument { op: OP, msg: format!("{s:?}") });
+        if s.heads == 0 || s.head_dim == 0 || s.head_dim > DSA_MAX_DIM || s.topk == 0 {
+            return Err(VkError::BadArgument { op: OP, msg: format!("{s:?} (head dims of 1 to {DSA_MAX_DIM})") });
         }
         // A fixed position: what its rows see; one read on the device: the caller's stride.
         let seen = if dyn_ != 0 { stride } else { pos0 as usize + n };
@@ -96,7 +99,7 @@ impl<'a> Frame<'a> {
             pad1: 0,
         };
         let binds = [Bind::buf(q.buf), Bind::buf(keys.buf), Bind::buf(w.buf), Bind::buf(scores.buf), params];
-        let groups = [u32_arg(OP, "positions", seen.div_ceil(64))?, u32_arg(OP, "n", n)?, 1];
+        let groups = [u32_arg(OP, "positions", seen.div_ceil(16))?, u32_arg(OP, "n", n)?, 1];
         self.dispatch(Kernel::DsaScore, None, &binds, &push, groups)?;
         let push = DsaSelectPush {
             n: push.n,
