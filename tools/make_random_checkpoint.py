@@ -62,6 +62,15 @@ GEOMETRIES = {
         num_hidden_layers=5, mlp_layer_types=["dense"] * 3 + ["sparse"] * 2,
         layer_types=["deepseek_sparse_attention"] * 5, indexer_types=["full"] * 5,
         max_position_embeddings=16384),
+    # DeepSeek V4-Flash (DeepseekV4Config's defaults are V4-Flash's: hidden 4096, 4 residual
+    # streams, 64 heads of 512 with one KV head, 256 experts of 2,048 top-6 + 1 shared) at full
+    # width, cut to 3 layers (what the GPU machine's disk holds as bf16), one of each kind in the
+    # published 43: heavily compressed attention with hash routing (as layers 0-2), compressed
+    # sparse attention (its indexer) and heavily compressed attention with scored routing.
+    "deepseek-v4-flash-3l": lambda: tf.DeepseekV4Config(
+        num_hidden_layers=3, max_position_embeddings=16384,
+        layer_types=["heavily_compressed_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+        mlp_layer_types=["hash_moe", "moe", "moe"]),
 }
 
 
