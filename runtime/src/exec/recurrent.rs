@@ -91,6 +91,13 @@ pub struct Touched {
     pos0: usize,
 }
 
+impl Touched {
+    /// Whether the frame ran any recurrent layer or short convolution.
+    pub fn any(&self) -> bool {
+        !self.layers.is_empty() || !self.convs.is_empty()
+    }
+}
+
 /// A short convolution's taps and input scale by role (`None` for an op of another kind or one
 /// without its taps, which the compiler refuses).
 fn conv_roles(spec: &LinearAttentionSpec) -> Option<(&str, Option<&str>)> {
