@@ -4,8 +4,9 @@
 //! mid-decode that the CPU finishes with the same tokens (also mid-step, after the host took a
 //! Gated DeltaNet or KDA layer's new state or an MLA layer's new cache rows), and the device
 //! state of Qwen3-Next and Kimi Linear (recurrent) and DeepSeek-V3 (the MLA mirrors) following
-//! the host's; Inkling and DeepSeek V4 with the op kinds only the CPU has on the host (V4's
-//! experts resident and through the tier; a device lost mid-decode of V4 too).
+//! the host's; Inkling and DeepSeek V4 in device frames, the op kinds only the CPU has on the
+//! host (V4's experts resident and through the tier, its weights int8 at load; a device lost
+//! mid-decode of V4 too).
 //!
 //! Tolerance: logits within 1e-4 of the largest |logit| (f32 weights: the device and the CPU
 //! differ only in the order of float operations); greedy tokens identical.
@@ -14,9 +15,11 @@ mod common;
 
 use coli_compiler::frames::op_of;
 use coli_compiler::ids::Place;
+use coli_compiler::ir::Op;
 use coli_compiler::Options;
 use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
 use coli_runtime::exec::{LogitRows, Session};
+use coli_runtime::format::WeightFormat;
 use coli_runtime::model::LoadOptions;
 use coli_runtime::vk::{FaultInjection, VkOptions};
 use common::*;
@@ -241,6 +244,45 @@ fn deepseek_v4_routed_experts_through_the_tier_match_the_cpu() {
     let tier = dev.device().and_then(|d| d.with_tier(|t| (t.stats().device, t.stats().routed)));
     let (device, routed) = tier.unwrap_or_else(|| panic!("a tier: {:?}", dev.tier_line()));
     assert!(device > 0 && device == routed, "the tier's device serves every routed pair: {device} of {routed}");
+}
+
+/// DeepSeek V4 quantized to int8 at load (`--quantize i8`: the grouped output projection's
+/// groups, the mixing weights and the other matrices in I8Row) on the device, against the CPU's
+/// run of the same int8 checkpoint: within 1e-4 of its largest |logit|, the same greedy tokens,
+/// the prompt whole and in chunks of 1 and 3.
+#[test]
+fn deepseek_v4_quantized_to_int8_at_load_on_the_device_matches_the_cpu() {
+    let dir = fixture_dir("deepseek_v4");
+    let prompt = ids(&read_json(&dir.join("oracle.json"))["prompt_ids"]);
+    let load = |device| {
+        let req = EngineOptions {
+            load: LoadOptions { quantize: Some(WeightFormat::I8Row), ..Default::default() },
+            device,
+            compile: Options { context: 256, chunk_rows: 8, ..Options::default() },
+            ..EngineOptions::default()
+        };
+        Engine::load(&dir, &req).unwrap()
+    };
+    let (want, want_toks, _) = run(&load(DeviceRequest::Cpu), &prompt, prompt.len(), 12);
+    let max = max_abs(&want);
+    let dev = load(DeviceRequest::Vulkan(VkOptions::default()));
+    assert!(layer_ops(&dev, false).contains(&"grouped_linear"), "{}", dev.plan());
+    let formats: Vec<WeightFormat> = (dev.model().program.layers.iter().flat_map(|l| &l.ops))
+        .filter_map(|op| match op {
+            Op::GroupedLinear { weight, .. } => Some(dev.model().weights.matrix(&weight.name).format),
+            Op::HyperPre { spec, .. } => Some(dev.model().weights.matrix(&spec.fn_weight.name).format),
+            _ => None,
+        })
+        .collect();
+    assert!(formats.iter().all(|&f| f == WeightFormat::I8Row), "int8 at load: {formats:?}");
+    for chunk in [prompt.len(), 1, 3] {
+        let (got, toks, notice) = run(&dev, &prompt, chunk, 12);
+        assert!(notice.is_none(), "{notice:?}");
+        let err = max_abs_diff(&got, &want);
+        eprintln!("deepseek_v4 (int8) chunk {chunk}: max |device - cpu| = {err:.3e} (bound {:.3e})", 1e-4 * max);
+        assert!(err <= 1e-4 * max, "chunk {chunk}: max |device - cpu| = {err}");
+        assert_eq!(toks, want_toks, "chunk {chunk}: greedy tokens differ");
+    }
 }
 
 /// DeepSeek V4 on the device with its routed experts through the tier (so a decode step takes
