@@ -1,11 +1,12 @@
 #version 450
 // hyper_pre.comp: DeepSeek V4's manifold-constrained hyper-connections, the mix into a sublayer,
-// one workgroup per row. Reference: cpu::hyper::hyper_pre, in its order of operations: the
-// unweighted RMSNorm of the row's `streams * hidden` values, the mixing logits m = fn . normed
-// (fn in f32, `rows` of it), pre = sigmoid(m[..S] * scale[0] + base) + eps collapsing the
-// streams into `out`; with mix_on, post = 2 sigmoid(m[S..2S] * scale[1] + base) and the
-// Sinkhorn projection of comb (softmax rows + eps, columns, then iters - 1 rounds of rows and
-// columns, every sum + eps) into `mix` as [post (S), comb (S x S)] by one invocation.
+// in two dispatches. Reference: cpu::hyper::hyper_pre, in its order of operations. Phase 0, a
+// workgroup per (row, logit): the unweighted RMSNorm of the row's `streams * hidden` values and
+// one mixing logit m[k] = fn[k] . normed (fn in f32, `rows` of it) into `logits`. Phase 1, a
+// workgroup per row: pre = sigmoid(m[..S] * scale[0] + base) + eps collapsing the streams into
+// `out`; with mix_on, post = 2 sigmoid(m[S..2S] * scale[1] + base) and the Sinkhorn projection
+// of comb (softmax rows + eps, columns, then iters - 1 rounds of rows and columns, every sum
+// + eps) into `mix` as [post (S), comb (S x S)] by one invocation.
 // Must not: take more than MAX_S streams or MAX_R logits (the op layer checks); assume the
 // subgroup size.
 #extension GL_GOOGLE_include_directive : require
@@ -22,10 +23,11 @@ layout(std430, binding = 2) readonly buffer BASE { float basev[]; };
 layout(std430, binding = 3) readonly buffer SCALE { float scalev[]; };
 layout(std430, binding = 4) writeonly buffer OUT { float outv[]; };
 layout(std430, binding = 5) writeonly buffer MIX { float mixv[]; };
+layout(std430, binding = 6) buffer LOGITS { float lv[]; };
 layout(push_constant) uniform PC {
     uint streams; uint hidden; uint rows; uint mix_on;
     uint iters; float eps; float norm_eps; uint x_off;
-    uint out_off; uint mix_off; uint pad0; uint pad1;
+    uint out_off; uint mix_off; uint phase; uint pad1;
 } pc;
 
 shared float partial[WG];
@@ -59,20 +61,23 @@ void main() {
     uint r = gl_WorkGroupID.x, tid = gl_LocalInvocationID.x;
     uint s = pc.streams, h = pc.hidden, width = s * h;
     uint xb = pc.x_off + r * width;
-    // 1. The unweighted RMSNorm's scale over the flattened streams.
-    float ss = 0.0;
-    for (uint c = tid; c < width; c += WG) {
-        float v = xv[xb + c];
-        ss += v * v;
-    }
-    float inv = div_rn(1.0, sqrt(join(ss) / float(width) + pc.norm_eps));
-    // 2. The mixing logits, one joined dot product each.
-    for (uint k = 0u; k < pc.rows; k++) {
+    if (pc.phase == 0u) {
+        // 1. The unweighted RMSNorm's scale over the flattened streams, then logit k.
+        uint k = gl_WorkGroupID.y;
+        float ss = 0.0;
+        for (uint c = tid; c < width; c += WG) {
+            float v = xv[xb + c];
+            ss += v * v;
+        }
+        float inv = div_rn(1.0, sqrt(join(ss) / float(width) + pc.norm_eps));
         float acc = 0.0;
         for (uint c = tid; c < width; c += WG) acc += fnv[k * width + c] * (xv[xb + c] * inv);
         float total = join(acc);
-        if (tid == 0u) logits[k] = total;
+        if (tid == 0u) lv[r * pc.rows + k] = total;
+        return;
     }
+    // 2. The row's logits.
+    if (tid < pc.rows) logits[tid] = lv[r * pc.rows + tid];
     barrier();
     // 3. The coefficients, by one invocation in the CPU's order.
     if (tid == 0u) {

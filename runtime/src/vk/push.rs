@@ -288,7 +288,7 @@ push_blocks! {
     HyperPrePush for [HyperPre] {
         streams: u32, hidden: u32, rows: u32, mix_on: u32,
         iters: u32, eps: f32, norm_eps: f32, x_off: u32,
-        out_off: u32, mix_off: u32, pad0: u32, pad1: u32,
+        out_off: u32, mix_off: u32, phase: u32, pad1: u32,
     }
 
     /// Mirrors `hyper_post.comp`'s push block.

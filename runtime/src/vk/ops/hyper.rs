@@ -1,5 +1,6 @@
 //! DeepSeek V4's hyper-connections over a residual of several streams and its block-diagonal
-//! output projection. `hyper_pre` (`hyper_pre.comp`, a workgroup per row) and `hyper_post`
+//! output projection. `hyper_pre` (`hyper_pre.comp`: a workgroup per row and mixing logit into
+//! frame scratch, then one per row for the coefficients) and `hyper_post`
 //! (`hyper_post.comp`, an invocation per column of a row) follow `cpu::hyper::hyper_pre` and
 //! `hyper_post` in their order of operations, the mixing weights in f32 (the CPU's
 //! `Precision::Exact` product); `grouped_linear` lays the input's column groups out group after
@@ -77,7 +78,8 @@ impl<'a> Frame<'a> {
         if w.fn_weight.offset != 0 || w.base.offset != 0 || w.scale.offset != 0 {
             return Err(bad(OP, "weight views must start at element 0".into()));
         }
-        let push = HyperPrePush {
+        let logits = self.scratch(sh.n * rows)?;
+        let mut push = HyperPrePush {
             streams: s as u32,
             hidden: u32_arg(OP, "hidden", h)?,
             rows: rows as u32,
@@ -88,18 +90,17 @@ impl<'a> Frame<'a> {
             x_off: u32_arg(OP, "x offset", x.offset)?,
             out_off: u32_arg(OP, "out offset", out.offset)?,
             mix_off: u32_arg(OP, "mix offset", mix.map_or(0, |m| m.offset))?,
-            pad0: 0,
+            phase: 0,
             pad1: 0,
         };
-        let binds = [
-            Bind::buf(x.buf),
-            Bind::buf(w.fn_weight.buf),
-            Bind::buf(w.base.buf),
-            Bind::buf(w.scale.buf),
-            Bind::buf(out.buf),
-            mix.map_or(Bind::UNUSED, |m| Bind::buf(m.buf)),
-        ];
-        self.dispatch(Kernel::HyperPre, None, &binds, &push, [sh.n as u32, 1, 1])
+        let lb = self.scratch_bind(logits);
+        let (xb, fb) = (Bind::buf(x.buf), Bind::buf(w.fn_weight.buf));
+        let (u, n) = (Bind::UNUSED, sh.n as u32);
+        self.dispatch(Kernel::HyperPre, None, &[xb, fb, u, u, u, u, lb], &push, [n, rows as u32, 1])?;
+        push.phase = 1;
+        let (bb, sb, ob) = (Bind::buf(w.base.buf), Bind::buf(w.scale.buf), Bind::buf(out.buf));
+        let mb = mix.map_or(Bind::UNUSED, |m| Bind::buf(m.buf));
+        self.dispatch(Kernel::HyperPre, None, &[xb, u, bb, sb, ob, mb, lb], &push, [n, 1, 1])
     }
 
     /// The mix out of a sublayer over `n` rows: with `mix = Some((residual, mix))`, `out[k] =
