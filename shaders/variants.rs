@@ -40,6 +40,9 @@ pub const KERNELS: &[(&str, &str, bool)] = &[
     ("MatmulCoop", "matmul_coop.comp", true),
     ("MoeMatmulCoop", "moe_matmul_coop.comp", true),
     ("AttnCoop", "attn_coop.comp", false),
+    ("HyperPre", "hyper_pre.comp", false),
+    ("HyperPost", "hyper_post.comp", false),
+    ("GroupCols", "group_cols.comp", false),
 ];
 
 /// Weight-format variants: (Rust variant of `FormatVariant`, the defines the sources test).

@@ -17,8 +17,17 @@ use coli_runtime::vk::{FaultInjection, VkOptions};
 use common::*;
 use std::path::Path;
 
-const FIXTURES: &[&str] =
-    &["llama", "llama_tied", "olmoe", "qwen3_moe", "mixtral", "mimo_v2_flash", "qwen3_next", "kimi_linear"];
+const FIXTURES: &[&str] = &[
+    "llama",
+    "llama_tied",
+    "olmoe",
+    "qwen3_moe",
+    "mixtral",
+    "mimo_v2_flash",
+    "qwen3_next",
+    "kimi_linear",
+    "deepseek_v4",
+];
 
 /// How the layers are placed: forced counts, or memory caps on each device.
 #[derive(Clone, Copy, Default)]

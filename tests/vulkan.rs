@@ -4,8 +4,9 @@
 //! mid-decode that the CPU finishes with the same tokens (also mid-step, after the host took a
 //! Gated DeltaNet or KDA layer's new state or an MLA layer's new cache rows), and the device
 //! state of Qwen3-Next and Kimi Linear (recurrent) and DeepSeek-V3 (the MLA mirrors) following
-//! the host's; Inkling and DeepSeek V4 with the op kinds only the CPU has on the host (V4's
-//! experts resident and through the tier; a device lost mid-decode of V4 too).
+//! the host's; Inkling and DeepSeek V4 in device frames, the op kinds only the CPU has on the
+//! host (V4's experts resident and through the tier, its weights int8 at load; a device lost
+//! mid-decode of V4 too).
 //!
 //! Tolerance: logits within 1e-4 of the largest |logit| (f32 weights: the device and the CPU
 //! differ only in the order of float operations); greedy tokens identical.
@@ -14,9 +15,11 @@ mod common;
 
 use coli_compiler::frames::op_of;
 use coli_compiler::ids::Place;
+use coli_compiler::ir::Op;
 use coli_compiler::Options;
 use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
 use coli_runtime::exec::{LogitRows, Session};
+use coli_runtime::format::WeightFormat;
 use coli_runtime::model::LoadOptions;
 use coli_runtime::vk::{FaultInjection, VkOptions};
 use common::*;
@@ -183,14 +186,18 @@ fn cut_and_feed_again(dev: &Engine, prompt: &[u32], (want, max): (&[Vec<f32>], f
 }
 
 /// DeepSeek V4 on the device: its projections, norms (the unweighted one too), RoPE on the
-/// heads' tails, attention, the shared expert's limited SwiGLU, and its routers (sqrt-softplus
-/// and hash) and routed experts (the layers' experts resident) in device frames; its op kinds
-/// only the CPU has (the hyper-connections, the grouped output projection) in host frames; the
-/// logits and greedy tokens the CPU's in every chunking.
+/// heads' tails, attention, the grouped output projection, the hyper-connections' mixes into
+/// and out of each sublayer over the residual's streams, the shared expert's limited SwiGLU,
+/// and its routers (sqrt-softplus and hash) and routed experts (the layers' experts resident)
+/// in device frames, one device frame a forward (only the prologue's embedding and its copy
+/// into the streams on the host); the logits and greedy tokens the CPU's in every chunking.
 #[test]
-fn deepseek_v4_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
-    let host_only = ["hyper_pre", "hyper_post", "grouped_linear"];
+fn deepseek_v4_on_the_device_matches_the_cpu_in_one_frame_a_forward() {
+    let host_only = ["embed"];
     let on_device = [
+        "hyper_pre",
+        "hyper_post",
+        "grouped_linear",
         "linear",
         "rms_norm",
         "attention",
@@ -201,7 +208,10 @@ fn deepseek_v4_on_the_device_matches_the_cpu_with_its_new_ops_on_the_host() {
         "route_sqrt_softplus",
         "routed_experts_limited",
     ];
-    new_kinds_on_the_host("deepseek_v4", &host_only, &on_device);
+    let (dev, ..) = new_kinds_on_the_host("deepseek_v4", &host_only, &on_device);
+    let frames = &dev.plan().frames;
+    let device = frames.iter().filter(|f| f.place != Place::Host).count();
+    assert_eq!((frames.len(), device), (2, 1), "the prologue on the host, the rest one device frame\n{}", dev.plan());
 }
 
 /// DeepSeek V4 with its routed experts through the expert tier (none resident): the routers
@@ -236,22 +246,75 @@ fn deepseek_v4_routed_experts_through_the_tier_match_the_cpu() {
     assert!(device > 0 && device == routed, "the tier's device serves every routed pair: {device} of {routed}");
 }
 
-/// DeepSeek V4 on the device, a submit failing in the middle of the sixth decode step (its
-/// frames cut by the hyper-connections and the grouped projection on the host, after some of
-/// the step's K/V rows reached the host's cache): the CPU re-runs the step and finishes the run
-/// with the same tokens.
+/// DeepSeek V4 quantized to int8 at load (`--quantize i8`: the grouped output projection's
+/// groups, the mixing weights and the other matrices in I8Row) on the device, against the CPU's
+/// run of the same int8 checkpoint: within 1e-4 of its largest |logit|, the same greedy tokens,
+/// the prompt whole and in chunks of 1 and 3.
+#[test]
+fn deepseek_v4_quantized_to_int8_at_load_on_the_device_matches_the_cpu() {
+    let dir = fixture_dir("deepseek_v4");
+    let prompt = ids(&read_json(&dir.join("oracle.json"))["prompt_ids"]);
+    let load = |device| {
+        let req = EngineOptions {
+            load: LoadOptions { quantize: Some(WeightFormat::I8Row), ..Default::default() },
+            device,
+            compile: Options { context: 256, chunk_rows: 8, ..Options::default() },
+            ..EngineOptions::default()
+        };
+        Engine::load(&dir, &req).unwrap()
+    };
+    let (want, want_toks, _) = run(&load(DeviceRequest::Cpu), &prompt, prompt.len(), 12);
+    let max = max_abs(&want);
+    let dev = load(DeviceRequest::Vulkan(VkOptions::default()));
+    assert!(layer_ops(&dev, false).contains(&"grouped_linear"), "{}", dev.plan());
+    let formats: Vec<WeightFormat> = (dev.model().program.layers.iter().flat_map(|l| &l.ops))
+        .filter_map(|op| match op {
+            Op::GroupedLinear { weight, .. } => Some(dev.model().weights.matrix(&weight.name).format),
+            Op::HyperPre { spec, .. } => Some(dev.model().weights.matrix(&spec.fn_weight.name).format),
+            _ => None,
+        })
+        .collect();
+    assert!(formats.iter().all(|&f| f == WeightFormat::I8Row), "int8 at load: {formats:?}");
+    for chunk in [prompt.len(), 1, 3] {
+        let (got, toks, notice) = run(&dev, &prompt, chunk, 12);
+        assert!(notice.is_none(), "{notice:?}");
+        let err = max_abs_diff(&got, &want);
+        eprintln!("deepseek_v4 (int8) chunk {chunk}: max |device - cpu| = {err:.3e} (bound {:.3e})", 1e-4 * max);
+        assert!(err <= 1e-4 * max, "chunk {chunk}: max |device - cpu| = {err}");
+        assert_eq!(toks, want_toks, "chunk {chunk}: greedy tokens differ");
+    }
+}
+
+/// DeepSeek V4 on the device with its routed experts through the tier (so a decode step takes
+/// several frames, the residual's streams going down to the host's routers and experts and up
+/// again), a submit failing in the middle of the sixth decode step (after some of the step's
+/// K/V rows reached the host's cache): the CPU re-runs the step and finishes the run with the
+/// same tokens.
 #[test]
 fn a_device_lost_mid_decode_of_deepseek_v4_is_finished_by_the_cpu() {
     let dir = fixture_dir("deepseek_v4");
     let prompt = ids(&read_json(&dir.join("oracle.json"))["prompt_ids"]);
     let (_, want_toks, _) = run(&load_model(&dir), &prompt, prompt.len(), 12);
-    let clean = load_on_device(&dir, None, None);
-    assert!(layer_ops(&clean, false).contains(&"routed_experts"), "experts in device frames:\n{}", clean.plan());
+    let load = |fault: Option<FaultInjection>| {
+        let req = EngineOptions {
+            device: DeviceRequest::Vulkan(VkOptions { fault, ..Default::default() }),
+            compile: Options { context: 256, chunk_rows: 8, resident_experts: false, ..Options::default() },
+            ..EngineOptions::default()
+        };
+        Engine::load(&dir, &req).unwrap()
+    };
+    let clean = load(None);
+    let device = layer_ops(&clean, false);
+    assert!(
+        device.contains(&"hyper_pre") && device.contains(&"hyper_post"),
+        "streams on the device:\n{}",
+        clean.plan()
+    );
+    assert!(host_layer_ops(&clean).contains(&"routed_experts"), "experts through the tier:\n{}", clean.plan());
     let (_, DecodeSubmits { starts, per_step, .. }) = decode_six_on_device(&clean, &prompt);
     assert!(per_step >= 4, "a decode step should take several frames, took {per_step}");
     let fault = FaultInjection { fail_submit: Some(starts[5] + per_step / 2), fail_alloc: None };
-    let dev = load_on_device(&dir, None, Some(fault));
-    let (_, toks, notice) = run(&dev, &prompt, prompt.len(), 12);
+    let (_, toks, notice) = run(&load(Some(fault)), &prompt, prompt.len(), 12);
     assert!(notice.is_some_and(|n| n.contains("continue on the CPU")), "the fallback says so");
     assert_eq!(toks, want_toks, "the CPU finishes the run with the same tokens");
 }
@@ -261,8 +324,8 @@ fn a_device_lost_mid_decode_of_deepseek_v4_is_finished_by_the_cpu() {
 /// every chunking; then the session cut back into the prompt (past closed windows) and fed again.
 #[test]
 fn deepseek_v4_compressed_layers_on_the_device_match_the_cpu() {
-    let host_only = ["kv_compress", "attention_compressed", "hyper_pre"];
-    let on_device = ["linear", "rms_norm", "rms_norm_unweighted", "rope_tail"];
+    let host_only = ["kv_compress", "attention_compressed"];
+    let on_device = ["linear", "rms_norm", "rms_norm_unweighted", "rope_tail", "hyper_pre", "hyper_post"];
     let (dev, prompt, want, max) = new_kinds_on_the_host("deepseek_v4_compressed", &host_only, &on_device);
     cut_and_feed_again(&dev, &prompt, (&want, max), 7);
 }

@@ -57,10 +57,11 @@ pub enum OpKind {
     /// MLA over an indexer's selection (`MlaSpec::select`): the CPU and the Vulkan library run
     /// it (a kind of its own, so a profile that lists `mla` alone does not claim it).
     MlaSparse,
-    /// A block-diagonal linear (`Op::GroupedLinear`, DeepSeek V4's `o_a_proj`): the CPU's only.
+    /// A block-diagonal linear (`Op::GroupedLinear`, DeepSeek V4's `o_a_proj`): the CPU and
+    /// coli's Vulkan library run it.
     GroupedLinear,
     /// Hyper-connections' mix into a sublayer and out of it (`Op::HyperPre`, `Op::HyperPost`):
-    /// the CPU's only.
+    /// the CPU and coli's Vulkan library run them.
     HyperPre,
     HyperPost,
     /// An RMSNorm without a weight (`Op::RmsNorm::weight` none): a kind of its own, so a
@@ -129,9 +130,9 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::RoutedExpertsShared, name: "routed_experts_shared", host_step: true, by_default: true },
     OpInfo { kind: OpKind::Indexer, name: "indexer", host_step: false, by_default: true },
     OpInfo { kind: OpKind::MlaSparse, name: "mla_sparse", host_step: false, by_default: true },
-    OpInfo { kind: OpKind::GroupedLinear, name: "grouped_linear", host_step: false, by_default: false },
-    OpInfo { kind: OpKind::HyperPre, name: "hyper_pre", host_step: false, by_default: false },
-    OpInfo { kind: OpKind::HyperPost, name: "hyper_post", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::GroupedLinear, name: "grouped_linear", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::HyperPre, name: "hyper_pre", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::HyperPost, name: "hyper_post", host_step: false, by_default: true },
     OpInfo { kind: OpKind::RmsNormUnweighted, name: "rms_norm_unweighted", host_step: false, by_default: true },
     OpInfo { kind: OpKind::RopeTail, name: "rope_tail", host_step: false, by_default: true },
     OpInfo { kind: OpKind::GluLimited, name: "glu_limited", host_step: false, by_default: true },
@@ -235,16 +236,13 @@ mod tests {
             OpKind::RmsNormUnweighted,
             OpKind::RopeTail,
             OpKind::GluLimited,
-        ] {
-            assert!(none.runs(k), "{k}");
-        }
-        for k in [
             OpKind::GroupedLinear,
             OpKind::HyperPre,
             OpKind::HyperPost,
-            OpKind::KvCompress,
-            OpKind::AttentionCompressed,
         ] {
+            assert!(none.runs(k), "{k}");
+        }
+        for k in [OpKind::KvCompress, OpKind::AttentionCompressed] {
             assert!(!none.runs(k), "{k}");
         }
         assert!(!none.runs(OpKind::Route) && none.lists(OpKind::Route), "a host step is listed, not run in a frame");

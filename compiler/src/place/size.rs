@@ -183,6 +183,17 @@ impl Sizer {
         self.upload_format(w).bytes(rows, cols)
     }
 
+    /// `weight_bytes`, but a hyper-connection site's mixing weights as f32 whatever their
+    /// format (a device multiplies them in f32, as the CPU: `exec::device::hyper`).
+    fn op_weight_bytes(&self, op: &Op, w: &WeightRef) -> u64 {
+        match op {
+            Op::HyperPre { spec, .. } if spec.fn_weight.name == w.name => {
+                w.shape.iter().fold(F32, |a, &d| a.saturating_mul(d as u64))
+            }
+            _ => self.weight_bytes(w),
+        }
+    }
+
     /// Bytes of a list of ops' dense weights (each tensor once) and their per-layer caches.
     pub fn ops_cost<'o>(&self, ops: impl IntoIterator<Item = &'o Op>) -> LayerCost {
         let mut seen = BTreeSet::new();
@@ -192,7 +203,7 @@ impl Sizer {
                 // Two row selections of one tensor count as their rows, once each.
                 if seen.insert((w.name.clone(), w.rows.map(|r| r.offset))) {
                     if is_matrix(w) {
-                        c.matrices = c.matrices.saturating_add(self.weight_bytes(w));
+                        c.matrices = c.matrices.saturating_add(self.op_weight_bytes(op, w));
                     } else {
                         c.vectors = c.vectors.saturating_add(self.weight_bytes(w));
                     }

@@ -379,6 +379,9 @@ pub(super) fn replayable(program: &Program, frame: &Frame) -> bool {
                     | Op::Mla { .. }
                     | Op::Indexer { .. }
                     | Op::LinearAttention { .. }
+                    | Op::HyperPre { .. }
+                    | Op::HyperPost { .. }
+                    | Op::GroupedLinear { .. }
             )
         })
 }

@@ -56,6 +56,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 mod attention;
+mod hyper;
 mod indexer;
 mod kv_rows;
 mod rows;
@@ -88,6 +89,8 @@ pub struct DeviceModel {
     moe_dims: Option<(usize, usize, usize, usize)>,
     /// The KV split, when the plan has one.
     kv_split: Option<Split>,
+    /// Hyper-connections' mixing weights and grouped projections (`device::hyper`).
+    apart: hyper::Apart,
 }
 
 /// Per-session device state: value buffers, KV mirrors and their read-back staging.
@@ -114,6 +117,8 @@ pub struct DeviceState {
     mla: Option<crate::vk::MlaScratch>,
     /// The indexers' key mirrors and scratch (DeepSeek Sparse Attention, `device::indexer`).
     indexers: Option<indexer::Indexers>,
+    /// A grouped projection's regrouped input (`device::hyper::scratch`).
+    grouped: Option<DeviceBuffer>,
 }
 
 /// Why a plan cannot run on the device.
@@ -169,6 +174,7 @@ impl DeviceModel {
         let mut names: Vec<(String, bool)> = Vec::new();
         let mut freqs = Vec::new();
         let mut moe_ops = Vec::new();
+        let mut apart_ops = Vec::new();
         let mut joined_taps = Vec::new();
         let frames: Vec<Frame> = plan.frames.iter().filter(|f| f.place == Place::Device(device)).cloned().collect();
         for f in &frames {
@@ -190,6 +196,9 @@ impl DeviceModel {
                 if let Op::RoutedExperts { .. } = op {
                     moe_ops.push(op);
                 }
+                if let Op::HyperPre { .. } | Op::GroupedLinear { .. } = op {
+                    apart_ops.push(op);
+                }
                 if let Op::LinearAttention { spec, .. } = op {
                     joined_taps.extend(super::recurrent::kda_taps(spec));
                 }
@@ -201,7 +210,9 @@ impl DeviceModel {
         names.retain(|(n, _)| !joined_taps.iter().any(|(_, parts)| parts.contains(&n.as_str())));
         let mut mats = HashMap::new();
         let mut vecs = HashMap::new();
-        let mut weight_bytes = 0u64;
+        let apart = hyper::upload_apart(&ctx, &apart_ops, &model.weights)?;
+        names.retain(|(n, _)| !apart.holds(n));
+        let mut weight_bytes = apart.bytes;
         let total = names.len();
         for (i, (name, is_vec)) in names.into_iter().enumerate() {
             progress(i, total);
@@ -264,6 +275,7 @@ impl DeviceModel {
             experts,
             moe_dims,
             kv_split: plan.placement.kv_split.clone().map(Split::new),
+            apart,
         })
     }
 
@@ -368,6 +380,7 @@ impl DeviceModel {
         let recurrent = super::recurrent::Recurrent::new(ctx, (p, &model.weights), &self.frames, self.cap_rows)?;
         let mla = super::mla_mirror::scratch(ctx, p, &self.frames, self.cap_rows)?;
         let indexers = indexer::Indexers::new(ctx, p, &self.frames, self.cap_rows, context)?;
+        let grouped = hyper::scratch(ctx, p, &self.frames, self.cap_rows)?;
         Ok(DeviceState {
             values,
             twins,
@@ -381,6 +394,7 @@ impl DeviceModel {
             recurrent,
             mla,
             indexers,
+            grouped,
         })
     }
 
@@ -553,6 +567,8 @@ impl DeviceModel {
             _ if tail => return self.record_op(f, rec, op, false),
             // RoPE, routers and the kinds DeepSeek V4 brought (`device/rows.rs`).
             Op::Rope { .. } | Op::Route { .. } | Op::RmsNorm { weight: None, .. } => self.record_rows(f, rec, op)?,
+            // DeepSeek V4's streams of the residual and grouped projection (`device/hyper.rs`).
+            Op::HyperPre { .. } | Op::HyperPost { .. } | Op::GroupedLinear { .. } => self.record_hyper(f, rec, op)?,
             Op::Act { x, out, act } => f.act(*act, view(*x), view(*out), n * w(*x))?,
             Op::Glu { gate, up, out, kind } => f.glu(*kind, view(*gate), view(*up), view(*out), n * w(*out))?,
             Op::Add { a, b, out } => f.add(view(*a), view(*b), view(*out), n, w(*a), Broadcast::None)?,

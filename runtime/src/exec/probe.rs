@@ -88,6 +88,9 @@ pub fn profile_of(ctx: &Context, memory_cap: Option<u64>) -> DeviceProfile {
         OpKind::MlaSparse,
         OpKind::Indexer,
         OpKind::Concat,
+        OpKind::GroupedLinear,
+        OpKind::HyperPre,
+        OpKind::HyperPost,
     ];
     DeviceProfile {
         name: format!("probed {}", caps.name),

@@ -3,7 +3,7 @@
 //! at most 256 columns, routers of at most 1024 experts and 64 ranks, routed experts of at most
 //! 1024 experts a layer, Gated DeltaNet and Kimi Delta Attention heads of at most 256 columns
 //! and kernels of at most 8, short convolutions of kernels of at most 8, MLA latents of at most
-//! 1024 columns and rope parts of at most 128).
+//! 1024 columns and rope parts of at most 128, hyper-connections of at most 6 streams).
 //!
 //! Must not: run anything (frames do), or claim an op without a tested kernel.
 
@@ -87,12 +87,12 @@ impl OpLib for VkOps {
                     && spec.rope_dim.is_multiple_of(2)
                     && spec.rope_dim <= spec.head_dim
             }
-            Op::LayerNorm { .. }
-            | Op::KvCompress { .. }
-            | Op::GroupedLinear { .. }
-            | Op::HyperPre { .. }
-            | Op::HyperPost { .. }
-            | Op::Input { .. } => false,
+            // DeepSeek V4's hyper-connections (`ops/hyper.rs`) within the kernels' streams, and its
+            // grouped output projection (a product per group on the matrix kernels).
+            Op::HyperPre { spec, .. } => (1..=super::ops::hyper::MAX_STREAMS).contains(&spec.streams),
+            Op::HyperPost { streams, .. } => (1..=super::ops::hyper::MAX_STREAMS).contains(streams),
+            Op::GroupedLinear { groups, .. } => *groups > 0,
+            Op::LayerNorm { .. } | Op::KvCompress { .. } | Op::Input { .. } => false,
             // Row by row copies (`Frame::concat`).
             Op::Concat { .. } => true,
         }

@@ -288,4 +288,24 @@ push_blocks! {
         c: u32, qs: u32, ss: u32, x_off: u32,
         out_off: u32, pad0: u32, pad1: u32, pad2: u32,
     }
+
+    /// Mirrors `hyper_pre.comp`'s push block.
+    HyperPrePush for [HyperPre] {
+        streams: u32, hidden: u32, rows: u32, mix_on: u32,
+        iters: u32, eps: f32, norm_eps: f32, x_off: u32,
+        out_off: u32, mix_off: u32, phase: u32, pad1: u32,
+    }
+
+    /// Mirrors `hyper_post.comp`'s push block.
+    HyperPostPush for [HyperPost] {
+        n: u32, streams: u32, hidden: u32, mix_on: u32,
+        in_place: u32, x_off: u32, res_off: u32, mix_off: u32,
+        out_off: u32, pad0: u32, pad1: u32, pad2: u32,
+    }
+
+    /// Mirrors `group_cols.comp`'s push block.
+    GroupColsPush for [GroupCols] {
+        n: u32, groups: u32, cols: u32, x_off: u32,
+        out_off: u32, pad0: u32, pad1: u32, pad2: u32,
+    }
 }

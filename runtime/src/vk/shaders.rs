@@ -39,6 +39,9 @@ impl Kernel {
             Kernel::DsaScore => 5,
             Kernel::LayerNorm => 4,
             Kernel::MlaValue => 6,
+            Kernel::HyperPre => 7,
+            Kernel::HyperPost => 4,
+            Kernel::GroupCols => 2,
         }
     }
 
@@ -68,6 +71,9 @@ impl Kernel {
             Kernel::DsaSelect => &[1],
             Kernel::DsaScore | Kernel::LayerNorm => &[3],
             Kernel::MlaValue => &[5],
+            Kernel::HyperPre => &[4, 5, 6],
+            Kernel::HyperPost => &[3],
+            Kernel::GroupCols => &[1],
         }
     }
 

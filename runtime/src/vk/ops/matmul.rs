@@ -150,6 +150,8 @@ struct Product<'a, 'q> {
     residual: Option<View<'a>>,
     path: MatmulPath,
     precision: Precision,
+    /// Floats from one output row to the next (0: the matrix's rows, packed).
+    stride: usize,
 }
 
 impl<'a> Frame<'a> {
@@ -170,7 +172,7 @@ impl<'a> Frame<'a> {
         precision: Precision,
     ) -> Result<()> {
         let input = MatIn::Plain(x);
-        self.matmul_full(w, Product { input, pre: None, n, out, residual: None, path, precision })
+        self.matmul_full(w, Product { input, pre: None, n, out, residual: None, path, precision, stride: 0 })
     }
 
     /// Quantizes `n` rows of `cols` activations to 8 bits per block of 32 once, for several
@@ -230,7 +232,7 @@ impl<'a> Frame<'a> {
         path: MatmulPath,
         precision: Precision,
     ) -> Result<()> {
-        self.matmul_full(w, Product { input, pre: None, n, out, residual, path, precision })
+        self.matmul_full(w, Product { input, pre: None, n, out, residual, path, precision, stride: 0 })
     }
 
     /// `matmul_q` with a fused input (the one `q` was quantized from, for the float formats
@@ -251,7 +253,10 @@ impl<'a> Frame<'a> {
             });
         }
         let n = q.n;
-        self.matmul_full(w, Product { input, pre: Some(q), n, out, residual, path, precision: Precision::Fast })
+        self.matmul_full(
+            w,
+            Product { input, pre: Some(q), n, out, residual, path, precision: Precision::Fast, stride: 0 },
+        )
     }
 
     /// `matmul` (`Precision::Fast`) with the activations quantized already (`quantize_acts`
@@ -272,14 +277,36 @@ impl<'a> Frame<'a> {
             });
         }
         let (input, n) = (MatIn::Plain(x), q.n);
-        self.matmul_full(w, Product { input, pre: Some(q), n, out, residual: None, path, precision: Precision::Fast })
+        let p = Product { input, pre: Some(q), n, out, residual: None, path, precision: Precision::Fast, stride: 0 };
+        self.matmul_full(w, p)
+    }
+
+    /// `matmul_with` storing output row `i` at `i * stride` of `out` (`stride >= rows`): a
+    /// block of the columns of wider rows (a grouped product's group).
+    pub fn matmul_strided(
+        &mut self,
+        w: &'a DeviceMatrix,
+        x: View<'a>,
+        n: usize,
+        (out, stride): (View<'a>, usize),
+        precision: Precision,
+    ) -> Result<()> {
+        if stride < w.rows {
+            return Err(VkError::BadArgument {
+                op: "matmul",
+                msg: format!("an output stride of {stride} for rows of {}", w.rows),
+            });
+        }
+        let (input, path) = (MatIn::Plain(x), MatmulPath::Auto);
+        self.matmul_full(w, Product { input, pre: None, n, out, residual: None, path, precision, stride })
     }
 
     fn matmul_full(&mut self, w: &'a DeviceMatrix, p: Product<'a, '_>) -> Result<()> {
-        let Product { input, pre, n, out, residual, path, precision } = p;
+        let Product { input, pre, n, out, residual, path, precision, stride } = p;
         const OP: &str = "matmul";
         input.check(OP, n, w.cols)?;
-        out.check(OP, "out (n x rows)", n * w.rows)?;
+        let stride = if stride == 0 { w.rows } else { stride };
+        out.check(OP, "out (n x rows)", (n * stride).saturating_sub(stride - w.rows))?;
         if let Some(r) = residual {
             r.check(OP, "residual (n x rows)", n * w.rows)?;
         }
@@ -319,7 +346,7 @@ impl<'a> Frame<'a> {
             ss: u32_arg(OP, "row scales", w.ss)?,
             x_off: u32_arg(OP, "x offset", x.offset)?,
             out_off: u32_arg(OP, "out offset", out.offset)?,
-            out_stride: rows,
+            out_stride: u32_arg(OP, "out stride", stride)?,
             n: u32_arg(OP, "n", n)?,
             in_mode: mode,
             aux_off,

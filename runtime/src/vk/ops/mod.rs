@@ -9,6 +9,7 @@ pub mod attn_part;
 pub mod deltanet;
 pub mod dsa;
 pub mod elementwise;
+pub mod hyper;
 pub mod kda;
 pub mod matmul;
 pub mod mla;
@@ -24,6 +25,7 @@ pub use attention::{
 };
 pub use deltanet::{DeltaNetCall, DeltaNetIn, DeltaNetMats, DeltaNetScratch, DeltaNetShape, RuleViews};
 pub use dsa::{DsaSelectArgs, DsaShape};
+pub use hyper::{HyperMix, HyperShape};
 pub use kda::{KdaCall, KdaMats, KdaRuleViews, KdaScratch, KdaShape};
 pub use matmul::{MatIn, MatmulPath, QuantizedActs};
 pub use mla::{MlaAttnArgs, MlaCache, MlaCall, MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape};
