@@ -711,27 +711,41 @@ impl<'a> Frame<'a> {
             if !sum {
                 return Ok(());
             }
-            let (res_on, res_off) =
-                (residual.is_some() as u32, u32_arg(OP, "residual offset", residual.map_or(0, |r| r.offset))?);
-            let push = MoeSumPush {
-                n: n as u32,
-                hidden: h32,
-                top_k: k32,
-                experts: e32,
-                r_off,
-                out_off: o_off,
-                res_on,
-                res_off,
-            };
-            let res = residual.map_or(Bind::UNUSED, |r| Bind::buf(r.buf));
-            self.dispatch(
-                Kernel::MoeSum,
-                None,
-                &[Bind::buf(&s.y), Bind::buf(routing.buf), Bind::buf(out.buf), res],
-                &push,
-                [groups_for(n * hid, 64), 1, 1],
-            )
+            self.moe_sum(s, (n, hid, top_k, e), routing, residual, out)
         }
+    }
+
+    /// The pairs' outputs in the scratch's `y` joined to their rows in rank order
+    /// (`moe_sum.comp`): `out = [residual +] sum_k w[r,k] * y[r*K + k]` for `dims` (rows, hidden,
+    /// ranks, experts), pairs of invalid experts adding nothing.
+    pub(super) fn moe_sum(
+        &mut self,
+        s: &'a MoeScratch,
+        dims: (usize, usize, usize, usize),
+        routing: View<'a>,
+        residual: Option<View<'a>>,
+        out: View<'a>,
+    ) -> Result<()> {
+        const OP: &str = "moe_sum";
+        let (n, hidden, top_k, experts) = dims;
+        let push = MoeSumPush {
+            n: u32_arg(OP, "n", n)?,
+            hidden: u32_arg(OP, "hidden", hidden)?,
+            top_k: u32_arg(OP, "top_k", top_k)?,
+            experts: u32_arg(OP, "experts", experts)?,
+            r_off: u32_arg(OP, "routing offset", routing.offset)?,
+            out_off: u32_arg(OP, "out offset", out.offset)?,
+            res_on: residual.is_some() as u32,
+            res_off: u32_arg(OP, "residual offset", residual.map_or(0, |r| r.offset))?,
+        };
+        let res = residual.map_or(Bind::UNUSED, |r| Bind::buf(r.buf));
+        self.dispatch(
+            Kernel::MoeSum,
+            None,
+            &[Bind::buf(&s.y), Bind::buf(routing.buf), Bind::buf(out.buf), res],
+            &push,
+            [groups_for(n * hidden, 64), 1, 1],
+        )
     }
 
     /// A grouped expert GEMM of `n` rows into `out_rows` outputs an expert: on int8 tensor cores

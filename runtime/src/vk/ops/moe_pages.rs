@@ -20,7 +20,7 @@ use crate::vk::context::{Context, View};
 use crate::vk::error::{Result, VkError};
 use crate::vk::frame::{Bind, Frame};
 use crate::vk::layout::pack;
-use crate::vk::push::{MoePagePush, MoeSumPush};
+use crate::vk::push::MoePagePush;
 use crate::vk::shaders::Kernel;
 
 /// One layer's resident experts: runs of consecutive experts, each within a buffer's bytes.
@@ -157,23 +157,6 @@ impl<'a> Frame<'a> {
             self.moe_with(MoeCall { experts: page, ..c }, input, None, seen, y, false)?;
             base += page.experts;
         }
-        let push = MoeSumPush {
-            n: n as u32,
-            hidden: hidden as u32,
-            top_k: top_k as u32,
-            experts: u32_arg(OP, "experts", pages.experts())?,
-            r_off: u32_arg(OP, "routing offset", routing.offset)?,
-            out_off: u32_arg(OP, "out offset", out.offset)?,
-            res_on: residual.is_some() as u32,
-            res_off: u32_arg(OP, "residual offset", residual.map_or(0, |r| r.offset))?,
-        };
-        let res = residual.map_or(Bind::UNUSED, |r| Bind::buf(r.buf));
-        self.dispatch(
-            Kernel::MoeSum,
-            None,
-            &[Bind::buf(&s.y), Bind::buf(routing.buf), Bind::buf(out.buf), res],
-            &push,
-            [groups_for(n * hidden, 64), 1, 1],
-        )
+        self.moe_sum(s, (n, hidden, top_k, pages.experts()), routing, residual, out)
     }
 }
