@@ -39,6 +39,7 @@ pub const KERNELS: &[(&str, &str, bool)] = &[
     ("MatmulCoop", "matmul_coop.comp", true),
     ("MoeMatmulCoop", "moe_matmul_coop.comp", true),
     ("AttnCoop", "attn_coop.comp", false),
+    ("AttnCompressed", "attn_compressed.comp", false),
 ];
 
 /// Weight-format variants: (Rust variant of `FormatVariant`, the defines the sources test).

@@ -81,9 +81,11 @@ pub enum OpKind {
     /// the layer's experts are resident).
     RouteSqrtSoftplus,
     RouteHash,
-    /// DeepSeek V4's KV compressor (`Op::KvCompress`) and attention over its entries beside the
-    /// cached rows (`AttentionSpec::compressed`): the CPU's only.
+    /// DeepSeek V4's KV compressor (`Op::KvCompress`): the CPU's only.
     KvCompress,
+    /// Attention over a compressor's entries beside the cached rows (`AttentionSpec::compressed`):
+    /// a kind of its own, so a profile that lists `attention` alone does not claim it (coli's
+    /// Vulkan library runs it, the entries mirrored from the host's compressor).
     AttentionCompressed,
     /// A draft model's input rows (`Op::Input`): written by the host, always.
     Input,
@@ -139,7 +141,7 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::RouteSqrtSoftplus, name: "route_sqrt_softplus", host_step: true, by_default: true },
     OpInfo { kind: OpKind::RouteHash, name: "route_hash", host_step: true, by_default: true },
     OpInfo { kind: OpKind::KvCompress, name: "kv_compress", host_step: false, by_default: false },
-    OpInfo { kind: OpKind::AttentionCompressed, name: "attention_compressed", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::AttentionCompressed, name: "attention_compressed", host_step: false, by_default: true },
     OpInfo { kind: OpKind::Input, name: "input", host_step: true, by_default: false },
     OpInfo { kind: OpKind::Concat, name: "concat", host_step: false, by_default: true },
 ];
@@ -235,16 +237,11 @@ mod tests {
             OpKind::RmsNormUnweighted,
             OpKind::RopeTail,
             OpKind::GluLimited,
+            OpKind::AttentionCompressed,
         ] {
             assert!(none.runs(k), "{k}");
         }
-        for k in [
-            OpKind::GroupedLinear,
-            OpKind::HyperPre,
-            OpKind::HyperPost,
-            OpKind::KvCompress,
-            OpKind::AttentionCompressed,
-        ] {
+        for k in [OpKind::GroupedLinear, OpKind::HyperPre, OpKind::HyperPost, OpKind::KvCompress] {
             assert!(!none.runs(k), "{k}");
         }
         assert!(!none.runs(OpKind::Route) && none.lists(OpKind::Route), "a host step is listed, not run in a frame");

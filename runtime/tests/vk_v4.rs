@@ -223,3 +223,71 @@ fn sqrt_softplus_and_hash_routing_match_cpu() {
         check(&format!("{what} weights"), &weights(&got), &weights(&want), 1e-5);
     }
 }
+
+/// Attention over the cached rows and a compressor's compressed entries
+/// (`attention_compressed.comp`) against `cpu::compress::attend`: odd head widths and head
+/// counts, rows whose windows cross a window boundary and whose entries close mid-block, every
+/// visible entry or a selection with `-1` padding and entries a row does not see yet (both
+/// skipped), sinks on and off, more keys than a tile of 64, and a decode row at a position read
+/// on the device. Tolerance 1e-5 of the largest |output| (f32 sums in another order; measured
+/// about 2e-7).
+#[test]
+fn compressed_attention_matches_cpu() {
+    use coli_runtime::cpu::attention::AttnShape as CpuShape;
+    use coli_runtime::cpu::compress::{attend, Entries};
+    use coli_runtime::vk::{CompressedArgs, CompressedShape, Pos};
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_4007);
+    // (heads, head_dim, window, rate, pos0, n, topk, sinks, dynamic)
+    let cases = [
+        (3, 24, Some(4), 5, 0, 22, 0, true, false),
+        (3, 24, Some(4), 3, 5, 9, 3, true, false),
+        (2, 37, None, 4, 0, 13, 0, false, false),
+        (5, 19, Some(70), 2, 60, 30, 0, true, false),
+        (4, 64, Some(128), 4, 300, 7, 16, true, false),
+        (3, 24, Some(4), 3, 40, 1, 3, true, true),
+        (2, 130, Some(8), 5, 99, 1, 0, false, true),
+    ];
+    for (heads, d, window, rate, pos0, n, topk, with_sinks, dynamic) in cases {
+        let len = pos0 + n;
+        let count = len / rate;
+        let q = rng.vec(n * heads * d, 1.0);
+        let (k, v) = (rng.vec(len * d, 1.0), rng.vec(len * d, 1.0));
+        let entries = rng.vec(count.max(1) * d, 1.0);
+        let sinks = rng.vec(heads, 1.0);
+        // A row's selection: entries it sees and does not, in some order of ascending picks,
+        // padded with -1 (the padding in the middle too, which the CPU skips).
+        let select: Vec<f32> = (0..n * topk)
+            .map(|_| match rng.below(6) {
+                0 => -1.0,
+                _ => rng.below(count + 2) as f32,
+            })
+            .collect();
+        let cs = CpuShape { heads, kv_heads: 1, head_dim: d, v_head_dim: d, scale: (d as f32).powf(-0.5), window };
+        let sel = (topk > 0).then_some((select.as_slice(), topk));
+        let e = Entries { rows: &entries, rate, select: sel };
+        let mut want = vec![0f32; n * heads * d];
+        attend(cs, &q, (&k, &v), &e, pos0, with_sinks.then_some(sinks.as_slice()), &mut want);
+        let shape = CompressedShape { heads, head_dim: d, scale: cs.scale, window, rate };
+        let up = |x: &[f32]| ctx.upload_f32(x).unwrap();
+        let (dq, dk, dv, de, ds, dsel) = (up(&q), up(&k), up(&v), up(&entries), up(&sinks), up(&select));
+        let (out, dpos) = (ctx.f32_buffer(n * heads * d).unwrap(), ctx.f32_buffer(1).unwrap());
+        ctx.write(&dpos, 0, &(pos0 as u32).to_le_bytes()).unwrap();
+        let pos = if dynamic { Pos::Dynamic(dpos.view(0, 1)) } else { Pos::Fixed(pos0) };
+        let args = CompressedArgs {
+            q: dq.all(),
+            k: dk.all(),
+            v: dv.all(),
+            entries: de.all(),
+            sinks: with_sinks.then(|| ds.all()),
+            select: (topk > 0).then(|| (dsel.all(), topk)),
+            out: out.all(),
+            n,
+        };
+        let mut f = ctx.frame().unwrap();
+        f.attention_compressed(shape, args, pos).unwrap();
+        f.run().unwrap();
+        let what = format!("attention_compressed {heads}x{d} window {window:?} rate {rate} at {pos0}+{n} topk {topk}");
+        check(&what, &ctx.download_f32(out.all()).unwrap(), &want, 1e-5);
+    }
+}

@@ -56,6 +56,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 mod attention;
+mod compressed;
 mod indexer;
 mod kv_rows;
 mod rows;
@@ -114,6 +115,8 @@ pub struct DeviceState {
     mla: Option<crate::vk::MlaScratch>,
     /// The indexers' key mirrors and scratch (DeepSeek Sparse Attention, `device::indexer`).
     indexers: Option<indexer::Indexers>,
+    /// The compressed attention layers' entry mirrors (DeepSeek V4, `device::compressed`).
+    compressed: Option<compressed::CompressedEntries>,
 }
 
 /// Why a plan cannot run on the device.
@@ -368,6 +371,7 @@ impl DeviceModel {
         let recurrent = super::recurrent::Recurrent::new(ctx, (p, &model.weights), &self.frames, self.cap_rows)?;
         let mla = super::mla_mirror::scratch(ctx, p, &self.frames, self.cap_rows)?;
         let indexers = indexer::Indexers::new(ctx, p, &self.frames, self.cap_rows, context)?;
+        let compressed = compressed::CompressedEntries::new(ctx, p, &self.frames, context)?;
         Ok(DeviceState {
             values,
             twins,
@@ -381,6 +385,7 @@ impl DeviceModel {
             recurrent,
             mla,
             indexers,
+            compressed,
         })
     }
 
@@ -401,6 +406,9 @@ impl DeviceModel {
         }
         if let Some(ix) = st.indexers.as_mut() {
             ix.begin_forward(kv, pos0);
+        }
+        if let Some(c) = st.compressed.as_mut() {
+            c.begin_forward(kv, pos0);
         }
     }
 
@@ -650,10 +658,13 @@ impl DeviceModel {
                 attn_layers.push((layer.0 as usize, *layer));
             }
         }
-        let index_layers = indexer::layers_of(p, frame);
+        let (index_layers, compressed_layers) = (indexer::layers_of(p, frame), compressed::layers_of(p, frame));
         for ((st, kv), (_, pos0)) in sts.iter_mut().zip(caches.iter()).zip(&seqs) {
             if let Some(ix) = st.indexers.as_mut() {
                 ix.upload(ctx, &index_layers, kv, *pos0)?;
+            }
+            if let Some(c) = st.compressed.as_mut() {
+                c.upload(ctx, &compressed_layers, kv)?;
             }
             self.upload_kv_rows(st, kv, &attn_layers, *pos0)?;
         }

@@ -283,4 +283,12 @@ push_blocks! {
         c: u32, qs: u32, ss: u32, x_off: u32,
         out_off: u32, pad0: u32, pad1: u32, pad2: u32,
     }
+
+    /// Mirrors `attn_compressed.comp`'s push block.
+    AttnCompressedPush for [AttnCompressed] {
+        n: u32, heads: u32, dim: u32, pos0: u32,
+        window: u32, rate: u32, scale: f32, q_off: u32,
+        o_off: u32, r#dyn: u32, topk: u32, s_off: u32,
+        has_sinks: u32, pad0: u32, pad1: u32, pad2: u32,
+    }
 }

@@ -39,6 +39,7 @@ impl Kernel {
             Kernel::DsaScore => 5,
             Kernel::LayerNorm => 4,
             Kernel::MlaValue => 6,
+            Kernel::AttnCompressed => 8,
         }
     }
 
@@ -68,6 +69,7 @@ impl Kernel {
             Kernel::DsaSelect => &[1],
             Kernel::DsaScore | Kernel::LayerNorm => &[3],
             Kernel::MlaValue => &[5],
+            Kernel::AttnCompressed => &[6],
         }
     }
 

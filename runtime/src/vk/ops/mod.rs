@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod attn_part;
+pub mod compressed;
 pub mod deltanet;
 pub mod dsa;
 pub mod elementwise;
@@ -21,6 +22,7 @@ pub use attention::{
     AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, Pos, QkNorm, RelArgs, RopeArgs, RopeKvArgs,
     COOP_ATTN_ROWS, COOP_MIN_WINDOW,
 };
+pub use compressed::{CompressedArgs, CompressedShape};
 pub use deltanet::{DeltaNetCall, DeltaNetIn, DeltaNetMats, DeltaNetScratch, DeltaNetShape, RuleViews};
 pub use dsa::{DsaSelectArgs, DsaShape};
 pub use kda::{KdaCall, KdaMats, KdaRuleViews, KdaScratch, KdaShape};
