@@ -40,6 +40,7 @@ pub const KERNELS: &[(&str, &str, bool)] = &[
     ("MoeMatmulCoop", "moe_matmul_coop.comp", true),
     ("AttnCoop", "attn_coop.comp", false),
     ("AttnCompressed", "attn_compressed.comp", false),
+    ("CompressPool", "compress_pool.comp", false),
 ];
 
 /// Weight-format variants: (Rust variant of `FormatVariant`, the defines the sources test).

@@ -258,22 +258,24 @@ fn a_device_lost_mid_decode_of_deepseek_v4_is_finished_by_the_cpu() {
 }
 
 /// DeepSeek V4's compressed layers on the device: the attention over the compressor's entries
-/// in device frames (the entries mirrored from the host's compressor), the compressor in host
-/// frames beside the other new kinds; the logits and greedy tokens the CPU's in every chunking
-/// (the prompt of 22 crosses windows of 3 and 5); then the session cut back into the prompt
-/// (past closed windows) and fed again.
+/// in device frames, the heavily compressed layer's compressor too (its state following the
+/// host's), the compressor with the lightning indexer in host frames beside the other new
+/// kinds (its entries mirrored from the host's); the logits and greedy tokens the CPU's in every
+/// chunking (the prompt of 22 crosses windows of 3 and 5); then the session cut back into the
+/// prompt (past closed windows) and fed again.
 #[test]
 fn deepseek_v4_compressed_layers_on_the_device_match_the_cpu() {
-    let host_only = ["kv_compress", "hyper_pre"];
-    let on_device = ["linear", "rms_norm", "rms_norm_unweighted", "rope_tail", "attention_compressed"];
+    let host_only = ["kv_compress_indexed", "hyper_pre"];
+    let on_device = ["linear", "rms_norm", "rms_norm_unweighted", "rope_tail", "attention_compressed", "kv_compress"];
     let (dev, prompt, want, max) = new_kinds_on_the_host("deepseek_v4_compressed", &host_only, &on_device);
     eprintln!("deepseek_v4_compressed: {} frames", dev.plan().frames.len());
     cut_and_feed_again(&dev, &prompt, (&want, max), 7);
 }
 
 /// DeepSeek V4's compressed layers, a submit failing in the middle of the sixth decode step
-/// (after some layers' compressors closed entries on the host and their attention read them
-/// on the device): the CPU re-runs the step and finishes the run with the same tokens.
+/// (after the device's compressor took its rows and some layers' compressors closed entries on
+/// the host, their attention reading them on the device), at each of the step's submits: the
+/// CPU re-runs the step and finishes the run with the same tokens.
 #[test]
 fn a_device_lost_mid_decode_of_deepseek_v4_compressed_is_finished_by_the_cpu() {
     let dir = fixture_dir("deepseek_v4_compressed");
@@ -283,11 +285,15 @@ fn a_device_lost_mid_decode_of_deepseek_v4_compressed_is_finished_by_the_cpu() {
     assert!(layer_ops(&clean, false).contains(&"attention"), "attention in device frames:\n{}", clean.plan());
     let (_, DecodeSubmits { starts, per_step, .. }) = decode_six_on_device(&clean, &prompt);
     assert!(per_step >= 4, "a decode step should take several frames, took {per_step}");
-    let fault = FaultInjection { fail_submit: Some(starts[5] + per_step / 2), fail_alloc: None };
-    let dev = load_on_device(&dir, None, Some(fault));
-    let (_, toks, notice) = run(&dev, &prompt, prompt.len(), 12);
-    assert!(notice.is_some_and(|n| n.contains("continue on the CPU")), "the fallback says so");
-    assert_eq!(toks, want_toks, "the CPU finishes the run with the same tokens");
+    // Every submit of the step: before and after the device's compressor, the host's, and the
+    // attention over their entries.
+    for k in 0..per_step {
+        let fault = FaultInjection { fail_submit: Some(starts[5] + k), fail_alloc: None };
+        let dev = load_on_device(&dir, None, Some(fault));
+        let (_, toks, notice) = run(&dev, &prompt, prompt.len(), 12);
+        assert!(notice.is_some_and(|n| n.contains("continue on the CPU")), "submit {k}: the fallback says so");
+        assert_eq!(toks, want_toks, "submit {k} of {per_step}: the CPU finishes the run with the same tokens");
+    }
 }
 
 #[test]

@@ -291,3 +291,98 @@ fn compressed_attention_matches_cpu() {
         check(&what, &ctx.download_f32(out.all()).unwrap(), &want, 1e-5);
     }
 }
+
+/// The KV compressor on the device (its two products into the projection mirrors at the
+/// block's positions, then `compress_pool.comp` closing the windows the block completes)
+/// against `cpu::compress::kv_compress` over the same blocks: overlap off and on, rope parts of
+/// 0, 6 (YaRN) and 8, odd widths, blocks of odd sizes crossing windows, the first window's
+/// overlap (its own rows only). Tolerance 1e-5 of the largest |entry| (f32 sums in another
+/// order, the device's sin/cos; measured about 3e-7); the read-back rows equal the mirror's.
+#[test]
+fn kv_compressor_matches_cpu() {
+    use coli_compiler::ir::CompressSpec;
+    use coli_runtime::cpu::compress::{kv_compress, CompressWeights, Compressor};
+    use coli_runtime::vk::{PoolArgs, PoolShape};
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_4008);
+    let yarn = RopeScaling::Yarn {
+        factor: 4.0,
+        original_max_position: 16,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor: 1.0,
+        truncate: true,
+    };
+    // (head_dim, rate, overlap, rope_dim, scaling, hidden, blocks)
+    let cases = [
+        (24, 5, false, 6, yarn, 48, vec![22, 1, 1, 3]),
+        (24, 3, true, 6, yarn, 48, vec![7, 1, 5, 2]),
+        (19, 4, true, 0, RopeScaling::None, 33, vec![1, 1, 1, 1, 9]),
+        (40, 2, false, 8, RopeScaling::None, 21, vec![3, 4]),
+    ];
+    for (d, rate, overlap, rope_dim, scaling, hidden, blocks) in cases {
+        let spec = CompressSpec {
+            rate,
+            head_dim: d,
+            rope_dim,
+            rope_theta: 160000.0,
+            rope_scaling: scaling,
+            overlap,
+            eps: 1e-6,
+            index: None,
+            weights: vec![],
+        };
+        let shape = PoolShape::of(&spec).expect("a shape the kernel takes");
+        let half = shape.half();
+        let f32s = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let (wk, wg) = (f32s(&rng.vec(half * hidden, 0.3)), f32s(&rng.vec(half * hidden, 0.5)));
+        let (ape, norm) = (rng.vec(rate * half, 0.5), rng.vec(d, 1.0));
+        let (mk, mg) = (
+            Matrix::new(WeightFormat::F32, half, hidden, &wk).unwrap(),
+            Matrix::new(WeightFormat::F32, half, hidden, &wg).unwrap(),
+        );
+        let w = CompressWeights { main: Compressor { kv: mk, gate: mg, ape: &ape, norm: &norm }, index: None };
+        let total: usize = blocks.iter().sum();
+        let (dk, dg) = (
+            ctx.upload_matrix(WeightFormat::F32, half, hidden, &wk).unwrap(),
+            ctx.upload_matrix(WeightFormat::F32, half, hidden, &wg).unwrap(),
+        );
+        let (freq, mscale) = cpu_rope::inv_freq(rope_dim, spec.rope_theta, scaling);
+        let up = |x: &[f32]| ctx.upload_f32(if x.is_empty() { &[0.0] } else { x }).unwrap();
+        let (dape, dnorm, dfreq) = (up(&ape), up(&norm), up(&freq));
+        let (kvm, gm) = (ctx.f32_buffer(total * half).unwrap(), ctx.f32_buffer(total * half).unwrap());
+        let ents = ctx.f32_buffer((total / rate).max(1) * d).unwrap();
+        let back = ctx.f32_buffer((total / rate).max(1) * d).unwrap();
+        let mut state = Vec::new();
+        let mut pos0 = 0;
+        for &n in &blocks {
+            let x = rng.vec(n * hidden, 1.0);
+            kv_compress(&spec, &w, (&x, None, n, pos0), Precision::Exact, &mut state, None).unwrap();
+            let dx = ctx.upload_f32(&x).unwrap();
+            let (e0, e1) = (pos0 / rate, (pos0 + n) / rate);
+            let mut f = ctx.frame().unwrap();
+            let (kr, gr) = (kvm.view(pos0 * half, n * half), gm.view(pos0 * half, n * half));
+            f.matmul_with(&dk, dx.all(), n, kr, MatmulPath::Auto, Precision::Exact).unwrap();
+            f.matmul_with(&dg, dx.all(), n, gr, MatmulPath::Auto, Precision::Exact).unwrap();
+            let args = PoolArgs {
+                kv: kvm.all(),
+                gate: gm.all(),
+                ape: dape.all(),
+                norm: dnorm.all(),
+                freq: dfreq.view(0, rope_dim / 2),
+                mscale,
+                entries: ents.all(),
+                back: back.view(0, (e1 - e0) * d),
+            };
+            f.compress_pool(shape, args, e0, e1 - e0).unwrap();
+            f.run().unwrap();
+            pos0 += n;
+            let want = &state[0].entries[..e1 * d];
+            let what = format!("kv_compress {d} rate {rate} overlap {overlap} rope {rope_dim} to {pos0}");
+            let got = ctx.download_f32(ents.all()).unwrap();
+            check(&what, &got[..e1 * d], want, 1e-5);
+            let got_back = ctx.download_f32(back.view(0, (e1 - e0) * d)).unwrap();
+            assert_eq!(got_back, got[e0 * d..e1 * d], "{what}: the read-back rows are the mirror's");
+        }
+    }
+}

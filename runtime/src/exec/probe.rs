@@ -69,6 +69,7 @@ pub fn profile_of(ctx: &Context, memory_cap: Option<u64>) -> DeviceProfile {
         OpKind::Attention,
         OpKind::AttentionRel,
         OpKind::AttentionCompressed,
+        OpKind::KvCompress,
         OpKind::Act,
         OpKind::Glu,
         OpKind::GluLimited,

@@ -55,8 +55,8 @@ pub use ops::{
     AttnArgs, AttnPath, AttnShape, CompressedArgs, CompressedShape, DecodeArgs, DeltaNetCall, DeltaNetIn, DeltaNetMats,
     DeltaNetScratch, DeltaNetShape, DeviceExperts, DsaSelectArgs, DsaShape, KdaCall, KdaMats, KdaRuleViews, KdaScratch,
     KdaShape, KvMirror, KvShape, MatIn, MatmulPath, MlaAttnArgs, MlaCache, MlaCall, MlaKvArgs, MlaMats, MlaQuery,
-    MlaScratch, MlaShape, MoeCall, MoePath, MoeScratch, PackedExpert, Pos, QkNorm, QuantizedActs, RelArgs, RopeArgs,
-    RopeKvArgs, RouteHash, RouteParams, RouteSink, RowConv, MOE_MAX_EXPERTS,
+    MlaScratch, MlaShape, MoeCall, MoePath, MoeScratch, PackedExpert, PoolArgs, PoolShape, Pos, QkNorm, QuantizedActs,
+    RelArgs, RopeArgs, RopeKvArgs, RouteHash, RouteParams, RouteSink, RowConv, MOE_MAX_EXPERTS,
 };
 pub use options::{
     CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, Validation, VkOptions, DEFAULT_GEMV_ROWS,

@@ -40,6 +40,7 @@ impl Kernel {
             Kernel::LayerNorm => 4,
             Kernel::MlaValue => 6,
             Kernel::AttnCompressed => 8,
+            Kernel::CompressPool => 7,
         }
     }
 
@@ -70,6 +71,7 @@ impl Kernel {
             Kernel::DsaScore | Kernel::LayerNorm => &[3],
             Kernel::MlaValue => &[5],
             Kernel::AttnCompressed => &[6],
+            Kernel::CompressPool => &[5, 6],
         }
     }
 

@@ -3,14 +3,16 @@
 //! to the layer's mirror (`rope_kv`, as any attention) and `attention_compressed` over the
 //! mirror's rows and the layer's entries.
 //!
-//! The entries: the host's compressor (`Op::KvCompress`, a host step before the frame) keeps
-//! them canonical in `LayerKv::compress[0].entries`; each device layer keeps a mirror of them
-//! (`context / rate` entries) behind a watermark, the entries on the device that equal the
-//! host's. Before a frame, the entries the host closed since go up (`CompressedEntries::upload`,
-//! the new ones only); a forward from an earlier position lowers the watermark to the windows
-//! closed before it (`begin_forward`), so entries the host recomputes go up again. The device
-//! never writes them, so nothing comes back and a device lost mid-forward leaves the host's
-//! state as it was.
+//! The entries: the host's `LayerKv::compress[0].entries` are canonical; each device layer
+//! keeps a mirror of them (`context / rate` entries) behind a watermark, the entries on the
+//! device that equal the host's. Where the compressor (`Op::KvCompress`) is a host step before
+//! the frame, the entries the host closed since go up before the frame
+//! (`CompressedEntries::upload`, the new ones only); where the device runs it
+//! (`device::compressor`), it writes the block's entries into the mirror in the frame and the
+//! host takes them after it, so only entries the host holds before the block go up. A forward
+//! from an earlier position lowers the watermark to the windows closed before it
+//! (`begin_forward`), so entries recomputed go up again. A device lost mid-forward leaves the
+//! host's state as it was.
 //!
 //! Must not: hold entries the host does not, or record anything but the op it is given.
 
@@ -25,12 +27,14 @@ use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ir::{Op, Program, ValueId};
 use coli_compiler::schedule::AttentionCall;
 
-/// One layer's entry mirror: `cap` entries of `width` floats, and the rate they close at.
+/// One layer's entry mirror: `cap` entries of `width` floats, the rate they close at, and
+/// whether this device runs the layer's compressor.
 struct EntryMirror {
     buf: DeviceBuffer,
     width: usize,
     rate: usize,
     cap: usize,
+    own: bool,
 }
 
 /// A session's entry mirrors on one device, by layer, and their watermarks (entries).
@@ -39,16 +43,21 @@ pub(super) struct CompressedEntries {
     marks: Vec<usize>,
 }
 
-/// The layers of a frame whose attention reads compressed entries; found once a frame.
+/// The layers of a frame whose attention reads compressed entries or whose compressor it
+/// runs.
 pub(super) fn layers_of(p: &Program, frame: &Frame) -> Vec<usize> {
-    frame
+    let mut ls: Vec<usize> = frame
         .ops
         .iter()
         .filter_map(|&id| match op_of(p, id) {
             Op::Attention { layer, spec, .. } if spec.compressed.is_some() => Some(layer.0 as usize),
+            Op::KvCompress { layer, .. } => Some(layer.0 as usize),
             _ => None,
         })
-        .collect()
+        .collect();
+    ls.sort_unstable();
+    ls.dedup();
+    ls
 }
 
 impl CompressedEntries {
@@ -62,11 +71,23 @@ impl CompressedEntries {
     ) -> Result<Option<CompressedEntries>, VkError> {
         let mut mirrors: Vec<Option<EntryMirror>> = (0..p.layers.len()).map(|_| None).collect();
         for &id in frames.iter().flat_map(|f| &f.ops) {
-            let Op::Attention { layer, spec, .. } = op_of(p, id) else { continue };
-            let Some(c) = spec.compressed.filter(|c| c.rate > 0) else { continue };
-            let (width, cap) = (spec.head_dim, context / c.rate);
-            let buf = ctx.f32_buffer((cap * width).max(1))?;
-            mirrors[layer.0 as usize] = Some(EntryMirror { buf, width, rate: c.rate, cap });
+            let (layer, width, rate, own) = match op_of(p, id) {
+                Op::Attention { layer, spec, .. } => match spec.compressed.filter(|c| c.rate > 0) {
+                    Some(c) => (layer, spec.head_dim, c.rate, false),
+                    None => continue,
+                },
+                Op::KvCompress { layer, spec, .. } if spec.rate > 0 => (layer, spec.head_dim, spec.rate, true),
+                _ => continue,
+            };
+            let m = &mut mirrors[layer.0 as usize];
+            match m {
+                Some(m) => m.own |= own,
+                None => {
+                    let cap = context / rate;
+                    let buf = ctx.f32_buffer((cap * width).max(1))?;
+                    *m = Some(EntryMirror { buf, width, rate, cap, own });
+                }
+            }
         }
         if mirrors.iter().all(Option::is_none) {
             return Ok(None);
@@ -84,9 +105,10 @@ impl CompressedEntries {
         }
     }
 
-    /// Before a frame: the entries of its layers (`layers_of` the frame) the host closed and
-    /// the mirrors lack.
-    pub(super) fn upload(&mut self, ctx: &Context, layers: &[usize], kv: &KvCache) -> Result<(), VkError> {
+    /// Before a frame at `pos0`: the entries of its layers (`layers_of` the frame) the host
+    /// closed and the mirrors lack (of a layer whose compressor the device runs, those before
+    /// the block only).
+    pub(super) fn upload(&mut self, ctx: &Context, layers: &[usize], kv: &KvCache, pos0: usize) -> Result<(), VkError> {
         const OP: &str = "attention_compressed";
         for &l in layers {
             let (mark, m) = (&mut self.marks[l], self.mirrors[l].as_ref().expect("entry mirror allocated"));
@@ -94,7 +116,7 @@ impl CompressedEntries {
                 *mark = 0;
                 continue;
             };
-            let count = host.entry_count();
+            let count = if m.own { host.entry_count().min(pos0 / m.rate) } else { host.entry_count() };
             if count > 0 && host.entry_width != m.width {
                 let msg =
                     format!("layer {l}: entries of {} floats, the attention's heads {}", host.entry_width, m.width);
@@ -114,8 +136,17 @@ impl CompressedEntries {
         Ok(())
     }
 
-    fn entries(&self, l: usize) -> Option<View<'_>> {
+    /// Layer `l`'s entry mirror, whole.
+    pub(super) fn entries(&self, l: usize) -> Option<View<'_>> {
         self.mirrors.get(l)?.as_ref().map(|m| m.buf.all())
+    }
+
+    /// After a frame whose compressor closed layer `l`'s entries up to `count`: the mirror
+    /// equals the host's that far.
+    pub(super) fn mark_closed(&mut self, l: usize, count: usize) {
+        if let Some(m) = self.marks.get_mut(l) {
+            *m = count;
+        }
     }
 }
 
