@@ -43,6 +43,8 @@ pub const KERNELS: &[(&str, &str, bool)] = &[
     ("HyperPre", "hyper_pre.comp", false),
     ("HyperPost", "hyper_post.comp", false),
     ("GroupCols", "group_cols.comp", false),
+    ("AttnCompressed", "attn_compressed.comp", false),
+    ("CompressPool", "compress_pool.comp", false),
 ];
 
 /// Weight-format variants: (Rust variant of `FormatVariant`, the defines the sources test).

@@ -180,7 +180,8 @@ fn a_batched_forward_on_the_device_gives_each_session_what_the_cpu_gives() {
     // index-key mirror; Gated DeltaNet (Qwen3-Next, Qwen3.5) and KDA (Kimi Linear) per sequence
     // over its own recurrent state, the sequences at different positions; Inkling's short
     // convolutions over each sequence's ring and its relative logits over each one's rows;
-    // DeepSeek V4's hyper-connections over the streams of every sequence's rows.
+    // DeepSeek V4's hyper-connections over the streams of every sequence's rows, and its
+    // attention over each sequence's own compressed entries.
     let cases = [
         ("llama", None),
         ("deepseek_v3", None),
@@ -193,6 +194,7 @@ fn a_batched_forward_on_the_device_gives_each_session_what_the_cpu_gives() {
         ("kimi_linear", None),
         ("inkling", None),
         ("deepseek_v4", None),
+        ("deepseek_v4_compressed", None),
     ];
     for (name, tier) in cases {
         let what = format!("{name}{}", if tier.is_some() { " through the tier" } else { "" });

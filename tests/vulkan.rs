@@ -5,8 +5,9 @@
 //! Gated DeltaNet or KDA layer's new state or an MLA layer's new cache rows), and the device
 //! state of Qwen3-Next and Kimi Linear (recurrent) and DeepSeek-V3 (the MLA mirrors) following
 //! the host's; Inkling and DeepSeek V4 in device frames, the op kinds only the CPU has on the
-//! host (V4's experts resident and through the tier, its weights int8 at load; a device lost
-//! mid-decode of V4 too).
+//! host (V4's experts resident and through the tier, its weights int8 at load; its attention over
+//! compressed entries on the device; a device lost mid-decode of V4 and of its compressed layers
+//! too).
 //!
 //! Tolerance: logits within 1e-4 of the largest |logit| (f32 weights: the device and the CPU
 //! differ only in the order of float operations); greedy tokens identical.
@@ -319,15 +320,52 @@ fn a_device_lost_mid_decode_of_deepseek_v4_is_finished_by_the_cpu() {
     assert_eq!(toks, want_toks, "the CPU finishes the run with the same tokens");
 }
 
-/// DeepSeek V4's compressed layers on the device: the compressor and the attention over its
-/// entries in host frames beside the other new kinds; the logits and greedy tokens the CPU's in
-/// every chunking; then the session cut back into the prompt (past closed windows) and fed again.
+/// DeepSeek V4's compressed layers on the device: the attention over the compressor's entries
+/// in device frames, the heavily compressed layer's compressor too (its state following the
+/// host's), the compressor with the lightning indexer in host frames beside the other new
+/// kinds (its entries mirrored from the host's); the logits and greedy tokens the CPU's in every
+/// chunking (the prompt of 22 crosses windows of 3 and 5); then the session cut back into the
+/// prompt (past closed windows) and fed again.
 #[test]
 fn deepseek_v4_compressed_layers_on_the_device_match_the_cpu() {
-    let host_only = ["kv_compress", "attention_compressed"];
-    let on_device = ["linear", "rms_norm", "rms_norm_unweighted", "rope_tail", "hyper_pre", "hyper_post"];
+    let host_only = ["kv_compress_indexed"];
+    let on_device = [
+        "linear",
+        "rms_norm",
+        "rms_norm_unweighted",
+        "rope_tail",
+        "hyper_pre",
+        "hyper_post",
+        "attention_compressed",
+        "kv_compress",
+    ];
     let (dev, prompt, want, max) = new_kinds_on_the_host("deepseek_v4_compressed", &host_only, &on_device);
+    eprintln!("deepseek_v4_compressed: {} frames", dev.plan().frames.len());
     cut_and_feed_again(&dev, &prompt, (&want, max), 7);
+}
+
+/// DeepSeek V4's compressed layers, a submit failing in the middle of the sixth decode step
+/// (after the device's compressor took its rows and some layers' compressors closed entries on
+/// the host, their attention reading them on the device), at each of the step's submits: the
+/// CPU re-runs the step and finishes the run with the same tokens.
+#[test]
+fn a_device_lost_mid_decode_of_deepseek_v4_compressed_is_finished_by_the_cpu() {
+    let dir = fixture_dir("deepseek_v4_compressed");
+    let prompt = ids(&read_json(&dir.join("oracle.json"))["prompt_ids"]);
+    let (_, want_toks, _) = run(&load_model(&dir), &prompt, prompt.len(), 12);
+    let clean = load_on_device(&dir, None, None);
+    assert!(layer_ops(&clean, false).contains(&"attention"), "attention in device frames:\n{}", clean.plan());
+    let (_, DecodeSubmits { starts, per_step, .. }) = decode_six_on_device(&clean, &prompt);
+    assert!(per_step >= 4, "a decode step should take several frames, took {per_step}");
+    // Every submit of the step: before and after the device's compressor, the host's, and the
+    // attention over their entries.
+    for k in 0..per_step {
+        let fault = FaultInjection { fail_submit: Some(starts[5] + k), fail_alloc: None };
+        let dev = load_on_device(&dir, None, Some(fault));
+        let (_, toks, notice) = run(&dev, &prompt, prompt.len(), 12);
+        assert!(notice.is_some_and(|n| n.contains("continue on the CPU")), "submit {k}: the fallback says so");
+        assert_eq!(toks, want_toks, "submit {k} of {per_step}: the CPU finishes the run with the same tokens");
+    }
 }
 
 #[test]

@@ -6,8 +6,10 @@
 //!    steps unless placement made their layer's experts resident on the device, and so is any
 //!    op its layer's device cannot run).
 //! 2. A device span right after a host frame is split at its first op that reads what that
-//!    host frame writes (or writes what it reads or writes): the part before runs beside the
-//!    host frame, not waited for (the shared expert while the host runs the routed experts).
+//!    host frame writes (or writes what it reads or writes; an attention over compressed
+//!    entries reads what its layer's `KvCompress` closes, `reads_host_state`): the part before
+//!    runs beside the host frame, not waited for (the shared expert while the host runs the
+//!    routed experts).
 //! 3. Each value read in a frame whose newest copy is elsewhere is uploaded before it (device
 //!    frames) and downloaded by the frame that wrote it (device frames whose value the host or
 //!    another device reads next). The logits are read by the host at the end.
@@ -22,6 +24,15 @@
 use crate::ids::{FrameId, OpId, Part, Place};
 use crate::ir::{op_io, Op, Program, ValueId};
 use std::collections::{BTreeMap, BTreeSet};
+
+/// Whether `op` reads layer state an op of `host` writes: an attention over compressed entries
+/// reads the entries its layer's `KvCompress` closes (state, not a value, so `op_io` does not
+/// show it).
+pub fn reads_host_state(program: &Program, host: &[OpId], op: OpId) -> bool {
+    let Op::Attention { layer, spec, .. } = op_of(program, op) else { return false };
+    spec.compressed.is_some()
+        && host.iter().any(|id| matches!(op_of(program, *id), Op::KvCompress { layer: l, .. } if l == layer))
+}
 
 /// One span of ops in one place.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,7 +91,7 @@ pub fn split_frames(program: &Program, placed: &[(OpId, Place)], split: &[OpId])
         let mut split = ops.len();
         for (i, id) in ops.iter().enumerate() {
             let (r, w) = op_io(op_of(program, *id));
-            let depends = r.iter().any(|v| tainted.contains(v));
+            let depends = r.iter().any(|v| tainted.contains(v)) || reads_host_state(program, &runs[k - 1].1, *id);
             let clobbers = w.iter().any(|v| host_reads.contains(v) || host_writes.contains(v));
             if depends || clobbers {
                 split = i;

@@ -82,9 +82,14 @@ pub enum OpKind {
     /// the layer's experts are resident).
     RouteSqrtSoftplus,
     RouteHash,
-    /// DeepSeek V4's KV compressor (`Op::KvCompress`) and attention over its entries beside the
-    /// cached rows (`AttentionSpec::compressed`): the CPU's only.
+    /// DeepSeek V4's KV compressor (`Op::KvCompress`) without an indexer (coli's Vulkan library
+    /// runs it, its state following the host's), and with the lightning indexer (compressed
+    /// sparse attention): a kind of its own, the CPU's only.
     KvCompress,
+    KvCompressIndexed,
+    /// Attention over a compressor's entries beside the cached rows (`AttentionSpec::compressed`):
+    /// a kind of its own, so a profile that lists `attention` alone does not claim it (coli's
+    /// Vulkan library runs it, the entries mirrored from the host's compressor).
     AttentionCompressed,
     /// A draft model's input rows (`Op::Input`): written by the host, always.
     Input,
@@ -139,8 +144,9 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::RoutedExpertsLimited, name: "routed_experts_limited", host_step: true, by_default: true },
     OpInfo { kind: OpKind::RouteSqrtSoftplus, name: "route_sqrt_softplus", host_step: true, by_default: true },
     OpInfo { kind: OpKind::RouteHash, name: "route_hash", host_step: true, by_default: true },
-    OpInfo { kind: OpKind::KvCompress, name: "kv_compress", host_step: false, by_default: false },
-    OpInfo { kind: OpKind::AttentionCompressed, name: "attention_compressed", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::KvCompress, name: "kv_compress", host_step: false, by_default: true },
+    OpInfo { kind: OpKind::KvCompressIndexed, name: "kv_compress_indexed", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::AttentionCompressed, name: "attention_compressed", host_step: false, by_default: true },
     OpInfo { kind: OpKind::Input, name: "input", host_step: true, by_default: false },
     OpInfo { kind: OpKind::Concat, name: "concat", host_step: false, by_default: true },
 ];
@@ -195,6 +201,7 @@ impl Op {
             Op::Mla { spec, .. } if spec.select.is_some() => OpKind::MlaSparse,
             Op::Mla { .. } => OpKind::Mla,
             Op::Indexer { .. } => OpKind::Indexer,
+            Op::KvCompress { spec, .. } if spec.index.is_some() => OpKind::KvCompressIndexed,
             Op::KvCompress { .. } => OpKind::KvCompress,
             Op::LinearAttention { spec, .. } if spec.kind == LinearAttentionKind::Kda => OpKind::Kda,
             Op::LinearAttention { spec, .. } if spec.kind == LinearAttentionKind::ShortConv => OpKind::ShortConv,
@@ -239,10 +246,12 @@ mod tests {
             OpKind::GroupedLinear,
             OpKind::HyperPre,
             OpKind::HyperPost,
+            OpKind::AttentionCompressed,
+            OpKind::KvCompress,
         ] {
             assert!(none.runs(k), "{k}");
         }
-        for k in [OpKind::KvCompress, OpKind::AttentionCompressed] {
+        for k in [OpKind::KvCompressIndexed] {
             assert!(!none.runs(k), "{k}");
         }
         assert!(!none.runs(OpKind::Route) && none.lists(OpKind::Route), "a host step is listed, not run in a frame");

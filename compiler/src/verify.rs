@@ -13,7 +13,8 @@
 //!    host holds its newest copy; the host reads only what it wrote or a device downloaded.
 //!    The logits end up on the host.
 //! 4. A frame not waited for directly follows the host frame it runs beside, reads nothing
-//!    that frame writes, and writes nothing it reads or writes.
+//!    that frame writes (values, or layer state: `frames::reads_host_state`), and writes
+//!    nothing it reads or writes.
 //! 5. Device layers form consecutive chains in device order, then the host's layers; the head
 //!    is on a device only with every layer on devices, on the device of the last layer.
 //! 6. Bytes placed on a device never exceed its usable bytes; its layer count matches the
@@ -148,6 +149,9 @@ pub fn verify(plan: &Plan, sizer: &Sizer) -> Vec<String> {
             let (r, w) = op_io(op_of(p, *id));
             if let Some(v) = r.iter().find(|v| hw.contains(*v)) {
                 errs.push(format!("{} (beside {b}) reads {v}, which {b} writes", f.id));
+            }
+            if crate::frames::reads_host_state(p, &host.ops, *id) {
+                errs.push(format!("{} (beside {b}) reads the layer state {b} writes", f.id));
             }
             if let Some(v) = w.iter().find(|v| hr.contains(*v) || hw.contains(*v)) {
                 errs.push(format!("{} (beside {b}) writes {v}, which {b} uses", f.id));

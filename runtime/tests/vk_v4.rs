@@ -223,3 +223,166 @@ fn sqrt_softplus_and_hash_routing_match_cpu() {
         check(&format!("{what} weights"), &weights(&got), &weights(&want), 1e-5);
     }
 }
+
+/// Attention over the cached rows and a compressor's compressed entries
+/// (`attention_compressed.comp`) against `cpu::compress::attend`: odd head widths and head
+/// counts, rows whose windows cross a window boundary and whose entries close mid-block, every
+/// visible entry or a selection with `-1` padding and entries a row does not see yet (both
+/// skipped), sinks on and off, more keys than a tile of 64, and a decode row at a position read
+/// on the device. Tolerance 1e-5 of the largest |output| (f32 sums in another order; measured
+/// about 2e-7).
+#[test]
+fn compressed_attention_matches_cpu() {
+    use coli_runtime::cpu::attention::AttnShape as CpuShape;
+    use coli_runtime::cpu::compress::{attend, Entries};
+    use coli_runtime::vk::{CompressedArgs, CompressedShape, Pos};
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_4007);
+    // (heads, head_dim, window, rate, pos0, n, topk, sinks, dynamic)
+    let cases = [
+        (3, 24, Some(4), 5, 0, 22, 0, true, false),
+        (3, 24, Some(4), 3, 5, 9, 3, true, false),
+        (2, 37, None, 4, 0, 13, 0, false, false),
+        (5, 19, Some(70), 2, 60, 30, 0, true, false),
+        (4, 64, Some(128), 4, 300, 7, 16, true, false),
+        (3, 24, Some(4), 3, 40, 1, 3, true, true),
+        (2, 130, Some(8), 5, 99, 1, 0, false, true),
+    ];
+    for (heads, d, window, rate, pos0, n, topk, with_sinks, dynamic) in cases {
+        let len = pos0 + n;
+        let count = len / rate;
+        let q = rng.vec(n * heads * d, 1.0);
+        let (k, v) = (rng.vec(len * d, 1.0), rng.vec(len * d, 1.0));
+        let entries = rng.vec(count.max(1) * d, 1.0);
+        let sinks = rng.vec(heads, 1.0);
+        // A row's selection: entries it sees and does not, in some order of ascending picks,
+        // padded with -1 (the padding in the middle too, which the CPU skips).
+        let select: Vec<f32> = (0..n * topk)
+            .map(|_| match rng.below(6) {
+                0 => -1.0,
+                _ => rng.below(count + 2) as f32,
+            })
+            .collect();
+        let cs = CpuShape { heads, kv_heads: 1, head_dim: d, v_head_dim: d, scale: (d as f32).powf(-0.5), window };
+        let sel = (topk > 0).then_some((select.as_slice(), topk));
+        let e = Entries { rows: &entries, rate, select: sel };
+        let mut want = vec![0f32; n * heads * d];
+        attend(cs, &q, (&k, &v), &e, pos0, with_sinks.then_some(sinks.as_slice()), &mut want);
+        let shape = CompressedShape { heads, head_dim: d, scale: cs.scale, window, rate };
+        let up = |x: &[f32]| ctx.upload_f32(x).unwrap();
+        let (dq, dk, dv, de, ds, dsel) = (up(&q), up(&k), up(&v), up(&entries), up(&sinks), up(&select));
+        let (out, dpos) = (ctx.f32_buffer(n * heads * d).unwrap(), ctx.f32_buffer(1).unwrap());
+        ctx.write(&dpos, 0, &(pos0 as u32).to_le_bytes()).unwrap();
+        let pos = if dynamic { Pos::Dynamic(dpos.view(0, 1)) } else { Pos::Fixed(pos0) };
+        let args = CompressedArgs {
+            q: dq.all(),
+            k: dk.all(),
+            v: dv.all(),
+            entries: de.all(),
+            sinks: with_sinks.then(|| ds.all()),
+            select: (topk > 0).then(|| (dsel.all(), topk)),
+            out: out.all(),
+            n,
+        };
+        let mut f = ctx.frame().unwrap();
+        f.attention_compressed(shape, args, pos).unwrap();
+        f.run().unwrap();
+        let what = format!("attention_compressed {heads}x{d} window {window:?} rate {rate} at {pos0}+{n} topk {topk}");
+        check(&what, &ctx.download_f32(out.all()).unwrap(), &want, 1e-5);
+    }
+}
+
+/// The KV compressor on the device (its two products into the projection mirrors at the
+/// block's positions, then `compress_pool.comp` closing the windows the block completes)
+/// against `cpu::compress::kv_compress` over the same blocks: overlap off and on, rope parts of
+/// 0, 6 (YaRN) and 8, odd widths, blocks of odd sizes crossing windows, the first window's
+/// overlap (its own rows only). Tolerance 1e-5 of the largest |entry| (f32 sums in another
+/// order, the device's sin/cos; measured about 3e-7); the read-back rows equal the mirror's.
+#[test]
+fn kv_compressor_matches_cpu() {
+    use coli_compiler::ir::CompressSpec;
+    use coli_runtime::cpu::compress::{kv_compress, CompressWeights, Compressor};
+    use coli_runtime::vk::{PoolArgs, PoolShape};
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_4008);
+    let yarn = RopeScaling::Yarn {
+        factor: 4.0,
+        original_max_position: 16,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor: 1.0,
+        truncate: true,
+    };
+    // (head_dim, rate, overlap, rope_dim, scaling, hidden, blocks)
+    let cases = [
+        (24, 5, false, 6, yarn, 48, vec![22, 1, 1, 3]),
+        (24, 3, true, 6, yarn, 48, vec![7, 1, 5, 2]),
+        (19, 4, true, 0, RopeScaling::None, 33, vec![1, 1, 1, 1, 9]),
+        (40, 2, false, 8, RopeScaling::None, 21, vec![3, 4]),
+    ];
+    for (d, rate, overlap, rope_dim, scaling, hidden, blocks) in cases {
+        let spec = CompressSpec {
+            rate,
+            head_dim: d,
+            rope_dim,
+            rope_theta: 160000.0,
+            rope_scaling: scaling,
+            overlap,
+            eps: 1e-6,
+            index: None,
+            weights: vec![],
+        };
+        let shape = PoolShape::of(&spec).expect("a shape the kernel takes");
+        let half = shape.half();
+        let f32s = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let (wk, wg) = (f32s(&rng.vec(half * hidden, 0.3)), f32s(&rng.vec(half * hidden, 0.5)));
+        let (ape, norm) = (rng.vec(rate * half, 0.5), rng.vec(d, 1.0));
+        let (mk, mg) = (
+            Matrix::new(WeightFormat::F32, half, hidden, &wk).unwrap(),
+            Matrix::new(WeightFormat::F32, half, hidden, &wg).unwrap(),
+        );
+        let w = CompressWeights { main: Compressor { kv: mk, gate: mg, ape: &ape, norm: &norm }, index: None };
+        let total: usize = blocks.iter().sum();
+        let (dk, dg) = (
+            ctx.upload_matrix(WeightFormat::F32, half, hidden, &wk).unwrap(),
+            ctx.upload_matrix(WeightFormat::F32, half, hidden, &wg).unwrap(),
+        );
+        let (freq, mscale) = cpu_rope::inv_freq(rope_dim, spec.rope_theta, scaling);
+        let up = |x: &[f32]| ctx.upload_f32(if x.is_empty() { &[0.0] } else { x }).unwrap();
+        let (dape, dnorm, dfreq) = (up(&ape), up(&norm), up(&freq));
+        let (kvm, gm) = (ctx.f32_buffer(total * half).unwrap(), ctx.f32_buffer(total * half).unwrap());
+        let ents = ctx.f32_buffer((total / rate).max(1) * d).unwrap();
+        let back = ctx.f32_buffer((total / rate).max(1) * d).unwrap();
+        let mut state = Vec::new();
+        let mut pos0 = 0;
+        for &n in &blocks {
+            let x = rng.vec(n * hidden, 1.0);
+            kv_compress(&spec, &w, (&x, None, n, pos0), Precision::Exact, &mut state, None).unwrap();
+            let dx = ctx.upload_f32(&x).unwrap();
+            let (e0, e1) = (pos0 / rate, (pos0 + n) / rate);
+            let mut f = ctx.frame().unwrap();
+            let (kr, gr) = (kvm.view(pos0 * half, n * half), gm.view(pos0 * half, n * half));
+            f.matmul_with(&dk, dx.all(), n, kr, MatmulPath::Auto, Precision::Exact).unwrap();
+            f.matmul_with(&dg, dx.all(), n, gr, MatmulPath::Auto, Precision::Exact).unwrap();
+            let args = PoolArgs {
+                kv: kvm.all(),
+                gate: gm.all(),
+                ape: dape.all(),
+                norm: dnorm.all(),
+                freq: dfreq.view(0, rope_dim / 2),
+                mscale,
+                entries: ents.all(),
+                back: back.view(0, (e1 - e0) * d),
+            };
+            f.compress_pool(shape, args, e0, e1 - e0).unwrap();
+            f.run().unwrap();
+            pos0 += n;
+            let want = &state[0].entries[..e1 * d];
+            let what = format!("kv_compress {d} rate {rate} overlap {overlap} rope {rope_dim} to {pos0}");
+            let got = ctx.download_f32(ents.all()).unwrap();
+            check(&what, &got[..e1 * d], want, 1e-5);
+            let got_back = ctx.download_f32(back.view(0, (e1 - e0) * d)).unwrap();
+            assert_eq!(got_back, got[e0 * d..e1 * d], "{what}: the read-back rows are the mirror's");
+        }
+    }
+}

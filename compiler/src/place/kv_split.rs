@@ -89,10 +89,13 @@ impl fmt::Display for KvSplit {
 /// Positions a layer's attention mirror holds at `context` (its window's at most); `None` for
 /// a layer without (GQA) attention or whose attention has relative logits (Inkling's: the
 /// split's parts, `cpu::attn_part` and `attn_part.comp`, do not add them, so such a layer
-/// never splits and the capped sizes keep its whole mirror).
+/// never splits and the capped sizes keep its whole mirror) or compressed entries (DeepSeek
+/// V4's: the parts do not attend over them either).
 pub fn mirror_positions(program: &Program, layer: LayerId, context: usize) -> Option<usize> {
     program.layers.get(layer.0 as usize)?.ops.iter().find_map(|op| match op {
-        Op::Attention { spec, .. } if spec.rel.is_none() => Some(spec.window.map_or(context, |w| w.min(context))),
+        Op::Attention { spec, .. } if spec.rel.is_none() && spec.compressed.is_none() => {
+            Some(spec.window.map_or(context, |w| w.min(context)))
+        }
         _ => None,
     })
 }

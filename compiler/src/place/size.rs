@@ -212,11 +212,17 @@ impl Sizer {
             match op {
                 Op::Attention { spec, .. } => {
                     let positions = spec.window.map_or(self.context, |w| (w as u64).min(self.context));
-                    // Relative logits (Inkling) have no split parts: their mirror stays whole.
-                    let cap = self.kv_cap.filter(|_| spec.rel.is_none());
+                    // Relative logits (Inkling) and compressed entries (DeepSeek V4) have no split
+                    // parts: their mirror stays whole.
+                    let cap = self.kv_cap.filter(|_| spec.rel.is_none() && spec.compressed.is_none());
                     let positions = cap.map_or(positions, |c| positions.min(c));
                     let per_position = (spec.kv_heads as u64).saturating_mul((spec.head_dim + spec.v_head_dim) as u64);
                     c.kv = c.kv.saturating_add(positions.saturating_mul(per_position).saturating_mul(F32));
+                    // The compressed entries' mirror on a device: one entry a window.
+                    if let Some(r) = spec.compressed.map(|r| r.rate.max(1) as u64) {
+                        let entries = (self.context / r).saturating_mul(spec.head_dim as u64);
+                        c.kv = c.kv.saturating_add(entries.saturating_mul(F32));
+                    }
                 }
                 Op::Mla { spec, .. } => {
                     let per_position = (spec.kv_lora_rank + spec.qk_rope_head_dim) as u64;

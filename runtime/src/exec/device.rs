@@ -56,6 +56,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 mod attention;
+mod compressed;
+mod compressor;
 mod hyper;
 mod indexer;
 mod kv_rows;
@@ -119,6 +121,10 @@ pub struct DeviceState {
     indexers: Option<indexer::Indexers>,
     /// A grouped projection's regrouped input (`device::hyper::scratch`).
     grouped: Option<DeviceBuffer>,
+    /// The compressed attention layers' entry mirrors (DeepSeek V4, `device::compressed`).
+    compressed: Option<compressed::CompressedEntries>,
+    /// The device's compressors' projection mirrors (DeepSeek V4, `device::compressor`).
+    compressors: Option<compressor::Compressors>,
 }
 
 /// Why a plan cannot run on the device.
@@ -190,6 +196,7 @@ impl DeviceModel {
                 if let Op::Mla { spec, .. } = op {
                     freqs.push((spec.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling));
                 }
+                freqs.extend(compressor::freqs_of(op));
                 if let Op::Indexer { spec, .. } = op {
                     freqs.extend((spec.rope_dim > 0).then_some((spec.rope_dim, spec.rope_theta, spec.rope_scaling)));
                 }
@@ -381,6 +388,8 @@ impl DeviceModel {
         let mla = super::mla_mirror::scratch(ctx, p, &self.frames, self.cap_rows)?;
         let indexers = indexer::Indexers::new(ctx, p, &self.frames, self.cap_rows, context)?;
         let grouped = hyper::scratch(ctx, p, &self.frames, self.cap_rows)?;
+        let compressed = compressed::CompressedEntries::new(ctx, p, &self.frames, context)?;
+        let compressors = compressor::Compressors::new(ctx, p, &self.frames, self.cap_rows, context)?;
         Ok(DeviceState {
             values,
             twins,
@@ -395,6 +404,8 @@ impl DeviceModel {
             mla,
             indexers,
             grouped,
+            compressed,
+            compressors,
         })
     }
 
@@ -416,6 +427,7 @@ impl DeviceModel {
         if let Some(ix) = st.indexers.as_mut() {
             ix.begin_forward(kv, pos0);
         }
+        compressor::begin_forward(st, kv, pos0);
     }
 
     /// Records `calls` (the schedule's for `frame`) and the copies of the frame's downloads
@@ -611,6 +623,7 @@ impl DeviceModel {
                 }
             }
             Op::Indexer { x, q, out, layer, spec } => self.record_indexer(f, rec, (*x, *q, *out, *layer, spec))?,
+            Op::KvCompress { x, layer, spec, .. } => self.record_compressor(f, rec, (*x, *layer, spec))?,
             op => {
                 return Err(VkError::BadArgument {
                     op: op_name(op),
@@ -666,11 +679,12 @@ impl DeviceModel {
                 attn_layers.push((layer.0 as usize, *layer));
             }
         }
-        let index_layers = indexer::layers_of(p, frame);
+        let (index_layers, compressed_layers) = (indexer::layers_of(p, frame), compressor::Layers::of(p, frame));
         for ((st, kv), (_, pos0)) in sts.iter_mut().zip(caches.iter()).zip(&seqs) {
             if let Some(ix) = st.indexers.as_mut() {
                 ix.upload(ctx, &index_layers, kv, *pos0)?;
             }
+            compressor::upload(ctx, st, &compressed_layers, kv, *pos0)?;
             self.upload_kv_rows(st, kv, &attn_layers, *pos0)?;
         }
         // The embedding and a hash routing read the rows' tokens.
@@ -763,6 +777,7 @@ impl DeviceModel {
             if let Some(ix) = st.indexers.as_mut() {
                 ix.take_rows(ctx, &index_layers, kv, *pos0, rows.len())?;
             }
+            compressor::take(ctx, st, &compressed_layers, kv, (*pos0, rows.len()))?;
         }
         phase("K/V rows into the host's cache", &mut t);
         // Their new states into the host's (the old ones kept to go back to); a batched step's

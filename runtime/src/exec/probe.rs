@@ -68,6 +68,8 @@ pub fn profile_of(ctx: &Context, memory_cap: Option<u64>) -> DeviceProfile {
         OpKind::RopeTail,
         OpKind::Attention,
         OpKind::AttentionRel,
+        OpKind::AttentionCompressed,
+        OpKind::KvCompress,
         OpKind::Act,
         OpKind::Glu,
         OpKind::GluLimited,

@@ -52,11 +52,12 @@ pub use oplib::VkOps;
 pub use ops::elementwise::Broadcast;
 pub use ops::norm::{NormArgs, RopePart, RopeShape};
 pub use ops::{
-    AttnArgs, AttnPath, AttnShape, DecodeArgs, DeltaNetCall, DeltaNetIn, DeltaNetMats, DeltaNetScratch, DeltaNetShape,
-    DeviceExperts, DsaSelectArgs, DsaShape, ExpertPages, HyperMix, HyperShape, KdaCall, KdaMats, KdaRuleViews,
-    KdaScratch, KdaShape, KvMirror, KvShape, MatIn, MatmulPath, MlaAttnArgs, MlaCache, MlaCall, MlaKvArgs, MlaMats,
-    MlaQuery, MlaScratch, MlaShape, MoeCall, MoePath, MoeScratch, PackedExpert, Pos, QkNorm, QuantizedActs, RelArgs,
-    RopeArgs, RopeKvArgs, RouteHash, RouteParams, RouteSink, RowConv, MOE_MAX_EXPERTS,
+    AttnArgs, AttnPath, AttnShape, CompressedArgs, CompressedShape, DecodeArgs, DeltaNetCall, DeltaNetIn, DeltaNetMats,
+    DeltaNetScratch, DeltaNetShape, DeviceExperts, DsaSelectArgs, DsaShape, ExpertPages, HyperMix, HyperShape, KdaCall,
+    KdaMats, KdaRuleViews, KdaScratch, KdaShape, KvMirror, KvShape, MatIn, MatmulPath, MlaAttnArgs, MlaCache, MlaCall,
+    MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape, MoeCall, MoePath, MoeScratch, PackedExpert, PoolArgs,
+    PoolShape, Pos, QkNorm, QuantizedActs, RelArgs, RopeArgs, RopeKvArgs, RouteHash, RouteParams, RouteSink, RowConv,
+    MOE_MAX_EXPERTS,
 };
 pub use options::{
     CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, Validation, VkOptions, DEFAULT_GEMV_ROWS,

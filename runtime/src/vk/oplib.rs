@@ -3,7 +3,9 @@
 //! at most 256 columns, routers of at most 1024 experts and 64 ranks, routed experts of at most
 //! 1024 experts a layer, Gated DeltaNet and Kimi Delta Attention heads of at most 256 columns
 //! and kernels of at most 8, short convolutions of kernels of at most 8, MLA latents of at most
-//! 1024 columns and rope parts of at most 128, hyper-connections of at most 6 streams).
+//! 1024 columns and rope parts of at most 128, hyper-connections of at most 6 streams,
+//! attention over compressed entries of one KV head of at most 512 columns, KV compressors
+//! without an indexer of entries of at most 512).
 //!
 //! Must not: run anything (frames do), or claim an op without a tested kernel.
 
@@ -44,13 +46,12 @@ impl OpLib for VkOps {
             Op::Glu { .. } => true,
             Op::Act { .. } | Op::Add { .. } | Op::Mul { .. } => true,
             // With relative logits too (Inkling: the f32 kernels; placement never splits such a
-            // layer's KV mirror, whose split parts do not add them).
+            // layer's KV mirror, whose split parts do not add them). Over a KV compressor's
+            // entries too (DeepSeek V4: `ops/compressed.rs`, one KV head of at most 512 columns;
+            // the entries the host's compressor closed, mirrored by `exec::device::compressed`).
+            Op::Attention { spec, .. } if spec.compressed.is_some() => super::ops::CompressedShape::supported(spec),
             Op::Attention { spec, .. } => {
-                spec.compressed.is_none()
-                    && spec.head_dim <= 256
-                    && spec.v_head_dim <= 256
-                    && spec.kv_heads > 0
-                    && spec.heads % spec.kv_heads == 0
+                spec.head_dim <= 256 && spec.v_head_dim <= 256 && spec.kv_heads > 0 && spec.heads % spec.kv_heads == 0
             }
             // Sqrt-softplus scores and hash routing too (DeepSeek V4: `route.comp`'s modes);
             // not a router with shared experts or a weight-held scale.
@@ -92,7 +93,10 @@ impl OpLib for VkOps {
             Op::HyperPre { spec, .. } => (1..=super::ops::hyper::MAX_STREAMS).contains(&spec.streams),
             Op::HyperPost { streams, .. } => (1..=super::ops::hyper::MAX_STREAMS).contains(streams),
             Op::GroupedLinear { groups, .. } => *groups > 0,
-            Op::LayerNorm { .. } | Op::KvCompress { .. } | Op::Input { .. } => false,
+            // DeepSeek V4's KV compressor without an indexer (`exec::device::compressor`: its
+            // products and `compress_pool.comp`); with one, the host's.
+            Op::KvCompress { spec, .. } => super::ops::PoolShape::of(spec).is_some(),
+            Op::LayerNorm { .. } | Op::Input { .. } => false,
             // Row by row copies (`Frame::concat`).
             Op::Concat { .. } => true,
         }

@@ -308,4 +308,19 @@ push_blocks! {
         n: u32, groups: u32, cols: u32, x_off: u32,
         out_off: u32, pad0: u32, pad1: u32, pad2: u32,
     }
+
+    /// Mirrors `attn_compressed.comp`'s push block.
+    AttnCompressedPush for [AttnCompressed] {
+        n: u32, heads: u32, dim: u32, pos0: u32,
+        window: u32, rate: u32, scale: f32, q_off: u32,
+        o_off: u32, r#dyn: u32, topk: u32, s_off: u32,
+        has_sinks: u32, pad0: u32, pad1: u32, pad2: u32,
+    }
+
+    /// Mirrors `compress_pool.comp`'s push block.
+    CompressPoolPush for [CompressPool] {
+        dim: u32, half_: u32, rate: u32, overlap: u32,
+        e0: u32, count: u32, rope_dim: u32, eps: f32,
+        mscale: f32, pad0: u32, pad1: u32, pad2: u32,
+    }
 }

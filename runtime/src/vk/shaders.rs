@@ -42,6 +42,8 @@ impl Kernel {
             Kernel::HyperPre => 7,
             Kernel::HyperPost => 4,
             Kernel::GroupCols => 2,
+            Kernel::AttnCompressed => 8,
+            Kernel::CompressPool => 7,
         }
     }
 
@@ -74,6 +76,8 @@ impl Kernel {
             Kernel::HyperPre => &[4, 5, 6],
             Kernel::HyperPost => &[3],
             Kernel::GroupCols => &[1],
+            Kernel::AttnCompressed => &[6],
+            Kernel::CompressPool => &[5, 6],
         }
     }
 

@@ -1,6 +1,7 @@
 //! The attention call of a device frame: its q/k norms, RoPE and the KV append, attention over
 //! the layer's mirror (a KV split's device part, the one-row kernel of a decode step; Inkling's
-//! relative logits, though not over a split), and, in a step of several
+//! relative logits, though not over a split; DeepSeek V4's compressed entries: `device::compressed`),
+//! and, in a step of several
 //! sequences, the append and attention of each sequence over its own mirror at its own
 //! positions (the rows' products before and after run on all rows at once).
 
@@ -41,7 +42,7 @@ impl DeviceModel {
         let mut qk_norm = None;
         let (mut qsrc, mut ksrc) = (q, k);
         if let Some((qn, kn)) = &a.norms {
-            if n == 1 && a.one_kernel && split.is_none() {
+            if n == 1 && a.one_kernel && split.is_none() && spec.compressed.is_none() {
                 qk_norm = Some(QkNorm {
                     q_weight: self.vecs[&qn.weight.name].all(),
                     k_weight: self.vecs[&kn.weight.name].all(),
@@ -74,9 +75,13 @@ impl DeviceModel {
             d_rel: r.d_rel,
             extent: r.extent,
         });
-        if rel.is_some() && split.is_some() {
-            let msg = "relative logits over a KV split (placement never makes one)";
+        if (rel.is_some() || spec.compressed.is_some()) && split.is_some() {
+            let msg = "relative logits or compressed entries over a KV split (placement never makes one)";
             return Err(VkError::BadArgument { op: "attention", msg: msg.into() });
+        }
+        // Over a KV compressor's entries (DeepSeek V4), each sequence over its own.
+        if spec.compressed.is_some() {
+            return self.record_compressed(f, rec, a, args, sinks_of(self, spec)).map(|()| None);
         }
         if rec.seqs.len() > 1 {
             return self.record_attention_per_sequence(f, rec, a, args, sinks_of(self, spec));

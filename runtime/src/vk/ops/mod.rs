@@ -6,6 +6,8 @@
 
 pub mod attention;
 pub mod attn_part;
+pub mod compress_pool;
+pub mod compressed;
 pub mod deltanet;
 pub mod dsa;
 pub mod elementwise;
@@ -23,6 +25,8 @@ pub use attention::{
     AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, Pos, QkNorm, RelArgs, RopeArgs, RopeKvArgs,
     COOP_ATTN_ROWS, COOP_MIN_WINDOW,
 };
+pub use compress_pool::{PoolArgs, PoolShape};
+pub use compressed::{CompressedArgs, CompressedShape};
 pub use deltanet::{DeltaNetCall, DeltaNetIn, DeltaNetMats, DeltaNetScratch, DeltaNetShape, RuleViews};
 pub use dsa::{DsaSelectArgs, DsaShape};
 pub use hyper::{HyperMix, HyperShape};
