@@ -265,8 +265,16 @@ fn a_device_lost_mid_decode_of_deepseek_v4_is_finished_by_the_cpu() {
 /// prompt (past closed windows) and fed again.
 #[test]
 fn deepseek_v4_compressed_layers_on_the_device_match_the_cpu() {
-    let host_only = ["kv_compress_indexed", "hyper_pre"];
-    let on_device = ["linear", "rms_norm", "rms_norm_unweighted", "rope_tail", "attention_compressed", "kv_compress"];
+    let host_only = ["hyper_pre"];
+    let on_device = [
+        "linear",
+        "rms_norm",
+        "rms_norm_unweighted",
+        "rope_tail",
+        "attention_compressed",
+        "kv_compress",
+        "kv_compress_indexed",
+    ];
     let (dev, prompt, want, max) = new_kinds_on_the_host("deepseek_v4_compressed", &host_only, &on_device);
     eprintln!("deepseek_v4_compressed: {} frames", dev.plan().frames.len());
     cut_and_feed_again(&dev, &prompt, (&want, max), 7);

@@ -81,9 +81,10 @@ pub enum OpKind {
     /// the layer's experts are resident).
     RouteSqrtSoftplus,
     RouteHash,
-    /// DeepSeek V4's KV compressor (`Op::KvCompress`) without an indexer (coli's Vulkan library
-    /// runs it, its state following the host's), and with the lightning indexer (compressed
-    /// sparse attention): a kind of its own, the CPU's only.
+    /// DeepSeek V4's KV compressor (`Op::KvCompress`), and with the lightning indexer
+    /// (compressed sparse attention) a kind of its own, so a profile that lists `kv_compress`
+    /// alone does not claim it (coli's Vulkan library runs both, their state following the
+    /// host's).
     KvCompress,
     KvCompressIndexed,
     /// Attention over a compressor's entries beside the cached rows (`AttentionSpec::compressed`):
@@ -144,7 +145,7 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::RouteSqrtSoftplus, name: "route_sqrt_softplus", host_step: true, by_default: true },
     OpInfo { kind: OpKind::RouteHash, name: "route_hash", host_step: true, by_default: true },
     OpInfo { kind: OpKind::KvCompress, name: "kv_compress", host_step: false, by_default: true },
-    OpInfo { kind: OpKind::KvCompressIndexed, name: "kv_compress_indexed", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::KvCompressIndexed, name: "kv_compress_indexed", host_step: false, by_default: true },
     OpInfo { kind: OpKind::AttentionCompressed, name: "attention_compressed", host_step: false, by_default: true },
     OpInfo { kind: OpKind::Input, name: "input", host_step: true, by_default: false },
     OpInfo { kind: OpKind::Concat, name: "concat", host_step: false, by_default: true },
@@ -244,10 +245,11 @@ mod tests {
             OpKind::GluLimited,
             OpKind::AttentionCompressed,
             OpKind::KvCompress,
+            OpKind::KvCompressIndexed,
         ] {
             assert!(none.runs(k), "{k}");
         }
-        for k in [OpKind::GroupedLinear, OpKind::HyperPre, OpKind::HyperPost, OpKind::KvCompressIndexed] {
+        for k in [OpKind::GroupedLinear, OpKind::HyperPre, OpKind::HyperPost] {
             assert!(!none.runs(k), "{k}");
         }
         assert!(!none.runs(OpKind::Route) && none.lists(OpKind::Route), "a host step is listed, not run in a frame");
