@@ -6,9 +6,11 @@
 // of row i: the tile's keys and the row's queries (in chunks of QS floats, transposed so the
 // lanes read consecutive heads) staged in shared memory once, each subgroup two positions at a
 // time with its lanes over the heads, joined by a subgroup sum. pos0 comes from the push
-// constants, or from params[0] when `dyn` is set (a recording replayed at every position).
+// constants, or from params[0] when `dyn` is set (a recording replayed at every position). With
+// `rate` above 1 the keys are a KV compressor's entries (DeepSeek V4's lightning indexer): row i
+// sees t < (pos0 + i + 1) / rate (rate 1: t <= pos0 + i).
 // Reference: the scores of cpu::indexer::select_rows (the heads summed in another order).
-// Must not: read a key past pos0 + i; take a head dim over MAXD (the caller checks).
+// Must not: read a key the row does not see; take a head dim over MAXD (the caller checks).
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 
@@ -21,7 +23,7 @@ layout(std430, binding = 4) readonly buffer PRM { uint params[]; };
 layout(push_constant) uniform PC {
     uint n; uint heads; uint dim; uint pos0;
     uint stride; float scale; float w_scale; uint q_off;
-    uint w_off; uint dyn; uint pad0; uint pad1;
+    uint w_off; uint dyn; uint rate; uint pad1;
 } pc;
 
 const uint TP = 16u;
@@ -34,14 +36,15 @@ shared float part[TP];
 void main() {
     uint i = gl_WorkGroupID.y, t0 = gl_WorkGroupID.x * TP, tid = gl_LocalInvocationID.x;
     uint pos0 = pc.dyn != 0u ? params[0] : pc.pos0;
-    // Uniform across the workgroup: before any barrier.
-    if (i >= pc.n || t0 > pos0 + i) return;
-    uint last = pos0 + i, dim = pc.dim;
+    // What row i sees; uniform across the workgroup: before any barrier.
+    uint seen = i < pc.n ? (pos0 + i + 1u) / max(pc.rate, 1u) : 0u;
+    if (t0 >= seen) return;
+    uint dim = pc.dim;
     uint qb = pc.q_off + i * pc.heads * dim, wb = pc.w_off + i * pc.heads;
     if (tid < TP) part[tid] = 0.0;
     for (uint e = tid; e < TP * dim; e += 256u) {
         uint t = t0 + e / dim;
-        ks[e] = t <= last ? kv[t * dim + e % dim] : 0.0;
+        ks[e] = t < seen ? kv[t * dim + e % dim] : 0.0;
     }
     uint hc = max(QS / dim, 1u);
     uint sg = gl_SubgroupID, lanes = gl_SubgroupSize, lane = gl_SubgroupInvocationID;
@@ -75,5 +78,5 @@ void main() {
         }
     }
     barrier();
-    if (tid < TP && t0 + tid <= last) sc[i * pc.stride + t0 + tid] = part[tid] + 0.0;
+    if (tid < TP && t0 + tid < seen) sc[i * pc.stride + t0 + tid] = part[tid] + 0.0;
 }

@@ -7,8 +7,10 @@
 // One workgroup per row: the topk-th best score found bit by bit on the scores' ordered
 // integer keys (32 counting passes), then the positions above it and the first ones equal to
 // it, their slots from a scan over contiguous chunks of positions. pos0 comes from the push
-// constants, or from params[0] when `dyn` is set. Reference: cpu::indexer::select_rows.
-// Must not: read a score past pos0 + i.
+// constants, or from params[0] when `dyn` is set. Reference: cpu::indexer::select_rows. With
+// `rate` above 1 a row sees the first (pos0 + i + 1) / rate scores (a KV compressor's entries,
+// DeepSeek V4's lightning indexer; reference cpu::compress's choice).
+// Must not: read a score the row does not see.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 
@@ -18,7 +20,7 @@ layout(std430, binding = 1) writeonly buffer O { float outv[]; };
 layout(std430, binding = 2) readonly buffer PRM { uint params[]; };
 layout(push_constant) uniform PC {
     uint n; uint pos0; uint topk; uint stride;
-    uint o_off; uint dyn; uint pad0; uint pad1;
+    uint o_off; uint dyn; uint rate; uint pad1;
 } pc;
 
 shared uint total;
@@ -44,7 +46,7 @@ uint sum_all(uint v) {
 void main() {
     uint i = gl_WorkGroupID.x, tid = gl_LocalInvocationID.x;
     uint pos0 = pc.dyn != 0u ? params[0] : pc.pos0;
-    uint seen = pos0 + i + 1u;
+    uint seen = (pos0 + i + 1u) / max(pc.rate, 1u);
     uint ob = pc.o_off + i * pc.topk;
     // Uniform over the workgroup: a row that sees no more than topk keeps every position.
     if (seen <= pc.topk) {

@@ -320,15 +320,14 @@ fn a_device_lost_mid_decode_of_deepseek_v4_is_finished_by_the_cpu() {
     assert_eq!(toks, want_toks, "the CPU finishes the run with the same tokens");
 }
 
-/// DeepSeek V4's compressed layers on the device: the attention over the compressor's entries
-/// in device frames, the heavily compressed layer's compressor too (its state following the
-/// host's), the compressor with the lightning indexer in host frames beside the other new
-/// kinds (its entries mirrored from the host's); the logits and greedy tokens the CPU's in every
-/// chunking (the prompt of 22 crosses windows of 3 and 5); then the session cut back into the
+/// DeepSeek V4's compressed layers on the device: the attention over the compressor's entries,
+/// the compressors with and without the lightning indexer (their state following the host's) and
+/// the hyper-connections in device frames, only the embedding on the host; the logits and
+/// greedy tokens the CPU's in every chunking (the prompt of 22 crosses windows of 3 and 5); then the session cut back into the
 /// prompt (past closed windows) and fed again.
 #[test]
 fn deepseek_v4_compressed_layers_on_the_device_match_the_cpu() {
-    let host_only = ["kv_compress_indexed"];
+    let host_only = ["embed"];
     let on_device = [
         "linear",
         "rms_norm",
@@ -338,6 +337,7 @@ fn deepseek_v4_compressed_layers_on_the_device_match_the_cpu() {
         "hyper_post",
         "attention_compressed",
         "kv_compress",
+        "kv_compress_indexed",
     ];
     let (dev, prompt, want, max) = new_kinds_on_the_host("deepseek_v4_compressed", &host_only, &on_device);
     eprintln!("deepseek_v4_compressed: {} frames", dev.plan().frames.len());

@@ -82,9 +82,10 @@ pub enum OpKind {
     /// the layer's experts are resident).
     RouteSqrtSoftplus,
     RouteHash,
-    /// DeepSeek V4's KV compressor (`Op::KvCompress`) without an indexer (coli's Vulkan library
-    /// runs it, its state following the host's), and with the lightning indexer (compressed
-    /// sparse attention): a kind of its own, the CPU's only.
+    /// DeepSeek V4's KV compressor (`Op::KvCompress`), and with the lightning indexer
+    /// (compressed sparse attention) a kind of its own, so a profile that lists `kv_compress`
+    /// alone does not claim it (coli's Vulkan library runs both, their state following the
+    /// host's).
     KvCompress,
     KvCompressIndexed,
     /// Attention over a compressor's entries beside the cached rows (`AttentionSpec::compressed`):
@@ -145,7 +146,7 @@ pub const OPS: &[OpInfo] = &[
     OpInfo { kind: OpKind::RouteSqrtSoftplus, name: "route_sqrt_softplus", host_step: true, by_default: true },
     OpInfo { kind: OpKind::RouteHash, name: "route_hash", host_step: true, by_default: true },
     OpInfo { kind: OpKind::KvCompress, name: "kv_compress", host_step: false, by_default: true },
-    OpInfo { kind: OpKind::KvCompressIndexed, name: "kv_compress_indexed", host_step: false, by_default: false },
+    OpInfo { kind: OpKind::KvCompressIndexed, name: "kv_compress_indexed", host_step: false, by_default: true },
     OpInfo { kind: OpKind::AttentionCompressed, name: "attention_compressed", host_step: false, by_default: true },
     OpInfo { kind: OpKind::Input, name: "input", host_step: true, by_default: false },
     OpInfo { kind: OpKind::Concat, name: "concat", host_step: false, by_default: true },
@@ -222,8 +223,8 @@ mod tests {
         }
     }
 
-    /// A profile that lists no kinds runs what coli's Vulkan library runs: not the kinds only
-    /// the CPU has, which a profile must name to get; host steps never.
+    /// A profile that lists no kinds runs what coli's Vulkan library runs (every kind of op it
+    /// has a kernel for); host steps never.
     #[test]
     fn a_profile_without_a_list_runs_the_default_kinds() {
         use crate::profile::Features;
@@ -248,11 +249,9 @@ mod tests {
             OpKind::HyperPost,
             OpKind::AttentionCompressed,
             OpKind::KvCompress,
+            OpKind::KvCompressIndexed,
         ] {
             assert!(none.runs(k), "{k}");
-        }
-        for k in [OpKind::KvCompressIndexed] {
-            assert!(!none.runs(k), "{k}");
         }
         assert!(!none.runs(OpKind::Route) && none.lists(OpKind::Route), "a host step is listed, not run in a frame");
         for k in [

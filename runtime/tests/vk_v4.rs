@@ -332,7 +332,7 @@ fn kv_compressor_matches_cpu() {
             index: None,
             weights: vec![],
         };
-        let shape = PoolShape::of(&spec).expect("a shape the kernel takes");
+        let shape = PoolShape::parts_of(&spec).expect("a shape the kernel takes")[0];
         let half = shape.half();
         let f32s = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
         let (wk, wg) = (f32s(&rng.vec(half * hidden, 0.3)), f32s(&rng.vec(half * hidden, 0.5)));
@@ -384,5 +384,73 @@ fn kv_compressor_matches_cpu() {
             let got_back = ctx.download_f32(back.view(0, (e1 - e0) * d)).unwrap();
             assert_eq!(got_back, got[e0 * d..e1 * d], "{what}: the read-back rows are the mirror's");
         }
+    }
+}
+
+/// The compressor's lightning indexer selection on the device (`dsa_select_rate`: the DSA
+/// kernels over a compressor's entries, a row at `p` seeing `e < (p + 1) / rate`) against the
+/// definition `cpu::compress` chooses by: scores `sum_h w_h relu(q_h . k_e / sqrt(d))`, the
+/// `topk` best ascending, earlier of equal scores first, every entry and `-1` padding where a row
+/// sees no more than `topk`. Rows whose k-th and (k+1)-th scores differ by at most 1e-5 (not
+/// exact ties) are skipped (f32 sums in another order); at least 90% of the rows are checked,
+/// exactly.
+#[test]
+fn compressed_index_selection_matches_cpu() {
+    use coli_runtime::vk::{DsaSelectArgs, DsaShape, Pos};
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_4009);
+    // (heads, head_dim, topk, rate, pos0, n)
+    for (h, d, topk, rate, pos0, n) in [(8, 8, 3, 3, 0, 22), (4, 16, 5, 4, 37, 9), (3, 12, 64, 2, 200, 6)] {
+        let count = (pos0 + n) / rate;
+        let (q, keys, w) = (rng.vec(n * h * d, 1.0), rng.vec(count.max(1) * d, 1.0), rng.vec(n * h, 1.0));
+        let w_scale = (h as f32).powf(-0.5);
+        let score = |r: usize, e: usize| -> f32 {
+            let qr = &q[r * h * d..(r + 1) * h * d];
+            let k = &keys[e * d..(e + 1) * d];
+            let s: f32 = qr
+                .chunks_exact(d)
+                .zip(&w[r * h..(r + 1) * h])
+                .map(|(qh, &wh)| {
+                    let dot: f32 = qh.iter().zip(k).map(|(a, b)| a * b).sum();
+                    wh * w_scale * (dot * (d as f32).powf(-0.5)).max(0.0)
+                })
+                .sum();
+            s + 0.0
+        };
+        let (dq, dk, dw) = (ctx.upload_f32(&q).unwrap(), ctx.upload_f32(&keys).unwrap(), ctx.upload_f32(&w).unwrap());
+        let stride = count.max(1);
+        let (scores, out) = (ctx.f32_buffer(n * stride).unwrap(), ctx.f32_buffer(n * topk).unwrap());
+        let args = DsaSelectArgs {
+            q: dq.all(),
+            keys: dk.all(),
+            w: dw.all(),
+            w_scale,
+            scores: scores.all(),
+            stride,
+            out: out.all(),
+            n,
+        };
+        let mut f = ctx.frame().unwrap();
+        f.dsa_select_rate(DsaShape { heads: h, head_dim: d, topk }, args, Pos::Fixed(pos0), rate).unwrap();
+        f.run().unwrap();
+        let got = ctx.download_f32(out.all()).unwrap();
+        let mut checked = 0;
+        for r in 0..n {
+            let seen = (pos0 + r + 1) / rate;
+            let mut order: Vec<usize> = (0..seen).collect();
+            order.sort_by(|&a, &b| score(r, b).total_cmp(&score(r, a)).then(a.cmp(&b)));
+            // A cut within rounding is skipped; an exact tie (zeros, every head's relu 0) is not.
+            let gap = if seen > topk { score(r, order[topk - 1]) - score(r, order[topk]) } else { 1.0 };
+            if gap != 0.0 && gap.abs() <= 1e-5 {
+                continue;
+            }
+            let mut want: Vec<f32> = order.iter().take(topk).map(|&e| e as f32).collect();
+            want.sort_by(f32::total_cmp);
+            want.resize(topk, -1.0);
+            assert_eq!(got[r * topk..(r + 1) * topk], want[..], "h {h} d {d} topk {topk} rate {rate}: row {r}");
+            checked += 1;
+        }
+        eprintln!("compressed index selection {h}x{d} topk {topk} rate {rate}: {checked} of {n} rows checked");
+        assert!(10 * checked >= 9 * n, "{checked} of {n} rows clear of rounding");
     }
 }

@@ -149,6 +149,9 @@ impl Sizer {
         let index = (program.layers.iter().flat_map(|l| &l.ops))
             .filter_map(|op| match op {
                 Op::Indexer { spec, .. } => Some((spec.heads * spec.head_dim + spec.head_dim + spec.heads) as u64),
+                // A compressor's lightning indexer: its queries and head weights, its scores
+                // (counted at every position, more than its entries).
+                Op::KvCompress { spec, .. } => spec.index.map(|i| (i.heads * i.head_dim + i.heads) as u64),
                 _ => None,
             })
             .max();

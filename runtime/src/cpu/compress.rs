@@ -128,7 +128,8 @@ pub fn kv_compress(
             let (qr, wr) = (&qs[r * h * d..(r + 1) * h * d], &ws[r * h..(r + 1) * h]);
             let score = |e: usize| -> f32 {
                 let k = &keys[e * d..(e + 1) * d];
-                qr.chunks_exact(d).zip(wr).map(|(qh, &wh)| wh * (dot(qh, k) * scale).max(0.0)).sum()
+                // + 0: no score is -0, which would sort below +0 (the device's order).
+                qr.chunks_exact(d).zip(wr).map(|(qh, &wh)| wh * (dot(qh, k) * scale).max(0.0)).sum::<f32>() + 0.0
             };
             choose(seen, i.topk, score, o);
         });

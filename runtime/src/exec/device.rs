@@ -623,7 +623,9 @@ impl DeviceModel {
                 }
             }
             Op::Indexer { x, q, out, layer, spec } => self.record_indexer(f, rec, (*x, *q, *out, *layer, spec))?,
-            Op::KvCompress { x, layer, spec, .. } => self.record_compressor(f, rec, (*x, *layer, spec))?,
+            Op::KvCompress { x, q, out, layer, spec } => {
+                self.record_compressor(f, rec, (*x, *q, *out, *layer, spec))?
+            }
             op => {
                 return Err(VkError::BadArgument {
                     op: op_name(op),

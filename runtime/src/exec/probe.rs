@@ -70,6 +70,7 @@ pub fn profile_of(ctx: &Context, memory_cap: Option<u64>) -> DeviceProfile {
         OpKind::AttentionRel,
         OpKind::AttentionCompressed,
         OpKind::KvCompress,
+        OpKind::KvCompressIndexed,
         OpKind::Act,
         OpKind::Glu,
         OpKind::GluLimited,

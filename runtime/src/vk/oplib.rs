@@ -4,8 +4,8 @@
 //! 1024 experts a layer, Gated DeltaNet and Kimi Delta Attention heads of at most 256 columns
 //! and kernels of at most 8, short convolutions of kernels of at most 8, MLA latents of at most
 //! 1024 columns and rope parts of at most 128, hyper-connections of at most 6 streams,
-//! attention over compressed entries of one KV head of at most 512 columns, KV compressors
-//! without an indexer of entries of at most 512).
+//! attention over compressed entries of one KV head of at most 512 columns, KV compressors of
+//! entries of at most 512).
 //!
 //! Must not: run anything (frames do), or claim an op without a tested kernel.
 
@@ -93,9 +93,10 @@ impl OpLib for VkOps {
             Op::HyperPre { spec, .. } => (1..=super::ops::hyper::MAX_STREAMS).contains(&spec.streams),
             Op::HyperPost { streams, .. } => (1..=super::ops::hyper::MAX_STREAMS).contains(streams),
             Op::GroupedLinear { groups, .. } => *groups > 0,
-            // DeepSeek V4's KV compressor without an indexer (`exec::device::compressor`: its
-            // products and `compress_pool.comp`); with one, the host's.
-            Op::KvCompress { spec, .. } => super::ops::PoolShape::of(spec).is_some(),
+            // DeepSeek V4's KV compressor (`exec::device::compressor`: its products and
+            // `compress_pool.comp`; its lightning indexer's scores and top-k `dsa_select` over
+            // the indexer's entries).
+            Op::KvCompress { spec, .. } => super::ops::PoolShape::parts_of(spec).is_some(),
             Op::LayerNorm { .. } | Op::Input { .. } => false,
             // Row by row copies (`Frame::concat`).
             Op::Concat { .. } => true,

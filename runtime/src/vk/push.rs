@@ -267,13 +267,13 @@ push_blocks! {
     DsaScorePush for [DsaScore] {
         n: u32, heads: u32, dim: u32, pos0: u32,
         stride: u32, scale: f32, w_scale: f32, q_off: u32,
-        w_off: u32, r#dyn: u32, pad0: u32, pad1: u32,
+        w_off: u32, r#dyn: u32, rate: u32, pad1: u32,
     }
 
     /// Mirrors `dsa_select.comp`'s push block.
     DsaSelectPush for [DsaSelect] {
         n: u32, pos0: u32, topk: u32, stride: u32,
-        o_off: u32, r#dyn: u32, pad0: u32, pad1: u32,
+        o_off: u32, r#dyn: u32, rate: u32, pad1: u32,
     }
 
     /// Mirrors `layer_norm.comp`'s push block.

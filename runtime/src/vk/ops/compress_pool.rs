@@ -27,17 +27,20 @@ pub struct PoolShape {
 }
 
 impl PoolShape {
-    /// The shape of a compressor the kernel runs (`None`: one with an indexer, or one it does
-    /// not take).
-    pub fn of(spec: &coli_compiler::ir::CompressSpec) -> Option<PoolShape> {
-        let s = PoolShape {
+    /// The shapes of a compressor's parts the kernel runs: the compressor's, then its
+    /// indexer's (entries of `index.head_dim`); `None` where the kernel does not take one.
+    pub fn parts_of(spec: &coli_compiler::ir::CompressSpec) -> Option<Vec<PoolShape>> {
+        let at = |head_dim| PoolShape {
             rate: spec.rate,
-            head_dim: spec.head_dim,
+            head_dim,
             overlap: spec.overlap,
             rope_dim: spec.rope_dim,
             eps: spec.eps,
         };
-        (spec.index.is_none() && s.supported()).then_some(s)
+        let parts: Vec<PoolShape> =
+            std::iter::once(spec.head_dim).chain(spec.index.map(|i| i.head_dim)).map(at).collect();
+        let index_ok = spec.index.is_none_or(|i| i.heads > 0 && i.topk > 0);
+        (index_ok && parts.iter().all(PoolShape::supported)).then_some(parts)
     }
 
     /// The width of one projection row (`kv` or `gate`): two halves with overlap.

@@ -5,7 +5,8 @@
 //! (`dsa_score.comp` spreads the scores of every (row, position) over the device,
 //! `dsa_select.comp` picks a row's best in one workgroup). The scores are the CPU's up to the
 //! order of float operations, so a selection agrees wherever the k-th and (k+1)-th scores are
-//! apart by more than that. The indexer's projections are ordinary products and its RoPE and
+//! apart by more than that. DeepSeek V4's compressor's indexer selects with the same kernels over
+//! its entries (`dsa_select_rate`: a row at `p` sees `e < (p + 1) / rate`). The indexer's projections are ordinary products and its RoPE and
 //! key append `rope_kv` (`exec::device::indexer` records them).
 //!
 //! Must not: keep state of its own, or decide what the key mirror holds (the caller uploads
@@ -62,14 +63,23 @@ pub struct DsaSelectArgs<'a> {
 impl<'a> Frame<'a> {
     /// Each row's selection (`dsa_score.comp`, then `dsa_select.comp`) at `pos`.
     pub fn dsa_select(&mut self, s: DsaShape, a: DsaSelectArgs<'a>, pos: Pos<'a>) -> Result<()> {
+        self.dsa_select_rate(s, a, pos, 1)
+    }
+
+    /// `dsa_select` over a KV compressor's entries (DeepSeek V4's lightning indexer): a row at
+    /// `p` sees the keys `e < (p + 1) / rate` (reference: `cpu::compress`'s choice).
+    pub fn dsa_select_rate(&mut self, s: DsaShape, a: DsaSelectArgs<'a>, pos: Pos<'a>, rate: usize) -> Result<()> {
         const OP: &str = "dsa_select";
         let DsaSelectArgs { q, keys, w, w_scale, scores, stride, out, n } = a;
         let (pos0, dyn_, params) = pos.parts(OP)?;
-        if s.heads == 0 || s.head_dim == 0 || s.head_dim > DSA_MAX_DIM || s.topk == 0 {
-            return Err(VkError::BadArgument { op: OP, msg: format!("{s:?} (head dims of 1 to {DSA_MAX_DIM})") });
+        if s.heads == 0 || s.head_dim == 0 || s.head_dim > DSA_MAX_DIM || s.topk == 0 || rate == 0 {
+            return Err(VkError::BadArgument {
+                op: OP,
+                msg: format!("{s:?} rate {rate} (head dims of 1 to {DSA_MAX_DIM})"),
+            });
         }
         // A fixed position: what its rows see; one read on the device: the caller's stride.
-        let seen = if dyn_ != 0 { stride } else { pos0 as usize + n };
+        let seen = if dyn_ != 0 { stride } else { (pos0 as usize + n) / rate };
         if stride < seen {
             return Err(VkError::BadArgument { op: OP, msg: format!("a stride of {stride} under {seen} positions") });
         }
@@ -95,11 +105,11 @@ impl<'a> Frame<'a> {
             q_off: u32_arg(OP, "q offset", q.offset)?,
             w_off: u32_arg(OP, "w offset", w.offset)?,
             r#dyn: dyn_,
-            pad0: 0,
+            rate: u32_arg(OP, "rate", rate)?,
             pad1: 0,
         };
         let binds = [Bind::buf(q.buf), Bind::buf(keys.buf), Bind::buf(w.buf), Bind::buf(scores.buf), params];
-        let groups = [u32_arg(OP, "positions", seen.div_ceil(16))?, u32_arg(OP, "n", n)?, 1];
+        let groups = [u32_arg(OP, "positions", seen.div_ceil(16).max(1))?, u32_arg(OP, "n", n)?, 1];
         self.dispatch(Kernel::DsaScore, None, &binds, &push, groups)?;
         let push = DsaSelectPush {
             n: push.n,
@@ -108,7 +118,7 @@ impl<'a> Frame<'a> {
             stride: push.stride,
             o_off: u32_arg(OP, "out offset", out.offset)?,
             r#dyn: dyn_,
-            pad0: 0,
+            rate: push.rate,
             pad1: 0,
         };
         let binds = [Bind::buf(scores.buf), Bind::buf(out.buf), params];
