@@ -95,13 +95,16 @@ pub struct DeviceModel {
     apart: hyper::Apart,
 }
 
+/// A layer's K/V mirrors and their read-back rows: keys, values, keys back, values back.
+type KvMirror = (DeviceBuffer, DeviceBuffer, DeviceBuffer, DeviceBuffer);
+
 /// Per-session device state: value buffers, KV mirrors and their read-back staging.
 pub struct DeviceState {
     values: Vec<DeviceBuffer>,
     /// Host-cached read-back twins of the values frames download (a device-local buffer may
     /// be mapped write-combined, where reading it from the CPU is very slow).
     twins: Vec<Option<DeviceBuffer>>,
-    mirrors: Vec<Option<(DeviceBuffer, DeviceBuffer, DeviceBuffer, DeviceBuffer)>>,
+    mirrors: Vec<Option<KvMirror>>,
     /// Rows of each layer's mirror that equal the host's cache.
     watermark: Vec<usize>,
     /// What the resident experts' kernels work in.
@@ -337,34 +340,7 @@ impl DeviceModel {
             .map(|(v, &t)| ctx.f32_buffer(if t { (v.width * self.cap_rows).max(1) } else { 1 }))
             .collect::<Result<Vec<_>, _>>()?;
         let context = context.min(self.max_context);
-        let mut mirrors: Vec<Option<_>> = (0..p.layers.len()).map(|_| None).collect();
-        for f in &self.frames {
-            for &id in &f.ops {
-                // An MLA layer's mirror holds its latents and rope keys (`exec::mla_mirror`).
-                let (layer, (kw, vw)) = match op_of(p, id) {
-                    Op::Attention { layer, spec, .. } => {
-                        (layer, (spec.kv_heads * spec.head_dim, spec.kv_heads * spec.v_head_dim))
-                    }
-                    Op::Mla { layer, spec, .. } => (layer, super::mla_mirror::mirror_widths(spec)),
-                    _ => continue,
-                };
-                let l = layer.0 as usize;
-                // A split layer's mirror is a ring of its newest positions (the plan's, which
-                // the kernels index modulo, whatever the session's context).
-                let rows = match &self.kv_split {
-                    Some(s) if s.splits(*layer) => s.plan.ring,
-                    _ => context,
-                };
-                if mirrors[l].is_none() {
-                    mirrors[l] = Some((
-                        ctx.f32_buffer(rows * kw)?,
-                        ctx.f32_buffer(rows * vw)?,
-                        ctx.buffer(MemoryUse::Readback, self.cap_rows * kw * 4)?,
-                        ctx.buffer(MemoryUse::Readback, self.cap_rows * vw * 4)?,
-                    ));
-                }
-            }
-        }
+        let mirrors = self.kv_mirrors(p, context)?;
         let mut twins: Vec<Option<DeviceBuffer>> = (0..p.values.len()).map(|_| None).collect();
         for f in &self.frames {
             for &v in &f.downloads {

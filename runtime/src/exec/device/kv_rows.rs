@@ -4,15 +4,52 @@
 //! the mirrors' watermarks up to them (the host's copy stays canonical, so a device lost
 //! mid-forward re-runs it on the CPU).
 
-use super::{DeviceModel, DeviceState, PARALLEL_KV_ROWS};
+use super::{DeviceModel, DeviceState, KvMirror, PARALLEL_KV_ROWS};
 use crate::bytes::{as_bytes, as_bytes_mut};
 use crate::exec::kv::{KvCache, LayerKv};
 use crate::exec::kv_split::RingUpload;
-use crate::vk::VkError;
-use coli_compiler::ir::LayerId;
+use crate::vk::{MemoryUse, VkError};
+use coli_compiler::frames::op_of;
+use coli_compiler::ir::{LayerId, Op, Program};
 use rayon::prelude::*;
 
 impl DeviceModel {
+    /// Each attention or MLA layer's K/V mirrors (keys, values; an MLA layer's latents and rope
+    /// keys, `exec::mla_mirror`) of `context` rows (a split layer's: its ring) and their
+    /// read-back rows for a block; `None` for the layers no frame of this device attends in.
+    pub(super) fn kv_mirrors(&self, p: &Program, context: usize) -> Result<Vec<Option<KvMirror>>, VkError> {
+        let ctx = &self.ctx;
+        let mut mirrors: Vec<Option<_>> = (0..p.layers.len()).map(|_| None).collect();
+        for f in &self.frames {
+            for &id in &f.ops {
+                // An MLA layer's mirror holds its latents and rope keys (`exec::mla_mirror`).
+                let (layer, (kw, vw)) = match op_of(p, id) {
+                    Op::Attention { layer, spec, .. } => {
+                        (layer, (spec.kv_heads * spec.head_dim, spec.kv_heads * spec.v_head_dim))
+                    }
+                    Op::Mla { layer, spec, .. } => (layer, crate::exec::mla_mirror::mirror_widths(spec)),
+                    _ => continue,
+                };
+                let l = layer.0 as usize;
+                // A split layer's mirror is a ring of its newest positions (the plan's, which
+                // the kernels index modulo, whatever the session's context).
+                let rows = match &self.kv_split {
+                    Some(s) if s.splits(*layer) => s.plan.ring,
+                    _ => context,
+                };
+                if mirrors[l].is_none() {
+                    mirrors[l] = Some((
+                        ctx.f32_buffer(rows * kw)?,
+                        ctx.f32_buffer(rows * vw)?,
+                        ctx.buffer(MemoryUse::Readback, self.cap_rows * kw * 4)?,
+                        ctx.buffer(MemoryUse::Readback, self.cap_rows * vw * 4)?,
+                    ));
+                }
+            }
+        }
+        Ok(mirrors)
+    }
+
     /// Before a frame from `pos0`: the host's rows below `pos0` that a sequence's mirrors of
     /// `attn_layers` lack go up (a split layer's ring: its newest positions).
     pub(super) fn upload_kv_rows(
