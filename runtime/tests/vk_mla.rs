@@ -6,7 +6,9 @@
 //! of 70 rows, past one tile of the attention kernel), on several geometries (the DeepSeek-V3
 //! fixture's with YaRN, DeepSeek-V3's heads with a direct query and rotate-half pairs, a latent
 //! of 1024, biases on every projection); and over a random selection of positions per row
-//! (DeepSeek Sparse Attention, `mla_attn_sparse.comp`) against the CPU op with that selection.
+//! (DeepSeek Sparse Attention, `mla_attn_sparse.comp`) against the CPU op with that selection;
+//! heads in groups and decode rows' positions split across workgroups (11 and 9 heads, latents
+//! of 64 and 1024, after a block of 150 rows).
 //!
 //! Tolerance: f32 weights with f32 activations (`Precision::Exact`): each block's output and
 //! its new cache rows (read back and in the mirror) within 1e-5 of their largest |value|.
@@ -229,6 +231,31 @@ fn over_a_selection_the_fixture_geometry_matches_the_cpu() {
     };
     run_case(&case(&[1, 3, 9]), 0x5e1);
     run_case(&case(&[70, 1, 3]), 0x5e2);
+}
+
+/// Heads in groups that share each latent read (11 heads: a group of 8 and one of 3; a latent
+/// of 1024: groups of 4 and a last of 1) and one row's positions split across workgroups and
+/// joined (decode rows after a block of 150, over every position and over a selection of 100).
+#[test]
+fn head_groups_and_split_positions_match_the_cpu() {
+    let case = |heads, latent, select| Case {
+        hidden: 48,
+        heads,
+        q_lora: Some(24),
+        latent,
+        nope: 8,
+        rope: 8,
+        v: 6,
+        interleave: false,
+        scaling: RopeScaling::None,
+        biases: false,
+        format: WeightFormat::F32,
+        blocks: &[150, 1, 3, 1],
+        select,
+    };
+    run_case(&case(11, 64, None), 0x6a1);
+    run_case(&case(11, 64, Some(100)), 0x6a2);
+    run_case(&case(9, 1024, Some(40)), 0x6a3);
 }
 
 #[test]

@@ -256,11 +256,13 @@ push_blocks! {
     }
 
     /// Mirrors the push block of `mla_attn.comp` and `mla_attn_sparse.comp` (`mla_attn.glsl`;
-    /// `topk` and `s_off` the selection's, 0 without one).
+    /// `topk` and `s_off` the selection's, 0 without one; `group` heads a workgroup, `splits`
+    /// workgroups a row's positions).
     MlaAttnPush for [MlaAttn, MlaAttnSparse] {
         n: u32, heads: u32, dn: u32, dr: u32,
         c: u32, pos0: u32, scale: f32, q_off: u32,
         l_off: u32, dyn_pos: u32, topk: u32, s_off: u32,
+        group: u32, splits: u32, pad0: u32, pad1: u32,
     }
 
     /// Mirrors `dsa_score.comp`'s push block.

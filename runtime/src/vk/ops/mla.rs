@@ -36,6 +36,16 @@ use coli_compiler::ir::{MlaSpec, RopeStyle};
 pub const MAX_LATENT: usize = 1024;
 /// The widest rope part (`MAX_R` in `mla_attn.comp`).
 pub const MAX_ROPE: usize = 128;
+/// The most heads an attention workgroup takes (`GMAX` in `mla_attn.glsl`).
+const GROUP_MAX: usize = 8;
+/// The query floats an attention workgroup holds (`QCAP` in `mla_attn.glsl`).
+const GROUP_FLOATS: usize = 4096;
+/// Positions an attention tile (`TP` in `mla_attn.glsl`): a split covers at least one.
+const TILE: usize = 32;
+/// The workgroups an attention dispatch aims for before it splits rows' positions.
+const SPLIT_TARGET: usize = 256;
+/// The most splits of a row's positions.
+const MAX_SPLITS: usize = 32;
 
 /// The geometry of one MLA op.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -459,6 +469,9 @@ impl<'a> Frame<'a> {
         if ml.offset != 0 || mr.offset != 0 {
             return Err(VkError::BadArgument { op, msg: "mirror views must start at element 0".into() });
         }
+        if n == 0 {
+            return Ok(());
+        }
         let (kernel, sel_bind, topk, s_off) = match select {
             Some((sel, topk)) => {
                 sel.check(op, "selection", n * topk)?;
@@ -470,6 +483,16 @@ impl<'a> Frame<'a> {
             }
             None => (Kernel::MlaAttn, Bind::UNUSED, 0, 0),
         };
+        // Heads a workgroup (they share each latent read), then the rows' positions split
+        // until the dispatch has enough workgroups (a decode row's 64 heads are 8 groups).
+        let group = GROUP_MAX.min(s.heads).min(GROUP_FLOATS / s.latent);
+        let groups = s.heads.div_ceil(group);
+        let most = match select {
+            Some((_, topk)) => topk,
+            None if dyn_pos != 0 => usize::MAX,
+            None => pos0 + n,
+        };
+        let splits = SPLIT_TARGET.div_ceil(n * groups).min(most.div_ceil(TILE)).clamp(1, MAX_SPLITS);
         let push = MlaAttnPush {
             n: u32_arg(op, "n", n)?,
             heads: s.heads as u32,
@@ -483,10 +506,31 @@ impl<'a> Frame<'a> {
             dyn_pos,
             topk,
             s_off,
+            group: group as u32,
+            splits: splits as u32,
+            pad0: 0,
+            pad1: 0,
         };
-        let binds = [Bind::buf(lat.buf), Bind::buf(q.buf), Bind::buf(ml.buf), Bind::buf(mr.buf), pos_bind, sel_bind];
-        let binds = if select.is_some() { &binds[..] } else { &binds[..5] };
-        self.dispatch(kernel, None, binds, &push, [s.heads as u32, u32_arg(op, "n", n)?, 1])
+        let (part_ml, part_o, counters) = if splits > 1 {
+            let slots = n * s.heads * splits;
+            let (pml, po) = (self.scratch(slots * 2)?, self.scratch(slots * s.latent)?);
+            (self.scratch_bind(pml), self.scratch_bind(po), self.counters(n * groups)?)
+        } else {
+            (Bind::UNUSED, Bind::UNUSED, Bind::UNUSED)
+        };
+        let binds = [
+            Bind::buf(lat.buf),
+            Bind::buf(q.buf),
+            Bind::buf(ml.buf),
+            Bind::buf(mr.buf),
+            pos_bind,
+            sel_bind,
+            part_ml,
+            part_o,
+            counters,
+        ];
+        let grid = [u32_arg(op, "groups", groups)?, u32_arg(op, "n", n)?, splits as u32];
+        self.dispatch(kernel, None, &binds, &push, grid)
     }
 
     /// `kv_b`'s value rows of each head on its weighted latent in `lat`: `heads` (`n x heads x
