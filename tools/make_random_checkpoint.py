@@ -62,6 +62,12 @@ GEOMETRIES = {
         num_hidden_layers=5, mlp_layer_types=["dense"] * 3 + ["sparse"] * 2,
         layer_types=["deepseek_sparse_attention"] * 5, indexer_types=["full"] * 5,
         max_position_embeddings=16384),
+    # The same cut to its first 2 (dense) layers: the attention's kernels per layer at GLM-5's
+    # width, made and loaded in seconds.
+    "glm-5-2l": lambda: tf.GlmMoeDsaConfig(
+        num_hidden_layers=2, mlp_layer_types=["dense"] * 2,
+        layer_types=["deepseek_sparse_attention"] * 2, indexer_types=["full"] * 2,
+        max_position_embeddings=16384),
     # DeepSeek V4-Flash (DeepseekV4Config's defaults are V4-Flash's: hidden 4096, 4 residual
     # streams, 64 heads of 512 with one KV head, 256 experts of 2,048 top-6 + 1 shared) at full
     # width, cut to 3 layers (what the GPU machine's disk holds as bf16), one of each kind in the
@@ -71,6 +77,11 @@ GEOMETRIES = {
         num_hidden_layers=3, max_position_embeddings=16384,
         layer_types=["heavily_compressed_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
         mlp_layer_types=["hash_moe", "moe", "moe"]),
+    # The same cut to its compressed sparse attention layer alone (the lightning indexer over the
+    # compressor's entries), with scored routing.
+    "deepseek-v4-flash-1l": lambda: tf.DeepseekV4Config(
+        num_hidden_layers=1, max_position_embeddings=16384,
+        layer_types=["compressed_sparse_attention"], mlp_layer_types=["moe"]),
 }
 
 
