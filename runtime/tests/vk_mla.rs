@@ -8,7 +8,8 @@
 //! of 1024, biases on every projection); and over a random selection of positions per row
 //! (DeepSeek Sparse Attention, `mla_attn_sparse.comp`) against the CPU op with that selection;
 //! heads in groups and decode rows' positions split across workgroups (11 and 9 heads, latents
-//! of 64 and 1024, after a block of 150 rows).
+//! of 64 and 1024, after a block of 150 rows); two layers' split decode attention in one frame
+//! against a direct reference in this file, sharing the frame's partials.
 //!
 //! Tolerance: f32 weights with f32 activations (`Precision::Exact`): each block's output and
 //! its new cache rows (read back and in the mirror) within 1e-5 of their largest |value|.
@@ -389,5 +390,76 @@ fn out_of_range_geometries_are_typed_errors() {
             MlaAttnArgs { q: b.view(0, 64), lat: b.view(0, 4096), latent_mirror: b.all(), rope_mirror: b.all(), n: 1 };
         let e = f.mla_attn(s, a, 0);
         assert!(e.is_err(), "a latent of {latent}, a rope part of {rope}: refused");
+    }
+}
+
+/// The absorbed attention of one row at `pos` over mirrors `ml` / `mr` (every position up to
+/// it), as cpu::mla's second loop: per head the softmax of (q_lat . ml[j] + q_rope . mr[j]) *
+/// scale, then the weighted latents.
+fn attend_rows(s: &MlaShape, q: &[f32], lat: &[f32], ml: &[f32], mr: &[f32], pos: usize) -> Vec<f32> {
+    let (c, dr, dq) = (s.latent, s.rope, s.nope + s.rope);
+    let mut out = vec![0f32; s.heads * c];
+    for h in 0..s.heads {
+        let (ql, qr) = (&lat[h * c..(h + 1) * c], &q[h * dq + s.nope..(h + 1) * dq]);
+        let sc: Vec<f32> = (0..=pos)
+            .map(|j| {
+                let a: f32 = ql.iter().zip(&ml[j * c..(j + 1) * c]).map(|(x, y)| x * y).sum();
+                let b: f32 = qr.iter().zip(&mr[j * dr..(j + 1) * dr]).map(|(x, y)| x * y).sum();
+                (a + b) * s.scale
+            })
+            .collect();
+        let m = sc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let p: Vec<f32> = sc.iter().map(|x| (x - m).exp()).collect();
+        let l: f32 = p.iter().sum();
+        for (j, pj) in p.iter().enumerate() {
+            for k in 0..c {
+                out[h * c + k] += pj / l * ml[j * c + k];
+            }
+        }
+    }
+    out
+}
+
+/// Two layers' decode attention in one frame, each row's positions split across workgroups:
+/// both match the CPU, and the second call takes no scratch of its own (the split partials
+/// and counters are the frame's, shared, so a recording of many layers holds one layer's).
+#[test]
+fn layers_in_one_frame_share_the_split_partials() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x6b1);
+    let s = MlaShape { heads: 12, q_lora: None, latent: 64, nope: 8, rope: 8, v_head_dim: 8, scale: 0.3, eps: 1e-6 };
+    let pos = 199;
+    let layer = |rng: &mut Rng| {
+        let q = rng.vec(s.heads * (s.nope + s.rope), 1.0);
+        let lat = rng.vec(s.heads * s.latent, 1.0);
+        let ml = rng.vec((pos + 1) * s.latent, 1.0);
+        let mr = rng.vec((pos + 1) * s.rope, 1.0);
+        (q, lat, ml, mr)
+    };
+    let layers = [layer(&mut rng), layer(&mut rng)];
+    let up: Vec<_> = layers
+        .iter()
+        .map(|(q, lat, ml, mr)| {
+            let u = |v: &Vec<f32>| ctx.upload_f32(v).unwrap();
+            (u(q), u(lat), u(ml), u(mr))
+        })
+        .collect();
+    let args = |i: usize| {
+        let (q, lat, ml, mr) = &up[i];
+        MlaAttnArgs { q: q.all(), lat: lat.all(), latent_mirror: ml.all(), rope_mirror: mr.all(), n: 1 }
+    };
+    let mut f = ctx.frame().unwrap();
+    f.mla_attn(s, args(0), pos).unwrap();
+    let one = f.scratch_bytes();
+    f.mla_attn(s, args(1), pos).unwrap();
+    assert!(one > 0, "a split call takes scratch for its partials");
+    assert_eq!(f.scratch_bytes(), one, "the second layer's call shares the first's partials and counters");
+    f.run().unwrap();
+    for (i, (q, lat, ml, mr)) in layers.iter().enumerate() {
+        let want = attend_rows(&s, q, lat, ml, mr, pos);
+        let got = ctx.download_f32(up[i].1.all()).unwrap();
+        let e = worst(&got, &want);
+        eprintln!("layer {i}: {e:.2e} of the largest output");
+        assert!(e <= 1e-5, "layer {i}: off by {e} of the largest output");
     }
 }

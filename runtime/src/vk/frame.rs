@@ -172,6 +172,8 @@ pub struct Frame<'a> {
     dummies_used: usize,
     /// Zeroed u32 counters kernels share (each returns them to 0 when done), and how many.
     counters: Option<(Range, usize)>,
+    /// Split kernels' partials, one range every call shares, and its length in floats.
+    partials: Option<(Range, usize)>,
     /// Constants recorded so far, for reuse by later kernels that want the same words.
     constants: Vec<(Vec<u32>, Range)>,
     /// Keep every recorded buffer alive (a recording that outlives the borrow).
@@ -257,6 +259,7 @@ impl<'a> Frame<'a> {
             write_dummies: Vec::new(),
             dummies_used: 0,
             counters: None,
+            partials: None,
             constants: Vec::new(),
             retain: !once,
             keep: Vec::new(),
@@ -342,6 +345,29 @@ impl<'a> Frame<'a> {
         self.stamp(|| "fill".to_string());
         self.counters = Some((r, len.max(64)));
         Ok(Bind::raw(r))
+    }
+
+    /// Scratch bytes the recording has asked for so far.
+    pub fn scratch_bytes(&self) -> u64 {
+        self.asked
+    }
+
+    /// Two ranges of at least `a` and `b` floats for a split kernel's partials (its (m, l)
+    /// pairs and its weighted sums), within one range every such call of the frame shares: the
+    /// calls are ordered by their writes like any scratch (an MLA layer's attention after the
+    /// last), so a recording of many layers holds one layer's partials, not one per layer.
+    pub(crate) fn partials(&mut self, a: usize, b: usize) -> Result<(Bind<'static>, Bind<'static>)> {
+        let a_bytes = (a.max(1) as u64 * 4).div_ceil(SCRATCH_ALIGN) * SCRATCH_ALIGN;
+        let len = (a_bytes / 4) as usize + b.max(1);
+        let (buf, start, _) = match self.partials.filter(|p| p.1 >= len) {
+            Some((r, _)) => r,
+            None => {
+                let r = self.scratch_range(len as u64 * 4)?;
+                self.partials = Some((r, len));
+                r
+            }
+        };
+        Ok((Bind::raw((buf, start, a.max(1) as u64 * 4)), Bind::raw((buf, start + a_bytes, b.max(1) as u64 * 4))))
     }
 
     /// `count` disjoint runs of at least `each` counters within the frame's shared counters

@@ -513,8 +513,8 @@ impl<'a> Frame<'a> {
         };
         let (part_ml, part_o, counters) = if splits > 1 {
             let slots = n * s.heads * splits;
-            let (pml, po) = (self.scratch(slots * 2)?, self.scratch(slots * s.latent)?);
-            (self.scratch_bind(pml), self.scratch_bind(po), self.counters(n * groups)?)
+            let (pml, po) = self.partials(slots * 2, slots * s.latent)?;
+            (pml, po, self.counters(n * groups)?)
         } else {
             (Bind::UNUSED, Bind::UNUSED, Bind::UNUSED)
         };
