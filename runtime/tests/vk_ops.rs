@@ -576,6 +576,37 @@ fn attention_matches_cpu() {
     }
 }
 
+/// Two layers' decode attention in one frame, positions split across workgroups: both match
+/// the CPU (1e-5), and the second call takes no scratch of its own (the split partials and
+/// counters are the frame's, shared, so a replayed decode recording holds one layer's).
+#[test]
+fn split_attention_of_two_layers_shares_the_frames_partials() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0009);
+    let cases: Vec<AttnCase> =
+        (0..2).map(|_| attention_case(&mut rng, (8, 2, 64, 64), None, true, 1.0, 1, 300)).collect();
+    let bufs: Vec<_> = cases
+        .iter()
+        .map(|c| {
+            let u = |v: &[f32]| ctx.upload_f32(v).unwrap();
+            (u(&c.q), u(&c.k), u(&c.v), u(&c.sinks), ctx.f32_buffer(c.want.len()).unwrap())
+        })
+        .collect();
+    let mut f = ctx.frame().unwrap();
+    let mut asked = Vec::new();
+    for (c, (q, k, v, sk, o)) in cases.iter().zip(&bufs) {
+        let args = AttnArgs { q: q.all(), k: k.all(), v: v.all(), sinks: Some(sk.all()), out: o.all(), n: 1 };
+        f.attention(c.shape, args, 300, AttnPath::Split).unwrap();
+        asked.push(f.scratch_bytes());
+    }
+    assert!(asked[0] > 0, "a split call takes scratch for its partials");
+    assert_eq!(asked[1], asked[0], "the second layer's call shares the first's partials and counters");
+    f.run().unwrap();
+    for (i, (c, b)) in cases.iter().zip(&bufs).enumerate() {
+        assert_close(&format!("layer {i}"), &ctx.download_f32(b.4.all()).unwrap(), &c.want, 1e-5);
+    }
+}
+
 /// A device without the f16 cooperative shape (Lavapipe) refuses `AttnPath::Coop` with an
 /// error that says why, and `AttnPath::Auto` takes the f32 kernel there (within its 1e-5).
 /// (The cooperative kernel itself is checked against the CPU by `vk_coopmat` on a GPU.)

@@ -508,11 +508,17 @@ impl<'a> Frame<'a> {
         };
         if split {
             let slots = n * s.heads * splits;
-            let (ml, o) = (self.scratch(slots * 2)?, self.scratch(slots * s.v_head_dim)?);
-            let (ml, o) = (self.scratch_bind(ml), self.scratch_bind(o));
-            let counters = match own_counters {
-                Some(c) => c,
-                None => self.counters(n * s.heads)?,
+            // Kernels with counters of their own run side by side, each with its own partials;
+            // the others share the frame's (one after another, as they share its counters).
+            let (ml, o, counters) = match own_counters {
+                Some(c) => {
+                    let (ml, o) = (self.scratch(slots * 2)?, self.scratch(slots * s.v_head_dim)?);
+                    (self.scratch_bind(ml), self.scratch_bind(o), c)
+                }
+                None => {
+                    let (ml, o) = self.partials(slots * 2, slots * s.v_head_dim)?;
+                    (ml, o, self.counters(n * s.heads)?)
+                }
             };
             let d = decode.unwrap_or(Decode {
                 k: Bind::UNUSED,
