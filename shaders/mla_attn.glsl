@@ -18,7 +18,8 @@
 // come after every read.
 // With dyn_pos the block's first position is read from `posv[0]` (a replayed recording).
 // Must not: read a position past pos0 + i, or take a latent wider than MAX_C or a rope part
-// wider than MAX_R, or more than GMAX heads a group (the op checks).
+// wider than MAX_R (the op checks), or more than GMAX heads a group or QCAP query floats (the
+// op chooses the group within both).
 // With SPARSE, row i attends over the positions its selection names (binding 5, `topk` per
 // row: ascending positions, -1 after the last; DeepSeek Sparse Attention's indexer output)
 // instead of every cached one. Reference: cpu::mla with `select`.

@@ -236,10 +236,11 @@ fn over_a_selection_the_fixture_geometry_matches_the_cpu() {
 
 /// Heads in groups that share each latent read (11 heads: a group of 8 and one of 3; a latent
 /// of 1024: groups of 4 and a last of 1) and one row's positions split across workgroups and
-/// joined (decode rows after a block of 150, over every position and over a selection of 100).
+/// joined (decode rows after a block of 150, over every position and over a selection of 100;
+/// after a block of 20, over a selection of 100 that names only the 21-22 positions seen).
 #[test]
 fn head_groups_and_split_positions_match_the_cpu() {
-    let case = |heads, latent, select| Case {
+    let case = |heads, latent, select, blocks: &'static [usize]| Case {
         hidden: 48,
         heads,
         q_lora: Some(24),
@@ -251,12 +252,15 @@ fn head_groups_and_split_positions_match_the_cpu() {
         scaling: RopeScaling::None,
         biases: false,
         format: WeightFormat::F32,
-        blocks: &[150, 1, 3, 1],
+        blocks,
         select,
     };
-    run_case(&case(11, 64, None), 0x6a1);
-    run_case(&case(11, 64, Some(100)), 0x6a2);
-    run_case(&case(9, 1024, Some(40)), 0x6a3);
+    run_case(&case(11, 64, None, &[150, 1, 3, 1]), 0x6a1);
+    run_case(&case(11, 64, Some(100), &[150, 1, 3, 1]), 0x6a2);
+    run_case(&case(9, 1024, Some(40), &[150, 1, 3, 1]), 0x6a3);
+    // Decode rows that see fewer positions than the selection holds (21 and 22 of 100, -1 after
+    // them) split four ways: the splits share out the selected positions only.
+    run_case(&case(11, 64, Some(100), &[20, 1, 1]), 0x6a4);
 }
 
 #[test]
