@@ -1,8 +1,9 @@
-//! A device frame's K/V rows between the host's cache and the mirrors: before the frame, the
-//! rows a sequence's mirrors lack (a host write lowered their watermark, or a KV split's ring
-//! moved on); after it, each sequence's read-back rows straight into the cache's new rows, and
-//! the mirrors' watermarks up to them (the host's copy stays canonical, so a device lost
-//! mid-forward re-runs it on the CPU).
+//! A session's K/V mirrors (allocated with its device state: each attention or MLA layer's keys
+//! and values, a split layer's as a ring) and a device frame's K/V rows between the host's
+//! cache and them: before the frame, the rows a sequence's mirrors lack (a host write lowered
+//! their watermark, or a KV split's ring moved on); after it, each sequence's read-back rows
+//! straight into the cache's new rows, and the mirrors' watermarks up to them (the host's copy
+//! stays canonical, so a device lost mid-forward re-runs it on the CPU).
 
 use super::{DeviceModel, DeviceState, KvMirror, PARALLEL_KV_ROWS};
 use crate::bytes::{as_bytes, as_bytes_mut};
