@@ -11,6 +11,9 @@
 // sum_i r[row, h * d_rel + i] * proj[i, d] (rel_r from rel_c[0], rows of heads * d_rel;
 // rel_p `[d_rel, extent]`; rel_c: r offset, d_rel, extent), zero from extent on. Reference:
 // `cpu::attention::rel_logits` and `attend_rel` (the same sum in the same order).
+// With ring != 0 the mirror is a ring of that many rows: position j is row j % ring (a sliding
+// window's mirror, which holds the window and one block; the caller keeps every position a
+// row sees in it).
 // Must not: define main or workgroup sizes.
 
 layout(std430, binding = 0) readonly buffer Q { float qv[]; };
@@ -24,6 +27,7 @@ layout(push_constant) uniform PC {
     uint v_head_dim; uint pos0; uint window; uint flags;
     float scale; uint q_off; uint k_off; uint v_off;
     uint o_off; uint splits; uint chunk; float value_scale;
+    uint ring; uint pad0; uint pad1; uint pad2;
 } pc;
 
 // As ops/attention.rs: positions per split at least MIN_CHUNK, at most MAX_SPLITS splits.
@@ -76,5 +80,9 @@ float rel_bias(uint row, uint h, uint dist) {
 uint row_lo(uint p) { return (pc.window != 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u; }
 uint kv_head(uint h) { return h / (pc.heads / pc.kv_heads); }
 uint q_at(uint row, uint h) { return pc.q_off + row * pc.heads * pc.head_dim + h * pc.head_dim; }
-uint k_at(uint j, uint kh) { return pc.k_off + j * pc.kv_heads * pc.head_dim + kh * pc.head_dim; }
-uint v_at(uint j, uint kh) { return pc.v_off + j * pc.kv_heads * pc.v_head_dim + kh * pc.v_head_dim; }
+// The mirror row of position j.
+uint slot(uint j) { return pc.ring != 0u ? j % pc.ring : j; }
+// Positions from j on that lie in consecutive rows (to the ring's end), at most `most`.
+uint run_from(uint j, uint most) { return pc.ring != 0u ? min(most, pc.ring - j % pc.ring) : most; }
+uint k_at(uint j, uint kh) { return pc.k_off + slot(j) * pc.kv_heads * pc.head_dim + kh * pc.head_dim; }
+uint v_at(uint j, uint kh) { return pc.v_off + slot(j) * pc.kv_heads * pc.v_head_dim + kh * pc.v_head_dim; }

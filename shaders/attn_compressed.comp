@@ -28,12 +28,13 @@ layout(std430, binding = 4) readonly buffer S { float sinks[]; };
 layout(std430, binding = 5) readonly buffer SEL { float sel[]; };
 layout(std430, binding = 6) writeonly buffer O { float outv[]; };
 layout(std430, binding = 7) readonly buffer PRM { uint params[]; };
-// window 0: none; topk 0: no selection; has_sinks 0: no sinks.
+// window 0: none; topk 0: no selection; has_sinks 0: no sinks; ring 0: the cached rows are
+// positions, else a ring of that many rows (position j in row j % ring).
 layout(push_constant) uniform PC {
     uint n; uint heads; uint dim; uint pos0;
     uint window; uint rate; float scale; uint q_off;
     uint o_off; uint dyn; uint topk; uint s_off;
-    uint has_sinks; uint pad0; uint pad1; uint pad2;
+    uint has_sinks; uint ring; uint pad1; uint pad2;
 } pc;
 
 shared float sq[MAX_D];
@@ -52,8 +53,11 @@ uvec2 key_of(uint i, uint jj, uint lo, uint wlen, uint seen) {
     return uvec2(2u, e);
 }
 
+// The mirror row of a cached position (ring != 0: a ring of that many rows).
+uint slot(uint j) { return pc.ring != 0u ? j % pc.ring : j; }
+
 float column(uvec2 key, uint k) {
-    return key.x == 1u ? vc[key.y * pc.dim + k] : ent[key.y * pc.dim + k];
+    return key.x == 1u ? vc[slot(key.y) * pc.dim + k] : ent[key.y * pc.dim + k];
 }
 
 void main() {
@@ -78,7 +82,7 @@ void main() {
             if (key.x != 0u) {
                 float a = 0.0;
                 if (key.x == 1u) {
-                    for (uint k = 0u; k < pc.dim; k++) a += sq[k] * kc[key.y * pc.dim + k];
+                    for (uint k = 0u; k < pc.dim; k++) a += sq[k] * kc[slot(key.y) * pc.dim + k];
                 } else {
                     for (uint k = 0u; k < pc.dim; k++) a += sq[k] * ent[key.y * pc.dim + k];
                 }

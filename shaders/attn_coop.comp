@@ -63,7 +63,7 @@ void stage_rows(uint tid, uint nt, uint width, uint base, uint stride, uint firs
         [[unroll]] for (uint i = 0u; i < LOADS; i++) {
             uint e = e0 + i * nt, t = e / MAXD, d = e % MAXD;
             bool in_ = e < BK * MAXD && d < width && first + t <= last;
-            uint at = base + (first + t) * stride + d;
+            uint at = base + slot(first + t) * stride + d;
             x[i] = in_ ? (keys ? kv[at] : vv[at]) : 0.0;
         }
         [[unroll]] for (uint i = 0u; i < LOADS; i++) {

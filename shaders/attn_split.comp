@@ -189,11 +189,11 @@ void main() {
         barrier();
         if (h % (pc.heads / pc.kv_heads) == 0u) {
             for (uint d = tid; d < hd; d += T) {
-                mkw[pc.k_off + p * pc.kv_heads * hd + kh * hd + d] = k_row[d];
+                mkw[pc.k_off + slot(p) * pc.kv_heads * hd + kh * hd + d] = k_row[d];
                 skb[kh * hd + d] = k_row[d];
             }
             for (uint d = tid; d < vhd; d += T) {
-                mvw[pc.v_off + p * pc.kv_heads * vhd + kh * vhd + d] = v_row[d];
+                mvw[pc.v_off + slot(p) * pc.kv_heads * vhd + kh * vhd + d] = v_row[d];
                 svb[kh * vhd + d] = v_row[d];
             }
         }
@@ -206,10 +206,11 @@ void main() {
     float m = NEG_INF, l = 0.0;
     float o[MAX_DV / 128];
     for (uint i = 0u; i < MAX_DV / 128; i++) o[i] = 0.0;
-    for (uint j0 = j_begin; j0 < j_stop; j0 += T) {
-        uint j = j0 + tid;
+    // A tile's positions lie in consecutive mirror rows: in a ring it ends at the ring's end.
+    for (uint j0 = j_begin, tl = run_from(j_begin, T); j0 < j_stop; j0 += tl, tl = run_from(j0, T)) {
+        uint j = j0 + tid, t_stop = min(j_stop, j0 + tl);
         float s = NEG_INF;
-        if (j < j_stop) {
+        if (j < t_stop) {
             uint kb = k_at(j, kh);
             float acc = 0.0;
             if (vec) {
@@ -231,11 +232,11 @@ void main() {
         }
         float m_new = max(m, tile_max(s));
         float alpha = exp(m - m_new);
-        float pj = j < j_stop ? exp(s - m_new) : 0.0;
+        float pj = j < t_stop ? exp(s - m_new) : 0.0;
         p_s[tid] = pj;
         l = l * alpha + tile_sum(pj);
         barrier();
-        uint cnt = min(T, j_stop - j0);
+        uint cnt = t_stop - j0;
         uint vs = pc.kv_heads * vhd;
         uint vb = v_at(j0, kh);
         if (halves) {

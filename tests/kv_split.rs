@@ -4,7 +4,7 @@
 //! in steps of 1, 2 and 3 rows and in whole chunks, then decode. The split must have run
 //! (the plan has it, steps had a host part, and no device failure sent the run to the CPU).
 //! A rewind (truncating the session, then a new continuation) refills the rings from the
-//! host's cache.
+//! host's cache. A sliding window's mirror is a ring too (the window and a chunk), split or not.
 //!
 //! Tolerance: logits within 1e-4 of the largest |logit| of the unsplit run (f32 weights: the
 //! two differ in the order of float operations only); greedy tokens identical.
@@ -177,4 +177,40 @@ fn a_split_session_continues_an_adopted_context() {
     }
     assert!(s.take_notice().is_none());
     assert!(s.adopt_context(&filler).is_err(), "a session with positions refuses another's context");
+}
+
+/// A sliding window's mirror is a ring of the window and a chunk (gpt-oss's fixture: two of its
+/// three layers slide over 4 positions, so 4 + 8 rows where the full layer keeps 256), and it
+/// follows the host's cache through rewinds below its positions: prompt in steps of 5, then
+/// truncations to 70 and 12, each continued in steps of 3, against the CPU's run of the same
+/// steps: logits within 1e-4 of the largest |logit|.
+#[test]
+fn sliding_window_rings_follow_rewinds() {
+    let dir = fixture_dir("gpt_oss");
+    let l = load_split(&dir, None, 8);
+    let prompt: Vec<u32> = (0..90u32).map(|i| 3 + (i * 7919 + 13) % 190).collect();
+    let other: Vec<u32> = (0..40u32).map(|i| 5 + (i * 104729 + 7) % 180).collect();
+    let logits = |mut s: Session| {
+        let mut rows: Vec<Vec<f32>> = prompt.chunks(5).map(|c| s.forward(c, LogitRows::All).unwrap()).collect();
+        for cut in [70, 12] {
+            s.truncate(cut);
+            rows.extend(other.chunks(3).map(|c| s.forward(c, LogitRows::All).unwrap()));
+        }
+        assert!(s.take_notice().is_none(), "the device failed; the CPU finished the run");
+        rows
+    };
+    let dev = Session::on_device(l.model(), l.device().unwrap(), CONTEXT).unwrap();
+    let spec = l.plan().program.layers.iter().flat_map(|x| &x.ops).find_map(|op| match op {
+        coli_compiler::ir::Op::Attention { spec, .. } => Some(spec),
+        _ => None,
+    });
+    let spec = spec.expect("an attention layer");
+    let row_bytes = (spec.kv_heads * (spec.head_dim + spec.v_head_dim) * 4) as u64;
+    let want_bytes = row_bytes * (CONTEXT + 2 * (4 + CHUNK)) as u64;
+    assert_eq!(dev.device_kv_bytes(), Some(want_bytes), "one full layer of {CONTEXT} rows, two rings of 12");
+    let got = logits(dev);
+    let want = logits(Session::new(l.model(), CONTEXT));
+    let max = want.iter().flatten().fold(0f32, |a, b| a.max(b.abs()));
+    let err = max_abs_diff(&got, &want);
+    assert!(err <= 1e-4 * max, "max |device - cpu| after rewinds = {err} (max |logit| {max})");
 }

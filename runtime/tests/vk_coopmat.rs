@@ -58,7 +58,7 @@ use coli_runtime::format::{Matrix, WeightFormat};
 use coli_runtime::vk::ops::{COOP_ATTN_ROWS, COOP_MIN_ROWS, COOP_MIN_WINDOW};
 use coli_runtime::vk::{AttnArgs, AttnPath, Context, CoopMatUse, MatIn, MatmulPath, MoeCall, MoePath, VkOptions};
 use std::sync::OnceLock;
-use vk_common::{attention_case, open, random_rows, AttnCase, Rng};
+use vk_common::{attention_case, open, random_rows, to_ring, AttnCase, Rng};
 
 /// The context with cooperative matrices (profiling on, to see which kernel ran), or `None`
 /// (after saying why) where the device has no int8 shape.
@@ -404,6 +404,32 @@ fn olmoe_chunk(ctx: &Context, format: WeightFormat, rng: &mut Rng) {
             }
         }
     }
+}
+
+/// Prompt attention on f16 cooperative matrices over a sliding window's mirror as a ring
+/// (`AttnShape::ring`: the window and the chunk, the chunk crossing the ring's end) against the
+/// CPU's `attend` over every position, within `ATTN_TOL` of the largest |reference|.
+#[test]
+fn prompt_attention_over_a_ring_on_f16_matrices_matches_cpu() {
+    let Some(ctx) = coop() else { return };
+    if !ctx.caps().coopmat_f16 {
+        eprintln!("vk_coopmat: SKIPPED the ring attention: {} has no f16 16x16x16 shape", ctx.caps().name);
+        return;
+    }
+    let mut rng = Rng(0xc00b_a77f);
+    let (dims, window, n, pos0, ring) = ((8, 2, 64, 64), 300, 130, 700, 429);
+    let AttnCase { q, k, v, sinks, shape, want } = attention_case(&mut rng, dims, Some(window), true, 1.0, n, pos0);
+    let shape = coli_runtime::vk::AttnShape { ring: Some(ring), ..shape };
+    let (kw, len) = (dims.1 * dims.2, pos0 + n);
+    let up = |x: &[f32]| ctx.upload_f32(x).unwrap();
+    let (qb, sb) = (up(&q), up(&sinks));
+    let (kb, vb) = (up(&to_ring(&k, kw, len, ring)), up(&to_ring(&v, kw, len, ring)));
+    let ob = ctx.f32_buffer(want.len()).unwrap();
+    let mut f = ctx.frame().unwrap();
+    let args = AttnArgs { q: qb.all(), k: kb.all(), v: vb.all(), sinks: Some(sb.all()), out: ob.all(), n };
+    f.attention(shape, args, pos0, AttnPath::Coop).unwrap();
+    f.run().unwrap();
+    check_close("attention over a ring (coop)", &ctx.download_f32(ob.all()).unwrap(), &want, ATTN_TOL);
 }
 
 /// Prompt attention on f16 cooperative matrices (`attn_coop.comp`) against the CPU's `attend`

@@ -301,7 +301,7 @@ fn attention_decode_matches_cpu() {
         let (sb, pb) = (ctx.upload_f32(&sinks).unwrap(), ctx.upload_u32(&[p as u32]).unwrap());
         let rope = (rotary > 0).then(|| RopeArgs { freq: fb.view(0, freq.len()), style, mscale });
         let pos = if dynamic { Pos::Dynamic(pb.all()) } else { Pos::Fixed(p) };
-        let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window, value_scale };
+        let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window, value_scale, ring: None };
         let (qnb, knb) = (ctx.upload_f32(&qnw).unwrap(), ctx.upload_f32(&knw).unwrap());
         // With value heads of whole 32-blocks, the kernel's 8-bit output too: a product over it
         // equals the same product over `quantize_acts` of the float output, bit for bit.
@@ -400,7 +400,16 @@ fn attention_decode_rows_match_cpu() {
         let m = (ctx.upload_f32(&old_k).unwrap(), ctx.upload_f32(&old_v).unwrap());
         mirrors.push((m.0, m.1, ctx.f32_buffer(kw).unwrap(), ctx.f32_buffer(kw).unwrap()));
     }
-    let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim: head_dim, scale, window: None, value_scale: 1.0 };
+    let vs = AttnShape {
+        heads,
+        kv_heads,
+        head_dim,
+        v_head_dim: head_dim,
+        scale,
+        window: None,
+        value_scale: 1.0,
+        ring: None,
+    };
     let rope = Some(RopeArgs { freq: fb.all(), style: RopeStyle::RotateHalf, mscale });
     let rows: Vec<DecodeArgs> = positions
         .iter()
@@ -449,7 +458,8 @@ fn a_recording_replays_at_every_position() {
     let ob = ctx.f32_buffer(qw).unwrap();
     let pb = ctx.upload_u32(&[0]).unwrap();
     for window in [None, Some(70)] {
-        let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim: head_dim, scale, window, value_scale: 1.0 };
+        let vs =
+            AttnShape { heads, kv_heads, head_dim, v_head_dim: head_dim, scale, window, value_scale: 1.0, ring: None };
         let cs = cpu_attention::AttnShape { heads, kv_heads, head_dim, v_head_dim: head_dim, scale, window };
         let mut f = ctx.recording().unwrap();
         let shape = KvShape { n: 1, heads, kv_heads, head_dim, v_head_dim: head_dim };

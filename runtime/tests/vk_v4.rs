@@ -268,7 +268,7 @@ fn compressed_attention_matches_cpu() {
         let e = Entries { rows: &entries, rate, select: sel };
         let mut want = vec![0f32; n * heads * d];
         attend(cs, &q, (&k, &v), &e, pos0, with_sinks.then_some(sinks.as_slice()), &mut want);
-        let shape = CompressedShape { heads, head_dim: d, scale: cs.scale, window, rate };
+        let shape = CompressedShape { heads, head_dim: d, scale: cs.scale, window, rate, ring: None };
         let up = |x: &[f32]| ctx.upload_f32(x).unwrap();
         let (dq, dk, dv, de, ds, dsel) = (up(&q), up(&k), up(&v), up(&entries), up(&sinks), up(&select));
         let (out, dpos) = (ctx.f32_buffer(n * heads * d).unwrap(), ctx.f32_buffer(1).unwrap());

@@ -20,7 +20,8 @@
 //!    keep that many layers on the devices.
 //!
 //! A layer splits when its mirror at the context would hold more positions than the ring (a
-//! sliding window no longer than the ring keeps its whole mirror; so does attention with
+//! sliding window's mirror is itself a ring of the window and a chunk, `window_rows`: one no
+//! longer than the split's keeps it; so does attention with
 //! relative logits, whose split parts nothing computes). This module must not cut
 //! frames; it decides numbers, `place` applies them.
 
@@ -86,15 +87,22 @@ impl fmt::Display for KvSplit {
     }
 }
 
-/// Positions a layer's attention mirror holds at `context` (its window's at most); `None` for
+/// Positions a sliding window's mirror holds: a ring of the window and one chunk (a step of at
+/// most `chunk_rows` rows sees `window - 1` positions before its first row and its own), at
+/// most the context. A split's ring is the same rule over its device share.
+pub fn window_rows(window: usize, chunk_rows: usize, context: usize) -> usize {
+    window.saturating_add(chunk_rows.max(1)).min(context)
+}
+
+/// Positions a layer's attention mirror holds at `context` (a window's ring at most); `None` for
 /// a layer without (GQA) attention or whose attention has relative logits (Inkling's: the
 /// split's parts, `cpu::attn_part` and `attn_part.comp`, do not add them, so such a layer
 /// never splits and the capped sizes keep its whole mirror) or compressed entries (DeepSeek
 /// V4's: the parts do not attend over them either).
-pub fn mirror_positions(program: &Program, layer: LayerId, context: usize) -> Option<usize> {
+pub fn mirror_positions(program: &Program, layer: LayerId, context: usize, chunk_rows: usize) -> Option<usize> {
     program.layers.get(layer.0 as usize)?.ops.iter().find_map(|op| match op {
         Op::Attention { spec, .. } if spec.rel.is_none() && spec.compressed.is_none() => {
-            Some(spec.window.map_or(context, |w| w.min(context)))
+            Some(spec.window.map_or(context, |w| window_rows(w, chunk_rows, context)))
         }
         _ => None,
     })
@@ -102,7 +110,7 @@ pub fn mirror_positions(program: &Program, layer: LayerId, context: usize) -> Op
 
 /// The ring of a split with `positions` on the device.
 pub fn ring(positions: usize, options: &Options, context: usize) -> usize {
-    positions.saturating_add(options.chunk_rows.max(1)).min(context)
+    window_rows(positions, options.chunk_rows, context)
 }
 
 /// The positions a forced split keeps: whole blocks, at least one.
@@ -112,13 +120,15 @@ pub fn forced_positions(options: &Options) -> Option<usize> {
 }
 
 /// The split layers of a placement: device layers whose mirror would pass the ring.
-pub fn split_layers(program: &Program, layers: &[Place], ring: usize, context: usize) -> Vec<LayerId> {
-    (0..layers.len())
-        .map(|i| LayerId(i as u32))
-        .filter(|l| {
-            layers[l.0 as usize] != Place::Host && mirror_positions(program, *l, context).is_some_and(|p| p > ring)
-        })
-        .collect()
+pub fn split_layers(
+    program: &Program,
+    layers: &[Place],
+    ring: usize,
+    context: usize,
+    chunk_rows: usize,
+) -> Vec<LayerId> {
+    let passes = |l: LayerId| mirror_positions(program, l, context, chunk_rows).is_some_and(|p| p > ring);
+    (0..layers.len()).map(|i| LayerId(i as u32)).filter(|&l| layers[l.0 as usize] != Place::Host && passes(l)).collect()
 }
 
 /// The attention ops of a placement's split layers that run on a device.

@@ -92,7 +92,7 @@ pub fn place(
     let ring = kv_split::ring(positions, options, context);
     let capped = sizer.with_kv_cap(Some(ring));
     let mut placement = chain(program, profile, options, &capped)?;
-    let layers = kv_split::split_layers(program, &placement.layers, ring, context);
+    let layers = kv_split::split_layers(program, &placement.layers, ring, context, options.chunk_rows);
     if layers.is_empty() {
         return chain(program, profile, options, sizer);
     }

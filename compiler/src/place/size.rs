@@ -214,7 +214,10 @@ impl Sizer {
             }
             match op {
                 Op::Attention { spec, .. } => {
-                    let positions = spec.window.map_or(self.context, |w| (w as u64).min(self.context));
+                    // A sliding window's mirror is a ring of the window and a chunk.
+                    let window =
+                        |w: usize| super::kv_split::window_rows(w, self.chunk_rows as usize, self.context as usize);
+                    let positions = spec.window.map_or(self.context, |w| window(w) as u64);
                     // Relative logits (Inkling) and compressed entries (DeepSeek V4) have no split
                     // parts: their mirror stays whole.
                     let cap = self.kv_cap.filter(|_| spec.rel.is_none() && spec.compressed.is_none());

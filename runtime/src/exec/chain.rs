@@ -63,6 +63,14 @@ pub struct ChainState {
     states: Vec<DeviceState>,
 }
 
+impl ChainState {
+    /// Bytes of the K/V mirrors (keys and values; a split's or a sliding window's ring) on
+    /// every device.
+    pub fn kv_mirror_bytes(&self) -> u64 {
+        self.states.iter().map(DeviceState::kv_mirror_bytes).sum()
+    }
+}
+
 /// A device of the chain that could not take its part of the plan.
 #[derive(Debug, thiserror::Error)]
 #[error("{device}: {error}")]

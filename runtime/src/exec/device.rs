@@ -107,6 +107,9 @@ pub struct DeviceState {
     mirrors: Vec<Option<KvMirror>>,
     /// Rows of each layer's mirror that equal the host's cache.
     watermark: Vec<usize>,
+    /// The sliding windows' mirrors that are rings, and the first position each holds for sure.
+    rings: Vec<Option<kv_rows::WindowRing>>,
+    ring_lo: Vec<usize>,
     /// What the resident experts' kernels work in.
     moe: Option<MoeScratch>,
     /// The forward's token ids (`cap_rows` u32) and its first position (u32 at element 0).
@@ -340,7 +343,7 @@ impl DeviceModel {
             .map(|(v, &t)| ctx.f32_buffer(if t { (v.width * self.cap_rows).max(1) } else { 1 }))
             .collect::<Result<Vec<_>, _>>()?;
         let context = context.min(self.max_context);
-        let mirrors = self.kv_mirrors(p, context)?;
+        let (mirrors, rings) = self.kv_mirrors(p, context)?;
         let mut twins: Vec<Option<DeviceBuffer>> = (0..p.values.len()).map(|_| None).collect();
         for f in &self.frames {
             for &v in &f.downloads {
@@ -370,6 +373,8 @@ impl DeviceModel {
             values,
             twins,
             watermark: vec![0; mirrors.len()],
+            ring_lo: vec![0; rings.len()],
+            rings,
             mirrors,
             moe,
             tokens,

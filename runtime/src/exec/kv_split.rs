@@ -126,33 +126,14 @@ impl Split {
     /// step's shares below `pos0` that it lacks (from the host's cache); the watermark (at
     /// most `pos0`) becomes `pos0`.
     pub fn upload(&self, ctx: &Context, st: &mut SplitState, u: RingUpload, pos0: usize) -> Result<(), VkError> {
-        let RingUpload { layer: l, k: mk, v: mv, host: c, mark } = u;
         let need = self.plan.device_from(pos0).min(pos0);
-        let lo = &mut st.ring_lo[l];
-        let from = if *lo > need || *mark < need {
-            *lo = need;
-            need
-        } else {
-            (*mark).max(need)
-        };
-        let ring = self.plan.ring;
-        let mut j = from;
-        while j < pos0 {
-            // One contiguous run of ring rows at a time (the ring wraps).
-            let end = pos0.min(j + ring - j % ring);
-            let (kw, vw) = (c.k_width, c.v_width);
-            ctx.write(mk, (j % ring) * kw * 4, as_bytes(&c.k[j * kw..end * kw]))?;
-            ctx.write(mv, (j % ring) * vw * 4, as_bytes(&c.v[j * vw..end * vw]))?;
-            j = end;
-        }
-        *mark = pos0;
-        Ok(())
+        let l = u.layer;
+        fill_ring(ctx, u, self.plan.ring, need, pos0, &mut st.ring_lo[l])
     }
 
     /// After a step of `n` rows from `pos0` wrote its rows into layer `l`'s ring.
     pub fn stepped(&self, st: &mut SplitState, l: usize, pos0: usize, n: usize) {
-        let lo = &mut st.ring_lo[l];
-        *lo = (*lo).max((pos0 + n).saturating_sub(self.plan.ring));
+        ring_stepped(&mut st.ring_lo[l], self.plan.ring, pos0, n);
     }
 
     /// The host's side of a split attention op after its frame: the device's part read
@@ -186,4 +167,42 @@ impl Split {
         }
         Ok(())
     }
+}
+
+/// Before a step from `pos0` over a ring mirror of `ring` rows (a split's share, a sliding
+/// window's) that holds positions `lo..mark` for sure: the positions `need..pos0` it lacks go
+/// up from the host's cache (all of them when the ring moved past `need` or the host wrote
+/// below it), and the watermark becomes `pos0`.
+pub fn fill_ring(
+    ctx: &Context,
+    u: RingUpload,
+    ring: usize,
+    need: usize,
+    pos0: usize,
+    lo: &mut usize,
+) -> Result<(), VkError> {
+    let RingUpload { k: mk, v: mv, host: c, mark, .. } = u;
+    let from = if *lo > need || *mark < need {
+        *lo = need;
+        need
+    } else {
+        (*mark).max(need)
+    };
+    let mut j = from;
+    while j < pos0 {
+        // One contiguous run of ring rows at a time (the ring wraps).
+        let end = pos0.min(j + ring - j % ring);
+        let (kw, vw) = (c.k_width, c.v_width);
+        ctx.write(mk, (j % ring) * kw * 4, as_bytes(&c.k[j * kw..end * kw]))?;
+        ctx.write(mv, (j % ring) * vw * 4, as_bytes(&c.v[j * vw..end * vw]))?;
+        j = end;
+    }
+    *mark = pos0;
+    Ok(())
+}
+
+/// After a step of `n` rows from `pos0` wrote them into a ring of `ring` rows whose first sure
+/// position is `lo`.
+pub fn ring_stepped(lo: &mut usize, ring: usize, pos0: usize, n: usize) {
+    *lo = (*lo).max((pos0 + n).saturating_sub(ring));
 }

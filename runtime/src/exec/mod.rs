@@ -256,6 +256,11 @@ impl<'m> Session<'m> {
         Ok(s)
     }
 
+    /// Bytes of this session's K/V mirrors on its devices (`None` without a device).
+    pub fn device_kv_bytes(&self) -> Option<u64> {
+        self.device.as_ref().map(|(_, st)| st.kv_mirror_bytes())
+    }
+
     /// Whether forwards run the plan's device frames (false after a device failure).
     pub fn on_a_device(&self) -> bool {
         self.device.is_some()

@@ -34,6 +34,7 @@ mod oplib;
 pub mod ops;
 mod options;
 mod pipeline;
+pub use pipeline::PUSH_BYTES;
 mod push;
 mod shaders;
 mod validation;

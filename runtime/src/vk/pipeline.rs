@@ -11,7 +11,9 @@ use super::shaders::{spirv, spirv_dot, FormatVariant, Kernel};
 use ash::vk;
 use std::collections::HashMap;
 
-pub const PUSH_BYTES: u32 = 64;
+/// Every pipeline's push-constant range (at most the 128 bytes every device has; the widest
+/// block, the attention kernels', is 80).
+pub const PUSH_BYTES: u32 = 80;
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Pipe {

@@ -177,6 +177,7 @@ push_blocks! {
         v_head_dim: u32, pos0: u32, window: u32, flags: u32,
         scale: f32, q_off: u32, k_off: u32, v_off: u32,
         o_off: u32, splits: u32, chunk: u32, value_scale: f32,
+        ring: u32, pad0: u32, pad1: u32, pad2: u32,
     }
 
     /// Mirrors `attn_part.comp`'s push block.
@@ -316,7 +317,7 @@ push_blocks! {
         n: u32, heads: u32, dim: u32, pos0: u32,
         window: u32, rate: u32, scale: f32, q_off: u32,
         o_off: u32, r#dyn: u32, topk: u32, s_off: u32,
-        has_sinks: u32, pad0: u32, pad1: u32, pad2: u32,
+        has_sinks: u32, ring: u32, pad1: u32, pad2: u32,
     }
 
     /// Mirrors `compress_pool.comp`'s push block.

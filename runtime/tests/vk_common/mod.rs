@@ -185,7 +185,8 @@ pub fn attention_case(
     use coli_runtime::cpu::attention as cpu;
     let scale = 1.0 / (head_dim as f32).sqrt();
     let cs = cpu::AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window };
-    let shape = coli_runtime::vk::AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window, value_scale };
+    let shape =
+        coli_runtime::vk::AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window, value_scale, ring: None };
     let len = pos0 + n;
     let q = rng.vec(n * heads * head_dim, 1.0);
     let k = rng.vec(len * kv_heads * head_dim, 1.0);
@@ -195,4 +196,16 @@ pub fn attention_case(
     cpu::attend(cs, &q, &k, &v, pos0, with_sinks.then_some(&sinks[..]), &mut want);
     want.iter_mut().for_each(|x| *x *= value_scale);
     AttnCase { q, k, v, sinks, shape, want }
+}
+
+/// Rows `len - ring..len` of `rows` (`width` floats each) in a ring of `ring` rows (position `p`
+/// in row `p % ring`, as a sliding window's mirror); rows of the ring no position fills hold
+/// 40.0, far from the inputs' range, so a kernel reading one shows.
+#[allow(dead_code)]
+pub fn to_ring(rows: &[f32], width: usize, len: usize, ring: usize) -> Vec<f32> {
+    let mut r = vec![40.0; ring * width];
+    for p in len.saturating_sub(ring)..len {
+        r[(p % ring) * width..][..width].copy_from_slice(&rows[p * width..][..width]);
+    }
+    r
 }

@@ -67,7 +67,9 @@ impl DeviceModel {
             let (fb, mscale) = self.freq(r.rotary_dim, r.theta, r.scaling);
             RopeArgs { freq: fb.all(), style: r.style, mscale }
         });
-        let shape = AttnShape::of(spec);
+        // A sliding window's mirror as a ring (every sequence's the same size).
+        let ring = rec.seqs[0].st.rings[l].map(|r| r.rows);
+        let shape = AttnShape { ring, ..AttnShape::of(spec) };
         // Inkling's relative logits: the block's states and the layer's `[d_rel, extent]` bank.
         let rel = spec.rel.as_ref().map(|r| RelArgs {
             r: view(r.r),
@@ -108,11 +110,13 @@ impl DeviceModel {
             f.copy(ss.ml.view(0, mw), ss.ml_back.view(0, mw))?;
             return Ok(None);
         }
+        // The rows a block at `pos` sees (a ring's: all of it).
+        let seen = |rows: usize| match (ring, pos) {
+            (None, Pos::Fixed(p0)) => (mk.view(0, (p0 + rows) * w(k)), mv.view(0, (p0 + rows) * w(v))),
+            _ => (mk.all(), mv.all()),
+        };
         if n == 1 && a.one_kernel {
-            let (keys, values) = match pos {
-                Pos::Fixed(p0) => (mk.view(0, (p0 + 1) * w(k)), mv.view(0, (p0 + 1) * w(v))),
-                Pos::Dynamic(_) => (mk.all(), mv.all()),
-            };
+            let (keys, values) = seen(1);
             // The product right after that reads the output in 8-bit blocks takes them from
             // the attention kernel (one quantization dispatch fewer).
             let q8 = precision == Precision::Fast
@@ -133,11 +137,11 @@ impl DeviceModel {
             };
             return f.attention_decode_rel(shape, decode, rel);
         }
-        f.rope_kv(rope_kv)?;
-        let (keys, values) = match pos {
-            Pos::Fixed(p0) => (mk.view(0, (p0 + n) * w(k)), mv.view(0, (p0 + n) * w(v))),
-            Pos::Dynamic(_) => (mk.all(), mv.all()),
-        };
+        match ring {
+            Some(r) => f.rope_kv_ring(rope_kv, r)?,
+            None => f.rope_kv(rope_kv)?,
+        }
+        let (keys, values) = seen(n);
         f.attention_rel_at(
             shape,
             AttnArgs { q: view(q), k: keys, v: values, sinks, out: view(out), n },
@@ -162,7 +166,9 @@ impl DeviceModel {
         let w = |v: ValueId| widths[v.0 as usize];
         let spec = &a.spec;
         let (q, k, v, out) = (a.q, a.k, a.v, a.out);
-        let shape = AttnShape::of(spec);
+        let l = a.layer.0 as usize;
+        let ring = rec.seqs[0].st.rings[l].map(|r| r.rows);
+        let shape = AttnShape { ring, ..AttnShape::of(spec) };
         // The one-row sequences' kernels side by side (one call), the others one by one; with
         // relative logits (Inkling) each one by one, over its rows' states.
         let mut decodes = Vec::new();
@@ -175,8 +181,11 @@ impl DeviceModel {
                 d_rel: r.d_rel,
                 extent: r.extent,
             });
-            let (mk, mv, sk, sv) = s.st.mirrors[a.layer.0 as usize].as_ref().expect("mirror allocated");
-            let (keys, values) = (mk.view(0, (s.pos0 + n) * w(k)), mv.view(0, (s.pos0 + n) * w(v)));
+            let (mk, mv, sk, sv) = s.st.mirrors[l].as_ref().expect("mirror allocated");
+            let (keys, values) = match ring {
+                Some(_) => (mk.all(), mv.all()),
+                None => (mk.view(0, (s.pos0 + n) * w(k)), mv.view(0, (s.pos0 + n) * w(v))),
+            };
             let pos = Pos::Fixed(s.pos0);
             if n == 1 && a.one_kernel {
                 let decode = DecodeArgs {
@@ -205,7 +214,11 @@ impl DeviceModel {
                 v_head_dim: spec.v_head_dim,
             };
             let mirror = KvMirror { k: mk.all(), v: mv.all(), k_back: sk.all(), v_back: sv.all() };
-            f.rope_kv(RopeKvArgs { rope, q: rows(q), k: rows(k), v: rows(v), shape: kv_shape, mirror, pos })?;
+            let append = RopeKvArgs { rope, q: rows(q), k: rows(k), v: rows(v), shape: kv_shape, mirror, pos };
+            match ring {
+                Some(r) => f.rope_kv_ring(append, r)?,
+                None => f.rope_kv(append)?,
+            }
             let args = AttnArgs { q: rows(q), k: keys, v: values, sinks, out: rows(out), n };
             f.attention_rel_at(shape, args, rel, pos, AttnPath::Auto)?;
         }

@@ -168,6 +168,9 @@ impl DeviceModel {
         let shape = CompressedShape::of(spec).filter(|_| CompressedShape::supported(spec));
         let shape = shape.ok_or_else(|| VkError::BadArgument { op: OP, msg: "not a supported shape".into() })?;
         let l = a.layer.0 as usize;
+        // A sliding window's mirror as a ring (every sequence's the same size).
+        let ring = rec.seqs[0].st.rings[l].map(|r| r.rows);
+        let shape = CompressedShape { ring, ..shape };
         let batched = rec.seqs.len() > 1;
         for s in rec.seqs {
             let (r0, rows) = if batched { (s.rows.start, s.rows.len()) } else { (0, n) };
@@ -185,7 +188,11 @@ impl DeviceModel {
             };
             let mirror = KvMirror { k: mk.all(), v: mv.all(), k_back: sk.all(), v_back: sv.all() };
             let (q, k, v) = (view(a.q), view(a.k), view(a.v));
-            f.rope_kv(RopeKvArgs { rope, q, k, v, shape: kv_shape, mirror, pos: at })?;
+            let append = RopeKvArgs { rope, q, k, v, shape: kv_shape, mirror, pos: at };
+            match ring {
+                Some(r) => f.rope_kv_ring(append, r)?,
+                None => f.rope_kv(append)?,
+            }
             let select = spec.compressed.and_then(|c| c.select).map(|sel| (view(sel), w(sel)));
             let args =
                 CompressedArgs { q, k: mk.all(), v: mv.all(), entries, sinks, select, out: view(a.out), n: rows };

@@ -8,34 +8,63 @@
 use super::{DeviceModel, DeviceState, KvMirror, PARALLEL_KV_ROWS};
 use crate::bytes::{as_bytes, as_bytes_mut};
 use crate::exec::kv::{KvCache, LayerKv};
-use crate::exec::kv_split::RingUpload;
+use crate::exec::kv_split::{fill_ring, ring_stepped, RingUpload};
 use crate::vk::{MemoryUse, VkError};
 use coli_compiler::frames::op_of;
 use coli_compiler::ir::{LayerId, Op, Program};
+use coli_compiler::place::kv_split::window_rows;
 use rayon::prelude::*;
+
+/// A sliding window's mirror as a ring of `rows` rows (`kv_split::window_rows`: the window and
+/// a chunk, where that is shorter than the context): a step from `pos0` reads positions from
+/// `pos0 + 1 - window` on, each in row `p % rows`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WindowRing {
+    pub rows: usize,
+    pub window: usize,
+}
+
+/// A session's K/V mirrors (`None` for layers no frame attends in) and the window rings among
+/// them.
+pub(super) type Mirrors = (Vec<Option<KvMirror>>, Vec<Option<WindowRing>>);
+
+impl DeviceState {
+    /// Bytes of the session's K/V mirrors (keys and values, not their read-back rows).
+    pub(crate) fn kv_mirror_bytes(&self) -> u64 {
+        self.mirrors.iter().flatten().map(|(k, v, _, _)| (k.len_bytes() + v.len_bytes()) as u64).sum()
+    }
+}
 
 impl DeviceModel {
     /// Each attention or MLA layer's K/V mirrors (keys, values; an MLA layer's latents and rope
-    /// keys, `exec::mla_mirror`) of `context` rows (a split layer's: its ring) and their
-    /// read-back rows for a block; `None` for the layers no frame of this device attends in.
-    pub(super) fn kv_mirrors(&self, p: &Program, context: usize) -> Result<Vec<Option<KvMirror>>, VkError> {
+    /// keys, `exec::mla_mirror`) of `context` rows (a split layer's: its ring; a sliding
+    /// window's: a ring of the window and a chunk) and their read-back rows for a block; `None`
+    /// for the layers no frame of this device attends in.
+    pub(super) fn kv_mirrors(&self, p: &Program, context: usize) -> Result<Mirrors, VkError> {
         let ctx = &self.ctx;
         let mut mirrors: Vec<Option<_>> = (0..p.layers.len()).map(|_| None).collect();
+        let mut rings = vec![None; p.layers.len()];
         for f in &self.frames {
             for &id in &f.ops {
                 // An MLA layer's mirror holds its latents and rope keys (`exec::mla_mirror`).
-                let (layer, (kw, vw)) = match op_of(p, id) {
+                let (layer, (kw, vw), window) = match op_of(p, id) {
                     Op::Attention { layer, spec, .. } => {
-                        (layer, (spec.kv_heads * spec.head_dim, spec.kv_heads * spec.v_head_dim))
+                        (layer, (spec.kv_heads * spec.head_dim, spec.kv_heads * spec.v_head_dim), spec.window)
                     }
-                    Op::Mla { layer, spec, .. } => (layer, crate::exec::mla_mirror::mirror_widths(spec)),
+                    Op::Mla { layer, spec, .. } => (layer, crate::exec::mla_mirror::mirror_widths(spec), None),
                     _ => continue,
                 };
                 let l = layer.0 as usize;
                 // A split layer's mirror is a ring of its newest positions (the plan's, which
-                // the kernels index modulo, whatever the session's context).
-                let rows = match &self.kv_split {
-                    Some(s) if s.splits(*layer) => s.plan.ring,
+                // the kernels index modulo, whatever the session's context); a sliding window's
+                // a ring of the window and a chunk, where that is shorter than the context.
+                let ring = window.map(|w| WindowRing { rows: window_rows(w, self.cap_rows, context), window: w });
+                let rows = match (&self.kv_split, ring) {
+                    (Some(s), _) if s.splits(*layer) => s.plan.ring,
+                    (_, Some(r)) if r.rows < context => {
+                        rings[l] = Some(r);
+                        r.rows
+                    }
                     _ => context,
                 };
                 if mirrors[l].is_none() {
@@ -48,7 +77,7 @@ impl DeviceModel {
                 }
             }
         }
-        Ok(mirrors)
+        Ok((mirrors, rings))
     }
 
     /// Before a frame from `pos0`: the host's rows below `pos0` that a sequence's mirrors of
@@ -68,6 +97,12 @@ impl DeviceModel {
             if let (Some(sp), Some(ss)) = (split, st.split.as_mut()) {
                 let up = RingUpload { layer: l, k: mk, v: mv, host: c, mark: &mut st.watermark[l] };
                 sp.upload(ctx, ss, up, pos0)?;
+                continue;
+            }
+            if let Some(r) = st.rings[l] {
+                let up = RingUpload { layer: l, k: mk, v: mv, host: c, mark: &mut st.watermark[l] };
+                let need = (pos0 + 1).saturating_sub(r.window).min(pos0);
+                fill_ring(ctx, up, r.rows, need, pos0, &mut st.ring_lo[l])?;
                 continue;
             }
             let mark = st.watermark[l];
@@ -129,6 +164,9 @@ impl DeviceModel {
         }
         for &l in attn_layers {
             st.watermark[l] = pos0 + n;
+            if let Some(r) = st.rings[l] {
+                ring_stepped(&mut st.ring_lo[l], r.rows, pos0, n);
+            }
             if let (Some(sp), Some(ss)) = (self.kv_split.as_ref(), st.split.as_mut()) {
                 sp.stepped(ss, l, pos0, n);
             }

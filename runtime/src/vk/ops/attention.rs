@@ -17,7 +17,7 @@ use super::u32_arg;
 use crate::vk::context::View;
 use crate::vk::error::{Result, VkError};
 use crate::vk::frame::{Bind, Frame};
-use crate::vk::push::{AttnPush, RopeKvPush};
+use crate::vk::push::AttnPush;
 use crate::vk::shaders::Kernel;
 use coli_compiler::ir::{AttentionSpec, RopeStyle};
 
@@ -60,42 +60,6 @@ pub struct KvMirror<'a> {
     pub v: View<'a>,
     pub k_back: View<'a>,
     pub v_back: View<'a>,
-}
-
-/// A block of at least this many rows at a fixed position gets its read-back rows by copy
-/// commands from the mirror (`Frame::mirror_back`) instead of the kernel's own writes to host
-/// memory: on a discrete GPU those are 4-byte writes over the bus (a 512-row prompt chunk of the
-/// Llama geometry spent 1.09 ms a layer in `rope_kv` so). Fewer rows (decode) keep the writes.
-pub(crate) const BACK_BY_COPY_ROWS: usize = 8;
-
-impl<'a> Frame<'a> {
-    /// Rows `pos..pos + n` of a mirror (`width` floats a row; in a ring of `ring` rows
-    /// position `p` is row `p % ring`) copied into rows `0..n` of `back`: one or two copy
-    /// commands. `n` must not exceed the ring.
-    pub(crate) fn mirror_back(
-        &mut self,
-        mirror: View<'a>,
-        back: View<'a>,
-        width: usize,
-        (pos, n, ring): (usize, usize, Option<usize>),
-    ) -> Result<()> {
-        let (start, first) = match ring {
-            Some(r) if n > r => {
-                return Err(VkError::BadArgument { op: "mirror_back", msg: format!("{n} rows over a ring of {r}") })
-            }
-            Some(r) => (pos % r, n.min(r - pos % r)),
-            None => (pos, n),
-        };
-        let bytes = |rows: usize| rows * width * 4;
-        let (src, dst) = ((mirror.offset + start * width) * 4, back.offset * 4);
-        if first > 0 && width > 0 {
-            self.copy_bytes(mirror.buf, src, back.buf, dst, bytes(first))?;
-        }
-        if n > first && width > 0 {
-            self.copy_bytes(mirror.buf, mirror.offset * 4, back.buf, dst + bytes(first), bytes(n - first))?;
-        }
-        Ok(())
-    }
 }
 
 /// What `rope_kv` (and `rope_kv_ring`) takes: the rotation (`None`: none), the block's
@@ -184,6 +148,9 @@ pub struct AttnShape {
     /// Multiplies the values, so the output (MiMo-V2-Flash's `attention_value_scale`; 1
     /// elsewhere). The mirrors keep the values as projected.
     pub value_scale: f32,
+    /// The mirror as a ring of this many rows (position `p` in row `p % ring`): a sliding
+    /// window's, which holds the window and a block (`None`: row `p` holds position `p`).
+    pub ring: Option<usize>,
 }
 
 impl AttnShape {
@@ -197,6 +164,7 @@ impl AttnShape {
             scale: spec.scale,
             window: spec.window,
             value_scale: spec.value_scale,
+            ring: None,
         }
     }
 }
@@ -413,12 +381,23 @@ impl<'a> Frame<'a> {
         }
         // A dynamic position is unknown here: the views need hold the block at least.
         let len = pos0 + n;
-        if decode.is_some() && (k.offset != 0 || v.offset != 0) {
+        // A ring holds every row a query sees: its window and the block's rows before it.
+        let rows = match s.ring {
+            Some(r) if s.window.is_none_or(|w| r + 1 < w + n) => {
+                return Err(VkError::BadArgument {
+                    op: OP,
+                    msg: format!("a ring of {r} rows for a window of {:?} and {n} rows", s.window),
+                })
+            }
+            Some(r) => r,
+            None => len,
+        };
+        if (decode.is_some() || s.ring.is_some()) && (k.offset != 0 || v.offset != 0) {
             return Err(VkError::BadArgument { op: OP, msg: "mirror views must start at element 0".into() });
         }
         q.check(OP, "q", n * s.heads * s.head_dim)?;
-        k.check(OP, "keys", len * s.kv_heads * s.head_dim)?;
-        v.check(OP, "values", len * s.kv_heads * s.v_head_dim)?;
+        k.check(OP, "keys", rows * s.kv_heads * s.head_dim)?;
+        v.check(OP, "values", rows * s.kv_heads * s.v_head_dim)?;
         out.check(OP, "out", n * s.heads * s.v_head_dim)?;
         if let Some(sk) = sinks {
             sk.check(OP, "sinks", s.heads)?;
@@ -481,6 +460,10 @@ impl<'a> Frame<'a> {
             splits: splits as u32,
             chunk: chunk as u32,
             value_scale: s.value_scale,
+            ring: u32_arg(OP, "ring", s.ring.unwrap_or(0))?,
+            pad0: 0,
+            pad1: 0,
+            pad2: 0,
         };
         let sink = sinks.map_or(Bind::UNUSED, |b| Bind::buf(b.buf));
         let base = [Bind::buf(q.buf), Bind::buf(k.buf), Bind::buf(v.buf), sink];
@@ -657,83 +640,4 @@ pub struct QkNorm<'a> {
     pub k_group: usize,
     pub eps: f32,
     pub offset: f32,
-}
-
-impl<'a> Frame<'a> {
-    /// RoPE of the block's `q` and `k` rows in place (as `rope`; `rope: None` rotates
-    /// nothing), then its `k` and `v` rows appended: written to rows `pos..pos + n` of the
-    /// mirror's keys and values (`len x kv_heads * head_dim`, `len x kv_heads * v_head_dim`,
-    /// from element 0) and to rows `0..n` of its read-back rows. One dispatch
-    /// (`rope_kv.comp`); references `cpu::rope::apply_row` and the CPU's cache append.
-    pub fn rope_kv(&mut self, a: RopeKvArgs<'a>) -> Result<()> {
-        const OP: &str = "rope_kv";
-        let RopeKvArgs { rope, q, k, v, shape: s, mirror, pos } = a;
-        let KvMirror { k: mk, v: mv, k_back: sk, v_back: sv } = mirror;
-        let (pos0, dyn_, params) = pos.parts(OP)?;
-        let half = rope.map_or(0, |r| r.freq.len);
-        if s.kv_heads == 0 || 2 * half > s.head_dim {
-            return Err(VkError::BadArgument {
-                op: OP,
-                msg: format!("rotary dim {} over head_dim {} ({} kv heads)", 2 * half, s.head_dim, s.kv_heads),
-            });
-        }
-        let (kw, vw) = (s.kv_heads * s.head_dim, s.kv_heads * s.v_head_dim);
-        q.check(OP, "q", s.n * s.heads * s.head_dim)?;
-        k.check(OP, "k", s.n * kw)?;
-        v.check(OP, "v", s.n * vw)?;
-        sk.check(OP, "k read-back", s.n * kw)?;
-        sv.check(OP, "v read-back", s.n * vw)?;
-        let rows = if dyn_ != 0 { s.n } else { pos0 as usize + s.n };
-        mk.check(OP, "k mirror", rows * kw)?;
-        mv.check(OP, "v mirror", rows * vw)?;
-        for (view, what) in [(mk, "k mirror"), (mv, "v mirror"), (sk, "k read-back"), (sv, "v read-back")] {
-            if view.offset != 0 {
-                return Err(VkError::BadArgument { op: OP, msg: format!("{what} views must start at element 0") });
-            }
-        }
-        if let Some(r) = rope {
-            r.freq.check(OP, "frequencies", half)?;
-            if r.freq.offset != 0 {
-                return Err(VkError::BadArgument { op: OP, msg: "frequency views must start at element 0".into() });
-            }
-        }
-        let per_row = s.heads * half + s.kv_heads * half + s.kv_heads * (s.head_dim - 2 * half) + vw;
-        let by_copy = dyn_ == 0 && s.n >= BACK_BY_COPY_ROWS;
-        let push = RopeKvPush {
-            n: u32_arg(OP, "n", s.n)?,
-            heads: s.heads as u32,
-            kv_heads: s.kv_heads as u32,
-            head_dim: s.head_dim as u32,
-            v_head_dim: s.v_head_dim as u32,
-            half_: half as u32,
-            interleaved: rope.is_some_and(|r| r.style == RopeStyle::Interleaved) as u32,
-            pos0,
-            mscale: rope.map_or(1.0f32, |r| r.mscale),
-            q_off: u32_arg(OP, "q offset", q.offset)?,
-            k_off: u32_arg(OP, "k offset", k.offset)?,
-            v_off: u32_arg(OP, "v offset", v.offset)?,
-            r#dyn: dyn_,
-            has_q: 1,
-            ring: 0,
-            no_back: by_copy as u32,
-        };
-        let binds = [
-            Bind::buf(q.buf),
-            Bind::buf(k.buf),
-            Bind::buf(v.buf),
-            rope.map_or(Bind::UNUSED, |r| Bind::buf(r.freq.buf)),
-            Bind::buf(mk.buf),
-            Bind::buf(mv.buf),
-            Bind::buf(sk.buf),
-            Bind::buf(sv.buf),
-            params,
-        ];
-        let count = u32_arg(OP, "items", s.n * per_row)?;
-        self.dispatch(Kernel::RopeKv, None, &binds, &push, [count.div_ceil(64), 1, 1])?;
-        if by_copy {
-            self.mirror_back(mk, sk, kw, (pos0 as usize, s.n, None))?;
-            self.mirror_back(mv, sv, vw, (pos0 as usize, s.n, None))?;
-        }
-        Ok(())
-    }
 }

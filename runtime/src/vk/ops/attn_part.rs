@@ -8,15 +8,14 @@
 //! Must not: normalize, add the sinks (the host's part holds them), or read positions outside a
 //! row's share (the ring holds nothing else for sure).
 
-use super::attention::{KvMirror, Pos, RopeKvArgs, BACK_BY_COPY_ROWS};
+use super::attention::Pos;
 use super::u32_arg;
 use crate::cpu::attention::AttnShape;
 use crate::vk::context::View;
 use crate::vk::error::{Result, VkError};
 use crate::vk::frame::{Bind, Frame};
-use crate::vk::push::{AttnPartPush, RopeKvPush};
+use crate::vk::push::AttnPartPush;
 use crate::vk::shaders::Kernel;
-use coli_compiler::ir::RopeStyle;
 
 /// A split's numbers on the device: a row's share holds at most `positions` (whole blocks of
 /// `block`), the mirror is a ring of `ring` rows.
@@ -44,86 +43,6 @@ pub struct PartArgs<'a> {
 const MAX_D: usize = 256;
 
 impl<'a> Frame<'a> {
-    /// `rope_kv` into a ring: RoPE of the block's `q` and `k` rows in place (`rope: None`
-    /// rotates nothing), its `k` and `v` rows written to rows `p % ring` of the mirror's keys
-    /// and values (`ring` rows, from element 0) and to rows `0..n` of its read-back rows.
-    /// One dispatch of `rope_kv.comp`.
-    pub fn rope_kv_ring(&mut self, a: RopeKvArgs<'a>, ring: usize) -> Result<()> {
-        const OP: &str = "rope_kv_ring";
-        let RopeKvArgs { rope, q, k, v, shape: s, mirror, pos } = a;
-        let KvMirror { k: mk, v: mv, k_back: sk, v_back: sv } = mirror;
-        let (pos0, dyn_, params) = pos.parts(OP)?;
-        let half = rope.map_or(0, |r| r.freq.len);
-        if s.kv_heads == 0 || 2 * half > s.head_dim || ring == 0 {
-            return Err(VkError::BadArgument {
-                op: OP,
-                msg: format!(
-                    "rotary dim {} over head_dim {} ({} kv heads), a ring of {ring}",
-                    2 * half,
-                    s.head_dim,
-                    s.kv_heads
-                ),
-            });
-        }
-        let (kw, vw) = (s.kv_heads * s.head_dim, s.kv_heads * s.v_head_dim);
-        q.check(OP, "q", s.n * s.heads * s.head_dim)?;
-        k.check(OP, "k", s.n * kw)?;
-        v.check(OP, "v", s.n * vw)?;
-        sk.check(OP, "k read-back", s.n * kw)?;
-        sv.check(OP, "v read-back", s.n * vw)?;
-        mk.check(OP, "k ring", ring * kw)?;
-        mv.check(OP, "v ring", ring * vw)?;
-        for (view, what) in [(mk, "k ring"), (mv, "v ring"), (sk, "k read-back"), (sv, "v read-back")] {
-            if view.offset != 0 {
-                return Err(VkError::BadArgument { op: OP, msg: format!("{what} views must start at element 0") });
-            }
-        }
-        if let Some(r) = rope {
-            r.freq.check(OP, "frequencies", half)?;
-            if r.freq.offset != 0 {
-                return Err(VkError::BadArgument { op: OP, msg: "frequency views must start at element 0".into() });
-            }
-        }
-        let per_row = s.heads * half + s.kv_heads * half + s.kv_heads * (s.head_dim - 2 * half) + vw;
-        let by_copy = dyn_ == 0 && s.n >= BACK_BY_COPY_ROWS && s.n <= ring;
-        let push = RopeKvPush {
-            n: u32_arg(OP, "n", s.n)?,
-            heads: s.heads as u32,
-            kv_heads: s.kv_heads as u32,
-            head_dim: s.head_dim as u32,
-            v_head_dim: s.v_head_dim as u32,
-            half_: half as u32,
-            interleaved: rope.is_some_and(|r| r.style == RopeStyle::Interleaved) as u32,
-            pos0,
-            mscale: rope.map_or(1.0f32, |r| r.mscale),
-            q_off: u32_arg(OP, "q offset", q.offset)?,
-            k_off: u32_arg(OP, "k offset", k.offset)?,
-            v_off: u32_arg(OP, "v offset", v.offset)?,
-            r#dyn: dyn_,
-            has_q: 1,
-            ring: u32_arg(OP, "ring", ring)?,
-            no_back: by_copy as u32,
-        };
-        let binds = [
-            Bind::buf(q.buf),
-            Bind::buf(k.buf),
-            Bind::buf(v.buf),
-            rope.map_or(Bind::UNUSED, |r| Bind::buf(r.freq.buf)),
-            Bind::buf(mk.buf),
-            Bind::buf(mv.buf),
-            Bind::buf(sk.buf),
-            Bind::buf(sv.buf),
-            params,
-        ];
-        let count = u32_arg(OP, "items", s.n * per_row)?;
-        self.dispatch(Kernel::RopeKv, None, &binds, &push, [count.div_ceil(64), 1, 1])?;
-        if by_copy {
-            self.mirror_back(mk, sk, kw, (pos0 as usize, s.n, Some(ring)))?;
-            self.mirror_back(mv, sv, vw, (pos0 as usize, s.n, Some(ring)))?;
-        }
-        Ok(())
-    }
-
     /// The device part of `n` query rows at positions `pos..pos + n` (`q`: `n x heads *
     /// head_dim`, rotated) over their shares in the ring mirrors `k`, `v` (`split.ring` rows,
     /// from element 0; the rows of every share present): `acc` gets `n x heads * v_head_dim`

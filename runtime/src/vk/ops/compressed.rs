@@ -27,6 +27,9 @@ pub struct CompressedShape {
     pub window: Option<usize>,
     /// Positions a compressed entry closes.
     pub rate: usize,
+    /// The cached rows' mirror as a ring of this many rows (position `p` in row `p % ring`):
+    /// a sliding window's, which holds the window and a block; `None`: row `p` holds `p`.
+    pub ring: Option<usize>,
 }
 
 impl CompressedShape {
@@ -39,6 +42,7 @@ impl CompressedShape {
             scale: spec.scale,
             window: spec.window,
             rate: c.rate,
+            ring: None,
         })
     }
 
@@ -88,7 +92,18 @@ impl<'a> Frame<'a> {
         // A fixed position: the rows and entries the last row sees; one read on the device: the
         // block's own rows at least (the mirrors are the session's, whole).
         let last = pos0 as usize + n;
-        let rows = if dyn_ != 0 { n } else { last };
+        let rows = match s.ring {
+            // A ring holds every row a query sees: its window and the block's rows before it.
+            Some(r) if s.window.is_none_or(|w| r + 1 < w + n) => {
+                return Err(VkError::BadArgument {
+                    op: OP,
+                    msg: format!("a ring of {r} rows for a window of {:?} and {n} rows", s.window),
+                })
+            }
+            Some(r) => r,
+            None if dyn_ != 0 => n,
+            None => last,
+        };
         k.check(OP, "k", rows * d)?;
         v.check(OP, "v", rows * d)?;
         if dyn_ == 0 {
@@ -124,7 +139,7 @@ impl<'a> Frame<'a> {
             topk: u32_arg(OP, "topk", select.map_or(0, |(_, t)| t))?,
             s_off: u32_arg(OP, "select offset", select.map_or(0, |(v, _)| v.offset))?,
             has_sinks: sinks.is_some() as u32,
-            pad0: 0,
+            ring: u32_arg(OP, "ring", s.ring.unwrap_or(0))?,
             pad1: 0,
             pad2: 0,
         };

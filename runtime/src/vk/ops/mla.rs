@@ -20,7 +20,7 @@
 //! uploads what the mirror lacks), or take a latent wider than `MAX_LATENT` or a rope part
 //! wider than `MAX_ROPE`.
 
-use super::attention::BACK_BY_COPY_ROWS;
+use super::kv_append::BACK_BY_COPY_ROWS;
 use super::{groups_for, u32_arg, MatIn, MatmulPath, Pos, RopeArgs};
 use crate::cpu::Precision;
 use crate::vk::context::{Context, DeviceBuffer, View};

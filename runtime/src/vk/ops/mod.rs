@@ -13,6 +13,7 @@ pub mod dsa;
 pub mod elementwise;
 pub mod hyper;
 pub mod kda;
+pub mod kv_append;
 pub mod matmul;
 pub mod mla;
 pub mod moe;
