@@ -67,6 +67,7 @@ pub fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Res
         | WeightFormat::IQ2_S
         | WeightFormat::IQ3_XXS
         | WeightFormat::IQ3_S => (grid_units(format) * nb, nb.div_ceil(2)),
+        WeightFormat::IQ1_S | WeightFormat::IQ1_M => unreachable!("no variant: refused above"),
     };
     let mut q = Vec::with_capacity(rows * qs * 16);
     let mut s = Vec::with_capacity(rows * ss * 4);
