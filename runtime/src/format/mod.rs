@@ -379,6 +379,11 @@ impl WeightFormat {
     }
 }
 
+/// The f16 bits of an `IQ1_M` super-block's `d` (the top nibbles of its four scale words).
+pub(crate) fn iq1m_d_bits(block: &[u8]) -> u16 {
+    iq_grid::nibbles_f16(block, iq_grid::IQ1_M_SCALES)
+}
+
 fn check_row(format: WeightFormat, row: &[u8], cols: usize) -> Result<(), FormatError> {
     let expected = format.row_bytes(cols)?;
     if row.len() != expected {

@@ -61,7 +61,7 @@ impl Rng {
 }
 
 /// The weight formats the shaders decode (`FormatVariant::of`): every one, the grid formats
-/// (`IQ2_*`, `IQ3_*`) included.
+/// (`IQ1_*`, `IQ2_*`, `IQ3_*`) included.
 pub fn device_formats() -> Vec<WeightFormat> {
     WeightFormat::ALL.into_iter().filter(|&f| FormatVariant::of(f, 256).is_some()).collect()
 }
