@@ -77,6 +77,8 @@ pub const FORMATS: &[(&str, &[&str])] = &[
     ("IQ2_S", &["FMT_IQ2_S"]),
     ("IQ3_XXS", &["FMT_IQ3_XXS"]),
     ("IQ3_S", &["FMT_IQ3_S"]),
+    ("IQ1_S", &["FMT_IQ1_S"]),
+    ("IQ1_M", &["FMT_IQ1_M"]),
     ("FP8_E4M3", &["FMT_FP8_E4M3", "ACTS_F32"]),
     ("Q8_0Exact", &["FMT_Q8_0", "ACTS_F32"]),
     ("Q4_0Exact", &["FMT_Q4_0", "ACTS_F32"]),
@@ -98,6 +100,8 @@ pub const FORMATS: &[(&str, &[&str])] = &[
     ("IQ2_SExact", &["FMT_IQ2_S", "ACTS_F32"]),
     ("IQ3_XXSExact", &["FMT_IQ3_XXS", "ACTS_F32"]),
     ("IQ3_SExact", &["FMT_IQ3_S", "ACTS_F32"]),
+    ("IQ1_SExact", &["FMT_IQ1_S", "ACTS_F32"]),
+    ("IQ1_MExact", &["FMT_IQ1_M", "ACTS_F32"]),
 ];
 
 /// The format variants whose shaders take 8-bit activations: compiled a second time with
@@ -105,7 +109,7 @@ pub const FORMATS: &[(&str, &[&str])] = &[
 /// for devices that have it.
 pub const DOT_FORMATS: &[&str] = &[
     "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "I8Row", "I4G64", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS",
-    "MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
+    "MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
 ];
 
 /// The cooperative-matrix kernels (int8 tensor cores): per-format, but compiled only for the
@@ -114,8 +118,8 @@ pub const COOP_KERNELS: &[&str] = &["MatmulCoop", "MoeMatmulCoop"];
 
 /// The format variants the cooperative kernels are compiled for: every format with 8-bit
 /// activations except Q2_K (an offset per 16 elements, which the kernels' per-block sums do
-/// not carry) and the grid formats (`coop_w.glsl` has no lattice decode: their GEMMs take the
-/// tiled kernels).
+/// not carry) and the grid formats, `IQ1_*` among them (`coop_w.glsl` has no lattice decode:
+/// their GEMMs take the tiled kernels).
 pub const COOP_FORMATS: &[&str] =
     &["I8Row", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "I4G64", "Q4_K", "Q5_K", "Q6_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4"];
 

@@ -506,9 +506,10 @@ float dequant(uint row, uint k) {
     return unpackHalf2x16(ws[sbase + 3u]).x * float(k3_scale(sbase, p >> 4)) * float(int(lo | (hb << 2)) - 4);
 }
 // ---------------------------------------------------------------------------------------
-#elif defined(FMT_IQ2_XXS) || defined(FMT_IQ2_XS) || defined(FMT_IQ2_S) || defined(FMT_IQ3_XXS) || defined(FMT_IQ3_S)
-// Groups of magnitudes picked from fixed lattices, then signed (format/iq_grid.rs): their
-// layouts and decode in iq_grid.glsl.
+#elif defined(FMT_IQ2_XXS) || defined(FMT_IQ2_XS) || defined(FMT_IQ2_S) || defined(FMT_IQ3_XXS) || defined(FMT_IQ3_S) \
+    || defined(FMT_IQ1_S) || defined(FMT_IQ1_M)
+// Groups of magnitudes picked from fixed lattices, then signed (IQ1_*: values in -1, 0, 1,
+// shifted by +-1/8; format/iq_grid.rs): their layouts and decode in iq_grid.glsl.
 #include "iq_grid.glsl"
 #else
 #error "no weight format defined"

@@ -3,7 +3,7 @@
 
 For Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 it quantizes seeded random values with gguf-py; for the
 k-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), IQ4_NL, IQ4_XS, MXFP4 and the grid formats IQ2_XXS,
-IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (which gguf-py only decodes) it makes
+IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (which gguf-py only decodes) it makes
 seeded random blocks with sane f16 scales. Each entry holds the stored bytes (hex) and gguf-py's
 dequantization, which the Rust test compares against.
 
@@ -88,6 +88,17 @@ def main():
         ("IQ3_S", T.IQ3_S, 110),
     ):
         out.append(entry(name, qtype, random_blocks(3, size, [0]), 768))
+    # IQ1_S (its d in front) and IQ1_M (its d's four nibbles the top nibbles of the four u16
+    # scale words at 48, the words' other bits random 3-bit scales): every bit pattern of the
+    # grid indices, delta signs and scales.
+    out.append(entry("IQ1_S", T.IQ1_S, random_blocks(3, 50, [0]), 768))
+    m = random_blocks(3, 56, []).reshape(3, 56)
+    d = f16_bytes(rng.uniform(0.001, 0.05, 3)).view(np.uint16)
+    words = m[:, 48:56].copy().view(np.uint16) & np.uint16(0x0FFF)
+    for k in range(4):
+        words[:, k] |= ((d >> np.uint16(4 * k)) & np.uint16(15)) << np.uint16(12)
+    m[:, 48:56] = words.view(np.uint8)
+    out.append(entry("IQ1_M", T.IQ1_M, m.reshape(-1), 768))
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({"generator": "tools/make_quant_vectors.py (gguf-py)", "rows": out}, indent=0) + "\n")
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")

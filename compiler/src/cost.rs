@@ -30,6 +30,8 @@ pub enum Format {
     Iq2S,
     Iq3Xxs,
     Iq3S,
+    Iq1S,
+    Iq1M,
     Mxfp4,
     /// coli's block form of FP8 checkpoints: 128 E4M3 codes after their tile's f32 scale.
     Fp8E4m3,
@@ -64,6 +66,8 @@ impl Format {
             Iq2S => (256, 82),
             Iq3Xxs => (256, 98),
             Iq3S => (256, 110),
+            Iq1S => (256, 50),
+            Iq1M => (256, 56),
             Mxfp4 => (32, 17),
             Fp8E4m3 => (128, 132),
             I8Row => (1, 1),
@@ -103,6 +107,8 @@ impl Format {
             "IQ2_S" => Iq2S,
             "IQ3_XXS" => Iq3Xxs,
             "IQ3_S" => Iq3S,
+            "IQ1_S" => Iq1S,
+            "IQ1_M" => Iq1M,
             "MXFP4" => Mxfp4,
             "FP8_E4M3" => Fp8E4m3,
             "I8ROW" => I8Row,
@@ -137,6 +143,8 @@ impl fmt::Display for Format {
             Iq2S => "iq2_s",
             Iq3Xxs => "iq3_xxs",
             Iq3S => "iq3_s",
+            Iq1S => "iq1_s",
+            Iq1M => "iq1_m",
             Mxfp4 => "mxfp4",
             Fp8E4m3 => "fp8_e4m3",
             I8Row => "i8row",
@@ -149,7 +157,7 @@ impl std::str::FromStr for Format {
     type Err = String;
     /// Reads the printed name (`bf16`, `q4_k`) or the checkpoint spelling (`BF16`, `Q4_K`).
     fn from_str(s: &str) -> Result<Format, String> {
-        Format::from_dtype(s).ok_or_else(|| format!("unknown weight format `{s}` (known: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k q8_k iq4_nl iq4_xs mxfp4 fp8_e4m3 i8row i4g64)"))
+        Format::from_dtype(s).ok_or_else(|| format!("unknown weight format `{s}` (known: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k q8_k iq1_s iq1_m iq2_xxs iq2_xs iq2_s iq3_xxs iq3_s iq4_nl iq4_xs mxfp4 fp8_e4m3 i8row i4g64)"))
     }
 }
 
@@ -181,6 +189,12 @@ mod tests {
         assert_eq!(Format::from_dtype("q4_k"), Some(Format::Q4K));
         assert_eq!(Format::I8Row.bytes(3, 10), 3 * 14);
         assert_eq!(Format::I4G64.bytes(1, 128), 72);
+        // The IQ1 grid formats by their real block sizes (1.5625 and 1.75 bits a weight).
+        assert_eq!(
+            (Format::from_dtype("IQ1_S"), Format::from_dtype("iq1_m")),
+            (Some(Format::Iq1S), Some(Format::Iq1M))
+        );
+        assert_eq!((Format::Iq1S.bytes(3, 512), Format::Iq1M.bytes(3, 512)), (3 * 2 * 50, 3 * 2 * 56));
         // FP8 checkpoints are sized as stored after the load-time repack: 1 byte an element
         // and an f32 scale per 128 (not as the bf16 a device profile assumes for unknown types).
         assert_eq!(Format::from_dtype("FP8_E4M3"), Some(Format::Fp8E4m3));

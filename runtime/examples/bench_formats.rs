@@ -48,7 +48,7 @@ fn rows_of(format: WeightFormat, rows: usize, cols: usize) -> Vec<u8> {
             blk[0] = 121;
         }
         for &at in scales {
-            blk[at..at + 2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
+            format.set_f16_field(blk, at, half::f16::from_f32(0.01).to_bits());
         }
     }
     b
@@ -79,6 +79,8 @@ fn main() {
         WeightFormat::IQ2_S,
         WeightFormat::IQ3_XXS,
         WeightFormat::IQ3_S,
+        WeightFormat::IQ1_S,
+        WeightFormat::IQ1_M,
         WeightFormat::MXFP4,
         WeightFormat::I8Row,
         WeightFormat::I4G64,

@@ -1,5 +1,5 @@
-//! The grid formats (`IQ2_XXS`, `IQ2_XS`, `IQ2_S`, `IQ3_XXS`, `IQ3_S`, `shaders/iq_grid.glsl`)
-//! on whatever device the machine has (Lavapipe in CI) against the CPU (`format/iq_grid.rs`, the
+//! The grid formats (`IQ2_XXS`, `IQ2_XS`, `IQ2_S`, `IQ3_XXS`, `IQ3_S`, `IQ1_S`, `IQ1_M`,
+//! `shaders/iq_grid.glsl`) on whatever device the machine has (Lavapipe in CI) against the CPU (`format/iq_grid.rs`, the
 //! reference): GEMV and tiled GEMM at odd shapes (odd row counts, 1, 3 and 33 super-blocks a
 //! row, activation rows 1 to 33), both precisions, and the decode itself.
 //!
@@ -20,8 +20,15 @@ use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
 use coli_runtime::vk::MatmulPath;
 use vk_common::{assert_close_terms, ctx, random_rows, term_magnitudes, Rng};
 
-const GRIDS: [WeightFormat; 5] =
-    [WeightFormat::IQ2_XXS, WeightFormat::IQ2_XS, WeightFormat::IQ2_S, WeightFormat::IQ3_XXS, WeightFormat::IQ3_S];
+const GRIDS: [WeightFormat; 7] = [
+    WeightFormat::IQ2_XXS,
+    WeightFormat::IQ2_XS,
+    WeightFormat::IQ2_S,
+    WeightFormat::IQ3_XXS,
+    WeightFormat::IQ3_S,
+    WeightFormat::IQ1_S,
+    WeightFormat::IQ1_M,
+];
 
 /// (rows, cols): odd row counts; one super-block a row, three, and 33 (many units per lane).
 const SHAPES: &[(usize, usize)] = &[(37, 256), (13, 768), (5, 8448)];

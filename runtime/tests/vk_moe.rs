@@ -200,6 +200,8 @@ const SHAPES: &[(WeightFormat, usize, usize)] = &[
     (WeightFormat::IQ2_S, 256, 256),
     (WeightFormat::IQ3_XXS, 256, 256),
     (WeightFormat::IQ3_S, 512, 256),
+    (WeightFormat::IQ1_S, 256, 256),
+    (WeightFormat::IQ1_M, 256, 512),
 ];
 
 #[test]

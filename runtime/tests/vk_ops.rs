@@ -182,7 +182,7 @@ fn shared_quantized_activations_match_cpu() {
     }
 }
 
-/// Every weight format has a shader (the grid formats `IQ2_*`, `IQ3_*` too, since
+/// Every weight format has a shader (the grid formats `IQ1_*`, `IQ2_*`, `IQ3_*` too, since
 /// `shaders/iq_grid.glsl`): none is refused at upload, so no model silently stays on the CPU
 /// for its formats.
 #[test]

@@ -66,6 +66,8 @@ pub fn dequant_row(format: WeightFormat, row: &[u8], out: &mut [f32]) {
         WeightFormat::IQ2_S => iq_grid::dequant_iq2_s(row, out),
         WeightFormat::IQ3_XXS => iq_grid::dequant_iq3_xxs(row, out),
         WeightFormat::IQ3_S => iq_grid::dequant_iq3_s(row, out),
+        WeightFormat::IQ1_S => iq_grid::dequant_iq1_s(row, out),
+        WeightFormat::IQ1_M => iq_grid::dequant_iq1_m(row, out),
         WeightFormat::I8Row => {
             let scale = f32::from_le_bytes(row[0..4].try_into().unwrap());
             for (o, &q) in out.iter_mut().zip(&row[4..]) {

@@ -174,6 +174,8 @@ pub fn dot_row(format: WeightFormat, row: &[u8], x: &[f32]) -> f32 {
         WeightFormat::IQ2_S => iq_grid::dot_iq2_s(row, x),
         WeightFormat::IQ3_XXS => iq_grid::dot_iq3_xxs(row, x),
         WeightFormat::IQ3_S => iq_grid::dot_iq3_s(row, x),
+        WeightFormat::IQ1_S => iq_grid::dot_iq1_s(row, x),
+        WeightFormat::IQ1_M => iq_grid::dot_iq1_m(row, x),
         WeightFormat::I8Row => dot_i8row(row, x),
         WeightFormat::I4G64 => dot_i4g64(row, x),
     }

@@ -36,6 +36,8 @@ enum Float {
     F16,
     BF16,
     F32,
+    /// An f16 whose four nibbles are the top nibbles of four u16 (`IQ1_M`'s `d`).
+    F16Nibbles,
 }
 
 impl Float {
@@ -45,6 +47,7 @@ impl Float {
             Float::F16 => u16::from_le_bytes([b[at], b[at + 1]]) & 0x7c00 == 0x7c00,
             Float::BF16 => u16::from_le_bytes([b[at], b[at + 1]]) & 0x7f80 == 0x7f80,
             Float::F32 => u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]) & 0x7f80_0000 == 0x7f80_0000,
+            Float::F16Nibbles => super::iq_grid::nibbles_f16(b, at) & 0x7c00 == 0x7c00,
         }
     }
 
@@ -53,6 +56,7 @@ impl Float {
             Float::F16 => f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]])),
             Float::BF16 => bf16_to_f32(u16::from_le_bytes([b[at], b[at + 1]])),
             Float::F32 => f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]),
+            Float::F16Nibbles => f16_to_f32(super::iq_grid::nibbles_f16(b, at)),
         }
     }
 }
@@ -109,7 +113,13 @@ fn layout(format: WeightFormat, cols: usize) -> Layout {
         | WeightFormat::IQ2_XS
         | WeightFormat::IQ2_S
         | WeightFormat::IQ3_XXS
-        | WeightFormat::IQ3_S => (format.block_bytes(), 256, &[(0, F16, "the f16 scale d of the super-block")]),
+        | WeightFormat::IQ3_S
+        | WeightFormat::IQ1_S => (format.block_bytes(), 256, &[(0, F16, "the f16 scale d of the super-block")]),
+        WeightFormat::IQ1_M => (
+            format.block_bytes(),
+            256,
+            &[(super::iq_grid::IQ1_M_SCALES, F16Nibbles, "the f16 scale d of the super-block")],
+        ),
         // Every E8M0 byte is a finite power of two (GGUF decodes 255 as 2^127, not NaN).
         WeightFormat::MXFP4 => (format.block_bytes(), 32, &[]),
         WeightFormat::FP8_E4M3 => {

@@ -18,8 +18,10 @@
 //!   `x = d * level[q]`. `IQ4_XS`: 256 in 136, eight sub-blocks of 32 with 6-bit scales
 //!   (see `iq4.rs`).
 //! - `IQ2_XXS` (66 bytes per 256), `IQ2_XS` (74), `IQ2_S` (82), `IQ3_XXS` (98), `IQ3_S` (110):
-//!   groups of 8 or 4 values indexing fixed lattices, with sign bits and 4-bit sub-block scales
-//!   (see `iq_grid.rs`; the lattices in `iq_grids.rs`).
+//!   groups of 8 or 4 values indexing fixed lattices, with sign bits and 4-bit sub-block scales;
+//!   `IQ1_S` (50) and `IQ1_M` (56): groups of 8 values in -1, 0, 1 from one lattice, shifted by
+//!   +-1/8, with 3-bit scales (`IQ1_M`'s f16 `d` split over its scale words' top nibbles; see
+//!   `iq_grid.rs`; the lattices in `iq_grids.rs`).
 //! - `MXFP4`: 32 in 17: an E8M0 power-of-two scale, nibbles as in `Q4_0` indexing the E2M1
 //!   values (see `mxfp4.rs`).
 //! - `FP8_E4M3` (coli's block form of FP8 checkpoints): 128 in 132: the f32 `scale` of the
@@ -97,6 +99,8 @@ pub enum WeightFormat {
     IQ2_S,
     IQ3_XXS,
     IQ3_S,
+    IQ1_S,
+    IQ1_M,
     MXFP4,
     /// coli: blocks of 128 E4M3 codes, each after its f32 scale (FP8 checkpoints, repacked).
     FP8_E4M3,
@@ -132,7 +136,7 @@ impl fmt::Display for WeightFormat {
 }
 
 impl WeightFormat {
-    pub const ALL: [WeightFormat; 24] = [
+    pub const ALL: [WeightFormat; 26] = [
         WeightFormat::F32,
         WeightFormat::F16,
         WeightFormat::BF16,
@@ -153,6 +157,8 @@ impl WeightFormat {
         WeightFormat::IQ2_S,
         WeightFormat::IQ3_XXS,
         WeightFormat::IQ3_S,
+        WeightFormat::IQ1_S,
+        WeightFormat::IQ1_M,
         WeightFormat::MXFP4,
         WeightFormat::FP8_E4M3,
         WeightFormat::I8Row,
@@ -183,6 +189,8 @@ impl WeightFormat {
             WeightFormat::IQ2_S => "IQ2_S",
             WeightFormat::IQ3_XXS => "IQ3_XXS",
             WeightFormat::IQ3_S => "IQ3_S",
+            WeightFormat::IQ1_S => "IQ1_S",
+            WeightFormat::IQ1_M => "IQ1_M",
             WeightFormat::MXFP4 => "MXFP4",
             WeightFormat::FP8_E4M3 => "FP8_E4M3",
             WeightFormat::I8Row => "I8Row",
@@ -212,7 +220,9 @@ impl WeightFormat {
             | WeightFormat::IQ2_XS
             | WeightFormat::IQ2_S
             | WeightFormat::IQ3_XXS
-            | WeightFormat::IQ3_S => 256,
+            | WeightFormat::IQ3_S
+            | WeightFormat::IQ1_S
+            | WeightFormat::IQ1_M => 256,
             WeightFormat::I4G64 => 64,
             WeightFormat::FP8_E4M3 => fp8::FP8_BLOCK,
         }
@@ -220,7 +230,9 @@ impl WeightFormat {
 
     /// Byte offsets of the f16 scale and min fields in one block, for the block formats coli
     /// reads but does not encode (tests and benchmarks fill them with sane scales when they
-    /// make random blocks); empty for every other format.
+    /// make random blocks, through `set_f16_field`); empty for every other format. `IQ1_M`'s
+    /// `d` is no two bytes of its own: its field, at 48, is the top nibbles of the four u16
+    /// scale words there.
     pub fn f16_fields(self) -> &'static [usize] {
         match self {
             WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q5_1 => &[0, 2],
@@ -234,8 +246,24 @@ impl WeightFormat {
             | WeightFormat::IQ2_XS
             | WeightFormat::IQ2_S
             | WeightFormat::IQ3_XXS
-            | WeightFormat::IQ3_S => &[0],
+            | WeightFormat::IQ3_S
+            | WeightFormat::IQ1_S => &[0],
+            WeightFormat::IQ1_M => &[iq_grid::IQ1_M_SCALES],
             _ => &[],
+        }
+    }
+
+    /// Writes the f16 `bits` into the field of `f16_fields` at byte `at` of `block`: two
+    /// bytes, except `IQ1_M`'s `d`, whose nibbles go to the top of its four scale words (their
+    /// other bits, the scales, are kept).
+    pub fn set_f16_field(self, block: &mut [u8], at: usize, bits: u16) {
+        if self == WeightFormat::IQ1_M && at == iq_grid::IQ1_M_SCALES {
+            for k in 0..4 {
+                let b = &mut block[at + 2 * k + 1];
+                *b = (*b & 0x0f) | ((bits >> (4 * k) & 15) as u8) << 4;
+            }
+        } else {
+            block[at..at + 2].copy_from_slice(&bits.to_le_bytes());
         }
     }
 
@@ -261,6 +289,8 @@ impl WeightFormat {
             WeightFormat::IQ2_S => iq_grid::IQ2_S_BYTES,
             WeightFormat::IQ3_XXS => iq_grid::IQ3_XXS_BYTES,
             WeightFormat::IQ3_S => iq_grid::IQ3_S_BYTES,
+            WeightFormat::IQ1_S => iq_grid::IQ1_S_BYTES,
+            WeightFormat::IQ1_M => iq_grid::IQ1_M_BYTES,
             WeightFormat::MXFP4 => mxfp4::MXFP4_BYTES,
             WeightFormat::FP8_E4M3 => fp8::FP8_BYTES,
             WeightFormat::I8Row => 1,
@@ -296,10 +326,12 @@ impl WeightFormat {
             WeightFormat::IQ2_XXS => 16,
             WeightFormat::IQ2_XS => 17,
             WeightFormat::IQ3_XXS => 18,
+            WeightFormat::IQ1_S => 19,
             WeightFormat::IQ4_NL => 20,
             WeightFormat::IQ3_S => 21,
             WeightFormat::IQ2_S => 22,
             WeightFormat::IQ4_XS => 23,
+            WeightFormat::IQ1_M => 29,
             WeightFormat::BF16 => 30,
             WeightFormat::MXFP4 => 39,
             WeightFormat::I8Row | WeightFormat::I4G64 | WeightFormat::FP8_E4M3 => return None,
@@ -324,10 +356,12 @@ impl WeightFormat {
             16 => WeightFormat::IQ2_XXS,
             17 => WeightFormat::IQ2_XS,
             18 => WeightFormat::IQ3_XXS,
+            19 => WeightFormat::IQ1_S,
             20 => WeightFormat::IQ4_NL,
             21 => WeightFormat::IQ3_S,
             22 => WeightFormat::IQ2_S,
             23 => WeightFormat::IQ4_XS,
+            29 => WeightFormat::IQ1_M,
             30 => WeightFormat::BF16,
             39 => WeightFormat::MXFP4,
             _ => return Err(FormatError::UnknownGgufType(id)),
@@ -343,6 +377,11 @@ impl WeightFormat {
             _ => true,
         }
     }
+}
+
+/// The f16 bits of an `IQ1_M` super-block's `d` (the top nibbles of its four scale words).
+pub(crate) fn iq1m_d_bits(block: &[u8]) -> u16 {
+    iq_grid::nibbles_f16(block, iq_grid::IQ1_M_SCALES)
 }
 
 fn check_row(format: WeightFormat, row: &[u8], cols: usize) -> Result<(), FormatError> {

@@ -190,6 +190,8 @@ pub fn dot_row_q8(format: WeightFormat, row: &[u8], x: &[BlockQ8]) -> f32 {
         WeightFormat::IQ2_S => iq_grid::dot_iq2_s_q8(row, x),
         WeightFormat::IQ3_XXS => iq_grid::dot_iq3_xxs_q8(row, x),
         WeightFormat::IQ3_S => iq_grid::dot_iq3_s_q8(row, x),
+        WeightFormat::IQ1_S => iq_grid::dot_iq1_s_q8(row, x),
+        WeightFormat::IQ1_M => iq_grid::dot_iq1_m_q8(row, x),
         WeightFormat::I8Row => i8row(row, x),
         WeightFormat::I4G64 => i4g64(row, x),
         WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 | WeightFormat::FP8_E4M3 => {

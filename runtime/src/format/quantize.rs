@@ -137,6 +137,8 @@ fn encode_row(format: WeightFormat, x: &[f32], o: &mut [u8]) {
         | WeightFormat::IQ2_S
         | WeightFormat::IQ3_XXS
         | WeightFormat::IQ3_S
+        | WeightFormat::IQ1_S
+        | WeightFormat::IQ1_M
         | WeightFormat::MXFP4
         | WeightFormat::FP8_E4M3 => unreachable!("rejected by quantize"),
     }

@@ -57,7 +57,7 @@ fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng) ->
     for block in b.chunks_exact_mut(format.block_bytes()) {
         for &a in fields {
             let v = 0.001 + 0.02 * rng.unit().abs();
-            block[a..a + 2].copy_from_slice(&fp16::f32_to_f16(v).to_le_bytes());
+            format.set_f16_field(block, a, fp16::f32_to_f16(v));
         }
     }
     b
@@ -267,9 +267,11 @@ fn gguf_type_ids_round_trip_and_unknown_ids_are_errors() {
             assert_eq!(WeightFormat::from_gguf_type(id), Ok(format));
         }
     }
-    // IQ1_S (19) and TQ2_0 (35) are GGUF types coli does not compute.
-    assert_eq!(WeightFormat::from_gguf_type(19), Err(FormatError::UnknownGgufType(19)));
+    // TQ1_0 (34) and TQ2_0 (35) are GGUF types coli does not compute.
+    assert_eq!(WeightFormat::from_gguf_type(34), Err(FormatError::UnknownGgufType(34)));
     assert_eq!(WeightFormat::from_gguf_type(35), Err(FormatError::UnknownGgufType(35)));
+    assert_eq!(WeightFormat::from_gguf_type(19), Ok(WeightFormat::IQ1_S));
+    assert_eq!(WeightFormat::from_gguf_type(29), Ok(WeightFormat::IQ1_M));
     assert_eq!(WeightFormat::from_gguf_type(18), Ok(WeightFormat::IQ3_XXS));
     assert_eq!(WeightFormat::from_gguf_type(13), Ok(WeightFormat::Q5_K));
     for (format, block, bytes) in [
@@ -285,6 +287,8 @@ fn gguf_type_ids_round_trip_and_unknown_ids_are_errors() {
         (WeightFormat::IQ2_S, 256, 82),
         (WeightFormat::IQ3_XXS, 256, 98),
         (WeightFormat::IQ3_S, 256, 110),
+        (WeightFormat::IQ1_S, 256, 50),
+        (WeightFormat::IQ1_M, 256, 56),
         (WeightFormat::MXFP4, 32, 17),
     ] {
         assert_eq!((format.block_size(), format.block_bytes()), (block, bytes), "{format}");
@@ -359,7 +363,7 @@ fn block_decoders_match_gguf_py() {
             (0..r.hex.len()).step_by(2).map(|i| u8::from_str_radix(&r.hex[i..i + 2], 16).unwrap()).collect();
         let got = dequant(format, &bytes, r.cols);
         // The grid formats compute `db * g` as the reference does: bit for bit.
-        let exact = format.name().starts_with("IQ2") || format.name().starts_with("IQ3");
+        let exact = ["IQ1", "IQ2", "IQ3"].iter().any(|p| format.name().starts_with(p));
         for (i, (a, b)) in got.iter().zip(&r.values).enumerate() {
             let tol = if exact { 0.0 } else { 1e-6 * b.abs().max(1e-3) };
             assert!((a - b).abs() <= tol, "{format}[{i}]: {a} vs gguf-py {b}");
@@ -512,12 +516,17 @@ fn first_non_finite_finds_nan_and_inf_in_elements_and_block_fields() {
             (_, 4) => &[0, 0, 0x80, 0x7f],
             _ => &[0, 0x7c],
         };
-        b[2 * row + at..2 * row + at + width].copy_from_slice(inf);
+        // Two-byte fields through `set_f16_field` (IQ1_M's d is four nibbles).
+        let put = |b: &mut [u8], r: usize, v: &[u8]| match width {
+            2 => format.set_f16_field(&mut b[r * row..], at, u16::from_le_bytes([v[0], v[1]])),
+            _ => b[r * row + at..r * row + at + width].copy_from_slice(v),
+        };
+        put(&mut b, 2, inf);
         let nan: Vec<u8> = inf.iter().enumerate().map(|(i, &v)| if i == 0 { v | 1 } else { v }).collect();
-        b[3 * row + at..3 * row + at + width].copy_from_slice(&nan);
+        put(&mut b, 3, &nan);
         let found = first_non_finite(format, &b, cols).unwrap_or_else(|| panic!("{format}: not found"));
         assert_eq!((found.row, found.col, found.value), (2, 0, f32::INFINITY), "{format}: {found}");
-        b[2 * row + at..2 * row + at + width].fill(0);
+        put(&mut b, 2, &[0; 4][..width]);
         let found: NonFinite = first_non_finite(format, &b, cols).unwrap();
         assert_eq!((found.row, found.col), (3, 0), "{format}: {found}");
         assert!(found.value.is_nan(), "{format}: {found}");

@@ -33,8 +33,8 @@ pub fn shown(name: &str) -> String {
 
 /// What an unsupported-type error lists: the weight types coli computes with.
 pub const COMPUTED: &str = "coli computes with F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, \
-     Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS and MXFP4 (in \
-     safetensors as U8 _blocks with _scales), F8_E4M3 with 128 x 128 block scales \
+     Q3_K, Q4_K, Q5_K, Q6_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS \
+     and MXFP4 (in safetensors as U8 _blocks with _scales), F8_E4M3 with 128 x 128 block scales \
      (weight_scale_inv), and I8Row or I4G64 made at load by --quantize i8|i4";
 
 /// A reason a checkpoint could not be opened or a tensor not read.

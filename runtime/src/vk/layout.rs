@@ -30,9 +30,13 @@ fn pad_to(v: &mut Vec<u8>, multiple: usize) {
 }
 
 /// The grid formats (`shaders/iq_grid.glsl`): uvec4s of one super-block's bytes after its f16
-/// `d`, zero-padded (`IQ_QB` there).
+/// `d` (`IQ1_M`, whose `d` is split over its scale words: all its bytes), zero-padded (`IQ_QB`
+/// there).
 fn grid_units(format: WeightFormat) -> usize {
-    (format.block_bytes() - 2).div_ceil(16)
+    match format {
+        WeightFormat::IQ1_M => format.block_bytes().div_ceil(16),
+        _ => (format.block_bytes() - 2).div_ceil(16),
+    }
 }
 
 /// Repacks `rows` rows of `cols` elements in `format` (`bytes` as the checkpoint stores them).
@@ -66,7 +70,9 @@ pub fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Res
         | WeightFormat::IQ2_XS
         | WeightFormat::IQ2_S
         | WeightFormat::IQ3_XXS
-        | WeightFormat::IQ3_S => (grid_units(format) * nb, nb.div_ceil(2)),
+        | WeightFormat::IQ3_S
+        | WeightFormat::IQ1_S
+        | WeightFormat::IQ1_M => (grid_units(format) * nb, nb.div_ceil(2)),
     };
     let mut q = Vec::with_capacity(rows * qs * 16);
     let mut s = Vec::with_capacity(rows * ss * 4);
@@ -155,11 +161,19 @@ pub fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Res
                         | WeightFormat::IQ2_XS
                         | WeightFormat::IQ2_S
                         | WeightFormat::IQ3_XXS
-                        | WeightFormat::IQ3_S => {
+                        | WeightFormat::IQ3_S
+                        | WeightFormat::IQ1_S => {
                             let q0 = q.len();
                             q.extend_from_slice(&b[2..]);
                             q.resize(q0 + 16 * grid_units(format), 0);
                             s.extend_from_slice(&b[0..2]);
+                        }
+                        WeightFormat::IQ1_M => {
+                            let q0 = q.len();
+                            q.extend_from_slice(b);
+                            q.resize(q0 + 16 * grid_units(format), 0);
+                            let d = crate::format::iq1m_d_bits(b);
+                            s.extend_from_slice(&d.to_le_bytes());
                         }
                         _ => unreachable!("float formats and I8Row are handled above"),
                     }
@@ -251,8 +265,9 @@ mod tests {
             let mut got = [0usize; 256];
             p.q.iter().chain(&p.s).for_each(|&b| got[b as usize] += 1);
             // Q6_K widens its f16 d to f32: its two bytes become four; MXFP4 decodes its
-            // exponent byte into an f32 scale: count the rest.
-            if !matches!(format, WeightFormat::Q6_K | WeightFormat::MXFP4) {
+            // exponent byte into an f32 scale; IQ1_M's d, assembled from its scale words'
+            // nibbles, comes in addition to them: count the rest.
+            if !matches!(format, WeightFormat::Q6_K | WeightFormat::MXFP4 | WeightFormat::IQ1_M) {
                 assert_eq!(want[1..], got[1..], "{format}");
             }
             assert_eq!(p.q.len(), 3 * p.qs * 16, "{format}");

@@ -96,8 +96,8 @@ impl Kernel {
 impl FormatVariant {
     /// The variant a matrix of `format` with rows of `cols` takes: `I8Row` rows whose length
     /// is not a multiple of 32 are multiplied in f32, as the CPU does. Every format has one
-    /// today (the grid formats `IQ2_*`, `IQ3_*` too: `shaders/iq_grid.glsl`); `None`, which
-    /// a device turns into a refusal at upload, is for a format added without a shader.
+    /// today (the grid formats `IQ1_*`, `IQ2_*`, `IQ3_*` too: `shaders/iq_grid.glsl`); `None`,
+    /// which a device turns into a refusal at upload, is for a format added without a shader.
     pub fn of(format: WeightFormat, cols: usize) -> Option<FormatVariant> {
         Some(match format {
             WeightFormat::F32 => FormatVariant::F32,
@@ -125,6 +125,8 @@ impl FormatVariant {
             WeightFormat::IQ2_S => FormatVariant::IQ2_S,
             WeightFormat::IQ3_XXS => FormatVariant::IQ3_XXS,
             WeightFormat::IQ3_S => FormatVariant::IQ3_S,
+            WeightFormat::IQ1_S => FormatVariant::IQ1_S,
+            WeightFormat::IQ1_M => FormatVariant::IQ1_M,
         })
     }
 
@@ -152,6 +154,8 @@ impl FormatVariant {
             FormatVariant::IQ2_S => FormatVariant::IQ2_SExact,
             FormatVariant::IQ3_XXS => FormatVariant::IQ3_XXSExact,
             FormatVariant::IQ3_S => FormatVariant::IQ3_SExact,
+            FormatVariant::IQ1_S => FormatVariant::IQ1_SExact,
+            FormatVariant::IQ1_M => FormatVariant::IQ1_MExact,
             v => v,
         }
     }
@@ -180,6 +184,8 @@ impl FormatVariant {
                 | FormatVariant::IQ2_S
                 | FormatVariant::IQ3_XXS
                 | FormatVariant::IQ3_S
+                | FormatVariant::IQ1_S
+                | FormatVariant::IQ1_M
         )
     }
 }

@@ -61,7 +61,7 @@ impl Rng {
 }
 
 /// The weight formats the shaders decode (`FormatVariant::of`): every one, the grid formats
-/// (`IQ2_*`, `IQ3_*`) included.
+/// (`IQ1_*`, `IQ2_*`, `IQ3_*`) included.
 pub fn device_formats() -> Vec<WeightFormat> {
     WeightFormat::ALL.into_iter().filter(|&f| FormatVariant::of(f, 256).is_some()).collect()
 }
@@ -98,7 +98,7 @@ pub fn random_rows(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng
     for block in b.chunks_exact_mut(format.block_bytes()) {
         for &a in fields {
             let v = 0.001 + 0.02 * rng.unit().abs();
-            block[a..a + 2].copy_from_slice(&fp16::f32_to_f16(v).to_le_bytes());
+            format.set_f16_field(block, a, fp16::f32_to_f16(v));
         }
     }
     b

@@ -156,7 +156,7 @@ fn sample_gguf() -> Vec<u8> {
     let tensors = vec![
         ("norm.weight", vec![6], 0u32, f32_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])),
         ("blk.0.ffn_up_exps.weight", vec![4, 8, 32], 8u32, q8),
-        ("odd.weight", vec![2, 256], 19u32, vec![7u8; 2 * 50]),
+        ("odd.weight", vec![2, 256], 34u32, vec![7u8; 2 * 54]),
     ];
     gguf_bytes(3, &kv, &tensors, 64)
 }
@@ -196,7 +196,7 @@ fn gguf_round_trip_metadata_tensors_and_bindings() {
         t["blk.0.ffn_up_exps.weight"],
         TensorInfo { shape: vec![4, 8, 32], dtype: "Q8_0".into(), bytes: 4 * 8 * 34 }
     );
-    assert_eq!(t["odd.weight"].dtype, "IQ1_S");
+    assert_eq!(t["odd.weight"].dtype, "TQ1_0");
 
     let norm = ck.tensor("norm.weight").unwrap();
     assert!(norm.is_mapped());
