@@ -228,6 +228,47 @@ fn a_batched_forward_on_the_device_gives_each_session_what_the_cpu_gives() {
     }
 }
 
+/// Sessions of different contexts in one batched step: a sliding window's mirror is a ring of
+/// the window and a chunk where that is shorter than the context (4 + 8 rows here), the whole
+/// context otherwise (12 positions), so the step's sequences attend over mirrors of both kinds
+/// (gpt-oss's sliding layers; DeepSeek V4's compressed attention over its window's rows), and
+/// the indexers score each sequence's positions at its own context's stride (DeepSeek V3.2's
+/// and V4's compressor's: a step stopped on the device, "a stride of 4 under 6 positions", when
+/// they took the first sequence's): each within the bound above of the CPU, on the device.
+#[test]
+fn a_batched_step_over_sessions_of_different_contexts_gives_what_the_cpu_gives() {
+    for name in ["gpt_oss", "deepseek_v4_compressed", "deepseek_v32"] {
+        let Some(engine) = on_vulkan(name, 8, None) else { return };
+        let contexts = [12, CONTEXT, 12, CONTEXT, CONTEXT];
+        let mut cpu: Vec<Session> = Vec::new();
+        let mut dev: Vec<Session> = Vec::new();
+        for (k, &ctx) in contexts.iter().enumerate() {
+            // Past the ring's 12 rows where the context has room.
+            let len = if ctx == 12 { 3 + k } else { 15 + 3 * k };
+            let p: Vec<u32> = (0..len).map(|i| (i as u32 * 31 + k as u32 * 17 + 5) % 250).collect();
+            let mut c = Session::new(engine.model(), ctx);
+            c.forward(&p, LogitRows::Last).unwrap();
+            let mut d = engine.session_with_context(ctx).unwrap();
+            d.forward(&p, LogitRows::Last).unwrap();
+            cpu.push(c);
+            dev.push(d);
+        }
+        for step in 0..4u32 {
+            let tokens: Vec<u32> = (0..contexts.len() as u32).map(|i| (i * 37 + step * 11 + 2) % 250).collect();
+            let want: Vec<Vec<f32>> =
+                cpu.iter_mut().zip(&tokens).map(|(s, &t)| s.forward(&[t], LogitRows::Last).unwrap()).collect();
+            let mut refs: Vec<&mut Session> = dev.iter_mut().collect();
+            let got = Session::forward_batch(&mut refs, &tokens).unwrap();
+            let bound = DEVICE_TOLERANCE * common::max_abs(&want);
+            let err = common::max_abs_diff(&got, &want);
+            assert!(err <= bound, "{name} step {step}: max |device batched - cpu| = {err} > {bound}");
+        }
+        for s in dev.iter_mut() {
+            assert!(s.on_a_device(), "{name}: {:?}", s.take_notice());
+        }
+    }
+}
+
 #[test]
 fn eight_requests_at_once_on_the_device_give_what_each_gives_alone() {
     let steps = 6;

@@ -167,12 +167,14 @@ impl DeviceModel {
         let spec = &a.spec;
         let (q, k, v, out) = (a.q, a.k, a.v, a.out);
         let l = a.layer.0 as usize;
-        let ring = rec.seqs[0].st.rings[l].map(|r| r.rows);
-        let shape = AttnShape { ring, ..AttnShape::of(spec) };
-        // The one-row sequences' kernels side by side (one call), the others one by one; with
-        // relative logits (Inkling) each one by one, over its rows' states.
-        let mut decodes = Vec::new();
+        // The one-row sequences' kernels side by side (one call: their mirrors' rings alike), the
+        // others one by one; with relative logits (Inkling) each one by one, over its rows'
+        // states.
+        let (mut decodes, mut ring0) = (Vec::new(), None);
         for s in rec.seqs {
+            // A sliding window's mirror as a ring (its size follows the sequence's context).
+            let ring = s.st.rings[l].map(|r| r.rows);
+            let shape = AttnShape { ring, ..AttnShape::of(spec) };
             let (r0, n) = (s.rows.start, s.rows.len());
             let rows = |v: ValueId| st.values[v.0 as usize].view(r0 * w(v), n * w(v));
             let rel = spec.rel.as_ref().map(|r| RelArgs {
@@ -201,8 +203,11 @@ impl DeviceModel {
                     q8: false,
                 };
                 match rel {
-                    Some(_) => drop(f.attention_decode_rel(shape, decode, rel)?),
-                    None => decodes.push(decode),
+                    None if decodes.is_empty() || ring0 == Some(ring) => {
+                        ring0 = Some(ring);
+                        decodes.push(decode);
+                    }
+                    _ => drop(f.attention_decode_rel(shape, decode, rel)?),
                 }
                 continue;
             }
@@ -222,6 +227,7 @@ impl DeviceModel {
             let args = AttnArgs { q: rows(q), k: keys, v: values, sinks, out: rows(out), n };
             f.attention_rel_at(shape, args, rel, pos, AttnPath::Auto)?;
         }
+        let shape = AttnShape { ring: ring0.flatten(), ..AttnShape::of(spec) };
         f.attention_decode_rows(shape, &decodes)?;
         Ok(None)
     }

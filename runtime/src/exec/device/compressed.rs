@@ -168,11 +168,11 @@ impl DeviceModel {
         let shape = CompressedShape::of(spec).filter(|_| CompressedShape::supported(spec));
         let shape = shape.ok_or_else(|| VkError::BadArgument { op: OP, msg: "not a supported shape".into() })?;
         let l = a.layer.0 as usize;
-        // A sliding window's mirror as a ring (every sequence's the same size).
-        let ring = rec.seqs[0].st.rings[l].map(|r| r.rows);
-        let shape = CompressedShape { ring, ..shape };
         let batched = rec.seqs.len() > 1;
         for s in rec.seqs {
+            // A sliding window's mirror as a ring (its size follows the sequence's context).
+            let ring = s.st.rings[l].map(|r| r.rows);
+            let shape = CompressedShape { ring, ..shape };
             let (r0, rows) = if batched { (s.rows.start, s.rows.len()) } else { (0, n) };
             let view = |v: ValueId| st.values[v.0 as usize].view(r0 * w(v), rows * w(v));
             let at = if batched { Pos::Fixed(s.pos0) } else { pos };

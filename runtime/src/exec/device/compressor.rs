@@ -366,7 +366,8 @@ impl DeviceModel {
                 f.compress_pool(m.shape, args, e0, e1 - e0)?;
             }
             if let (Some(i), Some(q), Some(out), Some(keys)) = (spec.index, q, out, parts.get(1)) {
-                let sc = st.compressors.as_ref().and_then(|c| c.scratch.as_ref());
+                // The sequence's own scratch: its scores' stride is its context's.
+                let sc = s.st.compressors.as_ref().and_then(|c| c.scratch.as_ref());
                 let sc = sc.ok_or_else(|| VkError::BadArgument { op: OP, msg: "no indexer scratch".into() })?;
                 let keys = keys.entries.as_ref().map(|(b, _)| b.all()).expect("the indexer's entries");
                 let (h, d) = (i.heads, i.head_dim);

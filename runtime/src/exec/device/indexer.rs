@@ -198,6 +198,8 @@ impl DeviceModel {
             let at = if seqs.len() == 1 { pos } else { Pos::Fixed(s.pos0) };
             let m = s.st.indexers.as_ref().and_then(|i| i.mirrors[layer.0 as usize].as_ref());
             let m = m.ok_or_else(|| missing("the layer's index-key mirror"))?;
+            // The scores in the sequence's own scratch: their stride is its context's.
+            let sx = s.st.indexers.as_ref().ok_or_else(|| missing("the sequence's indexer scratch"))?;
             let (qv, kv) = (ix.q.view(r0 * h * d, rn * h * d), ix.k.view(r0 * d, rn * d));
             let none = m.back.view(0, 0);
             f.rope_kv(RopeKvArgs {
@@ -211,8 +213,8 @@ impl DeviceModel {
             })?;
             // The rows' selections, `pass` rows at a time (a position read on the device: one
             // row).
-            for p0 in (0..rn).step_by(ix.pass) {
-                let (a, pn) = (r0 + p0, ix.pass.min(rn - p0));
+            for p0 in (0..rn).step_by(sx.pass) {
+                let (a, pn) = (r0 + p0, sx.pass.min(rn - p0));
                 let at = match at {
                     Pos::Fixed(p) => Pos::Fixed(p + p0),
                     dynamic => dynamic,
@@ -222,8 +224,8 @@ impl DeviceModel {
                     keys: m.keys.all(),
                     w: ix.w.view(a * h, pn * h),
                     w_scale: (h as f32).powf(-0.5),
-                    scores: ix.scores.all(),
-                    stride: ix.stride,
+                    scores: sx.scores.all(),
+                    stride: sx.stride,
                     out: st.values[out.0 as usize].view(a * spec.topk, pn * spec.topk),
                     n: pn,
                 };
