@@ -62,6 +62,9 @@ shared float sm[GMAX];
 shared float sl[GMAX];
 shared float salpha[GMAX];
 shared bool s_last;
+// The joiner's factor of each (head, split): exp(m_split - m), 0 for a split that saw nothing.
+#define JMAX 32u
+shared float sjf[GMAX * JMAX];
 
 #ifdef SPARSE
 // The jj-th position row i attends over: its selection's (ascending, -1 after the last).
@@ -212,12 +215,26 @@ void main() {
         sl[tid] = lt;
     }
     barrier();
+    for (uint e = tid; e < G * pc.splits; e += WG) {
+        uint g = e / pc.splits;
+        vec2 ml = part_ml[first + e];
+        sjf[e] = ml.y > 0.0 ? exp(ml.x - sm[g]) : 0.0;
+    }
+    barrier();
     for (uint e = tid; e < G * c; e += WG) {
         uint g = e / c, k = e - g * c;
+        uint ob = (first + g * pc.splits) * c + k;
         float o = 0.0;
-        for (uint s = 0u; s < pc.splits; s++) {
-            vec2 ml = part_ml[first + g * pc.splits + s];
-            if (ml.y > 0.0) o += part_o[(first + g * pc.splits + s) * c + k] * exp(ml.x - sm[g]);
+        uint s = 0u;
+        // Eight splits' loads in flight.
+        for (; s + 8u <= pc.splits; s += 8u) {
+            float x[8];
+            [[unroll]] for (uint t = 0u; t < 8u; t++) x[t] = sjf[g * pc.splits + s + t] != 0.0 ? part_o[ob + (s + t) * c] : 0.0;
+            [[unroll]] for (uint t = 0u; t < 8u; t++) o += x[t] * sjf[g * pc.splits + s + t];
+        }
+        for (; s < pc.splits; s++) {
+            float f = sjf[g * pc.splits + s];
+            if (f != 0.0) o += part_o[ob + s * c] * f;
         }
         qlat[base + e] = o / sl[g];
     }
