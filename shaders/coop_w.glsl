@@ -4,7 +4,8 @@
 // scale and the sum of its dequantized values) into the CPU's value:
 //     block = (xd.d * wd) * sum_k code[k] q[k] + wm * xd.s
 // where the format has offsets (HAS_MIN: Q4_1, Q5_1, Q4_K, Q5_K, I4G64; wm = 0 for the rest).
-// Formats whose scales change every 16 elements (Q6_K, Q3_K: HALVES, SUBS 2) take one
+// Formats whose scales change every 16 elements (Q6_K, Q3_K, IQ2_XS, IQ2_S, IQ1_M: HALVES,
+// SUBS 2) take one
 // product per half (the including shader masks the other half of the activations) and a
 // factor wd per half.
 //   coop_codes(row, blk, h): the codes of elements 16h .. 16h + 15, four to a uint.
@@ -16,7 +17,7 @@
 // Must not: be compiled for a format without 8-bit activations or with per-16 offsets (Q2_K):
 // there is no coop blob for those, and the host does not dispatch one.
 
-#if defined(FMT_Q6_K) || defined(FMT_Q3_K)
+#if defined(FMT_Q6_K) || defined(FMT_Q3_K) || defined(FMT_IQ2_XS) || defined(FMT_IQ2_S) || defined(FMT_IQ1_M)
 #define HALVES 1
 const uint SUBS = 2u;
 #else
@@ -149,6 +150,20 @@ float coop_wd(uint row, uint blk, uint sub) {
 #elif defined(FMT_MXFP4)
 uvec4 coop_codes(uint row, uint blk, uint h) { return mx_levels((wq[row * QS + blk] >> (4u * h)) & 0x0f0f0f0fu); }
 float coop_wd(uint row, uint blk, uint sub) { return uintBitsToFloat(ws[row * SS + blk]); }
+
+#elif defined(FMT_IQ2_XXS) || defined(FMT_IQ2_XS) || defined(FMT_IQ2_S) || defined(FMT_IQ3_XXS) || defined(FMT_IQ3_S) \
+    || defined(FMT_IQ1_S) || defined(FMT_IQ1_M)
+// The grid formats (iq_grid.glsl): block blk is sub-block blk % 8 of super-block blk / 8, its
+// codes the lattice's signed values (IQ1_*: 8 (g + delta)), its factor per half (HALVES: the
+// formats whose scales change every 16 elements) the super-block's d times IQ_UNIT (2 s + 1).
+uvec4 coop_codes(uint row, uint blk, uint h) {
+    uint qb = row * QS + IQ_QB * (blk >> 3), ib = blk & 7u, w = 4u * h;
+    return uvec4(iq_word(qb, ib, w), iq_word(qb, ib, w + 1u), iq_word(qb, ib, w + 2u), iq_word(qb, ib, w + 3u));
+}
+float coop_wd(uint row, uint blk, uint sub) {
+    uint qb = row * QS + IQ_QB * (blk >> 3);
+    return f16_at(row * SS, blk >> 3) * IQ_UNIT * float(2u * iq_scale(qb, blk & 7u, sub) + 1u);
+}
 
 #else
 #error "no cooperative decoding for this weight format"

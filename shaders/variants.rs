@@ -118,10 +118,12 @@ pub const COOP_KERNELS: &[&str] = &["MatmulCoop", "MoeMatmulCoop"];
 
 /// The format variants the cooperative kernels are compiled for: every format with 8-bit
 /// activations except Q2_K (an offset per 16 elements, which the kernels' per-block sums do
-/// not carry) and the grid formats, `IQ1_*` among them (`coop_w.glsl` has no lattice decode:
-/// their GEMMs take the tiled kernels).
-pub const COOP_FORMATS: &[&str] =
-    &["I8Row", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "I4G64", "Q4_K", "Q5_K", "Q6_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4"];
+/// not carry). The grid formats decode their lattice from shared memory beside the tiles (at
+/// most 4 KiB: the MoE kernel stays within 48 KiB).
+pub const COOP_FORMATS: &[&str] = &[
+    "I8Row", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "I4G64", "Q4_K", "Q5_K", "Q6_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4",
+    "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+];
 
 /// One compiled blob: its file stem under `shaders/spirv/`, the kernel, the format variant
 /// (per-format kernels), the defines it is compiled with, and whether it is the `HW_DOT` build.

@@ -34,7 +34,7 @@ const FORMAT_TOL: f32 = 1e-4;
 
 /// The formats the cooperative kernels take besides I8Row (`COOP_FORMATS` in
 /// shaders/variants.rs), with the column multiple of each (its super-block).
-const FORMATS: [(WeightFormat, usize); 13] = [
+const FORMATS: [(WeightFormat, usize); 20] = [
     (WeightFormat::Q8_0, 32),
     (WeightFormat::Q4_0, 32),
     (WeightFormat::Q4_1, 32),
@@ -48,6 +48,13 @@ const FORMATS: [(WeightFormat, usize); 13] = [
     (WeightFormat::Q3_K, 256),
     (WeightFormat::IQ4_XS, 256),
     (WeightFormat::MXFP4, 32),
+    (WeightFormat::IQ2_XXS, 256),
+    (WeightFormat::IQ2_XS, 256),
+    (WeightFormat::IQ2_S, 256),
+    (WeightFormat::IQ3_XXS, 256),
+    (WeightFormat::IQ3_S, 256),
+    (WeightFormat::IQ1_S, 256),
+    (WeightFormat::IQ1_M, 256),
 ];
 
 use coli_compiler::ir::GluKind;
