@@ -6,7 +6,8 @@
 //! with its norms plus 1, `attn_qkv` / `attn_gate`, `ssm_a` = -exp(A_log) and squeezed
 //! convolutions, `qwen35moe` with its value heads tiled too, `kimi-linear` with per-layer KV
 //! heads, the split MLA pair and 4-D convolutions, Mixtral as a `llama` file with experts, GLM-MoE-DSA
-//! as `glm-dsa` with its indexer), run by coli.
+//! as `glm-dsa` with its indexer, DeepSeek V4 as `deepseek4` with its schedule as `compress_ratios`),
+//! run by coli.
 //!
 //! Reference: transformers' logits (the fixture's oracle.json), where the GGUF states the same
 //! model. Where llama.cpp's format cannot state a setting of the fixture, the reference is
@@ -283,6 +284,66 @@ fn glm_dsa_gguf_matches_transformers() {
     check("glm-dsa.gguf", "glm_moe_dsa", None, None);
 }
 
+/// DeepSeek V4 as llama.cpp's converter writes the original checkpoints (`deepseek4`: the
+/// tensors under llama.cpp's names, the experts stacked, `tid2eid` in I32, the schedule as
+/// `compress_ratios` and `hash_layer_count`, the clamp once per layer); every setting of the
+/// fixture has its key, so the reference is transformers itself. Every layer sliding, the
+/// first two hashed.
+#[test]
+fn deepseek4_gguf_matches_transformers() {
+    check("deepseek4.gguf", "deepseek_v4", None, None);
+}
+
+/// The compressed layers from a `deepseek4` file: `compress_ratios` [8, 4, 0, 4] (and 0 for the
+/// MTP layer the converter leaves out) are a heavily compressed layer at 8, a compressed sparse
+/// one (overlapping windows, the indexer's `indexer_compressor_*`, `indexer.attn_q_b`,
+/// `indexer.proj`), a sliding one and another compressed sparse one; the compressed layers'
+/// YaRN from `rope.scaling.*` with its attention factor 1, as transformers' (which forces it)
+/// and llama.cpp's. llama.cpp does not load this file (its loader takes the rates 0, 4 and 128
+/// only).
+#[test]
+fn deepseek4_compressed_gguf_matches_transformers() {
+    check("deepseek4-compressed.gguf", "deepseek_v4_csa4", None, None);
+}
+
+/// `bytes` with the first occurrence of `key` changed in one letter (so the key or tensor it
+/// names is gone), loaded from a file of its own: the error, if it fails to load.
+fn load_without(file: &str, key: &str) -> Option<String> {
+    let mut bytes = std::fs::read(gguf(file)).unwrap();
+    let at = bytes.windows(key.len()).position(|w| w == key.as_bytes()).expect("the key");
+    bytes[at + key.len() - 4] = b'X';
+    let path = std::env::temp_dir().join(format!("coli-without-{}-{file}", std::process::id()));
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Engine::load(&path, &EngineOptions::default()).err().map(|e| e.to_string());
+    let _ = std::fs::remove_file(&path);
+    err
+}
+
+/// A `deepseek4` file without a tensor the spec needs (the hash table of a hash layer, the
+/// indexer's compressor of a compressed sparse one) is refused with the tensor's name; one
+/// whose gating function is not one of llama.cpp's three (here 3) is refused by the key's.
+#[test]
+fn deepseek4_without_a_tensor_or_with_an_unknown_gating_is_refused() {
+    for (file, tensor) in [
+        ("deepseek4.gguf", "blk.1.ffn_gate_tid2eid.weight"),
+        ("deepseek4-compressed.gguf", "blk.3.indexer_compressor_ape.weight"),
+    ] {
+        let err = load_without(file, tensor).unwrap_or_else(|| panic!("{file} without {tensor} must not load"));
+        assert!(err.contains(tensor), "{file}: {err}");
+    }
+    let mut bytes = std::fs::read(gguf("deepseek4.gguf")).unwrap();
+    let key = b"deepseek4.expert_gating_func";
+    let at = bytes.windows(key.len()).position(|w| w == key).expect("the gating key") + key.len();
+    assert_eq!(bytes[at..at + 4], 4u32.to_le_bytes()); // UINT32
+    bytes[at + 4..at + 8].copy_from_slice(&3u32.to_le_bytes());
+    let path = std::env::temp_dir().join(format!("coli-ds4-gating-{}.gguf", std::process::id()));
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Engine::load(&path, &EngineOptions::default()).err().map(|e| e.to_string());
+    let _ = std::fs::remove_file(&path);
+    let err = err.expect("a deepseek4 file with gating function 3 must not load");
+    assert!(err.contains("not served") && err.contains("expert_gating_func"), "{err}");
+}
+
 /// The converters of qwen35moe, glm-dsa and deepseek32 count the MTP blocks in `block_count` and say how
 /// many in `nextn_predict_layers`; the specs run the others only. Here the fixtures' files with
 /// one more block declared (its tensors absent, as in a file whose MTP block was left out): n
@@ -326,19 +387,17 @@ fn kimi_linear_softmax_gating_is_refused() {
 }
 
 /// A file without a key the spec needs is refused with the key's name, not a panic (for
-/// qwen35moe that key also says how its value heads were tiled).
+/// qwen35moe that key also says how its value heads were tiled; for deepseek4 the keys its
+/// loader requires have no default).
 #[test]
 fn a_file_without_a_required_key_is_refused() {
-    for (file, key) in [("qwen3next.gguf", "qwen3next.ssm.group_count"), ("qwen35moe.gguf", "qwen35moe.ssm.inner_size")]
-    {
-        let mut bytes = std::fs::read(gguf(file)).unwrap();
-        let at = bytes.windows(key.len()).position(|w| w == key.as_bytes()).expect("the key");
-        bytes[at + key.len() - 4] = b'X'; // one letter changed: the key is gone
-        let path = std::env::temp_dir().join(format!("coli-nokey-{}-{file}", std::process::id()));
-        std::fs::write(&path, &bytes).unwrap();
-        let err = Engine::load(&path, &EngineOptions::default()).err().map(|e| e.to_string());
-        let _ = std::fs::remove_file(&path);
-        let err = err.unwrap_or_else(|| panic!("{file} without {key} must not load"));
+    for (file, key) in [
+        ("qwen3next.gguf", "qwen3next.ssm.group_count"),
+        ("qwen35moe.gguf", "qwen35moe.ssm.inner_size"),
+        ("deepseek4.gguf", "deepseek4.hyper_connection.count"),
+        ("deepseek4-compressed.gguf", "deepseek4.attention.compress_ratios"),
+    ] {
+        let err = load_without(file, key).unwrap_or_else(|| panic!("{file} without {key} must not load"));
         assert!(err.contains(key) && err.contains("has no value"), "{file}: {err}");
     }
 }
@@ -356,6 +415,8 @@ fn the_ggufs_on_the_device_match_the_cpu() {
         ("mixtral.gguf", "mixtral"),
         ("glm-dsa.gguf", "glm_moe_dsa"),
         ("deepseek32.gguf", "deepseek_v32"),
+        ("deepseek4.gguf", "deepseek_v4"),
+        ("deepseek4-compressed.gguf", "deepseek_v4_csa4"),
     ] {
         let prompt = ids(&read_json(&fixture_dir(fixture).join("oracle.json"))["prompt_ids"]);
         device_matches_cpu(&gguf(file), file, &prompt, &[(Precision::Exact, 4, 1e-4)]);

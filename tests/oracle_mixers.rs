@@ -173,6 +173,13 @@ fn deepseek_v4_compressed_runs_in_coli_exec() {
     check_exec("deepseek_v4_compressed");
 }
 
+/// The compressed layers at the rates a `deepseek4` GGUF file can state (compressed sparse 4,
+/// heavily compressed 8): the safetensors of the fixture `gguf_mixers.rs` converts.
+#[test]
+fn deepseek_v4_csa4_matches_transformers() {
+    matches_oracle("deepseek_v4_csa4");
+}
+
 /// An original checkpoint's top-level `rope_scaling` is refused by name, not run unscaled.
 #[test]
 fn deepseek_v4_with_a_top_level_rope_scaling_is_refused_by_name() {

@@ -183,7 +183,26 @@ def compressed_accept(model, prompt, greedy):
 
 
 V4["deepseek_v4_compressed"]["accept"] = compressed_accept
-V4["deepseek_v4_compressed"]["probe"] = lambda model, ids: {
-    "index_note": "min over prompt + greedy[:-1] (no-cache forward) and every CSA layer of the k-th minus the (k+1)-th indexer score, at rows that see more than index_topk closed windows",
-    "min_index_score_gap": compressed_index_gap(model, ids),
-}
+
+# The compressed layers at the rate the original checkpoints' `compress_ratios` give the
+# compressed sparse ones (4: the overlapping windows and the indexer belong to that rate, so a
+# `deepseek4` GGUF file states them), the heavily compressed ones at 8 (the checkpoints' 128
+# would close no window within the prompt).
+V4["deepseek_v4_csa4"] = dict(
+    V4["deepseek_v4_compressed"],
+    seed=14800,
+    config=dict(
+        V4["deepseek_v4_compressed"]["config"],
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+    ),
+    note=(
+        "DeepSeek V4 with compressed layers at the rates of the original checkpoints' kinds: HCA (rate 8), "
+        "CSA (rate 4, overlapping windows, lightning indexer 8 heads x 8, top-3), sliding, CSA; otherwise "
+        "as deepseek_v4_compressed"
+    ),
+)
+for _name in ("deepseek_v4_compressed", "deepseek_v4_csa4"):
+    V4[_name]["probe"] = lambda model, ids: {
+        "index_note": "min over prompt + greedy[:-1] (no-cache forward) and every CSA layer of the k-th minus the (k+1)-th indexer score, at rows that see more than index_topk closed windows",
+        "min_index_score_gap": compressed_index_gap(model, ids),
+    }

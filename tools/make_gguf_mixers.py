@@ -63,6 +63,19 @@ architecture, its tensor names, and the transforms it applies to the tensors.
   `hnorm` / `shared_head_norm`, the norms plus 1 as every zero-centred norm (llama.cpp's qwen35moe
   MTP graph multiplies by them alone).
 - deepseek_v32_mtp -> deepseek32-mtp.gguf: the same with its MTP block, as glm-dsa-mtp.gguf's.
+- deepseek_v4 -> deepseek4.gguf (`deepseek4`, as the converter writes DeepSeek V4's original
+  checkpoints): the tensors under llama.cpp's names (the names transformers saves map to the
+  original ones: `embed_tokens` is `embed`, `hc_head.hc_fn` is `hc_head_fn`, `attn.norm` is
+  `attn.kv_norm`), none transposed; the experts (`w1`/`w3`/`w2`) stacked; `tid2eid` as I32; the
+  converter's keys from the original configuration, which transformers folds into its own and
+  the tool unfolds: `compress_ratios` per layer (then 0 for each MTP layer, whose tensors the
+  converter leaves out; `block_count` counts the others), `num_hash_layers` as
+  `hash_layer_count`, `rope_scaling` (the compress parameters' YaRN without the attention
+  factor 1 transformers adds) as `rope.scaling.*`; `swiglu_limit` once per layer as
+  `swiglu_clamp_exp`; `scoring_func` as `expert_gating_func`.
+- deepseek_v4_csa4 -> deepseek4-compressed.gguf: the same with compressed layers (the format
+  tells them apart by the rate alone: 4 is compressed sparse, so `deepseek_v4_compressed`, at 3,
+  cannot be written).
 - glm_moe_dsa_mtp -> glm-dsa-mtp.gguf: the same with the MTP block (`block_count` 3,
   `nextn_predict_layers` 1): its layer as `blk.2.*` and its own tensors as `blk.2.nextn.enorm` /
   `hnorm` / `eh_proj` / `shared_head_norm` / `shared_head_head` (no `embed_tokens`, as the
@@ -92,7 +105,7 @@ OUT = os.path.join(FIXTURES, "gguf_mixers")
 
 
 def read_safetensors(path):
-    """The F32 tensors of a safetensors file, by name (numpy only)."""
+    """The F32 (and integer) tensors of a safetensors file, by name (numpy only)."""
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
@@ -101,10 +114,11 @@ def read_safetensors(path):
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        if info["dtype"] != "F32":
-            raise SystemExit(f"{path}: {name} is {info['dtype']}, expected F32")
+        dtype = {"F32": "<f4", "I64": "<i8", "I32": "<i4"}.get(info["dtype"])
+        if dtype is None:
+            raise SystemExit(f"{path}: {name} is {info['dtype']}, expected F32 (or an integer table)")
         a, b = info["data_offsets"]
-        out[name] = np.frombuffer(data[a:b], dtype="<f4").reshape(info["shape"]).copy()
+        out[name] = np.frombuffer(data[a:b], dtype=dtype).reshape(info["shape"]).copy()
     return out
 
 
@@ -625,6 +639,122 @@ def mixtral(cfg, t):
     return w
 
 
+# DeepSeek V4: the names transformers saves (below `model.`, as the original checkpoints' but
+# `embed`, `norm`, `hc_head_*` and the KV norm) and llama.cpp's tensors for them.
+DEEPSEEK4_TOP = {
+    "model.embed_tokens.weight": "TOKEN_EMBD", "model.norm.weight": "OUTPUT_NORM", "head.weight": "OUTPUT",
+    "model.hc_head.hc_fn": "HC_HEAD_FN", "model.hc_head.hc_base": "HC_HEAD_BASE", "model.hc_head.hc_scale": "HC_HEAD_SCALE",
+}
+DEEPSEEK4_LAYER = {
+    "hc_attn_fn": "HC_ATTN_FN", "hc_attn_base": "HC_ATTN_BASE", "hc_attn_scale": "HC_ATTN_SCALE",
+    "hc_ffn_fn": "HC_FFN_FN", "hc_ffn_base": "HC_FFN_BASE", "hc_ffn_scale": "HC_FFN_SCALE",
+    "attn_norm.weight": "ATTN_NORM", "ffn_norm.weight": "FFN_NORM",
+    "attn.attn_sink": "ATTN_SINKS", "attn.wq_a.weight": "ATTN_Q_A", "attn.q_norm.weight": "ATTN_Q_A_NORM",
+    "attn.wq_b.weight": "ATTN_Q_B", "attn.wkv.weight": "ATTN_KV",
+    # the original checkpoints' `attn.kv_norm`
+    "attn.norm.weight": "ATTN_KV_NORM",
+    "attn.wo_a.weight": "ATTN_OUT_A", "attn.wo_b.weight": "ATTN_OUT_B",
+    "attn.compressor.wkv.weight": "ATTN_COMPRESSOR_WKV", "attn.compressor.wgate.weight": "ATTN_COMPRESSOR_WGATE",
+    "attn.compressor.ape": "ATTN_COMPRESSOR_APE", "attn.compressor.norm.weight": "ATTN_COMPRESSOR_NORM",
+    "attn.indexer.wq_b.weight": "INDEXER_ATTN_Q_B", "attn.indexer.weights_proj.weight": "INDEXER_PROJ",
+    "attn.indexer.compressor.wkv.weight": "INDEXER_COMPRESSOR_WKV",
+    "attn.indexer.compressor.wgate.weight": "INDEXER_COMPRESSOR_WGATE",
+    "attn.indexer.compressor.ape": "INDEXER_COMPRESSOR_APE", "attn.indexer.compressor.norm.weight": "INDEXER_COMPRESSOR_NORM",
+    "ffn.gate.weight": "FFN_GATE_INP", "ffn.gate.tid2eid": "FFN_GATE_TID2EID",
+    "ffn.shared_experts.w1.weight": "FFN_GATE_SHEXP", "ffn.shared_experts.w3.weight": "FFN_UP_SHEXP",
+    "ffn.shared_experts.w2.weight": "FFN_DOWN_SHEXP",
+}
+
+
+def deepseek4_original_config(cfg):
+    """The original checkpoint's configuration keys the converter reads, from transformers'
+    (which folds them into `layer_types`, `mlp_layer_types` and `rope_parameters` when it loads
+    one): `compress_ratios` (per layer, then 0 for each MTP layer), `num_hash_layers`,
+    `rope_scaling` (the compress parameters' YaRN, without the attention factor transformers
+    forces to 1 and llama.cpp takes as 1)."""
+    rates = dict(cfg["compress_rates"], sliding_attention=0)
+    ratios = [rates[x] for x in cfg["layer_types"]] + [0] * cfg.get("num_nextn_predict_layers", 0)
+    for x, r in zip(cfg["layer_types"], ratios):
+        # The original format tells the kinds apart by the rate alone.
+        if (x == "compressed_sparse_attention") != (r == 4):
+            raise SystemExit(f"a {x} layer at rate {r}: the deepseek4 format cannot state it")
+    hashed = cfg["mlp_layer_types"]
+    n_hash = hashed.index("moe") if "moe" in hashed else len(hashed)
+    if any(x != "moe" for x in hashed[n_hash:]):
+        raise SystemExit(f"mlp_layer_types {hashed}: the hash layers are not the first ones")
+    compress = cfg["rope_parameters"]["compress"]
+    scaling = None
+    if compress.get("rope_type") == "yarn":
+        if compress.get("attention_factor", 1.0) != 1.0:
+            raise SystemExit("a YaRN attention factor other than 1")
+        scaling = {k: v for k, v in compress.items() if k not in ("rope_theta", "partial_rotary_factor", "attention_factor")}
+    return ratios, n_hash, scaling
+
+
+def deepseek4(cfg, t, file="deepseek4.gguf", fixture="deepseek_v4"):
+    w = gguf_mod.GGUFWriter(os.path.join(OUT, file), "deepseek4")
+    ratios, n_hash, scaling = deepseek4_original_config(cfg)
+    layers = cfg["num_hidden_layers"]
+    main = cfg["rope_parameters"]["main"]
+    # The base class: the original's `rope_theta` and `rope_scaling`, `head_dim` as the key and
+    # value length, `scoring_func` as the gating function.
+    common(w, dict(cfg, rope_parameters=dict(scaling or {}, rope_theta=main["rope_theta"])), f"{fixture} fixture")
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_gating_func({"sqrtsoftplus": gguf_mod.ExpertGatingFuncType.SQRTSOFTPLUS,
+                              "sigmoid": gguf_mod.ExpertGatingFuncType.SIGMOID,
+                              "softmax": gguf_mod.ExpertGatingFuncType.SOFTMAX}[cfg["scoring_func"]])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    # DeepSeek V4's class.
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_rope_dimension_count(cfg["qk_rope_head_dim"])
+    w.add_q_lora_rank(cfg["q_lora_rank"])
+    w.add_attention_output_lora_rank(cfg["o_lora_rank"])
+    w.add_attention_output_group_count(cfg["o_groups"])
+    w.add_attention_compress_ratios(ratios)
+    w.add_attention_compress_rope_freq_base(float(cfg["compress_rope_theta"]))
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_count(cfg["n_routed_experts"])
+    w.add_expert_shared_count(cfg["n_shared_experts"])
+    w.add_expert_weights_scale(float(cfg["routed_scaling_factor"]))
+    w.add_hash_layer_count(min(n_hash, layers))
+    w.add_expert_weights_norm(cfg["norm_topk_prob"])
+    w.add_swiglu_clamp_exp([float(cfg["swiglu_limit"])] * layers)
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_indexer_head_count(cfg["index_n_heads"])
+    w.add_indexer_key_length(cfg["index_head_dim"])
+    w.add_indexer_top_k(cfg["index_topk"])
+    w.add_nextn_predict_layers(cfg["num_nextn_predict_layers"])
+    w.add_hyper_connection_count(cfg["hc_mult"])
+    w.add_hyper_connection_sinkhorn_iterations(cfg["hc_sinkhorn_iters"])
+    w.add_hyper_connection_epsilon(float(cfg["hc_eps"]))
+    vocab(gguf_mod, w, cfg["vocab_size"])
+
+    name = lambda tensor, bid=None: gguf_mod.TENSOR_NAMES[getattr(gguf_mod.MODEL_TENSOR, tensor)].format(bid=bid)
+    experts = {}
+    for hf, x in t.items():
+        if hf in DEEPSEEK4_TOP:
+            w.add_tensor(name(DEEPSEEK4_TOP[hf]) + ".weight", x)
+            continue
+        parts = hf.split(".")
+        bid, rest = int(parts[2]), ".".join(parts[3:])
+        if rest.startswith("ffn.experts."):
+            experts[hf] = x
+        elif rest == "ffn.gate.bias":
+            w.add_tensor(name("FFN_EXP_PROBS_B", bid) + ".bias", x)
+        elif rest == "ffn.gate.tid2eid":
+            w.add_tensor(name("FFN_GATE_TID2EID", bid) + ".weight", x.astype(np.int32))
+        else:
+            w.add_tensor(name(DEEPSEEK4_LAYER[rest], bid) + ".weight", x)
+    for i in range(layers):
+        for tensor, hf in (("FFN_GATE_EXP", "w1"), ("FFN_UP_EXP", "w3"), ("FFN_DOWN_EXP", "w2")):
+            stack = [experts.pop(f"model.layers.{i}.ffn.experts.{e}.{hf}.weight") for e in range(cfg["n_routed_experts"])]
+            w.add_tensor(name(tensor, i) + ".weight", np.stack(stack))
+    if experts:
+        raise SystemExit(f"unmerged experts: {sorted(experts)[:3]}")
+    return w
+
+
 def deepseek2_softmax(cfg, t):
     return deepseek2(cfg, t, "deepseek2-v2.gguf", "deepseek_v2", softmax=True)
 
@@ -640,6 +770,8 @@ MAKERS = {
     "glm_moe_dsa_mtp": lambda cfg, t: deepseek2(cfg, t, "glm-dsa-mtp.gguf", "glm_moe_dsa_mtp", arch="glm-dsa", mtp=1),
     "deepseek_v32": lambda cfg, t: deepseek2(cfg, t, "deepseek32.gguf", "deepseek_v32", arch="deepseek32"),
     "deepseek_v32_mtp": lambda cfg, t: deepseek2(cfg, t, "deepseek32-mtp.gguf", "deepseek_v32_mtp", arch="deepseek32", mtp=1),
+    "deepseek_v4": deepseek4,
+    "deepseek_v4_csa4": lambda cfg, t: deepseek4(cfg, t, "deepseek4-compressed.gguf", "deepseek_v4_csa4"),
 }
 
 

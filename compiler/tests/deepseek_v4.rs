@@ -232,8 +232,8 @@ fn multi_stream_ops_are_checked() {
         (r#"groups: "o_groups""#, r#"groups: "3""#, "3 groups do not divide the 8192 rows of the weight"),
         // A hash table that is not `[vocab, top_k]`.
         (
-            r#""tid2eid": (hf: "model.layers.{i}.ffn.gate.tid2eid", shape: ["vocab", "top_k"]),"#,
-            r#""tid2eid": (hf: "model.layers.{i}.ffn.gate.tid2eid", shape: ["vocab", "2"]),"#,
+            r#"gguf: "blk.{i}.ffn_gate_tid2eid.weight", shape: ["vocab", "top_k"]),"#,
+            r#"gguf: "blk.{i}.ffn_gate_tid2eid.weight", shape: ["vocab", "2"]),"#,
             "the hash table has shape [129280, 2], the router needs [vocab, 6]",
         ),
     ];

@@ -123,11 +123,17 @@ impl<'a> Symbols<'a> {
                         let want = match (&def.indices_of, &def.equals) {
                             (Some(_), _) => "a list of strings or of Bools".to_string(),
                             (None, Some(_)) => "a string".to_string(),
+                            (None, None) if j.is_array() => {
+                                format!("{} (one value, or a list of it repeated)", article(ty))
+                            }
                             (None, None) => article(ty).to_string(),
                         };
                         self.report(self.spec.diag(
                             k.span,
-                            format!("configuration key `{}` is `{j}`, the spec expects {want}", k.value),
+                            format!(
+                                "configuration key `{}` is `{j}`, the spec expects {want}",
+                                self.arch_key(&k.value)
+                            ),
                         ));
                         None
                     }
@@ -251,8 +257,15 @@ pub fn indices_of(j: &Json, wanted: &str) -> Option<Value> {
 }
 
 /// A JSON value as a value of type `ty`; an Int written as a float must be whole and within
-/// ±2^53 (past that a float does not hold an integer exactly, and `1e30` would saturate).
+/// ±2^53 (past that a float does not hold an integer exactly, and `1e30` would saturate). An
+/// Int or a Float may be written as a list of one value repeated (GGUF's per-layer keys, such
+/// as llama.cpp's `swiglu_clamp_exp`, one entry per layer); a list of differing values is not
+/// one.
 fn from_json(j: &Json, ty: Type) -> Option<Value> {
+    if let (Some(items), Type::Int | Type::Float) = (j.as_array(), ty) {
+        let first = items.first()?;
+        return items.iter().all(|x| x == first).then(|| from_json(first, ty)).flatten();
+    }
     match ty {
         Type::Int => j
             .as_i64()

@@ -265,6 +265,16 @@ impl<'a> Lowerer<'a> {
         match s {
             ScalingSpec::None => Some(RopeScaling::None),
             ScalingSpec::NoPe => Some(RopeScaling::NoPe),
+            ScalingSpec::ByNaming { hf, gguf } => match self.b.naming {
+                Naming::Hf => self.scaling(hf, span),
+                Naming::Gguf => self.scaling(gguf, span),
+            },
+            ScalingSpec::FrequenciesOnly(inner) => self.scaling(inner, span).map(|mut r| {
+                if let RopeScaling::Yarn { attention_factor, .. } = &mut r {
+                    *attention_factor = 1.0;
+                }
+                r
+            }),
             ScalingSpec::FromConfig | ScalingSpec::FromConfigAt(_) => {
                 let at = match s {
                     ScalingSpec::FromConfigAt(key) => Some(key.as_str()),

@@ -205,8 +205,10 @@ pub enum StyleSpec {
 /// RoPE frequency scaling: none, or whatever the configuration says (`rope_scaling` /
 /// `rope_parameters` for HF, `{arch}.rope.scaling.*` for GGUF), or what one object of an HF
 /// configuration says (`FromConfigAt("rope_parameters.compress")`: DeepSeek V4's parameters
-/// per rope type; none where the object is absent), or no rotation at all (`NoPe`: the rope
-/// part passes through unrotated).
+/// per rope type; none where the object is absent, and for GGUF), or no rotation at all
+/// (`NoPe`: the rope part passes through unrotated). `ByNaming`: one of two by the
+/// checkpoint's naming scheme. `FrequenciesOnly`: another's frequencies with YaRN's attention
+/// factor 1, cos and sin unscaled (llama.cpp's DeepSeek V4 cancels YaRN's magnitude).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 pub enum ScalingSpec {
     #[default]
@@ -214,6 +216,11 @@ pub enum ScalingSpec {
     FromConfig,
     FromConfigAt(String),
     NoPe,
+    ByNaming {
+        hf: Box<ScalingSpec>,
+        gguf: Box<ScalingSpec>,
+    },
+    FrequenciesOnly(Box<ScalingSpec>),
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
