@@ -383,13 +383,7 @@ impl<'a> Frame<'a> {
         let len = pos0 + n;
         // A ring holds every row a query sees: its window and the block's rows before it.
         let rows = match s.ring {
-            Some(r) if s.window.is_none_or(|w| r + 1 < w + n) => {
-                return Err(VkError::BadArgument {
-                    op: OP,
-                    msg: format!("a ring of {r} rows for a window of {:?} and {n} rows", s.window),
-                })
-            }
-            Some(r) => r,
+            Some(r) => super::kv_append::check_ring(OP, r, s.window, n)?,
             None => len,
         };
         if (decode.is_some() || s.ring.is_some()) && (k.offset != 0 || v.offset != 0) {

@@ -94,13 +94,7 @@ impl<'a> Frame<'a> {
         let last = pos0 as usize + n;
         let rows = match s.ring {
             // A ring holds every row a query sees: its window and the block's rows before it.
-            Some(r) if s.window.is_none_or(|w| r + 1 < w + n) => {
-                return Err(VkError::BadArgument {
-                    op: OP,
-                    msg: format!("a ring of {r} rows for a window of {:?} and {n} rows", s.window),
-                })
-            }
-            Some(r) => r,
+            Some(r) => super::kv_append::check_ring(OP, r, s.window, n)?,
             None if dyn_ != 0 => n,
             None => last,
         };
