@@ -383,7 +383,7 @@ impl<'a> Frame<'a> {
         let len = pos0 + n;
         // A ring holds every row a query sees: its window and the block's rows before it.
         let rows = match s.ring {
-            Some(r) => super::kv_append::check_ring(OP, r, s.window, n)?,
+            Some(r) => super::check_ring(OP, r, s.window, n)?,
             None => len,
         };
         if (decode.is_some() || s.ring.is_some()) && (k.offset != 0 || v.offset != 0) {

@@ -94,7 +94,7 @@ impl<'a> Frame<'a> {
         let last = pos0 as usize + n;
         let rows = match s.ring {
             // A ring holds every row a query sees: its window and the block's rows before it.
-            Some(r) => super::kv_append::check_ring(OP, r, s.window, n)?,
+            Some(r) => super::check_ring(OP, r, s.window, n)?,
             None if dyn_ != 0 => n,
             None => last,
         };

@@ -17,18 +17,6 @@ use crate::vk::push::RopeKvPush;
 use crate::vk::shaders::Kernel;
 use coli_compiler::ir::RopeStyle;
 
-/// Checks that a ring of `ring` rows holds every row `n` query rows see (their window and the
-/// block's rows before the last: `window + n - 1`); a ring needs a window. Returns the ring.
-pub(crate) fn check_ring(op: &'static str, ring: usize, window: Option<usize>, n: usize) -> Result<usize> {
-    if window.is_none_or(|w| ring + 1 < w + n) {
-        return Err(VkError::BadArgument {
-            op,
-            msg: format!("a ring of {ring} rows for a window of {window:?} and {n} rows"),
-        });
-    }
-    Ok(ring)
-}
-
 /// A block of at least this many rows at a fixed position gets its read-back rows by copy
 /// commands from the mirror (`Frame::mirror_back`) instead of the kernel's own writes to host
 /// memory: on a discrete GPU those are 4-byte writes over the bus (a 512-row prompt chunk of the

@@ -66,6 +66,18 @@ pub(crate) fn groups_for(count: usize, size: usize) -> u32 {
     count.div_ceil(size) as u32
 }
 
+/// Checks that a ring of `ring` rows holds every row `n` query rows see (their window and the
+/// block's rows before the last: `window + n - 1`); a ring needs a window. Returns the ring.
+pub(crate) fn check_ring(op: &'static str, ring: usize, window: Option<usize>, n: usize) -> Result<usize> {
+    if window.is_none_or(|w| ring + 1 < w + n) {
+        return Err(VkError::BadArgument {
+            op,
+            msg: format!("a ring of {ring} rows for a window of {window:?} and {n} rows"),
+        });
+    }
+    Ok(ring)
+}
+
 /// Values pushed as u32 must fit.
 pub(crate) fn u32_arg(op: &'static str, what: &str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| VkError::BadArgument { op, msg: format!("{what} = {v} does not fit 32 bits") })
