@@ -9,14 +9,16 @@
 //!   tokens, and no expert both in a slot (device or pool) and in RAM;
 //! - a stress run (one row a step, many moves between the device and the pool) matches the CPU
 //!   and, the model dropped, leaves no memory held (every imported block freed);
-//! - a budget too small for one expert: no pool, and the tier's line says why.
+//! - a budget too small for one expert: no pool, and the tier's line says why;
+//! - the balancer's fixed shares give the CPU the pool's pairs (all, or some, whole experts)
+//!   with the same tokens, and none where the RAM cache serves the layer.
 
 mod common;
 
 use coli_compiler::Options;
 use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
 use coli_runtime::ramcache::{RamBudget, RamOptions};
-use coli_runtime::tier::{TierOptions, TierStats};
+use coli_runtime::tier::{Balance, TierOptions, TierStats};
 use coli_runtime::vk::{MemoryUse, VkOptions};
 use common::*;
 use std::path::Path;
@@ -166,4 +168,35 @@ fn a_stress_run_moves_experts_between_the_levels_and_leaves_no_memory_held() {
     ctx.trim();
     let m = ctx.memory_stats();
     assert_eq!((m.used_bytes, m.blocks), (0, 0), "every buffer and block freed: {m:?}");
+}
+
+#[test]
+fn the_balancer_gives_the_pools_pairs_to_the_cpu_with_the_same_tokens() {
+    let dir = fixture_dir("olmoe");
+    let p = ids(&read_json(&dir.join("oracle.json"))["prompt_ids"]);
+    let want = run_greedy(&load_model(&dir), &p, 5, 8, CONTEXT, true);
+    let each = expert_bytes(&dir);
+    let run = |share: f32, ram: RamOptions| {
+        let mut o = options(Some(6 * each), true, ram);
+        o.tier.balance = Balance::Fixed(share);
+        let l = load(&dir, &o);
+        let got = run_greedy(&l, &p, 5, 8, CONTEXT, true);
+        assert!(got.on_device, "{:?}", got.notice);
+        assert_eq!(got.toks, want.toks, "share {share}: greedy tokens");
+        let diff = max_abs_diff(&got.rows, &want.rows);
+        assert!(diff <= 1e-4 * max_abs(&want.rows), "share {share}: {diff}");
+        let summary = l.device().unwrap().with_tier(|t| t.summary()).unwrap();
+        assert!(summary.contains("of the pool's by the balancer"), "{summary}");
+        stats(&l)
+    };
+    let all = run(1.0, no_ram());
+    assert!(all.pool == 0 && all.balanced > 0 && all.device > 0, "every pool pair on the CPU: {all:?}");
+    let half = run(0.5, no_ram());
+    assert!(half.pool > 0 && half.balanced > 0, "some of each: {half:?}");
+    let none = run(0.0, no_ram());
+    assert_eq!(none.balanced, 0, "{none:?}");
+    // Where the RAM cache serves the layer, a pool expert's host copy would come from disk.
+    let ram = RamOptions { budget: RamBudget::Bytes(1 << 20), readers: 2, ..RamOptions::default() };
+    let cached = run(1.0, ram);
+    assert!(cached.balanced == 0 && cached.pool > 0, "{cached:?}");
 }

@@ -35,6 +35,9 @@
 //! expert moves down into the pool slot they left (both packed again; two promotions of the
 //! rate). Exclusive with the RAM cache as every slot is: a pool expert is not kept in RAM, and
 //! its RAM copy (when held) is what it is packed from before the cache lets it go.
+//! The balancer (`balance.rs`, `TierOptions::balance`) gives the CPU a share of the pool's
+//! pairs, whole experts, as the measured times say (where the RAM cache does not serve the
+//! layer: the CPU reads them from the checkpoint's map).
 //!
 //! Every batch is joined within its step. How many uploads a step completes depends on how
 //! long the CPU's share takes, so which pairs the devices serve can vary from run to run (the
@@ -51,6 +54,7 @@
 //! (the session drops every device and the tier with them), or let a slot serve before its
 //! upload completed.
 
+mod balance;
 pub use crate::heat;
 pub mod history;
 mod options;
@@ -65,6 +69,8 @@ use crate::heat::{beats, Heat};
 use crate::ramcache::{Fetched, RamCache};
 use crate::store::weights::WeightStore;
 use crate::vk::{Context, PackedExpert, VkError};
+pub use balance::Balance;
+use balance::Balancer;
 use coli_compiler::cost::human;
 use coli_compiler::ir::{ExpertWeights, GluKind, Op, Program};
 use history::History;
@@ -122,6 +128,7 @@ pub struct ExpertTier {
     /// streamed expert (packing and writing).
     cpu_pair_s: Option<f64>,
     upload_byte_s: f64,
+    balancer: Balancer,
     opts: TierOptions,
     budget: u64,
     stats: TierStats,
@@ -264,6 +271,7 @@ impl ExpertTier {
             rate_left: 0,
             cpu_pair_s: None,
             upload_byte_s: 1.0 / 8e9,
+            balancer: Balancer::new(opts.balance, opts.deterministic),
             budget,
             stats: TierStats::default(),
             line: String::new(),
@@ -514,14 +522,19 @@ impl ExpertTier {
                 self.heat.route(t, e);
                 self.counts[t * self.experts + e] += 1;
                 match self.slots.serving(t, e) {
-                    Some(s) => {
-                        self.stats.pool += u64::from(self.in_pool(s));
-                        dev_pairs.push((r, k, s));
-                    }
+                    Some(s) => dev_pairs.push((r, k, s)),
                     None => cpu_pairs.push((r, k)),
                 }
             }
         }
+        // The balancer's share of the pool's pairs to the CPU (none where the RAM cache serves
+        // the layer: a pool expert's host copy would come from disk).
+        let share = if ram.is_some() { 0.0 } else { self.balancer.share(n) };
+        let expert_of = |r, k| pair_expert(routing, top_k, r, k);
+        let (pool_pairs, moved) =
+            balance::move_pool_pairs(share, expert_of, |s| self.in_pool(s), &mut dev_pairs, &mut cpu_pairs);
+        self.stats.pool += (pool_pairs - moved) as u64;
+        self.stats.balanced += moved as u64;
         self.stats.routed += (n * top_k) as u64;
         self.stats.device += dev_pairs.len() as u64;
         // 2. A big step streams cold experts routed to many rows (`stream_plan`) through the
@@ -640,6 +653,9 @@ impl ExpertTier {
             done_all.extend(done);
         }
         self.stats.batch += batch_time;
+        if pool_pairs > 0 {
+            self.balancer.update(n, batch_time, cpu_time);
+        }
         // What the rule measures: the CPU's time per pair in a big step, the staging time per byte.
         if n >= self.opts.stream_min_rows && !cpu_pairs.is_empty() {
             let per = cpu_time.as_secs_f64() / cpu_pairs.len() as f64;

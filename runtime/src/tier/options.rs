@@ -38,6 +38,8 @@ pub struct TierOptions {
     /// The pool in the process's own pages imported with `VK_EXT_external_memory_host` where
     /// the device has it (else, and when false, in the driver's host-visible memory).
     pub host_pool_import: bool,
+    /// Which of the pool's pairs the CPU computes instead (`balance.rs`).
+    pub balance: super::Balance,
 }
 
 impl Default for TierOptions {
@@ -53,6 +55,7 @@ impl Default for TierOptions {
             stream_min_rows: 32,
             host_pool: None,
             host_pool_import: true,
+            balance: super::Balance::Adaptive,
         }
     }
 }
@@ -81,6 +84,8 @@ pub struct TierStats {
     pub batch: Duration,
     pub cpu: Duration,
     pub waited: Duration,
+    /// Pairs of host pool experts the balancer gave the CPU (not part of `device` or `pool`).
+    pub balanced: u64,
     /// Experts streamed through the staging slots (and their pairs, part of `device`).
     pub streamed: u64,
     pub streamed_pairs: u64,

@@ -40,12 +40,13 @@ impl ExpertTier {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let resident = self.slots.resident();
         let mut line = format!(
-            "expert tier run: device {} of {} routed pairs ({share:.1}%; {} from the host pool, {} pool experts moved up), CPU {} | resident {resident} of {} slots ({} of {}) | uploads {} ({}, {} warm), evictions {}, skipped {} (rate or queue), failed {} | batches {:.1} ms, CPU share {:.1} ms, waited {:.1} ms | streamed {} experts ({} pairs)",
+            "expert tier run: device {} of {} routed pairs ({share:.1}%; {} from the host pool, {} pool experts moved up), CPU {} ({} of the pool's by the balancer) | resident {resident} of {} slots ({} of {}) | uploads {} ({}, {} warm), evictions {}, skipped {} (rate or queue), failed {} | batches {:.1} ms, CPU share {:.1} ms, waited {:.1} ms | streamed {} experts ({} pairs)",
             s.device,
             s.routed,
             s.pool,
             s.pool_promotions,
             s.routed - s.device,
+            s.balanced,
             self.slots.len(),
             human((resident * self.expert_bytes) as u64),
             human(self.budget),

@@ -5,7 +5,7 @@
 
 use crate::engine_args::heading;
 use clap::Args;
-use coli_runtime::tier::{history, TierOptions};
+use coli_runtime::tier::{history, Balance, TierOptions};
 use std::path::{Path, PathBuf};
 
 #[derive(Args, Debug, Clone)]
@@ -47,6 +47,23 @@ pub struct TierArgs {
     /// process's own pages (VK_EXT_external_memory_host).
     #[arg(long, help_heading = heading::EXPERT_TIER)]
     pub no_host_pool_import: bool,
+    /// Which of the host pool's pairs the CPU computes instead of the device: `auto` (the
+    /// default: the share follows the measured times, none in deterministic runs), `off`, or a
+    /// fixed share from 0 to 1.
+    #[arg(long, default_value = "auto", value_parser = balance, help_heading = heading::EXPERT_TIER)]
+    pub pool_balance: Balance,
+}
+
+/// `--pool-balance`: `auto`, `off` or a share from 0 to 1.
+fn balance(s: &str) -> Result<Balance, String> {
+    match s {
+        "auto" => Ok(Balance::Adaptive),
+        "off" => Ok(Balance::Off),
+        _ => match s.parse::<f32>() {
+            Ok(v) if (0.0..=1.0).contains(&v) => Ok(Balance::Fixed(v)),
+            _ => Err(format!("'{s}': auto, off, or a share from 0 to 1")),
+        },
+    }
 }
 
 impl TierArgs {
@@ -75,6 +92,7 @@ impl TierArgs {
             stream_min_rows: self.tier_stream_rows,
             host_pool: self.host_pool_mib.map(|m| m << 20),
             host_pool_import: !self.no_host_pool_import,
+            balance: self.pool_balance,
         }
     }
 }
