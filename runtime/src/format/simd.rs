@@ -534,15 +534,43 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
             }
             i += 4;
         }
-        while i < n {
-            let mut r = r0;
-            while r < pairs_end {
-                let t = kernel::<F, 2, 1, VNNI>([rp(r), rp(r + 1)], [xp(i)], units);
-                put(i, r, t[0][0]);
-                put(i, r + 1, t[1][0]);
-                r += 2;
+        // The one to three activation rows left: together against each group of four weight
+        // rows (each weight unit decoded once for all of them), as `few!` does; the same sums
+        // as one row at a time.
+        macro_rules! rest {
+            ($i:expr, $c:literal) => {{
+                let i = $i;
+                let xs: [*const BlockQ8; $c] = std::array::from_fn(|c| xp(i + c));
+                let mut r = r0;
+                while r + 4 <= pairs_end {
+                    let t = kernel::<F, 4, $c, VNNI>([rp(r), rp(r + 1), rp(r + 2), rp(r + 3)], xs, units);
+                    for (j, row) in t.iter().enumerate() {
+                        for (c, &v) in row.iter().enumerate() {
+                            put(i + c, r + j, v);
+                        }
+                    }
+                    r += 4;
+                }
+                while r < pairs_end {
+                    let t = kernel::<F, 2, $c, VNNI>([rp(r), rp(r + 1)], xs, units);
+                    for (j, row) in t.iter().enumerate() {
+                        for (c, &v) in row.iter().enumerate() {
+                            put(i + c, r + j, v);
+                        }
+                    }
+                    r += 2;
+                }
+            }};
+        }
+        match n - i {
+            3 if VNNI => rest!(i, 3),
+            3 => {
+                rest!(i, 2);
+                rest!(i + 2, 1);
             }
-            i += 1;
+            2 => rest!(i, 2),
+            1 => rest!(i, 1),
+            _ => {}
         }
         r = pairs_end;
     }

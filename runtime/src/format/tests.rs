@@ -424,11 +424,16 @@ fn float_matmul_handles_ragged_columns_and_tiles() {
 
 #[test]
 fn q8_matmul_handles_odd_unit_counts_and_ragged_tiles() {
-    // 9 units per row (the prefill kernel pairs units; the last one is alone), 9 activation
-    // rows (two groups of four and one left over) and 11 weight rows (tiles of 4, 2 and 1).
+    // 9 units per row (the prefill kernel pairs units; the last one is alone), 9 to 11
+    // activation rows (two groups of four and one to three left over, which go together) and 11
+    // weight rows (tiles of 4, 2 and 1). The rows left over get what each gets alone.
     let mut rng = Rng(99);
-    for format in WeightFormat::ALL.into_iter().filter(|f| f.uses_q8_acts(288) && 288 % f.block_size() == 0) {
-        let (rows, cols, n) = (11, 288, 9);
+    for (format, n) in WeightFormat::ALL
+        .into_iter()
+        .filter(|f| f.uses_q8_acts(288) && 288 % f.block_size() == 0)
+        .flat_map(|f| [(f, 9), (f, 10), (f, 11)])
+    {
+        let (rows, cols) = (11, 288);
         let bytes = random_rows(format, rows, cols, &mut rng);
         let w = Matrix::new(format, rows, cols, &bytes).unwrap();
         let x = rng.vec(n * cols, 1.0);
@@ -442,6 +447,12 @@ fn q8_matmul_handles_odd_unit_counts_and_ragged_tiles() {
                 let got = out[i * rows + r];
                 assert!((got - want).abs() <= 1e-5 * mag + 1e-6, "{format} [{i},{r}]: {got} vs {want}");
             }
+        }
+        for i in 8..n {
+            let mut one = vec![f32::NAN; rows];
+            let alone = QuantizedActs::new(&x[i * cols..(i + 1) * cols], 1, cols).unwrap();
+            matmul_q(&w, &alone, &mut one);
+            assert_eq!(&out[i * rows..(i + 1) * rows], &one[..], "{format} n={n}: row {i} left over");
         }
     }
 }
