@@ -8,6 +8,9 @@
 //!   `DEVICE_TOLERANCE` of what each session gets alone on the CPU;
 //! - 8 requests at once on the device (batched decode steps) give exactly the tokens each gives
 //!   alone, also where the plan cannot batch (a recurrent layer on the device: one forward each);
+//! - a batched decode step on the device is recorded once for its sessions in their order and
+//!   replayed after (counted by `Chain::replay_stats`), within `DEVICE_TOLERANCE` of the CPU; a
+//!   session that leaves (dropped) takes its recordings with it, one that joins makes new ones;
 //! - prefix reuse: a request that extends a finished one takes that prefix from the cache
 //!   (asserted from the cached-token count) and gives the tokens a fresh session gives; a
 //!   recurrent model goes back to a kept state, at a request's mark (a shared system prompt's
@@ -508,4 +511,122 @@ fn cancelled_and_bad_requests_leave_the_others_running() {
     assert_eq!(slots.running(), vec![1]);
     assert_eq!(drain(&mut slots, 1).generated, alone(&engine, &keep, 3));
     assert_eq!(slots.free(), 2);
+}
+
+/// Each session's prompt on the CPU and on the device (`contexts[k]` positions each).
+fn paired<'e>(engine: &'e Engine, contexts: &[usize], seed: u32) -> (Vec<Session<'e>>, Vec<Session<'e>>) {
+    let (mut cpu, mut dev) = (Vec::new(), Vec::new());
+    for (k, &ctx) in contexts.iter().enumerate() {
+        let len = if ctx < CONTEXT { 3 + k } else { 13 + 3 * k };
+        let p: Vec<u32> = (0..len).map(|i| (i as u32 * 23 + k as u32 * 19 + seed) % 250).collect();
+        let mut c = Session::new(engine.model(), ctx);
+        c.forward(&p, LogitRows::Last).unwrap();
+        let mut d = engine.session_with_context(ctx).unwrap();
+        d.forward(&p, LogitRows::Last).unwrap();
+        cpu.push(c);
+        dev.push(d);
+    }
+    (cpu, dev)
+}
+
+/// One batched decode step of `dev` against one forward each of `cpu`, within
+/// `DEVICE_TOLERANCE`.
+fn batched_step(what: &str, step: u32, cpu: &mut [&mut Session], dev: &mut [&mut Session]) {
+    let tokens: Vec<u32> = (0..cpu.len() as u32).map(|i| (i * 43 + step * 13 + 4) % 250).collect();
+    let want: Vec<Vec<f32>> =
+        cpu.iter_mut().zip(&tokens).map(|(s, &t)| s.forward(&[t], LogitRows::Last).unwrap()).collect();
+    let got = Session::forward_batch(dev, &tokens).unwrap();
+    let bound = DEVICE_TOLERANCE * common::max_abs(&want);
+    let err = common::max_abs_diff(&got, &want);
+    assert!(err <= bound, "{what} step {step}: max |device batched - cpu| = {err} > {bound}");
+}
+
+/// A batched decode step is recorded once for its sessions in their order and replayed at the
+/// steps after (`exec::device::ReplayStats`), each within the bound above of the CPU: attention
+/// with RoPE, MLA, sliding windows (a ring in the sessions of a short context), DeepSeek Sparse
+/// Attention's indexer, Gated DeltaNet's recurrent states, Inkling's relative logits, three
+/// frames a step around the tier's host steps. DeepSeek V4's KV compressor closes windows fixed
+/// when recorded: its frames are recorded at every step and none kept.
+#[test]
+fn a_batched_decode_step_replays_its_recording_and_gives_what_the_cpu_gives() {
+    let cases = [
+        ("llama", None),
+        ("deepseek_v3", None),
+        ("gpt_oss", None),
+        ("deepseek_v32", None),
+        ("qwen3_next", None),
+        ("inkling", None),
+        ("olmoe", tier3()),
+        ("deepseek_v4_compressed", None),
+    ];
+    for (name, tier) in cases {
+        let Some(engine) = on_vulkan(name, 8, tier) else { return };
+        let chain = engine.device().unwrap();
+        let (mut cpu, mut dev) = paired(&engine, &[12, CONTEXT, CONTEXT], 7);
+        let before = chain.replay_stats();
+        let steps = 5;
+        for step in 0..steps {
+            let mut c: Vec<&mut Session> = cpu.iter_mut().collect();
+            let mut d: Vec<&mut Session> = dev.iter_mut().collect();
+            batched_step(name, step, &mut c, &mut d);
+        }
+        let s = chain.replay_stats();
+        let (recorded, replayed) = (s.recorded - before.recorded, s.replayed - before.replayed);
+        if name == "deepseek_v4_compressed" {
+            assert_eq!((recorded, replayed), (0, 0), "{name}: not replayed ({s:?})");
+            continue;
+        }
+        assert!(recorded > 0, "{name}: the step's frames recorded for replay ({s:?})");
+        assert_eq!(replayed, recorded * (steps as u64 - 1), "{name}: replayed at every later step ({s:?})");
+        assert!(dev.iter_mut().all(|s| s.on_a_device() && s.take_notice().is_none()), "{name}: on the device");
+    }
+}
+
+/// A session leaving the batch (dropped) takes the recordings naming it with it, and one
+/// joining makes a new one; sessions leaving without dropping keep theirs (at most two orders
+/// of sessions kept, the oldest dropped for a third): every step within the bound of the CPU.
+#[test]
+fn a_batched_recording_follows_the_sessions_that_leave_and_join() {
+    for name in ["llama", "deepseek_v3", "gpt_oss"] {
+        let Some(engine) = on_vulkan(name, 8, None) else { return };
+        let chain = engine.device().unwrap();
+        let (mut cpu, mut dev) = paired(&engine, &[CONTEXT, 12, CONTEXT], 3);
+        let s0 = chain.replay_stats();
+        let mut step = 0;
+        let mut run = |cpu: &mut [Session], dev: &mut [Session], pick: &[usize]| {
+            let mut c: Vec<&mut Session> =
+                cpu.iter_mut().enumerate().filter(|(i, _)| pick.contains(i)).map(|x| x.1).collect();
+            let mut d: Vec<&mut Session> =
+                dev.iter_mut().enumerate().filter(|(i, _)| pick.contains(i)).map(|x| x.1).collect();
+            batched_step(name, step, &mut c, &mut d);
+            step += 1;
+        };
+        run(&mut cpu, &mut dev, &[0, 1, 2]);
+        run(&mut cpu, &mut dev, &[0, 1, 2]);
+        let s1 = chain.replay_stats();
+        let per_step = s1.recorded - s0.recorded;
+        assert!(per_step > 0 && s1.replayed - s0.replayed == per_step, "{name}: recorded, then replayed ({s1:?})");
+        // The last session leaves for good: its recordings go with it.
+        drop((cpu.pop(), dev.pop()));
+        let s2 = chain.replay_stats();
+        assert_eq!(s2.dropped - s1.dropped, per_step, "{name}: the leaver's recordings dropped ({s2:?})");
+        // Another joins: the new order is recorded, then replayed.
+        let (c3, d3) = paired(&engine, &[CONTEXT], 11);
+        cpu.extend(c3);
+        dev.extend(d3);
+        run(&mut cpu, &mut dev, &[0, 1, 2]);
+        run(&mut cpu, &mut dev, &[0, 1, 2]);
+        let s3 = chain.replay_stats();
+        assert_eq!((s3.recorded - s2.recorded, s3.replayed - s2.replayed), (per_step, per_step), "{name}: {s3:?}");
+        // Two sessions alone (the three kept), then the three again: replayed.
+        run(&mut cpu, &mut dev, &[0, 2]);
+        run(&mut cpu, &mut dev, &[0, 1, 2]);
+        let s4 = chain.replay_stats();
+        assert_eq!((s4.recorded - s3.recorded, s4.replayed - s3.replayed), (per_step, per_step), "{name}: {s4:?}");
+        // A third order pushes the oldest (the pair) out.
+        run(&mut cpu, &mut dev, &[1, 2]);
+        let s5 = chain.replay_stats();
+        assert_eq!((s5.recorded - s4.recorded, s5.dropped - s4.dropped), (per_step, per_step), "{name}: {s5:?}");
+        assert!(dev.iter_mut().all(|s| s.on_a_device() && s.take_notice().is_none()), "{name}: on the device");
+    }
 }

@@ -14,7 +14,7 @@
 //!
 //! Must not: decide placement (the plan did), or record device commands (`exec::device` does).
 
-use super::device::{DeviceError, DeviceModel, DeviceState};
+use super::device::{DeviceError, DeviceModel, DeviceState, ReplayStats};
 use super::kv_split::SplitStats;
 use super::step::{HostRows, Step};
 use super::{ExecError, Model};
@@ -188,6 +188,16 @@ impl Chain {
             steps: a.steps + b.steps,
             host_steps: a.host_steps + b.host_steps,
             host_positions: a.host_positions + b.host_positions,
+        })
+    }
+
+    /// How the batched decode steps' frames ran, over every device: recordings made, replays,
+    /// recordings dropped (`exec::device::ReplayStats`).
+    pub fn replay_stats(&self) -> ReplayStats {
+        self.devices.iter().map(DeviceModel::replay_stats).fold(ReplayStats::default(), |a, b| ReplayStats {
+            recorded: a.recorded + b.recorded,
+            replayed: a.replayed + b.replayed,
+            dropped: a.dropped + b.dropped,
         })
     }
 

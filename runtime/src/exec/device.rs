@@ -11,10 +11,11 @@
 //!
 //! Recording: the frame's calls as the schedule lowered them (`coli_compiler::schedule`: a norm
 //! or gated unit into the product that reads it, the residual add into the product's store,
-//! RoPE and the KV append into one kernel before attention). A one-row forward of a frame the
-//! schedule marks replayable is recorded once per session (positions read on the device) and
-//! replayed at every decode step; the token and the position are written into the session's
-//! buffers before each submit.
+//! RoPE and the KV append into one kernel before attention). A frame the schedule marks
+//! replayable is recorded once and replayed at every decode step (`device::replay`): a one-row
+//! forward's per session, a batched decode step's (one row of each of several sessions) for
+//! those sessions in that order; its kernels read the positions on the device, and the tokens
+//! and positions are written before each submit.
 //!
 //! The KV cache: the host's copy stays canonical. Each device layer keeps a mirror of its K/V
 //! rows on the device (an MLA layer: its normalized latents and rope keys, `exec::mla_mirror`,
@@ -61,7 +62,10 @@ mod compressor;
 mod hyper;
 mod indexer;
 mod kv_rows;
+mod replay;
 mod rows;
+
+pub use replay::ReplayStats;
 
 /// Rows of a step from which its K/V read-back runs on every core (a decode step's few rows
 /// are not worth the threads' wake-up).
@@ -93,13 +97,20 @@ pub struct DeviceModel {
     kv_split: Option<Split>,
     /// Hyper-connections' mixing weights and grouped projections (`device::hyper`).
     apart: hyper::Apart,
+    /// Recordings of batched decode steps, shared with the states (`device::replay`).
+    batches: replay::SharedReplays,
 }
 
 /// A layer's K/V mirrors and their read-back rows: keys, values, keys back, values back.
 type KvMirror = (DeviceBuffer, DeviceBuffer, DeviceBuffer, DeviceBuffer);
 
-/// Per-session device state: value buffers, KV mirrors and their read-back staging.
+/// Per-session device state: value buffers, KV mirrors and their read-back staging. Its
+/// buffers are allocated with it and never replaced (recordings name them).
 pub struct DeviceState {
+    /// This state's id among every state of the process (`device::replay`).
+    id: u64,
+    /// The model's batched recordings, which this state drops those naming it from when it goes.
+    batches: replay::SharedReplays,
     values: Vec<DeviceBuffer>,
     /// Host-cached read-back twins of the values frames download (a device-local buffer may
     /// be mapped write-combined, where reading it from the CPU is very slow).
@@ -112,7 +123,8 @@ pub struct DeviceState {
     ring_lo: Vec<usize>,
     /// What the resident experts' kernels work in.
     moe: Option<MoeScratch>,
-    /// The forward's token ids (`cap_rows` u32) and its first position (u32 at element 0).
+    /// The forward's token ids (`cap_rows` u32) and its first position (u32 at element 0; in a
+    /// replayed batched step, this sequence's).
     tokens: DeviceBuffer,
     pos: DeviceBuffer,
     /// Recordings of one-row forwards, by (frame index, last row only, precision).
@@ -146,11 +158,12 @@ pub enum DeviceError {
     NotOpened { opened: usize },
 }
 
-/// A sequence of a frame's step: its rows of the step, its first position, and its state (the
-/// KV mirrors it appends to and attends over).
+/// A sequence of a frame's step: its rows of the step, its first position (fixed, or its state's
+/// `pos` read on the device in a replayed recording), and its state (the KV mirrors it appends
+/// to and attends over).
 struct SeqState<'a> {
     rows: std::ops::Range<usize>,
-    pos0: usize,
+    pos: Pos<'a>,
     st: &'a DeviceState,
 }
 
@@ -164,6 +177,7 @@ struct Rec<'a, 'p> {
     seqs: &'p [SeqState<'a>],
     widths: &'p [usize],
     n: usize,
+    /// The first sequence's position (its `SeqState::pos`).
     pos: Pos<'a>,
     precision: Precision,
     /// Only the last row's logits are wanted.
@@ -289,6 +303,7 @@ impl DeviceModel {
             moe_dims,
             kv_split: plan.placement.kv_split.clone().map(Split::new),
             apart,
+            batches: Default::default(),
         })
     }
 
@@ -370,6 +385,8 @@ impl DeviceModel {
         let compressed = compressed::CompressedEntries::new(ctx, p, &self.frames, context)?;
         let compressors = compressor::Compressors::new(ctx, p, &self.frames, self.cap_rows, context)?;
         Ok(DeviceState {
+            id: replay::new_state_id(),
+            batches: self.batches.clone(),
             values,
             twins,
             watermark: vec![0; mirrors.len()],
@@ -537,7 +554,7 @@ impl DeviceModel {
 
     /// Records one op on its own (`tail`: on the last row, for the epilogue's norm and head).
     fn record_op<'a>(&'a self, f: &mut VkFrame<'a>, rec: &Rec<'a, '_>, op: &Op, tail: bool) -> Result<(), VkError> {
-        let Rec { st, widths, n, pos, precision, .. } = *rec;
+        let Rec { st, widths, n, precision, .. } = *rec;
         let w = |v: ValueId| widths[v.0 as usize];
         let (rows, r0) = if tail { (1, n - 1) } else { (n, 0) };
         let view = |v: ValueId| st.values[v.0 as usize].view(r0 * w(v), rows * w(v));
@@ -596,10 +613,11 @@ impl DeviceModel {
                         scratch: st.mla.as_ref(),
                         select,
                     };
-                    let (io, at) = match rec.seqs.len() {
-                        1 => (OpRows { x: view(*x), out: view(*out), n, precision }, pos),
-                        _ => (OpRows { x: rows(*x), out: rows(*out), n: s.rows.len(), precision }, Pos::Fixed(s.pos0)),
+                    let io = match rec.seqs.len() {
+                        1 => OpRows { x: view(*x), out: view(*out), n, precision },
+                        _ => OpRows { x: rows(*x), out: rows(*out), n: s.rows.len(), precision },
                     };
+                    let at = s.pos;
                     super::mla_mirror::record(f, inp, spec, io, at)?;
                 }
             }
@@ -686,41 +704,25 @@ impl DeviceModel {
         for ((st, kv), (_, pos0)) in sts.iter_mut().zip(caches.iter()).zip(&seqs) {
             recurrent.push(st.recurrent.before_frame(ctx, p, frame, kv, *pos0)?);
         }
-        // 2. Record and submit; a one-row forward replays its recording when it can.
+        // 2. Record and submit; a one-row forward, and a batched decode step (one row for each
+        // sequence), replay a recording when the frame allows it (`device::replay`).
         let rows_of = |v: ValueId| if last_only && v == p.logits { (n - 1, 1) } else { (0, n) };
         let phase = |name: &'static str, t: &mut Instant| {
             ctx.note_host(name, *t);
             *t = Instant::now();
         };
+        let job = replay::Job { program: p, frame, calls: &calls.calls, widths, precision, last_only };
+        phase("uploads", &mut t);
         if n == 1 && calls.replayable {
-            let st = &mut *sts[0];
-            ctx.write(&st.pos, 0, &(pos0 as u32).to_le_bytes())?;
-            phase("uploads", &mut t);
-            let key = (frame.id.0 as usize, last_only, precision);
-            let at = match st.replays.iter().position(|r| (r.0, r.1, r.2) == key) {
-                Some(i) => i,
-                None => {
-                    let rec = {
-                        let mut f = ctx.recording()?;
-                        let pos = Pos::Dynamic(st.pos.view(0, 1));
-                        let seqs = [SeqState { rows: 0..n, pos0, st }];
-                        let rec = Rec { program: p, st, seqs: &seqs, widths, n, pos, precision, last_only };
-                        self.record(&mut f, rec, frame, &calls.calls)?;
-                        f.finish()?
-                    };
-                    st.replays.push((key.0, key.1, key.2, rec));
-                    st.replays.len() - 1
-                }
-            };
-            phase("recording", &mut t);
-            st.replays[at].3.run()?;
+            self.replay_one(sts[0], job, pos0, &mut t)?;
+        } else if batched && calls.replayable && seqs.iter().all(|(rows, _)| rows.len() == 1) {
+            self.replay_batch(sts, job, &seqs, &mut t)?;
         } else {
-            phase("uploads", &mut t);
             let mut f = ctx.frame()?;
             let states: Vec<SeqState> = seqs
                 .iter()
                 .zip(sts.iter())
-                .map(|((rows, pos0), st)| SeqState { rows: rows.clone(), pos0: *pos0, st })
+                .map(|((rows, pos0), st)| SeqState { rows: rows.clone(), pos: Pos::Fixed(*pos0), st })
                 .collect();
             let rec =
                 Rec { program: p, st: sts[0], seqs: &states, widths, n, pos: Pos::Fixed(pos0), precision, last_only };

@@ -184,11 +184,12 @@ impl DeviceModel {
                 extent: r.extent,
             });
             let (mk, mv, sk, sv) = s.st.mirrors[l].as_ref().expect("mirror allocated");
-            let (keys, values) = match ring {
-                Some(_) => (mk.all(), mv.all()),
-                None => (mk.view(0, (s.pos0 + n) * w(k)), mv.view(0, (s.pos0 + n) * w(v))),
+            // The rows the block sees (a ring's, or a position read on the device: all of it).
+            let pos = s.pos;
+            let (keys, values) = match (ring, pos) {
+                (None, Pos::Fixed(p0)) => (mk.view(0, (p0 + n) * w(k)), mv.view(0, (p0 + n) * w(v))),
+                _ => (mk.all(), mv.all()),
             };
-            let pos = Pos::Fixed(s.pos0);
             if n == 1 && a.one_kernel {
                 let decode = DecodeArgs {
                     rope,

@@ -20,8 +20,8 @@ use super::{DeviceModel, Rec};
 use crate::bytes::as_bytes;
 use crate::exec::kv::KvCache;
 use crate::vk::{
-    CompressedArgs, CompressedShape, Context, DeviceBuffer, Frame as VkFrame, KvMirror, KvShape, Pos, RopeArgs,
-    RopeKvArgs, View, VkError,
+    CompressedArgs, CompressedShape, Context, DeviceBuffer, Frame as VkFrame, KvMirror, KvShape, RopeArgs, RopeKvArgs,
+    View, VkError,
 };
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ir::{Op, Program, ValueId};
@@ -162,7 +162,7 @@ impl DeviceModel {
         sinks: Option<View<'a>>,
     ) -> Result<(), VkError> {
         const OP: &str = "attention_compressed";
-        let Rec { st, widths, n, pos, .. } = *rec;
+        let Rec { st, widths, n, .. } = *rec;
         let w = |v: ValueId| widths[v.0 as usize];
         let spec = &a.spec;
         let shape = CompressedShape::of(spec).filter(|_| CompressedShape::supported(spec));
@@ -175,7 +175,7 @@ impl DeviceModel {
             let shape = CompressedShape { ring, ..shape };
             let (r0, rows) = if batched { (s.rows.start, s.rows.len()) } else { (0, n) };
             let view = |v: ValueId| st.values[v.0 as usize].view(r0 * w(v), rows * w(v));
-            let at = if batched { Pos::Fixed(s.pos0) } else { pos };
+            let at = s.pos;
             let (mk, mv, sk, sv) = s.st.mirrors[l].as_ref().expect("mirror allocated");
             let entries = s.st.compressed.as_ref().and_then(|c| c.entries(l));
             let entries = entries.ok_or_else(|| VkError::BadArgument { op: OP, msg: "no entry mirror".into() })?;

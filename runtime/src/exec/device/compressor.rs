@@ -309,7 +309,7 @@ impl DeviceModel {
         rec: &Rec<'a, '_>,
         (x, q, out, layer, spec): (ValueId, Option<ValueId>, Option<ValueId>, LayerId, &CompressSpec),
     ) -> Result<(), VkError> {
-        let Rec { st, widths, n, pos, precision, .. } = *rec;
+        let Rec { st, widths, n, precision, .. } = *rec;
         let wd = |v: ValueId| widths[v.0 as usize];
         let find = |r: &str| spec.weights.iter().find(|(role, _)| role == r).map(|(_, w)| w.name.as_str());
         let missing = |r: &str| VkError::BadArgument { op: OP, msg: format!("no {r} weight") };
@@ -326,10 +326,9 @@ impl DeviceModel {
         let batched = rec.seqs.len() > 1;
         for s in rec.seqs {
             let (r0, rows) = if batched { (s.rows.start, s.rows.len()) } else { (0, n) };
-            let pos0 = match (batched, pos) {
-                (true, _) => s.pos0,
-                (false, Pos::Fixed(p)) => p,
-                (false, Pos::Dynamic(_)) => {
+            let pos0 = match s.pos {
+                Pos::Fixed(p) => p,
+                Pos::Dynamic(_) => {
                     let msg = "a position read on the device (a compressor's frame is not replayed)".into();
                     return Err(VkError::BadArgument { op: OP, msg });
                 }

@@ -175,7 +175,7 @@ impl DeviceModel {
         (x, q, out, layer, spec): (ValueId, ValueId, ValueId, LayerId, &IndexerSpec),
     ) -> Result<(), VkError> {
         const OP: &str = "indexer";
-        let Rec { st, widths, n, pos, precision, seqs, .. } = *rec;
+        let Rec { st, widths, n, precision, seqs, .. } = *rec;
         let w = |v: ValueId| widths[v.0 as usize];
         let view = |v: ValueId| st.values[v.0 as usize].view(0, n * w(v));
         let missing = |what: &str| VkError::BadArgument { op: OP, msg: format!("{what} is not on the device") };
@@ -195,7 +195,7 @@ impl DeviceModel {
         });
         for s in seqs {
             let (r0, rn) = (s.rows.start, s.rows.len());
-            let at = if seqs.len() == 1 { pos } else { Pos::Fixed(s.pos0) };
+            let at = s.pos;
             let m = s.st.indexers.as_ref().and_then(|i| i.mirrors[layer.0 as usize].as_ref());
             let m = m.ok_or_else(|| missing("the layer's index-key mirror"))?;
             // The scores in the sequence's own scratch: their stride is its context's.

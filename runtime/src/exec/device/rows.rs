@@ -5,7 +5,7 @@
 
 use super::{DeviceModel, Rec};
 use crate::oplib::op_name;
-use crate::vk::{Frame as VkFrame, Pos, RopePart, RopeShape, RouteHash, RouteParams, RouteSink, VkError};
+use crate::vk::{Frame as VkFrame, RopePart, RopeShape, RouteHash, RouteParams, RouteSink, VkError};
 use coli_compiler::ir::{Op, ValueId};
 
 impl DeviceModel {
@@ -35,7 +35,7 @@ impl DeviceModel {
                 if rec.seqs.len() > 1 {
                     for s in rec.seqs {
                         let rows = st.values[x.0 as usize].view(s.rows.start * w(*x), s.rows.len() * w(*x));
-                        f.rope_at(rows, fb.all(), shape(s.rows.len()), Pos::Fixed(s.pos0))?;
+                        f.rope_at(rows, fb.all(), shape(s.rows.len()), s.pos)?;
                     }
                 } else {
                     f.rope_at(view(*x), fb.all(), shape(n), pos)?;
