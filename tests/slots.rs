@@ -238,6 +238,73 @@ fn a_batched_forward_on_the_device_gives_each_session_what_the_cpu_gives() {
 /// the indexers score each sequence's positions at its own context's stride (DeepSeek V3.2's
 /// and V4's compressor's: a step stopped on the device, "a stride of 4 under 6 positions", when
 /// they took the first sequence's): each within the bound above of the CPU, on the device.
+/// Prompt chunks of several sessions in one forward (`forward_batch_rows`: feeds of 1 to 8 rows
+/// beside one-token decode feeds, the sessions at different positions): each session's last
+/// row within `DEVICE_TOLERANCE` of what it gets alone on the CPU, for every family the
+/// batched decode step covers; a feed past the chain's rows, an empty one and a count that
+/// does not match are refused with nothing moved.
+#[test]
+fn prompt_chunks_of_several_sessions_in_one_forward_give_what_each_gives_alone() {
+    let cases = [
+        ("llama", None),
+        ("deepseek_v3", None),
+        ("olmoe", tier3()),
+        ("gpt_oss", None),
+        ("deepseek_v32", None),
+        ("qwen3_next", None),
+        ("kimi_linear", None),
+        ("inkling", None),
+        ("deepseek_v4_compressed", None),
+    ];
+    for (name, tier) in cases {
+        let Some(engine) = on_vulkan(name, 8, tier) else { return };
+        let mut cpu: Vec<Session> = Vec::new();
+        let mut dev: Vec<Session> = Vec::new();
+        for k in 0..4usize {
+            let p: Vec<u32> = (0..1 + 2 * k).map(|i| (i as u32 * 23 + k as u32 * 41 + 7) % 250).collect();
+            let mut c = Session::new(engine.model(), CONTEXT);
+            c.forward(&p, LogitRows::Last).unwrap();
+            let mut d = engine.session_with_context(CONTEXT).unwrap();
+            d.forward(&p, LogitRows::Last).unwrap();
+            cpu.push(c);
+            dev.push(d);
+        }
+        for step in 0..3usize {
+            // Sessions 0 and 2 feed a chunk of 8, 5 or 2 rows, 1 and 3 one token.
+            let feeds: Vec<Vec<u32>> = (0..4usize)
+                .map(|i| {
+                    let len = if i % 2 == 0 { 8 - 3 * step } else { 1 };
+                    (0..len).map(|j| ((i * 37 + step * 11 + j * 5 + 2) % 250) as u32).collect()
+                })
+                .collect();
+            let want: Vec<Vec<f32>> =
+                cpu.iter_mut().zip(&feeds).map(|(s, f)| s.forward(f, LogitRows::Last).unwrap()).collect();
+            let mut refs: Vec<&mut Session> = dev.iter_mut().collect();
+            let views: Vec<&[u32]> = feeds.iter().map(|f| &f[..]).collect();
+            let got = Session::forward_batch_rows(&mut refs, &views).unwrap();
+            let bound = DEVICE_TOLERANCE * common::max_abs(&want);
+            let err = common::max_abs_diff(&got, &want);
+            assert!(err <= bound, "{name} step {step}: max |device batched - cpu| = {err} > {bound}");
+        }
+        for (s, c) in dev.iter_mut().zip(&cpu) {
+            assert!(s.on_a_device(), "{name}: {:?}", s.take_notice());
+            assert_eq!(s.pos(), c.pos());
+        }
+        let pos: Vec<usize> = dev.iter().map(|s| s.pos()).collect();
+        let mut refs: Vec<&mut Session> = dev.iter_mut().collect();
+        let long = [1u32; 9];
+        for (feeds, why) in [
+            (vec![&[1u32][..], &long[..], &[2], &[3]], "a feed longer than the chain's rows"),
+            (vec![&[1u32][..], &[], &[2], &[3]], "an empty feed"),
+            (vec![&[1u32][..]], "one feed per session"),
+        ] {
+            let e = Session::forward_batch_rows(&mut refs, &feeds).unwrap_err().to_string();
+            assert!(e.contains(why), "{name}: {e}");
+        }
+        assert_eq!(refs.iter().map(|s| s.pos()).collect::<Vec<_>>(), pos, "{name}: nothing moved");
+    }
+}
+
 #[test]
 fn a_batched_step_over_sessions_of_different_contexts_gives_what_the_cpu_gives() {
     for name in ["gpt_oss", "deepseek_v4_compressed", "deepseek_v32"] {

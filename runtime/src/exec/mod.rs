@@ -413,6 +413,21 @@ impl<'m> Session<'m> {
         if sessions.len() != tokens.len() {
             return Err(ExecError::Batch("one token per session"));
         }
+        let feeds: Vec<&[u32]> = tokens.iter().map(std::slice::from_ref).collect();
+        Session::forward_batch_rows(sessions, &feeds)
+    }
+
+    /// `forward_batch` with any number of tokens for each session (a decode step's token, a
+    /// prompt's next chunk): `feeds[i]` at session `i`'s next positions. Returns the logits of
+    /// each session's last row. Sessions whose rows together pass the chain's rows run as
+    /// several steps; one feed longer than them is refused (feed it alone: `forward` chunks it).
+    pub fn forward_batch_rows(sessions: &mut [&mut Session<'m>], feeds: &[&[u32]]) -> Result<Vec<Vec<f32>>, ExecError> {
+        if sessions.len() != feeds.len() {
+            return Err(ExecError::Batch("one feed per session"));
+        }
+        if feeds.iter().any(|f| f.is_empty()) {
+            return Err(ExecError::Batch("an empty feed"));
+        }
         let Some((first, rest)) = sessions.split_first() else { return Ok(Vec::new()) };
         if rest.iter().any(|s| !std::ptr::eq(s.model, first.model)) {
             return Err(ExecError::Batch("the sessions run different models"));
@@ -429,21 +444,38 @@ impl<'m> Session<'m> {
         if let Some(why) = chain.and_then(Chain::batch_refusal) {
             return Err(ExecError::Batch(why));
         }
-        for s in sessions.iter() {
-            if s.pos + 1 > s.max_context {
-                return Err(ExecError::ContextFull { need: s.pos + 1, max: s.max_context });
+        for (s, f) in sessions.iter().zip(feeds) {
+            if s.pos + f.len() > s.max_context {
+                return Err(ExecError::ContextFull { need: s.pos + f.len(), max: s.max_context });
             }
         }
         let cap = chain.map_or(usize::MAX, |c| c.cap_rows.max(1));
-        if sessions.len() > cap {
-            let mut out = Vec::with_capacity(tokens.len());
-            for (group, t) in sessions.chunks_mut(cap).zip(tokens.chunks(cap)) {
-                out.extend(Session::forward_batch(group, t)?);
+        if feeds.iter().any(|f| f.len() > cap) {
+            return Err(ExecError::Batch("a feed longer than the chain's rows"));
+        }
+        // Consecutive sessions while their rows fit the chain's.
+        let mut groups = vec![0];
+        let mut rows = 0;
+        for (i, f) in feeds.iter().enumerate() {
+            if rows + f.len() > cap {
+                groups.push(i);
+                rows = 0;
+            }
+            rows += f.len();
+        }
+        if groups.len() > 1 {
+            groups.push(feeds.len());
+            let mut out = Vec::with_capacity(feeds.len());
+            let mut left = &mut sessions[..];
+            for w in groups.windows(2) {
+                let (group, tail) = left.split_at_mut(w[1] - w[0]);
+                out.extend(Session::forward_batch_rows(group, &feeds[w[0]..w[1]])?);
+                left = tail;
             }
             return Ok(out);
         }
         if chain.is_some() {
-            match Session::run_batch(sessions, tokens, true) {
+            match Session::run_batch(sessions, feeds, true) {
                 Err(ExecError::Device(e)) => {
                     for s in sessions.iter_mut() {
                         s.notice = Some(format!(
@@ -455,21 +487,32 @@ impl<'m> Session<'m> {
                 r => return r,
             }
         }
-        Session::run_batch(sessions, tokens, false)
+        Session::run_batch(sessions, feeds, false)
     }
 
-    /// One batched step of `forward_batch` (checked there): on the sessions' devices, or on the
-    /// CPU. On an error every session's cache is back at its position.
+    /// One batched step of `forward_batch_rows` (checked there): on the sessions' devices, or
+    /// on the CPU. On an error every session's cache is back at its position.
     fn run_batch(
         sessions: &mut [&mut Session<'m>],
-        tokens: &[u32],
+        feeds: &[&[u32]],
         on_device: bool,
     ) -> Result<Vec<Vec<f32>>, ExecError> {
-        let batch: Vec<step::SeqRows> =
-            sessions.iter().enumerate().map(|(i, s)| step::SeqRows { rows: i..i + 1, pos0: s.pos }).collect();
+        let mut batch: Vec<step::SeqRows> = Vec::with_capacity(feeds.len());
+        let mut row = 0;
+        for (s, f) in sessions.iter().zip(feeds) {
+            batch.push(step::SeqRows { rows: row..row + f.len(), pos0: s.pos });
+            row += f.len();
+        }
+        let tokens: Vec<u32> = feeds.concat();
         let Some((first, rest)) = sessions.split_first_mut() else { return Ok(Vec::new()) };
         let model = first.model;
-        let step = Step { tokens, pos0: first.pos, precision: first.precision, logits: LogitRows::All, batch: &batch };
+        let step = Step {
+            tokens: &tokens,
+            pos0: first.pos,
+            precision: first.precision,
+            logits: LogitRows::All,
+            batch: &batch,
+        };
         let Session { values, widths, kv, device, .. } = &mut **first;
         let chain = device.as_ref().filter(|_| on_device).map(|(c, _)| *c);
         let mut states: Vec<&mut ChainState> = Vec::new();
@@ -497,23 +540,35 @@ impl<'m> Session<'m> {
         }
         let lv = model.program.logits.0 as usize;
         let vocab = sessions[0].widths[lv];
-        let out = (0..tokens.len()).map(|i| sessions[0].values[lv][i * vocab..(i + 1) * vocab].to_vec()).collect();
-        // Each session's row of the exported value, and its draft told of it.
+        let out = batch
+            .iter()
+            .map(|b| sessions[0].values[lv][(b.rows.end - 1) * vocab..b.rows.end * vocab].to_vec())
+            .collect();
+        // Each session's rows of the exported value, and its draft told of them.
         let exported: Vec<Vec<f32>> = match model.program.export {
             Some(e) => {
                 let w = sessions[0].widths[e.0 as usize];
-                (0..tokens.len()).map(|i| sessions[0].values[e.0 as usize][i * w..(i + 1) * w].to_vec()).collect()
+                batch
+                    .iter()
+                    .map(|b| sessions[0].values[e.0 as usize][b.rows.start * w..b.rows.end * w].to_vec())
+                    .collect()
             }
-            None => vec![Vec::new(); tokens.len()],
+            None => vec![Vec::new(); feeds.len()],
         };
-        for ((s, row), t) in sessions.iter_mut().zip(exported).zip(tokens) {
+        for ((s, rows), f) in sessions.iter_mut().zip(exported).zip(feeds) {
             if let Some(d) = s.draft.as_mut() {
-                d.follow(s.pos, &[*t], &row);
+                d.follow(s.pos, f, &rows);
             }
-            s.exported = row;
-            s.pos += 1;
+            s.exported = rows;
+            s.pos += f.len();
         }
         Ok(out)
+    }
+
+    /// The most rows one forward of this session takes (its chain's; any on the CPU): the
+    /// longest feed `forward_batch_rows` takes.
+    pub fn batch_rows(&self) -> usize {
+        self.device.as_ref().map_or(usize::MAX, |(c, _)| c.cap_rows.max(1))
     }
 
     /// Whether this session can share a forward with others of its kind (`forward_batch`): on

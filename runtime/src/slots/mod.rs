@@ -234,23 +234,19 @@ impl<'e> Slots<'e> {
         out
     }
 
-    /// The decode steps of the requests, two or more on the CPU or on the devices, as one
-    /// batched forward per kind (`Session::forward_batch`); returns each batched slot's events
-    /// by slot index.
+    /// The next rows of the requests (decode steps' tokens and prompts' chunks), two or more on
+    /// the CPU or on the devices, as one batched forward per kind (`Session::forward_batch_rows`);
+    /// returns each batched slot's events by slot index.
     fn step_batch(&mut self) -> Vec<(usize, Vec<Event>)> {
         let mut out = Vec::new();
         for device in [false, true] {
-            let ready = |s: &Slot| {
-                s.session.on_a_device() == device
-                    && s.session.batches()
-                    && s.active.as_ref().is_some_and(|a| a.next.is_some())
-            };
+            let ready = |s: &Slot| s.session.on_a_device() == device && s.session.batches() && s.active.is_some();
             if self.slots.iter().filter(|s| ready(s)).count() < 2 {
                 continue;
             }
             let picked: Vec<(usize, &mut Slot<'e>)> =
                 self.slots.iter_mut().enumerate().filter(|(_, s)| ready(s)).collect();
-            out.extend(batch(picked));
+            out.extend(batch(picked, self.chunk_rows));
         }
         out
     }
@@ -266,21 +262,39 @@ impl<'e> Slots<'e> {
     }
 }
 
-/// One batched forward of `picked`'s decode steps and what each produced.
-fn batch<'e>(mut picked: Vec<(usize, &mut Slot<'e>)>) -> Vec<(usize, Vec<Event>)> {
-    let tokens: Vec<u32> = picked.iter().filter_map(|(_, s)| s.active.as_ref().and_then(|a| a.next)).collect();
+/// One batched forward of `picked`'s next rows (a decode step's token, or the next chunk of a
+/// prompt, as `advance` would feed it alone) and what each produced.
+fn batch<'e>(mut picked: Vec<(usize, &mut Slot<'e>)>, chunk_rows: usize) -> Vec<(usize, Vec<Event>)> {
+    let feeds: Vec<Vec<u32>> = picked
+        .iter()
+        .filter_map(|(_, s)| {
+            let a = s.active.as_ref()?;
+            Some(match a.next {
+                Some(t) => vec![t],
+                None => a.turn.req.prompt[prompt_chunk(a, chunk_rows.min(s.session.batch_rows()))].to_vec(),
+            })
+        })
+        .collect();
     let result = {
         let mut sessions: Vec<&mut Session<'e>> = picked.iter_mut().map(|(_, s)| &mut s.session).collect();
-        Session::forward_batch(&mut sessions, &tokens)
+        let refs: Vec<&[u32]> = feeds.iter().map(|f| &f[..]).collect();
+        Session::forward_batch_rows(&mut sessions, &refs)
     };
     match result {
         Ok(logits) => picked
             .into_iter()
-            .zip(logits.iter().zip(&tokens))
-            .filter_map(|((i, s), (l, &t))| {
+            .zip(logits.iter().zip(&feeds))
+            .filter_map(|((i, s), (l, fed))| {
                 let Slot { session, cached, active, .. } = s;
                 let a = active.as_mut()?;
-                cached.push(t);
+                cached.extend_from_slice(fed);
+                if a.next.is_none() {
+                    a.fed += fed.len();
+                    session.snapshot_states();
+                    if a.fed < a.turn.req.prompt.len() {
+                        return Some((i, Vec::new()));
+                    }
+                }
                 Some((i, taken(session, a, l)))
             })
             .collect(),
@@ -295,6 +309,14 @@ fn batch<'e>(mut picked: Vec<(usize, &mut Slot<'e>)>) -> Vec<(usize, Vec<Event>)
     }
 }
 
+/// The prompt positions a request feeds next: up to `chunk_rows`, ending at a mark (a state
+/// kept exactly where a later prompt may branch).
+fn prompt_chunk(a: &Active, chunk_rows: usize) -> std::ops::Range<usize> {
+    let end = (a.fed + chunk_rows).min(a.turn.req.prompt.len());
+    let end = a.turn.req.marks.iter().copied().filter(|&m| m > a.fed && m < end).min().unwrap_or(end);
+    a.fed..end
+}
+
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
@@ -304,12 +326,7 @@ fn advance(session: &mut Session, cached: &mut Vec<u32>, a: &mut Active, chunk_r
     let prompt_len = a.turn.req.prompt.len();
     let tokens: Vec<u32> = match a.next {
         Some(t) => std::iter::once(t).chain(draft(session, a, t)).collect(),
-        None => {
-            let end = (a.fed + chunk_rows).min(prompt_len);
-            // A chunk ends at a mark (a state kept exactly where a later prompt may branch).
-            let end = a.turn.req.marks.iter().copied().filter(|&m| m > a.fed && m < end).min().unwrap_or(end);
-            a.turn.req.prompt[a.fed..end].to_vec()
-        }
+        None => a.turn.req.prompt[prompt_chunk(a, chunk_rows)].to_vec(),
     };
     let drafted = if a.next.is_some() { tokens.len() - 1 } else { 0 };
     let rows = if drafted > 0 { LogitRows::All } else { LogitRows::Last };
