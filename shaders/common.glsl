@@ -13,14 +13,47 @@
 
 #define NEG_INF uintBitsToFloat(0xff800000u)
 
-// a / b, rounded to nearest (one Newton step on the reciprocal, then a residual correction).
+// The rounding error of a product: a * b = p + prod_err(a, b, p) exactly, p = a * b rounded
+// (Dekker: each factor split into halves of 12 bits, whose products are exact). Correctly
+// rounded products and sums only, which Vulkan guarantees; its fma may be a rounded product and
+// a rounded sum (Lavapipe's), so no residual here takes it.
+float prod_err(float a, float b, float p) {
+    precise float ca = 4097.0 * a;
+    precise float ah = ca - (ca - a);
+    precise float al = a - ah;
+    precise float cb = 4097.0 * b;
+    precise float bh = cb - (cb - b);
+    precise float bl = b - bh;
+    precise float e = ((ah * bh - p) + ah * bl + al * bh) + al * bl;
+    return e;
+}
+
+// a / b, rounded to nearest as IEEE division (the CPU's): the driver's reciprocal (2.5 ulp),
+// one Newton step on the quotient (within an ulp after it), then the quotient moved to its
+// neighbour while the exact remainder a - q * b says the neighbour is nearer (a quotient of
+// floats is never halfway between two). Each remainder is exact: a - p by Sterbenz (p is
+// within a few ulps of a), and a - q * b itself is a float once q is within an ulp of a / b.
+// Two steps cover a quotient just above a power of two, where the gap below halves.
 float div_rn(float a, float b) {
     precise float y = 1.0 / b;
-    precise float e = fma(-b, y, 1.0);
-    y = fma(e, y, y);
     precise float q = a * y;
-    precise float r = fma(-q, b, a);
-    return fma(r, y, q);
+    precise float p = q * b;
+    precise float r = (a - p) - prod_err(q, b, p);
+    precise float c = r * y;
+    q = q + c;
+    [[unroll]] for (int i = 0; i < 2; i++) {
+        p = q * b;
+        r = (a - p) - prod_err(q, b, p);
+        if (r == 0.0) break;
+        // The neighbour of q towards a / b: away from zero when q and r / b agree in sign.
+        bool grow = ((r > 0.0) == (b > 0.0)) == (q > 0.0);
+        float n = uintBitsToFloat(floatBitsToUint(q) + (grow ? 1u : 0xffffffffu));
+        precise float gap = abs(b) * abs(n - q);
+        precise float twice = 2.0 * abs(r);
+        if (twice > gap) q = n;
+        else break;
+    }
+    return q;
 }
 
 int sbyte(uint w, uint i) { return bitfieldExtract(int(w), int(8 * i), 8); }

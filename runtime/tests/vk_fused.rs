@@ -28,11 +28,11 @@ enum Input {
 }
 
 /// `|got - want| <= 1e-5 * sum |w x| + slack + 1e-6` per output, `slack` covering q8
-/// activations: the device's row norm may differ from the CPU's in the last bit, and a device
-/// whose GLSL `fma` is not fused (Lavapipe) divides 1 ulp off in `div_rn` about half the time
-/// (the block scale `amax / 127`), so a value within an ulp of a rounding tie (seen: 58.500004)
-/// can move one 8-bit value of a block by one step; two such steps per output are allowed
-/// (`2 * max_b(amax_b / 127) * max |w|`). Float activations need no slack.
+/// activations: the device's row norm (its sum of squares in another order) and gated unit
+/// (the driver's `exp`) may differ from the CPU's in the last bit, so a value within an ulp of
+/// a rounding tie (seen: 58.500004) can move one 8-bit value of a block by one step (the
+/// quantization itself is the CPU's bit for bit: vk_ops.rs); two such steps per output are
+/// allowed (`2 * max_b(amax_b / 127) * max |w|`). Float activations need no slack.
 fn check(what: &str, got: &[f32], want: &[f32], mag: &[f32], slack: &[f32]) {
     for (i, (((g, w), m), s)) in got.iter().zip(want).zip(mag).zip(slack).enumerate() {
         let d = (g - w).abs();

@@ -182,6 +182,43 @@ fn shared_quantized_activations_match_cpu() {
     }
 }
 
+/// The device's q8 activations are the CPU's `QuantizedActs` bit for bit: every block's scale
+/// `d = amax / 127`, its reciprocal and each `round_half_even(x * (1 / d))`. Read back through
+/// a `Q8_0` identity matrix (scale 1, one code 1 a row), whose product is each `d * q` as the
+/// CPU's `dequantize` computes it, by the GEMV and the GEMM. Rows of magnitudes 1e-3 to 3e2.
+/// Exact (no tolerance): a device whose `fma` is a rounded product and a rounded sum
+/// (Lavapipe) once took `d` an ulp off in 64 of 512 such blocks (`div_rn` took its residuals
+/// through `fma`), which moved every value of the block and, at a rounding tie, a code.
+#[test]
+fn quantized_activations_are_the_cpus_bit_for_bit() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_00a8);
+    let (cols, n) = (256, 64);
+    let mut eye = Vec::with_capacity(cols * cols / 32 * 34);
+    for r in 0..cols {
+        for b in 0..cols / 32 {
+            eye.extend_from_slice(&coli_runtime::format::fp16::f32_to_f16(1.0).to_le_bytes());
+            eye.extend((0..32).map(|e| u8::from(b * 32 + e == r)));
+        }
+    }
+    let w = ctx.upload_matrix(WeightFormat::Q8_0, cols, cols, &eye).unwrap();
+    let x: Vec<f32> = (0..n).flat_map(|i| rng.vec(cols, [1e-3, 1.0, 2.0, 3e2][i % 4])).collect();
+    let want = coli_runtime::format::QuantizedActs::new(&x, n, cols).unwrap().dequantize();
+    let xb = ctx.upload_f32(&x).unwrap();
+    for path in [MatmulPath::Gemv, MatmulPath::Gemm] {
+        let ob = ctx.f32_buffer(n * cols).unwrap();
+        let mut f = ctx.frame().unwrap();
+        f.matmul_with(&w, xb.all(), n, ob.all(), path, Precision::Fast).unwrap();
+        f.run().unwrap();
+        let got = ctx.download_f32(ob.all()).unwrap();
+        let bad: Vec<usize> = (0..n * cols / 32)
+            .filter(|b| (0..32).any(|e| got[b * 32 + e].to_bits() != want[b * 32 + e].to_bits()))
+            .collect();
+        let first = bad.first().map(|&b| (&got[b * 32..b * 32 + 4], &want[b * 32..b * 32 + 4]));
+        assert!(bad.is_empty(), "{path:?}: {} of {} blocks differ, first {first:?}", bad.len(), n * cols / 32);
+    }
+}
+
 /// Every weight format has a shader (the grid formats `IQ1_*`, `IQ2_*`, `IQ3_*` too, since
 /// `shaders/iq_grid.glsl`): none is refused at upload, so no model silently stays on the CPU
 /// for its formats.
