@@ -3,10 +3,11 @@
 //! request in the free slot whose cached ids share the longest prefix with the request's prompt
 //! (the next turn of a conversation, a shared system prompt), and that prefix is not computed
 //! again; `step` advances every active request by one forward (a chunk of its prompt, or one
-//! token) and returns what each produced (`Event`s); the decode steps of the requests run as
-//! one batched forward (`Session::forward_batch`: every matrix read once for all their rows),
-//! one for those on the CPU and one for those on the devices. Requests are independent: each has its own cache, positions and sampler, so a
-//! request's tokens do not depend on what else runs.
+//! token) and returns what each produced (`Event`s); the requests' decode tokens and prompt
+//! chunks run as one batched forward (`Session::forward_batch_rows`: every matrix read once for
+//! all their rows), one for those on the CPU and one for those on the devices. Requests are
+//! independent: each has its own cache, positions and sampler, so a request's tokens do not
+//! depend on what else runs.
 //!
 //! A request that asks for speculation (`Request::speculation`) drafts tokens when it decodes
 //! alone (the only one decoding on its CPU or devices, or a plan that cannot batch); each
