@@ -176,6 +176,22 @@ fn tier3() -> Option<TierOptions> {
     Some(TierOptions { max_experts: Some(3), deterministic: true, ..TierOptions::default() })
 }
 
+/// For each `(prompt, context)`, a session of `engine`'s model on the CPU and one on its
+/// device, each fed the prompt.
+fn fed_on_both<'e>(engine: &'e Engine, prompts: &[(Vec<u32>, usize)]) -> (Vec<Session<'e>>, Vec<Session<'e>>) {
+    let mut cpu = Vec::new();
+    let mut dev = Vec::new();
+    for (p, ctx) in prompts {
+        let mut c = Session::new(engine.model(), *ctx);
+        c.forward(p, LogitRows::Last).unwrap();
+        let mut d = engine.session_with_context(*ctx).unwrap();
+        d.forward(p, LogitRows::Last).unwrap();
+        cpu.push(c);
+        dev.push(d);
+    }
+    (cpu, dev)
+}
+
 #[test]
 fn a_batched_forward_on_the_device_gives_each_session_what_the_cpu_gives() {
     // Attention with RoPE, MLA, experts resident in the frames, experts through the tier,
@@ -204,17 +220,9 @@ fn a_batched_forward_on_the_device_gives_each_session_what_the_cpu_gives() {
         let Some(engine) = on_vulkan(name, 8, tier) else { return };
         let prompts: Vec<Vec<u32>> =
             (0..6u32).map(|k| (0..2 + 3 * k as usize).map(|i| (i as u32 * 29 + k * 53 + 3) % 250).collect()).collect();
-        let mut cpu: Vec<Session> = Vec::new();
-        let mut dev: Vec<Session> = Vec::new();
-        for p in &prompts {
-            let mut c = Session::new(engine.model(), CONTEXT);
-            c.forward(p, LogitRows::Last).unwrap();
-            let mut d = engine.session_with_context(CONTEXT).unwrap();
-            assert!(d.on_a_device() && d.batches(), "{what}: a device session that batches");
-            d.forward(p, LogitRows::Last).unwrap();
-            cpu.push(c);
-            dev.push(d);
-        }
+        let with_ctx: Vec<(Vec<u32>, usize)> = prompts.iter().map(|p| (p.clone(), CONTEXT)).collect();
+        let (mut cpu, mut dev) = fed_on_both(&engine, &with_ctx);
+        assert!(dev.iter().all(|d| d.on_a_device() && d.batches()), "{what}: device sessions that batch");
         for step in 0..4u32 {
             let tokens: Vec<u32> = (0..prompts.len() as u32).map(|i| (i * 41 + step * 7 + 1) % 250).collect();
             let want: Vec<Vec<f32>> =
@@ -258,17 +266,10 @@ fn prompt_chunks_of_several_sessions_in_one_forward_give_what_each_gives_alone()
     ];
     for (name, tier) in cases {
         let Some(engine) = on_vulkan(name, 8, tier) else { return };
-        let mut cpu: Vec<Session> = Vec::new();
-        let mut dev: Vec<Session> = Vec::new();
-        for k in 0..4usize {
-            let p: Vec<u32> = (0..1 + 2 * k).map(|i| (i as u32 * 23 + k as u32 * 41 + 7) % 250).collect();
-            let mut c = Session::new(engine.model(), CONTEXT);
-            c.forward(&p, LogitRows::Last).unwrap();
-            let mut d = engine.session_with_context(CONTEXT).unwrap();
-            d.forward(&p, LogitRows::Last).unwrap();
-            cpu.push(c);
-            dev.push(d);
-        }
+        let prompts: Vec<(Vec<u32>, usize)> = (0..4usize)
+            .map(|k| ((0..1 + 2 * k).map(|i| (i as u32 * 23 + k as u32 * 41 + 7) % 250).collect(), CONTEXT))
+            .collect();
+        let (mut cpu, mut dev) = fed_on_both(&engine, &prompts);
         for step in 0..3usize {
             // Sessions 0 and 2 feed a chunk of 8, 5 or 2 rows, 1 and 3 one token.
             let feeds: Vec<Vec<u32>> = (0..4usize)
@@ -310,19 +311,16 @@ fn a_batched_step_over_sessions_of_different_contexts_gives_what_the_cpu_gives()
     for name in ["gpt_oss", "deepseek_v4_compressed", "deepseek_v32"] {
         let Some(engine) = on_vulkan(name, 8, None) else { return };
         let contexts = [12, CONTEXT, 12, CONTEXT, CONTEXT];
-        let mut cpu: Vec<Session> = Vec::new();
-        let mut dev: Vec<Session> = Vec::new();
-        for (k, &ctx) in contexts.iter().enumerate() {
-            // Past the ring's 12 rows where the context has room.
-            let len = if ctx == 12 { 3 + k } else { 15 + 3 * k };
-            let p: Vec<u32> = (0..len).map(|i| (i as u32 * 31 + k as u32 * 17 + 5) % 250).collect();
-            let mut c = Session::new(engine.model(), ctx);
-            c.forward(&p, LogitRows::Last).unwrap();
-            let mut d = engine.session_with_context(ctx).unwrap();
-            d.forward(&p, LogitRows::Last).unwrap();
-            cpu.push(c);
-            dev.push(d);
-        }
+        // Past the ring's 12 rows where the context has room.
+        let prompts: Vec<(Vec<u32>, usize)> = contexts
+            .iter()
+            .enumerate()
+            .map(|(k, &ctx)| {
+                let len = if ctx == 12 { 3 + k } else { 15 + 3 * k };
+                ((0..len).map(|i| (i as u32 * 31 + k as u32 * 17 + 5) % 250).collect(), ctx)
+            })
+            .collect();
+        let (mut cpu, mut dev) = fed_on_both(&engine, &prompts);
         for step in 0..4u32 {
             let tokens: Vec<u32> = (0..contexts.len() as u32).map(|i| (i * 37 + step * 11 + 2) % 250).collect();
             let want: Vec<Vec<f32>> =
