@@ -84,6 +84,44 @@ fn matmul_matches_cpu_for_every_format() {
     }
 }
 
+/// `MatmulPath::Auto` past the GEMV's rows: a router's matrix (64 rows of 2048, f32) over 64
+/// activation rows takes the GEMV (its output bit for bit the forced GEMV's: two f32 tiles would
+/// leave the device idle), a wider one the tiled GEMM (bit for bit the forced GEMM's); each
+/// within 1e-5 of the sum of |w x| of the CPU's.
+#[test]
+fn a_routers_product_of_many_rows_takes_the_gemv() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0042);
+    for (rows, want_path) in [(64, MatmulPath::Gemv), (384, MatmulPath::Gemm)] {
+        let (cols, n, format) = (2048, 64, WeightFormat::F32);
+        let bytes = random_rows(format, rows, cols, &mut rng);
+        let m = Matrix::new(format, rows, cols, &bytes).unwrap();
+        let w = ctx.upload_matrix(format, rows, cols, &bytes).unwrap();
+        let x = rng.vec(n * cols, 1.0);
+        let mut want = vec![0f32; n * rows];
+        linear(&m, &x, n, &mut want, Precision::Fast);
+        let xb = ctx.upload_f32(&x).unwrap();
+        let run = |path: MatmulPath| {
+            let ob = ctx.f32_buffer(n * rows).unwrap();
+            let mut f = ctx.frame().unwrap();
+            f.matmul_with(&w, xb.all(), n, ob.all(), path, Precision::Fast).unwrap();
+            f.run().unwrap();
+            ctx.download_f32(ob.all()).unwrap()
+        };
+        let (auto, forced, other) = (run(MatmulPath::Auto), run(want_path), run(MatmulPath::Gemm));
+        let what = format!("{rows}x{cols}, n={n}");
+        assert!(auto.iter().zip(&forced).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: Auto is not {want_path:?}");
+        if want_path == MatmulPath::Gemv {
+            assert!(
+                auto.iter().zip(&other).any(|(a, b)| a.to_bits() != b.to_bits()),
+                "{what}: the two kernels agree bit for bit, the test tells nothing"
+            );
+        }
+        let mag = term_magnitudes(format, &bytes, rows, cols, &x, n);
+        assert_close_terms(&what, &auto, &want, &mag, 1e-5);
+    }
+}
+
 /// The packed integer dot product (`IntDotUse::Auto`, where the device has it: Lavapipe does)
 /// and the byte arithmetic (`IntDotUse::Off`) give the same bits: every integer format with
 /// 8-bit activations, GEMV and GEMM, both against the CPU (1e-5 of the terms) and against

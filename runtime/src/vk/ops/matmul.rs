@@ -29,7 +29,8 @@ use coli_compiler::ir::GluKind;
 /// Which kernel a matrix product takes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MatmulPath {
-    /// The GEMV for one row, the tiled GEMM from two.
+    /// The GEMV up to the device's `gemv_rows` rows (and for a router's narrow matrix, whose
+    /// tiles would be too few to fill the device), the tiled GEMM beyond.
     #[default]
     Auto,
     /// The GEMV for every row (one activation row per workgroup row).
@@ -138,6 +139,12 @@ const KSPLIT_ROWS: usize = 512;
 const COOP_BO: usize = 64;
 const COOP_BR: usize = 64;
 const MAX_GROUPS: usize = 65535;
+/// `MatmulPath::Auto` takes the GEMV past `gemv_rows` for a matrix of at most `NARROW_ROWS`
+/// rows of at least `NARROW_COLS` columns (a router's) whose f32 tiles would be fewer than
+/// `FEW_TILES` workgroups.
+const NARROW_ROWS: usize = 256;
+const NARROW_COLS: usize = 1024;
+const FEW_TILES: usize = 64;
 
 /// One product's operands as `matmul_full` takes them: the input (and its transform), its q8
 /// blocks when the caller quantized them already, the rows, the output, the residual to add,
@@ -318,14 +325,21 @@ impl<'a> Frame<'a> {
             return Ok(());
         }
         let x = input.base();
+        let variant = if precision == Precision::Exact { w.variant.exact() } else { w.variant };
+        // A router's matrix (a few hundred rows of long ones) on the f32 tiles is a handful of
+        // workgroups each walking the whole row: one workgroup a row on the GEMV keeps more of
+        // the device busy (OLMoE's, 64 rows of a 64-stream step: 223 us a call on the tiles).
+        let router_like = w.rows <= NARROW_ROWS
+            && w.cols >= NARROW_COLS
+            && !self.coop_i8(variant, n)
+            && groups_for(w.rows, GEMM_BO) as usize * n.div_ceil(GEMM_BR) < FEW_TILES;
         let gemm = match path {
-            MatmulPath::Auto => n > self.ctx.gemv_rows(),
+            MatmulPath::Auto => n > self.ctx.gemv_rows() && !router_like,
             MatmulPath::Gemv => false,
             MatmulPath::Gemm => true,
         };
         let (rows, cols) = (u32_arg(OP, "rows", w.rows)?, u32_arg(OP, "cols", w.cols)?);
         // Integer formats: quantize the activations once (blocks of 32) into scratch.
-        let variant = if precision == Precision::Exact { w.variant.exact() } else { w.variant };
         let (xq, xd) = if variant.q8_acts() {
             let q = match pre {
                 Some(q) => *q,
