@@ -3,11 +3,11 @@
 //! request in the free slot whose cached ids share the longest prefix with the request's prompt
 //! (the next turn of a conversation, a shared system prompt), and that prefix is not computed
 //! again; `step` advances every active request by one forward (a chunk of its prompt, or one
-//! token) and returns what each produced (`Event`s); the requests' decode tokens and prompt
-//! chunks run as one batched forward (`Session::forward_batch_rows`: every matrix read once for
-//! all their rows), one for those on the CPU and one for those on the devices. Requests are
-//! independent: each has its own cache, positions and sampler, so a request's tokens do not
-//! depend on what else runs.
+//! token) and returns what each produced (`Event`s); the decode steps of the requests run as
+//! one batched forward (`Session::forward_batch`: every matrix read once for all their rows),
+//! one for those on the CPU and one for those on the devices; prompt chunks run one forward
+//! each. Requests are independent: each has its own cache, positions and sampler, so a
+//! request's tokens do not depend on what else runs.
 //!
 //! A request that asks for speculation (`Request::speculation`) drafts tokens when it decodes
 //! alone (the only one decoding on its CPU or devices, or a plan that cannot batch); each
@@ -235,19 +235,27 @@ impl<'e> Slots<'e> {
         out
     }
 
-    /// The next rows of the requests (decode steps' tokens and prompts' chunks), two or more on
-    /// the CPU or on the devices, as one batched forward per kind (`Session::forward_batch_rows`);
-    /// returns each batched slot's events by slot index.
+    /// The decode steps of the requests, two or more on the CPU or on the devices, as one
+    /// batched forward per kind (`Session::forward_batch`); returns each batched slot's events
+    /// by slot index.
     fn step_batch(&mut self) -> Vec<(usize, Vec<Event>)> {
         let mut out = Vec::new();
         for device in [false, true] {
-            let ready = |s: &Slot| s.session.on_a_device() == device && s.session.batches() && s.active.is_some();
+            // Decode steps only: a prompt's rows batched with others' take other tiles of the
+            // CPU's products than alone (groups of four rows, the rest), so its last logits can
+            // differ in the last bits and tip a greedy near-tie (one of eight concurrent answers
+            // of the default model did); a request's tokens must not depend on what else runs.
+            let ready = |s: &Slot| {
+                s.session.on_a_device() == device
+                    && s.session.batches()
+                    && s.active.as_ref().is_some_and(|a| a.next.is_some())
+            };
             if self.slots.iter().filter(|s| ready(s)).count() < 2 {
                 continue;
             }
             let picked: Vec<(usize, &mut Slot<'e>)> =
                 self.slots.iter_mut().enumerate().filter(|(_, s)| ready(s)).collect();
-            out.extend(batch(picked, self.chunk_rows));
+            out.extend(batch(picked));
         }
         out
     }
@@ -263,39 +271,21 @@ impl<'e> Slots<'e> {
     }
 }
 
-/// One batched forward of `picked`'s next rows (a decode step's token, or the next chunk of a
-/// prompt, as `advance` would feed it alone) and what each produced.
-fn batch<'e>(mut picked: Vec<(usize, &mut Slot<'e>)>, chunk_rows: usize) -> Vec<(usize, Vec<Event>)> {
-    let feeds: Vec<Vec<u32>> = picked
-        .iter()
-        .filter_map(|(_, s)| {
-            let a = s.active.as_ref()?;
-            Some(match a.next {
-                Some(t) => vec![t],
-                None => a.turn.req.prompt[prompt_chunk(a, chunk_rows.min(s.session.batch_rows()))].to_vec(),
-            })
-        })
-        .collect();
+/// One batched forward of `picked`'s decode steps and what each produced.
+fn batch<'e>(mut picked: Vec<(usize, &mut Slot<'e>)>) -> Vec<(usize, Vec<Event>)> {
+    let tokens: Vec<u32> = picked.iter().filter_map(|(_, s)| s.active.as_ref().and_then(|a| a.next)).collect();
     let result = {
         let mut sessions: Vec<&mut Session<'e>> = picked.iter_mut().map(|(_, s)| &mut s.session).collect();
-        let refs: Vec<&[u32]> = feeds.iter().map(|f| &f[..]).collect();
-        Session::forward_batch_rows(&mut sessions, &refs)
+        Session::forward_batch(&mut sessions, &tokens)
     };
     match result {
         Ok(logits) => picked
             .into_iter()
-            .zip(logits.iter().zip(&feeds))
-            .filter_map(|((i, s), (l, fed))| {
+            .zip(logits.iter().zip(&tokens))
+            .filter_map(|((i, s), (l, &t))| {
                 let Slot { session, cached, active, .. } = s;
                 let a = active.as_mut()?;
-                cached.extend_from_slice(fed);
-                if a.next.is_none() {
-                    a.fed += fed.len();
-                    session.snapshot_states();
-                    if a.fed < a.turn.req.prompt.len() {
-                        return Some((i, Vec::new()));
-                    }
-                }
+                cached.push(t);
                 Some((i, taken(session, a, l)))
             })
             .collect(),
