@@ -192,6 +192,20 @@ fn fed_on_both<'e>(engine: &'e Engine, prompts: &[(Vec<u32>, usize)]) -> (Vec<Se
     (cpu, dev)
 }
 
+/// One decode step of `tokens` (one a session): each CPU session alone against the device
+/// sessions in one batched forward, within `DEVICE_TOLERANCE` of the largest CPU logit; returns
+/// the error.
+fn batched_step_against_cpu(cpu: &mut [Session], dev: &mut [Session], tokens: &[u32], what: &str) -> f32 {
+    let want: Vec<Vec<f32>> =
+        cpu.iter_mut().zip(tokens).map(|(s, &t)| s.forward(&[t], LogitRows::Last).unwrap()).collect();
+    let mut refs: Vec<&mut Session> = dev.iter_mut().collect();
+    let got = Session::forward_batch(&mut refs, tokens).unwrap();
+    let bound = DEVICE_TOLERANCE * common::max_abs(&want);
+    let err = common::max_abs_diff(&got, &want);
+    assert!(err <= bound, "{what}: max |device batched - cpu| = {err} > {bound}");
+    err
+}
+
 #[test]
 fn a_batched_forward_on_the_device_gives_each_session_what_the_cpu_gives() {
     // Attention with RoPE, MLA, experts resident in the frames, experts through the tier,
@@ -225,14 +239,8 @@ fn a_batched_forward_on_the_device_gives_each_session_what_the_cpu_gives() {
         assert!(dev.iter().all(|d| d.on_a_device() && d.batches()), "{what}: device sessions that batch");
         for step in 0..4u32 {
             let tokens: Vec<u32> = (0..prompts.len() as u32).map(|i| (i * 41 + step * 7 + 1) % 250).collect();
-            let want: Vec<Vec<f32>> =
-                cpu.iter_mut().zip(&tokens).map(|(s, &t)| s.forward(&[t], LogitRows::Last).unwrap()).collect();
-            let mut refs: Vec<&mut Session> = dev.iter_mut().collect();
-            let got = Session::forward_batch(&mut refs, &tokens).unwrap();
-            let bound = DEVICE_TOLERANCE * common::max_abs(&want);
-            let err = common::max_abs_diff(&got, &want);
-            eprintln!("{what} step {step}: max |device batched - cpu| = {err:.3e} (bound {bound:.3e})");
-            assert!(err <= bound, "{what} step {step}: max |device batched - cpu| = {err} > {bound}");
+            let err = batched_step_against_cpu(&mut cpu, &mut dev, &tokens, &format!("{what} step {step}"));
+            eprintln!("{what} step {step}: max |device batched - cpu| = {err:.3e}");
         }
         assert!(dev.iter_mut().all(|s| s.on_a_device() && s.take_notice().is_none()), "{what}: still on the device");
         assert!(dev.iter().zip(&cpu).all(|(d, c)| d.pos() == c.pos()));
@@ -323,13 +331,7 @@ fn a_batched_step_over_sessions_of_different_contexts_gives_what_the_cpu_gives()
         let (mut cpu, mut dev) = fed_on_both(&engine, &prompts);
         for step in 0..4u32 {
             let tokens: Vec<u32> = (0..contexts.len() as u32).map(|i| (i * 37 + step * 11 + 2) % 250).collect();
-            let want: Vec<Vec<f32>> =
-                cpu.iter_mut().zip(&tokens).map(|(s, &t)| s.forward(&[t], LogitRows::Last).unwrap()).collect();
-            let mut refs: Vec<&mut Session> = dev.iter_mut().collect();
-            let got = Session::forward_batch(&mut refs, &tokens).unwrap();
-            let bound = DEVICE_TOLERANCE * common::max_abs(&want);
-            let err = common::max_abs_diff(&got, &want);
-            assert!(err <= bound, "{name} step {step}: max |device batched - cpu| = {err} > {bound}");
+            batched_step_against_cpu(&mut cpu, &mut dev, &tokens, &format!("{name} step {step}"));
         }
         for s in dev.iter_mut() {
             assert!(s.on_a_device(), "{name}: {:?}", s.take_notice());

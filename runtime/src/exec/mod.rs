@@ -565,12 +565,6 @@ impl<'m> Session<'m> {
         Ok(out)
     }
 
-    /// The most rows one forward of this session takes (its chain's; any on the CPU): the
-    /// longest feed `forward_batch_rows` takes.
-    pub fn batch_rows(&self) -> usize {
-        self.device.as_ref().map_or(usize::MAX, |(c, _)| c.cap_rows.max(1))
-    }
-
     /// Whether this session can share a forward with others of its kind (`forward_batch`): on
     /// the CPU always, on devices unless the plan runs one sequence a frame.
     pub fn batches(&self) -> bool {
