@@ -508,3 +508,95 @@ fn prompt_attention_on_f16_matrices_matches_cpu() {
         assert_eq!(outs[2], outs[if auto_coop { 0 } else { 1 }], "{what}: Auto's kernel");
     }
 }
+
+/// A routing of `n` rows, `top_k` distinct experts each, every expert equally likely.
+fn even_routing(n: usize, top_k: usize, experts: usize, rng: &mut Rng) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n * 2 * top_k);
+    for _ in 0..n {
+        let mut chosen: Vec<usize> = Vec::new();
+        while chosen.len() < top_k {
+            let e = rng.below(experts);
+            if !chosen.contains(&e) {
+                chosen.push(e);
+            }
+        }
+        for e in chosen {
+            out.extend([e as f32, 0.1 + rng.unit().abs()]);
+        }
+    }
+    out
+}
+
+/// Not a check: device time a call of OLMoE's routed experts (512 rows, top 8 of 64, even and
+/// skewed routing; top 8 of 8, the experts' weights small enough for the L2 cache), a dense
+/// product with gate/up's work (2048 x 2048 over 4,096 rows) and one of the same work with
+/// every weight row read once (65,536 x 2048 over 64 rows), Q8_0 and I8Row, after two seconds
+/// of work to bring the clocks up. Run on the GPU machine: `vk_coopmat --ignored --nocapture
+/// gemm_rates`.
+#[test]
+#[ignore]
+fn gemm_rates() {
+    let Some(ctx) = coop() else { return };
+    let mut rng = Rng(0xc00b_0007);
+    let (n, h, f, top_k) = (512, 2048, 1024, 8);
+    for format in [WeightFormat::Q8_0, WeightFormat::I8Row] {
+        let mut moe = Vec::new();
+        for (experts, name) in [(64, "even"), (64, "skewed"), (8, "8 experts")] {
+            let layer = Layer::of(format, experts, h, f, false, &mut rng);
+            let dev = ctx.upload_experts(experts, &|e| layer.mats(e)).unwrap();
+            let scratch = ctx.moe_scratch(n, top_k, h, f, experts).unwrap();
+            let rt = if name == "skewed" {
+                skewed_routing(n, top_k, experts, &mut rng)
+            } else {
+                even_routing(n, top_k, experts, &mut rng)
+            };
+            moe.push((name, dev, scratch, ctx.upload_f32(&rt).unwrap()));
+        }
+        let mut dense = Vec::new();
+        for (rows, xn, name) in [(h, n * top_k, "dense"), (65536, 64, "dense, rows read once")] {
+            let w = ctx.upload_matrix(format, rows, h, &random_rows(format, rows, h, &mut rng)).unwrap();
+            let x = ctx.upload_f32(&rng.vec(xn * h, 1.0)).unwrap();
+            dense.push((name, w, rows, xn, x, ctx.f32_buffer(xn * rows).unwrap()));
+        }
+        let xb = ctx.upload_f32(&rng.vec(n * h, 1.0)).unwrap();
+        let ob = ctx.f32_buffer(n * h).unwrap();
+        let run = |what: usize, reps: usize| {
+            let mut fr = ctx.frame().unwrap();
+            for _ in 0..reps {
+                if let Some((_, dev, scratch, rb)) = moe.get(what) {
+                    let call = MoeCall {
+                        experts: dev,
+                        scratch,
+                        n,
+                        top_k,
+                        glu: GluKind::SwiGlu,
+                        precision: Precision::Fast,
+                        path: MoePath::Grouped,
+                    };
+                    fr.moe(call, xb.view(0, n * h), rb.all(), ob.view(0, n * h)).unwrap();
+                } else {
+                    let (_, w, _, xn, x, o) = &dense[what - moe.len()];
+                    fr.matmul_with(w, x.all(), *xn, o.all(), MatmulPath::Gemm, Precision::Fast).unwrap();
+                }
+            }
+            fr.run().unwrap();
+        };
+        let t = std::time::Instant::now();
+        while t.elapsed().as_secs_f64() < 2.0 {
+            run(0, 8);
+        }
+        let names: Vec<&str> = moe.iter().map(|m| m.0).chain(dense.iter().map(|d| d.0)).collect();
+        for (what, name) in names.iter().enumerate() {
+            let _ = ctx.take_profile();
+            let wall = std::time::Instant::now();
+            for _ in 0..5 {
+                run(what, 8);
+            }
+            let wall = wall.elapsed().as_secs_f64() / 40.0;
+            eprintln!("gemm_rates {format:?} {name}: {:.1} us a call on the host's clock", wall * 1e6);
+            for (label, count, secs) in ctx.take_profile() {
+                eprintln!("    {label}: {count} x, {:.1} us a call", secs * 1e6 / count as f64);
+            }
+        }
+    }
+}
