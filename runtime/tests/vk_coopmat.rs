@@ -67,12 +67,13 @@ use coli_runtime::vk::{AttnArgs, AttnPath, Context, CoopMatUse, MatIn, MatmulPat
 use std::sync::OnceLock;
 use vk_common::{attention_case, open, random_rows, to_ring, AttnCase, Rng};
 
-/// The context with cooperative matrices (profiling on, to see which kernel ran), or `None`
-/// (after saying why) where the device has no int8 shape.
+/// The context with cooperative matrices (profiling on, to see which kernel ran; pipeline
+/// statistics on, so a run with `--nocapture` prints each kernel's registers and shared memory
+/// as the driver reports them), or `None` (after saying why) where the device has no int8 shape.
 fn coop() -> Option<&'static Context> {
     static CTX: OnceLock<Option<Context>> = OnceLock::new();
     CTX.get_or_init(|| {
-        let c = open(&VkOptions { profile: true, ..Default::default() })?;
+        let c = open(&VkOptions { profile: true, pipeline_stats: true, ..Default::default() })?;
         let caps = c.caps();
         match caps.coopmat_i8 {
             Some(s) => {

@@ -273,6 +273,14 @@ impl Context {
             if opts.int_dot == IntDotUse::Off {
                 caps.integer_dot_product = false;
             }
+            if !opts.pipeline_stats {
+                caps.pipeline_executable_info = false;
+            } else if !caps.pipeline_executable_info {
+                eprintln!(
+                    "pipeline statistics: {} has no VK_KHR_pipeline_executable_properties; none printed",
+                    caps.name
+                );
+            }
             let props = MemoryProps::from_vk(&inst.raw.get_physical_device_memory_properties(*pd));
             let placement = place(&props, opts.upload)?;
             let dev = Device::new(&inst, *pd, &caps)?;
@@ -453,6 +461,13 @@ impl Context {
     /// before the context drops.
     pub fn ash_device(&self) -> &ash::Device {
         &self.shared.dev.raw
+    }
+
+    /// With `VkOptions::pipeline_stats` on a device that reports them: the statistics line of
+    /// every pipeline created so far, as printed (`pipeline KERNEL VARIANT: NAME=VALUE, ...`).
+    /// Empty otherwise.
+    pub fn pipeline_stats(&self) -> Vec<String> {
+        lock(&self.shared.pipes).stats.clone()
     }
 
     /// Dispatches recorded so far (a test that work ran on the device reads this).

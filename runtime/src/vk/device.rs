@@ -4,9 +4,10 @@
 //! Capabilities queried: subgroup size (and size control), 16-bit storage, integer dot
 //! product, cooperative matrices (the shapes `vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR`
 //! lists, and the one the q8 GEMMs take: `choose_coopmat_i8`), VK_EXT_memory_budget, push descriptors, timestamps, buffer
-//! device address, a transfer-only queue family and a second compute queue. The op layer reads `DeviceCaps`; it never queries
-//! Vulkan itself. Enabled and used: subgroup size control, the packed integer dot product,
-//! an int8 cooperative-matrix shape, the memory budget, push descriptors, timestamps. Queried
+//! device address, pipeline executable statistics, a transfer-only queue family and a second
+//! compute queue. The op layer reads `DeviceCaps`; it never queries Vulkan itself. Enabled and used: subgroup size control, the packed integer dot product,
+//! an int8 cooperative-matrix shape, the memory budget, push descriptors, timestamps,
+//! pipeline executable statistics (only with `VkOptions::pipeline_stats`). Queried
 //! and reported only: 16-bit storage (f16/bf16 weights are unpacked from 32-bit words),
 //! buffer device address (descriptors serve every kernel), the transfer and second compute
 //! queues (uploads go through mappings on the devices measured; staged ones share the
@@ -239,6 +240,10 @@ pub struct DeviceCaps {
     pub push_descriptor: bool,
     /// The compute queue writes timestamps (profiling).
     pub timestamps: bool,
+    /// `VK_KHR_pipeline_executable_properties` with its `pipelineExecutableInfo` feature: the
+    /// driver reports each pipeline's statistics. `Context::new` clears it unless
+    /// `VkOptions::pipeline_stats` asks for them; enabled at device creation when set.
+    pub pipeline_executable_info: bool,
     pub buffer_device_address: bool,
     pub max_shared_memory: u32,
     pub max_workgroup_invocations: u32,
@@ -307,6 +312,11 @@ pub(crate) unsafe fn query_caps(inst: &Instance, pd: vk::PhysicalDevice, cand: &
     }
     if has_coopmat_ext {
         feats = feats.push_next(&mut fcm);
+    }
+    let has_exec_ext = has_ext(&exts, c"VK_KHR_pipeline_executable_properties");
+    let mut fpe = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default();
+    if has_exec_ext {
+        feats = feats.push_next(&mut fpe);
     }
     inst.raw.get_physical_device_features2(pd, &mut feats);
     let mut cm_stages = vk::ShaderStageFlags::empty();
@@ -391,6 +401,7 @@ pub(crate) unsafe fn query_caps(inst: &Instance, pd: vk::PhysicalDevice, cand: &
             .then_some(emh.min_imported_host_pointer_alignment),
         push_descriptor: has_ext(&exts, c"VK_KHR_push_descriptor"),
         timestamps: families[compute_family as usize].timestamp_valid_bits > 0 && p.limits.timestamp_period > 0.0,
+        pipeline_executable_info: has_exec_ext && fpe.pipeline_executable_info != 0,
         buffer_device_address: f12.buffer_device_address != 0,
         max_shared_memory: p.limits.max_compute_shared_memory_size,
         max_workgroup_invocations: p.limits.max_compute_work_group_invocations,
@@ -411,6 +422,9 @@ pub(crate) struct Device {
     pub queue: vk::Queue,
     /// `VK_KHR_push_descriptor`'s entry points, where the device has it.
     pub push: Option<ash::khr::push_descriptor::Device>,
+    /// `VK_KHR_pipeline_executable_properties`' entry points, where enabled
+    /// (`DeviceCaps::pipeline_executable_info`).
+    pub exec_props: Option<ash::khr::pipeline_executable_properties::Device>,
     /// `VK_EXT_debug_utils`' object names, under the validation layer (its messages then name
     /// the kernel and the buffer).
     names: Option<ash::ext::debug_utils::Device>,
@@ -420,7 +434,8 @@ impl Device {
     /// Creates the logical device with one compute queue, enabling the features the shaders
     /// may use where the device has them (subgroup size control, memory budget, push
     /// descriptors, external host memory; cooperative matrices with `shaderInt8` and `vulkanMemoryModel` where
-    /// `caps.coopmat_i8` is set).
+    /// `caps.coopmat_i8` is set; pipeline executable statistics where
+    /// `caps.pipeline_executable_info` is set).
     ///
     /// # Safety
     /// `pd` must come from `inst`; the returned device must be destroyed (`destroy`) before
@@ -442,6 +457,9 @@ impl Device {
         if caps.coopmat_i8.is_some() {
             exts.push(c"VK_KHR_cooperative_matrix".as_ptr());
         }
+        if caps.pipeline_executable_info {
+            exts.push(c"VK_KHR_pipeline_executable_properties".as_ptr());
+        }
         let mut f13 = vk::PhysicalDeviceVulkan13Features::default();
         if caps.subgroup_size_control {
             f13 = f13.subgroup_size_control(true).compute_full_subgroups(true);
@@ -460,11 +478,19 @@ impl Device {
             fcm = fcm.cooperative_matrix(true);
             ci = ci.push_next(&mut f12).push_next(&mut fcm);
         }
+        let mut fpe =
+            vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default().pipeline_executable_info(true);
+        if caps.pipeline_executable_info {
+            ci = ci.push_next(&mut fpe);
+        }
         let raw = inst.raw.create_device(pd, &ci, None).ctx("vkCreateDevice")?;
         let queue = raw.get_device_queue(caps.compute_family, 0);
         let push = caps.push_descriptor.then(|| ash::khr::push_descriptor::Device::new(&inst.raw, &raw));
+        let exec_props = caps
+            .pipeline_executable_info
+            .then(|| ash::khr::pipeline_executable_properties::Device::new(&inst.raw, &raw));
         let names = inst.log.is_some().then(|| ash::ext::debug_utils::Device::new(&inst.raw, &raw));
-        Ok(Device { raw, queue, push, names })
+        Ok(Device { raw, queue, push, exec_props, names })
     }
 
     /// Names `handle` for the validation layer's messages (nothing without the layer).

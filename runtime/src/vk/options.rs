@@ -126,6 +126,15 @@ pub struct VkOptions {
     /// Time every command on the device (timestamp queries) and sum the times per kernel
     /// (`Context::profile`); costs a little on each command.
     pub profile: bool,
+    /// Print each compute pipeline's driver statistics to stderr when it is created, one line
+    /// a pipeline (`pipeline KERNEL VARIANT: NAME=VALUE, ...`: registers, shared memory,
+    /// spills, whatever the driver reports; `Context::pipeline_stats` keeps them), for tuning
+    /// kernels against register pressure and occupancy. Needs
+    /// `VK_KHR_pipeline_executable_properties` (`DeviceCaps::pipeline_executable_info`), which
+    /// is enabled only with this option; on a device without it `Context::new` prints one line
+    /// saying so and nothing else changes. A failed query prints a line and never fails the
+    /// pipeline.
+    pub pipeline_stats: bool,
     /// Cooperative-matrix GEMMs where the device has them, or never.
     pub coopmat: CoopMatUse,
     /// The packed integer dot product where the device has it, or never.

@@ -1,7 +1,11 @@
 //! Compute pipelines: one per (kernel, format variant), made on first use from the embedded
 //! SPIR-V and kept for the context's life. Every kernel's layout is one descriptor set of
 //! storage buffers (`Kernel::bindings`; a push-descriptor set where the device has
-//! `VK_KHR_push_descriptor`) and 64 bytes of push constants.
+//! `VK_KHR_push_descriptor`) and 64 bytes of push constants. With
+//! `DeviceCaps::pipeline_executable_info` (only set under `VkOptions::pipeline_stats`) each
+//! pipeline is created capturing statistics, and the driver's statistics of it are printed to
+//! stderr in one line and kept (`PipelineCache::stats`); a failed query is a line too, never an
+//! error.
 //!
 //! Must not: record or submit commands.
 
@@ -28,6 +32,75 @@ pub(crate) struct Pipe {
 #[derive(Default)]
 pub(crate) struct PipelineCache {
     pipes: HashMap<(Kernel, Option<FormatVariant>), Pipe>,
+    /// The statistics lines printed so far, in creation order.
+    pub stats: Vec<String>,
+}
+
+/// A pipeline's name in debug names and statistics lines: the kernel, then its variant.
+fn label(kernel: Kernel, variant: Option<FormatVariant>) -> String {
+    match variant {
+        Some(v) => format!("{kernel:?} {v:?}"),
+        None => format!("{kernel:?}"),
+    }
+}
+
+/// One statistic's value, in the four formats `VK_KHR_pipeline_executable_properties` has.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum StatValue {
+    Bool(bool),
+    Int(i64),
+    Uint(u64),
+    Float(f64),
+}
+
+impl std::fmt::Display for StatValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StatValue::Bool(b) => write!(f, "{b}"),
+            StatValue::Int(i) => write!(f, "{i}"),
+            StatValue::Uint(u) => write!(f, "{u}"),
+            StatValue::Float(x) => write!(f, "{x}"),
+        }
+    }
+}
+
+/// The line `VkOptions::pipeline_stats` prints: `pipeline LABEL: NAME=VALUE, NAME=VALUE, ...`.
+pub(crate) fn stats_line(label: &str, stats: &[(String, StatValue)]) -> String {
+    let fields: Vec<String> = stats.iter().map(|(n, v)| format!("{n}={v}")).collect();
+    format!("pipeline {label}: {}", fields.join(", "))
+}
+
+/// The statistics of every executable of `pipeline`, as (name, value); where the pipeline has
+/// more than one executable, each name is prefixed with its executable's (`EXECUTABLE/NAME`).
+///
+/// # Safety
+/// `pipeline` must be a live pipeline of the device `ext` was loaded for, created with
+/// `CAPTURE_STATISTICS_KHR`.
+unsafe fn query_stats(
+    ext: &ash::khr::pipeline_executable_properties::Device,
+    pipeline: vk::Pipeline,
+) -> std::result::Result<Vec<(String, StatValue)>, vk::Result> {
+    let c_name =
+        |s: std::result::Result<&std::ffi::CStr, _>| s.map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
+    let execs = ext.get_pipeline_executable_properties(&vk::PipelineInfoKHR::default().pipeline(pipeline))?;
+    let mut out = Vec::new();
+    for (i, e) in execs.iter().enumerate() {
+        let info = vk::PipelineExecutableInfoKHR::default().pipeline(pipeline).executable_index(i as u32);
+        let prefix = if execs.len() > 1 { format!("{}/", c_name(e.name_as_c_str())) } else { String::new() };
+        for st in ext.get_pipeline_executable_statistics(&info)? {
+            // SAFETY: `format` names the union's member the driver wrote.
+            let value = match st.format {
+                vk::PipelineExecutableStatisticFormatKHR::BOOL32 => StatValue::Bool(st.value.b32 != 0),
+                vk::PipelineExecutableStatisticFormatKHR::INT64 => StatValue::Int(st.value.i64),
+                vk::PipelineExecutableStatisticFormatKHR::UINT64 => StatValue::Uint(st.value.u64),
+                vk::PipelineExecutableStatisticFormatKHR::FLOAT64 => StatValue::Float(st.value.f64),
+                // A format added after this code: its bits as an unsigned number.
+                _ => StatValue::Uint(st.value.u64),
+            };
+            out.push((format!("{prefix}{}", c_name(st.name_as_c_str())), value));
+        }
+    }
+    Ok(out)
 }
 
 /// The workgroup size of device-sized kernels: four subgroups, at least 64, at most 256.
@@ -59,10 +132,19 @@ impl PipelineCache {
             return Ok(*p);
         }
         let p = create(&dev.raw, caps, kernel, variant)?;
-        dev.name(p.pipeline, || match variant {
-            Some(v) => format!("{kernel:?} {v:?}"),
-            None => format!("{kernel:?}"),
-        });
+        dev.name(p.pipeline, || label(kernel, variant));
+        if let Some(ext) = &dev.exec_props {
+            // Printed with `eprintln!` (as validation messages are) so a test's capture keeps
+            // the line with that test's output.
+            match query_stats(ext, p.pipeline) {
+                Ok(stats) => {
+                    let line = stats_line(&label(kernel, variant), &stats);
+                    eprintln!("{line}");
+                    self.stats.push(line);
+                }
+                Err(r) => eprintln!("pipeline {}: no statistics ({r})", label(kernel, variant)),
+            }
+        }
         self.pipes.insert((kernel, variant), p);
         Ok(p)
     }
@@ -157,7 +239,12 @@ unsafe fn create(dev: &ash::Device, caps: &DeviceCaps, kernel: Kernel, variant: 
             stage = stage.flags(vk::PipelineShaderStageCreateFlags::REQUIRE_FULL_SUBGROUPS);
         }
     }
-    let ci = vk::ComputePipelineCreateInfo::default().stage(stage).layout(layout);
+    let capture = if caps.pipeline_executable_info {
+        vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR
+    } else {
+        vk::PipelineCreateFlags::empty()
+    };
+    let ci = vk::ComputePipelineCreateInfo::default().flags(capture).stage(stage).layout(layout);
     let res = dev.create_compute_pipelines(vk::PipelineCache::null(), &[ci], None);
     dev.destroy_shader_module(module, None);
     match res {
@@ -167,5 +254,25 @@ unsafe fn create(dev: &ash::Device, caps: &DeviceCaps, kernel: Kernel, variant: 
             dev.destroy_descriptor_set_layout(set_layout, None);
             Err(VkError::from_vk("vkCreateComputePipelines", r))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stats_line_names_the_pipeline_and_every_value() {
+        let stats = [
+            ("Register Count".to_string(), StatValue::Uint(64)),
+            ("Spilled".to_string(), StatValue::Bool(false)),
+            ("Delta".to_string(), StatValue::Int(-3)),
+            ("Occupancy".to_string(), StatValue::Float(0.5)),
+        ];
+        assert_eq!(
+            stats_line(&label(Kernel::RmsNorm, None), &stats),
+            "pipeline RmsNorm: Register Count=64, Spilled=false, Delta=-3, Occupancy=0.5"
+        );
+        assert_eq!(stats_line("RmsNorm", &[]), "pipeline RmsNorm: ");
     }
 }

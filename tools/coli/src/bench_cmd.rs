@@ -68,6 +68,12 @@ pub struct BenchArgs {
     /// "d1 ..."); the tok/s then include the queries' small cost.
     #[arg(long, help_heading = heading::DIAGNOSTICS)]
     pub profile: bool,
+    /// Print each compute pipeline's driver statistics (registers, shared memory, spills:
+    /// whatever the driver reports through VK_KHR_pipeline_executable_properties) to stderr
+    /// when it is created, one line a pipeline, for every device; a device without the
+    /// extension says so in one line.
+    #[arg(long, help_heading = heading::DIAGNOSTICS)]
+    pub pipeline_stats: bool,
     /// Prompt GEMMs in f32 tiles even where the device has cooperative matrices (comparison).
     #[arg(long, help_heading = heading::DIAGNOSTICS)]
     pub no_coopmat: bool,
@@ -166,6 +172,7 @@ fn options(a: &BenchArgs, path: &std::path::Path, kv: &crate::kv_args::KvSplitAr
     let int_dot = if a.no_int_dot { coli_runtime::vk::IntDotUse::Off } else { coli_runtime::vk::IntDotUse::Auto };
     let vk = coli_runtime::vk::VkOptions {
         profile: a.profile,
+        pipeline_stats: a.pipeline_stats,
         coopmat,
         int_dot,
         gemv_rows: a.gemv_rows,
