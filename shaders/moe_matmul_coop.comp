@@ -44,6 +44,8 @@ layout(push_constant) uniform PC {
 #include "coop_stage.glsl"
 
 shared uint pair_t[BN];
+// The activation row of each staged pair (its row r = p / top_k for gate/up, p for down).
+shared uint row_t[BN];
 // The up half's sums of a mode-0 tile ([row][pair]), for the gate half's store.
 shared float up_t[32u * BN];
 
@@ -53,7 +55,7 @@ uint wbase, f, o0, r0, count;
 bool gate_up;
 uint w_row(uint o) { return gate_up ? wbase + (o < 32u ? o0 + o : f + o0 + o - 32u) : wbase + o0 + o; }
 bool w_in(uint o) { return o0 + (gate_up ? o & 31u : o) < f; }
-uint x_row(uint r) { return gate_up ? pair_t[r] / pc.top_k : pair_t[r]; }
+uint x_row(uint r) { return row_t[r]; }
 bool x_in(uint r) { return r0 + r < count; }
 #include "coop_gemm.glsl"
 
@@ -72,7 +74,11 @@ void main() {
     uint sg = gl_SubgroupID;
     uint so = (sg & 1u) * 32u, sn = (sg >> 1u) * 32u;
     uint nblk = pc.cols >> 5, xunits = pc.cols >> 4;
-    for (uint i = tid; i < BN; i += NT) pair_t[i] = r0 + i < count ? groups[pc.experts + 1u + start + r0 + i] : 0u;
+    for (uint i = tid; i < BN; i += NT) {
+        uint p = r0 + i < count ? groups[pc.experts + 1u + start + r0 + i] : 0u;
+        pair_t[i] = p;
+        row_t[i] = gate_up ? p / pc.top_k : p;
+    }
     fill_codes(tid);
     barrier();
     MAT_F code;
