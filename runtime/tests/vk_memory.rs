@@ -158,3 +158,23 @@ fn context_describes_itself() {
             .unwrap_err();
     assert!(matches!(err, VkError::NoDevice { .. }), "{err}");
 }
+
+/// `read_append_f32` appends exactly the floats asked for after what the vector held, from a
+/// mapped buffer and through a staged read-back alike; a range past the buffer is an error that
+/// leaves the vector as it was.
+#[test]
+fn reads_append_to_a_vector() {
+    for upload in [UploadPath::Auto, UploadPath::Staged] {
+        let Some(ctx) = open(&VkOptions { upload, ..Default::default() }) else { return };
+        let x: Vec<f32> = (0..100).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let b = ctx.upload_f32(&x).unwrap();
+        let mut out = vec![1.0f32, 2.0];
+        ctx.read_append_f32(&b, 10 * 4, 30, &mut out).unwrap();
+        assert_eq!(out[..2], [1.0, 2.0]);
+        assert_eq!(out[2..], x[10..40], "{upload:?}");
+        ctx.read_append_f32(&b, 0, 0, &mut out).unwrap();
+        assert_eq!(out.len(), 32);
+        assert!(ctx.read_append_f32(&b, 90 * 4, 20, &mut out).is_err(), "past the end");
+        assert_eq!(out.len(), 32, "an error appends nothing");
+    }
+}

@@ -735,9 +735,11 @@ impl DeviceModel {
         for &v in &frame.downloads {
             let (r0, rn) = rows_of(v);
             let hv = &mut host_values[v.0 as usize];
-            if hv.capacity() < n * w(v) {
+            if hv.len() < n * w(v) && (rn < n || hv.capacity() < n * w(v)) {
                 // A fresh zeroed allocation maps its pages lazily: rows not read back (all but
-                // the last of a prompt's logits) cost nothing, where growing would fill them.
+                // the last of a prompt's logits) cost nothing, where growing would write them
+                // (a session's prompt after its decode steps: 103 MB of OLMoE's logits, 10.7 ms
+                // on the H100 machine).
                 *hv = vec![0.0; n * w(v)];
             }
             hv.resize(n * w(v), 0.0);

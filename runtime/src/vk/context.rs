@@ -559,18 +559,39 @@ impl Context {
     /// Reads `out.len()` bytes at byte `offset` of `buf`: from the mapping where there is one,
     /// else through a read-back buffer.
     pub fn read(&self, buf: &DeviceBuffer, offset: usize, out: &mut [u8]) -> Result<()> {
-        Self::check_range(buf, offset, out.len())?;
+        // SAFETY: `out` is `out.len()` writable bytes.
+        unsafe { self.read_raw(buf, offset, out.as_mut_ptr(), out.len()) }
+    }
+
+    /// Appends `count` floats read at byte `offset` of `buf` to `out`, written once (no zeroed
+    /// room first, as `read` into a grown vector needs); on an error `out` is as it was.
+    pub fn read_append_f32(&self, buf: &DeviceBuffer, offset: usize, count: usize, out: &mut Vec<f32>) -> Result<()> {
+        out.reserve(count);
+        let spare = &mut out.spare_capacity_mut()[..count];
+        // SAFETY: `spare` is `count` floats of `out`'s capacity; `read_raw` writes every byte of
+        // them before it returns Ok, and only then does the length cover them.
+        unsafe {
+            self.read_raw(buf, offset, spare.as_mut_ptr().cast(), count * 4)?;
+            out.set_len(out.len() + count);
+        }
+        Ok(())
+    }
+
+    /// # Safety
+    /// `out` must be valid for writes of `len` bytes.
+    unsafe fn read_raw(&self, buf: &DeviceBuffer, offset: usize, out: *mut u8, len: usize) -> Result<()> {
+        Self::check_range(buf, offset, len)?;
         self.shared.check_alive()?;
-        if out.is_empty() {
+        if len == 0 {
             return Ok(());
         }
         let direct = self.shared.mem().mapping(&buf.inner.alloc);
         let (src, holder) = match direct {
             Some(m) => (m, None),
             None => {
-                let rb = self.buffer(MemoryUse::Readback, out.len())?;
+                let rb = self.buffer(MemoryUse::Readback, len)?;
                 let mut f = self.frame()?;
-                f.copy_bytes(buf, offset, &rb, 0, out.len())?;
+                f.copy_bytes(buf, offset, &rb, 0, len)?;
                 f.run()?;
                 let m = self.shared.mem().mapping(&rb.inner.alloc).ok_or(VkError::NoMemoryType("mapped read-back"))?;
                 (m, Some(rb))
@@ -579,13 +600,14 @@ impl Context {
         let (ptr, coherent, memory) = src;
         let at = if holder.is_some() { 0 } else { offset };
         // SAFETY: the range lies in a mapped allocation we hold; non-coherent memory is
-        // invalidated (whole mapping: always a valid range) before the copy.
+        // invalidated (whole mapping: always a valid range) before the copy; `out` is the
+        // caller's `len` writable bytes.
         unsafe {
             if !coherent {
                 let r = [vk::MappedMemoryRange::default().memory(memory).offset(0).size(vk::WHOLE_SIZE)];
                 self.shared.dev.raw.invalidate_mapped_memory_ranges(&r).ctx("vkInvalidateMappedMemoryRanges")?;
             }
-            std::ptr::copy_nonoverlapping(ptr.add(at), out.as_mut_ptr(), out.len());
+            std::ptr::copy_nonoverlapping(ptr.add(at), out, len);
         }
         Ok(())
     }

@@ -6,7 +6,7 @@
 //! stays canonical, so a device lost mid-forward re-runs it on the CPU).
 
 use super::{DeviceModel, DeviceState, KvMirror, PARALLEL_KV_ROWS};
-use crate::bytes::{as_bytes, as_bytes_mut};
+use crate::bytes::as_bytes;
 use crate::exec::kv::{KvCache, LayerKv};
 use crate::exec::kv_split::{fill_ring, ring_stepped, RingUpload};
 use crate::vk::{MemoryUse, VkError};
@@ -137,14 +137,11 @@ impl DeviceModel {
             let (kw, vw) = (c.k_width, c.v_width);
             c.k.truncate(pos0 * kw);
             c.v.truncate(pos0 * vw);
-            let (k0, v0) = (c.k.len(), c.v.len());
-            c.k.resize(k0 + n * kw, 0.0);
-            c.v.resize(v0 + n * vw, 0.0);
-            let (k, v) = (&mut c.k[k0..], &mut c.v[v0..]);
+            let (k, v) = (&mut c.k, &mut c.v);
             let (rk, rv) = if n >= PARALLEL_KV_ROWS {
-                rayon::join(|| ctx.read(sk, 0, as_bytes_mut(k)), || ctx.read(sv, 0, as_bytes_mut(v)))
+                rayon::join(|| ctx.read_append_f32(sk, 0, n * kw, k), || ctx.read_append_f32(sv, 0, n * vw, v))
             } else {
-                (ctx.read(sk, 0, as_bytes_mut(k)), ctx.read(sv, 0, as_bytes_mut(v)))
+                (ctx.read_append_f32(sk, 0, n * kw, k), ctx.read_append_f32(sv, 0, n * vw, v))
             };
             rk.and(rv)
         };
