@@ -1,15 +1,15 @@
 #version 450
-// moe_matmul_coop.comp: moe_matmul.comp for every weight format with q8 activations on int8
-// cooperative matrices (coop_q8.glsl: shapes, tiles, the per-block scaling; coop_w.glsl: a
-// weight block as codes and factors; coop_gemm.glsl: the main loop matmul_coop.comp shares).
+// moe_matmul_coop.comp: moe_matmul.comp's products for every weight format with q8 activations
+// on int8 cooperative matrices (coop_q8.glsl: shapes, tiles, the per-block scaling; coop_w.glsl:
+// a weight block as codes and factors; coop_gemm.glsl: the main loop matmul_coop.comp shares).
 // Workgroup z is expert e, y a tile of BN of its pairs (moe_group.comp's list: offsets[0..E]
-// then pair ids p = r*K + k), x a tile of output rows.
-// Mode 0 (gate and up): 32 output rows o0.. a workgroup, staged as one 64-row weight tile, the
-//   gate rows e*2F + o above the up rows e*2F + F + o, against x[r]; the subgroups of the up
-//   half hand their sums to the gate half through shared memory, which stores
-//   h[p][o] = glu(scale * gate + bg, scale * up + bu).
-// Mode 1 (down): 64 rows e*H + o against h[p]; y[p][o] = scale * down + bd (moe_sum.comp adds
-//   the ranks in order). Tiles past an expert's pairs exit at once (the whole workgroup).
+// then pair ids p = r*K + k), x a tile of BO of the expert's R = pc.rows weight rows e*R + o.
+// Mode 0 (gate and up, R = 2F: the gate rows above the up rows) against x[r]: the raw sums
+//   gu[p][o] = scale * (gate or up) with no bias, which moe_glu_q8.comp turns into h and its
+//   8-bit blocks. (The gated unit in this kernel's store, the up half's sums handed to the gate
+//   half through shared memory, made the call 1.5-2.3x as long on the H100.)
+// Mode 1 (down, R = H) against h[p]: y[p][o] = scale * down + bd (moe_sum.comp adds the ranks
+//   in order). Tiles past an expert's pairs exit at once (the whole workgroup).
 // Must not: run on a format without q8 activations or without a coop_w.glsl decoding (rows a
 // multiple of 32).
 #extension GL_GOOGLE_include_directive : require
@@ -44,17 +44,14 @@ layout(push_constant) uniform PC {
 #include "coop_stage.glsl"
 
 shared uint pair_t[BN];
-// The activation row of each staged pair (its row r = p / top_k for gate/up, p for down).
+// The activation row of each staged pair (r = p / top_k for gate/up, p for down), computed once.
 shared uint row_t[BN];
-// The up half's sums of a mode-0 tile ([row][pair]), for the gate half's store.
-shared float up_t[32u * BN];
 
-// The workgroup's expert rows: the first weight row of its expert (gate or down), the output
-// rows' count f and the first output row o0; its pairs r0.. of count.
-uint wbase, f, o0, r0, count;
-bool gate_up;
-uint w_row(uint o) { return gate_up ? wbase + (o < 32u ? o0 + o : f + o0 + o - 32u) : wbase + o0 + o; }
-bool w_in(uint o) { return o0 + (gate_up ? o & 31u : o) < f; }
+// The workgroup's expert rows: the first weight row of its expert and the tile's first o0; its
+// pairs r0.. of count.
+uint wbase, o0, r0, count;
+uint w_row(uint o) { return wbase + o0 + o; }
+bool w_in(uint o) { return o0 + o < pc.rows; }
 uint x_row(uint r) { return row_t[r]; }
 bool x_in(uint r) { return r0 + r < count; }
 #include "coop_gemm.glsl"
@@ -67,10 +64,9 @@ void main() {
     r0 = gl_WorkGroupID.y * BN;
     if (r0 >= count) return;
     uint tid = gl_LocalInvocationID.x;
-    gate_up = pc.mode == 0u;
-    f = pc.rows;
-    wbase = gate_up ? e * 2u * f : e * f;
-    o0 = gl_WorkGroupID.x * (gate_up ? 32u : BO);
+    bool gate_up = pc.mode == 0u;
+    wbase = e * pc.rows;
+    o0 = gl_WorkGroupID.x * BO;
     uint sg = gl_SubgroupID;
     uint so = (sg & 1u) * 32u, sn = (sg >> 1u) * 32u;
     uint nblk = pc.cols >> 5, xunits = pc.cols >> 4;
@@ -84,37 +80,15 @@ void main() {
     MAT_F code;
     coopMatLoad(code, code_t, 0, CM_N, gl_CooperativeMatrixLayoutRowMajor);
     coop_gemm(tid, so, sn, nblk, xunits);
-    bool up_half = gate_up && so != 0u;
-    if (gate_up) {
-        if (up_half) {
-            [[unroll]] for (uint i = 0u; i < TM; i++)
-                [[unroll]] for (uint j = 0u; j < TN; j++)
-                    coopMatStore(acc[i * TN + j], up_t, i * CM_M * BN + sn + j * CM_N, BN, gl_CooperativeMatrixLayoutRowMajor);
-        }
-        barrier();
-    }
-    if (up_half) return;
     [[unroll]] for (uint i = 0u; i < TM; i++) {
         [[unroll]] for (uint j = 0u; j < TN; j++) {
-            uint t = i * TN + j;
             for (int c = 0; c < code.length(); c++) {
-                uint ol = so + i * CM_M + code_row(code[c]);
-                uint o = o0 + ol;
+                uint o = o0 + so + i * CM_M + code_row(code[c]);
                 uint r = sn + j * CM_N + code_col(code[c]);
-                if (o >= f || r0 + r >= count) continue;
-                uint p = pair_t[r];
-                float g = coop_row_scale(wbase + o) * acc[t][c];
-                if (gate_up) {
-                    float u = coop_row_scale(wbase + f + o) * up_t[ol * BN + r];
-                    if (pc.bias_off != NONE) {
-                        g += bias[pc.bias_off + wbase + o];
-                        u += bias[pc.bias_off + wbase + f + o];
-                    }
-                    outv[pc.out_off + p * f + o] = moe_glu(pc.glu, g, u, pc.limit, pc.alpha);
-                } else {
-                    if (pc.bias_off != NONE) g += bias[pc.bias_off + wbase + o];
-                    outv[pc.out_off + p * f + o] = g;
-                }
+                if (o >= pc.rows || r0 + r >= count) continue;
+                float g = coop_row_scale(wbase + o) * acc[i * TN + j][c];
+                if (pc.bias_off != NONE) g += bias[pc.bias_off + wbase + o];
+                outv[pc.out_off + pair_t[r] * pc.rows + o] = g;
             }
         }
     }

@@ -25,6 +25,7 @@ pub const KERNELS: &[(&str, &str, bool)] = &[
     ("MoeMatmul", "moe_matmul.comp", true),
     ("MoeGroup", "moe_group.comp", false),
     ("MoeSum", "moe_sum.comp", false),
+    ("MoeGluQ8", "moe_glu_q8.comp", false),
     ("MoePage", "moe_page.comp", false),
     ("DeltanetConv", "deltanet_conv.comp", false),
     ("DeltanetRule", "deltanet_rule.comp", false),

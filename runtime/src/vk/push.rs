@@ -204,6 +204,13 @@ push_blocks! {
         bias_off: u32, pad0: u32, pad1: u32, pad2: u32,
     }
 
+    /// Mirrors `moe_glu_q8.comp`'s push block.
+    MoeGluQ8Push for [MoeGluQ8] {
+        blocks: u32, ffn: u32, top_k: u32, experts: u32,
+        r_off: u32, glu: u32, limit: f32, alpha: f32,
+        bias_off: u32, pad0: u32, pad1: u32, pad2: u32,
+    }
+
     /// Mirrors `moe_group.comp`'s push block.
     MoeGroupPush for [MoeGroup] {
         n: u32, top_k: u32, experts: u32, r_off: u32,

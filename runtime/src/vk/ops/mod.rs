@@ -18,6 +18,7 @@ pub mod matmul;
 pub mod mla;
 pub mod moe;
 pub mod moe_pages;
+pub mod moe_scratch;
 pub mod norm;
 pub mod route;
 pub mod short_conv;
@@ -34,8 +35,9 @@ pub use hyper::{HyperMix, HyperShape};
 pub use kda::{KdaCall, KdaMats, KdaRuleViews, KdaScratch, KdaShape};
 pub use matmul::{MatIn, MatmulPath, QuantizedActs};
 pub use mla::{MlaAttnArgs, MlaCache, MlaCall, MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape};
-pub use moe::{DeviceExperts, MoeCall, MoePath, MoeScratch, PackedExpert, MAX_EXPERTS as MOE_MAX_EXPERTS};
+pub use moe::{DeviceExperts, MoeCall, MoePath, PackedExpert, MAX_EXPERTS as MOE_MAX_EXPERTS};
 pub use moe_pages::ExpertPages;
+pub use moe_scratch::MoeScratch;
 pub use route::{RouteHash, RouteParams, RouteSink};
 pub use short_conv::RowConv;
 

@@ -17,7 +17,9 @@
 //!   per expert over its pairs (`moe_matmul.comp`) for gate/up and for down, then the sum
 //!   (`moe_sum.comp`). Experts of a format with q8 activations take the cooperative-matrix GEMM
 //!   (`moe_matmul_coop.comp`) instead where the device has an int8 shape, from `COOP_MIN_ROWS`
-//!   rows.
+//!   rows; its gate/up stores the raw sums of the stacked gate and up rows (in the scratch's
+//!   `y`), and `moe_glu_q8.comp` makes the gated unit and its 8-bit blocks for down (an ffn
+//!   that is not whole blocks of 32 takes the tiled gate/up).
 //!
 //! Scratch (`MoeScratch`) is the caller's, sized once for the largest chunk and reused by
 //! every layer (the frame's hazard tracking orders the reuse).
@@ -25,6 +27,7 @@
 //! Must not: read an expert id on the host, or accept operands that do not fit (typed errors).
 
 use super::matmul::MatIn;
+use super::moe_scratch::MoeScratch;
 use super::{groups_for, u32_arg};
 use crate::bytes::as_bytes;
 use crate::cpu::experts::ExpertMats;
@@ -35,7 +38,7 @@ use crate::vk::error::{Result, VkError};
 use crate::vk::frame::{Bind, Frame};
 use crate::vk::layout::{pack, DeviceMatrix, Packed};
 use crate::vk::memory::MemoryUse;
-use crate::vk::push::{MoeGroupPush, MoeMatmulPush, MoeMatvecPush, MoeSumPush, QuantizeQ8Push};
+use crate::vk::push::{MoeGluQ8Push, MoeGroupPush, MoeMatmulPush, MoeMatvecPush, MoeSumPush, QuantizeQ8Push};
 use crate::vk::shaders::{FormatVariant, Kernel};
 use coli_compiler::ir::GluKind;
 
@@ -134,41 +137,8 @@ impl DeviceExperts {
     }
 }
 
-/// Buffers `Frame::moe` works in, for chunks of up to `rows` rows.
-#[derive(Debug)]
-pub struct MoeScratch {
-    pub(super) rows: usize,
-    pub(super) top_k: usize,
-    pub(super) hidden: usize,
-    ffn: usize,
-    experts: usize,
-    xq: DeviceBuffer,
-    xd: DeviceBuffer,
-    h: DeviceBuffer,
-    hq: DeviceBuffer,
-    hd: DeviceBuffer,
-    /// The pairs' outputs (`pairs x hidden`) before their sum.
-    pub(super) y: DeviceBuffer,
-    groups: DeviceBuffer,
-    /// The routing as one page of paged experts sees it (`pairs x 2`, `moe_pages`).
-    pub(super) page_routing: DeviceBuffer,
-}
-
-impl MoeScratch {
-    /// Device bytes the scratch takes.
-    pub fn device_bytes(&self) -> usize {
-        [&self.xq, &self.xd, &self.h, &self.hq, &self.hd, &self.y, &self.groups, &self.page_routing]
-            .iter()
-            .map(|b| b.len_bytes())
-            .sum()
-    }
-}
-
-/// Bytes of q8 activations (values, then (d, sum) per block) for `elems` elements.
-fn q8_bytes(elems: usize) -> (usize, usize) {
-    let blocks = elems.div_ceil(32).max(1);
-    (blocks * 32, blocks * 8)
-}
+/// Blocks of 32 one workgroup of `moe_glu_q8.comp` takes (its workgroup is 32 times as many).
+const GLU_BLOCKS: usize = 8;
 
 /// One expert packed in the device layout, ready to be written into a slot (packing is CPU
 /// work; writing is a copy).
@@ -322,36 +292,6 @@ impl Context {
             self.write_expert(&d, e, &Self::pack_expert(&m, d.bias.is_some())?)?;
         }
         Ok(d)
-    }
-
-    /// Scratch for `Frame::moe` over chunks of up to `rows` rows, for layers of at most
-    /// `experts` experts of `hidden` x `ffn`, `top_k` ranks.
-    pub fn moe_scratch(
-        &self,
-        rows: usize,
-        top_k: usize,
-        hidden: usize,
-        ffn: usize,
-        experts: usize,
-    ) -> Result<MoeScratch> {
-        let pairs = rows.max(1) * top_k.max(1);
-        let (xq, xd) = q8_bytes(rows.max(1) * hidden);
-        let (hq, hd) = q8_bytes(pairs * ffn);
-        Ok(MoeScratch {
-            rows,
-            top_k,
-            hidden,
-            ffn,
-            experts,
-            xq: self.buffer(MemoryUse::Device, xq)?,
-            xd: self.buffer(MemoryUse::Device, xd)?,
-            h: self.f32_buffer((pairs * ffn).max(1))?,
-            hq: self.buffer(MemoryUse::Device, hq)?,
-            hd: self.buffer(MemoryUse::Device, hd)?,
-            y: self.f32_buffer((pairs * hidden).max(1))?,
-            groups: self.f32_buffer(experts + 1 + pairs)?,
-            page_routing: self.f32_buffer(pairs * 2)?,
-        })
     }
 }
 
@@ -527,6 +467,8 @@ impl<'a> Frame<'a> {
         let gu = &ex.gate_up;
         let (gqs, gss) = (u32_arg(OP, "row units", gu.qs)?, u32_arg(OP, "row scales", gu.ss)?);
         let (f32_, h32) = (ffn as u32, hid as u32);
+        // Whether h's 8-bit blocks came with the gated unit (`moe_glu_q8.comp`).
+        let mut glu_quantized = false;
         if gemv {
             let per = self.rows_per_group(gv)?;
             let push = MoeMatvecPush {
@@ -586,21 +528,65 @@ impl<'a> Frame<'a> {
                 pad1: 0,
                 pad2: 0,
             };
-            let binds = [
-                Bind::buf(&gu.q),
-                Bind::buf(&gu.s),
-                Bind::buf(x.buf),
-                xq,
-                xd,
-                Bind::buf(&s.h),
-                Bind::buf(&s.groups),
-                bias,
-            ];
-            self.moe_matmul(gv, &binds, &push, ffn, n, e32)?;
+            if self.coop_i8(gv, n) && ffn.is_multiple_of(32) {
+                // On tensor cores: the raw gate and up sums of the stacked 2 ffn rows, then the
+                // gated unit and its 8-bit blocks.
+                let push = MoeMatmulPush { rows: 2 * f32_, bias_off: NONE, ..push };
+                let binds = [
+                    Bind::buf(&gu.q),
+                    Bind::buf(&gu.s),
+                    Bind::buf(x.buf),
+                    xq,
+                    xd,
+                    Bind::buf(&s.gu),
+                    Bind::buf(&s.groups),
+                    bias,
+                ];
+                self.moe_matmul(gv, &binds, &push, n, e32, true)?;
+                let blocks = pairs * ffn / 32;
+                let push = MoeGluQ8Push {
+                    blocks: u32_arg(OP, "blocks", blocks)?,
+                    ffn: f32_,
+                    top_k: k32,
+                    experts: e32,
+                    r_off,
+                    glu: glu_kind,
+                    limit,
+                    alpha,
+                    bias_off: gb,
+                    pad0: 0,
+                    pad1: 0,
+                    pad2: 0,
+                };
+                let binds = [
+                    Bind::buf(&s.gu),
+                    Bind::buf(&s.h),
+                    Bind::buf(&s.hq),
+                    Bind::buf(&s.hd),
+                    Bind::buf(routing.buf),
+                    bias,
+                ];
+                self.dispatch(Kernel::MoeGluQ8, None, &binds, &push, [groups_for(blocks, GLU_BLOCKS), 1, 1])?;
+                glu_quantized = true;
+            } else {
+                let binds = [
+                    Bind::buf(&gu.q),
+                    Bind::buf(&gu.s),
+                    Bind::buf(x.buf),
+                    xq,
+                    xd,
+                    Bind::buf(&s.h),
+                    Bind::buf(&s.groups),
+                    bias,
+                ];
+                self.moe_matmul(gv, &binds, &push, n, e32, false)?;
+            }
         }
         // 2. Down, and the rank-ordered sum into out.
         let (hq, hd) = if dv.q8_acts() {
-            self.moe_quantize(&s.h, 0, pairs, ffn, &s.hq, &s.hd)?;
+            if !glu_quantized {
+                self.moe_quantize(&s.h, 0, pairs, ffn, &s.hq, &s.hd)?;
+            }
             (Bind::buf(&s.hq), Bind::buf(&s.hd))
         } else {
             (Bind::UNUSED, Bind::UNUSED)
@@ -706,7 +692,8 @@ impl<'a> Frame<'a> {
                     Bind::buf(&s.groups),
                     bias,
                 ];
-                self.moe_matmul(dv, &binds, &push, hid, n, e32)?;
+                let coop = self.coop_i8(dv, n);
+                self.moe_matmul(dv, &binds, &push, n, e32, coop)?;
             }
             if !sum {
                 return Ok(());
@@ -748,25 +735,21 @@ impl<'a> Frame<'a> {
         )
     }
 
-    /// A grouped expert GEMM of `n` rows into `out_rows` outputs an expert: on int8 tensor cores
-    /// where the device and the format have them, else the tiled kernel.
+    /// A grouped expert GEMM of `n` rows into `push.rows` outputs an expert: on int8 tensor cores
+    /// (`coop`: the caller has checked `coop_i8`; their gate/up stores raw sums), else the tiled
+    /// kernel (its gate/up stores the gated unit).
     fn moe_matmul(
         &mut self,
         v: FormatVariant,
         binds: &[Bind<'a>],
         push: &MoeMatmulPush,
-        out_rows: usize,
         n: usize,
         experts: u32,
+        coop: bool,
     ) -> Result<()> {
-        let (kernel, bo, br) = if self.coop_i8(v, n) {
-            // Gate and up: half the tile's rows are the up rows of the other half's outputs.
-            let bo = if push.mode == 0 { COOP_BO / 2 } else { COOP_BO };
-            (Kernel::MoeMatmulCoop, bo, COOP_BR)
-        } else {
-            (Kernel::MoeMatmul, GEMM_BO, GEMM_BR)
-        };
-        let groups = [groups_for(out_rows, bo).min(MAX_GROUPS as u32), n.div_ceil(br) as u32, experts];
+        let (kernel, bo, br) =
+            if coop { (Kernel::MoeMatmulCoop, COOP_BO, COOP_BR) } else { (Kernel::MoeMatmul, GEMM_BO, GEMM_BR) };
+        let groups = [groups_for(push.rows as usize, bo).min(MAX_GROUPS as u32), n.div_ceil(br) as u32, experts];
         self.dispatch(kernel, Some(v), binds, push, groups)
     }
 
