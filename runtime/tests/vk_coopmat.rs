@@ -65,7 +65,7 @@ use coli_runtime::format::{Matrix, WeightFormat};
 use coli_runtime::vk::ops::{COOP_ATTN_ROWS, COOP_MIN_ROWS, COOP_MIN_WINDOW};
 use coli_runtime::vk::{AttnArgs, AttnPath, Context, CoopMatUse, MatIn, MatmulPath, MoeCall, MoePath, VkOptions};
 use std::sync::OnceLock;
-use vk_common::{attention_case, open, random_rows, to_ring, AttnCase, Rng};
+use vk_common::{attention_case, open, random_rows, routing, to_ring, AttnCase, Rng};
 
 /// The context with cooperative matrices (profiling on, to see which kernel ran; pipeline
 /// statistics on, so a run with `--nocapture` prints each kernel's registers and shared memory
@@ -510,24 +510,6 @@ fn prompt_attention_on_f16_matrices_matches_cpu() {
     }
 }
 
-/// A routing of `n` rows, `top_k` distinct experts each, every expert equally likely.
-fn even_routing(n: usize, top_k: usize, experts: usize, rng: &mut Rng) -> Vec<f32> {
-    let mut out = Vec::with_capacity(n * 2 * top_k);
-    for _ in 0..n {
-        let mut chosen: Vec<usize> = Vec::new();
-        while chosen.len() < top_k {
-            let e = rng.below(experts);
-            if !chosen.contains(&e) {
-                chosen.push(e);
-            }
-        }
-        for e in chosen {
-            out.extend([e as f32, 0.1 + rng.unit().abs()]);
-        }
-    }
-    out
-}
-
 /// Not a check: device time a call of OLMoE's routed experts (512 rows, top 8 of 64, even and
 /// skewed routing; top 8 of 8, the experts' weights small enough for the L2 cache), a dense
 /// product with gate/up's work (2048 x 2048 over 4,096 rows) and one of the same work with
@@ -549,7 +531,7 @@ fn gemm_rates() {
             let rt = if name == "skewed" {
                 skewed_routing(n, top_k, experts, &mut rng)
             } else {
-                even_routing(n, top_k, experts, &mut rng)
+                routing(n, top_k, experts, &mut rng)
             };
             moe.push((name, dev, scratch, ctx.upload_f32(&rt).unwrap()));
         }

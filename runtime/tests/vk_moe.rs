@@ -21,7 +21,7 @@ use coli_runtime::cpu::route::{route_row, RouteSpec};
 use coli_runtime::cpu::{elementwise as cpu_elementwise, Precision};
 use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
 use coli_runtime::vk::{MatIn, MoeCall, MoePath, RouteParams};
-use vk_common::{assert_close, ctx, random_rows, Rng};
+use vk_common::{assert_close, ctx, random_rows, routing, Rng};
 
 /// One layer's experts in a format: their stored bytes per role, and biases when wanted.
 struct Layer {
@@ -58,24 +58,6 @@ impl Layer {
             down_bias: self.bias.as_ref().map(|b| &b.2[e * h..(e + 1) * h]),
         }
     }
-}
-
-/// A routing of `n` rows: `top_k` distinct experts each, positive weights, by rank.
-fn routing(n: usize, top_k: usize, experts: usize, rng: &mut Rng) -> Vec<f32> {
-    let mut out = Vec::with_capacity(n * 2 * top_k);
-    for _ in 0..n {
-        let mut chosen: Vec<usize> = Vec::new();
-        while chosen.len() < top_k {
-            let e = rng.below(experts);
-            if !chosen.contains(&e) {
-                chosen.push(e);
-            }
-        }
-        for e in chosen {
-            out.extend([e as f32, 0.1 + rng.unit().abs()]);
-        }
-    }
-    out
 }
 
 /// The CPU reference and the device for one case; returns the device's output.

@@ -209,3 +209,22 @@ pub fn to_ring(rows: &[f32], width: usize, len: usize, ring: usize) -> Vec<f32> 
     }
     r
 }
+
+/// A routing of `n` rows: `top_k` distinct experts each (every expert equally likely),
+/// positive weights, by rank.
+pub fn routing(n: usize, top_k: usize, experts: usize, rng: &mut Rng) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n * 2 * top_k);
+    for _ in 0..n {
+        let mut chosen: Vec<usize> = Vec::new();
+        while chosen.len() < top_k {
+            let e = rng.below(experts);
+            if !chosen.contains(&e) {
+                chosen.push(e);
+            }
+        }
+        for e in chosen {
+            out.extend([e as f32, 0.1 + rng.unit().abs()]);
+        }
+    }
+    out
+}

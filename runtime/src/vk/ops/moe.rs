@@ -528,21 +528,22 @@ impl<'a> Frame<'a> {
                 pad1: 0,
                 pad2: 0,
             };
-            if self.coop_i8(gv, n) && ffn.is_multiple_of(32) {
-                // On tensor cores: the raw gate and up sums of the stacked 2 ffn rows, then the
-                // gated unit and its 8-bit blocks.
-                let push = MoeMatmulPush { rows: 2 * f32_, bias_off: NONE, ..push };
-                let binds = [
-                    Bind::buf(&gu.q),
-                    Bind::buf(&gu.s),
-                    Bind::buf(x.buf),
-                    xq,
-                    xd,
-                    Bind::buf(&s.gu),
-                    Bind::buf(&s.groups),
-                    bias,
-                ];
-                self.moe_matmul(gv, &binds, &push, n, e32, true)?;
+            // On tensor cores: the raw gate and up sums of the stacked 2 ffn rows, then the gated
+            // unit and its 8-bit blocks (`moe_glu_q8.comp`); on the tiles, the gated unit in h.
+            let raw = self.coop_i8(gv, n) && ffn.is_multiple_of(32);
+            let push = if raw { MoeMatmulPush { rows: 2 * f32_, bias_off: NONE, ..push } } else { push };
+            let binds = [
+                Bind::buf(&gu.q),
+                Bind::buf(&gu.s),
+                Bind::buf(x.buf),
+                xq,
+                xd,
+                Bind::buf(if raw { &s.gu } else { &s.h }),
+                Bind::buf(&s.groups),
+                bias,
+            ];
+            self.moe_matmul(gv, &binds, &push, n, e32, raw)?;
+            if raw {
                 let blocks = pairs * ffn / 32;
                 let push = MoeGluQ8Push {
                     blocks: u32_arg(OP, "blocks", blocks)?,
@@ -568,18 +569,6 @@ impl<'a> Frame<'a> {
                 ];
                 self.dispatch(Kernel::MoeGluQ8, None, &binds, &push, [groups_for(blocks, GLU_BLOCKS), 1, 1])?;
                 glu_quantized = true;
-            } else {
-                let binds = [
-                    Bind::buf(&gu.q),
-                    Bind::buf(&gu.s),
-                    Bind::buf(x.buf),
-                    xq,
-                    xd,
-                    Bind::buf(&s.h),
-                    Bind::buf(&s.groups),
-                    bias,
-                ];
-                self.moe_matmul(gv, &binds, &push, n, e32, false)?;
             }
         }
         // 2. Down, and the rank-ordered sum into out.
