@@ -525,3 +525,101 @@ fn experts_in_pages_match_cpu() {
         }
     }
 }
+
+/// `moe_glu_q8.comp` (the cooperative gate/up's epilogue, which Lavapipe never reaches through
+/// `moe`: it has no int8 cooperative shape) on its own: h within 1e-5 of the CPU's gated unit
+/// of the biased raw sums (the device's exp), and h's 8-bit blocks equal to
+/// `QuantizedActs::new(h)` bit for bit (d, d * sum, every code). One pair's expert id is not
+/// an expert: its biases are skipped, as the other kernels skip them.
+#[test]
+fn gated_unit_and_its_blocks_from_raw_sums_match_cpu() {
+    use coli_runtime::format::QuantizedActs;
+    use coli_runtime::vk::MoeGluQ8;
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0610);
+    let (n, top_k, experts, ffn) = (5, 3, 6, 96);
+    let pairs = n * top_k;
+    let mut rt = routing(n, top_k, experts, &mut rng);
+    rt[2 * 4] = experts as f32;
+    let gu: Vec<f32> = (0..pairs).flat_map(|p| rng.vec(2 * ffn, [0.5, 3.0, 8.0][p % 3])).collect();
+    let bias = rng.vec(experts * 2 * ffn, 1.0);
+    let (gub, rtb, bb) = (ctx.upload_f32(&gu).unwrap(), ctx.upload_f32(&rt).unwrap(), ctx.upload_f32(&bias).unwrap());
+    let blocks = pairs * ffn / 32;
+    let (h, hq, hd) = (
+        ctx.f32_buffer(pairs * ffn).unwrap(),
+        ctx.f32_buffer(blocks * 8).unwrap(),
+        ctx.f32_buffer(blocks * 2).unwrap(),
+    );
+    let glus = [
+        GluKind::SwiGlu,
+        GluKind::GeGlu,
+        GluKind::ClampedSwiGlu { limit: 3.0, alpha: 1.702 },
+        GluKind::LimitedSwiGlu { limit: 4.0 },
+    ];
+    for glu in glus {
+        for with_bias in [false, true] {
+            let what = format!("{glu:?}, biases {with_bias}");
+            let mut want = vec![0f32; pairs * ffn];
+            for p in 0..pairs {
+                let (mut g, mut u) =
+                    (gu[p * 2 * ffn..p * 2 * ffn + ffn].to_vec(), gu[p * 2 * ffn + ffn..(p + 1) * 2 * ffn].to_vec());
+                let e = rt[p / top_k * 2 * top_k + 2 * (p % top_k)] as usize;
+                if with_bias && e < experts {
+                    let b = &bias[e * 2 * ffn..(e + 1) * 2 * ffn];
+                    g.iter_mut().zip(&b[..ffn]).for_each(|(v, b)| *v += b);
+                    u.iter_mut().zip(&b[ffn..]).for_each(|(v, b)| *v += b);
+                }
+                cpu_elementwise::glu(glu, &g, &u, &mut want[p * ffn..(p + 1) * ffn]);
+            }
+            let mut f = ctx.frame().unwrap();
+            let bias = with_bias.then_some(&bb);
+            let args = MoeGluQ8 {
+                gu: &gub,
+                routing: rtb.all(),
+                bias,
+                h: &h,
+                hq: &hq,
+                hd: &hd,
+                pairs,
+                ffn,
+                top_k,
+                experts,
+                glu,
+            };
+            f.moe_glu_q8(args).unwrap();
+            f.run().unwrap();
+            let got = ctx.download_f32(h.all()).unwrap();
+            assert_close(&what, &got, &want, 1e-5);
+            let acts = QuantizedActs::new(&got, pairs, ffn).unwrap();
+            let (q, d) = (ctx.download_f32(hq.all()).unwrap(), ctx.download_f32(hd.all()).unwrap());
+            for b in 0..blocks {
+                let cpu = acts.row(b / (ffn / 32))[b % (ffn / 32)];
+                let codes: Vec<i8> =
+                    q[8 * b..8 * b + 8].iter().flat_map(|w| w.to_bits().to_le_bytes()).map(|c| c as i8).collect();
+                assert_eq!(codes, cpu.q, "{what}: block {b}'s codes");
+                assert_eq!(
+                    (d[2 * b].to_bits(), d[2 * b + 1].to_bits()),
+                    (cpu.d.to_bits(), cpu.s.to_bits()),
+                    "{what}: block {b}'s scales"
+                );
+            }
+        }
+    }
+    // Operands that do not fit are typed errors.
+    let mut f = ctx.frame().unwrap();
+    let bad = MoeGluQ8 {
+        gu: &gub,
+        routing: rtb.all(),
+        bias: None,
+        h: &h,
+        hq: &hq,
+        hd: &hd,
+        pairs,
+        ffn: 80,
+        top_k,
+        experts,
+        glu: GluKind::SwiGlu,
+    };
+    assert!(f.moe_glu_q8(bad).is_err(), "an ffn of 80 is not whole blocks");
+    assert!(f.moe_glu_q8(MoeGluQ8 { pairs: pairs + top_k, ffn, ..bad }).is_err(), "more pairs than the buffers hold");
+}

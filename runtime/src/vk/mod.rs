@@ -56,7 +56,7 @@ pub use ops::{
     AttnArgs, AttnPath, AttnShape, CompressedArgs, CompressedShape, DecodeArgs, DeltaNetCall, DeltaNetIn, DeltaNetMats,
     DeltaNetScratch, DeltaNetShape, DeviceExperts, DsaSelectArgs, DsaShape, ExpertPages, HyperMix, HyperShape, KdaCall,
     KdaMats, KdaRuleViews, KdaScratch, KdaShape, KvMirror, KvShape, MatIn, MatmulPath, MlaAttnArgs, MlaCache, MlaCall,
-    MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape, MoeCall, MoePath, MoeScratch, PackedExpert, PoolArgs,
+    MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape, MoeCall, MoeGluQ8, MoePath, MoeScratch, PackedExpert, PoolArgs,
     PoolShape, Pos, QkNorm, QuantizedActs, RelArgs, RopeArgs, RopeKvArgs, RouteHash, RouteParams, RouteSink, RowConv,
     MOE_MAX_EXPERTS,
 };

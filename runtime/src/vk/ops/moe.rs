@@ -18,7 +18,7 @@
 //!   (`moe_sum.comp`). Experts of a format with q8 activations take the cooperative-matrix GEMM
 //!   (`moe_matmul_coop.comp`) instead where the device has an int8 shape, from `COOP_MIN_ROWS`
 //!   rows; its gate/up stores the raw sums of the stacked gate and up rows (in the scratch's
-//!   `y`), and `moe_glu_q8.comp` makes the gated unit and its 8-bit blocks for down (an ffn
+//!   `gu`), and `moe_glu_q8.comp` (`moe_glu.rs`) makes the gated unit and its 8-bit blocks for down (an ffn
 //!   that is not whole blocks of 32 takes the tiled gate/up).
 //!
 //! Scratch (`MoeScratch`) is the caller's, sized once for the largest chunk and reused by
@@ -27,6 +27,7 @@
 //! Must not: read an expert id on the host, or accept operands that do not fit (typed errors).
 
 use super::matmul::MatIn;
+use super::moe_glu::{glu_args, MoeGluQ8};
 use super::moe_scratch::MoeScratch;
 use super::{groups_for, u32_arg};
 use crate::bytes::as_bytes;
@@ -38,7 +39,7 @@ use crate::vk::error::{Result, VkError};
 use crate::vk::frame::{Bind, Frame};
 use crate::vk::layout::{pack, DeviceMatrix, Packed};
 use crate::vk::memory::MemoryUse;
-use crate::vk::push::{MoeGluQ8Push, MoeGroupPush, MoeMatmulPush, MoeMatvecPush, MoeSumPush, QuantizeQ8Push};
+use crate::vk::push::{MoeGroupPush, MoeMatmulPush, MoeMatvecPush, MoeSumPush, QuantizeQ8Push};
 use crate::vk::shaders::{FormatVariant, Kernel};
 use coli_compiler::ir::GluKind;
 
@@ -136,9 +137,6 @@ impl DeviceExperts {
             && (!has_bias || self.bias.is_some())
     }
 }
-
-/// Blocks of 32 one workgroup of `moe_glu_q8.comp` takes (its workgroup is 32 times as many).
-const GLU_BLOCKS: usize = 8;
 
 /// One expert packed in the device layout, ready to be written into a slot (packing is CPU
 /// work; writing is a copy).
@@ -293,16 +291,6 @@ impl Context {
         }
         Ok(d)
     }
-}
-
-/// The gated unit's kind and parameters as the shaders take them (`moe.glsl`'s `moe_glu`).
-fn glu_args(kind: GluKind) -> Result<(u32, f32, f32)> {
-    Ok(match kind {
-        GluKind::SwiGlu => (0, 0.0, 0.0),
-        GluKind::GeGlu => (1, 0.0, 0.0),
-        GluKind::ClampedSwiGlu { limit, alpha } => (2, limit, alpha),
-        GluKind::LimitedSwiGlu { limit } => (3, limit, 0.0),
-    })
 }
 
 impl<'a> Frame<'a> {
@@ -544,30 +532,19 @@ impl<'a> Frame<'a> {
             ];
             self.moe_matmul(gv, &binds, &push, n, e32, raw)?;
             if raw {
-                let blocks = pairs * ffn / 32;
-                let push = MoeGluQ8Push {
-                    blocks: u32_arg(OP, "blocks", blocks)?,
-                    ffn: f32_,
-                    top_k: k32,
-                    experts: e32,
-                    r_off,
-                    glu: glu_kind,
-                    limit,
-                    alpha,
-                    bias_off: gb,
-                    pad0: 0,
-                    pad1: 0,
-                    pad2: 0,
-                };
-                let binds = [
-                    Bind::buf(&s.gu),
-                    Bind::buf(&s.h),
-                    Bind::buf(&s.hq),
-                    Bind::buf(&s.hd),
-                    Bind::buf(routing.buf),
-                    bias,
-                ];
-                self.dispatch(Kernel::MoeGluQ8, None, &binds, &push, [groups_for(blocks, GLU_BLOCKS), 1, 1])?;
+                self.moe_glu_q8(MoeGluQ8 {
+                    gu: &s.gu,
+                    routing,
+                    bias: ex.bias.as_ref(),
+                    h: &s.h,
+                    hq: &s.hq,
+                    hd: &s.hd,
+                    pairs,
+                    ffn,
+                    top_k,
+                    experts: e,
+                    glu,
+                })?;
                 glu_quantized = true;
             }
         }
