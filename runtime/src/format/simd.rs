@@ -292,9 +292,10 @@ pub struct PairActs {
 
 const EMPTY_PAIR: PairActs = PairActs { lo: [[0; 32]; 4], hi: [[0; 32]; 4], d: [[0.0; 8]; 4], s: [0.0; 8] };
 
-/// Fills `out` with the `PairActs` of activation rows `xs` (`units` blocks each).
+/// Fills `out` with the `PairActs` of activation rows `xs` (`units` blocks each; up to four,
+/// the slots past them zero).
 #[inline(always)]
-unsafe fn pair_acts(xs: [*const BlockQ8; 4], units: usize, out: &mut Vec<PairActs>) {
+unsafe fn pair_acts<const C: usize>(xs: [*const BlockQ8; C], units: usize, out: &mut Vec<PairActs>) {
     out.clear();
     out.resize(units.div_ceil(2), EMPTY_PAIR);
     for (p, pa) in out.iter_mut().enumerate() {
@@ -366,50 +367,52 @@ unsafe fn pair_unit<const F: u8, const VNNI: bool, const LAST: bool>(
 
 /// One step of `kernel_pair`: units `k` and `k + 1` (only `k` when `LAST`).
 #[inline(always)]
-unsafe fn pair_step<const F: u8, const R: usize, const VNNI: bool, const LAST: bool>(
+unsafe fn pair_step<const F: u8, const R: usize, const C: usize, const VNNI: bool, const LAST: bool>(
     rows: [*const u8; R],
     a: &PairActs,
     k: usize,
-    acc: &mut [[__m256; 4]; R],
+    acc: &mut [[__m256; C]; R],
     accb: &mut [__m256; R],
 ) {
-    let xlo: [__m256i; 4] = std::array::from_fn(|c| load(&a.lo[c]));
-    let xhi: [__m256i; 4] = std::array::from_fn(|c| load(&a.hi[c]));
-    let xd: [__m256; 4] = std::array::from_fn(|c| _mm256_load_ps(a.d[c].as_ptr()));
+    let xlo: [__m256i; C] = std::array::from_fn(|c| load(&a.lo[c]));
+    let xhi: [__m256i; C] = std::array::from_fn(|c| load(&a.hi[c]));
+    let xd: [__m256; C] = std::array::from_fn(|c| _mm256_load_ps(a.d[c].as_ptr()));
     let sv = _mm256_load_ps(a.s.as_ptr());
     for r in 0..R {
         let (wlo, whi, av, bv) = pair_unit::<F, VNNI, LAST>(rows[r], k);
         accb[r] = _mm256_fmadd_ps(bv, sv, accb[r]);
-        for c in 0..4 {
+        for c in 0..C {
             let s = dot_acc::<F, VNNI>(dot_acc::<F, VNNI>(_mm256_setzero_si256(), wlo, xlo[c]), whi, xhi[c]);
             acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(av, xd[c]), _mm256_cvtepi32_ps(s), acc[r][c]);
         }
     }
 }
 
-/// Two weight rows against the four activation rows of `pa` (`units` units), two units per
-/// step: per (row, activation row) one conversion, one scale product and one FMA cover 64
-/// byte products. Not for `Q6_K` (its scale changes inside a unit).
+/// `R` weight rows against the first `C` (at most four) activation rows of `pa` (`units`
+/// units), two units per step: per (row, activation row) one conversion, one scale product
+/// and one FMA cover 64 byte products. A (row, activation row)'s sum is the same bits whatever
+/// `R` and `C` and whichever other rows share the call. Not for `Q6_K` (its scale changes
+/// inside a unit).
 #[inline(always)]
-unsafe fn kernel_pair<const F: u8, const R: usize, const VNNI: bool>(
+unsafe fn kernel_pair<const F: u8, const R: usize, const C: usize, const VNNI: bool>(
     rows: [*const u8; R],
     pa: &[PairActs],
     units: usize,
-) -> [[f32; 4]; R] {
-    let mut acc = [[_mm256_setzero_ps(); 4]; R];
+) -> [[f32; C]; R] {
+    let mut acc = [[_mm256_setzero_ps(); C]; R];
     let mut accb = [_mm256_setzero_ps(); R];
     for (p, pair) in pa[..units / 2].iter().enumerate() {
-        pair_step::<F, R, VNNI, false>(rows, pair, 2 * p, &mut acc, &mut accb);
+        pair_step::<F, R, C, VNNI, false>(rows, pair, 2 * p, &mut acc, &mut accb);
     }
     if units % 2 == 1 {
-        pair_step::<F, R, VNNI, true>(rows, &pa[units / 2], units - 1, &mut acc, &mut accb);
+        pair_step::<F, R, C, VNNI, true>(rows, &pa[units / 2], units - 1, &mut acc, &mut accb);
     }
-    let mut out = [[0f32; 4]; R];
+    let mut out = [[0f32; C]; R];
     for r in 0..R {
         let scale = if F == F_I8ROW { f32::from_le_bytes(rows[r].cast::<[u8; 4]>().read_unaligned()) } else { 1.0 };
         let mut b = [0f32; 8];
         _mm256_storeu_ps(b.as_mut_ptr(), accb[r]);
-        for c in 0..4 {
+        for c in 0..C {
             out[r][c] = scale * (hsum(acc[r][c]) + b[c] + b[4 + c]);
         }
     }
@@ -441,21 +444,65 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
             }
         }
     };
-    // One to three activation rows (decode, a checked draft): each group of four weight rows
-    // streamed once for all of them, with the prefetch; every sum in the one-row order.
-    macro_rules! few {
-        ($c:literal) => {
-            while r + 4 <= r1 {
-                prefetch(r + ahead, 4);
-                let xs: [*const BlockQ8; $c] = std::array::from_fn(|c| xp(c));
-                let t = kernel::<F, 4, $c, VNNI>([rp(r), rp(r + 1), rp(r + 2), rp(r + 3)], xs, units);
+    // A (weight row, activation row)'s sum is the same bits whatever other rows share the call
+    // (a decode row alone or batched with other sequences' rows, a prompt's last rows): pairs of
+    // weight rows always take `kernel_pair`'s order (`Q6_K`: `kernel`'s, which `kernel4` shares),
+    // a matrix's odd last row `kernel`'s.
+    // `c` activation rows from `i` against the weight rows from `r` up to `end` (pairs), each
+    // group of weight rows streamed once for all of them, with the prefetch when `$pf`; gives
+    // the row it stopped at.
+    macro_rules! rows_of {
+        ($i:expr, $c:literal, $r:expr, $end:expr, $pf:expr) => {{
+            let (i, end) = ($i, $end);
+            let xs: [*const BlockQ8; $c] = std::array::from_fn(|c| xp(i + c));
+            let mut pa = Vec::new();
+            if F != F_Q6K {
+                pair_acts(xs, units, &mut pa);
+            }
+            let mut r = $r;
+            // Four weight rows at a time with AVX-512's 32 registers, two with AVX2's 16.
+            while VNNI && r + 4 <= end {
+                if $pf {
+                    prefetch(r + ahead, 4);
+                }
+                let rows = [rp(r), rp(r + 1), rp(r + 2), rp(r + 3)];
+                let t = if F != F_Q6K {
+                    kernel_pair::<F, 4, $c, VNNI>(rows, &pa, units)
+                } else {
+                    kernel::<F, 4, $c, VNNI>(rows, xs, units)
+                };
                 for (j, row) in t.iter().enumerate() {
                     for (c, &v) in row.iter().enumerate() {
-                        put(c, r + j, v);
+                        put(i + c, r + j, v);
                     }
                 }
                 r += 4;
             }
+            while r + 2 <= end {
+                if $pf {
+                    prefetch(r + ahead, 2);
+                }
+                let rows = [rp(r), rp(r + 1)];
+                let t = if F != F_Q6K {
+                    kernel_pair::<F, 2, $c, VNNI>(rows, &pa, units)
+                } else {
+                    kernel::<F, 2, $c, VNNI>(rows, xs, units)
+                };
+                for (j, row) in t.iter().enumerate() {
+                    for (c, &v) in row.iter().enumerate() {
+                        put(i + c, r + j, v);
+                    }
+                }
+                r += 2;
+            }
+            r
+        }};
+    }
+    let pairs_end = r0 + (r1 - r0) / 2 * 2;
+    // One to three activation rows (decode, a checked draft), with the prefetch.
+    macro_rules! few {
+        ($c:literal) => {
+            r = rows_of!(0, $c, r, pairs_end, true);
         };
     }
     if n == 1 {
@@ -468,7 +515,6 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
         // Activation rows four at a time (their `s` gathered once), each against every pair of
         // this tile's weight rows; then the leftover activation rows one at a time.
         let mut sx = vec![[0f32; 4]; units];
-        let pairs_end = r0 + (r1 - r0) / 2 * 2;
         let mut i = 0;
         if F != F_Q6K {
             let mut pa = Vec::new();
@@ -476,7 +522,7 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
                 pair_acts([xp(i), xp(i + 1), xp(i + 2), xp(i + 3)], units, &mut pa);
                 let mut r = r0;
                 while VNNI && r + 4 <= pairs_end {
-                    let t = kernel_pair::<F, 4, VNNI>([rp(r), rp(r + 1), rp(r + 2), rp(r + 3)], &pa, units);
+                    let t = kernel_pair::<F, 4, 4, VNNI>([rp(r), rp(r + 1), rp(r + 2), rp(r + 3)], &pa, units);
                     for (j, row) in t.iter().enumerate() {
                         for (c, &v) in row.iter().enumerate() {
                             put(i + c, r + j, v);
@@ -485,7 +531,7 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
                     r += 4;
                 }
                 while r < pairs_end {
-                    let t = kernel_pair::<F, 2, VNNI>([rp(r), rp(r + 1)], &pa, units);
+                    let t = kernel_pair::<F, 2, 4, VNNI>([rp(r), rp(r + 1)], &pa, units);
                     for (j, row) in t.iter().enumerate() {
                         for (c, &v) in row.iter().enumerate() {
                             put(i + c, r + j, v);
@@ -535,31 +581,10 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
             i += 4;
         }
         // The one to three activation rows left: together against each group of four weight
-        // rows (each weight unit decoded once for all of them), as `few!` does; the same sums
-        // as one row at a time.
+        // rows (each weight unit decoded once for all of them), as `few!` does.
         macro_rules! rest {
             ($i:expr, $c:literal) => {{
-                let i = $i;
-                let xs: [*const BlockQ8; $c] = std::array::from_fn(|c| xp(i + c));
-                let mut r = r0;
-                while r + 4 <= pairs_end {
-                    let t = kernel::<F, 4, $c, VNNI>([rp(r), rp(r + 1), rp(r + 2), rp(r + 3)], xs, units);
-                    for (j, row) in t.iter().enumerate() {
-                        for (c, &v) in row.iter().enumerate() {
-                            put(i + c, r + j, v);
-                        }
-                    }
-                    r += 4;
-                }
-                while r < pairs_end {
-                    let t = kernel::<F, 2, $c, VNNI>([rp(r), rp(r + 1)], xs, units);
-                    for (j, row) in t.iter().enumerate() {
-                        for (c, &v) in row.iter().enumerate() {
-                            put(i + c, r + j, v);
-                        }
-                    }
-                    r += 2;
-                }
+                rows_of!($i, $c, r0, pairs_end, false);
             }};
         }
         match n - i {

@@ -424,14 +424,16 @@ fn float_matmul_handles_ragged_columns_and_tiles() {
 
 #[test]
 fn q8_matmul_handles_odd_unit_counts_and_ragged_tiles() {
-    // 9 units per row (the prefill kernel pairs units; the last one is alone), 9 to 11
-    // activation rows (two groups of four and one to three left over, which go together) and 11
-    // weight rows (tiles of 4, 2 and 1). The rows left over get what each gets alone.
+    // 9 units per row (the prefill kernel pairs units; the last one is alone), 1 to 11
+    // activation rows (groups of four and one to three left over, which go together; or one to
+    // three alone, as a decode step) and 11 weight rows (tiles of 4, 2 and 1). Every row gets the
+    // same bits as alone, whatever rows share its call: a batched decode step or a prompt's rows
+    // beside other sequences' give each sequence what it gets by itself.
     let mut rng = Rng(99);
     for (format, n) in WeightFormat::ALL
         .into_iter()
         .filter(|f| f.uses_q8_acts(288) && 288 % f.block_size() == 0)
-        .flat_map(|f| [(f, 9), (f, 10), (f, 11)])
+        .flat_map(|f| (1..=11).map(move |n| (f, n)))
     {
         let (rows, cols) = (11, 288);
         let bytes = random_rows(format, rows, cols, &mut rng);
@@ -448,11 +450,11 @@ fn q8_matmul_handles_odd_unit_counts_and_ragged_tiles() {
                 assert!((got - want).abs() <= 1e-5 * mag + 1e-6, "{format} [{i},{r}]: {got} vs {want}");
             }
         }
-        for i in 8..n {
+        for i in 0..n {
             let mut one = vec![f32::NAN; rows];
             let alone = QuantizedActs::new(&x[i * cols..(i + 1) * cols], 1, cols).unwrap();
             matmul_q(&w, &alone, &mut one);
-            assert_eq!(&out[i * rows..(i + 1) * rows], &one[..], "{format} n={n}: row {i} left over");
+            assert_eq!(&out[i * rows..(i + 1) * rows], &one[..], "{format} n={n}: row {i} against alone");
         }
     }
 }
