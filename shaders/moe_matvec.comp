@@ -14,6 +14,10 @@
 //   moe_group.comp listed for e (binding 9), PB pairs at a time, so an expert's weights are read
 //   once for PB pairs instead of once a pair; each pair's dot sums its units in the order of
 //   modes 0/2 (the same numbers). Mode 4 always writes per pair (moe_sum.comp joins them).
+// Mode 5 (decode's down and sum with h in f32): mode 1, the workgroup first quantizing its
+//   row's top_k pairs of h (binding 2) into shared memory (quantize_q8.comp's arithmetic, so the
+//   same codes), at most HQ_MAX blocks; one dispatch less in decode's chain than a quantization
+//   before mode 1.
 // One subgroup per output row, lanes over the row's units, joined by a subgroup sum, as
 // matvec.comp. Biases (gpt-oss): bias[bias_off + e*2F + j] for gate/up rows, bias[bias_off +
 // e*H + i] for down, when bias_off != NONE.
@@ -49,6 +53,16 @@ layout(push_constant) uniform PC {
 #define XQ_BLK(xr) ((xr) * (pc.cols >> 5))
 #define R_OFF pc.r_off
 #define TOP_K pc.top_k
+
+// Mode 5's blocks of h: the workgroup's row's pairs, block b of them at b - g_blk0.
+#define HQ_MAX 384u
+shared uvec4 hq_s[2u * HQ_MAX];
+shared vec2 hd_s[HQ_MAX];
+bool g_hq = false;
+uint g_blk0 = 0u;
+#define XQ_CUSTOM 1
+uvec4 xq16(uint blk, uint half_) { return g_hq ? hq_s[2u * (blk - g_blk0) + half_] : xq[2u * blk + half_]; }
+#define XD(blk) (g_hq ? hd_s[(blk) - g_blk0] : xd[blk])
 #include "wformat.glsl"
 #include "moe.glsl"
 
@@ -66,6 +80,38 @@ float row_dot(uint row, uint xr) {
 
 void main() {
     wformat_init();
+    if (pc.mode == 5u) {
+        uint nb = pc.cols >> 5, blocks = pc.top_k * nb;
+        g_hq = true;
+        g_blk0 = gl_WorkGroupID.y * blocks;
+        for (uint b = gl_LocalInvocationID.x; b < blocks; b += gl_WorkGroupSize.x) {
+            uint base = pc.x_off + (g_blk0 + b) * 32u;
+            float v[32];
+            float amax = 0.0;
+            for (uint i = 0u; i < 32u; i++) {
+                v[i] = xf[base + i];
+                amax = max(amax, abs(v[i]));
+            }
+            float d = div_rn(amax, 127.0);
+            float id = d > 0.0 ? div_rn(1.0, d) : 0.0;
+            uint words[8];
+            int sum = 0;
+            for (uint w = 0u; w < 8u; w++) {
+                uint packed = 0u;
+                for (uint j = 0u; j < 4u; j++) {
+                    precise float t = v[4u * w + j] * id;
+                    int q = clamp(int(roundEven(t)), -128, 127);
+                    sum += q;
+                    packed |= (uint(q) & 0xffu) << (8u * j);
+                }
+                words[w] = packed;
+            }
+            hq_s[2u * b] = uvec4(words[0], words[1], words[2], words[3]);
+            hq_s[2u * b + 1u] = uvec4(words[4], words[5], words[6], words[7]);
+            hd_s[b] = vec2(d, d * float(sum));
+        }
+        barrier();
+    }
     uint step = gl_NumWorkGroups.x * gl_NumSubgroups;
     uint first = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID;
     if (pc.mode == 0u) {
@@ -89,7 +135,7 @@ void main() {
             }
             if (subgroupElect()) outv[pc.out_off + p * f + j] = moe_glu(pc.glu, g, u, pc.limit, pc.alpha);
         }
-    } else if (pc.mode >= 3u) {
+    } else if (pc.mode == 3u || pc.mode == 4u) {
         uint e = gl_WorkGroupID.y, f = pc.rows, units = units_per_row();
         uint g1 = groups[e + 1u];
         for (uint q0 = groups[e]; q0 < g1; q0 += PB) {

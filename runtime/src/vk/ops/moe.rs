@@ -9,7 +9,8 @@
 //! the device layout of `layout.rs` (every format the GEMV reads). Two paths:
 //! - few rows (decode): per pair a GEMV of its expert (`moe_matvec.comp`): gate, up and the
 //!   gated unit in one dispatch over (output rows, pairs), then down and the rank-ordered sum in
-//!   one over (output rows, rows). With q8 activations: a quantization before each.
+//!   one over (output rows, rows). With q8 activations: a quantization before gate/up; down's
+//!   GEMV quantizes its row's pairs of h itself (mode 5) where they fit its shared memory.
 //! - several rows (a batched decode step of several sequences): the pairs grouped by expert
 //!   (`moe_group.comp`), then the same GEMVs over (output rows, experts), each expert's weights
 //!   read once for up to 8 of its pairs, and the sum (`moe_sum.comp`).
@@ -97,6 +98,9 @@ const GEMM_BR: usize = 32;
 const COOP_BO: usize = 64;
 const COOP_BR: usize = 64;
 const MAX_GROUPS: usize = 65535;
+/// Blocks of 32 of h one workgroup of `moe_matvec.comp`'s mode 5 quantizes into shared memory
+/// (its `HQ_MAX`).
+const HQ_MAX_BLOCKS: usize = 384;
 
 /// One layer's routed experts on the device.
 #[derive(Debug)]
@@ -548,9 +552,12 @@ impl<'a> Frame<'a> {
                 glu_quantized = true;
             }
         }
-        // 2. Down, and the rank-ordered sum into out.
+        // 2. Down, and the rank-ordered sum into out. Decode's GEMV per row quantizes its
+        // pairs' h itself (mode 5) where its blocks fit the kernel's shared memory.
+        let hq_in_kernel =
+            way == Way::Pairs && sum && dv.q8_acts() && !glu_quantized && top_k * ffn / 32 <= HQ_MAX_BLOCKS;
         let (hq, hd) = if dv.q8_acts() {
-            if !glu_quantized {
+            if !glu_quantized && !hq_in_kernel {
                 self.moe_quantize(&s.h, 0, pairs, ffn, &s.hq, &s.hd)?;
             }
             (Bind::buf(&s.hq), Bind::buf(&s.hd))
@@ -581,7 +588,11 @@ impl<'a> Frame<'a> {
         if way == Way::Pairs {
             let per = self.rows_per_group(dv)?;
             // Mode 1: down and the rank-ordered sum per row; mode 2: down per pair.
-            let (mode, wgs) = if sum { (1, n) } else { (2, pairs) };
+            let (mode, wgs) = match (sum, hq_in_kernel) {
+                (true, true) => (5, n),
+                (true, false) => (1, n),
+                (false, _) => (2, pairs),
+            };
             let (res_on, res_off) =
                 (residual.is_some() as u32, u32_arg(OP, "residual offset", residual.map_or(0, |r| r.offset))?);
             let push = MoeMatvecPush { mode, res_on, res_off, ..down };
