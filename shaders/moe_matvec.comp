@@ -17,7 +17,7 @@
 // Mode 5 (decode's down and sum with h in f32): mode 1, the workgroup first quantizing its
 //   row's top_k pairs of h (binding 2) into shared memory (quantize_q8.comp's arithmetic, so the
 //   same codes), at most HQ_MAX blocks; one dispatch less in decode's chain than a quantization
-//   before mode 1.
+//   before mode 1. Mode 6: mode 2 the same way, each workgroup quantizing its pair's h.
 // One subgroup per output row, lanes over the row's units, joined by a subgroup sum, as
 // matvec.comp. Biases (gpt-oss): bias[bias_off + e*2F + j] for gate/up rows, bias[bias_off +
 // e*H + i] for down, when bias_off != NONE.
@@ -80,8 +80,9 @@ float row_dot(uint row, uint xr) {
 
 void main() {
     wformat_init();
-    if (pc.mode == 5u) {
-        uint nb = pc.cols >> 5, blocks = pc.top_k * nb;
+    if (pc.mode >= 5u) {
+        // Mode 5: the row's top_k pairs; mode 6: the workgroup's pair.
+        uint nb = pc.cols >> 5, blocks = pc.mode == 5u ? pc.top_k * nb : nb;
         g_hq = true;
         g_blk0 = gl_WorkGroupID.y * blocks;
         for (uint b = gl_LocalInvocationID.x; b < blocks; b += gl_WorkGroupSize.x) {
@@ -184,7 +185,7 @@ void main() {
                 }
             }
         }
-    } else if (pc.mode == 2u) {
+    } else if (pc.mode == 2u || pc.mode == 6u) {
         uint p = gl_WorkGroupID.y, r = p / pc.top_k, k = p % pc.top_k, hdim = pc.rows;
         uint e = moe_expert(r, k, pc.experts);
         if (e >= pc.experts) return;

@@ -10,7 +10,7 @@
 //! - few rows (decode): per pair a GEMV of its expert (`moe_matvec.comp`): gate, up and the
 //!   gated unit in one dispatch over (output rows, pairs), then down and the rank-ordered sum in
 //!   one over (output rows, rows). With q8 activations: a quantization before gate/up; down's
-//!   GEMV quantizes its row's pairs of h itself (mode 5) where they fit its shared memory.
+//!   GEMV quantizes h itself (modes 5 and 6) where it fits its shared memory.
 //! - several rows (a batched decode step of several sequences): the pairs grouped by expert
 //!   (`moe_group.comp`), then the same GEMVs over (output rows, experts), each expert's weights
 //!   read once for up to 8 of its pairs, and the sum (`moe_sum.comp`).
@@ -552,10 +552,12 @@ impl<'a> Frame<'a> {
                 glu_quantized = true;
             }
         }
-        // 2. Down, and the rank-ordered sum into out. Decode's GEMV per row quantizes its
-        // pairs' h itself (mode 5) where its blocks fit the kernel's shared memory.
-        let hq_in_kernel =
-            way == Way::Pairs && sum && dv.q8_acts() && !glu_quantized && top_k * ffn / 32 <= HQ_MAX_BLOCKS;
+        // 2. Down, and the rank-ordered sum into out. Decode's GEMVs quantize h themselves (a
+        // row's pairs: mode 5; a pair: mode 6) where the blocks fit the kernel's shared memory.
+        let hq_in_kernel = way == Way::Pairs
+            && dv.q8_acts()
+            && !glu_quantized
+            && if sum { top_k } else { 1 } * ffn / 32 <= HQ_MAX_BLOCKS;
         let (hq, hd) = if dv.q8_acts() {
             if !glu_quantized && !hq_in_kernel {
                 self.moe_quantize(&s.h, 0, pairs, ffn, &s.hq, &s.hd)?;
@@ -591,7 +593,8 @@ impl<'a> Frame<'a> {
             let (mode, wgs) = match (sum, hq_in_kernel) {
                 (true, true) => (5, n),
                 (true, false) => (1, n),
-                (false, _) => (2, pairs),
+                (false, true) => (6, pairs),
+                (false, false) => (2, pairs),
             };
             let (res_on, res_off) =
                 (residual.is_some() as u32, u32_arg(OP, "residual offset", residual.map_or(0, |r| r.offset))?);
