@@ -367,26 +367,13 @@ void main() {
         barrier();
         uint b = tid;
         if (b < vhd / 32u) {
-            float amax = 0.0;
-            for (uint i = 0u; i < 32u; i++) amax = max(amax, abs(v_row[32u * b + i]));
-            float dd = div_rn(amax, 127.0);
-            float id = dd > 0.0 ? div_rn(1.0, dd) : 0.0;
-            uint words[8];
-            int sum = 0;
-            for (uint w = 0u; w < 8u; w++) {
-                uint packed = 0u;
-                for (uint j = 0u; j < 4u; j++) {
-                    precise float t = v_row[32u * b + 4u * w + j] * id;
-                    int q = clamp(int(roundEven(t)), -128, 127);
-                    sum += q;
-                    packed |= (uint(q) & 0xffu) << (8u * j);
-                }
-                words[w] = packed;
-            }
+            float v[32];
+            for (uint i = 0u; i < 32u; i++) v[i] = v_row[32u * b + i];
             uint blk = (row * pc.heads * vhd + h * vhd) / 32u + b;
-            oxq[2u * blk] = uvec4(words[0], words[1], words[2], words[3]);
-            oxq[2u * blk + 1u] = uvec4(words[4], words[5], words[6], words[7]);
-            oxd[blk] = vec2(dd, dd * float(sum));
+            uvec4 lo, hi;
+            oxd[blk] = q8_block(v, lo, hi);
+            oxq[2u * blk] = lo;
+            oxq[2u * blk + 1u] = hi;
         }
     }
 }

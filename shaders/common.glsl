@@ -56,6 +56,32 @@ float div_rn(float a, float b) {
     return q;
 }
 
+// A block of 32 activations to 8 bits, bit for bit as the CPU's QuantizedActs: d = amax / 127
+// (div_rn), q = round_half_even(x * (1 / d)) clamped to an i8; the codes four to a word, as two
+// uvec4 (lo: codes 0-15, hi: 16-31); returns (d, d * the codes' sum). Every q8 block a shader
+// writes comes from here (quantize_q8.comp, moe_glu_q8.comp, attn_split.comp, moe_matvec.comp).
+vec2 q8_block(float v[32], out uvec4 lo, out uvec4 hi) {
+    float amax = 0.0;
+    for (uint i = 0u; i < 32u; i++) amax = max(amax, abs(v[i]));
+    float d = div_rn(amax, 127.0);
+    float id = d > 0.0 ? div_rn(1.0, d) : 0.0;
+    uint words[8];
+    int sum = 0;
+    for (uint w = 0u; w < 8u; w++) {
+        uint packed = 0u;
+        for (uint j = 0u; j < 4u; j++) {
+            precise float t = v[4u * w + j] * id;
+            int q = clamp(int(roundEven(t)), -128, 127);
+            sum += q;
+            packed |= (uint(q) & 0xffu) << (8u * j);
+        }
+        words[w] = packed;
+    }
+    lo = uvec4(words[0], words[1], words[2], words[3]);
+    hi = uvec4(words[4], words[5], words[6], words[7]);
+    return vec2(d, d * float(sum));
+}
+
 int sbyte(uint w, uint i) { return bitfieldExtract(int(w), int(8 * i), 8); }
 
 #ifdef HW_DOT

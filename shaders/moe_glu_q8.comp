@@ -52,24 +52,10 @@ void main() {
     uint qb = gl_WorkGroupID.x * 8u + tid;
     if (tid >= 8u || qb >= pc.blocks) return;
     // quantize_q8.comp's arithmetic, on the block's values as h holds them.
-    uint base = tid * 32u;
-    float amax = 0.0;
-    for (uint i = 0u; i < 32u; i++) amax = max(amax, abs(vs[base + i]));
-    float d = div_rn(amax, 127.0);
-    float id = d > 0.0 ? div_rn(1.0, d) : 0.0;
-    uint words[8];
-    int sum = 0;
-    for (uint w = 0u; w < 8u; w++) {
-        uint packed = 0u;
-        for (uint j = 0u; j < 4u; j++) {
-            precise float x = vs[base + 4u * w + j] * id;
-            int q = clamp(int(roundEven(x)), -128, 127);
-            sum += q;
-            packed |= (uint(q) & 0xffu) << (8u * j);
-        }
-        words[w] = packed;
-    }
-    xq[2u * qb] = uvec4(words[0], words[1], words[2], words[3]);
-    xq[2u * qb + 1u] = uvec4(words[4], words[5], words[6], words[7]);
-    xd[qb] = vec2(d, d * float(sum));
+    float v[32];
+    for (uint i = 0u; i < 32u; i++) v[i] = vs[tid * 32u + i];
+    uvec4 lo, hi;
+    xd[qb] = q8_block(v, lo, hi);
+    xq[2u * qb] = lo;
+    xq[2u * qb + 1u] = hi;
 }

@@ -88,28 +88,11 @@ void main() {
         for (uint b = gl_LocalInvocationID.x; b < blocks; b += gl_WorkGroupSize.x) {
             uint base = pc.x_off + (g_blk0 + b) * 32u;
             float v[32];
-            float amax = 0.0;
-            for (uint i = 0u; i < 32u; i++) {
-                v[i] = xf[base + i];
-                amax = max(amax, abs(v[i]));
-            }
-            float d = div_rn(amax, 127.0);
-            float id = d > 0.0 ? div_rn(1.0, d) : 0.0;
-            uint words[8];
-            int sum = 0;
-            for (uint w = 0u; w < 8u; w++) {
-                uint packed = 0u;
-                for (uint j = 0u; j < 4u; j++) {
-                    precise float t = v[4u * w + j] * id;
-                    int q = clamp(int(roundEven(t)), -128, 127);
-                    sum += q;
-                    packed |= (uint(q) & 0xffu) << (8u * j);
-                }
-                words[w] = packed;
-            }
-            hq_s[2u * b] = uvec4(words[0], words[1], words[2], words[3]);
-            hq_s[2u * b + 1u] = uvec4(words[4], words[5], words[6], words[7]);
-            hd_s[b] = vec2(d, d * float(sum));
+            for (uint i = 0u; i < 32u; i++) v[i] = xf[base + i];
+            uvec4 lo, hi;
+            hd_s[b] = q8_block(v, lo, hi);
+            hq_s[2u * b] = lo;
+            hq_s[2u * b + 1u] = hi;
         }
         barrier();
     }
