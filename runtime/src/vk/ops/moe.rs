@@ -19,8 +19,8 @@
 //!   (`moe_sum.comp`). Experts of a format with q8 activations take the cooperative-matrix GEMM
 //!   (`moe_matmul_coop.comp`) instead where the device has an int8 shape, from `COOP_MIN_ROWS`
 //!   rows; its gate/up stores the raw sums of the stacked gate and up rows (in the scratch's
-//!   `gu`), and `moe_glu_q8.comp` (`moe_glu.rs`) makes the gated unit and its 8-bit blocks for down (an ffn
-//!   that is not whole blocks of 32 takes the tiled gate/up).
+//!   `gu`), and `moe_glu_q8.comp` (`moe_glu.rs`) makes the gated unit and its 8-bit blocks for
+//!   down (an ffn that is not whole blocks of 32 takes the tiled gate/up).
 //!
 //! Scratch (`MoeScratch`) is the caller's, sized once for the largest chunk and reused by
 //! every layer (the frame's hazard tracking orders the reuse).
@@ -98,8 +98,8 @@ const GEMM_BR: usize = 32;
 const COOP_BO: usize = 64;
 const COOP_BR: usize = 64;
 const MAX_GROUPS: usize = 65535;
-/// Blocks of 32 of h one workgroup of `moe_matvec.comp`'s mode 5 quantizes into shared memory
-/// (its `HQ_MAX`).
+/// Blocks of 32 of h one workgroup of `moe_matvec.comp`'s modes 5 and 6 quantizes into shared
+/// memory (its `HQ_MAX`).
 const HQ_MAX_BLOCKS: usize = 384;
 
 /// One layer's routed experts on the device.
@@ -589,7 +589,8 @@ impl<'a> Frame<'a> {
         };
         if way == Way::Pairs {
             let per = self.rows_per_group(dv)?;
-            // Mode 1: down and the rank-ordered sum per row; mode 2: down per pair.
+            // Mode 1: down and the rank-ordered sum per row; mode 2: down per pair (5 and 6: the
+            // same, h quantized in the kernel).
             let (mode, wgs) = match (sum, hq_in_kernel) {
                 (true, true) => (5, n),
                 (true, false) => (1, n),
