@@ -30,9 +30,9 @@ layout(push_constant) uniform PC {
     uint ring; uint pad0; uint pad1; uint pad2;
 } pc;
 
-// As ops/attention.rs: positions per split at least MIN_CHUNK, at most MAX_SPLITS splits.
+// As ops/attention.rs: positions per split at least MIN_CHUNK; with the position read on the
+// device, at most pc.splits splits (the dispatch's, which the partials are sized for).
 #define MIN_CHUNK 32u
-#define MAX_SPLITS 32u
 uint g_pos0, g_splits, g_chunk;
 
 bool dyn_pos() { return (pc.flags & 4u) != 0u; }
@@ -47,7 +47,7 @@ void attn_setup() {
     g_pos0 = params[0];
     uint len = g_pos0 + pc.n;
     uint span = pc.window != 0u ? min(pc.window, len) : len;
-    g_splits = clamp((span + MIN_CHUNK - 1u) / MIN_CHUNK, 1u, MAX_SPLITS);
+    g_splits = clamp((span + MIN_CHUNK - 1u) / MIN_CHUNK, 1u, max(pc.splits, 1u));
     g_chunk = (span + g_splits - 1u) / g_splits;
 }
 

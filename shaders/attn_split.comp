@@ -354,8 +354,16 @@ void main() {
     bool q8 = rope && cst[10] != 0u;
     for (uint d = tid; d < vhd; d += T) {
         float acc = 0.0;
-        for (uint s2 = 0u; s2 < g_splits; s2++) {
-            if (red_sum[s2] > 0.0) acc += part_o[(base + s2) * vhd + d] * p_s[s2];
+        // Eight splits' partials in flight (an empty split's as 0: its factor is 0 too).
+        for (uint s0 = 0u; s0 < g_splits; s0 += 8u) {
+            float pv[8];
+            [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                uint s2 = s0 + i;
+                pv[i] = s2 < g_splits && red_sum[s2] > 0.0 ? part_o[(base + s2) * vhd + d] : 0.0;
+            }
+            [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                if (s0 + i < g_splits) acc += pv[i] * p_s[s0 + i];
+            }
         }
         float o = acc * inv;
         outv[pc.o_off + row * pc.heads * vhd + h * vhd + d] = o;

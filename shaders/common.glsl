@@ -59,7 +59,7 @@ float div_rn(float a, float b) {
 // A block of 32 activations to 8 bits, bit for bit as the CPU's QuantizedActs: d = amax / 127
 // (div_rn), q = round_half_even(x * (1 / d)) clamped to an i8; the codes four to a word, as two
 // uvec4 (lo: codes 0-15, hi: 16-31); returns (d, d * the codes' sum). Every q8 block a shader
-// writes comes from here (quantize_q8.comp, moe_glu_q8.comp, attn_split.comp, moe_matvec.comp).
+// writes comes from here (quantize_q8.comp, moe_glu_q8.comp, attn_split.comp).
 vec2 q8_block(float v[32], out uvec4 lo, out uvec4 hi) {
     float amax = 0.0;
     for (uint i = 0u; i < 32u; i++) amax = max(amax, abs(v[i]));

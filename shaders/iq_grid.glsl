@@ -137,7 +137,7 @@ float unit_dot(uint row, uint u, uint xr) {
     uint blk = XQ_BLK(xr) + u;
     int i = int(2u * iq_scale(qb, ib, 0u) + 1u) * dot16_ss(lo, xq16(blk, 0u))
           + int(2u * iq_scale(qb, ib, 1u) + 1u) * dot16_ss(hi, xq16(blk, 1u));
-    return (f16_at(row * SS, s) * IQ_UNIT) * (XD(blk).x * float(i));
+    return (f16_at(row * SS, s) * IQ_UNIT) * (xd[blk].x * float(i));
 }
 float row_finish(uint row, float acc) { return acc; }
 #endif

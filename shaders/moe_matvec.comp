@@ -14,10 +14,6 @@
 //   moe_group.comp listed for e (binding 9), PB pairs at a time, so an expert's weights are read
 //   once for PB pairs instead of once a pair; each pair's dot sums its units in the order of
 //   modes 0/2 (the same numbers). Mode 4 always writes per pair (moe_sum.comp joins them).
-// Mode 5 (decode's down and sum with h in f32): mode 1, the workgroup first quantizing its
-//   row's top_k pairs of h (binding 2) into shared memory (quantize_q8.comp's arithmetic, so the
-//   same codes), at most HQ_MAX blocks; one dispatch less in decode's chain than a quantization
-//   before mode 1. Mode 6: mode 2 the same way, each workgroup quantizing its pair's h.
 // One subgroup per output row, lanes over the row's units, joined by a subgroup sum, as
 // matvec.comp. Biases (gpt-oss): bias[bias_off + e*2F + j] for gate/up rows, bias[bias_off +
 // e*H + i] for down, when bias_off != NONE.
@@ -53,16 +49,6 @@ layout(push_constant) uniform PC {
 #define XQ_BLK(xr) ((xr) * (pc.cols >> 5))
 #define R_OFF pc.r_off
 #define TOP_K pc.top_k
-
-// Mode 5's blocks of h: the workgroup's row's pairs, block b of them at b - g_blk0.
-#define HQ_MAX 384u
-shared uvec4 hq_s[2u * HQ_MAX];
-shared vec2 hd_s[HQ_MAX];
-bool g_hq = false;
-uint g_blk0 = 0u;
-#define XQ_CUSTOM 1
-uvec4 xq16(uint blk, uint half_) { return g_hq ? hq_s[2u * (blk - g_blk0) + half_] : xq[2u * blk + half_]; }
-#define XD(blk) (g_hq ? hd_s[(blk) - g_blk0] : xd[blk])
 #include "wformat.glsl"
 #include "moe.glsl"
 
@@ -80,22 +66,6 @@ float row_dot(uint row, uint xr) {
 
 void main() {
     wformat_init();
-    if (pc.mode >= 5u) {
-        // Mode 5: the row's top_k pairs; mode 6: the workgroup's pair.
-        uint nb = pc.cols >> 5, blocks = pc.mode == 5u ? pc.top_k * nb : nb;
-        g_hq = true;
-        g_blk0 = gl_WorkGroupID.y * blocks;
-        for (uint b = gl_LocalInvocationID.x; b < blocks; b += gl_WorkGroupSize.x) {
-            uint base = pc.x_off + (g_blk0 + b) * 32u;
-            float v[32];
-            for (uint i = 0u; i < 32u; i++) v[i] = xf[base + i];
-            uvec4 lo, hi;
-            hd_s[b] = q8_block(v, lo, hi);
-            hq_s[2u * b] = lo;
-            hq_s[2u * b + 1u] = hi;
-        }
-        barrier();
-    }
     uint step = gl_NumWorkGroups.x * gl_NumSubgroups;
     uint first = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID;
     if (pc.mode == 0u) {
@@ -119,7 +89,7 @@ void main() {
             }
             if (subgroupElect()) outv[pc.out_off + p * f + j] = moe_glu(pc.glu, g, u, pc.limit, pc.alpha);
         }
-    } else if (pc.mode == 3u || pc.mode == 4u) {
+    } else if (pc.mode >= 3u) {
         uint e = gl_WorkGroupID.y, f = pc.rows, units = units_per_row();
         uint g1 = groups[e + 1u];
         for (uint q0 = groups[e]; q0 < g1; q0 += PB) {
@@ -168,7 +138,7 @@ void main() {
                 }
             }
         }
-    } else if (pc.mode == 2u || pc.mode == 6u) {
+    } else if (pc.mode == 2u) {
         uint p = gl_WorkGroupID.y, r = p / pc.top_k, k = p % pc.top_k, hdim = pc.rows;
         uint e = moe_expert(r, k, pc.experts);
         if (e >= pc.experts) return;

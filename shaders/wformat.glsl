@@ -9,8 +9,7 @@
 // quantize_q8.comp). dequant(row, k) is element k, as the CPU's dequant_row computes it.
 // The including shader declares wq, ws (and xf / xq, xd for activations) and defines QS, SS,
 // COLS, XF_OFF (float activations: index of the row's first element) and XQ_BLK (q8
-// activations: index of the row's first 32-block), and optionally XLOAD (see xat) or
-// XQ_CUSTOM (see xq16); it calls
+// activations: index of the row's first 32-block), and optionally XLOAD (see xat); it calls
 // wformat_init() first in main.
 // Must not: declare bindings, or depend on the workgroup shape.
 
@@ -39,12 +38,7 @@ uint wbyte(uint qbase, uint b) { return (wq[qbase + (b >> 4)][(b >> 2) & 3u] >> 
 #endif
 float xat(uint xr, uint k) { return k < COLS ? XLOAD(xr, k) : 0.0; }
 #else
-// XQ_CUSTOM: the including shader defines xq16 and XD (8-bit activations held elsewhere,
-// such as blocks it quantized into shared memory); by default they read xq and xd.
-#ifndef XQ_CUSTOM
 uvec4 xq16(uint blk, uint half_) { return xq[2u * blk + half_]; }
-#define XD(blk) xd[blk]
-#endif
 #endif
 
 // ---------------------------------------------------------------------------------------
@@ -106,7 +100,7 @@ uint units_per_row() { return QS >> 1; }
 float unit_dot(uint row, uint u, uint xr) {
     uint blk = XQ_BLK(xr) + u;
     int i = dot16_ss(wq[row * QS + 2u * u], xq16(blk, 0u)) + dot16_ss(wq[row * QS + 2u * u + 1u], xq16(blk, 1u));
-    return XD(blk).x * float(i);
+    return xd[blk].x * float(i);
 }
 float row_finish(uint row, float acc) { return uintBitsToFloat(ws[row * SS]) * acc; }
 #endif
@@ -120,7 +114,7 @@ uint units_per_row() { return QS >> 1; }
 float unit_dot(uint row, uint u, uint xr) {
     uint blk = XQ_BLK(xr) + u;
     int i = dot16_ss(wq[row * QS + 2u * u], xq16(blk, 0u)) + dot16_ss(wq[row * QS + 2u * u + 1u], xq16(blk, 1u));
-    return f16_at(row * SS, u) * XD(blk).x * float(i);
+    return f16_at(row * SS, u) * xd[blk].x * float(i);
 }
 float row_finish(uint row, float acc) { return acc; }
 #endif
@@ -139,10 +133,10 @@ float unit_dot(uint row, uint u, uint xr) {
     int i = dot16_us(w & 0x0f0f0f0fu, x0) + dot16_us((w >> 4) & 0x0f0f0f0fu, x1);
 #ifdef FMT_Q4_0
     i -= 8 * (sum16_s(x0) + sum16_s(x1));
-    return f16_at(row * SS, u) * XD(blk).x * float(i);
+    return f16_at(row * SS, u) * xd[blk].x * float(i);
 #else
     vec2 dm = unpackHalf2x16(ws[row * SS + u]);
-    return dm.x * XD(blk).x * float(i) + dm.y * XD(blk).y;
+    return dm.x * xd[blk].x * float(i) + dm.y * xd[blk].y;
 #endif
 }
 float row_finish(uint row, float acc) { return acc; }
@@ -170,8 +164,8 @@ float unit_dot(uint row, uint u, uint xr) {
     int ia = dot16_us(w0 & 0x0f0f0f0fu, xq16(ba, 0u)) + dot16_us(w1 & 0x0f0f0f0fu, xq16(ba, 1u));
     int ib = dot16_us((w0 >> 4) & 0x0f0f0f0fu, xq16(bb, 0u)) + dot16_us((w1 >> 4) & 0x0f0f0f0fu, xq16(bb, 1u));
     vec2 sm = unpackHalf2x16(ws[row * SS + u]);
-    float i = XD(ba).x * float(ia) + XD(bb).x * float(ib);
-    return sm.x * i + sm.y * (XD(ba).y + XD(bb).y);
+    float i = xd[ba].x * float(ia) + xd[bb].x * float(ib);
+    return sm.x * i + sm.y * (xd[ba].y + xd[bb].y);
 }
 float row_finish(uint row, float acc) { return acc; }
 #endif
@@ -210,8 +204,8 @@ float unit_dot(uint row, uint u, uint xr) {
     k4_scale(sbase, 2u * c, sca, ma);
     k4_scale(sbase, 2u * c + 1u, scb, mb);
     vec2 dd = unpackHalf2x16(ws[sbase]);
-    float a = XD(ba).x * float(int(sca) * ia) + XD(bb).x * float(int(scb) * ib);
-    float mm = float(ma) * XD(ba).y + float(mb) * XD(bb).y;
+    float a = xd[ba].x * float(int(sca) * ia) + xd[bb].x * float(int(scb) * ib);
+    float mm = float(ma) * xd[ba].y + float(mb) * xd[bb].y;
     return dd.x * a - dd.y * mm;
 }
 float row_finish(uint row, float acc) { return acc; }
@@ -245,7 +239,7 @@ float unit_dot(uint row, uint u, uint xr) {
     uint sbase = row * SS + 5u * s;
     int i = k6_scale(sbase, 2u * j) * (dot16_us(q0, x0) - 32 * sum16_s(x0))
           + k6_scale(sbase, 2u * j + 1u) * (dot16_us(q1, x1) - 32 * sum16_s(x1));
-    return uintBitsToFloat(ws[sbase + 4u]) * (XD(blk).x * float(i));
+    return uintBitsToFloat(ws[sbase + 4u]) * (xd[blk].x * float(i));
 }
 float row_finish(uint row, float acc) { return acc; }
 #endif
@@ -275,9 +269,9 @@ float unit_dot(uint row, uint u, uint xr) {
     vec2 dm = unpackHalf2x16(ws[row * SS + 2u * u]);
 #ifdef FMT_Q5_0
     i -= 16 * (sum16_s(x0) + sum16_s(x1));
-    return dm.x * XD(blk).x * float(i);
+    return dm.x * xd[blk].x * float(i);
 #else
-    return dm.x * XD(blk).x * float(i) + dm.y * XD(blk).y;
+    return dm.x * xd[blk].x * float(i) + dm.y * xd[blk].y;
 #endif
 }
 float row_finish(uint row, float acc) { return acc; }
@@ -328,10 +322,10 @@ float unit_dot(uint row, uint u, uint xr) {
     nib_levels(wq[row * QS + u], lo, hi);
     int i = dot16_ss(lo, xq16(blk, 0u)) + dot16_ss(hi, xq16(blk, 1u));
 #ifdef FMT_IQ4_NL
-    return f16_at(row * SS, u) * XD(blk).x * float(i);
+    return f16_at(row * SS, u) * xd[blk].x * float(i);
 #else
     uint sbase = row * SS + 2u * (u >> 3);
-    return unpackHalf2x16(ws[sbase]).x * (XD(blk).x * float(iq4xs_scale(sbase, u & 7u) * i));
+    return unpackHalf2x16(ws[sbase]).x * (xd[blk].x * float(iq4xs_scale(sbase, u & 7u) * i));
 #endif
 }
 float row_finish(uint row, float acc) { return acc; }
@@ -371,7 +365,7 @@ float unit_dot(uint row, uint u, uint xr) {
     uvec4 lo, hi;
     nib_levels(wq[row * QS + u], lo, hi);
     int i = dot16_ss(lo, xq16(blk, 0u)) + dot16_ss(hi, xq16(blk, 1u));
-    return uintBitsToFloat(ws[row * SS + u]) * XD(blk).x * float(i);
+    return uintBitsToFloat(ws[row * SS + u]) * xd[blk].x * float(i);
 }
 float row_finish(uint row, float acc) { return acc; }
 #endif
@@ -430,8 +424,8 @@ float unit_dot(uint row, uint u, uint xr) {
     k5_scale(sbase, ja, sca, ma);
     k5_scale(sbase, jb, scb, mb);
     vec2 dd = unpackHalf2x16(ws[sbase]);
-    float a = XD(ba).x * float(int(sca) * ia) + XD(bb).x * float(int(scb) * ib);
-    float mm = float(ma) * XD(ba).y + float(mb) * XD(bb).y;
+    float a = xd[ba].x * float(int(sca) * ia) + xd[bb].x * float(int(scb) * ib);
+    float mm = float(ma) * xd[ba].y + float(mb) * xd[bb].y;
     return dd.x * a - dd.y * mm;
 }
 float row_finish(uint row, float acc) { return acc; }
@@ -464,7 +458,7 @@ float unit_dot(uint row, uint u, uint xr) {
     int i = int(s0 & 15u) * dot16_us(q0, x0) + int(s1 & 15u) * dot16_us(q1, x1);
     int mi = int(s0 >> 4) * sum16_s(x0) + int(s1 >> 4) * sum16_s(x1);
     vec2 dd = unpackHalf2x16(ws[sbase + 4u]);
-    return dd.x * (XD(blk).x * float(i)) - dd.y * (XD(blk).x * float(mi));
+    return dd.x * (xd[blk].x * float(i)) - dd.y * (xd[blk].x * float(mi));
 }
 float row_finish(uint row, float acc) { return acc; }
 #endif
@@ -500,7 +494,7 @@ float unit_dot(uint row, uint u, uint xr) {
     uvec4 x0 = xq16(blk, 0u), x1 = xq16(blk, 1u);
     int i = k3_scale(sbase, 2u * j) * (dot16_us(q0, x0) - 4 * sum16_s(x0))
           + k3_scale(sbase, 2u * j + 1u) * (dot16_us(q1, x1) - 4 * sum16_s(x1));
-    return unpackHalf2x16(ws[sbase + 3u]).x * (XD(blk).x * float(i));
+    return unpackHalf2x16(ws[sbase + 3u]).x * (xd[blk].x * float(i));
 }
 float row_finish(uint row, float acc) { return acc; }
 #endif

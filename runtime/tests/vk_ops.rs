@@ -611,11 +611,11 @@ fn route_with_shared_experts_matches_cpu() {
     }
 }
 
-/// GQA attention, decode (positions split across workgroups, then joined) and prompt chunks
-/// (blocked, online softmax), each path on both shapes, with a sliding window and sinks, and
-/// MiMo-V2-Flash's geometry (value heads half the key heads' width, window and sinks, values
-/// scaled: the CPU executor scales the output of `attend`). Tolerance 1e-5 (softmax sums in
-/// another order).
+/// GQA attention, decode (positions split across workgroups, up to the most splits, then joined)
+/// and prompt chunks (blocked, online softmax), each path on both shapes, with a sliding window
+/// and sinks, and MiMo-V2-Flash's geometry (value heads half the key heads' width, window and
+/// sinks, values scaled: the CPU executor scales the output of `attend`). Tolerance 1e-5
+/// (softmax sums in another order).
 #[test]
 fn attention_matches_cpu() {
     let Some(ctx) = ctx() else { return };
@@ -628,7 +628,8 @@ fn attention_matches_cpu() {
     ];
     for (heads, kv_heads, head_dim, v_head_dim, window, with_sinks, value_scale) in shapes {
         let dims = (heads, kv_heads, head_dim, v_head_dim);
-        for (n, pos0) in [(1, 150), (19, 5), (1, 0), (3, 70)] {
+        // 1,500 positions: the most splits (32), joined eight at a time.
+        for (n, pos0) in [(1, 150), (19, 5), (1, 0), (3, 70), (1, 1500)] {
             let AttnCase { q, k, v, sinks, shape: vs, want } =
                 attention_case(&mut rng, dims, window, with_sinks, value_scale, n, pos0);
             let (qb, kb, vb, sb) = (

@@ -9,8 +9,7 @@
 //! the device layout of `layout.rs` (every format the GEMV reads). Two paths:
 //! - few rows (decode): per pair a GEMV of its expert (`moe_matvec.comp`): gate, up and the
 //!   gated unit in one dispatch over (output rows, pairs), then down and the rank-ordered sum in
-//!   one over (output rows, rows). With q8 activations: a quantization before gate/up; down's
-//!   GEMV quantizes h itself (modes 5 and 6) where it fits its shared memory.
+//!   one over (output rows, rows). With q8 activations: a quantization before each.
 //! - several rows (a batched decode step of several sequences): the pairs grouped by expert
 //!   (`moe_group.comp`), then the same GEMVs over (output rows, experts), each expert's weights
 //!   read once for up to 8 of its pairs, and the sum (`moe_sum.comp`).
@@ -19,8 +18,8 @@
 //!   (`moe_sum.comp`). Experts of a format with q8 activations take the cooperative-matrix GEMM
 //!   (`moe_matmul_coop.comp`) instead where the device has an int8 shape, from `COOP_MIN_ROWS`
 //!   rows; its gate/up stores the raw sums of the stacked gate and up rows (in the scratch's
-//!   `gu`), and `moe_glu_q8.comp` (`moe_glu.rs`) makes the gated unit and its 8-bit blocks for
-//!   down (an ffn that is not whole blocks of 32 takes the tiled gate/up).
+//!   `gu`), and `moe_glu_q8.comp` (`moe_glu.rs`) makes the gated unit and its 8-bit blocks for down (an ffn
+//!   that is not whole blocks of 32 takes the tiled gate/up).
 //!
 //! Scratch (`MoeScratch`) is the caller's, sized once for the largest chunk and reused by
 //! every layer (the frame's hazard tracking orders the reuse).
@@ -98,9 +97,6 @@ const GEMM_BR: usize = 32;
 const COOP_BO: usize = 64;
 const COOP_BR: usize = 64;
 const MAX_GROUPS: usize = 65535;
-/// Blocks of 32 of h one workgroup of `moe_matvec.comp`'s modes 5 and 6 quantizes into shared
-/// memory (its `HQ_MAX`).
-const HQ_MAX_BLOCKS: usize = 384;
 
 /// One layer's routed experts on the device.
 #[derive(Debug)]
@@ -552,14 +548,9 @@ impl<'a> Frame<'a> {
                 glu_quantized = true;
             }
         }
-        // 2. Down, and the rank-ordered sum into out. Decode's GEMVs quantize h themselves (a
-        // row's pairs: mode 5; a pair: mode 6) where the blocks fit the kernel's shared memory.
-        let hq_in_kernel = way == Way::Pairs
-            && dv.q8_acts()
-            && !glu_quantized
-            && if sum { top_k } else { 1 } * ffn / 32 <= HQ_MAX_BLOCKS;
+        // 2. Down, and the rank-ordered sum into out.
         let (hq, hd) = if dv.q8_acts() {
-            if !glu_quantized && !hq_in_kernel {
+            if !glu_quantized {
                 self.moe_quantize(&s.h, 0, pairs, ffn, &s.hq, &s.hd)?;
             }
             (Bind::buf(&s.hq), Bind::buf(&s.hd))
@@ -589,14 +580,8 @@ impl<'a> Frame<'a> {
         };
         if way == Way::Pairs {
             let per = self.rows_per_group(dv)?;
-            // Mode 1: down and the rank-ordered sum per row; mode 2: down per pair (5 and 6: the
-            // same, h quantized in the kernel).
-            let (mode, wgs) = match (sum, hq_in_kernel) {
-                (true, true) => (5, n),
-                (true, false) => (1, n),
-                (false, true) => (6, pairs),
-                (false, false) => (2, pairs),
-            };
+            // Mode 1: down and the rank-ordered sum per row; mode 2: down per pair.
+            let (mode, wgs) = if sum { (1, n) } else { (2, pairs) };
             let (res_on, res_off) =
                 (residual.is_some() as u32, u32_arg(OP, "residual offset", residual.map_or(0, |r| r.offset))?);
             let push = MoeMatvecPush { mode, res_on, res_off, ..down };
