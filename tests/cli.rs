@@ -270,6 +270,8 @@ fn meaningless_numbers_are_refused() {
         (exec(&["--tier-mib", "17592186044416"]), "at most 17592186044415 MiB"),
         (exec(&["--pool-balance", "1.5"]), "'1.5': auto, off, or a share from 0 to 1"),
         (bench(&["--pool-balance", "some"]), "'some': auto, off, or a share from 0 to 1"),
+        (exec(&["--host-pool-mib", "lots"]), "'lots': auto or MiB"),
+        (bench(&["--host-pool-mib", "17592186044416"]), "at most 17592186044415 MiB"),
         (exec(&["--device2-mem-mib", "17592186044416"]), "at most 17592186044415 MiB"),
         (bench(&["-p", "0"]), "'0' for '--prompt <PROMPT>': at least 1 token"),
         (bench(&["-n", "0"]), "'0' for '--decode <DECODE>': at least 1 token"),

@@ -15,17 +15,18 @@
 
 mod common;
 
+use coli_compiler::ir::Op;
 use coli_compiler::Options;
 use coli_runtime::engine::{DeviceRequest, Engine, EngineOptions};
 use coli_runtime::ramcache::{RamBudget, RamOptions};
-use coli_runtime::tier::{Balance, TierOptions, TierStats};
+use coli_runtime::tier::{Balance, PoolBudget, TierOptions, TierStats};
 use coli_runtime::vk::{MemoryUse, VkOptions};
 use common::*;
 use std::path::Path;
 
 const CONTEXT: usize = 256;
 
-fn options(pool: Option<u64>, import: bool, ram: RamOptions) -> EngineOptions {
+fn options(pool: PoolBudget, import: bool, ram: RamOptions) -> EngineOptions {
     EngineOptions {
         device: DeviceRequest::Vulkan(VkOptions::default()),
         compile: Options { context: CONTEXT, chunk_rows: 8, resident_experts: false, ..Options::default() },
@@ -58,7 +59,7 @@ fn stats(l: &Engine) -> TierStats {
 
 /// Bytes of one expert in the tier's slots.
 fn expert_bytes(dir: &Path) -> u64 {
-    let l = load(dir, &options(None, true, no_ram()));
+    let l = load(dir, &options(PoolBudget::Off, true, no_ram()));
     l.device().unwrap().with_tier(|t| t.expert_bytes()).unwrap() as u64
 }
 
@@ -71,7 +72,7 @@ fn pairs_from_the_host_pool_match_the_cpu_imported_or_not() {
         let want = run_greedy(&load_model(&dir), &p, 5, 8, CONTEXT, true);
         let each = expert_bytes(&dir);
         for import in [true, false] {
-            let l = load(&dir, &options(Some(6 * each), import, no_ram()));
+            let l = load(&dir, &options(PoolBudget::Bytes(6 * each), import, no_ram()));
             let line = l.tier_line().unwrap().to_string();
             assert!(line.contains("host pool: budget") && line.contains("= 6 experts of"), "{name}: {line}");
             let mem = l.device().unwrap().with_tier(|t| (t.pool_slots(), t.pool_memory())).unwrap();
@@ -107,7 +108,7 @@ fn the_host_pool_and_the_ram_cache_hold_different_experts() {
     let each = expert_bytes(&dir);
     for device_layers in [None, Some(0)] {
         let ram = RamOptions { budget: RamBudget::Bytes(1 << 20), readers: 2, ..RamOptions::default() };
-        let mut o = options(Some(4 * each), true, ram);
+        let mut o = options(PoolBudget::Bytes(4 * each), true, ram);
         o.compile.device_layers = device_layers;
         let l = load(&dir, &o);
         assert_eq!(l.device().unwrap().has_device_frames(), device_layers.is_none(), "the trunk's place");
@@ -141,19 +142,48 @@ fn pool_and_ram(l: &Engine, p: &[u32], want: &Run) {
 fn a_host_pool_too_small_for_one_expert_is_off_and_says_why() {
     let dir = fixture_dir("olmoe");
     let each = expert_bytes(&dir);
-    let l = load(&dir, &options(Some(each - 1), true, no_ram()));
+    let l = load(&dir, &options(PoolBudget::Bytes(each - 1), true, no_ram()));
     let line = l.tier_line().unwrap();
     assert!(line.contains("host pool off: its budget of") && line.contains("holds no expert of"), "{line}");
     assert_eq!(l.device().unwrap().with_tier(|t| t.pool_slots()).unwrap(), 0);
-    let none = load(&dir, &options(None, true, no_ram()));
+    let none = load(&dir, &options(PoolBudget::Off, true, no_ram()));
     assert!(none.tier_line().unwrap().contains("no host pool"));
+}
+
+/// `PoolBudget::Auto` on this machine (free memory far above the fixture's experts): the pool
+/// holds every expert the device slots leave, and the tier's line says the rule.
+#[test]
+fn an_automatic_pool_holds_every_expert_the_device_leaves() {
+    let dir = fixture_dir("olmoe");
+    let l = load(&dir, &options(PoolBudget::Auto, true, no_ram()));
+    let line = l.tier_line().unwrap();
+    assert!(line.contains("from free memory") && line.contains("every expert the device leaves"), "{line}");
+    let moe: Vec<(usize, usize)> = (l.plan().program.layers.iter().flat_map(|x| &x.ops))
+        .filter_map(|op| match op {
+            Op::RoutedExperts { layer, experts, .. } => Some((layer.0 as usize, *experts)),
+            _ => None,
+        })
+        .collect();
+    let total: usize = moe.iter().map(|m| m.1).sum();
+    let d = l.device().unwrap();
+    assert_eq!(d.with_tier(|t| t.pool_slots()).unwrap(), total - 3, "the device holds 3, the pool the rest: {line}");
+    // Every expert in a slot after the warm start, all but the device's 3 in the pool's.
+    let mut in_pool = 0;
+    for (layer, n) in moe {
+        for e in 0..n {
+            let (slot, pool) = d.with_tier(|t| (t.is_resident(layer, e), t.in_host_pool(layer, e))).unwrap();
+            assert!(slot, "layer {layer} expert {e} in no slot: {line}");
+            in_pool += pool as usize;
+        }
+    }
+    assert_eq!(in_pool, total - 3, "{line}");
 }
 
 #[test]
 fn a_stress_run_moves_experts_between_the_levels_and_leaves_no_memory_held() {
     let dir = fixture_dir("olmoe");
     let each = expert_bytes(&dir);
-    let mut o = options(Some(5 * each), true, no_ram());
+    let mut o = options(PoolBudget::Bytes(5 * each), true, no_ram());
     o.tier.promotions_per_token = 64;
     let l = load(&dir, &o);
     let ctx = l.device().unwrap().ctx.clone();
@@ -177,7 +207,7 @@ fn the_balancer_gives_the_pools_pairs_to_the_cpu_with_the_same_tokens() {
     let want = run_greedy(&load_model(&dir), &p, 5, 8, CONTEXT, true);
     let each = expert_bytes(&dir);
     let run = |share: f32, ram: RamOptions| {
-        let mut o = options(Some(6 * each), true, ram);
+        let mut o = options(PoolBudget::Bytes(6 * each), true, ram);
         o.tier.balance = Balance::Fixed(share);
         let l = load(&dir, &o);
         let got = run_greedy(&l, &p, 5, 8, CONTEXT, true);

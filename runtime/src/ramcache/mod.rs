@@ -41,7 +41,7 @@
 //! cache), hold an expert a device tier slot holds, or return bytes that are not the file's
 //! (a short read is a typed error, `io::IoError::Truncated`).
 
-mod budget;
+pub mod budget;
 pub mod io;
 mod pin;
 pub mod prefetch;

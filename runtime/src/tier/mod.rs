@@ -74,7 +74,8 @@ use balance::Balancer;
 use coli_compiler::cost::human;
 use coli_compiler::ir::{ExpertWeights, GluKind, Op, Program};
 use history::History;
-pub use options::{TierDevice, TierDeviceStats, TierOptions, TierRunError, TierStats, TierStep};
+pub use options::{PoolBudget, TierDevice, TierDeviceStats, TierOptions, TierRunError, TierStats, TierStep};
+use pool::PoolAsk;
 use rayon::prelude::*;
 use side::{DeviceSide, SideJob, SideSetup, SlotShape};
 use slots::{SlotState, Slots};
@@ -233,10 +234,12 @@ impl ExpertTier {
                 SideSetup::Ready(mut side) => {
                     side.first = held;
                     if i == 0 {
-                        if let Some(pb) = opts.host_pool {
-                            let left = total - side.slots();
-                            pool_note = Some(pool::host_pool(&mut side, pb, &shape, left, opts.host_pool_import)?);
-                        }
+                        let left = total - side.slots();
+                        // The experts' host bytes taken as their slots' (the packed form).
+                        let other = (ws.bytes() as u64).saturating_sub((total * expert_bytes) as u64);
+                        let floor = (layers.len() * top_k * expert_bytes) as u64;
+                        let ask = PoolAsk { budget: opts.host_pool, other, floor, import: opts.host_pool_import };
+                        pool_note = pool::host_pool(&mut side, ask, &shape, left)?;
                     }
                     sides.push(*side);
                 }

@@ -31,15 +31,29 @@ pub struct TierOptions {
     pub stream_slots: usize,
     /// Rows from which a step may stream.
     pub stream_min_rows: usize,
-    /// The host pool's budget in bytes (`--host-pool-mib`): slots in host memory beside the
-    /// primary's, which the device reads over the bus; `None` (the default): no pool, as the
+    /// The host pool's budget (`--host-pool-mib`): slots in host memory beside the primary's,
+    /// which the device reads over the bus; `PoolBudget::Off` (the default): no pool, as the
     /// pool's RAM is the RAM cache's to take otherwise.
-    pub host_pool: Option<u64>,
+    pub host_pool: PoolBudget,
     /// The pool in the process's own pages imported with `VK_EXT_external_memory_host` where
     /// the device has it (else, and when false, in the driver's host-visible memory).
     pub host_pool_import: bool,
     /// Which of the pool's pairs the CPU computes instead (`balance.rs`).
     pub balance: super::Balance,
+}
+
+/// The host pool's budget (`TierOptions::host_pool`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PoolBudget {
+    /// No pool.
+    #[default]
+    Off,
+    /// This many bytes (`--host-pool-mib N`).
+    Bytes(u64),
+    /// From the host's free memory (`--host-pool-mib auto`, `pool::auto_pool_budget`'s rule):
+    /// every expert the device slots leave where they fit, else what is free less the other
+    /// weights, a reserve and the RAM cache's floor.
+    Auto,
 }
 
 impl Default for TierOptions {
@@ -53,7 +67,7 @@ impl Default for TierOptions {
             deterministic: false,
             stream_slots: 0,
             stream_min_rows: 32,
-            host_pool: None,
+            host_pool: PoolBudget::Off,
             host_pool_import: true,
             balance: super::Balance::Adaptive,
         }

@@ -5,7 +5,7 @@
 
 use crate::engine_args::heading;
 use clap::Args;
-use coli_runtime::tier::{history, Balance, TierOptions};
+use coli_runtime::tier::{history, Balance, PoolBudget, TierOptions};
 use std::path::{Path, PathBuf};
 
 #[derive(Args, Debug, Clone)]
@@ -38,11 +38,12 @@ pub struct TierArgs {
     /// Rows from which a step may stream.
     #[arg(long, default_value_t = 32, help_heading = heading::EXPERT_TIER)]
     pub tier_stream_rows: usize,
-    /// The host pool's budget in MiB: experts the device does not hold kept in host memory it
-    /// reads over the bus, so their pairs run on the device with no upload (default: no pool,
-    /// that RAM stays the RAM cache's).
-    #[arg(long, value_parser = crate::checks::mib, help_heading = heading::EXPERT_TIER)]
-    pub host_pool_mib: Option<u64>,
+    /// The host pool's budget in MiB, or `auto` (from free memory: every expert the device
+    /// leaves where they fit): experts the device does not hold kept in host memory it reads
+    /// over the bus, so their pairs run on the device with no upload (default: no pool, that
+    /// RAM stays the RAM cache's).
+    #[arg(long, value_parser = pool_budget, help_heading = heading::EXPERT_TIER)]
+    pub host_pool_mib: Option<PoolBudget>,
     /// The host pool in the driver's host-visible memory even where the device can import the
     /// process's own pages (VK_EXT_external_memory_host).
     #[arg(long, help_heading = heading::EXPERT_TIER)]
@@ -52,6 +53,14 @@ pub struct TierArgs {
     /// fixed share from 0 to 1.
     #[arg(long, default_value = "auto", value_parser = balance, help_heading = heading::EXPERT_TIER)]
     pub pool_balance: Balance,
+}
+
+/// `--host-pool-mib`: `auto` or MiB.
+fn pool_budget(s: &str) -> Result<PoolBudget, String> {
+    match s {
+        "auto" => Ok(PoolBudget::Auto),
+        _ => crate::checks::mib(s).map(|m| PoolBudget::Bytes(m << 20)).map_err(|e| format!("'{s}': auto or MiB ({e})")),
+    }
 }
 
 /// `--pool-balance`: `auto`, `off` or a share from 0 to 1.
@@ -90,7 +99,7 @@ impl TierArgs {
             deterministic: self.tier_deterministic,
             stream_slots: self.tier_stream_slots,
             stream_min_rows: self.tier_stream_rows,
-            host_pool: self.host_pool_mib.map(|m| m << 20),
+            host_pool: self.host_pool_mib.unwrap_or_default(),
             host_pool_import: !self.no_host_pool_import,
             balance: self.pool_balance,
         }
