@@ -64,12 +64,31 @@ fn main() {
     for &(k, file, _) in KERNELS {
         writeln!(gen, "    /// `shaders/{file}`\n    {k},").expect("a String takes writes");
     }
+    for &(k, of) in KV16_KERNELS {
+        writeln!(gen, "    /// `{of}` with the K/V mirror in 16-bit floats (`KV_F16`)\n    {k},")
+            .expect("a String takes writes");
+    }
     gen.push_str("}\n\nimpl Kernel {\n    /// Whether the shader is compiled once per `FormatVariant`.\n");
     gen.push_str("    pub fn per_format(self) -> bool {\n        match self {\n");
     for &(k, _, pf) in KERNELS {
         writeln!(gen, "            Kernel::{k} => {pf},").expect("a String takes writes");
     }
-    gen.push_str("        }\n    }\n}\n\n");
+    for &(k, _) in KV16_KERNELS {
+        writeln!(gen, "            Kernel::{k} => false,").expect("a String takes writes");
+    }
+    gen.push_str("        }\n    }\n\n");
+    gen.push_str("    /// The twin of this kernel that keeps the K/V mirror in 16-bit floats, if it has one.\n");
+    gen.push_str("    pub fn kv16(self) -> Option<Kernel> {\n        match self {\n");
+    for &(k, of) in KV16_KERNELS {
+        writeln!(gen, "            Kernel::{of} => Some(Kernel::{k}),").expect("a String takes writes");
+    }
+    gen.push_str("            _ => None,\n        }\n    }\n\n");
+    gen.push_str("    /// The kernel whose source this one is compiled from (itself but for a `kv16` twin).\n");
+    gen.push_str("    pub fn base(self) -> Kernel {\n        match self {\n");
+    for &(k, of) in KV16_KERNELS {
+        writeln!(gen, "            Kernel::{k} => Kernel::{of},").expect("a String takes writes");
+    }
+    gen.push_str("            k => k,\n        }\n    }\n}\n\n");
     gen.push_str("/// The weight-format variants a per-format shader is compiled for.\n");
     gen.push_str("#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]\n#[allow(non_camel_case_types)]\npub enum FormatVariant {\n");
     for &(v, d) in FORMATS {

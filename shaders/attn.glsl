@@ -14,11 +14,13 @@
 // With ring != 0 the mirror is a ring of that many rows: position j is row j % ring (a sliding
 // window's mirror, which holds the window and one block; the caller keeps every position a
 // row sees in it).
+// The mirror's keys and values are KV_T (kv_type.glsl, which the kernel includes first): k_off,
+// v_off, k_at and v_at count its elements.
 // Must not: define main or workgroup sizes.
 
 layout(std430, binding = 0) readonly buffer Q { float qv[]; };
-layout(std430, binding = 1) readonly buffer K { float kv[]; };
-layout(std430, binding = 2) readonly buffer V { float vv[]; };
+layout(std430, binding = 1) readonly buffer K { KV_T kv[]; };
+layout(std430, binding = 2) readonly buffer V { KV_T vv[]; };
 layout(std430, binding = 3) readonly buffer SINK { float sinks[]; };
 layout(std430, binding = 7) readonly buffer PRM { uint params[]; };
 

@@ -6,6 +6,7 @@
 // logits as in attn.glsl.
 // Must not: hold more than MAX_D key or value columns, or materialize the score matrix.
 #extension GL_GOOGLE_include_directive : require
+#include "kv_type.glsl"
 #include "common.glsl"
 #include "attn.glsl"
 
@@ -35,7 +36,7 @@ void main() {
         // keys
         for (uint e = tid; e < BK * pc.head_dim; e += 256u) {
             uint t = e / pc.head_dim, d = e % pc.head_dim;
-            tile[t][d] = j0 + t <= j_hi ? kv[k_at(j0 + t, kh) + d] : 0.0;
+            tile[t][d] = j0 + t <= j_hi ? float(kv[k_at(j0 + t, kh) + d]) : 0.0;
         }
         barrier();
         uint j = j0 + kj;
@@ -69,7 +70,7 @@ void main() {
         // values
         for (uint e = tid; e < BK * pc.v_head_dim; e += 256u) {
             uint t = e / pc.v_head_dim, d = e % pc.v_head_dim;
-            tile[t][d] = j0 + t <= j_hi ? vv[v_at(j0 + t, kh) + d] : 0.0;
+            tile[t][d] = j0 + t <= j_hi ? float(vv[v_at(j0 + t, kh) + d]) : 0.0;
         }
         barrier();
         float alpha = alpha_s[qi];

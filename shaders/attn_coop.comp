@@ -22,6 +22,7 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_EXT_control_flow_attributes : require
+#include "kv_type.glsl"
 #include "common.glsl"
 // No relative logits here (the op layer refuses them for this kernel).
 #define ATTN_NO_REL
@@ -64,7 +65,7 @@ void stage_rows(uint tid, uint nt, uint width, uint base, uint stride, uint firs
             uint e = e0 + i * nt, t = e / MAXD, d = e % MAXD;
             bool in_ = e < BK * MAXD && d < width && first + t <= last;
             uint at = base + slot(first + t) * stride + d;
-            x[i] = in_ ? (keys ? kv[at] : vv[at]) : 0.0;
+            x[i] = in_ ? float(keys ? kv[at] : vv[at]) : 0.0;
         }
         [[unroll]] for (uint i = 0u; i < LOADS; i++) {
             uint e = e0 + i * nt;

@@ -10,6 +10,7 @@
 // Must not: hold more than MAX_D key or MAX_DV value columns, or read a position outside the
 // row's share.
 #extension GL_GOOGLE_include_directive : require
+#include "kv_type.glsl"
 #include "common.glsl"
 
 #define MAX_D 256
@@ -17,8 +18,8 @@
 #define T 128u
 layout(local_size_x = 128) in;
 layout(std430, binding = 0) readonly buffer Q { float qv[]; };
-layout(std430, binding = 1) readonly buffer K { float kv[]; };
-layout(std430, binding = 2) readonly buffer V { float vv[]; };
+layout(std430, binding = 1) readonly buffer K { KV_T kv[]; };
+layout(std430, binding = 2) readonly buffer V { KV_T vv[]; };
 layout(std430, binding = 3) writeonly buffer ACC { float acc[]; };
 layout(std430, binding = 4) writeonly buffer ML { float ml[]; };
 layout(std430, binding = 5) readonly buffer PRM { uint params[]; };
@@ -73,7 +74,7 @@ void main() {
         if (ok) {
             uint kb = slot(j) * kw + kh * hd;
             float a = 0.0;
-            for (uint d = 0u; d < hd; d++) a += q_s[d] * kv[kb + d];
+            for (uint d = 0u; d < hd; d++) a += q_s[d] * float(kv[kb + d]);
             s = a * pc.scale;
         }
         float m_new = max(m, reduce(s, true));
@@ -86,7 +87,7 @@ void main() {
         for (uint i = 0u; i * T + tid < vhd; i++) {
             uint d = i * T + tid;
             float a = 0.0;
-            for (uint t = 0u; t < cnt; t++) a += p_s[t] * vv[slot(j0 + t) * vw + kh * vhd + d];
+            for (uint t = 0u; t < cnt; t++) a += p_s[t] * float(vv[slot(j0 + t) * vw + kh * vhd + d]);
             o[i] = o[i] * alpha + a;
         }
         barrier();

@@ -23,9 +23,12 @@
 // With cst[10] != 0 (one row, v_head_dim a multiple of 32), the joining workgroup also writes
 // its head's output as 8-bit activations for the product after it (quantize_rows.comp's
 // arithmetic, bit for bit: blocks of 32 of the row heads * v_head_dim wide).
+// The mirror and the read-back rows are KV_T (kv_type.glsl): f32, or 16-bit floats with KV_F16,
+// where the position's own k and v rows are rounded to them before use.
 // Must not: hold more than MAX_DV value columns, or assume every split saw a position (empty
 // splits have m = -inf, l = 0).
 #extension GL_GOOGLE_include_directive : require
+#include "kv_type.glsl"
 #include "common.glsl"
 #include "attn.glsl"
 
@@ -33,18 +36,18 @@
 #define MAX_DV 256
 #define T 128u
 layout(local_size_x = 128) in;
-layout(std430, binding = 1) readonly buffer K4 { vec4 kv4[]; };
+layout(std430, binding = 1) readonly buffer K4 { KV_T4 kv4[]; };
 layout(std430, binding = 4) coherent buffer PML { vec2 part_ml[]; };
 layout(std430, binding = 5) coherent buffer PO { float part_o[]; };
 layout(std430, binding = 6) writeonly buffer OUT { float outv[]; };
 layout(std430, binding = 8) coherent buffer CNT { uint counter[]; };
-layout(std430, binding = 1) buffer MKW { float mkw[]; };
-layout(std430, binding = 2) buffer MVW { float mvw[]; };
+layout(std430, binding = 1) buffer MKW { KV_T mkw[]; };
+layout(std430, binding = 2) buffer MVW { KV_T mvw[]; };
 layout(std430, binding = 9) readonly buffer KVAL { float kval[]; };
 layout(std430, binding = 10) readonly buffer VVAL { float vval[]; };
 layout(std430, binding = 11) readonly buffer FRQ { float frq[]; };
-layout(std430, binding = 12) writeonly buffer SKB { float skb[]; };
-layout(std430, binding = 13) writeonly buffer SVB { float svb[]; };
+layout(std430, binding = 12) writeonly buffer SKB { KV_T skb[]; };
+layout(std430, binding = 13) writeonly buffer SVB { KV_T svb[]; };
 layout(std430, binding = 14) readonly buffer CST { uint cst[]; };
 layout(std430, binding = 15) readonly buffer QNW { float qnw[]; };
 layout(std430, binding = 16) readonly buffer KNW { float knw[]; };
@@ -187,14 +190,20 @@ void main() {
         }
         rotate_shared_k(p, half_, inter, msc);
         barrier();
+#ifdef KV_F16
+        // The position's own key and value as the mirror keeps them (what later steps read);
+        // each lane rounds the columns it writes below, the barrier after those covers the rest.
+        for (uint d = tid; d < hd; d += T) k_row[d] = float(KV_T(k_row[d]));
+        for (uint d = tid; d < vhd; d += T) v_row[d] = float(KV_T(v_row[d]));
+#endif
         if (h % (pc.heads / pc.kv_heads) == 0u) {
             for (uint d = tid; d < hd; d += T) {
-                mkw[pc.k_off + slot(p) * pc.kv_heads * hd + kh * hd + d] = k_row[d];
-                skb[kh * hd + d] = k_row[d];
+                mkw[pc.k_off + slot(p) * pc.kv_heads * hd + kh * hd + d] = KV_T(k_row[d]);
+                skb[kh * hd + d] = KV_T(k_row[d]);
             }
             for (uint d = tid; d < vhd; d += T) {
-                mvw[pc.v_off + slot(p) * pc.kv_heads * vhd + kh * vhd + d] = v_row[d];
-                svb[kh * vhd + d] = v_row[d];
+                mvw[pc.v_off + slot(p) * pc.kv_heads * vhd + kh * vhd + d] = KV_T(v_row[d]);
+                svb[kh * vhd + d] = KV_T(v_row[d]);
             }
         }
     }
@@ -218,14 +227,14 @@ void main() {
                 // Sixteen 16-byte loads in flight (a 128-wide key in two waits).
                 for (uint d4 = 0u; d4 < (hd >> 2); d4 += 16u) {
                     vec4 kk[16];
-                    [[unroll]] for (uint i = 0u; i < 16u; i++) kk[i] = d4 + i < (hd >> 2) ? kv4[kb4 + d4 + i] : vec4(0.0);
+                    [[unroll]] for (uint i = 0u; i < 16u; i++) kk[i] = d4 + i < (hd >> 2) ? vec4(kv4[kb4 + d4 + i]) : vec4(0.0);
                     [[unroll]] for (uint i = 0u; i < 16u; i++) {
                         uint d = 4u * (d4 + i);
                         if (d < hd) acc += q_s[d] * kk[i].x + q_s[d + 1u] * kk[i].y + q_s[d + 2u] * kk[i].z + q_s[d + 3u] * kk[i].w;
                     }
                 }
             } else {
-                for (uint d = 0u; d < hd; d++) acc += q_s[d] * kv[kb + d];
+                for (uint d = 0u; d < hd; d++) acc += q_s[d] * float(kv[kb + d]);
             }
             s = acc * pc.scale;
             s += rel_bias(row, h, p - j);
@@ -246,16 +255,16 @@ void main() {
                 uint t = g;
                 for (; t + 14u < cnt; t += 16u) {
                     float vx[8];
-                    [[unroll]] for (uint i = 0u; i < 8u; i++) vx[i] = vv[vb + (t + 2u * i) * vs + c0];
+                    [[unroll]] for (uint i = 0u; i < 8u; i++) vx[i] = float(vv[vb + (t + 2u * i) * vs + c0]);
                     float a = 0.0;
                     [[unroll]] for (uint i = 0u; i < 8u; i++) a += p_s[t + 2u * i] * vx[i];
                     acc += a;
                 }
                 for (; t + 6u < cnt; t += 8u) {
-                    acc += p_s[t] * vv[vb + t * vs + c0] + p_s[t + 2u] * vv[vb + (t + 2u) * vs + c0]
-                         + p_s[t + 4u] * vv[vb + (t + 4u) * vs + c0] + p_s[t + 6u] * vv[vb + (t + 6u) * vs + c0];
+                    acc += p_s[t] * float(vv[vb + t * vs + c0]) + p_s[t + 2u] * float(vv[vb + (t + 2u) * vs + c0])
+                         + p_s[t + 4u] * float(vv[vb + (t + 4u) * vs + c0]) + p_s[t + 6u] * float(vv[vb + (t + 6u) * vs + c0]);
                 }
-                for (; t < cnt; t += 2u) acc += p_s[t] * vv[vb + t * vs + c0];
+                for (; t < cnt; t += 2u) acc += p_s[t] * float(vv[vb + t * vs + c0]);
                 o[0] = o[0] * alpha + acc;
             }
         } else {
@@ -267,7 +276,7 @@ void main() {
                 // Sixteen positions' loads in flight.
                 for (; t + 15u < cnt; t += 16u) {
                     float vx[16];
-                    [[unroll]] for (uint i = 0u; i < 16u; i++) vx[i] = vv[vb + (t + i) * vs + d];
+                    [[unroll]] for (uint i = 0u; i < 16u; i++) vx[i] = float(vv[vb + (t + i) * vs + d]);
                     float a = 0.0, b = 0.0;
                     [[unroll]] for (uint i = 0u; i < 8u; i++) {
                         a += p_s[t + i] * vx[i];
@@ -276,17 +285,17 @@ void main() {
                     acc += a + b;
                 }
                 for (; t + 7u < cnt; t += 8u) {
-                    float a = p_s[t] * vv[vb + t * vs + d] + p_s[t + 1u] * vv[vb + (t + 1u) * vs + d]
-                            + p_s[t + 2u] * vv[vb + (t + 2u) * vs + d] + p_s[t + 3u] * vv[vb + (t + 3u) * vs + d];
-                    float b = p_s[t + 4u] * vv[vb + (t + 4u) * vs + d] + p_s[t + 5u] * vv[vb + (t + 5u) * vs + d]
-                            + p_s[t + 6u] * vv[vb + (t + 6u) * vs + d] + p_s[t + 7u] * vv[vb + (t + 7u) * vs + d];
+                    float a = p_s[t] * float(vv[vb + t * vs + d]) + p_s[t + 1u] * float(vv[vb + (t + 1u) * vs + d])
+                            + p_s[t + 2u] * float(vv[vb + (t + 2u) * vs + d]) + p_s[t + 3u] * float(vv[vb + (t + 3u) * vs + d]);
+                    float b = p_s[t + 4u] * float(vv[vb + (t + 4u) * vs + d]) + p_s[t + 5u] * float(vv[vb + (t + 5u) * vs + d])
+                            + p_s[t + 6u] * float(vv[vb + (t + 6u) * vs + d]) + p_s[t + 7u] * float(vv[vb + (t + 7u) * vs + d]);
                     acc += a + b;
                 }
                 for (; t + 3u < cnt; t += 4u) {
-                    acc += p_s[t] * vv[vb + t * vs + d] + p_s[t + 1u] * vv[vb + (t + 1u) * vs + d]
-                         + p_s[t + 2u] * vv[vb + (t + 2u) * vs + d] + p_s[t + 3u] * vv[vb + (t + 3u) * vs + d];
+                    acc += p_s[t] * float(vv[vb + t * vs + d]) + p_s[t + 1u] * float(vv[vb + (t + 1u) * vs + d])
+                         + p_s[t + 2u] * float(vv[vb + (t + 2u) * vs + d]) + p_s[t + 3u] * float(vv[vb + (t + 3u) * vs + d]);
                 }
-                for (; t < cnt; t++) acc += p_s[t] * vv[vb + t * vs + d];
+                for (; t < cnt; t++) acc += p_s[t] * float(vv[vb + t * vs + d]);
                 o[i] = o[i] * alpha + acc;
             }
         }

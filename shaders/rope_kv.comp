@@ -9,8 +9,10 @@
 // no_back != 0: the read-back rows are not written here (the host's copy commands take them
 // from the mirror after: a prompt's rows reach host memory in large transfers, not as
 // scattered 4-byte writes over the bus).
+// The mirror and the read-back rows are KV_T (kv_type.glsl): f32, or 16-bit floats with KV_F16.
 // Must not: write mirror rows other than those of pos0..pos0 + n.
 #extension GL_GOOGLE_include_directive : require
+#include "kv_type.glsl"
 #include "common.glsl"
 
 layout(local_size_x = 64) in;
@@ -18,10 +20,10 @@ layout(std430, binding = 0) buffer Q { float qv[]; };
 layout(std430, binding = 1) buffer K { float kv[]; };
 layout(std430, binding = 2) readonly buffer V { float vv[]; };
 layout(std430, binding = 3) readonly buffer F { float freq[]; };
-layout(std430, binding = 4) writeonly buffer MK { float mk[]; };
-layout(std430, binding = 5) writeonly buffer MV { float mv[]; };
-layout(std430, binding = 6) writeonly buffer SK { float sk[]; };
-layout(std430, binding = 7) writeonly buffer SV { float sv[]; };
+layout(std430, binding = 4) writeonly buffer MK { KV_T mk[]; };
+layout(std430, binding = 5) writeonly buffer MV { KV_T mv[]; };
+layout(std430, binding = 6) writeonly buffer SK { KV_T sk[]; };
+layout(std430, binding = 7) writeonly buffer SV { KV_T sv[]; };
 layout(std430, binding = 8) readonly buffer PRM { uint params[]; };
 layout(push_constant) uniform PC {
     uint n; uint heads; uint kv_heads; uint head_dim;
@@ -75,11 +77,11 @@ void main() {
         rot(p, i, x0, x1);
         kv[kb + ca] = x0;
         kv[kb + cb] = x1;
-        mk[mp * kw + ca] = x0;
-        mk[mp * kw + cb] = x1;
+        mk[mp * kw + ca] = KV_T(x0);
+        mk[mp * kw + cb] = KV_T(x1);
         if (pc.no_back == 0u) {
-            sk[r * kw + ca] = x0;
-            sk[r * kw + cb] = x1;
+            sk[r * kw + ca] = KV_T(x0);
+            sk[r * kw + cb] = KV_T(x1);
         }
         return;
     }
@@ -88,12 +90,12 @@ void main() {
         uint rest = pc.head_dim - 2u * pc.half_;
         uint c = (t / rest) * pc.head_dim + 2u * pc.half_ + t % rest;
         float x = kv[pc.k_off + r * kw + c];
-        mk[mp * kw + c] = x;
-        if (pc.no_back == 0u) sk[r * kw + c] = x;
+        mk[mp * kw + c] = KV_T(x);
+        if (pc.no_back == 0u) sk[r * kw + c] = KV_T(x);
         return;
     }
     t -= kr;
     float x = vv[pc.v_off + r * vw + t];
-    mv[mp * vw + t] = x;
-    if (pc.no_back == 0u) sv[r * vw + t] = x;
+    mv[mp * vw + t] = KV_T(x);
+    if (pc.no_back == 0u) sv[r * vw + t] = KV_T(x);
 }

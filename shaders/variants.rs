@@ -48,6 +48,17 @@ pub const KERNELS: &[(&str, &str, bool)] = &[
     ("CompressPool", "compress_pool.comp", false),
 ];
 
+/// Kernels compiled a second time with `KV_F16` (`shaders/kv_type.glsl`: an attention layer's
+/// K/V mirror and read-back rows in 16-bit floats): (Rust variant of the twin, the source's
+/// variant in `KERNELS`). The twin's blob is the source's stem and `_kv16`.
+pub const KV16_KERNELS: &[(&str, &str)] = &[
+    ("AttnSplit16", "AttnSplit"),
+    ("AttnBlock16", "AttnBlock"),
+    ("AttnPart16", "AttnPart"),
+    ("AttnCoop16", "AttnCoop"),
+    ("RopeKv16", "RopeKv"),
+];
+
 /// Weight-format variants: (Rust variant of `FormatVariant`, the defines the sources test).
 /// `I8RowF` is `I8Row` with f32 activations (rows whose length is not a multiple of 32, which
 /// the CPU also multiplies in f32). The `*Exact` variants keep f32 activations for an integer
@@ -144,6 +155,10 @@ pub fn blobs() -> Vec<Blob> {
         let stem = file.trim_end_matches(".comp");
         if !per_format {
             out.push(Blob { name: stem.to_string(), kernel, file, variant: None, defines: Vec::new(), dot: false });
+            if let Some(&(twin, _)) = KV16_KERNELS.iter().find(|(_, k)| *k == kernel) {
+                let name = format!("{stem}_kv16");
+                out.push(Blob { name, kernel: twin, file, variant: None, defines: vec!["KV_F16"], dot: false });
+            }
             continue;
         }
         let coop = COOP_KERNELS.contains(&kernel);

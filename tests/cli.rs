@@ -69,46 +69,53 @@ fn exec_logits_out_matches_the_oracle() {
     assert!(stderr(&o).contains("tok/s"), "the speed line is on stderr");
 }
 
+/// `coli exec --device vulkan` of MiMo-V2-Flash's tiny fixture with `extra` flags, its greedy
+/// ids as many as transformers' (the oracle's): the run's stderr, the logits it wrote (prompt
+/// rows, then a row a generated token), and their error against transformers' relative to the
+/// largest |logit|, after checking the greedy ids are transformers'. `None` where the tests are
+/// told to skip Vulkan.
+fn exec_mimo_on_vulkan(extra: &[&str], tag: &str) -> Option<(String, f32)> {
+    if std::env::var("COLI_VK_TESTS").as_deref() == Ok("skip") {
+        return None;
+    }
+    let dir = fixture_dir("mimo_v2_flash");
+    let oracle = read_json(&dir.join("oracle.json"));
+    let (prompt, greedy) = (ids(&oracle["prompt_ids"]), ids(&oracle["greedy"]));
+    let out = std::env::temp_dir().join(format!("coli-mimo-{tag}-{}.json", std::process::id()));
+    let prompt_arg = prompt.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    let n = greedy.len().to_string();
+    let base = ["exec", "--device", "vulkan", "--model", dir.to_str().unwrap(), "--prompt-ids", &prompt_arg, "-n", &n];
+    let o = coli(&[&base[..], extra, &["--logits-out", out.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "coli exec failed: {}", stderr(&o));
+    let got = read_json(&out);
+    let _ = std::fs::remove_file(&out);
+    assert_eq!(ids(&got["generated"]), greedy, "{tag}: greedy ids differ from transformers'");
+    let mut want = matrix(&oracle["logits"]);
+    want.extend(matrix(&oracle["greedy_logits"]).into_iter().skip(1));
+    let logits = matrix(&got["logits"]);
+    let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
+    Some((stderr(&o), max_abs_diff(&logits[..want.len()], &want) / max))
+}
+
 /// `coli exec` on the Vulkan device (Lavapipe in CI) with MiMo-V2-Flash's tiny fixture (sliding
 /// windows with sinks, narrow scaled value heads, routing in the frame), the prompt in chunks
 /// of 3: every logit row within 1e-4 of the largest |logit| of transformers, greedy identical.
 #[test]
 fn exec_on_vulkan_runs_mimo_v2_flash_as_transformers_does() {
-    if std::env::var("COLI_VK_TESTS").as_deref() == Ok("skip") {
-        return;
-    }
-    let dir = fixture_dir("mimo_v2_flash");
-    let oracle = read_json(&dir.join("oracle.json"));
-    let (prompt, greedy) = (ids(&oracle["prompt_ids"]), ids(&oracle["greedy"]));
-    let out = std::env::temp_dir().join(format!("coli-mimo-logits-{}.json", std::process::id()));
-    let prompt_arg = prompt.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
-    let n = greedy.len().to_string();
-    let o = coli(&[
-        "exec",
-        "--device",
-        "vulkan",
-        "--model",
-        dir.to_str().unwrap(),
-        "--prompt-ids",
-        &prompt_arg,
-        "-n",
-        &n,
-        "--chunk",
-        "3",
-        "--logits-out",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "coli exec failed: {}", stderr(&o));
-    assert!(!stderr(&o).contains("running on the CPU"), "the device ran it: {}", stderr(&o));
-    let got = read_json(&out);
-    let _ = std::fs::remove_file(&out);
-    assert_eq!(ids(&got["generated"]), greedy, "greedy ids differ from transformers'");
-    let mut want = matrix(&oracle["logits"]);
-    want.extend(matrix(&oracle["greedy_logits"]).into_iter().skip(1));
-    let logits = matrix(&got["logits"]);
-    let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
-    let err = max_abs_diff(&logits[..want.len()], &want);
-    assert!(err <= 1e-4 * max, "max |logit - oracle| = {err}");
+    let Some((err_text, err)) = exec_mimo_on_vulkan(&["--chunk", "3"], "chunks") else { return };
+    assert!(!err_text.contains("running on the CPU"), "the device ran it: {err_text}");
+    assert!(err <= 1e-4, "max |logit - oracle| = {err} of the largest");
+}
+
+/// `--device-kv f16`: the startup line says the device keeps its K/V cache in f16, and MiMo-V2-
+/// Flash (a sliding window's ring, sinks) still decodes transformers' greedy ids, its logits
+/// within 3e-3 of the largest |logit| (the keys and values rounded to f16).
+#[test]
+fn exec_with_an_f16_kv_cache_on_vulkan_decodes_as_transformers_does() {
+    let Some((err_text, err)) = exec_mimo_on_vulkan(&["--device-kv", "f16"], "kv16") else { return };
+    assert!(err_text.contains("K/V cache on the device in f16"), "{err_text}");
+    eprintln!("f16 K/V: max |logit - oracle| = {err:.3e} of the largest (bound 3e-3)");
+    assert!(err <= 3e-3, "max |logit - oracle| = {err} of the largest");
 }
 
 #[test]
@@ -273,6 +280,7 @@ fn meaningless_numbers_are_refused() {
         (exec(&["--host-pool-mib", "lots"]), "'lots': auto or MiB"),
         (bench(&["--host-pool-mib", "17592186044416"]), "at most 17592186044415 MiB"),
         (exec(&["--device2-mem-mib", "17592186044416"]), "at most 17592186044415 MiB"),
+        (exec(&["--device-kv", "f8"]), "'f8' for '--device-kv <DEVICE_KV>'"),
         (bench(&["-p", "0"]), "'0' for '--prompt <PROMPT>': at least 1 token"),
         (bench(&["-n", "0"]), "'0' for '--decode <DECODE>': at least 1 token"),
         (bench(&["-r", "0"]), "at least 1 repetition"),

@@ -117,6 +117,41 @@ fn every_fixture_on_the_device_matches_the_cpu() {
     }
 }
 
+/// The device's K/V mirrors in f16 (`VkOptions::kv_mirror`): fixtures with full attention,
+/// GQA, a sliding window with sinks and narrower value heads (MiMo-V2-Flash, its mirror a ring),
+/// gated attention beside Gated DeltaNet (Qwen3-Next), routed experts, in chunks of the prompt
+/// and decode steps, against the CPU's f32 cache. Tolerance: logits within 3e-3 of the largest
+/// |logit| (keys and values rounded to f16, 2^-11 relative, where the CPU keeps f32; seen at most
+/// 6.5e-4 on Lavapipe, MiMo-V2-Flash); greedy tokens identical. A device without 16-bit storage keeps f32
+/// mirrors (then the bound holds trivially).
+#[test]
+fn f16_kv_mirrors_on_the_device_match_the_cpu_within_their_rounding() {
+    for name in ["llama", "olmoe", "mimo_v2_flash", "qwen3_next"] {
+        let dir = fixture_dir(name);
+        let oracle = read_json(&dir.join("oracle.json"));
+        let prompt = ids(&oracle["prompt_ids"]);
+        let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
+        let cpu = load_model(&dir);
+        let (want, want_toks, _) = run(&cpu, &prompt, prompt.len(), 12);
+        let req = EngineOptions {
+            device: DeviceRequest::Vulkan(VkOptions { kv_mirror: coli_runtime::vk::KvType::F16, ..Default::default() }),
+            compile: Options { context: 256, chunk_rows: 8, ..Options::default() },
+            ..EngineOptions::default()
+        };
+        let dev = Engine::load(&dir, &req).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let ctx = &dev.device().expect("a device").ctx;
+        eprintln!("{name}: K/V mirrors {:?}", ctx.kv_mirror());
+        for chunk in [prompt.len(), 3] {
+            let (got, toks, notice) = run(&dev, &prompt, chunk, 12);
+            assert!(notice.is_none(), "{name}: {notice:?}");
+            let err = max_abs_diff(&got, &want);
+            eprintln!("{name} chunk {chunk}: max |device f16 K/V - cpu| = {err:.3e} (bound {:.3e})", 3e-3 * max);
+            assert!(err <= 3e-3 * max, "{name} chunk {chunk}: max |device - cpu| = {err}");
+            assert_eq!(toks, want_toks, "{name} chunk {chunk}: greedy tokens differ");
+        }
+    }
+}
+
 /// Fixture `name` on the device against the CPU: the op kinds `host_only` in host frames and
 /// never in device frames, `on_device` in device frames, the logits and greedy tokens the CPU's
 /// in every chunking. Returns the device engine, the prompt, the CPU's rows and the bound.

@@ -1,20 +1,22 @@
-//! Byte views of plain number slices (`f32`, `u32`), for writes to and reads from device
+//! Byte views of plain number slices (`f32`, `u32`, `u16`), for writes to and reads from device
 //! buffers. One place for the one `unsafe` cast the executor, the tier and the Vulkan layer
 //! all need.
 //!
 //! Must not: take a type with padding or with invalid bit patterns (`Plain` is sealed to
-//! `f32` and `u32`).
+//! `f32`, `u32` and `u16`).
 
 mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for u32 {}
+    impl Sealed for u16 {}
 }
 
 /// A number type every byte pattern of which is valid and which has no padding.
 pub trait Plain: Copy + sealed::Sealed {}
 impl Plain for f32 {}
 impl Plain for u32 {}
+impl Plain for u16 {}
 
 /// The bytes of `v`.
 pub fn as_bytes<T: Plain>(v: &[T]) -> &[u8] {

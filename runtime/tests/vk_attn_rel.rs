@@ -33,8 +33,17 @@ fn case(rng: &mut Rng, g: Geometry, sinks: bool, n: usize, pos0: usize) -> Case 
     let (heads, kv_heads, hd, d_rel, extent, window) = g;
     let scale = 1.0 / hd as f32;
     let cs = cpu::AttnShape { heads, kv_heads, head_dim: hd, v_head_dim: hd, scale, window };
-    let shape =
-        AttnShape { heads, kv_heads, head_dim: hd, v_head_dim: hd, scale, window, value_scale: 1.0, ring: None };
+    let shape = AttnShape {
+        heads,
+        kv_heads,
+        head_dim: hd,
+        v_head_dim: hd,
+        scale,
+        window,
+        value_scale: 1.0,
+        ring: None,
+        kv: coli_runtime::vk::KvType::F32,
+    };
     let len = pos0 + n;
     let (q, k, v) =
         (rng.vec(n * heads * hd, 2.0), rng.vec(len * kv_heads * hd, 2.0), rng.vec(len * kv_heads * hd, 1.0));

@@ -510,6 +510,38 @@ fn prompt_attention_on_f16_matrices_matches_cpu() {
     }
 }
 
+/// The cooperative and the blocked prompt attention over f16 K/V mirrors (`KvType::F16`, the
+/// kernels' `_kv16` twins) against the CPU's `attend` over the same f16 values: within
+/// `ATTN_TOL` (cooperative) and 1e-5 (blocked) of the largest |reference|.
+#[test]
+fn prompt_attention_over_f16_mirrors_matches_cpu() {
+    let Some(ctx) = coop() else { return };
+    if !ctx.caps().coopmat_f16 || !ctx.caps().storage_16bit {
+        eprintln!("vk_coopmat: SKIPPED f16 mirrors: {} lacks the f16 shape or 16-bit storage", ctx.caps().name);
+        return;
+    }
+    let mut rng = Rng(0xc00b_a716);
+    let cases = [(32, 8, 128, 128, None, false, 1.0, 512, 0), (8, 2, 64, 64, Some(300), true, 0.707, 130, 30)];
+    for (heads, kv_heads, head_dim, v_head_dim, window, with_sinks, value_scale, n, pos0) in cases {
+        let dims = (heads, kv_heads, head_dim, v_head_dim);
+        let kv = coli_runtime::vk::KvType::F16;
+        let AttnCase { q, k, v, sinks, shape: vs, want } =
+            vk_common::attention_case_kv(&mut rng, dims, window, with_sinks, value_scale, (n, pos0), kv);
+        let (qb, sb) = (ctx.upload_f32(&q).unwrap(), ctx.upload_f32(&sinks).unwrap());
+        let (kb, vb) = (vk_common::upload_kv(ctx, &k, kv), vk_common::upload_kv(ctx, &v, kv));
+        for (path, tol) in [(AttnPath::Coop, ATTN_TOL), (AttnPath::Block, 1e-5)] {
+            let ob = ctx.f32_buffer(want.len()).unwrap();
+            let mut f = ctx.frame().unwrap();
+            let sinks = with_sinks.then(|| sb.all());
+            let args = AttnArgs { q: qb.all(), k: kb.all(), v: vb.all(), sinks, out: ob.all(), n };
+            f.attention(vs, args, pos0, path).unwrap();
+            f.run().unwrap();
+            let what = format!("f16 mirrors {heads}/{kv_heads}x{head_dim}/{v_head_dim} n {n} pos0 {pos0} {path:?}");
+            check_close(&what, &ctx.download_f32(ob.all()).unwrap(), &want, tol);
+        }
+    }
+}
+
 /// Not a check: device time a call of OLMoE's routed experts (512 rows, top 8 of 64, even and
 /// skewed routing; top 8 of 8, the experts' weights small enough for the L2 cache), a dense
 /// product with gate/up's work (2048 x 2048 over 4,096 rows) and one of the same work with

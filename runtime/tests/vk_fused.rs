@@ -15,10 +15,10 @@ use coli_runtime::cpu::{
 };
 use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
 use coli_runtime::vk::{
-    AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, MatIn, MatmulPath, Pos, QkNorm, RopeArgs, RopeKvArgs,
-    VkOptions,
+    AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, KvType, MatIn, MatmulPath, Pos, QkNorm, RopeArgs,
+    RopeKvArgs, VkOptions,
 };
-use vk_common::{assert_close, ctx, open, random_rows, Rng};
+use vk_common::{as_kv, assert_close, ctx, download_kv, kv_types, open, random_rows, upload_kv, Rng};
 
 /// The CPU's input of a fused product: the rows as the unfused ops would leave them.
 enum Input {
@@ -192,7 +192,8 @@ fn rope_kv_matches_cpu() {
         (RopeStyle::RotateHalf, 24, true),
     ] {
         // 12 rows at a fixed position: the read-back rows by copy commands from the mirror.
-        for (n, pos0) in [(1, 40), (5, 7), (12, 20)] {
+        let kvs = kv_types(ctx);
+        for ((n, pos0), kv) in [(1, 40), (5, 7), (12, 20)].into_iter().flat_map(|c| kvs.iter().map(move |&t| (c, t))) {
             let (freq, mscale) =
                 if rotary > 0 { cpu_rope::inv_freq(rotary, 10000.0, scaling) } else { (Vec::new(), 1.0) };
             let (q, k, v) = (rng.vec(n * heads * head_dim, 1.0), rng.vec(n * kw, 1.0), rng.vec(n * vw, 1.0));
@@ -208,28 +209,33 @@ fn rope_kv_matches_cpu() {
             let old_k = rng.vec(cap * kw, 1.0);
             let old_v = rng.vec(cap * vw, 1.0);
             let (qb, kb, vb) = (ctx.upload_f32(&q).unwrap(), ctx.upload_f32(&k).unwrap(), ctx.upload_f32(&v).unwrap());
-            let (mk, mv) = (ctx.upload_f32(&old_k).unwrap(), ctx.upload_f32(&old_v).unwrap());
-            let (sk, sv) = (ctx.f32_buffer(n * kw).unwrap(), ctx.f32_buffer(n * vw).unwrap());
+            let (mk, mv) = (upload_kv(ctx, &old_k, kv), upload_kv(ctx, &old_v, kv));
+            let (sk, sv) = (upload_kv(ctx, &vec![0.0; n * kw], kv), upload_kv(ctx, &vec![0.0; n * vw], kv));
             let fb = ctx.upload_f32(&freq.iter().copied().chain([0.0]).collect::<Vec<_>>()).unwrap();
             let pb = ctx.upload_u32(&[pos0 as u32]).unwrap();
             let rope = (rotary > 0).then(|| RopeArgs { freq: fb.view(0, freq.len()), style, mscale });
             let pos = if dynamic { Pos::Dynamic(pb.all()) } else { Pos::Fixed(pos0) };
-            let shape = KvShape { n, heads, kv_heads, head_dim, v_head_dim };
+            let shape = KvShape { n, heads, kv_heads, head_dim, v_head_dim, kv };
             let mut f = ctx.frame().unwrap();
             let mirror = KvMirror { k: mk.all(), v: mv.all(), k_back: sk.all(), v_back: sv.all() };
             f.rope_kv(RopeKvArgs { rope, q: qb.all(), k: kb.all(), v: vb.all(), shape, mirror, pos }).unwrap();
             f.run().unwrap();
-            let what = format!("rope_kv {style:?} rotary {rotary} dynamic {dynamic} n {n}");
+            let what = format!("rope_kv {style:?} rotary {rotary} dynamic {dynamic} n {n} {kv:?}");
             assert_close(&format!("{what}: q"), &ctx.download_f32(qb.all()).unwrap(), &wq, 1e-5);
             assert_close(&format!("{what}: k"), &ctx.download_f32(kb.all()).unwrap(), &wk, 1e-5);
-            assert_close(&format!("{what}: k read-back"), &ctx.download_f32(sk.all()).unwrap(), &wk, 1e-5);
-            assert_eq!(ctx.download_f32(sv.all()).unwrap(), v, "{what}: v read-back");
-            let mut want_k = old_k.clone();
-            want_k[pos0 * kw..(pos0 + n) * kw].copy_from_slice(&wk);
-            let mut want_v = old_v.clone();
-            want_v[pos0 * vw..(pos0 + n) * vw].copy_from_slice(&v);
-            assert_close(&format!("{what}: k mirror"), &ctx.download_f32(mk.all()).unwrap(), &want_k, 1e-5);
-            assert_eq!(ctx.download_f32(mv.all()).unwrap(), want_v, "{what}: v mirror (other rows untouched)");
+            // f16: the rotated keys rounded, within one f16 step of the CPU's rotation rounded.
+            let tol = if kv == KvType::F16 { 1e-3 } else { 1e-5 };
+            let back_k = download_kv(ctx, &sk, n * kw, kv);
+            assert_close(&format!("{what}: k read-back"), &back_k, &as_kv(&wk, kv), tol);
+            assert_eq!(download_kv(ctx, &sv, n * vw, kv), as_kv(&v, kv), "{what}: v read-back");
+            let mut want_k = as_kv(&old_k, kv);
+            want_k[pos0 * kw..(pos0 + n) * kw].copy_from_slice(&as_kv(&wk, kv));
+            let mut want_v = as_kv(&old_v, kv);
+            want_v[pos0 * vw..(pos0 + n) * vw].copy_from_slice(&as_kv(&v, kv));
+            let got_k = download_kv(ctx, &mk, cap * kw, kv);
+            assert_close(&format!("{what}: k mirror"), &got_k, &want_k, tol);
+            assert_eq!(&got_k[pos0 * kw..(pos0 + n) * kw], &back_k[..], "{what}: k read-back is the mirror's rows");
+            assert_eq!(download_kv(ctx, &mv, cap * vw, kv), want_v, "{what}: v mirror (other rows untouched)");
         }
     }
 }
@@ -238,8 +244,11 @@ fn rope_kv_matches_cpu() {
 /// CPU: q and the row's k rotated as `cpu::rope::apply_row`, the row appended to mirrors
 /// holding earlier rows, then `cpu::attention::attend` over every row; GQA, a rotary dim
 /// below the head dim, both pairings, no rotation, a window, sinks, fixed and device-read
-/// positions; q and k norms absorbed; the 8-bit output. The mirrors' other rows and the q, k,
-/// v rows stay as they were. Tolerance 1e-5 of the largest |reference| (as attention and rope).
+/// positions; q and k norms absorbed; the 8-bit output; f32 and f16 mirrors (f16: the row's k
+/// and v rounded as the mirror keeps them, within one f16 step of the CPU's rounded, and the
+/// output against the CPU over what the mirrors hold after the call). The mirrors' other rows
+/// and the q, k, v rows stay as they were. Tolerance 1e-5 of the largest |reference| (as
+/// attention and rope).
 #[test]
 fn attention_decode_matches_cpu() {
     let Some(ctx) = ctx() else { return };
@@ -255,8 +264,15 @@ fn attention_decode_matches_cpu() {
     let scaling =
         RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 };
     // q and k norms absorbed: none, over the whole projected rows (OLMoE), per head (Qwen3).
-    for (ci, (heads, kv_heads, head_dim, v_head_dim, rotary, style, window, with_sinks, dynamic, p, value_scale)) in
-        cases.into_iter().enumerate().flat_map(|(i, c)| (0..3).map(move |m| ((i, m), c)))
+    let kvs = kv_types(ctx);
+    for (
+        (ci, (heads, kv_heads, head_dim, v_head_dim, rotary, style, window, with_sinks, dynamic, p, value_scale)),
+        kv,
+    ) in cases
+        .into_iter()
+        .enumerate()
+        .flat_map(|(i, c)| (0..3).map(move |m| ((i, m), c)))
+        .flat_map(|c| kvs.iter().map(move |&t| (c, t)))
     {
         let norm_mode = ci.1;
         let (kw, vw, qw) = (kv_heads * head_dim, kv_heads * v_head_dim, heads * head_dim);
@@ -277,31 +293,38 @@ fn attention_decode_matches_cpu() {
             cpu_rope::apply_row(&mut rq, head_dim, style, &freq, mscale, p);
             cpu_rope::apply_row(&mut rk, head_dim, style, &freq, mscale, p);
         }
-        let mut want_k = old_k.clone();
-        want_k[p * kw..(p + 1) * kw].copy_from_slice(&rk);
-        let mut want_v = old_v.clone();
-        want_v[p * vw..(p + 1) * vw].copy_from_slice(&v);
+        let mut want_k = as_kv(&old_k, kv);
+        want_k[p * kw..(p + 1) * kw].copy_from_slice(&as_kv(&rk, kv));
+        let mut want_v = as_kv(&old_v, kv);
+        want_v[p * vw..(p + 1) * vw].copy_from_slice(&as_kv(&v, kv));
         let cs = cpu_attention::AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window };
-        let mut want = vec![0f32; heads * v_head_dim];
-        cpu_attention::attend(
-            cs,
-            &rq,
-            &want_k[..(p + 1) * kw],
-            &want_v[..(p + 1) * vw],
-            p,
-            with_sinks.then_some(&sinks[..]),
-            &mut want,
-        );
-        want.iter_mut().for_each(|x| *x *= value_scale);
+        // The CPU's attention over `keys` and `values` (f16: what the mirrors hold after the call).
+        let attend = |keys: &[f32], values: &[f32]| {
+            let mut want = vec![0f32; heads * v_head_dim];
+            cpu_attention::attend(
+                cs,
+                &rq,
+                &keys[..(p + 1) * kw],
+                &values[..(p + 1) * vw],
+                p,
+                with_sinks.then_some(&sinks[..]),
+                &mut want,
+            );
+            want.iter_mut().for_each(|x| *x *= value_scale);
+            want
+        };
         let (qb, kb, vb) = (ctx.upload_f32(&q).unwrap(), ctx.upload_f32(&k).unwrap(), ctx.upload_f32(&v).unwrap());
-        let (mk, mv) = (ctx.upload_f32(&old_k).unwrap(), ctx.upload_f32(&old_v).unwrap());
-        let (sk, sv, ob) =
-            (ctx.f32_buffer(kw).unwrap(), ctx.f32_buffer(vw).unwrap(), ctx.f32_buffer(heads * v_head_dim).unwrap());
+        let (mk, mv) = (upload_kv(ctx, &old_k, kv), upload_kv(ctx, &old_v, kv));
+        let (sk, sv, ob) = (
+            upload_kv(ctx, &vec![0.0; kw], kv),
+            upload_kv(ctx, &vec![0.0; vw], kv),
+            ctx.f32_buffer(heads * v_head_dim).unwrap(),
+        );
         let fb = ctx.upload_f32(&freq.iter().copied().chain([0.0]).collect::<Vec<_>>()).unwrap();
         let (sb, pb) = (ctx.upload_f32(&sinks).unwrap(), ctx.upload_u32(&[p as u32]).unwrap());
         let rope = (rotary > 0).then(|| RopeArgs { freq: fb.view(0, freq.len()), style, mscale });
         let pos = if dynamic { Pos::Dynamic(pb.all()) } else { Pos::Fixed(p) };
-        let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window, value_scale, ring: None };
+        let vs = AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window, value_scale, ring: None, kv };
         let (qnb, knb) = (ctx.upload_f32(&qnw).unwrap(), ctx.upload_f32(&knw).unwrap());
         // With value heads of whole 32-blocks, the kernel's 8-bit output too: a product over it
         // equals the same product over `quantize_acts` of the float output, bit for bit.
@@ -311,8 +334,11 @@ fn attention_decode_matches_cpu() {
             ctx.upload_matrix(WeightFormat::I8Row, 5, ow, &random_rows(WeightFormat::I8Row, 5, ow, &mut rng)).unwrap();
         let (y1, y2) = (ctx.f32_buffer(5).unwrap(), ctx.f32_buffer(5).unwrap());
         let mut f = ctx.frame().unwrap();
-        let (mkv, mvv) =
-            if dynamic { (mk.all(), mv.all()) } else { (mk.view(0, (p + 1) * kw), mv.view(0, (p + 1) * vw)) };
+        let (mkv, mvv) = if dynamic {
+            (mk.all(), mv.all())
+        } else {
+            (mk.view(0, kv.words((p + 1) * kw)), mv.view(0, kv.words((p + 1) * vw)))
+        };
         let norm = (norm_mode > 0).then(|| QkNorm {
             q_weight: qnb.all(),
             k_weight: knb.all(),
@@ -349,12 +375,23 @@ fn attention_decode_matches_cpu() {
                 "8-bit output of the attention kernel"
             );
         }
-        let what = format!("attention_decode norm {norm_mode} {heads}/{kv_heads}x{head_dim}/{v_head_dim} rotary {rotary} {style:?} window {window:?} sinks {with_sinks} x{value_scale} dynamic {dynamic} p {p}");
-        assert_close(&what, &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
-        assert_close(&format!("{what}: k mirror"), &ctx.download_f32(mk.all()).unwrap(), &want_k, 1e-5);
-        assert_eq!(ctx.download_f32(mv.all()).unwrap(), want_v, "{what}: v mirror");
-        assert_close(&format!("{what}: k read-back"), &ctx.download_f32(sk.all()).unwrap(), &rk, 1e-5);
-        assert_eq!(ctx.download_f32(sv.all()).unwrap(), v, "{what}: v read-back");
+        let what = format!("attention_decode norm {norm_mode} {heads}/{kv_heads}x{head_dim}/{v_head_dim} rotary {rotary} {style:?} window {window:?} sinks {with_sinks} x{value_scale} dynamic {dynamic} p {p} {kv:?}");
+        let (got_k, got_v) = (download_kv(ctx, &mk, cap * kw, kv), download_kv(ctx, &mv, cap * vw, kv));
+        assert_close(&what, &ctx.download_f32(ob.all()).unwrap(), &attend(&got_k, &got_v), 1e-5);
+        // f16: the rotated key rounded, within one f16 step of the CPU's rotation rounded.
+        let tol = if kv == KvType::F16 { 1e-3 } else { 1e-5 };
+        assert_close(&format!("{what}: k mirror"), &got_k, &want_k, tol);
+        assert_eq!(got_v, want_v, "{what}: v mirror");
+        assert_eq!(download_kv(ctx, &sk, kw, kv), &got_k[p * kw..(p + 1) * kw], "{what}: k read-back");
+        assert_eq!(download_kv(ctx, &sv, vw, kv), as_kv(&v, kv), "{what}: v read-back");
+        if kv == KvType::F32 {
+            assert_close(
+                &format!("{what}: against the CPU's mirrors"),
+                &attend(&want_k, &want_v),
+                &attend(&got_k, &got_v),
+                1e-5,
+            );
+        }
         assert_eq!(ctx.download_f32(qb.all()).unwrap(), q, "{what}: q untouched");
         assert_eq!(ctx.download_f32(kb.all()).unwrap(), k, "{what}: k untouched");
     }
@@ -376,65 +413,76 @@ fn attention_decode_rows_match_cpu() {
     let fb = ctx.upload_f32(&freq).unwrap();
     let positions = [0usize, 7, 300, 31, 64];
     let n = positions.len();
-    let (q, k, v) = (rng.vec(n * qw, 1.0), rng.vec(n * kw, 1.0), rng.vec(n * kw, 1.0));
-    let (qb, kb, vb, ob) = (
-        ctx.upload_f32(&q).unwrap(),
-        ctx.upload_f32(&k).unwrap(),
-        ctx.upload_f32(&v).unwrap(),
-        ctx.f32_buffer(n * ow).unwrap(),
-    );
-    let mut want = Vec::new();
-    let mut mirrors = Vec::new();
-    for (i, &p) in positions.iter().enumerate() {
-        let (old_k, old_v) = (rng.vec((p + 1) * kw, 1.0), rng.vec((p + 1) * kw, 1.0));
-        let (mut rq, mut rk) = (q[i * qw..(i + 1) * qw].to_vec(), k[i * kw..(i + 1) * kw].to_vec());
-        cpu_rope::apply_row(&mut rq, head_dim, RopeStyle::RotateHalf, &freq, mscale, p);
-        cpu_rope::apply_row(&mut rk, head_dim, RopeStyle::RotateHalf, &freq, mscale, p);
-        let (mut wk, mut wv) = (old_k.clone(), old_v.clone());
-        wk[p * kw..].copy_from_slice(&rk);
-        wv[p * kw..].copy_from_slice(&v[i * kw..(i + 1) * kw]);
-        let cs = cpu_attention::AttnShape { heads, kv_heads, head_dim, v_head_dim: head_dim, scale, window: None };
-        let mut out = vec![0f32; ow];
-        cpu_attention::attend(cs, &rq, &wk, &wv, p, None, &mut out);
-        want.push(out);
-        let m = (ctx.upload_f32(&old_k).unwrap(), ctx.upload_f32(&old_v).unwrap());
-        mirrors.push((m.0, m.1, ctx.f32_buffer(kw).unwrap(), ctx.f32_buffer(kw).unwrap()));
-    }
-    let vs = AttnShape {
-        heads,
-        kv_heads,
-        head_dim,
-        v_head_dim: head_dim,
-        scale,
-        window: None,
-        value_scale: 1.0,
-        ring: None,
-    };
-    let rope = Some(RopeArgs { freq: fb.all(), style: RopeStyle::RotateHalf, mscale });
-    let rows: Vec<DecodeArgs> = positions
-        .iter()
-        .zip(&mirrors)
-        .enumerate()
-        .map(|(i, (&p, (mk, mv, sk, sv)))| DecodeArgs {
-            rope,
-            q: qb.view(i * qw, qw),
-            k: kb.view(i * kw, kw),
-            v: vb.view(i * kw, kw),
-            mirror: KvMirror { k: mk.all(), v: mv.all(), k_back: sk.all(), v_back: sv.all() },
-            sinks: None,
-            out: ob.view(i * ow, ow),
-            pos: Pos::Fixed(p),
-            norm: None,
-            q8: false,
-        })
-        .collect();
-    let mut f = ctx.frame().unwrap();
-    f.attention_decode_rows(vs, &rows).unwrap();
-    assert!(f.barrier_count() <= 1, "{} barriers between the rows' kernels", f.barrier_count());
-    f.run().unwrap();
-    let got = ctx.download_f32(ob.all()).unwrap();
-    for (i, w) in want.iter().enumerate() {
-        assert_close(&format!("row {i} at {}", positions[i]), &got[i * ow..(i + 1) * ow], w, 1e-5);
+    let cs = cpu_attention::AttnShape { heads, kv_heads, head_dim, v_head_dim: head_dim, scale, window: None };
+    for kv in kv_types(ctx) {
+        let (q, k, v) = (rng.vec(n * qw, 1.0), rng.vec(n * kw, 1.0), rng.vec(n * kw, 1.0));
+        let (qb, kb, vb, ob) = (
+            ctx.upload_f32(&q).unwrap(),
+            ctx.upload_f32(&k).unwrap(),
+            ctx.upload_f32(&v).unwrap(),
+            ctx.f32_buffer(n * ow).unwrap(),
+        );
+        let (mut want, mut rqs, mut mirrors) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, &p) in positions.iter().enumerate() {
+            let (old_k, old_v) = (rng.vec((p + 1) * kw, 1.0), rng.vec((p + 1) * kw, 1.0));
+            let (mut rq, mut rk) = (q[i * qw..(i + 1) * qw].to_vec(), k[i * kw..(i + 1) * kw].to_vec());
+            cpu_rope::apply_row(&mut rq, head_dim, RopeStyle::RotateHalf, &freq, mscale, p);
+            cpu_rope::apply_row(&mut rk, head_dim, RopeStyle::RotateHalf, &freq, mscale, p);
+            let (mut wk, mut wv) = (as_kv(&old_k, kv), as_kv(&old_v, kv));
+            wk[p * kw..].copy_from_slice(&as_kv(&rk, kv));
+            wv[p * kw..].copy_from_slice(&as_kv(&v[i * kw..(i + 1) * kw], kv));
+            want.push((wk, wv));
+            rqs.push(rq);
+            let m = (upload_kv(ctx, &old_k, kv), upload_kv(ctx, &old_v, kv));
+            mirrors.push((m.0, m.1, upload_kv(ctx, &vec![0.0; kw], kv), upload_kv(ctx, &vec![0.0; kw], kv)));
+        }
+        let vs = AttnShape {
+            heads,
+            kv_heads,
+            head_dim,
+            v_head_dim: head_dim,
+            scale,
+            window: None,
+            value_scale: 1.0,
+            ring: None,
+            kv,
+        };
+        let rope = Some(RopeArgs { freq: fb.all(), style: RopeStyle::RotateHalf, mscale });
+        let rows: Vec<DecodeArgs> = positions
+            .iter()
+            .zip(&mirrors)
+            .enumerate()
+            .map(|(i, (&p, (mk, mv, sk, sv)))| DecodeArgs {
+                rope,
+                q: qb.view(i * qw, qw),
+                k: kb.view(i * kw, kw),
+                v: vb.view(i * kw, kw),
+                mirror: KvMirror { k: mk.all(), v: mv.all(), k_back: sk.all(), v_back: sv.all() },
+                sinks: None,
+                out: ob.view(i * ow, ow),
+                pos: Pos::Fixed(p),
+                norm: None,
+                q8: false,
+            })
+            .collect();
+        let mut f = ctx.frame().unwrap();
+        f.attention_decode_rows(vs, &rows).unwrap();
+        assert!(f.barrier_count() <= 1, "{} barriers between the rows' kernels", f.barrier_count());
+        f.run().unwrap();
+        let got = ctx.download_f32(ob.all()).unwrap();
+        // The CPU over what each row's mirrors hold after the call (f16: the row's own key as the
+        // device rounded it), and those mirrors within one f16 step of the CPU's.
+        let tol = if kv == KvType::F16 { 1e-3 } else { 1e-5 };
+        for (i, ((wk, wv), (mk, mv, _, _))) in want.iter().zip(&mirrors).enumerate() {
+            let p = positions[i];
+            let (gk, gv) = (download_kv(ctx, mk, (p + 1) * kw, kv), download_kv(ctx, mv, (p + 1) * kw, kv));
+            let what = format!("row {i} at {p} {kv:?}");
+            assert_close(&format!("{what}: k mirror"), &gk, wk, tol);
+            assert_eq!(&gv, wv, "{what}: v mirror");
+            let mut out = vec![0f32; ow];
+            cpu_attention::attend(cs, &rqs[i], &gk, &gv, p, None, &mut out);
+            assert_close(&what, &got[i * ow..(i + 1) * ow], &out, 1e-5);
+        }
     }
 }
 
@@ -458,11 +506,20 @@ fn a_recording_replays_at_every_position() {
     let ob = ctx.f32_buffer(qw).unwrap();
     let pb = ctx.upload_u32(&[0]).unwrap();
     for window in [None, Some(70)] {
-        let vs =
-            AttnShape { heads, kv_heads, head_dim, v_head_dim: head_dim, scale, window, value_scale: 1.0, ring: None };
+        let vs = AttnShape {
+            heads,
+            kv_heads,
+            head_dim,
+            v_head_dim: head_dim,
+            scale,
+            window,
+            value_scale: 1.0,
+            ring: None,
+            kv: KvType::F32,
+        };
         let cs = cpu_attention::AttnShape { heads, kv_heads, head_dim, v_head_dim: head_dim, scale, window };
         let mut f = ctx.recording().unwrap();
-        let shape = KvShape { n: 1, heads, kv_heads, head_dim, v_head_dim: head_dim };
+        let shape = KvShape { n: 1, heads, kv_heads, head_dim, v_head_dim: head_dim, kv: KvType::F32 };
         let pos = Pos::Dynamic(pb.all());
         let rope = Some(RopeArgs { freq: fb.all(), style: RopeStyle::RotateHalf, mscale });
         let mirror = KvMirror { k: mk.all(), v: mv.all(), k_back: sk.all(), v_back: sv.all() };

@@ -17,7 +17,10 @@ use coli_runtime::vk::{
     AttnArgs, AttnPath, Broadcast, IntDotUse, MatmulPath, NormArgs, RopePart, RopeShape, RouteParams, RouteSink,
     VkOptions,
 };
-use vk_common::{assert_close, assert_close_terms, attention_case, ctx, random_rows, term_magnitudes, AttnCase, Rng};
+use vk_common::{
+    assert_close, assert_close_terms, attention_case, attention_case_kv, ctx, kv_types, random_rows, term_magnitudes,
+    upload_kv, AttnCase, Rng,
+};
 
 /// Columns per format: tails for the formats that take any length, two or more blocks else.
 fn cols_for(format: WeightFormat) -> &'static [usize] {
@@ -614,7 +617,8 @@ fn route_with_shared_experts_matches_cpu() {
 /// GQA attention, decode (positions split across workgroups, up to the most splits, then joined)
 /// and prompt chunks (blocked, online softmax), each path on both shapes, with a sliding window
 /// and sinks, and MiMo-V2-Flash's geometry (value heads half the key heads' width, window and
-/// sinks, values scaled: the CPU executor scales the output of `attend`). Tolerance 1e-5
+/// sinks, values scaled: the CPU executor scales the output of `attend`); over f32 mirrors and
+/// f16 ones (the CPU's keys and values the f16 values the mirrors hold). Tolerance 1e-5
 /// (softmax sums in another order).
 #[test]
 fn attention_matches_cpu() {
@@ -629,13 +633,16 @@ fn attention_matches_cpu() {
     for (heads, kv_heads, head_dim, v_head_dim, window, with_sinks, value_scale) in shapes {
         let dims = (heads, kv_heads, head_dim, v_head_dim);
         // 1,500 positions: the most splits (32), joined eight at a time.
-        for (n, pos0) in [(1, 150), (19, 5), (1, 0), (3, 70), (1, 1500)] {
+        let kvs = kv_types(ctx);
+        for ((n, pos0), kv) in
+            [(1, 150), (19, 5), (1, 0), (3, 70), (1, 1500)].into_iter().flat_map(|c| kvs.iter().map(move |&t| (c, t)))
+        {
             let AttnCase { q, k, v, sinks, shape: vs, want } =
-                attention_case(&mut rng, dims, window, with_sinks, value_scale, n, pos0);
+                attention_case_kv(&mut rng, dims, window, with_sinks, value_scale, (n, pos0), kv);
             let (qb, kb, vb, sb) = (
                 ctx.upload_f32(&q).unwrap(),
-                ctx.upload_f32(&k).unwrap(),
-                ctx.upload_f32(&v).unwrap(),
+                upload_kv(ctx, &k, kv),
+                upload_kv(ctx, &v, kv),
                 ctx.upload_f32(&sinks).unwrap(),
             );
             for path in [AttnPath::Split, AttnPath::Block] {
@@ -645,7 +652,7 @@ fn attention_matches_cpu() {
                 let args = AttnArgs { q: qb.all(), k: kb.all(), v: vb.all(), sinks, out: ob.all(), n };
                 f.attention(vs, args, pos0, path).unwrap();
                 f.run().unwrap();
-                let what = format!("attention {heads}/{kv_heads}x{head_dim}/{v_head_dim} window {window:?} sinks {with_sinks} x{value_scale} n {n} pos0 {pos0} {path:?}");
+                let what = format!("attention {heads}/{kv_heads}x{head_dim}/{v_head_dim} window {window:?} sinks {with_sinks} x{value_scale} n {n} pos0 {pos0} {path:?} {kv:?}");
                 assert_close(&what, &ctx.download_f32(ob.all()).unwrap(), &want, 1e-5);
             }
         }

@@ -7,7 +7,7 @@
 
 use super::{DeviceRequest, EngineError, EngineOptions};
 use crate::exec::probe::profile_of_devices;
-use crate::vk::{Context, DeviceKind, DeviceRole, VkOptions};
+use crate::vk::{Context, DeviceKind, DeviceRole, KvType, VkOptions};
 use coli_compiler::DeviceProfile;
 
 /// The devices opened for a load.
@@ -85,6 +85,17 @@ pub(super) fn open(opts: &EngineOptions) -> Result<Opened, EngineError> {
     };
     if let Some(n) = second_note {
         note = format!("{note}; {n}");
+    }
+    // The K/V mirrors' type when asked for f16 (a device without 16-bit storage keeps f32).
+    if primary_opts.kv_mirror == KvType::F16 {
+        let t = |c: &Context| format!("{:?}", c.kv_mirror()).to_lowercase();
+        let kinds: Vec<String> = ctxs.iter().map(|(c, _)| t(c)).collect();
+        note = match kinds.iter().all(|k| k == "f16") {
+            true => format!("{note}; K/V cache on the device in f16"),
+            false => {
+                format!("{note}; K/V cache on the device in {} (f16 needs 16-bit storage buffers)", kinds.join(" / "))
+            }
+        };
     }
     Ok(Opened { ctxs: ctxs.into_iter().map(|(c, _)| c).collect(), profile, note, opened: true })
 }

@@ -46,7 +46,7 @@ use crate::vk::{
     Broadcast, Context, DeviceBuffer, DeviceMatrix, ExpertPages, MatmulPath, MemoryUse, MoeCall, MoePath, MoeScratch,
     VkError, VkOps,
 };
-use crate::vk::{Frame as VkFrame, MatIn, NormArgs, Pos, QuantizedActs, Recorded, View};
+use crate::vk::{Frame as VkFrame, KvType, MatIn, NormArgs, Pos, QuantizedActs, Recorded, View};
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ids::{DeviceId, Place};
 use coli_compiler::ir::{Op, Program, RopeScaling, ValueId};
@@ -80,6 +80,8 @@ pub struct DeviceModel {
     pub device: DeviceId,
     /// The plan's frames on this device.
     frames: Vec<Frame>,
+    /// Each program layer's K/V mirror type (`kv_rows::mirror_types`).
+    kv_types: Vec<KvType>,
     mats: HashMap<String, DeviceMatrix>,
     vecs: HashMap<String, DeviceBuffer>,
     /// Inverse RoPE frequencies per distinct (rotary dim, theta, scaling), with their mscale.
@@ -289,9 +291,11 @@ impl DeviceModel {
             let (f, mscale) = inv_freq(rd, theta, scaling);
             fbufs.push((rd, theta, scaling, ctx.upload_f32(&f)?, mscale));
         }
+        let kv_types = kv_rows::mirror_types(&ctx, program, &frames);
         Ok(DeviceModel {
             ctx,
             device,
+            kv_types,
             frames,
             mats,
             vecs,

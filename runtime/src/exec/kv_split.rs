@@ -13,22 +13,23 @@
 //! rows do, as for every device layer).
 
 use super::kv::LayerKv;
-use crate::bytes::{as_bytes, as_bytes_mut};
+use crate::bytes::as_bytes_mut;
 use crate::cpu::attention::AttnShape as CpuShape;
 use crate::cpu::attn_part::{attend_part, merge, Parts};
 use crate::exec::weights::WeightStore;
 use crate::vk::ops::attn_part::SplitShape;
-use crate::vk::{Context, DeviceBuffer, MemoryUse, VkError};
+use crate::vk::{Context, DeviceBuffer, KvType, MemoryUse, VkError};
 use coli_compiler::ir::{AttentionSpec, LayerId, Op, Program};
 use coli_compiler::place::kv_split::{device_from, KvSplit};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A split layer before a step (`Split::upload`): layer `layer`'s ring mirrors `k` and `v`,
-/// the host's cache `host` of the layer, and the layer's watermark `mark`.
+/// A split layer before a step (`Split::upload`): layer `layer`'s ring mirrors `k` and `v`
+/// (of `kv` elements), the host's cache `host` of the layer, and the layer's watermark `mark`.
 pub struct RingUpload<'a> {
     pub layer: usize,
     pub k: &'a DeviceBuffer,
     pub v: &'a DeviceBuffer,
+    pub kv: KvType,
     pub host: &'a LayerKv,
     pub mark: &'a mut usize,
 }
@@ -181,7 +182,7 @@ pub fn fill_ring(
     pos0: usize,
     lo: &mut usize,
 ) -> Result<(), VkError> {
-    let RingUpload { k: mk, v: mv, host: c, mark, .. } = u;
+    let RingUpload { k: mk, v: mv, kv, host: c, mark, .. } = u;
     let from = if *lo > need || *mark < need {
         *lo = need;
         need
@@ -193,8 +194,8 @@ pub fn fill_ring(
         // One contiguous run of ring rows at a time (the ring wraps).
         let end = pos0.min(j + ring - j % ring);
         let (kw, vw) = (c.k_width, c.v_width);
-        ctx.write(mk, (j % ring) * kw * 4, as_bytes(&c.k[j * kw..end * kw]))?;
-        ctx.write(mv, (j % ring) * vw * 4, as_bytes(&c.v[j * vw..end * vw]))?;
+        ctx.write_kv(mk, (j % ring) * kw * kv.bytes(), &c.k[j * kw..end * kw], kv)?;
+        ctx.write_kv(mv, (j % ring) * vw * kv.bytes(), &c.v[j * vw..end * vw], kv)?;
         j = end;
     }
     *mark = pos0;

@@ -17,6 +17,7 @@ use super::device::{self, Device, DeviceCaps};
 use super::error::{Result, VkError, VkResultExt};
 use super::frame::{Frame, FrameRes};
 use super::instance::Instance;
+use super::kv_type::KvType;
 use super::memory::{place, MemoryProps, MemoryUse, Placement};
 use super::options::{
     CoopMatUse, DeviceRole, FaultInjection, IntDotUse, VkOptions, DEFAULT_GEMV_ROWS, DEFAULT_MOE_GEMV_ROWS,
@@ -60,6 +61,8 @@ pub(crate) struct Shared {
     /// The most bytes a buffer of a resident expert stack takes (`VkOptions::expert_page_bytes`
     /// within the device's limits).
     expert_page_bytes: u64,
+    /// The attention layers' K/V mirror type (`VkOptions::kv_mirror`, where the device can).
+    kv_mirror: KvType,
     submits: AtomicU64,
     pub dispatches: AtomicU64,
     /// Host nanoseconds spent recording frames (from the frame's start to its end).
@@ -292,6 +295,7 @@ impl Context {
                 align,
             });
             let mem = Allocator::new(placement, props, opts.memory_cap, align, max_range, fault.fail_alloc, import);
+            let kv_mirror = if caps.storage_16bit { opts.kv_mirror } else { KvType::F32 };
             Ok(Context {
                 shared: Arc::new(Shared {
                     dev,
@@ -306,6 +310,7 @@ impl Context {
                     moe_gemv_rows: opts.moe_gemv_rows.unwrap_or(DEFAULT_MOE_GEMV_ROWS).max(1),
                     moe_pair_rows: opts.moe_pair_rows.unwrap_or(DEFAULT_MOE_PAIR_ROWS).max(1),
                     expert_page_bytes: opts.expert_page_bytes.map_or(max_range, |b| b.clamp(1, max_range)),
+                    kv_mirror,
                     submits: AtomicU64::new(0),
                     dispatches: AtomicU64::new(0),
                     record_ns: AtomicU64::new(0),
@@ -338,6 +343,12 @@ impl Context {
     /// Routed-expert GEMVs of at most this many rows run per pair, more per expert.
     pub fn moe_pair_rows(&self) -> usize {
         self.shared.moe_pair_rows
+    }
+
+    /// The element type of the attention layers' K/V mirrors: `VkOptions::kv_mirror`, or f32
+    /// on a device without 16-bit storage buffers.
+    pub fn kv_mirror(&self) -> KvType {
+        self.shared.kv_mirror
     }
 
     /// The most bytes one buffer of a layer's resident expert stack takes (`upload_expert_pages`).
@@ -575,6 +586,47 @@ impl Context {
             out.set_len(out.len() + count);
         }
         Ok(())
+    }
+
+    /// Appends `count` elements of `kv` read at byte `offset` of `buf` to `out`, widened to f32
+    /// (a K/V mirror's read-back rows); on an error `out` is as it was.
+    pub fn read_append_kv(
+        &self,
+        buf: &DeviceBuffer,
+        offset: usize,
+        count: usize,
+        kv: KvType,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        match kv {
+            KvType::F32 => self.read_append_f32(buf, offset, count, out),
+            KvType::F16 => {
+                let mut bits = vec![0u16; count];
+                // SAFETY: `bits` is `count` u16 of writable memory.
+                unsafe { self.read_raw(buf, offset, bits.as_mut_ptr().cast(), count * 2)? };
+                let at = out.len();
+                out.resize(at + count, 0.0);
+                half::slice::HalfFloatSliceExt::convert_to_f32_slice(
+                    half::slice::HalfBitsSliceExt::reinterpret_cast::<half::f16>(bits.as_slice()),
+                    &mut out[at..],
+                );
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes `data` as elements of `kv` (f16: each rounded to nearest even) at byte `offset`
+    /// of `buf` (a K/V mirror's rows).
+    pub fn write_kv(&self, buf: &DeviceBuffer, offset: usize, data: &[f32], kv: KvType) -> Result<()> {
+        match kv {
+            KvType::F32 => self.write(buf, offset, as_bytes(data)),
+            KvType::F16 => {
+                let mut bits = vec![half::f16::ZERO; data.len()];
+                half::slice::HalfFloatSliceExt::convert_from_f32_slice(bits.as_mut_slice(), data);
+                let bits: &[u16] = half::slice::HalfFloatSliceExt::reinterpret_cast(bits.as_slice());
+                self.write(buf, offset, as_bytes(bits))
+            }
+        }
     }
 
     /// # Safety

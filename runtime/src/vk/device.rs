@@ -433,7 +433,7 @@ pub(crate) struct Device {
 impl Device {
     /// Creates the logical device with one compute queue, enabling the features the shaders
     /// may use where the device has them (subgroup size control, memory budget, push
-    /// descriptors, external host memory; cooperative matrices with `shaderInt8` and `vulkanMemoryModel` where
+    /// descriptors, external host memory, 16-bit storage buffers; cooperative matrices with `shaderInt8` and `vulkanMemoryModel` where
     /// `caps.coopmat_i8` is set; pipeline executable statistics where
     /// `caps.pipeline_executable_info` is set).
     ///
@@ -469,9 +469,14 @@ impl Device {
         }
         let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
         let mut fcm = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
+        // 16-bit storage buffers for the f16 K/V mirrors (`VkOptions::kv_mirror`).
+        let mut f11 = vk::PhysicalDeviceVulkan11Features::default().storage_buffer16_bit_access(true);
         let mut ci = vk::DeviceCreateInfo::default().queue_create_infos(&queues).enabled_extension_names(&exts);
         if caps.api_version >= vk::API_VERSION_1_3 {
             ci = ci.push_next(&mut f13);
+        }
+        if caps.storage_16bit {
+            ci = ci.push_next(&mut f11);
         }
         if caps.coopmat_i8.is_some() {
             f12 = f12.shader_int8(true).vulkan_memory_model(true).shader_float16(caps.coopmat_f16);

@@ -431,7 +431,7 @@ impl<'a> Frame<'a> {
         push: &P,
         groups: [u32; 3],
     ) -> Result<()> {
-        if !P::LAYOUT.kernels.contains(&kernel) {
+        if !P::LAYOUT.kernels.contains(&kernel.base()) {
             return Err(VkError::BadArgument {
                 op: "dispatch",
                 msg: format!("{kernel:?} does not take {} push constants", P::LAYOUT.name),

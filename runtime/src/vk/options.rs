@@ -153,6 +153,11 @@ pub struct VkOptions {
     /// most: the device's storage-buffer range and allocation size); a layer beyond it goes up
     /// in pages (`vk::ops::moe_pages`). Tests make pages of a small fixture with it.
     pub expert_page_bytes: Option<u64>,
+    /// The attention layers' K/V mirrors (and their read-back rows) in f32 (the default) or
+    /// in 16-bit floats: half the memory and half the bytes decode attention reads, the values
+    /// rounded to f16 (the host's cache then holds the same rounded values). A device without
+    /// 16-bit storage buffers keeps f32 (`Context::kv_mirror` says which).
+    pub kv_mirror: super::kv_type::KvType,
 }
 
 /// Rows up to which a dense product takes the GEMV by default: below the cooperative GEMMs'

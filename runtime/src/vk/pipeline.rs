@@ -167,7 +167,11 @@ unsafe fn create(dev: &ash::Device, caps: &DeviceCaps, kernel: Kernel, variant: 
         (true, Some(s)) => Some(s),
         (true, None) => return Err(VkError::MissingShader { kernel }),
     };
-    if kernel == Kernel::AttnCoop && !caps.coopmat_f16 {
+    if kernel.base() == Kernel::AttnCoop && !caps.coopmat_f16 {
+        return Err(VkError::MissingShader { kernel });
+    }
+    // The 16-bit K/V twins need 16-bit storage buffers (enabled at device creation where listed).
+    if kernel.base() != kernel && !caps.storage_16bit {
         return Err(VkError::MissingShader { kernel });
     }
     let dot = if caps.integer_dot_product { spirv_dot(kernel, variant) } else { None };

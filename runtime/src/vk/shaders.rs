@@ -18,12 +18,12 @@ impl Kernel {
             Kernel::QuantizeQ8 | Kernel::Glu | Kernel::Binary | Kernel::Rope => 3,
             // Bindings 3-4: a hash routing's tokens and table.
             Kernel::Route => 6,
-            Kernel::RopeKv => 9,
+            Kernel::RopeKv | Kernel::RopeKv16 => 9,
             // Bindings 19-21: the relative logits (`attn.glsl`), which the cooperative kernel
             // does not take.
-            Kernel::AttnSplit | Kernel::AttnBlock => 22,
-            Kernel::AttnCoop => 8,
-            Kernel::AttnPart => 6,
+            Kernel::AttnSplit | Kernel::AttnBlock | Kernel::AttnSplit16 | Kernel::AttnBlock16 => 22,
+            Kernel::AttnCoop | Kernel::AttnCoop16 => 8,
+            Kernel::AttnPart | Kernel::AttnPart16 => 6,
             Kernel::MoeMatvec => 10,
             Kernel::MoeMatmul | Kernel::MoeMatmulCoop => 8,
             Kernel::MoeGroup | Kernel::MoePage => 2,
@@ -57,10 +57,10 @@ impl Kernel {
             Kernel::RmsNorm => &[2, 5],
             Kernel::Glu | Kernel::Binary | Kernel::Route => &[2],
             Kernel::Rope => &[0],
-            Kernel::RopeKv => &[0, 1, 4, 5, 6, 7],
-            Kernel::AttnSplit => &[1, 2, 4, 5, 6, 8, 12, 13, 17, 18],
-            Kernel::AttnBlock | Kernel::AttnCoop => &[6],
-            Kernel::AttnPart => &[3, 4],
+            Kernel::RopeKv | Kernel::RopeKv16 => &[0, 1, 4, 5, 6, 7],
+            Kernel::AttnSplit | Kernel::AttnSplit16 => &[1, 2, 4, 5, 6, 8, 12, 13, 17, 18],
+            Kernel::AttnBlock | Kernel::AttnCoop | Kernel::AttnBlock16 | Kernel::AttnCoop16 => &[6],
+            Kernel::AttnPart | Kernel::AttnPart16 => &[3, 4],
             Kernel::MoeMatvec | Kernel::MoeMatmul | Kernel::MoeMatmulCoop => &[5],
             Kernel::MoeGroup | Kernel::MoePage => &[1],
             Kernel::MoeSum => &[2],
@@ -84,7 +84,7 @@ impl Kernel {
 
     /// Whether the workgroup size is specialization constant 0 (chosen per device).
     pub fn sized_by_device(self) -> bool {
-        matches!(self, Kernel::Matvec | Kernel::RmsNorm | Kernel::MoeMatvec | Kernel::AttnCoop)
+        matches!(self.base(), Kernel::Matvec | Kernel::RmsNorm | Kernel::MoeMatvec | Kernel::AttnCoop)
     }
 
     /// Whether the kernel runs on cooperative matrices: workgroup of four subgroups

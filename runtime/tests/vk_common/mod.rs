@@ -10,7 +10,7 @@
 #![allow(dead_code)]
 
 use coli_runtime::format::{fp16, quantize, WeightFormat};
-use coli_runtime::vk::{Context, FormatVariant, VkError, VkOptions};
+use coli_runtime::vk::{Context, DeviceBuffer, FormatVariant, KvType, MemoryUse, VkError, VkOptions};
 use std::sync::OnceLock;
 
 /// The shared context, or `None` when the run opted out of Vulkan tests. CI installs Lavapipe,
@@ -171,31 +171,88 @@ pub struct AttnCase {
 }
 
 /// `AttnCase` for `heads` / `kv_heads` heads of `head_dim` (keys) and `v_head_dim` (values),
-/// scale 1 / sqrt(head_dim).
+/// scale 1 / sqrt(head_dim), f32 mirrors.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_case(
     rng: &mut Rng,
-    (heads, kv_heads, head_dim, v_head_dim): (usize, usize, usize, usize),
+    dims: (usize, usize, usize, usize),
     window: Option<usize>,
     with_sinks: bool,
     value_scale: f32,
     n: usize,
     pos0: usize,
 ) -> AttnCase {
+    attention_case_kv(rng, dims, window, with_sinks, value_scale, (n, pos0), KvType::F32)
+}
+
+/// `attention_case` over mirrors of `kv`: the keys and values are values of `kv` (rounded to
+/// f16 for `KvType::F16`, so the CPU's answer is over what the mirrors hold).
+pub fn attention_case_kv(
+    rng: &mut Rng,
+    (heads, kv_heads, head_dim, v_head_dim): (usize, usize, usize, usize),
+    window: Option<usize>,
+    with_sinks: bool,
+    value_scale: f32,
+    (n, pos0): (usize, usize),
+    kv: KvType,
+) -> AttnCase {
     use coli_runtime::cpu::attention as cpu;
     let scale = 1.0 / (head_dim as f32).sqrt();
     let cs = cpu::AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window };
-    let shape =
-        coli_runtime::vk::AttnShape { heads, kv_heads, head_dim, v_head_dim, scale, window, value_scale, ring: None };
+    let shape = coli_runtime::vk::AttnShape {
+        heads,
+        kv_heads,
+        head_dim,
+        v_head_dim,
+        scale,
+        window,
+        value_scale,
+        ring: None,
+        kv,
+    };
     let len = pos0 + n;
     let q = rng.vec(n * heads * head_dim, 1.0);
-    let k = rng.vec(len * kv_heads * head_dim, 1.0);
-    let v = rng.vec(len * kv_heads * v_head_dim, 1.0);
+    let k = as_kv(&rng.vec(len * kv_heads * head_dim, 1.0), kv);
+    let v = as_kv(&rng.vec(len * kv_heads * v_head_dim, 1.0), kv);
     let sinks = rng.vec(heads, 1.0);
     let mut want = vec![0f32; n * heads * v_head_dim];
     cpu::attend(cs, &q, &k, &v, pos0, with_sinks.then_some(&sinks[..]), &mut want);
     want.iter_mut().for_each(|x| *x *= value_scale);
     AttnCase { q, k, v, sinks, shape, want }
+}
+
+/// `x` as elements of `kv` hold it: rounded to f16 (nearest even) and widened, or as it is.
+pub fn as_kv(x: &[f32], kv: KvType) -> Vec<f32> {
+    match kv {
+        KvType::F32 => x.to_vec(),
+        KvType::F16 => x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect(),
+    }
+}
+
+/// A K/V mirror of `kv` elements holding `rows` (`Context::write_kv`: f16 rounds them).
+#[allow(dead_code)]
+pub fn upload_kv(ctx: &Context, rows: &[f32], kv: KvType) -> DeviceBuffer {
+    let b = ctx.buffer(MemoryUse::Device, (rows.len() * kv.bytes()).max(4)).unwrap();
+    ctx.write_kv(&b, 0, rows, kv).unwrap();
+    b
+}
+
+/// The first `count` elements of a K/V buffer of `kv` elements, widened to f32.
+#[allow(dead_code)]
+pub fn download_kv(ctx: &Context, b: &DeviceBuffer, count: usize, kv: KvType) -> Vec<f32> {
+    let mut out = Vec::new();
+    ctx.read_append_kv(b, 0, count, kv, &mut out).unwrap();
+    out
+}
+
+/// The mirror types a device runs: f32, and f16 where it has 16-bit storage buffers.
+#[allow(dead_code)]
+pub fn kv_types(ctx: &Context) -> Vec<KvType> {
+    if ctx.caps().storage_16bit {
+        vec![KvType::F32, KvType::F16]
+    } else {
+        vec![KvType::F32]
+    }
 }
 
 /// Rows `len - ring..len` of `rows` (`width` floats each) in a ring of `ring` rows (position `p`

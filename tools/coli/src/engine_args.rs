@@ -9,7 +9,7 @@ use clap::{Args, ValueEnum};
 use coli_runtime::engine::{DeviceRequest, EngineError};
 use coli_runtime::format::WeightFormat;
 use coli_runtime::model::hub::{self, ModelRef};
-use coli_runtime::vk::{FaultInjection, VkOptions};
+use coli_runtime::vk::{FaultInjection, KvType, VkOptions};
 use std::path::PathBuf;
 
 /// The `--help` headings, one per concern, the same in every subcommand.
@@ -37,6 +37,15 @@ pub enum DeviceChoice {
     Vulkan,
     /// A Vulkan GPU when there is one, else the CPU.
     Auto,
+}
+
+/// The element type of the device's K/V cache (its attention layers' mirrors).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum KvChoice {
+    /// 32-bit floats, as the CPU keeps them.
+    F32,
+    /// 16-bit floats: half the memory and half the bytes decode attention reads.
+    F16,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -112,6 +121,11 @@ pub struct DeviceArgs {
     /// Keep this many layers on the device (instead of the most that fit).
     #[arg(long, help_heading = heading::DEVICES)]
     pub device_layers: Option<usize>,
+    /// The device's K/V cache of attention layers: f32 (as the CPU) or f16 (half the memory and
+    /// half the bytes decode reads over a long context; keys and values rounded to f16, the
+    /// host's copy too). A device without 16-bit storage buffers keeps f32.
+    #[arg(long, value_enum, default_value_t = KvChoice::F32, help_heading = heading::DEVICES)]
+    pub device_kv: KvChoice,
     /// Fault injection for tests: the device fails at its n-th submit.
     #[arg(long, hide = true)]
     pub fail_submit: Option<u64>,
@@ -123,6 +137,10 @@ impl DeviceArgs {
         VkOptions {
             device_name: self.device_name.clone(),
             memory_cap: self.device_mem_mib.map(|m| m << 20),
+            kv_mirror: match self.device_kv {
+                KvChoice::F32 => KvType::F32,
+                KvChoice::F16 => KvType::F16,
+            },
             fault: self.fail_submit.map(|n| FaultInjection { fail_submit: Some(n), fail_alloc: None }),
             ..Default::default()
         }

@@ -69,7 +69,8 @@ impl DeviceModel {
         });
         // A sliding window's mirror as a ring (every sequence's the same size).
         let ring = rec.seqs[0].st.rings[l].map(|r| r.rows);
-        let shape = AttnShape { ring, ..AttnShape::of(spec) };
+        let kv = self.kv_types[l];
+        let shape = AttnShape { ring, kv, ..AttnShape::of(spec) };
         // Inkling's relative logits: the block's states and the layer's `[d_rel, extent]` bank.
         let rel = spec.rel.as_ref().map(|r| RelArgs {
             r: view(r.r),
@@ -94,6 +95,7 @@ impl DeviceModel {
             kv_heads: spec.kv_heads,
             head_dim: spec.head_dim,
             v_head_dim: spec.v_head_dim,
+            kv,
         };
         let sinks = sinks_of(self, spec);
         let mirror = KvMirror { k: mk.all(), v: mv.all(), k_back: sk.all(), v_back: sv.all() };
@@ -105,14 +107,16 @@ impl DeviceModel {
             let cs = crate::cpu::attention::AttnShape::of(spec);
             let (aw, mw) = (n * spec.heads * spec.v_head_dim, n * spec.heads * 2);
             let (acc, ml) = (ss.acc.view(0, aw), ss.ml.view(0, mw));
-            f.attn_part(cs, sp.shape(), PartArgs { q: view(q), k: mk.all(), v: mv.all(), acc, ml, n, pos })?;
+            f.attn_part(cs, sp.shape(), PartArgs { q: view(q), k: mk.all(), v: mv.all(), acc, ml, n, pos, kv })?;
             f.copy(ss.acc.view(0, aw), ss.acc_back.view(0, aw))?;
             f.copy(ss.ml.view(0, mw), ss.ml_back.view(0, mw))?;
             return Ok(None);
         }
         // The rows a block at `pos` sees (a ring's: all of it).
         let seen = |rows: usize| match (ring, pos) {
-            (None, Pos::Fixed(p0)) => (mk.view(0, (p0 + rows) * w(k)), mv.view(0, (p0 + rows) * w(v))),
+            (None, Pos::Fixed(p0)) => {
+                (mk.view(0, kv.words((p0 + rows) * w(k))), mv.view(0, kv.words((p0 + rows) * w(v))))
+            }
             _ => (mk.all(), mv.all()),
         };
         if n == 1 && a.one_kernel {
@@ -167,6 +171,7 @@ impl DeviceModel {
         let spec = &a.spec;
         let (q, k, v, out) = (a.q, a.k, a.v, a.out);
         let l = a.layer.0 as usize;
+        let kv = self.kv_types[l];
         // The one-row sequences' kernels side by side (one call: their mirrors' rings alike), the
         // others one by one; with relative logits (Inkling) each one by one, over its rows'
         // states.
@@ -174,7 +179,7 @@ impl DeviceModel {
         for s in rec.seqs {
             // A sliding window's mirror as a ring (its size follows the sequence's context).
             let ring = s.st.rings[l].map(|r| r.rows);
-            let shape = AttnShape { ring, ..AttnShape::of(spec) };
+            let shape = AttnShape { ring, kv, ..AttnShape::of(spec) };
             let (r0, n) = (s.rows.start, s.rows.len());
             let rows = |v: ValueId| st.values[v.0 as usize].view(r0 * w(v), n * w(v));
             let rel = spec.rel.as_ref().map(|r| RelArgs {
@@ -187,7 +192,9 @@ impl DeviceModel {
             // The rows the block sees (a ring's, or a position read on the device: all of it).
             let pos = s.pos;
             let (keys, values) = match (ring, pos) {
-                (None, Pos::Fixed(p0)) => (mk.view(0, (p0 + n) * w(k)), mv.view(0, (p0 + n) * w(v))),
+                (None, Pos::Fixed(p0)) => {
+                    (mk.view(0, kv.words((p0 + n) * w(k))), mv.view(0, kv.words((p0 + n) * w(v))))
+                }
                 _ => (mk.all(), mv.all()),
             };
             if n == 1 && a.one_kernel {
@@ -218,6 +225,7 @@ impl DeviceModel {
                 kv_heads: spec.kv_heads,
                 head_dim: spec.head_dim,
                 v_head_dim: spec.v_head_dim,
+                kv,
             };
             let mirror = KvMirror { k: mk.all(), v: mv.all(), k_back: sk.all(), v_back: sv.all() };
             let append = RopeKvArgs { rope, q: rows(q), k: rows(k), v: rows(v), shape: kv_shape, mirror, pos };
@@ -228,7 +236,7 @@ impl DeviceModel {
             let args = AttnArgs { q: rows(q), k: keys, v: values, sinks, out: rows(out), n };
             f.attention_rel_at(shape, args, rel, pos, AttnPath::Auto)?;
         }
-        let shape = AttnShape { ring: ring0.flatten(), ..AttnShape::of(spec) };
+        let shape = AttnShape { ring: ring0.flatten(), kv, ..AttnShape::of(spec) };
         f.attention_decode_rows(shape, &decodes)?;
         Ok(None)
     }

@@ -20,8 +20,8 @@ use super::{DeviceModel, Rec};
 use crate::bytes::as_bytes;
 use crate::exec::kv::KvCache;
 use crate::vk::{
-    CompressedArgs, CompressedShape, Context, DeviceBuffer, Frame as VkFrame, KvMirror, KvShape, RopeArgs, RopeKvArgs,
-    View, VkError,
+    CompressedArgs, CompressedShape, Context, DeviceBuffer, Frame as VkFrame, KvMirror, KvShape, KvType, RopeArgs,
+    RopeKvArgs, View, VkError,
 };
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ir::{Op, Program, ValueId};
@@ -185,6 +185,8 @@ impl DeviceModel {
                 kv_heads: 1,
                 head_dim: spec.head_dim,
                 v_head_dim: spec.v_head_dim,
+                // Attention over compressed entries reads an f32 window (`kv_rows::mirror_types`).
+                kv: KvType::F32,
             };
             let mirror = KvMirror { k: mk.all(), v: mv.all(), k_back: sk.all(), v_back: sv.all() };
             let (q, k, v) = (view(a.q), view(a.k), view(a.v));

@@ -16,8 +16,8 @@ use super::{DeviceModel, Rec};
 use crate::bytes::{as_bytes, as_bytes_mut};
 use crate::exec::kv::KvCache;
 use crate::vk::{
-    Context, DeviceBuffer, DsaSelectArgs, DsaShape, Frame as VkFrame, KvMirror, KvShape, MatmulPath, MemoryUse, Pos,
-    RopeArgs, RopeKvArgs, VkError,
+    Context, DeviceBuffer, DsaSelectArgs, DsaShape, Frame as VkFrame, KvMirror, KvShape, KvType, MatmulPath, MemoryUse,
+    Pos, RopeArgs, RopeKvArgs, VkError,
 };
 use coli_compiler::frames::{op_of, Frame};
 use coli_compiler::ir::{IndexerSpec, LayerId, Op, Program, ValueId};
@@ -207,7 +207,7 @@ impl DeviceModel {
                 q: qv,
                 k: kv,
                 v: none,
-                shape: KvShape { n: rn, heads: h, kv_heads: 1, head_dim: d, v_head_dim: 0 },
+                shape: KvShape { n: rn, heads: h, kv_heads: 1, head_dim: d, v_head_dim: 0, kv: KvType::F32 },
                 mirror: KvMirror { k: m.keys.all(), v: none, k_back: m.back.all(), v_back: none },
                 pos: at,
             })?;

@@ -3,13 +3,14 @@
 //! cache and them: before the frame, the rows a sequence's mirrors lack (a host write lowered
 //! their watermark, or a KV split's ring moved on); after it, each sequence's read-back rows
 //! straight into the cache's new rows, and the mirrors' watermarks up to them (the host's copy
-//! stays canonical, so a device lost mid-forward re-runs it on the CPU).
+//! stays canonical, so a device lost mid-forward re-runs it on the CPU). An attention layer's
+//! mirrors and read-back rows may be f16 (`Context::kv_mirror`): the rows go up rounded and
+//! come back widened, so the host's cache holds the values the device attends over.
 
 use super::{DeviceModel, DeviceState, KvMirror, PARALLEL_KV_ROWS};
-use crate::bytes::as_bytes;
 use crate::exec::kv::{KvCache, LayerKv};
 use crate::exec::kv_split::{fill_ring, ring_stepped, RingUpload};
-use crate::vk::{MemoryUse, VkError};
+use crate::vk::{Context, KvType, MemoryUse, VkError};
 use coli_compiler::frames::op_of;
 use coli_compiler::ir::{LayerId, Op, Program};
 use coli_compiler::place::kv_split::window_rows;
@@ -33,6 +34,24 @@ impl DeviceState {
     pub(crate) fn kv_mirror_bytes(&self) -> u64 {
         self.mirrors.iter().flatten().map(|(k, v, _, _)| (k.len_bytes() + v.len_bytes()) as u64).sum()
     }
+}
+
+/// Each layer's K/V mirror type (per program layer): the context's (`Context::kv_mirror`) for
+/// the attention layers the frames run, f32 for the rest (MLA's latents, DeepSeek V4's layers
+/// over compressed entries, whose kernels read f32) and for rows of odd widths.
+pub(super) fn mirror_types(ctx: &Context, p: &Program, frames: &[coli_compiler::frames::Frame]) -> Vec<KvType> {
+    let mut types = vec![KvType::F32; p.layers.len()];
+    for f in frames {
+        for &id in &f.ops {
+            if let Op::Attention { layer, spec, .. } = op_of(p, id) {
+                let even = (spec.kv_heads * spec.head_dim) % 2 == 0 && (spec.kv_heads * spec.v_head_dim) % 2 == 0;
+                if spec.compressed.is_none() && even {
+                    types[layer.0 as usize] = ctx.kv_mirror();
+                }
+            }
+        }
+    }
+    types
 }
 
 impl DeviceModel {
@@ -68,11 +87,12 @@ impl DeviceModel {
                     _ => context,
                 };
                 if mirrors[l].is_none() {
+                    let b = self.kv_types[l].bytes();
                     mirrors[l] = Some((
-                        ctx.f32_buffer(rows * kw)?,
-                        ctx.f32_buffer(rows * vw)?,
-                        ctx.buffer(MemoryUse::Readback, self.cap_rows * kw * 4)?,
-                        ctx.buffer(MemoryUse::Readback, self.cap_rows * vw * 4)?,
+                        ctx.buffer(MemoryUse::Device, rows * kw * b)?,
+                        ctx.buffer(MemoryUse::Device, rows * vw * b)?,
+                        ctx.buffer(MemoryUse::Readback, self.cap_rows * kw * b)?,
+                        ctx.buffer(MemoryUse::Readback, self.cap_rows * vw * b)?,
                     ));
                 }
             }
@@ -93,22 +113,23 @@ impl DeviceModel {
         for &(l, layer) in attn_layers {
             let (mk, mv, _, _) = st.mirrors[l].as_ref().expect("mirror allocated");
             let c = &kv.layers[l];
+            let t = self.kv_types[l];
             let split = self.kv_split.as_ref().filter(|s| s.splits(layer));
             if let (Some(sp), Some(ss)) = (split, st.split.as_mut()) {
-                let up = RingUpload { layer: l, k: mk, v: mv, host: c, mark: &mut st.watermark[l] };
+                let up = RingUpload { layer: l, k: mk, v: mv, kv: t, host: c, mark: &mut st.watermark[l] };
                 sp.upload(ctx, ss, up, pos0)?;
                 continue;
             }
             if let Some(r) = st.rings[l] {
-                let up = RingUpload { layer: l, k: mk, v: mv, host: c, mark: &mut st.watermark[l] };
+                let up = RingUpload { layer: l, k: mk, v: mv, kv: t, host: c, mark: &mut st.watermark[l] };
                 let need = (pos0 + 1).saturating_sub(r.window).min(pos0);
                 fill_ring(ctx, up, r.rows, need, pos0, &mut st.ring_lo[l])?;
                 continue;
             }
             let mark = st.watermark[l];
             if mark < pos0 {
-                ctx.write(mk, mark * c.k_width * 4, as_bytes(&c.k[mark * c.k_width..pos0 * c.k_width]))?;
-                ctx.write(mv, mark * c.v_width * 4, as_bytes(&c.v[mark * c.v_width..pos0 * c.v_width]))?;
+                ctx.write_kv(mk, mark * c.k_width * t.bytes(), &c.k[mark * c.k_width..pos0 * c.k_width], t)?;
+                ctx.write_kv(mv, mark * c.v_width * t.bytes(), &c.v[mark * c.v_width..pos0 * c.v_width], t)?;
                 st.watermark[l] = pos0;
             }
         }
@@ -132,6 +153,7 @@ impl DeviceModel {
         let mirrors = &st.mirrors;
         let copy = |l: usize, c: &mut LayerKv| -> Result<(), VkError> {
             let (_, _, sk, sv) = mirrors[l].as_ref().expect("mirror allocated");
+            let t = self.kv_types[l];
             // The K/V rows from pos0 on are the device's; what the host wrote beside them in
             // this step (an indexer's keys, DeepSeek Sparse Attention) stays.
             let (kw, vw) = (c.k_width, c.v_width);
@@ -139,9 +161,9 @@ impl DeviceModel {
             c.v.truncate(pos0 * vw);
             let (k, v) = (&mut c.k, &mut c.v);
             let (rk, rv) = if n >= PARALLEL_KV_ROWS {
-                rayon::join(|| ctx.read_append_f32(sk, 0, n * kw, k), || ctx.read_append_f32(sv, 0, n * vw, v))
+                rayon::join(|| ctx.read_append_kv(sk, 0, n * kw, t, k), || ctx.read_append_kv(sv, 0, n * vw, t, v))
             } else {
-                (ctx.read_append_f32(sk, 0, n * kw, k), ctx.read_append_f32(sv, 0, n * vw, v))
+                (ctx.read_append_kv(sk, 0, n * kw, t, k), ctx.read_append_kv(sv, 0, n * vw, t, v))
             };
             rk.and(rv)
         };

@@ -17,6 +17,7 @@ use super::u32_arg;
 use crate::vk::context::View;
 use crate::vk::error::{Result, VkError};
 use crate::vk::frame::{Bind, Frame};
+pub use crate::vk::kv_type::KvType;
 use crate::vk::push::AttnPush;
 use crate::vk::shaders::Kernel;
 use coli_compiler::ir::{AttentionSpec, RopeStyle};
@@ -40,6 +41,8 @@ pub struct KvShape {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub v_head_dim: usize,
+    /// The mirror's and the read-back rows' element type.
+    pub kv: KvType,
 }
 
 /// The rotation `rope_kv` applies: the inverse frequencies (`cpu::rope::inv_freq`: rotary
@@ -151,6 +154,8 @@ pub struct AttnShape {
     /// The mirror as a ring of this many rows (position `p` in row `p % ring`): a sliding
     /// window's, which holds the window and a block (`None`: row `p` holds position `p`).
     pub ring: Option<usize>,
+    /// The mirror's element type (and, for `attention_decode`, its read-back rows').
+    pub kv: KvType,
 }
 
 impl AttnShape {
@@ -165,6 +170,7 @@ impl AttnShape {
             window: spec.window,
             value_scale: spec.value_scale,
             ring: None,
+            kv: KvType::F32,
         }
     }
 }
@@ -305,8 +311,9 @@ impl<'a> Frame<'a> {
         }
         k.check(OP, "k", s.kv_heads * s.head_dim)?;
         v.check(OP, "v", s.kv_heads * s.v_head_dim)?;
-        sk.check(OP, "k read-back", s.kv_heads * s.head_dim)?;
-        sv.check(OP, "v read-back", s.kv_heads * s.v_head_dim)?;
+        s.kv.check_widths(OP, &[s.kv_heads * s.head_dim, s.kv_heads * s.v_head_dim])?;
+        sk.check(OP, "k read-back", s.kv.words(s.kv_heads * s.head_dim))?;
+        sv.check(OP, "v read-back", s.kv.words(s.kv_heads * s.v_head_dim))?;
         for (view, what) in [(sk, "k read-back"), (sv, "v read-back")] {
             if view.offset != 0 {
                 return Err(VkError::BadArgument { op: OP, msg: format!("{what} views must start at element 0") });
@@ -390,8 +397,9 @@ impl<'a> Frame<'a> {
             return Err(VkError::BadArgument { op: OP, msg: "mirror views must start at element 0".into() });
         }
         q.check(OP, "q", n * s.heads * s.head_dim)?;
-        k.check(OP, "keys", rows * s.kv_heads * s.head_dim)?;
-        v.check(OP, "values", rows * s.kv_heads * s.v_head_dim)?;
+        s.kv.check_widths(OP, &[s.kv_heads * s.head_dim, s.kv_heads * s.v_head_dim])?;
+        k.check(OP, "keys", s.kv.words(rows * s.kv_heads * s.head_dim))?;
+        v.check(OP, "values", s.kv.words(rows * s.kv_heads * s.v_head_dim))?;
         out.check(OP, "out", n * s.heads * s.v_head_dim)?;
         if let Some(sk) = sinks {
             sk.check(OP, "sinks", s.heads)?;
@@ -448,8 +456,8 @@ impl<'a> Frame<'a> {
             flags: sinks.is_some() as u32 | (decode.is_some() as u32) << 1 | dyn_ << 2 | (rel.is_some() as u32) << 3,
             scale: s.scale,
             q_off: u32_arg(OP, "q offset", q.offset)?,
-            k_off: u32_arg(OP, "k offset", k.offset)?,
-            v_off: u32_arg(OP, "v offset", v.offset)?,
+            k_off: u32_arg(OP, "k offset", s.kv.elems(k.offset))?,
+            v_off: u32_arg(OP, "v offset", s.kv.elems(v.offset))?,
             o_off: u32_arg(OP, "out offset", out.offset)?,
             splits: splits as u32,
             chunk: chunk as u32,
@@ -534,7 +542,7 @@ impl<'a> Frame<'a> {
                 rel_binds[2],
             ];
             let rows = u32_arg(OP, "n", n)?;
-            self.dispatch(Kernel::AttnSplit, None, &binds, &push, [heads, rows, splits as u32])
+            self.dispatch(s.kv.kernel(Kernel::AttnSplit), None, &binds, &push, [heads, rows, splits as u32])
         } else {
             push.splits = 1;
             let mut binds = [Bind::UNUSED; 22];
@@ -552,10 +560,10 @@ impl<'a> Frame<'a> {
             if coop {
                 let binds = &binds[..8];
                 let blocks = u32_arg(OP, "blocks", n.div_ceil(COOP_BQ))?;
-                self.dispatch(Kernel::AttnCoop, None, binds, &push, [heads, blocks, 1])
+                self.dispatch(s.kv.kernel(Kernel::AttnCoop), None, binds, &push, [heads, blocks, 1])
             } else {
                 self.dispatch(
-                    Kernel::AttnBlock,
+                    s.kv.kernel(Kernel::AttnBlock),
                     None,
                     &binds,
                     &push,

@@ -8,7 +8,7 @@
 //! Must not: normalize, add the sinks (the host's part holds them), or read positions outside a
 //! row's share (the ring holds nothing else for sure).
 
-use super::attention::Pos;
+use super::attention::{KvType, Pos};
 use super::u32_arg;
 use crate::cpu::attention::AttnShape;
 use crate::vk::context::View;
@@ -38,6 +38,8 @@ pub struct PartArgs<'a> {
     pub ml: View<'a>,
     pub n: usize,
     pub pos: Pos<'a>,
+    /// The rings' element type.
+    pub kv: KvType,
 }
 
 const MAX_D: usize = 256;
@@ -51,7 +53,7 @@ impl<'a> Frame<'a> {
     /// geometry is the CPU reference's own `AttnShape`.
     pub fn attn_part(&mut self, s: AttnShape, split: SplitShape, a: PartArgs<'a>) -> Result<()> {
         const OP: &str = "attn_part";
-        let PartArgs { q, k: mk, v: mv, acc, ml, n, pos } = a;
+        let PartArgs { q, k: mk, v: mv, acc, ml, n, pos, kv } = a;
         let (pos0, dyn_, params) = pos.parts(OP)?;
         if s.kv_heads == 0
             || !s.heads.is_multiple_of(s.kv_heads)
@@ -89,8 +91,9 @@ impl<'a> Frame<'a> {
             });
         }
         q.check(OP, "q", n * s.heads * s.head_dim)?;
-        mk.check(OP, "k ring", split.ring * s.kv_heads * s.head_dim)?;
-        mv.check(OP, "v ring", split.ring * s.kv_heads * s.v_head_dim)?;
+        kv.check_widths(OP, &[s.kv_heads * s.head_dim, s.kv_heads * s.v_head_dim])?;
+        mk.check(OP, "k ring", kv.words(split.ring * s.kv_heads * s.head_dim))?;
+        mv.check(OP, "v ring", kv.words(split.ring * s.kv_heads * s.v_head_dim))?;
         acc.check(OP, "acc", n * s.heads * s.v_head_dim)?;
         ml.check(OP, "m and l", n * s.heads * 2)?;
         if mk.offset != 0 || mv.offset != 0 {
@@ -119,6 +122,6 @@ impl<'a> Frame<'a> {
         };
         let binds =
             [Bind::buf(q.buf), Bind::buf(mk.buf), Bind::buf(mv.buf), Bind::buf(acc.buf), Bind::buf(ml.buf), params];
-        self.dispatch(Kernel::AttnPart, None, &binds, &push, [s.heads as u32, u32_arg(OP, "n", n)?, 1])
+        self.dispatch(kv.kernel(Kernel::AttnPart), None, &binds, &push, [s.heads as u32, u32_arg(OP, "n", n)?, 1])
     }
 }

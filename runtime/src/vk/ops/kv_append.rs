@@ -8,7 +8,7 @@
 //! Must not: attend, or decide what a ring holds (the executor keeps every row a query sees in
 //! it).
 
-use super::attention::{KvMirror, RopeKvArgs};
+use super::attention::{KvMirror, KvType, RopeKvArgs};
 use super::u32_arg;
 use crate::vk::context::View;
 use crate::vk::error::{Result, VkError};
@@ -24,14 +24,14 @@ use coli_compiler::ir::RopeStyle;
 pub(crate) const BACK_BY_COPY_ROWS: usize = 8;
 
 impl<'a> Frame<'a> {
-    /// Rows `pos..pos + n` of a mirror (`width` floats a row; in a ring of `ring` rows
-    /// position `p` is row `p % ring`) copied into rows `0..n` of `back`: one or two copy
+    /// Rows `pos..pos + n` of a mirror (`width` elements of `kv` a row; in a ring of `ring`
+    /// rows position `p` is row `p % ring`) copied into rows `0..n` of `back`: one or two copy
     /// commands. `n` must not exceed the ring.
     pub(crate) fn mirror_back(
         &mut self,
-        mirror: View<'a>,
-        back: View<'a>,
+        (mirror, back): (View<'a>, View<'a>),
         width: usize,
+        kv: KvType,
         (pos, n, ring): (usize, usize, Option<usize>),
     ) -> Result<()> {
         let (start, first) = match ring {
@@ -41,8 +41,8 @@ impl<'a> Frame<'a> {
             Some(r) => (pos % r, n.min(r - pos % r)),
             None => (pos, n),
         };
-        let bytes = |rows: usize| rows * width * 4;
-        let (src, dst) = ((mirror.offset + start * width) * 4, back.offset * 4);
+        let bytes = |rows: usize| rows * width * kv.bytes();
+        let (src, dst) = (mirror.offset * 4 + bytes(start), back.offset * 4);
         if first > 0 && width > 0 {
             self.copy_bytes(mirror.buf, src, back.buf, dst, bytes(first))?;
         }
@@ -57,7 +57,7 @@ impl<'a> Frame<'a> {
     /// RoPE of the block's `q` and `k` rows in place (as `rope`; `rope: None` rotates
     /// nothing), then its `k` and `v` rows appended: written to rows `pos..pos + n` of the
     /// mirror's keys and values (`len x kv_heads * head_dim`, `len x kv_heads * v_head_dim`,
-    /// from element 0) and to rows `0..n` of its read-back rows. One dispatch
+    /// from element 0) and to rows `0..n` of its read-back rows, both of `shape.kv`. One dispatch
     /// (`rope_kv.comp`); references `cpu::rope::apply_row` and the CPU's cache append.
     pub fn rope_kv(&mut self, a: RopeKvArgs<'a>) -> Result<()> {
         self.append_kv("rope_kv", a, None)
@@ -86,18 +86,19 @@ impl<'a> Frame<'a> {
             });
         }
         let (kw, vw) = (s.kv_heads * s.head_dim, s.kv_heads * s.v_head_dim);
+        s.kv.check_widths(op, &[kw, vw])?;
         q.check(op, "q", s.n * s.heads * s.head_dim)?;
         k.check(op, "k", s.n * kw)?;
         v.check(op, "v", s.n * vw)?;
-        sk.check(op, "k read-back", s.n * kw)?;
-        sv.check(op, "v read-back", s.n * vw)?;
+        sk.check(op, "k read-back", s.kv.words(s.n * kw))?;
+        sv.check(op, "v read-back", s.kv.words(s.n * vw))?;
         let rows = match ring {
             Some(r) => r,
             None if dyn_ != 0 => s.n,
             None => pos0 as usize + s.n,
         };
-        mk.check(op, "k mirror", rows * kw)?;
-        mv.check(op, "v mirror", rows * vw)?;
+        mk.check(op, "k mirror", s.kv.words(rows * kw))?;
+        mv.check(op, "v mirror", s.kv.words(rows * vw))?;
         for (view, what) in [(mk, "k mirror"), (mv, "v mirror"), (sk, "k read-back"), (sv, "v read-back")] {
             if view.offset != 0 {
                 return Err(VkError::BadArgument { op, msg: format!("{what} views must start at element 0") });
@@ -141,10 +142,10 @@ impl<'a> Frame<'a> {
             params,
         ];
         let count = u32_arg(op, "items", s.n * per_row)?;
-        self.dispatch(Kernel::RopeKv, None, &binds, &push, [count.div_ceil(64), 1, 1])?;
+        self.dispatch(s.kv.kernel(Kernel::RopeKv), None, &binds, &push, [count.div_ceil(64), 1, 1])?;
         if by_copy {
-            self.mirror_back(mk, sk, kw, (pos0 as usize, s.n, ring))?;
-            self.mirror_back(mv, sv, vw, (pos0 as usize, s.n, ring))?;
+            self.mirror_back((mk, sk), kw, s.kv, (pos0 as usize, s.n, ring))?;
+            self.mirror_back((mv, sv), vw, s.kv, (pos0 as usize, s.n, ring))?;
         }
         Ok(())
     }

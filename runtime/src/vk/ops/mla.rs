@@ -21,7 +21,7 @@
 //! wider than `MAX_ROPE`.
 
 use super::kv_append::BACK_BY_COPY_ROWS;
-use super::{groups_for, u32_arg, MatIn, MatmulPath, Pos, RopeArgs};
+use super::{groups_for, u32_arg, KvType, MatIn, MatmulPath, Pos, RopeArgs};
 use crate::cpu::Precision;
 use crate::vk::context::{Context, DeviceBuffer, View};
 use crate::vk::error::{Result, VkError};
@@ -397,8 +397,8 @@ impl<'a> Frame<'a> {
         ];
         self.dispatch(Kernel::MlaKv, None, &binds, &push, [u32_arg(OP, "n", n)?, 1, 1])?;
         if by_copy {
-            self.mirror_back(cache.latent, cache.latent_back, s.latent, (pos0, n, None))?;
-            self.mirror_back(cache.rope, cache.rope_back, s.rope, (pos0, n, None))?;
+            self.mirror_back((cache.latent, cache.latent_back), s.latent, KvType::F32, (pos0, n, None))?;
+            self.mirror_back((cache.rope, cache.rope_back), s.rope, KvType::F32, (pos0, n, None))?;
         }
         Ok(())
     }

@@ -25,7 +25,7 @@ pub mod route;
 pub mod short_conv;
 
 pub use attention::{
-    AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, Pos, QkNorm, RelArgs, RopeArgs, RopeKvArgs,
+    AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, KvType, Pos, QkNorm, RelArgs, RopeArgs, RopeKvArgs,
     COOP_ATTN_ROWS, COOP_MIN_WINDOW,
 };
 pub use compress_pool::{PoolArgs, PoolShape};
