@@ -419,6 +419,11 @@ unsafe fn kernel_pair<const F: u8, const R: usize, const C: usize, const VNNI: b
     out
 }
 
+/// How far ahead of the weight row it multiplies a decode tile prefetches (`tile_f`'s `few!`).
+/// Measured on this 2-core machine's DRAM (docs/BENCHMARKS.md, 2026-12-06): rows of 2 KiB one
+/// row ahead and of 1 KiB three ahead were best; 8 KiB and more lost a quarter.
+const DECODE_AHEAD: usize = 4096;
+
 /// Rows `r0..r1` of `w` against all of `acts`; element `(i, r)` goes to `out + i * w.rows + r`.
 #[inline(always)]
 unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs, r0: usize, r1: usize, out: *mut f32) {
@@ -429,30 +434,14 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
     let xp = |i: usize| acts.row(i).as_ptr();
     let put = |i: usize, r: usize, v: f32| *out.add(i * ld + r) = v;
     let mut r = r0;
-    // Decode streams weights from DRAM: prefetch the next group of rows (about 2 KiB ahead), so
-    // its loads are in flight while this group computes (interleaved row streams defeat the
-    // hardware prefetcher). On SmolLM2 decode, 1-4 KiB ahead measured alike and 8 KiB ~10%
-    // slower; none at all ~30% slower.
-    let ahead = (2048 / w.row_bytes().max(1)).clamp(4, 64) / 2 * 2;
-    let prefetch = |r: usize, count: usize| {
-        if r + count <= w.rows {
-            let start = rp(r);
-            let mut off = 0;
-            while off < count * w.row_bytes() {
-                _mm_prefetch::<_MM_HINT_T0>(start.add(off).cast());
-                off += 64;
-            }
-        }
-    };
     // A (weight row, activation row)'s sum is the same bits whatever other rows share the call
     // (a decode row alone or batched with other sequences' rows, a prompt's last rows): pairs of
     // weight rows always take `kernel_pair`'s order (`Q6_K`: `kernel`'s, which `kernel4` shares),
     // a matrix's odd last row `kernel`'s.
     // `c` activation rows from `i` against the weight rows from `r` up to `end` (pairs), each
-    // group of weight rows streamed once for all of them, with the prefetch when `$pf`; gives
-    // the row it stopped at.
+    // group of weight rows streamed once for all of them; gives the row it stopped at.
     macro_rules! rows_of {
-        ($i:expr, $c:literal, $r:expr, $end:expr, $pf:expr) => {{
+        ($i:expr, $c:literal, $r:expr, $end:expr) => {{
             let (i, end) = ($i, $end);
             let xs: [*const BlockQ8; $c] = std::array::from_fn(|c| xp(i + c));
             let mut pa = Vec::new();
@@ -462,9 +451,6 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
             let mut r = $r;
             // Four weight rows at a time with AVX-512's 32 registers, two with AVX2's 16.
             while VNNI && r + 4 <= end {
-                if $pf {
-                    prefetch(r + ahead, 4);
-                }
                 let rows = [rp(r), rp(r + 1), rp(r + 2), rp(r + 3)];
                 let t = if F != F_Q6K {
                     kernel_pair::<F, 4, $c, VNNI>(rows, &pa, units)
@@ -479,9 +465,6 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
                 r += 4;
             }
             while r + 2 <= end {
-                if $pf {
-                    prefetch(r + ahead, 2);
-                }
                 let rows = [rp(r), rp(r + 1)];
                 let t = if F != F_Q6K {
                     kernel_pair::<F, 2, $c, VNNI>(rows, &pa, units)
@@ -499,11 +482,37 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
         }};
     }
     let pairs_end = r0 + (r1 - r0) / 2 * 2;
-    // One to three activation rows (decode, a checked draft), with the prefetch.
+    // One to three activation rows (decode, a checked draft): the weights stream from DRAM,
+    // one row at a time, so the matrix is read front to back as one stream the hardware
+    // prefetcher follows, and the row about `DECODE_AHEAD` bytes ahead is prefetched as each
+    // row starts. Each row's sums take the order they take in pairs (`kernel_pair`; `Q6_K`
+    // `kernel`), so the bits are those of every other path.
     macro_rules! few {
-        ($c:literal) => {
-            r = rows_of!(0, $c, r, pairs_end, true);
-        };
+        ($c:literal) => {{
+            let xs: [*const BlockQ8; $c] = std::array::from_fn(xp);
+            let mut pa = Vec::new();
+            if F != F_Q6K {
+                pair_acts(xs, units, &mut pa);
+            }
+            let ahead = (DECODE_AHEAD / w.row_bytes().max(1)).max(1);
+            while r < pairs_end {
+                if r + ahead < w.rows {
+                    let start = rp(r + ahead);
+                    for off in (0..w.row_bytes()).step_by(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(start.add(off).cast());
+                    }
+                }
+                let t = if F != F_Q6K {
+                    kernel_pair::<F, 1, $c, VNNI>([rp(r)], &pa, units)
+                } else {
+                    kernel::<F, 1, $c, VNNI>([rp(r)], xs, units)
+                };
+                for (c, &v) in t[0].iter().enumerate() {
+                    put(c, r, v);
+                }
+                r += 1;
+            }
+        }};
     }
     if n == 1 {
         few!(1);
@@ -584,7 +593,7 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
         // rows (each weight unit decoded once for all of them), as `few!` does.
         macro_rules! rest {
             ($i:expr, $c:literal) => {{
-                rows_of!($i, $c, r0, pairs_end, false);
+                rows_of!($i, $c, r0, pairs_end);
             }};
         }
         match n - i {
