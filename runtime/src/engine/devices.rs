@@ -88,12 +88,11 @@ pub(super) fn open(opts: &EngineOptions) -> Result<Opened, EngineError> {
     }
     // The K/V mirrors' type when asked for f16 (a device without 16-bit storage keeps f32).
     if primary_opts.kv_mirror == KvType::F16 {
-        let t = |c: &Context| format!("{:?}", c.kv_mirror()).to_lowercase();
-        let kinds: Vec<String> = ctxs.iter().map(|(c, _)| t(c)).collect();
-        note = match kinds.iter().all(|k| k == "f16") {
-            true => format!("{note}; K/V cache on the device in f16"),
-            false => {
-                format!("{note}; K/V cache on the device in {} (f16 needs 16-bit storage buffers)", kinds.join(" / "))
+        let f32s = ctxs.iter().filter(|(c, _)| c.kv_mirror() == KvType::F32).count();
+        note = match f32s {
+            0 => format!("{note}; K/V cache on the device in f16"),
+            n => {
+                format!("{note}; K/V cache in f32 on {n} of {} devices (f16 needs 16-bit storage buffers)", ctxs.len())
             }
         };
     }
