@@ -590,7 +590,7 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
             i += 4;
         }
         // The one to three activation rows left: together against each group of four weight
-        // rows (each weight unit decoded once for all of them), as `few!` does.
+        // rows (each weight unit decoded once for all of them; the sums' order is `few!`'s).
         macro_rules! rest {
             ($i:expr, $c:literal) => {{
                 rows_of!($i, $c, r0, pairs_end);
