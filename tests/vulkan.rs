@@ -44,8 +44,13 @@ const FIXTURES: &[&str] = &[
 ];
 
 fn load_on_device(dir: &Path, device_layers: Option<usize>, fault: Option<FaultInjection>) -> Engine {
+    load_on_device_with(dir, device_layers, VkOptions { fault, ..Default::default() })
+}
+
+/// `load_on_device` with the device's options `vk`.
+fn load_on_device_with(dir: &Path, device_layers: Option<usize>, vk: VkOptions) -> Engine {
     let req = EngineOptions {
-        device: DeviceRequest::Vulkan(VkOptions { fault, ..Default::default() }),
+        device: DeviceRequest::Vulkan(vk),
         compile: Options { context: 256, chunk_rows: 8, device_layers, ..Options::default() },
         ..EngineOptions::default()
     };
@@ -122,8 +127,8 @@ fn every_fixture_on_the_device_matches_the_cpu() {
 /// gated attention beside Gated DeltaNet (Qwen3-Next), routed experts, in chunks of the prompt
 /// and decode steps, against the CPU's f32 cache. Tolerance: logits within 3e-3 of the largest
 /// |logit| (keys and values rounded to f16, 2^-11 relative, where the CPU keeps f32; seen at most
-/// 6.5e-4 on Lavapipe, MiMo-V2-Flash); greedy tokens identical. A device without 16-bit storage keeps f32
-/// mirrors (then the bound holds trivially).
+/// 6.5e-4 on Lavapipe, MiMo-V2-Flash); greedy tokens identical. A device without 16-bit storage
+/// keeps f32 mirrors (then the bound holds trivially).
 #[test]
 fn f16_kv_mirrors_on_the_device_match_the_cpu_within_their_rounding() {
     for name in ["llama", "olmoe", "mimo_v2_flash", "qwen3_next"] {
@@ -133,12 +138,8 @@ fn f16_kv_mirrors_on_the_device_match_the_cpu_within_their_rounding() {
         let max = oracle["max_abs_logit"].as_f64().unwrap() as f32;
         let cpu = load_model(&dir);
         let (want, want_toks, _) = run(&cpu, &prompt, prompt.len(), 12);
-        let req = EngineOptions {
-            device: DeviceRequest::Vulkan(VkOptions { kv_mirror: coli_runtime::vk::KvType::F16, ..Default::default() }),
-            compile: Options { context: 256, chunk_rows: 8, ..Options::default() },
-            ..EngineOptions::default()
-        };
-        let dev = Engine::load(&dir, &req).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let f16 = VkOptions { kv_mirror: coli_runtime::vk::KvType::F16, ..Default::default() };
+        let dev = load_on_device_with(&dir, None, f16);
         let ctx = &dev.device().expect("a device").ctx;
         eprintln!("{name}: K/V mirrors {:?}", ctx.kv_mirror());
         for chunk in [prompt.len(), 3] {
