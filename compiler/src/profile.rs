@@ -38,6 +38,27 @@ pub struct Features {
     /// Cooperative-matrix (tensor core) support.
     #[serde(default)]
     pub coopmat: bool,
+    /// The element its attention layers' K/V mirrors hold (MLA's and compressed entries' stay
+    /// f32, as do rows of odd widths).
+    #[serde(default)]
+    pub kv: KvElement,
+}
+
+/// The element of a device's attention K/V mirror.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KvElement {
+    #[default]
+    F32,
+    F16,
+}
+
+impl KvElement {
+    pub fn bytes(self) -> u64 {
+        match self {
+            KvElement::F32 => 4,
+            KvElement::F16 => 2,
+        }
+    }
 }
 
 fn default_subgroup() -> u32 {
@@ -46,7 +67,7 @@ fn default_subgroup() -> u32 {
 
 impl Default for Features {
     fn default() -> Features {
-        Features { ops: None, formats: None, subgroup_size: 32, coopmat: false }
+        Features { ops: None, formats: None, subgroup_size: 32, coopmat: false, kv: KvElement::F32 }
     }
 }
 

@@ -112,3 +112,26 @@ fn draft_snapshots() {
         insta::assert_snapshot!(format!("{spec}@draft-h200"), p.to_string());
     }
 }
+
+/// A device whose attention mirrors hold f16 (`Features::kv`): llama's attention layers count
+/// half the K/V bytes and at least as many layers fit; DeepSeek V3's MLA latents stay f32.
+#[test]
+fn f16_mirrors_count_half_the_attention_kv() {
+    let options = Options { kv_split: false, ..Options::default() };
+    for (spec, config, profile, ratio) in
+        [("llama", "llama-3.1-8b", "rtx4060-8gb", 2), ("deepseek_v3", "deepseek-v3", "rtx4060-8gb", 1)]
+    {
+        let f32s = plan_with(spec, config, profile, &options);
+        let mut halved = f32s.profile.clone();
+        for d in &mut halved.devices {
+            d.features.kv = coli_compiler::profile::KvElement::F16;
+        }
+        let spec_file = Spec::load(&graphs().join(format!("{spec}.ron"))).unwrap();
+        let b = Bindings::from_config_json(&graphs().join("configs").join(format!("{config}.json"))).unwrap();
+        let f16s = compile(&spec_file, &b, &halved, &options).unwrap_or_else(|d| panic!("{d}"));
+        assert!(on(&f16s, 0) >= on(&f32s, 0), "{spec}: {} f16 layers against {} f32", on(&f16s, 0), on(&f32s, 0));
+        let (a, h) = (&f32s.placement.costs[0], &f16s.placement.costs[0]);
+        assert!(a.kv > 0 && a.kv == h.kv * ratio, "{spec}: kv {} at f32, {} at f16", a.kv, h.kv);
+        assert_eq!((a.matrices, a.vectors), (h.matrices, h.vectors), "{spec}");
+    }
+}

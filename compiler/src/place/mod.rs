@@ -27,7 +27,7 @@ use crate::cost::human;
 use crate::ids::{DeviceId, OpId, Part, Place};
 use crate::ir::{LayerId, Op, Program};
 use crate::ops::OpKind;
-use crate::profile::{Device, DeviceProfile, Options};
+use crate::profile::{Device, DeviceProfile, KvElement, Options};
 use size::{op_weights, LayerCost, Sizer};
 
 /// What one device of the profile was given.
@@ -96,8 +96,15 @@ pub fn place(
     if layers.is_empty() {
         return chain(program, profile, options, sizer);
     }
-    let kv =
-        |s: &Sizer| layers.iter().map(|l| s.layer(&program.layers[l.0 as usize]).kv).fold(0u64, u64::saturating_add);
+    // Each split layer's mirror in its device's element.
+    let element = |l: LayerId| match placement.layers[l.0 as usize] {
+        Place::Device(d) => profile.devices[d.0 as usize].features.kv,
+        Place::Host => KvElement::F32,
+    };
+    let kv = |s: &Sizer| {
+        (layers.iter().map(|&l| s.ops_cost_on(&program.layers[l.0 as usize].ops, element(l)).kv))
+            .fold(0u64, u64::saturating_add)
+    };
     let (whole_bytes, split_bytes) = (kv(sizer), kv(&capped));
     let forced = options.kv_device_positions.is_some();
     placement.kv_split = Some(kv_split::KvSplit {
@@ -116,11 +123,15 @@ pub fn place(
 fn chain(program: &Program, profile: &DeviceProfile, options: &Options, sizer: &Sizer) -> Result<Placement, String> {
     let l = program.layers.len();
     let cost_on = |d: &Device| -> Vec<LayerCost> {
-        program.layers.iter().map(|layer| sizer.ops_cost(layer.ops.iter().filter(|op| runs_on(d, op, sizer)))).collect()
+        let on = |layer: &'_ crate::ir::Layer| {
+            sizer.ops_cost_on(layer.ops.iter().filter(|op| runs_on(d, op, sizer)), d.features.kv)
+        };
+        program.layers.iter().map(on).collect()
     };
     let fixed = sizer.fixed();
     let tail_on = |d: &Device| {
-        sizer.ops_cost(program.epilogue.iter().filter(|op| runs_on(d, op, sizer))).total() + sizer.tail_rows()
+        sizer.ops_cost_on(program.epilogue.iter().filter(|op| runs_on(d, op, sizer)), d.features.kv).total()
+            + sizer.tail_rows()
     };
     let mut costs = match profile.devices.first() {
         Some(d) => cost_on(d),

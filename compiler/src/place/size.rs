@@ -7,7 +7,7 @@
 
 use crate::cost::Format;
 use crate::ir::{ExpertTensor, Layer, Op, Program, WeightRef};
-use crate::profile::Options;
+use crate::profile::{KvElement, Options};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -19,7 +19,8 @@ pub const F32: u64 = 4;
 pub struct LayerCost {
     pub matrices: u64,
     pub vectors: u64,
-    /// The KV mirror at the context length (f32), or MLA's latent cache.
+    /// The KV mirror at the context length (f32, or the device's `KvElement`), or MLA's latent
+    /// cache.
     pub kv: u64,
     /// Recurrent state of one sequence (linear attention).
     pub state: u64,
@@ -197,8 +198,15 @@ impl Sizer {
         }
     }
 
-    /// Bytes of a list of ops' dense weights (each tensor once) and their per-layer caches.
+    /// Bytes of a list of ops' dense weights (each tensor once) and their per-layer caches, the
+    /// K/V mirrors in f32.
     pub fn ops_cost<'o>(&self, ops: impl IntoIterator<Item = &'o Op>) -> LayerCost {
+        self.ops_cost_on(ops, KvElement::F32)
+    }
+
+    /// `ops_cost` on a device whose attention K/V mirrors hold `kv` (`Features::kv`): rows of
+    /// odd widths and compressed-entry layers stay f32 there (the runtime's `mirror_types`).
+    pub fn ops_cost_on<'o>(&self, ops: impl IntoIterator<Item = &'o Op>, kv: KvElement) -> LayerCost {
         let mut seen = BTreeSet::new();
         let mut c = LayerCost::default();
         for op in ops {
@@ -223,7 +231,9 @@ impl Sizer {
                     let cap = self.kv_cap.filter(|_| spec.rel.is_none() && spec.compressed.is_none());
                     let positions = cap.map_or(positions, |c| positions.min(c));
                     let per_position = (spec.kv_heads as u64).saturating_mul((spec.head_dim + spec.v_head_dim) as u64);
-                    c.kv = c.kv.saturating_add(positions.saturating_mul(per_position).saturating_mul(F32));
+                    let even = (spec.kv_heads * spec.head_dim) % 2 == 0 && (spec.kv_heads * spec.v_head_dim) % 2 == 0;
+                    let element = if even && spec.compressed.is_none() { kv.bytes() } else { F32 };
+                    c.kv = c.kv.saturating_add(positions.saturating_mul(per_position).saturating_mul(element));
                     // The compressed entries' mirror on a device: one entry a window.
                     if let Some(r) = spec.compressed.map(|r| r.rate.max(1) as u64) {
                         let entries = (self.context / r).saturating_mul(spec.head_dim as u64);

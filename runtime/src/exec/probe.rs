@@ -7,9 +7,9 @@
 //! Several opened devices make one profile, the primary first; two logical devices of one
 //! physical device share its free memory, half each unless capped.
 
-use crate::vk::{Context, DeviceKind as VkKind};
+use crate::vk::{Context, DeviceKind as VkKind, KvType};
 use coli_compiler::ops::OpKind;
-use coli_compiler::profile::{Device, DeviceKind, DeviceProfile, Features};
+use coli_compiler::profile::{Device, DeviceKind, DeviceProfile, Features, KvElement};
 
 /// Bytes left for the driver and other programs out of a device's free memory.
 pub fn reserve_for(free: u64) -> u64 {
@@ -107,6 +107,10 @@ pub fn profile_of(ctx: &Context, memory_cap: Option<u64>) -> DeviceProfile {
                 formats: None,
                 subgroup_size: caps.subgroup_size,
                 coopmat: caps.cooperative_matrix,
+                kv: match ctx.kv_mirror() {
+                    KvType::F32 => KvElement::F32,
+                    KvType::F16 => KvElement::F16,
+                },
             },
         }],
     }
