@@ -4,7 +4,11 @@
 // stacked in one matrix per role: gate and up as rows e*2F + j and e*2F + F + j (F = ffn),
 // down as rows e*H + i (H = hidden).
 // Mode 0 (gate and up): workgroup y = pair p = r*K + k; h[p][j] = glu(gate_e[j] . x[r] + bg,
-//   up_e[j] . x[r] + bu), the activation rows those of x.
+//   up_e[j] . x[r] + bu), the activation rows those of x. With `route` set, every workgroup
+//   routes row r itself from the router's logits (route.glsl, route.comp's arithmetic; its
+//   bits: 0 on, 1-2 scoring, 3 renormalize, 4 bias, 5 group_max, 8-15 groups, 16-23 groups
+//   kept), and workgroup x = 0 of each pair writes its pair into the routing (binding 10) for
+//   the down kernel: no Route dispatch between the router's GEMV and the experts.
 // Mode 1 (down and sum): workgroup y = row r; out[r][i] = sum over ranks k, in rank order
 //   from 0, of w[r,k] * (down_e[i] . h[r*K + k] + bd): the CPU's order (cpu/experts.rs); with
 //   res_on, res[r][i] + that sum (the residual Add folded into the store).
@@ -33,12 +37,16 @@ layout(std430, binding = 6) readonly buffer RT { float routing[]; };
 layout(std430, binding = 7) readonly buffer BS { float bias[]; };
 layout(std430, binding = 8) readonly buffer RES { float resv[]; };
 layout(std430, binding = 9) readonly buffer GR { uint groups[]; };
+layout(std430, binding = 10) writeonly buffer RW { float routing_out[]; };
+layout(std430, binding = 11) readonly buffer LG { float logits[]; };
+layout(std430, binding = 12) readonly buffer RB { float rbias[]; };
 
 layout(push_constant) uniform PC {
     uint rows; uint cols; uint qs; uint ss;
     uint x_off; uint out_off; uint r_off; uint top_k;
     uint experts; uint mode; uint glu; float limit;
     float alpha; uint bias_off; uint res_on; uint res_off;
+    uint route; uint l_off; float rscale; uint pad0;
 } pc;
 
 #define NONE 0xffffffffu
@@ -51,6 +59,11 @@ layout(push_constant) uniform PC {
 #define TOP_K pc.top_k
 #include "wformat.glsl"
 #include "moe.glsl"
+
+#define RT_MAX_E 256
+#define RT_LOGIT(e) logits[rt_base + (e)]
+#define RT_BIAS(e) rbias[e]
+#include "route.glsl"
 
 // Ranks whose down rows one subgroup reads at once (mode 1).
 #define KB 8u
@@ -70,7 +83,22 @@ void main() {
     uint first = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID;
     if (pc.mode == 0u) {
         uint p = gl_WorkGroupID.y, r = p / pc.top_k, k = p % pc.top_k;
-        uint e = moe_expert(r, k, pc.experts);
+        uint e;
+        if ((pc.route & 1u) != 0u) {
+            uint b = pc.route;
+            RouteArgs a = RouteArgs(pc.experts, pc.top_k, (b >> 1u) & 3u, (b >> 3u) & 1u, (b >> 4u) & 1u,
+                (b >> 8u) & 255u, (b >> 16u) & 255u, (b >> 5u) & 1u, pc.rscale);
+            rt_base = pc.l_off + r * pc.experts;
+            route_scores(a);
+            route_choose(a);
+            e = rt_chosen[k];
+            if (gl_WorkGroupID.x == 0u && gl_LocalInvocationID.x == 0u) {
+                routing_out[pc.r_off + r * 2u * pc.top_k + 2u * k] = float(e);
+                routing_out[pc.r_off + r * 2u * pc.top_k + 2u * k + 1u] = route_weight(a, k);
+            }
+        } else {
+            e = moe_expert(r, k, pc.experts);
+        }
         if (e >= pc.experts) return;
         uint f = pc.rows;
         for (uint j = first; j < f; j += step) {

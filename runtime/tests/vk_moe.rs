@@ -20,7 +20,7 @@ use coli_runtime::cpu::linear::linear;
 use coli_runtime::cpu::route::{route_row, RouteSpec};
 use coli_runtime::cpu::{elementwise as cpu_elementwise, Precision};
 use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
-use coli_runtime::vk::{MatIn, MoeCall, MoePath, RouteParams};
+use coli_runtime::vk::{MatIn, MoeCall, MoePath, MoeRoute, RouteParams};
 use vk_common::{assert_close, ctx, random_rows, routing, Rng};
 
 /// One layer's experts in a format: their stored bytes per role, and biases when wanted.
@@ -455,6 +455,89 @@ fn tier_pairs_in_slots_match_cpu_pair_outputs() {
 /// grouped GEMM), the norm taken into the 8-bit activations and the residual in the store,
 /// against the CPU (the tolerances above) and bit for bit against one stack of the same
 /// experts; the pages' count as the bytes say.
+/// Routed experts that route their rows themselves (`moe_paged_routed`: the routing made in the
+/// gate/up GEMVs, no Route dispatch) against `route` then `moe_fused` on the device, bit for
+/// bit (the routing written for later readers too), and against the CPU's router and experts:
+/// softmax without renormalization, sigmoid with a correction bias, groups and a scale, square
+/// root of softplus with groups by their best. Rows past the per-pair GEMVs (`MoePath::Auto`
+/// at 40 rows) and experts in two pages take the Route dispatch instead, with the same results.
+#[test]
+fn experts_route_their_rows_as_the_router_does() {
+    let Some(base) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0e41);
+    let layer = Layer::new(WeightFormat::Q8_0, 16, 64, 64, false, &mut rng);
+    let (h, e) = (layer.hidden, layer.experts);
+    let bias = rng.vec(e, 0.3);
+    type Case = (RouterScoring, bool, Option<(usize, usize)>, GroupScore, f32, bool, usize);
+    let cases: [Case; 3] = [
+        (RouterScoring::Softmax, false, None, GroupScore::TopTwoSum, 1.0, false, 4),
+        (RouterScoring::Sigmoid, true, Some((4, 2)), GroupScore::TopTwoSum, 2.5, true, 3),
+        (RouterScoring::SqrtSoftplus, true, Some((8, 3)), GroupScore::Max, 1.5, false, 2),
+    ];
+    let page = 8 * coli_runtime::vk::Context::expert_stack_bytes(&layer.mats(0)).unwrap();
+    let paged_opts = coli_runtime::vk::VkOptions { expert_page_bytes: Some(page as u64), ..Default::default() };
+    let paged = vk_common::open(&paged_opts).unwrap();
+    for (scoring, renormalize, groups, group_score, scale, with_bias, top_k) in cases {
+        for (ctx, n, two_pages) in [(base, 1, false), (base, 3, false), (base, 40, false), (&paged, 2, true)] {
+            let what = format!("{scoring:?} top {top_k} groups {groups:?} n={n}");
+            let x = rng.vec(n * h, 1.0);
+            let logits = rng.vec(n * e, 2.0);
+            let spec = RouteSpec {
+                scoring,
+                top_k,
+                renormalize,
+                correction_bias: with_bias.then_some(bias.as_slice()),
+                groups,
+                group_score,
+                scale,
+            };
+            let mut rt = vec![0f32; n * 2 * top_k];
+            for r in 0..n {
+                route_row(&spec, &logits[r * e..(r + 1) * e], &mut rt[r * 2 * top_k..(r + 1) * 2 * top_k]);
+            }
+            let mut want = vec![0f32; n * h];
+            let routed = Routed { x: &x, n, hidden: h, routing: &rt, top_k };
+            routed_experts(routed, GluKind::SwiGlu, Precision::Fast, &|i| layer.mats(i), &mut want);
+            let pages = ctx.upload_expert_pages(e, &|i| layer.mats(i)).unwrap();
+            assert_eq!(pages.pages().len(), if two_pages { 2 } else { 1 }, "{what}");
+            let scratch = ctx.moe_scratch(n, top_k, h, layer.ffn, e).unwrap();
+            let (xb, lb, bb) =
+                (ctx.upload_f32(&x).unwrap(), ctx.upload_f32(&logits).unwrap(), ctx.upload_f32(&bias).unwrap());
+            let params = RouteParams { scoring, top_k, renormalize, groups, group_score, scale };
+            let call = MoeCall {
+                experts: &pages.pages()[0],
+                scratch: &scratch,
+                n,
+                top_k,
+                glu: GluKind::SwiGlu,
+                precision: Precision::Fast,
+                path: MoePath::Auto,
+            };
+            let run = |fused: bool| {
+                let (rb, ob) = (ctx.f32_buffer(3 + n * 2 * top_k).unwrap(), ctx.f32_buffer(n * h).unwrap());
+                let routing = rb.view(3, n * 2 * top_k);
+                let b = with_bias.then(|| bb.all());
+                let mut f = ctx.frame().unwrap();
+                if fused {
+                    let route = MoeRoute { logits: lb.all(), bias: b, params };
+                    f.moe_paged_routed(&pages, call, MatIn::Plain(xb.all()), None, route, routing, ob.all()).unwrap();
+                } else {
+                    f.route(lb.all(), b, routing, n, e, params).unwrap();
+                    f.moe_paged(&pages, call, MatIn::Plain(xb.all()), None, routing, ob.all()).unwrap();
+                }
+                f.run().unwrap();
+                (ctx.download_f32(routing).unwrap(), ctx.download_f32(ob.all()).unwrap())
+            };
+            let (fused, apart) = (run(true), run(false));
+            assert_eq!(fused, apart, "{what}: routed in the experts against the Route dispatch");
+            let ids = |v: &[f32]| v.iter().step_by(2).copied().collect::<Vec<_>>();
+            assert_eq!(ids(&fused.0), ids(&rt), "{what}: the CPU's experts");
+            assert_close(&format!("{what} weights"), &fused.0, &rt, 1e-6);
+            assert_close(&format!("{what} out"), &fused.1, &want, 1e-4);
+        }
+    }
+}
+
 #[test]
 fn experts_in_pages_match_cpu() {
     let Some(base) = ctx() else { return };

@@ -15,7 +15,10 @@
 //! - an `Attention` takes `rope_kv`: the `Rope`s of its q and k right before it are `Absorbed`
 //!   into it when they agree, and the KV append (mirror and read-back rows) is always its;
 //!   for one row, RoPE, the append and attention are one kernel when q and k die there, and
-//!   then the q and k norms right before the ropes are the kernel's too (`norms`).
+//!   then the q and k norms right before the ropes are the kernel's too (`norms`);
+//! - a `Route` (no hash table, no shared experts) whose output only `RoutedExperts` after it
+//!   read, with nothing between writing its logits, is `Absorbed` into them (`route`): an
+//!   executor whose experts' first kernel can route its rows does, else records it first.
 //!
 //! "Read" counts every later reader of the value before its next writer, in this frame, in
 //! later frames (host ones too) and by the frame's downloads; the logits are read at the end.
@@ -54,9 +57,10 @@ pub(super) enum Fused {
     /// (as a pair) before the attention.
     Attention { rope: Option<(usize, usize)>, one_kernel: bool, norms: Option<(usize, usize)> },
     /// A `RoutedExperts` whose input is the output of op `input` (an `RmsNorm`, absorbed: the
-    /// experts' activation quantization normalizes as it reads) and, with `residual`, whose
-    /// summed store adds the other operand of the `Add` at that index (absorbed).
-    Experts { input: Option<usize>, residual: Option<usize> },
+    /// experts' activation quantization normalizes as it reads), with `residual`, whose
+    /// summed store adds the other operand of the `Add` at that index (absorbed), and with
+    /// `route`, whose routing is made by the `Route` at that index (absorbed).
+    Experts { input: Option<usize>, residual: Option<usize>, route: Option<usize> },
     /// An `RmsNorm` recorded with the `RmsNorm` at index `second` (absorbed) in one dispatch
     /// (`Frame::rms_norm_pair`): neither reads what the other writes.
     NormPair { second: usize },
@@ -140,7 +144,9 @@ pub(super) fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
         for i in 0..f.ops.len().saturating_sub(1) {
             let (x, o, fused) = match op(i) {
                 Op::Linear { x, out, bias: None, .. } => (x, out, Fused::Linear { input: None, residual: Some(i + 1) }),
-                Op::RoutedExperts { x, out, .. } => (x, out, Fused::Experts { input: None, residual: Some(i + 1) }),
+                Op::RoutedExperts { x, out, .. } => {
+                    (x, out, Fused::Experts { input: None, residual: Some(i + 1), route: None })
+                }
                 _ => continue,
             };
             let Op::Add { a, b, out } = op(i + 1) else { continue };
@@ -210,11 +216,28 @@ pub(super) fn fusions(program: &Program, frames: &[Frame]) -> Vec<Vec<Fused>> {
                 let ti = flow.steps[t].1;
                 plan[fi][ti] = match (plan[fi][ti], op(ti)) {
                     (Fused::Linear { residual, .. }, _) => Fused::Linear { input: Some(i), residual },
-                    (Fused::Experts { residual, .. }, _) => Fused::Experts { input: Some(i), residual },
-                    (_, Op::RoutedExperts { .. }) => Fused::Experts { input: Some(i), residual: None },
+                    (Fused::Experts { residual, route, .. }, _) => Fused::Experts { input: Some(i), residual, route },
+                    (_, Op::RoutedExperts { .. }) => Fused::Experts { input: Some(i), residual: None, route: None },
                     _ => Fused::Linear { input: Some(i), residual: None },
                 };
             }
+        }
+        // A routing made by the experts that read it: the Route writing their routing, read by
+        // no op between (the experts' first kernel writes it for later readers and downloads),
+        // its logits written by none.
+        for j in 0..f.ops.len() {
+            let Op::RoutedExperts { routing, .. } = op(j) else { continue };
+            let Some(i) = (0..j).rev().find(|&i| op_io(op(i)).1.contains(routing)) else { continue };
+            let Op::Route { logits, hash: None, shared: 0, scale_by: None, .. } = op(i) else { continue };
+            let read_between = flow.steps[base + i + 1..base + j].iter().any(|(_, _, r, _)| r.contains(routing));
+            if plan[fi][i] != Fused::Alone || read_between || flow.written_between(base + i + 1, base + j, &[*logits]) {
+                continue;
+            }
+            plan[fi][i] = Fused::Absorbed;
+            plan[fi][j] = match plan[fi][j] {
+                Fused::Experts { input, residual, .. } => Fused::Experts { input, residual, route: Some(i) },
+                _ => Fused::Experts { input: None, residual: None, route: Some(i) },
+            };
         }
         // Two norms in a row that do not touch each other's output (a layer's q and k norms):
         // one dispatch. Not in the epilogue (a forward whose last row only is wanted records
@@ -423,9 +446,9 @@ pub(super) fn device_calls(program: &Program, frame: &Frame, plan: &[Fused]) -> 
                 f @ (Fused::Experts { .. } | Fused::Alone),
                 Op::RoutedExperts { x, routing, out, layer, experts, ffn, weights, glu },
             ) => {
-                let (input, r) = match f {
-                    Fused::Experts { input, residual } => (input, residual),
-                    _ => (None, None),
+                let (input, r, route) = match f {
+                    Fused::Experts { input, residual, route } => (input, residual, route),
+                    _ => (None, None, None),
                 };
                 Kernel::Experts(Box::new(ExpertsCall {
                     x: *x,
@@ -438,6 +461,7 @@ pub(super) fn device_calls(program: &Program, frame: &Frame, plan: &[Fused]) -> 
                     glu: *glu,
                     norm: input.and_then(norm),
                     residual: residual(r, *out),
+                    route: route.map(|i| op(i).clone()),
                 }))
             }
             (Fused::NormPair { second }, Op::RmsNorm { .. }) => {

@@ -190,6 +190,10 @@ pub struct ExpertsCall {
     /// (an executor whose experts take float activations runs the norm first).
     pub norm: Option<Norm>,
     pub residual: Option<Residual>,
+    /// The `Op::Route` (no hash table, no shared experts) that writes `routing`, absorbed: an
+    /// executor whose experts' first kernel can route the rows from its logits does (no
+    /// dispatch of its own); otherwise it records the route first.
+    pub route: Option<Op>,
 }
 
 impl ExpertsCall {

@@ -73,11 +73,11 @@ pub fn call_text(c: &Call) -> String {
         }
         Kernel::Experts(e) => {
             let x = e.norm.as_ref().map_or(e.x.to_string(), norm_text);
+            let routing = e.route.as_ref().map_or(e.routing.to_string(), |r| format!("[{}]", op_text(r)));
             format!(
-                "{} = experts {} {x} routing {} ({} experts, ffn {}, {:?}){}",
+                "{} = experts {} {x} routing {routing} ({} experts, ffn {}, {:?}){}",
                 e.dest(),
                 e.layer,
-                e.routing,
                 e.experts,
                 e.ffn,
                 e.glu,

@@ -43,8 +43,7 @@ use crate::exec::kv::KvCache;
 use crate::exec::kv_split::{HostPart, Split, SplitState, SplitStats};
 use crate::oplib::{op_name, OpLib};
 use crate::vk::{
-    Broadcast, Context, DeviceBuffer, DeviceMatrix, ExpertPages, MatmulPath, MemoryUse, MoeCall, MoePath, MoeScratch,
-    VkError, VkOps,
+    Broadcast, Context, DeviceBuffer, DeviceMatrix, ExpertPages, MatmulPath, MemoryUse, MoeScratch, VkError, VkOps,
 };
 use crate::vk::{Frame as VkFrame, KvType, MatIn, NormArgs, Pos, QuantizedActs, Recorded, View};
 use coli_compiler::frames::{op_of, Frame};
@@ -59,6 +58,7 @@ use std::time::Instant;
 mod attention;
 mod compressed;
 mod compressor;
+mod experts;
 mod hyper;
 mod indexer;
 mod kv_rows;
@@ -495,35 +495,7 @@ impl DeviceModel {
                         f.add(pick(dest), self.vecs[&b.name].all(), pick(dest), rows, w(dest), Broadcast::Row)?;
                     }
                 }
-                Kernel::Experts(e) => {
-                    let ex = self.experts.get(&e.layer.0).ok_or_else(|| VkError::BadArgument {
-                        op: "routed_experts",
-                        msg: format!("{}: experts not uploaded", e.layer),
-                    })?;
-                    let scratch = st.moe.as_ref().expect("scratch allocated with the experts");
-                    let src = match &e.norm {
-                        Some(nm) if VkFrame::moe_takes_norm(&ex.pages()[0], precision) => norm_in(nm, &view),
-                        Some(nm) => {
-                            // Float activations: the norm's rows after all.
-                            let weight = self.vecs[&nm.weight.name].all();
-                            let args = NormArgs { x: view(nm.x), weight, out: view(e.x), width: w(e.x) };
-                            f.rms_norm(args, n, nm.eps, nm.offset)?;
-                            MatIn::Plain(view(e.x))
-                        }
-                        None => MatIn::Plain(view(e.x)),
-                    };
-                    let res = e.residual.map(|r| view(r.other));
-                    let call = MoeCall {
-                        experts: &ex.pages()[0],
-                        scratch,
-                        n,
-                        top_k: w(e.routing) / 2,
-                        glu: e.glu,
-                        precision,
-                        path: MoePath::Auto,
-                    };
-                    f.moe_paged(ex, call, src, res, view(e.routing), view(e.dest()))?;
-                }
+                Kernel::Experts(e) => self.record_experts(f, &rec, e)?,
                 Kernel::NormPair(a, b) => {
                     let args = |m: &Norm| NormArgs {
                         x: view(m.x),

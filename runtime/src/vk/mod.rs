@@ -57,9 +57,9 @@ pub use ops::{
     AttnArgs, AttnPath, AttnShape, CompressedArgs, CompressedShape, DecodeArgs, DeltaNetCall, DeltaNetIn, DeltaNetMats,
     DeltaNetScratch, DeltaNetShape, DeviceExperts, DsaSelectArgs, DsaShape, ExpertPages, HyperMix, HyperShape, KdaCall,
     KdaMats, KdaRuleViews, KdaScratch, KdaShape, KvMirror, KvShape, KvType, MatIn, MatmulPath, MlaAttnArgs, MlaCache,
-    MlaCall, MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape, MoeCall, MoeGluQ8, MoePath, MoeScratch, PackedExpert,
-    PoolArgs, PoolShape, Pos, QkNorm, QuantizedActs, RelArgs, RopeArgs, RopeKvArgs, RouteHash, RouteParams, RouteSink,
-    RowConv, MOE_MAX_EXPERTS,
+    MlaCall, MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape, MoeCall, MoeGluQ8, MoePath, MoeRoute, MoeScratch,
+    PackedExpert, PoolArgs, PoolShape, Pos, QkNorm, QuantizedActs, RelArgs, RopeArgs, RopeKvArgs, RouteHash,
+    RouteParams, RouteSink, RowConv, MOE_MAX_EXPERTS,
 };
 pub use options::{
     CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, Validation, VkOptions, DEFAULT_GEMV_ROWS,

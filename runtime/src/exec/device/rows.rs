@@ -8,6 +8,21 @@ use crate::oplib::op_name;
 use crate::vk::{Frame as VkFrame, RopePart, RopeShape, RouteHash, RouteParams, RouteSink, VkError};
 use coli_compiler::ir::{Op, ValueId};
 
+/// A `Route` op's options as the device's router takes them (`None` for another op).
+pub(super) fn route_params(op: &Op) -> Option<RouteParams> {
+    match op {
+        Op::Route { scoring, top_k, renormalize, groups, group_score, scale, .. } => Some(RouteParams {
+            scoring: *scoring,
+            top_k: *top_k,
+            renormalize: *renormalize,
+            groups: *groups,
+            group_score: *group_score,
+            scale: *scale,
+        }),
+        _ => None,
+    }
+}
+
 impl DeviceModel {
     /// Records `op` on every row of the step (`record_op`'s arms for these kinds).
     pub(super) fn record_rows<'a>(&'a self, f: &mut VkFrame<'a>, rec: &Rec<'a, '_>, op: &Op) -> Result<(), VkError> {
@@ -41,29 +56,9 @@ impl DeviceModel {
                     f.rope_at(view(*x), fb.all(), shape(n), pos)?;
                 }
             }
-            Op::Route {
-                logits,
-                out,
-                scoring,
-                top_k,
-                renormalize,
-                correction_bias,
-                groups,
-                group_score,
-                scale,
-                hash,
-                shared,
-                scale_by,
-            } => {
+            Op::Route { logits, out, correction_bias, hash, shared, scale_by, .. } => {
                 let bias = correction_bias.as_ref().map(|b| self.vecs[&b.name].all());
-                let params = RouteParams {
-                    scoring: *scoring,
-                    top_k: *top_k,
-                    renormalize: *renormalize,
-                    groups: *groups,
-                    group_score: *group_score,
-                    scale: *scale,
-                };
+                let params = route_params(op).expect("a route");
                 match hash {
                     // DeepSeek V4's hash routing: the rows' tokens (written with the frame's).
                     Some(t) => {

@@ -59,6 +59,16 @@ pub struct MoeCall<'a> {
     pub path: MoePath,
 }
 
+/// A router's output that a routed-experts call routes itself (`Frame::moe_paged_routed`):
+/// each row's `experts` logits, the correction bias and the `Route` op's options (no hash
+/// table, no shared experts).
+#[derive(Clone, Copy, Debug)]
+pub struct MoeRoute<'a> {
+    pub logits: View<'a>,
+    pub bias: Option<View<'a>>,
+    pub params: super::route::RouteParams,
+}
+
 /// Which kernels `Frame::moe` records.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MoePath {
@@ -325,7 +335,7 @@ impl<'a> Frame<'a> {
     /// (`n x 2 * top_k`: expert as f32, weight) that a `route` in this frame (or an upload)
     /// wrote; reference `cpu::experts::routed_experts(.., precision, ..)`.
     pub fn moe(&mut self, c: MoeCall<'a>, x: View<'a>, routing: View<'a>, out: View<'a>) -> Result<()> {
-        self.moe_with(c, MatIn::Plain(x), None, routing, out, true)
+        self.moe_with(c, MatIn::Plain(x), None, (routing, None), out, true)
     }
 
     /// `moe` with its input transformed as it is read (`MatIn::Norm`: a norm absorbed by the
@@ -340,7 +350,7 @@ impl<'a> Frame<'a> {
         routing: View<'a>,
         out: View<'a>,
     ) -> Result<()> {
-        self.moe_with(c, input, residual, routing, out, true)
+        self.moe_with(c, input, residual, (routing, None), out, true)
     }
 
     /// Whether `moe_fused` takes a `MatIn::Norm` input for these experts at `precision`.
@@ -353,15 +363,17 @@ impl<'a> Frame<'a> {
     /// left as they were). The expert tier's batches: the host joins each pair to its row in
     /// rank order, beside the pairs the CPU computed.
     pub fn moe_pairs(&mut self, c: MoeCall<'a>, x: View<'a>, routing: View<'a>, y: View<'a>) -> Result<()> {
-        self.moe_with(c, MatIn::Plain(x), None, routing, y, false)
+        self.moe_with(c, MatIn::Plain(x), None, (routing, None), y, false)
     }
 
+    /// The routed experts' kernels; with `route`, the per-pair GEMVs route each row themselves
+    /// (the caller checked `routes_in_experts`) and write the pairs into `routing`.
     pub(super) fn moe_with(
         &mut self,
         c: MoeCall<'a>,
         input: MatIn<'a>,
         residual: Option<View<'a>>,
-        routing: View<'a>,
+        (routing, route): (View<'a>, Option<MoeRoute<'a>>),
         out: View<'a>,
         sum: bool,
     ) -> Result<()> {
@@ -413,14 +425,10 @@ impl<'a> Frame<'a> {
         }
         let exact = |v: FormatVariant| if precision == Precision::Exact { v.exact() } else { v };
         let (gv, dv) = (exact(ex.gate_up.variant), exact(ex.down.variant));
-        let way = match path {
-            MoePath::Auto if n <= self.ctx.moe_pair_rows() => Way::Pairs,
-            MoePath::Auto if n <= self.ctx.moe_gemv_rows() => Way::ByExpert,
-            MoePath::Auto => Way::Gemm,
-            MoePath::Gemv => Way::Pairs,
-            MoePath::ExpertGemv => Way::ByExpert,
-            MoePath::Grouped => Way::Gemm,
-        };
+        let way = self.moe_way(path, n);
+        if route.is_some() && (way != Way::Pairs || !sum) {
+            return Err(VkError::BadArgument { op: OP, msg: "only per-pair GEMVs route their rows".into() });
+        }
         let (gemv, by_expert) = (way != Way::Gemm, way == Way::ByExpert);
         let pairs = n * top_k;
         if (gemv && pairs > MAX_GROUPS) || (!gemv && n.div_ceil(GEMM_BR) > MAX_GROUPS) {
@@ -476,7 +484,24 @@ impl<'a> Frame<'a> {
                 bias_off: gb,
                 res_on: 0,
                 res_off: 0,
+                route: 0,
+                l_off: 0,
+                rscale: 0.0,
+                pad0: 0,
             };
+            let (push, made) = match route {
+                Some(m) => {
+                    let (route, l_off, rscale) = super::route::route_bits(OP, m.logits, m.bias, (n, e), &m.params)?;
+                    let made = [
+                        Bind::buf(routing.buf),
+                        Bind::buf(m.logits.buf),
+                        m.bias.map_or(Bind::UNUSED, |b| Bind::buf(b.buf)),
+                    ];
+                    (MoeMatvecPush { route, l_off, rscale, ..push }, made)
+                }
+                None => (push, [Bind::UNUSED; 3]),
+            };
+            let read = if route.is_some() { Bind::UNUSED } else { Bind::buf(routing.buf) };
             let binds = [
                 Bind::buf(&gu.q),
                 Bind::buf(&gu.s),
@@ -484,10 +509,13 @@ impl<'a> Frame<'a> {
                 xq,
                 xd,
                 Bind::buf(&s.h),
-                Bind::buf(routing.buf),
+                read,
                 bias,
                 Bind::UNUSED,
                 Bind::buf(&s.groups),
+                made[0],
+                made[1],
+                made[2],
             ];
             let wgs = if by_expert { e } else { pairs };
             self.dispatch(
@@ -577,6 +605,10 @@ impl<'a> Frame<'a> {
             bias_off: db,
             res_on: 0,
             res_off: 0,
+            route: 0,
+            l_off: 0,
+            rscale: 0.0,
+            pad0: 0,
         };
         if way == Way::Pairs {
             let per = self.rows_per_group(dv)?;
@@ -720,6 +752,27 @@ impl<'a> Frame<'a> {
     }
 
     /// Output rows one workgroup of the per-pair GEMV takes (a subgroup each).
+    /// The kernels a call of `n` rows takes on `path`.
+    fn moe_way(&self, path: MoePath, n: usize) -> Way {
+        match path {
+            MoePath::Auto if n <= self.ctx.moe_pair_rows() => Way::Pairs,
+            MoePath::Auto if n <= self.ctx.moe_gemv_rows() => Way::ByExpert,
+            MoePath::Auto => Way::Gemm,
+            MoePath::Gemv => Way::Pairs,
+            MoePath::ExpertGemv => Way::ByExpert,
+            MoePath::Grouped => Way::Gemm,
+        }
+    }
+
+    /// Whether a call `c` over `pages` routes its rows itself from `route` (`moe_paged_routed`):
+    /// one page, a GEMV per pair for its rows, at most `MAX_E_IN_EXPERTS` experts, the route's
+    /// ranks the call's.
+    pub(super) fn routes_in_experts(&self, pages: &[DeviceExperts], c: &MoeCall<'a>, route: &MoeRoute<'a>) -> bool {
+        matches!(pages, [one] if one.experts <= super::route::MAX_E_IN_EXPERTS)
+            && self.moe_way(c.path, c.n) == Way::Pairs
+            && route.params.top_k == c.top_k
+    }
+
     fn rows_per_group(&self, v: FormatVariant) -> Result<usize> {
         let wg = self.device_workgroup(Kernel::MoeMatvec, Some(v))? as usize;
         Ok((wg / self.ctx.caps().min_subgroup_size.max(1) as usize).max(1))

@@ -13,7 +13,7 @@
 //! Must not: reorder the sum, or leave a pair to no page.
 
 use super::matmul::MatIn;
-use super::moe::{DeviceExperts, MoeCall};
+use super::moe::{DeviceExperts, MoeCall, MoeRoute};
 use super::{groups_for, u32_arg};
 use crate::cpu::experts::ExpertMats;
 use crate::vk::context::{Context, View};
@@ -109,6 +109,29 @@ impl Context {
 }
 
 impl<'a> Frame<'a> {
+    /// `route` of `route.logits` into `routing`, then `moe_paged`; where the call allows
+    /// (`routes_in_experts`: one page, a GEMV per pair) the routing is made inside the experts'
+    /// first kernel instead (route.glsl, the same arithmetic as `route`), one dispatch fewer.
+    /// Reference: `cpu::route::route_row`, then `cpu::experts::routed_experts`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_paged_routed(
+        &mut self,
+        pages: &'a ExpertPages,
+        c: MoeCall<'a>,
+        input: MatIn<'a>,
+        residual: Option<View<'a>>,
+        route: MoeRoute<'a>,
+        routing: View<'a>,
+        out: View<'a>,
+    ) -> Result<()> {
+        if self.routes_in_experts(pages.pages(), &c, &route) {
+            let c = MoeCall { experts: &pages.pages()[0], ..c };
+            return self.moe_with(c, input, residual, (routing, Some(route)), out, true);
+        }
+        self.route(route.logits, route.bias, routing, c.n, pages.experts(), route.params)?;
+        self.moe_paged(pages, c, input, residual, routing, out)
+    }
+
     /// `moe_fused` over a layer's pages: `out = [residual +] sum_k w[r,k] * expert_{e[r,k]}(x[r])`
     /// with `c.experts` ignored (each page in turn). Reference `cpu::experts::routed_experts`.
     pub fn moe_paged(
@@ -154,7 +177,7 @@ impl<'a> Frame<'a> {
             };
             let binds = [Bind::buf(routing.buf), Bind::buf(seen.buf)];
             self.dispatch(Kernel::MoePage, None, &binds, &push, [groups_for(pairs, 64), 1, 1])?;
-            self.moe_with(MoeCall { experts: page, ..c }, input, None, seen, y, false)?;
+            self.moe_with(MoeCall { experts: page, ..c }, input, None, (seen, None), y, false)?;
             base += page.experts;
         }
         self.moe_sum(s, (n, hidden, top_k, pages.experts()), routing, residual, out)

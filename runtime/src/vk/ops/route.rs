@@ -113,13 +113,7 @@ impl<'a> Frame<'a> {
                 msg: format!("{experts} experts, top {} (at most {MAX_E}, {MAX_K})", p.top_k),
             });
         }
-        let (ng, tg) = p.groups.unwrap_or((0, 0));
-        if p.groups.is_some() && (ng == 0 || ng > MAX_G || !experts.is_multiple_of(ng) || tg == 0 || tg > ng) {
-            return Err(VkError::BadArgument {
-                op: OP,
-                msg: format!("{ng} groups (keep {tg}) over {experts} experts"),
-            });
-        }
+        check_groups(OP, experts, &p)?;
         logits.check(OP, "logits", n * (experts + shared))?;
         out.check(OP, "out", n * 2 * (p.top_k + shared))?;
         let scale_by = sink.and_then(|s| s.scale_by);
@@ -129,12 +123,7 @@ impl<'a> Frame<'a> {
                 return Err(VkError::BadArgument { op: OP, msg: "scale_by views must start at element 0".into() });
             }
         }
-        if let Some(b) = bias {
-            b.check(OP, "correction bias", experts)?;
-            if b.offset != 0 {
-                return Err(VkError::BadArgument { op: OP, msg: "bias views must start at element 0".into() });
-            }
-        }
+        check_bias(OP, bias, experts)?;
         if let Some(h) = &hash {
             h.tokens.check(OP, "tokens", n)?;
             h.table.check(OP, "hash table", h.vocab * p.top_k)?;
@@ -142,14 +131,11 @@ impl<'a> Frame<'a> {
                 return Err(VkError::BadArgument { op: OP, msg: "hash table views must start at element 0".into() });
             }
         }
+        let (ng, tg) = p.groups.unwrap_or((0, 0));
         let push = RoutePush {
             n: experts as u32,
             top_k: p.top_k as u32,
-            scoring: match p.scoring {
-                RouterScoring::Softmax => 0,
-                RouterScoring::Sigmoid => 1,
-                RouterScoring::SqrtSoftplus => 2,
-            },
+            scoring: scoring_code(p.scoring),
             renormalize: p.renormalize as u32,
             has_bias: bias.is_some() as u32,
             n_group: ng as u32,
@@ -175,4 +161,68 @@ impl<'a> Frame<'a> {
         ];
         self.dispatch(Kernel::Route, None, &binds, &push, [u32_arg(OP, "n", n)?, 1, 1])
     }
+}
+
+/// The shaders' code of a scoring.
+fn scoring_code(s: RouterScoring) -> u32 {
+    match s {
+        RouterScoring::Softmax => 0,
+        RouterScoring::Sigmoid => 1,
+        RouterScoring::SqrtSoftplus => 2,
+    }
+}
+
+/// The group limit's numbers: groups that divide the experts, at most `MAX_G`, keeping at least
+/// one and at most all.
+fn check_groups(op: &'static str, experts: usize, p: &RouteParams) -> Result<()> {
+    let (ng, tg) = p.groups.unwrap_or((0, 0));
+    if p.groups.is_some() && (ng == 0 || ng > MAX_G || !experts.is_multiple_of(ng) || tg == 0 || tg > ng) {
+        return Err(VkError::BadArgument { op, msg: format!("{ng} groups (keep {tg}) over {experts} experts") });
+    }
+    Ok(())
+}
+
+/// A correction bias: a view of `experts` elements from element 0.
+fn check_bias(op: &'static str, bias: Option<View<'_>>, experts: usize) -> Result<()> {
+    if let Some(b) = bias {
+        b.check(op, "correction bias", experts)?;
+        if b.offset != 0 {
+            return Err(VkError::BadArgument { op, msg: "bias views must start at element 0".into() });
+        }
+    }
+    Ok(())
+}
+
+/// The most experts the routed experts' first kernel routes itself (`moe_matvec.comp`'s
+/// `RT_MAX_E`).
+pub(super) const MAX_E_IN_EXPERTS: usize = 256;
+
+/// What `moe_matvec.comp`'s mode 0 takes to route `n` rows of `experts` logits itself: the
+/// push's `route` bits, the logits' offset and the scale, after the checks `Frame::route`
+/// makes (`op` names the caller in errors).
+pub(super) fn route_bits(
+    op: &'static str,
+    logits: View<'_>,
+    bias: Option<View<'_>>,
+    (n, experts): (usize, usize),
+    p: &RouteParams,
+) -> Result<(u32, u32, f32)> {
+    if experts > MAX_E_IN_EXPERTS || p.top_k > MAX_K || p.top_k > experts || p.top_k == 0 {
+        return Err(VkError::BadArgument {
+            op,
+            msg: format!("{experts} experts, top {} (at most {MAX_E_IN_EXPERTS}, {MAX_K})", p.top_k),
+        });
+    }
+    check_groups(op, experts, p)?;
+    check_bias(op, bias, experts)?;
+    logits.check(op, "logits", n * experts)?;
+    let (ng, tg) = p.groups.unwrap_or((0, 0));
+    let bits = 1
+        | scoring_code(p.scoring) << 1
+        | (p.renormalize as u32) << 3
+        | (bias.is_some() as u32) << 4
+        | ((p.group_score == GroupScore::Max) as u32) << 5
+        | (ng as u32) << 8
+        | (tg as u32) << 16;
+    Ok((bits, u32_arg(op, "logits offset", logits.offset)?, p.scale))
 }
