@@ -637,3 +637,24 @@ fn fp8_matmul_decodes_every_code_as_the_table_does() {
     matmul(&w, &x[..256], 1, &mut one);
     assert!(one[0].is_nan());
 }
+
+/// The kernel tests at every lower CPU level this machine has (`COLI_CPU_LEVEL`, read once a
+/// process, so each level runs this test binary again on the format tests): a machine with
+/// AVX-512 VNNI would otherwise never run the AVX2 and portable kernels' tile paths.
+#[test]
+fn format_kernels_at_every_lower_cpu_level() {
+    if std::env::var_os("COLI_CPU_LEVEL").is_some() {
+        return;
+    }
+    let exe = std::env::current_exe().expect("the test binary");
+    for level in ["avx2", "portable"] {
+        let out = std::process::Command::new(&exe)
+            .args(["format::tests::", "--test-threads", "2", "--skip", "format_kernels_at_every_lower_cpu_level"])
+            .env("COLI_CPU_LEVEL", level)
+            .output()
+            .expect("the test binary runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "COLI_CPU_LEVEL={level}:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("test result: ok") && !text.contains("ok. 0 passed"), "COLI_CPU_LEVEL={level}: {text}");
+    }
+}
