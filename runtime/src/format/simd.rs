@@ -518,7 +518,7 @@ unsafe fn tile_f<const F: u8, const VNNI: bool>(w: &Matrix, acts: &QuantizedActs
         few!(1);
     } else if n == 2 {
         few!(2);
-    } else if n == 3 && VNNI {
+    } else if n == 3 {
         few!(3);
     } else {
         // Activation rows four at a time (their `s` gathered once), each against every pair of
