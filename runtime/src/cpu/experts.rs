@@ -4,7 +4,7 @@
 
 use super::elementwise::glu;
 use super::linear::{linear, Precision};
-use crate::format::Matrix;
+use crate::format::{pool, Matrix};
 use coli_compiler::ir::GluKind;
 use rayon::prelude::*;
 
@@ -169,7 +169,15 @@ pub fn pair_outputs<'a>(
         // Decode and a few rows (a checked draft): the matmuls inside are parallel already.
         groups.into_iter().map(|(e, pairs)| run_group(e, pairs, x, hidden, kind, precision, expert)).collect()
     } else {
-        groups.into_par_iter().map(|(e, pairs)| run_group(e, pairs, x, hidden, kind, precision, expert)).collect()
+        // Experts side by side on rayon's threads, each expert's matmuls on its own thread
+        // (one tile a matrix: the kernels' team beside rayon's threads would put a third thread
+        // on two cores); an expert with more than a thread's share of the pairs is split into
+        // runs of its rows (each row's sums are the same bits in any run), so a skewed routing
+        // still keeps every thread busy.
+        split_groups(groups, pairs.len(), rayon::current_num_threads())
+            .into_par_iter()
+            .map(|(e, pairs)| pool::inline(|| run_group(e, pairs, x, hidden, kind, precision, expert)))
+            .collect()
     };
     for (pairs, outs) in results {
         for (i, &(r, k)) in pairs.iter().enumerate() {
@@ -199,6 +207,23 @@ pub fn join_ranks(routing: &[f32], n: usize, top_k: usize, hidden: usize, table:
     }
 }
 
+/// `groups` with every group of more than half a thread's share of `total` pairs (and more
+/// than `SERIAL_GROUP_ROWS`) cut into even runs no longer than that, in expert order.
+fn split_groups(
+    groups: Vec<(usize, Vec<(usize, usize)>)>,
+    total: usize,
+    threads: usize,
+) -> Vec<(usize, Vec<(usize, usize)>)> {
+    let most = total.div_ceil(2 * threads.max(1)).max(SERIAL_GROUP_ROWS);
+    let mut out = Vec::with_capacity(groups.len());
+    for (e, pairs) in groups {
+        let runs = pairs.len().div_ceil(most);
+        let per = pairs.len().div_ceil(runs.max(1)).max(1);
+        out.extend(pairs.chunks(per).map(|c| (e, c.to_vec())));
+    }
+    out
+}
+
 fn run_group<'a>(
     e: usize,
     pairs: Vec<(usize, usize)>,
@@ -212,4 +237,65 @@ fn run_group<'a>(
     let mut outs = vec![0.0f32; rows.len() * hidden];
     expert_ffn(&expert(e), kind, precision, x, hidden, &rows, &mut outs);
     (pairs, outs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{quantize, WeightFormat};
+
+    /// A routing where every row's first rank is expert 0 (a hot expert, cut into runs) and
+    /// the others spread over the rest: each pair's output is the bits of its expert run over
+    /// all of that expert's rows at once, whatever runs `pair_outputs` cut.
+    #[test]
+    fn a_hot_expert_cut_into_runs_gives_the_bits_of_one_run() {
+        let (hidden, ffn, experts, top_k, n) = (64, 32, 6, 2, 40);
+        let vals = |len: usize, seed: usize| -> Vec<f32> {
+            (0..len).map(|i| ((i * 7919 + seed * 104729) % 2003) as f32 / 1001.0 - 1.0).collect()
+        };
+        for format in [WeightFormat::Q8_0, WeightFormat::F32] {
+            let mats: Vec<[Vec<u8>; 3]> = (0..experts)
+                .map(|e| {
+                    [
+                        quantize(format, &vals(ffn * hidden, 3 * e), hidden).unwrap(),
+                        quantize(format, &vals(ffn * hidden, 3 * e + 1), hidden).unwrap(),
+                        quantize(format, &vals(hidden * ffn, 3 * e + 2), ffn).unwrap(),
+                    ]
+                })
+                .collect();
+            let expert = |e: usize| ExpertMats {
+                gate: Matrix::new(format, ffn, hidden, &mats[e][0]).unwrap(),
+                up: Matrix::new(format, ffn, hidden, &mats[e][1]).unwrap(),
+                down: Matrix::new(format, hidden, ffn, &mats[e][2]).unwrap(),
+                gate_bias: None,
+                up_bias: None,
+                down_bias: None,
+            };
+            let x = vals(n * hidden, 99);
+            let mut routing = vec![0f32; n * 2 * top_k];
+            for r in 0..n {
+                routing[r * 2 * top_k] = 0.0;
+                routing[r * 2 * top_k + 2] = (1 + r % (experts - 1)) as f32;
+                routing[r * 2 * top_k + 1] = 0.7;
+                routing[r * 2 * top_k + 3] = 0.3;
+            }
+            let rows = Routed { x: &x, n, hidden, routing: &routing, top_k };
+            let pairs: Vec<(usize, usize)> = (0..n).flat_map(|r| (0..top_k).map(move |k| (r, k))).collect();
+            let groups = split_groups(vec![(0, pairs.iter().filter(|p| p.1 == 0).copied().collect())], pairs.len(), 2);
+            assert!(groups.len() > 1, "expert 0's {n} pairs are cut into runs");
+            let mut table = vec![0f32; n * top_k * hidden];
+            pair_outputs(rows, &pairs, GluKind::SwiGlu, Precision::Fast, &expert, &mut table);
+            for e in 0..experts {
+                let mine: Vec<(usize, usize)> =
+                    pairs.iter().copied().filter(|&(r, k)| pair_expert(&routing, top_k, r, k) == e).collect();
+                let rows: Vec<usize> = mine.iter().map(|p| p.0).collect();
+                let mut outs = vec![0f32; rows.len() * hidden];
+                expert_ffn(&expert(e), GluKind::SwiGlu, Precision::Fast, &x, hidden, &rows, &mut outs);
+                for (i, &(r, k)) in mine.iter().enumerate() {
+                    let got = &table[(r * top_k + k) * hidden..][..hidden];
+                    assert_eq!(got, &outs[i * hidden..(i + 1) * hidden], "{format}: expert {e}, pair ({r}, {k})");
+                }
+            }
+        }
+    }
 }

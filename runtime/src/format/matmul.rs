@@ -234,7 +234,7 @@ type Tile<'t> = dyn Fn(&Matrix, usize, usize, *mut f32) + Sync + 't;
 fn drive(segs: &[Seg], n: usize, tile: &Tile) {
     let threads = pool::threads();
     let work: usize = segs.iter().map(|s| s.w.bytes.len().saturating_mul(n)).sum();
-    if work < SERIAL_BYTES || threads == 1 {
+    if work < SERIAL_BYTES || threads == 1 || pool::busy() {
         for s in segs {
             if s.w.rows > 0 && n > 0 {
                 tile(&s.w, 0, s.w.rows, s.out.0);

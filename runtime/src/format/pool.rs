@@ -176,12 +176,38 @@ fn helper(t: &'static Team) {
     }
 }
 
+thread_local! {
+    /// Set while this thread runs `inline`'s closure: its `run`s stay on it.
+    static INLINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with every `run` it makes on this thread inline (the team left alone): for work
+/// that another pool already spreads over the cores (rayon's tasks), so the team's helpers
+/// neither join one of them nor spin beside them.
+pub fn inline<R>(f: impl FnOnce() -> R) -> R {
+    /// Puts the flag back as it was, also when `f` panics.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            INLINE.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(INLINE.with(|c| c.replace(true)));
+    f()
+}
+
+/// Whether a `run` called now on this thread would run its tasks inline on it (one thread,
+/// inside `inline`, or the team busy with another job).
+pub fn busy() -> bool {
+    threads() == 1 || INLINE.with(|c| c.get()) || team().busy.load(Ordering::Acquire)
+}
+
 /// Runs `f(0)`, ..., `f(tasks - 1)`, spread over the team (the caller takes part), and returns
 /// when all have finished. Order and placement of tasks are unspecified; a panicking task
 /// panics the caller after every task has finished.
 pub fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     let t = if tasks > 1 { team() } else { return (0..tasks).for_each(f) };
-    if t.helpers == 0 || tasks > MAX_TASKS || t.busy.swap(true, Ordering::Acquire) {
+    if t.helpers == 0 || tasks > MAX_TASKS || INLINE.with(|c| c.get()) || t.busy.swap(true, Ordering::Acquire) {
         return run_inline(tasks, f);
     }
     // SAFETY: we own the team (`busy`); helpers read `job` only after claiming a task of the
@@ -286,6 +312,25 @@ mod tests {
             }
         });
         assert_eq!(total.load(Ordering::Relaxed), 4 * 200 * 12);
+    }
+
+    #[test]
+    fn inside_inline_every_run_stays_on_its_thread() {
+        let me = std::thread::current().id();
+        let others = AtomicUsize::new(0);
+        inline(|| {
+            assert!(busy());
+            run(64, &|_| {
+                if std::thread::current().id() != me {
+                    others.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        });
+        assert_eq!(others.load(Ordering::Relaxed), 0);
+        // The flag is this thread's, and put back after a panic inside.
+        assert!(!INLINE.with(|c| c.get()));
+        assert!(std::panic::catch_unwind(|| inline(|| panic!("inside"))).is_err());
+        assert!(!INLINE.with(|c| c.get()));
     }
 
     #[test]
