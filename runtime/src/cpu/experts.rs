@@ -4,7 +4,7 @@
 
 use super::elementwise::glu;
 use super::linear::{linear, Precision};
-use crate::format::{pool, Matrix};
+use crate::format::{pool, try_matmul_q_each, Matrix, QuantizedActs};
 use coli_compiler::ir::GluKind;
 use rayon::prelude::*;
 
@@ -166,8 +166,14 @@ pub fn pair_outputs<'a>(
     }
     let groups: Vec<(usize, Vec<(usize, usize)>)> = by_expert.into_iter().collect();
     let results: Vec<GroupRows> = if n < SERIAL_GROUP_ROWS {
-        // Decode and a few rows (a checked draft): the matmuls inside are parallel already.
-        groups.into_iter().map(|(e, pairs)| run_group(e, pairs, x, hidden, kind, precision, expert)).collect()
+        // Decode and a few rows (a checked draft): every expert's gate and up in one job of the
+        // thread team, then every down in another, where the formats allow.
+        match few_rows(&groups, x, hidden, kind, precision, expert) {
+            Some(outs) => groups.into_iter().map(|g| g.1).zip(outs).collect(),
+            None => {
+                groups.into_iter().map(|(e, pairs)| run_group(e, pairs, x, hidden, kind, precision, expert)).collect()
+            }
+        }
     } else {
         // Experts side by side on rayon's threads, each expert's matmuls on its own thread
         // (one tile a matrix: the kernels' team beside rayon's threads would put a third thread
@@ -224,6 +230,64 @@ fn split_groups(
     out
 }
 
+/// The experts of `groups` over their rows as `expert_ffn` computes each (the same bits), with
+/// two jobs of the thread team in all: every gate and up, then every down. `None` where a
+/// matrix does not take 8-bit activations or the precision is not `Fast` (`linear`'s paths).
+fn few_rows<'a>(
+    groups: &[(usize, Vec<(usize, usize)>)],
+    x: &[f32],
+    hidden: usize,
+    kind: GluKind,
+    precision: Precision,
+    expert: &(dyn Fn(usize) -> ExpertMats<'a> + Sync),
+) -> Option<Vec<Vec<f32>>> {
+    let mats: Vec<ExpertMats> = groups.iter().map(|g| expert(g.0)).collect();
+    let q8 = |m: &Matrix| m.format.uses_q8_acts(m.cols);
+    if precision != Precision::Fast || !mats.iter().all(|m| q8(&m.gate) && q8(&m.up) && q8(&m.down)) {
+        return None;
+    }
+    let ffn: Vec<usize> = mats.iter().map(|m| m.gate.rows).collect();
+    let acts: Vec<QuantizedActs> = groups
+        .iter()
+        .map(|(_, pairs)| {
+            let xs: Vec<f32> = pairs.iter().flat_map(|&(r, _)| &x[r * hidden..(r + 1) * hidden]).copied().collect();
+            QuantizedActs::new(&xs, pairs.len(), hidden)
+        })
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let mut g: Vec<Vec<f32>> = groups.iter().zip(&ffn).map(|((_, p), &f)| vec![0.0; p.len() * f]).collect();
+    let mut u = g.clone();
+    let mut jobs: Vec<(Matrix, &QuantizedActs, &mut [f32])> = Vec::with_capacity(2 * groups.len());
+    for (((m, a), gi), ui) in mats.iter().zip(&acts).zip(g.iter_mut()).zip(u.iter_mut()) {
+        jobs.push((m.gate, a, gi));
+        jobs.push((m.up, a, ui));
+    }
+    try_matmul_q_each(&mut jobs).ok()?;
+    let mut hs = Vec::with_capacity(groups.len());
+    for ((m, gi), ui) in mats.iter().zip(&mut g).zip(&mut u) {
+        add_bias(gi, m.gate_bias);
+        add_bias(ui, m.up_bias);
+        let mut h = vec![0.0f32; gi.len()];
+        glu(kind, gi, ui, &mut h);
+        hs.push(h);
+    }
+    let hq: Vec<QuantizedActs> = hs
+        .iter()
+        .zip(groups)
+        .zip(&ffn)
+        .map(|((h, (_, p)), &f)| QuantizedActs::new(h, p.len(), f))
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let mut outs: Vec<Vec<f32>> = groups.iter().map(|(_, p)| vec![0.0; p.len() * hidden]).collect();
+    let mut jobs: Vec<(Matrix, &QuantizedActs, &mut [f32])> =
+        mats.iter().zip(&hq).zip(outs.iter_mut()).map(|((m, a), o)| (m.down, a, o.as_mut_slice())).collect();
+    try_matmul_q_each(&mut jobs).ok()?;
+    for (m, o) in mats.iter().zip(&mut outs) {
+        add_bias(o, m.down_bias);
+    }
+    Some(outs)
+}
+
 fn run_group<'a>(
     e: usize,
     pairs: Vec<(usize, usize)>,
@@ -244,57 +308,88 @@ mod tests {
     use super::*;
     use crate::format::{quantize, WeightFormat};
 
-    /// A routing where every row's first rank is expert 0 (a hot expert, cut into runs) and
-    /// the others spread over the rest: each pair's output is the bits of its expert run over
-    /// all of that expert's rows at once, whatever runs `pair_outputs` cut.
+    const HIDDEN: usize = 64;
+    const FFN: usize = 32;
+    const EXPERTS: usize = 6;
+    const TOP_K: usize = 2;
+
+    fn vals(len: usize, seed: usize) -> Vec<f32> {
+        (0..len).map(|i| ((i * 7919 + seed * 104729) % 2003) as f32 / 1001.0 - 1.0).collect()
+    }
+
+    /// Every expert's gate, up and down in `format`.
+    fn weights(format: WeightFormat) -> Vec<[Vec<u8>; 3]> {
+        (0..EXPERTS)
+            .map(|e| {
+                [
+                    quantize(format, &vals(FFN * HIDDEN, 3 * e), HIDDEN).unwrap(),
+                    quantize(format, &vals(FFN * HIDDEN, 3 * e + 1), HIDDEN).unwrap(),
+                    quantize(format, &vals(HIDDEN * FFN, 3 * e + 2), FFN).unwrap(),
+                ]
+            })
+            .collect()
+    }
+
+    fn mats(format: WeightFormat, w: &[[Vec<u8>; 3]], e: usize) -> ExpertMats<'_> {
+        ExpertMats {
+            gate: Matrix::new(format, FFN, HIDDEN, &w[e][0]).unwrap(),
+            up: Matrix::new(format, FFN, HIDDEN, &w[e][1]).unwrap(),
+            down: Matrix::new(format, HIDDEN, FFN, &w[e][2]).unwrap(),
+            gate_bias: None,
+            up_bias: None,
+            down_bias: None,
+        }
+    }
+
+    /// `pair_outputs` over `n` rows whose first rank is expert 0 and whose second spreads over
+    /// the rest, checked pair by pair against `expert_ffn` over all of its expert's rows at once.
+    fn check_against_each_expert(format: WeightFormat, n: usize) {
+        let w = weights(format);
+        let expert = |e: usize| mats(format, &w, e);
+        let x = vals(n * HIDDEN, 99);
+        let mut routing = vec![0f32; n * 2 * TOP_K];
+        for r in 0..n {
+            routing[r * 2 * TOP_K + 2] = (1 + r % (EXPERTS - 1)) as f32;
+            routing[r * 2 * TOP_K + 1] = 0.7;
+            routing[r * 2 * TOP_K + 3] = 0.3;
+        }
+        let rows = Routed { x: &x, n, hidden: HIDDEN, routing: &routing, top_k: TOP_K };
+        let pairs: Vec<(usize, usize)> = (0..n).flat_map(|r| (0..TOP_K).map(move |k| (r, k))).collect();
+        let mut table = vec![0f32; n * TOP_K * HIDDEN];
+        pair_outputs(rows, &pairs, GluKind::SwiGlu, Precision::Fast, &expert, &mut table);
+        for e in 0..EXPERTS {
+            let mine: Vec<(usize, usize)> =
+                pairs.iter().copied().filter(|&(r, k)| pair_expert(&routing, TOP_K, r, k) == e).collect();
+            let rows: Vec<usize> = mine.iter().map(|p| p.0).collect();
+            let mut outs = vec![0f32; rows.len() * HIDDEN];
+            expert_ffn(&expert(e), GluKind::SwiGlu, Precision::Fast, &x, HIDDEN, &rows, &mut outs);
+            for (i, &(r, k)) in mine.iter().enumerate() {
+                let got = &table[(r * TOP_K + k) * HIDDEN..][..HIDDEN];
+                assert_eq!(got, &outs[i * HIDDEN..(i + 1) * HIDDEN], "{format}, {n} rows: expert {e}, pair ({r}, {k})");
+            }
+        }
+    }
+
+    /// A hot expert (every row's first rank) is cut into runs of its rows on rayon's threads:
+    /// each pair still gets the bits of its expert run over all of that expert's rows at once.
     #[test]
     fn a_hot_expert_cut_into_runs_gives_the_bits_of_one_run() {
-        let (hidden, ffn, experts, top_k, n) = (64, 32, 6, 2, 40);
-        let vals = |len: usize, seed: usize| -> Vec<f32> {
-            (0..len).map(|i| ((i * 7919 + seed * 104729) % 2003) as f32 / 1001.0 - 1.0).collect()
-        };
+        let n = 40;
+        let hot: Vec<(usize, usize)> = (0..n).map(|r| (r, 0)).collect();
+        assert!(split_groups(vec![(0, hot)], n * TOP_K, 2).len() > 1, "expert 0's {n} pairs are cut into runs");
         for format in [WeightFormat::Q8_0, WeightFormat::F32] {
-            let mats: Vec<[Vec<u8>; 3]> = (0..experts)
-                .map(|e| {
-                    [
-                        quantize(format, &vals(ffn * hidden, 3 * e), hidden).unwrap(),
-                        quantize(format, &vals(ffn * hidden, 3 * e + 1), hidden).unwrap(),
-                        quantize(format, &vals(hidden * ffn, 3 * e + 2), ffn).unwrap(),
-                    ]
-                })
-                .collect();
-            let expert = |e: usize| ExpertMats {
-                gate: Matrix::new(format, ffn, hidden, &mats[e][0]).unwrap(),
-                up: Matrix::new(format, ffn, hidden, &mats[e][1]).unwrap(),
-                down: Matrix::new(format, hidden, ffn, &mats[e][2]).unwrap(),
-                gate_bias: None,
-                up_bias: None,
-                down_bias: None,
-            };
-            let x = vals(n * hidden, 99);
-            let mut routing = vec![0f32; n * 2 * top_k];
-            for r in 0..n {
-                routing[r * 2 * top_k] = 0.0;
-                routing[r * 2 * top_k + 2] = (1 + r % (experts - 1)) as f32;
-                routing[r * 2 * top_k + 1] = 0.7;
-                routing[r * 2 * top_k + 3] = 0.3;
-            }
-            let rows = Routed { x: &x, n, hidden, routing: &routing, top_k };
-            let pairs: Vec<(usize, usize)> = (0..n).flat_map(|r| (0..top_k).map(move |k| (r, k))).collect();
-            let groups = split_groups(vec![(0, pairs.iter().filter(|p| p.1 == 0).copied().collect())], pairs.len(), 2);
-            assert!(groups.len() > 1, "expert 0's {n} pairs are cut into runs");
-            let mut table = vec![0f32; n * top_k * hidden];
-            pair_outputs(rows, &pairs, GluKind::SwiGlu, Precision::Fast, &expert, &mut table);
-            for e in 0..experts {
-                let mine: Vec<(usize, usize)> =
-                    pairs.iter().copied().filter(|&(r, k)| pair_expert(&routing, top_k, r, k) == e).collect();
-                let rows: Vec<usize> = mine.iter().map(|p| p.0).collect();
-                let mut outs = vec![0f32; rows.len() * hidden];
-                expert_ffn(&expert(e), GluKind::SwiGlu, Precision::Fast, &x, hidden, &rows, &mut outs);
-                for (i, &(r, k)) in mine.iter().enumerate() {
-                    let got = &table[(r * top_k + k) * hidden..][..hidden];
-                    assert_eq!(got, &outs[i * hidden..(i + 1) * hidden], "{format}: expert {e}, pair ({r}, {k})");
-                }
+            check_against_each_expert(format, n);
+        }
+    }
+
+    /// A few rows (decode, a checked draft) run every expert's gate and up in one job and every
+    /// down in another (8-bit formats; float formats take each expert's own matmuls): the
+    /// bits of each expert run alone.
+    #[test]
+    fn a_few_rows_in_two_jobs_give_the_bits_of_each_expert_alone() {
+        for n in [1, 3, 7] {
+            for format in [WeightFormat::Q8_0, WeightFormat::Q4_0, WeightFormat::F32] {
+                check_against_each_expert(format, n);
             }
         }
     }

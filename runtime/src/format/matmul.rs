@@ -115,9 +115,9 @@ pub fn try_matmul(w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) -> Result<()
     check_out(w, n, out)?;
     if w.format.uses_q8_acts(w.cols) {
         let acts = QuantizedActs::new(x, n, w.cols)?;
-        drive(&[Seg { w: *w, out: SendPtr(out.as_mut_ptr()) }], n, &|w, r0, r1, o| tile_q8(w, &acts, r0, r1, o));
+        drive(&[Seg { w: *w, n, out: SendPtr(out.as_mut_ptr()) }], &|_, w, r0, r1, o| tile_q8(w, &acts, r0, r1, o));
     } else {
-        drive(&[Seg { w: *w, out: SendPtr(out.as_mut_ptr()) }], n, &|w, r0, r1, o| tile_f32(w, x, n, r0, r1, o));
+        drive(&[Seg { w: *w, n, out: SendPtr(out.as_mut_ptr()) }], &|_, w, r0, r1, o| tile_f32(w, x, n, r0, r1, o));
     }
     Ok(())
 }
@@ -143,12 +143,12 @@ pub fn try_matmul_q_multi(mats: &mut [(Matrix, &mut [f32])], acts: &QuantizedAct
         }
         check_out(w, n, out)?;
     }
-    let segs: Vec<Seg> = mats.iter_mut().map(|(w, out)| Seg { w: *w, out: SendPtr(out.as_mut_ptr()) }).collect();
+    let segs: Vec<Seg> = mats.iter_mut().map(|(w, out)| Seg { w: *w, n, out: SendPtr(out.as_mut_ptr()) }).collect();
     if segs.iter().all(|s| s.w.format.uses_q8_acts(s.w.cols)) {
-        drive(&segs, n, &|w, r0, r1, o| tile_q8(w, acts, r0, r1, o));
+        drive(&segs, &|_, w, r0, r1, o| tile_q8(w, acts, r0, r1, o));
     } else {
         let x = acts.dequantize();
-        drive(&segs, n, &|w, r0, r1, o| {
+        drive(&segs, &|_, w, r0, r1, o| {
             if w.format.uses_q8_acts(w.cols) {
                 tile_q8(w, acts, r0, r1, o)
             } else {
@@ -179,13 +179,40 @@ pub fn try_matmul_multi(
         acts.requantize(x, n, mats[0].0.cols)?;
     }
     let acts = &*acts;
-    let segs: Vec<Seg> = mats.iter_mut().map(|(w, out)| Seg { w: *w, out: SendPtr(out.as_mut_ptr()) }).collect();
-    drive(&segs, n, &|w, r0, r1, o| {
+    let segs: Vec<Seg> = mats.iter_mut().map(|(w, out)| Seg { w: *w, n, out: SendPtr(out.as_mut_ptr()) }).collect();
+    drive(&segs, &|_, w, r0, r1, o| {
         if w.format.uses_q8_acts(w.cols) {
             tile_q8(w, acts, r0, r1, o)
         } else {
             tile_f32(w, x, n, r0, r1, o)
         }
+    });
+    Ok(())
+}
+
+/// Matmuls of different inputs in one parallel pass: `out_j = x_j * W_j^T` for each
+/// `(W_j, x_j, out_j)`, every `x_j` given quantized (its own row count): the routed experts of
+/// a decode step, one job for all their gate and up matrices instead of one a matrix. Each
+/// output is the bits `matmul_q` gives it alone. Float formats dequantize their input first.
+pub fn try_matmul_q_each(mats: &mut [(Matrix, &QuantizedActs, &mut [f32])]) -> Result<(), FormatError> {
+    for (w, acts, out) in mats.iter() {
+        if acts.cols() != w.cols {
+            return Err(FormatError::Length {
+                what: "quantized activation columns",
+                expected: w.cols,
+                found: acts.cols(),
+            });
+        }
+        check_out(w, acts.n(), out)?;
+    }
+    let floats: Vec<Option<Vec<f32>>> =
+        mats.iter().map(|(w, acts, _)| (!w.format.uses_q8_acts(w.cols)).then(|| acts.dequantize())).collect();
+    let acts: Vec<&QuantizedActs> = mats.iter().map(|m| m.1).collect();
+    let segs: Vec<Seg> =
+        mats.iter_mut().map(|(w, acts, out)| Seg { w: *w, n: acts.n(), out: SendPtr(out.as_mut_ptr()) }).collect();
+    drive(&segs, &|j, w, r0, r1, o| match &floats[j] {
+        Some(x) => tile_f32(w, x, acts[j].n(), r0, r1, o),
+        None => tile_q8(w, acts[j], r0, r1, o),
     });
     Ok(())
 }
@@ -220,24 +247,25 @@ const TASK_BYTES: usize = 16 * 1024;
 /// Tasks per thread, for balance when another process takes part of a core.
 const TASKS_PER_THREAD: usize = 4;
 
-/// One matrix of a parallel pass and where its `[n x rows]` output starts.
+/// One matrix of a parallel pass, its activation rows and where its `[n x rows]` output starts.
 struct Seg<'a> {
     w: Matrix<'a>,
+    n: usize,
     out: SendPtr<f32>,
 }
 
-/// A tile computes rows `r0..r1` of `w` against all `n` activation rows, writing element
-/// `(i, r)` at `out + i * w.rows + r`.
-type Tile<'t> = dyn Fn(&Matrix, usize, usize, *mut f32) + Sync + 't;
+/// A tile computes rows `r0..r1` of segment `j`'s `w` against all its `n` activation rows,
+/// writing element `(i, r)` at `out + i * w.rows + r`.
+type Tile<'t> = dyn Fn(usize, &Matrix, usize, usize, *mut f32) + Sync + 't;
 
 /// Runs `tile` over chunks of weight rows of every segment, spread over the thread team.
-fn drive(segs: &[Seg], n: usize, tile: &Tile) {
+fn drive(segs: &[Seg], tile: &Tile) {
     let threads = pool::threads();
-    let work: usize = segs.iter().map(|s| s.w.bytes.len().saturating_mul(n)).sum();
+    let work: usize = segs.iter().map(|s| s.w.bytes.len().saturating_mul(s.n)).sum();
     if work < SERIAL_BYTES || threads == 1 || pool::busy() {
-        for s in segs {
-            if s.w.rows > 0 && n > 0 {
-                tile(&s.w, 0, s.w.rows, s.out.0);
+        for (j, s) in segs.iter().enumerate() {
+            if s.w.rows > 0 && s.n > 0 {
+                tile(j, &s.w, 0, s.w.rows, s.out.0);
             }
         }
         return;
@@ -246,10 +274,10 @@ fn drive(segs: &[Seg], n: usize, tile: &Tile) {
     let target = (work / (threads * TASKS_PER_THREAD)).max(TASK_BYTES);
     let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
     for (j, s) in segs.iter().enumerate() {
-        if s.w.rows == 0 || n == 0 {
+        if s.w.rows == 0 || s.n == 0 {
             continue;
         }
-        let per_row = s.w.row_bytes.max(1).saturating_mul(n);
+        let per_row = s.w.row_bytes.max(1).saturating_mul(s.n);
         // Multiples of 4 rows keep the register-tiled kernels off their one-row tail path.
         let chunk = target.div_ceil(per_row).next_multiple_of(4).min(s.w.rows);
         let mut r = 0;
@@ -260,7 +288,7 @@ fn drive(segs: &[Seg], n: usize, tile: &Tile) {
     }
     pool::run(tasks.len(), &|t| {
         let (j, r0, r1) = tasks[t];
-        tile(&segs[j].w, r0, r1, segs[j].out.0);
+        tile(j, &segs[j].w, r0, r1, segs[j].out.0);
     });
 }
 

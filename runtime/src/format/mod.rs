@@ -68,7 +68,7 @@ mod tests;
 pub use finite::{first_non_finite, NonFinite};
 pub use matmul::{
     kernel_level, matmul, matmul_multi, matmul_q, matmul_q_multi, try_matmul, try_matmul_multi, try_matmul_q,
-    try_matmul_q_multi, wide_simd, Matrix,
+    try_matmul_q_each, try_matmul_q_multi, wide_simd, Matrix,
 };
 pub use q8::{BlockQ8, QuantizedActs};
 pub use quantize::quantize;
