@@ -488,6 +488,36 @@ fn matmul_multi_matches_one_matmul_per_matrix() {
 }
 
 #[test]
+fn matmul_q_each_matches_one_matmul_q_per_matrix() {
+    // Routed experts of a decode step: each matrix its own input and row count, mixed formats
+    // (a float one dequantizes its input); each result must equal `matmul_q`'s alone.
+    let mut rng = Rng(9);
+    let cols = 256;
+    let formats = [WeightFormat::Q8_0, WeightFormat::Q4_0, WeightFormat::F32, WeightFormat::Q8_0];
+    let rows = [96usize, 40, 33, 8];
+    let ns = [1usize, 3, 2, 7];
+    let bytes: Vec<Vec<u8>> = formats.iter().zip(rows).map(|(&f, r)| random_rows(f, r, cols, &mut rng)).collect();
+    let ws: Vec<Matrix> =
+        formats.iter().zip(rows).zip(&bytes).map(|((&f, r), b)| Matrix::new(f, r, cols, b).unwrap()).collect();
+    let acts: Vec<QuantizedActs> =
+        ns.iter().map(|&n| QuantizedActs::new(&rng.vec(n * cols, 1.0), n, cols).unwrap()).collect();
+    let mut outs: Vec<Vec<f32>> = rows.iter().zip(ns).map(|(&r, n)| vec![f32::NAN; n * r]).collect();
+    let mut mats: Vec<(Matrix, &QuantizedActs, &mut [f32])> =
+        ws.iter().zip(&acts).zip(outs.iter_mut()).map(|((w, a), o)| (*w, a, o.as_mut_slice())).collect();
+    try_matmul_q_each(&mut mats).unwrap();
+    for ((w, a), got) in ws.iter().zip(&acts).zip(&outs) {
+        let mut want = vec![0f32; a.n() * w.rows];
+        matmul_q(w, a, &mut want);
+        assert_eq!(got, &want, "{}", w.format);
+    }
+    let mut short = vec![0f32; 3];
+    assert!(matches!(
+        try_matmul_q_each(&mut [(ws[0], &acts[0], short.as_mut_slice())]),
+        Err(FormatError::Length { .. })
+    ));
+}
+
+#[test]
 fn first_non_finite_finds_nan_and_inf_in_elements_and_block_fields() {
     use super::{first_non_finite, NonFinite};
     let cols = 256;
