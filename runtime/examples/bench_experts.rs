@@ -1,40 +1,24 @@
 //! Throughput of the CPU's routed experts for prompt chunks (`cpu::experts::routed_experts`) on
 //! the OLMoE-1B-7B layer geometry (hidden 2048, 64 experts of FFN 1024, top-8), Q8_0 weights
-//! and a uniform random routing, without a benchmark framework: milliseconds a layer and
+//! and a random routing (uniform, or with `skew` a few hot experts), without a benchmark framework: milliseconds a layer and
 //! GMAC/s for a few row counts, against one expert's matmul on cache-resident weights.
 //!
-//! Run: `cargo run --release -p coli-runtime --example bench_experts [-- rows...]`
+//! Run: `cargo run --release -p coli-runtime --example bench_experts [-- rows... [skew]]`
 //! Must not: be used by tests; it only prints.
+
+mod support;
 
 use coli_compiler::ir::GluKind;
 use coli_runtime::cpu::experts::{routed_experts, ExpertMats, Routed};
 use coli_runtime::cpu::linear::Precision;
 use coli_runtime::format::{kernel_level, matmul, quantize, Matrix, WeightFormat};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use support::{time, values};
 
 const HIDDEN: usize = 2048;
 const FFN: usize = 1024;
 const EXPERTS: usize = 64;
 const TOP_K: usize = 8;
-
-fn values(n: usize, seed: u32) -> Vec<f32> {
-    (0..n).map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 2001) as f32 / 1000.0 - 1.0).collect()
-}
-
-/// Best time per call of `f` over a few rounds of at least `min` each.
-fn time(min: Duration, mut f: impl FnMut()) -> Duration {
-    f();
-    let mut best = Duration::MAX;
-    for _ in 0..3 {
-        let (start, mut calls) = (Instant::now(), 0u32);
-        while start.elapsed() < min {
-            f();
-            calls += 1;
-        }
-        best = best.min(start.elapsed() / calls);
-    }
-    best
-}
 
 fn main() {
     // `skew`: expert e drawn with weight 1 / (e + 1) (a few hot experts, as trained routers have).

@@ -6,32 +6,16 @@
 //! Run: `cargo run --release -p coli-runtime --example bench_formats [-- [--model-only] [model.gguf]]`
 //! Must not: be used by tests; it only prints.
 
+mod support;
+
 use coli_runtime::format::{
     dot_row, dot_row_q8, kernel_level, matmul, matmul_q, quantize, Matrix, QuantizedActs, WeightFormat,
 };
 use coli_runtime::model::{Checkpoint, LoadOptions};
 use std::hint::black_box;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
-
-/// Best time per call of `f` over a few rounds of at least `min` each.
-fn time(min: Duration, mut f: impl FnMut()) -> Duration {
-    f();
-    let mut best = Duration::MAX;
-    for _ in 0..5 {
-        let (start, mut calls) = (Instant::now(), 0u32);
-        while start.elapsed() < min {
-            f();
-            calls += 1;
-        }
-        best = best.min(start.elapsed() / calls);
-    }
-    best
-}
-
-fn values(n: usize, seed: u32) -> Vec<f32> {
-    (0..n).map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 2001) as f32 / 1000.0 - 1.0).collect()
-}
+use std::time::Duration;
+use support::{time, values};
 
 /// Stored rows of a format: encoded where coli can, random blocks (f16 scales 0.01) otherwise.
 fn rows_of(format: WeightFormat, rows: usize, cols: usize) -> Vec<u8> {
