@@ -1,6 +1,7 @@
 //! Throughput of the CPU's GQA attention (`cpu::attention::attend`) on SmolLM2-135M's shape:
 //! a 128-row prefill block and one-row decode at two context lengths; and of a KV split's host
-//! part (`cpu::attn_part::attend_part`: 64 rows over ~3,500 older positions). Prints the best
+//! part (`cpu::attn_part::attend_part`: 64 rows over ~3,500 older positions, and a decode row
+//! over 28,672: a 32K context over a 4K ring). Prints the best
 //! of many repetitions (robust to other load on the machine).
 //!
 //! Run: `cargo run --release -p coli-runtime --example bench_attention`
@@ -41,4 +42,16 @@ fn main() {
         best = best.min(t.elapsed().as_secs_f64());
     }
     println!("KV split host part, {n} rows over ~3,500 positions: {:.2} ms", best * 1e3);
+    // A decode row of a split at 32K over a 4K ring: 28,672 older positions.
+    let len = 28_672usize;
+    let q1: Vec<f32> = (0..576).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0).collect();
+    let k: Vec<f32> = (0..len * 192).map(|i| ((i * 104729 % 1000) as f32 - 500.0) / 500.0).collect();
+    let mut best = f64::MAX;
+    for _ in 0..20 {
+        let t = Instant::now();
+        std::hint::black_box(attend_part(&s, &q1, &k, &k, 1, &|_| (0, len), None));
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let gb = (len * 192 * 2 * 4) as f64 / best / 1e9;
+    println!("KV split host part, a decode row over {len} positions: {:.2} ms ({gb:.1} GB/s of K and V)", best * 1e3);
 }

@@ -141,7 +141,7 @@ unsafe fn heads_row_avx2(call: &Rows, i: usize, hs: std::ops::Range<usize>, scor
 /// The two inner loops of a head row over one chunk of `8 * NV` lanes of the head dimension
 /// (`NV` in 1, 2, 4, 8): `scores[j] += q . k_j` and `out += sum_j w_j v_j` (rows `j` at
 /// `stride` floats apart).
-trait Chunk {
+pub(crate) trait Chunk {
     /// # Safety
     /// `q` holds `8 * NV` floats; `k` holds `scores.len()` rows of at least `8 * NV` floats,
     /// `stride` apart; callers of an implementation with CPU features have checked them.
@@ -151,7 +151,7 @@ trait Chunk {
     unsafe fn weighted<const NV: usize>(w: &[f32], v: *const f32, stride: usize, out: &mut [f32]);
 }
 
-struct Plain;
+pub(crate) struct Plain;
 
 impl Chunk for Plain {
     unsafe fn scores<const NV: usize>(q: &[f32], k: *const f32, stride: usize, scores: &mut [f32]) {
@@ -178,7 +178,7 @@ impl Chunk for Plain {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use super::Chunk;
     use std::arch::x86_64::*;
 
@@ -199,8 +199,12 @@ mod avx2 {
         _mm256_add_ps(a, b)
     }
 
+    // The features on the methods themselves, so their intrinsics inline however deep the
+    // generic code that calls them sits (through two levels of `inline(always)` helpers they
+    // did not, and every intrinsic became a call: 10x slower).
     impl Chunk for Avx2 {
-        #[inline(always)]
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
         unsafe fn scores<const NV: usize>(q: &[f32], k: *const f32, stride: usize, scores: &mut [f32]) {
             let qv: [__m256; NV] = std::array::from_fn(|c| _mm256_loadu_ps(q.as_ptr().add(8 * c)));
             let len = scores.len();
@@ -223,7 +227,8 @@ mod avx2 {
             }
         }
 
-        #[inline(always)]
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
         unsafe fn weighted<const NV: usize>(w: &[f32], v: *const f32, stride: usize, out: &mut [f32]) {
             let mut acc: [__m256; NV] = std::array::from_fn(|c| _mm256_loadu_ps(out.as_ptr().add(8 * c)));
             for (j, &wj) in w.iter().enumerate() {
@@ -262,11 +267,82 @@ fn heads_row<K: Chunk>(call: &Rows, i: usize, hs: std::ops::Range<usize>, scores
     let p = pos0 + i;
     let lo = s.window.map_or(0, |w| (p + 1).saturating_sub(w));
     let len = p + 1 - lo;
-    let qh = |h: usize| &q[i * s.heads * hd + h * hd..][..hd];
     scores.clear();
     scores.resize(g * len, 0.0);
     // Scores, one register-held chunk of the query at a time, key blocks shared by the heads.
     let krows = &k[lo * kw + kvh * hd..];
+    group_scores::<K>(&q[i * s.heads * hd..], hs.clone(), (krows, kw, hd), len, scores);
+    // Softmax of each head's scores.
+    let mut inv = [0f32; 64];
+    let mut invs = Vec::new();
+    let inv: &mut [f32] = if g <= 64 {
+        &mut inv[..g]
+    } else {
+        invs.resize(g, 0.0);
+        &mut invs
+    };
+    for (t, h) in hs.clone().enumerate() {
+        let sc = &mut scores[t * len..(t + 1) * len];
+        let sink = sinks.map(|sk| sk[h]);
+        let mut m = scale_max(sc, s.scale);
+        if let Some(rb) = rel {
+            // Key `j` is at position `lo + j`, `p - lo - j` back from the query.
+            let bias = &rb.logits[(i * s.heads + h) * rb.extent..][..rb.extent];
+            for (j, x) in sc.iter_mut().enumerate() {
+                if let Some(b) = bias.get(p - lo - j) {
+                    *x += b;
+                }
+            }
+            m = sc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        }
+        if let Some(sv) = sink {
+            m = m.max(sv);
+        }
+        let mut l = super::elementwise::exp_shifted_sum(sc, m);
+        if let Some(sv) = sink {
+            l += (sv - m).exp();
+        }
+        inv[t] = 1.0 / l;
+    }
+    // Weighted values, one register-held chunk of the output at a time, value blocks shared.
+    o.iter_mut().for_each(|x| *x = 0.0);
+    group_weighted::<K>(scores, (&v[lo * vw + kvh * vhd..], vw, vhd), len, g, o);
+    for t in 0..g {
+        o[t * vhd..(t + 1) * vhd].iter_mut().for_each(|x| *x *= inv[t]);
+    }
+}
+
+/// Scales `sc` by `scale` in place and returns the largest (in eight lanes, so it vectorizes);
+/// negative infinity when empty.
+#[inline(always)]
+pub(crate) fn scale_max(sc: &mut [f32], scale: f32) -> f32 {
+    let mut mx = [f32::NEG_INFINITY; 8];
+    let mut c8 = sc.chunks_exact_mut(8);
+    for c in &mut c8 {
+        for l in 0..8 {
+            c[l] *= scale;
+            mx[l] = if c[l] > mx[l] { c[l] } else { mx[l] };
+        }
+    }
+    for x in c8.into_remainder() {
+        *x *= scale;
+        mx[0] = mx[0].max(*x);
+    }
+    mx.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+}
+
+/// `scores[t * len + j] += q_h . k_j` for the heads `h` of `hs` (`t` their index) and `len`
+/// key rows of `hd` floats, `kw` apart from the start of `krows` (`q_h`: `qrow[h * hd..][..hd]`,
+/// a query row's heads): one register-held chunk of the query at a time, blocks of `KEY_BLOCK` keys shared by
+/// the heads. `K`'s CPU features must have been checked by the caller that chose it.
+#[inline(always)]
+pub(crate) fn group_scores<K: Chunk>(
+    qrow: &[f32],
+    hs: std::ops::Range<usize>,
+    (krows, kw, hd): (&[f32], usize, usize),
+    len: usize,
+    scores: &mut [f32],
+) {
     assert!(len == 0 || krows.len() >= (len - 1) * kw + hd, "key rows past the cache");
     let mut c0 = 0;
     while c0 < hd {
@@ -275,7 +351,7 @@ fn heads_row<K: Chunk>(call: &Rows, i: usize, hs: std::ops::Range<usize>, scores
         for j0 in (0..len).step_by(KEY_BLOCK) {
             let j1 = (j0 + KEY_BLOCK).min(len);
             for (t, h) in hs.clone().enumerate() {
-                let qc = &qh(h)[c0..c0 + width];
+                let qc = &qrow[h * hd + c0..h * hd + c0 + width];
                 let sc = &mut scores[t * len + j0..t * len + j1];
                 let rows = &krows[j0 * kw + c0..];
                 // SAFETY: the assert above bounds every row read (`c0 + c <= hd`); `K`'s CPU
@@ -298,54 +374,19 @@ fn heads_row<K: Chunk>(call: &Rows, i: usize, hs: std::ops::Range<usize>, scores
         }
         c0 += width;
     }
-    // Softmax of each head's scores.
-    let mut inv = [0f32; 64];
-    let mut invs = Vec::new();
-    let inv: &mut [f32] = if g <= 64 {
-        &mut inv[..g]
-    } else {
-        invs.resize(g, 0.0);
-        &mut invs
-    };
-    for (t, h) in hs.clone().enumerate() {
-        let sc = &mut scores[t * len..(t + 1) * len];
-        // Scale and running maximum in eight lanes (so they vectorize).
-        let mut mx = [f32::NEG_INFINITY; 8];
-        let mut c8 = sc.chunks_exact_mut(8);
-        for c in &mut c8 {
-            for l in 0..8 {
-                c[l] *= s.scale;
-                mx[l] = if c[l] > mx[l] { c[l] } else { mx[l] };
-            }
-        }
-        for x in c8.into_remainder() {
-            *x *= s.scale;
-            mx[0] = mx[0].max(*x);
-        }
-        let sink = sinks.map(|sk| sk[h]);
-        let mut m = mx.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        if let Some(rb) = rel {
-            // Key `j` is at position `lo + j`, `p - lo - j` back from the query.
-            let bias = &rb.logits[(i * s.heads + h) * rb.extent..][..rb.extent];
-            for (j, x) in sc.iter_mut().enumerate() {
-                if let Some(b) = bias.get(p - lo - j) {
-                    *x += b;
-                }
-            }
-            m = sc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        }
-        if let Some(sv) = sink {
-            m = m.max(sv);
-        }
-        let mut l = super::elementwise::exp_shifted_sum(sc, m);
-        if let Some(sv) = sink {
-            l += (sv - m).exp();
-        }
-        inv[t] = 1.0 / l;
-    }
-    // Weighted values, one register-held chunk of the output at a time, value blocks shared.
-    o.iter_mut().for_each(|x| *x = 0.0);
-    let vrows = &v[lo * vw + kvh * vhd..];
+}
+
+/// `o[t * vhd..][..vhd] += sum_j w[t * len + j] v_j` for `g` heads over `len` value rows of
+/// `vhd` floats, `vw` apart from the start of `vrows`: one register-held chunk of the output at
+/// a time, value blocks shared by the heads.
+#[inline(always)]
+pub(crate) fn group_weighted<K: Chunk>(
+    w: &[f32],
+    (vrows, vw, vhd): (&[f32], usize, usize),
+    len: usize,
+    g: usize,
+    o: &mut [f32],
+) {
     assert!(len == 0 || vrows.len() >= (len - 1) * vw + vhd, "value rows past the cache");
     let mut c0 = 0;
     while c0 < vhd {
@@ -354,18 +395,18 @@ fn heads_row<K: Chunk>(call: &Rows, i: usize, hs: std::ops::Range<usize>, scores
         for j0 in (0..len).step_by(KEY_BLOCK) {
             let j1 = (j0 + KEY_BLOCK).min(len);
             for t in 0..g {
-                let w = &scores[t * len + j0..t * len + j1];
+                let wt = &w[t * len + j0..t * len + j1];
                 let oc = &mut o[t * vhd + c0..t * vhd + c0 + width];
                 let rows = &vrows[j0 * vw + c0..];
                 // SAFETY: as for the scores.
                 unsafe {
                     match c {
-                        64 => K::weighted::<8>(w, rows.as_ptr(), vw, oc),
-                        32 => K::weighted::<4>(w, rows.as_ptr(), vw, oc),
-                        16 => K::weighted::<2>(w, rows.as_ptr(), vw, oc),
-                        8 => K::weighted::<1>(w, rows.as_ptr(), vw, oc),
+                        64 => K::weighted::<8>(wt, rows.as_ptr(), vw, oc),
+                        32 => K::weighted::<4>(wt, rows.as_ptr(), vw, oc),
+                        16 => K::weighted::<2>(wt, rows.as_ptr(), vw, oc),
+                        8 => K::weighted::<1>(wt, rows.as_ptr(), vw, oc),
                         _ => {
-                            for (j, &wj) in w.iter().enumerate() {
+                            for (j, &wj) in wt.iter().enumerate() {
                                 oc.iter_mut().zip(&rows[j * vw..j * vw + width]).for_each(|(x, &vv)| *x += wj * vv);
                             }
                         }
@@ -374,9 +415,6 @@ fn heads_row<K: Chunk>(call: &Rows, i: usize, hs: std::ops::Range<usize>, scores
             }
         }
         c0 += width;
-    }
-    for t in 0..g {
-        o[t * vhd..(t + 1) * vhd].iter_mut().for_each(|x| *x *= inv[t]);
     }
 }
 

@@ -12,7 +12,10 @@
 //! row's part has the same bits however a forward is cut.
 //! Reference for `vk::ops::attn_part`. Must not: write the KV cache, or normalize a part.
 
-use super::attention::AttnShape;
+#[cfg(target_arch = "x86_64")]
+use super::attention::avx2::Avx2;
+use super::attention::{group_scores, group_weighted, scale_max, AttnShape, Chunk, Plain};
+use super::elementwise::exp_shifted_sum;
 use crate::format::pool::{self, SendPtr};
 
 /// `(acc, m, l)` of `n` rows: `acc` is `n x heads * v_head_dim`, `ml` is `n x heads x 2`
@@ -50,15 +53,16 @@ pub fn attend_part(
     if n == 0 {
         return out;
     }
-    let (hd, vhd) = (s.head_dim, s.v_head_dim);
-    let (kw, vw) = (s.kv_heads * hd, s.kv_heads * vhd);
+    let vhd = s.v_head_dim;
     let group = (s.heads / s.kv_heads.max(1)).max(1);
     // A task is a block of rows, one KV head with its group of query heads, and one tile of
-    // positions: each key and value row of the tile is read once for the whole block (a long
-    // context streams from memory once per block, not once per row), and the tiles of one
-    // row are tasks of their own (a decode row's thousands of positions spread over threads).
-    // Tiles sit at fixed positions (multiples of TILE), so a row's arithmetic depends on its
-    // range only, never on the other rows of its block.
+    // positions: the tile's key and value rows come from memory once for the whole block (each
+    // row of the block then reads them from the cache: a tile of one KV head is 256 KiB at
+    // SmolLM2's width), and the tiles of one row are tasks of their own (a decode row's
+    // thousands of positions spread over threads). Each row's share of a tile runs through
+    // `cpu::attention`'s SIMD kernels (scores, the weights' exponentials and their sum, the
+    // weighted values). Tiles sit at fixed positions (multiples of TILE), so a row's arithmetic
+    // depends on its range only, never on the other rows of its block.
     let ranges: Vec<(usize, usize)> = (0..n).map(range).collect();
     let blocks = n.div_ceil(ROWS);
     let span_of = |b: usize| {
@@ -81,57 +85,23 @@ pub fn attend_part(
     let per_task = ROWS * group * stride;
     let mut partial = vec![0.0f32; total * per_task];
     let pp = SendPtr(partial.as_mut_ptr());
+    let wide = crate::format::wide_simd();
     pool::run(total, &|t| {
         let b = first.partition_point(|&f| f <= t) - 1;
         let local = t - first[b];
         let (kvh, tile) = (local % s.kv_heads, spans[b].0 + local / s.kv_heads);
         let (r0, r1) = (b * ROWS, ((b + 1) * ROWS).min(n));
-        let (p0, p1) = (tile * TILE, (tile + 1) * TILE);
         // SAFETY: each task writes its own `per_task` floats.
         let out = unsafe { std::slice::from_raw_parts_mut(pp.get().add(t * per_task), per_task) };
-        let mut scores = vec![f32::NEG_INFINITY; (r1 - r0) * group * TILE];
-        // The block's rows that see position j (none: the position may lie past the cache).
-        let ranges = &ranges;
-        let seeing = |j: usize| (r0..r1).filter(move |&i| ranges[i].0 <= j && j < ranges[i].1).peekable();
-        // 1. Scores of the tile's positions each row sees.
-        for j in p0..p1 {
-            let mut rows = seeing(j);
-            if rows.peek().is_none() {
-                continue;
-            }
-            let kr = &k[j * kw + kvh * hd..][..hd];
-            for i in rows {
-                for g in 0..group {
-                    let h = kvh * group + g;
-                    scores[((i - r0) * group + g) * TILE + (j - p0)] =
-                        dot(&q[(i * s.heads + h) * hd..][..hd], kr) * s.scale;
-                }
-            }
+        let task = Task { s, q, k, v, ranges: &ranges, rows: (r0, r1), kvh, tile: (tile * TILE, (tile + 1) * TILE) };
+        #[cfg(target_arch = "x86_64")]
+        if wide {
+            // SAFETY: `wide_simd` reported AVX2+FMA.
+            unsafe { tile_part_avx2(&task, out) };
+            return;
         }
-        // 2. Per (row, head): the tile's max, then its weights and values in position order.
-        for i in r0..r1 {
-            for g in 0..group {
-                let sc = &scores[((i - r0) * group + g) * TILE..][..TILE];
-                let o = &mut out[((i - r0) * group + g) * stride..][..stride];
-                o[0] = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            }
-        }
-        for j in p0..p1 {
-            let mut rows = seeing(j);
-            if rows.peek().is_none() {
-                continue;
-            }
-            let vr = &v[j * vw + kvh * vhd..][..vhd];
-            for i in rows {
-                for g in 0..group {
-                    let sc = scores[((i - r0) * group + g) * TILE + (j - p0)];
-                    let o = &mut out[((i - r0) * group + g) * stride..][..stride];
-                    let e = (sc - o[0]).exp();
-                    o[1] += e;
-                    o[2..].iter_mut().zip(vr).for_each(|(x, y)| *x += e * y);
-                }
-            }
-        }
+        let _ = wide;
+        tile_part::<Plain>(&task, out);
     });
     // 3. Each row's tiles joined in tile order, then the sink.
     let (acc, ml) = (SendPtr(out.acc.as_mut_ptr()), SendPtr(out.ml.as_mut_ptr()));
@@ -173,27 +143,69 @@ pub fn attend_part(
     out
 }
 
+/// One task of `attend_part`: the rows `rows` of a block, KV head `kvh`, the positions
+/// `tile` (each row's part of it is its range's share).
+struct Task<'a> {
+    s: &'a AttnShape,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    ranges: &'a [(usize, usize)],
+    rows: (usize, usize),
+    kvh: usize,
+    tile: (usize, usize),
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_part_avx2(task: &Task, out: &mut [f32]) {
+    tile_part::<Avx2>(task, out)
+}
+
+/// A task's `(m, l, acc)` for each of its rows and the KV head's group of query heads, written
+/// to `out` (`(row, head) x (2 + v_head_dim)`): the scores of the row's positions in the tile
+/// (`cpu::attention`'s kernels), their maximum, the weights `e^(s - m)` and their sum, and the
+/// weighted values. A row that sees none of the tile gets `m = -inf`.
+#[inline(always)]
+fn tile_part<K: Chunk>(task: &Task, out: &mut [f32]) {
+    let Task { s, q, k, v, ranges, rows: (r0, r1), kvh, tile: (p0, p1) } = *task;
+    let (hd, vhd) = (s.head_dim, s.v_head_dim);
+    let (kw, vw) = (s.kv_heads * hd, s.kv_heads * vhd);
+    let group = (s.heads / s.kv_heads.max(1)).max(1);
+    let stride = 2 + vhd;
+    let seen = |i: usize| (ranges[i].0.max(p0), ranges[i].1.min(p1));
+    let mut scores = Vec::new();
+    let mut acc = vec![0.0f32; group * vhd];
+    for i in r0..r1 {
+        let (a, e) = seen(i);
+        let o = &mut out[(i - r0) * group * stride..][..group * stride];
+        if e <= a {
+            o.chunks_exact_mut(stride).for_each(|c| c[0] = f32::NEG_INFINITY);
+            continue;
+        }
+        let len = e - a;
+        scores.clear();
+        scores.resize(group * len, 0.0);
+        let heads = kvh * group..(kvh + 1) * group;
+        group_scores::<K>(&q[i * s.heads * hd..], heads, (&k[a * kw + kvh * hd..], kw, hd), len, &mut scores);
+        for (g, c) in o.chunks_exact_mut(stride).enumerate() {
+            let sc = &mut scores[g * len..(g + 1) * len];
+            let m = scale_max(sc, s.scale);
+            c[0] = m;
+            c[1] = exp_shifted_sum(sc, m);
+        }
+        acc.iter_mut().for_each(|x| *x = 0.0);
+        group_weighted::<K>(&scores, (&v[a * vw + kvh * vhd..], vw, vhd), len, group, &mut acc);
+        for (c, a) in o.chunks_exact_mut(stride).zip(acc.chunks_exact(vhd)) {
+            c[2..].copy_from_slice(a);
+        }
+    }
+}
+
 /// Rows of a task's block.
 const ROWS: usize = 16;
 /// Positions of a task's tile.
 const TILE: usize = 1024;
-
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            lanes[i] += x[i] * y[i];
-        }
-    }
-    let mut t = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
-    for (x, y) in ra.iter().zip(rb) {
-        t += x * y;
-    }
-    t
-}
 
 /// Joins two parts of the same rows (`a` and `b` cover disjoint positions) into attention
 /// outputs over their union: `out` is `n x heads * v_head_dim`. A row both parts left empty
@@ -237,6 +249,8 @@ mod tests {
             (4, 2, 16, 16, None, false, 0, 24),
             (3, 1, 8, 12, Some(9), true, 5, 17),
             (2, 2, 32, 32, None, true, 30, 3),
+            // SmolLM2's heads: the kernels' widest chunk (64 lanes), three heads a KV head.
+            (9, 3, 64, 64, None, false, 40, 2),
         ];
         for (heads, kv_heads, head_dim, v_head_dim, window, with_sinks, pos0, n) in cases {
             let s = AttnShape { heads, kv_heads, head_dim, v_head_dim, scale: 1.0 / (head_dim as f32).sqrt(), window };
