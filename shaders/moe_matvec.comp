@@ -8,7 +8,11 @@
 //   routes row r itself from the router's logits (route.glsl, route.comp's arithmetic; its
 //   bits: 0 on, 1-2 scoring, 3 renormalize, 4 bias, 5 group_max, 8-15 groups, 16-23 groups
 //   kept), and workgroup x = 0 of each pair writes its pair into the routing (binding 10) for
-//   the down kernel: no Route dispatch between the router's GEMV and the experts.
+//   the down kernel: no Route dispatch between the router's GEMV and the experts. With hq_on,
+//   h's 8-bit blocks as well (bindings 13-14, quantize_q8.comp's layout and q8_block's
+//   arithmetic): each row's writer bumps its block's count (binding 15, never reset: a
+//   dispatch adds 32 a block) and the subgroup that brings it to a multiple of 32 quantizes
+//   the block, so no QuantizeQ8 dispatch runs before the down GEMV.
 // Mode 1 (down and sum): workgroup y = row r; out[r][i] = sum over ranks k, in rank order
 //   from 0, of w[r,k] * (down_e[i] . h[r*K + k] + bd): the CPU's order (cpu/experts.rs); with
 //   res_on, res[r][i] + that sum (the residual Add folded into the store).
@@ -32,7 +36,7 @@ layout(std430, binding = 1) readonly buffer WS { uint ws[]; };
 layout(std430, binding = 2) readonly buffer XF { float xf[]; };
 layout(std430, binding = 3) readonly buffer XQ { uvec4 xq[]; };
 layout(std430, binding = 4) readonly buffer XD { vec2 xd[]; };
-layout(std430, binding = 5) writeonly buffer OUT { float outv[]; };
+layout(std430, binding = 5) coherent buffer OUT { float outv[]; };
 layout(std430, binding = 6) readonly buffer RT { float routing[]; };
 layout(std430, binding = 7) readonly buffer BS { float bias[]; };
 layout(std430, binding = 8) readonly buffer RES { float resv[]; };
@@ -40,13 +44,16 @@ layout(std430, binding = 9) readonly buffer GR { uint groups[]; };
 layout(std430, binding = 10) writeonly buffer RW { float routing_out[]; };
 layout(std430, binding = 11) readonly buffer LG { float logits[]; };
 layout(std430, binding = 12) readonly buffer RB { float rbias[]; };
+layout(std430, binding = 13) writeonly buffer HQ { uint hq_words[]; };
+layout(std430, binding = 14) writeonly buffer HD { vec2 hd_out[]; };
+layout(std430, binding = 15) coherent buffer CN { uint counts[]; };
 
 layout(push_constant) uniform PC {
     uint rows; uint cols; uint qs; uint ss;
     uint x_off; uint out_off; uint r_off; uint top_k;
     uint experts; uint mode; uint glu; float limit;
     float alpha; uint bias_off; uint res_on; uint res_off;
-    uint route; uint l_off; float rscale; uint pad0;
+    uint route; uint l_off; float rscale; uint hq_on;
 } pc;
 
 #define NONE 0xffffffffu
@@ -75,6 +82,31 @@ float row_dot(uint row, uint xr) {
     float acc = 0.0;
     for (uint u = gl_SubgroupInvocationID; u < units; u += gl_SubgroupSize) acc += unit_dot(row, u, xr);
     return row_finish(row, subgroupAdd(acc));
+}
+
+// Mode 0 with hq_on: h's block `blk` (32 values from element blk * 32 of out) into 8 bits,
+// q8_block's arithmetic with the subgroup's lanes over the block's words; the subgroup that
+// wrote the block's last value calls it.
+void h_block(uint blk) {
+    uint base = pc.out_off + blk * 32u;
+    float amax = 0.0;
+    for (uint i = gl_SubgroupInvocationID; i < 32u; i += gl_SubgroupSize) amax = max(amax, abs(outv[base + i]));
+    amax = subgroupMax(amax);
+    float d = div_rn(amax, 127.0);
+    float id = d > 0.0 ? div_rn(1.0, d) : 0.0;
+    int sum = 0;
+    for (uint w = gl_SubgroupInvocationID; w < 8u; w += gl_SubgroupSize) {
+        uint packed = 0u;
+        for (uint j = 0u; j < 4u; j++) {
+            precise float t = outv[base + 4u * w + j] * id;
+            int q = clamp(int(roundEven(t)), -128, 127);
+            sum += q;
+            packed |= (uint(q) & 0xffu) << (8u * j);
+        }
+        hq_words[blk * 8u + w] = packed;
+    }
+    sum = subgroupAdd(sum);
+    if (subgroupElect()) hd_out[blk] = vec2(d, d * float(sum));
 }
 
 void main() {
@@ -115,7 +147,20 @@ void main() {
                 g += bias[pc.bias_off + rg];
                 u += bias[pc.bias_off + ru];
             }
-            if (subgroupElect()) outv[pc.out_off + p * f + j] = moe_glu(pc.glu, g, u, pc.limit, pc.alpha);
+            uint o = p * f + j;
+            uint seen = 0u;
+            if (subgroupElect()) {
+                outv[pc.out_off + o] = moe_glu(pc.glu, g, u, pc.limit, pc.alpha);
+                if (pc.hq_on != 0u) {
+                    memoryBarrierBuffer();
+                    seen = atomicAdd(counts[o >> 5u], 1u);
+                }
+            }
+            // The block's 32nd value: its 8-bit codes now (the counts wrap, never reset).
+            if (pc.hq_on != 0u && (subgroupMax(seen) & 31u) == 31u) {
+                memoryBarrierBuffer();
+                h_block(o >> 5u);
+            }
         }
     } else if (pc.mode >= 3u) {
         uint e = gl_WorkGroupID.y, f = pc.rows, units = units_per_row();

@@ -20,7 +20,7 @@ use coli_runtime::cpu::linear::linear;
 use coli_runtime::cpu::route::{route_row, RouteSpec};
 use coli_runtime::cpu::{elementwise as cpu_elementwise, Precision};
 use coli_runtime::format::{dequant_row, Matrix, WeightFormat};
-use coli_runtime::vk::{MatIn, MoeCall, MoePath, MoeRoute, RouteParams};
+use coli_runtime::vk::{MatIn, MoeCall, MoePath, MoeRoute, MoeScratch, RouteParams};
 use vk_common::{assert_close, ctx, random_rows, routing, Rng};
 
 /// One layer's experts in a format: their stored bytes per role, and biases when wanted.
@@ -60,8 +60,22 @@ impl Layer {
     }
 }
 
-/// The CPU reference and the device for one case; returns the device's output.
+/// The CPU reference and the device for one case.
 fn check(layer: &Layer, n: usize, top_k: usize, glu: GluKind, precision: Precision, path: MoePath, rng: &mut Rng) {
+    let ctx = ctx().unwrap();
+    let scratch = ctx.moe_scratch(n, top_k, layer.hidden, layer.ffn, layer.experts).unwrap();
+    check_in(&scratch, layer, (n, top_k), (glu, precision, path), rng);
+}
+
+/// `check` in a given scratch (one that earlier calls used: decode's gate/up GEMV counts the
+/// values it writes into each block of h, and the counts carry over from call to call).
+fn check_in(
+    scratch: &MoeScratch,
+    layer: &Layer,
+    (n, top_k): (usize, usize),
+    (glu, precision, path): (GluKind, Precision, MoePath),
+    rng: &mut Rng,
+) {
     let ctx = ctx().unwrap();
     let h = layer.hidden;
     let x = rng.vec(n * h, 1.0);
@@ -69,13 +83,12 @@ fn check(layer: &Layer, n: usize, top_k: usize, glu: GluKind, precision: Precisi
     let mut want = vec![0f32; n * h];
     routed_experts(Routed { x: &x, n, hidden: h, routing: &rt, top_k }, glu, precision, &|e| layer.mats(e), &mut want);
     let dev = ctx.upload_experts(layer.experts, &|e| layer.mats(e)).unwrap();
-    let scratch = ctx.moe_scratch(n, top_k, h, layer.ffn, layer.experts).unwrap();
     // Views at offsets inside larger buffers.
     let xb = ctx.upload_f32(&[vec![7.0; 5], x.clone()].concat()).unwrap();
     let rb = ctx.upload_f32(&[vec![3.0; 2], rt.clone()].concat()).unwrap();
     let ob = ctx.f32_buffer(n * h + 3).unwrap();
     let mut f = ctx.frame().unwrap();
-    let call = MoeCall { experts: &dev, scratch: &scratch, n, top_k, glu, precision, path };
+    let call = MoeCall { experts: &dev, scratch, n, top_k, glu, precision, path };
     f.moe(call, xb.view(5, n * h), rb.view(2, n * 2 * top_k), ob.view(3, n * h)).unwrap();
     f.run().unwrap();
     let got = ctx.download_f32(ob.view(3, n * h)).unwrap();
@@ -249,6 +262,20 @@ fn decode_and_chunks_match_cpu_for_every_format() {
         for (n, path) in [(1, MoePath::Auto), (9, MoePath::Auto)] {
             check(&layer, n, 5, GluKind::SwiGlu, Precision::Exact, path, &mut rng);
         }
+    }
+}
+
+/// Decode steps one after another in one scratch, as a session's frames run them: h's 8-bit
+/// blocks, which the gate/up GEMV makes as each block's last value lands (its counts never
+/// reset), are right at every step, whatever the rows and ranks of the steps before.
+#[test]
+fn decode_steps_in_one_scratch_keep_h_blocks_right() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0e07);
+    let layer = Layer::new(WeightFormat::Q8_0, 12, 64, 96, false, &mut rng);
+    let scratch = ctx.moe_scratch(3, 8, layer.hidden, layer.ffn, layer.experts).unwrap();
+    for (n, top_k) in [(1, 8), (3, 2), (1, 1), (2, 8), (1, 8), (3, 8)] {
+        check_in(&scratch, &layer, (n, top_k), (GluKind::SwiGlu, Precision::Fast, MoePath::Auto), &mut rng);
     }
 }
 

@@ -194,7 +194,7 @@ push_blocks! {
         x_off: u32, out_off: u32, r_off: u32, top_k: u32,
         experts: u32, mode: u32, glu: u32, limit: f32,
         alpha: f32, bias_off: u32, res_on: u32, res_off: u32,
-        route: u32, l_off: u32, rscale: f32, pad0: u32,
+        route: u32, l_off: u32, rscale: f32, hq_on: u32,
     }
 
     /// Mirrors the push block of `moe_matmul.comp` and `moe_matmul_coop.comp`.

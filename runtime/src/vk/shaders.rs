@@ -24,8 +24,9 @@ impl Kernel {
             Kernel::AttnSplit | Kernel::AttnBlock | Kernel::AttnSplit16 | Kernel::AttnBlock16 => 22,
             Kernel::AttnCoop | Kernel::AttnCoop16 => 8,
             Kernel::AttnPart | Kernel::AttnPart16 => 6,
-            // Bindings 10-12: mode 0's routing made in the kernel (out), the logits and bias.
-            Kernel::MoeMatvec => 13,
+            // Bindings 10-12: mode 0's routing made in the kernel (out), the logits and bias;
+            // 13-15: mode 0's 8-bit blocks of h (out) and the blocks' counts.
+            Kernel::MoeMatvec => 16,
             Kernel::MoeMatmul | Kernel::MoeMatmulCoop => 8,
             Kernel::MoeGroup | Kernel::MoePage => 2,
             Kernel::MoeSum => 4,
@@ -62,7 +63,7 @@ impl Kernel {
             Kernel::AttnSplit | Kernel::AttnSplit16 => &[1, 2, 4, 5, 6, 8, 12, 13, 17, 18],
             Kernel::AttnBlock | Kernel::AttnCoop | Kernel::AttnBlock16 | Kernel::AttnCoop16 => &[6],
             Kernel::AttnPart | Kernel::AttnPart16 => &[3, 4],
-            Kernel::MoeMatvec => &[5, 10],
+            Kernel::MoeMatvec => &[5, 10, 13, 14, 15],
             Kernel::MoeMatmul | Kernel::MoeMatmulCoop => &[5],
             Kernel::MoeGroup | Kernel::MoePage => &[1],
             Kernel::MoeSum => &[2],

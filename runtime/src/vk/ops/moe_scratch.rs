@@ -27,15 +27,29 @@ pub struct MoeScratch {
     pub(super) groups: DeviceBuffer,
     /// The routing as one page of paged experts sees it (`pairs x 2`, `moe_pages`).
     pub(super) page_routing: DeviceBuffer,
+    /// A count per block of h that the per-pair gate/up GEMV bumps as it writes the block's
+    /// values (zeros at the start; each dispatch adds 32 a block, so they wrap to the start).
+    pub(super) h_counts: DeviceBuffer,
 }
 
 impl MoeScratch {
     /// Device bytes the scratch takes.
     pub fn device_bytes(&self) -> usize {
-        [&self.xq, &self.xd, &self.h, &self.hq, &self.hd, &self.y, &self.gu, &self.groups, &self.page_routing]
-            .iter()
-            .map(|b| b.len_bytes())
-            .sum()
+        [
+            &self.xq,
+            &self.xd,
+            &self.h,
+            &self.hq,
+            &self.hd,
+            &self.y,
+            &self.gu,
+            &self.groups,
+            &self.page_routing,
+            &self.h_counts,
+        ]
+        .iter()
+        .map(|b| b.len_bytes())
+        .sum()
     }
 }
 
@@ -74,6 +88,7 @@ impl Context {
             gu: self.f32_buffer(if self.caps().coopmat_i8.is_some() { pairs * 2 * ffn } else { 1 })?,
             groups: self.f32_buffer(experts + 1 + pairs)?,
             page_routing: self.f32_buffer(pairs * 2)?,
+            h_counts: self.upload_u32(&vec![0; (pairs * ffn).div_ceil(32).max(1)])?,
         })
     }
 }
