@@ -148,6 +148,10 @@ pub fn routed_experts<'a>(
 /// 706-3,800 -> 3,521-4,610 tok/s, of 4 rows 2,461-2,793 -> 3,956-4,622 (docs/BENCHMARKS.md).
 const SERIAL_GROUP_ROWS: usize = 8;
 
+/// The fewest rows a run of a cut expert gets: `format::TILE_ROWS`, where the q8 matmul may
+/// take other kernels (the AMX tiles) than for fewer rows.
+const MIN_RUN: usize = crate::format::TILE_ROWS;
+
 /// Runs the experts of `pairs` ((row, rank), grouped here by expert, each expert one batched
 /// matmul over its rows) and writes each pair's output, not weighted, into its row of `table`
 /// (`(r * top_k + k) x hidden`). Other rows of the table are left as they were.
@@ -214,7 +218,9 @@ pub fn join_ranks(routing: &[f32], n: usize, top_k: usize, hidden: usize, table:
 }
 
 /// `groups` with every group of more than half a thread's share of `total` pairs (and more
-/// than `SERIAL_GROUP_ROWS`) cut into even runs no longer than that, in expert order.
+/// than `SERIAL_GROUP_ROWS`) cut into even runs about that long, in expert order, none shorter
+/// than `MIN_RUN` (a group of `MIN_RUN` rows or more whose runs took the kernels for fewer
+/// would get other bits than in one run: `format::matmul`'s tile path).
 fn split_groups(
     groups: Vec<(usize, Vec<(usize, usize)>)>,
     total: usize,
@@ -223,9 +229,15 @@ fn split_groups(
     let most = total.div_ceil(2 * threads.max(1)).max(SERIAL_GROUP_ROWS);
     let mut out = Vec::with_capacity(groups.len());
     for (e, pairs) in groups {
-        let runs = pairs.len().div_ceil(most);
-        let per = pairs.len().div_ceil(runs.max(1)).max(1);
-        out.extend(pairs.chunks(per).map(|c| (e, c.to_vec())));
+        let runs = pairs.len().div_ceil(most).min(pairs.len() / MIN_RUN).max(1);
+        // `runs` runs of `len / runs` or one more: each at least `MIN_RUN` when cut.
+        let (base, extra) = (pairs.len() / runs, pairs.len() % runs);
+        let mut at = 0;
+        for i in 0..runs {
+            let len = base + usize::from(i < extra);
+            out.push((e, pairs[at..at + len].to_vec()));
+            at += len;
+        }
     }
     out
 }
@@ -379,6 +391,33 @@ mod tests {
         assert!(split_groups(vec![(0, hot)], n * TOP_K, 2).len() > 1, "expert 0's {n} pairs are cut into runs");
         for format in [WeightFormat::Q8_0, WeightFormat::F32] {
             check_against_each_expert(format, n);
+        }
+    }
+
+    /// A cut group's runs are at least `MIN_RUN` rows (the tile path's threshold) and cover the
+    /// group in order.
+    #[test]
+    fn cut_runs_are_never_shorter_than_the_tile_rows() {
+        for len in [17, 31, 32, 33, 40, 65, 100, 257] {
+            for (total, threads) in [(len, 2), (4 * len, 2), (len, 16), (8 * len, 16)] {
+                let pairs: Vec<(usize, usize)> = (0..len).map(|r| (r, 0)).collect();
+                let runs = split_groups(vec![(3, pairs.clone())], total, threads);
+                let joined: Vec<(usize, usize)> = runs
+                    .iter()
+                    .flat_map(|(e, p)| {
+                        assert_eq!(*e, 3);
+                        p.clone()
+                    })
+                    .collect();
+                assert_eq!(joined, pairs, "{len} pairs, {total} in all, {threads} threads");
+                if runs.len() > 1 {
+                    assert!(
+                        runs.iter().all(|r| r.1.len() >= MIN_RUN),
+                        "{len} pairs: {:?}",
+                        runs.iter().map(|r| r.1.len()).collect::<Vec<_>>()
+                    );
+                }
+            }
         }
     }
 

@@ -12,7 +12,7 @@
 
 #![cfg(target_arch = "x86_64")]
 
-use super::matmul::Matrix;
+use super::matrix::Matrix;
 use super::WeightFormat;
 use std::arch::x86_64::*;
 

@@ -12,83 +12,11 @@
 //! Must not: allocate per row, hold weights beyond the call, or panic on mismatched sizes
 //! (they are `FormatError`s).
 
+use super::matrix::Matrix;
 use super::pool::{self, SendPtr};
-use super::q8::{self, QuantizedActs};
+use super::q8::{self, BlockQ8, QuantizedActs};
 use super::{dot, FormatError, WeightFormat};
 use std::sync::OnceLock;
-
-/// A matrix of `rows` stored rows of `cols` elements each, in `format`, borrowed.
-#[derive(Clone, Copy)]
-pub struct Matrix<'a> {
-    pub format: WeightFormat,
-    pub rows: usize,
-    pub cols: usize,
-    bytes: &'a [u8],
-    row_bytes: usize,
-}
-
-impl<'a> Matrix<'a> {
-    /// Checks that `bytes` holds exactly `rows` rows of `cols` in `format`.
-    pub fn new(format: WeightFormat, rows: usize, cols: usize, bytes: &'a [u8]) -> Result<Matrix<'a>, FormatError> {
-        let row_bytes = format.row_bytes(cols)?;
-        let expected = rows * row_bytes;
-        if bytes.len() != expected {
-            return Err(FormatError::MatrixBytes { format, rows, cols, expected, found: bytes.len() });
-        }
-        Ok(Matrix { format, rows, cols, bytes, row_bytes })
-    }
-
-    pub fn bytes(&self) -> &'a [u8] {
-        self.bytes
-    }
-
-    pub fn row_bytes(&self) -> usize {
-        self.row_bytes
-    }
-
-    /// The stored bytes of row `r`. Panics if `r >= rows` (see `get_row`).
-    #[track_caller]
-    pub fn row(&self, r: usize) -> &'a [u8] {
-        match self.get_row(r) {
-            Some(row) => row,
-            None => panic!("row {r} of a matrix of {} rows", self.rows),
-        }
-    }
-
-    /// The stored bytes of row `r`, or `None` past the end.
-    pub fn get_row(&self, r: usize) -> Option<&'a [u8]> {
-        self.bytes.get(r * self.row_bytes..(r + 1) * self.row_bytes)
-    }
-
-    /// Row `r` expanded to f32 (`out.len() == cols`); an error past the end or for a wrong
-    /// `out` length.
-    pub fn dequant_row(&self, r: usize, out: &mut [f32]) -> Result<(), FormatError> {
-        let row = self.get_row(r).ok_or(FormatError::Length {
-            what: "matrix row index below",
-            expected: self.rows,
-            found: r,
-        })?;
-        super::try_dequant_row(self.format, row, out)
-    }
-
-    /// Rows `r0..r1` as a matrix of their own (a tile of a larger one). Panics past the end.
-    #[track_caller]
-    pub fn rows_range(&self, r0: usize, r1: usize) -> Matrix<'a> {
-        assert!(r0 <= r1 && r1 <= self.rows, "rows {r0}..{r1} of a matrix of {} rows", self.rows);
-        Matrix { rows: r1 - r0, bytes: &self.bytes[r0 * self.row_bytes..r1 * self.row_bytes], ..*self }
-    }
-
-    #[inline(always)]
-    fn row_unchecked(&self, r: usize) -> &'a [u8] {
-        &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes]
-    }
-}
-
-impl std::fmt::Debug for Matrix<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Matrix({} {} x {}, {} bytes)", self.format, self.rows, self.cols, self.bytes.len())
-    }
-}
 
 /// `out[n x rows] = x[n x cols] * W^T`. Panics if `x` or `out` has the wrong length (the
 /// caller's invariant); `try_matmul` reports it instead.
@@ -261,7 +189,7 @@ type Tile<'t> = dyn Fn(usize, &Matrix, usize, usize, *mut f32) + Sync + 't;
 /// Runs `tile` over chunks of weight rows of every segment, spread over the thread team.
 fn drive(segs: &[Seg], tile: &Tile) {
     let threads = pool::threads();
-    let work: usize = segs.iter().map(|s| s.w.bytes.len().saturating_mul(s.n)).sum();
+    let work: usize = segs.iter().map(|s| s.w.bytes().len().saturating_mul(s.n)).sum();
     if work < SERIAL_BYTES || threads == 1 || pool::busy() {
         for (j, s) in segs.iter().enumerate() {
             if s.w.rows > 0 && s.n > 0 {
@@ -277,7 +205,7 @@ fn drive(segs: &[Seg], tile: &Tile) {
         if s.w.rows == 0 || s.n == 0 {
             continue;
         }
-        let per_row = s.w.row_bytes.max(1).saturating_mul(s.n);
+        let per_row = s.w.row_bytes().max(1).saturating_mul(s.n);
         // Multiples of 4 rows keep the register-tiled kernels off their one-row tail path.
         let chunk = target.div_ceil(per_row).next_multiple_of(4).min(s.w.rows);
         let mut r = 0;
@@ -292,6 +220,11 @@ fn drive(segs: &[Seg], tile: &Tile) {
     });
 }
 
+/// Activation rows from which a q8 matmul may take other kernels than below (the AMX tiles,
+/// where the CPU has them): a row's bits are the same in every call of fewer rows, and in every
+/// call of this many or more, but the two may differ in the last bits.
+pub const TILE_ROWS: usize = 16;
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Level {
     Portable,
@@ -299,6 +232,9 @@ enum Level {
     Avx2,
     #[cfg(target_arch = "x86_64")]
     Avx512,
+    /// AVX-512 VNNI and the AMX tiles (`amx`) for calls of `TILE_ROWS` rows or more.
+    #[cfg(target_arch = "x86_64")]
+    Amx,
 }
 
 fn level() -> Level {
@@ -317,7 +253,11 @@ fn level() -> Level {
             match forced.as_deref() {
                 Some("portable") => return Level::Portable,
                 Some("avx2") if avx2 => return Level::Avx2,
+                Some("avx512vnni") if avx512 => return Level::Avx512,
                 _ => {}
+            }
+            if avx512 && super::amx::usable() {
+                return Level::Amx;
             }
             if avx512 {
                 return Level::Avx512;
@@ -331,7 +271,7 @@ fn level() -> Level {
 }
 
 /// The kernel level `matmul` uses on this machine (for benchmarks and logs). The environment
-/// variable `COLI_CPU_LEVEL=portable|avx2` caps it (read once).
+/// variable `COLI_CPU_LEVEL=portable|avx2|avx512vnni` caps it (read once).
 pub fn kernel_level() -> &'static str {
     match level() {
         Level::Portable => "portable",
@@ -339,6 +279,8 @@ pub fn kernel_level() -> &'static str {
         Level::Avx2 => "avx2",
         #[cfg(target_arch = "x86_64")]
         Level::Avx512 => "avx512vnni",
+        #[cfg(target_arch = "x86_64")]
+        Level::Amx => "amx",
     }
 }
 
@@ -356,7 +298,9 @@ fn tile_q8_body<const LEVEL: u8>(w: &Matrix, acts: &QuantizedActs, r0: usize, r1
         // `level()` detected AVX2+FMA+F16C (and AVX-512 VNNI+VL for 2); `acts.cols == w.cols`,
         // `r0 <= r1 <= w.rows` and `out` holds `n x w.rows` (checked by `try_matmul*`, `drive`).
         let done = unsafe {
-            if LEVEL == 2 {
+            if LEVEL == 3 && acts.n() >= TILE_ROWS && super::amx::tile_q8(w, acts, r0, r1, out) {
+                true
+            } else if LEVEL >= 2 {
                 super::simd::tile_q8::<true>(w, acts, r0, r1, out)
             } else {
                 super::simd::tile_q8::<false>(w, acts, r0, r1, out)
@@ -381,7 +325,7 @@ fn tile_f32_body<const LEVEL: u8>(w: &Matrix, x: &[f32], n: usize, r0: usize, r1
     if LEVEL > 0 {
         // SAFETY: as in `tile_q8_body`; `x` holds `n x cols`.
         let done = unsafe {
-            if LEVEL == 2 {
+            if LEVEL >= 2 {
                 super::fsimd::tile_float::<true>(w, x, n, r0, r1, out)
             } else {
                 super::fsimd::tile_float::<false>(w, x, n, r0, r1, out)
@@ -443,10 +387,14 @@ macro_rules! multiversion {
                 unsafe fn avx2($($arg: $ty),*) { $body::<1>($($arg),*) }
                 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
                 unsafe fn avx512($($arg: $ty),*) { $body::<2>($($arg),*) }
+                #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+                unsafe fn amx($($arg: $ty),*) { $body::<3>($($arg),*) }
                 match level() {
-                    // SAFETY: `level()` returned these only after detecting every feature enabled.
+                    // SAFETY: `level()` returned these only after detecting every feature enabled
+                    // (and, for `Amx`, the tiles' permission).
                     Level::Avx2 => return unsafe { avx2($($arg),*) },
                     Level::Avx512 => return unsafe { avx512($($arg),*) },
+                    Level::Amx => return unsafe { amx($($arg),*) },
                     Level::Portable => {}
                 }
             }
@@ -463,4 +411,44 @@ multiversion!(quantize_blocks_inner, quantize_blocks_body, (x: &[f32], out: &mut
 /// instructions this CPU has (the same rounding on every level: ties to even).
 pub(super) fn quantize_blocks(x: &[f32], out: &mut [q8::BlockQ8]) {
     quantize_blocks_inner(x, out)
+}
+
+impl QuantizedActs {
+    /// Quantizes `x` (`n` rows of `cols`, row-major); `cols` must be a multiple of 32.
+    pub fn new(x: &[f32], n: usize, cols: usize) -> Result<QuantizedActs, FormatError> {
+        let mut acts = QuantizedActs::default();
+        acts.requantize(x, n, cols)?;
+        Ok(acts)
+    }
+
+    /// Re-fills this buffer from `x`, reusing its allocation.
+    pub fn requantize(&mut self, x: &[f32], n: usize, cols: usize) -> Result<(), FormatError> {
+        if !cols.is_multiple_of(32) {
+            return Err(FormatError::RaggedRow { format: WeightFormat::Q8_0, cols, block: 32 });
+        }
+        if x.len() != n * cols {
+            return Err(FormatError::Length { what: "activations (n x cols)", expected: n * cols, found: x.len() });
+        }
+        self.n = n;
+        self.cols = cols;
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.tiles = std::sync::OnceLock::new();
+        }
+        let total = n * cols / 32;
+        self.blocks.clear();
+        self.blocks.resize(total, BlockQ8 { d: 0.0, s: 0.0, q: [0; 32] });
+        // Large batches (prefill) quantize in parallel, a few rows per task.
+        const BLOCKS_PER_TASK: usize = 512;
+        let out = pool::SendPtr(self.blocks.as_mut_ptr());
+        let tasks = total.div_ceil(BLOCKS_PER_TASK);
+        pool::run(tasks, &|t| {
+            let b0 = t * BLOCKS_PER_TASK;
+            let b1 = (b0 + BLOCKS_PER_TASK).min(total);
+            // SAFETY: tasks cover disjoint block ranges of `blocks`, which holds `total`.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(b0), b1 - b0) };
+            quantize_blocks(&x[32 * b0..32 * b1], dst);
+        });
+        Ok(())
+    }
 }

@@ -43,6 +43,8 @@
 //!
 //! Must not: read files, or know tensor names or checkpoints.
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod dequant;
 mod dot;
 mod finite;
@@ -55,6 +57,7 @@ mod iq_grids;
 mod kquant;
 mod kquant_lo;
 mod matmul;
+mod matrix;
 pub(crate) mod mxfp4;
 pub mod pool;
 mod prim;
@@ -68,8 +71,9 @@ mod tests;
 pub use finite::{first_non_finite, NonFinite};
 pub use matmul::{
     kernel_level, matmul, matmul_multi, matmul_q, matmul_q_multi, try_matmul, try_matmul_multi, try_matmul_q,
-    try_matmul_q_each, try_matmul_q_multi, wide_simd, Matrix,
+    try_matmul_q_each, try_matmul_q_multi, wide_simd, TILE_ROWS,
 };
+pub use matrix::Matrix;
 pub use q8::{BlockQ8, QuantizedActs};
 pub use quantize::quantize;
 

@@ -8,8 +8,8 @@
 
 use super::fp16::read_f16;
 pub use super::prim::{idot_i8, idot_u8};
+use super::WeightFormat;
 use super::{iq4, iq_grid, kquant, kquant_lo, mxfp4, q5};
-use super::{FormatError, WeightFormat};
 
 /// 32 activations quantized to i8: `x[i] ~ d * q[i]`; `s = d * sum(q)` (for formats with a min).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -23,48 +23,29 @@ pub struct BlockQ8 {
 /// `n` rows of `cols` activations, each row as `cols / 32` blocks.
 #[derive(Clone, Debug, Default)]
 pub struct QuantizedActs {
-    n: usize,
-    cols: usize,
-    blocks: Vec<BlockQ8>,
+    pub(super) n: usize,
+    pub(super) cols: usize,
+    pub(super) blocks: Vec<BlockQ8>,
+    /// The blocks packed for the AMX tiles, made by the first tile that needs them.
+    #[cfg(target_arch = "x86_64")]
+    pub(super) tiles: std::sync::OnceLock<TileActs>,
 }
 
+/// (`new` and `requantize` are in `matmul`, beside the SIMD builds that quantize.)
 impl QuantizedActs {
-    /// Quantizes `x` (`n` rows of `cols`, row-major); `cols` must be a multiple of 32.
-    pub fn new(x: &[f32], n: usize, cols: usize) -> Result<QuantizedActs, FormatError> {
-        let mut acts = QuantizedActs::default();
-        acts.requantize(x, n, cols)?;
-        Ok(acts)
-    }
-
-    /// Re-fills this buffer from `x`, reusing its allocation.
-    pub fn requantize(&mut self, x: &[f32], n: usize, cols: usize) -> Result<(), FormatError> {
-        if !cols.is_multiple_of(32) {
-            return Err(FormatError::RaggedRow { format: WeightFormat::Q8_0, cols, block: 32 });
-        }
-        if x.len() != n * cols {
-            return Err(FormatError::Length { what: "activations (n x cols)", expected: n * cols, found: x.len() });
-        }
-        self.n = n;
-        self.cols = cols;
-        let total = n * cols / 32;
-        self.blocks.clear();
-        self.blocks.resize(total, BlockQ8 { d: 0.0, s: 0.0, q: [0; 32] });
-        // Large batches (prefill) quantize in parallel, a few rows per task.
-        const BLOCKS_PER_TASK: usize = 512;
-        let out = super::pool::SendPtr(self.blocks.as_mut_ptr());
-        let tasks = total.div_ceil(BLOCKS_PER_TASK);
-        super::pool::run(tasks, &|t| {
-            let b0 = t * BLOCKS_PER_TASK;
-            let b1 = (b0 + BLOCKS_PER_TASK).min(total);
-            // SAFETY: tasks cover disjoint block ranges of `blocks`, which holds `total`.
-            let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(b0), b1 - b0) };
-            super::matmul::quantize_blocks(&x[32 * b0..32 * b1], dst);
-        });
-        Ok(())
-    }
-
     pub fn n(&self) -> usize {
         self.n
+    }
+
+    /// The blocks packed for the AMX tiles (made once, by the first caller; the others wait).
+    ///
+    /// # Safety
+    /// AVX-512 F is enabled in the caller.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(super) unsafe fn tile_acts(&self) -> &TileActs {
+        // SAFETY: the caller's.
+        self.tiles.get_or_init(|| unsafe { TileActs::new(self) })
     }
 
     pub fn cols(&self) -> usize {
@@ -197,5 +178,61 @@ pub fn dot_row_q8(format: WeightFormat, row: &[u8], x: &[BlockQ8]) -> f32 {
         WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 | WeightFormat::FP8_E4M3 => {
             unreachable!("float formats do not take quantized activations")
         }
+    }
+}
+
+/// A call's activation rows for tile B, 16 at a time (the last tile's missing rows zeros):
+/// `q[t * units + k]` holds unit `k` of tile `t`, row `i`'s bytes `4u..4u + 4` at
+/// `u * 64 + 4 * i`; `d` and `s` the blocks' scales and sums in the same order.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Debug, Default)]
+pub struct TileActs {
+    pub(super) units: usize,
+    pub(super) q: Vec<[u8; 512]>,
+    pub(super) d: Vec<[f32; 16]>,
+    pub(super) s: Vec<[f32; 16]>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl TileActs {
+    /// `acts` packed (`acts.cols()` a multiple of 32).
+    ///
+    /// # Safety
+    /// AVX-512 F is enabled in the caller.
+    #[inline(always)]
+    pub unsafe fn new(acts: &QuantizedActs) -> TileActs {
+        let (n, units) = (acts.n(), acts.cols() / 32);
+        let tiles = n.div_ceil(16);
+        let mut p = TileActs {
+            units,
+            q: vec![[0; 512]; tiles * units],
+            d: vec![[0.0; 16]; tiles * units],
+            s: vec![[0.0; 16]; tiles * units],
+        };
+        let size = std::mem::size_of::<BlockQ8>() as i32;
+        let lanes = std::arch::x86_64::_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        // Byte offsets of the 16 rows' blocks of one unit, `units` blocks apart.
+        let rows =
+            std::arch::x86_64::_mm512_mullo_epi32(lanes, std::arch::x86_64::_mm512_set1_epi32(size * units as i32));
+        for t in 0..tiles {
+            let m = (n - 16 * t).min(16);
+            let mask: std::arch::x86_64::__mmask16 = if m == 16 { 0xffff } else { (1u16 << m) - 1 };
+            let first = acts.row(16 * t).as_ptr().cast::<u8>();
+            for k in 0..units {
+                let at = t * units + k;
+                let b = first.add(k * size as usize);
+                let z = std::arch::x86_64::_mm512_setzero_si512();
+                // BlockQ8: d at 0, s at 4, the codes from 8.
+                let d = std::arch::x86_64::_mm512_mask_i32gather_epi32::<1>(z, mask, rows, b.cast());
+                let s = std::arch::x86_64::_mm512_mask_i32gather_epi32::<1>(z, mask, rows, b.add(4).cast());
+                std::arch::x86_64::_mm512_storeu_si512(p.d[at].as_mut_ptr().cast(), d);
+                std::arch::x86_64::_mm512_storeu_si512(p.s[at].as_mut_ptr().cast(), s);
+                for u in 0..8 {
+                    let q = std::arch::x86_64::_mm512_mask_i32gather_epi32::<1>(z, mask, rows, b.add(8 + 4 * u).cast());
+                    std::arch::x86_64::_mm512_storeu_si512(p.q[at].as_mut_ptr().add(64 * u).cast(), q);
+                }
+            }
+        }
+        p
     }
 }

@@ -14,7 +14,7 @@
 
 #![cfg(target_arch = "x86_64")]
 
-use super::matmul::Matrix;
+use super::matrix::Matrix;
 use super::q8::{BlockQ8, QuantizedActs};
 use super::WeightFormat;
 use std::arch::x86_64::*;
@@ -65,12 +65,12 @@ unsafe fn load(q: &[i8; 32]) -> __m256i {
 // `R x C` tile (R weight rows by C activation rows) per pass over the units, so each weight unit
 // is decoded once for C activation rows and each activation block loaded once for R rows.
 
-const F_Q8_0: u8 = 0;
-const F_Q4_0: u8 = 1;
-const F_Q4_1: u8 = 2;
-const F_I8ROW: u8 = 3;
-const F_I4G64: u8 = 4;
-const F_Q4K: u8 = 5;
+pub(super) const F_Q8_0: u8 = 0;
+pub(super) const F_Q4_0: u8 = 1;
+pub(super) const F_Q4_1: u8 = 2;
+pub(super) const F_I8ROW: u8 = 3;
+pub(super) const F_I4G64: u8 = 4;
+pub(super) const F_Q4K: u8 = 5;
 const F_Q6K: u8 = 6;
 
 #[inline(always)]
@@ -81,7 +81,7 @@ unsafe fn f16x2(p: *const u8) -> (f32, f32) {
 
 /// Whether the format stores signed bytes: AVX2's `maddubs` would saturate on `w + 128`, so
 /// without VNNI these keep their signed bytes (`b = 0`) and take the sign-transfer product.
-const fn signed(f: u8) -> bool {
+pub(super) const fn signed(f: u8) -> bool {
     f == F_Q8_0 || f == F_I8ROW
 }
 
@@ -103,7 +103,7 @@ unsafe fn unit<const F: u8, const VNNI: bool>(row: *const u8, k: usize) -> (__m2
 }
 
 #[inline(always)]
-unsafe fn unit_scalar<const F: u8, const VNNI: bool>(row: *const u8, k: usize) -> (__m256i, f32, f32) {
+pub(super) unsafe fn unit_scalar<const F: u8, const VNNI: bool>(row: *const u8, k: usize) -> (__m256i, f32, f32) {
     // With VNNI, signed bytes are offset by 128 (sign bit flipped) and corrected through `b`.
     let flip = if VNNI { _mm256_set1_epi8(-128) } else { _mm256_setzero_si256() };
     let off = if VNNI { -128.0 } else { 0.0 };

@@ -459,6 +459,64 @@ fn q8_matmul_handles_odd_unit_counts_and_ragged_tiles() {
     }
 }
 
+/// On a CPU with AMX (`kernel_level() == "amx"`), calls of `TILE_ROWS` activation rows or
+/// more take the tile kernels: each element is `amx::dot_row`'s arithmetic bit for bit (tail
+/// tiles of weight and activation rows, an odd unit count), within the dequantized product's
+/// bound, and a row gets the same bits in any such call (here: in a call of the first 16 rows
+/// with it in the last place). Elsewhere it says that it skipped.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn amx_tiles_give_their_reference_bits_whatever_rows_share_the_call() {
+    if kernel_level() != "amx" {
+        eprintln!("SKIPPED: kernel level {} has no AMX tiles", kernel_level());
+        return;
+    }
+    let mut rng = Rng(0xa3c5);
+    let rows = 37;
+    let mut checked = 0;
+    for format in WeightFormat::ALL {
+        // Nine units a row (an odd count) where the format's blocks allow it.
+        let Some(cols) = [288, 768].into_iter().find(|&c| c % format.block_size() == 0 && format.uses_q8_acts(c))
+        else {
+            continue;
+        };
+        let bytes = random_rows(format, rows, cols, &mut rng);
+        let w = Matrix::new(format, rows, cols, &bytes).unwrap();
+        let x = rng.vec(40 * cols, 1.0);
+        // SAFETY: AVX2 and F16C are there (the AMX level implies them).
+        if unsafe { super::amx::dot_row(format, w.row(0), QuantizedActs::new(&x[..cols], 1, cols).unwrap().row(0)) }
+            .is_none()
+        {
+            continue;
+        }
+        for n in [16, 17, 31, 40] {
+            let acts = QuantizedActs::new(&x[..n * cols], n, cols).unwrap();
+            let mut out = vec![f32::NAN; n * rows];
+            matmul_q(&w, &acts, &mut out);
+            for i in 0..n {
+                for r in 0..rows {
+                    // SAFETY: as above.
+                    let want = unsafe { super::amx::dot_row(format, w.row(r), acts.row(i)) }.unwrap();
+                    let got = out[i * rows + r];
+                    assert_eq!(got.to_bits(), want.to_bits(), "{format} n={n} [{i},{r}]: {got} vs {want}");
+                    let (_, mag) = ref_dot(&dequant(format, w.row(r), cols), &x[i * cols..(i + 1) * cols]);
+                    let near = dot_row_q8(format, w.row(r), acts.row(i));
+                    assert!((got - near).abs() <= 1e-5 * mag + 1e-6, "{format} [{i},{r}]: {got} vs {near}");
+                }
+            }
+            let last = n - 1;
+            let mut xs = x[..15 * cols].to_vec();
+            xs.extend_from_slice(&x[last * cols..(last + 1) * cols]);
+            let some = QuantizedActs::new(&xs, 16, cols).unwrap();
+            let mut other = vec![f32::NAN; 16 * rows];
+            matmul_q(&w, &some, &mut other);
+            assert_eq!(&other[15 * rows..], &out[last * rows..], "{format} n={n}: row {last} in another call");
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 6, "Q8_0, Q4_0, Q4_1, I8Row, I4G64 and Q4_K take the tiles");
+}
+
 #[test]
 fn matmul_multi_matches_one_matmul_per_matrix() {
     // q/k/v-like shapes in mixed formats share one input; each result must equal `matmul`'s.
@@ -677,7 +735,9 @@ fn format_kernels_at_every_lower_cpu_level() {
         return;
     }
     let exe = std::env::current_exe().expect("the test binary");
-    for level in ["avx2", "portable"] {
+    let below: &[&str] =
+        if kernel_level() == "amx" { &["avx512vnni", "avx2", "portable"] } else { &["avx2", "portable"] };
+    for &level in below {
         let out = std::process::Command::new(&exe)
             .args(["format::tests::", "--test-threads", "2", "--skip", "format_kernels_at_every_lower_cpu_level"])
             .env("COLI_CPU_LEVEL", level)
