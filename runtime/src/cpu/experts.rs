@@ -148,8 +148,8 @@ pub fn routed_experts<'a>(
 /// 706-3,800 -> 3,521-4,610 tok/s, of 4 rows 2,461-2,793 -> 3,956-4,622 (docs/BENCHMARKS.md).
 const SERIAL_GROUP_ROWS: usize = 8;
 
-/// The fewest rows a run of a cut expert gets: `format::TILE_ROWS`, where the q8 matmul may
-/// take other kernels (the AMX tiles) than for fewer rows.
+/// The fewest rows a run of a cut expert gets: `format::TILE_ROWS`, from which the q8 matmul
+/// takes the AMX tiles where the CPU has them.
 const MIN_RUN: usize = crate::format::TILE_ROWS;
 
 /// Runs the experts of `pairs` ((row, rank), grouped here by expert, each expert one batched
@@ -219,8 +219,7 @@ pub fn join_ranks(routing: &[f32], n: usize, top_k: usize, hidden: usize, table:
 
 /// `groups` with every group of more than half a thread's share of `total` pairs (and more
 /// than `SERIAL_GROUP_ROWS`) cut into even runs about that long, in expert order, none shorter
-/// than `MIN_RUN` (a group of `MIN_RUN` rows or more whose runs took the kernels for fewer
-/// would get other bits than in one run: `format::matmul`'s tile path).
+/// than `MIN_RUN` (runs of fewer rows would leave the AMX tiles for slower kernels).
 fn split_groups(
     groups: Vec<(usize, Vec<(usize, usize)>)>,
     total: usize,
@@ -394,7 +393,7 @@ mod tests {
         }
     }
 
-    /// A cut group's runs are at least `MIN_RUN` rows (the tile path's threshold) and cover the
+    /// A cut group's runs are at least `MIN_RUN` rows (the tiles' threshold) and cover the
     /// group in order.
     #[test]
     fn cut_runs_are_never_shorter_than_the_tile_rows() {

@@ -1,33 +1,32 @@
-//! Intel AMX tiles for the q8 matmul of many activation rows (a prompt chunk, an expert's
-//! rows of one): the integer block products on the tile unit, the block scales on AVX-512.
+//! The 8-bit formats' q8 matmul on a CPU with AMX: one arithmetic for every call, whatever its
+//! row count, so a row's bits never depend on the rows beside it (a prompt chunk, a reused
+//! prefix's suffix, a batched decode step and a decode step agree bit for bit).
 //!
-//! Per unit `k` (32 columns) the tile unit multiplies 16 weight rows (tile A: the unit's bytes,
-//! read straight from the matrix for `Q8_0` and `I8Row`, decoded by `simd::unit_scalar` for the
-//! others) by 16 activation rows (tile B: their 8-bit codes four bytes a column, packed once a
-//! call, `TileActs`) into 16 x 16 exact i32 sums. Each sum then takes, in this order, in f32:
+//! Per unit `k` (32 columns) a weight row `r` and an activation row `i` give an exact i32 sum
+//! of 32 byte products, which then takes, in this order, in f32:
 //!
 //! ```text
 //! acc = fma(a_r * d_i, dot, acc)      // a_r: the weight unit's multiplier, d_i the block's scale
-//! acc = fma(b_r, s_i, acc)            // formats with an offset or a min (Q4_0, Q4_1, Q4_K, I4G64)
+//! acc = fma(b_r, s_i, acc)            // formats with an offset or a min (none taken yet)
 //! ```
 //!
-//! and at the end `out = scale_r * acc` (I8Row's row scale, else 1). Every output element goes
-//! through the same operations whatever the other rows of its tiles are, so a row's bits do not
-//! depend on which rows share its call (as on the other levels), but they are not the AVX-512
-//! kernels' bits: those sum each unit in four partial lanes. Calls of fewer than `TILE_ROWS`
-//! activation rows (decode, a checked draft, a batched step of a few sequences) keep the
-//! AVX-512 kernels; a row gets one set of bits in every call of `TILE_ROWS` rows or more, and
-//! the other in every smaller call.
+//! and at the end `out = scale_r * acc` (I8Row's row scale, else 1). Calls of `TILE_ROWS` (16)
+//! activation rows or more run on the tile unit (`tile_q8`: 16 weight rows by 16 activation
+//! rows a unit, tile A the weights' bytes as stored, tile B the activations packed once a call,
+//! `TileActs`); smaller ones (decode, a checked draft, a batched step of a few sequences) on
+//! AVX-512 VNNI across 16 weight rows (`few_q8`). These are not the AVX-512 level's bits (that
+//! level sums each unit in four partial lanes); `Q8_0` and `I8Row` are taken, the nibble formats
+//! keep that level's kernels for every call (see `code`).
 //!
 //! Must not: run unless `usable()` said so (the tile registers need the kernel's permission,
-//! asked for once a process) and inside code compiled with AVX-512 F/BW/VL enabled; hold the
-//! tile configuration past a call (`tilerelease` at the end of each).
+//! asked for once a process) and inside code compiled with AVX-512 F/BW/VL/VNNI enabled; hold
+//! the tile configuration past a call (`tilerelease` at the end of each).
 
 #![cfg(target_arch = "x86_64")]
 
 use super::matrix::Matrix;
 use super::q8::{QuantizedActs, TileActs};
-use super::simd::{signed, unit_scalar, F_I4G64, F_I8ROW, F_Q4K, F_Q4_0, F_Q4_1, F_Q8_0};
+use super::simd::{signed, unit_scalar, F_I8ROW, F_Q8_0};
 use super::WeightFormat;
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -46,15 +45,15 @@ pub fn usable() -> bool {
     unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
 }
 
-/// `simd`'s code for `format`, where the tile path takes it.
+/// `simd`'s code for `format`, where the tile path takes it: the 8-bit formats, whose bytes tile
+/// A reads as stored. The nibble formats (`Q4_0`, `Q4_1`, `I4G64`, `Q4_K`) keep the AVX-512
+/// kernels for every call: decoding their units for these kernels (the `!SIGNED` paths below,
+/// unused until then) made SmolLM2 Q4_1's decode 2x slower (docs/BENCHMARKS.md), and a format
+/// must take one arithmetic for every row count.
 fn code(format: WeightFormat) -> Option<u8> {
     Some(match format {
         WeightFormat::Q8_0 => F_Q8_0,
-        WeightFormat::Q4_0 => F_Q4_0,
-        WeightFormat::Q4_1 => F_Q4_1,
         WeightFormat::I8Row => F_I8ROW,
-        WeightFormat::I4G64 => F_I4G64,
-        WeightFormat::Q4_K => F_Q4K,
         _ => return None,
     })
 }
@@ -64,11 +63,7 @@ macro_rules! by_code {
     ($code:expr, $f:ident) => {
         match $code {
             F_Q8_0 => $f!(F_Q8_0),
-            F_Q4_0 => $f!(F_Q4_0),
-            F_Q4_1 => $f!(F_Q4_1),
-            F_I8ROW => $f!(F_I8ROW),
-            F_I4G64 => $f!(F_I4G64),
-            _ => $f!(F_Q4K),
+            _ => $f!(F_I8ROW),
         }
     };
 }
@@ -285,6 +280,174 @@ unsafe fn run<const F: u8, const SIGNED: bool>(
         r += rows;
     }
     asm!("tilerelease", options(nostack, nomem));
+}
+
+/// Rows `r0..r1` of `w` against fewer than `TILE_ROWS` activation rows (decode, a checked
+/// draft, a batched step of a few sequences) in the tiles' arithmetic, on AVX-512 VNNI: the
+/// same exact i32 sum a unit (the byte products summed in lanes, then across them: integer
+/// sums, any order) and the same f32 operations per element, so a row has the tiles' bits in
+/// every call. Vectors run across 16 weight rows. `false` when the format has no tile path.
+///
+/// # Safety
+/// As `tile_q8` (without the tiles' permission), with AVX-512 VNNI enabled in the caller.
+#[inline(always)]
+pub unsafe fn few_q8(w: &Matrix, acts: &QuantizedActs, r0: usize, r1: usize, out: *mut f32) -> bool {
+    let Some(f) = code(w.format) else { return false };
+    macro_rules! go {
+        ($f:ident) => {
+            few::<$f, { signed($f) }>(w, acts, r0, r1, out)
+        };
+    }
+    by_code!(f, go);
+    true
+}
+
+#[inline(always)]
+unsafe fn few<const F: u8, const SIGNED: bool>(w: &Matrix, acts: &QuantizedActs, r0: usize, r1: usize, out: *mut f32) {
+    let (n, units) = (acts.n(), w.cols / 32);
+    // Signed weights go through `dpbusd` as `w + 128`; 128 times each block's code sum comes off.
+    let sums: Vec<Vec<i32>> = (0..if SIGNED { n } else { 0 })
+        .map(|i| acts.row(i).iter().map(|b| 128 * b.q.iter().map(|&q| q as i32).sum::<i32>()).collect())
+        .collect();
+    let order = lane_rows();
+    let mut g = Group::new(units);
+    let mut r = r0;
+    while r < r1 {
+        let rows = (r1 - r).min(16);
+        let direct = rows == 16 && (F == F_Q8_0 || F == F_I8ROW);
+        g.fill::<F>(w, r, rows, direct);
+        let mut c0 = 0;
+        while c0 < n {
+            let m = (n - c0).min(4);
+            let at = Few { w, g: &g, direct, r, rows, acts, sums: &sums, c0, order, out };
+            match m {
+                1 => few_rows::<F, SIGNED, 1>(at),
+                2 => few_rows::<F, SIGNED, 2>(at),
+                3 => few_rows::<F, SIGNED, 3>(at),
+                _ => few_rows::<F, SIGNED, 4>(at),
+            }
+            c0 += m;
+        }
+        r += rows;
+    }
+}
+
+/// One group of 16 weight rows against activation rows `c0..c0 + C` (`few`'s inner call).
+#[derive(Clone, Copy)]
+struct Few<'a> {
+    w: &'a Matrix<'a>,
+    g: &'a Group,
+    direct: bool,
+    r: usize,
+    rows: usize,
+    acts: &'a QuantizedActs,
+    sums: &'a [Vec<i32>],
+    c0: usize,
+    order: __m512i,
+    out: *mut f32,
+}
+
+// `k` indexes the group's units, the activation blocks and their code sums alike.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn few_rows<const F: u8, const SIGNED: bool, const C: usize>(at: Few) {
+    let Few { w, g, direct, r, rows, acts, sums, c0, order, out } = at;
+    let (units, ld, rb) = (w.cols / 32, w.rows, w.row_bytes());
+    let base = w.bytes().as_ptr().add(r * rb);
+    let flip = _mm512_set1_epi8(if SIGNED { -128 } else { 0 });
+    let mut acc = [_mm512_setzero_ps(); C];
+    // The next group's rows on their way from memory, a unit's bytes at a time.
+    let ahead = if r + 32 <= w.rows { 16 * rb } else { 0 };
+    for k in 0..units {
+        if ahead != 0 && k % 2 == 0 {
+            let off = if F == F_Q8_0 { 34 * k } else { 32 * k };
+            for j in 0..16 {
+                _mm_prefetch::<_MM_HINT_T0>(base.add(ahead + j * rb + off).cast());
+            }
+        }
+        // Weight rows 2p and 2p + 1 in the halves of vector p. (No closures here: they would
+        // not carry the caller's target features, and the intrinsics would become calls.)
+        let mut wv = [_mm512_setzero_si512(); 8];
+        for (p, v) in wv.iter_mut().enumerate() {
+            let (lo, hi) = if direct {
+                let off = if F == F_Q8_0 { 34 * k + 2 } else { 4 + 32 * k };
+                (base.add(2 * p * rb + off), base.add((2 * p + 1) * rb + off))
+            } else {
+                (g.q[k].as_ptr().add(64 * p), g.q[k].as_ptr().add(64 * p + 32))
+            };
+            let both = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_loadu_si256(lo.cast())),
+                _mm256_loadu_si256(hi.cast()),
+            );
+            *v = _mm512_xor_si512(both, flip);
+        }
+        let av = _mm512_loadu_ps(g.a[k].as_ptr());
+        let bv = _mm512_loadu_ps(g.b[k].as_ptr());
+        for (c, acc) in acc.iter_mut().enumerate() {
+            let blk = &acts.row(c0 + c)[k];
+            let x = _mm512_broadcast_i64x4(_mm256_loadu_si256(blk.q.as_ptr().cast()));
+            let z = _mm512_setzero_si512();
+            let mut sums8 = [z; 8];
+            for (d, v) in sums8.iter_mut().zip(&wv) {
+                *d = _mm512_dpbusd_epi32(z, *v, x);
+            }
+            let mut dot = reduce(sums8);
+            if SIGNED {
+                dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(sums[c0 + c][k]));
+            }
+            let dot = _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(order, dot));
+            *acc = _mm512_fmadd_ps(_mm512_mul_ps(av, _mm512_set1_ps(blk.d)), dot, *acc);
+            if !SIGNED {
+                *acc = _mm512_fmadd_ps(bv, _mm512_set1_ps(blk.s), *acc);
+            }
+        }
+    }
+    let sv = _mm512_loadu_ps(g.scale.as_ptr());
+    let mask: __mmask16 = if rows == 16 { 0xffff } else { (1u16 << rows) - 1 };
+    for (c, acc) in acc.iter().enumerate() {
+        _mm512_mask_storeu_ps(out.add((c0 + c) * ld + r), mask, _mm512_mul_ps(sv, *acc));
+    }
+}
+
+/// The sums of eight vectors' lanes by row (vector `p`: row `2p` in lanes 0-7, row `2p + 1` in
+/// lanes 8-15), one row a lane, in `lane_rows`' order.
+#[inline(always)]
+unsafe fn reduce(v: [__m512i; 8]) -> __m512i {
+    macro_rules! pair32 {
+        ($a:expr, $b:expr) => {
+            _mm512_add_epi32(_mm512_unpacklo_epi32($a, $b), _mm512_unpackhi_epi32($a, $b))
+        };
+    }
+    macro_rules! pair64 {
+        ($a:expr, $b:expr) => {
+            _mm512_add_epi32(_mm512_unpacklo_epi64($a, $b), _mm512_unpackhi_epi64($a, $b))
+        };
+    }
+    let a = [pair32!(v[0], v[1]), pair32!(v[2], v[3]), pair32!(v[4], v[5]), pair32!(v[6], v[7])];
+    let (b0, b1) = (pair64!(a[0], a[1]), pair64!(a[2], a[3]));
+    let even = _mm512_shuffle_i32x4::<0b10_00_10_00>(b0, b1);
+    let odd = _mm512_shuffle_i32x4::<0b11_01_11_01>(b0, b1);
+    _mm512_add_epi32(even, odd)
+}
+
+/// The permutation that puts row `j`'s sum from `reduce` in lane `j`.
+#[inline(always)]
+unsafe fn lane_rows() -> __m512i {
+    // Each row's id + 1 in one of its lanes: `reduce` then leaves it where that row's sum lands.
+    let mut v = [_mm512_setzero_si512(); 8];
+    for (p, v) in v.iter_mut().enumerate() {
+        let mut l = [0i32; 16];
+        l[0] = 2 * p as i32 + 1;
+        l[8] = 2 * p as i32 + 2;
+        *v = _mm512_loadu_si512(l.as_ptr().cast());
+    }
+    let mut ids = [0i32; 16];
+    _mm512_storeu_si512(ids.as_mut_ptr().cast(), reduce(v));
+    let mut order = [0i32; 16];
+    for (lane, &id) in ids.iter().enumerate() {
+        order[(id - 1) as usize] = lane as i32;
+    }
+    _mm512_loadu_si512(order.as_ptr().cast())
 }
 
 /// `tile_q8`'s arithmetic one element at a time (the tests' reference): row `row` of a matrix

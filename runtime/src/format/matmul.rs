@@ -220,9 +220,8 @@ fn drive(segs: &[Seg], tile: &Tile) {
     });
 }
 
-/// Activation rows from which a q8 matmul may take other kernels than below (the AMX tiles,
-/// where the CPU has them): a row's bits are the same in every call of fewer rows, and in every
-/// call of this many or more, but the two may differ in the last bits.
+/// Activation rows from which a q8 matmul of an 8-bit format runs on the AMX tiles, where the
+/// CPU has them (fewer rows take AVX-512 kernels in the same arithmetic: the bits agree).
 pub const TILE_ROWS: usize = 16;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -232,7 +231,8 @@ enum Level {
     Avx2,
     #[cfg(target_arch = "x86_64")]
     Avx512,
-    /// AVX-512 VNNI and the AMX tiles (`amx`) for calls of `TILE_ROWS` rows or more.
+    /// AVX-512 VNNI, and for the 8-bit formats `amx`'s arithmetic (the tiles from `TILE_ROWS`
+    /// rows).
     #[cfg(target_arch = "x86_64")]
     Amx,
 }
@@ -298,7 +298,13 @@ fn tile_q8_body<const LEVEL: u8>(w: &Matrix, acts: &QuantizedActs, r0: usize, r1
         // `level()` detected AVX2+FMA+F16C (and AVX-512 VNNI+VL for 2); `acts.cols == w.cols`,
         // `r0 <= r1 <= w.rows` and `out` holds `n x w.rows` (checked by `try_matmul*`, `drive`).
         let done = unsafe {
-            if LEVEL == 3 && acts.n() >= TILE_ROWS && super::amx::tile_q8(w, acts, r0, r1, out) {
+            let amx = LEVEL == 3
+                && if acts.n() >= TILE_ROWS {
+                    super::amx::tile_q8(w, acts, r0, r1, out)
+                } else {
+                    super::amx::few_q8(w, acts, r0, r1, out)
+                };
+            if amx {
                 true
             } else if LEVEL >= 2 {
                 super::simd::tile_q8::<true>(w, acts, r0, r1, out)
