@@ -52,13 +52,55 @@ shared float16_t p_t[BQ * SP];
 // Per row: this tile's factor for the sums (then the final scale).
 shared float f_t[BQ];
 
+// The mirror again, four elements a load, for staging where the offsets allow it: f32 as
+// vec4; f16 as two 32-bit words (NVIDIA's 16-bit storage loads ran the f16 kernel at half the
+// f32 kernel's speed at depth; words load as the f32 mirror's do).
+#ifdef KV_F16
+#define KV_W uvec2
+layout(std430, binding = 1) readonly buffer K4 { uvec2 kv4[]; };
+layout(std430, binding = 2) readonly buffer V4 { uvec2 vv4[]; };
+f16vec4 half4(uvec2 w) { return f16vec4(unpackFloat2x16(w.x), unpackFloat2x16(w.y)); }
+#else
+#define KV_W vec4
+layout(std430, binding = 1) readonly buffer K4 { vec4 kv4[]; };
+layout(std430, binding = 2) readonly buffer V4 { vec4 vv4[]; };
+f16vec4 half4(vec4 w) { return f16vec4(w); }
+#endif
+
 // Loads a thread has in flight at once when staging (independent loads issued before the
 // first store: one at a time, each tile waited on the memory's latency 64 times a thread).
 #define LOADS 16u
+// The same for the four-element loads (a tile is BK * MAXD / 4 of them).
+#define LOADS4 8u
 
 // Rows first..last of the keys (or values) at base + row * stride, `width` columns, as f16
-// rows of qk_t (zeros past them).
+// rows of qk_t (zeros past them). Four elements a load when base is a multiple of four (the
+// stride and the width are multiples of 16); one at a time otherwise.
 void stage_rows(uint tid, uint nt, uint width, uint base, uint stride, uint first, uint last, bool keys) {
+    if ((base & 3u) == 0u) {
+        const uint Q = MAXD / 4u;
+        for (uint e0 = tid; e0 < BK * Q; e0 += nt * LOADS4) {
+            KV_W x[LOADS4];
+            [[unroll]] for (uint i = 0u; i < LOADS4; i++) {
+                uint e = e0 + i * nt, t = e / Q, d = (e % Q) * 4u;
+                bool in_ = e < BK * Q && d < width && first + t <= last;
+                uint at = (base + slot(first + t) * stride + d) / 4u;
+                x[i] = in_ ? (keys ? kv4[at] : vv4[at]) : KV_W(0);
+            }
+            [[unroll]] for (uint i = 0u; i < LOADS4; i++) {
+                uint e = e0 + i * nt;
+                if (e < BK * Q) {
+                    uint at = (e / Q) * SD + (e % Q) * 4u;
+                    f16vec4 y = half4(x[i]);
+                    qk_t[at] = y.x;
+                    qk_t[at + 1u] = y.y;
+                    qk_t[at + 2u] = y.z;
+                    qk_t[at + 3u] = y.w;
+                }
+            }
+        }
+        return;
+    }
     for (uint e0 = tid; e0 < BK * MAXD; e0 += nt * LOADS) {
         float x[LOADS];
         [[unroll]] for (uint i = 0u; i < LOADS; i++) {

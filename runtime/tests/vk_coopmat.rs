@@ -528,16 +528,28 @@ fn prompt_attention_over_f16_mirrors_matches_cpu() {
         let AttnCase { q, k, v, sinks, shape: vs, want } =
             vk_common::attention_case_kv(&mut rng, dims, window, with_sinks, value_scale, (n, pos0), kv);
         let (qb, sb) = (ctx.upload_f32(&q).unwrap(), ctx.upload_f32(&sinks).unwrap());
-        let (kb, vb) = (vk_common::upload_kv(ctx, &k, kv), vk_common::upload_kv(ctx, &v, kv));
-        for (path, tol) in [(AttnPath::Coop, ATTN_TOL), (AttnPath::Block, 1e-5)] {
-            let ob = ctx.f32_buffer(want.len()).unwrap();
-            let mut f = ctx.frame().unwrap();
-            let sinks = with_sinks.then(|| sb.all());
-            let args = AttnArgs { q: qb.all(), k: kb.all(), v: vb.all(), sinks, out: ob.all(), n };
-            f.attention(vs, args, pos0, path).unwrap();
-            f.run().unwrap();
-            let what = format!("f16 mirrors {heads}/{kv_heads}x{head_dim}/{v_head_dim} n {n} pos0 {pos0} {path:?}");
-            check_close(&what, &ctx.download_f32(ob.all()).unwrap(), &want, tol);
+        // The mirror from its first word (staged four elements a load) and from its second (two
+        // f16 elements in: one at a time).
+        for pad in [0, 1] {
+            let upload = |x: &[f32]| {
+                let b = ctx.buffer(coli_runtime::vk::MemoryUse::Device, (x.len() + 2 * pad) * kv.bytes()).unwrap();
+                ctx.write_kv(&b, 4 * pad, x, kv).unwrap();
+                b
+            };
+            let (kb, vb) = (upload(&k), upload(&v));
+            let (kview, vview) = (kb.view(pad, kb.len() - pad), vb.view(pad, vb.len() - pad));
+            for (path, tol) in [(AttnPath::Coop, ATTN_TOL), (AttnPath::Block, 1e-5)] {
+                let ob = ctx.f32_buffer(want.len()).unwrap();
+                let mut f = ctx.frame().unwrap();
+                let sinks = with_sinks.then(|| sb.all());
+                let args = AttnArgs { q: qb.all(), k: kview, v: vview, sinks, out: ob.all(), n };
+                f.attention(vs, args, pos0, path).unwrap();
+                f.run().unwrap();
+                let what = format!(
+                    "f16 mirrors {heads}/{kv_heads}x{head_dim}/{v_head_dim} n {n} pos0 {pos0} word {pad} {path:?}"
+                );
+                check_close(&what, &ctx.download_f32(ob.all()).unwrap(), &want, tol);
+            }
         }
     }
 }
