@@ -80,20 +80,16 @@ struct Config {
     rows: [u8; 16],
 }
 
+/// (bytes a row, rows) of tmm0-2: the sums, tile A, tile B; tmm3-5 repeat them.
+const SHAPES: [(u16, u8); 3] = [(64, 16), (32, 16), (64, 8)];
+
 const CONFIG: Config = {
     let mut c = Config { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
-    c.colsb[0] = 64;
-    c.rows[0] = 16;
-    c.colsb[1] = 32;
-    c.rows[1] = 16;
-    c.colsb[2] = 64;
-    c.rows[2] = 8;
-    c.colsb[3] = 64;
-    c.rows[3] = 16;
-    c.colsb[4] = 32;
-    c.rows[4] = 16;
-    c.colsb[5] = 64;
-    c.rows[5] = 8;
+    let mut t = 0;
+    while t < 6 {
+        (c.colsb[t], c.rows[t]) = SHAPES[t % 3];
+        t += 1;
+    }
     c
 };
 
