@@ -44,8 +44,13 @@ impl QuantizedActs {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     pub(super) unsafe fn tile_acts(&self) -> &TileActs {
-        // SAFETY: the caller's.
-        self.tiles.get_or_init(|| unsafe { TileActs::new(self) })
+        // The packing in a function of its own with the feature: inside the closure the
+        // intrinsics would not inline. SAFETY: the caller's.
+        #[target_feature(enable = "avx512f")]
+        unsafe fn pack(acts: &QuantizedActs) -> TileActs {
+            TileActs::new(acts)
+        }
+        self.tiles.get_or_init(|| unsafe { pack(self) })
     }
 
     pub fn cols(&self) -> usize {
