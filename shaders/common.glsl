@@ -56,22 +56,36 @@ float div_rn(float a, float b) {
     return q;
 }
 
-// A block of 32 activations to 8 bits, bit for bit as the CPU's QuantizedActs: d = amax / 127
-// (div_rn), q = round_half_even(x * (1 / d)) clamped to an i8; the codes four to a word, as two
+// A q8 block's scale and its inverse from the block's largest |value|: d = amax / 127 and
+// 1 / d, both rounded to nearest (div_rn), 0 for an all-zero block. With `q8_code`, the one
+// rounding every q8 block a shader writes takes (q8_block, quantize_rows.comp's blocks,
+// moe_matvec.comp's h blocks), bit for bit as the CPU's QuantizedActs.
+vec2 q8_scale(float amax) {
+    float d = div_rn(amax, 127.0);
+    return vec2(d, d > 0.0 ? div_rn(1.0, d) : 0.0);
+}
+
+// The 8-bit code of x at inverse scale id: round_half_even(x * id) clamped to an i8.
+int q8_code(float x, float id) {
+    precise float t = x * id;
+    return clamp(int(roundEven(t)), -128, 127);
+}
+
+// A block of 32 activations to 8 bits (`q8_scale`, `q8_code`); the codes four to a word, as two
 // uvec4 (lo: codes 0-15, hi: 16-31); returns (d, d * the codes' sum). Every q8 block a shader
-// writes comes from here (quantize_q8.comp, moe_glu_q8.comp, attn_split.comp).
+// writes from a whole block in hand comes from here (quantize_q8.comp, moe_glu_q8.comp,
+// attn_split.comp).
 vec2 q8_block(float v[32], out uvec4 lo, out uvec4 hi) {
     float amax = 0.0;
     for (uint i = 0u; i < 32u; i++) amax = max(amax, abs(v[i]));
-    float d = div_rn(amax, 127.0);
-    float id = d > 0.0 ? div_rn(1.0, d) : 0.0;
+    vec2 sc = q8_scale(amax);
+    float d = sc.x, id = sc.y;
     uint words[8];
     int sum = 0;
     for (uint w = 0u; w < 8u; w++) {
         uint packed = 0u;
         for (uint j = 0u; j < 4u; j++) {
-            precise float t = v[4u * w + j] * id;
-            int q = clamp(int(roundEven(t)), -128, 127);
+            int q = q8_code(v[4u * w + j], id);
             sum += q;
             packed |= (uint(q) & 0xffu) << (8u * j);
         }

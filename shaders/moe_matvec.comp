@@ -85,21 +85,19 @@ float row_dot(uint row, uint xr) {
 }
 
 // Mode 0 with hq_on: h's block `blk` (32 values from element blk * 32 of out) into 8 bits,
-// q8_block's arithmetic with the subgroup's lanes over the block's words; the subgroup that
+// q8_scale and q8_code with the subgroup's lanes over the block's words; the subgroup that
 // wrote the block's last value calls it.
 void h_block(uint blk) {
     uint base = pc.out_off + blk * 32u;
     float amax = 0.0;
     for (uint i = gl_SubgroupInvocationID; i < 32u; i += gl_SubgroupSize) amax = max(amax, abs(outv[base + i]));
-    amax = subgroupMax(amax);
-    float d = div_rn(amax, 127.0);
-    float id = d > 0.0 ? div_rn(1.0, d) : 0.0;
+    vec2 sc = q8_scale(subgroupMax(amax));
+    float d = sc.x, id = sc.y;
     int sum = 0;
     for (uint w = gl_SubgroupInvocationID; w < 8u; w += gl_SubgroupSize) {
         uint packed = 0u;
         for (uint j = 0u; j < 4u; j++) {
-            precise float t = outv[base + 4u * w + j] * id;
-            int q = clamp(int(roundEven(t)), -128, 127);
+            int q = q8_code(outv[base + 4u * w + j], id);
             sum += q;
             packed |= (uint(q) & 0xffu) << (8u * j);
         }

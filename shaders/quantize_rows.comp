@@ -64,10 +64,9 @@ void main() {
     // |x| >= 0 orders as its bits.
     if (ok) atomicMax(s_max[lb], floatBitsToUint(abs(x)));
     barrier();
-    float d = div_rn(uintBitsToFloat(s_max[lb]), 127.0);
-    float id = d > 0.0 ? div_rn(1.0, d) : 0.0;
-    precise float t = x * id;
-    int q = clamp(int(roundEven(t)), -128, 127);
+    vec2 sc = q8_scale(uintBitsToFloat(s_max[lb]));
+    float d = sc.x;
+    int q = q8_code(x, sc.y);
     if (ok) {
         atomicAdd(s_sum[lb], q);
         atomicOr(s_words[lb * 8u + (e >> 2)], (uint(q) & 0xffu) << (8u * (e & 3u)));
