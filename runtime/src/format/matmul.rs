@@ -1,4 +1,4 @@
-//! `Matrix` (a checked view of stored rows) and `matmul`: `out[n x rows] = x[n x cols] * W^T`,
+//! `matmul` over a `Matrix` (`matrix.rs`): `out[n x rows] = x[n x cols] * W^T`,
 //! parallel over chunks of weight rows on the thread team (`pool`). Each task takes a run of
 //! weight rows and dots every row with all `n` activation rows while it is hot in cache, so
 //! prefill decodes each weight block once per task, not once per token; results go straight
@@ -7,7 +7,9 @@
 //! (q/k/v, gate/up) quantize once and call `matmul_q_multi`, one pass over all of them.
 //!
 //! The inner loops are compiled three times: portable, with AVX2+FMA+F16C, and with AVX-512
-//! VNNI, chosen once at run time (`simd` holds the integer kernels, `fsimd` the float ones).
+//! VNNI, chosen once at run time (`simd` holds the integer kernels, `fsimd` the float ones); on
+//! a CPU with AMX the 8-bit formats take `amx`'s kernels (the AMX level). `QuantizedActs::new`
+//! lives here, beside the builds that quantize.
 //!
 //! Must not: allocate per row, hold weights beyond the call, or panic on mismatched sizes
 //! (they are `FormatError`s).
