@@ -193,8 +193,8 @@ void main() {
 #ifdef KV_F16
         // The position's own key and value as the mirror keeps them (what later steps read);
         // each lane rounds the columns it writes below, the barrier after those covers the rest.
-        for (uint d = tid; d < hd; d += T) k_row[d] = float(KV_T(k_row[d]));
-        for (uint d = tid; d < vhd; d += T) v_row[d] = float(KV_T(v_row[d]));
+        for (uint d = tid; d < hd; d += T) k_row[d] = kv_round(k_row[d]);
+        for (uint d = tid; d < vhd; d += T) v_row[d] = kv_round(v_row[d]);
 #endif
         if (h % (pc.heads / pc.kv_heads) == 0u) {
             for (uint d = tid; d < hd; d += T) {
