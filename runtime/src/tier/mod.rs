@@ -35,6 +35,10 @@
 //! expert moves down into the pool slot they left (both packed again; two promotions of the
 //! rate). Exclusive with the RAM cache as every slot is: a pool expert is not kept in RAM, and
 //! its RAM copy (when held) is what it is packed from before the cache lets it go.
+//! A step of `stream_min_rows` rows or more first copies the pool experts it reads into a
+//! device page shaped like a pool page (the stage, `side.rs`: copy commands, one read of each
+//! expert over the bus instead of the kernels' scattered reads), then reads them there. With
+//! `max_experts: Some(0)` and a pool, the device holds no slot: every expert lives in the pool.
 //! The balancer (`balance.rs`, `TierOptions::balance`) gives the CPU a share of the pool's
 //! pairs, whole experts, as the measured times say (where the RAM cache does not serve the
 //! layer: the CPU reads them from the checkpoint's map).
@@ -71,7 +75,6 @@ use crate::store::weights::WeightStore;
 use crate::vk::{Context, PackedExpert, VkError};
 pub use balance::Balance;
 use balance::Balancer;
-use coli_compiler::cost::human;
 use coli_compiler::ir::{ExpertWeights, GluKind, Op, Program};
 use history::History;
 pub use options::{PoolBudget, TierDevice, TierDeviceStats, TierOptions, TierRunError, TierStats, TierStep};
@@ -220,7 +223,9 @@ impl ExpertTier {
             budget += b;
             let held: usize = sides.iter().map(DeviceSide::slots).sum();
             let left = (total - held).min(opts.max_experts.unwrap_or(usize::MAX));
-            if left == 0 {
+            // The host pool follows the primary's slots, and may take every expert.
+            let pool_room = if i == 0 && opts.host_pool != PoolBudget::Off { total } else { 0 };
+            if left == 0 && pool_room == 0 {
                 if opts.max_experts == Some(0) {
                     notes.push("asked for no experts (--tier-experts 0)".into());
                 } else if i > 0 {
@@ -230,7 +235,7 @@ impl ExpertTier {
             }
             // Streaming's staging slots stay on the primary.
             let stream = if sides.is_empty() { opts.stream_slots } else { 0 };
-            match DeviceSide::size(&d.ctx, d.device, b, &d.rule, &shape, left, stream)? {
+            match DeviceSide::size(&d.ctx, d.device, b, &d.rule, &shape, left, stream, pool_room)? {
                 SideSetup::Ready(mut side) => {
                     side.first = held;
                     if i == 0 {
@@ -240,6 +245,11 @@ impl ExpertTier {
                         let floor = (layers.len() * top_k * expert_bytes) as u64;
                         let ask = PoolAsk { budget: opts.host_pool, other, floor, import: opts.host_pool_import };
                         pool_note = pool::host_pool(&mut side, ask, &shape, left)?;
+                    }
+                    if side.slots() == 0 {
+                        // No device slot and no pool after all.
+                        notes.push(pool_note.take().unwrap_or_else(|| "no slots".into()));
+                        continue;
                     }
                     sides.push(*side);
                 }
@@ -281,50 +291,7 @@ impl ExpertTier {
             layers,
             opts,
         };
-        let side = &tier.sides[0];
-        let mut line = format!(
-            "expert tier on {first_name}: budget {} ({}) = {} experts of {} in {} page{}, up to {} promotions per token{}",
-            human(side.budget),
-            side.rule,
-            side.pool_from,
-            human(expert_bytes as u64),
-            side.device_pages(),
-            if side.device_pages() == 1 { "" } else { "s" },
-            tier.opts.promotions_per_token,
-            if tier.opts.deterministic { ", deterministic" } else { "" }
-        );
-        if side.refused {
-            line.push_str("; the device refused more pages");
-        }
-        line.push_str(&format!("; {}", pool_note.as_deref().unwrap_or(pool::NO_POOL)));
-        for side in &tier.sides[1..] {
-            line.push_str(&format!(
-                "; and on d{} ({}): budget {} ({}) = {} experts in {} page{}, after the primary's{}",
-                side.device,
-                side.ctx.caps().name,
-                human(side.budget),
-                side.rule,
-                side.slots(),
-                side.pages.len(),
-                if side.pages.len() == 1 { "" } else { "s" },
-                if side.refused { ", the device refused more pages" } else { "" }
-            ));
-        }
-        for n in &notes {
-            line.push_str(&format!("; {n}"));
-        }
-        match &tier.sides[0].stream {
-            Some((p, _)) => {
-                line.push_str(&format!("; streams big steps' cold experts through {} staging slots", p.experts))
-            }
-            None => line.push_str("; no streaming"),
-        }
-        if !other.is_empty() {
-            line.push_str(&format!(
-                "; experts of {} differ in shape and stay on the CPU",
-                coli_compiler::print::layer_ranges(&other)
-            ));
-        }
+        let mut line = tier.setup_line(&first_name, pool_note.as_deref(), &notes, &other);
         if tier.opts.warm_start {
             let t = Instant::now();
             let (from_history, filled) = tier.warm_start(ws, progress)?;
@@ -598,6 +565,12 @@ impl ExpertTier {
                     .collect(),
             });
         }
+        if let Some(side) = self.sides.first().filter(|s| s.stage.is_some() && n >= self.opts.stream_min_rows) {
+            let mut staged: Vec<usize> = jobs[0].pairs.iter().map(|p| p.2).filter(|&s| s >= side.pool_from).collect();
+            staged.sort_unstable();
+            staged.dedup();
+            self.stats.pool_staged += staged.len() as u64;
+        }
         let mut touched = Vec::with_capacity(jobs.len());
         for (side, job) in self.sides.iter().zip(&jobs) {
             touched.push(side.write_inputs(x, routing, n, top_k, job)?);
@@ -630,7 +603,8 @@ impl ExpertTier {
                 .zip(&touched)
                 .map(|((side, job), touched)| {
                     let (expert, cpu_done) = (&expert, &cpu_done);
-                    let batch = side::Batch { n, glu: *glu, precision };
+                    let stage = n >= self.opts.stream_min_rows;
+                    let batch = side::Batch { n, stage, glu: *glu, precision };
                     sc.spawn(move || side.work(job, touched, expert, batch, cpu_done))
                 })
                 .collect();

@@ -12,6 +12,69 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 impl ExpertTier {
+    /// The setup's line: each side's budget and slots, the pool, the stage and streaming, the
+    /// notes of the devices that hold none, the layers left on the CPU (the warm start's clause
+    /// follows it).
+    pub(super) fn setup_line(
+        &self,
+        first_name: &str,
+        pool_note: Option<&str>,
+        notes: &[String],
+        other: &[u32],
+    ) -> String {
+        let side = &self.sides[0];
+        let mut line = format!(
+            "expert tier on {first_name}: budget {} ({}) = {} experts of {} in {} page{}, up to {} promotions per token{}",
+            human(side.budget),
+            side.rule,
+            side.pool_from,
+            human(self.expert_bytes as u64),
+            side.device_pages(),
+            if side.device_pages() == 1 { "" } else { "s" },
+            self.opts.promotions_per_token,
+            if self.opts.deterministic { ", deterministic" } else { "" }
+        );
+        if side.refused {
+            line.push_str("; the device refused more pages");
+        }
+        line.push_str(&format!("; {}", pool_note.unwrap_or(super::pool::NO_POOL)));
+        if let Some(st) = &side.stage {
+            line.push_str(&format!(
+                "; steps of {} rows and more copy their pool experts into a device page of {} slots first",
+                self.opts.stream_min_rows, st.experts
+            ));
+        }
+        for side in &self.sides[1..] {
+            line.push_str(&format!(
+                "; and on d{} ({}): budget {} ({}) = {} experts in {} page{}, after the primary's{}",
+                side.device,
+                side.ctx.caps().name,
+                human(side.budget),
+                side.rule,
+                side.slots(),
+                side.pages.len(),
+                if side.pages.len() == 1 { "" } else { "s" },
+                if side.refused { ", the device refused more pages" } else { "" }
+            ));
+        }
+        for n in notes {
+            line.push_str(&format!("; {n}"));
+        }
+        match &self.sides[0].stream {
+            Some((p, _)) => {
+                line.push_str(&format!("; streams big steps' cold experts through {} staging slots", p.experts))
+            }
+            None => line.push_str("; no streaming"),
+        }
+        if !other.is_empty() {
+            line.push_str(&format!(
+                "; experts of {} differ in shape and stay on the CPU",
+                coli_compiler::print::layer_ranges(other)
+            ));
+        }
+        line
+    }
+
     /// Per device the tier holds slots on (the primary first): (the chain's device index,
     /// slots, experts serving, pairs served, uploads).
     pub fn devices(&self) -> Vec<TierDeviceStats> {
@@ -40,11 +103,12 @@ impl ExpertTier {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let resident = self.slots.resident();
         let mut line = format!(
-            "expert tier run: device {} of {} routed pairs ({share:.1}%; {} from the host pool, {} pool experts moved up), CPU {} ({} of the pool's by the balancer) | resident {resident} of {} slots ({} of {}) | uploads {} ({}, {} warm), evictions {}, skipped {} (rate or queue), failed {} | batches {:.1} ms, CPU share {:.1} ms, waited {:.1} ms | streamed {} experts ({} pairs)",
+            "expert tier run: device {} of {} routed pairs ({share:.1}%; {} from the host pool, {} pool experts moved up, {} copied to the device by big steps), CPU {} ({} of the pool's by the balancer) | resident {resident} of {} slots ({} of {}) | uploads {} ({}, {} warm), evictions {}, skipped {} (rate or queue), failed {} | batches {:.1} ms, CPU share {:.1} ms, waited {:.1} ms | streamed {} experts ({} pairs)",
             s.device,
             s.routed,
             s.pool,
             s.pool_promotions,
+            s.pool_staged,
             s.routed - s.device,
             s.balanced,
             self.slots.len(),

@@ -48,6 +48,11 @@ pub(super) struct DeviceSide {
     /// The local slot the host pool's pages start at (`slots()` without a pool), and the
     /// memory they are in.
     pub pool_from: usize,
+    /// A device page shaped like a pool page, where a big step's pool experts are copied
+    /// before the kernels read them (reserved in `size` when a pool is asked, made with the
+    /// pool's first page), and whether its room was reserved.
+    pub stage: Option<DeviceExperts>,
+    stage_room: bool,
     pub pool_memory: Option<MemoryUse>,
     scratch: MoeScratch,
     /// The step's rows (`cap_rows x hidden`), per page the routing in local slot ids
@@ -96,6 +101,8 @@ impl SideJob<'_> {
 #[derive(Clone, Copy)]
 pub(super) struct Batch {
     pub n: usize,
+    /// A big step: the pool experts it reads are copied into the stage first.
+    pub stage: bool,
     pub glu: GluKind,
     pub precision: Precision,
 }
@@ -108,7 +115,10 @@ impl DeviceSide {
     /// Sizes a side within `budget` bytes for at most `max_slots` experts: the batch's buffers
     /// first, then `stream_slots` staging slots when they take at most a quarter of the room,
     /// then pages of slots. A device that refuses what the budget counted gets smaller pages,
-    /// or fewer, or no side.
+    /// or fewer, or no side. `pool_room` is how many experts a host pool may hold after these
+    /// slots (0: none asked): with it, a side of no device slots is still a side (its batch's
+    /// buffers serve the pool's pages, sized like them).
+    #[allow(clippy::too_many_arguments)]
     pub fn size(
         ctx: &Context,
         device: usize,
@@ -117,6 +127,7 @@ impl DeviceSide {
         shape: &SlotShape,
         max_slots: usize,
         stream_slots: usize,
+        pool_room: usize,
     ) -> Result<SideSetup, VkError> {
         let SlotShape { like, hidden, ffn, top_k, cap_rows, packed_bytes, expert_bytes } = shape;
         let (hidden, ffn, top_k, cap_rows, expert_bytes) = (*hidden, *ffn, *top_k, *cap_rows, *expert_bytes);
@@ -127,21 +138,30 @@ impl DeviceSide {
         let gate_up_each = (packed_bytes * 2 / 3).max(1);
         let per_page_max = (max_buf / gate_up_each).clamp(1, crate::vk::MOE_MAX_EXPERTS);
         let stream_slots = stream_slots.min(crate::vk::MOE_MAX_EXPERTS);
-        // The batch's scratch serves a page of slots and the staging page alike.
-        let scratch_experts = per_page_max.min(max_slots.max(1)).max(stream_slots);
-        let room = budget.saturating_sub(buffers + scratch_bytes(cap_rows, top_k, hidden, ffn, scratch_experts));
+        // The batch's scratch serves a page of slots (the pool's where the device holds none)
+        // and the staging page alike.
+        let page_of = if max_slots > 0 { max_slots } else { pool_room };
+        let scratch_experts = per_page_max.min(page_of.max(1)).max(stream_slots);
+        let fixed = buffers + scratch_bytes(cap_rows, top_k, hidden, ffn, scratch_experts);
+        let room = budget.saturating_sub(fixed);
         let stream_bytes = (stream_slots * expert_bytes) as u64;
         let stream_slots = if stream_slots > 0 && room >= 4 * stream_bytes { stream_slots } else { 0 };
         let room = room - (stream_slots * expert_bytes) as u64;
+        // A page to copy a big step's pool experts into, when it takes at most a quarter of
+        // the room.
+        let stage_bytes = (per_page_max.min(page_of.max(1)) * expert_bytes) as u64;
+        let stage_room = pool_room > 0 && room >= 4 * stage_bytes;
+        let room = if stage_room { room - stage_bytes } else { room };
         let want = ((room / expert_bytes.max(1) as u64) as usize).min(max_slots);
-        if want == 0 {
+        let pool_only = want == 0 && pool_room > 0 && budget >= fixed;
+        if want == 0 && !pool_only {
             return Ok(SideSetup::Off(format!(
                 "its budget of {} ({rule}) holds no expert of {} beside the batch's buffers",
                 human(budget),
                 human(expert_bytes as u64)
             )));
         }
-        let mut per_page = per_page_max.min(want);
+        let mut per_page = per_page_max.min(if pool_only { pool_room } else { want });
         let oom = |e: &VkError| matches!(e, VkError::OutOfMemory { .. });
         let off = |e: VkError| -> Result<SideSetup, VkError> {
             if oom(&e) {
@@ -204,6 +224,8 @@ impl DeviceSide {
             first: 0,
             pool_from: pages.iter().map(|p| p.experts).sum(),
             pool_memory: None,
+            stage: None,
+            stage_room,
             pages,
             per_page,
             scratch,
@@ -298,6 +320,14 @@ impl DeviceSide {
         }
         if added > 0 {
             self.pool_memory = Some(memory);
+            if self.stage_room && self.stage.is_none() {
+                // Refused: big steps read the pool where it lies.
+                self.stage = match self.ctx.expert_slots(self.per_page, &shape.like) {
+                    Ok(p) => Some(p),
+                    Err(VkError::OutOfMemory { .. } | VkError::NoMemoryType(_)) => None,
+                    Err(e) => return Err(e),
+                };
+            }
         }
         Ok(added)
     }
@@ -374,7 +404,19 @@ impl DeviceSide {
         batch: Batch,
         cpu_done: &AtomicBool,
     ) -> Result<SideDone, VkError> {
-        let Batch { n, glu, precision } = batch;
+        let Batch { n, stage, glu, precision } = batch;
+        let stage = self.stage.as_ref().filter(|_| stage);
+        // Per page touched, the local slots its pairs read (for the stage's copies).
+        let mut read = vec![Vec::new(); self.pages.len()];
+        if stage.is_some() {
+            for &(_, _, s) in &job.pairs {
+                let (page, at) = self.locate(s);
+                if let Some(r) = read.get_mut(page) {
+                    r.push(at);
+                }
+            }
+        }
+        let first_pool_page = self.device_pages();
         let (top_k, hidden) = (self.top_k, self.hidden);
         let with_bias = self.has_bias();
         let tb = Instant::now();
@@ -396,15 +438,15 @@ impl DeviceSide {
             match (round, &self.stream) {
                 (None, _) => {
                     for (p, _) in touched.iter().enumerate().filter(|t| *t.1) {
-                        let call = MoeCall {
-                            experts: &self.pages[p],
-                            scratch: &self.scratch,
-                            n,
-                            top_k,
-                            glu,
-                            precision,
-                            path: MoePath::Auto,
+                        let experts = match stage {
+                            Some(st) if p >= first_pool_page => {
+                                f.copy_experts(&self.pages[p], st, &read[p])?;
+                                st
+                            }
+                            _ => &self.pages[p],
                         };
+                        let call =
+                            MoeCall { experts, scratch: &self.scratch, n, top_k, glu, precision, path: MoePath::Auto };
                         f.moe_pairs(call, xv, self.routing[p].view(0, n * 2 * top_k), yv)?;
                     }
                 }

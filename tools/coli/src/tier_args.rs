@@ -13,7 +13,8 @@ pub struct TierArgs {
     /// The expert tier's device budget in MiB (default: what the plan leaves on the device).
     #[arg(long, value_parser = crate::checks::mib, help_heading = heading::EXPERT_TIER)]
     pub tier_mib: Option<u64>,
-    /// At most this many experts in the tier on each device, whatever the budget.
+    /// At most this many experts in the tier on each device, whatever the budget (0 with
+    /// --host-pool-mib: no device slot, every expert in the host pool).
     #[arg(long, help_heading = heading::EXPERT_TIER)]
     pub tier_experts: Option<usize>,
     /// Promotions into the tier per token at most.
@@ -35,7 +36,8 @@ pub struct TierArgs {
     /// streaming; on the H200 it has not yet made a prompt faster, docs/BENCHMARKS.md).
     #[arg(long, default_value_t = 0, help_heading = heading::EXPERT_TIER)]
     pub tier_stream_slots: usize,
-    /// Rows from which a step may stream.
+    /// Rows from which a step may stream, and copies the host pool experts it reads into a
+    /// device page before its kernels read them.
     #[arg(long, default_value_t = 32, help_heading = heading::EXPERT_TIER)]
     pub tier_stream_rows: usize,
     /// The host pool's budget in MiB, or `auto` (from free memory: every expert the device

@@ -115,15 +115,15 @@ pub struct DeviceExperts {
     pub ffn: usize,
     pub hidden: usize,
     /// `experts * 2 * ffn` rows of `hidden`: expert e's gate rows, then its up rows.
-    gate_up: DeviceMatrix,
+    pub(super) gate_up: DeviceMatrix,
     /// `experts * hidden` rows of `ffn`.
-    down: DeviceMatrix,
+    pub(super) down: DeviceMatrix,
     /// f32 biases (gpt-oss): `experts * 2 * ffn` for gate/up as their rows, then
     /// `experts * hidden` for down.
-    bias: Option<DeviceBuffer>,
+    pub(super) bias: Option<DeviceBuffer>,
     /// Per role (gate/up, down): format, rows, cols, bytes of values and of scales of one
     /// matrix, what every expert written into a slot must have.
-    units: [(WeightFormat, usize, usize, usize, usize); 2],
+    pub(super) units: [(WeightFormat, usize, usize, usize, usize); 2],
 }
 
 impl DeviceExperts {
