@@ -133,6 +133,8 @@ pub struct ExpertTier {
     cpu_pair_s: Option<f64>,
     upload_byte_s: f64,
     balancer: Balancer,
+    /// The step's pair outputs (`n x top_k x hidden`), kept from step to step.
+    table: Vec<f32>,
     opts: TierOptions,
     budget: u64,
     stats: TierStats,
@@ -285,6 +287,7 @@ impl ExpertTier {
             cpu_pair_s: None,
             upload_byte_s: 1.0 / 8e9,
             balancer: Balancer::new(opts.balance, opts.deterministic),
+            table: Vec::new(),
             budget,
             stats: TierStats::default(),
             line: String::new(),
@@ -448,6 +451,7 @@ impl ExpertTier {
         out: &mut [f32],
     ) -> Result<(), TierRunError> {
         let TierStep { op, x, routing, n, precision } = step;
+        let t_prep = Instant::now();
         let Op::RoutedExperts { layer, glu, .. } = op else {
             return Err(VkError::BadArgument { op: "tier", msg: "not a routed-experts op".into() }.into());
         };
@@ -554,6 +558,8 @@ impl ExpertTier {
             let mine = |s: &usize| side.owns(*s);
             jobs.push(SideJob {
                 pairs: dev_pairs.iter().filter(|p| mine(&p.2)).map(|&(r, k, s)| (r, k, s - side.first)).collect(),
+                staged: Vec::new(),
+                stage_pairs: Vec::new(),
                 streamed: if i == 0 { streamed.clone() } else { Vec::new() },
                 stream_pairs: if i == 0 { stream_pairs.clone() } else { Vec::new() },
                 rounds: if i == 0 { rounds } else { 0 },
@@ -565,11 +571,20 @@ impl ExpertTier {
                     .collect(),
             });
         }
-        if let Some(side) = self.sides.first().filter(|s| s.stage.is_some() && n >= self.opts.stream_min_rows) {
-            let mut staged: Vec<usize> = jobs[0].pairs.iter().map(|p| p.2).filter(|&s| s >= side.pool_from).collect();
-            staged.sort_unstable();
-            staged.dedup();
-            self.stats.pool_staged += staged.len() as u64;
+        // A big step's pool experts go through the primary's stage (as many as it holds).
+        let stage = self.sides.first().and_then(|s| s.stage.as_ref().map(|st| (s.pool_from, st.experts)));
+        if let (Some((pool_from, cap)), Some(job), true) = (stage, jobs.first_mut(), n >= self.opts.stream_min_rows) {
+            let mut locals: Vec<usize> = job.pairs.iter().map(|p| p.2).filter(|&s| s >= pool_from).collect();
+            locals.sort_unstable();
+            locals.dedup();
+            locals.truncate(cap);
+            let slot_of: std::collections::HashMap<usize, usize> =
+                locals.iter().enumerate().map(|(i, &l)| (l, i)).collect();
+            let (staged, rest): (Vec<_>, Vec<_>) = job.pairs.iter().partition(|p| slot_of.contains_key(&p.2));
+            job.stage_pairs = staged.into_iter().map(|(r, k, l)| (r, k, slot_of[&l])).collect();
+            job.pairs = rest;
+            job.staged = locals.iter().enumerate().map(|(i, &l)| (l, i)).collect();
+            self.stats.pool_staged += locals.len() as u64;
         }
         let mut touched = Vec::with_capacity(jobs.len());
         for (side, job) in self.sides.iter().zip(&jobs) {
@@ -577,7 +592,13 @@ impl ExpertTier {
         }
         // 4. Each side's batch, streamed rounds and uploads on a worker of its own (both in
         //    flight at once), the CPU's pairs here; then every worker joins.
-        let mut table = vec![0.0f32; n * top_k * hidden];
+        // Every pair's row is written below (the CPU's or a device's), so the table kept from
+        // the last step is reused as it is: no zeroing, no fresh pages a step.
+        let mut table = std::mem::take(&mut self.table);
+        if table.len() < n * top_k * hidden {
+            table.resize(n * top_k * hidden, 0.0);
+        }
+        let table_len = n * top_k * hidden;
         let expert = |e: usize| tl.mats(ws, e);
         // The CPU's experts out of RAM (read from disk on a miss), none kept that the tier holds.
         let fetched = match ram {
@@ -595,6 +616,7 @@ impl ExpertTier {
         let cpu_expert = |e: usize| ram_table.get(e).copied().flatten().unwrap_or_else(|| expert(e));
         let cpu_done = AtomicBool::new(false);
         let t0 = Instant::now();
+        self.stats.host[0] += t0 - t_prep;
         let (results, cpu_time) = std::thread::scope(|sc| {
             let workers: Vec<_> = self
                 .sides
@@ -603,14 +625,13 @@ impl ExpertTier {
                 .zip(&touched)
                 .map(|((side, job), touched)| {
                     let (expert, cpu_done) = (&expert, &cpu_done);
-                    let stage = n >= self.opts.stream_min_rows;
-                    let batch = side::Batch { n, stage, glu: *glu, precision };
+                    let batch = side::Batch { n, glu: *glu, precision };
                     sc.spawn(move || side.work(job, touched, expert, batch, cpu_done))
                 })
                 .collect();
             if !cpu_pairs.is_empty() {
                 let rows = Routed { x, n, hidden, routing, top_k };
-                pair_outputs(rows, &cpu_pairs, *glu, precision, &cpu_expert, &mut table);
+                pair_outputs(rows, &cpu_pairs, *glu, precision, &cpu_expert, &mut table[..table_len]);
             }
             cpu_done.store(true, Ordering::Release);
             let cpu_time = t0.elapsed();
@@ -618,6 +639,7 @@ impl ExpertTier {
             (results, cpu_time)
         });
         let waited = t0.elapsed().saturating_sub(cpu_time);
+        let t_gather = Instant::now();
         // Every worker has joined: a failed batch on either device is the step's error (the
         // session then turns every device off and the CPU runs the forward again).
         let mut done_all = Vec::new();
@@ -668,18 +690,14 @@ impl ExpertTier {
             if !job.runs() {
                 continue;
             }
-            let dev_table = side.read_outputs(n, top_k, hidden)?;
-            let rows =
-                job.pairs.iter().map(|&(r, k, _)| (r, k)).chain(job.stream_pairs.iter().map(|&(r, k, _, _)| (r, k)));
-            let mut served = 0;
-            for (r, k) in rows {
-                let at = (r * top_k + k) * hidden;
-                table[at..at + hidden].copy_from_slice(&dev_table[at..at + hidden]);
-                served += 1;
-            }
-            side.pairs += served;
+            let rows = (job.pairs.iter().chain(&job.stage_pairs).map(|&(r, k, _)| (r, k)))
+                .chain(job.stream_pairs.iter().map(|&(r, k, _, _)| (r, k)));
+            side.pairs += side.read_pairs(n, top_k, hidden, rows, &mut table[..table_len])?;
         }
-        join_ranks(routing, n, top_k, hidden, &table, out);
+        join_ranks(routing, n, top_k, hidden, &table[..table_len], out);
+        self.table = table;
+        let t_after = Instant::now();
+        self.stats.host[1] += t_after - t_gather;
         // 5. Promotions: the CPU's experts of this step, hottest first (streamed experts are
         //    not candidates: a prompt's whole working set passes through the staging slots).
         let mut cands: Vec<usize> = cpu_pairs.iter().map(|&(r, k)| pair_expert(routing, top_k, r, k)).collect();
@@ -717,6 +735,7 @@ impl ExpertTier {
         }
         // 6. The host pool's experts of this step move up (the module doc).
         self.promote_from_pool(t, routing, top_k, &dev_pairs);
+        self.stats.host[2] += t_after.elapsed();
         Ok(())
     }
 

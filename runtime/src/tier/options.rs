@@ -101,6 +101,9 @@ pub struct TierStats {
     pub batch: Duration,
     pub cpu: Duration,
     pub waited: Duration,
+    /// The host's own time in a step: before the batch (who computes what, the inputs
+    /// written), after it (the outputs read and joined), and the promotions' choice.
+    pub host: [Duration; 3],
     /// Pairs of host pool experts the balancer gave the CPU (not part of `device` or `pool`).
     pub balanced: u64,
     /// Experts streamed through the staging slots (and their pairs, part of `device`).

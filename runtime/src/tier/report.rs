@@ -103,7 +103,7 @@ impl ExpertTier {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let resident = self.slots.resident();
         let mut line = format!(
-            "expert tier run: device {} of {} routed pairs ({share:.1}%; {} from the host pool, {} pool experts moved up, {} copied to the device by big steps), CPU {} ({} of the pool's by the balancer) | resident {resident} of {} slots ({} of {}) | uploads {} ({}, {} warm), evictions {}, skipped {} (rate or queue), failed {} | batches {:.1} ms, CPU share {:.1} ms, waited {:.1} ms | streamed {} experts ({} pairs)",
+            "expert tier run: device {} of {} routed pairs ({share:.1}%; {} from the host pool, {} pool experts moved up, {} copied to the device by big steps), CPU {} ({} of the pool's by the balancer) | resident {resident} of {} slots ({} of {}) | uploads {} ({}, {} warm), evictions {}, skipped {} (rate or queue), failed {} | batches {:.1} ms, CPU share {:.1} ms, waited {:.1} ms, host {:.1} / {:.1} / {:.1} ms (before / after / promotions) | streamed {} experts ({} pairs)",
             s.device,
             s.routed,
             s.pool,
@@ -123,6 +123,9 @@ impl ExpertTier {
             ms(s.batch),
             ms(s.cpu),
             ms(s.waited),
+            ms(s.host[0]),
+            ms(s.host[1]),
+            ms(s.host[2]),
             s.streamed,
             s.streamed_pairs,
         );

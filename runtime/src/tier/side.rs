@@ -19,6 +19,7 @@ use crate::cpu::Precision;
 use crate::vk::{Context, DeviceBuffer, DeviceExperts, MemoryUse, MoeCall, MoePath, MoeScratch, PackedExpert, VkError};
 use coli_compiler::cost::human;
 use coli_compiler::ir::GluKind;
+use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -53,6 +54,8 @@ pub(super) struct DeviceSide {
     /// pool's first page), and whether its room was reserved.
     pub stage: Option<DeviceExperts>,
     stage_room: bool,
+    /// The stage's routing (in stage slots), written with the step's inputs.
+    stage_routing: Option<DeviceBuffer>,
     pub pool_memory: Option<MemoryUse>,
     scratch: MoeScratch,
     /// The step's rows (`cap_rows x hidden`), per page the routing in local slot ids
@@ -85,6 +88,10 @@ pub(super) enum SideSetup {
 /// expert's matrices)`.
 pub(super) struct SideJob<'m> {
     pub pairs: Vec<(usize, usize, usize)>,
+    /// A big step's pool experts copied into the stage: (local slot, stage slot), and their
+    /// pairs (row, rank, stage slot), not among `pairs`.
+    pub staged: Vec<(usize, usize)>,
+    pub stage_pairs: Vec<(usize, usize, usize)>,
     pub streamed: Vec<(usize, usize, usize)>,
     pub stream_pairs: Vec<(usize, usize, usize, usize)>,
     pub rounds: usize,
@@ -93,7 +100,7 @@ pub(super) struct SideJob<'m> {
 
 impl SideJob<'_> {
     pub fn runs(&self) -> bool {
-        !self.pairs.is_empty() || self.rounds > 0
+        !self.pairs.is_empty() || !self.stage_pairs.is_empty() || self.rounds > 0
     }
 }
 
@@ -101,8 +108,6 @@ impl SideJob<'_> {
 #[derive(Clone, Copy)]
 pub(super) struct Batch {
     pub n: usize,
-    /// A big step: the pool experts it reads are copied into the stage first.
-    pub stage: bool,
     pub glu: GluKind,
     pub precision: Precision,
 }
@@ -226,6 +231,7 @@ impl DeviceSide {
             pool_memory: None,
             stage: None,
             stage_room,
+            stage_routing: None,
             pages,
             per_page,
             scratch,
@@ -322,9 +328,13 @@ impl DeviceSide {
             self.pool_memory = Some(memory);
             if self.stage_room && self.stage.is_none() {
                 // Refused: big steps read the pool where it lies.
-                self.stage = match self.ctx.expert_slots(self.per_page, &shape.like) {
-                    Ok(p) => Some(p),
-                    Err(VkError::OutOfMemory { .. } | VkError::NoMemoryType(_)) => None,
+                let stage = self
+                    .ctx
+                    .expert_slots(self.per_page, &shape.like)
+                    .and_then(|p| Ok((p, self.ctx.f32_buffer(shape.cap_rows * 2 * shape.top_k)?)));
+                (self.stage, self.stage_routing) = match stage {
+                    Ok((p, r)) => (Some(p), Some(r)),
+                    Err(VkError::OutOfMemory { .. } | VkError::NoMemoryType(_)) => (None, None),
                     Err(e) => return Err(e),
                 };
             }
@@ -376,6 +386,19 @@ impl DeviceSide {
             }
             self.ctx.write(&self.routing[p], 0, as_bytes(&local))?;
         }
+        if let (Some(buf), false) = (&self.stage_routing, job.stage_pairs.is_empty()) {
+            let mut local = vec![-1.0f32; n * 2 * top_k];
+            for &(r, k, slot) in &job.stage_pairs {
+                let at = r * 2 * top_k + 2 * k;
+                local[at] = slot as f32;
+                local[at + 1] = routing[at + 1];
+            }
+            for &(r, k, _) in &job.pairs {
+                let at = r * 2 * top_k + 2 * k;
+                local[at + 1] = routing[at + 1];
+            }
+            self.ctx.write(buf, 0, as_bytes(&local))?;
+        }
         if let Some((_, bufs)) = &self.stream {
             for (round, buf) in bufs.iter().enumerate().take(job.rounds) {
                 let mut local = vec![-1.0f32; n * 2 * top_k];
@@ -404,24 +427,12 @@ impl DeviceSide {
         batch: Batch,
         cpu_done: &AtomicBool,
     ) -> Result<SideDone, VkError> {
-        let Batch { n, stage, glu, precision } = batch;
-        let stage = self.stage.as_ref().filter(|_| stage);
-        // Per page touched, the local slots its pairs read (for the stage's copies).
-        let mut read = vec![Vec::new(); self.pages.len()];
-        if stage.is_some() {
-            for &(_, _, s) in &job.pairs {
-                let (page, at) = self.locate(s);
-                if let Some(r) = read.get_mut(page) {
-                    r.push(at);
-                }
-            }
-        }
-        let first_pool_page = self.device_pages();
+        let Batch { n, glu, precision } = batch;
         let (top_k, hidden) = (self.top_k, self.hidden);
         let with_bias = self.has_bias();
         let tb = Instant::now();
         let mut stream_time = Duration::ZERO;
-        let batch = !job.pairs.is_empty();
+        let batch = !job.pairs.is_empty() || !job.stage_pairs.is_empty();
         let jobs = usize::from(batch) + job.rounds;
         let (xv, yv) = (self.xs.view(0, n * hidden), self.y.view(0, n * top_k * hidden));
         for j in 0..jobs {
@@ -438,16 +449,34 @@ impl DeviceSide {
             match (round, &self.stream) {
                 (None, _) => {
                     for (p, _) in touched.iter().enumerate().filter(|t| *t.1) {
-                        let experts = match stage {
-                            Some(st) if p >= first_pool_page => {
-                                f.copy_experts(&self.pages[p], st, &read[p])?;
-                                st
-                            }
-                            _ => &self.pages[p],
-                        };
+                        let experts = &self.pages[p];
                         let call =
                             MoeCall { experts, scratch: &self.scratch, n, top_k, glu, precision, path: MoePath::Auto };
                         f.moe_pairs(call, xv, self.routing[p].view(0, n * 2 * top_k), yv)?;
+                    }
+                    if let (Some(stage), Some(sr), false) = (&self.stage, &self.stage_routing, job.staged.is_empty()) {
+                        // The staged experts copied in, by the pool page they come from; then
+                        // one call over the stage.
+                        let mut by_page: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.pages.len()];
+                        for &(local, slot) in &job.staged {
+                            let (page, at) = self.locate(local);
+                            if let Some(b) = by_page.get_mut(page) {
+                                b.push((at, slot));
+                            }
+                        }
+                        for (p, copies) in by_page.iter().enumerate().filter(|c| !c.1.is_empty()) {
+                            f.copy_experts(&self.pages[p], stage, copies)?;
+                        }
+                        let call = MoeCall {
+                            experts: stage,
+                            scratch: &self.scratch,
+                            n,
+                            top_k,
+                            glu,
+                            precision,
+                            path: MoePath::Auto,
+                        };
+                        f.moe_pairs(call, xv, sr.view(0, n * 2 * top_k), yv)?;
                     }
                 }
                 (Some(round), Some((page, bufs))) => {
@@ -481,10 +510,39 @@ impl DeviceSide {
         Ok((batch_time, stream_time, done))
     }
 
-    /// The batch's pair outputs (`n x top_k x hidden`), as the last submission copied them down.
-    pub fn read_outputs(&self, n: usize, top_k: usize, hidden: usize) -> Result<Vec<f32>, VkError> {
-        let mut out = vec![0.0f32; n * top_k * hidden];
-        self.ctx.read(&self.y_back, 0, as_bytes_mut(&mut out))?;
-        Ok(out)
+    /// Copies the batch's outputs of `pairs` (row, rank) down into their rows of `table`
+    /// (`n x top_k x hidden`, laid out as the batch's), straight from the read-back mapping,
+    /// the rows in parallel. Returns how many pairs.
+    pub fn read_pairs(
+        &self,
+        n: usize,
+        top_k: usize,
+        hidden: usize,
+        pairs: impl Iterator<Item = (usize, usize)>,
+        table: &mut [f32],
+    ) -> Result<u64, VkError> {
+        let mut want = vec![false; n * top_k];
+        let mut count = 0;
+        for (r, k) in pairs {
+            if let Some(w) = want.get_mut(r * top_k + k) {
+                *w = true;
+                count += 1;
+            }
+        }
+        let (rows, row_bytes) = (n * top_k, hidden * 4);
+        self.ctx.read_with(&self.y_back, 0, rows * row_bytes, |ys| {
+            let table = &mut table[..rows * hidden];
+            let copy = |(i, row): (usize, &mut [f32])| {
+                if want[i] {
+                    as_bytes_mut(row).copy_from_slice(&ys[i * row_bytes..(i + 1) * row_bytes]);
+                }
+            };
+            if rows >= 64 {
+                table.par_chunks_mut(hidden).enumerate().for_each(copy);
+            } else {
+                table.chunks_mut(hidden).enumerate().for_each(copy);
+            }
+        })?;
+        Ok(count)
     }
 }

@@ -632,10 +632,17 @@ impl Context {
     /// # Safety
     /// `out` must be valid for writes of `len` bytes.
     unsafe fn read_raw(&self, buf: &DeviceBuffer, offset: usize, out: *mut u8, len: usize) -> Result<()> {
+        // SAFETY: the caller's `len` writable bytes at `out`; `src` is `len` bytes.
+        self.read_with(buf, offset, len, |src| unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), out, len) })
+    }
+
+    /// Calls `f` with bytes `offset..offset + len` of `buf` as the host sees them: the buffer's
+    /// own mapping (no copy; invalidated first where not coherent), else a read-back copy.
+    pub fn read_with<R>(&self, buf: &DeviceBuffer, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
         Self::check_range(buf, offset, len)?;
         self.shared.check_alive()?;
         if len == 0 {
-            return Ok(());
+            return Ok(f(&[]));
         }
         let direct = self.shared.mem().mapping(&buf.inner.alloc);
         let (src, holder) = match direct {
@@ -651,17 +658,16 @@ impl Context {
         };
         let (ptr, coherent, memory) = src;
         let at = if holder.is_some() { 0 } else { offset };
-        // SAFETY: the range lies in a mapped allocation we hold; non-coherent memory is
-        // invalidated (whole mapping: always a valid range) before the copy; `out` is the
-        // caller's `len` writable bytes.
+        // SAFETY: the range lies in a mapped allocation we hold (the copy's, when made, lives
+        // to the end of this call); non-coherent memory is invalidated (whole mapping: always a
+        // valid range) before it is read.
         unsafe {
             if !coherent {
                 let r = [vk::MappedMemoryRange::default().memory(memory).offset(0).size(vk::WHOLE_SIZE)];
                 self.shared.dev.raw.invalidate_mapped_memory_ranges(&r).ctx("vkInvalidateMappedMemoryRanges")?;
             }
-            std::ptr::copy_nonoverlapping(ptr.add(at), out, len);
+            Ok(f(std::slice::from_raw_parts(ptr.add(at), len)))
         }
-        Ok(())
     }
 
     /// A frame: commands recorded into one command buffer, submitted by `Frame::run`.
