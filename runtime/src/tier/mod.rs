@@ -35,10 +35,8 @@
 //! expert moves down into the pool slot they left (both packed again; two promotions of the
 //! rate). Exclusive with the RAM cache as every slot is: a pool expert is not kept in RAM, and
 //! its RAM copy (when held) is what it is packed from before the cache lets it go.
-//! A step of `stream_min_rows` rows or more first copies the pool experts it reads into a
-//! device page shaped like a pool page (the stage, `side.rs`: copy commands, one read of each
-//! expert over the bus instead of the kernels' scattered reads), then reads them there. With
-//! `max_experts: Some(0)` and a pool, the device holds no slot: every expert lives in the pool.
+//! With `max_experts: Some(0)` and a pool, the device holds no slot: every expert lives in the
+//! pool.
 //! The balancer (`balance.rs`, `TierOptions::balance`) gives the CPU a share of the pool's
 //! pairs, whole experts, as the measured times say (where the RAM cache does not serve the
 //! layer: the CPU reads them from the checkpoint's map).
@@ -558,8 +556,6 @@ impl ExpertTier {
             let mine = |s: &usize| side.owns(*s);
             jobs.push(SideJob {
                 pairs: dev_pairs.iter().filter(|p| mine(&p.2)).map(|&(r, k, s)| (r, k, s - side.first)).collect(),
-                staged: Vec::new(),
-                stage_pairs: Vec::new(),
                 streamed: if i == 0 { streamed.clone() } else { Vec::new() },
                 stream_pairs: if i == 0 { stream_pairs.clone() } else { Vec::new() },
                 rounds: if i == 0 { rounds } else { 0 },
@@ -570,21 +566,6 @@ impl ExpertTier {
                     .map(|(&(s, _, _), m)| (s, s - side.first, *m))
                     .collect(),
             });
-        }
-        // A big step's pool experts go through the primary's stage (as many as it holds).
-        let stage = self.sides.first().and_then(|s| s.stage.as_ref().map(|st| (s.pool_from, st.experts)));
-        if let (Some((pool_from, cap)), Some(job), true) = (stage, jobs.first_mut(), n >= self.opts.stream_min_rows) {
-            let mut locals: Vec<usize> = job.pairs.iter().map(|p| p.2).filter(|&s| s >= pool_from).collect();
-            locals.sort_unstable();
-            locals.dedup();
-            locals.truncate(cap);
-            let slot_of: std::collections::HashMap<usize, usize> =
-                locals.iter().enumerate().map(|(i, &l)| (l, i)).collect();
-            let (staged, rest): (Vec<_>, Vec<_>) = job.pairs.iter().partition(|p| slot_of.contains_key(&p.2));
-            job.stage_pairs = staged.into_iter().map(|(r, k, l)| (r, k, slot_of[&l])).collect();
-            job.pairs = rest;
-            job.staged = locals.iter().enumerate().map(|(i, &l)| (l, i)).collect();
-            self.stats.pool_staged += locals.len() as u64;
         }
         let mut touched = Vec::with_capacity(jobs.len());
         for (side, job) in self.sides.iter().zip(&jobs) {
@@ -690,8 +671,8 @@ impl ExpertTier {
             if !job.runs() {
                 continue;
             }
-            let rows = (job.pairs.iter().chain(&job.stage_pairs).map(|&(r, k, _)| (r, k)))
-                .chain(job.stream_pairs.iter().map(|&(r, k, _, _)| (r, k)));
+            let rows =
+                (job.pairs.iter().map(|&(r, k, _)| (r, k))).chain(job.stream_pairs.iter().map(|&(r, k, _, _)| (r, k)));
             side.pairs += side.read_pairs(n, top_k, hidden, rows, &mut table[..table_len])?;
         }
         join_ranks(routing, n, top_k, hidden, &table[..table_len], out);

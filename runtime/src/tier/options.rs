@@ -29,8 +29,7 @@ pub struct TierOptions {
     /// Staging slots for streaming a big step's cold experts to the device (0, the default: no
     /// streaming; measured on the H200 it did not yet shorten a prompt).
     pub stream_slots: usize,
-    /// Rows from which a step may stream, and copies the host pool experts it reads into the
-    /// device's stage first (`side.rs`).
+    /// Rows from which a step may stream.
     pub stream_min_rows: usize,
     /// The host pool's budget (`--host-pool-mib`): slots in host memory beside the primary's,
     /// which the device reads over the bus; `PoolBudget::Off` (the default): no pool, as the
@@ -85,8 +84,6 @@ pub struct TierStats {
     pub pool: u64,
     /// Experts moved up from the host pool into a device slot.
     pub pool_promotions: u64,
-    /// Host pool experts big steps copied into the device's stage before reading them.
-    pub pool_staged: u64,
     pub uploads: u64,
     pub upload_bytes: u64,
     /// Uploads of the warm start (part of `uploads`).

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 impl ExpertTier {
-    /// The setup's line: each side's budget and slots, the pool, the stage and streaming, the
+    /// The setup's line: each side's budget and slots, the pool and streaming, the
     /// notes of the devices that hold none, the layers left on the CPU (the warm start's clause
     /// follows it).
     pub(super) fn setup_line(
@@ -38,12 +38,6 @@ impl ExpertTier {
             line.push_str("; the device refused more pages");
         }
         line.push_str(&format!("; {}", pool_note.unwrap_or(super::pool::NO_POOL)));
-        if let Some(st) = &side.stage {
-            line.push_str(&format!(
-                "; steps of {} rows and more copy their pool experts into a device page of {} slots first",
-                self.opts.stream_min_rows, st.experts
-            ));
-        }
         for side in &self.sides[1..] {
             line.push_str(&format!(
                 "; and on d{} ({}): budget {} ({}) = {} experts in {} page{}, after the primary's{}",
@@ -103,12 +97,11 @@ impl ExpertTier {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let resident = self.slots.resident();
         let mut line = format!(
-            "expert tier run: device {} of {} routed pairs ({share:.1}%; {} from the host pool, {} pool experts moved up, {} copied to the device by big steps), CPU {} ({} of the pool's by the balancer) | resident {resident} of {} slots ({} of {}) | uploads {} ({}, {} warm), evictions {}, skipped {} (rate or queue), failed {} | batches {:.1} ms, CPU share {:.1} ms, waited {:.1} ms, host {:.1} / {:.1} / {:.1} ms (before / after / promotions) | streamed {} experts ({} pairs)",
+            "expert tier run: device {} of {} routed pairs ({share:.1}%; {} from the host pool, {} pool experts moved up), CPU {} ({} of the pool's by the balancer) | resident {resident} of {} slots ({} of {}) | uploads {} ({}, {} warm), evictions {}, skipped {} (rate or queue), failed {} | batches {:.1} ms, CPU share {:.1} ms, waited {:.1} ms, host {:.1} / {:.1} / {:.1} ms (before / after / promotions) | streamed {} experts ({} pairs)",
             s.device,
             s.routed,
             s.pool,
             s.pool_promotions,
-            s.pool_staged,
             s.routed - s.device,
             s.balanced,
             self.slots.len(),

@@ -49,13 +49,6 @@ pub(super) struct DeviceSide {
     /// The local slot the host pool's pages start at (`slots()` without a pool), and the
     /// memory they are in.
     pub pool_from: usize,
-    /// A device page shaped like a pool page, where a big step's pool experts are copied
-    /// before the kernels read them (reserved in `size` when a pool is asked, made with the
-    /// pool's first page), and whether its room was reserved.
-    pub stage: Option<DeviceExperts>,
-    stage_room: bool,
-    /// The stage's routing (in stage slots), written with the step's inputs.
-    stage_routing: Option<DeviceBuffer>,
     pub pool_memory: Option<MemoryUse>,
     scratch: MoeScratch,
     /// The step's rows (`cap_rows x hidden`), per page the routing in local slot ids
@@ -88,10 +81,6 @@ pub(super) enum SideSetup {
 /// expert's matrices)`.
 pub(super) struct SideJob<'m> {
     pub pairs: Vec<(usize, usize, usize)>,
-    /// A big step's pool experts copied into the stage: (local slot, stage slot), and their
-    /// pairs (row, rank, stage slot), not among `pairs`.
-    pub staged: Vec<(usize, usize)>,
-    pub stage_pairs: Vec<(usize, usize, usize)>,
     pub streamed: Vec<(usize, usize, usize)>,
     pub stream_pairs: Vec<(usize, usize, usize, usize)>,
     pub rounds: usize,
@@ -100,7 +89,7 @@ pub(super) struct SideJob<'m> {
 
 impl SideJob<'_> {
     pub fn runs(&self) -> bool {
-        !self.pairs.is_empty() || !self.stage_pairs.is_empty() || self.rounds > 0
+        !self.pairs.is_empty() || self.rounds > 0
     }
 }
 
@@ -152,11 +141,6 @@ impl DeviceSide {
         let stream_bytes = (stream_slots * expert_bytes) as u64;
         let stream_slots = if stream_slots > 0 && room >= 4 * stream_bytes { stream_slots } else { 0 };
         let room = room - (stream_slots * expert_bytes) as u64;
-        // A page to copy a big step's pool experts into, when it takes at most a quarter of
-        // the room.
-        let stage_bytes = (per_page_max.min(page_of.max(1)) * expert_bytes) as u64;
-        let stage_room = pool_room > 0 && room >= 4 * stage_bytes;
-        let room = if stage_room { room - stage_bytes } else { room };
         let want = ((room / expert_bytes.max(1) as u64) as usize).min(max_slots);
         let pool_only = want == 0 && pool_room > 0 && budget >= fixed;
         if want == 0 && !pool_only {
@@ -229,9 +213,6 @@ impl DeviceSide {
             first: 0,
             pool_from: pages.iter().map(|p| p.experts).sum(),
             pool_memory: None,
-            stage: None,
-            stage_room,
-            stage_routing: None,
             pages,
             per_page,
             scratch,
@@ -326,18 +307,6 @@ impl DeviceSide {
         }
         if added > 0 {
             self.pool_memory = Some(memory);
-            if self.stage_room && self.stage.is_none() {
-                // Refused: big steps read the pool where it lies.
-                let stage = self
-                    .ctx
-                    .expert_slots(self.per_page, &shape.like)
-                    .and_then(|p| Ok((p, self.ctx.f32_buffer(shape.cap_rows * 2 * shape.top_k)?)));
-                (self.stage, self.stage_routing) = match stage {
-                    Ok((p, r)) => (Some(p), Some(r)),
-                    Err(VkError::OutOfMemory { .. } | VkError::NoMemoryType(_)) => (None, None),
-                    Err(e) => return Err(e),
-                };
-            }
         }
         Ok(added)
     }
@@ -386,19 +355,6 @@ impl DeviceSide {
             }
             self.ctx.write(&self.routing[p], 0, as_bytes(&local))?;
         }
-        if let (Some(buf), false) = (&self.stage_routing, job.stage_pairs.is_empty()) {
-            let mut local = vec![-1.0f32; n * 2 * top_k];
-            for &(r, k, slot) in &job.stage_pairs {
-                let at = r * 2 * top_k + 2 * k;
-                local[at] = slot as f32;
-                local[at + 1] = routing[at + 1];
-            }
-            for &(r, k, _) in &job.pairs {
-                let at = r * 2 * top_k + 2 * k;
-                local[at + 1] = routing[at + 1];
-            }
-            self.ctx.write(buf, 0, as_bytes(&local))?;
-        }
         if let Some((_, bufs)) = &self.stream {
             for (round, buf) in bufs.iter().enumerate().take(job.rounds) {
                 let mut local = vec![-1.0f32; n * 2 * top_k];
@@ -432,7 +388,7 @@ impl DeviceSide {
         let with_bias = self.has_bias();
         let tb = Instant::now();
         let mut stream_time = Duration::ZERO;
-        let batch = !job.pairs.is_empty() || !job.stage_pairs.is_empty();
+        let batch = !job.pairs.is_empty();
         let jobs = usize::from(batch) + job.rounds;
         let (xv, yv) = (self.xs.view(0, n * hidden), self.y.view(0, n * top_k * hidden));
         for j in 0..jobs {
@@ -453,30 +409,6 @@ impl DeviceSide {
                         let call =
                             MoeCall { experts, scratch: &self.scratch, n, top_k, glu, precision, path: MoePath::Auto };
                         f.moe_pairs(call, xv, self.routing[p].view(0, n * 2 * top_k), yv)?;
-                    }
-                    if let (Some(stage), Some(sr), false) = (&self.stage, &self.stage_routing, job.staged.is_empty()) {
-                        // The staged experts copied in, by the pool page they come from; then
-                        // one call over the stage.
-                        let mut by_page: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.pages.len()];
-                        for &(local, slot) in &job.staged {
-                            let (page, at) = self.locate(local);
-                            if let Some(b) = by_page.get_mut(page) {
-                                b.push((at, slot));
-                            }
-                        }
-                        for (p, copies) in by_page.iter().enumerate().filter(|c| !c.1.is_empty()) {
-                            f.copy_experts(&self.pages[p], stage, copies)?;
-                        }
-                        let call = MoeCall {
-                            experts: stage,
-                            scratch: &self.scratch,
-                            n,
-                            top_k,
-                            glu,
-                            precision,
-                            path: MoePath::Auto,
-                        };
-                        f.moe_pairs(call, xv, sr.view(0, n * 2 * top_k), yv)?;
                     }
                 }
                 (Some(round), Some((page, bufs))) => {

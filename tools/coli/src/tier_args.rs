@@ -36,8 +36,7 @@ pub struct TierArgs {
     /// streaming; on the H200 it has not yet made a prompt faster, docs/BENCHMARKS.md).
     #[arg(long, default_value_t = 0, help_heading = heading::EXPERT_TIER)]
     pub tier_stream_slots: usize,
-    /// Rows from which a step may stream, and copies the host pool experts it reads into a
-    /// device page before its kernels read them.
+    /// Rows from which a step may stream.
     #[arg(long, default_value_t = 32, help_heading = heading::EXPERT_TIER)]
     pub tier_stream_rows: usize,
     /// The host pool's budget in MiB, or `auto` (from free memory: every expert the device

@@ -17,7 +17,6 @@ pub mod kv_append;
 pub mod matmul;
 pub mod mla;
 pub mod moe;
-pub mod moe_copy;
 pub mod moe_glu;
 pub mod moe_pages;
 pub mod moe_scratch;

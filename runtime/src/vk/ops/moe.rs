@@ -115,15 +115,15 @@ pub struct DeviceExperts {
     pub ffn: usize,
     pub hidden: usize,
     /// `experts * 2 * ffn` rows of `hidden`: expert e's gate rows, then its up rows.
-    pub(super) gate_up: DeviceMatrix,
+    gate_up: DeviceMatrix,
     /// `experts * hidden` rows of `ffn`.
-    pub(super) down: DeviceMatrix,
+    down: DeviceMatrix,
     /// f32 biases (gpt-oss): `experts * 2 * ffn` for gate/up as their rows, then
     /// `experts * hidden` for down.
-    pub(super) bias: Option<DeviceBuffer>,
+    bias: Option<DeviceBuffer>,
     /// Per role (gate/up, down): format, rows, cols, bytes of values and of scales of one
     /// matrix, what every expert written into a slot must have.
-    pub(super) units: [(WeightFormat, usize, usize, usize, usize); 2],
+    units: [(WeightFormat, usize, usize, usize, usize); 2],
 }
 
 impl DeviceExperts {
