@@ -8,7 +8,10 @@
 //! CPU's share of the step by a tenth, down by an eighth while the CPU's share outlasted the
 //! batch by a tenth. Small steps (decode, a few verify rows) and big ones (prompt chunks) keep
 //! shares of their own: their balance differs. Whole experts move, those with the fewest pairs
-//! first, so each expert's weights are read once, on one side.
+//! first, so each expert's weights are read once, on one side. A side with no pairs in a step
+//! is taken at its last measured time (the device's submission costs it even for one pair), not
+//! at zero: else a share of every pool pair would always move back, and decode on a host pool
+//! would keep paying for a device batch of a pair or two.
 //!
 //! Must not: move a pair whose expert is not in the pool, or follow times in deterministic mode
 //! (`Adaptive` then moves nothing; a `Fixed` share follows the routing alone, so it repeats).
@@ -41,11 +44,13 @@ pub(super) struct Balancer {
     deterministic: bool,
     /// The CPU's share of pool pairs in small and in big steps.
     share: [f64; 2],
+    /// The last measured time of each side (device batch, CPU share) that had pairs, per kind.
+    last: [[Option<f64>; 2]; 2],
 }
 
 impl Balancer {
     pub fn new(mode: Balance, deterministic: bool) -> Balancer {
-        Balancer { mode, deterministic, share: [0.0; 2] }
+        Balancer { mode, deterministic, share: [0.0; 2], last: [[None; 2]; 2] }
     }
 
     fn kind(n: usize) -> usize {
@@ -63,13 +68,23 @@ impl Balancer {
         }
     }
 
-    /// After a step of `n` rows that had pool pairs: the devices' batch against the CPU's share.
-    pub fn update(&mut self, n: usize, batch: Duration, cpu: Duration) {
+    /// After a step of `n` rows that had pool pairs: the devices' batch against the CPU's share
+    /// (`None`: that side had no pairs; its last measured time stands in).
+    pub fn update(&mut self, n: usize, batch: Option<Duration>, cpu: Option<Duration>) {
         if self.mode != Balance::Adaptive || self.deterministic {
             return;
         }
-        let s = &mut self.share[Self::kind(n)];
-        let (b, c) = (batch.as_secs_f64(), cpu.as_secs_f64());
+        let kind = Self::kind(n);
+        let last = &mut self.last[kind];
+        let mut side = |t: Option<Duration>, i: usize| match t {
+            Some(t) => {
+                last[i] = Some(t.as_secs_f64());
+                t.as_secs_f64()
+            }
+            None => last[i].unwrap_or(0.0),
+        };
+        let (b, c) = (side(batch, 0), side(cpu, 1));
+        let s = &mut self.share[kind];
         if b > c * SLACK {
             *s = (*s + STEP).min(1.0);
         } else if c > b * SLACK {
@@ -132,32 +147,50 @@ mod tests {
         let mut b = Balancer::new(Balance::Adaptive, false);
         assert_eq!(b.share(1), 0.0);
         // The device's batch outlasts the CPU: the CPU takes more of the pool's pairs.
-        b.update(1, 10 * MS, 5 * MS);
-        b.update(1, 10 * MS, 5 * MS);
+        b.update(1, Some(10 * MS), Some(5 * MS));
+        b.update(1, Some(10 * MS), Some(5 * MS));
         assert_eq!(b.share(1), 0.25);
         assert_eq!(b.share(512), 0.0, "big steps keep their own share");
         // Within a tenth of each other: no change; the CPU slower: back down.
-        b.update(1, 10 * MS, 10 * MS);
+        b.update(1, Some(10 * MS), Some(10 * MS));
         assert_eq!(b.share(1), 0.25);
-        b.update(1, 5 * MS, 10 * MS);
+        b.update(1, Some(5 * MS), Some(10 * MS));
         assert_eq!(b.share(1), 0.125);
         for _ in 0..20 {
-            b.update(512, 10 * MS, 1 * MS);
+            b.update(512, Some(10 * MS), Some(1 * MS));
         }
         assert_eq!(b.share(512), 1.0, "at most every pool pair");
         for _ in 0..20 {
-            b.update(512, 1 * MS, 10 * MS);
+            b.update(512, Some(1 * MS), Some(10 * MS));
         }
         assert_eq!(b.share(512), 0.0, "at least none");
     }
 
     #[test]
+    fn a_side_without_pairs_counts_at_its_last_measured_time() {
+        let mut b = Balancer::new(Balance::Adaptive, false);
+        // Nothing measured on the CPU yet: the device's batch is slower than nothing.
+        b.update(1, Some(2 * MS), None);
+        assert_eq!(b.share(1), 0.125);
+        for _ in 0..10 {
+            b.update(1, Some(2 * MS), Some(1 * MS));
+        }
+        assert_eq!(b.share(1), 1.0);
+        // Every pool pair on the CPU, the device idle: its last batch (2 ms) against the CPU's
+        // 1.5 ms, so the share stays; a CPU slower than that batch gives some back.
+        b.update(1, None, Some(3 * MS / 2));
+        assert_eq!(b.share(1), 1.0);
+        b.update(1, None, Some(3 * MS));
+        assert_eq!(b.share(1), 0.875);
+    }
+
+    #[test]
     fn deterministic_runs_and_fixed_shares_ignore_the_times() {
         let mut d = Balancer::new(Balance::Adaptive, true);
-        d.update(1, 10 * MS, 1 * MS);
+        d.update(1, Some(10 * MS), Some(1 * MS));
         assert_eq!(d.share(1), 0.0);
         let mut f = Balancer::new(Balance::Fixed(0.5), true);
-        f.update(1, 10 * MS, 1 * MS);
+        f.update(1, Some(10 * MS), Some(1 * MS));
         assert_eq!(f.share(1), 0.5);
         assert_eq!(Balancer::new(Balance::Fixed(7.0), false).share(1), 1.0);
         assert_eq!(Balancer::new(Balance::Fixed(f32::NAN), false).share(1), 0.0);

@@ -634,7 +634,9 @@ impl ExpertTier {
         }
         self.stats.batch += batch_time;
         if pool_pairs > 0 {
-            self.balancer.update(n, batch_time, cpu_time);
+            let device_ran = jobs.iter().any(SideJob::runs);
+            let (b, c) = (device_ran.then_some(batch_time), (!cpu_pairs.is_empty()).then_some(cpu_time));
+            self.balancer.update(n, b, c);
         }
         // What the rule measures: the CPU's time per pair in a big step, the staging time per byte.
         if n >= self.opts.stream_min_rows && !cpu_pairs.is_empty() {
