@@ -142,7 +142,8 @@ fn injected_submit_failure_loses_the_device_and_leaks_nothing() {
     assert_eq!(ctx.memory_stats().device_bytes, 0);
 }
 
-/// The device line names the device; the budget query answers where the extension exists.
+/// The device line names the device; the budget query answers where the extension exists, and
+/// the device heap's free bytes are one heap's.
 #[test]
 fn context_describes_itself() {
     let Some(ctx) = open(&VkOptions::default()) else { return };
@@ -150,7 +151,15 @@ fn context_describes_itself() {
     assert!(line.starts_with(&ctx.caps().name), "{line}");
     assert!(ctx.caps().subgroup_size >= 1);
     if ctx.caps().memory_budget {
-        assert!(!ctx.memory_budget().unwrap().is_empty());
+        let heaps = ctx.memory_budget().unwrap();
+        assert!(!heaps.is_empty());
+        // The plan's budget is the free memory of the heap device buffers come from: one of
+        // the heaps, at most its budget (not the largest heap's, the host's RAM on a discrete
+        // GPU).
+        let free = ctx.device_heap_free().expect("the device heap's budget");
+        assert!(heaps.iter().any(|&(b, u)| b.saturating_sub(u) == free), "{free} of {heaps:?}");
+    } else {
+        assert_eq!(ctx.device_heap_free(), None);
     }
     // A device named like nothing is a clear error.
     let err =

@@ -1,5 +1,6 @@
 //! The device profile of an opened Vulkan device, in the compiler's terms: its kind, the memory
-//! a plan may use (the memory-budget extension's free bytes of the largest heap, or the cap the
+//! a plan may use (the memory-budget extension's free bytes of the heap device buffers come from,
+//! not the largest heap, which on a discrete GPU is the host's RAM; or the cap the
 //! user set), and the op kinds the Vulkan op library runs (routing and routed experts too: in
 //! a frame where the plan makes a layer's experts resident; Gated DeltaNet, Kimi Delta Attention
 //! and MLA mixers). `coli probe` prints it; `coli exec`
@@ -51,10 +52,7 @@ pub fn profile_of(ctx: &Context, memory_cap: Option<u64>) -> DeviceProfile {
         VkKind::Integrated | VkKind::Virtual | VkKind::Other => DeviceKind::Integrated,
         VkKind::Cpu => DeviceKind::Cpu,
     };
-    let free = ctx
-        .memory_budget()
-        .and_then(|heaps| heaps.iter().map(|(budget, used)| budget.saturating_sub(*used)).max())
-        .unwrap_or(caps.max_allocation_size.max(1 << 30));
+    let free = ctx.device_heap_free().unwrap_or(caps.max_allocation_size.max(1 << 30));
     let budget = memory_cap.map_or(free, |c| c.min(free));
     let reserve = if memory_cap.is_some() { 0 } else { reserve_for(budget) };
     // Route and RoutedExperts run in a frame where the plan makes a layer's experts resident.

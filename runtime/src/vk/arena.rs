@@ -122,6 +122,11 @@ impl Allocator {
         self.limit
     }
 
+    /// The heap `MemoryUse::Device` allocates from.
+    pub fn device_heap(&self) -> usize {
+        self.props.types[self.placement.device as usize].heap as usize
+    }
+
     /// Whether `MemoryUse::PoolImport` is served (the device has `VK_EXT_external_memory_host`).
     pub fn imports(&self) -> bool {
         self.import.is_some()

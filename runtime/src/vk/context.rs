@@ -411,6 +411,13 @@ impl Context {
         Some((0..n).map(|i| (b.heap_budget[i], b.heap_usage[i])).collect())
     }
 
+    /// Free bytes of the heap device buffers come from (its budget less its usage), where the
+    /// device reports them: not the largest heap's, which on a discrete GPU is the host's RAM.
+    pub fn device_heap_free(&self) -> Option<u64> {
+        let heap = self.shared.mem().device_heap();
+        self.memory_budget()?.get(heap).map(|(budget, used)| budget.saturating_sub(*used))
+    }
+
     /// Releases the spare recording resources frames keep for reuse, then the empty blocks
     /// the arenas keep.
     pub fn trim(&self) {
