@@ -1,22 +1,24 @@
-//! The 8-bit formats' q8 matmul on a CPU with AMX: one arithmetic for every call, whatever its
-//! row count, so a row's bits never depend on the rows beside it (a prompt chunk, a reused
-//! prefix's suffix, a batched decode step and a decode step agree bit for bit).
+//! The 8-bit formats' and `Q4_0` / `Q4_1`'s q8 matmul on a CPU with AMX: one arithmetic for
+//! every call, whatever its row count, so a row's bits never depend on the rows beside it (a
+//! prompt chunk, a reused prefix's suffix, a batched decode step and a decode step agree bit for
+//! bit).
 //!
 //! Per unit `k` (32 columns) a weight row `r` and an activation row `i` give an exact i32 sum
 //! of 32 byte products, which then takes, in this order, in f32:
 //!
 //! ```text
 //! acc = fma(a_r * d_i, dot, acc)      // a_r: the weight unit's multiplier, d_i the block's scale
-//! acc = fma(b_r, s_i, acc)            // formats with an offset or a min (none taken yet)
+//! acc = fma(b_r, s_i, acc)            // formats with an offset or a min (Q4_0's -8 d, Q4_1's m)
 //! ```
 //!
 //! and at the end `out = scale_r * acc` (I8Row's row scale, else 1). Calls of `TILE_ROWS` (16)
 //! activation rows or more run on the tile unit (`tile_q8`: 16 weight rows by 16 activation
-//! rows a unit, tile A the weights' bytes as stored, tile B the activations packed once a call,
-//! `TileActs`); smaller ones (decode, a checked draft, a batched step of a few sequences) on
-//! AVX-512 VNNI across 16 weight rows (`few_q8`). These are not the AVX-512 level's bits (that
-//! level sums each unit in four partial lanes); `Q8_0` and `I8Row` are taken, the nibble formats
-//! keep that level's kernels for every call (see `code`).
+//! rows a unit, tile A the 8-bit weights' bytes as stored or the nibbles decoded a group at a
+//! time, tile B the activations packed once a call, `TileActs`); smaller ones (decode, a checked
+//! draft, a batched step of a few sequences) on AVX-512 VNNI across 16 weight rows (`few_q8`,
+//! each unit's bytes or nibbles and factors taken from the matrix in registers). These are not
+//! the AVX-512 level's bits (that level sums each unit in four partial lanes); `Q8_0`, `I8Row`,
+//! `Q4_0` and `Q4_1` are taken, `I4G64` and `Q4_K` keep that level's kernels (see `code`).
 //!
 //! Must not: run unless `usable()` said so (the tile registers need the kernel's permission,
 //! asked for once a process) and inside code compiled with AVX-512 F/BW/VL/VNNI enabled; hold
@@ -26,7 +28,7 @@
 
 use super::matrix::Matrix;
 use super::q8::{QuantizedActs, TileActs};
-use super::simd::{signed, unit_scalar, F_I8ROW, F_Q8_0};
+use super::simd::{signed, unit_scalar, F_I8ROW, F_Q4_0, F_Q4_1, F_Q8_0};
 use super::WeightFormat;
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -46,16 +48,36 @@ pub fn usable() -> bool {
 }
 
 /// `simd`'s code for `format`, where the tile path takes it: the 8-bit formats, whose bytes tile
-/// A reads as stored. The nibble formats (`Q4_0`, `Q4_1`, `I4G64`, `Q4_K`) keep the AVX-512
-/// kernels for every call: decoding their units for these kernels (the `!SIGNED` paths below,
-/// unused until then) made SmolLM2 Q4_1's decode 2x slower (docs/BENCHMARKS.md), and a format
-/// must take one arithmetic for every row count.
+/// A reads as stored, and `Q4_0` / `Q4_1`, whose decode's units `few_rows` spreads in registers
+/// (a unit decoded into a buffer per row, as `Group::fill` does for the tiles, made SmolLM2
+/// Q4_1's decode 2x slower; docs/BENCHMARKS.md). `I4G64` and `Q4_K` keep the AVX-512 kernels
+/// for every call, until `few_rows` decodes them too: a format takes one arithmetic for every
+/// row count.
 fn code(format: WeightFormat) -> Option<u8> {
     Some(match format {
         WeightFormat::Q8_0 => F_Q8_0,
         WeightFormat::I8Row => F_I8ROW,
+        WeightFormat::Q4_0 => F_Q4_0,
+        WeightFormat::Q4_1 => F_Q4_1,
         _ => return None,
     })
+}
+
+/// Whether `few` decodes a full group's units in registers (the 8-bit formats' bytes as
+/// stored, `Q4_0`'s and `Q4_1`'s nibbles spread and their factors gathered), not from a
+/// `Group` filled a unit at a time.
+const fn few_direct(f: u8) -> bool {
+    f == F_Q8_0 || f == F_I8ROW || f == F_Q4_0 || f == F_Q4_1
+}
+
+/// Bytes of one unit (block of 32) in a row of the format.
+const fn unit_bytes(f: u8) -> usize {
+    match f {
+        F_Q8_0 => 34,
+        F_Q4_0 => 18,
+        F_Q4_1 => 20,
+        _ => 32,
+    }
 }
 
 /// `$f!(F)` for the tile path's format code `$code` (a `u8` from `code`).
@@ -63,6 +85,8 @@ macro_rules! by_code {
     ($code:expr, $f:ident) => {
         match $code {
             F_Q8_0 => $f!(F_Q8_0),
+            F_Q4_0 => $f!(F_Q4_0),
+            F_Q4_1 => $f!(F_Q4_1),
             _ => $f!(F_I8ROW),
         }
     };
@@ -310,8 +334,13 @@ unsafe fn few<const F: u8, const SIGNED: bool>(w: &Matrix, acts: &QuantizedActs,
     let mut r = r0;
     while r < r1 {
         let rows = (r1 - r).min(16);
-        let direct = rows == 16 && (F == F_Q8_0 || F == F_I8ROW);
-        g.fill::<F>(w, r, rows, direct);
+        let direct = rows == 16 && few_direct(F);
+        if direct && !(F == F_Q8_0 || F == F_I8ROW) {
+            // The nibble formats' units come from the matrix in `few_rows`; only the row scale.
+            g.scale = [1.0; 16];
+        } else {
+            g.fill::<F>(w, r, rows, direct);
+        }
         let mut c0 = 0;
         while c0 < n {
             let m = (n - c0).min(4);
@@ -351,12 +380,16 @@ unsafe fn few_rows<const F: u8, const SIGNED: bool, const C: usize>(at: Few) {
     let (units, ld, rb) = (w.cols / 32, w.rows, w.row_bytes());
     let base = w.bytes().as_ptr().add(r * rb);
     let flip = _mm512_set1_epi8(if SIGNED { -128 } else { 0 });
+    let at_rows = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(rb as i32),
+    );
     let mut acc = [_mm512_setzero_ps(); C];
     // The next group's rows on their way from memory, a unit's bytes at a time.
     let ahead = if r + 32 <= w.rows { 16 * rb } else { 0 };
     for k in 0..units {
         if ahead != 0 && k % 2 == 0 {
-            let off = if F == F_Q8_0 { 34 * k } else { 32 * k };
+            let off = unit_bytes(F) * k;
             for j in 0..16 {
                 _mm_prefetch::<_MM_HINT_T0>(base.add(ahead + j * rb + off).cast());
             }
@@ -364,7 +397,20 @@ unsafe fn few_rows<const F: u8, const SIGNED: bool, const C: usize>(at: Few) {
         // Weight rows 2p and 2p + 1 in the halves of vector p. (No closures here: they would
         // not carry the caller's target features, and the intrinsics would become calls.)
         let mut wv = [_mm512_setzero_si512(); 8];
+        let nib = direct && (F == F_Q4_0 || F == F_Q4_1);
         for (p, v) in wv.iter_mut().enumerate() {
+            if nib {
+                // The 16 code bytes of rows 2p and 2p + 1 spread to 32 nibbles each.
+                let off = unit_bytes(F) * k + if F == F_Q4_0 { 2 } else { 4 };
+                // Each row's 16 bytes twice (lanes 0-1: row 2p, 2-3: row 2p + 1), the second
+                // copy shifted down a nibble: `nibbles`' order, for both rows in four operations.
+                let a = _mm256_broadcastsi128_si256(_mm_loadu_si128(base.add(2 * p * rb + off).cast()));
+                let b = _mm256_broadcastsi128_si256(_mm_loadu_si128(base.add((2 * p + 1) * rb + off).cast()));
+                let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b);
+                let shifts = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+                *v = _mm512_and_si512(_mm512_srlv_epi64(both, shifts), _mm512_set1_epi8(0x0f));
+                continue;
+            }
             let (lo, hi) = if direct {
                 let off = if F == F_Q8_0 { 34 * k + 2 } else { 4 + 32 * k };
                 (base.add(2 * p * rb + off), base.add((2 * p + 1) * rb + off))
@@ -377,8 +423,20 @@ unsafe fn few_rows<const F: u8, const SIGNED: bool, const C: usize>(at: Few) {
             );
             *v = _mm512_xor_si512(both, flip);
         }
-        let av = _mm512_loadu_ps(g.a[k].as_ptr());
-        let bv = _mm512_loadu_ps(g.b[k].as_ptr());
+        let (av, bv) = if nib {
+            // The 16 rows' f16 factors of the unit at once: d (and Q4_1's m above it); Q4_0's
+            // offset is -8 d, as `unit_scalar` makes it.
+            let bits = _mm512_i32gather_epi32::<1>(at_rows, base.add(unit_bytes(F) * k).cast());
+            let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(bits));
+            let b = if F == F_Q4_0 {
+                _mm512_mul_ps(_mm512_set1_ps(-8.0), d)
+            } else {
+                _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(bits)))
+            };
+            (d, b)
+        } else {
+            (_mm512_loadu_ps(g.a[k].as_ptr()), _mm512_loadu_ps(g.b[k].as_ptr()))
+        };
         for (c, acc) in acc.iter_mut().enumerate() {
             let blk = &acts.row(c0 + c)[k];
             let x = _mm512_broadcast_i64x4(_mm256_loadu_si256(blk.q.as_ptr().cast()));
