@@ -59,6 +59,17 @@ fn stats(l: &Engine) -> TierStats {
     l.device().and_then(|d| d.with_tier(|t| t.stats().clone())).expect("a tier")
 }
 
+/// `l`'s greedy run of `p` on the device against the CPU's `want`: the same tokens, logits
+/// within the tier tests' tolerance (1e-4 of the largest |logit|).
+fn matches_cpu(l: &Engine, p: &[u32], want: &Run, what: &str) -> Run {
+    let got = run_greedy(l, p, 5, 8, CONTEXT, true);
+    assert!(got.on_device, "{what}: {:?}", got.notice);
+    assert_eq!(got.toks, want.toks, "{what}: greedy tokens");
+    let diff = max_abs_diff(&got.rows, &want.rows);
+    assert!(diff <= 1e-4 * max_abs(&want.rows), "{what}: {diff}");
+    got
+}
+
 /// Bytes of one expert in the tier's slots.
 fn expert_bytes(dir: &Path) -> u64 {
     let l = load(dir, &options(PoolBudget::Off, true, no_ram()));
@@ -86,11 +97,7 @@ fn pairs_from_the_host_pool_match_the_cpu_imported_or_not() {
             if !import {
                 assert!(line.contains("import off"), "{line}");
             }
-            let got = run_greedy(&l, &p, 5, 8, CONTEXT, true);
-            assert!(got.on_device, "{name}: {:?}", got.notice);
-            assert_eq!(got.toks, want.toks, "{name}, import {import}: greedy tokens");
-            let diff = max_abs_diff(&got.rows, &want.rows);
-            assert!(diff <= 1e-4 * max_abs(&want.rows), "{name}, import {import}: {diff}");
+            matches_cpu(&l, &p, &want, &format!("{name}, import {import}"));
             let s = stats(&l);
             assert!(s.pool > 0 && s.device > s.pool, "{name}: {s:?}");
             moved_up += s.pool_promotions;
@@ -119,10 +126,7 @@ fn the_host_pool_and_the_ram_cache_hold_different_experts() {
 }
 
 fn pool_and_ram(l: &Engine, p: &[u32], want: &Run) {
-    let got = run_greedy(l, p, 5, 8, CONTEXT, true);
-    assert!(got.on_device, "{:?}", got.notice);
-    assert_eq!(got.toks, want.toks);
-    assert!(max_abs_diff(&got.rows, &want.rows) <= 1e-4 * max_abs(&want.rows));
+    matches_cpu(l, p, want, "pool and RAM");
     let r = l.model().ram_cache().unwrap();
     let d = l.device().unwrap();
     let mut in_pool = 0;
@@ -195,11 +199,7 @@ fn a_tier_of_no_device_slots_serves_every_expert_from_the_pool() {
     let l = load(&dir, &o);
     let line = l.tier_line().unwrap().to_string();
     assert!(line.contains("= 0 experts of") && line.contains("every expert the device leaves"), "{line}");
-    let got = run_greedy(&l, &p, 5, 8, CONTEXT, true);
-    assert!(got.on_device, "{:?}", got.notice);
-    assert_eq!(got.toks, want.toks, "greedy tokens");
-    let diff = max_abs_diff(&got.rows, &want.rows);
-    assert!(diff <= 1e-4 * max_abs(&want.rows), "{diff}");
+    let got = matches_cpu(&l, &p, &want, "no device slot");
     let s = stats(&l);
     assert!(s.pool > 0 && s.device == s.pool && s.pool_promotions == 0, "{s:?}");
     // A second run of the same engine reuses the tier's pair table: the same rows.
@@ -243,11 +243,7 @@ fn the_balancer_gives_the_pools_pairs_to_the_cpu_with_the_same_tokens() {
         let mut o = options(PoolBudget::Bytes(6 * each), true, ram);
         o.tier.balance = Balance::Fixed(share);
         let l = load(&dir, &o);
-        let got = run_greedy(&l, &p, 5, 8, CONTEXT, true);
-        assert!(got.on_device, "{:?}", got.notice);
-        assert_eq!(got.toks, want.toks, "share {share}: greedy tokens");
-        let diff = max_abs_diff(&got.rows, &want.rows);
-        assert!(diff <= 1e-4 * max_abs(&want.rows), "share {share}: {diff}");
+        matches_cpu(&l, &p, &want, &format!("share {share}"));
         let summary = l.device().unwrap().with_tier(|t| t.summary()).unwrap();
         assert!(summary.contains("of the pool's by the balancer"), "{summary}");
         stats(&l)
