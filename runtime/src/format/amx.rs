@@ -1,14 +1,14 @@
-//! The 8-bit formats' and `Q4_0` / `Q4_1`'s q8 matmul on a CPU with AMX: one arithmetic for
-//! every call, whatever its row count, so a row's bits never depend on the rows beside it (a
-//! prompt chunk, a reused prefix's suffix, a batched decode step and a decode step agree bit for
-//! bit).
+//! The 8-bit formats' and `Q4_0` / `Q4_1` / `Q4_K`'s q8 matmul on a CPU with AMX: one
+//! arithmetic for every call, whatever its row count, so a row's bits never depend on the rows
+//! beside it (a prompt chunk, a reused prefix's suffix, a batched decode step and a decode step
+//! agree bit for bit).
 //!
 //! Per unit `k` (32 columns) a weight row `r` and an activation row `i` give an exact i32 sum
 //! of 32 byte products, which then takes, in this order, in f32:
 //!
 //! ```text
 //! acc = fma(a_r * d_i, dot, acc)      // a_r: the weight unit's multiplier, d_i the block's scale
-//! acc = fma(b_r, s_i, acc)            // formats with an offset or a min (Q4_0's -8 d, Q4_1's m)
+//! acc = fma(b_r, s_i, acc)            // an offset or a min: Q4_0's -8 d, Q4_1's m, Q4_K's -dmin m
 //! ```
 //!
 //! and at the end `out = scale_r * acc` (I8Row's row scale, else 1). Calls of `TILE_ROWS` (16)
@@ -18,7 +18,7 @@
 //! draft, a batched step of a few sequences) on AVX-512 VNNI across 16 weight rows (`few_q8`,
 //! each unit's bytes or nibbles and factors taken from the matrix in registers). These are not
 //! the AVX-512 level's bits (that level sums each unit in four partial lanes); `Q8_0`, `I8Row`,
-//! `Q4_0` and `Q4_1` are taken, `I4G64` and `Q4_K` keep that level's kernels (see `code`).
+//! `Q4_0`, `Q4_1` and `Q4_K` are taken, `I4G64` keeps that level's kernels (see `code`).
 //!
 //! Must not: run unless `usable()` said so (the tile registers need the kernel's permission,
 //! asked for once a process) and inside code compiled with AVX-512 F/BW/VL/VNNI enabled; hold
@@ -28,7 +28,7 @@
 
 use super::matrix::Matrix;
 use super::q8::{QuantizedActs, TileActs};
-use super::simd::{signed, unit_scalar, F_I8ROW, F_Q4_0, F_Q4_1, F_Q8_0};
+use super::simd::{signed, unit_scalar, F_I8ROW, F_Q4K, F_Q4_0, F_Q4_1, F_Q8_0};
 use super::WeightFormat;
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -48,26 +48,27 @@ pub fn usable() -> bool {
 }
 
 /// `simd`'s code for `format`, where the tile path takes it: the 8-bit formats, whose bytes tile
-/// A reads as stored, and `Q4_0` / `Q4_1`, whose decode's units `few_rows` spreads in registers
-/// (a unit decoded into a buffer per row, as `Group::fill` does for the tiles, made SmolLM2
-/// Q4_1's decode 2x slower; docs/BENCHMARKS.md). `I4G64` and `Q4_K` keep the AVX-512 kernels
-/// for every call, until `few_rows` decodes them too: a format takes one arithmetic for every
-/// row count.
+/// A reads as stored, and `Q4_0` / `Q4_1` / `Q4_K`, whose decode's units `few_rows` spreads in
+/// registers (a unit decoded into a buffer per row, as `Group::fill` does for the tiles, made
+/// SmolLM2 Q4_1's decode 2x slower; docs/BENCHMARKS.md). `I4G64` keeps the AVX-512 kernels for
+/// every call, until `few_rows` decodes it too: a format takes one arithmetic for every row
+/// count.
 fn code(format: WeightFormat) -> Option<u8> {
     Some(match format {
         WeightFormat::Q8_0 => F_Q8_0,
         WeightFormat::I8Row => F_I8ROW,
         WeightFormat::Q4_0 => F_Q4_0,
         WeightFormat::Q4_1 => F_Q4_1,
+        WeightFormat::Q4_K => F_Q4K,
         _ => return None,
     })
 }
 
 /// Whether `few` decodes a full group's units in registers (the 8-bit formats' bytes as
-/// stored, `Q4_0`'s and `Q4_1`'s nibbles spread and their factors gathered), not from a
+/// stored, `Q4_0`'s, `Q4_1`'s and `Q4_K`'s nibbles spread and their factors gathered), not from a
 /// `Group` filled a unit at a time.
 const fn few_direct(f: u8) -> bool {
-    f == F_Q8_0 || f == F_I8ROW || f == F_Q4_0 || f == F_Q4_1
+    f == F_Q8_0 || f == F_I8ROW || f == F_Q4_0 || f == F_Q4_1 || f == F_Q4K
 }
 
 /// Bytes of one unit (block of 32) in a row of the format.
@@ -76,6 +77,7 @@ const fn unit_bytes(f: u8) -> usize {
         F_Q8_0 => 34,
         F_Q4_0 => 18,
         F_Q4_1 => 20,
+        F_Q4K => 18,
         _ => 32,
     }
 }
@@ -87,6 +89,7 @@ macro_rules! by_code {
             F_Q8_0 => $f!(F_Q8_0),
             F_Q4_0 => $f!(F_Q4_0),
             F_Q4_1 => $f!(F_Q4_1),
+            F_Q4K => $f!(F_Q4K),
             _ => $f!(F_I8ROW),
         }
     };
@@ -336,8 +339,12 @@ unsafe fn few<const F: u8, const SIGNED: bool>(w: &Matrix, acts: &QuantizedActs,
         let rows = (r1 - r).min(16);
         let direct = rows == 16 && few_direct(F);
         if direct && !(F == F_Q8_0 || F == F_I8ROW) {
-            // The nibble formats' units come from the matrix in `few_rows`; only the row scale.
+            // The nibble formats' units come from the matrix in `few_rows`; only the row scale,
+            // and Q4_K's factors (six-bit scales and mins, a super-block's eight at once).
             g.scale = [1.0; 16];
+            if F == F_Q4K {
+                q4k_factors(w.bytes().as_ptr().add(r * w.row_bytes()), w.row_bytes(), units, &mut g);
+            }
         } else {
             g.fill::<F>(w, r, rows, direct);
         }
@@ -354,6 +361,61 @@ unsafe fn few<const F: u8, const SIGNED: bool>(w: &Matrix, acts: &QuantizedActs,
             c0 += m;
         }
         r += rows;
+    }
+}
+
+/// A full group of 16 `Q4_K` rows from `base` (`rb` bytes apart): every unit's `a = d * scale`
+/// and `b = -dmin * min` into `g`, `unit_scalar`'s values, a super-block's eight units at once
+/// across the 16 rows (d and dmin and the 12 bytes of six-bit scales and mins gathered).
+#[inline(always)]
+unsafe fn q4k_factors(base: *const u8, rb: usize, units: usize, g: &mut Group) {
+    let at = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(rb as i32),
+    );
+    let (m6, m4) = (_mm512_set1_epi32(63), _mm512_set1_epi32(0x0f));
+    for sb in 0..units / 8 {
+        let b = base.add(144 * sb);
+        let dd = _mm512_i32gather_epi32::<1>(at, b.cast());
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+        // -dmin by its sign bit (as the scalar negation, zeros included).
+        let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
+        let neg_dmin = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(dmin), _mm512_set1_epi32(i32::MIN)));
+        // Scale bytes 0-3, 4-7 and 8-11 of each row.
+        let s0 = _mm512_i32gather_epi32::<1>(at, b.add(4).cast());
+        let s1 = _mm512_i32gather_epi32::<1>(at, b.add(8).cast());
+        let s2 = _mm512_i32gather_epi32::<1>(at, b.add(12).cast());
+        macro_rules! byte {
+            ($v:expr, $i:literal) => {
+                _mm512_and_si512(_mm512_srli_epi32::<{ 8 * $i }>($v), _mm512_set1_epi32(0xff))
+            };
+        }
+        macro_rules! unit {
+            ($u:literal, $i:literal) => {{
+                let (sc, m) = if $u < 4 {
+                    (_mm512_and_si512(byte!(s0, $i), m6), _mm512_and_si512(byte!(s1, $i), m6))
+                } else {
+                    // (No closure: it would not carry the caller's target features.)
+                    let (lo, a0, a1) = (byte!(s2, $i), byte!(s0, $i), byte!(s1, $i));
+                    let (h0, h1) = (
+                        _mm512_slli_epi32::<4>(_mm512_srli_epi32::<6>(a0)),
+                        _mm512_slli_epi32::<4>(_mm512_srli_epi32::<6>(a1)),
+                    );
+                    (_mm512_or_si512(_mm512_and_si512(lo, m4), h0), _mm512_or_si512(_mm512_srli_epi32::<4>(lo), h1))
+                };
+                let k = 8 * sb + $u;
+                _mm512_storeu_ps(g.a[k].as_mut_ptr(), _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+                _mm512_storeu_ps(g.b[k].as_mut_ptr(), _mm512_mul_ps(neg_dmin, _mm512_cvtepi32_ps(m)));
+            }};
+        }
+        unit!(0, 0);
+        unit!(1, 1);
+        unit!(2, 2);
+        unit!(3, 3);
+        unit!(4, 0);
+        unit!(5, 1);
+        unit!(6, 2);
+        unit!(7, 3);
     }
 }
 
@@ -399,6 +461,18 @@ unsafe fn few_rows<const F: u8, const SIGNED: bool, const C: usize>(at: Few) {
         let mut wv = [_mm512_setzero_si512(); 8];
         let nib = direct && (F == F_Q4_0 || F == F_Q4_1);
         for (p, v) in wv.iter_mut().enumerate() {
+            if direct && F == F_Q4K {
+                // Unit k is the low or high nibbles of 32 bytes of its super-block.
+                let off = 144 * (k / 8) + 16 + 32 * ((k % 8) / 2);
+                let (lo, hi) = (base.add(2 * p * rb + off), base.add((2 * p + 1) * rb + off));
+                let both = _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_loadu_si256(lo.cast())),
+                    _mm256_loadu_si256(hi.cast()),
+                );
+                let shifted = if k % 2 == 1 { _mm512_srli_epi16::<4>(both) } else { both };
+                *v = _mm512_and_si512(shifted, _mm512_set1_epi8(0x0f));
+                continue;
+            }
             if nib {
                 // The 16 code bytes of rows 2p and 2p + 1 spread to 32 nibbles each.
                 let off = unit_bytes(F) * k + if F == F_Q4_0 { 2 } else { 4 };

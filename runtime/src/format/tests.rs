@@ -517,7 +517,7 @@ fn amx_tiles_give_their_reference_bits_whatever_rows_share_the_call() {
         }
         checked += 1;
     }
-    assert_eq!(checked, 4, "Q8_0, I8Row, Q4_0 and Q4_1 take the tiles");
+    assert_eq!(checked, 5, "Q8_0, I8Row, Q4_0, Q4_1 and Q4_K take the tiles");
 }
 
 #[test]
