@@ -71,7 +71,7 @@ const fn few_direct(f: u8) -> bool {
     f == F_Q8_0 || f == F_I8ROW || f == F_Q4_0 || f == F_Q4_1 || f == F_Q4K
 }
 
-/// Bytes of one unit (block of 32) in a row of the format.
+/// Bytes of one unit (block of 32) in a row of the format (`Q4_K`: its super-block's share).
 const fn unit_bytes(f: u8) -> usize {
     match f {
         F_Q8_0 => 34,
@@ -80,6 +80,16 @@ const fn unit_bytes(f: u8) -> usize {
         F_Q4K => 18,
         _ => 32,
     }
+}
+
+/// Lane `j` holds `j * stride`: the offsets of 16 rows `stride` apart, for gathers and
+/// scatters across them.
+#[inline(always)]
+unsafe fn lane_strides(stride: usize) -> __m512i {
+    _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(stride as i32),
+    )
 }
 
 /// `$f!(F)` for the tile path's format code `$code` (a `u8` from `code`).
@@ -140,8 +150,7 @@ impl Group {
     unsafe fn fill<const F: u8>(&mut self, w: &Matrix, r0: usize, rows: usize, direct: bool) {
         if direct {
             let base = w.bytes().as_ptr().add(r0 * w.row_bytes());
-            let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-            let at = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(w.row_bytes() as i32));
+            let at = lane_strides(w.row_bytes());
             for k in 0..self.q.len() {
                 // The multiplier: Q8_0's scale, the 16 rows' f16 at once; I8Row's is 1.
                 self.a[k] = if F == F_Q8_0 {
@@ -247,10 +256,7 @@ unsafe fn run<const F: u8, const SIGNED: bool>(
     let (units, ld) = (x.units, w.rows);
     let mut g = Group::new(units);
     // Where a tile's results go: activation row `i` of the tile `ld` floats after row 0.
-    let index = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(ld as i32),
-    );
+    let index = lane_strides(ld);
     asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const Config, options(nostack, readonly));
     let mut r = r0;
     while r < r1 {
@@ -369,10 +375,7 @@ unsafe fn few<const F: u8, const SIGNED: bool>(w: &Matrix, acts: &QuantizedActs,
 /// across the 16 rows (d and dmin and the 12 bytes of six-bit scales and mins gathered).
 #[inline(always)]
 unsafe fn q4k_factors(base: *const u8, rb: usize, units: usize, g: &mut Group) {
-    let at = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(rb as i32),
-    );
+    let at = lane_strides(rb);
     let (m6, m4) = (_mm512_set1_epi32(63), _mm512_set1_epi32(0x0f));
     for sb in 0..units / 8 {
         let b = base.add(144 * sb);
@@ -442,10 +445,7 @@ unsafe fn few_rows<const F: u8, const SIGNED: bool, const C: usize>(at: Few) {
     let (units, ld, rb) = (w.cols / 32, w.rows, w.row_bytes());
     let base = w.bytes().as_ptr().add(r * rb);
     let flip = _mm512_set1_epi8(if SIGNED { -128 } else { 0 });
-    let at_rows = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(rb as i32),
-    );
+    let at_rows = lane_strides(rb);
     let mut acc = [_mm512_setzero_ps(); C];
     // The next group's rows on their way from memory, a unit's bytes at a time.
     let ahead = if r + 32 <= w.rows { 16 * rb } else { 0 };
