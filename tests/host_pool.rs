@@ -202,6 +202,9 @@ fn a_tier_of_no_device_slots_serves_every_expert_from_the_pool() {
     let got = matches_cpu(&l, &p, &want, "no device slot");
     let s = stats(&l);
     assert!(s.pool > 0 && s.device == s.pool && s.pool_promotions == 0, "{s:?}");
+    // The run line counts the device's bytes apart from the pool's experts.
+    let (summary, pooled) = l.device().unwrap().with_tier(|t| (t.summary(), t.pool_slots())).unwrap();
+    assert!(summary.contains("(0 B of ") && summary.contains(&format!(", {pooled} in the host pool)")), "{summary}");
     // A second run of the same engine reuses the tier's pair table: the same rows.
     let again = run_greedy(&l, &p, 5, 8, CONTEXT, true);
     assert_eq!((again.toks, again.rows), (got.toks, got.rows), "the kept table");

@@ -96,8 +96,12 @@ impl ExpertTier {
         let share = if s.routed == 0 { 0.0 } else { 100.0 * s.device as f64 / s.routed as f64 };
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let resident = self.slots.resident();
+        // The device's slots' bytes against its budget; the pool's experts apart.
+        let in_pool = self
+            .pool_range()
+            .map_or(0, |r| r.filter(|&sl| matches!(self.slots.state(sl), SlotState::Serving(..))).count());
         let mut line = format!(
-            "expert tier run: device {} of {} routed pairs ({share:.1}%; {} from the host pool, {} pool experts moved up), CPU {} ({} of the pool's by the balancer) | resident {resident} of {} slots ({} of {}) | uploads {} ({}, {} warm), evictions {}, skipped {} (rate or queue), failed {} | batches {:.1} ms, CPU share {:.1} ms, waited {:.1} ms, host {:.1} / {:.1} / {:.1} ms (before / after / promotions) | streamed {} experts ({} pairs)",
+            "expert tier run: device {} of {} routed pairs ({share:.1}%; {} from the host pool, {} pool experts moved up), CPU {} ({} of the pool's by the balancer) | resident {resident} of {} slots ({} of {} on the device, {in_pool} in the host pool) | uploads {} ({}, {} warm), evictions {}, skipped {} (rate or queue), failed {} | batches {:.1} ms, CPU share {:.1} ms, waited {:.1} ms, host {:.1} / {:.1} / {:.1} ms (before / after / promotions) | streamed {} experts ({} pairs)",
             s.device,
             s.routed,
             s.pool,
@@ -105,7 +109,7 @@ impl ExpertTier {
             s.routed - s.device,
             s.balanced,
             self.slots.len(),
-            human((resident * self.expert_bytes) as u64),
+            human(((resident - in_pool) * self.expert_bytes) as u64),
             human(self.budget),
             s.uploads,
             human(s.upload_bytes),
