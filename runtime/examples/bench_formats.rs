@@ -1,15 +1,16 @@
 //! Throughput of the weight-format kernels, without a benchmark framework: single-thread
 //! `dot_row` (f32 activations) and q8 dot products per format, parallel `matmul` for decode
 //! (n = 1) and prefill shapes, and, when the SmolLM2-135M Q4_1 GGUF is present, the time of all
-//! of one decode token's matmuls (30 layers x 7 Linear + the tied output) on its real tensors.
+//! of one decode token's matmuls (30 layers x 7 Linear + the tied output) on its real tensors;
+//! `--dram`: decode from matrices past the caches; `--prompt`: prompt-shaped matmuls on one thread.
 //!
-//! Run: `cargo run --release -p coli-runtime --example bench_formats [-- [--model-only] [model.gguf]]`
+//! Run: `cargo run --release -p coli-runtime --example bench_formats [-- [--model-only] [--dram] [--prompt] [model.gguf]]`
 //! Must not: be used by tests; it only prints.
 
 mod support;
 
 use coli_runtime::format::{
-    dot_row, dot_row_q8, kernel_level, matmul, matmul_q, quantize, Matrix, QuantizedActs, WeightFormat,
+    dot_row, dot_row_q8, kernel_level, matmul, matmul_q, pool, quantize, Matrix, QuantizedActs, WeightFormat,
 };
 use coli_runtime::model::{Checkpoint, LoadOptions};
 use std::hint::black_box;
@@ -81,7 +82,30 @@ fn main() {
     if args.iter().any(|a| a == "--dram") {
         dram();
     }
+    if args.iter().any(|a| a == "--prompt") {
+        prompt();
+    }
     model_budget(path_arg);
+}
+
+/// Prompt-shaped q8 matmuls on one thread (the tiles' path on an AMX CPU): a power-of-two
+/// height (OLMoE's expert, whose output rows are 4 KiB apart) and SmolLM2's MLP.
+fn prompt() {
+    println!("\n## one thread, prompt rows (GMAC/s)");
+    for (rows, cols) in [(1024usize, 2048usize), (1536, 576)] {
+        for f in [WeightFormat::Q8_0, WeightFormat::I8Row, WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::Q4_K] {
+            let Ok(bytes) = quantize(f, &values(rows * cols, 7), cols) else { continue };
+            let m = Matrix::new(f, rows, cols, &bytes).unwrap();
+            for n in [64usize, 512] {
+                let x = values(n * cols, 9);
+                let mut out = vec![0f32; n * rows];
+                // `inline`: the kernels' own thread team stays out of it too.
+                let t = time(Duration::from_millis(200), || pool::inline(|| matmul(&m, black_box(&x), n, &mut out)));
+                let gmac = (n * rows * cols) as f64 / t.as_secs_f64() / 1e9;
+                println!("{:<6} {rows}x{cols} n={n:<4} {gmac:7.1}", f.name());
+            }
+        }
+    }
 }
 
 /// Matrices larger than the last-level cache: decode matmul from DRAM.

@@ -411,6 +411,14 @@ macro_rules! multiversion {
     };
 }
 
+/// Rows `r0..r1` of `w` against every row of `acts`, as one task of a parallel pass computes
+/// them (for tests: a task's rows need not start or end at a tile's).
+#[cfg(test)]
+pub(super) fn matmul_q_rows(w: &Matrix, acts: &QuantizedActs, r0: usize, r1: usize, out: &mut [f32]) {
+    assert!(r0 <= r1 && r1 <= w.rows && acts.cols() == w.cols && out.len() == acts.n() * w.rows);
+    tile_q8(w, acts, r0, r1, out.as_mut_ptr());
+}
+
 multiversion!(tile_q8, tile_q8_body, (w: &Matrix, acts: &QuantizedActs, r0: usize, r1: usize, out: *mut f32));
 multiversion!(tile_f32, tile_f32_body, (w: &Matrix, x: &[f32], n: usize, r0: usize, r1: usize, out: *mut f32));
 multiversion!(quantize_blocks_inner, quantize_blocks_body, (x: &[f32], out: &mut [q8::BlockQ8]));

@@ -515,6 +515,26 @@ fn amx_tiles_give_their_reference_bits_whatever_rows_share_the_call() {
                 assert_eq!(&other[beside * rows..], &out[last * rows..], "{format} n={n}: row {last} beside {beside}");
             }
         }
+        // A height whose output rows share cache sets (`amx::aliased`: each tile stored turned),
+        // in tasks whose rows start and end inside tiles.
+        let tall = 256;
+        let bytes = random_rows(format, tall, cols, &mut rng);
+        let w = Matrix::new(format, tall, cols, &bytes).unwrap();
+        for n in [16, 17, 40] {
+            let acts = QuantizedActs::new(&x[..n * cols], n, cols).unwrap();
+            let mut out = vec![f32::NAN; n * tall];
+            // Last task first: a task writing past its rows would spoil the ones done.
+            for (r0, r1) in [(43, tall), (20, 43), (0, 20)] {
+                super::matmul::matmul_q_rows(&w, &acts, r0, r1, &mut out);
+            }
+            for i in 0..n {
+                for r in 0..tall {
+                    // SAFETY: as above.
+                    let want = unsafe { super::amx::dot_row(format, w.row(r), acts.row(i)) }.unwrap();
+                    assert_eq!(out[i * tall + r].to_bits(), want.to_bits(), "{format} {tall} rows, n={n} [{i},{r}]");
+                }
+            }
+        }
         checked += 1;
     }
     assert_eq!(checked, 5, "Q8_0, I8Row, Q4_0, Q4_1 and Q4_K take the tiles");
