@@ -357,6 +357,19 @@ unsafe fn pair_unit<const F: u8, const VNNI: bool, const LAST: bool>(
         };
         return (_mm256_and_si256(raw, m), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m), av, bv);
     }
+    if !LAST && F == F_Q8_0 {
+        // Both units' scales converted at once and spread in vector lanes (`unit`'s way goes
+        // through a scalar and back for each): the same `a = d`, `b = off * d`.
+        let (p0, p1) = (row.add(34 * k), row.add(34 * (k + 1)));
+        let flip = if VNNI { _mm256_set1_epi8(-128) } else { _mm256_setzero_si256() };
+        let u0 = _mm256_xor_si256(_mm256_loadu_si256(p0.add(2).cast()), flip);
+        let u1 = _mm256_xor_si256(_mm256_loadu_si256(p1.add(2).cast()), flip);
+        let hdr =
+            _mm_cvtph_ps(_mm_setr_epi32(p0.cast::<i32>().read_unaligned(), p1.cast::<i32>().read_unaligned(), 0, 0));
+        let av = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(hdr), _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
+        let bv = _mm256_mul_ps(_mm256_set1_ps(if VNNI { -128.0 } else { 0.0 }), av);
+        return (_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31), av, bv);
+    }
     let (u0, a0, b0) = unit::<F, VNNI>(row, k);
     let (u1, a1, b1) =
         if LAST { (_mm256_setzero_si256(), _mm256_setzero_ps(), 0.0) } else { unit::<F, VNNI>(row, k + 1) };
