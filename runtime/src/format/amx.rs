@@ -255,6 +255,8 @@ unsafe fn run<const F: u8, const SIGNED: bool>(
 ) {
     let (units, ld) = (x.units, w.rows);
     let mut g = Group::new(units);
+    // Where a scattered block's outputs go: activation row `i` of the tile `ld` floats on.
+    let index = lane_strides(ld);
     asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const Config, options(nostack, readonly));
     let mut r = r0;
     while r < r1 {
@@ -307,8 +309,7 @@ unsafe fn run<const F: u8, const SIGNED: bool>(
                     _mm512_mask_storeu_ps(out.add((16 * t + i) * ld + r), mask, _mm512_mul_ps(scale, *col));
                 }
             } else {
-                // Weight row j's outputs down the block's column: activation row i `ld` floats on.
-                let index = lane_strides(ld);
+                // Weight row j's outputs down the block's column.
                 let mask: __mmask16 = if m == 16 { 0xffff } else { (1u16 << m) - 1 };
                 let o = out.add(16 * t * ld + r);
                 for (j, acc) in acc.iter().enumerate().take(rows) {
@@ -325,8 +326,9 @@ unsafe fn run<const F: u8, const SIGNED: bool>(
 /// Whether a tile's 16 output rows, `ld` floats apart, fall in few cache sets (a stride of a
 /// multiple of 1 KiB: OLMoE's 1024- and 2048-row matrices, most models' power-of-two widths):
 /// there a scatter down a column rewrites the same contended lines 16 times, and turning the
-/// block to store each row's 16 outputs at once took a 1024 x 2048 Q8_0 product from 155 to
-/// 225 GMAC/s on one core; at SmolLM2's 576 rows the scatter was 3-6 % ahead end to end.
+/// block to store each row's 16 outputs at once took a 1024 x 2048 Q8_0 product of 512 rows
+/// from 163 to 209-218 GMAC/s on one core; at SmolLM2's 576 rows the scatter was 3-6 % ahead
+/// end to end (docs/BENCHMARKS.md).
 const fn aliased(ld: usize) -> bool {
     ld.is_multiple_of(256)
 }
