@@ -11,6 +11,19 @@ use ash::vk;
 
 const SETS_PER_POOL: u32 = 256;
 
+/// Which earlier commands a barrier waits for (at least one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Waits {
+    /// Compute dispatches.
+    pub kernels: bool,
+    /// Copy, fill and update commands.
+    pub copies: bool,
+}
+
+impl Waits {
+    pub const BOTH: Waits = Waits { kernels: true, copies: true };
+}
+
 pub(crate) struct Commands {
     pub pool: vk::CommandPool,
     pub cmd: vk::CommandBuffer,
@@ -142,27 +155,40 @@ impl Commands {
     /// # Safety
     /// The command buffer must be recording.
     pub unsafe fn barrier(&self, dev: &ash::Device, to_host: bool) {
+        if to_host {
+            self.barrier_to(dev, Waits::BOTH, (vk::PipelineStageFlags::HOST, vk::AccessFlags::HOST_READ));
+        } else {
+            self.barrier_after(dev, Waits::BOTH);
+        }
+    }
+
+    /// A memory barrier before later kernels and copy commands that waits only for the earlier
+    /// commands `waits` names: a copy still running is not waited for by a barrier between two
+    /// kernels that do not touch its ranges (the frame's hazards say which).
+    ///
+    /// # Safety
+    /// The command buffer must be recording.
+    pub unsafe fn barrier_after(&self, dev: &ash::Device, waits: Waits) {
         let all = vk::AccessFlags::SHADER_READ
             | vk::AccessFlags::SHADER_WRITE
             | vk::AccessFlags::TRANSFER_READ
             | vk::AccessFlags::TRANSFER_WRITE;
-        let (dst_stage, dst_access) = if to_host {
-            (vk::PipelineStageFlags::HOST, vk::AccessFlags::HOST_READ)
-        } else {
-            (vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER, all)
-        };
-        let mb = [vk::MemoryBarrier::default()
-            .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
-            .dst_access_mask(dst_access)];
-        dev.cmd_pipeline_barrier(
-            self.cmd,
-            vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER,
-            dst_stage,
-            vk::DependencyFlags::empty(),
-            &mb,
-            &[],
-            &[],
-        );
+        let dst = vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER;
+        self.barrier_to(dev, waits, (dst, all));
+    }
+
+    unsafe fn barrier_to(&self, dev: &ash::Device, waits: Waits, dst: (vk::PipelineStageFlags, vk::AccessFlags)) {
+        let (mut src_stage, mut src_access) = (vk::PipelineStageFlags::empty(), vk::AccessFlags::empty());
+        if waits.kernels {
+            src_stage |= vk::PipelineStageFlags::COMPUTE_SHADER;
+            src_access |= vk::AccessFlags::SHADER_WRITE;
+        }
+        if waits.copies {
+            src_stage |= vk::PipelineStageFlags::TRANSFER;
+            src_access |= vk::AccessFlags::TRANSFER_WRITE;
+        }
+        let mb = [vk::MemoryBarrier::default().src_access_mask(src_access).dst_access_mask(dst.1)];
+        dev.cmd_pipeline_barrier(self.cmd, src_stage, dst.0, vk::DependencyFlags::empty(), &mb, &[], &[]);
     }
 
     /// # Safety

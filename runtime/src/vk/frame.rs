@@ -23,6 +23,7 @@ use super::arena::Allocation;
 use super::command::Commands;
 use super::context::{BufInner, Context, DeviceBuffer, Shared, View};
 use super::error::{Result, VkError};
+use super::hazards::{Hazards, Range};
 use super::memory::MemoryUse;
 use super::pipeline::PUSH_BYTES;
 use super::push::PushConstants;
@@ -40,8 +41,6 @@ const SCRATCH_ALIGN: u64 = 256;
 const MIN_ARENA: u64 = 64 << 10;
 /// Spare recording resources a context keeps.
 const MAX_SPARES: usize = 8;
-
-type Range = (vk::Buffer, u64, u64);
 
 /// What a binding slot of a dispatch reads: a buffer's whole range (ops pass element offsets
 /// in push constants), a frame scratch range, or nothing (a dummy the shader never reads).
@@ -73,35 +72,6 @@ impl<'b> Bind<'b> {
     /// A range the frame owns (scratch).
     pub(crate) fn raw(r: Range) -> Bind<'b> {
         Bind { range: Some(r), owner: None, span: None }
-    }
-}
-
-/// Byte ranges touched since the last barrier: (buffer, start, end).
-#[derive(Default)]
-struct Hazards {
-    written: Vec<Range>,
-    read: Vec<Range>,
-}
-
-fn overlaps(set: &[Range], r: Range) -> bool {
-    set.iter().any(|&(b, s, e)| b == r.0 && s < r.2 && r.1 < e)
-}
-
-impl Hazards {
-    /// Whether a command reading `reads` and writing `writes` must wait for earlier ones.
-    fn conflicts(&self, reads: &[Range], writes: &[Range]) -> bool {
-        reads.iter().any(|&r| overlaps(&self.written, r))
-            || writes.iter().any(|&w| overlaps(&self.written, w) || overlaps(&self.read, w))
-    }
-
-    fn note(&mut self, reads: &[Range], writes: &[Range]) {
-        self.read.extend_from_slice(reads);
-        self.written.extend_from_slice(writes);
-    }
-
-    fn clear(&mut self) {
-        self.read.clear();
-        self.written.clear();
     }
 }
 
@@ -285,18 +255,26 @@ impl<'a> Frame<'a> {
         self.barriers
     }
 
-    /// Puts a barrier before a command that reads `reads` and writes `writes` when it
-    /// depends on an earlier one, then notes its ranges.
-    fn order(&mut self, reads: &[Range], writes: &[Range]) {
-        if self.hazards.conflicts(reads, writes) {
+    /// Puts a barrier before a command (a kernel, or a copy command with `copy`) that reads
+    /// `reads` and writes `writes` when it depends on an earlier one, waiting for the kind of
+    /// command it depends on, then notes its ranges.
+    fn order(&mut self, reads: &[Range], writes: &[Range], copy: bool) {
+        if let Some(waits) = self.hazards.waits(reads, writes) {
             let dev = &self.ctx.shared.dev.raw;
             // SAFETY: the command buffer is recording.
-            unsafe { self.res.as_ref().expect("recording").cmds.barrier(dev, false) };
-            self.hazards.clear();
+            unsafe { self.res.as_ref().expect("recording").cmds.barrier_after(dev, waits) };
+            if waits.kernels {
+                self.hazards.kernels.clear();
+                // Only kernels bind the write dummies.
+                self.dummies_used = 0;
+            }
+            if waits.copies {
+                self.hazards.copies.clear();
+            }
             self.barriers += 1;
-            self.dummies_used = 0;
         }
-        self.hazards.note(reads, writes);
+        let touched = if copy { &mut self.hazards.copies } else { &mut self.hazards.kernels };
+        touched.note(reads, writes);
     }
 
     /// A device range of `bytes` that lives as long as the recording.
@@ -337,7 +315,7 @@ impl<'a> Frame<'a> {
             return Ok(Bind::raw(r));
         }
         let r = self.scratch_range(len.max(64) as u64 * 4)?;
-        self.order(&[], &[(r.0, r.1, r.1 + r.2)]);
+        self.order(&[], &[(r.0, r.1, r.1 + r.2)], true);
         let cmd = self.res().cmds.cmd;
         // SAFETY: the range is the frame's scratch, 4-byte aligned and sized; the command
         // buffer is recording.
@@ -388,7 +366,7 @@ impl<'a> Frame<'a> {
         }
         let r = self.scratch_range(words.len().max(1) as u64 * 4)?;
         self.constants.push((words.to_vec(), r));
-        self.order(&[], &[(r.0, r.1, r.1 + r.2)]);
+        self.order(&[], &[(r.0, r.1, r.1 + r.2)], true);
         let cmd = self.res().cmds.cmd;
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         // SAFETY: the range is the frame's scratch, 4-byte aligned and at least as long as the
@@ -474,7 +452,7 @@ impl<'a> Frame<'a> {
             }
             *range = Some(r);
         }
-        self.order(&reads[..nr], &writes[..nw]);
+        self.order(&reads[..nr], &writes[..nw], false);
         // Unused slots, after the barrier (if any) that resets the write dummies.
         let mut infos = [vk::DescriptorBufferInfo::default(); MAX_BINDINGS];
         for (i, info) in infos.iter_mut().enumerate().take(n) {
@@ -584,7 +562,7 @@ impl<'a> Frame<'a> {
         let (sb, so, _) = src.binding();
         let (db, doff, _) = dst.binding();
         let (s0, d0) = (so + src_off as u64, doff + dst_off as u64);
-        self.order(&[(sb, s0, s0 + len as u64)], &[(db, d0, d0 + len as u64)]);
+        self.order(&[(sb, s0, s0 + len as u64)], &[(db, d0, d0 + len as u64)], true);
         if self.retain {
             self.keep.push(src.inner.clone());
             self.keep.push(dst.inner.clone());
@@ -616,7 +594,7 @@ impl<'a> Frame<'a> {
         let at = |v: &View, i: usize| v.buf.binding().1 + ((v.offset + i) * 4) as u64;
         let (ab, bb, ob) = (a.buf.binding().0, b.buf.binding().0, out.buf.binding().0);
         let span = |v: &View, len: usize| (v.buf.binding().0, at(v, 0), at(v, len));
-        self.order(&[span(&a, n * wa), span(&b, n * wb)], &[span(&out, n * (wa + wb))]);
+        self.order(&[span(&a, n * wa), span(&b, n * wb)], &[span(&out, n * (wa + wb))], true);
         if self.retain {
             self.keep.extend([a.buf.inner.clone(), b.buf.inner.clone(), out.buf.inner.clone()]);
         }

@@ -27,6 +27,7 @@ mod context;
 mod device;
 mod error;
 mod frame;
+mod hazards;
 mod instance;
 mod kv_type;
 mod layout;
