@@ -28,6 +28,7 @@ mod device;
 mod error;
 mod frame;
 mod hazards;
+pub mod hold;
 mod instance;
 mod kv_type;
 mod layout;
@@ -63,8 +64,8 @@ pub use ops::{
     RouteParams, RouteSink, RowConv, MOE_MAX_EXPERTS,
 };
 pub use options::{
-    CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, Validation, VkOptions, DEFAULT_GEMV_ROWS,
-    DEFAULT_MOE_GEMV_ROWS, DEFAULT_MOE_PAIR_ROWS, VALIDATION_ENV,
+    ClockHoldUse, CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, Validation, VkOptions,
+    DEFAULT_GEMV_ROWS, DEFAULT_MOE_GEMV_ROWS, DEFAULT_MOE_PAIR_ROWS, VALIDATION_ENV,
 };
 pub use push::{PushLayout, PUSH_LAYOUTS};
 pub use shaders::{FormatVariant, Kernel};

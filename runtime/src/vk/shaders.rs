@@ -46,6 +46,7 @@ impl Kernel {
             Kernel::GroupCols => 2,
             Kernel::AttnCompressed => 8,
             Kernel::CompressPool => 7,
+            Kernel::Hold => 1,
         }
     }
 
@@ -82,6 +83,7 @@ impl Kernel {
             Kernel::GroupCols => &[1],
             Kernel::AttnCompressed => &[6],
             Kernel::CompressPool => &[5, 6],
+            Kernel::Hold => &[0],
         }
     }
 
