@@ -6,7 +6,8 @@
 #   bash tools/serve-bench.sh olmoe Q8_0 "1 4 16 64" [tokens]
 # Each level: N clients at once, each one completion of `tokens` tokens (EOS ignored, greedy),
 # timed from the first request sent to the last answer; tok/s = completion tokens / seconds.
-# TTFT: the first streamed chunk of one request on an idle server. REPS (default 2) alternations;
+# TTFT: the first streamed chunk of one request on an idle server; then 4 requests of 256 tokens,
+# untimed, to bring the GPU's clock up. REPS (default 2) alternations;
 # WAIT (default 600) seconds for a server to come up.
 set -uo pipefail
 arch=${1:-olmoe}; q=${2:-Q8_0}; levels=${3:-"1 4 16 64"}; tokens=${4:-128}
@@ -36,6 +37,11 @@ with post({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "str
     ttft = time.time() - t0
     r.read()
 print(f"ttft_ms {ttft * 1000:.1f}")
+# Two seconds or so of load before the timed levels: a GPU's clock follows its load, and a level
+# of one stream right after an idle spell ran at the idle clock (docs/BENCHMARKS.md, 2026-12-07).
+warm = [threading.Thread(target=lambda: post({"prompt": "Warm up", "max_tokens": 256, "temperature": 0, "ignore_eos": True}).read()) for _ in range(4)]
+for t in warm: t.start()
+for t in warm: t.join()
 for n in levels:
     got = [0] * n
     def one(i):
