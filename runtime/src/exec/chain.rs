@@ -20,7 +20,7 @@ use super::step::{HostRows, Step};
 use super::{ExecError, Model};
 use crate::tier::{ExpertTier, TierDevice, TierOptions, TierSetup};
 use crate::vk::hold::{HoldGuard, Holder};
-use crate::vk::{ClockHoldUse, Context, ExpertPages, VkError};
+use crate::vk::{ClockHoldUse, Context, DeviceKind, ExpertPages, VkError};
 use coli_compiler::cost::human;
 use coli_compiler::frames::Frame;
 use coli_compiler::ids::{DeviceId, Place};
@@ -159,7 +159,11 @@ impl Chain {
         let hold = match primary.clock_hold_use() {
             ClockHoldUse::Off => None,
             ClockHoldUse::On => primary.clock_hold(),
-            ClockHoldUse::Auto => waits_for_host(&plan.frames).then(|| primary.clock_hold()).flatten(),
+            // A discrete GPU only: an integrated one shares the CPU's power budget, which the
+            // host's work beside it needs.
+            ClockHoldUse::Auto => (waits_for_host(&plan.frames) && primary.caps().kind == DeviceKind::Discrete)
+                .then(|| primary.clock_hold())
+                .flatten(),
         };
         Ok(Chain {
             ctx: primary,

@@ -55,8 +55,9 @@ pub enum IntDotUse {
 /// a hybrid decode, every kernel of the trunk 3.6x as long; docs/BENCHMARKS.md).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ClockHoldUse {
-    /// Where the plan leaves host work between device frames (routed experts or layers on the
-    /// host) and the device has a second compute queue.
+    /// On a discrete GPU with a second compute queue, where the plan leaves host work between
+    /// device frames (routed experts or layers on the host). Not on an integrated GPU: it shares
+    /// the CPU's power budget, which the host's work beside it needs.
     #[default]
     Auto,
     /// Whenever the device has a second compute queue.

@@ -51,7 +51,8 @@ pub enum KvChoice {
 /// Whether the GPU's clock is held up while the device waits for the host within a forward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum HoldChoice {
-    /// Where the plan leaves host work between device frames (experts or layers on the CPU).
+    /// On a discrete GPU, where the plan leaves host work between device frames (experts or
+    /// layers on the CPU).
     Auto,
     /// Whenever the device has a second compute queue.
     On,
