@@ -53,16 +53,19 @@ pub enum IntDotUse {
 /// queue while such a forward runs, so the driver does not lower the clock under the duty
 /// cycle of an offload layout's steps (measured on an H100: 345-585 MHz against 1,980 through
 /// a hybrid decode, every kernel of the trunk 3.6x as long; docs/BENCHMARKS.md).
+///
+/// Off by default until measured end to end: `Auto` is what the default becomes if the
+/// offload layouts' decode gains with it on the GPU machine.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ClockHoldUse {
     /// On a discrete GPU with a second compute queue, where the plan leaves host work between
     /// device frames (routed experts or layers on the host). Not on an integrated GPU: it shares
     /// the CPU's power budget, which the host's work beside it needs.
-    #[default]
     Auto,
     /// Whenever the device has a second compute queue.
     On,
-    /// Never.
+    /// Never (the default).
+    #[default]
     Off,
 }
 

@@ -141,8 +141,9 @@ pub struct DeviceArgs {
     /// Keep the GPU's clock up while the device waits for the host between a forward's frames
     /// (offload layouts: experts or layers on the CPU): a one-workgroup kernel runs on a second
     /// compute queue meanwhile, so the driver does not lower the clock under that duty cycle.
-    /// Needs a second compute queue (Lavapipe has none: then off).
-    #[arg(long, value_enum, default_value_t = HoldChoice::Auto, help_heading = heading::DEVICES)]
+    /// Needs a second compute queue (Lavapipe has none: then off). Off by default until
+    /// measured end to end.
+    #[arg(long, value_enum, default_value_t = HoldChoice::Off, help_heading = heading::DEVICES)]
     pub clock_hold: HoldChoice,
     /// Fault injection for tests: the device fails at its n-th submit.
     #[arg(long, hide = true)]
