@@ -149,17 +149,12 @@ impl Commands {
         Ok(())
     }
 
-    /// A full memory barrier between consecutive commands (compute and transfer), and toward
-    /// host reads at the end of the frame.
+    /// A barrier toward host reads at the end of the frame, after every earlier command.
     ///
     /// # Safety
     /// The command buffer must be recording.
-    pub unsafe fn barrier(&self, dev: &ash::Device, to_host: bool) {
-        if to_host {
-            self.barrier_to(dev, Waits::BOTH, (vk::PipelineStageFlags::HOST, vk::AccessFlags::HOST_READ));
-        } else {
-            self.barrier_after(dev, Waits::BOTH);
-        }
+    pub unsafe fn barrier_to_host(&self, dev: &ash::Device) {
+        self.barrier_to(dev, Waits::BOTH, (vk::PipelineStageFlags::HOST, vk::AccessFlags::HOST_READ));
     }
 
     /// A memory barrier before later kernels and copy commands that waits only for the earlier

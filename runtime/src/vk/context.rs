@@ -168,7 +168,7 @@ impl Shared {
     /// `cmds` must be recording on this device.
     pub unsafe fn end_commands(&self, cmds: &Commands) -> Result<()> {
         let dev = &self.dev.raw;
-        cmds.barrier(dev, true);
+        cmds.barrier_to_host(dev);
         dev.end_command_buffer(cmds.cmd).ctx("vkEndCommandBuffer")
     }
 
