@@ -19,6 +19,7 @@ pub const KERNELS: &[(&str, &str, bool)] = &[
     ("Binary", "binary.comp", false),
     ("Route", "route.comp", false),
     ("AttnSplit", "attn_split.comp", false),
+    ("AttnSeqs", "attn_seqs.comp", false),
     ("AttnBlock", "attn_block.comp", false),
     ("AttnPart", "attn_part.comp", false),
     ("MoeMatvec", "moe_matvec.comp", true),
@@ -54,6 +55,7 @@ pub const KERNELS: &[(&str, &str, bool)] = &[
 /// variant in `KERNELS`). The twin's blob is the source's stem and `_kv16`.
 pub const KV16_KERNELS: &[(&str, &str)] = &[
     ("AttnSplit16", "AttnSplit"),
+    ("AttnSeqs16", "AttnSeqs"),
     ("AttnBlock16", "AttnBlock"),
     ("AttnPart16", "AttnPart"),
     ("AttnCoop16", "AttnCoop"),

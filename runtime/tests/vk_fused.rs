@@ -400,8 +400,9 @@ fn attention_decode_matches_cpu() {
 /// One row of each of several sequences in one call (`attention_decode_rows`, a batched
 /// decode step): each row rotated at its own position, appended to its own mirrors and attended
 /// over them, against the CPU as `attention_decode_matches_cpu` (tolerance 1e-5 of the largest
-/// |reference|); the rows' kernels need no barrier between them (their constants go first and
-/// each has counters of its own).
+/// |reference|); no barrier between the rows (one kernel for all where the device reaches
+/// buffers by address, `vk_attn_seqs.rs`; else a kernel each, their constants first and
+/// counters of their own).
 #[test]
 fn attention_decode_rows_match_cpu() {
     let Some(ctx) = ctx() else { return };

@@ -67,6 +67,8 @@ pub(crate) struct Allocator {
     device_bytes: u64,
     allocations: u64,
     fail_at: Option<u64>,
+    /// Blocks (but imported ones) are made so that shaders can reach them by address.
+    addresses: bool,
 }
 
 // SAFETY: the raw mapped pointers are only dereferenced under the allocator's mutex or through
@@ -111,7 +113,15 @@ impl Allocator {
             device_bytes: 0,
             allocations: 0,
             fail_at,
+            addresses: false,
         }
+    }
+
+    /// Makes every later block (but imported host memory) reachable by its device address
+    /// (the device's `bufferDeviceAddress` enabled).
+    pub fn with_addresses(mut self, on: bool) -> Allocator {
+        self.addresses = on;
+        self
     }
 
     pub fn placement(&self) -> Placement {
@@ -222,9 +232,12 @@ impl Allocator {
         if self.device_bytes + counted > self.limit {
             return Err(oom(false));
         }
-        let usage_flags = vk::BufferUsageFlags::STORAGE_BUFFER
+        let mut usage_flags = vk::BufferUsageFlags::STORAGE_BUFFER
             | vk::BufferUsageFlags::TRANSFER_SRC
             | vk::BufferUsageFlags::TRANSFER_DST;
+        if self.addresses {
+            usage_flags |= vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS;
+        }
         let bci =
             vk::BufferCreateInfo::default().size(size).usage(usage_flags).sharing_mode(vk::SharingMode::EXCLUSIVE);
         let buffer = dev.create_buffer(&bci, None).ctx("vkCreateBuffer")?;
@@ -233,7 +246,11 @@ impl Allocator {
             dev.destroy_buffer(buffer, None);
             return Err(VkError::NoMemoryType("storage buffers of the chosen type"));
         }
-        let mai = vk::MemoryAllocateInfo::default().allocation_size(req.size).memory_type_index(type_index);
+        let mut flags_info = vk::MemoryAllocateFlagsInfo::default().flags(vk::MemoryAllocateFlags::DEVICE_ADDRESS);
+        let mut mai = vk::MemoryAllocateInfo::default().allocation_size(req.size).memory_type_index(type_index);
+        if self.addresses {
+            mai = mai.push_next(&mut flags_info);
+        }
         let memory = match dev.allocate_memory(&mai, None) {
             Ok(m) => m,
             Err(r) => {

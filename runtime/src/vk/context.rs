@@ -313,7 +313,8 @@ impl Context {
                 ext: ash::ext::external_memory_host::Device::new(&inst.raw, &dev.raw),
                 align,
             });
-            let mem = Allocator::new(placement, props, opts.memory_cap, align, max_range, fault.fail_alloc, import);
+            let mem = Allocator::new(placement, props, opts.memory_cap, align, max_range, fault.fail_alloc, import)
+                .with_addresses(caps.buffer_device_address);
             let kv_mirror = if caps.storage_16bit { opts.kv_mirror } else { KvType::F32 };
             Ok(Context {
                 shared: Arc::new(Shared {
@@ -615,50 +616,9 @@ impl Context {
         Ok(())
     }
 
-    /// Appends `count` elements of `kv` read at byte `offset` of `buf` to `out`, widened to f32
-    /// (a K/V mirror's read-back rows); on an error `out` is as it was.
-    pub fn read_append_kv(
-        &self,
-        buf: &DeviceBuffer,
-        offset: usize,
-        count: usize,
-        kv: KvType,
-        out: &mut Vec<f32>,
-    ) -> Result<()> {
-        match kv {
-            KvType::F32 => self.read_append_f32(buf, offset, count, out),
-            KvType::F16 => {
-                let mut bits = vec![0u16; count];
-                // SAFETY: `bits` is `count` u16 of writable memory.
-                unsafe { self.read_raw(buf, offset, bits.as_mut_ptr().cast(), count * 2)? };
-                let at = out.len();
-                out.resize(at + count, 0.0);
-                half::slice::HalfFloatSliceExt::convert_to_f32_slice(
-                    half::slice::HalfBitsSliceExt::reinterpret_cast::<half::f16>(bits.as_slice()),
-                    &mut out[at..],
-                );
-                Ok(())
-            }
-        }
-    }
-
-    /// Writes `data` as elements of `kv` (f16: each rounded to nearest even) at byte `offset`
-    /// of `buf` (a K/V mirror's rows).
-    pub fn write_kv(&self, buf: &DeviceBuffer, offset: usize, data: &[f32], kv: KvType) -> Result<()> {
-        match kv {
-            KvType::F32 => self.write(buf, offset, as_bytes(data)),
-            KvType::F16 => {
-                let mut bits = vec![half::f16::ZERO; data.len()];
-                half::slice::HalfFloatSliceExt::convert_from_f32_slice(bits.as_mut_slice(), data);
-                let bits: &[u16] = half::slice::HalfFloatSliceExt::reinterpret_cast(bits.as_slice());
-                self.write(buf, offset, as_bytes(bits))
-            }
-        }
-    }
-
     /// # Safety
     /// `out` must be valid for writes of `len` bytes.
-    unsafe fn read_raw(&self, buf: &DeviceBuffer, offset: usize, out: *mut u8, len: usize) -> Result<()> {
+    pub(super) unsafe fn read_raw(&self, buf: &DeviceBuffer, offset: usize, out: *mut u8, len: usize) -> Result<()> {
         // SAFETY: the caller's `len` writable bytes at `out`; `src` is `len` bytes.
         self.read_with(buf, offset, len, |src| unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), out, len) })
     }
@@ -756,6 +716,17 @@ impl DeviceBuffer {
     /// (buffer, byte offset, byte range) for a descriptor covering the whole allocation.
     pub(crate) fn binding(&self) -> (vk::Buffer, u64, u64) {
         (self.inner.handle, self.inner.alloc.offset, self.inner.alloc.size)
+    }
+
+    /// The device address of the buffer's first byte, where shaders can reach it so (the
+    /// device's `bufferDeviceAddress`; not imported host memory).
+    pub(crate) fn address(&self) -> Option<u64> {
+        let (shared, alloc) = (&self.inner.shared, &self.inner.alloc);
+        let info = vk::BufferDeviceAddressInfo::default().buffer(self.inner.handle);
+        // SAFETY: a live buffer (this handle owns its allocation), made with
+        // SHADER_DEVICE_ADDRESS (every block but an imported one is, where the feature is on).
+        (shared.caps.buffer_device_address && alloc.usage != MemoryUse::PoolImport)
+            .then(|| unsafe { shared.dev.raw.get_buffer_device_address(&info) } + alloc.offset)
     }
 }
 

@@ -244,6 +244,8 @@ pub struct DeviceCaps {
     /// driver reports each pipeline's statistics. `Context::new` clears it unless
     /// `VkOptions::pipeline_stats` asks for them; enabled at device creation when set.
     pub pipeline_executable_info: bool,
+    /// Vulkan 1.2's `bufferDeviceAddress` (enabled when set): every allocation but imported
+    /// host memory can be reached from a shader through its address.
     pub buffer_device_address: bool,
     pub max_shared_memory: u32,
     pub max_workgroup_invocations: u32,
@@ -482,10 +484,16 @@ impl Device {
         if caps.storage_16bit {
             ci = ci.push_next(&mut f11);
         }
+        // Buffer device addresses: the batched decode step's attention reaches each sequence's
+        // mirror through them (`attn_seqs.comp`).
+        f12 = f12.buffer_device_address(caps.buffer_device_address);
         if caps.coopmat_i8.is_some() {
             f12 = f12.shader_int8(true).vulkan_memory_model(true).shader_float16(caps.coopmat_f16);
             fcm = fcm.cooperative_matrix(true);
-            ci = ci.push_next(&mut f12).push_next(&mut fcm);
+            ci = ci.push_next(&mut fcm);
+        }
+        if caps.coopmat_i8.is_some() || caps.buffer_device_address {
+            ci = ci.push_next(&mut f12);
         }
         let mut fpe =
             vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default().pipeline_executable_info(true);

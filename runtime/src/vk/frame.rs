@@ -409,6 +409,21 @@ impl<'a> Frame<'a> {
         push: &P,
         groups: [u32; 3],
     ) -> Result<()> {
+        self.dispatch_reaching(kernel, variant, binds, &[], push, groups)
+    }
+
+    /// `dispatch`, for a kernel that also reaches `reached` through their device addresses
+    /// (not bound): each ordered as a read, or as a write where its flag is set, and kept alive
+    /// with the recording like a binding.
+    pub(crate) fn dispatch_reaching<P: PushConstants>(
+        &mut self,
+        kernel: Kernel,
+        variant: Option<FormatVariant>,
+        binds: &[Bind<'a>],
+        reached: &[(Bind<'a>, bool)],
+        push: &P,
+        groups: [u32; 3],
+    ) -> Result<()> {
         if !P::LAYOUT.kernels.contains(&kernel.base()) {
             return Err(VkError::BadArgument {
                 op: "dispatch",
@@ -430,29 +445,31 @@ impl<'a> Frame<'a> {
             });
         }
         let written = kernel.written_bindings();
-        let none = (vk::Buffer::null(), 0, 0);
-        let (mut reads, mut writes) = ([none; MAX_BINDINGS], [none; MAX_BINDINGS]);
-        let (mut nr, mut nw) = (0, 0);
+        let (mut reads, mut writes) = (Vec::with_capacity(n + reached.len()), Vec::with_capacity(n));
         let mut ranges = [None; MAX_BINDINGS];
-        for (i, range) in ranges.iter_mut().enumerate().take(n) {
-            let b = binds.get(i).copied().unwrap_or(Bind::UNUSED);
+        let bound = (0..n).map(|i| (Some(i), binds.get(i).copied().unwrap_or(Bind::UNUSED), false));
+        for (slot, b, reached_write) in bound.chain(reached.iter().map(|&(b, w)| (None, b, w))) {
             let Some(r) = b.range else { continue };
             let (start, end) = b.span.unwrap_or((r.1, r.1 + r.2));
-            if written.contains(&(i as u32)) {
-                writes[nw] = (r.0, start, end);
-                nw += 1;
+            let write = match slot {
+                Some(i) => written.contains(&(i as u32)),
+                None => reached_write,
+            };
+            if write {
+                writes.push((r.0, start, end));
             } else {
-                reads[nr] = (r.0, start, end);
-                nr += 1;
+                reads.push((r.0, start, end));
             }
             if self.retain {
                 if let Some(o) = b.owner {
                     self.keep.push(o.inner.clone());
                 }
             }
-            *range = Some(r);
+            if let Some(i) = slot {
+                ranges[i] = Some(r);
+            }
         }
-        self.order(&reads[..nr], &writes[..nw], false);
+        self.order(&reads, &writes, false);
         // Unused slots, after the barrier (if any) that resets the write dummies.
         let mut infos = [vk::DescriptorBufferInfo::default(); MAX_BINDINGS];
         for (i, info) in infos.iter_mut().enumerate().take(n) {

@@ -30,6 +30,7 @@ mod frame;
 mod hazards;
 pub mod hold;
 mod instance;
+mod kv_io;
 mod kv_type;
 mod layout;
 mod memory;
@@ -61,7 +62,7 @@ pub use ops::{
     KdaMats, KdaRuleViews, KdaScratch, KdaShape, KvMirror, KvShape, KvType, MatIn, MatmulPath, MlaAttnArgs, MlaCache,
     MlaCall, MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape, MoeCall, MoeGluQ8, MoePath, MoeRoute, MoeScratch,
     PackedExpert, PoolArgs, PoolShape, Pos, QkNorm, QuantizedActs, RelArgs, RopeArgs, RopeKvArgs, RouteHash,
-    RouteParams, RouteSink, RowConv, MOE_MAX_EXPERTS,
+    RouteParams, RouteSink, RowConv, MAX_ATTN_SEQS, MOE_MAX_EXPERTS,
 };
 pub use options::{
     ClockHoldUse, CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, Validation, VkOptions,

@@ -171,8 +171,8 @@ push_blocks! {
         vocab: u32, t_off: u32, shared_: u32, has_scale_by: u32,
     }
 
-    /// Mirrors `attn.glsl`'s push block (`attn_split.comp`, `attn_block.comp`).
-    AttnPush for [AttnSplit, AttnBlock, AttnCoop] {
+    /// Mirrors `attn.glsl`'s push block (`attn_split.comp`, `attn_seqs.comp`, `attn_block.comp`).
+    AttnPush for [AttnSplit, AttnSeqs, AttnBlock, AttnCoop] {
         n: u32, heads: u32, kv_heads: u32, head_dim: u32,
         v_head_dim: u32, pos0: u32, window: u32, flags: u32,
         scale: f32, q_off: u32, k_off: u32, v_off: u32,

@@ -22,6 +22,7 @@ impl Kernel {
             // Bindings 19-21: the relative logits (`attn.glsl`), which the cooperative kernel
             // does not take.
             Kernel::AttnSplit | Kernel::AttnBlock | Kernel::AttnSplit16 | Kernel::AttnBlock16 => 22,
+            Kernel::AttnSeqs | Kernel::AttnSeqs16 => 22,
             Kernel::AttnCoop | Kernel::AttnCoop16 => 8,
             Kernel::AttnPart | Kernel::AttnPart16 => 6,
             // Bindings 10-12: mode 0's routing made in the kernel (out), the logits and bias;
@@ -61,7 +62,9 @@ impl Kernel {
             Kernel::Glu | Kernel::Binary | Kernel::Route => &[2],
             Kernel::Rope => &[0],
             Kernel::RopeKv | Kernel::RopeKv16 => &[0, 1, 4, 5, 6, 7],
-            Kernel::AttnSplit | Kernel::AttnSplit16 => &[1, 2, 4, 5, 6, 8, 12, 13, 17, 18],
+            Kernel::AttnSplit | Kernel::AttnSplit16 | Kernel::AttnSeqs | Kernel::AttnSeqs16 => {
+                &[1, 2, 4, 5, 6, 8, 12, 13, 17, 18]
+            }
             Kernel::AttnBlock | Kernel::AttnCoop | Kernel::AttnBlock16 | Kernel::AttnCoop16 => &[6],
             Kernel::AttnPart | Kernel::AttnPart16 => &[3, 4],
             Kernel::MoeMatvec => &[5, 10, 13, 14, 15],

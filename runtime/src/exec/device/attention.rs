@@ -172,8 +172,9 @@ impl DeviceModel {
         let (q, k, v, out) = (a.q, a.k, a.v, a.out);
         let l = a.layer.0 as usize;
         let kv = self.kv_types[l];
-        // The one-row sequences' kernels side by side (one call: their mirrors' rings alike), the
-        // others one by one; with relative logits (Inkling) each one by one, over its rows'
+        // The one-row sequences in one call (one kernel for all where the device reaches
+        // buffers by address, `vk::ops::attn_seqs`; their mirrors' rings alike), the others one
+        // by one; with relative logits (Inkling) each one by one, over its rows'
         // states.
         let (mut decodes, mut ring0) = (Vec::new(), None);
         for s in rec.seqs {

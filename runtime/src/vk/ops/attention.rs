@@ -190,7 +190,7 @@ pub enum AttnPath {
 }
 
 const MAX_D: usize = 256;
-const MAX_SPLITS: usize = 32;
+pub(super) const MAX_SPLITS: usize = 32;
 const MIN_CHUNK: usize = 32;
 const BQ: usize = 16;
 /// `attn_coop.comp`'s query rows a workgroup and largest head dim; the fewest rows and the
@@ -249,11 +249,11 @@ impl<'a> Frame<'a> {
         self.decode_with(s, a, None, rel)
     }
 
-    /// `attention_decode` for one row of each of several sequences (a batched decode step),
-    /// each over its own mirror at its own position, without a q/k norm or 8-bit output. Their
-    /// constants are recorded before any of their kernels, and each kernel has counters of its
-    /// own, so the kernels run side by side instead of one after another.
-    pub fn attention_decode_rows(&mut self, s: AttnShape, seqs: &[DecodeArgs<'a>]) -> Result<()> {
+    /// `attention_decode_rows` as a kernel a sequence (`attn_seqs::attention_decode_rows`
+    /// takes one kernel for all where the device reaches buffers by address). Their constants
+    /// are recorded before any of their kernels, and each kernel has counters of its own, so
+    /// the kernels run side by side instead of one after another.
+    pub fn attention_decode_each(&mut self, s: AttnShape, seqs: &[DecodeArgs<'a>]) -> Result<()> {
         const OP: &str = "attention_decode_rows";
         if seqs.iter().any(|a| a.norm.is_some() || a.q8) {
             return Err(VkError::BadArgument { op: OP, msg: "a q/k norm or 8-bit output per sequence".into() });
@@ -276,55 +276,9 @@ impl<'a> Frame<'a> {
         rel: Option<RelArgs<'a>>,
     ) -> Result<Option<QuantizedActs>> {
         const OP: &str = "attention_decode";
+        decode_checks(OP, s, &a)?;
         let DecodeArgs { rope, q, k, v, mirror, sinks, out, pos, norm, q8 } = a;
         let KvMirror { k: mk, v: mv, k_back: sk, v_back: sv } = mirror;
-        if q8 && !s.v_head_dim.is_multiple_of(32) {
-            return Err(VkError::BadArgument {
-                op: OP,
-                msg: format!("8-bit output of value heads of {} (not a multiple of 32)", s.v_head_dim),
-            });
-        }
-        if let Some(nm) = norm {
-            let (qw, kw) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
-            let ok = |g: usize, w: usize| g == w || g == s.head_dim;
-            if !ok(nm.q_group, qw) || !ok(nm.k_group, kw) {
-                return Err(VkError::BadArgument {
-                    op: OP,
-                    msg: format!(
-                        "q/k norm groups {} / {}: a whole row or one head of {}",
-                        nm.q_group, nm.k_group, s.head_dim
-                    ),
-                });
-            }
-            nm.q_weight.check(OP, "q norm weight", nm.q_group)?;
-            nm.k_weight.check(OP, "k norm weight", nm.k_group)?;
-            if nm.q_weight.offset != 0 || nm.k_weight.offset != 0 {
-                return Err(VkError::BadArgument { op: OP, msg: "norm weight views must start at element 0".into() });
-            }
-        }
-        let half = rope.map_or(0, |r| r.freq.len);
-        if 2 * half > s.head_dim {
-            return Err(VkError::BadArgument {
-                op: OP,
-                msg: format!("rotary dim {} over head_dim {}", 2 * half, s.head_dim),
-            });
-        }
-        k.check(OP, "k", s.kv_heads * s.head_dim)?;
-        v.check(OP, "v", s.kv_heads * s.v_head_dim)?;
-        s.kv.check_widths(OP, &[s.kv_heads * s.head_dim, s.kv_heads * s.v_head_dim])?;
-        sk.check(OP, "k read-back", s.kv.words(s.kv_heads * s.head_dim))?;
-        sv.check(OP, "v read-back", s.kv.words(s.kv_heads * s.v_head_dim))?;
-        for (view, what) in [(sk, "k read-back"), (sv, "v read-back")] {
-            if view.offset != 0 {
-                return Err(VkError::BadArgument { op: OP, msg: format!("{what} views must start at element 0") });
-            }
-        }
-        if let Some(r) = rope {
-            r.freq.check(OP, "frequencies", half)?;
-            if r.freq.offset != 0 {
-                return Err(VkError::BadArgument { op: OP, msg: "frequency views must start at element 0".into() });
-            }
-        }
         let cst = self.constants(&decode_words(OP, &a)?)?;
         let acts = if q8 {
             let blocks = s.heads * s.v_head_dim / 32;
@@ -591,9 +545,61 @@ impl<'a> Frame<'a> {
     }
 }
 
+/// The checks of one row's `attention_decode` that its arguments alone decide (the mirror's
+/// length is `attention_inner`'s).
+pub(super) fn decode_checks(op: &'static str, s: AttnShape, a: &DecodeArgs) -> Result<()> {
+    let DecodeArgs { rope, k, v, mirror, norm, q8, .. } = *a;
+    let KvMirror { k_back: sk, v_back: sv, .. } = mirror;
+    if q8 && !s.v_head_dim.is_multiple_of(32) {
+        return Err(VkError::BadArgument {
+            op,
+            msg: format!("8-bit output of value heads of {} (not a multiple of 32)", s.v_head_dim),
+        });
+    }
+    if let Some(nm) = norm {
+        let (qw, kw) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
+        let ok = |g: usize, w: usize| g == w || g == s.head_dim;
+        if !ok(nm.q_group, qw) || !ok(nm.k_group, kw) {
+            return Err(VkError::BadArgument {
+                op,
+                msg: format!(
+                    "q/k norm groups {} / {}: a whole row or one head of {}",
+                    nm.q_group, nm.k_group, s.head_dim
+                ),
+            });
+        }
+        nm.q_weight.check(op, "q norm weight", nm.q_group)?;
+        nm.k_weight.check(op, "k norm weight", nm.k_group)?;
+        if nm.q_weight.offset != 0 || nm.k_weight.offset != 0 {
+            return Err(VkError::BadArgument { op, msg: "norm weight views must start at element 0".into() });
+        }
+    }
+    let half = rope.map_or(0, |r| r.freq.len);
+    if 2 * half > s.head_dim {
+        return Err(VkError::BadArgument { op, msg: format!("rotary dim {} over head_dim {}", 2 * half, s.head_dim) });
+    }
+    k.check(op, "k", s.kv_heads * s.head_dim)?;
+    v.check(op, "v", s.kv_heads * s.v_head_dim)?;
+    s.kv.check_widths(op, &[s.kv_heads * s.head_dim, s.kv_heads * s.v_head_dim])?;
+    sk.check(op, "k read-back", s.kv.words(s.kv_heads * s.head_dim))?;
+    sv.check(op, "v read-back", s.kv.words(s.kv_heads * s.v_head_dim))?;
+    for (view, what) in [(sk, "k read-back"), (sv, "v read-back")] {
+        if view.offset != 0 {
+            return Err(VkError::BadArgument { op, msg: format!("{what} views must start at element 0") });
+        }
+    }
+    if let Some(r) = rope {
+        r.freq.check(op, "frequencies", half)?;
+        if r.freq.offset != 0 {
+            return Err(VkError::BadArgument { op, msg: "frequency views must start at element 0".into() });
+        }
+    }
+    Ok(())
+}
+
 /// The words of `attention_decode`'s constants buffer (rope, new-row offsets, norm, 8-bit
 /// output).
-fn decode_words(op: &'static str, a: &DecodeArgs) -> Result<[u32; 11]> {
+pub(super) fn decode_words(op: &'static str, a: &DecodeArgs) -> Result<[u32; 11]> {
     let half = a.rope.map_or(0, |r| r.freq.len);
     let style = a.rope.is_some_and(|r| r.style == RopeStyle::Interleaved) as u32;
     let mscale = a.rope.map_or(1.0f32, |r| r.mscale).to_bits();

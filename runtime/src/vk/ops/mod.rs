@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod attn_part;
+pub mod attn_seqs;
 pub mod compress_pool;
 pub mod compressed;
 pub mod deltanet;
@@ -28,6 +29,7 @@ pub use attention::{
     AttnArgs, AttnPath, AttnShape, DecodeArgs, KvMirror, KvShape, KvType, Pos, QkNorm, RelArgs, RopeArgs, RopeKvArgs,
     COOP_ATTN_ROWS, COOP_MIN_WINDOW,
 };
+pub use attn_seqs::MAX_SEQS as MAX_ATTN_SEQS;
 pub use compress_pool::{PoolArgs, PoolShape};
 pub use compressed::{CompressedArgs, CompressedShape};
 pub use deltanet::{DeltaNetCall, DeltaNetIn, DeltaNetMats, DeltaNetScratch, DeltaNetShape, RuleViews};
