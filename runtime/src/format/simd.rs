@@ -102,11 +102,20 @@ unsafe fn unit<const F: u8, const VNNI: bool>(row: *const u8, k: usize) -> (__m2
     (w, _mm256_set1_ps(a), b)
 }
 
+/// With VNNI, signed bytes go in offset by 128 (sign bit flipped) and are corrected through
+/// `b`: the mask that flips them, and the offset (`b = off * d`).
+#[inline(always)]
+unsafe fn vnni_flip<const VNNI: bool>() -> (__m256i, f32) {
+    if VNNI {
+        (_mm256_set1_epi8(-128), -128.0)
+    } else {
+        (_mm256_setzero_si256(), 0.0)
+    }
+}
+
 #[inline(always)]
 pub(super) unsafe fn unit_scalar<const F: u8, const VNNI: bool>(row: *const u8, k: usize) -> (__m256i, f32, f32) {
-    // With VNNI, signed bytes are offset by 128 (sign bit flipped) and corrected through `b`.
-    let flip = if VNNI { _mm256_set1_epi8(-128) } else { _mm256_setzero_si256() };
-    let off = if VNNI { -128.0 } else { 0.0 };
+    let (flip, off) = vnni_flip::<VNNI>();
     match F {
         F_Q8_0 => {
             let b = row.add(34 * k);
@@ -361,13 +370,13 @@ unsafe fn pair_unit<const F: u8, const VNNI: bool, const LAST: bool>(
         // Both units' scales converted at once and spread in vector lanes (`unit`'s way goes
         // through a scalar and back for each): the same `a = d`, `b = off * d`.
         let (p0, p1) = (row.add(34 * k), row.add(34 * (k + 1)));
-        let flip = if VNNI { _mm256_set1_epi8(-128) } else { _mm256_setzero_si256() };
+        let (flip, off) = vnni_flip::<VNNI>();
         let u0 = _mm256_xor_si256(_mm256_loadu_si256(p0.add(2).cast()), flip);
         let u1 = _mm256_xor_si256(_mm256_loadu_si256(p1.add(2).cast()), flip);
         let hdr =
             _mm_cvtph_ps(_mm_setr_epi32(p0.cast::<i32>().read_unaligned(), p1.cast::<i32>().read_unaligned(), 0, 0));
         let av = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(hdr), _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
-        let bv = _mm256_mul_ps(_mm256_set1_ps(if VNNI { -128.0 } else { 0.0 }), av);
+        let bv = _mm256_mul_ps(_mm256_set1_ps(off), av);
         return (_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31), av, bv);
     }
     let (u0, a0, b0) = unit::<F, VNNI>(row, k);
