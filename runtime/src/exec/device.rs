@@ -577,25 +577,30 @@ impl DeviceModel {
             }
             Op::Mla { x, out, layer, spec } => {
                 let (fb, mscale) = self.freq(spec.qk_rope_head_dim, spec.rope_theta, spec.rope_scaling);
-                // Each sequence of a batched step over its own mirror, at its own positions.
-                for s in rec.seqs {
-                    let rows = |v: ValueId| st.values[v.0 as usize].view(s.rows.start * w(v), s.rows.len() * w(v));
-                    let select = spec.select.map(|v| (if rec.seqs.len() == 1 { view(v) } else { rows(v) }, w(v)));
-                    let inp = super::mla_mirror::MlaInputs {
-                        mats: &self.mats,
-                        vecs: &self.vecs,
-                        freq: (fb, mscale),
-                        mirror: s.st.mirrors[layer.0 as usize].as_ref().expect("mirror allocated"),
-                        scratch: st.mla.as_ref(),
-                        select,
-                    };
-                    let io = match rec.seqs.len() {
-                        1 => OpRows { x: view(*x), out: view(*out), n, precision },
-                        _ => OpRows { x: rows(*x), out: rows(*out), n: s.rows.len(), precision },
-                    };
-                    let at = s.pos;
-                    super::mla_mirror::record(f, inp, spec, io, at)?;
-                }
+                // The products over every row; each sequence of a batched step over its own
+                // mirror, at its own positions.
+                let seqs: Vec<_> = rec
+                    .seqs
+                    .iter()
+                    .map(|s| {
+                        let rows = |v: ValueId| st.values[v.0 as usize].view(s.rows.start * w(v), s.rows.len() * w(v));
+                        let select = spec.select.map(|v| (if rec.seqs.len() == 1 { view(v) } else { rows(v) }, w(v)));
+                        super::mla_mirror::SeqMirror {
+                            rows: if rec.seqs.len() == 1 { 0..n } else { s.rows.clone() },
+                            mirror: s.st.mirrors[layer.0 as usize].as_ref().expect("mirror allocated"),
+                            pos: s.pos,
+                            select,
+                        }
+                    })
+                    .collect();
+                let inp = super::mla_mirror::MlaInputs {
+                    mats: &self.mats,
+                    vecs: &self.vecs,
+                    freq: (fb, mscale),
+                    scratch: st.mla.as_ref(),
+                };
+                let io = OpRows { x: view(*x), out: view(*out), n, precision };
+                super::mla_mirror::record(f, inp, spec, io, &seqs)?;
             }
             Op::Indexer { x, q, out, layer, spec } => self.record_indexer(f, rec, (*x, *q, *out, *layer, spec))?,
             Op::KvCompress { x, q, out, layer, spec } => {

@@ -14,8 +14,8 @@
 
 use super::OpRows;
 use crate::vk::{
-    Context, DeviceBuffer, DeviceMatrix, Frame, MlaCache, MlaCall, MlaMats, MlaQuery, MlaScratch, MlaShape, Pos,
-    RopeArgs, View, VkError,
+    Context, DeviceBuffer, DeviceMatrix, Frame, MlaCache, MlaCall, MlaMats, MlaQuery, MlaScratch, MlaSeq, MlaShape,
+    Pos, RopeArgs, View, VkError,
 };
 use coli_compiler::frames::{op_of, Frame as PlanFrame};
 use coli_compiler::ir::{MlaSpec, Op, Program, RopeStyle};
@@ -51,22 +51,28 @@ pub struct MlaInputs<'a> {
     pub vecs: &'a HashMap<String, DeviceBuffer>,
     /// `cpu::rope::inv_freq` of the rope part, uploaded, and its mscale.
     pub freq: (&'a DeviceBuffer, f32),
-    /// The layer's mirrors and read-back rows: (latent, rope key, latent back, rope key back).
-    pub mirror: &'a (DeviceBuffer, DeviceBuffer, DeviceBuffer, DeviceBuffer),
     pub scratch: Option<&'a MlaScratch>,
-    /// The rows' selection (an indexer's output, DeepSeek Sparse Attention) and its width,
-    /// where the spec has one.
+}
+
+/// One sequence of the op's rows: which rows, its layer's mirrors and read-back rows (latent,
+/// rope key, latent back, rope key back), its first row's position (fixed, or read on the
+/// device: a decode frame recorded once and replayed) and its rows' selection (an indexer's
+/// output, DeepSeek Sparse Attention) with its width, where the spec has one.
+pub struct SeqMirror<'a> {
+    pub rows: std::ops::Range<usize>,
+    pub mirror: &'a (DeviceBuffer, DeviceBuffer, DeviceBuffer, DeviceBuffer),
+    pub pos: Pos<'a>,
     pub select: Option<(View<'a>, usize)>,
 }
 
-/// Records the op over `io` at `pos`: a fixed position, or one read on the device (a decode
-/// frame recorded once and replayed).
+/// Records the op over `io`, the rows of `seqs` (several in a batched step): the products once
+/// over every row, each sequence's cache rows and attention over its own mirror.
 pub fn record<'a>(
     f: &mut Frame<'a>,
     inp: MlaInputs<'a>,
     spec: &MlaSpec,
     io: OpRows<'a>,
-    pos: Pos<'a>,
+    seqs: &[SeqMirror<'a>],
 ) -> Result<(), VkError> {
     const OP: &str = "mla";
     let OpRows { x, out, n, precision } = io;
@@ -95,10 +101,27 @@ pub fn record<'a>(
     };
     let style = if spec.rope_interleave { RopeStyle::Interleaved } else { RopeStyle::RotateHalf };
     let rope = RopeArgs { freq: inp.freq.0.all(), style, mscale: inp.freq.1 };
-    let (ml, mr, sl, sr) = inp.mirror;
-    let cache = MlaCache { latent: ml.all(), rope: mr.all(), latent_back: sl.all(), rope_back: sr.all() };
+    let cache = |(ml, mr, sl, sr): &'a (DeviceBuffer, DeviceBuffer, DeviceBuffer, DeviceBuffer)| MlaCache {
+        latent: ml.all(),
+        rope: mr.all(),
+        latent_back: sl.all(),
+        rope_back: sr.all(),
+    };
     let scratch =
         inp.scratch.ok_or_else(|| VkError::BadArgument { op: OP, msg: "no MLA scratch for this session".into() })?;
-    let call = MlaCall { shape: MlaShape::of(spec), weights: w, rope, cache, scratch, precision, select: inp.select };
-    f.mla_at(call, x, n, pos, out)
+    let first = seqs.first().ok_or_else(|| VkError::BadArgument { op: OP, msg: "no sequence".into() })?;
+    let call = MlaCall {
+        shape: MlaShape::of(spec),
+        weights: w,
+        rope,
+        cache: cache(first.mirror),
+        scratch,
+        precision,
+        select: None,
+    };
+    let seqs: Vec<MlaSeq> = seqs
+        .iter()
+        .map(|q| MlaSeq { rows: q.rows.clone(), cache: cache(q.mirror), pos: q.pos, select: q.select })
+        .collect();
+    f.mla_seqs(call, x, n, out, &seqs)
 }

@@ -60,9 +60,9 @@ pub use ops::{
     AttnArgs, AttnPath, AttnShape, CompressedArgs, CompressedShape, DecodeArgs, DeltaNetCall, DeltaNetIn, DeltaNetMats,
     DeltaNetScratch, DeltaNetShape, DeviceExperts, DsaSelectArgs, DsaShape, ExpertPages, HyperMix, HyperShape, KdaCall,
     KdaMats, KdaRuleViews, KdaScratch, KdaShape, KvMirror, KvShape, KvType, MatIn, MatmulPath, MlaAttnArgs, MlaCache,
-    MlaCall, MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape, MoeCall, MoeGluQ8, MoePath, MoeRoute, MoeScratch,
-    PackedExpert, PoolArgs, PoolShape, Pos, QkNorm, QuantizedActs, RelArgs, RopeArgs, RopeKvArgs, RouteHash,
-    RouteParams, RouteSink, RowConv, MAX_ATTN_SEQS, MOE_MAX_EXPERTS,
+    MlaCall, MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaSeq, MlaShape, MoeCall, MoeGluQ8, MoePath, MoeRoute,
+    MoeScratch, PackedExpert, PoolArgs, PoolShape, Pos, QkNorm, QuantizedActs, RelArgs, RopeArgs, RopeKvArgs,
+    RouteHash, RouteParams, RouteSink, RowConv, MAX_ATTN_SEQS, MOE_MAX_EXPERTS,
 };
 pub use options::{
     ClockHoldUse, CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, Validation, VkOptions,

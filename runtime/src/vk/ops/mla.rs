@@ -164,6 +164,16 @@ pub struct MlaCall<'a> {
     pub select: Option<(View<'a>, usize)>,
 }
 
+/// One sequence of a batched MLA call (`Frame::mla_seqs`): its rows of the call's, its layer
+/// cache, its first row's position and its rows' selection (as `MlaCall::select`).
+#[derive(Clone)]
+pub struct MlaSeq<'a> {
+    pub rows: std::ops::Range<usize>,
+    pub cache: MlaCache<'a>,
+    pub pos: Pos<'a>,
+    pub select: Option<(View<'a>, usize)>,
+}
+
 /// What `mla_kv` reads and writes for `n` rows: `kv` (`kv_a`'s output), the latent norm's
 /// weight `norm`, the queries `q` (their rope parts rotated in place), the rotation `rope`
 /// and the layer's `cache`.
@@ -256,8 +266,24 @@ impl<'a> Frame<'a> {
     /// `mla` at a position fixed or read on the device (`Pos`: a recording replayed at every
     /// decode step reads it from a buffer; the whole mirrors are then bound).
     pub fn mla_at(&mut self, call: MlaCall<'a>, x: View<'a>, n: usize, pos: Pos<'a>, out: View<'a>) -> Result<()> {
+        let seq = MlaSeq { rows: 0..n, cache: call.cache, pos, select: call.select };
+        self.mla_seqs(call, x, n, out, &[seq])
+    }
+
+    /// `mla_at` over the rows of several sequences (a batched step): the products over all `n`
+    /// rows at once (each weight read once), each sequence's cache rows and its attention over
+    /// its own cache at its own position (`seqs`, whose caches and selections stand for the
+    /// call's). Each sequence's rows compute what `mla_at` over them alone computes.
+    pub fn mla_seqs(
+        &mut self,
+        call: MlaCall<'a>,
+        x: View<'a>,
+        n: usize,
+        out: View<'a>,
+        seqs: &[MlaSeq<'a>],
+    ) -> Result<()> {
         const OP: &str = "mla";
-        let MlaCall { shape: s, weights: w, rope, cache, scratch, precision, select } = call;
+        let MlaCall { shape: s, weights: w, rope, scratch, precision, .. } = call;
         s.check()?;
         if !scratch.fits(&s, n) {
             return Err(VkError::BadArgument {
@@ -291,6 +317,9 @@ impl<'a> Frame<'a> {
         if n == 0 {
             return Ok(());
         }
+        if let Some(q) = seqs.iter().find(|q| q.rows.end > n || q.rows.is_empty()) {
+            return Err(VkError::BadArgument { op: OP, msg: format!("a sequence's rows {:?} of {n}", q.rows) });
+        }
         let q = scratch.q.view(0, n * s.q_width());
         let kv = scratch.kv.view(0, n * s.kv_width());
         let lat = scratch.lat.view(0, n * s.heads * s.latent);
@@ -313,18 +342,29 @@ impl<'a> Frame<'a> {
         if let Some(b) = w.kv_a_bias {
             self.add(kv, b, kv, n, s.kv_width(), Broadcast::Row)?;
         }
-        // 3, 4. The latent norm, RoPE, the cache rows.
-        self.mla_kv_at(s, MlaKvArgs { rope, kv, norm: w.kv_a_norm, q, n, cache }, pos)?;
-        // 5. The absorbed attention.
-        let (ml, mr) = match pos {
-            Pos::Fixed(pos0) => {
-                (cache.latent.view_prefix((pos0 + n) * s.latent), cache.rope.view_prefix((pos0 + n) * s.rope))
-            }
-            Pos::Dynamic(_) => (cache.latent, cache.rope),
-        };
+        // A sequence's rows of a scratch of `width` a row.
+        let rows =
+            |v: View<'a>, q: &MlaSeq, width: usize| v.buf.view(v.offset + q.rows.start * width, q.rows.len() * width);
+        // 3, 4. The latent norm, RoPE, each sequence's cache rows.
+        for sq in seqs {
+            let (q, kv) = (rows(q, sq, s.q_width()), rows(kv, sq, s.kv_width()));
+            let args = MlaKvArgs { rope, kv, norm: w.kv_a_norm, q, n: sq.rows.len(), cache: sq.cache };
+            self.mla_kv_at(s, args, sq.pos)?;
+        }
+        // 5. The absorbed attention, each sequence over its own cache.
         self.mla_absorb(s, w.kv_b, q, lat, n)?;
-        let attn = MlaAttnArgs { q, lat, latent_mirror: ml, rope_mirror: mr, n };
-        self.mla_attn_at(s, attn, pos, select)?;
+        for sq in seqs {
+            let m = sq.rows.len();
+            let (ml, mr) = match sq.pos {
+                Pos::Fixed(pos0) => {
+                    (sq.cache.latent.view_prefix((pos0 + m) * s.latent), sq.cache.rope.view_prefix((pos0 + m) * s.rope))
+                }
+                Pos::Dynamic(_) => (sq.cache.latent, sq.cache.rope),
+            };
+            let (q, lat) = (rows(q, sq, s.q_width()), rows(lat, sq, s.heads * s.latent));
+            let attn = MlaAttnArgs { q, lat, latent_mirror: ml, rope_mirror: mr, n: m };
+            self.mla_attn_at(s, attn, sq.pos, sq.select)?;
+        }
         self.mla_value(s, w.kv_b, lat, heads, n, precision)?;
         // 6. The output projection.
         self.matmul_with(w.o, heads, n, out, MatmulPath::Auto, precision)?;
@@ -384,11 +424,13 @@ impl<'a> Frame<'a> {
             dyn_pos,
             no_back: by_copy as u32,
         };
+        // q as its rows only: the kernel touches no other, so the sequences of a batched call
+        // need no barrier between their kernels.
         let binds = [
             Bind::buf(kv.buf),
             Bind::buf(norm.buf),
             Bind::buf(rope.freq.buf),
-            Bind::buf(q.buf),
+            Bind::view(q),
             Bind::buf(cache.latent.buf),
             Bind::buf(cache.rope.buf),
             Bind::buf(cache.latent_back.buf),

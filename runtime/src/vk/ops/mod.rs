@@ -37,7 +37,7 @@ pub use dsa::{DsaSelectArgs, DsaShape};
 pub use hyper::{HyperMix, HyperShape};
 pub use kda::{KdaCall, KdaMats, KdaRuleViews, KdaScratch, KdaShape};
 pub use matmul::{MatIn, MatmulPath, QuantizedActs};
-pub use mla::{MlaAttnArgs, MlaCache, MlaCall, MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaShape};
+pub use mla::{MlaAttnArgs, MlaCache, MlaCall, MlaKvArgs, MlaMats, MlaQuery, MlaScratch, MlaSeq, MlaShape};
 pub use moe::{DeviceExperts, MoeCall, MoePath, MoeRoute, PackedExpert, MAX_EXPERTS as MOE_MAX_EXPERTS};
 pub use moe_glu::MoeGluQ8;
 pub use moe_pages::ExpertPages;
