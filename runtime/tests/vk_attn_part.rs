@@ -20,11 +20,6 @@ use coli_runtime::vk::ops::attn_part::{PartArgs, SplitShape};
 use coli_runtime::vk::{KvMirror, KvShape, Pos, RopeArgs, RopeKvArgs};
 use vk_common::*;
 
-fn worst(got: &[f32], want: &[f32]) -> f32 {
-    let scale = want.iter().fold(1e-30f32, |a, b| a.max(b.abs()));
-    got.iter().zip(want).map(|(a, b)| (a - b).abs() / scale).fold(0.0, f32::max)
-}
-
 #[test]
 fn the_device_part_over_a_ring_matches_the_cpu_and_merges_to_the_full_attention() {
     let Some(ctx) = ctx() else { return };

@@ -31,12 +31,6 @@ use coli_runtime::format::{Matrix, WeightFormat};
 use coli_runtime::vk::{MlaAttnArgs, MlaCache, MlaCall, MlaMats, MlaQuery, MlaScratch, MlaShape, RopeArgs};
 use vk_common::*;
 
-fn worst(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(1e-30f32, |a, b| a.max(b.abs()));
-    got.iter().zip(want).map(|(a, b)| (a - b).abs() / scale).fold(0.0, f32::max)
-}
-
 struct Case {
     hidden: usize,
     heads: usize,

@@ -21,12 +21,6 @@ use coli_runtime::vk::{
 };
 use vk_common::*;
 
-fn worst(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(1e-30f32, |a, b| a.max(b.abs()));
-    got.iter().zip(want).map(|(a, b)| (a - b).abs() / scale).fold(0.0, f32::max)
-}
-
 /// A sequence's cache: mirrors of `cap` positions and read-back rows of `rows`, and its
 /// position buffer.
 struct Cache {

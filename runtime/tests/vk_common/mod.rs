@@ -110,6 +110,13 @@ pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
     got.iter().zip(want).fold(0f32, |m, (g, w)| m.max((g - w).abs())) / scale
 }
 
+/// The largest |got - want| relative to the largest |want| (the bound the tests state).
+pub fn worst(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(1e-30f32, |a, b| a.max(b.abs()));
+    got.iter().zip(want).map(|(a, b)| (a - b).abs() / scale).fold(0.0, f32::max)
+}
+
 /// `max |got - want| <= tol * scale` where `scale` is the largest |want| (at least 1e-3).
 pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
