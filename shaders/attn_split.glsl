@@ -128,32 +128,24 @@ shared float o_half[64];
 shared float k_row[MAX_D];
 shared float v_row[MAX_DV];
 
-// Rotates the pairs of x[0..hd) at position p (rope.comp's arithmetic); invocation i < half.
-void rotate_shared_q(uint p, uint half_, bool inter, float msc) {
-    for (uint i = gl_LocalInvocationID.x; i < half_; i += T) {
-        uint a = inter ? 2u * i : i, b = inter ? a + 1u : a + half_;
-        float s, c;
-        sincos_rr(float(p) * frq[i], s, c);
-        c *= msc;
-        s *= msc;
-        float x0 = q_s[a], x1 = q_s[b];
-        q_s[a] = x0 * c - x1 * s;
-        q_s[b] = x1 * c + x0 * s;
+// Rotates the pairs of `arr`[0..hd) at position p (rope.comp's arithmetic); invocation i <
+// half. Made for the query (q_s) and for the block's key row (k_row).
+#define ROTATE_SHARED(name, arr)                                                \
+    void name(uint p, uint half_, bool inter, float msc) {                      \
+        for (uint i = gl_LocalInvocationID.x; i < half_; i += T) {              \
+            uint a = inter ? 2u * i : i, b = inter ? a + 1u : a + half_;        \
+            float s, c;                                                         \
+            sincos_rr(float(p) * frq[i], s, c);                                 \
+            c *= msc;                                                           \
+            s *= msc;                                                           \
+            float x0 = arr[a], x1 = arr[b];                                     \
+            arr[a] = x0 * c - x1 * s;                                           \
+            arr[b] = x1 * c + x0 * s;                                           \
+        }                                                                       \
     }
-}
+ROTATE_SHARED(rotate_shared_q, q_s)
+ROTATE_SHARED(rotate_shared_k, k_row)
 
-void rotate_shared_k(uint p, uint half_, bool inter, float msc) {
-    for (uint i = gl_LocalInvocationID.x; i < half_; i += T) {
-        uint a = inter ? 2u * i : i, b = inter ? a + 1u : a + half_;
-        float s, c;
-        sincos_rr(float(p) * frq[i], s, c);
-        c *= msc;
-        s *= msc;
-        float x0 = k_row[a], x1 = k_row[b];
-        k_row[a] = x0 * c - x1 * s;
-        k_row[b] = x1 * c + x0 * s;
-    }
-}
 shared bool s_last;
 shared float n_red[T];
 
