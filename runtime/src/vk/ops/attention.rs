@@ -583,11 +583,7 @@ pub(super) fn decode_checks(op: &'static str, s: AttnShape, a: &DecodeArgs) -> R
     s.kv.check_widths(op, &[s.kv_heads * s.head_dim, s.kv_heads * s.v_head_dim])?;
     sk.check(op, "k read-back", s.kv.words(s.kv_heads * s.head_dim))?;
     sv.check(op, "v read-back", s.kv.words(s.kv_heads * s.v_head_dim))?;
-    for (view, what) in [(sk, "k read-back"), (sv, "v read-back")] {
-        if view.offset != 0 {
-            return Err(VkError::BadArgument { op, msg: format!("{what} views must start at element 0") });
-        }
-    }
+    super::at_element_0(op, &[(sk, "k read-back"), (sv, "v read-back")])?;
     if let Some(r) = rope {
         r.freq.check(op, "frequencies", half)?;
         if r.freq.offset != 0 {

@@ -99,11 +99,7 @@ impl<'a> Frame<'a> {
         };
         mk.check(op, "k mirror", s.kv.words(rows * kw))?;
         mv.check(op, "v mirror", s.kv.words(rows * vw))?;
-        for (view, what) in [(mk, "k mirror"), (mv, "v mirror"), (sk, "k read-back"), (sv, "v read-back")] {
-            if view.offset != 0 {
-                return Err(VkError::BadArgument { op, msg: format!("{what} views must start at element 0") });
-            }
-        }
+        super::at_element_0(op, &[(mk, "k mirror"), (mv, "v mirror"), (sk, "k read-back"), (sv, "v read-back")])?;
         if let Some(r) = rope {
             r.freq.check(op, "frequencies", half)?;
             if r.freq.offset != 0 {

@@ -403,11 +403,7 @@ impl<'a> Frame<'a> {
             (cache.latent_back, "latent read-back"),
             (cache.rope_back, "rope read-back"),
         ];
-        for (v, what) in starts {
-            if v.offset != 0 {
-                return Err(VkError::BadArgument { op: OP, msg: format!("{what} views must start at element 0") });
-            }
-        }
+        super::at_element_0(OP, &starts)?;
         let by_copy = dyn_pos == 0 && n >= BACK_BY_COPY_ROWS;
         let push = MlaKvPush {
             n: u32_arg(OP, "n", n)?,

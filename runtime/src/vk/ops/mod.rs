@@ -45,6 +45,7 @@ pub use moe_scratch::MoeScratch;
 pub use route::{RouteHash, RouteParams, RouteSink};
 pub use short_conv::RowConv;
 
+use super::context::View;
 use super::error::{Result, VkError};
 use super::frame::Frame;
 use super::shaders::{spirv, FormatVariant, Kernel};
@@ -85,6 +86,15 @@ pub(crate) fn check_ring(op: &'static str, ring: usize, window: Option<usize>, n
 }
 
 /// Values pushed as u32 must fit.
+/// Refuses any of `views` (named) that does not start at element 0 (a kernel that indexes the
+/// buffer from its start).
+pub(crate) fn at_element_0(op: &'static str, views: &[(View, &str)]) -> Result<()> {
+    match views.iter().find(|(v, _)| v.offset != 0) {
+        Some((_, what)) => Err(VkError::BadArgument { op, msg: format!("{what} views must start at element 0") }),
+        None => Ok(()),
+    }
+}
+
 pub(crate) fn u32_arg(op: &'static str, what: &str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| VkError::BadArgument { op, msg: format!("{what} = {v} does not fit 32 bits") })
 }
