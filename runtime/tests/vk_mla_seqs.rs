@@ -1,21 +1,25 @@
 //! MLA over the rows of several sequences in one call (`Frame::mla_seqs`, a batched step: the
 //! products once over every row, each sequence's cache rows and attention over its own cache)
-//! against `Frame::mla_at` over each sequence's rows alone, on Lavapipe: f32 weights and
+//! against `Frame::mla_at` over each sequence's rows alone and against the CPU op
+//! (`cpu::mla::mla`, each sequence over its own host cache), on Lavapipe: f32 weights and
 //! activations (`Precision::Exact`), three sequences with caches of different lengths, a decode
 //! row each and then blocks of 1, 3 and 2 rows (a prompt chunk beside decode rows), positions
-//! fixed and read on the device. Tolerance: outputs, mirrors and read-back rows within 1e-5 of
-//! their largest |value| (the products over every row may take a GEMM where a row alone takes a
-//! GEMV; on Lavapipe they agree bit for bit); the batched call records fewer dispatches than
-//! the calls one a sequence (12 against 24 for three sequences).
+//! fixed and read on the device. Tolerance: outputs (against both), mirrors and read-back rows
+//! (against `mla_at`'s) within 1e-5 of their largest |value| (the products over every row may
+//! take a GEMM where a row alone takes a GEMV; on Lavapipe they agree with `mla_at` bit for
+//! bit); the batched call records fewer dispatches than the calls one a sequence (12 against
+//! 24 for three sequences).
 //!
 //! Must not: grow past a few seconds on Lavapipe.
 
 mod vk_common;
 
 use coli_compiler::ir::{MlaSpec, RopeScaling, RopeStyle};
+use coli_runtime::cpu::mla::{mla, MlaCall as CpuCall, MlaForm, MlaWeights, QueryWeights};
 use coli_runtime::cpu::rope::inv_freq;
 use coli_runtime::cpu::Precision;
-use coli_runtime::format::WeightFormat;
+use coli_runtime::exec::kv::LayerKv;
+use coli_runtime::format::{Matrix, WeightFormat};
 use coli_runtime::vk::{
     Context, DeviceBuffer, MlaCache, MlaCall, MlaMats, MlaQuery, MlaScratch, MlaSeq, MlaShape, Pos, RopeArgs,
 };
@@ -69,14 +73,37 @@ fn one_call_over_every_sequence_matches_a_call_a_sequence() {
         (heads * (nope + v), latent),
         (hidden, heads * v),
     ];
-    let dm: Vec<_> = dims
-        .iter()
-        .map(|&(r, k)| {
-            ctx.upload_matrix(WeightFormat::F32, r, k, &random_rows(WeightFormat::F32, r, k, &mut rng)).unwrap()
-        })
-        .collect();
+    let stored: Vec<Vec<u8>> = dims.iter().map(|&(r, k)| random_rows(WeightFormat::F32, r, k, &mut rng)).collect();
+    let dm: Vec<_> =
+        dims.iter().zip(&stored).map(|(&(r, k), b)| ctx.upload_matrix(WeightFormat::F32, r, k, b).unwrap()).collect();
     let qn: Vec<f32> = rng.vec(q_lora, 0.5).iter().map(|x| 1.0 + x).collect();
     let kn: Vec<f32> = rng.vec(latent, 0.5).iter().map(|x| 1.0 + x).collect();
+    // The CPU's op over the same weights, and each sequence's cache on the host.
+    let m = |i: usize| Matrix::new(WeightFormat::F32, dims[i].0, dims[i].1, &stored[i]).unwrap();
+    let cw = MlaWeights {
+        q: QueryWeights::Lora { q_a: m(0), q_a_norm: &qn, q_b: m(1) },
+        q_a_bias: None,
+        kv_a: m(2),
+        kv_a_bias: None,
+        kv_a_norm: &kn,
+        kv_b: m(3),
+        o: m(4),
+        o_bias: None,
+    };
+    let mut host: Vec<LayerKv> =
+        (0..3).map(|_| LayerKv { k_width: latent, v_width: rope, ..Default::default() }).collect();
+    let cpu = |x: &[f32], n: usize, pos0: usize, kv: &mut LayerKv| {
+        let call = CpuCall {
+            spec: &spec,
+            weights: &cw,
+            precision: Precision::Exact,
+            form: MlaForm::for_rows(n),
+            select: None,
+        };
+        let mut out = vec![0f32; n * hidden];
+        mla(&call, x, n, pos0, kv, &mut out);
+        out
+    };
     let (dqn, dkn) = (ctx.upload_f32(&qn).unwrap(), ctx.upload_f32(&kn).unwrap());
     let mats = MlaMats {
         q: MlaQuery::Lora { q_a: &dm[0], q_a_norm: dqn.all(), q_b: &dm[1] },
@@ -122,6 +149,7 @@ fn one_call_over_every_sequence_matches_a_call_a_sequence() {
             f.mla(call(c.view()), dx.view(0, n * hidden), n, 0, dy.view(0, n * hidden)).unwrap();
             f.run().unwrap();
         }
+        cpu(&x, n, 0, &mut host[i]);
         pos[i] = n;
     }
     // Steps: each sequence's rows this step, and whether its position is read on the device.
@@ -174,6 +202,12 @@ fn one_call_over_every_sequence_matches_a_call_a_sequence() {
         eprintln!("{what}: output {e:.2e}, {batched} dispatches against {alone}");
         assert!(e <= 1e-5, "{what}: output off by {e} of its largest value");
         assert!(batched < alone, "{what}: {batched} dispatches, {alone} one a sequence");
+        for i in 0..3 {
+            let (r0, m) = (starts[i], rows[i]);
+            let want = cpu(&x[r0 * hidden..(r0 + m) * hidden], m, pos[i], &mut host[i]);
+            let e = worst(&got[r0 * hidden..(r0 + m) * hidden], &want);
+            assert!(e <= 1e-5, "{what}: sequence {i}'s rows off the CPU's by {e} of their largest value");
+        }
         for i in 0..3 {
             let (a, b) = (one[i].dump(ctx), each[i].dump(ctx));
             // The read-back rows hold this step's rows only.
