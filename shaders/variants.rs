@@ -47,7 +47,6 @@ pub const KERNELS: &[(&str, &str, bool)] = &[
     ("GroupCols", "group_cols.comp", false),
     ("AttnCompressed", "attn_compressed.comp", false),
     ("CompressPool", "compress_pool.comp", false),
-    ("Hold", "hold.comp", false),
 ];
 
 /// Kernels compiled a second time with `KV_F16` (`shaders/kv_type.glsl`: an attention layer's

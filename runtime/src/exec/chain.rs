@@ -19,8 +19,7 @@ use super::kv_split::SplitStats;
 use super::step::{HostRows, Step};
 use super::{ExecError, Model};
 use crate::tier::{ExpertTier, TierDevice, TierOptions, TierSetup};
-use crate::vk::hold::{HoldGuard, Holder};
-use crate::vk::{ClockHoldUse, Context, DeviceKind, ExpertPages, VkError};
+use crate::vk::{Context, ExpertPages, VkError};
 use coli_compiler::cost::human;
 use coli_compiler::frames::Frame;
 use coli_compiler::ids::{DeviceId, Place};
@@ -57,9 +56,6 @@ pub struct Chain {
     tier_line: Option<String>,
     /// The adaptive cache serving the MoE host steps (layers not resident in a frame).
     tier: Option<Mutex<ExpertTier>>,
-    /// Keeps the primary's clock up through a forward whose device waits for the host
-    /// (`vk::hold`; `VkOptions::clock_hold`).
-    hold: Option<Holder>,
 }
 
 /// Per-session state: one `DeviceState` per device.
@@ -155,16 +151,6 @@ impl Chain {
                 }
             }
         }
-        // 4. The clock hold, where the device waits for the host within a forward.
-        let hold = match primary.clock_hold_use() {
-            ClockHoldUse::Off => None,
-            ClockHoldUse::On => primary.clock_hold(),
-            // A discrete GPU only: an integrated one shares the CPU's power budget, which the
-            // host's work beside it needs.
-            ClockHoldUse::Auto => (waits_for_host(&plan.frames) && primary.caps().kind == DeviceKind::Discrete)
-                .then(|| primary.clock_hold())
-                .flatten(),
-        };
         Ok(Chain {
             ctx: primary,
             devices,
@@ -173,18 +159,7 @@ impl Chain {
             cap_rows: plan.options.chunk_rows.max(1),
             tier_line,
             tier: tier_service,
-            hold,
         })
-    }
-
-    /// Holds the primary's clock while the guard lives (nothing without a hold).
-    pub fn hold_clock(&self) -> Option<HoldGuard<'_>> {
-        self.hold.as_ref().map(Holder::hold)
-    }
-
-    /// Whether the chain holds the clock through its forwards, and how many hold kernels ran.
-    pub fn clock_hold_runs(&self) -> Option<u64> {
-        self.hold.as_ref().map(Holder::runs)
     }
 
     /// The per-device models, d0 first.
@@ -385,42 +360,4 @@ fn tier_line(plan: &Plan, devices: &[DeviceModel]) -> Option<String> {
     };
     let held = if held.is_empty() { "no layer's experts resident".to_string() } else { held.join(", ") };
     Some(format!("expert tier on {}: budget {}; {held}; rule: {rule}{rest}", names.join(" and "), human(budget)))
-}
-
-/// Whether a forward of `frames` leaves its device waiting for the host: a host frame after
-/// the first device frame (routed experts or layers on the CPU, the tier's host steps). The
-/// prologue's embedding before the first device frame does not count.
-pub fn waits_for_host(frames: &[Frame]) -> bool {
-    frames.iter().skip_while(|f| f.place == Place::Host).any(|f| f.place == Place::Host)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use coli_compiler::ids::FrameId;
-
-    fn frames(places: &[Place]) -> Vec<Frame> {
-        let frame = |(i, &place): (usize, &Place)| Frame {
-            id: FrameId(i as u32),
-            place,
-            ops: Vec::new(),
-            uploads: Vec::new(),
-            downloads: Vec::new(),
-            beside: None,
-            kv_split: None,
-        };
-        places.iter().enumerate().map(frame).collect()
-    }
-
-    #[test]
-    fn the_device_waits_for_the_host_where_a_host_frame_follows_a_device_frame() {
-        let (h, d) = (Place::Host, Place::Device(DeviceId(0)));
-        // The whole model in one frame after the host's embedding: no wait.
-        assert!(!waits_for_host(&frames(&[h, d])));
-        assert!(!waits_for_host(&frames(&[d])));
-        assert!(!waits_for_host(&frames(&[h])));
-        // The tier's host steps between device frames, or layers left to the CPU at the end.
-        assert!(waits_for_host(&frames(&[h, d, h, d])));
-        assert!(waits_for_host(&frames(&[h, d, h])));
-    }
 }

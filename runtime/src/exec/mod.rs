@@ -380,10 +380,8 @@ impl<'m> Session<'m> {
         if self.pos + n > self.max_context {
             return Err(ExecError::ContextFull { need: self.pos + n, max: self.max_context });
         }
-        if let Some((chain, _)) = self.device {
+        if self.device.is_some() {
             let start = self.pos;
-            // The device's clock held while it waits for the host between frames.
-            let _hold = chain.hold_clock();
             match self.run(tokens, rows) {
                 Ok(l) => return Ok(l),
                 Err(ExecError::Device(e)) => {
@@ -476,8 +474,7 @@ impl<'m> Session<'m> {
             }
             return Ok(out);
         }
-        if let Some(c) = chain {
-            let _hold = c.hold_clock();
+        if chain.is_some() {
             match Session::run_batch(sessions, feeds, true) {
                 Err(ExecError::Device(e)) => {
                     for s in sessions.iter_mut() {

@@ -20,8 +20,8 @@ use super::instance::Instance;
 use super::kv_type::KvType;
 use super::memory::{place, MemoryProps, MemoryUse, Placement};
 use super::options::{
-    ClockHoldUse, CoopMatUse, DeviceRole, FaultInjection, IntDotUse, VkOptions, DEFAULT_GEMV_ROWS,
-    DEFAULT_MOE_GEMV_ROWS, DEFAULT_MOE_PAIR_ROWS,
+    CoopMatUse, DeviceRole, FaultInjection, IntDotUse, VkOptions, DEFAULT_GEMV_ROWS, DEFAULT_MOE_GEMV_ROWS,
+    DEFAULT_MOE_PAIR_ROWS,
 };
 use super::pipeline::{Pipe, PipelineCache};
 use super::shaders::{FormatVariant, Kernel};
@@ -63,8 +63,6 @@ pub(crate) struct Shared {
     expert_page_bytes: u64,
     /// The attention layers' K/V mirror type (`VkOptions::kv_mirror`, where the device can).
     kv_mirror: KvType,
-    /// `VkOptions::clock_hold`.
-    pub clock_hold: ClockHoldUse,
     submits: AtomicU64,
     pub dispatches: AtomicU64,
     /// Host nanoseconds spent recording frames (from the frame's start to its end).
@@ -179,35 +177,20 @@ impl Shared {
     /// `cmds` must be executable (ended), not pending, on this device, and reference only
     /// live objects.
     pub unsafe fn submit_and_wait(&self, cmds: &Commands) -> Result<()> {
-        self.submit_and_wait_on(cmds, false)
-    }
-
-    /// `submit_and_wait` on the compute family's second queue (`second`: the clock hold's,
-    /// which only its own thread submits to) or the first.
-    ///
-    /// # Safety
-    /// As `submit_and_wait`; with `second`, the device has that queue.
-    pub unsafe fn submit_and_wait_on(&self, cmds: &Commands, second: bool) -> Result<()> {
         self.check_alive()?;
         let dev = &self.dev.raw;
         let t = Instant::now();
         dev.reset_fences(&[cmds.fence]).ctx("vkResetFences")?;
-        // The hold's submissions are not the forwards' (the fault injection counts those).
-        if !second {
-            let n = self.submits.fetch_add(1, Ordering::AcqRel) + 1;
-            if self.faults.fail_submit == Some(n) {
-                self.lost.store(true, Ordering::Release);
-                return Err(VkError::DeviceLost { injected: true });
-            }
+        let n = self.submits.fetch_add(1, Ordering::AcqRel) + 1;
+        if self.faults.fail_submit == Some(n) {
+            self.lost.store(true, Ordering::Release);
+            return Err(VkError::DeviceLost { injected: true });
         }
         let bufs = [cmds.cmd];
         let si = [vk::SubmitInfo::default().command_buffers(&bufs)];
-        let r = match self.dev.queue2.filter(|_| second) {
-            Some(q) => dev.queue_submit(q, &si, cmds.fence),
-            None => {
-                let _q = lock(&self.queue);
-                dev.queue_submit(self.dev.queue, &si, cmds.fence)
-            }
+        let r = {
+            let _q = lock(&self.queue);
+            dev.queue_submit(self.dev.queue, &si, cmds.fence)
         };
         r.map_err(|e| self.note("vkQueueSubmit", e))?;
         let r = match dev.wait_for_fences(&[cmds.fence], true, WAIT_NS) {
@@ -215,9 +198,7 @@ impl Shared {
             Err(vk::Result::TIMEOUT) => Err(self.note("vkWaitForFences", vk::Result::ERROR_DEVICE_LOST)),
             Err(e) => Err(self.note("vkWaitForFences", e)),
         };
-        if !second {
-            self.wait_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        }
+        self.wait_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         r?;
         self.check_validation()
     }
@@ -331,7 +312,6 @@ impl Context {
                     moe_pair_rows: opts.moe_pair_rows.unwrap_or(DEFAULT_MOE_PAIR_ROWS).max(1),
                     expert_page_bytes: opts.expert_page_bytes.map_or(max_range, |b| b.clamp(1, max_range)),
                     kv_mirror,
-                    clock_hold: opts.clock_hold,
                     submits: AtomicU64::new(0),
                     dispatches: AtomicU64::new(0),
                     record_ns: AtomicU64::new(0),

@@ -422,9 +422,6 @@ pub(crate) unsafe fn query_caps(inst: &Instance, pd: vk::PhysicalDevice, cand: &
 pub(crate) struct Device {
     pub raw: ash::Device,
     pub queue: vk::Queue,
-    /// The compute family's second queue, where it has one (the clock hold's, `vk::hold`),
-    /// at the lowest priority.
-    pub queue2: Option<vk::Queue>,
     /// `VK_KHR_push_descriptor`'s entry points, where the device has it.
     pub push: Option<ash::khr::push_descriptor::Device>,
     /// `VK_KHR_pipeline_executable_properties`' entry points, where enabled
@@ -436,8 +433,7 @@ pub(crate) struct Device {
 }
 
 impl Device {
-    /// Creates the logical device with its compute queue (and the family's second, where it has
-    /// one), enabling the features the shaders
+    /// Creates the logical device with one compute queue, enabling the features the shaders
     /// may use where the device has them (subgroup size control, memory budget, push
     /// descriptors, external host memory, 16-bit storage buffers; cooperative matrices with `shaderInt8` and `vulkanMemoryModel` where
     /// `caps.coopmat_i8` is set; pipeline executable statistics where
@@ -447,9 +443,9 @@ impl Device {
     /// `pd` must come from `inst`; the returned device must be destroyed (`destroy`) before
     /// the instance.
     pub unsafe fn new(inst: &Instance, pd: vk::PhysicalDevice, caps: &DeviceCaps) -> Result<Device> {
-        let prio: &[f32] = if caps.second_compute_queue { &[1.0, 0.0] } else { &[1.0] };
+        let prio = [1.0f32];
         let queues =
-            [vk::DeviceQueueCreateInfo::default().queue_family_index(caps.compute_family).queue_priorities(prio)];
+            [vk::DeviceQueueCreateInfo::default().queue_family_index(caps.compute_family).queue_priorities(&prio)];
         let mut exts = Vec::new();
         if caps.memory_budget {
             exts.push(c"VK_EXT_memory_budget".as_ptr());
@@ -502,13 +498,12 @@ impl Device {
         }
         let raw = inst.raw.create_device(pd, &ci, None).ctx("vkCreateDevice")?;
         let queue = raw.get_device_queue(caps.compute_family, 0);
-        let queue2 = caps.second_compute_queue.then(|| raw.get_device_queue(caps.compute_family, 1));
         let push = caps.push_descriptor.then(|| ash::khr::push_descriptor::Device::new(&inst.raw, &raw));
         let exec_props = caps
             .pipeline_executable_info
             .then(|| ash::khr::pipeline_executable_properties::Device::new(&inst.raw, &raw));
         let names = inst.log.is_some().then(|| ash::ext::debug_utils::Device::new(&inst.raw, &raw));
-        Ok(Device { raw, queue, queue2, push, exec_props, names })
+        Ok(Device { raw, queue, push, exec_props, names })
     }
 
     /// Names `handle` for the validation layer's messages (nothing without the layer).

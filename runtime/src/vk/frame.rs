@@ -739,25 +739,11 @@ pub struct Recorded {
 impl Recorded {
     /// Submits the recording and waits for it.
     pub fn run(&self) -> Result<()> {
-        self.run_on(false)
-    }
-
-    /// `run` on the compute family's second queue (the clock hold's, `vk::hold`; only one
-    /// thread may submit there), or an error where the device has none.
-    pub(crate) fn run_second(&self) -> Result<()> {
-        if self.ctx.shared.dev.queue2.is_none() {
-            return Err(VkError::BadArgument { op: "run_second", msg: "the device has one compute queue".into() });
-        }
-        self.run_on(true)
-    }
-
-    fn run_on(&self, second: bool) -> Result<()> {
         let res = self.res.as_ref().expect("a recording holds its resources");
         self.pending.set(Pending::Maybe);
         // SAFETY: the command buffer is executable, was not recorded for one submission, is
-        // not pending (the last run waited), and every buffer it uses is kept alive by `keep`;
-        // the second queue exists where `second` is asked for (checked by `run_second`).
-        unsafe { self.ctx.shared.submit_and_wait_on(&res.cmds, second) }?;
+        // not pending (the last run waited), and every buffer it uses is kept alive by `keep`.
+        unsafe { self.ctx.shared.submit_and_wait(&res.cmds) }?;
         self.pending.set(Pending::Idle);
         self.ctx.shared.dispatches.fetch_add(self.dispatches, Ordering::Relaxed);
         if let Some(l) = &self.labels {

@@ -28,7 +28,6 @@ mod device;
 mod error;
 mod frame;
 mod hazards;
-pub mod hold;
 mod instance;
 mod kv_io;
 mod kv_type;
@@ -65,8 +64,8 @@ pub use ops::{
     RouteHash, RouteParams, RouteSink, RowConv, MAX_ATTN_SEQS, MOE_MAX_EXPERTS,
 };
 pub use options::{
-    ClockHoldUse, CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, Validation, VkOptions,
-    DEFAULT_GEMV_ROWS, DEFAULT_MOE_GEMV_ROWS, DEFAULT_MOE_PAIR_ROWS, VALIDATION_ENV,
+    CoopMatUse, DeviceRole, FaultInjection, IntDotUse, UploadPath, Validation, VkOptions, DEFAULT_GEMV_ROWS,
+    DEFAULT_MOE_GEMV_ROWS, DEFAULT_MOE_PAIR_ROWS, VALIDATION_ENV,
 };
 pub use push::{PushLayout, PUSH_LAYOUTS};
 pub use shaders::{FormatVariant, Kernel};

@@ -48,27 +48,6 @@ pub enum IntDotUse {
     Off,
 }
 
-/// Whether a chain keeps the GPU's clock up while the device waits for the host between a
-/// forward's frames (`vk::hold`): a one-workgroup kernel runs over and over on a second compute
-/// queue while such a forward runs, so the driver does not lower the clock under the duty
-/// cycle of an offload layout's steps (measured on an H100: 345-585 MHz against 1,980 through
-/// a hybrid decode, every kernel of the trunk 3.6x as long; docs/BENCHMARKS.md).
-///
-/// Off by default until measured end to end: `Auto` is what the default becomes if the
-/// offload layouts' decode gains with it on the GPU machine.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ClockHoldUse {
-    /// On a discrete GPU with a second compute queue, where the plan leaves host work between
-    /// device frames (routed experts or layers on the host). Not on an integrated GPU: it shares
-    /// the CPU's power budget, which the host's work beside it needs.
-    Auto,
-    /// Whenever the device has a second compute queue.
-    On,
-    /// Never (the default).
-    #[default]
-    Off,
-}
-
 /// The variable `Validation::default()` reads.
 pub const VALIDATION_ENV: &str = "COLI_VK_VALIDATION";
 
@@ -179,8 +158,6 @@ pub struct VkOptions {
     /// rounded to f16 (the host's cache then holds the same rounded values). A device without
     /// 16-bit storage buffers keeps f32 (`Context::kv_mirror` says which).
     pub kv_mirror: super::kv_type::KvType,
-    /// Keep the GPU's clock up while a chain's device waits for the host (`ClockHoldUse`).
-    pub clock_hold: ClockHoldUse,
 }
 
 /// Rows up to which a dense product takes the GEMV by default: below the cooperative GEMMs'

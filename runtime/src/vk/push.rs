@@ -334,9 +334,4 @@ push_blocks! {
         e0: u32, count: u32, rope_dim: u32, eps: f32,
         mscale: f32, pad0: u32, pad1: u32, pad2: u32,
     }
-
-    /// Mirrors `hold.comp`'s push block.
-    HoldPush for [Hold] {
-        rounds: u32, pad0: u32, pad1: u32, pad2: u32,
-    }
 }

@@ -47,7 +47,6 @@ impl Kernel {
             Kernel::GroupCols => 2,
             Kernel::AttnCompressed => 8,
             Kernel::CompressPool => 7,
-            Kernel::Hold => 1,
         }
     }
 
@@ -86,7 +85,6 @@ impl Kernel {
             Kernel::GroupCols => &[1],
             Kernel::AttnCompressed => &[6],
             Kernel::CompressPool => &[5, 6],
-            Kernel::Hold => &[0],
         }
     }
 

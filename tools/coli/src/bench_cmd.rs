@@ -333,9 +333,6 @@ fn measure(
     if let Some(line) = loaded.device().and_then(|d| d.tier_summary()) {
         println!("{line} (all repetitions)");
     }
-    if let Some(runs) = loaded.device().and_then(|d| d.clock_hold_runs()) {
-        println!("clock hold: {runs} hold kernels on the second queue (all repetitions)");
-    }
     if let Some(line) = loaded.ram_summary() {
         println!("{line} (all repetitions)");
     }

@@ -9,7 +9,7 @@ use clap::{Args, ValueEnum};
 use coli_runtime::engine::{DeviceRequest, EngineError};
 use coli_runtime::format::WeightFormat;
 use coli_runtime::model::hub::{self, ModelRef};
-use coli_runtime::vk::{ClockHoldUse, FaultInjection, KvType, VkOptions};
+use coli_runtime::vk::{FaultInjection, KvType, VkOptions};
 use std::path::PathBuf;
 
 /// The `--help` headings, one per concern, the same in every subcommand.
@@ -46,18 +46,6 @@ pub enum KvChoice {
     F32,
     /// 16-bit floats: half the memory and half the bytes decode attention reads.
     F16,
-}
-
-/// Whether the GPU's clock is held up while the device waits for the host within a forward.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum HoldChoice {
-    /// On a discrete GPU, where the plan leaves host work between device frames (experts or
-    /// layers on the CPU).
-    Auto,
-    /// Whenever the device has a second compute queue.
-    On,
-    /// Never.
-    Off,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -138,13 +126,6 @@ pub struct DeviceArgs {
     /// host's copy too). A device without 16-bit storage buffers keeps f32.
     #[arg(long, value_enum, default_value_t = KvChoice::F32, help_heading = heading::DEVICES)]
     pub device_kv: KvChoice,
-    /// Keep the GPU's clock up while the device waits for the host between a forward's frames
-    /// (offload layouts: experts or layers on the CPU): a one-workgroup kernel runs on a second
-    /// compute queue meanwhile, so the driver does not lower the clock under that duty cycle.
-    /// Needs a second compute queue (Lavapipe has none: then off). Off by default until
-    /// measured end to end.
-    #[arg(long, value_enum, default_value_t = HoldChoice::Off, help_heading = heading::DEVICES)]
-    pub clock_hold: HoldChoice,
     /// Fault injection for tests: the device fails at its n-th submit.
     #[arg(long, hide = true)]
     pub fail_submit: Option<u64>,
@@ -161,11 +142,6 @@ impl DeviceArgs {
                 KvChoice::F16 => KvType::F16,
             },
             fault: self.fail_submit.map(|n| FaultInjection { fail_submit: Some(n), fail_alloc: None }),
-            clock_hold: match self.clock_hold {
-                HoldChoice::Auto => ClockHoldUse::Auto,
-                HoldChoice::On => ClockHoldUse::On,
-                HoldChoice::Off => ClockHoldUse::Off,
-            },
             ..Default::default()
         }
     }
