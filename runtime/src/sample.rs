@@ -131,9 +131,14 @@ impl Sampler {
         if logits.is_empty() {
             return Err(SampleError::Empty);
         }
+        let pen = self.cfg.repetition_penalty;
+        let greedy = self.cfg.temperature == 0.0 || self.cfg.top_k == 1;
+        if greedy && (pen == 1.0 || recent.is_empty()) {
+            // Nothing to change in the logits: no copy (NaN never wins either way).
+            return Ok(argmax(logits));
+        }
         self.logits.clear();
         self.logits.extend(logits.iter().map(|&l| if l.is_nan() { f32::NEG_INFINITY } else { l }));
-        let pen = self.cfg.repetition_penalty;
         if pen != 1.0 && !recent.is_empty() {
             self.seen.clear();
             self.seen.extend_from_slice(recent);
@@ -145,7 +150,7 @@ impl Sampler {
                 }
             }
         }
-        if self.cfg.temperature == 0.0 || self.cfg.top_k == 1 {
+        if greedy {
             return Ok(argmax(&self.logits));
         }
         let inv_t = 1.0 / self.cfg.temperature;
@@ -213,15 +218,21 @@ impl Sampler {
 /// Relative weight below which a token is dropped before sorting (see `Sampler::sample`).
 const NEGLIGIBLE: f32 = 1e-12;
 
-/// The index of the largest value (the first one on ties; NaN never wins).
+/// The index of the largest value (the first one on ties; NaN never wins; 0 when every value
+/// is NaN). Two passes a vector unit takes lanes at a time: the largest value, in independent
+/// lanes (NaN fails every comparison, so it never enters one), then its first position.
 fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] || (v[best].is_nan() && !x.is_nan()) {
-            best = i;
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = v.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = if x > *m { x } else { *m };
         }
     }
-    best as u32
+    let best = lanes.iter().chain(tail).fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+    v.iter().position(|&x| x == best).unwrap_or(0) as u32
 }
 
 #[cfg(test)]
@@ -252,6 +263,50 @@ mod tests {
         assert_eq!(s.sample(&[5.0, 5.0, 1.0], &[]).unwrap(), 0);
         assert_eq!(s.sample(&[f32::NAN, 1.0, f32::NAN], &[]).unwrap(), 1);
         assert_eq!(s.sample(&[], &[]), Err(SampleError::Empty));
+    }
+
+    /// The index of the largest value, one comparison at a time: what `argmax` must equal.
+    fn argmax_serial(v: &[f32]) -> u32 {
+        let mut best = 0;
+        for (i, &x) in v.iter().enumerate() {
+            if x > v[best] || (v[best].is_nan() && !x.is_nan()) {
+                best = i;
+            }
+        }
+        best as u32
+    }
+
+    #[test]
+    fn argmax_is_the_serial_scan_with_nans_infinities_and_ties() {
+        let mut rng = Rng::new(7);
+        let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1.0];
+        for len in [1usize, 2, 15, 16, 17, 33, 100, 50_304] {
+            for round in 0..20 {
+                let v: Vec<f32> = (0..len)
+                    .map(|_| match rng.next_u64() % 8 {
+                        0 => specials[(rng.next_u64() % 6) as usize],
+                        // Few distinct values: ties everywhere.
+                        1..=3 if round % 2 == 0 => (rng.next_u64() % 4) as f32,
+                        _ => rng.next_f64() as f32 * 10.0 - 5.0,
+                    })
+                    .collect();
+                assert_eq!(argmax(&v), argmax_serial(&v), "len {len} round {round}");
+            }
+        }
+        for v in [vec![f32::NAN; 40], vec![f32::NEG_INFINITY; 40], vec![f32::NAN, f32::NEG_INFINITY, 1.0]] {
+            assert_eq!(argmax(&v), argmax_serial(&v));
+        }
+    }
+
+    #[test]
+    fn greedy_with_a_penalty_picks_among_the_penalized_logits() {
+        let mut c = SamplerConfig::greedy();
+        c.repetition_penalty = 2.0;
+        let mut s = Sampler::new(c).unwrap();
+        // 3.0 halves to 1.5, below 2.9; without recent ids the penalty changes nothing.
+        assert_eq!(s.sample(&[0.1, 3.0, -1.0, 2.9], &[1]).unwrap(), 3);
+        assert_eq!(s.sample(&[0.1, 3.0, -1.0, 2.9], &[]).unwrap(), 1);
+        assert_eq!(s.sample(&[f32::NAN, 1.0, f32::NAN], &[1]).unwrap(), 1);
     }
 
     #[test]

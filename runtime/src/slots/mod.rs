@@ -33,6 +33,7 @@ use crate::exec::{LogitRows, Session};
 use crate::generate::StopReason;
 use crate::sample::SampleError;
 use crate::speculate::{Pacer, SpecStats, Speculation};
+use rayon::prelude::*;
 use turn::Turn;
 
 /// A front end's name for a request.
@@ -279,16 +280,18 @@ fn batch<'e>(mut picked: Vec<(usize, &mut Slot<'e>)>) -> Vec<(usize, Vec<Event>)
         Session::forward_batch(&mut sessions, &tokens)
     };
     match result {
-        Ok(logits) => picked
-            .into_iter()
-            .zip(logits.iter().zip(&tokens))
-            .filter_map(|((i, s), (l, &t))| {
+        Ok(logits) => {
+            // Each request samples its own row: in parallel, as 64 rows of a large vocabulary
+            // are milliseconds on one thread.
+            let mut work: Vec<(usize, usize, usize, &mut Active<'e>, &[f32])> = Vec::with_capacity(picked.len());
+            for ((i, s), (l, &t)) in picked.into_iter().zip(logits.iter().zip(&tokens)) {
                 let Slot { session, cached, active, .. } = s;
-                let a = active.as_mut()?;
+                let Some(a) = active.as_mut() else { continue };
                 cached.push(t);
-                Some((i, taken(session, a, l)))
-            })
-            .collect(),
+                work.push((i, session.pos(), session.max_context(), a, l));
+            }
+            work.into_par_iter().map(|(i, pos, max, a, l)| (i, taken_at(pos, max, a, l))).collect()
+        }
         Err(e) => picked
             .into_iter()
             .map(|(i, s)| {
