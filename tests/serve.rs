@@ -216,6 +216,9 @@ fn chat_and_completions_answer_as_the_engine_does() {
     // The slots' caches hold the conversations; an attention model keeps no recurrent states.
     assert!(server.counter("coli_kv_cache_bytes") > 0.0);
     assert_eq!(server.counter("coli_state_snapshot_bytes"), 0.0);
+    // On the CPU: steps counted and timed, no device time.
+    assert!(server.counter("coli_steps_total") > 20.0 && server.counter("coli_step_seconds_total") > 0.0);
+    assert_eq!(server.counter("coli_device_wait_seconds_total"), 0.0);
 }
 
 #[test]
@@ -349,6 +352,11 @@ fn concurrent_moe_requests_through_the_expert_tier_answer_as_the_cpu_does() {
         assert_eq!(g, &run_greedy(&cpu, p, 4, 5, 64, false).toks, "prompt {p:?}");
     }
     assert!(server.counter("coli_tier_device_pairs_total") > 0.0);
+    // Where the time went: the steps, and within them the waits for the device.
+    let steps = server.counter("coli_steps_total");
+    let (step, wait) = (server.counter("coli_step_seconds_total"), server.counter("coli_device_wait_seconds_total"));
+    assert!(steps >= 5.0 && step > 0.0 && wait > 0.0, "steps {steps}, {step} s, device waits {wait} s");
+    assert!(server.counter("coli_device_record_seconds_total") > 0.0);
 }
 
 fn vulkan_present(dir: &Path) -> bool {

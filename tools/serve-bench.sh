@@ -42,7 +42,16 @@ print(f"ttft_ms {ttft * 1000:.1f}")
 warm = [threading.Thread(target=lambda: post({"prompt": "Warm up", "max_tokens": 256, "temperature": 0, "ignore_eos": True}).read()) for _ in range(4)]
 for t in warm: t.start()
 for t in warm: t.join()
+def counters():
+    # coli's step counters (llama-server has none of these names): {} where absent.
+    try:
+        text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    except Exception:
+        return {}
+    names = ("steps_total", "step_seconds_total", "device_wait_seconds_total", "device_record_seconds_total")
+    return {n: float(l.split()[1]) for l in text.splitlines() for n in names if l.startswith(f"coli_{n} ")}
 for n in levels:
+    before = counters()
     got = [0] * n
     def one(i):
         body = {"prompt": f"Story {i}: once upon a time there was", "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
@@ -54,6 +63,13 @@ for n in levels:
     for t in ts: t.join()
     dt = time.time() - t0
     print(f"streams {n} tokens {sum(got)} secs {dt:.2f} aggregate_tok_s {sum(got) / dt:.1f}")
+    after = counters()
+    if after and before:
+        d = {k: after[k] - before.get(k, 0.0) for k in after}
+        steps = max(d.get("steps_total", 0.0), 1.0)
+        print(f"  steps {steps:.0f}: {1e3 * d['step_seconds_total'] / steps:.2f} ms a step, of which waiting for the "
+              f"device {1e3 * d['device_wait_seconds_total'] / steps:.2f} ms and recording "
+              f"{1e3 * d['device_record_seconds_total'] / steps:.2f} ms")
 EOF
 }
 

@@ -29,6 +29,13 @@ pub struct Metrics {
     pub snapshot_bytes: AtomicU64,
     /// A device failed and requests continue on the CPU.
     pub degraded: AtomicBool,
+    /// Steps of the slots (one forward for every running request) and the nanoseconds they took.
+    pub steps: AtomicU64,
+    pub step_ns: AtomicU64,
+    /// Nanoseconds the devices' submissions were waited for, and their frames recorded (all
+    /// devices, since the start).
+    pub device_wait_ns: AtomicU64,
+    pub device_record_ns: AtomicU64,
 }
 
 impl Metrics {
@@ -77,6 +84,21 @@ impl Metrics {
         line("tier_device_pairs_total", "counter", "Routed pairs the tier's devices served.", device as f64);
         let rate = if routed == 0 { 0.0 } else { device as f64 / routed as f64 };
         line("tier_hit_rate", "gauge", "Share of routed pairs the devices served.", rate);
+        line("steps_total", "counter", "Steps: one forward for every running request.", get(&self.steps) as f64);
+        let secs = |a: &AtomicU64| get(a) as f64 * 1e-9;
+        line("step_seconds_total", "counter", "Seconds the steps took.", secs(&self.step_ns));
+        line(
+            "device_wait_seconds_total",
+            "counter",
+            "Seconds the host waited for the devices' submissions.",
+            secs(&self.device_wait_ns),
+        );
+        line(
+            "device_record_seconds_total",
+            "counter",
+            "Seconds the host spent recording the devices' frames.",
+            secs(&self.device_record_ns),
+        );
         let degraded = if self.degraded.load(Ordering::Relaxed) { 1.0 } else { 0.0 };
         line("degraded", "gauge", "1 after a device failed (requests continue on the CPU).", degraded);
         out

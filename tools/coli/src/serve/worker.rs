@@ -15,6 +15,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 /// What the engine thread sends back about one request.
@@ -112,7 +113,11 @@ pub fn run(
             }
         }
         // 4. One forward for each running request.
-        for (id, event) in slots.step() {
+        let t = Instant::now();
+        let events = slots.step();
+        metrics.step_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        metrics.steps.fetch_add(1, Ordering::Relaxed);
+        for (id, event) in events {
             let over = matches!(event, Event::Done(_) | Event::Failed(_));
             match &event {
                 Event::Done(f) => {
@@ -142,6 +147,12 @@ pub fn run(
         let (cache, kept) = slots.cache_bytes();
         metrics.cache_bytes.store(cache as u64, Ordering::Relaxed);
         metrics.snapshot_bytes.store(kept as u64, Ordering::Relaxed);
+        if let Some(chain) = engine.device() {
+            let (record, wait) =
+                chain.devices().iter().map(|d| d.ctx.host_times()).fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+            metrics.device_record_ns.store((record * 1e9) as u64, Ordering::Relaxed);
+            metrics.device_wait_ns.store((wait * 1e9) as u64, Ordering::Relaxed);
+        }
         if let Some((routed, device)) =
             engine.device().and_then(|d| d.with_tier(|t| (t.stats().routed, t.stats().device)))
         {
