@@ -7,7 +7,8 @@
 # Each level: N clients at once, each one completion of `tokens` tokens (EOS ignored, greedy),
 # timed from the first request sent to the last answer; tok/s = completion tokens / seconds.
 # TTFT: the first streamed chunk of one request on an idle server; then 4 requests of 256 tokens,
-# untimed, to bring the GPU's clock up. REPS (default 2) alternations;
+# untimed, to bring the GPU's clock up, and each level's batch of 16-token requests, untimed,
+# so that neither server is timed building kernels for a batch size. REPS (default 2) alternations;
 # WAIT (default 600) seconds for a server to come up.
 set -uo pipefail
 arch=${1:-olmoe}; q=${2:-Q8_0}; levels=${3:-"1 4 16 64"}; tokens=${4:-128}
@@ -39,9 +40,15 @@ with post({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "str
 print(f"ttft_ms {ttft * 1000:.1f}")
 # Two seconds or so of load before the timed levels: a GPU's clock follows its load, and a level
 # of one stream right after an idle spell ran at the idle clock (docs/BENCHMARKS.md, 2026-12-07).
-warm = [threading.Thread(target=lambda: post({"prompt": "Warm up", "max_tokens": 256, "temperature": 0, "ignore_eos": True}).read()) for _ in range(4)]
-for t in warm: t.start()
-for t in warm: t.join()
+# Then each level's batch once, untimed: a server that builds its kernels for a batch size at
+# its first use (the peer's first 4-stream level took 5.7 s on a fresh machine) is timed warm.
+def burst(n, tokens):
+    ts = [threading.Thread(target=lambda: post({"prompt": "Warm up", "max_tokens": tokens, "temperature": 0, "ignore_eos": True}).read()) for _ in range(n)]
+    for t in ts: t.start()
+    for t in ts: t.join()
+burst(4, 256)
+for n in levels:
+    burst(n, 16)
 def counters():
     # coli's step counters (llama-server has none of these names): {} where absent.
     try:
